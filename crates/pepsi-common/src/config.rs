@@ -1,0 +1,1 @@
+//! Configuration: INI files with `[PATHS]`, expansion, includes, secrets and the database overlay.

@@ -1,0 +1,2 @@
+//! pepsi-setup
+pub fn run() -> std::process::ExitCode { std::process::ExitCode::SUCCESS }
