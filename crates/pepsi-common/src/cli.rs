@@ -1,1 +1,74 @@
-//! placeholder
+//! The command-line convention every Pepsi program shares: `-c/--config`, `-L/--log-level`,
+//! `-h`, `-V`, logs on stderr, and one error printed with its causes on failure.
+//!
+//! Never write to stdout here: a stage worker's stdout belongs to the status protocol.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use crate::config::{Config, ConfigSource};
+
+/// Options every program accepts; flatten into the program's clap parser.
+#[derive(Debug, Clone, clap::Args)]
+pub struct CommonArgs {
+    /// Configuration file (default: $PEPSI_CONFIG, else /etc/pepsi/pepsi.conf)
+    #[arg(short = 'c', long = "config", value_name = "FILE", global = true)]
+    pub config: Option<PathBuf>,
+
+    /// Log level or tracing filter for messages on stderr (error, warn, info, debug, trace)
+    #[arg(
+        short = 'L',
+        long = "log-level",
+        value_name = "LEVEL",
+        default_value = "info",
+        global = true
+    )]
+    pub log_level: String,
+}
+
+impl CommonArgs {
+    /// Loads the configuration the options name.
+    pub fn load_config(&self) -> anyhow::Result<Config> {
+        Ok(Config::load_default(self.config.as_deref())?)
+    }
+}
+
+/// Sends `tracing` output to stderr at the given level; `RUST_LOG` wins when set.
+pub fn init_logging(source: &ConfigSource, level: &str) {
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|f| tracing_subscriber::EnvFilter::try_new(f).ok())
+        .or_else(|| tracing_subscriber::EnvFilter::try_new(level).ok())
+        .unwrap_or_else(|| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .try_init();
+    tracing::debug!(program = source.exec, "logging initialised");
+}
+
+/// Runs an async program body on a fresh multi-threaded runtime and turns its result into
+/// an exit code: 0 on success, 1 with `<program>: <error: causes>` on stderr otherwise.
+pub fn run_async<F>(source: &ConfigSource, body: F) -> ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("{}: cannot start the async runtime: {e}", source.exec);
+            return ExitCode::from(1);
+        }
+    };
+    match runtime.block_on(body) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("{}: {e:#}", source.exec);
+            ExitCode::from(1)
+        }
+    }
+}

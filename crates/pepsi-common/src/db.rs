@@ -1,1 +1,109 @@
-//! placeholder
+//! Database access shared by every program: connecting from the `[database]` section,
+//! waking the dispatcher (`notify_workqueue`) and retrying transient serialization failures.
+//!
+//! This module and `stage` are the only places in `pepsi-common` that queue SQL; neither
+//! builds SQL text from input.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{PgPool, Postgres};
+
+use crate::config::Config;
+
+/// The channel the dispatcher LISTENs on for new pending work.
+pub const WORKQUEUE_CHANNEL: &str = "workqueue";
+
+/// How many times `with_retry` re-ran an operation after a serialization failure or a
+/// deadlock, since the process started (the dispatcher reports it in `dispatch_stats`).
+pub static SERIALIZATION_RETRIES: AtomicU64 = AtomicU64::new(0);
+
+/// Attempts `with_retry` makes before giving the error back.
+const RETRY_ATTEMPTS: u32 = 5;
+
+/// Connection settings from the `[database]` section (a bootstrap section, file only).
+#[derive(Debug, Clone)]
+pub struct DbSettings {
+    pub url: String,
+    pub max_connections: u32,
+    pub connect_timeout: Duration,
+}
+
+impl DbSettings {
+    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4) and `CONNECT_TIMEOUT` (10 s).
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
+        let section = cfg.section("database");
+        Ok(Self {
+            url: section.string("URL")?,
+            max_connections: section.number_opt("MAX_CONNECTIONS")?.unwrap_or(4),
+            connect_timeout: section
+                .duration_opt("CONNECT_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(10)),
+        })
+    }
+
+    /// Opens a pool; sessions run READ COMMITTED (at most one writer touches a queue row).
+    pub async fn connect(&self) -> anyhow::Result<PgPool> {
+        let options: PgConnectOptions = self
+            .url
+            .parse()
+            .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))?;
+        let pool = PgPoolOptions::new()
+            .max_connections(self.max_connections.max(1))
+            .acquire_timeout(self.connect_timeout)
+            .connect_with(options.application_name("pepsi"))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to the database: {e}"))?;
+        Ok(pool)
+    }
+}
+
+/// Connects with the `[database]` section of `cfg`.
+pub async fn connect(cfg: &Config) -> anyhow::Result<PgPool> {
+    DbSettings::from_config(cfg)?.connect().await
+}
+
+/// Wakes the dispatcher. Call it after the transaction that made rows pending has committed,
+/// from writers outside the dispatcher's loop only (the contract in procedures.sql).
+pub async fn notify_workqueue<'e, E>(executor: E) -> Result<(), sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    sqlx::query("SELECT pg_notify($1, '')")
+        .bind(WORKQUEUE_CHANNEL)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// True for the transient errors a retry cures: serialization failure (40001) and
+/// deadlock (40P01).
+pub fn is_serialization_failure(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("40001" | "40P01")),
+        _ => false,
+    }
+}
+
+/// Runs `op` and re-runs it, with a short growing pause, when it fails with a
+/// serialization failure or a deadlock; any other error, or the last attempt's, is returned.
+pub async fn with_retry<T, F, Fut>(mut op: F) -> Result<T, sqlx::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, sqlx::Error>>,
+{
+    let mut attempt = 0;
+    loop {
+        match op().await {
+            Err(e) if attempt + 1 < RETRY_ATTEMPTS && is_serialization_failure(&e) => {
+                attempt += 1;
+                SERIALIZATION_RETRIES.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(attempt, "retrying after a transient database failure: {e}");
+                tokio::time::sleep(Duration::from_millis(5 << attempt)).await;
+            }
+            other => return other,
+        }
+    }
+}

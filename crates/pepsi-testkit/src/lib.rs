@@ -1,1 +1,120 @@
-//! testkit
+//! Test support: each test gets its own fresh PostgreSQL database with the real
+//! `pepsi-0001.sql` and `procedures.sql` applied by `pepsi-setup`'s own code.
+//!
+//! The server comes from `DATABASE_URL` (default `postgres://postgres@127.0.0.1:5432/postgres`;
+//! `scripts/test.sh` points it at a private server when none answers). A test database is
+//! dropped when its `TestDb` is dropped, except after a panic: a failed test keeps its
+//! database for a post-mortem, and the panic message names it.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{Connection as _, PgConnection, PgPool};
+
+/// The server URL tests use.
+pub fn server_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A fresh database with the Pepsi schema applied.
+pub struct TestDb {
+    pub name: String,
+    pub url: String,
+    pub pool: PgPool,
+    admin: PgConnectOptions,
+}
+
+impl TestDb {
+    /// Creates the database and applies the schema, procedures, roles and grants.
+    pub async fn new() -> TestDb {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "pepsi_test_{}_{}_{nanos}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let admin: PgConnectOptions = server_url()
+            .parse()
+            .expect("DATABASE_URL is not a PostgreSQL URL");
+        let mut conn = PgConnection::connect_with(&admin)
+            .await
+            .unwrap_or_else(|e| {
+                panic!("cannot connect to {} (set DATABASE_URL): {e}", server_url())
+            });
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
+            .execute(&mut conn)
+            .await
+            .expect("create test database");
+        conn.close().await.ok();
+        let options = admin.clone().database(&name);
+        let url = database_url(&name);
+        let mut conn = PgConnection::connect_with(&options)
+            .await
+            .expect("connect to test database");
+        pepsi_setup::schema::setup(&mut conn, &pepsi_setup::schema::Roles::default())
+            .await
+            .expect("apply the schema to the test database");
+        conn.close().await.ok();
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .connect_with(options)
+            .await
+            .expect("pool on test database");
+        TestDb {
+            name,
+            url,
+            pool,
+            admin,
+        }
+    }
+}
+
+/// The URL of database `name` on the test server.
+fn database_url(name: &str) -> String {
+    let base = server_url();
+    match base.rfind('/') {
+        Some(slash) if base[..slash].contains("//") && !base[slash..].contains('@') => {
+            let query = base[slash..]
+                .find('?')
+                .map(|q| &base[slash + q..])
+                .unwrap_or("");
+            format!("{}/{name}{query}", &base[..slash])
+        }
+        _ => format!("{base}/{name}"),
+    }
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("test database kept for inspection: {}", self.url);
+            return;
+        }
+        let name = self.name.clone();
+        let admin = self.admin.clone();
+        // Drop may run inside a runtime whose thread this blocks, so the cleanup gets a
+        // runtime of its own, and FORCE ends the pool's connections server-side.
+        let _ = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .ok()?;
+            rt.block_on(async move {
+                let mut conn = PgConnection::connect_with(&admin).await.ok()?;
+                sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                    "DROP DATABASE IF EXISTS \"{name}\" WITH (FORCE)"
+                )))
+                .execute(&mut conn)
+                .await
+                .ok()?;
+                conn.close().await.ok()
+            })
+        })
+        .join();
+    }
+}

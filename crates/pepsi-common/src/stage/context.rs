@@ -1,0 +1,498 @@
+//! `StageContext`: one loaded message, the content changes a stage records on it, and the
+//! terminal helper it ends with. Terminal helpers only record the outcome; the worker loop
+//! commits it (see `commit`), so a stage body never runs SQL for its transition.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+use sqlx::PgPool;
+
+use super::{Load, StageError, StageSettings};
+use crate::config::{Config, Section};
+
+/// The row as loaded for one stage pass.
+#[derive(Debug, Clone)]
+pub(crate) struct Row {
+    pub id: i64,
+    pub stage: String,
+    pub mail_from: String,
+    pub rcpt_to: Vec<String>,
+    pub state: Map<String, Value>,
+    pub received_at: DateTime<Utc>,
+    pub auth_user: Option<String>,
+    pub headers: Option<Vec<u8>>,
+    pub body: Option<Vec<u8>>,
+}
+
+/// Content changes recorded by the setters, folded into the commit.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct Changes {
+    pub headers: bool,
+    pub body: bool,
+    pub mail_from: bool,
+    pub rcpt_to: bool,
+    /// Top-level keys merged into state (`state || merge`).
+    pub state: Map<String, Value>,
+}
+
+impl Changes {
+    /// The content columns changed, other than state, for error messages.
+    pub fn content(&self) -> Option<String> {
+        let names: Vec<&str> = [
+            (self.headers, "headers"),
+            (self.body, "body"),
+            (self.mail_from, "mail_from"),
+            (self.rcpt_to, "rcpt_to"),
+        ]
+        .into_iter()
+        .filter_map(|(changed, name)| changed.then_some(name))
+        .collect();
+        (!names.is_empty()).then(|| names.join(", "))
+    }
+}
+
+/// A side copy of the current message spawned by `pause_with` or `finish_with`: same headers
+/// and body, a recipient subset, state merged on top. With a token it is created at most
+/// once, however often the stage is re-run.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CloneSpec {
+    pub token: Option<String>,
+    pub stage: String,
+    pub state: Map<String, Value>,
+    /// Indices into the recipients as the stage saw them; `None` = all.
+    pub rcpt_indices: Option<Vec<usize>>,
+    pub mail_from: Option<String>,
+}
+
+impl CloneSpec {
+    /// A clone of all recipients at `stage`.
+    pub fn new(stage: impl Into<String>) -> Self {
+        Self {
+            token: None,
+            stage: stage.into(),
+            state: Map::new(),
+            rcpt_indices: None,
+            mail_from: None,
+        }
+    }
+
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    pub fn state(mut self, state: Map<String, Value>) -> Self {
+        self.state = state;
+        self
+    }
+
+    pub fn recipients(mut self, indices: Vec<usize>) -> Self {
+        self.rcpt_indices = Some(indices);
+        self
+    }
+
+    pub fn mail_from(mut self, mail_from: impl Into<String>) -> Self {
+        self.mail_from = Some(mail_from.into());
+        self
+    }
+
+    pub(crate) fn to_json(&self, extra_state: &Map<String, Value>) -> Value {
+        let mut state = extra_state.clone();
+        state.extend(self.state.clone());
+        let mut v = json!({ "stage": self.stage, "state": state });
+        if let Some(token) = &self.token {
+            v["token"] = json!(token);
+        }
+        if let Some(idx) = &self.rcpt_indices {
+            v["rcpt_indices"] = json!(idx);
+        }
+        if let Some(from) = &self.mail_from {
+            v["mail_from"] = json!(from);
+        }
+        v
+    }
+}
+
+/// The transition a terminal helper recorded.
+#[derive(Debug, Clone)]
+pub(crate) enum Outcome {
+    /// pending at `stage` (advance, advance_to, reroute, rewrite_recipients).
+    Advance { stage: String },
+    /// paused until now + secs.
+    Pause { secs: f64 },
+    /// workqueue_pause: subset, clones, pause.
+    PauseWith {
+        secs: f64,
+        keep: Option<Vec<usize>>,
+        clones: Vec<CloneSpec>,
+    },
+    /// failed, left for an operator.
+    Fail,
+    /// deleted.
+    Finish,
+    /// deleted, clones spawned.
+    FinishWith { clones: Vec<CloneSpec> },
+}
+
+impl Outcome {
+    pub fn helper(&self) -> &'static str {
+        match self {
+            Outcome::Advance { .. } => "advance",
+            Outcome::Pause { .. } => "pause",
+            Outcome::PauseWith { .. } => "pause_with",
+            Outcome::Fail => "fail",
+            Outcome::Finish => "finish",
+            Outcome::FinishWith { .. } => "finish_with",
+        }
+    }
+}
+
+/// One message in the hands of a stage.
+pub struct StageContext<'a> {
+    pub(crate) pool: &'a PgPool,
+    pub(crate) cfg: &'a Config,
+    pub(crate) load: Load,
+    pub(crate) settings: StageSettings,
+    pub(crate) row: Row,
+    pub(crate) changes: Changes,
+    pub(crate) outcome: Option<Outcome>,
+}
+
+impl<'a> StageContext<'a> {
+    // ----- reading -----
+
+    pub fn id(&self) -> i64 {
+        self.row.id
+    }
+
+    /// The stage the message is at (this pass's `[stage-<name>]`).
+    pub fn stage(&self) -> &str {
+        &self.row.stage
+    }
+
+    pub fn settings(&self) -> &StageSettings {
+        &self.settings
+    }
+
+    /// This stage's configuration section.
+    pub fn section(&self) -> Section<'a> {
+        self.cfg.section(&format!("stage-{}", self.settings.name))
+    }
+
+    pub fn config(&self) -> &'a Config {
+        self.cfg
+    }
+
+    pub fn pool(&self) -> &'a PgPool {
+        self.pool
+    }
+
+    pub fn mail_from(&self) -> &str {
+        &self.row.mail_from
+    }
+
+    pub fn rcpt_to(&self) -> &[String] {
+        &self.row.rcpt_to
+    }
+
+    /// The state as it will be committed: the loaded state with this pass's merges applied.
+    pub fn state(&self) -> &Map<String, Value> {
+        &self.row.state
+    }
+
+    pub fn received_at(&self) -> DateTime<Utc> {
+        self.row.received_at
+    }
+
+    /// The authenticated submitter, if any.
+    pub fn auth_user(&self) -> Option<&str> {
+        self.row.auth_user.as_deref()
+    }
+
+    /// The header block; an error unless the stage declared `Load::Headers` or more.
+    pub fn headers(&self) -> Result<&[u8], StageError> {
+        self.row
+            .headers
+            .as_deref()
+            .ok_or(StageError::UnderDeclared {
+                wanted: "headers",
+                declared: self.load,
+            })
+    }
+
+    /// The body; an error unless the stage declared `Load::Full`.
+    pub fn body(&self) -> Result<&[u8], StageError> {
+        self.row.body.as_deref().ok_or(StageError::UnderDeclared {
+            wanted: "body",
+            declared: self.load,
+        })
+    }
+
+    /// headers || CRLF || body; an error unless the stage declared `Load::Full`.
+    pub fn raw_message(&self) -> Result<Vec<u8>, StageError> {
+        Ok(crate::message::join(self.headers()?, self.body()?))
+    }
+
+    // ----- content setters: folded into the commit -----
+
+    /// Replaces the header block (must end with CRLF, without the empty line).
+    pub fn set_headers(&mut self, headers: Vec<u8>) {
+        self.row.headers = Some(headers);
+        self.changes.headers = true;
+    }
+
+    /// Replaces the body. The message gets a body row of its own (copy-on-write), so rows
+    /// split off the same message keep theirs.
+    pub fn set_body(&mut self, body: Vec<u8>) {
+        self.row.body = Some(body);
+        self.changes.body = true;
+    }
+
+    pub fn set_mail_from(&mut self, mail_from: impl Into<String>) {
+        self.row.mail_from = mail_from.into();
+        self.changes.mail_from = true;
+    }
+
+    /// Merges top-level keys into state (a key set here replaces the stored key).
+    pub fn merge_state(&mut self, merge: Map<String, Value>) {
+        for (k, v) in merge {
+            self.row.state.insert(k.clone(), v.clone());
+            self.changes.state.insert(k, v);
+        }
+    }
+
+    /// Sets one top-level state key.
+    pub fn set_state(&mut self, key: &str, value: Value) {
+        let mut m = Map::new();
+        m.insert(key.to_owned(), value);
+        self.merge_state(m);
+    }
+
+    // ----- terminal helpers: exactly one per pass -----
+
+    fn conclude(&mut self, outcome: Outcome) -> Result<(), StageError> {
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        self.outcome = Some(outcome);
+        Ok(())
+    }
+
+    fn refuse_content(&self, helper: &'static str) -> Result<(), StageError> {
+        match self.changes.content() {
+            Some(changed) => Err(StageError::ContentWouldBeLost { helper, changed }),
+            None => Ok(()),
+        }
+    }
+
+    /// Pending at NEXT_STAGE.
+    pub fn advance(&mut self) -> Result<(), StageError> {
+        let next = self
+            .settings
+            .next_stage
+            .clone()
+            .ok_or_else(|| StageError::NoNextStage(self.settings.name.clone()))?;
+        self.conclude(Outcome::Advance { stage: next })
+    }
+
+    /// Pending at `stage`.
+    pub fn advance_to(&mut self, stage: &str) -> Result<(), StageError> {
+        self.conclude(Outcome::Advance {
+            stage: stage.to_owned(),
+        })
+    }
+
+    /// Pending at `stage` with `state` merged: how a message reaches a bounce stage.
+    pub fn reroute(&mut self, stage: &str, state: Map<String, Value>) -> Result<(), StageError> {
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        self.merge_state(state);
+        self.conclude(Outcome::Advance {
+            stage: stage.to_owned(),
+        })
+    }
+
+    /// Paused, due again after `after`, with `state` merged. Refuses content changes.
+    pub fn pause(&mut self, state: Map<String, Value>, after: Duration) -> Result<(), StageError> {
+        self.refuse_content("pause")?;
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        self.merge_state(state);
+        self.conclude(Outcome::Pause {
+            secs: after.as_secs_f64(),
+        })
+    }
+
+    /// The richer pause: keeps only the recipients `keep` (None: all) and spawns `clones`
+    /// (a delay DSN, success DSNs), committing together. Refuses content changes.
+    pub fn pause_with(
+        &mut self,
+        state: Map<String, Value>,
+        after: Duration,
+        keep: Option<Vec<usize>>,
+        clones: Vec<CloneSpec>,
+    ) -> Result<(), StageError> {
+        self.refuse_content("pause_with")?;
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        if let Some(keep) = &keep {
+            self.check_indices(keep)?;
+            if keep.is_empty() {
+                return Err(StageError::Invalid(
+                    "pause_with must keep at least one recipient".into(),
+                ));
+            }
+        }
+        for clone in &clones {
+            self.check_indices(clone.rcpt_indices.as_deref().unwrap_or(&[]))?;
+        }
+        self.merge_state(state);
+        self.conclude(Outcome::PauseWith {
+            secs: after.as_secs_f64(),
+            keep,
+            clones,
+        })
+    }
+
+    /// Failed, left for an operator, with `state` merged.
+    pub fn fail(&mut self, state: Map<String, Value>) -> Result<(), StageError> {
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        self.merge_state(state);
+        self.conclude(Outcome::Fail)
+    }
+
+    /// Deletes the row: delivered or dropped.
+    pub fn finish(&mut self) -> Result<(), StageError> {
+        self.conclude(Outcome::Finish)
+    }
+
+    /// Deletes the row and spawns `clones` (per-recipient bounces, success DSNs) in one
+    /// transaction. Refuses content changes, which the clones would not see; state merged
+    /// in this pass is merged into every clone.
+    pub fn finish_with(&mut self, clones: Vec<CloneSpec>) -> Result<(), StageError> {
+        self.refuse_content("finish_with")?;
+        for clone in &clones {
+            self.check_indices(clone.rcpt_indices.as_deref().unwrap_or(&[]))?;
+        }
+        self.conclude(Outcome::FinishWith { clones })
+    }
+
+    /// The delivery stages' end: NEXT_STAGE when there is one, else finish.
+    pub fn advance_or_finish(&mut self) -> Result<(), StageError> {
+        match self.settings.next_stage.clone() {
+            Some(next) => self.conclude(Outcome::Advance { stage: next }),
+            None => self.conclude(Outcome::Finish),
+        }
+    }
+
+    /// The success-DSN gate after a delivery of the recipients `delivered`: when
+    /// ORIGINATE_SUCCESS_DSN is on and some of them asked for NOTIFY=SUCCESS, the message is
+    /// rerouted to BOUNCE_STAGE for those recipients with `bounce.kind = "success"`;
+    /// otherwise `advance_or_finish`.
+    pub fn complete_success(&mut self, delivered: &[usize]) -> Result<(), StageError> {
+        self.check_indices(delivered)?;
+        let wanted: Vec<usize> = if self.settings.originate_success_dsn {
+            delivered
+                .iter()
+                .copied()
+                .filter(|&i| notify_includes(&self.row.state, i, "SUCCESS"))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        if wanted.is_empty() {
+            return self.advance_or_finish();
+        }
+        let bounce = self
+            .settings
+            .bounce_stage
+            .clone()
+            .ok_or_else(|| StageError::NoBounceStage(self.settings.name.clone()))?;
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        let rcpt: Vec<String> = wanted
+            .iter()
+            .map(|&i| self.row.rcpt_to[i].clone())
+            .collect();
+        let mut merge = Map::new();
+        if let Some(dsn) = subset_dsn(&self.row.state, &wanted) {
+            merge.insert("dsn".into(), dsn);
+        }
+        merge.insert(
+            "bounce".into(),
+            json!({ "kind": "success", "stage": self.settings.name }),
+        );
+        self.row.rcpt_to = rcpt;
+        self.changes.rcpt_to = true;
+        self.merge_state(merge);
+        self.conclude(Outcome::Advance { stage: bounce })
+    }
+
+    /// Replaces the recipients and merges `state` (which should carry the rebuilt
+    /// `dsn.rcpt`, one entry per new recipient), then advances: one commit.
+    pub fn rewrite_recipients(
+        &mut self,
+        rcpt_to: Vec<String>,
+        state: Map<String, Value>,
+    ) -> Result<(), StageError> {
+        if rcpt_to.is_empty() {
+            return Err(StageError::Invalid(
+                "rewrite_recipients needs at least one recipient".into(),
+            ));
+        }
+        if let Some(previous) = &self.outcome {
+            return Err(StageError::SecondTerminal(previous.helper()));
+        }
+        let next = self
+            .settings
+            .next_stage
+            .clone()
+            .ok_or_else(|| StageError::NoNextStage(self.settings.name.clone()))?;
+        self.row.rcpt_to = rcpt_to;
+        self.changes.rcpt_to = true;
+        self.merge_state(state);
+        self.conclude(Outcome::Advance { stage: next })
+    }
+
+    pub(crate) fn check_indices(&self, indices: &[usize]) -> Result<(), StageError> {
+        let count = self.row.rcpt_to.len();
+        match indices.iter().find(|&&i| i >= count) {
+            Some(&index) => Err(StageError::BadRecipientIndex { index, count }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// True when recipient `i`'s `state.dsn.rcpt[i].notify` lists `what`.
+pub(crate) fn notify_includes(state: &Map<String, Value>, i: usize, what: &str) -> bool {
+    state
+        .get("dsn")
+        .and_then(|d| d.get("rcpt"))
+        .and_then(|r| r.get(i))
+        .and_then(|r| r.get("notify"))
+        .and_then(Value::as_array)
+        .is_some_and(|n| {
+            n.iter()
+                .any(|v| v.as_str().is_some_and(|s| s.eq_ignore_ascii_case(what)))
+        })
+}
+
+/// `state.dsn` with `rcpt` reduced to `indices` (None when the state has no dsn object).
+pub(crate) fn subset_dsn(state: &Map<String, Value>, indices: &[usize]) -> Option<Value> {
+    let mut dsn = state.get("dsn")?.as_object()?.clone();
+    if let Some(rcpt) = dsn.get("rcpt").and_then(Value::as_array) {
+        let subset: Vec<Value> = indices
+            .iter()
+            .map(|&i| rcpt.get(i).cloned().unwrap_or(Value::Null))
+            .collect();
+        dsn.insert("rcpt".into(), Value::Array(subset));
+    }
+    Some(Value::Object(dsn))
+}

@@ -1,0 +1,358 @@
+-- procedures.sql: stored functions and triggers of the pepsi schema.
+--
+-- Re-created on every `pepsi-setup db` run: everything here is CREATE OR REPLACE, so this
+-- file may change between releases without a numbered patch.
+--
+-- THE NOTIFY CONTRACT
+--
+-- The dispatcher LISTENs on the channel `workqueue` (new pending work) and `config_changed`
+-- (the configuration overlay changed).
+--
+-- * Admission never notifies. workqueue_add does not call pg_notify: a transaction that
+--   queues a notification holds a database-wide lock from then until it commits, which would
+--   serialise every concurrent SMTP session's commit. pepsi-ingress instead wakes the
+--   dispatcher once per burst, out of band, after its rows have committed.
+-- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
+--   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
+--   resuming or retrying rows (workqueue_resume), the ingress wake-up task, and any program
+--   that injects mail without being a stage worker (workqueue_inject called outside a stage).
+-- * Writers inside the loop stay silent: a stage worker's status line already brings the
+--   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
+--   need no notification.
+-- * No function in this file calls pg_notify on `workqueue`. The only NOTIFY here is the
+--   statement-level config_changed trigger on config_override.
+--
+-- RECIPIENT INDICES
+--
+-- Functions that take recipient indices use 0-based indices into rcpt_to as the stage saw
+-- it (the Rust side's Vec indices). Whenever a recipient subset is taken, the parallel array
+-- state.dsn.rcpt (one RFC 3461 entry per recipient) is subset in lockstep.
+--
+-- BODIES
+--
+-- The invariant raw = headers || CRLF || body holds for every row. One workqueue_body row is
+-- shared by every row split or cloned off a message; a stage that rewrites the body gets a
+-- fresh body row (copy-on-write, done by the stage scaffolding), and the trigger below
+-- releases a body when its last row goes. workqueue_body_gc sweeps what a race between two
+-- concurrent last deletions leaves behind.
+
+-- state with state.dsn.rcpt reduced to the given 0-based indices (unchanged when absent).
+CREATE OR REPLACE FUNCTION pepsi.state_rcpt_subset(p_state jsonb, p_idx integer[])
+RETURNS jsonb LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN jsonb_typeof(p_state #> '{dsn,rcpt}') = 'array' THEN
+            jsonb_set(p_state, '{dsn,rcpt}', COALESCE((
+                SELECT jsonb_agg(COALESCE(p_state #> ARRAY['dsn', 'rcpt', i::text], 'null'::jsonb) ORDER BY o)
+                FROM unnest(p_idx) WITH ORDINALITY AS u(i, o)
+            ), '[]'::jsonb))
+        ELSE p_state
+    END
+$$;
+
+-- rcpt_to reduced to the given 0-based indices, refusing an index out of range.
+CREATE OR REPLACE FUNCTION pepsi.rcpt_subset(p_rcpt text[], p_idx integer[])
+RETURNS text[] LANGUAGE plpgsql IMMUTABLE AS $$
+DECLARE
+    i integer;
+    result text[] := '{}';
+BEGIN
+    FOREACH i IN ARRAY COALESCE(p_idx, '{}') LOOP
+        IF i < 0 OR i >= cardinality(p_rcpt) THEN
+            RAISE EXCEPTION 'recipient index % out of range (message has % recipients)', i, cardinality(p_rcpt)
+                USING ERRCODE = '22023';
+        END IF;
+        result := result || p_rcpt[i + 1];
+    END LOOP;
+    RETURN result;
+END
+$$;
+
+-- The running row p_id, locked; raises when it is missing or not running.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_running_row(p_id bigint)
+RETURNS pepsi.workqueue LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue;
+BEGIN
+    SELECT * INTO r FROM pepsi.workqueue WHERE workqueue_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'workqueue row % does not exist', p_id USING ERRCODE = 'P0002';
+    END IF;
+    IF r.status <> 'running' THEN
+        RAISE EXCEPTION 'workqueue row % is %, not running', p_id, r.status USING ERRCODE = '55000';
+    END IF;
+    RETURN r;
+END
+$$;
+
+-- Admission: store a new message at stage init, pending. Never notifies (see the contract).
+CREATE OR REPLACE FUNCTION pepsi.workqueue_add(
+    p_mail_from text, p_rcpt_to text[], p_headers bytea, p_body bytea,
+    p_state jsonb DEFAULT '{}', p_auth_user text DEFAULT NULL, p_client_addr inet DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_body bigint;
+    v_id bigint;
+BEGIN
+    INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    INSERT INTO pepsi.workqueue (mail_from, rcpt_to, headers, body_id, state, auth_user, client_addr)
+    VALUES (p_mail_from, p_rcpt_to, p_headers, v_body, COALESCE(p_state, '{}'), p_auth_user, p_client_addr)
+    RETURNING workqueue_id INTO v_id;
+    RETURN v_id;
+END
+$$;
+
+-- A brand-new side message (an auto-reply, a notice) at a named stage, pending. With a
+-- token, at most once: a token already used returns NULL and creates nothing.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_inject(
+    p_stage text, p_mail_from text, p_rcpt_to text[], p_headers bytea, p_body bytea,
+    p_state jsonb DEFAULT '{}', p_token text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_body bigint;
+    v_id bigint;
+BEGIN
+    IF p_token IS NOT NULL THEN
+        INSERT INTO pepsi.clone_token (token) VALUES (p_token) ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, state)
+    VALUES (p_stage, p_mail_from, p_rcpt_to, p_headers, v_body, COALESCE(p_state, '{}'))
+    RETURNING workqueue_id INTO v_id;
+    RETURN v_id;
+END
+$$;
+
+-- Spawn clones of row r, sharing its headers and body. p_clones is a JSON array of
+--   {"token": text, "stage": text, "state": object merged onto r.state,
+--    "rcpt_indices": [0-based indices of r.rcpt_to] (default: all), "mail_from": text}
+-- A clone whose token was used before is skipped: clones are at-most-once.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_spawn_clones(r pepsi.workqueue, p_clones jsonb)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    c jsonb;
+    v_idx integer[];
+    v_id bigint;
+    ids bigint[] := '{}';
+BEGIN
+    FOR c IN SELECT * FROM jsonb_array_elements(COALESCE(p_clones, '[]')) LOOP
+        IF c ->> 'stage' IS NULL THEN
+            RAISE EXCEPTION 'clone of workqueue row % has no stage: %', r.workqueue_id, c USING ERRCODE = '22023';
+        END IF;
+        IF c ->> 'token' IS NOT NULL THEN
+            INSERT INTO pepsi.clone_token (token) VALUES (c ->> 'token') ON CONFLICT DO NOTHING;
+            CONTINUE WHEN NOT FOUND;
+        END IF;
+        IF jsonb_typeof(c -> 'rcpt_indices') = 'array' THEN
+            SELECT array_agg(x::integer ORDER BY o) INTO v_idx
+            FROM jsonb_array_elements_text(c -> 'rcpt_indices') WITH ORDINALITY AS e(x, o);
+        ELSE
+            SELECT array_agg(g) INTO v_idx FROM generate_series(0, cardinality(r.rcpt_to) - 1) AS g;
+        END IF;
+        INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, state, auth_user, client_addr)
+        VALUES (c ->> 'stage',
+                COALESCE(c ->> 'mail_from', r.mail_from),
+                pepsi.rcpt_subset(r.rcpt_to, v_idx),
+                r.headers,
+                r.body_id,
+                pepsi.state_rcpt_subset(r.state, v_idx) || COALESCE(c -> 'state', '{}'),
+                r.auth_user,
+                r.client_addr)
+        RETURNING workqueue_id INTO v_id;
+        ids := ids || v_id;
+    END LOOP;
+    RETURN ids;
+END
+$$;
+
+-- Pause the running row p_id until now() + p_secs, merging p_merge into its state, keeping
+-- only the recipients p_keep (NULL: all), and spawning p_clones, all in one transaction.
+-- Clones are taken from the row as the stage saw it (indices refer to its recipient list).
+CREATE OR REPLACE FUNCTION pepsi.workqueue_pause(
+    p_id bigint, p_merge jsonb, p_secs double precision,
+    p_keep integer[] DEFAULT NULL, p_clones jsonb DEFAULT '[]')
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_running_row(p_id);
+    ids bigint[];
+BEGIN
+    ids := pepsi.workqueue_spawn_clones(r, p_clones);
+    IF p_keep IS NOT NULL AND cardinality(p_keep) = 0 THEN
+        RAISE EXCEPTION 'workqueue_pause would leave row % without recipients', p_id USING ERRCODE = '22023';
+    END IF;
+    UPDATE pepsi.workqueue SET
+        status = 'paused',
+        timeout = now() + make_interval(secs => GREATEST(p_secs, 0)),
+        rcpt_to = CASE WHEN p_keep IS NULL THEN rcpt_to ELSE pepsi.rcpt_subset(rcpt_to, p_keep) END,
+        state = CASE WHEN p_keep IS NULL THEN state ELSE pepsi.state_rcpt_subset(state, p_keep) END
+                || COALESCE(p_merge, '{}'),
+        updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN ids;
+END
+$$;
+
+-- Delete the running row p_id (delivered or dropped) and spawn p_clones in one transaction.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_finish_with_clones(p_id bigint, p_clones jsonb)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_running_row(p_id);
+    ids bigint[];
+BEGIN
+    ids := pepsi.workqueue_spawn_clones(r, p_clones);
+    DELETE FROM pepsi.workqueue WHERE workqueue_id = p_id;
+    RETURN ids;
+END
+$$;
+
+-- Fan the running row p_id out: it keeps the recipients p_keep, and each group of p_groups
+-- becomes a sibling row sharing headers and body:
+--   {"stage": text,
+--    "status": "pending" | "paused" | "failed",
+--    "retry_secs": number (paused groups: due time from now),
+--    "rcpt_indices": [0-based indices]        -- recipients taken from this row, or
+--    "rcpt_to": [addresses], "dsn_rcpt": [..] -- brand-new recipients (a rewrite),
+--    "state": object merged onto the row's state,
+--    "mail_from": text (optional),
+--    "keep_received_at": bool (default true)}
+-- Returns the new rows' ids in group order. Never notifies (see the contract).
+CREATE OR REPLACE FUNCTION pepsi.workqueue_split(p_id bigint, p_keep integer[], p_groups jsonb)
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_running_row(p_id);
+    g jsonb;
+    v_idx integer[];
+    v_rcpt text[];
+    v_state jsonb;
+    v_status pepsi.workqueue_status;
+    v_id bigint;
+    ids bigint[] := '{}';
+BEGIN
+    IF p_keep IS NULL OR cardinality(p_keep) = 0 THEN
+        RAISE EXCEPTION 'workqueue_split would leave row % without recipients', p_id USING ERRCODE = '22023';
+    END IF;
+    FOR g IN SELECT * FROM jsonb_array_elements(COALESCE(p_groups, '[]')) LOOP
+        IF g ->> 'stage' IS NULL THEN
+            RAISE EXCEPTION 'split group of workqueue row % has no stage: %', p_id, g USING ERRCODE = '22023';
+        END IF;
+        v_status := COALESCE(g ->> 'status', 'pending')::pepsi.workqueue_status;
+        IF v_status NOT IN ('pending', 'paused', 'failed') THEN
+            RAISE EXCEPTION 'split group status must be pending, paused or failed, not %', v_status USING ERRCODE = '22023';
+        END IF;
+        IF jsonb_typeof(g -> 'rcpt_to') = 'array' THEN
+            SELECT array_agg(x ORDER BY o) INTO v_rcpt FROM jsonb_array_elements_text(g -> 'rcpt_to') WITH ORDINALITY AS e(x, o);
+            v_state := CASE
+                WHEN jsonb_typeof(g -> 'dsn_rcpt') = 'array' THEN
+                    jsonb_set(r.state || jsonb_build_object('dsn', COALESCE(r.state -> 'dsn', '{}')), '{dsn,rcpt}', g -> 'dsn_rcpt')
+                WHEN r.state ? 'dsn' THEN r.state #- '{dsn,rcpt}'
+                ELSE r.state
+            END;
+        ELSE
+            SELECT array_agg(x::integer ORDER BY o) INTO v_idx FROM jsonb_array_elements_text(g -> 'rcpt_indices') WITH ORDINALITY AS e(x, o);
+            v_rcpt := pepsi.rcpt_subset(r.rcpt_to, v_idx);
+            v_state := pepsi.state_rcpt_subset(r.state, v_idx);
+        END IF;
+        IF v_rcpt IS NULL OR cardinality(v_rcpt) = 0 THEN
+            RAISE EXCEPTION 'split group of workqueue row % has no recipients: %', p_id, g USING ERRCODE = '22023';
+        END IF;
+        INSERT INTO pepsi.workqueue (stage, status, mail_from, rcpt_to, headers, body_id, state, timeout,
+                                     received_at, auth_user, client_addr)
+        VALUES (g ->> 'stage',
+                v_status,
+                COALESCE(g ->> 'mail_from', r.mail_from),
+                v_rcpt,
+                r.headers,
+                r.body_id,
+                v_state || COALESCE(g -> 'state', '{}'),
+                CASE WHEN v_status = 'paused'
+                     THEN now() + make_interval(secs => GREATEST(COALESCE((g ->> 'retry_secs')::double precision, 0), 0))
+                END,
+                CASE WHEN COALESCE((g ->> 'keep_received_at')::boolean, true) THEN r.received_at ELSE now() END,
+                r.auth_user,
+                r.client_addr)
+        RETURNING workqueue_id INTO v_id;
+        ids := ids || v_id;
+    END LOOP;
+    UPDATE pepsi.workqueue SET
+        rcpt_to = pepsi.rcpt_subset(rcpt_to, p_keep),
+        state = pepsi.state_rcpt_subset(state, p_keep),
+        updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN ids;
+END
+$$;
+
+-- Make a paused, failed or timed-out row pending again now (operator retry, release).
+-- Returns whether a row changed. The caller notifies after commit (see the contract).
+CREATE OR REPLACE FUNCTION pepsi.workqueue_resume(p_id bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now()
+    WHERE workqueue_id = p_id AND status IN ('paused', 'failed', 'timeout');
+    RETURN FOUND;
+END
+$$;
+
+-- Delete bodies no row references any more and older than p_grace; returns how many.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_body_gc(p_grace interval DEFAULT '1 minute')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pepsi.workqueue_body b
+    WHERE b.created_at < now() - p_grace
+      AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.body_id);
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Forget clone tokens older than p_age (longer than any message can stay queued).
+CREATE OR REPLACE FUNCTION pepsi.clone_token_gc(p_age interval DEFAULT '30 days')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pepsi.clone_token WHERE created_at < now() - p_age;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Release a body when the last row referencing it is deleted or moved to another body.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_release_body()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.body_id = NEW.body_id THEN
+        RETURN NULL;
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM pepsi.workqueue WHERE body_id = OLD.body_id) THEN
+        BEGIN
+            DELETE FROM pepsi.workqueue_body WHERE body_id = OLD.body_id;
+        EXCEPTION WHEN foreign_key_violation THEN
+            -- A concurrent transaction committed a new reference meanwhile: the body lives on.
+            NULL;
+        END;
+    END IF;
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER workqueue_release_body
+    AFTER DELETE OR UPDATE OF body_id ON pepsi.workqueue
+    FOR EACH ROW EXECUTE FUNCTION pepsi.workqueue_release_body();
+
+-- Tell every listener that the configuration overlay changed.
+CREATE OR REPLACE FUNCTION pepsi.config_override_notify()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('config_changed', TG_OP);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER config_override_notify
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pepsi.config_override
+    FOR EACH STATEMENT EXECUTE FUNCTION pepsi.config_override_notify();

@@ -1,0 +1,439 @@
+//! The database schema: numbered patches, the re-creatable procedures, the roles and the
+//! exact privilege matrix each role holds.
+//!
+//! Patches in `db/` are embedded at build time and applied in order, each recorded in
+//! `pepsi.schema_patch` in the same transaction. Nothing here formats input into SQL except
+//! role names from the operator's configuration, which are quoted as identifiers.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+
+use anyhow::Context as _;
+use pepsi_common::config::Config;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{Connection as _, PgConnection, Row as _};
+
+/// One numbered schema patch. Released patches are never edited.
+#[derive(Debug, Clone, Copy)]
+pub struct Patch {
+    pub name: &'static str,
+    pub sql: &'static str,
+}
+
+/// Every patch, in the order it applies.
+pub const PATCHES: &[Patch] = &[Patch {
+    name: "pepsi-0001",
+    sql: include_str!("../db/pepsi-0001.sql"),
+}];
+
+/// Stored functions and triggers; re-applied on every run.
+pub const PROCEDURES: &str = include_str!("../db/procedures.sql");
+
+/// Table privileges the matrix governs; anything else is never granted by setup.
+const TABLE_PRIVILEGES: [&str; 5] = ["SELECT", "INSERT", "UPDATE", "DELETE", "TRUNCATE"];
+
+/// The PostgreSQL roles of an installation, named in `[pepsi-setup]`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Roles {
+    /// Stage workers and the dispatcher.
+    pub pipeline: String,
+    /// The SMTP ingress: admission only.
+    pub ingress: String,
+    /// The only role that may write the configuration overlay.
+    pub config: String,
+}
+
+impl Default for Roles {
+    fn default() -> Self {
+        Self {
+            pipeline: "pepsi".into(),
+            ingress: "pepsi-ingress".into(),
+            config: "pepsi-config".into(),
+        }
+    }
+}
+
+impl Roles {
+    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE` and `CONFIG_ROLE`.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
+        let section = cfg.section("pepsi-setup");
+        let default = Self::default();
+        Ok(Self {
+            pipeline: section
+                .string_opt("PIPELINE_ROLE")?
+                .unwrap_or(default.pipeline),
+            ingress: section
+                .string_opt("INGRESS_ROLE")?
+                .unwrap_or(default.ingress),
+            config: section.string_opt("CONFIG_ROLE")?.unwrap_or(default.config),
+        })
+    }
+
+    fn all(&self) -> [(RoleKind, &str); 3] {
+        [
+            (RoleKind::Pipeline, self.pipeline.as_str()),
+            (RoleKind::Ingress, self.ingress.as_str()),
+            (RoleKind::Config, self.config.as_str()),
+        ]
+    }
+}
+
+/// What a role is for, which decides its privileges.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RoleKind {
+    Pipeline,
+    Ingress,
+    Config,
+}
+
+/// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
+pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
+    const ALL: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
+    const READ: &[&str] = &["SELECT"];
+    const APPEND: &[&str] = &["INSERT"];
+    const ADMIT: &[&str] = &["SELECT", "INSERT"];
+    const NONE: &[&str] = &[];
+    match (kind, table) {
+        // The audit and mail logs are append-only for everyone who processes mail.
+        (_, "event_log" | "mail_log") => APPEND,
+        (_, "schema_patch") => READ,
+        (RoleKind::Pipeline, "config_override") => READ,
+        (RoleKind::Pipeline, _) => ALL,
+        (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
+        (RoleKind::Ingress, "config_override" | "settings") => READ,
+        (RoleKind::Ingress, _) => NONE,
+        (RoleKind::Config, "config_override") => ALL,
+        (RoleKind::Config, "settings") => READ,
+        (RoleKind::Config, _) => NONE,
+    }
+}
+
+/// What a setup or check run found and did.
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    pub check_only: bool,
+    pub database_created: bool,
+    pub patches_applied: Vec<String>,
+    pub patches_pending: Vec<String>,
+    pub patch_level: Option<String>,
+    pub procedures_applied: bool,
+    pub roles_created: Vec<String>,
+    pub roles_missing: Vec<String>,
+    pub privileges_changed: Vec<String>,
+    pub privileges_wrong: Vec<String>,
+}
+
+impl Report {
+    /// True when nothing is pending or wrong.
+    pub fn is_current(&self) -> bool {
+        self.patches_pending.is_empty()
+            && self.roles_missing.is_empty()
+            && self.privileges_wrong.is_empty()
+    }
+
+    /// True when the run changed the database's schema, roles or grants.
+    pub fn changed_anything(&self) -> bool {
+        self.database_created
+            || !self.patches_applied.is_empty()
+            || !self.roles_created.is_empty()
+            || !self.privileges_changed.is_empty()
+    }
+
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::json!({
+            "check_only": self.check_only,
+            "database_created": self.database_created,
+            "patch_level": self.patch_level,
+            "patches_applied": self.patches_applied,
+            "patches_pending": self.patches_pending,
+            "procedures_applied": self.procedures_applied,
+            "roles_created": self.roles_created,
+            "roles_missing": self.roles_missing,
+            "privileges_changed": self.privileges_changed,
+            "privileges_wrong": self.privileges_wrong,
+            "current": self.is_current(),
+        })
+    }
+
+    /// A summary for people, most important line first.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let level = self.patch_level.as_deref().unwrap_or("none");
+        let _ = writeln!(
+            out,
+            "patch level: {level} ({})",
+            if self.is_current() {
+                "current, grants verified"
+            } else {
+                "NOT current"
+            }
+        );
+        if self.database_created {
+            let _ = writeln!(out, "created the database");
+        }
+        let lists = [
+            ("applied patch", &self.patches_applied),
+            ("pending patch", &self.patches_pending),
+            ("created role", &self.roles_created),
+            ("missing role", &self.roles_missing),
+            ("changed", &self.privileges_changed),
+            ("wrong privilege", &self.privileges_wrong),
+        ];
+        for (label, items) in lists {
+            for item in items {
+                let _ = writeln!(out, "{label}: {item}");
+            }
+        }
+        if self.procedures_applied {
+            let _ = writeln!(out, "procedures: re-applied");
+        }
+        if !self.check_only && !self.changed_anything() {
+            let _ = writeln!(out, "nothing to change");
+        }
+        out
+    }
+}
+
+/// Quotes an identifier; the only input ever placed in SQL text here (role and database
+/// names from the operator's configuration), hence the `AssertSqlSafe` at each use.
+fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// Creates the database named in `url` when it does not exist yet (connecting to the
+/// `postgres` maintenance database to do so); returns whether it did.
+pub async fn ensure_database(url: &str) -> anyhow::Result<bool> {
+    let options: PgConnectOptions = url
+        .parse()
+        .with_context(|| format!("not a PostgreSQL URL: {url}"))?;
+    match PgConnection::connect_with(&options).await {
+        Ok(conn) => {
+            conn.close().await.ok();
+            Ok(false)
+        }
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
+            let name = options
+                .get_database()
+                .context("the database URL names no database")?
+                .to_owned();
+            let mut admin = PgConnection::connect_with(&options.clone().database("postgres"))
+                .await
+                .context(
+                    "cannot connect to the postgres maintenance database to create the database",
+                )?;
+            sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "CREATE DATABASE {}",
+                quote_ident(&name)
+            )))
+            .execute(&mut admin)
+            .await
+            .with_context(|| format!("cannot create database {name}"))?;
+            admin.close().await.ok();
+            Ok(true)
+        }
+        Err(e) => Err(anyhow::Error::new(e).context("cannot connect to the database")),
+    }
+}
+
+/// Brings the database at `url` up to date (creating it if needed).
+pub async fn setup_url(url: &str, roles: &Roles) -> anyhow::Result<Report> {
+    let created = ensure_database(url).await?;
+    let mut conn = PgConnection::connect(url)
+        .await
+        .context("cannot connect to the database")?;
+    let mut report = setup(&mut conn, roles).await?;
+    report.database_created = created;
+    conn.close().await.ok();
+    Ok(report)
+}
+
+/// Applies missing patches, the procedures, roles and privileges in one transaction, then
+/// verifies the privileges. Concurrent runs on one database serialise on an advisory lock.
+pub async fn setup(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Report> {
+    let mut report = Report::default();
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('pepsi-setup'))")
+        .execute(&mut *tx)
+        .await?;
+    let applied = applied_patches(&mut tx).await?;
+    for patch in PATCHES.iter().filter(|p| !applied.contains(p.name)) {
+        sqlx::raw_sql(patch.sql)
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("patch {} failed", patch.name))?;
+        sqlx::query("INSERT INTO pepsi.schema_patch (patch_name) VALUES ($1)")
+            .bind(patch.name)
+            .execute(&mut *tx)
+            .await?;
+        report.patches_applied.push(patch.name.to_owned());
+    }
+    sqlx::raw_sql(PROCEDURES)
+        .execute(&mut *tx)
+        .await
+        .context("procedures.sql failed")?;
+    report.procedures_applied = true;
+    for (_, role) in roles.all() {
+        if !role_exists(&mut tx, role).await? {
+            // Roles are cluster-wide: a concurrent setup of another database may create the
+            // same role first, which is as good as creating it here.
+            let sql = format!(
+                "DO $$ BEGIN CREATE ROLE {} LOGIN; EXCEPTION WHEN duplicate_object OR unique_violation THEN NULL; END $$",
+                quote_ident(role)
+            );
+            sqlx::raw_sql(sqlx::AssertSqlSafe(sql))
+                .execute(&mut *tx)
+                .await?;
+            report.roles_created.push(role.to_owned());
+        }
+    }
+    for fix in privilege_diff(&mut tx, roles).await? {
+        sqlx::raw_sql(sqlx::AssertSqlSafe(fix.sql.clone()))
+            .execute(&mut *tx)
+            .await
+            .with_context(|| format!("cannot apply {}", fix.sql))?;
+        report.privileges_changed.push(fix.sql);
+    }
+    let wrong = privilege_diff(&mut tx, roles).await?;
+    if !wrong.is_empty() {
+        let list: Vec<_> = wrong.iter().map(|f| f.describe.clone()).collect();
+        anyhow::bail!(
+            "privileges still wrong after granting (inherited from PUBLIC, a group role, or a superuser role?): {}",
+            list.join("; ")
+        );
+    }
+    report.patch_level = applied_patches(&mut tx).await?.into_iter().max();
+    tx.commit().await?;
+    Ok(report)
+}
+
+/// Reports pending patches, missing roles and wrong privileges without changing anything.
+pub async fn check(url: &str, roles: &Roles) -> anyhow::Result<Report> {
+    let mut conn = PgConnection::connect(url)
+        .await
+        .context("cannot connect to the database")?;
+    let mut report = Report {
+        check_only: true,
+        ..Report::default()
+    };
+    let applied = applied_patches(&mut conn).await?;
+    report.patches_pending = PATCHES
+        .iter()
+        .filter(|p| !applied.contains(p.name))
+        .map(|p| p.name.to_owned())
+        .collect();
+    report.patch_level = applied.iter().max().cloned();
+    for (_, role) in roles.all() {
+        if !role_exists(&mut conn, role).await? {
+            report.roles_missing.push(role.to_owned());
+        }
+    }
+    if report.patches_pending.is_empty() && report.roles_missing.is_empty() {
+        report.privileges_wrong = privilege_diff(&mut conn, roles)
+            .await?
+            .into_iter()
+            .map(|f| f.describe)
+            .collect();
+    }
+    conn.close().await.ok();
+    Ok(report)
+}
+
+async fn applied_patches(conn: &mut PgConnection) -> anyhow::Result<BTreeSet<String>> {
+    let exists: bool = sqlx::query_scalar("SELECT to_regclass('pepsi.schema_patch') IS NOT NULL")
+        .fetch_one(&mut *conn)
+        .await?;
+    if !exists {
+        return Ok(BTreeSet::new());
+    }
+    let names: Vec<String> = sqlx::query_scalar("SELECT patch_name FROM pepsi.schema_patch")
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(names.into_iter().collect())
+}
+
+async fn role_exists(conn: &mut PgConnection, role: &str) -> anyhow::Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = $1)")
+            .bind(role)
+            .fetch_one(&mut *conn)
+            .await?,
+    )
+}
+
+/// One difference between the live privileges and the matrix, and the statement fixing it.
+struct Fix {
+    sql: String,
+    describe: String,
+}
+
+/// Compares every role's schema, sequence and table privileges with the matrix.
+async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Vec<Fix>> {
+    let mut fixes = Vec::new();
+    let tables: Vec<String> = sqlx::query_scalar(
+        "SELECT tablename::text FROM pg_tables WHERE schemaname = 'pepsi' ORDER BY 1",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    let sequences: Vec<String> = sqlx::query_scalar(
+        "SELECT sequencename::text FROM pg_sequences WHERE schemaname = 'pepsi' ORDER BY 1",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    for (kind, role) in roles.all() {
+        let q = quote_ident(role);
+        let usage: bool = sqlx::query_scalar("SELECT has_schema_privilege($1, 'pepsi', 'USAGE')")
+            .bind(role)
+            .fetch_one(&mut *conn)
+            .await?;
+        if !usage {
+            fixes.push(Fix {
+                sql: format!("GRANT USAGE ON SCHEMA pepsi TO {q}"),
+                describe: format!("{role} lacks USAGE on schema pepsi"),
+            });
+        }
+        // Identity columns draw from sequences; every role that inserts anywhere needs them.
+        for seq in &sequences {
+            let ok: bool = sqlx::query_scalar(
+                "SELECT has_sequence_privilege($1, 'pepsi.' || quote_ident($2), 'USAGE')",
+            )
+            .bind(role)
+            .bind(seq)
+            .fetch_one(&mut *conn)
+            .await?;
+            if !ok {
+                fixes.push(Fix {
+                    sql: format!("GRANT USAGE ON SEQUENCE pepsi.{} TO {q}", quote_ident(seq)),
+                    describe: format!("{role} lacks USAGE on sequence pepsi.{seq}"),
+                });
+            }
+        }
+        let rows = sqlx::query(
+            "SELECT t, p, has_table_privilege($1, 'pepsi.' || quote_ident(t), p) \
+             FROM unnest($2::text[]) AS t, unnest($3::text[]) AS p ORDER BY t, p",
+        )
+        .bind(role)
+        .bind(&tables)
+        .bind(TABLE_PRIVILEGES)
+        .fetch_all(&mut *conn)
+        .await?;
+        for row in rows {
+            let table: String = row.get(0);
+            let privilege: String = row.get(1);
+            let has: bool = row.get(2);
+            let wanted = privilege_matrix(kind, &table).contains(&privilege.as_str());
+            let target = format!("pepsi.{}", quote_ident(&table));
+            if wanted && !has {
+                fixes.push(Fix {
+                    sql: format!("GRANT {privilege} ON {target} TO {q}"),
+                    describe: format!("{role} lacks {privilege} on pepsi.{table}"),
+                });
+            } else if has && !wanted {
+                fixes.push(Fix {
+                    sql: format!("REVOKE {privilege} ON {target} FROM {q}"),
+                    describe: format!("{role} must not have {privilege} on pepsi.{table}"),
+                });
+            }
+        }
+    }
+    Ok(fixes)
+}
