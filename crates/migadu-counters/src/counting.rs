@@ -1,0 +1,517 @@
+//! Counting rules: which keys a validated request increments, with which limits, and which
+//! increment crossed a limit. Pure: lookups come in as a function, Redis results as values.
+
+use std::sync::Arc;
+
+use chrono::NaiveDate;
+
+use crate::domains::{DomainRecord, Flow, Level};
+use crate::validate::{CountRequest, Route};
+
+/// Counters live 31 days so the web app can show a month.
+pub const KEY_TTL_SECONDS: i64 = 2_678_400;
+
+/// `cnt/<A|D|O>/<id>/d/<YYYY-MM-DD>/<i|o>`, the web app's key format.
+pub fn counter_key(level: Level, id: &str, date: NaiveDate, flow: Flow) -> String {
+    format!(
+        "cnt/{}/{}/d/{}/{}",
+        level.as_str(),
+        id,
+        date.format("%Y-%m-%d"),
+        flow.as_str()
+    )
+}
+
+/// The crossing rule: this increment by one moved the counter from below `limit` to at least
+/// `limit`, i.e. `new − 1 < L ≤ new`. Exactly one increment can satisfy it, whoever made it.
+pub fn crossed(new: i64, limit: Option<u64>) -> bool {
+    match limit {
+        Some(l) => {
+            let l = i128::from(l);
+            let new = i128::from(new);
+            new - 1 < l && l <= new
+        }
+        None => false,
+    }
+}
+
+/// Which side of a request a domain was looked up for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Side {
+    Sender,
+    Recipient,
+}
+
+/// One line of the counting transaction log, before it is rendered as text or JSON.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Event {
+    Request {
+        auth_user: Option<String>,
+        recipient: String,
+        mail_from: String,
+        junk: Option<bool>,
+    },
+    LocalDomain {
+        domain: String,
+        org_id: u64,
+    },
+    DomainLimits {
+        domain: String,
+        limits: String,
+    },
+    DeterminedLimit {
+        level: Level,
+        flow: Flow,
+        key: String,
+        limit: Option<u64>,
+    },
+    NotInDb {
+        side: Side,
+        domain: String,
+    },
+    SkippedExempt {
+        address: String,
+    },
+    SkippedJunk,
+    Tracked {
+        level: Level,
+        flow: Flow,
+        id: String,
+        key: String,
+        count: i64,
+        limit: Option<u64>,
+        reached: bool,
+    },
+    KeyFailed {
+        level: Level,
+        flow: Flow,
+        key: String,
+        error: String,
+    },
+    LimitReached {
+        level: Level,
+        flow: Flow,
+        id: String,
+        by: String,
+        url_name: &'static str,
+        url_set: bool,
+    },
+    RedisError {
+        error: String,
+    },
+    NotificationSent {
+        url: String,
+    },
+    NotificationFailed {
+        url: String,
+        attempts: u32,
+        error: String,
+    },
+}
+
+/// One key to increment.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Increment {
+    pub level: Level,
+    pub flow: Flow,
+    pub id: String,
+    pub key: String,
+    pub limit: Option<u64>,
+    /// The address that caused it: the sender for outgoing, the recipient for incoming.
+    pub by: String,
+}
+
+/// What a request will do, decided before any Redis call.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Plan {
+    pub events: Vec<Event>,
+    pub increments: Vec<Increment>,
+}
+
+/// The settings the rules depend on.
+pub struct Rules<'a> {
+    pub exempt: &'a [String],
+    pub count_junk: bool,
+}
+
+fn domain_of(addr: &str) -> &str {
+    addr.rsplit_once('@').map(|(_, d)| d).unwrap_or("")
+}
+
+fn local_of(addr: &str) -> &str {
+    addr.rsplit_once('@').map(|(l, _)| l).unwrap_or(addr)
+}
+
+fn side_block(
+    plan: &mut Plan,
+    side: Side,
+    addr: &str,
+    flow: Flow,
+    date: NaiveDate,
+    lookup: &dyn Fn(&str) -> Option<Arc<DomainRecord>>,
+) {
+    let domain = domain_of(addr);
+    let Some(rec) = lookup(domain) else {
+        plan.events.push(Event::NotInDb {
+            side,
+            domain: domain.to_string(),
+        });
+        return;
+    };
+    plan.events.push(Event::LocalDomain {
+        domain: domain.to_string(),
+        org_id: rec.org_id,
+    });
+    plan.events.push(Event::DomainLimits {
+        domain: domain.to_string(),
+        limits: rec.limits_map(),
+    });
+    let org = rec.org_id.to_string();
+    for (level, id) in [
+        (Level::A, addr),
+        (Level::D, domain),
+        (Level::O, org.as_str()),
+    ] {
+        let key = counter_key(level, id, date, flow);
+        let limit = rec.limit(level, flow, local_of(addr));
+        plan.events.push(Event::DeterminedLimit {
+            level,
+            flow,
+            key: key.clone(),
+            limit,
+        });
+        plan.increments.push(Increment {
+            level,
+            flow,
+            id: id.to_string(),
+            key,
+            limit,
+            by: addr.to_string(),
+        });
+    }
+}
+
+/// Decides the increments of one request: exempt and junk skips, unknown domains skipped,
+/// `/out` counts the sender's outgoing and a hosted recipient's incoming.
+pub fn plan(
+    req: &CountRequest,
+    rules: &Rules<'_>,
+    date: NaiveDate,
+    lookup: &dyn Fn(&str) -> Option<Arc<DomainRecord>>,
+) -> Plan {
+    let mut plan = Plan::default();
+    plan.events.push(Event::Request {
+        auth_user: req.auth_user.clone(),
+        recipient: req.recipient.clone(),
+        mail_from: req.mail_from.clone(),
+        junk: (req.route == Route::In).then_some(req.junk),
+    });
+    let parties = [
+        req.auth_user.as_deref(),
+        Some(req.mail_from.as_str()),
+        Some(req.recipient.as_str()),
+    ];
+    if let Some(addr) = parties
+        .into_iter()
+        .flatten()
+        .find(|a| !a.is_empty() && rules.exempt.iter().any(|e| e == a))
+    {
+        plan.events.push(Event::SkippedExempt {
+            address: addr.to_string(),
+        });
+        return plan;
+    }
+    if req.route == Route::In && req.junk && !rules.count_junk {
+        plan.events.push(Event::SkippedJunk);
+        return plan;
+    }
+    if let Some(sender) = req.auth_user.as_deref() {
+        side_block(&mut plan, Side::Sender, sender, Flow::Out, date, lookup);
+    }
+    side_block(
+        &mut plan,
+        Side::Recipient,
+        &req.recipient,
+        Flow::In,
+        date,
+        lookup,
+    );
+    plan
+}
+
+/// What Redis said about one key of the transaction.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum KeyResult {
+    /// EXEC returned the new value.
+    Counted(i64),
+    /// EXEC returned an error for this key alone.
+    Failed(String),
+}
+
+/// A notification to send after a crossing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Crossing {
+    pub level: Level,
+    pub flow: Flow,
+    pub id: String,
+    pub by: String,
+    pub count: i64,
+    pub limit: u64,
+}
+
+/// Turns the per-key results into log events and the crossings to notify.
+pub fn outcome(
+    increments: &[Increment],
+    results: &[KeyResult],
+    url_set: &dyn Fn(Level) -> bool,
+) -> (Vec<Event>, Vec<Crossing>) {
+    let mut events = Vec::new();
+    let mut crossings = Vec::new();
+    for (inc, res) in increments.iter().zip(results) {
+        match res {
+            KeyResult::Counted(n) => {
+                let reached = crossed(*n, inc.limit);
+                events.push(Event::Tracked {
+                    level: inc.level,
+                    flow: inc.flow,
+                    id: inc.id.clone(),
+                    key: inc.key.clone(),
+                    count: *n,
+                    limit: inc.limit,
+                    reached,
+                });
+                if let (true, Some(limit)) = (reached, inc.limit) {
+                    crossings.push(Crossing {
+                        level: inc.level,
+                        flow: inc.flow,
+                        id: inc.id.clone(),
+                        by: inc.by.clone(),
+                        count: *n,
+                        limit,
+                    });
+                }
+            }
+            KeyResult::Failed(e) => events.push(Event::KeyFailed {
+                level: inc.level,
+                flow: inc.flow,
+                key: inc.key.clone(),
+                error: e.clone(),
+            }),
+        }
+    }
+    for c in &crossings {
+        events.push(Event::LimitReached {
+            level: c.level,
+            flow: c.flow,
+            id: c.id.clone(),
+            by: c.by.clone(),
+            url_name: url_name(c.level),
+            url_set: url_set(c.level),
+        });
+    }
+    (events, crossings)
+}
+
+/// The config key of a level's notification URL.
+pub fn url_name(level: Level) -> &'static str {
+    match level {
+        Level::A => "address_url",
+        Level::D => "domain_url",
+        Level::O => "org_url",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn date() -> NaiveDate {
+        NaiveDate::from_ymd_opt(2026, 10, 6).unwrap()
+    }
+
+    #[test]
+    fn crossing_rule() {
+        let cases: &[(i64, Option<u64>, bool)] = &[
+            (2, Some(3), false),
+            (3, Some(3), true),
+            (4, Some(3), false),
+            (1, Some(1), true),
+            (0, Some(0), true),
+            (1, Some(0), false),
+            (5, None, false),
+            (i64::MAX, Some(u64::MAX), false),
+        ];
+        for (new, limit, want) in cases {
+            assert_eq!(crossed(*new, *limit), *want, "new={new} limit={limit:?}");
+        }
+    }
+
+    #[test]
+    fn key_format() {
+        assert_eq!(
+            counter_key(Level::A, "x@example.com", date(), Flow::Out),
+            "cnt/A/x@example.com/d/2026-10-06/o"
+        );
+        assert_eq!(
+            counter_key(Level::D, "example.com", date(), Flow::In),
+            "cnt/D/example.com/d/2026-10-06/i"
+        );
+        assert_eq!(
+            counter_key(Level::O, "1234", date(), Flow::In),
+            "cnt/O/1234/d/2026-10-06/i"
+        );
+    }
+
+    fn db() -> HashMap<&'static str, Arc<DomainRecord>> {
+        let mut m = HashMap::new();
+        m.insert(
+            "example.com",
+            Arc::new(crate::domains::parse_record("1234|A/o=100,O/o=2200,bob@/i=5").unwrap()),
+        );
+        m.insert(
+            "other.org",
+            Arc::new(crate::domains::parse_record("99|D/i=10").unwrap()),
+        );
+        m
+    }
+
+    fn keys_of(
+        route: Route,
+        auth: Option<&str>,
+        from: &str,
+        rcpt: &str,
+        junk: bool,
+        count_junk: bool,
+    ) -> Vec<String> {
+        let db = db();
+        let exempt = vec!["support@migadu.com".to_string()];
+        let req = CountRequest {
+            route,
+            trace_id: "t".into(),
+            auth_user: auth.map(str::to_string),
+            mail_from: from.into(),
+            recipient: rcpt.into(),
+            junk,
+        };
+        let lookup = |d: &str| db.get(d).cloned();
+        plan(
+            &req,
+            &Rules {
+                exempt: &exempt,
+                count_junk,
+            },
+            date(),
+            &lookup,
+        )
+        .increments
+        .into_iter()
+        .map(|i| format!("{} {:?}", i.key, i.limit))
+        .collect()
+    }
+
+    #[test]
+    fn counting_table() {
+        use Route::*;
+        let out_local = keys_of(
+            Out,
+            Some("x@example.com"),
+            "x@example.com",
+            "bob@example.com",
+            false,
+            false,
+        );
+        assert_eq!(
+            out_local,
+            vec![
+                "cnt/A/x@example.com/d/2026-10-06/o Some(100)",
+                "cnt/D/example.com/d/2026-10-06/o None",
+                "cnt/O/1234/d/2026-10-06/o Some(2200)",
+                "cnt/A/bob@example.com/d/2026-10-06/i Some(5)",
+                "cnt/D/example.com/d/2026-10-06/i None",
+                "cnt/O/1234/d/2026-10-06/i None",
+            ]
+        );
+        // external recipient: sender side only
+        assert_eq!(
+            keys_of(Out, Some("x@example.com"), "", "s@gmail.com", false, false).len(),
+            3
+        );
+        // sender domain unknown: recipient side only, with its own row's limits
+        assert_eq!(
+            keys_of(Out, Some("x@gmail.com"), "", "y@other.org", false, false),
+            vec![
+                "cnt/A/y@other.org/d/2026-10-06/i None",
+                "cnt/D/other.org/d/2026-10-06/i Some(10)",
+                "cnt/O/99/d/2026-10-06/i None",
+            ]
+        );
+        // exempt sender, exempt mail_from, exempt recipient
+        assert!(
+            keys_of(
+                Out,
+                Some("support@migadu.com"),
+                "",
+                "y@other.org",
+                false,
+                false
+            )
+            .is_empty()
+        );
+        assert!(keys_of(In, None, "support@migadu.com", "y@other.org", false, false).is_empty());
+        assert!(
+            keys_of(
+                Out,
+                Some("x@example.com"),
+                "",
+                "support@migadu.com",
+                false,
+                false
+            )
+            .is_empty()
+        );
+        // /in: local, unknown, junk
+        assert_eq!(
+            keys_of(In, None, "s@gmail.com", "y@other.org", false, false).len(),
+            3
+        );
+        assert!(keys_of(In, None, "s@gmail.com", "y@gmail.com", false, false).is_empty());
+        assert!(keys_of(In, None, "s@gmail.com", "y@other.org", true, false).is_empty());
+        assert_eq!(
+            keys_of(In, None, "s@gmail.com", "y@other.org", true, true).len(),
+            3
+        );
+    }
+
+    #[test]
+    fn outcome_reports_crossings_and_key_failures() {
+        let incs: Vec<Increment> = [(Level::A, Some(3)), (Level::D, None), (Level::O, Some(3))]
+            .into_iter()
+            .map(|(level, limit)| Increment {
+                level,
+                flow: Flow::Out,
+                id: "id".into(),
+                key: format!("k{}", level.as_str()),
+                limit,
+                by: "x@example.com".into(),
+            })
+            .collect();
+        let results = [
+            KeyResult::Counted(3),
+            KeyResult::Counted(3),
+            KeyResult::Failed("WRONGTYPE".into()),
+        ];
+        let (events, crossings) = outcome(&incs, &results, &|l| l != Level::D);
+        assert_eq!(crossings.len(), 1);
+        assert_eq!(crossings[0].level, Level::A);
+        assert!(matches!(events[2], Event::KeyFailed { .. }));
+        assert!(matches!(
+            events[3],
+            Event::LimitReached {
+                url_set: true,
+                url_name: "address_url",
+                ..
+            }
+        ));
+    }
+}

@@ -1,0 +1,644 @@
+//! The HTTP side: the middleware chain in the plan's order, the `/in` `/out` `/counters`
+//! handlers, the admin `/health` and `/metrics`, and the connection loop with graceful drain.
+//! A request rejected by the chain never reaches the CDB or Redis.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arc_swap::ArcSwap;
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use futures_util::FutureExt;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
+use hyper::{Method, Request, Response, StatusCode};
+use serde_json::{Value, json};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Cidr, Config};
+use crate::counting::{self, Event, KeyResult, Rules};
+use crate::domains::{Domains, Flow, Level};
+use crate::metrics::Metrics;
+use crate::notify::Notifier;
+use crate::store::Store;
+use crate::txlog::TxLog;
+use crate::validate::{self, CountRequest, CountersQuery, Route};
+
+/// Largest request body accepted.
+pub const MAX_BODY: usize = 64 * 1024;
+/// How long a stopping server waits for requests in flight.
+pub const DRAIN: Duration = Duration::from_secs(10);
+
+type Resp = Response<Full<Bytes>>;
+
+/// A counting job handed from the HTTP handler to the worker pool.
+pub struct Job {
+    pub req: CountRequest,
+    pub received: Instant,
+    pub date: chrono::NaiveDate,
+}
+
+/// Everything a request or a worker needs.
+pub struct App {
+    pub cfg: Config,
+    pub cidrs: Vec<Cidr>,
+    pub domains: Arc<ArcSwap<Domains>>,
+    pub store: Arc<Store>,
+    pub metrics: Arc<Metrics>,
+    pub notifier: Arc<Notifier>,
+    pub txlog: TxLog,
+    pub queue: mpsc::Sender<Job>,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Endpoint {
+    Count(Route),
+    Counters,
+    Other,
+}
+
+impl Endpoint {
+    fn label(self) -> &'static str {
+        match self {
+            Endpoint::Count(r) => r.as_str(),
+            Endpoint::Counters => "counters",
+            Endpoint::Other => "other",
+        }
+    }
+}
+
+/// A refusal by one step of the chain.
+struct Reject {
+    status: StatusCode,
+    reason: String,
+    trace_id: String,
+    header: Option<(hyper::header::HeaderName, &'static str)>,
+}
+
+fn reject(status: StatusCode, reason: impl Into<String>) -> Reject {
+    Reject {
+        status,
+        reason: reason.into(),
+        trace_id: String::new(),
+        header: None,
+    }
+}
+
+fn json_response(status: StatusCode, body: &Value) -> Resp {
+    Response::builder()
+        .status(status)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Full::new(Bytes::from(body.to_string())))
+        .expect("static response parts")
+}
+
+/// Compares without an early exit, so response time does not reveal how much of a guess matched.
+pub fn ct_eq(a: &[u8], b: &[u8]) -> bool {
+    let mut diff = a.len() ^ b.len();
+    for i in 0..a.len().max(b.len()) {
+        diff |= usize::from(a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0));
+    }
+    diff == 0
+}
+
+/// The bearer token of an `Authorization` header; the scheme is case-insensitive.
+pub fn bearer_token(header: &str) -> Option<&str> {
+    let (scheme, token) = header.trim().split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// `application/json`, parameters such as charset ignored.
+pub fn is_json_content_type(value: &str) -> bool {
+    value
+        .split(';')
+        .next()
+        .is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json"))
+}
+
+/// Step 1 of the chain: a panic becomes a 500 and the daemon keeps serving; a refusal
+/// becomes its JSON error, logged at warn.
+async fn recover(
+    route: &str,
+    peer: SocketAddr,
+    work: impl Future<Output = Result<Resp, Reject>>,
+) -> Resp {
+    match AssertUnwindSafe(work).catch_unwind().await {
+        Ok(Ok(resp)) => resp,
+        Ok(Err(r)) => {
+            tracing::warn!(
+                route,
+                peer = %peer,
+                status = r.status.as_u16(),
+                reason = %r.reason,
+                trace_id = %r.trace_id,
+                "request rejected"
+            );
+            let mut resp = json_response(r.status, &json!({ "error": r.reason }));
+            if let Some((name, value)) = r.header {
+                resp.headers_mut()
+                    .insert(name, hyper::header::HeaderValue::from_static(value));
+            }
+            resp
+        }
+        Err(panic) => {
+            let what = panic
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            tracing::error!(route, peer = %peer, status = 500, reason = %what, "handler panicked");
+            json_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &json!({"error": "internal error"}),
+            )
+        }
+    }
+}
+
+impl App {
+    /// Entry point of the API server: recover (step 1) around the rest of the chain.
+    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Resp {
+        let started = Instant::now();
+        let endpoint = match req.uri().path() {
+            "/in" => Endpoint::Count(Route::In),
+            "/out" => Endpoint::Count(Route::Out),
+            "/counters" => Endpoint::Counters,
+            _ => Endpoint::Other,
+        };
+        let route = endpoint.label();
+        let resp = recover(route, peer, self.chain(req, peer, endpoint)).await;
+        self.metrics
+            .requests
+            .with_label_values(&[route, resp.status().as_str()])
+            .inc();
+        self.metrics
+            .duration
+            .with_label_values(&[route])
+            .observe(started.elapsed().as_secs_f64());
+        resp
+    }
+
+    async fn chain(
+        &self,
+        req: Request<Incoming>,
+        peer: SocketAddr,
+        endpoint: Endpoint,
+    ) -> Result<Resp, Reject> {
+        // 2. method
+        let want = match endpoint {
+            Endpoint::Count(_) => Method::POST,
+            Endpoint::Counters => Method::GET,
+            Endpoint::Other => return Err(reject(StatusCode::NOT_FOUND, "not found")),
+        };
+        if req.method() != want {
+            let mut r = reject(
+                StatusCode::METHOD_NOT_ALLOWED,
+                format!("method {} not allowed", req.method()),
+            );
+            r.header = Some((ALLOW, if want == Method::POST { "POST" } else { "GET" }));
+            return Err(r);
+        }
+        let has_body = want == Method::POST;
+        // 3. body size, when declared; a chunked body is bounded while it is read
+        if has_body {
+            let declared = req
+                .headers()
+                .get(CONTENT_LENGTH)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            if declared.is_some_and(|n| n > MAX_BODY as u64) {
+                return Err(reject(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body larger than {MAX_BODY} bytes"),
+                ));
+            }
+        }
+        // 4. bearer token
+        let token = req
+            .headers()
+            .get(AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(bearer_token);
+        if !token.is_some_and(|t| ct_eq(t.as_bytes(), self.cfg.auth_token.as_bytes())) {
+            let mut r = reject(
+                StatusCode::UNAUTHORIZED,
+                if token.is_none() {
+                    "missing bearer token"
+                } else {
+                    "wrong bearer token"
+                },
+            );
+            r.header = Some((WWW_AUTHENTICATE, "Bearer"));
+            return Err(r);
+        }
+        // 5. source address: the TCP peer only; forwarded headers are never trusted
+        if !self.cidrs.is_empty() && !self.cidrs.iter().any(|c| c.contains(peer.ip())) {
+            return Err(reject(
+                StatusCode::FORBIDDEN,
+                format!("source {} not allowed", peer.ip()),
+            ));
+        }
+        if !has_body {
+            return self.counters(req.uri().query().unwrap_or("")).await;
+        }
+        let Endpoint::Count(route) = endpoint else {
+            return Err(reject(StatusCode::NOT_FOUND, "not found"));
+        };
+        // 6. content type
+        let ctype = req
+            .headers()
+            .get(CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("");
+        if !is_json_content_type(ctype) {
+            return Err(reject(
+                StatusCode::UNSUPPORTED_MEDIA_TYPE,
+                format!("content type {ctype:?} is not application/json"),
+            ));
+        }
+        // 7. exactly one JSON object
+        let body = match Limited::new(req.into_body(), MAX_BODY).collect().await {
+            Ok(b) => b.to_bytes(),
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+                return Err(reject(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("body larger than {MAX_BODY} bytes"),
+                ));
+            }
+            Err(e) => {
+                return Err(reject(
+                    StatusCode::BAD_REQUEST,
+                    format!("cannot read body: {e}"),
+                ));
+            }
+        };
+        let value: Value = serde_json::from_slice(&body)
+            .map_err(|e| reject(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")))?;
+        if !value.is_object() {
+            return Err(reject(
+                StatusCode::BAD_REQUEST,
+                "invalid JSON: expected one object",
+            ));
+        }
+        // 8. per-route validation
+        let req = validate::validate_count_request(route, &value).map_err(|reason| Reject {
+            trace_id: validate::trace_id_of(&value),
+            ..reject(StatusCode::BAD_REQUEST, reason)
+        })?;
+        // 9. the handler's own work, under handler_timeout
+        let trace_id = req.trace_id.clone();
+        let job = Job {
+            req,
+            received: Instant::now(),
+            date: Utc::now().date_naive(),
+        };
+        let enqueue = async {
+            match self.queue.try_send(job) {
+                Ok(()) => Ok(json_response(
+                    StatusCode::ACCEPTED,
+                    &json!({"accepted": true}),
+                )),
+                Err(_) => Err(Reject {
+                    trace_id: trace_id.clone(),
+                    ..reject(StatusCode::SERVICE_UNAVAILABLE, "queue full")
+                }),
+            }
+        };
+        self.with_timeout(enqueue, &trace_id).await
+    }
+
+    async fn with_timeout(
+        &self,
+        work: impl Future<Output = Result<Resp, Reject>>,
+        trace_id: &str,
+    ) -> Result<Resp, Reject> {
+        match tokio::time::timeout(Duration::from_secs(self.cfg.handler_timeout), work).await {
+            Ok(r) => r,
+            Err(_) => Err(Reject {
+                trace_id: trace_id.to_string(),
+                ..reject(StatusCode::SERVICE_UNAVAILABLE, "handler timeout")
+            }),
+        }
+    }
+
+    async fn counters(&self, query: &str) -> Result<Resp, Reject> {
+        let pairs: Vec<(String, String)> = form_urlencoded::parse(query.as_bytes())
+            .into_owned()
+            .collect();
+        let (q, date) = validate::validate_counters_query(&pairs, Utc::now().date_naive())
+            .map_err(|e| reject(StatusCode::BAD_REQUEST, e))?;
+        self.with_timeout(self.counters_view(q, date), "").await
+    }
+
+    async fn counters_view(
+        &self,
+        q: CountersQuery,
+        date: chrono::NaiveDate,
+    ) -> Result<Resp, Reject> {
+        let (query, mode, domain, address) = match &q {
+            CountersQuery::Address(a) => {
+                let d = a.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+                (a.clone(), "address", d.to_string(), Some(a.clone()))
+            }
+            CountersQuery::Domain(d) => (d.clone(), "domain", d.clone(), None),
+        };
+        let rec = self.domains.load().lookup(&domain);
+        let exempt = address
+            .as_ref()
+            .is_some_and(|a| self.cfg.exempt.iter().any(|e| e == a));
+        let local = address
+            .as_deref()
+            .and_then(|a| a.rsplit_once('@'))
+            .map(|(l, _)| l)
+            .unwrap_or("");
+        let mut rows: Vec<(Level, String)> = Vec::new();
+        if let Some(a) = &address {
+            rows.push((Level::A, a.clone()));
+        }
+        rows.push((Level::D, domain.clone()));
+        if let Some(r) = &rec {
+            rows.push((Level::O, r.org_id.to_string()));
+        }
+        let keys: Vec<String> = rows
+            .iter()
+            .flat_map(|(l, id)| {
+                [Flow::In, Flow::Out].map(|f| counting::counter_key(*l, id, date, f))
+            })
+            .collect();
+        let vals = self.store.mget(&keys).await.map_err(|e| {
+            self.metrics.redis_errors.with_label_values(&["mget"]).inc();
+            reject(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("redis unavailable: {e}"),
+            )
+        })?;
+        let levels: Vec<Value> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, (level, id))| {
+                let lim = |f| rec.as_ref().and_then(|r| r.limit(*level, f, local));
+                json!({
+                    "level": level.as_str(),
+                    "id": id,
+                    "in": vals.get(2 * i).copied().flatten().unwrap_or(0),
+                    "in_limit": lim(Flow::In),
+                    "out": vals.get(2 * i + 1).copied().flatten().unwrap_or(0),
+                    "out_limit": lim(Flow::Out),
+                })
+            })
+            .collect();
+        let body = json!({
+            "query": query,
+            "mode": mode,
+            "date": date.format("%Y-%m-%d").to_string(),
+            "managed": rec.is_some(),
+            "exempt": exempt,
+            "domain": domain,
+            "org_id": rec.as_ref().map(|r| r.org_id),
+            "levels": levels,
+        });
+        Ok(json_response(StatusCode::OK, &body))
+    }
+
+    /// Counts one job: CDB lookups, one MULTI/EXEC, crossings, the counting log block.
+    pub async fn count(&self, job: Job) {
+        let req = &job.req;
+        let route = req.route.as_str();
+        let domains = self.domains.load_full();
+        let rules = Rules {
+            exempt: &self.cfg.exempt,
+            count_junk: self.cfg.count_junk,
+        };
+        let plan = counting::plan(req, &rules, job.date, &|d| domains.lookup(d));
+        let before = Utc::now();
+        let mut events: Vec<(DateTime<Utc>, Event)> =
+            plan.events.into_iter().map(|e| (before, e)).collect();
+        let mut crossings = Vec::new();
+        if !plan.increments.is_empty() {
+            let keys: Vec<String> = plan.increments.iter().map(|i| i.key.clone()).collect();
+            let budget = Duration::from_secs(self.cfg.handler_timeout);
+            let outcome = match tokio::time::timeout(budget, self.store.incr(&keys)).await {
+                Ok(Ok(r)) => Ok(r),
+                Ok(Err(e)) => Err(e.to_string()),
+                Err(_) => Err(format!("timeout after {}s", self.cfg.handler_timeout)),
+            };
+            let after = Utc::now();
+            match outcome {
+                Ok((results, reread)) => {
+                    if reread {
+                        self.metrics.redis_errors.with_label_values(&["exec"]).inc();
+                        tracing::warn!(
+                            trace_id = req.trace_id,
+                            "lost EXEC reply, counts re-read from the master"
+                        );
+                    }
+                    for (inc, res) in plan.increments.iter().zip(&results) {
+                        match res {
+                            KeyResult::Counted(_) => self
+                                .metrics
+                                .increments
+                                .with_label_values(&[inc.level.as_str(), inc.flow.as_str()])
+                                .inc(),
+                            KeyResult::Failed(e) => {
+                                self.metrics.redis_errors.with_label_values(&["incr"]).inc();
+                                tracing::error!(
+                                    trace_id = req.trace_id,
+                                    key = inc.key,
+                                    error = e,
+                                    "counter increment failed"
+                                );
+                            }
+                        }
+                    }
+                    let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
+                        !self.notifier.url_for(l).is_empty()
+                    });
+                    events.extend(evs.into_iter().map(|e| (after, e)));
+                    crossings = cs;
+                    self.metrics
+                        .count_delay
+                        .observe(job.received.elapsed().as_secs_f64());
+                }
+                Err(error) => {
+                    self.metrics.redis_errors.with_label_values(&["incr"]).inc();
+                    tracing::error!(
+                        trace_id = req.trace_id,
+                        route,
+                        error,
+                        "counting failed, nothing counted"
+                    );
+                    events.push((after, Event::RedisError { error }));
+                }
+            }
+        }
+        self.txlog.block(&req.trace_id, route, &events);
+        for c in crossings {
+            self.metrics
+                .limit_reached
+                .with_label_values(&[c.level.as_str(), c.flow.as_str()])
+                .inc();
+            self.notifier
+                .spawn(c, req.trace_id.clone(), req.route.as_str());
+        }
+    }
+
+    /// The admin server: `/health` and `/metrics`, no authentication.
+    pub async fn admin(self: Arc<Self>, req: Request<Incoming>) -> Resp {
+        match req.uri().path() {
+            "/metrics" => Response::builder()
+                .header(CONTENT_TYPE, "text/plain; version=0.0.4")
+                .body(Full::new(Bytes::from(self.metrics.render())))
+                .expect("static response parts"),
+            "/health" => {
+                let cdb = std::fs::metadata(self.domains.load().path()).map(|_| ());
+                let redis =
+                    tokio::time::timeout(Duration::from_millis(200), self.store.ping()).await;
+                let reason = match (cdb, redis) {
+                    (Err(e), _) => Some(format!("cdb: {e}")),
+                    (_, Err(_)) => Some("redis: no PING reply within 200ms".to_string()),
+                    (_, Ok(Err(e))) => Some(format!("redis: {e}")),
+                    _ => None,
+                };
+                match reason {
+                    None => json_response(StatusCode::OK, &json!({"status": "ok"})),
+                    Some(r) => json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &json!({"status": "unavailable", "reason": r}),
+                    ),
+                }
+            }
+            _ => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+        }
+    }
+}
+
+/// Socket timeouts of a server.
+#[derive(Clone, Copy)]
+pub struct Timeouts {
+    pub read_header: Duration,
+    pub write: Duration,
+}
+
+/// Accepts until `stop`, then waits up to `DRAIN` for the requests in flight.
+pub async fn serve<F, Fut>(
+    listener: TcpListener,
+    timeouts: Timeouts,
+    stop: CancellationToken,
+    handler: F,
+) where
+    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
+    Fut: Future<Output = Resp> + Send + 'static,
+{
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    loop {
+        let accepted = tokio::select! {
+            r = listener.accept() => r,
+            _ = stop.cancelled() => break,
+        };
+        let (stream, peer) = match accepted {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let handler = handler.clone();
+        let write = timeouts.write;
+        let svc = hyper::service::service_fn(move |req| {
+            let fut = handler(req, peer);
+            async move {
+                Ok::<_, Infallible>(match tokio::time::timeout(write, fut).await {
+                    Ok(r) => r,
+                    Err(_) => json_response(
+                        StatusCode::SERVICE_UNAVAILABLE,
+                        &json!({"error": "write timeout"}),
+                    ),
+                })
+            }
+        });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(timeouts.read_header)
+            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    drop(listener);
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!(
+            "requests still in flight after {}s, closing",
+            DRAIN.as_secs()
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_handler_answers_500_and_the_next_request_is_served() {
+        let peer: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let boom = async {
+            if peer.port() == 1 {
+                panic!("handler bug");
+            }
+            Ok(json_response(StatusCode::OK, &json!({})))
+        };
+        assert_eq!(
+            recover("in", peer, boom).await.status(),
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+        let fine = async { Ok(json_response(StatusCode::ACCEPTED, &json!({}))) };
+        assert_eq!(
+            recover("in", peer, fine).await.status(),
+            StatusCode::ACCEPTED
+        );
+        let refused = async { Err(reject(StatusCode::FORBIDDEN, "no")) };
+        assert_eq!(
+            recover("in", peer, refused).await.status(),
+            StatusCode::FORBIDDEN
+        );
+    }
+
+    #[test]
+    fn token_and_content_type_rules() {
+        assert!(ct_eq(b"secret", b"secret"));
+        assert!(!ct_eq(b"secret", b"secreT"));
+        assert!(!ct_eq(b"secret", b"secret2"));
+        assert!(!ct_eq(b"", b"x"));
+        let cases: &[(&str, Option<&str>)] = &[
+            ("Bearer abc", Some("abc")),
+            ("bearer abc", Some("abc")),
+            ("Basic abc", None),
+            ("Bearer", None),
+            ("abc", None),
+        ];
+        for (h, want) in cases {
+            assert_eq!(bearer_token(h), *want, "{h}");
+        }
+        for (ct, want) in [
+            ("application/json", true),
+            ("application/json; charset=utf-8", true),
+            ("Application/JSON", true),
+            ("text/plain", false),
+            ("", false),
+            ("application/jsonx", false),
+        ] {
+            assert_eq!(is_json_content_type(ct), want, "{ct}");
+        }
+    }
+}

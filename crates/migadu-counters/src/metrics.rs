@@ -1,0 +1,119 @@
+//! Prometheus metrics with the plan's names and labels, in a registry of their own.
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+pub struct Metrics {
+    registry: Registry,
+    pub requests: IntCounterVec,
+    pub duration: HistogramVec,
+    pub increments: IntCounterVec,
+    pub limit_reached: IntCounterVec,
+    pub notifications: IntCounterVec,
+    pub redis_errors: IntCounterVec,
+    pub cdb_domains: IntGauge,
+    pub cdb_reloads: IntCounterVec,
+    /// Not in the plan's list: time from acceptance (202) to the EXEC reply, the queue's lag.
+    pub count_delay: prometheus::Histogram,
+}
+
+fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    let c = IntCounterVec::new(Opts::new(name, help), labels).expect("metric definition");
+    r.register(Box::new(c.clone()))
+        .expect("metric registration");
+    c
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        let r = Registry::new();
+        let requests = counter(
+            &r,
+            "migadu_counters_requests_total",
+            "HTTP requests by route and status",
+            &["route", "status"],
+        );
+        let duration = HistogramVec::new(
+            HistogramOpts::new(
+                "migadu_counters_request_duration_seconds",
+                "HTTP request duration by route",
+            ),
+            &["route"],
+        )
+        .expect("metric definition");
+        r.register(Box::new(duration.clone()))
+            .expect("metric registration");
+        let increments = counter(
+            &r,
+            "migadu_counters_increments_total",
+            "Counter increments by level and flow",
+            &["level", "flow"],
+        );
+        let limit_reached = counter(
+            &r,
+            "migadu_counters_limit_reached_total",
+            "Limit crossings by level and flow",
+            &["level", "flow"],
+        );
+        let notifications = counter(
+            &r,
+            "migadu_counters_notifications_total",
+            "Web app notifications by level and result",
+            &["level", "result"],
+        );
+        let redis_errors = counter(
+            &r,
+            "migadu_counters_redis_errors_total",
+            "Redis errors by operation",
+            &["op"],
+        );
+        let cdb_domains = IntGauge::new("migadu_counters_cdb_domains", "Domains in the loaded CDB")
+            .expect("metric definition");
+        r.register(Box::new(cdb_domains.clone()))
+            .expect("metric registration");
+        let cdb_reloads = counter(
+            &r,
+            "migadu_counters_cdb_reloads_total",
+            "CDB reloads by result",
+            &["result"],
+        );
+        let count_delay = prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "migadu_counters_count_delay_seconds",
+                "Time from a 202 answer to the counted values",
+            )
+            .buckets(vec![
+                0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )
+        .expect("metric definition");
+        r.register(Box::new(count_delay.clone()))
+            .expect("metric registration");
+        Metrics {
+            count_delay,
+            registry: r,
+            requests,
+            duration,
+            increments,
+            limit_reached,
+            notifications,
+            redis_errors,
+            cdb_domains,
+            cdb_reloads,
+        }
+    }
+
+    /// The text exposition format.
+    pub fn render(&self) -> String {
+        let mut buf = Vec::new();
+        let _ = TextEncoder::new().encode(&self.registry.gather(), &mut buf);
+        String::from_utf8(buf).unwrap_or_default()
+    }
+}

@@ -1,0 +1,264 @@
+//! Web-app notifications on a limit crossing: per-level URL templates, query-escaped values,
+//! a background sender bounded by a semaphore, retries with doubling backoff.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::sync::Semaphore;
+use tokio_util::task::TaskTracker;
+
+use crate::config::NotifyConfig;
+use crate::counting::{Crossing, Event};
+use crate::domains::Level;
+use crate::metrics::Metrics;
+use crate::txlog::TxLog;
+
+/// Attempts per notification before it is given up.
+pub const ATTEMPTS: u32 = 5;
+/// Concurrent notifications, so a burst of crossings cannot flood the web app.
+pub const CONCURRENCY: usize = 8;
+const MAX_BACKOFF: Duration = Duration::from_secs(16);
+
+/// Escapes like a form query value: unreserved characters stay, space becomes `+`.
+pub fn query_escape(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    for b in s.bytes() {
+        match b {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' | b'~' => {
+                out.push(b as char)
+            }
+            b' ' => out.push('+'),
+            _ => out.push_str(&format!("%{b:02X}")),
+        }
+    }
+    out
+}
+
+/// Replaces `$LEVEL $ID $FLOW $PERIOD $ADDRESS $COUNT $LIMIT` with escaped values in one pass,
+/// so a value can never be taken for a variable.
+pub fn expand(template: &str, c: &Crossing) -> String {
+    let vars: [(&str, String); 7] = [
+        ("$LEVEL", c.level.as_str().to_string()),
+        ("$ID", c.id.clone()),
+        ("$FLOW", c.flow.as_str().to_string()),
+        ("$PERIOD", "d".to_string()),
+        ("$ADDRESS", c.by.clone()),
+        ("$COUNT", c.count.to_string()),
+        ("$LIMIT", c.limit.to_string()),
+    ];
+    let mut out = String::with_capacity(template.len() + 32);
+    let mut rest = template;
+    'outer: while let Some(pos) = rest.find('$') {
+        out.push_str(&rest[..pos]);
+        let tail = &rest[pos..];
+        for (name, value) in &vars {
+            if let Some(after) = tail.strip_prefix(name) {
+                out.push_str(&query_escape(value));
+                rest = after;
+                continue 'outer;
+            }
+        }
+        out.push('$');
+        rest = &tail[1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+pub struct Notifier {
+    client: reqwest::Client,
+    cfg: NotifyConfig,
+    sem: Arc<Semaphore>,
+    tracker: TaskTracker,
+    backoff: Duration,
+    metrics: Arc<Metrics>,
+    txlog: TxLog,
+}
+
+impl Notifier {
+    /// `backoff` is the first retry delay; it doubles up to 16 s.
+    pub fn new(
+        cfg: NotifyConfig,
+        backoff: Duration,
+        metrics: Arc<Metrics>,
+        txlog: TxLog,
+    ) -> Arc<Notifier> {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .timeout(Duration::from_secs(cfg.timeout_seconds))
+            .build()
+            .expect("http client");
+        Arc::new(Notifier {
+            client,
+            cfg,
+            sem: Arc::new(Semaphore::new(CONCURRENCY)),
+            tracker: TaskTracker::new(),
+            backoff,
+            metrics,
+            txlog,
+        })
+    }
+
+    pub fn url_for(&self, level: Level) -> &str {
+        match level {
+            Level::A => &self.cfg.address_url,
+            Level::D => &self.cfg.domain_url,
+            Level::O => &self.cfg.org_url,
+        }
+    }
+
+    /// Queues a notification in the background; an empty URL for the level sends nothing.
+    pub fn spawn(self: &Arc<Self>, c: Crossing, trace_id: String, route: &'static str) {
+        let template = self.url_for(c.level);
+        if template.is_empty() {
+            return;
+        }
+        let url = expand(template, &c);
+        let me = self.clone();
+        self.tracker.spawn(async move {
+            let _permit = me.sem.acquire().await;
+            let (event, result) = match me.deliver(&url).await {
+                Ok(()) => (Event::NotificationSent { url }, "sent"),
+                Err(error) => {
+                    tracing::error!(
+                        trace_id,
+                        level = c.level.as_str(),
+                        url,
+                        error,
+                        "limit notification failed"
+                    );
+                    (
+                        Event::NotificationFailed {
+                            url,
+                            attempts: ATTEMPTS,
+                            error,
+                        },
+                        "failed",
+                    )
+                }
+            };
+            me.metrics
+                .notifications
+                .with_label_values(&[c.level.as_str(), result])
+                .inc();
+            me.txlog.block(&trace_id, route, &[(Utc::now(), event)]);
+        });
+    }
+
+    async fn deliver(&self, url: &str) -> Result<(), String> {
+        let mut delay = self.backoff;
+        let mut last = String::new();
+        for attempt in 1..=ATTEMPTS {
+            let mut req = self.client.get(url);
+            if !self.cfg.user.is_empty() || !self.cfg.password.is_empty() {
+                req = req.basic_auth(&self.cfg.user, Some(&self.cfg.password));
+            }
+            match req.send().await {
+                Ok(resp) if resp.status().is_success() => return Ok(()),
+                Ok(resp) => last = format!("status {}", resp.status().as_u16()),
+                Err(e) => last = e.to_string(),
+            }
+            if attempt < ATTEMPTS {
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(MAX_BACKOFF);
+            }
+        }
+        Err(last)
+    }
+
+    /// Waits for notifications in flight, at most `limit`; true when all finished.
+    pub async fn wait(&self, limit: Duration) -> bool {
+        self.tracker.close();
+        tokio::time::timeout(limit, self.tracker.wait())
+            .await
+            .is_ok()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domains::Flow;
+    use crate::logging::LogWriter;
+
+    fn crossing(level: Level) -> Crossing {
+        Crossing {
+            level,
+            flow: Flow::Out,
+            id: "x y@example.com".into(),
+            by: "noah@wearemiraclesnow.com".into(),
+            count: 2200,
+            limit: 2200,
+        }
+    }
+
+    #[test]
+    fn templates() {
+        let t = "https://a/api/limits?level=$LEVEL&id=$ID&flow=$FLOW&period=$PERIOD&by=$ADDRESS&count=$COUNT&l=$LIMIT&x=$OTHER$";
+        assert_eq!(
+            expand(t, &crossing(Level::O)),
+            "https://a/api/limits?level=O&id=x+y%40example.com&flow=o&period=d&by=noah%40wearemiraclesnow.com&count=2200&l=2200&x=$OTHER$"
+        );
+        assert_eq!(query_escape("a&b=c/d~e_f.g-h"), "a%26b%3Dc%2Fd~e_f.g-h");
+        assert_eq!(query_escape("é$"), "%C3%A9%24");
+    }
+
+    #[tokio::test]
+    async fn each_level_uses_its_url_and_failures_retry() {
+        let target = crate::testkit::HttpTarget::start(200).await;
+        let failing = crate::testkit::HttpTarget::start(500).await;
+        let cfg = NotifyConfig {
+            org_url: format!("{}/org?id=$ID&by=$ADDRESS", target.base()),
+            address_url: format!("{}/addr?id=$ID", failing.base()),
+            domain_url: String::new(),
+            user: "web".into(),
+            password: "secret".into(),
+            timeout_seconds: 5,
+        };
+        let metrics = Arc::new(Metrics::new());
+        let n = Notifier::new(
+            cfg,
+            Duration::from_millis(10),
+            metrics.clone(),
+            TxLog::new(Arc::new(LogWriter::Off), false),
+        );
+        n.spawn(crossing(Level::O), "t1".into(), "out");
+        n.spawn(crossing(Level::A), "t1".into(), "out");
+        n.spawn(crossing(Level::D), "t1".into(), "out");
+        assert!(n.wait(Duration::from_secs(30)).await);
+        let got = target.requests();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            got[0].path_and_query,
+            "/org?id=x+y%40example.com&by=noah%40wearemiraclesnow.com"
+        );
+        assert_eq!(
+            got[0].authorization.as_deref(),
+            Some("Basic d2ViOnNlY3JldA==")
+        );
+        assert_eq!(failing.requests().len(), ATTEMPTS as usize);
+        assert_eq!(
+            metrics
+                .notifications
+                .with_label_values(&["O", "sent"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            metrics
+                .notifications
+                .with_label_values(&["A", "failed"])
+                .get(),
+            1
+        );
+        assert_eq!(
+            metrics
+                .notifications
+                .with_label_values(&["D", "sent"])
+                .get(),
+            0
+        );
+    }
+}

@@ -1,0 +1,390 @@
+//! Redis access: a write side (static address or the Sentinel master, following failover) and
+//! a read side (round-robin static replicas, or a Sentinel replica with fallback to the
+//! master); one MULTI/EXEC per counted request, one MGET per `/counters` read.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use redis::aio::MultiplexedConnection;
+use redis::{
+    AsyncConnectionConfig, Client, ConnectionAddr, IntoConnectionInfo, RedisConnectionInfo, Value,
+};
+use tokio::sync::Mutex;
+
+use crate::config::{RedisConfig, split_host_port};
+use crate::counting::{KEY_TTL_SECONDS, KeyResult};
+
+/// How a node address is found.
+#[derive(Clone, Debug)]
+enum Locate {
+    Fixed(String),
+    SentinelMaster,
+    SentinelReplica,
+}
+
+/// A set of multiplexed connections to one logical node, connected lazily, dropped on error.
+struct Pool {
+    locate: Locate,
+    slots: Vec<Mutex<Option<MultiplexedConnection>>>,
+    next: AtomicUsize,
+}
+
+impl Pool {
+    fn new(locate: Locate, size: usize) -> Pool {
+        Pool {
+            locate,
+            slots: (0..size).map(|_| Mutex::new(None)).collect(),
+            next: AtomicUsize::new(0),
+        }
+    }
+}
+
+/// Errors of the counting transaction.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// Nothing reached Redis, or Redis refused the whole transaction.
+    #[error("{0}")]
+    NotApplied(String),
+}
+
+pub struct Store {
+    write: Pool,
+    reads: Vec<Pool>,
+    next_read: AtomicUsize,
+    sentinels: Vec<String>,
+    master_name: String,
+    password: String,
+    sentinel_password: String,
+    timeout: Duration,
+}
+
+fn conn_info(addr: &str, password: &str) -> redis::RedisResult<redis::ConnectionInfo> {
+    let (host, port) = split_host_port(addr).ok_or_else(|| {
+        redis::RedisError::from((
+            redis::ErrorKind::InvalidClientConfig,
+            "bad address",
+            addr.to_string(),
+        ))
+    })?;
+    let mut settings = RedisConnectionInfo::default().set_db(0);
+    if !password.is_empty() {
+        settings = settings.set_password(password);
+    }
+    Ok(ConnectionAddr::Tcp(host, port)
+        .into_connection_info()?
+        .set_redis_settings(settings))
+}
+
+fn text(v: &Value) -> Option<String> {
+    match v {
+        Value::BulkString(b) => Some(String::from_utf8_lossy(b).into_owned()),
+        Value::SimpleString(s) => Some(s.clone()),
+        Value::VerbatimString { text, .. } => Some(text.clone()),
+        Value::Int(n) => Some(n.to_string()),
+        _ => None,
+    }
+}
+
+/// Picks usable replicas out of a `SENTINEL replicas` reply.
+fn healthy_replicas(reply: &Value) -> Vec<String> {
+    let Value::Array(items) = reply else {
+        return Vec::new();
+    };
+    let mut out = Vec::new();
+    for item in items {
+        let fields: Vec<(String, String)> = match item {
+            Value::Array(flat) => flat
+                .chunks(2)
+                .filter_map(|c| Some((text(c.first()?)?, text(c.get(1)?)?)))
+                .collect(),
+            Value::Map(m) => m
+                .iter()
+                .filter_map(|(k, v)| Some((text(k)?, text(v)?)))
+                .collect(),
+            _ => continue,
+        };
+        let get = |k: &str| fields.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+        let flags = get("flags").unwrap_or("");
+        let down = ["s_down", "o_down", "disconnected"]
+            .iter()
+            .any(|f| flags.contains(f));
+        if down || get("master-link-status").is_some_and(|s| s != "ok") {
+            continue;
+        }
+        if let (Some(ip), Some(port)) = (get("ip"), get("port")) {
+            out.push(format!("{ip}:{port}"));
+        }
+    }
+    out
+}
+
+impl Store {
+    pub fn new(c: &RedisConfig) -> Store {
+        let size = c.pool_size.max(1);
+        let (write, reads) = if c.sentinels.is_empty() {
+            let reads = if c.read_addrs.is_empty() {
+                vec![c.write_addr.clone()]
+            } else {
+                c.read_addrs.clone()
+            };
+            (
+                Pool::new(Locate::Fixed(c.write_addr.clone()), size),
+                reads
+                    .into_iter()
+                    .map(|a| Pool::new(Locate::Fixed(a), size))
+                    .collect(),
+            )
+        } else {
+            (
+                Pool::new(Locate::SentinelMaster, size),
+                vec![Pool::new(Locate::SentinelReplica, size)],
+            )
+        };
+        Store {
+            write,
+            reads,
+            next_read: AtomicUsize::new(0),
+            sentinels: c.sentinels.clone(),
+            master_name: c.master_name.clone(),
+            password: c.password.clone(),
+            sentinel_password: c.sentinel_password.clone(),
+            timeout: Duration::from_millis(c.timeout_ms),
+        }
+    }
+
+    fn config(&self) -> AsyncConnectionConfig {
+        AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.timeout))
+            .set_response_timeout(Some(self.timeout))
+    }
+
+    async fn connect(
+        &self,
+        addr: &str,
+        password: &str,
+    ) -> redis::RedisResult<MultiplexedConnection> {
+        Client::open(conn_info(addr, password)?)?
+            .get_multiplexed_async_connection_with_config(&self.config())
+            .await
+    }
+
+    /// Asks each sentinel in turn; the first answer wins.
+    async fn ask_sentinels(&self, args: &[&str]) -> redis::RedisResult<Value> {
+        let mut last = None;
+        for s in &self.sentinels {
+            match self.connect(s, &self.sentinel_password).await {
+                Ok(mut con) => match redis::cmd("SENTINEL")
+                    .arg(args)
+                    .query_async::<Value>(&mut con)
+                    .await
+                {
+                    Ok(Value::Nil) => {
+                        last = Some(redis::RedisError::from((
+                            redis::ErrorKind::Client,
+                            "sentinel does not know the master",
+                            self.master_name.clone(),
+                        )))
+                    }
+                    Ok(v) => return Ok(v),
+                    Err(e) => last = Some(e),
+                },
+                Err(e) => last = Some(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| (redis::ErrorKind::Client, "no sentinels configured").into()))
+    }
+
+    async fn master_addr(&self) -> redis::RedisResult<String> {
+        let v = self
+            .ask_sentinels(&["get-master-addr-by-name", &self.master_name])
+            .await?;
+        match v {
+            Value::Array(a) if a.len() == 2 => match (text(&a[0]), text(&a[1])) {
+                (Some(ip), Some(port)) => Ok(format!("{ip}:{port}")),
+                _ => Err((redis::ErrorKind::Client, "malformed sentinel reply").into()),
+            },
+            _ => Err((redis::ErrorKind::Client, "malformed sentinel reply").into()),
+        }
+    }
+
+    async fn open(&self, locate: &Locate) -> redis::RedisResult<MultiplexedConnection> {
+        match locate {
+            Locate::Fixed(a) => self.connect(a, &self.password).await,
+            Locate::SentinelMaster => {
+                let addr = self.master_addr().await?;
+                let mut con = self.connect(&addr, &self.password).await?;
+                // A sentinel can lag behind a failover; a node that is not master would refuse writes.
+                let role: Value = redis::cmd("ROLE").query_async(&mut con).await?;
+                match role {
+                    Value::Array(a) if a.first().and_then(text).as_deref() == Some("master") => {
+                        Ok(con)
+                    }
+                    _ => Err((
+                        redis::ErrorKind::Client,
+                        "sentinel master is not master",
+                        addr,
+                    )
+                        .into()),
+                }
+            }
+            Locate::SentinelReplica => {
+                let replicas = match self.ask_sentinels(&["replicas", &self.master_name]).await {
+                    Ok(v) => healthy_replicas(&v),
+                    Err(_) => Vec::new(),
+                };
+                let start = self.next_read.fetch_add(1, Ordering::Relaxed);
+                for i in 0..replicas.len() {
+                    let addr = &replicas[(start + i) % replicas.len()];
+                    if let Ok(con) = self.connect(addr, &self.password).await {
+                        return Ok(con);
+                    }
+                }
+                let addr = self.master_addr().await?;
+                self.connect(&addr, &self.password).await
+            }
+        }
+    }
+
+    async fn take(&self, pool: &Pool) -> redis::RedisResult<(usize, MultiplexedConnection)> {
+        let i = pool.next.fetch_add(1, Ordering::Relaxed) % pool.slots.len();
+        let mut slot = pool.slots[i].lock().await;
+        if let Some(c) = slot.as_ref() {
+            return Ok((i, c.clone()));
+        }
+        let c = self.open(&pool.locate).await?;
+        *slot = Some(c.clone());
+        Ok((i, c))
+    }
+
+    async fn drop_slot(&self, pool: &Pool, i: usize) {
+        *pool.slots[i].lock().await = None;
+    }
+
+    /// `INCR` + `EXPIRE` for every key in one MULTI/EXEC. Per-key errors come back as
+    /// `KeyResult::Failed`; a lost reply is resolved by re-reading the keys from the master.
+    pub async fn incr(&self, keys: &[String]) -> Result<(Vec<KeyResult>, bool), StoreError> {
+        let mut pipe = redis::pipe();
+        pipe.atomic().ignore_errors();
+        for k in keys {
+            pipe.cmd("INCR").arg(k);
+            pipe.cmd("EXPIRE").arg(k).arg(KEY_TTL_SECONDS).ignore();
+        }
+        let mut last = String::new();
+        // A second attempt only when the first certainly changed nothing (stale master, refused).
+        for _ in 0..2 {
+            let (slot, mut con) = match self.take(&self.write).await {
+                Ok(x) => x,
+                Err(e) => {
+                    last = e.to_string();
+                    continue;
+                }
+            };
+            match pipe.query_async::<Vec<Value>>(&mut con).await {
+                Ok(vals) => {
+                    let results = keys
+                        .iter()
+                        .enumerate()
+                        .map(|(i, _)| match vals.get(i) {
+                            Some(Value::Int(n)) => KeyResult::Counted(*n),
+                            Some(Value::ServerError(e)) => KeyResult::Failed(e.to_string()),
+                            Some(v) => KeyResult::Failed(format!("unexpected reply {v:?}")),
+                            None => KeyResult::Failed("missing reply".into()),
+                        })
+                        .collect();
+                    return Ok((results, false));
+                }
+                Err(e) => {
+                    self.drop_slot(&self.write, slot).await;
+                    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
+                        return self.reread(keys, e.to_string()).await.map(|r| (r, true));
+                    }
+                    last = e.to_string();
+                }
+            }
+        }
+        Err(StoreError::NotApplied(last))
+    }
+
+    /// After a lost EXEC reply the increments may or may not have happened; the master knows.
+    async fn reread(&self, keys: &[String], why: String) -> Result<Vec<KeyResult>, StoreError> {
+        let vals = self
+            .mget_on(&self.write, keys)
+            .await
+            .map_err(|e| StoreError::NotApplied(format!("{why}; re-read failed: {e}")))?;
+        Ok(vals
+            .into_iter()
+            .map(|v| match v {
+                Some(n) => KeyResult::Counted(n),
+                None => KeyResult::Failed(format!("{why}; key absent on re-read")),
+            })
+            .collect())
+    }
+
+    async fn mget_on(&self, pool: &Pool, keys: &[String]) -> redis::RedisResult<Vec<Option<i64>>> {
+        let (slot, mut con) = self.take(pool).await?;
+        let res: redis::RedisResult<Vec<Option<String>>> =
+            redis::cmd("MGET").arg(keys).query_async(&mut con).await;
+        match res {
+            Ok(v) => Ok(v
+                .into_iter()
+                .map(|s| s.and_then(|s| s.parse::<i64>().ok()))
+                .collect()),
+            Err(e) => {
+                self.drop_slot(pool, slot).await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads counters from the read side, falling back to the write side when it fails.
+    pub async fn mget(&self, keys: &[String]) -> redis::RedisResult<Vec<Option<i64>>> {
+        let i = self.next_read.fetch_add(1, Ordering::Relaxed) % self.reads.len();
+        match self.mget_on(&self.reads[i], keys).await {
+            Ok(v) => Ok(v),
+            Err(_) => self.mget_on(&self.write, keys).await,
+        }
+    }
+
+    /// PING on the write side.
+    pub async fn ping(&self) -> redis::RedisResult<()> {
+        let (slot, mut con) = self.take(&self.write).await?;
+        let r: redis::RedisResult<String> = redis::cmd("PING").query_async(&mut con).await;
+        if r.is_err() {
+            self.drop_slot(&self.write, slot).await;
+        }
+        r.map(|_| ())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bulk(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn replica_selection_skips_unhealthy() {
+        let entry = |ip: &str, flags: &str, link: &str| {
+            Value::Array(vec![
+                bulk("ip"),
+                bulk(ip),
+                bulk("port"),
+                bulk("6380"),
+                bulk("flags"),
+                bulk(flags),
+                bulk("master-link-status"),
+                bulk(link),
+            ])
+        };
+        let reply = Value::Array(vec![
+            entry("10.0.0.1", "slave", "ok"),
+            entry("10.0.0.2", "s_down,slave", "ok"),
+            entry("10.0.0.3", "slave,disconnected", "ok"),
+            entry("10.0.0.4", "slave", "err"),
+        ]);
+        assert_eq!(healthy_replicas(&reply), vec!["10.0.0.1:6380"]);
+        assert!(healthy_replicas(&Value::Nil).is_empty());
+    }
+}

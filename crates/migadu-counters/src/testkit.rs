@@ -1,0 +1,420 @@
+//! Helpers for the tests of this crate and of the root package: private `redis-server`
+//! processes, a raw RESP client, CDB files, a recording HTTP target and a small HTTP client.
+//! Real processes and sockets only; nothing here is used by the service itself.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// A loopback port nobody listens on right now.
+pub fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("free port")
+}
+
+/// Polls `f` until it holds or `limit` passes; returns whether it held.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + limit;
+    loop {
+        if f() {
+            return true;
+        }
+        if Instant::now() > end {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A fresh temporary directory, removed on drop.
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(tag: &str) -> TempDir {
+        static N: AtomicU16 = AtomicU16::new(0);
+        let p = std::env::temp_dir().join(format!(
+            "mc-{tag}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = std::fs::remove_dir_all(&p);
+        std::fs::create_dir_all(&p).expect("temp dir");
+        TempDir(p)
+    }
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// Writes a CDB with the `cdb` crate's writer (temp file + rename, as `cdb -m` does).
+pub fn write_cdb(path: &Path, rows: &[(&str, &str)]) {
+    let tmp = path.with_extension("tmp");
+    let mut w =
+        cdb::CDBMake::new(std::fs::File::create(&tmp).expect("create cdb")).expect("cdb writer");
+    for (k, v) in rows {
+        w.add(k.as_bytes(), v.as_bytes()).expect("cdb add");
+    }
+    w.finish().expect("cdb finish");
+    std::fs::rename(&tmp, path).expect("rename cdb");
+}
+
+/// A RESP reply.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Resp {
+    Simple(String),
+    Error(String),
+    Int(i64),
+    Bulk(Option<String>),
+    Array(Vec<Resp>),
+}
+
+impl Resp {
+    pub fn int(&self) -> Option<i64> {
+        match self {
+            Resp::Int(n) => Some(*n),
+            Resp::Bulk(Some(s)) | Resp::Simple(s) => s.parse().ok(),
+            _ => None,
+        }
+    }
+}
+
+fn read_resp(r: &mut impl BufRead) -> std::io::Result<Resp> {
+    let mut line = String::new();
+    r.read_line(&mut line)?;
+    let line = line.trim_end_matches("\r\n");
+    let bad = || std::io::Error::other(format!("bad reply line {line:?}"));
+    let (kind, rest) = line.split_at_checked(1).ok_or_else(bad)?;
+    Ok(match kind {
+        "+" => Resp::Simple(rest.into()),
+        "-" => Resp::Error(rest.into()),
+        ":" => Resp::Int(rest.parse().map_err(|_| bad())?),
+        "$" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            if n < 0 {
+                Resp::Bulk(None)
+            } else {
+                let mut buf = vec![0; n as usize + 2];
+                r.read_exact(&mut buf)?;
+                buf.truncate(n as usize);
+                Resp::Bulk(Some(String::from_utf8_lossy(&buf).into_owned()))
+            }
+        }
+        "*" => {
+            let n: i64 = rest.parse().map_err(|_| bad())?;
+            let mut v = Vec::new();
+            for _ in 0..n.max(0) {
+                v.push(read_resp(r)?);
+            }
+            Resp::Array(v)
+        }
+        _ => return Err(bad()),
+    })
+}
+
+/// One command over a fresh connection.
+pub fn redis_cmd(addr: &str, args: &[&str]) -> std::io::Result<Resp> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(10)))?;
+    let mut out = format!("*{}\r\n", args.len());
+    for a in args {
+        out.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(out.as_bytes())?;
+    read_resp(&mut BufReader::new(s))
+}
+
+/// A private `redis-server` on a loopback port, killed on drop.
+pub struct RedisServer {
+    pub port: u16,
+    extra: Vec<String>,
+    dir: TempDir,
+    child: Option<Child>,
+}
+
+impl RedisServer {
+    pub fn start() -> RedisServer {
+        Self::start_with(&[])
+    }
+
+    /// Extra arguments, e.g. `["--replicaof", "127.0.0.1", "6379"]`.
+    pub fn start_with(extra: &[&str]) -> RedisServer {
+        let mut s = RedisServer {
+            port: free_port(),
+            extra: extra.iter().map(|s| s.to_string()).collect(),
+            dir: TempDir::new("redis"),
+            child: None,
+        };
+        s.spawn();
+        s
+    }
+
+    fn spawn(&mut self) {
+        let bin = std::env::var("REDIS_SERVER").unwrap_or_else(|_| "redis-server".into());
+        let child = Command::new(bin)
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
+            .arg("--dir")
+            .arg(self.dir.path())
+            .args(&self.extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("redis-server must be installed (apt-get install redis-server)");
+        self.child = Some(child);
+        let addr = self.addr();
+        assert!(
+            wait_until(Duration::from_secs(20), || matches!(
+                redis_cmd(&addr, &["PING"]),
+                Ok(Resp::Simple(_))
+            )),
+            "redis-server on {addr} did not come up"
+        );
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn cmd(&self, args: &[&str]) -> Resp {
+        redis_cmd(&self.addr(), args).unwrap_or_else(|e| panic!("redis {args:?}: {e}"))
+    }
+
+    pub fn get(&self, key: &str) -> Option<i64> {
+        self.cmd(&["GET", key]).int()
+    }
+
+    /// Kills the server (SIGKILL) and waits for it to be gone.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts it again on the same port, empty.
+    pub fn restart(&mut self) {
+        self.kill();
+        self.spawn();
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A request the target received.
+#[derive(Clone, Debug)]
+pub struct Received {
+    pub path_and_query: String,
+    pub authorization: Option<String>,
+}
+
+/// An HTTP server on its own thread that records requests and answers with `status`.
+pub struct HttpTarget {
+    pub port: u16,
+    status: Arc<AtomicU16>,
+    log: Arc<Mutex<Vec<Received>>>,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl HttpTarget {
+    pub async fn start(status: u16) -> HttpTarget {
+        tokio::task::spawn_blocking(move || Self::start_blocking(status))
+            .await
+            .expect("target thread")
+    }
+
+    pub fn start_blocking(status: u16) -> HttpTarget {
+        let listener = TcpListener::bind("127.0.0.1:0").expect("bind target");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let port = listener.local_addr().expect("addr").port();
+        let status_cell = Arc::new(AtomicU16::new(status));
+        let log = Arc::new(Mutex::new(Vec::new()));
+        let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let (st, lg) = (status_cell.clone(), log.clone());
+        std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("rt");
+            rt.block_on(async move {
+                let l = tokio::net::TcpListener::from_std(listener).expect("listener");
+                loop {
+                    let (stream, _) = tokio::select! {
+                        r = l.accept() => match r { Ok(x) => x, Err(_) => continue },
+                        _ = &mut rx => break,
+                    };
+                    let (st, lg) = (st.clone(), lg.clone());
+                    let svc = hyper::service::service_fn(
+                        move |req: hyper::Request<hyper::body::Incoming>| {
+                            lg.lock().expect("log").push(Received {
+                                path_and_query: req
+                                    .uri()
+                                    .path_and_query()
+                                    .map(|p| p.to_string())
+                                    .unwrap_or_default(),
+                                authorization: req
+                                    .headers()
+                                    .get("authorization")
+                                    .and_then(|v| v.to_str().ok())
+                                    .map(str::to_string),
+                            });
+                            let code = st.load(Ordering::Relaxed);
+                            async move {
+                                Ok::<_, std::convert::Infallible>(
+                                    hyper::Response::builder()
+                                        .status(code)
+                                        .body(http_body_util::Full::new(bytes::Bytes::from_static(
+                                            b"ok",
+                                        )))
+                                        .expect("response"),
+                                )
+                            }
+                        },
+                    );
+                    tokio::spawn(async move {
+                        let _ = hyper::server::conn::http1::Builder::new()
+                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                            .await;
+                    });
+                }
+            });
+        });
+        HttpTarget {
+            port,
+            status: status_cell,
+            log,
+            stop: Some(tx),
+        }
+    }
+
+    pub fn base(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    pub fn set_status(&self, status: u16) {
+        self.status.store(status, Ordering::Relaxed);
+    }
+
+    pub fn requests(&self) -> Vec<Received> {
+        self.log.lock().expect("log").clone()
+    }
+}
+
+impl Drop for HttpTarget {
+    fn drop(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// A response read by [`http`].
+#[derive(Clone, Debug)]
+pub struct HttpResponse {
+    pub status: u16,
+    pub headers: Vec<(String, String)>,
+    pub body: String,
+}
+
+impl HttpResponse {
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+}
+
+/// One HTTP/1.1 request with `Connection: close`; the caller's headers are sent verbatim.
+pub fn http(
+    addr: &str,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> std::io::Result<HttpResponse> {
+    let mut s = TcpStream::connect(addr)?;
+    s.set_read_timeout(Some(Duration::from_secs(30)))?;
+    let mut req = format!("{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n");
+    for (k, v) in headers {
+        req.push_str(&format!("{k}: {v}\r\n"));
+    }
+    if method != "GET" || !body.is_empty() {
+        req.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    req.push_str("\r\n");
+    s.write_all(req.as_bytes())?;
+    // A server may answer and close before reading a large body; the answer still counts.
+    let _ = s.write_all(body);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, rest) = text
+        .split_once("\r\n\r\n")
+        .ok_or_else(|| std::io::Error::other(format!("no HTTP answer: {text:?}")))?;
+    let mut lines = head.lines();
+    let status = lines
+        .next()
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|c| c.parse().ok())
+        .ok_or_else(|| std::io::Error::other("bad status line"))?;
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| {
+            l.split_once(':')
+                .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        })
+        .collect();
+    let chunked = headers
+        .iter()
+        .any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    let body = if chunked {
+        dechunk(rest)
+    } else {
+        rest.to_string()
+    };
+    Ok(HttpResponse {
+        status,
+        headers,
+        body,
+    })
+}
+
+fn dechunk(mut s: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = s.split_once("\r\n") {
+        let n = usize::from_str_radix(size.trim(), 16).unwrap_or(0);
+        if n == 0 || rest.len() < n {
+            break;
+        }
+        out.push_str(&rest[..n]);
+        s = rest[n..].trim_start_matches("\r\n");
+    }
+    out
+}

@@ -1,0 +1,456 @@
+//! Request validators for `/in`, `/out` and `/counters`: pure functions, no I/O, so the HTTP
+//! layer can reject garbage before any CDB or Redis access.
+
+use serde_json::{Map, Value};
+
+/// Longest address accepted (RFC 5321 path limit).
+pub const MAX_ADDRESS_LEN: usize = 254;
+/// Longest trace id accepted.
+pub const MAX_TRACE_ID_LEN: usize = 128;
+
+/// The two counting routes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Route {
+    In,
+    Out,
+}
+
+impl Route {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Route::In => "in",
+            Route::Out => "out",
+        }
+    }
+}
+
+/// A request that passed validation; addresses are normalised (trimmed, lowercased, punycode).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CountRequest {
+    pub route: Route,
+    /// Sanitised: printable ASCII only.
+    pub trace_id: String,
+    /// `/out` only: the login, reduced to its base address.
+    pub auth_user: Option<String>,
+    /// Never rejects: normalised when it parses, otherwise kept sanitised for the log.
+    pub mail_from: String,
+    pub recipient: String,
+    pub junk: bool,
+}
+
+/// Keeps only printable ASCII so a trace id cannot forge log lines, and bounds its length.
+pub fn sanitize_trace_id(raw: &str) -> String {
+    raw.chars()
+        .filter(|c| (' '..='~').contains(c))
+        .take(MAX_TRACE_ID_LEN)
+        .collect()
+}
+
+/// Best-effort trace id from a parsed body, for logging rejections.
+pub fn trace_id_of(body: &Value) -> String {
+    body.get("trace_id")
+        .and_then(Value::as_str)
+        .map(sanitize_trace_id)
+        .unwrap_or_default()
+}
+
+/// Normalises an e-mail address or says why it is not one.
+pub fn normalize_address(raw: &str) -> Result<String, &'static str> {
+    let addr = raw.trim();
+    if addr.is_empty() {
+        return Err("empty");
+    }
+    if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("invalid e-mail address");
+    }
+    let mut parts = addr.split('@');
+    let (Some(local), Some(domain), None) = (parts.next(), parts.next(), parts.next()) else {
+        return Err("invalid e-mail address");
+    };
+    if local.is_empty() || domain.is_empty() {
+        return Err("invalid e-mail address");
+    }
+    let domain = normalize_domain(domain).ok_or("invalid e-mail address")?;
+    let out = format!("{}@{}", local.to_lowercase(), domain);
+    if out.len() > MAX_ADDRESS_LEN {
+        return Err("too long");
+    }
+    Ok(out)
+}
+
+/// Lowercases a domain and converts an IDN to punycode; `None` when it cannot be a domain.
+pub fn normalize_domain(raw: &str) -> Option<String> {
+    let d = raw.trim();
+    if d.is_empty()
+        || d.chars()
+            .any(|c| c.is_whitespace() || c.is_control() || c == '@')
+    {
+        return None;
+    }
+    if d.is_ascii() {
+        return Some(d.to_ascii_lowercase());
+    }
+    idna::domain_to_ascii(d).ok().filter(|a| !a.is_empty())
+}
+
+/// A login `user@dom@SUFFIX` counts under `user@dom`; anything else goes through unchanged.
+pub fn normalize_login(raw: &str) -> Result<String, &'static str> {
+    let t = raw.trim();
+    if t.matches('@').count() == 2 {
+        let (base, suffix) = t.rsplit_once('@').unwrap_or((t, ""));
+        if suffix.is_empty() {
+            return Err("invalid e-mail address");
+        }
+        return normalize_address(base);
+    }
+    normalize_address(t)
+}
+
+fn field_str<'a>(obj: &'a Map<String, Value>, name: &str) -> Result<Option<&'a str>, String> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(s)) => Ok(Some(s)),
+        Some(_) => Err(format!("{name}: must be a string")),
+    }
+}
+
+fn required_address(
+    obj: &Map<String, Value>,
+    name: &str,
+    norm: fn(&str) -> Result<String, &'static str>,
+) -> Result<String, String> {
+    match field_str(obj, name)? {
+        None => Err(format!("{name}: missing")),
+        Some(s) => norm(s).map_err(|why| format!("{name}: {why}")),
+    }
+}
+
+/// Validates the body of `/in` or `/out`; the error names the field, e.g. `recipient: missing`.
+pub fn validate_count_request(route: Route, body: &Value) -> Result<CountRequest, String> {
+    let Some(obj) = body.as_object() else {
+        return Err("body: expected a JSON object".into());
+    };
+    let trace_id = match field_str(obj, "trace_id")? {
+        None => String::new(),
+        Some(t) if t.chars().count() > MAX_TRACE_ID_LEN => {
+            return Err(format!(
+                "trace_id: longer than {MAX_TRACE_ID_LEN} characters"
+            ));
+        }
+        Some(t) => sanitize_trace_id(t),
+    };
+    let auth_user = match route {
+        Route::Out => Some(required_address(obj, "auth_user", normalize_login)?),
+        Route::In => None,
+    };
+    let recipient = required_address(obj, "recipient", normalize_address)?;
+    // mail_from is never counted, so it never rejects a request; it only feeds the exempt check.
+    let mail_from = match obj.get("mail_from").and_then(Value::as_str) {
+        Some(m) => normalize_address(m).unwrap_or_else(|_| sanitize_trace_id(m.trim())),
+        None => String::new(),
+    };
+    let junk = match route {
+        Route::Out => false,
+        Route::In => match obj.get("junk") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err("junk: must be a boolean".into()),
+        },
+    };
+    Ok(CountRequest {
+        route,
+        trace_id,
+        auth_user,
+        mail_from,
+        recipient,
+        junk,
+    })
+}
+
+/// Which side `GET /counters` looks at.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CountersQuery {
+    Address(String),
+    Domain(String),
+}
+
+/// Validates the `/counters` query: exactly one of `address`/`domain`, optional `date` that is
+/// a calendar date not after `today`.
+pub fn validate_counters_query(
+    pairs: &[(String, String)],
+    today: chrono::NaiveDate,
+) -> Result<(CountersQuery, chrono::NaiveDate), String> {
+    let get = |k: &str| pairs.iter().find(|(n, _)| n == k).map(|(_, v)| v.as_str());
+    let query = match (get("address"), get("domain")) {
+        (Some(a), None) => {
+            CountersQuery::Address(normalize_address(a).map_err(|why| format!("address: {why}"))?)
+        }
+        (None, Some(d)) => CountersQuery::Domain(
+            normalize_domain(d).ok_or_else(|| format!("domain: invalid domain {d:?}"))?,
+        ),
+        _ => return Err("address, domain: exactly one is required".into()),
+    };
+    let date = match get("date") {
+        None | Some("") => today,
+        Some(d) => {
+            let date = parse_iso_date(d).ok_or_else(|| format!("date: {d:?} is not YYYY-MM-DD"))?;
+            if date > today {
+                return Err(format!("date: {d} is in the future"));
+            }
+            date
+        }
+    };
+    Ok((query, date))
+}
+
+/// Parses exactly `YYYY-MM-DD` (two-digit month and day, as the contract says).
+pub fn parse_iso_date(s: &str) -> Option<chrono::NaiveDate> {
+    let b = s.as_bytes();
+    let shape_ok = b.len() == 10
+        && b[4] == b'-'
+        && b[7] == b'-'
+        && b.iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || i == 7 || c.is_ascii_digit());
+    if !shape_ok {
+        return None;
+    }
+    chrono::NaiveDate::parse_from_str(s, "%Y-%m-%d").ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(route: Route, body: Value, expected: Result<(&str, &str, &str), &str>) {
+        let got = validate_count_request(route, &body);
+        match expected {
+            Ok((auth, rcpt, from)) => {
+                let r = got.unwrap_or_else(|e| panic!("{body}: unexpected error {e}"));
+                assert_eq!(r.auth_user.as_deref().unwrap_or(""), auth, "{body}");
+                assert_eq!(r.recipient, rcpt, "{body}");
+                assert_eq!(r.mail_from, from, "{body}");
+            }
+            Err(e) => assert_eq!(got.unwrap_err(), e, "{body}"),
+        }
+    }
+
+    #[test]
+    fn out_route_fields() {
+        use Route::Out;
+        let ok = |a, r, f| Ok((a, r, f));
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@example.org"}),
+            ok("x@example.com", "y@example.org", ""),
+        );
+        check(
+            Out,
+            json!({"auth_user":" X@Example.COM ","recipient":"Y@EXAMPLE.org","mail_from":"X@Example.com"}),
+            ok("x@example.com", "y@example.org", "x@example.com"),
+        );
+        check(
+            Out,
+            json!({"recipient":"y@example.org"}),
+            Err("auth_user: missing"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"","recipient":"y@example.org"}),
+            Err("auth_user: empty"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com"}),
+            Err("recipient: missing"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":""}),
+            Err("recipient: empty"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"a@b@c"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"a b@c"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"ab\n@c"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"noat"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"@c"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"a@"}),
+            Err("recipient: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":7}),
+            Err("recipient: must be a string"),
+        );
+        let long = format!("{}@example.com", "a".repeat(250));
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":long}),
+            Err("recipient: too long"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@xn--mnchen-3ya.de"}),
+            ok("x@example.com", "y@xn--mnchen-3ya.de", ""),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@MÜNCHEN.de"}),
+            ok("x@example.com", "y@xn--mnchen-3ya.de", ""),
+        );
+        // a login with a suffix counts under its base address
+        check(
+            Out,
+            json!({"auth_user":"X@Example.com@imap","recipient":"y@e.org"}),
+            ok("x@example.com", "y@e.org", ""),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com@","recipient":"y@e.org"}),
+            Err("auth_user: invalid e-mail address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"a@b@c@d","recipient":"y@e.org"}),
+            Err("auth_user: invalid e-mail address"),
+        );
+        // mail_from never rejects
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@e.org","mail_from":"not an address"}),
+            ok("x@example.com", "y@e.org", "not an address"),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@e.org","mail_from":""}),
+            ok("x@example.com", "y@e.org", ""),
+        );
+        check(
+            Out,
+            json!({"auth_user":"x@example.com","recipient":"y@e.org","unknown":[1,2]}),
+            ok("x@example.com", "y@e.org", ""),
+        );
+        check(Out, json!([1]), Err("body: expected a JSON object"));
+    }
+
+    #[test]
+    fn in_route_fields() {
+        use Route::In;
+        check(
+            In,
+            json!({"recipient":"y@e.org","mail_from":""}),
+            Ok(("", "y@e.org", "")),
+        );
+        check(
+            In,
+            json!({"recipient":"y@e.org","auth_user":"garbage"}),
+            Ok(("", "y@e.org", "")),
+        );
+        check(
+            In,
+            json!({"mail_from":"s@gmail.com"}),
+            Err("recipient: missing"),
+        );
+        check(
+            In,
+            json!({"recipient":"y@e.org","junk":"yes"}),
+            Err("junk: must be a boolean"),
+        );
+        let r = validate_count_request(In, &json!({"recipient":"y@e.org","junk":true})).unwrap();
+        assert!(r.junk);
+        let r = validate_count_request(In, &json!({"recipient":"y@e.org"})).unwrap();
+        assert!(!r.junk);
+    }
+
+    #[test]
+    fn trace_id_rules() {
+        let r = validate_count_request(
+            Route::In,
+            &json!({"recipient":"y@e.org","trace_id":"ab\r\n2026-01-01 <x> forged\u{7}é"}),
+        )
+        .unwrap();
+        assert_eq!(r.trace_id, "ab2026-01-01 <x> forged");
+        let long = "t".repeat(129);
+        assert_eq!(
+            validate_count_request(Route::In, &json!({"recipient":"y@e.org","trace_id":long}))
+                .unwrap_err(),
+            "trace_id: longer than 128 characters"
+        );
+        assert_eq!(sanitize_trace_id(&"x".repeat(300)).len(), 128);
+    }
+
+    #[test]
+    fn counters_query() {
+        let today = chrono::NaiveDate::from_ymd_opt(2026, 10, 13).unwrap();
+        let q = |s: &[(&str, &str)]| {
+            let pairs: Vec<(String, String)> = s
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            validate_counters_query(&pairs, today)
+        };
+        assert_eq!(
+            q(&[("address", "Me@Example.com")]).unwrap(),
+            (CountersQuery::Address("me@example.com".into()), today)
+        );
+        assert_eq!(
+            q(&[("domain", "Example.com"), ("date", "2026-10-12")])
+                .unwrap()
+                .0,
+            CountersQuery::Domain("example.com".into())
+        );
+        assert_eq!(
+            q(&[("domain", "example.com"), ("date", "2026-10-12")])
+                .unwrap()
+                .1,
+            today.pred_opt().unwrap()
+        );
+        assert_eq!(
+            q(&[]).unwrap_err(),
+            "address, domain: exactly one is required"
+        );
+        assert_eq!(
+            q(&[("address", "a@b"), ("domain", "b")]).unwrap_err(),
+            "address, domain: exactly one is required"
+        );
+        assert_eq!(
+            q(&[("address", "nope")]).unwrap_err(),
+            "address: invalid e-mail address"
+        );
+        assert_eq!(
+            q(&[("address", "a@b"), ("date", "2026-10-14")]).unwrap_err(),
+            "date: 2026-10-14 is in the future"
+        );
+        assert_eq!(
+            q(&[("address", "a@b"), ("date", "2026-1-4")]).unwrap_err(),
+            "date: \"2026-1-4\" is not YYYY-MM-DD"
+        );
+        assert_eq!(
+            q(&[("address", "a@b"), ("date", "2026-02-30")]).unwrap_err(),
+            "date: \"2026-02-30\" is not YYYY-MM-DD"
+        );
+    }
+}
