@@ -1,1 +1,0 @@
-//! Configuration: INI files with `[PATHS]`, expansion, includes, secrets and the database overlay.
