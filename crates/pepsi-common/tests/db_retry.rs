@@ -1,0 +1,76 @@
+//! `with_retry` against a real PostgreSQL: serialization failures and deadlocks are retried,
+//! other errors are not.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pepsi_common::db::{SERIALIZATION_RETRIES, is_serialization_failure, with_retry};
+use pepsi_testkit::TestDb;
+
+/// A statement that fails with SQLSTATE `code` while `fail_first` attempts remain.
+async fn attempt(
+    db: &TestDb,
+    calls: &AtomicU32,
+    fail_first: u32,
+    code: &str,
+) -> Result<i32, sqlx::Error> {
+    let n = calls.fetch_add(1, Ordering::SeqCst);
+    if n < fail_first {
+        sqlx::query_scalar("SELECT pepsi_test_raise($1)")
+            .bind(code)
+            .fetch_one(&db.pool)
+            .await
+    } else {
+        sqlx::query_scalar("SELECT 42").fetch_one(&db.pool).await
+    }
+}
+
+async fn db_with_raiser() -> TestDb {
+    let db = TestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION pepsi_test_raise(code text) RETURNS integer LANGUAGE plpgsql AS \
+         $$ BEGIN RAISE EXCEPTION 'injected %', code USING ERRCODE = code; END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    db
+}
+
+#[tokio::test]
+async fn serialization_failures_and_deadlocks_are_retried_until_success() {
+    let db = db_with_raiser().await;
+    for code in ["40001", "40P01"] {
+        let calls = AtomicU32::new(0);
+        let before = SERIALIZATION_RETRIES.load(Ordering::Relaxed);
+        let v = with_retry(|| attempt(&db, &calls, 2, code)).await.unwrap();
+        assert_eq!(v, 42);
+        assert_eq!(
+            calls.load(Ordering::SeqCst),
+            3,
+            "{code}: two failures, then success"
+        );
+        assert!(SERIALIZATION_RETRIES.load(Ordering::Relaxed) >= before + 2);
+    }
+}
+
+#[tokio::test]
+async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
+    let db = db_with_raiser().await;
+    let calls = AtomicU32::new(0);
+    let err = with_retry(|| attempt(&db, &calls, 10, "22023"))
+        .await
+        .unwrap_err();
+    assert!(!is_serialization_failure(&err));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+
+    let calls = AtomicU32::new(0);
+    let err = with_retry(|| attempt(&db, &calls, 100, "40001"))
+        .await
+        .unwrap_err();
+    assert!(is_serialization_failure(&err));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        5,
+        "gives up after five attempts"
+    );
+}

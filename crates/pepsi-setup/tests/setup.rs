@@ -1,0 +1,257 @@
+//! `pepsi-setup`'s schema work against a real PostgreSQL: idempotence, the privilege matrix
+//! as the live server enforces it, the overlay's structural rules and config_changed.
+
+use pepsi_setup::schema::{self, Roles};
+use pepsi_testkit::TestDb;
+use sqlx::{Connection as _, PgConnection};
+
+async fn conn(db: &TestDb) -> PgConnection {
+    PgConnection::connect(&db.url).await.unwrap()
+}
+
+/// Runs `sql` as `role` in a rolled-back transaction; returns the SQLSTATE on failure.
+async fn as_role(db: &TestDb, role: &str, sql: &'static str) -> Result<(), String> {
+    let mut c = conn(db).await;
+    let mut tx = c.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r = sqlx::raw_sql(sql).execute(&mut *tx).await;
+    tx.rollback().await.ok();
+    r.map(|_| ()).map_err(|e| match e {
+        sqlx::Error::Database(d) => d.code().unwrap_or_default().into_owned(),
+        other => other.to_string(),
+    })
+}
+
+#[tokio::test]
+async fn a_second_run_changes_nothing_and_check_reports_current() {
+    let db = TestDb::new().await;
+    let report = schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    assert!(!report.changed_anything(), "second run changed: {report:?}");
+    assert!(report.patches_applied.is_empty());
+    assert_eq!(report.patch_level.as_deref(), Some("pepsi-0001"));
+    assert!(
+        report.render().contains("nothing to change"),
+        "{}",
+        report.render()
+    );
+    let check = schema::check(&db.url, &Roles::default()).await.unwrap();
+    assert!(check.is_current(), "{check:?}");
+}
+
+#[tokio::test]
+async fn setup_creates_a_missing_database_and_reports_the_patches_it_applied() {
+    let db = TestDb::new().await;
+    let fresh = format!("{}_fresh", db.name);
+    let url = db.url.replace(&db.name, &fresh);
+    let report = schema::setup_url(&url, &Roles::default()).await.unwrap();
+    assert!(report.database_created);
+    assert_eq!(report.patches_applied, vec!["pepsi-0001"]);
+    assert!(report.is_current());
+    let mut c = conn(&db).await;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE \"{fresh}\" WITH (FORCE)"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_tampered_grant_is_reported_by_check_and_repaired_by_setup() {
+    let db = TestDb::new().await;
+    let mut c = conn(&db).await;
+    sqlx::raw_sql("GRANT UPDATE ON pepsi.config_override TO pepsi; REVOKE INSERT ON pepsi.event_log FROM \"pepsi-ingress\"")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let check = schema::check(&db.url, &Roles::default()).await.unwrap();
+    assert!(!check.is_current());
+    assert!(
+        check
+            .privileges_wrong
+            .iter()
+            .any(|w| w == "pepsi must not have UPDATE on pepsi.config_override"),
+        "{check:?}"
+    );
+    assert!(
+        check
+            .privileges_wrong
+            .iter()
+            .any(|w| w == "pepsi-ingress lacks INSERT on pepsi.event_log")
+    );
+    let fixed = schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    assert_eq!(fixed.privileges_changed.len(), 2, "{fixed:?}");
+    assert!(
+        schema::check(&db.url, &Roles::default())
+            .await
+            .unwrap()
+            .is_current()
+    );
+}
+
+#[tokio::test]
+async fn the_pipeline_role_reads_but_cannot_write_the_configuration_overlay() {
+    let db = TestDb::new().await;
+    let insert = "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'stage-init', 'PARALLELISM', '4')";
+    assert_eq!(as_role(&db, "pepsi", insert).await, Err("42501".into()));
+    assert_eq!(
+        as_role(&db, "pepsi-ingress", insert).await,
+        Err("42501".into())
+    );
+    assert_eq!(
+        as_role(&db, "pepsi", "SELECT * FROM pepsi.config_override").await,
+        Ok(())
+    );
+    assert_eq!(as_role(&db, "pepsi-config", insert).await, Ok(()));
+    assert_eq!(
+        as_role(&db, "pepsi", "DELETE FROM pepsi.config_override").await,
+        Err("42501".into())
+    );
+}
+
+#[tokio::test]
+async fn the_logs_are_insert_only_for_mail_processing_roles() {
+    let db = TestDb::new().await;
+    for role in ["pepsi", "pepsi-ingress", "pepsi-config"] {
+        let insert = "INSERT INTO pepsi.event_log (action) VALUES ('test')";
+        assert_eq!(
+            as_role(&db, role, insert).await,
+            Ok(()),
+            "{role} inserts into event_log"
+        );
+        let insert = "INSERT INTO pepsi.mail_log (event) VALUES ('delivered')";
+        assert_eq!(
+            as_role(&db, role, insert).await,
+            Ok(()),
+            "{role} inserts into mail_log"
+        );
+        for forbidden in [
+            "UPDATE pepsi.event_log SET action = 'x'",
+            "DELETE FROM pepsi.event_log",
+            "UPDATE pepsi.mail_log SET event = 'x'",
+            "DELETE FROM pepsi.mail_log",
+        ] {
+            assert_eq!(
+                as_role(&db, role, forbidden).await,
+                Err("42501".into()),
+                "{role}: {forbidden}"
+            );
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_ingress_role_admits_mail_and_nothing_more() {
+    let db = TestDb::new().await;
+    let add = "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y'::bytea)";
+    assert_eq!(as_role(&db, "pepsi-ingress", add).await, Ok(()));
+    assert_eq!(
+        as_role(
+            &db,
+            "pepsi-ingress",
+            "UPDATE pepsi.workqueue SET status = 'running'"
+        )
+        .await,
+        Err("42501".into())
+    );
+    assert_eq!(
+        as_role(&db, "pepsi-ingress", "DELETE FROM pepsi.workqueue").await,
+        Err("42501".into())
+    );
+    assert_eq!(
+        as_role(&db, "pepsi", add).await,
+        Ok(()),
+        "the pipeline may inject too"
+    );
+}
+
+#[tokio::test]
+async fn bootstrap_and_listener_sections_cannot_be_stored_in_the_overlay() {
+    let db = TestDb::new().await;
+    for section in ["database", "PATHS", "listener-mx", "Listener-Submission"] {
+        let r = sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', $1, 'X', 'y')")
+            .bind(section)
+            .execute(&db.pool)
+            .await;
+        let code = match r {
+            Err(sqlx::Error::Database(d)) => d.code().unwrap_or_default().into_owned(),
+            other => panic!("{section} was accepted: {other:?}"),
+        };
+        assert_eq!(code, "23514", "{section}: check violation");
+    }
+    let bad_scope = sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('planet:mars', 's', 'X', 'y')")
+        .execute(&db.pool)
+        .await;
+    assert!(bad_scope.is_err());
+}
+
+#[tokio::test]
+async fn changing_the_overlay_notifies_config_changed() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("config_changed").await.unwrap();
+    sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('domain:example.test', 'stage-init', 'PARALLELISM', '2')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("a notification within 10 s")
+        .unwrap();
+    assert_eq!((n.channel(), n.payload()), ("config_changed", "INSERT"));
+}
+
+#[tokio::test]
+async fn admission_does_not_notify_the_workqueue_channel() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("workqueue").await.unwrap();
+    sqlx::query("SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    pepsi_common::db::notify_workqueue(&db.pool).await.unwrap();
+    // The first notification to arrive must be the explicit one: payload "" from notify_workqueue.
+    let n = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+        .await
+        .expect("the explicit notification arrives")
+        .unwrap();
+    assert_eq!((n.channel(), n.payload()), ("workqueue", ""));
+    let extra = tokio::time::timeout(std::time::Duration::from_millis(300), listener.recv()).await;
+    assert!(
+        extra.is_err(),
+        "admission sent a notification of its own: {extra:?}"
+    );
+}
+
+#[test]
+fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
+    use schema::{RoleKind, privilege_matrix};
+    let check = |kind, table, expected: &[&str]| {
+        assert_eq!(
+            privilege_matrix(kind, table),
+            expected,
+            "{kind:?} on {table}"
+        )
+    };
+    check(RoleKind::Pipeline, "config_override", &["SELECT"]);
+    check(RoleKind::Ingress, "config_override", &["SELECT"]);
+    check(
+        RoleKind::Config,
+        "config_override",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    );
+    check(RoleKind::Pipeline, "event_log", &["INSERT"]);
+    check(RoleKind::Ingress, "mail_log", &["INSERT"]);
+    check(
+        RoleKind::Pipeline,
+        "workqueue",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    );
+    check(RoleKind::Ingress, "workqueue", &["SELECT", "INSERT"]);
+    check(RoleKind::Ingress, "stage_stats", &[]);
+    check(RoleKind::Config, "workqueue", &[]);
+}

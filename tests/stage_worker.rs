@@ -1,0 +1,275 @@
+//! Stage programs as programs: `pepsi-stage-discard worker` over its real stdin/stdout
+//! protocol against a real database, and `pepsi-setup db` as an operator runs it.
+
+use std::io::Write as _;
+use std::process::{Command, Stdio};
+
+use pepsi_testkit::TestDb;
+
+const DISCARD: &str = env!("CARGO_BIN_EXE_pepsi-stage-discard");
+const SETUP: &str = env!("CARGO_BIN_EXE_pepsi-setup");
+
+fn config(db: &TestDb, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nURL = {}\n\n[stage-discard]\nPROGRAM = pepsi-stage-discard\n\n[stage-relay]\nPROGRAM = pepsi-stage-relay-to-lmtp\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A message running at `stage`, or left pending when `stage` is None.
+async fn message(db: &TestDb, stage: Option<&str>) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    if let Some(stage) = stage {
+        sqlx::query(
+            "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .bind(stage)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    id
+}
+
+/// Feeds `input` to a discard worker and returns its stdout lines.
+fn worker(cfg: &std::path::Path, input: String) -> Vec<String> {
+    let mut child = Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(cfg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "worker exited {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+async fn exists(db: &TestDb, id: i64) -> Option<(String, String)> {
+    sqlx::query_as("SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = $1")
+        .bind(id)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn echo_id_to_the_discard_worker_finishes_the_message() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let id = message(&db, Some("discard")).await;
+    let lines = tokio::task::spawn_blocking(move || worker(&cfg, format!("{id}\n")))
+        .await
+        .unwrap();
+    assert_eq!(lines, vec!["0"]);
+    assert_eq!(exists(&db, id).await, None);
+    let bodies: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.workqueue_body")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(bodies, 0);
+}
+
+#[tokio::test]
+async fn bad_ids_get_a_nonzero_status_the_row_stays_and_the_worker_goes_on() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let pending = message(&db, None).await;
+    let foreign = message(&db, Some("relay")).await;
+    let good = message(&db, Some("discard")).await;
+    let input = format!("abc\n{pending}\n{foreign}\n987654321\n{good}\n");
+    let lines = tokio::task::spawn_blocking(move || worker(&cfg, input))
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let expect = [
+        "workqueue id \\\"abc\\\" is not a number",
+        "is pending, not running",
+        "whose PROGRAM is \\\"pepsi-stage-relay-to-lmtp\\\", not pepsi-stage-discard",
+        "does not exist",
+    ];
+    for (line, want) in lines.iter().zip(expect) {
+        assert!(line.starts_with("1 {"), "non-zero status: {line}");
+        assert!(line.contains(want), "{line:?} should mention {want:?}");
+        let json: serde_json::Value = serde_json::from_str(&line[2..]).unwrap();
+        assert_eq!(json["temporary"], false);
+    }
+    assert_eq!(lines[4], "0");
+    assert_eq!(
+        exists(&db, pending).await,
+        Some(("init".into(), "pending".into()))
+    );
+    assert_eq!(
+        exists(&db, foreign).await,
+        Some(("relay".into(), "running".into()))
+    );
+    assert_eq!(exists(&db, good).await, None);
+}
+
+#[tokio::test]
+async fn two_workers_on_different_rows_at_once_do_not_interfere() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let mut ids = Vec::new();
+    for _ in 0..60 {
+        ids.push(message(&db, Some("discard")).await);
+    }
+    let keep = message(&db, Some("relay")).await;
+    let (a, b) = ids.split_at(30);
+    let input = |ids: &[i64]| ids.iter().map(|i| format!("{i}\n")).collect::<String>();
+    let (ia, ib) = (input(a), input(b));
+    let (ca, cb) = (cfg.clone(), cfg.clone());
+    let ta = tokio::task::spawn_blocking(move || worker(&ca, ia));
+    let tb = tokio::task::spawn_blocking(move || worker(&cb, ib));
+    let (la, lb) = (ta.await.unwrap(), tb.await.unwrap());
+    assert_eq!(la, vec!["0"; 30]);
+    assert_eq!(lb, vec!["0"; 30]);
+    let left: Vec<i64> = sqlx::query_scalar("SELECT workqueue_id FROM pepsi.workqueue")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![keep]);
+}
+
+#[test]
+fn a_malformed_configuration_stops_the_worker_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.conf");
+    std::fs::write(
+        &path,
+        "[database]\nURL = postgres://x/y\nthis line is not an option\n",
+    )
+    .unwrap();
+    let out = Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "stdout belongs to the status protocol"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3", path.display())), "{err}");
+}
+
+#[test]
+fn worker_help_documents_the_protocol() {
+    let out = Command::new(DISCARD)
+        .args(["worker", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("echo <workqueue_id> | PROGRAM worker"),
+        "{help}"
+    );
+    assert!(help.contains("--config"), "{help}");
+}
+
+fn setup_db(url: &str, extra: &[&str]) -> (i32, String, String) {
+    let out = Command::new(SETUP)
+        .args(["db", "--database-url", url])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn pepsi_setup_db_is_idempotent_and_check_exits_2_when_work_remains() {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || setup_db(&url, &[]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.starts_with("patch level: pepsi-0001 (current, grants verified)"),
+        "{out}"
+    );
+    assert!(out.contains("nothing to change"), "{out}");
+
+    sqlx::raw_sql("REVOKE SELECT ON pepsi.settings FROM \"pepsi-config\"")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let (code, out, _) =
+        tokio::task::spawn_blocking(move || setup_db(&url, &["--check", "--json"]))
+            .await
+            .unwrap();
+    assert_eq!(code, 2, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["current"], false);
+    assert_eq!(
+        report["privileges_wrong"][0],
+        "pepsi-config lacks SELECT on pepsi.settings"
+    );
+
+    let url = db.url.clone();
+    let (code, out, _) = tokio::task::spawn_blocking(move || setup_db(&url, &[]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("changed: GRANT SELECT ON pepsi.\"settings\" TO \"pepsi-config\""),
+        "{out}"
+    );
+}
+
+#[test]
+fn pepsi_setup_without_a_database_names_the_missing_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pepsi.conf");
+    std::fs::write(&path, "[pepsi]\n").unwrap();
+    let out = Command::new(SETUP)
+        .args(["db", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("URL") && err.to_lowercase().contains("database"),
+        "{err}"
+    );
+}
