@@ -43,6 +43,7 @@ pub fn init_logging(source: &ConfigSource, level: &str) {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_target(false)
         .try_init();
     tracing::debug!(program = source.exec, "logging initialised");
