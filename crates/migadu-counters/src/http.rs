@@ -438,6 +438,17 @@ impl App {
                             "lost EXEC reply, counts re-read from the master"
                         );
                     }
+                    let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
+                        !self.notifier.url_for(l).is_empty()
+                    });
+                    // Crossings are counted before increments, so a reader that sees every
+                    // increment also sees every crossing.
+                    for c in &cs {
+                        self.metrics
+                            .limit_reached
+                            .with_label_values(&[c.level.as_str(), c.flow.as_str()])
+                            .inc();
+                    }
                     for (inc, res) in plan.increments.iter().zip(&results) {
                         match res {
                             KeyResult::Counted(_) => self
@@ -456,9 +467,6 @@ impl App {
                             }
                         }
                     }
-                    let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
-                        !self.notifier.url_for(l).is_empty()
-                    });
                     events.extend(evs.into_iter().map(|e| (after, e)));
                     crossings = cs;
                     self.metrics
@@ -479,10 +487,6 @@ impl App {
         }
         self.txlog.block(&req.trace_id, route, &events);
         for c in crossings {
-            self.metrics
-                .limit_reached
-                .with_label_values(&[c.level.as_str(), c.flow.as_str()])
-                .inc();
             self.notifier
                 .spawn(c, req.trace_id.clone(), req.route.as_str());
         }

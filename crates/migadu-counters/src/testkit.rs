@@ -418,3 +418,220 @@ fn dechunk(mut s: &str) -> String {
     }
     out
 }
+
+/// A running `migadu_counters` binary with its own config, ports and log files.
+pub struct Daemon {
+    pub api: String,
+    pub admin: String,
+    pub dir: TempDir,
+    pub config: PathBuf,
+    child: Option<Child>,
+}
+
+/// What a test daemon needs; the string fields are TOML lines added to the top level, the
+/// `[logging]` and `[redis]` sections, and further sections at the end.
+#[derive(Default)]
+pub struct DaemonSetup<'a> {
+    pub redis: &'a str,
+    pub rows: &'a [(&'a str, &'a str)],
+    pub top: &'a str,
+    pub logging: &'a str,
+    pub redis_extra: &'a str,
+    pub sections: &'a str,
+}
+
+pub const TEST_TOKEN: &str = "test-token";
+
+impl Daemon {
+    /// Writes config + CDB into a temp dir and starts `bin`; waits until the admin port answers.
+    pub fn start(bin: &str, s: DaemonSetup<'_>) -> Daemon {
+        let dir = TempDir::new("daemon");
+        write_cdb(&dir.path().join("domains.cdb"), s.rows);
+        let (api, admin) = (free_port(), free_port());
+        let text = format!(
+            "addr = \"127.0.0.1:{api}\"\nadmin_addr = \"127.0.0.1:{admin}\"\nauth_token = \"{TEST_TOKEN}\"\n\
+             domains_cdb = \"{cdb}\"\n{workers}{top}\n\
+             [logging]\noutput = \"{app}\"\ncounting_output = \"{counting}\"\n{logging}\n\n\
+             [redis]\n{redis_line}{redis_extra}\n\n{sections}\n",
+            cdb = dir.path().join("domains.cdb").display(),
+            top = s.top,
+            workers = if s.top.contains("workers") {
+                ""
+            } else {
+                "workers = 4\n"
+            },
+            app = dir.path().join("app.log").display(),
+            counting = dir.path().join("counting.log").display(),
+            logging = s.logging,
+            redis_line = if s.redis.is_empty() {
+                String::new()
+            } else {
+                format!("write_addr = \"{}\"\n", s.redis)
+            },
+            redis_extra = if s.redis_extra.contains("timeout_ms") {
+                s.redis_extra.to_string()
+            } else {
+                format!("timeout_ms = 1000\n{}", s.redis_extra)
+            },
+            sections = s.sections,
+        );
+        let config = dir.path().join("config.toml");
+        std::fs::write(&config, text).expect("write config");
+        Self::start_with_config(bin, dir, config, api, admin)
+    }
+
+    /// Starts `bin -config <config>` whose file the caller wrote into `dir`.
+    pub fn start_with_config(
+        bin: &str,
+        dir: TempDir,
+        config: PathBuf,
+        api: u16,
+        admin: u16,
+    ) -> Daemon {
+        let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
+        let child = Command::new(bin)
+            .arg("-config")
+            .arg(&config)
+            .env_remove("MIGADU_COUNTERS_AUTH_TOKEN")
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .spawn()
+            .expect("start migadu_counters");
+        let mut d = Daemon {
+            api: format!("127.0.0.1:{api}"),
+            admin: format!("127.0.0.1:{admin}"),
+            dir,
+            config,
+            child: Some(child),
+        };
+        let admin_addr = d.admin.clone();
+        let up = wait_until(Duration::from_secs(30), || {
+            http(&admin_addr, "GET", "/metrics", &[], b"").is_ok() || d.exited().is_some()
+        });
+        assert!(
+            up && d.exited().is_none(),
+            "daemon did not start: {}",
+            d.logs()
+        );
+        d
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().map(|c| c.id()).unwrap_or(0)
+    }
+
+    /// Exit status if the process has ended.
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child
+            .as_mut()
+            .and_then(|c| c.try_wait().ok().flatten())
+    }
+
+    pub fn signal(&self, sig: &str) {
+        let ok = Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.pid().to_string())
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill -{sig} failed");
+    }
+
+    /// Waits for the process to end (bounded) and returns its status.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
+        let mut status = None;
+        wait_until(limit, || {
+            status = self.exited();
+            status.is_some()
+        });
+        status
+    }
+
+    /// App log and stderr, for failure messages.
+    pub fn logs(&self) -> String {
+        let read = |n: &str| std::fs::read_to_string(self.dir.path().join(n)).unwrap_or_default();
+        format!(
+            "--- app.log\n{}--- stderr\n{}",
+            read("app.log"),
+            read("stderr.log")
+        )
+    }
+
+    pub fn counting_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("counting.log")).unwrap_or_default()
+    }
+
+    pub fn app_log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("app.log")).unwrap_or_default()
+    }
+
+    /// POST a JSON body with the right token and content type.
+    pub fn post(&self, route: &str, body: &str) -> HttpResponse {
+        http(
+            &self.api,
+            "POST",
+            route,
+            &[
+                ("Authorization", &format!("Bearer {TEST_TOKEN}")),
+                ("Content-Type", "application/json"),
+            ],
+            body.as_bytes(),
+        )
+        .expect("POST")
+    }
+
+    pub fn get_counters(&self, query: &str) -> HttpResponse {
+        http(
+            &self.api,
+            "GET",
+            &format!("/counters?{query}"),
+            &[("Authorization", &format!("Bearer {TEST_TOKEN}"))],
+            b"",
+        )
+        .expect("GET /counters")
+    }
+
+    /// The value of one metric sample, e.g. `migadu_counters_requests_total{route="in",status="202"}`.
+    pub fn metric(&self, sample: &str) -> f64 {
+        let body = http(&self.admin, "GET", "/metrics", &[], b"")
+            .expect("metrics")
+            .body;
+        metric_value(&body, sample)
+    }
+}
+
+/// Finds a sample in the text exposition format; labels may be listed in any order.
+pub fn metric_value(text: &str, sample: &str) -> f64 {
+    let (name, labels) = sample.split_once('{').unwrap_or((sample, ""));
+    let want: Vec<&str> = labels
+        .trim_end_matches('}')
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .collect();
+    for line in text.lines().filter(|l| !l.starts_with('#')) {
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
+        let (n, l) = series.split_once('{').unwrap_or((series, ""));
+        if n != name {
+            continue;
+        }
+        let have: Vec<&str> = l
+            .trim_end_matches('}')
+            .split(',')
+            .filter(|s| !s.is_empty())
+            .collect();
+        if want.len() == have.len() && want.iter().all(|w| have.contains(w)) {
+            return value.parse().unwrap_or(f64::NAN);
+        }
+    }
+    0.0
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
