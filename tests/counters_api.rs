@@ -744,3 +744,94 @@ fn counting_log_in_json() {
     assert_eq!(tracked["route"], "in");
     assert_eq!(tracked["key"], key("A", "y@example.com", "i"));
 }
+
+#[test]
+fn a_key_failing_inside_exec_is_skipped_alone() {
+    let redis = RedisServer::start();
+    let d = start(&redis, "", "");
+    // a value INCR refuses: only this key fails, the others of the transaction count
+    redis.cmd(&["SET", &key("A", "x@example.com", "o"), "not-a-number"]);
+    assert_eq!(
+        d.post(
+            "/out",
+            r#"{"trace_id":"kf","auth_user":"x@example.com","recipient":"s@gmail.com"}"#
+        )
+        .status,
+        202
+    );
+    wait_key(&redis, &key("D", "example.com", "o"), 1);
+    wait_key(&redis, &key("O", "1234", "o"), 1);
+    wait_log(
+        &d,
+        &format!(
+            "<kf> out; redis error on key {}: ",
+            key("A", "x@example.com", "o")
+        ),
+    );
+    assert_eq!(
+        d.metric("migadu_counters_redis_errors_total{op=\"incr\"}"),
+        1.0
+    );
+    assert_eq!(
+        d.metric("migadu_counters_increments_total{level=\"A\",flow=\"o\"}"),
+        0.0
+    );
+    assert_eq!(
+        d.metric("migadu_counters_increments_total{level=\"O\",flow=\"o\"}"),
+        1.0
+    );
+}
+
+#[test]
+fn a_lost_exec_reply_is_resolved_by_reading_the_master() {
+    let redis = RedisServer::start();
+    let d = Daemon::start(
+        BIN,
+        DaemonSetup {
+            redis: &redis.addr(),
+            rows: ROWS,
+            redis_extra: "timeout_ms = 300",
+            ..Default::default()
+        },
+    );
+    // warm the connection so the transaction, not the connect, meets the pause
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"warm","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_key(&redis, &key("A", "y@example.com", "i"), 1);
+    // writes stall past the client's timeout, reads still answer: the EXEC reply is lost
+    redis.cmd(&["CLIENT", "PAUSE", "1500", "WRITE"]);
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"lost","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || d
+            .metric("migadu_counters_redis_errors_total{op=\"exec\"}")
+            == 1.0),
+        "{}",
+        d.logs()
+    );
+    assert!(
+        d.app_log()
+            .contains("lost EXEC reply, counts re-read from the master")
+    );
+    wait_log(&d, "<lost> in; ");
+    // whether Redis ran the stalled EXEC or dropped it with the connection, it is never
+    // sent again: after one more request the counter shows at most one increment per request
+    redis.cmd(&["SET", "probe-waits-for-the-pause", "1"]);
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"after","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_log(&d, "<after> in; tracked address counters");
+    let v = redis.get(&key("A", "y@example.com", "i")).unwrap();
+    assert!(
+        v == 2 || v == 3,
+        "counter {v} after three requests, one of them lost"
+    );
+}

@@ -6,6 +6,7 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
@@ -522,14 +523,109 @@ impl App {
     }
 }
 
-/// Socket timeouts of a server.
+/// Socket timeouts of a server, with the Go server's meanings: `idle` bounds the wait for the
+/// next request on a kept-alive connection, `read_header` the time from a request's first byte
+/// to its complete header, `write` the handling and answer of one request.
 #[derive(Clone, Copy)]
 pub struct Timeouts {
     pub read_header: Duration,
     pub write: Duration,
+    pub idle: Duration,
 }
 
-/// Accepts until `stop`, then waits up to `DRAIN` for the requests in flight.
+const NONE: u64 = u64::MAX;
+
+/// What the connection watchdog needs to know, in milliseconds since the connection started.
+struct ConnState {
+    start: Instant,
+    inflight: AtomicUsize,
+    idle_since: AtomicU64,
+    first_byte: AtomicU64,
+}
+
+impl ConnState {
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_millis() as u64
+    }
+
+    /// Decides whether an idle connection has waited too long; pure apart from the clock.
+    fn expired(&self, t: &Timeouts) -> bool {
+        if self.inflight.load(Ordering::Acquire) > 0 {
+            return false;
+        }
+        let now = self.now();
+        match self.first_byte.load(Ordering::Acquire) {
+            NONE => {
+                now.saturating_sub(self.idle_since.load(Ordering::Acquire))
+                    > t.idle.as_millis() as u64
+            }
+            first => now.saturating_sub(first) > t.read_header.as_millis() as u64,
+        }
+    }
+}
+
+/// Ends a request: the connection is idle from now on.
+struct InflightGuard(Arc<ConnState>);
+
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        self.0.idle_since.store(self.0.now(), Ordering::Release);
+        self.0.first_byte.store(NONE, Ordering::Release);
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// The TCP stream, noting when the first byte of the next request arrives.
+struct TrackedIo {
+    inner: tokio::net::TcpStream,
+    state: Arc<ConnState>,
+}
+
+impl tokio::io::AsyncRead for TrackedIo {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let r = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            let now = self.state.now();
+            let _ = self.state.first_byte.compare_exchange(
+                NONE,
+                now,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            );
+        }
+        r
+    }
+}
+
+impl tokio::io::AsyncWrite for TrackedIo {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.inner).poll_write(cx, buf)
+    }
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+/// Accepts until `stop`, then lets every connection finish its request in flight and waits up
+/// to `DRAIN` for them.
 pub async fn serve<F, Fut>(
     listener: TcpListener,
     timeouts: Timeouts,
@@ -539,7 +635,7 @@ pub async fn serve<F, Fut>(
     F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
     Fut: Future<Output = Resp> + Send + 'static,
 {
-    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let conns = tokio_util::task::TaskTracker::new();
     loop {
         let accepted = tokio::select! {
             r = listener.accept() => r,
@@ -554,34 +650,56 @@ pub async fn serve<F, Fut>(
             }
         };
         let _ = stream.set_nodelay(true);
+        let state = Arc::new(ConnState {
+            start: Instant::now(),
+            inflight: AtomicUsize::new(0),
+            idle_since: AtomicU64::new(0),
+            first_byte: AtomicU64::new(NONE),
+        });
         let handler = handler.clone();
-        let write = timeouts.write;
+        let svc_state = state.clone();
         let svc = hyper::service::service_fn(move |req| {
+            svc_state.inflight.fetch_add(1, Ordering::AcqRel);
+            let guard = InflightGuard(svc_state.clone());
             let fut = handler(req, peer);
             async move {
-                Ok::<_, Infallible>(match tokio::time::timeout(write, fut).await {
+                let resp = match tokio::time::timeout(timeouts.write, fut).await {
                     Ok(r) => r,
                     Err(_) => json_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &json!({"error": "write timeout"}),
                     ),
-                })
+                };
+                drop(guard);
+                Ok::<_, Infallible>(resp)
             }
         });
-        let conn = hyper::server::conn::http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(timeouts.read_header)
-            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc);
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            let _ = conn.await;
+        let io = TrackedIo {
+            inner: stream,
+            state: state.clone(),
+        };
+        let stop = stop.clone();
+        conns.spawn(async move {
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(io), svc);
+            let mut conn = std::pin::pin!(conn);
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => break,
+                    _ = tick.tick() => if state.expired(&timeouts) { break },
+                    _ = stop.cancelled(), if !stopping => {
+                        stopping = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
         });
     }
     drop(listener);
-    if tokio::time::timeout(DRAIN, graceful.shutdown())
-        .await
-        .is_err()
-    {
+    conns.close();
+    if tokio::time::timeout(DRAIN, conns.wait()).await.is_err() {
         tracing::warn!(
             "requests still in flight after {}s, closing",
             DRAIN.as_secs()
@@ -616,6 +734,31 @@ mod tests {
             recover("in", peer, refused).await.status(),
             StatusCode::FORBIDDEN
         );
+    }
+
+    #[test]
+    fn idle_and_header_deadlines() {
+        let t = Timeouts {
+            read_header: Duration::from_secs(5),
+            write: Duration::from_secs(30),
+            idle: Duration::from_secs(60),
+        };
+        let st = |inflight: usize, idle_since: u64, first_byte: u64, ago: u64| {
+            let s = ConnState {
+                start: Instant::now() - Duration::from_millis(ago),
+                inflight: AtomicUsize::new(inflight),
+                idle_since: AtomicU64::new(idle_since),
+                first_byte: AtomicU64::new(first_byte),
+            };
+            s.expired(&t)
+        };
+        // (requests in flight, idle since ms, first byte ms, connection age ms) → expired
+        assert!(!st(0, 0, NONE, 59_000));
+        assert!(st(0, 0, NONE, 61_000));
+        assert!(!st(1, 0, NONE, 600_000));
+        assert!(!st(0, 0, 57_000, 61_000));
+        assert!(st(0, 0, 50_000, 61_000));
+        assert!(!st(0, 10_000, NONE, 61_000));
     }
 
     #[test]

@@ -227,6 +227,7 @@ async fn daemon(args: Args) -> Result<()> {
     let timeouts = Timeouts {
         read_header: Duration::from_secs(cfg.read_header_timeout),
         write: Duration::from_secs(cfg.write_timeout),
+        idle: Duration::from_secs(cfg.idle_timeout),
     };
     let api = {
         let app = app.clone();
