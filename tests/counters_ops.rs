@@ -408,3 +408,35 @@ fn a_cdb_built_by_the_cdb_tool_is_read() {
     assert_eq!(v["org_id"], 4321);
     assert_eq!(v["levels"][2]["in_limit"], 77);
 }
+
+#[test]
+fn app_log_in_json_format() {
+    let redis = RedisServer::start();
+    let d = Daemon::start(
+        BIN,
+        DaemonSetup {
+            redis: &redis.addr(),
+            rows: &[("example.com", "1|")],
+            logging: "format = \"json\"",
+            ..Default::default()
+        },
+    );
+    let r = d.post("/in", r#"{"trace_id":"js","mail_from":"s@gmail.com"}"#);
+    assert_eq!(r.status, 400);
+    assert!(wait_until(Duration::from_secs(20), || d
+        .app_log()
+        .contains("recipient: missing")));
+    let lines: Vec<serde_json::Value> = d
+        .app_log()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let rejected = lines
+        .iter()
+        .find(|l| l["fields"]["reason"] == "recipient: missing")
+        .expect("rejection line");
+    assert_eq!(rejected["level"], "WARN");
+    assert_eq!(rejected["fields"]["status"], 400);
+    assert_eq!(rejected["fields"]["trace_id"], "js");
+    assert_eq!(rejected["fields"]["route"], "in");
+}

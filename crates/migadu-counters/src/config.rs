@@ -452,6 +452,17 @@ mod tests {
     }
 
     #[test]
+    fn the_shipped_example_is_valid() {
+        let c = parse_with(include_str!("../config.toml.example"), &[]).unwrap();
+        assert_eq!(c.redis.sentinels.len(), 3);
+        assert_eq!(
+            c.logging.counting_output.as_deref(),
+            Some("/var/log/migadu_counters/counting.log")
+        );
+        assert!(c.notify.org_url.contains("$LEVEL"));
+    }
+
+    #[test]
     fn environment_overrides() {
         let c = parse_with(
             "auth_token=\"file\"\n[redis]\npassword=\"f\"\n[notify]\npassword=\"f\"",

@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# bench/counters/run.sh: /out throughput of migadu_counters next to its limit.
+#
+# Starts a private redis-server and the release migadu_counters on loopback, drives POST /out
+# with wrk (bench/counters/out.lua), then issues the same MULTI/EXEC transactions straight to
+# the same Redis from a Rust client with the same concurrency (examples/bench_redis.rs).
+# Prints both figures, their ratio, and the latency from request to counted.
+#
+#   bench/counters/run.sh [seconds=10] [connections=32]
+#
+# Needs: redis-server, wrk, cdb (Debian packages redis-server, wrk, tinycdb), python3, curl, cargo. Uses CARGO_TARGET_DIR if set.
+set -euo pipefail
+secs="${1:-10}"
+conns="${2:-32}"
+root="$(cd "$(dirname "$0")/../.." && pwd)"
+target="${CARGO_TARGET_DIR:-$root/target}"
+work="$(mktemp -d)"
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
+command -v cdb >/dev/null || { echo "cdb is missing: apt-get install tinycdb" >&2; exit 1; }
+command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install redis-server" >&2; exit 1; }
+
+echo "== building release binaries" >&2
+(cd "$root" && cargo build --release -q -p pepsi --bin migadu_counters && cargo build --release -q -p migadu-counters --example bench_redis)
+
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+rport="$(free_port)"; aport="$(free_port)"; mport="$(free_port)"
+redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >/dev/null &
+pids+=($!)
+for _ in $(seq 50); do redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
+
+echo "bench.example 4242|A/o=1000000000,D/o=1000000000,O/o=1000000000" >"$work/domains.txt"
+cdb -c -m "$work/domains.cdb" "$work/domains.txt"
+
+cat > "$work/config.toml" <<TOML
+addr = "127.0.0.1:$aport"
+admin_addr = "127.0.0.1:$mport"
+auth_token = "bench-token"
+domains_cdb = "$work/domains.cdb"
+queue_size = 10000000
+[logging]
+output = "$work/app.log"
+counting_output = "off"
+level = "warn"
+[redis]
+write_addr = "127.0.0.1:$rport"
+TOML
+"$target/release/migadu_counters" -config "$work/config.toml" 2>"$work/stderr" &
+pids+=($!)
+for _ in $(seq 100); do curl -sf "http://127.0.0.1:$mport/health" >/dev/null 2>&1 && break; sleep 0.1; done
+
+day="$(date -u +%F)"
+key="cnt/A/u@bench.example/d/$day/o"
+echo "== wrk: POST /out, ${conns} connections, ${secs}s" >&2
+start_ns="$(date +%s%N)"
+wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$root/bench/counters/out.lua" "http://127.0.0.1:$aport/out" >"$work/wrk.txt"
+sent="$(python3 - "$work/wrk.txt" <<'PY'
+import re, sys
+t = open(sys.argv[1]).read()
+n = int(re.search(r"(\d+) requests in", t).group(1))
+bad = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
+print(n - (int(bad.group(1)) if bad else 0))
+PY
+)"
+# counting runs after the 202: wait until every accepted request is in Redis
+while [ "$(redis-cli -p "$rport" get "$key")" != "$sent" ]; do sleep 0.05; done
+done_ns="$(date +%s%N)"
+curl -s "http://127.0.0.1:$mport/metrics" >"$work/metrics.txt"
+
+echo "== reference: the same MULTI/EXEC from a Rust client, ${conns} tasks, ${secs}s" >&2
+"$target/release/examples/bench_redis" "127.0.0.1:$rport" "$conns" "$secs" >"$work/ref.json"
+
+python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" <<'PY'
+import json, re, sys
+wrk, metrics, ref = (open(p).read() for p in sys.argv[1:4])
+sent, start, done, conns, secs = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
+rps = float(re.search(r"Requests/sec:\s+([\d.]+)", wrk).group(1))
+def ms(s):
+    v, u = re.match(r"([\d.]+)(us|ms|s)", s).groups()
+    return float(v) * {"us": 0.001, "ms": 1, "s": 1000}[u]
+p99_http = ms(re.search(r"99%\s+(\S+)", wrk).group(1))
+# p99 of the count delay (202 -> EXEC reply) from the histogram, interpolated in its bucket
+b = [(float(le), float(n)) for le, n in re.findall(r'count_delay_seconds_bucket\{le="([^"+]+)"\} (\S+)', metrics)]
+total = float(re.search(r"count_delay_seconds_count (\S+)", metrics).group(1))
+target, lo, prev = 0.99 * total, 0.0, 0.0
+p99_queue = b[-1][0] * 1000
+for le, n in b:
+    if n >= target:
+        p99_queue = (lo + (le - lo) * (target - prev) / max(n - prev, 1)) * 1000
+        break
+    lo, prev = le, n
+r = json.loads(ref)
+counted = sent / ((done - start) / 1e9)
+print(f"service  /out accepted (202): {rps:,.0f} req/s   counted: {counted:,.0f} /s   "
+      f"p99 request->202 {p99_http:.2f} ms   p99 202->counted {p99_queue:.2f} ms")
+print(f"reference MULTI/EXEC direct:  {r['per_second']:,.0f} tx/s   p99 {r['p99_ms']:.2f} ms")
+print(f"ratio service/reference: accepted {rps / r['per_second']:.2f}   counted {counted / r['per_second']:.2f}")
+print(f"(connections {conns}, {secs}s each, {sent} requests counted)")
+PY
