@@ -39,7 +39,7 @@ say "== echo $id | pepsi-stage-discard worker -c etc/pepsi.conf"
 status=$(echo "$id" | "$bin/pepsi-stage-discard" worker -c "$cfg")
 say "worker status line: $status"
 left=$(psql "$DATABASE_URL" -Atq -c "SELECT count(*) FROM pepsi.workqueue WHERE workqueue_id = $id")
-if [ "$status" = 0 ] && [ "$left" = 0 ]; then
+if [ "${status%% *}" = 0 ] && [ "$left" = 0 ]; then
   say "done: the message went through stage init and left the queue"
 else
   say "the message is still queued (status line: $status)"; exit 1

@@ -90,7 +90,7 @@ async fn echo_id_to_the_discard_worker_finishes_the_message() {
     let lines = tokio::task::spawn_blocking(move || worker(&cfg, format!("{id}\n")))
         .await
         .unwrap();
-    assert_eq!(lines, vec!["0"]);
+    assert_eq!(lines, vec![r#"0 {"finished":true}"#]);
     assert_eq!(exists(&db, id).await, None);
     let bodies: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.workqueue_body")
         .fetch_one(&db.pool)
@@ -124,7 +124,7 @@ async fn bad_ids_get_a_nonzero_status_the_row_stays_and_the_worker_goes_on() {
         let json: serde_json::Value = serde_json::from_str(&line[2..]).unwrap();
         assert_eq!(json["temporary"], false);
     }
-    assert_eq!(lines[4], "0");
+    assert_eq!(lines[4], r#"0 {"finished":true}"#);
     assert_eq!(
         exists(&db, pending).await,
         Some(("init".into(), "pending".into()))
@@ -153,8 +153,8 @@ async fn two_workers_on_different_rows_at_once_do_not_interfere() {
     let ta = tokio::task::spawn_blocking(move || worker(&ca, ia));
     let tb = tokio::task::spawn_blocking(move || worker(&cb, ib));
     let (la, lb) = (ta.await.unwrap(), tb.await.unwrap());
-    assert_eq!(la, vec!["0"; 30]);
-    assert_eq!(lb, vec!["0"; 30]);
+    assert_eq!(la, vec![r#"0 {"finished":true}"#; 30]);
+    assert_eq!(lb, vec![r#"0 {"finished":true}"#; 30]);
     let left: Vec<i64> = sqlx::query_scalar("SELECT workqueue_id FROM pepsi.workqueue")
         .fetch_all(&db.pool)
         .await

@@ -171,7 +171,7 @@ impl Env {
         id
     }
 
-    async fn pass<const L: u8>(&self, id: i64, s: &Script<L>) -> Result<(), StageError> {
+    async fn pass<const L: u8>(&self, id: i64, s: &Script<L>) -> Result<PassReport, StageError> {
         run_pass(s, self.pool(), &self.cfg, id).await
     }
 
@@ -257,7 +257,8 @@ const ABC: [&str; 3] = ["a@example.test", "b@example.test", "c@example.test"];
 async fn advance_moves_to_next_stage_pending_and_keeps_state() {
     let e = env().await;
     let id = e.running("init", &ABC, dsn3()).await;
-    e.pass(id, &script::<0>(vec![Step::Advance])).await.unwrap();
+    let report = e.pass(id, &script::<0>(vec![Step::Advance])).await.unwrap();
+    assert!(!report.finished);
     let r = e.row(id).await.unwrap();
     assert_eq!((r.stage.as_str(), r.status.as_str()), ("next", "pending"));
     assert_eq!(r.state, dsn3());
@@ -421,7 +422,8 @@ async fn fail_marks_failed_with_state() {
 async fn finish_deletes_row_and_its_body() {
     let e = env().await;
     let id = e.running("init", &ABC, json!({})).await;
-    e.pass(id, &script::<0>(vec![Step::Finish])).await.unwrap();
+    let report = e.pass(id, &script::<0>(vec![Step::Finish])).await.unwrap();
+    assert!(report.finished, "a finishing pass reports it");
     assert!(e.row(id).await.is_none());
     assert_eq!(
         e.count("SELECT count(*) FROM pepsi.workqueue_body").await,

@@ -50,6 +50,9 @@ CREATE TABLE pepsi.workqueue (
 );
 
 CREATE INDEX workqueue_claim_idx ON pepsi.workqueue (stage, workqueue_id) WHERE status = 'pending';
+-- The dispatcher's fair share walks the distinct senders pending at a stage, then each one's
+-- oldest rows.
+CREATE INDEX workqueue_fair_idx ON pepsi.workqueue (stage, sender_key, workqueue_id) WHERE status = 'pending';
 CREATE INDEX workqueue_paused_idx ON pepsi.workqueue (timeout) WHERE status = 'paused';
 CREATE INDEX workqueue_running_idx ON pepsi.workqueue (workqueue_id) WHERE status = 'running';
 CREATE INDEX workqueue_body_idx ON pepsi.workqueue (body_id);

@@ -2,9 +2,9 @@
 //! exactly one terminal helper, and the worker loop that feeds it ids from stdin.
 //!
 //! A worker reads workqueue ids from stdin (pipelined by the dispatcher, processed strictly
-//! in order) and writes one status line per id to stdout: `0` on success, or `1 {"error":
-//! "...", "temporary": bool}` when the message could not be handled and the row was left as
-//! it was. Nothing else may ever be written to stdout; logs go to stderr.
+//! in order) and writes one status line per id to stdout: `0` on success (`0
+//! {"finished":true}` when the pass ended the message), or `1 {"error": "...", "temporary":
+//! bool}` when the message could not be handled and the row was left as it was. Nothing else may ever be written to stdout; logs go to stderr.
 //!
 //! Only this module and `db` issue queue SQL in `pepsi-common`. The SQL texts are fixed:
 //! the commit UPDATE is assembled from constant fragments for the columns a stage touched.
@@ -18,7 +18,7 @@ use std::future::Future;
 
 pub use context::{CloneSpec, StageContext};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{main, prepare_on, run_pass, run_worker};
+pub use worker::{PassReport, main, prepare_on, run_pass, run_worker};
 
 use crate::config::{Config, ConfigError};
 

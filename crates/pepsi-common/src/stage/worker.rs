@@ -11,7 +11,7 @@ use sqlx::{PgPool, Row as _};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
 use super::commit::commit;
-use super::context::{Changes, Row};
+use super::context::{Changes, Outcome, Row};
 use super::{Load, Stage, StageContext, StageError, StageSettings};
 use crate::cli::{CommonArgs, init_logging, run_async};
 use crate::config::{Config, ConfigSource, Scope};
@@ -99,6 +99,13 @@ fn row_from(rec: &PgRow, load: Load) -> Result<Row, StageError> {
     })
 }
 
+/// What a successful pass reports on its status line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PassReport {
+    /// The pass ended the message (`finish` or `finish_with`): the row is gone.
+    pub finished: bool,
+}
+
 /// One pass over row `id`: load, process, commit. When any step fails nothing of the pass
 /// is written (fan-out helpers the stage already called have committed their siblings).
 pub async fn run_pass<S: Stage>(
@@ -106,17 +113,22 @@ pub async fn run_pass<S: Stage>(
     pool: &PgPool,
     cfg: &Config,
     id: i64,
-) -> Result<(), StageError> {
+) -> Result<PassReport, StageError> {
     let mut ctx = prepare_on(pool, S::PROGRAM, id, cfg, S::LOAD).await?;
     stage.process(&mut ctx).await?;
     let outcome = ctx.outcome.take().ok_or(StageError::NoTerminal)?;
-    commit(pool, &ctx.row, &ctx.changes, &outcome).await
+    commit(pool, &ctx.row, &ctx.changes, &outcome).await?;
+    Ok(PassReport {
+        finished: matches!(outcome, Outcome::Finish | Outcome::FinishWith { .. }),
+    })
 }
 
-/// The status line for one pass: `0`, or `1 {"error": ..., "temporary": ...}`.
-pub(crate) fn status_line(result: &Result<(), StageError>) -> String {
+/// The status line for one pass: `0`, `0 {"finished":true}` when the pass ended the
+/// message, or `1 {"error": ..., "temporary": ...}`.
+pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
     match result {
-        Ok(()) => "0\n".to_owned(),
+        Ok(PassReport { finished: false }) => "0\n".to_owned(),
+        Ok(PassReport { finished: true }) => "0 {\"finished\":true}\n".to_owned(),
         Err(e) => format!(
             "1 {}\n",
             json!({ "error": e.to_string(), "temporary": e.is_temporary() })

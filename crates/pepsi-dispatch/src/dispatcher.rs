@@ -1,0 +1,675 @@
+//! The coordinator's loop: wake on notifications, status lines and timers; requeue paused
+//! rows that are due; claim for every stage with spare capacity in one statement; pack the
+//! claimed ids onto the fewest workers; recover from crashes and hangs; keep statistics.
+//!
+//! It never looks at message content: workers record their own outcomes on the row.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use sqlx::PgPool;
+use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
+
+use pepsi_common::config::{Config, Scope};
+
+use crate::Event;
+use crate::claim::{self, Claimed, Forced, Want};
+use crate::fair::FairShare;
+use crate::settings::{DispatchSettings, PoolSettings, resolve_program};
+use crate::stats::Stats;
+use crate::status::{self, Status};
+use crate::worker::{Assigned, Worker};
+
+/// Pause before a temporarily failed message is tried again.
+const TEMPORARY_RETRY_SECS: u32 = 60;
+
+/// One stage's pool state beyond its settings.
+struct Pool {
+    settings: PoolSettings,
+    program: PathBuf,
+    /// No spawning before this (the PROGRAM could not start).
+    cooldown_until: Option<Instant>,
+    /// The start failure was logged; not again until a start succeeds.
+    failure_logged: bool,
+    fair: FairShare,
+}
+
+pub struct Dispatcher {
+    db: PgPool,
+    file_cfg: Config,
+    settings: DispatchSettings,
+    config_path: PathBuf,
+    log_level: String,
+    own_dir: Option<PathBuf>,
+    pools: BTreeMap<String, Pool>,
+    workers: HashMap<u64, Worker>,
+    next_key: u64,
+    events: UnboundedSender<Event>,
+    stats: Stats,
+    /// Something may be pending: claim on the next round.
+    dirty: bool,
+    last_heartbeat: Instant,
+    last_flush: Instant,
+    last_gc: Instant,
+    next_due: Option<Instant>,
+    stopping: bool,
+}
+
+impl Dispatcher {
+    pub fn new(
+        db: PgPool,
+        file_cfg: Config,
+        cfg: &Config,
+        log_level: String,
+        events: UnboundedSender<Event>,
+    ) -> anyhow::Result<Self> {
+        let settings = DispatchSettings::from_config(cfg)?;
+        let own_dir = std::env::current_exe()
+            .ok()
+            .and_then(|p| p.parent().map(Path::to_path_buf));
+        let config_path = std::fs::canonicalize(file_cfg.file())
+            .unwrap_or_else(|_| file_cfg.file().to_path_buf());
+        let now = Instant::now();
+        let mut d = Dispatcher {
+            db,
+            file_cfg,
+            settings,
+            config_path,
+            log_level,
+            own_dir,
+            pools: BTreeMap::new(),
+            workers: HashMap::new(),
+            next_key: 1,
+            events,
+            stats: Stats::default(),
+            dirty: true,
+            last_heartbeat: now,
+            last_flush: now,
+            last_gc: now,
+            next_due: Some(now),
+            stopping: false,
+        };
+        d.apply_pools(cfg)?;
+        if d.pools.is_empty() {
+            anyhow::bail!(
+                "{}: no [stage-*] section names a PROGRAM: nothing to dispatch",
+                d.config_path.display()
+            );
+        }
+        Ok(d)
+    }
+
+    fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<()> {
+        let now = Instant::now();
+        let mut pools = BTreeMap::new();
+        for settings in PoolSettings::all(cfg)? {
+            let program = resolve_program(
+                &settings.program,
+                self.settings.libexec_dir.as_deref(),
+                self.own_dir.as_deref(),
+            );
+            let fair = match self.pools.remove(&settings.stage) {
+                Some(old) => old.fair,
+                None => FairShare::new(self.settings.fair_half_life, now),
+            };
+            pools.insert(
+                settings.stage.clone(),
+                Pool {
+                    settings,
+                    program,
+                    cooldown_until: None,
+                    failure_logged: false,
+                    fair,
+                },
+            );
+        }
+        self.pools = pools;
+        Ok(())
+    }
+
+    /// Runs until SIGINT/SIGTERM.
+    pub async fn run(&mut self, mut rx: UnboundedReceiver<Event>) -> anyhow::Result<()> {
+        let mut sigterm =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let orphans = claim::reset_orphans(&self.db).await?;
+        if orphans > 0 {
+            tracing::info!(
+                rows = orphans,
+                "rows left running by a previous dispatcher are pending again"
+            );
+        }
+        tracing::info!(
+            stages = ?self.pools.keys().collect::<Vec<_>>(),
+            config = %self.config_path.display(),
+            "dispatching"
+        );
+        loop {
+            let deadline = self.next_deadline();
+            tokio::select! {
+                ev = rx.recv() => {
+                    if let Some(ev) = ev { self.handle(ev).await; }
+                    while let Ok(ev) = rx.try_recv() { self.handle(ev).await; }
+                }
+                _ = tokio::time::sleep_until(deadline.into()) => {}
+                _ = sigterm.recv() => { tracing::info!("SIGTERM: stopping"); break; }
+                _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
+            }
+            self.housekeeping().await;
+            if self.dirty {
+                self.claim_round().await;
+            }
+        }
+        self.shutdown(&mut rx).await
+    }
+
+    fn next_deadline(&self) -> Instant {
+        let mut at = self.last_heartbeat + self.settings.poll_interval;
+        if let Some(due) = self.next_due {
+            at = at.min(due);
+        }
+        for w in self.workers.values() {
+            let pool = self.pools.get(&w.stage);
+            if let (Some(started), Some(pool)) = (w.head_started, pool) {
+                at = at.min(started + pool.settings.max_runtime);
+            }
+            if w.inflight.is_empty() && !w.retiring
+                && let Some(pool) = pool {
+                    at = at.min(w.idle_since + pool.settings.idle_timeout);
+                }
+        }
+        at.max(Instant::now() + Duration::from_millis(1))
+    }
+
+    async fn handle(&mut self, ev: Event) {
+        match ev {
+            Event::Wake => self.dirty = true,
+            Event::ConfigChanged => self.reload().await,
+            Event::Line { worker, line } => self.answered(worker, &line).await,
+            Event::Eof { worker } => self.exited(worker).await,
+        }
+    }
+
+    /// The configuration overlay changed: re-read it and retire every worker, so their
+    /// replacements start with the new values.
+    async fn reload(&mut self) {
+        let fresh = match Config::load(&self.config_path) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(
+                    "configuration changed but cannot be re-read, keeping the old one: {e}"
+                );
+                return;
+            }
+        };
+        let cfg = match fresh.with_db_overlay(&self.db, &Scope::Global).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!(
+                    "configuration overlay cannot be read, keeping the old configuration: {e}"
+                );
+                return;
+            }
+        };
+        match DispatchSettings::from_config(&cfg)
+            .map_err(anyhow::Error::from)
+            .and_then(|s| {
+                self.settings = s;
+                self.apply_pools(&cfg)
+            }) {
+            Ok(()) => {
+                self.file_cfg = fresh;
+                for w in self.workers.values_mut() {
+                    w.retire();
+                }
+                tracing::info!(
+                    workers = self.workers.len(),
+                    "configuration changed: workers retired"
+                );
+                self.dirty = true;
+            }
+            Err(e) => {
+                tracing::error!("configuration changed but is invalid, keeping the old one: {e:#}")
+            }
+        }
+    }
+
+    async fn answered(&mut self, key: u64, line: &str) {
+        let now = Instant::now();
+        let Some(w) = self.workers.get_mut(&key) else {
+            return;
+        };
+        let Some(row) = w.inflight.pop_front() else {
+            tracing::warn!(stage = %w.stage, pid = w.pid, line, "worker answered without a message; stopping it");
+            let _ = w.child.start_kill();
+            return;
+        };
+        let took = w.head_started.map(|s| now - s).unwrap_or_default();
+        w.head_started = if w.inflight.is_empty() {
+            None
+        } else {
+            Some(now)
+        };
+        w.answered += 1;
+        if w.inflight.is_empty() {
+            w.idle_since = now;
+        }
+        let stage = w.stage.clone();
+        let pid = w.pid;
+        if let Some(max) = self.pools.get(&stage).map(|p| p.settings.max_messages)
+            && max > 0 && w.handed >= max && !w.retiring {
+                tracing::debug!(stage = %stage, pid, handled = w.handed, "MAX_MESSAGES reached: recycling the worker");
+                w.retire();
+            }
+        if let Some(pool) = self.pools.get_mut(&stage) {
+            pool.fair.charge(&row.sender, took, now);
+        }
+        match status::parse(line) {
+            Status::Done { finished, fused } => {
+                self.stats.pass(&stage, took, finished);
+                for (s, ms) in fused {
+                    self.stats.fused(&s, ms);
+                }
+            }
+            Status::Failed { error, temporary } => {
+                let reason = format!("stage {stage} (pid {pid}): {error}");
+                let forced = if temporary {
+                    Forced::Retry(TEMPORARY_RETRY_SECS)
+                } else {
+                    Forced::Failed
+                };
+                tracing::warn!(id = row.id, stage = %stage, temporary, "message not handled: {error}");
+                self.force(row.id, &stage, forced, &reason).await;
+            }
+        }
+        self.dirty = true;
+    }
+
+    async fn force(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
+        match claim::force(&self.db, id, stage, forced, reason).await {
+            Ok(true) if forced != Forced::Retry(TEMPORARY_RETRY_SECS) => self.stats.failed(),
+            Ok(_) => {}
+            Err(e) => tracing::error!(id, stage, "cannot record the failure of the message: {e}"),
+        }
+        if let Forced::Retry(secs) = forced {
+            let due = Instant::now() + Duration::from_secs(u64::from(secs));
+            self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
+        }
+    }
+
+    /// A worker's stdout closed: it exited, or is about to.
+    async fn exited(&mut self, key: u64) {
+        let Some(mut w) = self.workers.remove(&key) else {
+            return;
+        };
+        let status = match tokio::time::timeout(Duration::from_secs(5), w.child.wait()).await {
+            Ok(Ok(s)) => Some(s),
+            _ => {
+                let _ = w.child.kill().await;
+                None
+            }
+        };
+        let described = match status {
+            Some(s) => describe(s),
+            None => "closed its output and did not exit".to_owned(),
+        };
+        let stage = w.stage.clone();
+        let rest: Vec<i64> = w.inflight.iter().map(|a| a.id).collect();
+        if w.killed {
+            // Killed for a hung message, already ended as `timeout`: the rest never started.
+            self.hand_back(&stage, &rest).await;
+            return;
+        }
+        if rest.is_empty() {
+            if !w.retiring || !status.is_some_and(|s| s.success()) {
+                tracing::warn!(stage = %stage, pid = w.pid, "worker {described}");
+            } else {
+                tracing::debug!(stage = %stage, pid = w.pid, "worker stopped");
+            }
+            self.dirty = true;
+            return;
+        }
+        let could_not_start = w.answered == 0 && status.is_some_and(|s| s.code() == Some(1));
+        if could_not_start {
+            // It exited with the error status before answering anything: the program cannot
+            // start (configuration, database). Hold the stage off and keep its messages.
+            if let Some(pool) = self.pools.get_mut(&stage) {
+                pool.cooldown_until = Some(Instant::now() + self.settings.spawn_cooldown);
+                if !pool.failure_logged {
+                    tracing::error!(stage = %stage, program = %pool.program.display(),
+                        "stage program {described} before handling anything; holding the stage off for {:?} (see its error above)",
+                        self.settings.spawn_cooldown);
+                    pool.failure_logged = true;
+                }
+            }
+            self.hand_back(&stage, &rest).await;
+            return;
+        }
+        let head = rest[0];
+        let program = self
+            .pools
+            .get(&stage)
+            .map(|p| p.settings.program.clone())
+            .unwrap_or_default();
+        let reason = format!(
+            "worker {program} (pid {}) of stage {stage} {described} while handling the message",
+            w.pid
+        );
+        tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
+        self.stats.crash(&stage);
+        self.force(head, &stage, Forced::Failed, &reason).await;
+        self.hand_back(&stage, &rest[1..]).await;
+    }
+
+    async fn hand_back(&mut self, stage: &str, ids: &[i64]) {
+        if ids.is_empty() {
+            return;
+        }
+        if let Err(e) = claim::hand_back(&self.db, stage, ids).await {
+            tracing::error!(
+                stage,
+                "cannot return {} messages to pending: {e}",
+                ids.len()
+            );
+        }
+        self.dirty = true;
+    }
+
+    async fn housekeeping(&mut self) {
+        let now = Instant::now();
+        // Hung messages: kill the worker; the message ends as `timeout`.
+        let mut hung = Vec::new();
+        for w in self.workers.values_mut() {
+            let Some(pool) = self.pools.get(&w.stage) else {
+                continue;
+            };
+            if let Some(started) = w.head_started {
+                if now >= started + pool.settings.max_runtime
+                    && let Some(row) = w.inflight.pop_front() {
+                        let _ = w.child.start_kill();
+                        w.retire();
+                        w.killed = true;
+                        w.head_started = None;
+                        hung.push((row.id, w.stage.clone(), w.pid, pool.settings.max_runtime));
+                    }
+            } else if w.inflight.is_empty()
+                && !w.retiring
+                && now >= w.idle_since + pool.settings.idle_timeout
+            {
+                tracing::debug!(stage = %w.stage, pid = w.pid, "worker idle: stopping it");
+                w.retire();
+            }
+        }
+        for (id, stage, pid, limit) in hung {
+            tracing::error!(id, stage = %stage, pid, "no answer within MAX_RUNTIME {limit:?}: worker killed");
+            self.stats.kill(&stage);
+            let reason = format!(
+                "no answer from stage {stage} (pid {pid}) within MAX_RUNTIME {limit:?}; worker killed"
+            );
+            self.force(id, &stage, Forced::Timeout, &reason).await;
+        }
+        if now >= self.last_heartbeat + self.settings.poll_interval {
+            self.last_heartbeat = now;
+            self.dirty = true;
+            self.next_due = Some(now);
+        }
+        if self.next_due.is_some_and(|d| now >= d) {
+            match claim::requeue_due(&self.db).await {
+                Ok(n) if n > 0 => self.dirty = true,
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot requeue paused messages: {e}"),
+            }
+            self.next_due = match claim::next_due(&self.db).await {
+                Ok(Some(secs)) => Some(Instant::now() + Duration::from_secs_f64(secs.max(0.0))),
+                Ok(None) => None,
+                Err(e) => {
+                    tracing::warn!("cannot read the next due time: {e}");
+                    None
+                }
+            };
+        }
+        let idle = self.workers.values().all(|w| w.inflight.is_empty());
+        if !self.stats.is_empty() && (idle || now >= self.last_flush + self.settings.stats_interval)
+        {
+            match self.stats.flush(&self.db).await {
+                Ok(()) => self.last_flush = now,
+                Err(e) => tracing::warn!("cannot write statistics (kept for the next flush): {e}"),
+            }
+        }
+        if now >= self.last_gc + self.settings.gc_interval {
+            self.last_gc = now;
+            match claim::gc(&self.db).await {
+                Ok((bodies, tokens)) if bodies + tokens > 0 => {
+                    tracing::info!(
+                        bodies,
+                        tokens,
+                        "swept orphaned bodies and expired clone tokens"
+                    )
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!("garbage collection failed: {e}"),
+            }
+        }
+    }
+
+    /// Free slots of a pool: room on its live workers plus workers it may still start.
+    fn capacity(&self, stage: &str, pool: &Pool, now: Instant) -> usize {
+        let s = &pool.settings;
+        let mine: Vec<&Worker> = self.workers.values().filter(|w| w.stage == stage).collect();
+        let room: usize = mine
+            .iter()
+            .filter(|w| !w.retiring)
+            .map(|w| room(w, s))
+            .sum();
+        let may_start = pool.cooldown_until.is_none_or(|c| now >= c);
+        let spawnable = if may_start {
+            s.parallelism.saturating_sub(mine.len())
+        } else {
+            0
+        };
+        room + spawnable
+            * s.queue_limit.min(if s.max_messages == 0 {
+                usize::MAX
+            } else {
+                s.max_messages as usize
+            })
+    }
+
+    async fn claim_round(&mut self) {
+        if self.stopping {
+            return;
+        }
+        let now = Instant::now();
+        let mut wants = Vec::new();
+        let mut leads = Vec::new();
+        let stages: Vec<String> = self.pools.keys().cloned().collect();
+        for stage in &stages {
+            let capacity = self.capacity(stage, &self.pools[stage], now);
+            let percent = self.settings.fair_fifo_percent;
+            let pool = self.pools.get_mut(stage).expect("stage exists");
+            pool.fair.settle(now);
+            if capacity == 0 {
+                continue;
+            }
+            let (n_fifo, n_fair) = pool.fair.split_slots(capacity, percent);
+            leads.extend(
+                pool.fair
+                    .leads()
+                    .map(|(k, l)| (stage.clone(), k.to_owned(), l)),
+            );
+            wants.push(Want {
+                stage: stage.clone(),
+                n_fifo: n_fifo as i32,
+                n_fair: n_fair as i32,
+                cost: pool.fair.cost(),
+            });
+        }
+        self.dirty = false;
+        if wants.is_empty() {
+            return;
+        }
+        let result = match claim::claim(
+            &self.db,
+            &wants,
+            &leads,
+            i64::from(self.settings.fair_max_senders),
+        )
+        .await
+        {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::error!("claim failed: {e}");
+                self.dirty = true;
+                return;
+            }
+        };
+        for (stage, sender) in &result.waiting {
+            if let Some(pool) = self.pools.get_mut(stage) {
+                pool.fair.waiting(sender, now);
+            }
+        }
+        let claimed = result.rows;
+        let asked: usize = wants.iter().map(|w| (w.n_fifo + w.n_fair) as usize).sum();
+        if claimed.len() >= asked {
+            // Full claim: more may be waiting.
+            self.dirty = true;
+        }
+        let mut by_stage: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
+        for c in claimed {
+            by_stage.entry(c.stage.clone()).or_default().push(c);
+        }
+        for (stage, rows) in by_stage {
+            self.assign(&stage, rows).await;
+        }
+    }
+
+    /// Packs claimed rows onto the busiest workers with room, starting workers as needed;
+    /// rows that find no worker go back to pending.
+    async fn assign(&mut self, stage: &str, mut rows: Vec<Claimed>) {
+        rows.reverse();
+        let now = Instant::now();
+        while let Some(row) = rows.pop() {
+            let settings = self.pools[stage].settings.clone();
+            let target = self
+                .workers
+                .values()
+                .filter(|w| w.stage == stage && !w.retiring && room(w, &settings) > 0)
+                .max_by_key(|w| (w.inflight.len(), std::cmp::Reverse(w.key)))
+                .map(|w| w.key);
+            let key = match target {
+                Some(k) => k,
+                None => match self.start_worker(stage) {
+                    Some(k) => k,
+                    None => {
+                        let mut back: Vec<i64> = rows.iter().map(|r| r.workqueue_id).collect();
+                        back.push(row.workqueue_id);
+                        self.hand_back(stage, &back).await;
+                        return;
+                    }
+                },
+            };
+            let w = self.workers.get_mut(&key).expect("worker exists");
+            let assigned = Assigned {
+                id: row.workqueue_id,
+                sender: row.sender_key.clone(),
+            };
+            if let Err(e) = w.hand(assigned, now).await {
+                tracing::warn!(
+                    stage,
+                    pid = w.pid,
+                    "cannot write to worker: {e}; returning the message"
+                );
+                w.retire();
+                self.hand_back(stage, &[row.workqueue_id]).await;
+            }
+        }
+    }
+
+    fn start_worker(&mut self, stage: &str) -> Option<u64> {
+        let now = Instant::now();
+        let running = self.workers.values().filter(|w| w.stage == stage).count();
+        let pool = self.pools.get_mut(stage)?;
+        if running >= pool.settings.parallelism || pool.cooldown_until.is_some_and(|c| now < c) {
+            return None;
+        }
+        let key = self.next_key;
+        self.next_key += 1;
+        match Worker::spawn(
+            key,
+            stage,
+            &pool.program,
+            &self.config_path,
+            &self.log_level,
+            self.events.clone(),
+        ) {
+            Ok(w) => {
+                tracing::debug!(stage, pid = w.pid, workers = running + 1, "worker started");
+                pool.cooldown_until = None;
+                pool.failure_logged = false;
+                self.workers.insert(key, w);
+                Some(key)
+            }
+            Err(e) => {
+                pool.cooldown_until = Some(now + self.settings.spawn_cooldown);
+                if !pool.failure_logged {
+                    tracing::error!(stage, program = %pool.program.display(),
+                        "cannot start the stage program: {e}; holding the stage off for {:?}", self.settings.spawn_cooldown);
+                    pool.failure_logged = true;
+                }
+                None
+            }
+        }
+    }
+
+    /// Stops claiming, lets workers finish what they hold within SHUTDOWN_GRACE, kills the
+    /// rest and returns their messages to pending, then writes the statistics.
+    async fn shutdown(&mut self, rx: &mut UnboundedReceiver<Event>) -> anyhow::Result<()> {
+        self.stopping = true;
+        for w in self.workers.values_mut() {
+            w.retire();
+        }
+        let until = Instant::now() + self.settings.shutdown_grace;
+        while !self.workers.is_empty() {
+            match tokio::time::timeout_at(until.into(), rx.recv()).await {
+                Ok(Some(ev @ (Event::Line { .. } | Event::Eof { .. }))) => self.handle(ev).await,
+                Ok(Some(_)) => {}
+                Ok(None) | Err(_) => break,
+            }
+        }
+        let left: Vec<u64> = self.workers.keys().copied().collect();
+        for key in left {
+            if let Some(mut w) = self.workers.remove(&key) {
+                let _ = w.child.kill().await;
+                let ids: Vec<i64> = w.inflight.iter().map(|a| a.id).collect();
+                tracing::warn!(stage = %w.stage, pid = w.pid, held = ids.len(), "worker killed at shutdown");
+                self.hand_back(&w.stage.clone(), &ids).await;
+            }
+        }
+        self.stats
+            .flush(&self.db)
+            .await
+            .context("cannot write the final statistics")?;
+        tracing::info!("stopped");
+        Ok(())
+    }
+}
+
+/// Ids a worker can still take: its QUEUE_LIMIT less what it holds, within MAX_MESSAGES.
+fn room(w: &Worker, s: &PoolSettings) -> usize {
+    let by_queue = s.queue_limit.saturating_sub(w.inflight.len());
+    if s.max_messages == 0 {
+        return by_queue;
+    }
+    by_queue.min(s.max_messages.saturating_sub(w.handed) as usize)
+}
+
+fn describe(status: std::process::ExitStatus) -> String {
+    use std::os::unix::process::ExitStatusExt;
+    match (status.code(), status.signal()) {
+        (Some(code), _) => format!("exited with status {code}"),
+        (None, Some(sig)) => format!("was killed by signal {sig}"),
+        _ => "exited".to_owned(),
+    }
+}

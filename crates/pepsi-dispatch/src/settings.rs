@@ -1,0 +1,212 @@
+//! The dispatcher's settings: `[pepsi-dispatch]` and one pool per `[stage-*]` section that
+//! names a PROGRAM. Read once per configuration load; pure, no I/O.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use pepsi_common::config::{Config, ConfigError};
+
+/// `[pepsi-dispatch]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DispatchSettings {
+    /// Safety-net heartbeat: claim even without a notification this often.
+    pub poll_interval: Duration,
+    /// How fast a sender's lead over the least-served sender halves.
+    pub fair_half_life: Duration,
+    /// Share of claimed slots that stay oldest-first, so no row starves.
+    pub fair_fifo_percent: u32,
+    /// At most this many distinct senders are ranked per stage and claim.
+    pub fair_max_senders: u32,
+    /// Statistics are flushed at least this often while work flows.
+    pub stats_interval: Duration,
+    /// A stage whose PROGRAM cannot start is not tried again before this.
+    pub spawn_cooldown: Duration,
+    /// How long shutdown waits for workers to finish the messages they hold.
+    pub shutdown_grace: Duration,
+    /// How often orphaned bodies and old clone tokens are swept.
+    pub gc_interval: Duration,
+    /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
+    /// directory, then PATH).
+    pub libexec_dir: Option<PathBuf>,
+}
+
+impl DispatchSettings {
+    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
+        let s = cfg.section("pepsi-dispatch");
+        Ok(Self {
+            poll_interval: s
+                .duration_opt("POLL_INTERVAL")?
+                .unwrap_or(Duration::from_secs(5)),
+            fair_half_life: s
+                .duration_opt("FAIR_HALF_LIFE")?
+                .unwrap_or(Duration::from_secs(60)),
+            fair_fifo_percent: s
+                .number_opt::<u32>("FAIR_FIFO_PERCENT")?
+                .unwrap_or(20)
+                .min(100),
+            fair_max_senders: s.number_opt("FAIR_MAX_SENDERS")?.unwrap_or(256),
+            stats_interval: s
+                .duration_opt("STATS_INTERVAL")?
+                .unwrap_or(Duration::from_secs(60)),
+            spawn_cooldown: s
+                .duration_opt("SPAWN_COOLDOWN")?
+                .unwrap_or(Duration::from_secs(10)),
+            shutdown_grace: s
+                .duration_opt("SHUTDOWN_GRACE")?
+                .unwrap_or(Duration::from_secs(10)),
+            gc_interval: s
+                .duration_opt("GC_INTERVAL")?
+                .unwrap_or(Duration::from_secs(300)),
+            libexec_dir: s.path_opt("LIBEXEC_DIR")?,
+        })
+    }
+}
+
+/// One stage's pool settings, from `[stage-<name>]`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSettings {
+    pub stage: String,
+    /// The PROGRAM option as written.
+    pub program: String,
+    /// Most worker processes at once.
+    pub parallelism: usize,
+    /// Ids pipelined to one worker at once.
+    pub queue_limit: usize,
+    /// A worker is replaced after handling this many messages (0: never).
+    pub max_messages: u64,
+    /// A worker without work for this long is stopped.
+    pub idle_timeout: Duration,
+    /// A message a worker has not answered within this is failed as `timeout`.
+    pub max_runtime: Duration,
+}
+
+impl PoolSettings {
+    pub fn from_config(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        Ok(Self {
+            stage: stage.to_owned(),
+            program: s.string("PROGRAM")?,
+            parallelism: s.number_opt::<usize>("PARALLELISM")?.unwrap_or(1).max(1),
+            queue_limit: s.number_opt::<usize>("QUEUE_LIMIT")?.unwrap_or(1).max(1),
+            max_messages: s.number_opt("MAX_MESSAGES")?.unwrap_or(10_000),
+            idle_timeout: s
+                .duration_opt("WORKER_IDLE_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(60)),
+            max_runtime: s
+                .duration_opt("MAX_RUNTIME")?
+                .unwrap_or(Duration::from_secs(300)),
+        })
+    }
+
+    /// Every stage section of `cfg` that names a PROGRAM.
+    pub fn all(cfg: &Config) -> Result<Vec<Self>, ConfigError> {
+        let mut pools = Vec::new();
+        for name in cfg.sections() {
+            let lower = name.to_ascii_lowercase();
+            if let Some(stage) = lower.strip_prefix("stage-")
+                && cfg.section(name).has("PROGRAM") {
+                    pools.push(Self::from_config(cfg, stage)?);
+                }
+        }
+        pools.sort_by(|a, b| a.stage.cmp(&b.stage));
+        Ok(pools)
+    }
+}
+
+/// Resolves a PROGRAM to an executable path: absolute paths as they are; a bare name in
+/// `libexec_dir`, then beside the dispatcher's own executable, then on PATH.
+pub fn resolve_program(
+    program: &str,
+    libexec_dir: Option<&Path>,
+    own_dir: Option<&Path>,
+) -> PathBuf {
+    let path = Path::new(program);
+    if path.is_absolute() || program.contains('/') {
+        return path.to_path_buf();
+    }
+    for dir in [libexec_dir, own_dir].into_iter().flatten() {
+        let candidate = dir.join(program);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    path.to_path_buf()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::from_str_named(text, "dispatch.conf").unwrap()
+    }
+
+    #[test]
+    fn defaults_and_overrides() {
+        let c = cfg("[stage-init]\nPROGRAM = pepsi-stage-discard\n\
+                     [stage-b]\nPROGRAM = x\nPARALLELISM = 3\nQUEUE_LIMIT = 8\nMAX_MESSAGES = 0\n\
+                     WORKER_IDLE_TIMEOUT = 2s\nMAX_RUNTIME = 1m\n[stage-nothing]\nNEXT_STAGE = b\n\
+                     [pepsi-dispatch]\nPOLL_INTERVAL = 250ms\nFAIR_FIFO_PERCENT = 150\n");
+        let pools = PoolSettings::all(&c).unwrap();
+        assert_eq!(
+            pools.iter().map(|p| p.stage.as_str()).collect::<Vec<_>>(),
+            ["b", "init"]
+        );
+        assert_eq!(
+            pools[0],
+            PoolSettings {
+                stage: "b".into(),
+                program: "x".into(),
+                parallelism: 3,
+                queue_limit: 8,
+                max_messages: 0,
+                idle_timeout: Duration::from_secs(2),
+                max_runtime: Duration::from_secs(60),
+            }
+        );
+        assert_eq!(
+            (
+                pools[1].parallelism,
+                pools[1].queue_limit,
+                pools[1].max_messages
+            ),
+            (1, 1, 10_000)
+        );
+        let d = DispatchSettings::from_config(&c).unwrap();
+        assert_eq!(d.poll_interval, Duration::from_millis(250));
+        assert_eq!(d.fair_fifo_percent, 100, "clamped");
+    }
+
+    #[test]
+    fn a_bad_value_names_the_stage_section() {
+        let c = cfg("[stage-a]\nPROGRAM = x\nPARALLELISM = lots\n");
+        let e = PoolSettings::all(&c).unwrap_err().to_string();
+        assert!(
+            e.contains("[stage-a] PARALLELISM") && e.contains("lots"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn programs_resolve_beside_the_dispatcher_then_on_path() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("pepsi-stage-x"), "").unwrap();
+        let own = Some(dir.path());
+        assert_eq!(
+            resolve_program("pepsi-stage-x", None, own),
+            dir.path().join("pepsi-stage-x")
+        );
+        assert_eq!(
+            resolve_program("pepsi-stage-y", None, own),
+            PathBuf::from("pepsi-stage-y")
+        );
+        assert_eq!(
+            resolve_program("/opt/p", None, own),
+            PathBuf::from("/opt/p")
+        );
+        assert_eq!(
+            resolve_program("pepsi-stage-x", Some(Path::new("/nonexistent")), own),
+            dir.path().join("pepsi-stage-x")
+        );
+    }
+}

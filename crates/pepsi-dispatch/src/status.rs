@@ -1,0 +1,118 @@
+//! Parsing a worker's status line. Pure.
+
+use serde_json::Value;
+
+/// What one status line says about the message at the head of a worker's queue.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Status {
+    /// `0 [json]`: handled and committed by the worker.
+    Done {
+        finished: bool,
+        /// Stages fused into this pass: (stage, milliseconds).
+        fused: Vec<(String, f64)>,
+    },
+    /// Non-zero: not handled; the row is as the worker found it.
+    Failed { error: String, temporary: bool },
+}
+
+/// Parses `line` (without its newline).
+pub fn parse(line: &str) -> Status {
+    let (code, rest) = match line.split_once(char::is_whitespace) {
+        Some((c, r)) => (c, r.trim()),
+        None => (line.trim(), ""),
+    };
+    let json: Option<Value> = if rest.is_empty() {
+        None
+    } else {
+        serde_json::from_str(rest).ok()
+    };
+    if code == "0" {
+        let finished = json
+            .as_ref()
+            .and_then(|j| j.get("finished"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let fused = json
+            .as_ref()
+            .and_then(|j| j.get("fused"))
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| {
+                        Some((
+                            f.get("stage")?.as_str()?.to_owned(),
+                            f.get("ms").and_then(Value::as_f64).unwrap_or(0.0),
+                        ))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        return Status::Done { finished, fused };
+    }
+    let error = match json
+        .as_ref()
+        .and_then(|j| j.get("error"))
+        .and_then(Value::as_str)
+    {
+        Some(e) => e.to_owned(),
+        None if rest.is_empty() => format!("worker answered status {code:?}"),
+        None => format!("worker answered status {code:?}: {rest}"),
+    };
+    let temporary = json
+        .as_ref()
+        .and_then(|j| j.get("temporary"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Status::Failed { error, temporary }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(line: &str, expected: Status) {
+        assert_eq!(parse(line), expected, "{line:?}");
+    }
+
+    fn done(finished: bool) -> Status {
+        Status::Done {
+            finished,
+            fused: vec![],
+        }
+    }
+
+    #[test]
+    fn status_lines() {
+        check("0", done(false));
+        check("0 {\"finished\":true}", done(true));
+        check("0 not json", done(false));
+        check(
+            "0 {\"fused\":[{\"stage\":\"srs\",\"ms\":1.5},{\"stage\":\"dkim\"}]}",
+            Status::Done {
+                finished: false,
+                fused: vec![("srs".into(), 1.5), ("dkim".into(), 0.0)],
+            },
+        );
+        check(
+            "1 {\"error\":\"boom\",\"temporary\":true}",
+            Status::Failed {
+                error: "boom".into(),
+                temporary: true,
+            },
+        );
+        check(
+            "2",
+            Status::Failed {
+                error: "worker answered status \"2\"".into(),
+                temporary: false,
+            },
+        );
+        check(
+            "x y",
+            Status::Failed {
+                error: "worker answered status \"x\": y".into(),
+                temporary: false,
+            },
+        );
+    }
+}

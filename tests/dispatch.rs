@@ -1,0 +1,668 @@
+//! pepsi-dispatch as a process, with real stage worker processes (the `pepsi-test-stage`
+//! example) against a real PostgreSQL: throughput without loss, pipelining, elastic pools,
+//! recycling, crash and hang recovery, kill -9 and restart, paused rows, fairness,
+//! statistics, configuration changes and the one-per-database lock.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pepsi_testkit::TestDb;
+use serde_json::Value;
+
+const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
+
+/// The test stage example, built by `cargo test` beside the test binaries.
+fn test_stage() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("pepsi-test-stage");
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo test builds the examples",
+        path.display()
+    );
+    path
+}
+
+/// A dispatcher process, killed when dropped so a failing test leaves nothing running.
+struct Running(Child);
+
+impl std::ops::Deref for Running {
+    type Target = Child;
+    fn deref(&self) -> &Child {
+        &self.0
+    }
+}
+
+impl std::ops::DerefMut for Running {
+    fn deref_mut(&mut self) -> &mut Child {
+        &mut self.0
+    }
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+struct Harness {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Harness {
+    /// `stages` holds the [stage-*] sections (PROGRAM = the test stage is filled in when
+    /// the section names none).
+    async fn new(stages: &str, dispatch: &str) -> Harness {
+        let db = TestDb::new().await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("pepsi.conf");
+        let program = test_stage();
+        let stages = stages.replace(
+            "PROGRAM = test",
+            &format!("PROGRAM = {}", program.display()),
+        );
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nURL = {}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 200ms\nSTATS_INTERVAL = 1s\nSPAWN_COOLDOWN = 500ms\n{dispatch}\n\n{stages}\n",
+                db.url
+            ),
+        )
+        .unwrap();
+        Harness { db, dir, config }
+    }
+
+    fn start(&self, log: &str) -> Running {
+        let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
+        Running(
+            Command::new(DISPATCH)
+                .arg("-c")
+                .arg(&self.config)
+                .args(["-L", "debug"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    async fn add(&self, n: i64, sender: &str, state: Value) {
+        sqlx::query(
+            "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, $2, $3) \
+             FROM generate_series(1, $1)",
+        )
+        .bind(n)
+        .bind(state)
+        .bind(sender)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Polls `sql` (a count) until it reaches `want`, failing after `limit`.
+    async fn wait_for(&self, sql: &str, want: i64, limit: Duration, child: &mut Child) {
+        let until = Instant::now() + limit;
+        loop {
+            let n = self.count(sql).await;
+            if n >= want {
+                return;
+            }
+            if let Ok(Some(status)) = child.try_wait() {
+                panic!("dispatcher exited ({status}) while waiting for {sql} = {want} (at {n})");
+            }
+            assert!(
+                Instant::now() < until,
+                "{sql}: {n} after {limit:?}, wanted {want}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn states(&self, sql: &str) -> Vec<Value> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn stop(mut child: Running) -> std::process::ExitStatus {
+    signal(&child, "-TERM");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < until,
+            "dispatcher did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command name: state, ppid, ...
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            out.push(p);
+        }
+    }
+    out
+}
+
+const CHAIN: &str = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                     [stage-b]\nPROGRAM = test\nNEXT_STAGE = c\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                     [stage-c]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n";
+
+/// Every row at `done` passed each stage exactly once.
+async fn assert_each_stage_once(h: &Harness, n: i64) {
+    let states = h
+        .states("SELECT state FROM pepsi.workqueue WHERE stage = 'done'")
+        .await;
+    assert_eq!(states.len() as i64, n);
+    for s in states {
+        assert_eq!(
+            s["passes"],
+            serde_json::json!({"init": 1, "b": 1, "c": 1}),
+            "{s}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_chain_of_three_stages_moves_10000_rows_and_statistics_add_up_after_sigterm() {
+    let h = Harness::new(CHAIN, "").await;
+    h.add(10_000, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        10_000,
+        Duration::from_secs(300),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_each_stage_once(&h, 10_000).await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage <> 'done'")
+            .await,
+        0
+    );
+    let stats: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT stage, messages, kills, crashes FROM pepsi.stage_stats ORDER BY stage",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stats,
+        vec![
+            ("b".into(), 10_000, 0, 0),
+            ("c".into(), 10_000, 0, 0),
+            ("init".into(), 10_000, 0, 0)
+        ]
+    );
+    let (stages_total, failed): (i64, i64) =
+        sqlx::query_as("SELECT stages_total, messages_failed FROM pepsi.dispatch_stats")
+            .fetch_one(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!((stages_total, failed), (30_000, 0));
+}
+
+#[tokio::test]
+async fn kill_9_during_a_run_then_a_restart_loses_nothing() {
+    let h = Harness::new(CHAIN, "").await;
+    h.add(10_000, "sender", serde_json::json!({})).await;
+    let mut d = h.start("first.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1_000,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    let pid = d.id();
+    signal(&d, "-KILL");
+    d.wait().unwrap();
+    // The workers die with their dispatcher (parent-death signal).
+    let until = Instant::now() + Duration::from_secs(10);
+    while !children(pid).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut d = h.start("second.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        10_000,
+        Duration::from_secs(300),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    assert!(
+        h.log("second.log")
+            .contains("rows left running by a previous dispatcher are pending again")
+    );
+    assert_each_stage_once(&h, 10_000).await;
+}
+
+#[tokio::test]
+async fn a_worker_holds_several_ids_at_once_up_to_queue_limit() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 300ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(8, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'",
+        4,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert_eq!(
+        children(d.id()).len(),
+        1,
+        "one worker holds the four running rows"
+    );
+    assert!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+            .await
+            <= 4
+    );
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        8,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let pids = h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await;
+    assert_eq!(pids.iter().collect::<HashSet<_>>().len(), 1);
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_pool_grows_to_parallelism_under_load_and_shrinks_when_idle() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 3\nQUEUE_LIMIT = 2\n\
+                  DELAY = 50ms\nWORKER_IDLE_TIMEOUT = 1s\n";
+    let h = Harness::new(stages, "").await;
+    h.add(60, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(60);
+    while h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'")
+        .await
+        < 60
+    {
+        most = most.max(children(d.id()).len());
+        assert!(Instant::now() < until, "rows did not complete");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most, 3, "the pool grew to PARALLELISM and no further");
+    let pids = h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await;
+    assert_eq!(pids.iter().collect::<HashSet<_>>().len(), 3);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !children(d.id()).is_empty() {
+        assert!(Instant::now() < until, "idle workers were not reaped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(d.try_wait().unwrap().is_none());
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn max_messages_recycles_a_worker() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 1\nMAX_MESSAGES = 5\n";
+    let h = Harness::new(stages, "").await;
+    h.add(20, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    let mut per_pid: HashMap<String, usize> = HashMap::new();
+    for p in h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await
+    {
+        *per_pid.entry(p.to_string()).or_default() += 1;
+    }
+    assert_eq!(per_pid.len(), 4, "{per_pid:?}");
+    assert!(per_pid.values().all(|&n| n == 5), "{per_pid:?}");
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_crashing_and_a_hanging_stage_fail_their_message_and_the_rest_flows() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = crash\nONLY_IF_STATE = crash\nQUEUE_LIMIT = 4\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = hang\nONLY_IF_STATE = hang\nMAX_RUNTIME = 1s\nQUEUE_LIMIT = 4\n";
+    let h = Harness::new(stages, "").await;
+    h.add(10, "s", serde_json::json!({})).await;
+    h.add(1, "s", serde_json::json!({"crash": true})).await;
+    h.add(1, "s", serde_json::json!({"hang": true})).await;
+    h.add(10, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let crashed = h.states("SELECT state || jsonb_build_object('status', status) FROM pepsi.workqueue WHERE state ? 'crash'").await;
+    assert_eq!(crashed[0]["status"], "failed");
+    let why = crashed[0]["dispatch_error"].as_str().unwrap();
+    assert!(
+        why.contains("killed by signal 6") && why.contains("stage init"),
+        "{why}"
+    );
+    let hung = h.states("SELECT state || jsonb_build_object('status', status) FROM pepsi.workqueue WHERE state ? 'hang'").await;
+    assert_eq!(hung[0]["status"], "timeout");
+    assert!(
+        hung[0]["dispatch_error"]
+            .as_str()
+            .unwrap()
+            .contains("MAX_RUNTIME"),
+        "{}",
+        hung[0]
+    );
+    // Later rows still went through, on replacement workers.
+    h.add(5, "s", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        25,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    let (crashes, kills): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT crashes FROM pepsi.stage_stats WHERE stage = 'init'), (SELECT kills FROM pepsi.stage_stats WHERE stage = 'b')",
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!((crashes, kills), (1, 1));
+    let failed: i64 = h
+        .count("SELECT messages_failed FROM pepsi.dispatch_stats")
+        .await;
+    assert_eq!(failed, 2);
+}
+
+#[tokio::test]
+async fn a_stage_error_fails_the_message_with_the_reason() {
+    let stages =
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = error\nONLY_IF_STATE = bad\n";
+    let h = Harness::new(stages, "").await;
+    h.add(1, "s", serde_json::json!({"bad": 1})).await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let s = h
+        .states("SELECT state FROM pepsi.workqueue WHERE status = 'failed'")
+        .await;
+    assert!(
+        s[0]["dispatch_error"]
+            .as_str()
+            .unwrap()
+            .contains("refuses message"),
+        "{}",
+        s[0]
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn paused_rows_run_again_when_due_and_not_before() {
+    let stages =
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = pause-once\nPAUSE_FOR = 2s\n";
+    let h = Harness::new(stages, "").await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    for s in h.states("SELECT state FROM pepsi.workqueue").await {
+        let paused = s["paused_once"].as_i64().unwrap();
+        let resumed = s["at"]["init"].as_i64().unwrap();
+        assert!(
+            resumed - paused >= 2_000_000,
+            "ran again after {} µs: {s}",
+            resumed - paused
+        );
+    }
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_late_sender_is_not_stuck_behind_another_senders_backlog() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 1\nDELAY = 2ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(2_000, "bulk", serde_json::json!({"sender": "bulk"}))
+        .await;
+    h.add(10, "late", serde_json::json!({"sender": "late"}))
+        .await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND auth_user = 'late'",
+        10,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    let bulk_done = h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND auth_user = 'bulk'")
+        .await;
+    assert!(
+        bulk_done < 1_000,
+        "the late sender waited for {bulk_done} of the bulk sender's messages"
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_configuration_change_retires_workers_and_replacements_use_it() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'stage-init', 'ACTION', 'finish')")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !h
+        .log("dispatch.log")
+        .contains("configuration changed: workers retired")
+    {
+        assert!(
+            Instant::now() < until,
+            "no reaction to config_changed: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.add(4, "s", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT 7 - count(*) FROM pepsi.workqueue",
+        4,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'")
+            .await,
+        3
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_second_dispatcher_refuses_to_start_and_names_the_first() {
+    let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "").await;
+    let d = h.start("first.log");
+    let until = Instant::now() + Duration::from_secs(20);
+    while !h.log("first.log").contains("dispatching") {
+        assert!(Instant::now() < until, "{}", h.log("first.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = Command::new(DISPATCH)
+        .arg("-c")
+        .arg(&h.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another dispatcher is already running"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("pepsi-dispatch {} pid {}", hostname(), d.id())),
+        "{err}"
+    );
+    assert!(stop(d).success());
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_program_that_cannot_start_is_held_off_and_logged_once() {
+    let stages = "[stage-init]\nPROGRAM = /nonexistent/pepsi-stage-missing\n[stage-ok]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(2, "s", serde_json::json!({})).await;
+    sqlx::query("UPDATE pepsi.workqueue SET stage = 'ok' WHERE workqueue_id = (SELECT min(workqueue_id) FROM pepsi.workqueue)")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = h.log("dispatch.log");
+    assert_eq!(
+        log.matches("cannot start the stage program").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'init' AND status = 'pending'")
+            .await,
+        1
+    );
+    assert!(stop(d).success());
+}
+
+#[test]
+fn help_documents_the_options() {
+    let out = Command::new(DISPATCH).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for option in [
+        "POLL_INTERVAL",
+        "FAIR_HALF_LIFE",
+        "FAIR_FIFO_PERCENT",
+        "PARALLELISM",
+        "QUEUE_LIMIT",
+        "MAX_MESSAGES",
+        "WORKER_IDLE_TIMEOUT",
+        "MAX_RUNTIME",
+        "--config",
+    ] {
+        assert!(help.contains(option), "--help lacks {option}: {help}");
+    }
+}
