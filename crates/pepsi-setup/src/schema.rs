@@ -21,10 +21,16 @@ pub struct Patch {
 }
 
 /// Every patch, in the order it applies.
-pub const PATCHES: &[Patch] = &[Patch {
-    name: "pepsi-0001",
-    sql: include_str!("../db/pepsi-0001.sql"),
-}];
+pub const PATCHES: &[Patch] = &[
+    Patch {
+        name: "pepsi-0001",
+        sql: include_str!("../db/pepsi-0001.sql"),
+    },
+    Patch {
+        name: "pepsi-0002",
+        sql: include_str!("../db/pepsi-0002.sql"),
+    },
+];
 
 /// Stored functions and triggers; re-applied on every run.
 pub const PROCEDURES: &str = include_str!("../db/procedures.sql");
@@ -98,9 +104,14 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (_, "event_log" | "mail_log") => APPEND,
         (_, "schema_patch") => READ,
         (RoleKind::Pipeline, "config_override") => READ,
+        // Password hashes are for the ingress's AUTH alone; stages may learn which
+        // mailboxes exist, not how to log in as one.
+        (RoleKind::Pipeline, "mailbox_account") => READ,
+        (RoleKind::Pipeline, "mailbox_password") => NONE,
         (RoleKind::Pipeline, _) => ALL,
         (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
         (RoleKind::Ingress, "config_override" | "settings") => READ,
+        (RoleKind::Ingress, "mailbox_account" | "mailbox_password") => READ,
         (RoleKind::Ingress, _) => NONE,
         (RoleKind::Config, "config_override") => ALL,
         (RoleKind::Config, "settings") => READ,

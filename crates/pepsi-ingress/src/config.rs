@@ -1,0 +1,359 @@
+//! The ingress configuration: `[pepsi-ingress]` options and the `[listener-<name>]`
+//! sections, read once at start into `Settings` and validated there, so that a mistake
+//! stops the program with a message naming the option rather than surfacing mid-session.
+//!
+//! Listener sections are protected: the configuration layer never takes them from the
+//! database, so a compromised database cannot open or move a socket.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use pepsi_common::config::{Config, Section};
+
+/// The section of the ingress's own options.
+pub const SECTION: &str = "pepsi-ingress";
+/// Prefix of listener sections.
+pub const LISTENER_PREFIX: &str = "listener-";
+
+/// What a listener is for, which sets its defaults.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    /// Mail from other servers (port 25): local domains only, STARTTLS offered, AUTH not.
+    Mx,
+    /// Submission with STARTTLS (port 587): AUTH required, after TLS.
+    Submission,
+    /// Submission over implicit TLS (port 465): AUTH required.
+    Submissions,
+}
+
+impl Role {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Mx => "mx",
+            Role::Submission => "submission",
+            Role::Submissions => "submissions",
+        }
+    }
+}
+
+/// A certificate chain and key, both PEM.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// One `[listener-<name>]` section.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListenerConfig {
+    /// The part after `listener-`; it goes into `state.origin.listener`.
+    pub name: String,
+    pub role: Role,
+    pub address: SocketAddr,
+    pub tls: Option<TlsFiles>,
+    /// AUTH is offered.
+    pub auth: bool,
+    /// MAIL is refused until the client authenticated.
+    pub require_auth: bool,
+    /// AUTH is allowed before TLS (test rigs only: the password crosses in the clear).
+    pub plaintext_auth: bool,
+    /// SPF, DKIM, DMARC, ARC and iprev are checked for mail on this listener.
+    pub verify: bool,
+}
+
+/// The resolver message authentication uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DnsSettings {
+    /// Empty: the system's resolver configuration (`/etc/resolv.conf`).
+    pub servers: Vec<SocketAddr>,
+    pub timeout: Duration,
+}
+
+/// Everything the ingress reads from its configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    pub hostname: String,
+    pub authserv_id: String,
+    pub local_domains: Vec<String>,
+    pub check_recipients: bool,
+    pub max_message_size: u64,
+    pub max_recipients: usize,
+    pub max_line_length: usize,
+    pub max_command_length: usize,
+    pub max_bad_commands: u32,
+    pub command_timeout: Duration,
+    pub data_timeout: Duration,
+    pub tls_handshake_timeout: Duration,
+    pub max_connections: usize,
+    pub max_connections_per_client: u32,
+    pub dispatch_wake_interval: Duration,
+    pub shutdown_grace: Duration,
+    pub dns: DnsSettings,
+    pub listeners: Vec<ListenerConfig>,
+}
+
+fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+fn parse_server(item: &str) -> Option<SocketAddr> {
+    item.parse::<SocketAddr>().ok().or_else(|| {
+        item.parse::<IpAddr>()
+            .ok()
+            .map(|ip| SocketAddr::new(ip, 53))
+    })
+}
+
+impl Settings {
+    /// Reads and validates the ingress's options and its listener sections.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+        let s = cfg.section(SECTION);
+        let hostname = s.string_opt("HOSTNAME")?.unwrap_or_else(system_hostname);
+        let local_domains = match s.list_opt("LOCAL_DOMAINS")? {
+            Some(list) => list,
+            None => cfg
+                .section("pepsi")
+                .list_opt("LOCAL_DOMAINS")?
+                .unwrap_or_default(),
+        };
+        let servers = s
+            .list_opt("DNS_SERVERS")?
+            .unwrap_or_default()
+            .iter()
+            .map(|item| {
+                parse_server(item).with_context(|| {
+                    format!("[{SECTION}] DNS_SERVERS: {item:?} is not an IP address or IP:port")
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let settings = Settings {
+            authserv_id: s
+                .string_opt("AUTHSERV_ID")?
+                .unwrap_or_else(|| hostname.clone()),
+            hostname,
+            local_domains: local_domains
+                .into_iter()
+                .map(|d| d.trim_end_matches('.').to_ascii_lowercase())
+                .collect(),
+            check_recipients: s.bool_opt("CHECK_RECIPIENTS")?.unwrap_or(false),
+            max_message_size: s.size_opt("MAX_MESSAGE_SIZE")?.unwrap_or(25 << 20),
+            max_recipients: s.number_opt("MAX_RECIPIENTS")?.unwrap_or(100),
+            max_line_length: s.number_opt("MAX_LINE_LENGTH")?.unwrap_or(1000),
+            max_command_length: s.number_opt("MAX_COMMAND_LENGTH")?.unwrap_or(2048),
+            max_bad_commands: s.number_opt("MAX_BAD_COMMANDS")?.unwrap_or(10),
+            command_timeout: s
+                .duration_opt("COMMAND_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(300)),
+            data_timeout: s
+                .duration_opt("DATA_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(600)),
+            tls_handshake_timeout: s
+                .duration_opt("TLS_HANDSHAKE_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(30)),
+            max_connections: s.number_opt("MAX_CONNECTIONS")?.unwrap_or(1000),
+            max_connections_per_client: s.number_opt("MAX_CONNECTIONS_PER_CLIENT")?.unwrap_or(20),
+            dispatch_wake_interval: s
+                .duration_opt("DISPATCH_WAKE_INTERVAL")?
+                .unwrap_or(Duration::from_millis(200)),
+            shutdown_grace: s
+                .duration_opt("SHUTDOWN_GRACE")?
+                .unwrap_or(Duration::from_secs(30)),
+            dns: DnsSettings {
+                servers,
+                timeout: s
+                    .duration_opt("DNS_TIMEOUT")?
+                    .unwrap_or(Duration::from_secs(5)),
+            },
+            listeners: listeners(cfg)?,
+        };
+        settings.validate()?;
+        Ok(settings)
+    }
+
+    fn validate(&self) -> anyhow::Result<()> {
+        if self.listeners.is_empty() {
+            bail!("no [{LISTENER_PREFIX}<name>] section: the ingress would accept nothing");
+        }
+        if self.max_line_length < 80 {
+            bail!(
+                "[{SECTION}] MAX_LINE_LENGTH = {}: must be at least 80",
+                self.max_line_length
+            );
+        }
+        if self.max_command_length < 512 {
+            bail!(
+                "[{SECTION}] MAX_COMMAND_LENGTH = {}: RFC 5321 needs at least 512",
+                self.max_command_length
+            );
+        }
+        if self.max_recipients == 0 || self.max_connections == 0 {
+            bail!("[{SECTION}] MAX_RECIPIENTS and MAX_CONNECTIONS must be at least 1");
+        }
+        for (i, a) in self.listeners.iter().enumerate() {
+            if let Some(b) = self.listeners[..i].iter().find(|b| b.address == a.address) {
+                bail!(
+                    "[{LISTENER_PREFIX}{}] ADDRESS = {}: already used by [{LISTENER_PREFIX}{}]",
+                    a.name,
+                    a.address,
+                    b.name
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+fn listeners(cfg: &Config) -> anyhow::Result<Vec<ListenerConfig>> {
+    let mut out = Vec::new();
+    for name in cfg.sections() {
+        let lower = name.to_ascii_lowercase();
+        let Some(short) = lower.strip_prefix(LISTENER_PREFIX) else {
+            if lower.starts_with("listener") {
+                bail!("[{name}]: listener sections are named [{LISTENER_PREFIX}<name>]");
+            }
+            continue;
+        };
+        if short.is_empty() {
+            bail!("[{name}]: a listener needs a name after {LISTENER_PREFIX:?}");
+        }
+        out.push(listener(short, &cfg.section(name))?);
+    }
+    Ok(out)
+}
+
+fn listener(name: &str, s: &Section<'_>) -> anyhow::Result<ListenerConfig> {
+    let section = s.name();
+    let role = match s
+        .choice("ROLE", &["mx", "submission", "submissions"])?
+        .as_str()
+    {
+        "mx" => Role::Mx,
+        "submission" => Role::Submission,
+        _ => Role::Submissions,
+    };
+    let address_text = s.string("ADDRESS")?;
+    let address: SocketAddr = address_text.parse().with_context(|| {
+        format!("[{section}] ADDRESS = {address_text:?}: expected IP:port, such as 0.0.0.0:25 or [::]:587")
+    })?;
+    let tls = match (s.path_opt("TLS_CERT")?, s.path_opt("TLS_KEY")?) {
+        (Some(cert), Some(key)) => Some(TlsFiles { cert, key }),
+        (None, None) => None,
+        _ => bail!("[{section}]: TLS_CERT and TLS_KEY go together; one is missing"),
+    };
+    let submission = role != Role::Mx;
+    let plaintext_auth = s.bool_opt("ALLOW_PLAINTEXT_AUTH")?.unwrap_or(false);
+    let auth = s.bool_opt("AUTH")?.unwrap_or(submission);
+    let require_auth = s.bool_opt("REQUIRE_AUTH")?.unwrap_or(submission);
+    if role == Role::Submissions && tls.is_none() {
+        bail!("[{section}] ROLE = submissions needs TLS_CERT and TLS_KEY (implicit TLS)");
+    }
+    if role == Role::Submission && tls.is_none() && !plaintext_auth {
+        bail!(
+            "[{section}] ROLE = submission needs TLS_CERT and TLS_KEY for STARTTLS (or ALLOW_PLAINTEXT_AUTH = yes on a test rig)"
+        );
+    }
+    if require_auth && !auth {
+        bail!("[{section}] REQUIRE_AUTH = yes with AUTH = no would refuse every message");
+    }
+    Ok(ListenerConfig {
+        name: name.to_owned(),
+        role,
+        address,
+        tls,
+        auth,
+        require_auth,
+        plaintext_auth,
+        verify: s.bool_opt("VERIFY")?.unwrap_or(!submission),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(text: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(&Config::from_str_named(text, "test.conf")?)
+    }
+
+    #[test]
+    fn defaults_and_roles() {
+        let s = load(
+            "[pepsi]\nLOCAL_DOMAINS = Example.TEST\n\
+             [listener-mx]\nROLE = mx\nADDRESS = 127.0.0.1:2525\n\
+             [listener-sub]\nROLE = submission\nADDRESS = 127.0.0.1:2587\nTLS_CERT = c.pem\nTLS_KEY = k.pem\n",
+        )
+        .unwrap();
+        assert_eq!(s.local_domains, ["example.test"]);
+        assert_eq!(s.authserv_id, s.hostname);
+        let mx = s.listeners.iter().find(|l| l.name == "mx").unwrap();
+        assert!(!mx.auth && !mx.require_auth && mx.verify && mx.tls.is_none());
+        let sub = s.listeners.iter().find(|l| l.name == "sub").unwrap();
+        assert!(sub.auth && sub.require_auth && !sub.verify && !sub.plaintext_auth);
+    }
+
+    #[test]
+    fn refused_table() {
+        let base = "[listener-a]\nROLE = mx\nADDRESS = 127.0.0.1:1\n";
+        let cases: &[(&str, &str)] = &[
+            ("[pepsi-ingress]\nHOSTNAME = x\n", "no [listener-<name>]"),
+            (
+                "[listener-a]\nROLE = relay\nADDRESS = 127.0.0.1:1\n",
+                "ROLE",
+            ),
+            (
+                "[listener-a]\nROLE = mx\nADDRESS = localhost\n",
+                "\"localhost\"",
+            ),
+            (
+                "[listener-a]\nROLE = submissions\nADDRESS = 127.0.0.1:1\n",
+                "implicit TLS",
+            ),
+            (
+                "[listener-a]\nROLE = submission\nADDRESS = 127.0.0.1:1\n",
+                "STARTTLS",
+            ),
+            (
+                "[listener-a]\nROLE = mx\nADDRESS = 127.0.0.1:1\nTLS_CERT = c\n",
+                "go together",
+            ),
+            (
+                "[listener-a]\nROLE = mx\nADDRESS = 127.0.0.1:1\nREQUIRE_AUTH = yes\n",
+                "AUTH = no",
+            ),
+            ("[listener]\nROLE = mx\n", "named [listener-<name>]"),
+            (
+                &format!("{base}[listener-b]\nROLE = mx\nADDRESS = 127.0.0.1:1\n"),
+                "already used",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nDNS_SERVERS = dns.example\n"),
+                "dns.example",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nMAX_COMMAND_LENGTH = 100\n"),
+                "512",
+            ),
+        ];
+        for (text, needle) in cases {
+            let err = format!("{:#}", load(text).expect_err(text));
+            assert!(err.contains(needle), "{text:?}: {err}");
+        }
+        let s = load(&format!(
+            "{base}[pepsi-ingress]\nDNS_SERVERS = 127.0.0.1:5353 ::1\n"
+        ))
+        .unwrap();
+        assert_eq!(
+            s.dns.servers,
+            [
+                "127.0.0.1:5353".parse().unwrap(),
+                "[::1]:53".parse().unwrap()
+            ]
+        );
+    }
+}

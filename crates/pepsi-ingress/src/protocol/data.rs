@@ -1,0 +1,264 @@
+//! The message text of DATA and BDAT, checked byte by byte as it arrives. Pure: the
+//! session feeds it whatever the socket gave and it answers whether the data has ended.
+//!
+//! It must never recognise an end of data other than CRLF "." CRLF, and must never let a
+//! bare LF or a bare CR through: both are what SMTP smuggling relies on (a receiver that
+//! ends the data at LF "." LF sees commands where this server sees text). A problem does
+//! not stop the scan: the decoder keeps reading to the real end so that whatever follows
+//! the false end is swallowed as data, never run as commands, and the message is refused.
+
+/// Why received data is refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataProblem {
+    /// LF not preceded by CR.
+    BareLf,
+    /// CR not followed by LF.
+    BareCr,
+    /// Larger than the size limit; the rest was read and dropped.
+    TooBig,
+    /// A line longer than the line limit.
+    LineTooLong,
+}
+
+/// The result of feeding bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Feed {
+    /// All input consumed; the data goes on.
+    More,
+    /// The end-of-data line ended after `consumed` bytes of this input.
+    Done { consumed: usize },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum St {
+    LineStart,
+    Dot,
+    DotCr,
+    Mid,
+    Cr,
+}
+
+/// Decodes DATA (dot-stuffed, ends at CRLF.CRLF) or checks BDAT chunks (raw bytes).
+#[derive(Debug)]
+pub struct DataDecoder {
+    dot_stuffed: bool,
+    st: St,
+    out: Vec<u8>,
+    size: u64,
+    max_size: u64,
+    line_len: usize,
+    /// Longest line accepted, CRLF excluded.
+    max_line: usize,
+    problem: Option<DataProblem>,
+}
+
+impl DataDecoder {
+    /// A decoder for DATA. `max_line` counts the CRLF, as RFC 5321's 1000 does.
+    pub fn dot_stuffed(max_size: u64, max_line: usize) -> Self {
+        Self::new(true, max_size, max_line)
+    }
+
+    /// A checker for the chunks of one BDAT transaction.
+    pub fn raw(max_size: u64, max_line: usize) -> Self {
+        Self::new(false, max_size, max_line)
+    }
+
+    fn new(dot_stuffed: bool, max_size: u64, max_line: usize) -> Self {
+        DataDecoder {
+            dot_stuffed,
+            st: St::LineStart,
+            out: Vec::new(),
+            size: 0,
+            max_size,
+            line_len: 0,
+            max_line: max_line.saturating_sub(2),
+            problem: None,
+        }
+    }
+
+    /// The first problem seen, if any.
+    pub fn problem(&self) -> Option<DataProblem> {
+        self.problem
+    }
+
+    /// Size of the message so far (after un-stuffing), counting what was dropped.
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Checks that raw data ended on a line boundary; call after the last BDAT chunk.
+    pub fn finish_raw(&mut self) {
+        if self.st == St::Cr {
+            self.flag(DataProblem::BareCr);
+        }
+    }
+
+    /// The decoded message; empty once a problem was seen.
+    pub fn into_message(self) -> Vec<u8> {
+        self.out
+    }
+
+    fn flag(&mut self, problem: DataProblem) {
+        if self.problem.is_none() {
+            self.problem = Some(problem);
+        }
+        // Nothing of a refused message is kept.
+        self.out = Vec::new();
+    }
+
+    fn emit(&mut self, bytes: &[u8]) {
+        self.size += bytes.len() as u64;
+        if self.size > self.max_size {
+            self.flag(DataProblem::TooBig);
+        }
+        if self.problem.is_none() {
+            self.out.extend_from_slice(bytes);
+        }
+    }
+
+    fn text(&mut self, byte: u8) {
+        self.line_len += 1;
+        if self.line_len > self.max_line {
+            self.flag(DataProblem::LineTooLong);
+        }
+        self.emit(&[byte]);
+        self.st = St::Mid;
+    }
+
+    fn line_end(&mut self) {
+        self.emit(b"\r\n");
+        self.line_len = 0;
+        self.st = St::LineStart;
+    }
+
+    /// Consumes `input`.
+    pub fn feed(&mut self, input: &[u8]) -> Feed {
+        for (i, &b) in input.iter().enumerate() {
+            match (self.st, b) {
+                (St::LineStart, b'.') if self.dot_stuffed => self.st = St::Dot,
+                (St::Dot, b'\r') => self.st = St::DotCr,
+                (St::DotCr, b'\n') => return Feed::Done { consumed: i + 1 },
+                (St::Dot, b'\n') => {
+                    // LF "." LF / CRLF "." LF: the classic smuggling ends.
+                    self.flag(DataProblem::BareLf);
+                    self.line_len = 0;
+                    self.st = St::LineStart;
+                }
+                (St::DotCr, _) => {
+                    // CRLF "." CR x: the dot was a line of its own text with a bare CR.
+                    self.flag(DataProblem::BareCr);
+                    self.st = St::Mid;
+                    self.byte_in_line(b);
+                }
+                // A stuffed leading dot is dropped; the byte after it is text.
+                (St::Dot, _) => self.byte_in_line(b),
+                (St::Cr, b'\n') => self.line_end(),
+                (St::Cr, _) => {
+                    self.flag(DataProblem::BareCr);
+                    self.st = St::Mid;
+                    self.byte_in_line(b);
+                }
+                (St::LineStart | St::Mid, _) => self.byte_in_line(b),
+            }
+        }
+        Feed::More
+    }
+
+    fn byte_in_line(&mut self, b: u8) {
+        match b {
+            b'\r' => self.st = St::Cr,
+            b'\n' => {
+                self.flag(DataProblem::BareLf);
+                self.line_len = 0;
+                self.st = St::LineStart;
+            }
+            _ => self.text(b),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Feeds `input` one byte at a time and all at once; both must agree.
+    fn check(input: &[u8], expected: Result<(&[u8], usize), Option<DataProblem>>) {
+        for split in [1usize, input.len().max(1)] {
+            let mut dec = DataDecoder::dot_stuffed(64, 20);
+            let mut done = None;
+            let mut offset = 0;
+            for chunk in input.chunks(split) {
+                if let Feed::Done { consumed } = dec.feed(chunk) {
+                    done = Some(offset + consumed);
+                    break;
+                }
+                offset += chunk.len();
+            }
+            let got = match (done, dec.problem()) {
+                (Some(at), None) => Ok((dec.into_message(), at)),
+                (Some(_), Some(p)) => Err(Some(p)),
+                (None, p) => Err(p),
+            };
+            let want = expected.map(|(m, at)| (m.to_vec(), at));
+            assert_eq!(
+                got,
+                want,
+                "{:?} fed in chunks of {split}",
+                String::from_utf8_lossy(input)
+            );
+        }
+    }
+
+    #[test]
+    fn data_table() {
+        check(b".\r\n", Ok((b"", 3)));
+        check(b"a\r\n.\r\nMAIL", Ok((b"a\r\n", 6)));
+        check(b"..x\r\n.\r\n", Ok((b".x\r\n", 8)));
+        check(b"a\r\n..\r\n.\r\n", Ok((b"a\r\n.\r\n", 10)));
+        check(b"a\r\n\r\n.\r\n", Ok((b"a\r\n\r\n", 8)));
+        // Not an end: the data goes on.
+        check(b"a\r\n.x\r\n", Err(None));
+        // Smuggling sequences: each refused, and the scan goes on to the real end.
+        check(b"a\n.\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
+        check(b"a\r\n.\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
+        check(b"a\n.\r\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
+        check(b"a\r.\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
+        check(b"a\r\n.\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
+        check(b"a\r\n.\r\r\n.\r\n", Err(Some(DataProblem::BareCr)));
+        check(b"a\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
+        check(b"a\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
+        // Limits: 20 octets a line including CRLF, 64 octets a message.
+        check(
+            b"123456789012345678\r\n.\r\n",
+            Ok((b"123456789012345678\r\n", 23)),
+        );
+        check(
+            b"1234567890123456789\r\n.\r\n",
+            Err(Some(DataProblem::LineTooLong)),
+        );
+        let big = [b"0123456789\r\n".as_slice(); 6].concat();
+        check(
+            &[big.as_slice(), b".\r\n"].concat(),
+            Err(Some(DataProblem::TooBig)),
+        );
+    }
+
+    #[test]
+    fn raw_chunks() {
+        let mut dec = DataDecoder::raw(100, 1000);
+        assert_eq!(dec.feed(b"a\r"), Feed::More);
+        assert_eq!(dec.feed(b"\n.\r\nb\r\n"), Feed::More);
+        dec.finish_raw();
+        assert_eq!(dec.problem(), None);
+        assert_eq!(dec.into_message(), b"a\r\n.\r\nb\r\n");
+
+        let mut dec = DataDecoder::raw(100, 1000);
+        dec.feed(b"a\r");
+        dec.finish_raw();
+        assert_eq!(dec.problem(), Some(DataProblem::BareCr));
+
+        let mut dec = DataDecoder::raw(100, 1000);
+        dec.feed(b"a\nb");
+        assert_eq!(dec.problem(), Some(DataProblem::BareLf));
+    }
+}

@@ -1,0 +1,219 @@
+//! The process around the sessions: binding the listeners, accepting connections under the
+//! global and per-client limits, implicit TLS for `submissions`, SIGHUP certificate
+//! reload, and the graceful shutdown (stop accepting; idle sessions get 421; sessions in
+//! DATA may finish within SHUTDOWN_GRACE; whatever is left is dropped, which stores
+//! nothing because a message is stored by one atomic statement).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use pepsi_common::config::Config;
+use sqlx::PgPool;
+use tokio::io::AsyncWriteExt as _;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{Semaphore, watch};
+use tokio::task::JoinSet;
+
+use crate::config::{ListenerConfig, Role, Settings};
+use crate::limits::ClientLimiter;
+use crate::protocol::Reply;
+use crate::session::conn::{Conn, Stream};
+use crate::session::{Session, TlsInfo};
+use crate::tls::TlsHandle;
+use crate::verify::Verifier;
+use crate::wake::{self, Waker};
+
+/// What every session shares.
+pub struct Shared {
+    pub settings: Settings,
+    pub pool: PgPool,
+    pub waker: Waker,
+    pub verifier: Option<Verifier>,
+    pub limiter: Arc<ClientLimiter>,
+    pub connections: Arc<Semaphore>,
+    pub shutdown: watch::Receiver<bool>,
+}
+
+/// A listener's configuration and its certificate, if any.
+pub struct Listener {
+    pub config: ListenerConfig,
+    pub tls: Option<Arc<TlsHandle>>,
+}
+
+/// Runs the ingress until SIGTERM or SIGINT.
+pub async fn serve(file_config: Config) -> anyhow::Result<()> {
+    // Validate the file before touching the network, so a typo fails fast.
+    Settings::from_config(&file_config)?;
+    let pool = pepsi_common::db::connect(&file_config).await?;
+    // The global overlay may tune [pepsi-ingress]; listener sections are never taken from
+    // the database (the configuration layer refuses them).
+    let config = file_config
+        .with_db_overlay(&pool, &pepsi_common::config::Scope::Global)
+        .await
+        .context("cannot read the configuration overrides")?;
+    let settings = Settings::from_config(&config)?;
+
+    let mut listeners = Vec::new();
+    for l in &settings.listeners {
+        let tls = match &l.tls {
+            Some(files) => Some(Arc::new(
+                TlsHandle::load(files).with_context(|| format!("[listener-{}]", l.name))?,
+            )),
+            None => None,
+        };
+        let socket = TcpListener::bind(l.address)
+            .await
+            .with_context(|| format!("[listener-{}] cannot listen on {}", l.name, l.address))?;
+        tracing::info!(listener = %l.name, role = l.role.as_str(), address = %l.address, "listening");
+        listeners.push((
+            Arc::new(Listener {
+                config: l.clone(),
+                tls,
+            }),
+            socket,
+        ));
+    }
+    let verifier = if settings.listeners.iter().any(|l| l.verify) {
+        Some(Verifier::new(
+            &settings.dns,
+            &settings.authserv_id,
+            &settings.hostname,
+        )?)
+    } else {
+        None
+    };
+
+    let (stop, stopped) = watch::channel(false);
+    let (waker, wake_task) = wake::spawn(
+        pool.clone(),
+        settings.dispatch_wake_interval,
+        stopped.clone(),
+    );
+    let shared = Arc::new(Shared {
+        connections: Arc::new(Semaphore::new(settings.max_connections)),
+        settings,
+        pool,
+        waker,
+        verifier,
+        limiter: Arc::new(ClientLimiter::default()),
+        shutdown: stopped,
+    });
+    let tls_handles: Vec<Arc<TlsHandle>> = listeners
+        .iter()
+        .filter_map(|(l, _)| l.tls.clone())
+        .collect();
+    let mut loops = JoinSet::new();
+    for (listener, socket) in listeners {
+        loops.spawn(accept_loop(shared.clone(), listener, socket));
+    }
+
+    let mut hup = signal(SignalKind::hangup()).context("cannot install the SIGHUP handler")?;
+    let mut term = signal(SignalKind::terminate()).context("cannot install the SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("cannot install the SIGINT handler")?;
+    loop {
+        tokio::select! {
+            _ = hup.recv() => {
+                for handle in &tls_handles {
+                    match handle.reload() {
+                        Ok(()) => tracing::info!(cert = %handle.files().cert.display(), "certificate reloaded"),
+                        Err(e) => tracing::error!("certificate reload failed, keeping the old one: {e:#}"),
+                    }
+                }
+            }
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+        }
+    }
+    tracing::info!("shutting down: no new connections");
+    let _ = stop.send(true);
+    while loops.join_next().await.is_some() {}
+    let _ = wake_task.await;
+    shared.pool.close().await;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: Arc<Listener>, socket: TcpListener) {
+    let mut sessions = JoinSet::new();
+    let mut shutdown = shared.shutdown.clone();
+    loop {
+        tokio::select! {
+            accepted = socket.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    sessions.spawn(handle(shared.clone(), listener.clone(), tcp, peer));
+                }
+                Err(e) => {
+                    // Out of file descriptors and the like: pause rather than spin.
+                    tracing::warn!(listener = %listener.config.name, "accept failed: {e}");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            },
+            _ = wake::stopped(&mut shutdown) => break,
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => {}
+        }
+    }
+    drop(socket);
+    let grace = shared.settings.shutdown_grace;
+    let drained = tokio::time::timeout(grace, async {
+        while sessions.join_next().await.is_some() {}
+    })
+    .await;
+    if drained.is_err() {
+        tracing::warn!(listener = %listener.config.name, left = sessions.len(), "shutdown grace over, dropping sessions");
+        sessions.abort_all();
+        while sessions.join_next().await.is_some() {}
+    }
+}
+
+async fn refuse(mut tcp: TcpStream, reply: Reply) {
+    let _ = tcp.write_all(reply.render().as_bytes()).await;
+    let _ = tcp.shutdown().await;
+}
+
+async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, peer: SocketAddr) {
+    let _ = tcp.set_nodelay(true);
+    let Ok(_permit) = shared.connections.clone().try_acquire_owned() else {
+        return refuse(
+            tcp,
+            Reply::new(421, "4.7.0", "too many connections, try again later"),
+        )
+        .await;
+    };
+    let Some(_slot) = shared
+        .limiter
+        .acquire(peer.ip(), shared.settings.max_connections_per_client)
+    else {
+        tracing::info!(%peer, "too many connections from this address");
+        return refuse(
+            tcp,
+            Reply::new(
+                421,
+                "4.7.0",
+                format!("too many connections from {}", peer.ip()),
+            ),
+        )
+        .await;
+    };
+    let (stream, tls) = match (listener.config.role, &listener.tls) {
+        (Role::Submissions, Some(handle)) => {
+            let timeout = shared.settings.tls_handshake_timeout;
+            match tokio::time::timeout(timeout, handle.acceptor().accept(tcp)).await {
+                Ok(Ok(s)) => {
+                    let (version, cipher) = crate::tls::describe(s.get_ref().1);
+                    (Stream::Tls(Box::new(s)), Some(TlsInfo { version, cipher }))
+                }
+                Ok(Err(e)) => {
+                    tracing::info!(%peer, "TLS handshake failed: {e}");
+                    return;
+                }
+                Err(_) => return,
+            }
+        }
+        _ => (Stream::Plain(tcp), None),
+    };
+    Session::new(shared, listener, Conn::new(stream), peer, tls)
+        .run()
+        .await;
+}

@@ -1,0 +1,219 @@
+//! DATA and BDAT, and the end of a transaction: check the text, authenticate the message,
+//! prepend the trace headers, store it, and only then say 250.
+
+use serde_json::json;
+
+use super::conn::End;
+use super::{Session, State, Transaction};
+use crate::headers::{Trace, received, strip_forged_results};
+use crate::protocol::Reply;
+use crate::protocol::data::{DataDecoder, DataProblem, Feed};
+use crate::store::{Admission, admit};
+
+impl Session {
+    pub(super) async fn data(&mut self) -> Result<Reply, End> {
+        let tx = match std::mem::replace(&mut self.state, State::Connected) {
+            State::Rcpt(tx) => tx,
+            other => {
+                let reply = match &other {
+                    State::Mail(_) => Reply::new(554, "5.5.1", "no valid recipients"),
+                    State::Chunking(..) => Reply::new(503, "5.5.1", "DATA cannot follow BDAT"),
+                    _ => Reply::new(503, "5.5.1", "send MAIL and RCPT before DATA"),
+                };
+                self.state = other;
+                return Ok(reply);
+            }
+        };
+        self.conn.reply(&Reply::new(
+            354,
+            "",
+            "start mail input; end with <CRLF>.<CRLF>",
+        ));
+        let s = &self.shared.settings;
+        let mut dec = DataDecoder::dot_stuffed(s.max_message_size, s.max_line_length);
+        let timeout = s.data_timeout;
+        loop {
+            let pending = self.conn.buffered();
+            match dec.feed(pending) {
+                Feed::Done { consumed } => {
+                    self.conn.consume(consumed);
+                    break;
+                }
+                Feed::More => {
+                    let n = pending.len();
+                    self.conn.consume(n);
+                    self.conn.fill(timeout).await?;
+                }
+            }
+        }
+        Ok(self.finish(tx, dec).await)
+    }
+
+    pub(super) async fn bdat(&mut self, size: u64, last: bool) -> Result<Reply, End> {
+        let s = &self.shared.settings;
+        let (max_size, max_line, timeout) = (s.max_message_size, s.max_line_length, s.data_timeout);
+        let (tx, mut dec) = match std::mem::replace(&mut self.state, State::Connected) {
+            State::Rcpt(tx) => (Some(tx), DataDecoder::raw(max_size, max_line)),
+            State::Chunking(tx, dec) => (Some(tx), dec),
+            other => {
+                self.state = other;
+                (None, DataDecoder::raw(0, max_line))
+            }
+        };
+        // The chunk follows the command at once (RFC 3030), so it is read whatever the
+        // verdict; the decoder keeps nothing beyond the size limit.
+        let mut left = size;
+        while left > 0 {
+            if self.conn.buffered().is_empty() {
+                self.conn.fill(timeout).await?;
+            }
+            let pending = self.conn.buffered();
+            let take = pending
+                .len()
+                .min(usize::try_from(left).unwrap_or(usize::MAX));
+            dec.feed(&pending[..take]);
+            self.conn.consume(take);
+            left -= take as u64;
+        }
+        let Some(tx) = tx else {
+            let reply = match self.state {
+                State::Mail(_) => Reply::new(554, "5.5.1", "no valid recipients"),
+                _ => Reply::new(503, "5.5.1", "send MAIL and RCPT before BDAT"),
+            };
+            return Ok(reply);
+        };
+        if !last {
+            self.state = State::Chunking(tx, dec);
+            return Ok(Reply::new(250, "2.0.0", format!("{size} octets received")));
+        }
+        dec.finish_raw();
+        Ok(self.finish(tx, dec).await)
+    }
+
+    /// Ends the transaction: refuses data with a problem, stores the rest.
+    async fn finish(&mut self, tx: Transaction, dec: DataDecoder) -> Reply {
+        self.state = State::Greeted;
+        let s = &self.shared.settings;
+        if let Some(problem) = dec.problem() {
+            tracing::info!(peer = %self.peer, ?problem, "message refused");
+            return match problem {
+                DataProblem::BareLf => Reply::new(
+                    554,
+                    "5.6.0",
+                    "bare LF in the message text; lines must end in CRLF",
+                ),
+                DataProblem::BareCr => Reply::new(
+                    554,
+                    "5.6.0",
+                    "bare CR in the message text; lines must end in CRLF",
+                ),
+                DataProblem::TooBig => Reply::new(
+                    552,
+                    "5.3.4",
+                    format!("message exceeds the limit of {} octets", s.max_message_size),
+                ),
+                DataProblem::LineTooLong => Reply::new(
+                    554,
+                    "5.6.0",
+                    format!("a line exceeds the limit of {} octets", s.max_line_length),
+                ),
+            };
+        }
+        let message = dec.into_message();
+        match self.store(&tx, &message).await {
+            Ok(id) => {
+                self.shared.waker.request();
+                tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size = message.len(), "queued");
+                Reply::new(250, "2.0.0", format!("queued as {id}"))
+            }
+            Err(e) => {
+                tracing::warn!(peer = %self.peer, "cannot store the message: {e}");
+                Reply::new(
+                    451,
+                    "4.3.0",
+                    "temporary failure storing the message, try again later",
+                )
+            }
+        }
+    }
+
+    async fn store(&mut self, tx: &Transaction, message: &[u8]) -> Result<i64, sqlx::Error> {
+        let s = &self.shared.settings;
+        let ip = self.peer.ip();
+        let helo = self.helo.clone().unwrap_or_default();
+        let mail_from = tx.from.clone().unwrap_or_default();
+        let verdict = match (&self.shared.verifier, self.listener.config.verify) {
+            (Some(verifier), true) => {
+                if self.iprev.is_none() {
+                    self.iprev = Some(verifier.iprev(ip).await);
+                }
+                let iprev = self.iprev.as_ref().expect("set above");
+                Some(verifier.check(ip, &helo, &mail_from, iprev, message).await)
+            }
+            _ => None,
+        };
+        let iprev = self.iprev.as_ref().map(crate::verify::iprev_json);
+        let ptr = iprev
+            .as_ref()
+            .and_then(|v| v["name"].as_str().map(str::to_owned));
+        let (headers, body) = pepsi_common::message::split(message);
+        let date = chrono::Local::now().to_rfc2822();
+        let trace = received(&Trace {
+            helo: &helo,
+            ptr: ptr.as_deref(),
+            client_ip: ip,
+            hostname: &s.hostname,
+            esmtp: self.esmtp,
+            utf8: tx.params.smtputf8,
+            tls: self
+                .tls
+                .as_ref()
+                .map(|t| (t.version.as_str(), t.cipher.as_str())),
+            authenticated: self.auth_user.is_some(),
+            single_rcpt: (tx.rcpts.len() == 1).then(|| tx.rcpts[0].as_str()),
+            date: &date,
+        });
+        let kept = strip_forged_results(headers, &s.authserv_id);
+        let mut stored_headers = Vec::with_capacity(trace.len() + 512 + kept.len());
+        stored_headers.extend_from_slice(trace.as_bytes());
+        if let Some(v) = &verdict {
+            stored_headers.extend_from_slice(v.header.as_bytes());
+        }
+        stored_headers.extend_from_slice(&kept);
+        let mut state = json!({
+            "origin": {
+                "client_addr": ip.to_string(),
+                "helo": helo,
+                "esmtp": self.esmtp,
+                "smtputf8": tx.params.smtputf8,
+                "body": tx.params.body,
+                "tls": self.tls.as_ref().map(|t| json!({"version": t.version, "cipher": t.cipher})),
+                "listener": self.listener.config.name,
+                "iprev": iprev,
+                "authserv_id": s.authserv_id,
+                "auth_user": self.auth_user,
+            },
+            "dsn": {
+                "ret": tx.params.ret,
+                "envid": tx.params.envid,
+                "rcpt": tx.rcpt_params,
+            },
+        });
+        if let Some(v) = verdict {
+            state["auth"] = v.state;
+        }
+        admit(
+            &self.shared.pool,
+            &Admission {
+                mail_from: &mail_from,
+                rcpt_to: &tx.rcpts,
+                headers: &stored_headers,
+                body,
+                state: &state,
+                auth_user: self.auth_user.as_deref(),
+                client_addr: ip,
+            },
+        )
+        .await
+    }
+}

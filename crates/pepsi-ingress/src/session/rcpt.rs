@@ -1,0 +1,95 @@
+//! RCPT TO: relay control, the recipient limit, the optional mailbox check, and the
+//! RFC 3461 parameters kept for `state.dsn`.
+
+use super::{Session, State};
+use crate::protocol::Reply;
+use crate::protocol::address::Path;
+use crate::protocol::command::Param;
+use crate::protocol::params::rcpt_params;
+use crate::relay::{RcptDecision, decide};
+
+impl Session {
+    pub(super) async fn rcpt(&mut self, to: Path, params: Vec<Param>) -> Reply {
+        let mut tx = match std::mem::replace(&mut self.state, State::Connected) {
+            State::Mail(tx) | State::Rcpt(tx) => tx,
+            other => {
+                self.state = other;
+                return Reply::new(503, "5.5.1", "send MAIL before RCPT");
+            }
+        };
+        let reply = self.check_rcpt(&mut tx, to, params).await;
+        self.state = if tx.rcpts.is_empty() {
+            State::Mail(tx)
+        } else {
+            State::Rcpt(tx)
+        };
+        reply
+    }
+
+    async fn check_rcpt(
+        &mut self,
+        tx: &mut super::Transaction,
+        to: Path,
+        params: Vec<Param>,
+    ) -> Reply {
+        let s = &self.shared.settings;
+        if tx.rcpts.len() >= s.max_recipients {
+            return Reply::new(
+                452,
+                "4.5.3",
+                format!("too many recipients (limit {})", s.max_recipients),
+            );
+        }
+        let params = match rcpt_params(&params) {
+            Ok(p) => p,
+            Err(reply) => return reply,
+        };
+        if to.is_utf8() && !tx.params.smtputf8 {
+            return Reply::new(553, "5.6.7", "a UTF-8 address needs SMTPUTF8 on MAIL FROM");
+        }
+        let Some(mut address) = to.address.clone() else {
+            return Reply::new(501, "5.1.3", "no recipient address");
+        };
+        let domain = to.domain();
+        let decision = decide(
+            domain.as_deref(),
+            &s.local_domains,
+            self.auth_user.is_some(),
+        );
+        if domain.is_none() {
+            // The bare <postmaster> must always be accepted (RFC 5321 §4.5.1).
+            match s.local_domains.first() {
+                Some(d) => address = format!("postmaster@{d}"),
+                None => {
+                    return Reply::new(550, "5.1.1", "no local domain to deliver <postmaster> to");
+                }
+            }
+        }
+        match decision {
+            RcptDecision::Refuse => {
+                tracing::info!(peer = %self.peer, rcpt = %address, "relay attempt refused");
+                return Reply::new(554, "5.7.1", format!("relay access denied for <{address}>"));
+            }
+            RcptDecision::Local if s.check_recipients && domain.is_some() => {
+                match crate::accounts::mailbox_exists(&self.shared.pool, &address).await {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        return Reply::new(550, "5.1.1", format!("no such mailbox <{address}>"));
+                    }
+                    Err(e) => {
+                        tracing::warn!("mailbox check for {address} failed: {e}");
+                        return Reply::new(
+                            451,
+                            "4.3.0",
+                            "temporary failure checking the recipient",
+                        );
+                    }
+                }
+            }
+            RcptDecision::Local | RcptDecision::Relay => {}
+        }
+        tx.rcpts.push(address);
+        tx.rcpt_params.push(params);
+        Reply::new(250, "2.1.5", "recipient ok")
+    }
+}

@@ -1,0 +1,100 @@
+//! Server certificates: loading a listener's PEM chain and key into a rustls configuration
+//! (aws-lc-rs, the one crypto provider of the workspace), and swapping it on SIGHUP so a
+//! renewed certificate takes effect without dropping a session. A reload that fails keeps
+//! the previous certificate and says why.
+
+use std::io::BufReader;
+use std::sync::{Arc, RwLock};
+
+use anyhow::{Context as _, bail};
+use rustls::ServerConfig;
+use tokio_rustls::TlsAcceptor;
+
+use crate::config::TlsFiles;
+
+/// A listener's current TLS configuration.
+#[derive(Debug)]
+pub struct TlsHandle {
+    files: TlsFiles,
+    current: RwLock<Arc<ServerConfig>>,
+}
+
+impl TlsHandle {
+    pub fn load(files: &TlsFiles) -> anyhow::Result<TlsHandle> {
+        Ok(TlsHandle {
+            files: files.clone(),
+            current: RwLock::new(Arc::new(build(files)?)),
+        })
+    }
+
+    /// Re-reads the files; on failure the old configuration stays.
+    pub fn reload(&self) -> anyhow::Result<()> {
+        let fresh = Arc::new(build(&self.files)?);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = fresh;
+        Ok(())
+    }
+
+    /// An acceptor with the configuration current at this moment.
+    pub fn acceptor(&self) -> TlsAcceptor {
+        TlsAcceptor::from(
+            self.current
+                .read()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        )
+    }
+
+    pub fn files(&self) -> &TlsFiles {
+        &self.files
+    }
+}
+
+fn build(files: &TlsFiles) -> anyhow::Result<ServerConfig> {
+    let cert_file = std::fs::File::open(&files.cert)
+        .with_context(|| format!("cannot open certificate {}", files.cert.display()))?;
+    let certs = rustls_pemfile::certs(&mut BufReader::new(cert_file))
+        .collect::<Result<Vec<_>, _>>()
+        .with_context(|| format!("cannot read certificate {}", files.cert.display()))?;
+    if certs.is_empty() {
+        bail!("{} holds no PEM certificate", files.cert.display());
+    }
+    let key_file = std::fs::File::open(&files.key)
+        .with_context(|| format!("cannot open key {}", files.key.display()))?;
+    let key = rustls_pemfile::private_key(&mut BufReader::new(key_file))
+        .with_context(|| format!("cannot read key {}", files.key.display()))?
+        .with_context(|| format!("{} holds no PEM private key", files.key.display()))?;
+    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
+    let config = ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .context("TLS protocol versions")?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .with_context(|| {
+            format!(
+                "certificate {} and key {} do not go together",
+                files.cert.display(),
+                files.key.display()
+            )
+        })?;
+    Ok(config)
+}
+
+/// RFC-style names for the negotiated version (`TLSv1.3`) and cipher suite.
+pub fn describe(conn: &rustls::ServerConnection) -> (String, String) {
+    let version = match conn.protocol_version() {
+        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
+        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
+        Some(other) => format!("{other:?}"),
+        None => "unknown".to_owned(),
+    };
+    let cipher = conn
+        .negotiated_cipher_suite()
+        .map(|s| {
+            let suite = s.suite();
+            suite
+                .as_str()
+                .map_or_else(|| format!("{suite:?}"), str::to_owned)
+        })
+        .unwrap_or_else(|| "unknown".to_owned());
+    (version, cipher)
+}

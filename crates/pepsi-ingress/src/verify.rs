@@ -1,0 +1,280 @@
+//! Message authentication at the door: iprev, SPF (HELO and MAIL FROM), DKIM, ARC and
+//! DMARC with `mail-auth`, over a hickory resolver whose servers the configuration names
+//! (`DNS_SERVERS`), so a test can point it at a DNS server of its own.
+//!
+//! The verdicts become one `Authentication-Results` field and the `state.auth` object;
+//! the mapping from verdicts to JSON is pure and tested as a table.
+
+use std::net::IpAddr;
+
+use mail_auth::hickory_resolver::config::{
+    NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
+};
+use mail_auth::{
+    AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcResult, IprevOutput,
+    IprevResult, MessageAuthenticator, SpfOutput, SpfResult, common::headers::HeaderWriter as _,
+    dmarc::Policy, dmarc::verify::DmarcParameters, spf::verify::SpfParameters,
+};
+use serde_json::{Value, json};
+
+use crate::config::DnsSettings;
+
+/// The resolver and the names the verdicts are issued under.
+pub struct Verifier {
+    auth: MessageAuthenticator,
+    authserv_id: String,
+    hostname: String,
+}
+
+/// The verdicts for one message.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    /// `Authentication-Results: …` CRLF.
+    pub header: String,
+    /// `state.auth`.
+    pub state: Value,
+}
+
+impl Verifier {
+    pub fn new(dns: &DnsSettings, authserv_id: &str, hostname: &str) -> anyhow::Result<Verifier> {
+        let (config, mut opts) = if dns.servers.is_empty() {
+            let (c, o) =
+                mail_auth::hickory_resolver::system_conf::read_system_conf().map_err(|e| {
+                    anyhow::anyhow!("cannot read the system resolver configuration: {e}")
+                })?;
+            (c, o)
+        } else {
+            let servers = dns
+                .servers
+                .iter()
+                .map(|addr| {
+                    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+                    for c in &mut ns.connections {
+                        c.port = addr.port();
+                    }
+                    ns
+                })
+                .collect();
+            (
+                ResolverConfig::from_name_servers(servers),
+                ResolverOpts::default(),
+            )
+        };
+        opts.timeout = dns.timeout;
+        opts.attempts = 2;
+        // Verdicts come from the DNS alone; a local hosts file is not a domain's word.
+        opts.use_hosts_file = ResolveHosts::Never;
+        let auth = MessageAuthenticator::new(config, opts)
+            .map_err(|e| anyhow::anyhow!("cannot set up the DNS resolver: {e}"))?;
+        Ok(Verifier {
+            auth,
+            authserv_id: authserv_id.to_owned(),
+            hostname: hostname.to_owned(),
+        })
+    }
+
+    /// Reverse DNS with forward confirmation (RFC 8601 §3 iprev).
+    pub async fn iprev(&self, ip: IpAddr) -> IprevOutput {
+        self.auth.verify_iprev(ip).await
+    }
+
+    /// Checks one message. `mail_from` is empty for the null sender.
+    pub async fn check(
+        &self,
+        ip: IpAddr,
+        helo: &str,
+        mail_from: &str,
+        iprev: &IprevOutput,
+        raw: &[u8],
+    ) -> Verdict {
+        // An address literal in HELO names no domain to check.
+        let helo_is_domain = !helo.starts_with('[');
+        let spf_helo = if helo_is_domain {
+            self.auth
+                .verify_spf(SpfParameters::verify_ehlo(ip, helo, &self.hostname))
+                .await
+        } else {
+            SpfOutput::new(helo.to_owned())
+        };
+        let spf_mail = if mail_from.is_empty() {
+            spf_helo.clone()
+        } else {
+            self.auth
+                .verify_spf(SpfParameters::verify_mail_from(
+                    ip,
+                    helo,
+                    &self.hostname,
+                    mail_from,
+                ))
+                .await
+        };
+        let mail_domain = mail_from
+            .rsplit_once('@')
+            .map_or(helo, |(_, d)| d)
+            .to_ascii_lowercase();
+        let mut results = AuthenticationResults::new(&self.authserv_id)
+            .with_iprev_result(iprev, ip)
+            .with_spf_ehlo_result(&spf_helo, ip, helo)
+            .with_spf_mailfrom_result(&spf_mail, ip, mail_from, helo);
+        let mut state = json!({
+            "spf": {
+                "result": spf_name(spf_mail.result()),
+                "domain": mail_domain,
+                "helo": {"result": spf_name(spf_helo.result()), "domain": helo},
+            },
+            "dkim": [],
+            "dmarc": {"result": "none"},
+            "arc": {"result": "none"},
+        });
+        if let Some(message) = AuthenticatedMessage::parse(raw) {
+            let dkim = self.auth.verify_dkim(&message).await;
+            let arc = self.auth.verify_arc(&message).await;
+            let dmarc = self
+                .auth
+                .verify_dmarc(DmarcParameters::new(
+                    &message,
+                    &dkim,
+                    &mail_domain,
+                    &spf_mail,
+                ))
+                .await;
+            let header_from = message.from();
+            results = results
+                .with_dkim_results(&dkim, header_from)
+                .with_arc_result(&arc, ip)
+                .with_dmarc_result(&dmarc);
+            state["dkim"] = dkim.iter().map(dkim_json).collect();
+            state["arc"] = dkim_result_json(arc.result());
+            state["dmarc"] = dmarc_json(&dmarc.result(), dmarc.domain(), dmarc.policy());
+        }
+        Verdict {
+            header: results.to_header(),
+            state,
+        }
+    }
+}
+
+/// The verified reverse name for `state.origin.iprev` and the Received field.
+pub fn iprev_json(out: &IprevOutput) -> Value {
+    let name = match out.result {
+        IprevResult::Pass => out
+            .ptr
+            .as_ref()
+            .and_then(|p| p.first())
+            .map(|n| n.trim_end_matches('.').to_owned()),
+        _ => None,
+    };
+    json!({"result": iprev_name(&out.result), "name": name})
+}
+
+pub fn spf_name(r: SpfResult) -> &'static str {
+    match r {
+        SpfResult::Pass => "pass",
+        SpfResult::Fail => "fail",
+        SpfResult::SoftFail => "softfail",
+        SpfResult::Neutral => "neutral",
+        SpfResult::TempError => "temperror",
+        SpfResult::PermError => "permerror",
+        SpfResult::None => "none",
+    }
+}
+
+fn iprev_name(r: &IprevResult) -> &'static str {
+    match r {
+        IprevResult::Pass => "pass",
+        IprevResult::Fail(_) => "fail",
+        IprevResult::TempError(_) => "temperror",
+        IprevResult::PermError(_) => "permerror",
+        IprevResult::None => "none",
+    }
+}
+
+fn dkim_result_json(r: &DkimResult) -> Value {
+    let (name, reason) = match r {
+        DkimResult::Pass => ("pass", None),
+        DkimResult::Neutral(e) => ("neutral", Some(e)),
+        DkimResult::Fail(e) => ("fail", Some(e)),
+        DkimResult::PermError(e) => ("permerror", Some(e)),
+        DkimResult::TempError(e) => ("temperror", Some(e)),
+        DkimResult::None => ("none", None),
+    };
+    match reason {
+        Some(e) => json!({"result": name, "reason": e.to_string()}),
+        None => json!({"result": name}),
+    }
+}
+
+fn dkim_json(out: &DkimOutput<'_>) -> Value {
+    let mut v = dkim_result_json(out.result());
+    if let Some(sig) = out.signature() {
+        v["domain"] = json!(sig.d.to_ascii_lowercase());
+        v["selector"] = json!(sig.s);
+    }
+    v
+}
+
+fn dmarc_json(r: &DmarcResult, domain: &str, policy: Policy) -> Value {
+    let (name, reason) = match r {
+        DmarcResult::Pass => ("pass", None),
+        DmarcResult::Fail(e) => ("fail", Some(e.to_string())),
+        DmarcResult::TempError(e) => ("temperror", Some(e.to_string())),
+        DmarcResult::PermError(e) => ("permerror", Some(e.to_string())),
+        DmarcResult::None => ("none", None),
+    };
+    let policy = match policy {
+        Policy::Reject => "reject",
+        Policy::Quarantine => "quarantine",
+        Policy::None | Policy::Unspecified => "none",
+    };
+    let mut v = json!({"result": name, "domain": domain.to_ascii_lowercase(), "policy": policy});
+    if let Some(reason) = reason {
+        v["reason"] = json!(reason);
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn result_names() {
+        let spf = [
+            (SpfResult::Pass, "pass"),
+            (SpfResult::Fail, "fail"),
+            (SpfResult::SoftFail, "softfail"),
+            (SpfResult::Neutral, "neutral"),
+            (SpfResult::TempError, "temperror"),
+            (SpfResult::PermError, "permerror"),
+            (SpfResult::None, "none"),
+        ];
+        for (r, name) in spf {
+            assert_eq!(spf_name(r), name);
+        }
+        assert_eq!(
+            dkim_result_json(&DkimResult::Pass),
+            json!({"result": "pass"})
+        );
+        assert_eq!(
+            dkim_result_json(&DkimResult::Fail(mail_auth::Error::NotAligned))["result"],
+            "fail"
+        );
+        assert_eq!(
+            dmarc_json(&DmarcResult::None, "Example.ORG", Policy::Reject),
+            json!({"result": "none", "domain": "example.org", "policy": "reject"})
+        );
+        let pass = IprevOutput {
+            result: IprevResult::Pass,
+            ptr: Some(vec!["mail.example.org.".into()].into()),
+        };
+        assert_eq!(
+            iprev_json(&pass),
+            json!({"result": "pass", "name": "mail.example.org"})
+        );
+        let none = IprevOutput {
+            result: IprevResult::None,
+            ptr: None,
+        };
+        assert_eq!(iprev_json(&none), json!({"result": "none", "name": null}));
+    }
+}
