@@ -141,8 +141,7 @@ impl DataDecoder {
                 (St::Dot, b'\n') => {
                     // LF "." LF / CRLF "." LF: the classic smuggling ends.
                     self.flag(DataProblem::BareLf);
-                    self.line_len = 0;
-                    self.st = St::LineStart;
+                    self.after_bare_lf();
                 }
                 (St::DotCr, _) => {
                     // CRLF "." CR x: the dot was a line of its own text with a bare CR.
@@ -169,11 +168,17 @@ impl DataDecoder {
             b'\r' => self.st = St::Cr,
             b'\n' => {
                 self.flag(DataProblem::BareLf);
-                self.line_len = 0;
-                self.st = St::LineStart;
+                self.after_bare_lf();
             }
             _ => self.text(b),
         }
+    }
+
+    /// A bare LF ends no line: a "." after it must not start the end-of-data line, or
+    /// LF "." CRLF would end the data where a lenient peer ends it too.
+    fn after_bare_lf(&mut self) {
+        self.line_len = 0;
+        self.st = St::Mid;
     }
 }
 
@@ -181,8 +186,9 @@ impl DataDecoder {
 mod tests {
     use super::*;
 
-    /// Feeds `input` one byte at a time and all at once; both must agree.
-    fn check(input: &[u8], expected: Result<(&[u8], usize), Option<DataProblem>>) {
+    /// Feeds `input` one byte at a time and all at once; both must agree on where the data
+    /// ended (None: not yet), the problem, and the message when there is none.
+    fn check(input: &[u8], end: Option<usize>, expected: Result<&[u8], DataProblem>) {
         for split in [1usize, input.len().max(1)] {
             let mut dec = DataDecoder::dot_stuffed(64, 20);
             let mut done = None;
@@ -194,53 +200,54 @@ mod tests {
                 }
                 offset += chunk.len();
             }
-            let got = match (done, dec.problem()) {
-                (Some(at), None) => Ok((dec.into_message(), at)),
-                (Some(_), Some(p)) => Err(Some(p)),
-                (None, p) => Err(p),
-            };
-            let want = expected.map(|(m, at)| (m.to_vec(), at));
-            assert_eq!(
-                got,
-                want,
+            let what = format!(
                 "{:?} fed in chunks of {split}",
                 String::from_utf8_lossy(input)
             );
+            assert_eq!(done, end, "end of {what}");
+            match dec.problem() {
+                Some(p) => assert_eq!(Err(p), expected, "{what}"),
+                None => assert_eq!(Ok(dec.into_message().as_slice()), expected, "{what}"),
+            }
         }
     }
 
     #[test]
     fn data_table() {
-        check(b".\r\n", Ok((b"", 3)));
-        check(b"a\r\n.\r\nMAIL", Ok((b"a\r\n", 6)));
-        check(b"..x\r\n.\r\n", Ok((b".x\r\n", 8)));
-        check(b"a\r\n..\r\n.\r\n", Ok((b"a\r\n.\r\n", 10)));
-        check(b"a\r\n\r\n.\r\n", Ok((b"a\r\n\r\n", 8)));
+        use DataProblem::*;
+        check(b".\r\n", Some(3), Ok(b""));
+        check(b"a\r\n.\r\nMAIL", Some(6), Ok(b"a\r\n"));
+        check(b"..x\r\n.\r\n", Some(8), Ok(b".x\r\n"));
+        check(b"a\r\n..\r\n.\r\n", Some(10), Ok(b"a\r\n.\r\n"));
+        check(b"a\r\n\r\n.\r\n", Some(8), Ok(b"a\r\n\r\n"));
         // Not an end: the data goes on.
-        check(b"a\r\n.x\r\n", Err(None));
-        // Smuggling sequences: each refused, and the scan goes on to the real end.
-        check(b"a\n.\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
-        check(b"a\r\n.\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
-        check(b"a\n.\r\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
-        check(b"a\r.\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
-        check(b"a\r\n.\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
-        check(b"a\r\n.\r\r\n.\r\n", Err(Some(DataProblem::BareCr)));
-        check(b"a\rb\r\n.\r\n", Err(Some(DataProblem::BareCr)));
-        check(b"a\nb\r\n.\r\n", Err(Some(DataProblem::BareLf)));
+        check(b"a\r\n.x\r\n", None, Ok(b"a\r\nx\r\n"));
+        // Smuggling sequences: each refused, and only the real CRLF.CRLF (at 22) ends.
+        let after = |false_end: &str| format!("a{false_end}MAIL\r\n.\r\n");
+        for false_end in [
+            "\n.\n", "\r\n.\n", "\n.\r\n", "\r.\r", "\r\n.\r", "\r.\r\n", "\r.\n",
+        ] {
+            let input = after(false_end);
+            // The first stray octet decides which problem is reported.
+            let problem = if false_end.starts_with('\n') || false_end == "\r\n.\n" {
+                BareLf
+            } else {
+                BareCr
+            };
+            check(input.as_bytes(), Some(input.len()), Err(problem));
+        }
+        check(b"a\r\n.\r\r\n.\r\n", Some(10), Err(BareCr));
+        check(b"a\rb\r\n.\r\n", Some(8), Err(BareCr));
+        check(b"a\nb\r\n.\r\n", Some(8), Err(BareLf));
         // Limits: 20 octets a line including CRLF, 64 octets a message.
         check(
             b"123456789012345678\r\n.\r\n",
-            Ok((b"123456789012345678\r\n", 23)),
+            Some(23),
+            Ok(b"123456789012345678\r\n"),
         );
-        check(
-            b"1234567890123456789\r\n.\r\n",
-            Err(Some(DataProblem::LineTooLong)),
-        );
+        check(b"1234567890123456789\r\n.\r\n", Some(24), Err(LineTooLong));
         let big = [b"0123456789\r\n".as_slice(); 6].concat();
-        check(
-            &[big.as_slice(), b".\r\n"].concat(),
-            Err(Some(DataProblem::TooBig)),
-        );
+        check(&[big.as_slice(), b".\r\n"].concat(), Some(75), Err(TooBig));
     }
 
     #[test]

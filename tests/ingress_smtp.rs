@@ -1,0 +1,630 @@
+//! pepsi-ingress over real TCP against a real database: pipelined transactions, BDAT, DSN
+//! parameters, the stored row byte for byte, the dispatcher wake-up after commit, the
+//! per-client limit, graceful shutdown, and a table of bad input that must store nothing.
+
+mod ingress_common;
+
+use ingress_common::{Client, Ingress, TestCa, queued_id, row};
+
+const MX: &str = "ROLE = mx\nVERIFY = no\n";
+
+const MESSAGE: &[u8] = b"From: Bob <bob@example.org>\r\nTo: alice@example.test\r\nSubject: pipelined\r\nX-Folded: one\r\n two\r\n\r\nHello Alice,\r\n..a stuffed dot line\r\n\r\nbye\r\n";
+
+/// What the client sends as MESSAGE after dot-stuffing the line that starts with a dot.
+const MESSAGE_ON_THE_WIRE: &[u8] = b"From: Bob <bob@example.org>\r\nTo: alice@example.test\r\nSubject: pipelined\r\nX-Folded: one\r\n two\r\n\r\nHello Alice,\r\n...a stuffed dot line\r\n\r\nbye\r\n";
+
+#[tokio::test]
+async fn a_pipelined_transaction_is_stored_as_received_below_the_trace_header() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    let ehlo = c.ok("EHLO client.example", 250).await;
+    for ext in [
+        "PIPELINING",
+        "SIZE 26214400",
+        "8BITMIME",
+        "SMTPUTF8",
+        "ENHANCEDSTATUSCODES",
+        "DSN",
+        "CHUNKING",
+    ] {
+        assert!(ehlo.lines().any(|l| l == ext), "EHLO lacks {ext}: {ehlo}");
+    }
+    assert!(
+        !ehlo.contains("AUTH"),
+        "AUTH must not be offered on an MX listener: {ehlo}"
+    );
+    // One write: MAIL, two RCPTs and DATA, as a PIPELINING client sends them.
+    c.send(b"MAIL FROM:<bob@example.org> BODY=8BITMIME\r\nRCPT TO:<alice@example.test>\r\nRCPT TO:<Carol@EXAMPLE.test>\r\nDATA\r\n").await;
+    for expected in [250, 250, 250, 354] {
+        let (code, text) = c.read().await;
+        assert_eq!(code, expected, "{text}");
+    }
+    c.send(MESSAGE_ON_THE_WIRE).await;
+    c.send(b".\r\n").await;
+    let (code, text) = c.read().await;
+    assert_eq!(code, 250, "{text}");
+    assert!(text.starts_with("2.0.0 queued as "), "{text}");
+    let id = queued_id(&text);
+    assert_eq!(c.cmd("QUIT").await.0, 221);
+
+    let r = row(&ingress.db, id).await;
+    assert_eq!((r.stage.as_str(), r.status.as_str()), ("init", "pending"));
+    assert_eq!(r.mail_from, "bob@example.org");
+    assert_eq!(r.rcpt_to, ["alice@example.test", "Carol@EXAMPLE.test"]);
+    assert_eq!(r.client_addr.as_deref(), Some("127.0.0.1"));
+    assert_eq!(r.auth_user, None);
+    let headers = String::from_utf8(r.headers.clone()).unwrap();
+    let (received, original) =
+        headers.split_at(headers.find("From: Bob").expect("original headers kept"));
+    assert!(
+        received.starts_with("Received: from client.example (unknown [127.0.0.1])\r\n\tby mx.example.test (pepsi-ingress) with ESMTP;\r\n\t"),
+        "{received:?}"
+    );
+    assert!(
+        received.ends_with("\r\n") && !received.contains("Authentication-Results"),
+        "{received:?}"
+    );
+    let (h, b) = pepsi_common::message::split(MESSAGE);
+    assert_eq!(original.as_bytes(), h, "headers as received");
+    assert_eq!(r.body, b, "body as received, dot-unstuffed");
+    let raw = pepsi_common::message::join(&r.headers, &r.body);
+    assert_eq!(
+        &raw[received.len()..],
+        MESSAGE,
+        "raw = headers || CRLF || body"
+    );
+
+    let origin = &r.state["origin"];
+    assert_eq!(origin["client_addr"], "127.0.0.1");
+    assert_eq!(origin["helo"], "client.example");
+    assert_eq!(origin["esmtp"], true);
+    assert_eq!(origin["smtputf8"], false);
+    assert_eq!(origin["body"], "8BITMIME");
+    assert_eq!(origin["tls"], serde_json::Value::Null);
+    assert_eq!(origin["listener"], "mx");
+    assert_eq!(origin["authserv_id"], "mx.example.test");
+    assert_eq!(origin["auth_user"], serde_json::Value::Null);
+    assert_eq!(
+        r.state["dsn"],
+        serde_json::json!({"ret": null, "envid": null, "rcpt": [{"notify": null, "orcpt": null}, {"notify": null, "orcpt": null}]})
+    );
+    assert!(
+        r.state.get("auth").is_none(),
+        "no verdicts when VERIFY = no"
+    );
+}
+
+#[tokio::test]
+async fn bdat_chunks_make_one_message_and_helo_clients_get_plain_smtp() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    c.ok("MAIL FROM:<bob@example.org>", 250).await;
+    c.ok("RCPT TO:<alice@example.test>", 250).await;
+    let first = b"Subject: chunks\r\n\r\nfirst half, ";
+    let second = b"with a line\r\n.\r\nthat is only a dot\r\n";
+    // A chunk and the next BDAT command in one write: the chunk length alone delimits it.
+    let mut pipelined = format!("BDAT {}\r\n", first.len()).into_bytes();
+    pipelined.extend_from_slice(first);
+    pipelined.extend_from_slice(format!("BDAT {} LAST\r\n", second.len()).as_bytes());
+    pipelined.extend_from_slice(second);
+    c.send(&pipelined).await;
+    assert_eq!(c.read().await.0, 250);
+    let (code, text) = c.read().await;
+    assert_eq!(code, 250, "{text}");
+    let r = row(&ingress.db, queued_id(&text)).await;
+    let raw = pepsi_common::message::join(&r.headers, &r.body);
+    assert!(
+        raw.ends_with(&[&first[..], &second[..]].concat()),
+        "{:?}",
+        String::from_utf8_lossy(&raw)
+    );
+    assert_eq!(
+        r.body,
+        b"first half, with a line\r\n.\r\nthat is only a dot\r\n"
+    );
+
+    let mut h = Client::connect(ingress.port("mx")).await;
+    h.ok("HELO old.example", 250).await;
+    let id = h
+        .deliver(
+            "bob@example.org",
+            &["alice@example.test"],
+            b"Subject: helo\r\n\r\nx\r\n",
+        )
+        .await;
+    let r = row(&ingress.db, id).await;
+    assert!(
+        String::from_utf8_lossy(&r.headers).contains("with SMTP\r\n\tfor <alice@example.test>;")
+    );
+    assert_eq!(r.state["origin"]["esmtp"], false);
+}
+
+#[tokio::test]
+async fn dsn_parameters_land_in_state_dsn_one_entry_per_recipient() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    c.ok("MAIL FROM:<> RET=HDRS ENVID=QQ314159+2Bx SIZE=100", 250)
+        .await;
+    c.ok(
+        "RCPT TO:<alice@example.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;alice+2Bdsn@example.test",
+        250,
+    )
+    .await;
+    c.ok("RCPT TO:<bob@example.test> NOTIFY=NEVER", 250).await;
+    c.ok("RCPT TO:<carol@example.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.send(b"Subject: dsn\r\n\r\nbody\r\n.\r\n").await;
+    let (code, text) = c.read().await;
+    assert_eq!(code, 250, "{text}");
+    let r = row(&ingress.db, queued_id(&text)).await;
+    assert_eq!(r.mail_from, "");
+    assert_eq!(
+        r.state["dsn"],
+        serde_json::json!({
+            "ret": "HDRS",
+            "envid": "QQ314159+x",
+            "rcpt": [
+                {"notify": ["SUCCESS", "FAILURE"], "orcpt": "rfc822;alice+dsn@example.test"},
+                {"notify": ["NEVER"], "orcpt": null},
+                {"notify": null, "orcpt": null}
+            ]
+        })
+    );
+}
+
+#[tokio::test]
+async fn the_dispatcher_is_woken_after_the_row_commits() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut listener = sqlx::postgres::PgListener::connect_with(&ingress.db.pool)
+        .await
+        .unwrap();
+    listener.listen("workqueue").await.unwrap();
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    let id = c
+        .deliver(
+            "bob@example.org",
+            &["alice@example.test"],
+            b"Subject: wake\r\n\r\nx\r\n",
+        )
+        .await;
+    let n = tokio::time::timeout(std::time::Duration::from_secs(60), listener.recv())
+        .await
+        .expect("a wake-up arrives")
+        .unwrap();
+    assert_eq!(n.channel(), "workqueue");
+    // The notification is sent after commit, so the row is visible to whoever it wakes.
+    let visible: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'pending')")
+        .bind(id)
+        .fetch_one(&ingress.db.pool)
+        .await
+        .unwrap();
+    assert!(visible);
+}
+
+#[tokio::test]
+async fn a_client_address_gets_only_its_share_of_connections() {
+    let ingress = Ingress::start("MAX_CONNECTIONS_PER_CLIENT = 2\n", &[("mx", MX)]).await;
+    let port = ingress.port("mx");
+    let _a = Client::connect(port).await;
+    let _b = Client::connect(port).await;
+    let (_c, greeting) = Client::connect_raw(port).await;
+    assert_eq!(greeting.0, 421, "{greeting:?}");
+    assert!(
+        greeting
+            .1
+            .starts_with("4.7.0 too many connections from 127.0.0.1"),
+        "{greeting:?}"
+    );
+    drop(_a);
+    // The slot comes back once the first session has ended; the server may need a moment
+    // to notice the close, so a few attempts are allowed.
+    let mut answered = 0;
+    for _ in 0..100 {
+        let (_d, g) = Client::connect_raw(port).await;
+        answered = g.0;
+        if answered == 220 {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(answered, 220);
+}
+
+#[tokio::test]
+async fn shutdown_lets_a_message_in_data_finish_and_turns_idle_sessions_away() {
+    let mut ingress = Ingress::start("", &[("mx", MX)]).await;
+    let port = ingress.port("mx");
+    let mut busy = Client::connect(port).await;
+    busy.ok("EHLO client.example", 250).await;
+    busy.ok("MAIL FROM:<bob@example.org>", 250).await;
+    busy.ok("RCPT TO:<alice@example.test>", 250).await;
+    busy.ok("DATA", 354).await;
+    busy.send(b"Subject: in flight\r\n\r\nfirst part\r\n").await;
+    let mut idle = Client::connect(port).await;
+    idle.ok("EHLO idle.example", 250).await;
+
+    ingress.signal("TERM");
+    let (code, text) = idle.read().await;
+    assert_eq!(code, 421, "idle session: {text}");
+    assert!(text.starts_with("4.3.2"), "{text}");
+    // Shutdown has begun; the message in DATA still completes and is stored.
+    busy.send(b"second part\r\n.\r\n").await;
+    let (code, text) = busy.read().await;
+    assert_eq!(code, 250, "{text}");
+    let r = row(&ingress.db, queued_id(&text)).await;
+    assert_eq!(r.body, b"first part\r\nsecond part\r\n");
+    assert_eq!(busy.read().await.0, 421, "then the session is closed");
+    let status = ingress.child.wait().unwrap();
+    assert!(status.success(), "exit status {status}");
+    assert_eq!(ingress.rows().await, 1);
+    assert!(
+        std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+        "listener closed"
+    );
+}
+
+/// One step of a bad-input case.
+enum Step {
+    /// Send these bytes and expect one reply with this code.
+    Send(&'static [u8], u16),
+    /// Expect one more reply (a pipelined command's).
+    Read(u16),
+    /// Complete a TLS handshake with the test CA (after a 220 to STARTTLS).
+    Tls,
+}
+use Step::*;
+
+const GREET: Step = Send(b"EHLO client.example\r\n", 250);
+const MAIL: Step = Send(b"MAIL FROM:<bob@example.org>\r\n", 250);
+const RCPT: Step = Send(b"RCPT TO:<alice@example.test>\r\n", 250);
+const DATA: Step = Send(b"DATA\r\n", 354);
+
+/// A message text, a smuggled second transaction behind a false end, and the real end.
+macro_rules! smuggle {
+    ($false_end:literal) => {
+        concat!(
+            "Subject: smuggling\r\n\r\nhello",
+            $false_end,
+            "MAIL FROM:<admin@example.test>\r\nRCPT TO:<alice@example.test>\r\nDATA\r\nSubject: smuggled\r\n\r\nevil\r\n.\r\n"
+        )
+        .as_bytes()
+    };
+}
+
+#[tokio::test]
+async fn bad_input_gets_its_reply_code_and_stores_nothing() {
+    let long_command: &'static [u8] = format!("MAIL FROM:<{}@example.org>\r\n", "a".repeat(3000))
+        .leak()
+        .as_bytes();
+    let long_line: &'static [u8] = format!("Subject: long\r\n\r\n{}\r\n.\r\n", "x".repeat(1200))
+        .leak()
+        .as_bytes();
+    let too_big: &'static [u8] = format!(
+        "Subject: big\r\n\r\n{}.\r\n",
+        "0123456789012345678901234567890123456789\r\n".repeat(2000)
+    )
+    .leak()
+    .as_bytes();
+    let mut too_big_bdat = format!("BDAT {} LAST\r\n", 84_000).into_bytes();
+    too_big_bdat.extend_from_slice(
+        "0123456789012345678901234567890123456789\r\n"
+            .repeat(2000)
+            .as_bytes(),
+    );
+    let too_big_bdat: &'static [u8] = too_big_bdat.leak();
+
+    let cases: Vec<(&str, &str, Vec<Step>)> = vec![
+        ("unknown command", "mx", vec![Send(b"XYZZY\r\n", 500)]),
+        (
+            "MAIL before EHLO",
+            "mx",
+            vec![Send(b"MAIL FROM:<bob@example.org>\r\n", 503)],
+        ),
+        (
+            "MAIL without brackets",
+            "mx",
+            vec![GREET, Send(b"MAIL FROM:bob@example.org\r\n", 501)],
+        ),
+        (
+            "MAIL with an unknown parameter",
+            "mx",
+            vec![GREET, Send(b"MAIL FROM:<bob@example.org> XFOO=1\r\n", 555)],
+        ),
+        (
+            "RCPT before MAIL",
+            "mx",
+            vec![GREET, Send(b"RCPT TO:<alice@example.test>\r\n", 503)],
+        ),
+        (
+            "DATA before RCPT",
+            "mx",
+            vec![GREET, MAIL, Send(b"DATA\r\n", 554)],
+        ),
+        (
+            "RCPT with a bad NOTIFY",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                Send(b"RCPT TO:<alice@example.test> NOTIFY=NEVER,DELAY\r\n", 501),
+            ],
+        ),
+        ("EHLO without a domain", "mx", vec![Send(b"EHLO\r\n", 501)]),
+        (
+            "over-long command line",
+            "mx",
+            vec![GREET, Send(long_command, 500), Send(b"NOOP\r\n", 250)],
+        ),
+        (
+            "UTF-8 address without SMTPUTF8",
+            "mx",
+            vec![
+                GREET,
+                Send("MAIL FROM:<jörg@example.org>\r\n".as_bytes(), 553),
+            ],
+        ),
+        (
+            "declared size over the limit",
+            "mx",
+            vec![
+                GREET,
+                Send(b"MAIL FROM:<bob@example.org> SIZE=999999999\r\n", 552),
+            ],
+        ),
+        (
+            "oversize message in DATA",
+            "mx",
+            vec![GREET, MAIL, RCPT, DATA, Send(too_big, 552)],
+        ),
+        (
+            "oversize message in BDAT",
+            "mx",
+            vec![GREET, MAIL, RCPT, Send(too_big_bdat, 552)],
+        ),
+        (
+            "over-long line in DATA",
+            "mx",
+            vec![GREET, MAIL, RCPT, DATA, Send(long_line, 554)],
+        ),
+        (
+            "bare LF in the text",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(b"Subject: x\r\n\r\none\ntwo\r\n.\r\n", 554),
+            ],
+        ),
+        (
+            "bare CR in the text",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(b"Subject: x\r\n\r\none\rtwo\r\n.\r\n", 554),
+            ],
+        ),
+        (
+            "bare LF in BDAT",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                Send(b"BDAT 13 LAST\r\nSubject: x\n\r\n", 554),
+            ],
+        ),
+        (
+            "smuggling LF.LF",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\n.\n"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling CRLF.LF",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\r\n.\n"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling LF.CRLF",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\n.\r\n"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling CR.CR",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\r.\r"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling CRLF.CR",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\r\n.\r"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling CR.CRLF",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\r.\r\n"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "smuggling CR.LF",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                RCPT,
+                DATA,
+                Send(smuggle!("\r.\n"), 554),
+                Send(b"NOOP\r\n", 250),
+            ],
+        ),
+        (
+            "relay attempt",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                Send(b"RCPT TO:<victim@elsewhere.example>\r\n", 554),
+                Send(b"DATA\r\n", 554),
+            ],
+        ),
+        (
+            "too many recipients",
+            "mx",
+            vec![
+                GREET,
+                MAIL,
+                Send(b"RCPT TO:<a@example.test>\r\n", 250),
+                Send(b"RCPT TO:<b@example.test>\r\n", 250),
+                Send(b"RCPT TO:<c@example.test>\r\n", 250),
+                Send(b"RCPT TO:<d@example.test>\r\n", 452),
+            ],
+        ),
+        (
+            "AUTH on an MX listener",
+            "mx",
+            vec![GREET, Send(b"AUTH PLAIN AGFAYgBj\r\n", 502)],
+        ),
+        (
+            "AUTH before TLS",
+            "submission",
+            vec![
+                GREET,
+                Send(b"AUTH PLAIN AGFsaWNlQGV4YW1wbGUudGVzdABzZWNyZXQ=\r\n", 538),
+            ],
+        ),
+        (
+            "MAIL before TLS and AUTH on submission",
+            "submission",
+            vec![GREET, Send(b"MAIL FROM:<alice@example.test>\r\n", 530)],
+        ),
+        (
+            "plaintext pipelined behind STARTTLS",
+            "submission",
+            vec![
+                GREET,
+                // The injected MAIL must vanish with the plaintext buffer; after the
+                // handshake RCPT finds no transaction.
+                Send(b"STARTTLS\r\nMAIL FROM:<alice@example.test>\r\n", 220),
+                Tls,
+                GREET,
+                Send(b"RCPT TO:<bob@example.test>\r\n", 503),
+            ],
+        ),
+        (
+            "wrong password",
+            "submission",
+            vec![
+                GREET,
+                Send(b"STARTTLS\r\n", 220),
+                Tls,
+                GREET,
+                Send(b"AUTH PLAIN AGFsaWNlQGV4YW1wbGUudGVzdAB3cm9uZw==\r\n", 535),
+                Send(b"MAIL FROM:<alice@example.test>\r\n", 530),
+            ],
+        ),
+        (
+            "pipelined errors each get an answer",
+            "mx",
+            vec![
+                GREET,
+                Send(b"RCPT TO:<a@example.test>\r\nDATA\r\n", 503),
+                Read(503),
+            ],
+        ),
+        (
+            "too many bad commands",
+            "mx",
+            vec![
+                Send(b"X1\r\n", 500),
+                Send(b"X2\r\n", 500),
+                Send(b"X3\r\n", 500),
+                Read(421),
+                Read(0),
+            ],
+        ),
+    ];
+
+    let ingress = Ingress::start(
+        "MAX_MESSAGE_SIZE = 64k\nMAX_RECIPIENTS = 3\nMAX_BAD_COMMANDS = 3\n",
+        &[
+            ("mx", MX),
+            (
+                "submission",
+                "ROLE = submission\nTLS_CERT = {cert}\nTLS_KEY = {key}\n",
+            ),
+        ],
+    )
+    .await;
+    ingress.add_account("alice@example.test", "secret").await;
+    let ca = TestCa {
+        ca: ingress.dir.path().join("ca.pem"),
+        cert: ingress.dir.path().join("server.pem"),
+        key: ingress.dir.path().join("server.key"),
+    };
+    for (name, listener, steps) in cases {
+        let mut c = Client::connect(ingress.port(listener)).await;
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Send(bytes, code) => {
+                    c.send(bytes).await;
+                    let (got, text) = c.read().await;
+                    assert_eq!(got, code, "{name}: step {i} answered {got} {text}");
+                }
+                Read(code) => {
+                    let (got, text) = c.read().await;
+                    assert_eq!(got, code, "{name}: step {i} answered {got} {text}");
+                }
+                Tls => c = c.tls(&ca).await,
+            }
+        }
+        assert_eq!(ingress.rows().await, 0, "{name}: a row was written");
+    }
+}
