@@ -1,0 +1,197 @@
+//! Message authentication at the ingress against a real DNS server the test starts
+//! (dnsmasq on a free loopback port): SPF, DKIM and DMARC verdicts pass, fail and none, and
+//! iprev, each in `Authentication-Results` and `state.auth` / `state.origin`.
+
+mod ingress_common;
+
+use std::process::{Child, Command, Stdio};
+
+use ingress_common::{Client, Ingress, free_port, row};
+use mail_auth::common::crypto::Ed25519Key;
+use mail_auth::common::headers::HeaderWriter as _;
+use mail_auth::dkim::DkimSigner;
+use pepsi_ingress::protocol::params::base64_encode;
+
+/// A dnsmasq answering only from the records it is given.
+struct Dns {
+    child: Child,
+    port: u16,
+}
+
+impl Dns {
+    fn start(records: &[String]) -> Dns {
+        let port = free_port();
+        let child = Command::new("dnsmasq")
+            .args([
+                "-k",
+                "-C",
+                "/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+            ])
+            .args([
+                "--listen-address=127.0.0.1",
+                "--pid-file=",
+                "--user=root",
+                "--log-facility=-",
+            ])
+            .arg(format!("--port={port}"))
+            // Authoritative for the test names: unknown ones are NXDOMAIN, not an error.
+            .args(["--local=/test/", "--local=/127.in-addr.arpa/"])
+            .args(records)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq is installed (dnsmasq-base in scripts/apt-packages.txt)");
+        let dns = Dns { child, port };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return dns;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("dnsmasq did not start on port {port}");
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn sign(key_der: &[u8], domain: &str, message: &str) -> String {
+    let key = Ed25519Key::from_pkcs8_der(key_der).unwrap();
+    let signature = DkimSigner::from_key(key)
+        .domain(domain)
+        .selector("sel")
+        .headers(["From", "To", "Subject"])
+        .sign(message.as_bytes())
+        .unwrap();
+    format!("{}{message}", signature.to_header())
+}
+
+fn dkim_record(key_der: &[u8]) -> String {
+    let key = Ed25519Key::from_pkcs8_der(key_der).unwrap();
+    format!("v=DKIM1; k=ed25519; p={}", base64_encode(&key.public_key()))
+}
+
+#[tokio::test]
+async fn spf_dkim_and_dmarc_verdicts_from_a_local_dns_server() {
+    let pass_key = Ed25519Key::generate_pkcs8().unwrap();
+    let fail_key = Ed25519Key::generate_pkcs8().unwrap();
+    let published_for_fail = Ed25519Key::generate_pkcs8().unwrap();
+    let dns = Dns::start(&[
+        "--txt-record=pass.test,v=spf1 ip4:127.0.0.1 -all".into(),
+        format!(
+            "--txt-record=sel._domainkey.pass.test,{}",
+            dkim_record(&pass_key)
+        ),
+        "--txt-record=_dmarc.pass.test,v=DMARC1; p=reject".into(),
+        "--txt-record=fail.test,v=spf1 ip4:192.0.2.1 -all".into(),
+        format!(
+            "--txt-record=sel._domainkey.fail.test,{}",
+            dkim_record(&published_for_fail)
+        ),
+        "--txt-record=_dmarc.fail.test,v=DMARC1; p=quarantine".into(),
+        "--txt-record=mail.pass.test,v=spf1 a -all".into(),
+        "--host-record=mail.pass.test,127.0.0.1".into(),
+        "--ptr-record=1.0.0.127.in-addr.arpa,mail.pass.test".into(),
+    ]);
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{}\nDNS_TIMEOUT = 5s\nAUTHSERV_ID = auth.example.test\n",
+            dns.port
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mail.pass.test", 250).await;
+
+    let text = |from: &str| {
+        format!("From: {from}\r\nTo: alice@example.test\r\nSubject: verdicts\r\n\r\nbody\r\n")
+    };
+    // A forged result under our authserv-id must not survive into the stored headers.
+    let pass_msg = format!(
+        "Authentication-Results: auth.example.test; dkim=pass header.d=evil.test\r\n{}",
+        sign(&pass_key, "pass.test", &text("a@pass.test"))
+    );
+    let fail_msg = sign(&fail_key, "fail.test", &text("a@fail.test"));
+    let none_msg = text("a@none.test");
+    let cases = [
+        ("a@pass.test", pass_msg, "pass", "pass", "pass"),
+        ("a@fail.test", fail_msg, "fail", "fail", "fail"),
+        ("a@none.test", none_msg, "none", "none", "none"),
+    ];
+    for (from, message, spf, dkim, dmarc) in cases {
+        let id = c
+            .deliver(from, &["alice@example.test"], message.as_bytes())
+            .await;
+        let r = row(&ingress.db, id).await;
+        let headers = String::from_utf8(r.headers.clone()).unwrap();
+        let at = headers
+            .find("Authentication-Results: ")
+            .unwrap_or_else(|| panic!("{from}: no Authentication-Results in {headers}"));
+        let field: String = headers[at + "Authentication-Results: ".len()..]
+            .split("\r\n")
+            .enumerate()
+            .take_while(|(i, l)| *i == 0 || l.starts_with('\t'))
+            .map(|(_, l)| l)
+            .collect::<Vec<_>>()
+            .join(" ");
+        assert!(field.starts_with("auth.example.test;"), "{from}: {field}");
+        assert!(field.contains("iprev=pass"), "{from}: {field}");
+        assert!(
+            field.contains("spf=pass") && field.contains("smtp.helo=mail.pass.test"),
+            "{from}: HELO SPF: {field}"
+        );
+        assert!(
+            field.contains(&format!("spf={spf}"))
+                && field.contains(&format!("smtp.mailfrom={from}")),
+            "{from}: {field}"
+        );
+        assert!(field.contains(&format!("dmarc={dmarc}")), "{from}: {field}");
+        if dkim != "none" {
+            assert!(field.contains(&format!("dkim={dkim}")), "{from}: {field}");
+        }
+        assert_eq!(
+            headers
+                .matches("Authentication-Results: auth.example.test")
+                .count(),
+            1,
+            "{from}: the forged field must be gone: {headers}"
+        );
+
+        let auth = &r.state["auth"];
+        assert_eq!(auth["spf"]["result"], spf, "{from}: {auth}");
+        assert_eq!(auth["spf"]["helo"]["result"], "pass", "{from}: {auth}");
+        assert_eq!(auth["dmarc"]["result"], dmarc, "{from}: {auth}");
+        match dkim {
+            "none" => assert_eq!(auth["dkim"], serde_json::json!([]), "{from}: {auth}"),
+            _ => {
+                assert_eq!(auth["dkim"][0]["result"], dkim, "{from}: {auth}");
+                assert_eq!(auth["dkim"][0]["selector"], "sel", "{from}: {auth}");
+            }
+        }
+        assert_eq!(auth["arc"]["result"], "none");
+        // dnsmasq also names 127.0.0.1 "localhost" on its own; either name passes iprev
+        // because each resolves back to the address.
+        let iprev = &r.state["origin"]["iprev"];
+        assert_eq!(iprev["result"], "pass", "{from}: {iprev}");
+        let name = iprev["name"].as_str().expect("a verified name");
+        assert!(["mail.pass.test", "localhost"].contains(&name), "{iprev}");
+        assert_eq!(r.state["origin"]["authserv_id"], "auth.example.test");
+        assert!(
+            headers.starts_with(&format!(
+                "Received: from mail.pass.test ({name} [127.0.0.1])"
+            )),
+            "{headers}"
+        );
+    }
+    let pass = row(&ingress.db, 1).await;
+    assert_eq!(pass.state["auth"]["dmarc"]["policy"], "reject");
+    assert_eq!(pass.state["auth"]["dkim"][0]["domain"], "pass.test");
+}
