@@ -6,12 +6,16 @@
 # the same Redis from a Rust client with the same concurrency (examples/bench_redis.rs).
 # Prints both figures, their ratio, and the latency from request to counted.
 #
-#   bench/counters/run.sh [seconds=10] [connections=32]
+#   bench/counters/run.sh [seconds=10] [connections=32] [workers=connections]
+#
+# The service gets as many counting workers as wrk has connections and the reference has tasks,
+# so both sides keep the same number of transactions in flight.
 #
 # Needs: redis-server, wrk, cdb (Debian packages redis-server, wrk, tinycdb), python3, curl, cargo. Uses CARGO_TARGET_DIR if set.
 set -euo pipefail
 secs="${1:-10}"
 conns="${2:-32}"
+workers="${3:-$conns}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 target="${CARGO_TARGET_DIR:-$root/target}"
 work="$(mktemp -d)"
@@ -41,6 +45,7 @@ admin_addr = "127.0.0.1:$mport"
 auth_token = "bench-token"
 domains_cdb = "$work/domains.cdb"
 queue_size = 10000000
+workers = $workers
 [logging]
 output = "$work/app.log"
 counting_output = "off"
@@ -57,27 +62,27 @@ key="cnt/A/u@bench.example/d/$day/o"
 echo "== wrk: POST /out, ${conns} connections, ${secs}s" >&2
 start_ns="$(date +%s%N)"
 wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$root/bench/counters/out.lua" "http://127.0.0.1:$aport/out" >"$work/wrk.txt"
-sent="$(python3 - "$work/wrk.txt" <<'PY'
-import re, sys
-t = open(sys.argv[1]).read()
-n = int(re.search(r"(\d+) requests in", t).group(1))
-bad = re.search(r"Non-2xx or 3xx responses: (\d+)", t)
-print(n - (int(bad.group(1)) if bad else 0))
-PY
-)"
-# counting runs after the 202: wait until every accepted request is in Redis
-while [ "$(redis-cli -p "$rport" get "$key")" != "$sent" ]; do sleep 0.05; done
-done_ns="$(date +%s%N)"
+# counting runs after the 202: wait until the counter stops moving (wrk's figure leaves out the
+# requests still in flight when it stops, so the counter itself is the total)
+prev=-1; done_ns="$(date +%s%N)"; still=0
+while [ "$still" -lt 10 ]; do
+  cur="$(redis-cli -p "$rport" get "$key")"
+  if [ "$cur" != "$prev" ]; then prev="$cur"; done_ns="$(date +%s%N)"; still=0; else still=$((still + 1)); fi
+  sleep 0.05
+done
+sent="$prev"
 curl -s "http://127.0.0.1:$mport/metrics" >"$work/metrics.txt"
 
 echo "== reference: the same MULTI/EXEC from a Rust client, ${conns} tasks, ${secs}s" >&2
 "$target/release/examples/bench_redis" "127.0.0.1:$rport" "$conns" "$secs" >"$work/ref.json"
 
-python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" <<'PY'
+python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" "$workers" <<'PY'
 import json, re, sys
 wrk, metrics, ref = (open(p).read() for p in sys.argv[1:4])
-sent, start, done, conns, secs = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8]
+sent, start, done, conns, secs, workers = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9]
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", wrk).group(1))
+m = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
+bad = int(m.group(1)) if m else 0
 def ms(s):
     v, u = re.match(r"([\d.]+)(us|ms|s)", s).groups()
     return float(v) * {"us": 0.001, "ms": 1, "s": 1000}[u]
@@ -98,5 +103,5 @@ print(f"service  /out accepted (202): {rps:,.0f} req/s   counted: {counted:,.0f}
       f"p99 request->202 {p99_http:.2f} ms   p99 202->counted {p99_queue:.2f} ms")
 print(f"reference MULTI/EXEC direct:  {r['per_second']:,.0f} tx/s   p99 {r['p99_ms']:.2f} ms")
 print(f"ratio service/reference: accepted {rps / r['per_second']:.2f}   counted {counted / r['per_second']:.2f}")
-print(f"(connections {conns}, {secs}s each, {sent} requests counted)")
+print(f"(connections {conns}, workers {workers}, {secs}s each, {sent} requests counted, non-2xx answers: {bad})")
 PY

@@ -118,7 +118,8 @@ pub struct OpenError {
 
 /// An open CDB with a bounded cache of parsed records (positive and negative).
 pub struct Domains {
-    cdb: cdb::CDB,
+    /// `None` for a CDB without records, which the reader crate refuses to open.
+    cdb: Option<cdb::CDB>,
     path: PathBuf,
     count: usize,
     cache: Mutex<HashMap<String, Option<Arc<DomainRecord>>>>,
@@ -132,12 +133,20 @@ impl Domains {
             path: path.to_path_buf(),
             source,
         };
-        let cdb = cdb::CDB::open(path).map_err(err)?;
+        // A record-less CDB is just its 2048-byte table of contents.
+        const EMPTY_CDB_LEN: u64 = 2048;
+        let len = std::fs::metadata(path).map_err(err)?.len();
         let mut count = 0;
-        for item in cdb.iter() {
-            item.map_err(err)?;
-            count += 1;
-        }
+        let cdb = if len == EMPTY_CDB_LEN {
+            None
+        } else {
+            let cdb = cdb::CDB::open(path).map_err(err)?;
+            for item in cdb.iter() {
+                item.map_err(err)?;
+                count += 1;
+            }
+            Some(cdb)
+        };
         Ok(Domains {
             cdb,
             path: path.to_path_buf(),
@@ -165,7 +174,7 @@ impl Domains {
         if let Some(hit) = self.cache.lock().expect("cache lock").get(domain) {
             return hit.clone();
         }
-        let rec = match self.cdb.get(domain.as_bytes()) {
+        let rec = match self.cdb.as_ref().and_then(|c| c.get(domain.as_bytes())) {
             Some(Ok(v)) => {
                 let parsed = parse_record(&String::from_utf8_lossy(&v));
                 if parsed.is_none() {
@@ -273,6 +282,9 @@ mod tests {
                 .limit(Level::A, Flow::Out, "x"),
             Some(2)
         );
+        crate::testkit::write_cdb(&dir.join("empty.cdb"), &[]);
+        let empty = Domains::open(&dir.join("empty.cdb"), 10).unwrap();
+        assert!(empty.is_empty() && empty.lookup("example.com").is_none());
         std::fs::write(dir.join("broken.cdb"), b"short").unwrap();
         assert!(Domains::open(&dir.join("broken.cdb"), 10).is_err());
         std::fs::remove_dir_all(&dir).unwrap();

@@ -168,6 +168,10 @@ async fn daemon(args: Args) -> Result<()> {
         Err(_) => tracing::warn!("redis write side not answering yet: timeout"),
     }
 
+    // Handlers first: a signal arriving once the ports answer must not hit the default action.
+    let mut hup = signal(SignalKind::hangup())?;
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
     let (_watcher, mut changes) = watch(&cfg.domains_cdb)?;
     let api_listener = bind(&cfg.addr).await?;
     let admin_listener = bind(&cfg.admin_addr).await?;
@@ -249,9 +253,6 @@ async fn daemon(args: Args) -> Result<()> {
     };
     tracing::info!(addr = %cfg.addr, admin_addr = %cfg.admin_addr, workers = cfg.workers, "listening");
 
-    let mut hup = signal(SignalKind::hangup())?;
-    let mut term = signal(SignalKind::terminate())?;
-    let mut int = signal(SignalKind::interrupt())?;
     loop {
         tokio::select! {
             _ = hup.recv() => {
