@@ -56,7 +56,7 @@ CONF
 }
 
 sql() { psql "$url" -Atqc "$1"; }
-add() { sql "SELECT count(pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, '{}', 's' || (g % 50))) FROM generate_series(1, $1) g" >/dev/null; }
+add() { sql "SELECT count(pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], convert_to(E'Subject: x\r\n', 'UTF8'), convert_to(E'y\r\n', 'UTF8'), '{}', 's' || (g % 50))) FROM generate_series(1, $1) g" >/dev/null; }
 xacts() { sql "SELECT xact_commit FROM pg_stat_database WHERE datname = '$db'"; }
 now() { date +%s.%N; }
 
