@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use pepsi_common::config::Config;
 use pepsi_common::stage::{
-    CloneSpec, FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError,
-    run_pass,
+    CloneSpec, FanGroup, FanRecipients, GroupStatus, Load, PassReport, Stage, StageContext,
+    StageError, run_pass,
 };
 use pepsi_testkit::TestDb;
 use serde_json::{Map, Value, json};
