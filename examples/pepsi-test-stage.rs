@@ -48,9 +48,10 @@ impl Stage for TestStage {
             .string_opt("ACTION")?
             .unwrap_or_else(|| "advance".into());
         if let Some(key) = section.string_opt("ONLY_IF_STATE")?
-            && !ctx.state().contains_key(&key) {
-                action = "advance".into();
-            }
+            && !ctx.state().contains_key(&key)
+        {
+            action = "advance".into();
+        }
         if let Some(delay) = section.duration_opt("DELAY")? {
             tokio::time::sleep(delay).await;
         }

@@ -669,12 +669,23 @@ fn help_documents_the_options() {
 
 #[tokio::test]
 async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatcher_again() {
-    let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "POLL_INTERVAL = 1h\n").await;
+    let h = Harness::new(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n",
+        "POLL_INTERVAL = 1h\n",
+    )
+    .await;
     let mut d = h.start("dispatch.log");
     h.add(1, "s", serde_json::json!({})).await;
-    pepsi_common::db::notify_workqueue(&h.db.pool).await.unwrap();
-    h.wait_for("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'", 1, Duration::from_secs(30), &mut d)
-        .await;
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
     let killed: i64 = h
         .count("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%') t")
         .await;
@@ -693,8 +704,15 @@ async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatc
     )
     .await;
     h.add(1, "s", serde_json::json!({})).await;
-    pepsi_common::db::notify_workqueue(&h.db.pool).await.unwrap();
-    h.wait_for("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'", 2, Duration::from_secs(30), &mut d)
-        .await;
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
     assert!(stop(d).success());
 }
