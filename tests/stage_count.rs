@@ -2,8 +2,8 @@
 //! redis-server: authenticated mail counts as outgoing for the sender and incoming for hosted
 //! recipients, other mail as incoming; the message always advances, even with the service down.
 
-use std::io::Write as _;
-use std::process::{Command, Stdio};
+mod common;
+
 use std::time::Duration;
 
 use migadu_counters::testkit::{
@@ -42,28 +42,8 @@ async fn running(db: &TestDb, rcpt: &[&str], auth_user: Option<&str>) -> i64 {
 }
 
 fn worker(config: &std::path::Path, ids: &[i64]) -> Vec<String> {
-    let mut child = Command::new(COUNT)
-        .args(["worker", "-c"])
-        .arg(config)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .unwrap();
     let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(out.status.success());
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    common::stage_worker(COUNT, config, &input)
 }
 
 fn config(db: &TestDb, dir: &tempfile::TempDir, url: &str) -> std::path::PathBuf {

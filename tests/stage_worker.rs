@@ -1,7 +1,8 @@
 //! Stage programs as programs: `pepsi-stage-discard worker` over its real stdin/stdout
 //! protocol against a real database, and `pepsi-setup db` as an operator runs it.
 
-use std::io::Write as _;
+mod common;
+
 use std::process::{Command, Stdio};
 
 use pepsi_testkit::TestDb;
@@ -45,32 +46,7 @@ async fn message(db: &TestDb, stage: Option<&str>) -> i64 {
 
 /// Feeds `input` to a discard worker and returns its stdout lines.
 fn worker(cfg: &std::path::Path, input: String) -> Vec<String> {
-    let mut child = Command::new(DISCARD)
-        .args(["worker", "-c"])
-        .arg(cfg)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "worker exited {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+    common::stage_worker(DISCARD, cfg, &input)
 }
 
 async fn exists(db: &TestDb, id: i64) -> Option<(String, String)> {
