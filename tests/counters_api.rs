@@ -337,6 +337,9 @@ fn out_example_counts_sender_and_hosted_recipient_in_db_0_with_ttl() {
     for (i, rcpt) in ["y@example.com", "s@gmail.com"].iter().enumerate() {
         let body = json!({"trace_id": format!("ex{i}"), "auth_user": "x@example.com", "mail_from": "x@example.com", "recipient": rcpt});
         assert_eq!(d.post("/out", &body.to_string()).status, 202);
+        // one at a time: the log block of ex0 below quotes the count its own
+        // increment produced, which a concurrent ex1 could otherwise bump first
+        wait_key(&redis, &key("A", "x@example.com", "o"), i as i64 + 1);
     }
     wait_key(&redis, &key("A", "x@example.com", "o"), 2);
     wait_key(&redis, &key("D", "example.com", "o"), 2);
