@@ -7,5 +7,6 @@
 pub mod cli;
 pub mod config;
 pub mod db;
+pub mod delivery;
 pub mod message;
 pub mod stage;

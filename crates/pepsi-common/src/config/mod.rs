@@ -366,6 +366,16 @@ impl<'a> Section<'a> {
         })
     }
 
+    /// A value of a type the other getters do not cover: `parse` gets the expanded value and
+    /// returns what was expected on failure, and the error names file, line and option.
+    pub fn custom_opt<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.typed(option, parse)
+    }
+
     /// Expands the option's value and parses it; `parse` returns what was expected on failure.
     fn typed<T>(
         &self,

@@ -16,6 +16,7 @@ mod worker;
 
 use std::future::Future;
 
+pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
 pub use worker::{PassReport, main, prepare_on, run_pass, run_worker};

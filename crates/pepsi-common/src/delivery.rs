@@ -1,0 +1,616 @@
+//! The common end of every delivery stage: the retry policy, and how a pass's per-recipient
+//! results (delivered, failed for good, failed for now) become exactly one terminal helper.
+//!
+//! A delivery stage (Maildir, LMTP, SMTP relays) tries each recipient and hands the results
+//! to [`conclude`]. The decision itself is [`plan`], a pure function of the policy, the clock
+//! and the row, tested as a table; `conclude` only applies it through the stage contract:
+//!
+//! - permanent failures become one bounce clone at BOUNCE_STAGE (`state.bounce.kind =
+//!   "permanent"`, per-recipient details under `bounce.recipients`);
+//! - delivered recipients that asked for NOTIFY=SUCCESS become a success clone when
+//!   ORIGINATE_SUCCESS_DSN is on;
+//! - transient failures keep the row, paused with exponential backoff (`attempts`,
+//!   `last_error` in state); once the message is older than DELAY_WARNING a delay clone goes
+//!   out, once (`delay_sent`); once it is older than MAX_LIFETIME (counted from
+//!   `received_at`) the transient failures are bounced as expired (4.4.7).
+//!
+//! Clones carry tokens derived from the row id and attempt, so a re-run pass cannot send the
+//! same notification twice. The bounce stage applies the NOTIFY filter; this module does not.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde_json::{Map, Value, json};
+
+use crate::config::{Config, ConfigError};
+use crate::stage::{CloneSpec, StageContext, StageError};
+
+/// Why one recipient was not delivered, as the bounce stage reports it (`state.bounce`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Failure {
+    /// Human-readable reason, e.g. "mailbox full".
+    pub diagnostic: String,
+    /// RFC 3463 code, e.g. "5.2.2".
+    pub enhanced_status: Option<String>,
+    /// The remote reply code when a peer answered.
+    pub smtp_code: Option<u16>,
+    pub remote_mta: Option<String>,
+    pub reply_text: Option<String>,
+    /// Where it failed: "connect", "MAIL", "RCPT", "DATA", "delivery" …
+    pub phase: Option<String>,
+}
+
+impl Failure {
+    pub fn new(diagnostic: impl Into<String>, enhanced_status: &str) -> Self {
+        Failure {
+            diagnostic: diagnostic.into(),
+            enhanced_status: Some(enhanced_status.to_owned()),
+            ..Failure::default()
+        }
+    }
+
+    /// The fields of `state.bounce` (and of one `bounce.recipients` entry).
+    pub fn to_json(&self) -> Map<String, Value> {
+        let mut m = Map::new();
+        m.insert("diagnostic".into(), json!(self.diagnostic));
+        let optional = [
+            (
+                "enhanced_status",
+                self.enhanced_status.as_ref().map(|s| json!(s)),
+            ),
+            ("smtp_code", self.smtp_code.map(|c| json!(c))),
+            ("remote_mta", self.remote_mta.as_ref().map(|s| json!(s))),
+            ("reply_text", self.reply_text.as_ref().map(|s| json!(s))),
+            ("phase", self.phase.as_ref().map(|s| json!(s))),
+        ];
+        for (k, v) in optional {
+            if let Some(v) = v {
+                m.insert(k.into(), v);
+            }
+        }
+        m
+    }
+
+    /// One line for `state.last_error` and logs.
+    pub fn summary(&self) -> String {
+        let mut s = String::new();
+        if let Some(code) = self.smtp_code {
+            s.push_str(&format!("{code} "));
+        }
+        if let Some(status) = &self.enhanced_status {
+            s.push_str(&format!("{status} "));
+        }
+        s.push_str(&self.diagnostic);
+        if let Some(mta) = &self.remote_mta {
+            s.push_str(&format!(" (from {mta})"));
+        }
+        s
+    }
+}
+
+/// The result of one delivery attempt for one recipient.
+#[derive(Debug, Clone, PartialEq)]
+pub enum RcptResult {
+    Delivered,
+    Permanent(Failure),
+    Transient(Failure),
+}
+
+/// Backoff and lifetime limits shared by the delivery stages.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RetryPolicy {
+    /// Pause after the first transient failure.
+    pub initial: Duration,
+    /// Each further pause is this many times the previous one …
+    pub factor: f64,
+    /// … up to this.
+    pub max_interval: Duration,
+    /// Age after which one delay DSN goes out; `None` turns delay notices off.
+    pub delay_warning: Option<Duration>,
+    /// Age after which transient failures are bounced as expired.
+    pub max_lifetime: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        RetryPolicy {
+            initial: Duration::from_secs(300),
+            factor: 2.0,
+            max_interval: Duration::from_secs(3600),
+            delay_warning: Some(Duration::from_secs(4 * 3600)),
+            max_lifetime: Duration::from_secs(5 * 86400),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// Reads RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, DELAY_WARNING (`0` = off) and
+    /// MAX_LIFETIME from `[stage-<stage>]`, falling back to `[pepsi]`, then to the defaults.
+    pub fn from_config(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
+        let own = cfg.section(&format!("stage-{stage}"));
+        let global = cfg.section("pepsi");
+        let d = RetryPolicy::default();
+        let dur = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
+            Ok(match own.duration_opt(opt)? {
+                Some(v) => v,
+                None => global.duration_opt(opt)?.unwrap_or(default),
+            })
+        };
+        let parse_factor = |v: &str| match v.trim().parse::<f64>() {
+            Ok(f) if (1.0..=100.0).contains(&f) => Ok(f),
+            _ => Err("a number from 1 to 100".to_owned()),
+        };
+        let factor = match own.custom_opt("RETRY_FACTOR", parse_factor)? {
+            Some(v) => v,
+            None => global
+                .custom_opt("RETRY_FACTOR", parse_factor)?
+                .unwrap_or(d.factor),
+        };
+        let initial = dur("RETRY_INITIAL", d.initial)?.max(Duration::from_secs(1));
+        let warning = dur("DELAY_WARNING", d.delay_warning.unwrap_or_default())?;
+        Ok(RetryPolicy {
+            initial,
+            factor,
+            max_interval: dur("RETRY_MAX_INTERVAL", d.max_interval)?.max(initial),
+            delay_warning: (!warning.is_zero()).then_some(warning),
+            max_lifetime: dur("MAX_LIFETIME", d.max_lifetime)?,
+        })
+    }
+
+    /// The pause after the `attempts`-th failed attempt (1 = the first), before jitter.
+    pub fn backoff(&self, attempts: u32) -> Duration {
+        let exp = attempts.saturating_sub(1).min(64) as i32;
+        let secs = self.initial.as_secs_f64() * self.factor.powi(exp);
+        Duration::from_secs_f64(secs.min(self.max_interval.as_secs_f64()))
+    }
+}
+
+/// `1d2h`, `5m`, `30s`: the way the configuration writes durations.
+fn format_duration(d: Duration) -> String {
+    let mut left = d.as_secs();
+    let mut out = String::new();
+    for (unit, secs) in [("d", 86400), ("h", 3600), ("m", 60), ("s", 1)] {
+        if left >= secs {
+            out.push_str(&format!("{}{unit}", left / secs));
+            left %= secs;
+        }
+    }
+    if out.is_empty() { "0s".into() } else { out }
+}
+
+/// What the row knows that the decision needs.
+#[derive(Debug, Clone)]
+pub struct RowFacts {
+    pub id: i64,
+    pub received_at: DateTime<Utc>,
+    /// `state.attempts` before this pass.
+    pub attempts: u32,
+    /// `state.delay_sent`.
+    pub delay_sent: bool,
+    /// Per recipient: did it ask for NOTIFY=SUCCESS?
+    pub wants_success: Vec<bool>,
+    /// ORIGINATE_SUCCESS_DSN of the stage.
+    pub originate_success: bool,
+}
+
+/// The decision for one pass.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Plan {
+    /// Every recipient is settled: delete the row, spawning the notifications (if any).
+    Finish { clones: Vec<Clone> },
+    /// Some recipients wait: keep those (`None` = all), pause, spawn the notifications.
+    Pause {
+        keep: Option<Vec<usize>>,
+        after: Duration,
+        state: Map<String, Value>,
+        clones: Vec<Clone>,
+    },
+}
+
+/// A notification to spawn: recipients (indices) and the `state.bounce` to give it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Clone {
+    pub token: String,
+    pub recipients: Vec<usize>,
+    pub bounce: Map<String, Value>,
+}
+
+/// Decides what a pass with `results` (one per recipient, in order) ends with.
+pub fn plan(
+    policy: &RetryPolicy,
+    now: DateTime<Utc>,
+    row: &RowFacts,
+    rcpt_to: &[String],
+    results: &[RcptResult],
+    stage: &str,
+) -> Plan {
+    let age = (now - row.received_at).to_std().unwrap_or_default();
+    let expired = age >= policy.max_lifetime;
+    let attempt = row.attempts + 1;
+
+    let mut failed: Vec<(usize, Failure)> = Vec::new();
+    let mut waiting: Vec<(usize, Failure)> = Vec::new();
+    let mut success: Vec<usize> = Vec::new();
+    for (i, r) in results.iter().enumerate() {
+        match r {
+            RcptResult::Delivered => {
+                if row.originate_success && row.wants_success.get(i).copied().unwrap_or(false) {
+                    success.push(i);
+                }
+            }
+            RcptResult::Permanent(f) => failed.push((i, f.clone())),
+            RcptResult::Transient(f) if expired => {
+                let mut f = f.clone();
+                f.diagnostic = format!(
+                    "delivery time expired after {}; last error: {}",
+                    format_duration(policy.max_lifetime),
+                    f.summary()
+                );
+                f.enhanced_status = Some("4.4.7".into());
+                failed.push((i, f));
+            }
+            RcptResult::Transient(f) => waiting.push((i, f.clone())),
+        }
+    }
+
+    let mut clones = Vec::new();
+    if !failed.is_empty() {
+        clones.push(notification(
+            format!("{}:bounce:{attempt}", row.id),
+            "permanent",
+            &failed,
+            rcpt_to,
+            stage,
+        ));
+    }
+    if !success.is_empty() {
+        let mut bounce = Map::new();
+        bounce.insert("kind".into(), json!("success"));
+        bounce.insert("stage".into(), json!(stage));
+        clones.push(Clone {
+            token: format!("{}:success:{attempt}", row.id),
+            recipients: success,
+            bounce,
+        });
+    }
+    if waiting.is_empty() {
+        return Plan::Finish { clones };
+    }
+
+    let mut state = Map::new();
+    state.insert("attempts".into(), json!(attempt));
+    state.insert("last_error".into(), json!(waiting[0].1.summary()));
+    let warn = policy.delay_warning.is_some_and(|w| age >= w);
+    if warn && !row.delay_sent {
+        let mut delay = notification(
+            format!("{}:delay", row.id),
+            "delay",
+            &waiting,
+            rcpt_to,
+            stage,
+        );
+        let until = row.received_at
+            + chrono::Duration::from_std(policy.max_lifetime).unwrap_or(chrono::Duration::MAX);
+        delay
+            .bounce
+            .insert("will_retry_until".into(), json!(until.to_rfc3339()));
+        clones.push(delay);
+        state.insert("delay_sent".into(), json!(true));
+    }
+    let keep = (waiting.len() < results.len()).then(|| waiting.iter().map(|(i, _)| *i).collect());
+    // Never sleep past the lifetime: the last attempt happens when the message expires.
+    let left = policy
+        .max_lifetime
+        .saturating_sub(age)
+        .max(Duration::from_secs(1));
+    let after = jitter(policy.backoff(attempt), row.id).min(left);
+    Plan::Pause {
+        keep,
+        after,
+        state,
+        clones,
+    }
+}
+
+/// A `state.bounce` for `who` (index, failure): the first failure at top level, each
+/// recipient's own under `recipients`.
+fn notification(
+    token: String,
+    kind: &str,
+    who: &[(usize, Failure)],
+    rcpt_to: &[String],
+    stage: &str,
+) -> Clone {
+    let mut bounce = who[0].1.to_json();
+    bounce.insert("kind".into(), json!(kind));
+    bounce.insert("stage".into(), json!(stage));
+    let per: Map<String, Value> = who
+        .iter()
+        .map(|(i, f)| (rcpt_to[*i].clone(), Value::Object(f.to_json())))
+        .collect();
+    bounce.insert("recipients".into(), Value::Object(per));
+    Clone {
+        token,
+        recipients: who.iter().map(|(i, _)| *i).collect(),
+        bounce,
+    }
+}
+
+/// Up to +10 % spread, fixed per row, so messages deferred together do not return together.
+fn jitter(d: Duration, id: i64) -> Duration {
+    let spread = (id.unsigned_abs().wrapping_mul(2_654_435_761) % 1000) as f64 / 10_000.0;
+    d.mul_f64(1.0 + spread)
+}
+
+/// Applies [`plan`] to the message in `ctx`: the one terminal helper of a delivery pass.
+/// `results` has one entry per recipient of the row, in order.
+pub fn conclude(
+    ctx: &mut StageContext<'_>,
+    policy: &RetryPolicy,
+    results: &[RcptResult],
+) -> Result<(), StageError> {
+    if results.len() != ctx.rcpt_to().len() {
+        return Err(StageError::Invalid(format!(
+            "{} delivery results for {} recipients",
+            results.len(),
+            ctx.rcpt_to().len()
+        )));
+    }
+    let state = ctx.state();
+    let facts = RowFacts {
+        id: ctx.id(),
+        received_at: ctx.received_at(),
+        attempts: state
+            .get("attempts")
+            .and_then(Value::as_u64)
+            .unwrap_or(0)
+            .min(u32::MAX as u64) as u32,
+        delay_sent: state
+            .get("delay_sent")
+            .and_then(Value::as_bool)
+            .unwrap_or(false),
+        wants_success: (0..results.len())
+            .map(|i| crate::stage::notify_includes(state, i, "SUCCESS"))
+            .collect(),
+        originate_success: ctx.settings().originate_success_dsn,
+    };
+    let stage = ctx.settings().name.clone();
+    let decided = plan(policy, Utc::now(), &facts, ctx.rcpt_to(), results, &stage);
+    let bounce_stage = ctx.settings().bounce_stage.clone();
+    let specs = |clones: Vec<Clone>| -> Result<Vec<CloneSpec>, StageError> {
+        if clones.is_empty() {
+            return Ok(Vec::new());
+        }
+        let target = bounce_stage
+            .clone()
+            .ok_or_else(|| StageError::NoBounceStage(stage.clone()))?;
+        Ok(clones
+            .into_iter()
+            .map(|c| {
+                let mut state = Map::new();
+                state.insert("bounce".into(), Value::Object(c.bounce));
+                CloneSpec::new(target.clone())
+                    .token(c.token)
+                    .recipients(c.recipients)
+                    .state(state)
+            })
+            .collect())
+    };
+    match decided {
+        Plan::Finish { clones } if clones.is_empty() => ctx.advance_or_finish(),
+        Plan::Finish { clones } => ctx.finish_with(specs(clones)?),
+        Plan::Pause {
+            keep,
+            after,
+            state,
+            clones,
+        } => ctx.pause_with(state, after, keep, specs(clones)?),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn facts(age_secs: i64, attempts: u32, delay_sent: bool) -> (RowFacts, DateTime<Utc>) {
+        let now = Utc::now();
+        (
+            RowFacts {
+                id: 7,
+                received_at: now - chrono::Duration::seconds(age_secs),
+                attempts,
+                delay_sent,
+                wants_success: vec![true, false, false],
+                originate_success: true,
+            },
+            now,
+        )
+    }
+
+    fn policy() -> RetryPolicy {
+        RetryPolicy {
+            initial: Duration::from_secs(60),
+            factor: 2.0,
+            max_interval: Duration::from_secs(600),
+            delay_warning: Some(Duration::from_secs(3600)),
+            max_lifetime: Duration::from_secs(86400),
+        }
+    }
+
+    const D: RcptResult = RcptResult::Delivered;
+    fn p() -> RcptResult {
+        RcptResult::Permanent(Failure::new("no such user", "5.1.1"))
+    }
+    fn t() -> RcptResult {
+        RcptResult::Transient(Failure::new("mailbox locked", "4.2.0"))
+    }
+
+    /// (age, attempts, delay_sent, results) → (kind, keep, clone kinds with recipients,
+    /// attempts written, delay_sent written)
+    #[test]
+    fn decision_table() {
+        type Case = (
+            i64,
+            u32,
+            bool,
+            Vec<RcptResult>,
+            &'static str,
+            Option<Vec<usize>>,
+            Vec<(&'static str, Vec<usize>)>,
+        );
+        let rcpt: Vec<String> = ["a@x", "b@x", "c@x"].map(String::from).into();
+        let cases: Vec<Case> = vec![
+            // all delivered; a success DSN for the one that asked
+            (
+                0,
+                0,
+                false,
+                vec![D, D, D],
+                "finish",
+                None,
+                vec![("success", vec![0])],
+            ),
+            // one permanent failure: bounce it, the rest done
+            (
+                0,
+                0,
+                false,
+                vec![D, p(), D],
+                "finish",
+                None,
+                vec![("success", vec![0]), ("permanent", vec![1])],
+            ),
+            // all transient, young: pause all, no notice
+            (10, 0, false, vec![t(), t(), t()], "pause", None, vec![]),
+            // mixed: keep the waiting one, bounce the failed, success for the delivered
+            (
+                10,
+                2,
+                false,
+                vec![D, p(), t()],
+                "pause",
+                Some(vec![2]),
+                vec![("permanent", vec![1]), ("success", vec![0])],
+            ),
+            // older than DELAY_WARNING: one delay notice
+            (
+                7200,
+                3,
+                false,
+                vec![D, t(), t()],
+                "pause",
+                Some(vec![1, 2]),
+                vec![("success", vec![0]), ("delay", vec![1, 2])],
+            ),
+            // delay notice already sent: none again
+            (7200, 4, true, vec![t(), t(), t()], "pause", None, vec![]),
+            // past MAX_LIFETIME: transient become expired bounces
+            (
+                90000,
+                9,
+                true,
+                vec![D, t(), t()],
+                "finish",
+                None,
+                vec![("permanent", vec![1, 2]), ("success", vec![0])],
+            ),
+        ];
+        for (n, (age, attempts, sent, results, kind, keep, want)) in cases.into_iter().enumerate() {
+            let (f, now) = facts(age, attempts, sent);
+            let got = plan(&policy(), now, &f, &rcpt, &results, "deliver");
+            let (got_kind, got_keep, clones, state) = match got {
+                Plan::Finish { clones } => ("finish", None, clones, Map::new()),
+                Plan::Pause {
+                    keep,
+                    clones,
+                    state,
+                    after,
+                } => {
+                    assert!(
+                        after >= policy().backoff(attempts + 1),
+                        "case {n}: {after:?}"
+                    );
+                    ("pause", keep, clones, state)
+                }
+            };
+            assert_eq!(got_kind, kind, "case {n}");
+            assert_eq!(got_keep, keep, "case {n}");
+            let mut got_clones: Vec<(&str, Vec<usize>)> = clones
+                .iter()
+                .map(|c| (c.bounce["kind"].as_str().unwrap(), c.recipients.clone()))
+                .collect();
+            let mut want = want;
+            got_clones.sort();
+            want.sort();
+            assert_eq!(got_clones, want, "case {n}");
+            if kind == "pause" {
+                assert_eq!(state["attempts"], json!(attempts + 1), "case {n}");
+                assert_eq!(
+                    state.get("delay_sent").is_some(),
+                    want.iter().any(|(k, _)| *k == "delay"),
+                    "case {n}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn expired_failures_say_so_and_bounces_name_each_recipient() {
+        let (f, now) = facts(90000, 9, true);
+        let rcpt: Vec<String> = ["a@x", "b@x", "c@x"].map(String::from).into();
+        let Plan::Finish { clones } = plan(&policy(), now, &f, &rcpt, &[p(), t(), D], "lmtp")
+        else {
+            panic!("expected finish");
+        };
+        let bounce = &clones
+            .iter()
+            .find(|c| c.bounce["kind"] == "permanent")
+            .unwrap()
+            .bounce;
+        assert_eq!(bounce["stage"], "lmtp");
+        assert_eq!(bounce["recipients"]["a@x"]["enhanced_status"], "5.1.1");
+        assert_eq!(bounce["recipients"]["b@x"]["enhanced_status"], "4.4.7");
+        let diag = bounce["recipients"]["b@x"]["diagnostic"].as_str().unwrap();
+        assert!(diag.starts_with("delivery time expired after 1d"), "{diag}");
+        assert!(diag.contains("4.2.0 mailbox locked"), "{diag}");
+    }
+
+    #[test]
+    fn backoff_grows_and_stops_at_the_maximum_and_never_passes_the_lifetime() {
+        let pol = policy();
+        let secs: Vec<u64> = (1..=6).map(|a| pol.backoff(a).as_secs()).collect();
+        assert_eq!(secs, vec![60, 120, 240, 480, 600, 600]);
+        // 30 s before expiry the pause is cut to the time left
+        let (f, now) = facts(86400 - 30, 5, true);
+        let rcpt = vec!["a@x".to_string()];
+        let Plan::Pause { after, .. } = plan(&pol, now, &f, &rcpt, &[t()], "x") else {
+            panic!("expected pause");
+        };
+        assert!(after <= Duration::from_secs(30), "{after:?}");
+    }
+
+    #[test]
+    fn policy_reads_the_stage_then_the_global_section() {
+        let cfg = Config::from_str_named(
+            "[pepsi]\nMAX_LIFETIME = 2d\nRETRY_INITIAL = 1m\n\
+             [stage-lmtp]\nRETRY_INITIAL = 30s\nDELAY_WARNING = 0\nRETRY_FACTOR = 3\n",
+            "test.conf",
+        )
+        .unwrap();
+        let pol = RetryPolicy::from_config(&cfg, "lmtp").unwrap();
+        assert_eq!(pol.initial, Duration::from_secs(30));
+        assert_eq!(pol.factor, 3.0);
+        assert_eq!(pol.delay_warning, None);
+        assert_eq!(pol.max_lifetime, Duration::from_secs(2 * 86400));
+        let other = RetryPolicy::from_config(&cfg, "maildir").unwrap();
+        assert_eq!(other.initial, Duration::from_secs(60));
+        assert_eq!(other.delay_warning, RetryPolicy::default().delay_warning);
+
+        let bad = Config::from_str_named("[stage-x]\nRETRY_FACTOR = 0.5\n", "bad.conf").unwrap();
+        let err = RetryPolicy::from_config(&bad, "x").unwrap_err().to_string();
+        assert!(
+            err.contains("RETRY_FACTOR") && err.contains("bad.conf"),
+            "{err}"
+        );
+    }
+}
