@@ -1,21 +1,41 @@
 #!/usr/bin/env bash
-# scripts/run.sh: builds Pepsi and brings it up on the embedded default configuration.
+# scripts/run.sh: builds Pepsi and brings the whole system up on the embedded default
+# configuration (etc/pepsi.conf): a private PostgreSQL under ./var/pg unless DATABASE_URL
+# names a server, the schema, Maildirs for the demo users of example.test under
+# ./var/mail, the dispatcher (which starts the stage workers) and the SMTP ingress on
+# 127.0.0.1:2525. It sends one message to show the path end to end, prints where it
+# landed, and keeps running until Ctrl-C, which stops everything cleanly.
 #
-# Without DATABASE_URL a private PostgreSQL runs under ./var/pg; the schema, procedures and
-# roles are applied with pepsi-setup; then the main job runs: a message is admitted with
-# workqueue_add, claimed as the dispatcher would claim it, and handed to its stage worker
-# over the real stdin/stdout protocol. The private server is stopped at exit.
+#   scripts/run.sh          # run until Ctrl-C
+#   scripts/run.sh --once   # stop after the demonstration message (a smoke test)
 set -euo pipefail
+once=no
+[ "${1:-}" = "--once" ] && once=yes
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
 . scripts/services.sh
-trap stop_services EXIT
+
+pids=()
+stopping=no
+shutdown() {
+  [ "$stopping" = yes ] && return
+  stopping=yes
+  say "== stopping"
+  # The ingress first (no new mail), then the dispatcher, which stops its workers and
+  # returns their rows to pending.
+  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  stop_services
+  say "stopped; the queue and the mail stay under ./var"
+}
+trap shutdown EXIT
+trap 'exit 0' INT TERM
 
 say "== building"
 cargo build --quiet --bins
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
+export PATH="$bin:$PATH"
 
-mkdir -p var
+mkdir -p var/log
 ensure_postgres "$root/var/pg" 55432 private
 # The default configuration reads these two.
 export PEPSI_HOME="$root/var"
@@ -23,25 +43,67 @@ export DATABASE_URL="${DATABASE_URL%/*}/pepsi"
 cfg="$root/etc/pepsi.conf"
 
 say "== pepsi-setup db -c etc/pepsi.conf"
-"$bin/pepsi-setup" db -c "$cfg"
+pepsi-setup db -c "$cfg"
 
-say "== admitting a message from bob@example.test to alice@example.test"
-id=$(psql "$DATABASE_URL" -Atq -v ON_ERROR_STOP=1 <<'SQL'
-SELECT pepsi.workqueue_add('bob@example.test', ARRAY['alice@example.test'],
-  convert_to(E'From: bob@example.test\r\nTo: alice@example.test\r\nSubject: hello\r\n', 'UTF8'),
-  convert_to(E'Hello from make run.\r\n', 'UTF8'),
-  '{"dsn": {"ret": null, "envid": null, "rcpt": [{"notify": null, "orcpt": null}]}}', NULL, '127.0.0.1');
-SQL
-)
-say "queued as workqueue id $id at stage init"
-psql "$DATABASE_URL" -Atq -c "UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $id" >/dev/null
-say "== echo $id | pepsi-stage-discard worker -c etc/pepsi.conf"
-status=$(echo "$id" | "$bin/pepsi-stage-discard" worker -c "$cfg")
-say "worker status line: $status"
-left=$(psql "$DATABASE_URL" -Atq -c "SELECT count(*) FROM pepsi.workqueue WHERE workqueue_id = $id")
-if [ "${status%% *}" = 0 ] && [ "$left" = 0 ]; then
-  say "done: the message went through stage init and left the queue"
-else
-  say "the message is still queued (status line: $status)"; exit 1
+# Mailboxes of the demonstration domain. A recipient without one is an unknown user: its
+# mail comes back to the sender as a delivery status notification.
+for user in alice bob postmaster; do
+  mkdir -p "var/mail/$user/Maildir/"{new,cur,tmp}
+done
+
+if (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null; then
+  say "127.0.0.1:2525 is taken: is another Pepsi (or another SMTP server) running?"
+  exit 1
 fi
-say "the queue lives in $DATABASE_URL (a private server's data stays in var/pg)"
+pepsi-dispatch -c "$cfg" 2>>var/log/dispatch.log &
+pids+=($!)
+say "started pepsi-dispatch (pid $!), log var/log/dispatch.log"
+pepsi-ingress -c "$cfg" 2>>var/log/ingress.log &
+pids+=($!)
+ingress=$!
+for _ in $(seq 200); do
+  (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null && break
+  kill -0 "$ingress" 2>/dev/null || { tail -n 20 var/log/ingress.log >&2; exit 1; }
+  sleep 0.05
+done
+say "started pepsi-ingress (pid $ingress) on 127.0.0.1:2525, log var/log/ingress.log"
+say "database: $DATABASE_URL   mail: var/mail/<user>/Maildir"
+
+say "== sending a message from bob@example.test to alice@example.test"
+before=$(ls var/mail/alice/Maildir/new | wc -l)
+python3 - <<'PY'
+import smtplib
+from email.message import EmailMessage
+m = EmailMessage()
+m["From"] = "bob@example.test"
+m["To"] = "alice@example.test"
+m["Subject"] = "hello from make run"
+m.set_content("Hello Alice,\n\nthis message went through pepsi-ingress, pepsi-dispatch and the stage graph.\n")
+with smtplib.SMTP("127.0.0.1", 2525) as s:
+    s.send_message(m)
+PY
+for _ in $(seq 100); do
+  [ "$(ls var/mail/alice/Maildir/new | wc -l)" -gt "$before" ] && break
+  sleep 0.05
+done
+landed=$(ls -t var/mail/alice/Maildir/new | head -n 1)
+if [ "$(ls var/mail/alice/Maildir/new | wc -l)" -le "$before" ]; then
+  say "the message did not arrive within 5 s; the queue:"
+  psql "$DATABASE_URL" -c "SELECT workqueue_id, stage, status, rcpt_to, state->>'last_error' AS last_error, state->>'dispatch_error' AS dispatch_error FROM pepsi.workqueue" >&2
+  exit 1
+fi
+say "delivered: var/mail/alice/Maildir/new/$landed"
+
+if [ "$once" = yes ]; then
+  exit 0
+fi
+cat <<EOF
+
+Pepsi is running. Try:
+  swaks --server 127.0.0.1:2525 --from bob@example.test --to alice@example.test
+  swaks --server 127.0.0.1:2525 --from bob@example.test --to nobody@example.test   # a DSN comes back to bob
+  ls var/mail/*/Maildir/new
+  $bin/pepsi-queue -c etc/pepsi.conf list
+Ctrl-C stops everything.
+EOF
+wait

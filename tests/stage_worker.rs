@@ -250,3 +250,42 @@ fn pepsi_setup_without_a_database_names_the_missing_option() {
         "{err}"
     );
 }
+
+#[tokio::test]
+async fn with_return_status_the_discard_stage_sends_mail_back_through_the_bounce_stage() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\n\
+             BOUNCE_STAGE = bounce\nRETURN_STATUS = 5.4.4\nRETURN_TEXT = no relay configured\n\n\
+             [stage-odd]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\nRETURN_STATUS = 4.4.4\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let id = message(&db, Some("remote")).await;
+    assert_eq!(worker(&cfg, format!("{id}\n")), vec!["0"]);
+    let (stage, status, bounce): (String, String, serde_json::Value) = sqlx::query_as(
+        "SELECT stage, status::text, state->'bounce' FROM pepsi.workqueue WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((stage.as_str(), status.as_str()), ("bounce", "pending"));
+    assert_eq!(bounce["kind"], "permanent");
+    assert_eq!(bounce["enhanced_status"], "5.4.4");
+    assert_eq!(bounce["diagnostic"], "no relay configured");
+    assert_eq!(bounce["stage"], "remote");
+
+    // a transient code is a configuration error, reported on the status line
+    let odd = message(&db, Some("odd")).await;
+    let lines = worker(&cfg, format!("{odd}\n"));
+    assert!(
+        lines[0].starts_with("1 ") && lines[0].contains("RETURN_STATUS"),
+        "{lines:?}"
+    );
+}

@@ -1,12 +1,16 @@
-//! pepsi-stage-discard: drops the message.
+//! pepsi-stage-discard: drops the message, or returns it to its sender.
 //!
-//! Reads: nothing but the row's id (`Load::Metadata`). Writes: nothing. Terminal helper:
-//! `finish`, always. Useful as the end of a graph branch for mail that must vanish, and as
-//! the smallest program on the stage contract.
+//! Reads: the envelope only (`Load::Metadata`). Writes: `state.bounce` when it returns mail.
+//! Terminal helpers: `finish` (drop), or `reroute` to BOUNCE_STAGE when `RETURN_STATUS` is
+//! set: then every recipient is reported to the sender as failed with that RFC 3463 status
+//! and `RETURN_TEXT`. The default graph sends mail for remote domains here until a relay
+//! stage is configured, so nothing vanishes silently. It is also the smallest program on the
+//! stage contract.
 
 use std::process::ExitCode;
 
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use serde_json::{Map, json};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -22,13 +26,49 @@ pub mod constants {
 /// The discard stage.
 pub struct Discard;
 
+/// `RETURN_STATUS` must be a permanent RFC 3463 code: `5.x.y`.
+fn valid_status(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    parts.len() == 3
+        && parts[0] == "5"
+        && parts[1..]
+            .iter()
+            .all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
 impl Stage for Discard {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
-        ctx.finish()
+        let section = ctx.section();
+        let Some(status) = section.custom_opt("RETURN_STATUS", |v| {
+            if valid_status(v.trim()) {
+                Ok(v.trim().to_owned())
+            } else {
+                Err("a permanent enhanced status code such as 5.4.4".to_owned())
+            }
+        })?
+        else {
+            tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
+            return ctx.finish();
+        };
+        let text = section
+            .string_opt("RETURN_TEXT")?
+            .unwrap_or_else(|| "this server does not deliver to that destination".into());
+        let target = ctx
+            .settings()
+            .bounce_stage
+            .clone()
+            .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
+        tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), %status, "returned to sender");
+        let mut merge = Map::new();
+        merge.insert(
+            "bounce".into(),
+            json!({ "kind": "permanent", "diagnostic": text, "enhanced_status": status,
+                    "stage": ctx.settings().name }),
+        );
+        ctx.reroute(&target, merge)
     }
 }
 
@@ -36,7 +76,27 @@ impl Stage for Discard {
 pub fn run() -> ExitCode {
     pepsi_common::stage::main(
         &constants::CONFIG_SOURCE,
-        "Pepsi stage that drops every message it is given",
+        "Pepsi stage that drops every message it is given, or with RETURN_STATUS set returns it \
+         to the sender through BOUNCE_STAGE",
         Discard,
     )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn return_status_must_be_permanent() {
+        for (s, ok) in [
+            ("5.4.4", true),
+            ("5.7.1", true),
+            ("5.1.10", true),
+            ("4.4.4", false),
+            ("5.4", false),
+            ("5..4", false),
+            ("x.1.1", false),
+            ("5.1.1234", false),
+        ] {
+            assert_eq!(super::valid_status(s), ok, "{s}");
+        }
+    }
 }
