@@ -638,7 +638,8 @@ async fn a_session_still_in_data_when_the_shutdown_grace_ends_is_dropped_and_sto
     slow.ok("MAIL FROM:<bob@example.org>", 250).await;
     slow.ok("RCPT TO:<alice@example.test>", 250).await;
     slow.ok("DATA", 354).await;
-    slow.send(b"Subject: never finished\r\n\r\nthe first half\r\n").await;
+    slow.send(b"Subject: never finished\r\n\r\nthe first half\r\n")
+        .await;
 
     ingress.signal("TERM");
     // the client never ends its data: after the grace (1 s here, where the harness default

@@ -34,7 +34,11 @@ async fn smtp_in_lands_in_maildir_with_the_body_byte_identical() {
 
     let got = sys.wait_messages("alice", 1, WAIT).await;
     let (stored_headers, stored_body) = split(&got[0]);
-    assert_eq!(stored_body, body.as_bytes(), "the body must be byte-identical");
+    assert_eq!(
+        stored_body,
+        body.as_bytes(),
+        "the body must be byte-identical"
+    );
     let stored_headers = String::from_utf8(stored_headers.to_vec()).unwrap();
     // the prepended trace: Return-Path and Delivered-To from delivery, Received from the ingress
     let lines: Vec<&str> = stored_headers.split("\r\n").collect();
@@ -85,7 +89,10 @@ async fn mail_to_an_unknown_local_user_comes_back_to_the_sender_as_a_dsn() {
         !text.contains("Final-Recipient: rfc822; alice@example.test"),
         "{text}"
     );
-    assert!(text.contains("Subject: to nobody"), "the DSN returns the headers: {text}");
+    assert!(
+        text.contains("Subject: to nobody"),
+        "the DSN returns the headers: {text}"
+    );
     sys.wait_empty(WAIT).await;
     assert_eq!(sys.messages("bob").len(), 1, "exactly one DSN");
 }
@@ -188,7 +195,11 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
         if let (true, Some(pid)) = (delivered >= 10, worker) {
             break pid;
         }
-        assert!(std::time::Instant::now() < until, "no delivery under way\n{}", sys.logs());
+        assert!(
+            std::time::Instant::now() < until,
+            "no delivery under way\n{}",
+            sys.logs()
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     };
     system_common::signal(victim, "KILL");
@@ -202,12 +213,18 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
         if q.iter().all(|(_, _, status, _, _)| status == "failed") {
             break q;
         }
-        assert!(std::time::Instant::now() < until, "queue still moving: {q:#?}");
+        assert!(
+            std::time::Instant::now() < until,
+            "queue still moving: {q:#?}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     for (id, _, _, _, state) in &failed {
         let reason = state["dispatch_error"].as_str().unwrap_or_default();
-        assert!(!reason.is_empty(), "row {id} failed without a reason: {state}");
+        assert!(
+            !reason.is_empty(),
+            "row {id} failed without a reason: {state}"
+        );
     }
     if !failed.is_empty() {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_pepsi-queue"))
@@ -218,14 +235,26 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
             .env("DATABASE_URL", &sys.db.url)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
     sys.wait_empty(WAIT).await;
     let got = seqs(&sys, "alice");
     let mut distinct = got.clone();
     distinct.sort();
     distinct.dedup();
-    assert_eq!(distinct, (0..N).collect::<Vec<_>>(), "every message delivered");
+    assert_eq!(
+        distinct,
+        (0..N).collect::<Vec<_>>(),
+        "every message delivered"
+    );
     // a duplicate is only possible for what the killed worker held: at most QUEUE_LIMIT
-    assert!(got.len() - distinct.len() <= 4, "{} duplicates", got.len() - distinct.len());
+    assert!(
+        got.len() - distinct.len() <= 4,
+        "{} duplicates",
+        got.len() - distinct.len()
+    );
 }
