@@ -233,7 +233,7 @@ impl Stage for RelayToMaildir {
             let mailbox = match s.template.mailbox(&s.root, r, &s.delimiters) {
                 Ok(m) => m,
                 Err(f) => {
-                    results.push(RcptResult::Permanent(f));
+                    results.push(RcptResult::Permanent(*f));
                     continue;
                 }
             };

@@ -87,14 +87,14 @@ impl Template {
         root: &Path,
         address: &str,
         delimiters: &str,
-    ) -> Result<PathBuf, Failure> {
+    ) -> Result<PathBuf, Box<Failure>> {
         let bad = |why: &str| {
             let mut f = Failure::new(
                 format!("bad destination mailbox address {address:?}: {why}"),
                 "5.1.3",
             );
             f.phase = Some("delivery".into());
-            f
+            Box::new(f)
         };
         let Some((local, domain)) = address.rsplit_once('@') else {
             return Err(bad("no domain"));
