@@ -213,3 +213,43 @@ pub fn serve<R: BufRead, W: Write>(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A setuid invocation's options are cut down to what the system configuration allows.
+    #[test]
+    fn caller_options_only_narrow_the_system_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let trusted = dir.path().join("mail");
+        std::fs::create_dir_all(trusted.join("domain")).unwrap();
+        let cfg = |extra: &str| {
+            Config::from_str_named(
+                &format!(
+                    "[helper-maildir-writer]\nROOT = {}\n{extra}",
+                    trusted.display()
+                ),
+                "pepsi.conf",
+            )
+            .unwrap()
+        };
+        let asked = |root: PathBuf| maildir::Options {
+            root,
+            create: true,
+            allow_root_owner: true,
+        };
+        let o = narrow(&cfg(""), asked(trusted.join("domain"))).unwrap();
+        assert!(!o.create && !o.allow_root_owner);
+        let o = narrow(&cfg("CREATE_MAILDIR = yes\n"), asked(trusted.clone())).unwrap();
+        assert!(o.create && !o.allow_root_owner);
+        let err = narrow(&cfg(""), asked(dir.path().to_path_buf())).unwrap_err();
+        assert!(
+            err.contains("is outside [helper-maildir-writer] ROOT"),
+            "{err}"
+        );
+        let none = Config::from_str_named("[pepsi]\n", "pepsi.conf").unwrap();
+        let err = narrow(&none, asked(trusted.clone())).unwrap_err();
+        assert!(err.contains("ROOT"), "{err}");
+    }
+}
