@@ -1,6 +1,7 @@
 //! Message authentication at the ingress against a real DNS server the test starts
 //! (dnsmasq on a free loopback port): SPF, DKIM and DMARC verdicts pass, fail and none, and
-//! iprev, each in `Authentication-Results` and `state.auth` / `state.origin`.
+//! iprev, each in `Authentication-Results` and `state.auth` / `state.origin`; and an ARC chain
+//! sealed by a forwarder, intact and tampered with.
 
 mod ingress_common;
 
@@ -194,4 +195,57 @@ async fn spf_dkim_and_dmarc_verdicts_from_a_local_dns_server() {
     let pass = row(&ingress.db, 1).await;
     assert_eq!(pass.state["auth"]["dmarc"]["policy"], "reject");
     assert_eq!(pass.state["auth"]["dkim"][0]["domain"], "pass.test");
+}
+
+/// `message` sealed as the first ARC hop by `fwd.test` (selector `arc`), the way a
+/// forwarder that verified it would.
+fn arc_seal(key_der: &[u8], message: &str) -> String {
+    use mail_auth::arc::ArcSealer;
+    use mail_auth::{ArcOutput, AuthenticatedMessage, AuthenticationResults};
+    let parsed = AuthenticatedMessage::parse(message.as_bytes()).unwrap();
+    let results = AuthenticationResults::new("fwd.test");
+    let key = Ed25519Key::from_pkcs8_der(key_der).unwrap();
+    let set = ArcSealer::from_key(key)
+        .domain("fwd.test")
+        .selector("arc")
+        .headers(["From", "To", "Subject"])
+        .seal(&parsed, &results, &ArcOutput::default())
+        .unwrap();
+    format!("{}{}{message}", set.to_header(), results.to_header())
+}
+
+#[tokio::test]
+async fn an_arc_chain_is_verified_pass_when_intact_and_fail_when_a_signed_header_changed() {
+    let arc_key = Ed25519Key::generate_pkcs8().unwrap();
+    let dns = Dns::start(&[format!(
+        "--txt-record=arc._domainkey.fwd.test,{}",
+        dkim_record(&arc_key)
+    )]);
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{}\nDNS_TIMEOUT = 5s\nAUTHSERV_ID = auth.example.test\n",
+            dns.port
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO fwd.test", 250).await;
+    let original = "From: a@list.test\r\nTo: alice@example.test\r\nSubject: forwarded\r\n\r\nthe forwarded body\r\n";
+    let sealed = arc_seal(&arc_key, original);
+    // a signed header changed after sealing breaks the message signature of the set
+    let tampered = sealed.replace("Subject: forwarded", "Subject: altered");
+    for (message, want) in [(sealed, "pass"), (tampered, "fail")] {
+        let id = c
+            .deliver("a@list.test", &["alice@example.test"], message.as_bytes())
+            .await;
+        let r = row(&ingress.db, id).await;
+        assert_eq!(r.state["auth"]["arc"]["result"], want, "{}", r.state);
+        let headers = String::from_utf8(r.headers.clone()).unwrap();
+        assert!(headers.contains(&format!("arc={want}")), "{headers}");
+        assert!(
+            headers.contains("ARC-Seal: i=1;"),
+            "the chain is kept: {headers}"
+        );
+    }
 }

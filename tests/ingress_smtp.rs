@@ -628,3 +628,35 @@ async fn bad_input_gets_its_reply_code_and_stores_nothing() {
         assert_eq!(ingress.rows().await, 0, "{name}: a row was written");
     }
 }
+
+#[tokio::test]
+async fn a_session_still_in_data_when_the_shutdown_grace_ends_is_dropped_and_stores_nothing() {
+    let mut ingress = Ingress::start("SHUTDOWN_GRACE = 1s\n", &[("mx", MX)]).await;
+    let port = ingress.port("mx");
+    let mut slow = Client::connect(port).await;
+    slow.ok("EHLO slow.example", 250).await;
+    slow.ok("MAIL FROM:<bob@example.org>", 250).await;
+    slow.ok("RCPT TO:<alice@example.test>", 250).await;
+    slow.ok("DATA", 354).await;
+    slow.send(b"Subject: never finished\r\n\r\nthe first half\r\n")
+        .await;
+
+    ingress.signal("TERM");
+    // the client never ends its data: after the grace (1 s here, where the harness default
+    // is 60 s) the ingress drops the session and exits
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = ingress.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the ingress did not exit after SHUTDOWN_GRACE"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    let (code, text) = slow.read().await;
+    assert!(code == 0 || code == 421, "{code} {text}");
+    assert_eq!(ingress.rows().await, 0, "a dropped message is not stored");
+}

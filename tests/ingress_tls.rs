@@ -151,8 +151,9 @@ async fn unknown_local_users_are_refused_when_recipients_are_checked() {
 async fn sighup_swaps_in_a_renewed_certificate() {
     let ingress = Ingress::start("", &[("submissions", SUBMISSIONS)]).await;
     let ca = ca(&ingress);
-    let first = Client::connect_tls(ingress.port("submissions"), &ca).await;
-    drop(first);
+    let port = ingress.port("submissions");
+    let old_der = ingress_common::pem_certificate(&ca.cert);
+    assert_eq!(Client::server_certificate(port, &ca).await, old_der);
     let old = std::fs::read(&ca.cert).unwrap();
     TestCa::issue(ingress.dir.path(), "server");
     assert_ne!(old, std::fs::read(&ca.cert).unwrap());
@@ -165,6 +166,10 @@ async fn sighup_swaps_in_a_renewed_certificate() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(log_has("certificate reloaded"), "{}", ingress.log());
+    // new connections are shown the renewed certificate
+    let new_der = ingress_common::pem_certificate(&ca.cert);
+    assert_ne!(new_der, old_der);
+    assert_eq!(Client::server_certificate(port, &ca).await, new_der);
     // A broken file is refused and the renewed certificate stays in service.
     std::fs::write(&ca.cert, "not a certificate").unwrap();
     ingress.signal("HUP");
@@ -175,7 +180,12 @@ async fn sighup_swaps_in_a_renewed_certificate() {
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
     assert!(log_has("certificate reload failed"), "{}", ingress.log());
-    let mut c = Client::connect_tls(ingress.port("submissions"), &ca).await;
+    assert_eq!(
+        Client::server_certificate(port, &ca).await,
+        new_der,
+        "a failed reload keeps the renewed certificate"
+    );
+    let mut c = Client::connect_tls(port, &ca).await;
     c.ok("NOOP", 250).await;
 }
 

@@ -43,6 +43,16 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
+/// The first certificate of a PEM file, as DER.
+pub fn pem_certificate(path: &Path) -> Vec<u8> {
+    let pem = std::fs::read(path).unwrap();
+    let cert = rustls_pemfile::certs(&mut pem.as_slice())
+        .next()
+        .expect("a certificate in the file")
+        .unwrap();
+    cert.as_ref().to_vec()
+}
+
 impl TestCa {
     pub fn new(dir: &Path) -> TestCa {
         let ec = [
@@ -373,6 +383,18 @@ impl Client {
         };
         assert_eq!(client.read().await.0, 220);
         client
+    }
+
+    /// The leaf certificate (DER) a fresh implicit-TLS connection to `port` is shown.
+    pub async fn server_certificate(port: u16, ca: &TestCa) -> Vec<u8> {
+        let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
+        let tls = ca
+            .connector()
+            .connect("localhost".try_into().unwrap(), tcp)
+            .await
+            .expect("TLS handshake");
+        let certs = tls.get_ref().1.peer_certificates().expect("a certificate");
+        certs[0].as_ref().to_vec()
     }
 
     /// Upgrades after the server's 220 to STARTTLS.

@@ -250,7 +250,9 @@ pub fn signal(pid: u32, sig: &str) {
 pub fn children(pid: u32) -> Vec<u32> {
     let text =
         std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
-    text.split_whitespace().filter_map(|s| s.parse().ok()).collect()
+    text.split_whitespace()
+        .filter_map(|s| s.parse().ok())
+        .collect()
 }
 
 /// The command line of `pid`, arguments joined by spaces.
@@ -264,7 +266,10 @@ async fn reply(r: &mut BufReader<tokio::net::tcp::OwnedReadHalf>) -> String {
     let mut all = String::new();
     loop {
         let mut line = String::new();
-        assert!(r.read_line(&mut line).await.unwrap() > 0, "connection closed");
+        assert!(
+            r.read_line(&mut line).await.unwrap() > 0,
+            "connection closed"
+        );
         all.push_str(&line);
         if line.as_bytes().get(3) != Some(&b'-') {
             return all;

@@ -9,7 +9,7 @@
 //!
 //! Layout: `protocol` (pure parsing and the data scanner), `session` (the state machine,
 //! one file per verb), `server` (listeners, limits, signals), `verify` (SPF, DKIM, DMARC,
-//! ARC, iprev), `headers` (Received, forged Authentication-Results), `store`, `wake`,
+//! ARC, iprev), `headers` (Received, forged Authentication-Results), `wake` (admission itself is `pepsi_common::db::admit`),
 //! `accounts`, `relay`, `tls`, `limits`, `config`.
 
 pub mod accounts;
@@ -20,7 +20,6 @@ pub mod protocol;
 pub mod relay;
 pub mod server;
 pub mod session;
-pub mod store;
 pub mod tls;
 pub mod verify;
 pub mod wake;

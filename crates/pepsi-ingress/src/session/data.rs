@@ -8,7 +8,7 @@ use super::{Session, State, Transaction};
 use crate::headers::{Trace, received, strip_forged_results};
 use crate::protocol::Reply;
 use crate::protocol::data::{DataDecoder, DataProblem, Feed};
-use crate::store::{Admission, admit};
+use pepsi_common::db::{Admission, admit};
 
 impl Session {
     pub(super) async fn data(&mut self) -> Result<Reply, End> {

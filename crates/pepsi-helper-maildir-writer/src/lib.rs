@@ -1,0 +1,255 @@
+//! pepsi-helper-maildir-writer: writes messages into Maildirs for
+//! `pepsi-stage-relay-to-maildir`, which keeps it running as a co-process and speaks the
+//! framed protocol of [`protocol`] over its stdin and stdout.
+//!
+//! It is small on purpose: in production it is setuid root, and it trusts nothing from the
+//! stage beyond what it must. Every mailbox path must resolve under the root directory;
+//! writes run as the owner of the Maildir (or of the directory above it when creating it),
+//! never as root unless the configuration allows it ([`privilege`]). Started by another user
+//! through its setuid bit, it reads its limits from the system configuration
+//! (`/etc/pepsi/pepsi.conf`, `[helper-maildir-writer]`) with an empty environment, and the
+//! caller's options may only narrow them. Not running as root, it simply writes as itself.
+//!
+//! It must never write anything but reply lines to stdout, and never write a partial file
+//! into `new/`.
+
+pub mod maildir;
+pub mod privilege;
+pub mod protocol;
+
+use std::io::{BufRead, Write};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::Parser;
+use pepsi_common::config::Config;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "helper-maildir-writer",
+        exec: "pepsi-helper-maildir-writer",
+    };
+    /// Where a setuid invocation reads its limits; `-c` and `PEPSI_CONFIG` do not apply.
+    pub const SYSTEM_CONFIG: &str = "/etc/pepsi/pepsi.conf";
+    /// The section holding those limits.
+    pub const SECTION: &str = "helper-maildir-writer";
+}
+
+const LONG_ABOUT: &str = "\
+Writes messages into Maildirs on behalf of pepsi-stage-relay-to-maildir, which starts it once \
+and keeps it as a co-process. Each request on standard input is five lines and the message:
+
+    mailbox <absolute path of the Maildir>
+    return-path <envelope sender, empty for the null sender>
+    delivered-to <envelope recipient>
+    quota <bytes, 0 for none>
+    size <message length in bytes>
+    <exactly that many bytes>
+
+and each is answered with one line on standard output: `ok <file name in new/>`, \
+`perm <5.x.y> <text>` (will not succeed on retry: no such mailbox 5.1.1, mailbox full 5.2.2) \
+or `temp <4.x.y> <text>` (try later: I/O errors, permissions, a refused path). The stored \
+copy is `Return-Path: <sender>` and `Delivered-To: <recipient>` followed by the message, \
+written to tmp/, synced, renamed into new/ and the directory synced. A request that does not \
+follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program exits 2.
+
+Every mailbox must resolve, symlinks followed, to a path under --root; `.` and `..` \
+components are refused. Running as root (the production install is setuid root, mode 4750, \
+group of the stage), each write runs as the owner of the Maildir (seteuid/setegid with that \
+owner's group only), and a Maildir owned by root is refused unless --allow-root-owner. Not \
+running as root, it writes as itself. Started through its setuid bit by another user, it \
+reads ROOT, CREATE_MAILDIR and ALLOW_ROOT_OWNER from [helper-maildir-writer] in \
+/etc/pepsi/pepsi.conf with an empty environment: --root must lie inside ROOT, and --create \
+and --allow-root-owner count only when the file allows them.
+
+Exit status: 0 at end of input, 1 on a start-up error, 2 after a protocol error.";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pepsi-helper-maildir-writer",
+    version,
+    about = "Pepsi's Maildir writer: the co-process that stores messages as the mailbox owner",
+    long_about = LONG_ABOUT
+)]
+struct Cli {
+    /// Directory every mailbox must lie under (symlinks resolved)
+    #[arg(long, value_name = "DIR")]
+    root: PathBuf,
+
+    /// Create a missing Maildir (and the directories above it, under the root) as the owner
+    /// of the nearest existing directory above it
+    #[arg(long)]
+    create: bool,
+
+    /// Running as root, write into Maildirs owned by root (refused otherwise)
+    #[arg(long)]
+    allow_root_owner: bool,
+
+    /// Log level or tracing filter for messages on stderr
+    #[arg(
+        short = 'L',
+        long = "log-level",
+        value_name = "LEVEL",
+        default_value = "info"
+    )]
+    log_level: String,
+}
+
+/// Entry point of the `pepsi-helper-maildir-writer` binary.
+pub fn run() -> ExitCode {
+    let setuid = privilege::is_setuid_invocation();
+    if setuid {
+        // Nothing from the caller's environment may reach path expansion or logging.
+        let names: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
+        for k in names {
+            // SAFETY: single-threaded, before anything else runs.
+            unsafe { std::env::remove_var(k) };
+        }
+    }
+    let cli = Cli::parse();
+    pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
+    let mut opts = maildir::Options {
+        root: cli.root,
+        create: cli.create,
+        allow_root_owner: cli.allow_root_owner,
+    };
+    if setuid {
+        let cfg = match Config::load(Path::new(constants::SYSTEM_CONFIG)) {
+            Ok(c) => c,
+            Err(e) => return fail(&format!("{e}")),
+        };
+        match narrow(&cfg, opts) {
+            Ok(o) => opts = o,
+            Err(e) => return fail(&e),
+        }
+    }
+    let mut writer = match maildir::Writer::new(opts) {
+        Ok(w) => w,
+        Err(e) => return fail(&e.to_string()),
+    };
+    serve(
+        &mut writer,
+        std::io::stdin().lock(),
+        std::io::stdout().lock(),
+    )
+}
+
+fn fail(msg: &str) -> ExitCode {
+    eprintln!("{}: {msg}", constants::CONFIG_SOURCE.exec);
+    ExitCode::from(1)
+}
+
+/// Applies the system configuration's limits to the caller's options (setuid invocation).
+pub fn narrow(cfg: &Config, mut opts: maildir::Options) -> Result<maildir::Options, String> {
+    let section = cfg.section(constants::SECTION);
+    let err = |e: pepsi_common::config::ConfigError| e.to_string();
+    let trusted = section.path("ROOT").map_err(err)?;
+    let trusted = std::fs::canonicalize(&trusted)
+        .map_err(|e| format!("[{}] ROOT {}: {e}", constants::SECTION, trusted.display()))?;
+    let asked = std::fs::canonicalize(&opts.root)
+        .map_err(|e| format!("--root {}: {e}", opts.root.display()))?;
+    if !asked.starts_with(&trusted) {
+        return Err(format!(
+            "--root {} is outside [{}] ROOT {}",
+            asked.display(),
+            constants::SECTION,
+            trusted.display()
+        ));
+    }
+    opts.root = asked;
+    opts.create &= section
+        .bool_opt("CREATE_MAILDIR")
+        .map_err(err)?
+        .unwrap_or(false);
+    opts.allow_root_owner &= section
+        .bool_opt("ALLOW_ROOT_OWNER")
+        .map_err(err)?
+        .unwrap_or(false);
+    Ok(opts)
+}
+
+/// The request loop: one reply line per request, flushed at once.
+pub fn serve<R: BufRead, W: Write>(
+    writer: &mut maildir::Writer,
+    mut input: R,
+    mut output: W,
+) -> ExitCode {
+    loop {
+        let (reply, stop) = match protocol::read_request(&mut input) {
+            Ok(None) => return ExitCode::SUCCESS,
+            Ok(Some(req)) => {
+                let reply = writer.deliver(&req);
+                match &reply {
+                    protocol::Reply::Ok(name) => {
+                        tracing::debug!(mailbox = %req.mailbox.display(), name, "delivered")
+                    }
+                    other => {
+                        tracing::info!(mailbox = %req.mailbox.display(), "not delivered: {}", other.to_line().trim_end())
+                    }
+                }
+                (reply, false)
+            }
+            Err(e) => {
+                tracing::error!("protocol error: {e}");
+                (
+                    protocol::Reply::temp("4.3.0", format!("protocol error: {e}")),
+                    true,
+                )
+            }
+        };
+        if output
+            .write_all(reply.to_line().as_bytes())
+            .and_then(|_| output.flush())
+            .is_err()
+        {
+            // The stage is gone; nothing is half-done (the reply comes after the rename).
+            return ExitCode::from(1);
+        }
+        if stop {
+            return ExitCode::from(2);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A setuid invocation's options are cut down to what the system configuration allows.
+    #[test]
+    fn caller_options_only_narrow_the_system_configuration() {
+        let dir = tempfile::tempdir().unwrap();
+        let trusted = dir.path().join("mail");
+        std::fs::create_dir_all(trusted.join("domain")).unwrap();
+        let cfg = |extra: &str| {
+            Config::from_str_named(
+                &format!(
+                    "[helper-maildir-writer]\nROOT = {}\n{extra}",
+                    trusted.display()
+                ),
+                "pepsi.conf",
+            )
+            .unwrap()
+        };
+        let asked = |root: PathBuf| maildir::Options {
+            root,
+            create: true,
+            allow_root_owner: true,
+        };
+        let o = narrow(&cfg(""), asked(trusted.join("domain"))).unwrap();
+        assert!(!o.create && !o.allow_root_owner);
+        let o = narrow(&cfg("CREATE_MAILDIR = yes\n"), asked(trusted.clone())).unwrap();
+        assert!(o.create && !o.allow_root_owner);
+        let err = narrow(&cfg(""), asked(dir.path().to_path_buf())).unwrap_err();
+        assert!(
+            err.contains("is outside [helper-maildir-writer] ROOT"),
+            "{err}"
+        );
+        let none = Config::from_str_named("[pepsi]\n", "pepsi.conf").unwrap();
+        let err = narrow(&none, asked(trusted.clone())).unwrap_err();
+        assert!(err.contains("ROOT"), "{err}");
+    }
+}

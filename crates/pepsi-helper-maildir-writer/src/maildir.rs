@@ -1,0 +1,441 @@
+//! One delivery into a Maildir: confine the path under the root, find the owner, switch to
+//! it, check the quota, write `tmp/<unique>`, fsync, rename into `new/`, fsync `new/`.
+//!
+//! Every outcome is a [`Reply`]; this module never panics on input and never leaves a
+//! partial file in `new/` (the file reaches `new/` only by a rename after its data is
+//! synced; a failed write removes its `tmp/` file).
+
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::path::{Component, Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use crate::privilege::{self, Identity};
+use crate::protocol::{Reply, Request};
+
+/// What the writer may do, fixed at start.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// Every mailbox must resolve (symlinks followed) to a path under this directory.
+    pub root: PathBuf,
+    /// Create a missing Maildir (and missing directories above it, under the root).
+    pub create: bool,
+    /// As root, write into a mailbox owned by root (otherwise refused).
+    pub allow_root_owner: bool,
+}
+
+/// The writer: options plus what makes file names unique.
+pub struct Writer {
+    opts: Options,
+    /// The canonical root.
+    root: PathBuf,
+    host: String,
+    pid: u32,
+    counter: u64,
+}
+
+impl Writer {
+    /// Fails when the root does not exist or is not a directory.
+    pub fn new(opts: Options) -> io::Result<Writer> {
+        let root = fs::canonicalize(&opts.root)
+            .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", opts.root.display())))?;
+        if !root.is_dir() {
+            return Err(io::Error::other(format!(
+                "root {} is not a directory",
+                root.display()
+            )));
+        }
+        Ok(Writer {
+            opts,
+            root,
+            host: maildir_host(&hostname()),
+            pid: std::process::id(),
+            counter: 0,
+        })
+    }
+
+    /// Delivers one request.
+    pub fn deliver(&mut self, req: &Request) -> Reply {
+        let mailbox = match confine(&self.root, &req.mailbox) {
+            Ok(p) => p,
+            Err(reply) => return reply,
+        };
+        // The mailbox itself, or (when creating) the nearest directory above it that exists:
+        // its owner is who the write runs as.
+        let (exists, owner_of) = match fs::metadata(&mailbox) {
+            Ok(m) if m.is_dir() => (true, m),
+            Ok(_) => {
+                return Reply::temp(
+                    "4.3.0",
+                    format!("mailbox {} is not a directory", mailbox.display()),
+                );
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                if !self.opts.create {
+                    return Reply::perm(
+                        "5.1.1",
+                        format!("no such mailbox: {} does not exist", mailbox.display()),
+                    );
+                }
+                match nearest_existing(&mailbox) {
+                    Ok(m) => (false, m),
+                    Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
+                }
+            }
+            Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
+        };
+        let who = if privilege::is_root() {
+            Identity {
+                uid: owner_of.uid(),
+                gid: owner_of.gid(),
+            }
+        } else {
+            privilege::current()
+        };
+        if who.uid == 0 && !self.opts.allow_root_owner {
+            return Reply::temp(
+                "4.3.5",
+                format!(
+                    "{} {} owned by root; refusing to write as root (allow it with ALLOW_ROOT_OWNER)",
+                    if exists {
+                        "mailbox"
+                    } else {
+                        "the directory above mailbox"
+                    },
+                    mailbox.display()
+                ),
+            );
+        }
+        let _switched = if privilege::is_root() && who.uid != 0 {
+            match privilege::switch_to(who) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    return Reply::temp(
+                        "4.3.0",
+                        format!("cannot switch to the mailbox owner ({who}): {e}"),
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        if !exists && let Err(e) = create_maildir(&self.root, &mailbox) {
+            return io_reply("creating", &mailbox, e, who);
+        }
+        let headers = req.prepended_headers();
+        let size = (headers.len() + req.message.len()) as u64;
+        if let Some(quota) = req.quota {
+            match usage(&mailbox) {
+                Ok(used) if used + size > quota => {
+                    return Reply::perm(
+                        "5.2.2",
+                        format!(
+                            "mailbox full: {used} bytes used + {size} for this message > quota {quota}"
+                        ),
+                    );
+                }
+                Ok(_) => {}
+                Err((path, e)) => return io_reply("measuring", &path, e, who),
+            }
+        }
+        let name = self.unique_name(size);
+        match write_into(&mailbox, &name, &headers, &req.message) {
+            Ok(()) => Reply::Ok(name),
+            Err((op, path, e)) => io_reply(op, &path, e, who),
+        }
+    }
+
+    /// `<secs>.M<usecs>P<pid>Q<n>.<host>,S=<size>`: unique per the Maildir convention
+    /// (time, process, a per-process counter, host); `S=` lets readers skip a stat.
+    fn unique_name(&mut self, size: u64) -> String {
+        self.counter += 1;
+        let now = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or_default();
+        format!(
+            "{}.M{}P{}Q{}.{},S={size}",
+            now.as_secs(),
+            now.subsec_micros(),
+            self.pid,
+            self.counter,
+            self.host
+        )
+    }
+}
+
+/// Refuses a mailbox that is relative, has `.`/`..` components, or resolves (symlinks
+/// followed, as far as it exists) outside `root`. Returns the resolved path.
+pub fn confine(root: &Path, mailbox: &Path) -> Result<PathBuf, Reply> {
+    let escape = |why: &str| {
+        Reply::temp(
+            "4.3.5",
+            format!(
+                "mailbox path {} refused: {why} (root {})",
+                mailbox.display(),
+                root.display()
+            ),
+        )
+    };
+    if !mailbox.is_absolute() {
+        return Err(escape("not an absolute path"));
+    }
+    let raw = mailbox.as_os_str().as_encoded_bytes();
+    if raw.split(|&b| b == b'/').any(|c| c == b"." || c == b"..") {
+        return Err(escape("it has a . or .. component"));
+    }
+    // Resolve the longest existing prefix, then append the rest (which does not exist, so
+    // holds no symlink).
+    let mut existing = mailbox.to_path_buf();
+    let mut rest: Vec<std::ffi::OsString> = Vec::new();
+    let resolved = loop {
+        match fs::canonicalize(&existing) {
+            Ok(p) => break p,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let Some(name) = existing.file_name() else {
+                    return Err(escape("no part of it exists"));
+                };
+                rest.push(name.to_owned());
+                existing.pop();
+            }
+            Err(e) => {
+                return Err(Reply::temp(
+                    "4.3.0",
+                    format!("resolving mailbox path {}: {e}", mailbox.display()),
+                ));
+            }
+        }
+    };
+    let mut full = resolved;
+    for part in rest.iter().rev() {
+        full.push(part);
+    }
+    if full.components().any(|c| matches!(c, Component::ParentDir)) || !full.starts_with(root) {
+        return Err(escape(&format!("it resolves to {}", full.display())));
+    }
+    if full == root {
+        return Err(escape("it is the root itself"));
+    }
+    Ok(full)
+}
+
+/// Metadata of the nearest existing directory above `path`.
+fn nearest_existing(path: &Path) -> io::Result<fs::Metadata> {
+    let mut p = path.to_path_buf();
+    while p.pop() {
+        match fs::metadata(&p) {
+            Ok(m) => return Ok(m),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(io::Error::new(
+        io::ErrorKind::NotFound,
+        "no directory above it exists",
+    ))
+}
+
+/// Creates the missing directories from under `root` down to `mailbox`, then tmp/ new/ cur/,
+/// mode 0700, as the current effective user.
+fn create_maildir(root: &Path, mailbox: &Path) -> io::Result<()> {
+    let mut builder = fs::DirBuilder::new();
+    builder.mode(0o700);
+    let mut p = root.to_path_buf();
+    for part in mailbox.strip_prefix(root).unwrap_or(mailbox).components() {
+        p.push(part);
+        match builder.create(&p) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    for sub in ["tmp", "new", "cur"] {
+        match builder.create(mailbox.join(sub)) {
+            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Bytes held in cur/ and new/: from a file name's `,S=<size>` when present (no stat),
+/// otherwise from its metadata. A missing subdirectory counts as empty.
+pub fn usage(mailbox: &Path) -> Result<u64, (PathBuf, io::Error)> {
+    let mut total = 0u64;
+    for sub in ["cur", "new"] {
+        let dir = mailbox.join(sub);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err((dir, e)),
+        };
+        for entry in entries {
+            let entry = entry.map_err(|e| (dir.clone(), e))?;
+            let name = entry.file_name();
+            let size = match size_from_name(&name.to_string_lossy()) {
+                Some(s) => s,
+                None => match entry.metadata() {
+                    Ok(m) if m.is_file() => m.len(),
+                    Ok(_) => 0,
+                    // Moved or expunged meanwhile by a reader: it no longer counts.
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
+                    Err(e) => return Err((entry.path(), e)),
+                },
+            };
+            total = total.saturating_add(size);
+        }
+    }
+    Ok(total)
+}
+
+/// `,S=<n>` in the base name (before any `:2,` flags).
+fn size_from_name(name: &str) -> Option<u64> {
+    let base = name.split(':').next().unwrap_or(name);
+    base.split(',')
+        .skip(1)
+        .find_map(|f| f.strip_prefix("S="))
+        .and_then(|s| s.parse().ok())
+}
+
+type Failed = (&'static str, PathBuf, io::Error);
+
+/// tmp/ → fsync → new/ → fsync new/. On failure the tmp/ file is removed.
+fn write_into(mailbox: &Path, name: &str, headers: &[u8], message: &[u8]) -> Result<(), Failed> {
+    let tmp = mailbox.join("tmp").join(name);
+    let new_dir = mailbox.join("new");
+    let new = new_dir.join(name);
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&tmp)
+        .map_err(|e| ("creating", tmp.clone(), e))?;
+    let written = file
+        .write_all(headers)
+        .and_then(|_| file.write_all(message))
+        .and_then(|_| file.sync_all())
+        .map_err(|e| ("writing", tmp.clone(), e));
+    drop(file);
+    let moved = written
+        .and_then(|_| fs::rename(&tmp, &new).map_err(|e| ("renaming into", new_dir.clone(), e)));
+    if let Err(e) = moved {
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
+    // The rename is durable only once the directory is synced. The message is in new/
+    // already; a failure here is reported as transient, and a retry may store a second
+    // copy: better than losing the only one.
+    File::open(&new_dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| ("syncing", new_dir.clone(), e))
+}
+
+/// Maps an I/O failure to a reply: a full disk, I/O errors and permission problems are
+/// transient (an operator can fix them, the message waits); a filesystem quota is "mailbox
+/// full" like QUOTA.
+fn io_reply(op: &str, path: &Path, e: io::Error, who: Identity) -> Reply {
+    let what = format!("{op} {}", path.display());
+    match e.raw_os_error() {
+        Some(libc::EDQUOT) => Reply::perm(
+            "5.2.2",
+            format!("mailbox full: {what}: filesystem quota exceeded"),
+        ),
+        Some(libc::EACCES) | Some(libc::EPERM) | Some(libc::EROFS) => Reply::temp(
+            "4.3.0",
+            format!(
+                "permission denied {what} as {who}: {e}; check the mailbox ownership and modes"
+            ),
+        ),
+        Some(libc::ENOSPC) => Reply::temp("4.3.1", format!("{what}: {e} (disk full)")),
+        _ => Reply::temp("4.3.0", format!("{what}: {e}")),
+    }
+}
+
+fn hostname() -> String {
+    let mut buf = [0u8; 256];
+    // SAFETY: the buffer is valid for its length; the result is NUL-terminated or truncated.
+    let rc = unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) };
+    if rc != 0 {
+        return "localhost".into();
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..end]).into_owned()
+}
+
+/// The host part of a Maildir name: `/` and `:` are written `\057` and `\072`, as the
+/// Maildir specification asks; `,` (the info separator Pepsi uses for `S=`) as `\054`.
+pub fn maildir_host(host: &str) -> String {
+    let mut out = String::new();
+    for c in host.chars() {
+        match c {
+            '/' => out.push_str("\\057"),
+            ':' => out.push_str("\\072"),
+            ',' => out.push_str("\\054"),
+            c if c.is_control() || c == '.' && out.is_empty() => {}
+            c => out.push(c),
+        }
+    }
+    if out.is_empty() {
+        "localhost".into()
+    } else {
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn size_from_names() {
+        let cases = [
+            ("1.M2P3Q4.h,S=120", Some(120)),
+            ("1.M2P3Q4.h,S=120,W=124:2,S", Some(120)),
+            ("1.M2P3Q4.h:2,S", None),
+            ("1.M2P3Q4.h,S=x", None),
+            ("1.M2P3.h,W=5,S=7", Some(7)),
+        ];
+        for (name, want) in cases {
+            assert_eq!(size_from_name(name), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn hosts_are_escaped() {
+        assert_eq!(maildir_host("mx1.example.test"), "mx1.example.test");
+        assert_eq!(maildir_host("a/b:c,d"), "a\\057b\\072c\\054d");
+        assert_eq!(maildir_host(""), "localhost");
+    }
+
+    #[test]
+    fn confinement_table() {
+        let dir = tempfile::tempdir().unwrap();
+        let root = fs::canonicalize(dir.path()).unwrap();
+        fs::create_dir_all(root.join("alice/Maildir")).unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::os::unix::fs::symlink(outside.path(), root.join("evil")).unwrap();
+        std::os::unix::fs::symlink(root.join("alice"), root.join("alias")).unwrap();
+        let r = |s: &str| root.join(s);
+        let cases: Vec<(PathBuf, Result<PathBuf, &str>)> = vec![
+            (r("alice/Maildir"), Ok(r("alice/Maildir"))),
+            (r("bob/Maildir"), Ok(r("bob/Maildir"))),
+            (r("alias/Maildir"), Ok(r("alice/Maildir"))),
+            (r("alice/../../etc"), Err(". or .. component")),
+            (r("./alice"), Err(". or .. component")),
+            (r("evil/Maildir"), Err("it resolves to")),
+            (PathBuf::from("/etc/Maildir"), Err("it resolves to")),
+            (PathBuf::from("alice/Maildir"), Err("not an absolute path")),
+            (root.clone(), Err("the root itself")),
+        ];
+        for (path, want) in cases {
+            match (confine(&root, &path), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{path:?}"),
+                (Err(Reply::Temp { status, text }), Err(want)) => {
+                    assert_eq!(status, "4.3.5", "{path:?}");
+                    assert!(text.contains(want), "{path:?}: {text}");
+                }
+                (got, want) => panic!("{path:?}: got {got:?}, want {want:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,402 @@
+//! The co-process protocol between `pepsi-stage-relay-to-maildir` and the writer, both ends.
+//!
+//! A request is five lines, in this order, each ending with LF, then the message:
+//!
+//! ```text
+//! mailbox /var/mail/alice/Maildir
+//! return-path bob@example.org          (empty for the null sender)
+//! delivered-to alice@example.test
+//! quota 10485760                       (bytes; 0 = no quota)
+//! size 1234
+//! <exactly `size` bytes of message>
+//! ```
+//!
+//! The answer is one line: `ok <file name in new/>`, `perm <x.y.z> <text>` or
+//! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). A request the writer cannot parse
+//! leaves the stream out of step, so it answers `temp 4.3.0 protocol error: ...` and exits;
+//! the stage starts a new one. This module does no I/O beyond the reader and writer it is
+//! given.
+
+use std::io::{self, BufRead, Read};
+use std::path::PathBuf;
+
+/// The longest header line accepted (a path or an address).
+pub const MAX_LINE: usize = 4096;
+/// The largest message accepted: a guard against a garbled length, not a policy.
+pub const MAX_MESSAGE: u64 = 1 << 32;
+
+/// One delivery the stage asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Request {
+    /// Absolute path of the Maildir (the directory holding tmp/, new/, cur/).
+    pub mailbox: PathBuf,
+    /// The envelope sender, without angle brackets; empty for the null sender.
+    pub return_path: String,
+    /// The envelope recipient this copy is for.
+    pub delivered_to: String,
+    /// Mailbox quota in bytes; `None` for none.
+    pub quota: Option<u64>,
+    /// The message as stored (headers, CRLF, body).
+    pub message: Vec<u8>,
+}
+
+/// Why a request could not be read.
+#[derive(Debug)]
+pub enum ProtocolError {
+    Io(io::Error),
+    /// The stream does not follow the protocol; the text says where.
+    Malformed(String),
+}
+
+impl std::fmt::Display for ProtocolError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProtocolError::Io(e) => write!(f, "reading the request: {e}"),
+            ProtocolError::Malformed(s) => write!(f, "{s}"),
+        }
+    }
+}
+
+impl From<io::Error> for ProtocolError {
+    fn from(e: io::Error) -> Self {
+        ProtocolError::Io(e)
+    }
+}
+
+impl Request {
+    /// The five header lines (everything before the message bytes).
+    pub fn encode_head(&self) -> Result<Vec<u8>, String> {
+        let mailbox = self
+            .mailbox
+            .to_str()
+            .ok_or_else(|| format!("mailbox path {:?} is not UTF-8", self.mailbox))?;
+        for (what, v) in [
+            ("mailbox", mailbox),
+            ("return-path", self.return_path.as_str()),
+            ("delivered-to", self.delivered_to.as_str()),
+        ] {
+            check_value(what, v)?;
+        }
+        Ok(format!(
+            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\nsize {}\n",
+            self.return_path,
+            self.delivered_to,
+            self.quota.unwrap_or(0),
+            self.message.len()
+        )
+        .into_bytes())
+    }
+
+    /// The header lines the writer puts in front of the stored copy.
+    pub fn prepended_headers(&self) -> Vec<u8> {
+        format!(
+            "Return-Path: <{}>\r\nDelivered-To: {}\r\n",
+            self.return_path, self.delivered_to
+        )
+        .into_bytes()
+    }
+}
+
+/// A value may not hold control characters: it becomes one line here and one header line in
+/// the stored message.
+fn check_value(what: &str, v: &str) -> Result<(), String> {
+    if v.len() > MAX_LINE {
+        return Err(format!("{what} is longer than {MAX_LINE} bytes"));
+    }
+    match v.chars().find(|c| c.is_control()) {
+        Some(c) => Err(format!("{what} {v:?} contains the control character {c:?}")),
+        None => Ok(()),
+    }
+}
+
+/// Reads one request; `Ok(None)` at a clean end of input (before the first line).
+pub fn read_request<R: BufRead>(input: &mut R) -> Result<Option<Request>, ProtocolError> {
+    let Some(mailbox) = field(input, "mailbox", true)? else {
+        return Ok(None);
+    };
+    let return_path = field(input, "return-path", false)?.unwrap_or_default();
+    let delivered_to = field(input, "delivered-to", false)?.unwrap_or_default();
+    let quota = number(&field(input, "quota", false)?.unwrap_or_default(), "quota")?;
+    let size = number(&field(input, "size", false)?.unwrap_or_default(), "size")?;
+    if size > MAX_MESSAGE {
+        return Err(ProtocolError::Malformed(format!(
+            "size {size} is larger than {MAX_MESSAGE}"
+        )));
+    }
+    if delivered_to.is_empty() {
+        return Err(ProtocolError::Malformed("delivered-to is empty".into()));
+    }
+    let mut message = Vec::with_capacity(size as usize);
+    let got = input.take(size).read_to_end(&mut message)?;
+    if (got as u64) < size {
+        return Err(ProtocolError::Malformed(format!(
+            "the message ended after {got} of {size} bytes"
+        )));
+    }
+    Ok(Some(Request {
+        mailbox: PathBuf::from(mailbox),
+        return_path,
+        delivered_to,
+        quota: (quota > 0).then_some(quota),
+        message,
+    }))
+}
+
+fn number(v: &str, what: &str) -> Result<u64, ProtocolError> {
+    v.parse()
+        .map_err(|_| ProtocolError::Malformed(format!("{what} {v:?} is not a whole number")))
+}
+
+/// Reads `<name> <value>\n`. At a clean end of input returns `None` when `eof_ok`.
+fn field<R: BufRead>(
+    input: &mut R,
+    name: &str,
+    eof_ok: bool,
+) -> Result<Option<String>, ProtocolError> {
+    let mut line = Vec::new();
+    let n = input
+        .take(MAX_LINE as u64 + name.len() as u64 + 2)
+        .read_until(b'\n', &mut line)?;
+    if n == 0 {
+        return if eof_ok {
+            Ok(None)
+        } else {
+            Err(ProtocolError::Malformed(format!(
+                "input ended before the {name} line"
+            )))
+        };
+    }
+    if line.pop() != Some(b'\n') {
+        return Err(ProtocolError::Malformed(format!(
+            "the {name} line is too long or unterminated"
+        )));
+    }
+    let line = String::from_utf8(line)
+        .map_err(|_| ProtocolError::Malformed(format!("the {name} line is not UTF-8")))?;
+    let value = match line.split_once(' ') {
+        Some((key, value)) if key == name => value,
+        None if line == name => "",
+        _ => {
+            return Err(ProtocolError::Malformed(format!(
+                "expected a {name} line, got {line:?}"
+            )));
+        }
+    };
+    check_value(name, value).map_err(ProtocolError::Malformed)?;
+    Ok(Some(value.to_owned()))
+}
+
+/// The writer's answer to one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Reply {
+    /// Delivered: the file name in new/.
+    Ok(String),
+    /// Will not succeed on retry: status `5.x.y` and a text.
+    Perm { status: String, text: String },
+    /// May succeed later: status `4.x.y` and a text.
+    Temp { status: String, text: String },
+}
+
+impl Reply {
+    pub fn perm(status: &str, text: impl Into<String>) -> Self {
+        Reply::Perm {
+            status: status.to_owned(),
+            text: text.into(),
+        }
+    }
+
+    pub fn temp(status: &str, text: impl Into<String>) -> Self {
+        Reply::Temp {
+            status: status.to_owned(),
+            text: text.into(),
+        }
+    }
+
+    /// The reply line, LF included; control characters in the text become spaces so one
+    /// reply is always one line.
+    pub fn to_line(&self) -> String {
+        let clean = |s: &str| -> String {
+            s.chars()
+                .map(|c| if c.is_control() { ' ' } else { c })
+                .collect()
+        };
+        match self {
+            Reply::Ok(name) => format!("ok {}\n", clean(name)),
+            Reply::Perm { status, text } => format!("perm {status} {}\n", clean(text)),
+            Reply::Temp { status, text } => format!("temp {status} {}\n", clean(text)),
+        }
+    }
+
+    /// Parses a reply line (with or without its LF). The status class must match the word:
+    /// `perm` carries 5.x.y, `temp` 4.x.y.
+    pub fn parse(line: &str) -> Result<Reply, String> {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        match word {
+            "ok" if !rest.is_empty() => Ok(Reply::Ok(rest.to_owned())),
+            "perm" | "temp" => {
+                let (status, text) = rest.split_once(' ').unwrap_or((rest, ""));
+                let class = if word == "perm" { "5" } else { "4" };
+                if !is_enhanced_status(status) || !status.starts_with(class) {
+                    return Err(format!(
+                        "reply {line:?}: {word} needs an enhanced status {class}.x.y"
+                    ));
+                }
+                let text = if text.is_empty() {
+                    "no text".to_owned()
+                } else {
+                    text.to_owned()
+                };
+                Ok(if word == "perm" {
+                    Reply::perm(status, text)
+                } else {
+                    Reply::temp(status, text)
+                })
+            }
+            _ => Err(format!(
+                "reply {line:?} is not `ok <name>`, `perm <x.y.z> <text>` or `temp <x.y.z> <text>`"
+            )),
+        }
+    }
+}
+
+/// `class.subject.detail` per RFC 3463: 2, 4 or 5, then 1–3 digits, then 1–3 digits.
+fn is_enhanced_status(s: &str) -> bool {
+    let parts: Vec<&str> = s.split('.').collect();
+    parts.len() == 3
+        && matches!(parts[0], "2" | "4" | "5")
+        && parts[1..]
+            .iter()
+            .all(|p| (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check_reply(line: &str, want: Result<Reply, &str>) {
+        match (Reply::parse(line), want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{line:?}"),
+            (Err(got), Err(want)) => assert!(got.contains(want), "{line:?}: {got}"),
+            (got, want) => panic!("{line:?}: got {got:?}, want {want:?}"),
+        }
+    }
+
+    #[test]
+    fn reply_lines() {
+        let cases: Vec<(&str, Result<Reply, &str>)> = vec![
+            (
+                "ok 1.M2P3Q4.host,S=9\n",
+                Ok(Reply::Ok("1.M2P3Q4.host,S=9".into())),
+            ),
+            (
+                "perm 5.1.1 no such mailbox",
+                Ok(Reply::perm("5.1.1", "no such mailbox")),
+            ),
+            (
+                "temp 4.3.0 rename failed: Not a directory",
+                Ok(Reply::temp("4.3.0", "rename failed: Not a directory")),
+            ),
+            ("temp 4.2.2", Ok(Reply::temp("4.2.2", "no text"))),
+            ("perm 4.1.1 wrong class", Err("needs an enhanced status 5")),
+            ("temp 5.3.0 wrong class", Err("needs an enhanced status 4")),
+            ("perm 5.1 short", Err("enhanced status")),
+            ("perm 5.1.1234 long", Err("enhanced status")),
+            ("ok", Err("is not `ok <name>`")),
+            ("", Err("is not")),
+            ("maybe 4.0.0 x", Err("is not")),
+        ];
+        for (line, want) in cases {
+            check_reply(line, want);
+        }
+    }
+
+    #[test]
+    fn replies_round_trip_and_stay_one_line() {
+        for r in [
+            Reply::Ok("x".into()),
+            Reply::perm("5.2.2", "mailbox full"),
+            Reply::temp("4.3.0", "two\nlines"),
+        ] {
+            let line = r.to_line();
+            assert_eq!(line.matches('\n').count(), 1, "{line:?}");
+            let back = Reply::parse(&line).unwrap();
+            if !matches!(&r, Reply::Temp { text, .. } if text.contains('\n')) {
+                assert_eq!(back, r);
+            }
+        }
+    }
+
+    fn request() -> Request {
+        Request {
+            mailbox: "/srv/mail/alice/Maildir".into(),
+            return_path: String::new(),
+            delivered_to: "alice@example.test".into(),
+            quota: Some(1000),
+            message: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
+        }
+    }
+
+    #[test]
+    fn requests_round_trip_back_to_back() {
+        let mut wire = Vec::new();
+        for r in [
+            request(),
+            Request {
+                quota: None,
+                ..request()
+            },
+        ] {
+            wire.extend(r.encode_head().unwrap());
+            wire.extend(&r.message);
+        }
+        let mut input = io::Cursor::new(wire);
+        assert_eq!(read_request(&mut input).unwrap(), Some(request()));
+        let second = read_request(&mut input).unwrap().unwrap();
+        assert_eq!(second.quota, None);
+        assert!(read_request(&mut input).unwrap().is_none());
+        assert_eq!(
+            request().prepended_headers(),
+            b"Return-Path: <>\r\nDelivered-To: alice@example.test\r\n"
+        );
+    }
+
+    #[test]
+    fn malformed_requests_name_what_is_wrong() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"mailbox /m\n", "input ended before the return-path line"),
+            (b"path /m\n", "expected a mailbox line"),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\nsize 1\nz",
+                "quota \"x\" is not a whole number",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nsize 10\nshort",
+                "ended after 5 of 10 bytes",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\nsize 0\n",
+                "control character",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\nsize 0\n",
+                "delivered-to is empty",
+            ),
+        ];
+        for (wire, want) in cases {
+            let err = read_request(&mut io::Cursor::new(wire.to_vec()))
+                .unwrap_err()
+                .to_string();
+            assert!(
+                err.contains(want),
+                "{:?}: {err}",
+                String::from_utf8_lossy(wire)
+            );
+        }
+        let bad = Request {
+            delivered_to: "a@b\nmailbox /etc".into(),
+            ..request()
+        };
+        assert!(bad.encode_head().unwrap_err().contains("control character"));
+    }
+}

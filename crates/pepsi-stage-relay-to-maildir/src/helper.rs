@@ -1,0 +1,98 @@
+//! The stage's end of the co-process: starts `pepsi-helper-maildir-writer` once, sends it
+//! one request per recipient and reads the reply line. A helper that dies, answers garbage
+//! or does not answer within the timeout is killed and forgotten; the next request starts a
+//! new one.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::Duration;
+
+use pepsi_helper_maildir_writer::protocol::{Reply, Request};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::process::{Child, ChildStdin, ChildStdout, Command};
+
+/// How the helper is started; a running helper is reused while these stay the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HelperArgs {
+    pub program: PathBuf,
+    pub root: PathBuf,
+    pub create: bool,
+    pub allow_root_owner: bool,
+    pub log_level: String,
+}
+
+/// A running helper.
+pub struct CoProcess {
+    pub args: HelperArgs,
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+/// `HELPER` as configured: a path is used as is; a bare name is looked for next to this
+/// program's own executable, then on PATH.
+pub fn locate(configured: &str) -> PathBuf {
+    if configured.contains('/') {
+        return PathBuf::from(configured);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(configured)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| PathBuf::from(configured))
+}
+
+impl CoProcess {
+    pub fn start(args: HelperArgs) -> Result<CoProcess, String> {
+        let mut cmd = Command::new(&args.program);
+        cmd.arg("--root")
+            .arg(&args.root)
+            .args(["-L", &args.log_level]);
+        if args.create {
+            cmd.arg("--create");
+        }
+        if args.allow_root_owner {
+            cmd.arg("--allow-root-owner");
+        }
+        let mut child = cmd
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| format!("cannot start {}: {e}", args.program.display()))?;
+        let stdin = child.stdin.take().ok_or("helper without stdin")?;
+        let stdout = BufReader::new(child.stdout.take().ok_or("helper without stdout")?);
+        Ok(CoProcess {
+            args,
+            child,
+            stdin,
+            stdout,
+        })
+    }
+
+    /// One request, one reply. `Err` means the helper is no longer usable.
+    pub async fn deliver(&mut self, req: &Request, timeout: Duration) -> Result<Reply, String> {
+        let head = req.encode_head()?;
+        let exchange = async {
+            self.stdin.write_all(&head).await?;
+            self.stdin.write_all(&req.message).await?;
+            self.stdin.flush().await?;
+            let mut line = String::new();
+            self.stdout.read_line(&mut line).await?;
+            Ok::<String, std::io::Error>(line)
+        };
+        let line = match tokio::time::timeout(timeout, exchange).await {
+            Err(_) => return Err(format!("no answer within {}s", timeout.as_secs())),
+            Ok(Err(e)) => return Err(format!("talking to it: {e}")),
+            Ok(Ok(line)) if line.is_empty() => return Err("it exited".into()),
+            Ok(Ok(line)) => line,
+        };
+        Reply::parse(&line)
+    }
+
+    /// Stops the helper now (it may be stuck in a write).
+    pub async fn kill(mut self) {
+        let _ = self.child.kill().await;
+    }
+}

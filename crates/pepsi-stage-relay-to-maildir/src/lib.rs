@@ -1,0 +1,363 @@
+//! pepsi-stage-relay-to-maildir: local delivery. Keeps the recipients of a local domain,
+//! sends the others on, and stores one copy per local recipient in its Maildir through the
+//! `pepsi-helper-maildir-writer` co-process.
+//!
+//! Reads: envelope, `state.dsn`, `state.attempts`/`delay_sent`, headers and body
+//! (`Load::Full`). Writes: through `pepsi_common::delivery` only (`attempts`, `last_error`,
+//! `delay_sent`, the `bounce` of clones). Terminal helpers: `advance_to` (every recipient
+//! non-local), otherwise `delivery::conclude` (finish, finish_with clones, pause_with, or
+//! advance_or_finish); `split_off_recipients` first when the recipients are mixed.
+//!
+//! The stage never touches a mailbox itself: the helper owns every filesystem write, so the
+//! stage can run unprivileged (setgid to the group allowed to run the helper).
+
+pub mod helper;
+pub mod mailbox;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pepsi_common::config::{Config, ConfigError};
+use pepsi_common::delivery::{self, Failure, RcptResult, RetryPolicy};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_helper_maildir_writer::protocol::{Reply, Request};
+
+use helper::{CoProcess, HelperArgs};
+use mailbox::Template;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-relay-to-maildir",
+        exec: "pepsi-stage-relay-to-maildir",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-relay-to-maildir";
+    pub const DEFAULT_HELPER: &str = "pepsi-helper-maildir-writer";
+    pub const DEFAULT_TEMPLATE: &str = "%u/Maildir";
+}
+
+/// A stage section's options, read once per stage name and validated together.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub root: PathBuf,
+    pub template: Template,
+    pub delimiters: String,
+    pub local_domains: Vec<String>,
+    pub nonlocal_stage: Option<String>,
+    pub quota: Option<u64>,
+    pub quota_full_temporary: bool,
+    pub helper: HelperArgs,
+    pub helper_timeout: Duration,
+    pub retry: RetryPolicy,
+}
+
+impl Settings {
+    /// Reads `[stage-<stage>]`, with `[pepsi] LOCAL_DOMAINS`/`RECIPIENT_DELIMITER` and
+    /// `[PATHS] MAIL_ROOT` as fallbacks.
+    pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        let global = cfg.section("pepsi");
+        let root = match s.path_opt("MAILDIR_ROOT")? {
+            Some(p) => p,
+            None => match cfg.section("PATHS").path_opt("MAIL_ROOT")? {
+                Some(p) => p,
+                None => s.path("MAILDIR_ROOT")?,
+            },
+        };
+        let template = s
+            .custom_opt("MAILDIR", Template::parse)?
+            .unwrap_or_else(|| Template::parse(constants::DEFAULT_TEMPLATE).expect("default"));
+        let delimiters = match s.string_opt("RECIPIENT_DELIMITER")? {
+            Some(d) => d,
+            None => global
+                .string_opt("RECIPIENT_DELIMITER")?
+                .unwrap_or_else(|| "+".into()),
+        };
+        let helper = s
+            .string_opt("HELPER")?
+            .unwrap_or_else(|| constants::DEFAULT_HELPER.into());
+        Ok(Settings {
+            template,
+            delimiters,
+            local_domains: global.list_opt("LOCAL_DOMAINS")?.unwrap_or_default(),
+            nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
+            quota: s.size_opt("QUOTA")?.filter(|&q| q > 0),
+            quota_full_temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
+            helper: HelperArgs {
+                program: helper::locate(&helper),
+                root: root.clone(),
+                create: s.bool_opt("CREATE_MAILDIR")?.unwrap_or(false),
+                allow_root_owner: s.bool_opt("ALLOW_ROOT_OWNER")?.unwrap_or(false),
+                log_level: "info".into(),
+            },
+            helper_timeout: s
+                .duration_opt("HELPER_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(60))
+                .max(Duration::from_secs(1)),
+            retry: RetryPolicy::from_config(cfg, stage)?,
+            root,
+        })
+    }
+}
+
+/// What a helper reply means for the recipient. A full mailbox (5.2.2) becomes a transient
+/// 4.2.2 when `quota_full_temporary`.
+pub fn result_of(reply: Reply, quota_full_temporary: bool) -> RcptResult {
+    let failure = |text: String, status: &str| {
+        let mut f = Failure::new(text, status);
+        f.phase = Some("delivery".into());
+        f
+    };
+    match reply {
+        Reply::Ok(_) => RcptResult::Delivered,
+        Reply::Perm { status, text } if status == "5.2.2" && quota_full_temporary => {
+            RcptResult::Transient(failure(text, "4.2.2"))
+        }
+        Reply::Perm { status, text } => RcptResult::Permanent(failure(text, &status)),
+        Reply::Temp { status, text } => RcptResult::Transient(failure(text, &status)),
+    }
+}
+
+/// The stage: per-stage settings, and the helper co-process shared by its passes.
+#[derive(Default)]
+pub struct RelayToMaildir {
+    settings: Mutex<HashMap<String, Arc<Settings>>>,
+    helper: tokio::sync::Mutex<Option<CoProcess>>,
+}
+
+impl RelayToMaildir {
+    fn settings(&self, cfg: &Config, stage: &str) -> Result<Arc<Settings>, StageError> {
+        let mut cache = self.settings.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = cache.get(stage) {
+            return Ok(s.clone());
+        }
+        let s = Arc::new(Settings::from_config(cfg, stage)?);
+        cache.insert(stage.to_owned(), s.clone());
+        Ok(s)
+    }
+
+    /// Delivers one copy through the helper, starting it when none runs (or when it runs
+    /// with other arguments); a helper that fails is stopped and the recipient waits.
+    async fn deliver(&self, s: &Settings, req: &Request) -> RcptResult {
+        let mut slot = self.helper.lock().await;
+        if slot.as_ref().is_some_and(|h| h.args != s.helper)
+            && let Some(old) = slot.take()
+        {
+            old.kill().await;
+        }
+        if slot.is_none() {
+            match CoProcess::start(s.helper.clone()) {
+                Ok(h) => *slot = Some(h),
+                Err(e) => {
+                    tracing::error!("maildir writer: {e}");
+                    return result_of(Reply::temp("4.3.0", format!("maildir writer: {e}")), false);
+                }
+            }
+        }
+        let h = slot.as_mut().expect("started above");
+        match h.deliver(req, s.helper_timeout).await {
+            Ok(reply) => result_of(reply, s.quota_full_temporary),
+            Err(e) => {
+                let program = h.args.program.display().to_string();
+                if let Some(h) = slot.take() {
+                    h.kill().await;
+                }
+                tracing::error!("maildir writer {program} failed: {e}; it will be restarted");
+                result_of(
+                    Reply::temp("4.3.0", format!("maildir writer {program} failed: {e}")),
+                    false,
+                )
+            }
+        }
+    }
+}
+
+impl Stage for RelayToMaildir {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Full;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let s = self.settings(ctx.config(), &ctx.settings().name)?;
+        let nonlocal: Vec<usize> = ctx
+            .rcpt_to()
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| !mailbox::is_local(r, &s.local_domains))
+            .map(|(i, _)| i)
+            .collect();
+        let onward = s
+            .nonlocal_stage
+            .clone()
+            .or_else(|| ctx.settings().next_stage.clone());
+        let mut stranded = Vec::new();
+        if !nonlocal.is_empty() {
+            match onward {
+                Some(target) if nonlocal.len() == ctx.rcpt_to().len() => {
+                    tracing::debug!(id = ctx.id(), target, "no local recipient");
+                    return ctx.advance_to(&target);
+                }
+                Some(target) => {
+                    let sibling = ctx.split_off_recipients(&nonlocal, &target).await?;
+                    tracing::info!(
+                        id = ctx.id(),
+                        sibling,
+                        target,
+                        "non-local recipients sent on"
+                    );
+                }
+                // Nowhere to send them: they wait (and expire) rather than vanish.
+                None => stranded = nonlocal,
+            }
+        }
+        let message = ctx.raw_message()?;
+        let rcpt = ctx.rcpt_to().to_vec();
+        let mut results = Vec::with_capacity(rcpt.len());
+        for (i, r) in rcpt.iter().enumerate() {
+            if stranded.contains(&i) {
+                let mut f = Failure::new(
+                    format!(
+                        "{r} is not in a local domain and stage {} has no NONLOCAL_STAGE or NEXT_STAGE",
+                        ctx.settings().name
+                    ),
+                    "4.3.5",
+                );
+                f.phase = Some("delivery".into());
+                results.push(RcptResult::Transient(f));
+                continue;
+            }
+            let mailbox = match s.template.mailbox(&s.root, r, &s.delimiters) {
+                Ok(m) => m,
+                Err(f) => {
+                    results.push(RcptResult::Permanent(*f));
+                    continue;
+                }
+            };
+            let req = Request {
+                mailbox,
+                return_path: ctx.mail_from().to_owned(),
+                delivered_to: r.clone(),
+                quota: s.quota,
+                message: message.clone(),
+            };
+            let result = self.deliver(&s, &req).await;
+            match &result {
+                RcptResult::Delivered => {
+                    tracing::info!(id = ctx.id(), rcpt = %r, mailbox = %req.mailbox.display(), "delivered")
+                }
+                RcptResult::Permanent(f) | RcptResult::Transient(f) => {
+                    tracing::info!(id = ctx.id(), rcpt = %r, "not delivered: {}", f.summary())
+                }
+            }
+            results.push(result);
+        }
+        delivery::conclude(ctx, &s.retry, &results)
+    }
+}
+
+/// Entry point of the `pepsi-stage-relay-to-maildir` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main(
+        &constants::CONFIG_SOURCE,
+        "Pepsi stage that delivers local recipients into their Maildirs",
+        RelayToMaildir::default(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn replies_become_results() {
+        let cases: Vec<(Reply, bool, &str, Option<&str>)> = vec![
+            (Reply::Ok("n".into()), false, "delivered", None),
+            (
+                Reply::perm("5.1.1", "no such mailbox"),
+                false,
+                "permanent",
+                Some("5.1.1"),
+            ),
+            (
+                Reply::perm("5.2.2", "mailbox full"),
+                false,
+                "permanent",
+                Some("5.2.2"),
+            ),
+            (
+                Reply::perm("5.2.2", "mailbox full"),
+                true,
+                "transient",
+                Some("4.2.2"),
+            ),
+            (
+                Reply::perm("5.1.1", "no such mailbox"),
+                true,
+                "permanent",
+                Some("5.1.1"),
+            ),
+            (
+                Reply::temp("4.3.0", "rename failed"),
+                false,
+                "transient",
+                Some("4.3.0"),
+            ),
+        ];
+        for (reply, temporary, kind, status) in cases {
+            let label = format!("{reply:?} {temporary}");
+            let (got_kind, f) = match result_of(reply, temporary) {
+                RcptResult::Delivered => ("delivered", None),
+                RcptResult::Permanent(f) => ("permanent", Some(f)),
+                RcptResult::Transient(f) => ("transient", Some(f)),
+            };
+            assert_eq!(got_kind, kind, "{label}");
+            assert_eq!(
+                f.as_ref().and_then(|f| f.enhanced_status.as_deref()),
+                status,
+                "{label}"
+            );
+        }
+    }
+
+    #[test]
+    fn settings_defaults_and_fallbacks() {
+        let cfg = Config::from_str_named(
+            "[PATHS]\nMAIL_ROOT = /srv/mail\n[pepsi]\nLOCAL_DOMAINS = a.test, b.test\n\
+             [stage-local]\nPROGRAM = pepsi-stage-relay-to-maildir\nQUOTA = 10M\n\
+             [stage-other]\nPROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = /home\n\
+             MAILDIR = %u/.maildir\nRECIPIENT_DELIMITER = -+\nHELPER = /opt/w\nNONLOCAL_STAGE = out\n",
+            "t.conf",
+        )
+        .unwrap();
+        let s = Settings::from_config(&cfg, "local").unwrap();
+        assert_eq!(s.root, PathBuf::from("/srv/mail"));
+        assert_eq!(s.quota, Some(10 << 20));
+        assert_eq!(s.delimiters, "+");
+        assert_eq!(s.local_domains, vec!["a.test", "b.test"]);
+        assert!(!s.quota_full_temporary && !s.helper.create);
+        let o = Settings::from_config(&cfg, "other").unwrap();
+        assert_eq!(
+            o.template
+                .mailbox(&o.root, "X-y@a.test", &o.delimiters)
+                .unwrap(),
+            PathBuf::from("/home/x/.maildir")
+        );
+        assert_eq!(o.helper.program, PathBuf::from("/opt/w"));
+        assert_eq!(o.nonlocal_stage.as_deref(), Some("out"));
+
+        let bad = Config::from_str_named("[stage-x]\nMAILDIR_ROOT = /m\nMAILDIR = %z\n", "b.conf")
+            .unwrap();
+        let err = Settings::from_config(&bad, "x").unwrap_err().to_string();
+        assert!(
+            err.contains("MAILDIR") && err.contains("unknown %z"),
+            "{err}"
+        );
+        let none = Config::from_str_named("[stage-x]\nPROGRAM = p\n", "n.conf").unwrap();
+        let err = Settings::from_config(&none, "x").unwrap_err().to_string();
+        assert!(err.contains("MAILDIR_ROOT"), "{err}");
+    }
+}
