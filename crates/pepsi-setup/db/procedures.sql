@@ -14,7 +14,8 @@
 --   dispatcher once per burst, out of band, after its rows have committed.
 -- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
 --   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
---   resuming or retrying rows (workqueue_resume), the ingress wake-up task, and any program
+--   resuming or retrying rows (workqueue_resume, and pepsi-queue's workqueue_retry,
+--   workqueue_release, workqueue_bounce … below), the ingress wake-up task, and any program
 --   that injects mail without being a stage worker (workqueue_inject called outside a stage).
 -- * Writers inside the loop stay silent: a stage worker's status line already brings the
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
