@@ -37,6 +37,12 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/pepsi/pepsi.conf";
 /// The environment variable that names the configuration file when `-c` is not given.
 pub const CONFIG_ENV: &str = "PEPSI_CONFIG";
 
+/// Reads a duration written as in a configuration file (`90`, `30s`, `1h30m`, `2d`), so a
+/// command-line option takes the same syntax; the error says what is expected.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    value::parse_duration(text)
+}
+
 /// Identifies a program to the configuration and logging machinery; each program defines
 /// one as `constants::CONFIG_SOURCE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
