@@ -19,7 +19,7 @@ use std::future::Future;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{PassReport, main, prepare_on, run_pass, run_worker};
+pub use worker::{PassReport, main, main_with_long_about, prepare_on, run_pass, run_worker};
 
 use crate::config::{Config, ConfigError};
 

@@ -197,9 +197,21 @@ enum StageCommand {
 /// the configuration (the file plus the database's global overlay), connects and runs the
 /// worker loop on stdin/stdout.
 pub fn main<S: Stage>(source: &ConfigSource, about: &'static str, stage: S) -> ExitCode {
+    main_with_long_about(source, about, about, stage)
+}
+
+/// `main` with a `--help` text of its own (`-h` shows `about`): for a stage with options or
+/// behaviour worth a manual page.
+pub fn main_with_long_about<S: Stage>(
+    source: &ConfigSource,
+    about: &'static str,
+    long_about: &'static str,
+    stage: S,
+) -> ExitCode {
     let command = <StageCli as clap::CommandFactory>::command()
         .name(source.exec)
         .about(about)
+        .long_about(long_about)
         .version(env!("CARGO_PKG_VERSION"));
     let matches = command.get_matches();
     let cli = match <StageCli as clap::FromArgMatches>::from_arg_matches(&matches) {
