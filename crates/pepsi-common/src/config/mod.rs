@@ -346,6 +346,26 @@ impl<'a> Section<'a> {
         self.typed(option, |v| value::parse_choice(v, allowed))
     }
 
+    /// The expanded value parsed by `parse`, which returns what was expected on failure:
+    /// for option kinds a program defines itself (a condition, a route list). The error
+    /// names the file, line, section, option and value like every other getter's.
+    pub fn parse_opt<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.typed(option, parse)
+    }
+
+    /// As `parse_opt`, for a required option.
+    pub fn parse<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        self.required(option, self.parse_opt(option, parse)?)
+    }
+
     fn entry(&self, option: &str) -> Option<&'a Entry> {
         self.data?.options.get(&option.to_ascii_uppercase())
     }
