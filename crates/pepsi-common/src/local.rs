@@ -138,7 +138,10 @@ impl LocalRecipients {
         let Some(d) = normalize_domain(domain) else {
             return Ok(false);
         };
-        Ok(self.local_domains_among(pool, &[d.clone()]).await?.contains(&d))
+        Ok(self
+            .local_domains_among(pool, &[d.clone()])
+            .await?
+            .contains(&d))
     }
 
     /// The local ones among `domains`, normalized; one query for all the domains that are
@@ -249,7 +252,10 @@ mod tests {
         for (input, expected) in cases {
             assert_eq!(r.strip_extension(input), expected, "{input}");
         }
-        assert_eq!(r.mailbox_key("Alice+tag@example.test"), "alice@example.test");
+        assert_eq!(
+            r.mailbox_key("Alice+tag@example.test"),
+            "alice@example.test"
+        );
         let none = LocalRecipients::new(Vec::<String>::new(), "");
         assert_eq!(none.strip_extension("a+b@x.test"), "a+b@x.test");
         assert!(r.is_configured_local("EXAMPLE.test."));

@@ -175,10 +175,12 @@ impl Dispatcher {
             if let (Some(started), Some(pool)) = (w.head_started, pool) {
                 at = at.min(started + pool.settings.max_runtime);
             }
-            if w.inflight.is_empty() && !w.retiring
-                && let Some(pool) = pool {
-                    at = at.min(w.idle_since + pool.settings.idle_timeout);
-                }
+            if w.inflight.is_empty()
+                && !w.retiring
+                && let Some(pool) = pool
+            {
+                at = at.min(w.idle_since + pool.settings.idle_timeout);
+            }
         }
         at.max(Instant::now() + Duration::from_millis(1))
     }
@@ -259,10 +261,13 @@ impl Dispatcher {
         let stage = w.stage.clone();
         let pid = w.pid;
         if let Some(max) = self.pools.get(&stage).map(|p| p.settings.max_messages)
-            && max > 0 && w.handed >= max && !w.retiring {
-                tracing::debug!(stage = %stage, pid, handled = w.handed, "MAX_MESSAGES reached: recycling the worker");
-                w.retire();
-            }
+            && max > 0
+            && w.handed >= max
+            && !w.retiring
+        {
+            tracing::debug!(stage = %stage, pid, handled = w.handed, "MAX_MESSAGES reached: recycling the worker");
+            w.retire();
+        }
         if let Some(pool) = self.pools.get_mut(&stage) {
             pool.fair.charge(&row.sender, took, now);
         }
@@ -387,13 +392,14 @@ impl Dispatcher {
             };
             if let Some(started) = w.head_started {
                 if now >= started + pool.settings.max_runtime
-                    && let Some(row) = w.inflight.pop_front() {
-                        let _ = w.child.start_kill();
-                        w.retire();
-                        w.killed = true;
-                        w.head_started = None;
-                        hung.push((row.id, w.stage.clone(), w.pid, pool.settings.max_runtime));
-                    }
+                    && let Some(row) = w.inflight.pop_front()
+                {
+                    let _ = w.child.start_kill();
+                    w.retire();
+                    w.killed = true;
+                    w.head_started = None;
+                    hung.push((row.id, w.stage.clone(), w.pid, pool.settings.max_runtime));
+                }
             } else if w.inflight.is_empty()
                 && !w.retiring
                 && now >= w.idle_since + pool.settings.idle_timeout

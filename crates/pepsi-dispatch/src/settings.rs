@@ -104,9 +104,10 @@ impl PoolSettings {
         for name in cfg.sections() {
             let lower = name.to_ascii_lowercase();
             if let Some(stage) = lower.strip_prefix("stage-")
-                && cfg.section(name).has("PROGRAM") {
-                    pools.push(Self::from_config(cfg, stage)?);
-                }
+                && cfg.section(name).has("PROGRAM")
+            {
+                pools.push(Self::from_config(cfg, stage)?);
+            }
         }
         pools.sort_by(|a, b| a.stage.cmp(&b.stage));
         Ok(pools)

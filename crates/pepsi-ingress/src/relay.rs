@@ -39,7 +39,11 @@ mod tests {
     #[test]
     fn decision_table() {
         let local = LocalRecipients::new(
-            ["example.test".to_owned(), "other.test".to_owned(), "bücher.test".to_owned()],
+            [
+                "example.test".to_owned(),
+                "other.test".to_owned(),
+                "bücher.test".to_owned(),
+            ],
             "",
         );
         let cases = [

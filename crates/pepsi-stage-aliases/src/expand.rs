@@ -45,12 +45,7 @@ pub struct Facts {
 /// when the domain is local; else, unless it is an enabled mailbox, its domain's
 /// catch-all (settings layer first, then the file); else itself. Targets without `@` take
 /// the domain of `address`.
-pub fn resolve(
-    address: &str,
-    file: &AliasFile,
-    local: &LocalRecipients,
-    facts: &Facts,
-) -> Answer {
+pub fn resolve(address: &str, file: &AliasFile, local: &LocalRecipients, facts: &Facts) -> Answer {
     let Some((local_part, domain)) = split_address(address) else {
         return Answer::Final;
     };
@@ -60,7 +55,13 @@ pub fn resolve(
         Answer::Alias(
             targets
                 .into_iter()
-                .map(|t| if t.contains('@') { t } else { format!("{t}@{domain}") })
+                .map(|t| {
+                    if t.contains('@') {
+                        t
+                    } else {
+                        format!("{t}@{domain}")
+                    }
+                })
                 .collect(),
         )
     };
@@ -241,8 +242,15 @@ pub fn rebuild_dsn(dsn: Option<&Value>, original: &[String], expansion: &Expansi
             };
             e.entry("notify").or_insert(Value::Null);
             if e.get("orcpt").is_none_or(Value::is_null) {
-                let kind = if original[*from].is_ascii() { "rfc822" } else { "utf-8" };
-                e.insert("orcpt".into(), Value::String(format!("{kind};{}", original[*from])));
+                let kind = if original[*from].is_ascii() {
+                    "rfc822"
+                } else {
+                    "utf-8"
+                };
+                e.insert(
+                    "orcpt".into(),
+                    Value::String(format!("{kind};{}", original[*from])),
+                );
             }
             Value::Object(e)
         })
@@ -280,7 +288,12 @@ mod tests {
 
     /// One row of the expansion table: aliases, input, expected (address, origin) pairs,
     /// expected loop members.
-    fn check(aliases: &[(&str, &[&str])], input: &[&str], expected: &[(&str, usize)], loops: &[&str]) {
+    fn check(
+        aliases: &[(&str, &[&str])],
+        input: &[&str],
+        expected: &[(&str, usize)],
+        loops: &[&str],
+    ) {
         let t = table(aliases);
         let answer = table_answer(&t);
         let got = expand(&strings(input), 10, &answer).unwrap();
@@ -293,7 +306,12 @@ mod tests {
     #[test]
     fn expansion_table() {
         // Nothing to expand.
-        check(&[], &["a@x.test", "b@x.test"], &[("a@x.test", 0), ("b@x.test", 1)], &[]);
+        check(
+            &[],
+            &["a@x.test", "b@x.test"],
+            &[("a@x.test", 0), ("b@x.test", 1)],
+            &[],
+        );
         // One alias to two targets; the other recipient stays.
         check(
             &[("list@x.test", &["a@x.test", "b@y.test"])],
@@ -303,7 +321,10 @@ mod tests {
         );
         // Recursive.
         check(
-            &[("a@x.test", &["b@x.test"]), ("b@x.test", &["c@x.test", "d@x.test"])],
+            &[
+                ("a@x.test", &["b@x.test"]),
+                ("b@x.test", &["c@x.test", "d@x.test"]),
+            ],
             &["a@x.test"],
             &[("c@x.test", 0), ("d@x.test", 0)],
             &[],
@@ -353,7 +374,8 @@ mod tests {
 
     #[test]
     fn unknown_addresses_are_asked_for() {
-        let answer = |a: &str| (a == "a@x.test").then(|| Answer::Alias(strings(&["b@x.test", "c@x.test"])));
+        let answer =
+            |a: &str| (a == "a@x.test").then(|| Answer::Alias(strings(&["b@x.test", "c@x.test"])));
         assert_eq!(
             expand(&strings(&["a@x.test", "D@x.test"]), 10, &answer).unwrap_err(),
             strings(&["b@x.test", "c@x.test", "d@x.test"])
@@ -388,9 +410,21 @@ mod tests {
         let local = LocalRecipients::new(["x.test".to_owned()], "+");
         let facts = Facts {
             settings: SettingsTable::from_rows([
-                ("alice@x.test".into(), ALIAS_SETTING.into(), json!(["db-alice@x.test"])),
-                ("bob@x.test".into(), ALIAS_SETTING.into(), json!("b1@x.test, b2")),
-                ("@z.test".into(), CATCHALL_SETTING.into(), json!("zz@z.test")),
+                (
+                    "alice@x.test".into(),
+                    ALIAS_SETTING.into(),
+                    json!(["db-alice@x.test"]),
+                ),
+                (
+                    "bob@x.test".into(),
+                    ALIAS_SETTING.into(),
+                    json!("b1@x.test, b2"),
+                ),
+                (
+                    "@z.test".into(),
+                    CATCHALL_SETTING.into(),
+                    json!("zz@z.test"),
+                ),
             ]),
             mailboxes: ["real@x.test".to_owned()].into(),
             local_domains: ["x.test".to_owned()].into(),
@@ -411,7 +445,11 @@ mod tests {
             ("not-an-address", Answer::Final),
         ];
         for (address, expected) in cases {
-            assert_eq!(resolve(address, &file, &local, &facts), expected, "{address}");
+            assert_eq!(
+                resolve(address, &file, &local, &facts),
+                expected,
+                "{address}"
+            );
         }
     }
 

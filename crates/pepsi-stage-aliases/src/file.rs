@@ -20,9 +20,8 @@ impl AliasFile {
     pub fn load(path: &Path) -> anyhow::Result<Self> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| anyhow::anyhow!("cannot read alias file {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|(line, msg)| {
-            anyhow::anyhow!("{}:{line}: {msg}", path.display())
-        })
+        Self::parse(&text)
+            .map_err(|(line, msg)| anyhow::anyhow!("{}:{line}: {msg}", path.display()))
     }
 
     /// Parses the text of an alias file. Lines starting with `#` are comments; a line
@@ -67,7 +66,8 @@ impl AliasFile {
                     .ok_or_else(|| (n, format!("{name:?} names no domain")))?;
                 file.catchalls.entry(domain)
             } else if name.contains('@') {
-                file.addresses.entry(pepsi_common::local::address_key(&name))
+                file.addresses
+                    .entry(pepsi_common::local::address_key(&name))
             } else {
                 file.names.entry(name)
             };

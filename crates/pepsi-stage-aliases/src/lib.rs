@@ -108,8 +108,7 @@ impl Aliases {
                 domains.push(d);
             }
         }
-        let settings =
-            settings::fetch(pool, &keys, &[ALIAS_SETTING, CATCHALL_SETTING]).await?;
+        let settings = settings::fetch(pool, &keys, &[ALIAS_SETTING, CATCHALL_SETTING]).await?;
         let mailboxes = local::mailboxes_among(pool, &mailboxes).await?;
         let local_domains = if stage.file.names.is_empty() {
             Default::default()
@@ -187,4 +186,3 @@ pub fn run() -> ExitCode {
         Aliases::from_config,
     )
 }
-

@@ -109,12 +109,18 @@ fn lex(text: &str) -> Result<Vec<(Tok, usize)>, ParseError> {
             continue;
         }
         let two: String = chars[i..(i + 2).min(chars.len())].iter().collect();
-        if let Some(sym) = ["==", "!=", "!~", "<=", ">="].into_iter().find(|s| *s == two) {
+        if let Some(sym) = ["==", "!=", "!~", "<=", ">="]
+            .into_iter()
+            .find(|s| *s == two)
+        {
             out.push((Tok::Sym(sym), col));
             i += 2;
             continue;
         }
-        if let Some(sym) = ["~", "<", ">", "(", ")"].into_iter().find(|s| s.starts_with(c)) {
+        if let Some(sym) = ["~", "<", ">", "(", ")"]
+            .into_iter()
+            .find(|s| s.starts_with(c))
+        {
             out.push((Tok::Sym(sym), col));
             i += 1;
             continue;
@@ -290,7 +296,11 @@ impl Parser {
                     column: col,
                     message: format!("invalid regular expression: {e}"),
                 })?;
-                let op = if negated { Op::NotMatch(re) } else { Op::Match(re) };
+                let op = if negated {
+                    Op::NotMatch(re)
+                } else {
+                    Op::Match(re)
+                };
                 return Ok(Expr::Compare(left, op, Operand::Literal(Value::Null)));
             }
             Tok::Word(w) if w.eq_ignore_ascii_case("contains") => Op::Contains,
@@ -402,9 +412,9 @@ impl Expr {
                     Op::Ne => !any(&|a, b| equal(a, b, address)),
                     Op::Match(re) => left.iter().any(|a| re.is_match(&text(a))),
                     Op::NotMatch(re) => !left.iter().any(|a| re.is_match(&text(a))),
-                    Op::Contains => any(&|a, b| {
-                        text(a).to_lowercase().contains(&text(b).to_lowercase())
-                    }),
+                    Op::Contains => {
+                        any(&|a, b| text(a).to_lowercase().contains(&text(b).to_lowercase()))
+                    }
                     Op::Lt => any(&|a, b| numbers(a, b).is_some_and(|(x, y)| x < y)),
                     Op::Le => any(&|a, b| numbers(a, b).is_some_and(|(x, y)| x <= y)),
                     Op::Gt => any(&|a, b| numbers(a, b).is_some_and(|(x, y)| x > y)),
@@ -550,7 +560,9 @@ mod tests {
             rcpt_to: rcpt,
             auth_user: None,
             state: Some(state),
-            headers: Some(b"Subject: Cheap\r\n  watches\r\nX-Spam: yes\r\nReceived: a\r\nReceived: b\r\n"),
+            headers: Some(
+                b"Subject: Cheap\r\n  watches\r\nX-Spam: yes\r\nReceived: a\r\nReceived: b\r\n",
+            ),
             rcpt_local: vec![true, false],
         }
     }
@@ -597,7 +609,10 @@ mod tests {
             ("any_rcpt_local", true),
             ("all_rcpt_local", false),
             ("not (all_rcpt_local or state.junk)", false),
-            ("state.junk and not any_rcpt_local or state.attempts == 3", true),
+            (
+                "state.junk and not any_rcpt_local or state.attempts == 3",
+                true,
+            ),
         ];
         for (text, expected) in cases {
             let e = parse(text).unwrap_or_else(|err| panic!("{text}: {err}"));
@@ -629,7 +644,11 @@ mod tests {
     #[test]
     fn what_a_condition_needs() {
         assert!(parse("header:Subject ~ 'x'").unwrap().uses_headers());
-        assert!(parse("not (state.a or exists header:X)").unwrap().uses_headers());
+        assert!(
+            parse("not (state.a or exists header:X)")
+                .unwrap()
+                .uses_headers()
+        );
         assert!(!parse("state.a").unwrap().uses_headers());
         assert!(parse("state.a and all_rcpt_local").unwrap().uses_locality());
         assert!(!parse("state.a").unwrap().uses_locality());

@@ -212,18 +212,43 @@ mod tests {
     fn sections_are_checked_at_start() {
         let base = "[stage-a]\nPROGRAM = pepsi-stage-if\n[stage-yes]\nPROGRAM = x\n[stage-no]\nPROGRAM = x\n[stage-b]\nPROGRAM = pepsi-stage-if-headers\nCONDITION = header:Subject == 'x'\nTHEN = yes\nELSE = no\n";
         let check = |extra: &str, program: &str, headers: bool, needle: &str| {
-            let err = Conditions::from_config(&cfg(&format!("{base}[stage-a]\n{extra}")), program, headers)
-                .unwrap_err();
+            let err = Conditions::from_config(
+                &cfg(&format!("{base}[stage-a]\n{extra}")),
+                program,
+                headers,
+            )
+            .unwrap_err();
             let text = format!("{err:#}");
             assert!(text.contains(needle), "{extra:?}: {text}");
         };
-        check("CONDITION = state.a ==\nTHEN = yes\nELSE = no\n", constants::PROGRAM, false,
-              "test.conf:13: [stage-a] CONDITION = \"state.a ==\": expected a condition (at column 11: expected an operand, found the end)");
-        check("CONDITION = header:X == 'y'\nTHEN = yes\nELSE = no\n", constants::PROGRAM, false, "PROGRAM = pepsi-stage-if-headers");
-        check("CONDITION = state.a\nTHEN = maybe\nELSE = no\n", constants::PROGRAM, false, "THEN = maybe: there is no [stage-maybe] section");
-        check("CONDITION = state.a\nTHEN = yes\n", constants::PROGRAM, false, "needs ELSE or NEXT_STAGE");
+        check(
+            "CONDITION = state.a ==\nTHEN = yes\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "test.conf:13: [stage-a] CONDITION = \"state.a ==\": expected a condition (at column 11: expected an operand, found the end)",
+        );
+        check(
+            "CONDITION = header:X == 'y'\nTHEN = yes\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "PROGRAM = pepsi-stage-if-headers",
+        );
+        check(
+            "CONDITION = state.a\nTHEN = maybe\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "THEN = maybe: there is no [stage-maybe] section",
+        );
+        check(
+            "CONDITION = state.a\nTHEN = yes\n",
+            constants::PROGRAM,
+            false,
+            "needs ELSE or NEXT_STAGE",
+        );
         let ok = Conditions::from_config(
-            &cfg(&format!("{base}[stage-a]\nCONDITION = state.a\nTHEN = yes\nNEXT_STAGE = no\n")),
+            &cfg(&format!(
+                "{base}[stage-a]\nCONDITION = state.a\nTHEN = yes\nNEXT_STAGE = no\n"
+            )),
             constants::PROGRAM,
             false,
         )

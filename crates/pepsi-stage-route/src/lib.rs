@@ -64,7 +64,11 @@ impl Routes {
         let s = cfg.section(&format!("stage-{stage}"));
         let next = s.string_opt("NEXT_STAGE")?.filter(|v| !v.is_empty());
         let pick = |option: &str| -> anyhow::Result<String> {
-            match s.string_opt(option)?.filter(|v| !v.is_empty()).or(next.clone()) {
+            match s
+                .string_opt(option)?
+                .filter(|v| !v.is_empty())
+                .or(next.clone())
+            {
                 Some(v) => Ok(v),
                 None => bail!("[stage-{stage}] needs {option} or NEXT_STAGE"),
             }
@@ -89,7 +93,9 @@ impl Routes {
             }
         }
         // The longest parent first, so a.b.example wins over b.example.
-        routes.subdomains.sort_by_key(|(d, _)| std::cmp::Reverse(d.len()));
+        routes
+            .subdomains
+            .sort_by_key(|(d, _)| std::cmp::Reverse(d.len()));
         let targets = routes
             .domains
             .values()
@@ -97,7 +103,9 @@ impl Routes {
             .chain([&routes.local, &routes.remote]);
         for target in targets {
             if !cfg.has_section(&format!("stage-{target}")) {
-                bail!("[stage-{stage}] routes to {target:?}, which has no [stage-{target}] section");
+                bail!(
+                    "[stage-{stage}] routes to {target:?}, which has no [stage-{target}] section"
+                );
             }
         }
         Ok(routes)
@@ -286,11 +294,18 @@ mod tests {
     #[test]
     fn configuration_errors() {
         let check = |section: &str, needle: &str| {
-            let err = Routes::from_config(&cfg(&format!("{BASE}[stage-r]\n{section}")), "r").unwrap_err();
+            let err =
+                Routes::from_config(&cfg(&format!("{BASE}[stage-r]\n{section}")), "r").unwrap_err();
             assert!(format!("{err:#}").contains(needle), "{section}: {err:#}");
         };
         check("ROUTE_LOCAL = local\n", "needs ROUTE_REMOTE or NEXT_STAGE");
-        check("NEXT_STAGE = remote\nROUTE_LOCAL = nowhere\n", "routes to \"nowhere\", which has no [stage-nowhere] section");
-        check("NEXT_STAGE = remote\nROUTES = example.org\n", "test.conf:11: [stage-r] ROUTES = \"example.org\": expected `domain:stage` items");
+        check(
+            "NEXT_STAGE = remote\nROUTE_LOCAL = nowhere\n",
+            "routes to \"nowhere\", which has no [stage-nowhere] section",
+        );
+        check(
+            "NEXT_STAGE = remote\nROUTES = example.org\n",
+            "test.conf:11: [stage-r] ROUTES = \"example.org\": expected `domain:stage` items",
+        );
     }
 }

@@ -51,11 +51,7 @@ impl Session {
             return Reply::new(501, "5.1.3", "no recipient address");
         };
         let domain = to.domain();
-        let mut decision = decide(
-            domain.as_deref(),
-            &s.local,
-            self.auth_user.is_some(),
-        );
+        let mut decision = decide(domain.as_deref(), &s.local, self.auth_user.is_some());
         // A domain the configuration does not list may still be local through the
         // settings layer (`@domain` / `local_domain` = true).
         if let (Some(d), RcptDecision::Refuse | RcptDecision::Relay) = (&domain, decision) {
