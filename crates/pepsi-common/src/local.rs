@@ -139,7 +139,7 @@ impl LocalRecipients {
             return Ok(false);
         };
         Ok(self
-            .local_domains_among(pool, &[d.clone()])
+            .local_domains_among(pool, std::slice::from_ref(&d))
             .await?
             .contains(&d))
     }
