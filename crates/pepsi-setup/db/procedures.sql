@@ -533,3 +533,29 @@ $$;
 CREATE OR REPLACE TRIGGER config_override_notify
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pepsi.config_override
     FOR EACH STATEMENT EXECUTE FUNCTION pepsi.config_override_notify();
+
+-- THE SETTINGS LAYER AND LOCAL RECIPIENTS
+--
+-- pepsi.settings rows are keyed by a lower-case address (`alice@example.org`) or a domain
+-- key (`@example.org`) that applies to every address of the domain. Lookups go through the
+-- two functions below (pepsi_common::settings and pepsi_common::local), which lower-case the
+-- keys they are given, so a lookup is an index probe on the primary key.
+
+-- Every row whose address is one of p_keys (lower-cased here) and whose name is one of
+-- p_names. The caller picks the most specific key per name.
+CREATE OR REPLACE FUNCTION pepsi.settings_get(p_keys text[], p_names text[])
+RETURNS TABLE (address text, name text, value jsonb) LANGUAGE sql STABLE AS $$
+    SELECT s.address, s.name, s.value
+    FROM pepsi.settings s
+    WHERE s.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_keys) AS k))
+      AND s.name = ANY (p_names)
+$$;
+
+-- The addresses among p_addresses (lower-cased here) that are enabled mailboxes.
+CREATE OR REPLACE FUNCTION pepsi.mailboxes_among(p_addresses text[])
+RETURNS SETOF text LANGUAGE sql STABLE AS $$
+    SELECT a.address
+    FROM pepsi.mailbox_account a
+    WHERE a.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_addresses) AS k))
+      AND a.enabled
+$$;

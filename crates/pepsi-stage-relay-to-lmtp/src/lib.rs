@@ -66,7 +66,7 @@ impl Settings {
         let s = cfg.section(&format!("stage-{stage}"));
         s.string("LMTP")?;
         let target = s
-            .custom_opt("LMTP", Target::parse)?
+            .parse_opt("LMTP", Target::parse)?
             .expect("LMTP is set: checked above");
         let lhlo_name = match s.string_opt("LHLO_NAME")?.filter(|v| !v.is_empty()) {
             Some(name) => name,

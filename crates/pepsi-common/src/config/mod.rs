@@ -352,6 +352,26 @@ impl<'a> Section<'a> {
         self.typed(option, |v| value::parse_choice(v, allowed))
     }
 
+    /// The expanded value parsed by `parse`, which returns what was expected on failure:
+    /// for option kinds a program defines itself (a condition, a route list). The error
+    /// names the file, line, section, option and value like every other getter's.
+    pub fn parse_opt<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.typed(option, parse)
+    }
+
+    /// As `parse_opt`, for a required option.
+    pub fn parse<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        self.required(option, self.parse_opt(option, parse)?)
+    }
+
     fn entry(&self, option: &str) -> Option<&'a Entry> {
         self.data?.options.get(&option.to_ascii_uppercase())
     }
@@ -370,16 +390,6 @@ impl<'a> Section<'a> {
             section: self.name.clone(),
             option: option.to_owned(),
         })
-    }
-
-    /// A value of a type the other getters do not cover: `parse` gets the expanded value and
-    /// returns what was expected on failure, and the error names file, line and option.
-    pub fn custom_opt<T>(
-        &self,
-        option: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, ConfigError> {
-        self.typed(option, parse)
     }
 
     /// Expands the option's value and parses it; `parse` returns what was expected on failure.
