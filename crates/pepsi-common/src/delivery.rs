@@ -140,10 +140,10 @@ impl RetryPolicy {
             Ok(f) if (1.0..=100.0).contains(&f) => Ok(f),
             _ => Err("a number from 1 to 100".to_owned()),
         };
-        let factor = match own.custom_opt("RETRY_FACTOR", parse_factor)? {
+        let factor = match own.parse_opt("RETRY_FACTOR", parse_factor)? {
             Some(v) => v,
             None => global
-                .custom_opt("RETRY_FACTOR", parse_factor)?
+                .parse_opt("RETRY_FACTOR", parse_factor)?
                 .unwrap_or(d.factor),
         };
         let initial = dur("RETRY_INITIAL", d.initial)?.max(Duration::from_secs(1));

@@ -1,12 +1,21 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
-//! (`cli`), database access (`db`) and the stage contract (`stage`).
+//! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
+//! delivery stages (`delivery`) and their SMTP/LMTP client (`smtp`), the local-recipient
+//! resolver (`local`), the per-address override layer (`settings`), the operator's queue
+//! administration (`queue`) and the audit log (`audit`).
 //!
-//! Invariant: `pepsi-common` never depends on a stage crate, and only `db` and `stage`
-//! issue SQL against the queue.
+//! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
+//! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
+//! functions.
 
+pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod db;
 pub mod delivery;
+pub mod local;
 pub mod message;
+pub mod queue;
+pub mod settings;
+pub mod smtp;
 pub mod stage;

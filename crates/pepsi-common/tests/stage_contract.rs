@@ -40,6 +40,10 @@ enum Step {
     ReadHeaders,
     ReadRaw,
     Inject(&'static str, &'static str),
+    ReplaceState(Value),
+    ResetReceivedAt,
+    /// fetch_body(max) and record what came back ("<none>" when over the limit).
+    FetchBody(u64),
 }
 
 /// A stage that runs a script; `L` is its Load (0 metadata, 1 headers, 2 full).
@@ -113,6 +117,16 @@ impl<const L: u8> Stage for Script<L> {
                 Step::ReadRaw => {
                     let raw = String::from_utf8_lossy(&ctx.raw_message()?).into_owned();
                     self.seen.lock().unwrap().push(raw);
+                }
+                Step::ReplaceState(v) => ctx.replace_state(obj(v)),
+                Step::ResetReceivedAt => ctx.reset_received_at(),
+                Step::FetchBody(max) => {
+                    let got = ctx
+                        .fetch_body(max)
+                        .await?
+                        .map(|b| String::from_utf8_lossy(b).into_owned())
+                        .unwrap_or_else(|| "<none>".into());
+                    self.seen.lock().unwrap().push(got);
                 }
                 Step::Inject(stage, token) => {
                     let id = ctx
@@ -804,6 +818,92 @@ async fn reading_more_than_the_declared_load_is_an_error() {
     assert_eq!(
         seen[1], "From: alice@example.test\r\nSubject: hi\r\n\r\nhello\r\n",
         "raw = headers || CRLF || body"
+    );
+}
+
+#[tokio::test]
+async fn replace_state_assigns_the_whole_state_and_reset_received_at_restarts_the_age() {
+    let e = env().await;
+    let id = e.running("init", &ABC, dsn3()).await;
+    sqlx::query("UPDATE pepsi.workqueue SET received_at = now() - interval '3 days' WHERE workqueue_id = $1")
+        .bind(id)
+        .execute(e.pool())
+        .await
+        .unwrap();
+    let s = script::<0>(vec![
+        Step::ReplaceState(json!({})),
+        Step::ResetReceivedAt,
+        Step::SetFrom(""),
+        Step::Rewrite(vec!["alice@example.test"], json!({})),
+    ]);
+    e.pass(id, &s).await.unwrap();
+    let r = e.row(id).await.unwrap();
+    assert_eq!((r.stage.as_str(), r.status.as_str()), ("next", "pending"));
+    assert_eq!(r.state, json!({}), "an empty replacement clears the state");
+    assert_eq!(
+        (r.mail_from.as_str(), r.rcpt_to.clone()),
+        ("", vec!["alice@example.test".to_string()])
+    );
+    assert!(r.age < 3600.0, "received_at restarted, age {}s", r.age);
+
+    let id = e.running("init", &ABC, dsn3()).await;
+    let s = script::<0>(vec![
+        Step::ReplaceState(json!({"fresh": 1})),
+        Step::Merge(json!({"more": 2})),
+        Step::Advance,
+    ]);
+    e.pass(id, &s).await.unwrap();
+    assert_eq!(
+        e.row(id).await.unwrap().state,
+        json!({"fresh": 1, "more": 2})
+    );
+}
+
+#[tokio::test]
+async fn a_replaced_state_is_refused_by_the_helpers_that_can_only_merge() {
+    let e = env().await;
+    let id = e.running("init", &ABC, dsn3()).await;
+    for last in [
+        Step::Pause(json!({}), 60),
+        Step::FinishWith(vec![CloneSpec::new("bounce")]),
+        Step::SplitOff(vec![1], "next"),
+    ] {
+        let err = e
+            .pass(id, &script::<0>(vec![Step::ReplaceState(json!({})), last]))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(err, StageError::ContentWouldBeLost { ref changed, .. } if changed.contains("state")),
+            "{err}"
+        );
+    }
+    let r = e.row(id).await.unwrap();
+    assert_eq!(
+        (r.status.as_str(), r.state.clone(), r.rcpt_to.len()),
+        ("running", dsn3(), 3)
+    );
+}
+
+#[tokio::test]
+async fn fetch_body_loads_the_body_on_demand_only_within_the_limit() {
+    let e = env().await;
+    let id = e.running("init", &ABC, json!({})).await;
+    let s = script::<1>(vec![
+        Step::FetchBody(6),
+        Step::FetchBody(7),
+        Step::ReadRaw,
+        Step::Advance,
+    ]);
+    e.pass(id, &s).await.unwrap();
+    let seen = s.seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        vec![
+            "<none>".to_string(),
+            "hello\r\n".to_string(),
+            "From: alice@example.test\r\nSubject: hi\r\n\r\nhello\r\n".to_string()
+        ],
+        "a 7-byte body is not sent under a 6-byte limit, is under 7, and then raw_message works"
     );
 }
 

@@ -149,13 +149,31 @@ pub async fn requeue_due(pool: &PgPool) -> Result<u64, sqlx::Error> {
     Ok(r.rows_affected())
 }
 
-/// Seconds until the earliest paused row is due (None when nothing is paused).
+/// Seconds until the earliest paused row is due (None when nothing is paused), at most a
+/// day. Rows held by an operator (`pepsi-queue hold`: a far-future timeout) count like any
+/// other and simply never come due; a timeout of `infinity` written by hand is skipped, since
+/// `infinity - now()` raises before PostgreSQL 17 and would blind the dispatcher to every
+/// other paused row.
 pub async fn next_due(pool: &PgPool) -> Result<Option<f64>, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(timeout) - now())::float8 FROM pepsi.workqueue WHERE status = 'paused'",
+    let secs: Option<f64> = sqlx::query_scalar(
+        "SELECT extract(epoch FROM min(timeout) - now())::float8 FROM pepsi.workqueue \
+         WHERE status = 'paused' AND isfinite(timeout)",
     )
     .fetch_one(pool)
-    .await
+    .await?;
+    Ok(secs.map(clamp_due))
+}
+
+/// The longest the dispatcher waits for a due time (the heartbeat comes sooner anyway).
+const MAX_DUE_WAIT: f64 = 86_400.0;
+
+/// `secs` made safe for `Duration::from_secs_f64`: within 0..=MAX_DUE_WAIT, NaN as 0.
+fn clamp_due(secs: f64) -> f64 {
+    if secs.is_nan() {
+        0.0
+    } else {
+        secs.clamp(0.0, MAX_DUE_WAIT)
+    }
 }
 
 /// At start-up, rows left `running` by a previous dispatcher go back to `pending`.
@@ -239,4 +257,27 @@ pub async fn gc(pool: &PgPool) -> Result<(i32, i32), sqlx::Error> {
         .fetch_one(pool)
         .await?;
     Ok((bodies, tokens))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn due_times_are_clamped_to_what_a_duration_can_hold() {
+        let cases = [
+            (-5.0, 0.0),
+            (0.0, 0.0),
+            (1.5, 1.5),
+            (2.5e11, MAX_DUE_WAIT),
+            (f64::INFINITY, MAX_DUE_WAIT),
+            (f64::NEG_INFINITY, 0.0),
+            (f64::NAN, 0.0),
+        ];
+        for (secs, want) in cases {
+            let got = clamp_due(secs);
+            assert_eq!(got, want, "{secs}");
+            let _ = std::time::Duration::from_secs_f64(got);
+        }
+    }
 }

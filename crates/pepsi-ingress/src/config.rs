@@ -77,6 +77,9 @@ pub struct Settings {
     pub hostname: String,
     pub authserv_id: String,
     pub local_domains: Vec<String>,
+    /// The shared local-recipient resolver: `local_domains` above plus the domains the
+    /// settings layer marks local, and `[pepsi] RECIPIENT_DELIMITER`.
+    pub local: pepsi_common::local::LocalRecipients,
     pub check_recipients: bool,
     pub max_message_size: u64,
     pub max_recipients: usize,
@@ -137,6 +140,8 @@ impl Settings {
                 .string_opt("AUTHSERV_ID")?
                 .unwrap_or_else(|| hostname.clone()),
             hostname,
+            local: pepsi_common::local::LocalRecipients::from_config(cfg)?
+                .with_domains(local_domains.clone()),
             local_domains: local_domains
                 .into_iter()
                 .map(|d| d.trim_end_matches('.').to_ascii_lowercase())

@@ -3,6 +3,8 @@
 //! Unauthenticated clients reach local domains only; an authenticated client may send
 //! anywhere. Everything else is refused at RCPT, so this server is never an open relay.
 
+use pepsi_common::local::LocalRecipients;
+
 /// What to do with one recipient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RcptDecision {
@@ -14,13 +16,13 @@ pub enum RcptDecision {
     Refuse,
 }
 
-/// Decides for a recipient in `domain` (None for the bare `<postmaster>`).
-pub fn decide(domain: Option<&str>, local_domains: &[String], authenticated: bool) -> RcptDecision {
+/// Decides for a recipient in `domain` (None for the bare `<postmaster>`) by the configured
+/// local domains; the caller asks the settings layer about a domain this refuses or relays.
+pub fn decide(domain: Option<&str>, local: &LocalRecipients, authenticated: bool) -> RcptDecision {
     let Some(domain) = domain else {
         return RcptDecision::Local;
     };
-    let domain = domain.trim_end_matches('.');
-    if local_domains.iter().any(|d| d.eq_ignore_ascii_case(domain)) {
+    if local.is_configured_local(domain) {
         RcptDecision::Local
     } else if authenticated {
         RcptDecision::Relay
@@ -36,7 +38,14 @@ mod tests {
 
     #[test]
     fn decision_table() {
-        let local = vec!["example.test".to_owned(), "other.test".to_owned()];
+        let local = LocalRecipients::new(
+            [
+                "example.test".to_owned(),
+                "other.test".to_owned(),
+                "bücher.test".to_owned(),
+            ],
+            "",
+        );
         let cases = [
             (Some("example.test"), false, Local),
             (Some("EXAMPLE.test."), false, Local),
@@ -45,6 +54,7 @@ mod tests {
             (Some("example.org"), true, Relay),
             (Some("sub.example.test"), false, Refuse),
             (Some("[127.0.0.1]"), false, Refuse),
+            (Some("xn--bcher-kva.test"), false, Local),
             (None, false, Local),
         ];
         for (domain, auth, expected) in cases {

@@ -14,7 +14,8 @@
 --   dispatcher once per burst, out of band, after its rows have committed.
 -- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
 --   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
---   resuming or retrying rows (workqueue_resume), the ingress wake-up task, and any program
+--   resuming or retrying rows (workqueue_resume, and pepsi-queue's workqueue_retry,
+--   workqueue_release, workqueue_bounce … below), the ingress wake-up task, and any program
 --   that injects mail without being a stage worker (workqueue_inject called outside a stage).
 -- * Writers inside the loop stay silent: a stage worker's status line already brings the
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
@@ -284,14 +285,190 @@ BEGIN
 END
 $$;
 
--- Make a paused, failed or timed-out row pending again now (operator retry, release).
--- Returns whether a row changed. The caller notifies after commit (see the contract).
+-- Make a paused, failed or timed-out row pending again now. A held row (see workqueue_hold)
+-- is left alone: only workqueue_release lifts a hold. Returns whether a row changed. The caller notifies after commit (see the contract).
 CREATE OR REPLACE FUNCTION pepsi.workqueue_resume(p_id bigint)
 RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now()
-    WHERE workqueue_id = p_id AND status IN ('paused', 'failed', 'timeout');
+    WHERE workqueue_id = p_id AND status IN ('paused', 'failed', 'timeout')
+      AND NOT (status = 'paused' AND state ? 'held');
     RETURN FOUND;
+END
+$$;
+
+-- THE AUDIT LOG
+--
+-- One row per administrative action, written in the same transaction as the action. Every
+-- surface (operator tools, the API) writes through pepsi_common::audit::record, which calls
+-- this function; the actor defaults to the database role (current_user).
+CREATE OR REPLACE FUNCTION pepsi.event_log_add(
+    p_action text, p_workqueue_id bigint, p_detail jsonb, p_actor text DEFAULT NULL)
+RETURNS void LANGUAGE sql AS $$
+    INSERT INTO pepsi.event_log (actor, action, workqueue_id, detail)
+    VALUES (COALESCE(p_actor, current_user), p_action, p_workqueue_id, COALESCE(p_detail, '{}'))
+$$;
+
+-- OPERATOR ACTIONS (pepsi-queue, through pepsi_common::queue)
+--
+-- Each takes one row id, locks the row, changes it and returns a JSON object:
+-- {"changed": true, ...what changed...} or {"changed": false, "note": "..."} when there was
+-- nothing to do. The caller writes the event_log row in the same transaction and notifies
+-- the dispatcher after commit (see the contract above). Refusals raise:
+--   P0002  the row does not exist
+--   55006  the row is running (a worker holds it) and p_force is false
+--   55000  the action does not apply to the row (held, null sender, moved meanwhile)
+--
+-- A HOLD is status 'paused' with timeout = workqueue_hold_until() (a far-future time that
+-- every timestamp decoder can represent, unlike 'infinity') and state.held set. The
+-- dispatcher needs no knowledge of it: a paused row is requeued only once its timeout has
+-- passed. workqueue_resume leaves held rows alone; workqueue_release lifts the hold.
+
+-- The timeout of a held row: far enough never to come, finite so that chrono, sqlx and the
+-- dispatcher's interval arithmetic (infinity - now() raises before PostgreSQL 17) all cope.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_hold_until()
+RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
+    SELECT timestamptz '9999-12-31 00:00:00+00'
+$$;
+
+-- Row p_id, locked for an operator action; raises when it is missing, or running and not
+-- forced.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_admin_row(p_id bigint, p_force boolean)
+RETURNS pepsi.workqueue LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue;
+BEGIN
+    SELECT * INTO r FROM pepsi.workqueue WHERE workqueue_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'workqueue row % does not exist', p_id USING ERRCODE = 'P0002';
+    END IF;
+    IF r.status = 'running' AND NOT COALESCE(p_force, false) THEN
+        RAISE EXCEPTION 'workqueue row % is running at stage %: a worker holds it', p_id, r.stage
+            USING ERRCODE = '55006';
+    END IF;
+    RETURN r;
+END
+$$;
+
+-- Retry: the row becomes pending now at its stage. A paused row is simply due now; a failed
+-- or timed-out row's state.dispatch_error moves to the end of state.dispatch_error_history.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_retry(p_id bigint, p_force boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+BEGIN
+    IF r.status = 'pending' THEN
+        RETURN jsonb_build_object('changed', false,
+            'note', format('row %s is already pending at stage %s', p_id, r.stage));
+    END IF;
+    IF r.status = 'paused' AND r.state ? 'held' THEN
+        RAISE EXCEPTION 'workqueue row % is held: release it instead', p_id USING ERRCODE = '55000';
+    END IF;
+    UPDATE pepsi.workqueue SET
+        status = 'pending',
+        timeout = NULL,
+        state = CASE WHEN state ? 'dispatch_error' THEN
+                    (state - 'dispatch_error') || jsonb_build_object('dispatch_error_history',
+                        COALESCE(CASE WHEN jsonb_typeof(state -> 'dispatch_error_history') = 'array'
+                                      THEN state -> 'dispatch_error_history' END, '[]'::jsonb)
+                        || jsonb_build_array(jsonb_build_object(
+                               'error', state -> 'dispatch_error', 'status', r.status,
+                               'cleared_at', now(), 'cleared_by', current_user)))
+                ELSE state END,
+        updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'stage', r.stage,
+        'from_status', r.status, 'to_status', 'pending', 'timeout', r.timeout,
+        'dispatch_error', r.state -> 'dispatch_error');
+END
+$$;
+
+-- Hold: the row is parked (see HOLD above) until workqueue_release. state.held records who,
+-- when, why and the status and timeout it had.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_hold(
+    p_id bigint, p_force boolean DEFAULT false, p_reason text DEFAULT NULL)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+BEGIN
+    IF r.status = 'paused' AND r.state ? 'held' THEN
+        RETURN jsonb_build_object('changed', false, 'note', format('row %s is already held', p_id));
+    END IF;
+    UPDATE pepsi.workqueue SET
+        status = 'paused',
+        timeout = pepsi.workqueue_hold_until(),
+        state = state || jsonb_build_object('held', jsonb_build_object(
+            'at', now(), 'by', current_user, 'reason', p_reason,
+            'status', r.status, 'timeout', r.timeout)),
+        updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'stage', r.stage,
+        'from_status', r.status, 'to_status', 'held', 'timeout', r.timeout, 'reason', p_reason);
+END
+$$;
+
+-- Release: a held row becomes pending now at its stage, and state.held goes.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_release(p_id bigint)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, true);
+BEGIN
+    IF NOT (r.status = 'paused' AND r.state ? 'held') THEN
+        RETURN jsonb_build_object('changed', false,
+            'note', format('row %s is not held (it is %s at stage %s)', p_id, r.status, r.stage));
+    END IF;
+    UPDATE pepsi.workqueue SET
+        status = 'pending', timeout = NULL, state = state - 'held', updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'stage', r.stage,
+        'from_status', 'held', 'to_status', 'pending', 'held', r.state -> 'held');
+END
+$$;
+
+-- Delete: the row goes (its body with its last row, by the trigger). Returns the envelope,
+-- since the row itself is gone afterwards.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_delete(p_id bigint, p_force boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+BEGIN
+    DELETE FROM pepsi.workqueue WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'stage', r.stage, 'status', r.status,
+        'held', r.status = 'paused' AND r.state ? 'held',
+        'mail_from', r.mail_from, 'rcpt_to', to_jsonb(r.rcpt_to), 'received_at', r.received_at);
+END
+$$;
+
+-- Bounce: the row goes pending to p_bounce_stage (the BOUNCE_STAGE of its current stage,
+-- which the caller read from the configuration for stage p_stage) with state.bounce set for
+-- a permanent failure; the bounce stage builds the DSN to the sender. Refused for the null
+-- sender (a bounce is never bounced) and when the row is no longer at p_stage.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_bounce(
+    p_id bigint, p_stage text, p_bounce_stage text, p_reason text, p_force boolean DEFAULT false)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+    v_bounce jsonb;
+BEGIN
+    IF r.stage <> p_stage THEN
+        RAISE EXCEPTION 'workqueue row % moved to stage % meanwhile (was %): run the command again',
+            p_id, r.stage, p_stage USING ERRCODE = '55000';
+    END IF;
+    IF r.mail_from = '' THEN
+        RAISE EXCEPTION 'workqueue row % has the null sender (it is itself a bounce or a notice): there is nobody to return it to; delete it instead',
+            p_id USING ERRCODE = '55000';
+    END IF;
+    v_bounce := jsonb_build_object('kind', 'permanent', 'diagnostic', p_reason,
+        'enhanced_status', '5.0.0', 'stage', r.stage);
+    UPDATE pepsi.workqueue SET
+        stage = p_bounce_stage,
+        status = 'pending',
+        timeout = NULL,
+        state = (state - 'held') || jsonb_build_object('bounce', v_bounce),
+        updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'from_stage', r.stage, 'from_status', r.status,
+        'to_stage', p_bounce_stage, 'to_status', 'pending', 'bounce', v_bounce);
 END
 $$;
 
@@ -356,3 +533,29 @@ $$;
 CREATE OR REPLACE TRIGGER config_override_notify
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pepsi.config_override
     FOR EACH STATEMENT EXECUTE FUNCTION pepsi.config_override_notify();
+
+-- THE SETTINGS LAYER AND LOCAL RECIPIENTS
+--
+-- pepsi.settings rows are keyed by a lower-case address (`alice@example.org`) or a domain
+-- key (`@example.org`) that applies to every address of the domain. Lookups go through the
+-- two functions below (pepsi_common::settings and pepsi_common::local), which lower-case the
+-- keys they are given, so a lookup is an index probe on the primary key.
+
+-- Every row whose address is one of p_keys (lower-cased here) and whose name is one of
+-- p_names. The caller picks the most specific key per name.
+CREATE OR REPLACE FUNCTION pepsi.settings_get(p_keys text[], p_names text[])
+RETURNS TABLE (address text, name text, value jsonb) LANGUAGE sql STABLE AS $$
+    SELECT s.address, s.name, s.value
+    FROM pepsi.settings s
+    WHERE s.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_keys) AS k))
+      AND s.name = ANY (p_names)
+$$;
+
+-- The addresses among p_addresses (lower-cased here) that are enabled mailboxes.
+CREATE OR REPLACE FUNCTION pepsi.mailboxes_among(p_addresses text[])
+RETURNS SETOF text LANGUAGE sql STABLE AS $$
+    SELECT a.address
+    FROM pepsi.mailbox_account a
+    WHERE a.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_addresses) AS k))
+      AND a.enabled
+$$;

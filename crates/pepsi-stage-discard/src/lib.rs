@@ -42,7 +42,7 @@ impl Stage for Discard {
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let section = ctx.section();
-        let Some(status) = section.custom_opt("RETURN_STATUS", |v| {
+        let Some(status) = section.parse_opt("RETURN_STATUS", |v| {
             if valid_status(v.trim()) {
                 Ok(v.trim().to_owned())
             } else {

@@ -70,7 +70,7 @@ impl Settings {
             },
         };
         let template = s
-            .custom_opt("MAILDIR", Template::parse)?
+            .parse_opt("MAILDIR", Template::parse)?
             .unwrap_or_else(|| Template::parse(constants::DEFAULT_TEMPLATE).expect("default"));
         let delimiters = match s.string_opt("RECIPIENT_DELIMITER")? {
             Some(d) => d,

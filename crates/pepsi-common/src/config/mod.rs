@@ -37,6 +37,12 @@ pub const DEFAULT_CONFIG_PATH: &str = "/etc/pepsi/pepsi.conf";
 /// The environment variable that names the configuration file when `-c` is not given.
 pub const CONFIG_ENV: &str = "PEPSI_CONFIG";
 
+/// Reads a duration written as in a configuration file (`90`, `30s`, `1h30m`, `2d`), so a
+/// command-line option takes the same syntax; the error says what is expected.
+pub fn parse_duration(text: &str) -> Result<Duration, String> {
+    value::parse_duration(text)
+}
+
 /// Identifies a program to the configuration and logging machinery; each program defines
 /// one as `constants::CONFIG_SOURCE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -346,6 +352,26 @@ impl<'a> Section<'a> {
         self.typed(option, |v| value::parse_choice(v, allowed))
     }
 
+    /// The expanded value parsed by `parse`, which returns what was expected on failure:
+    /// for option kinds a program defines itself (a condition, a route list). The error
+    /// names the file, line, section, option and value like every other getter's.
+    pub fn parse_opt<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.typed(option, parse)
+    }
+
+    /// As `parse_opt`, for a required option.
+    pub fn parse<T>(
+        &self,
+        option: &str,
+        parse: impl FnOnce(&str) -> Result<T, String>,
+    ) -> Result<T, ConfigError> {
+        self.required(option, self.parse_opt(option, parse)?)
+    }
+
     fn entry(&self, option: &str) -> Option<&'a Entry> {
         self.data?.options.get(&option.to_ascii_uppercase())
     }
@@ -364,16 +390,6 @@ impl<'a> Section<'a> {
             section: self.name.clone(),
             option: option.to_owned(),
         })
-    }
-
-    /// A value of a type the other getters do not cover: `parse` gets the expanded value and
-    /// returns what was expected on failure, and the error names file, line and option.
-    pub fn custom_opt<T>(
-        &self,
-        option: &str,
-        parse: impl FnOnce(&str) -> Result<T, String>,
-    ) -> Result<Option<T>, ConfigError> {
-        self.typed(option, parse)
     }
 
     /// Expands the option's value and parses it; `parse` returns what was expected on failure.

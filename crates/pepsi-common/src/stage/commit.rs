@@ -80,8 +80,8 @@ fn clones_json(clones: &[CloneSpec], extra_state: &Map<String, Value>) -> Value 
 }
 
 /// The UPDATE text for a given set of touched columns. Placeholders: $1 id, $2 status,
-/// then in order whichever of stage, pause seconds, state merge, headers, mail_from,
-/// rcpt_to and body are present.
+/// then in order whichever of stage, pause seconds, state (merged, or replaced), headers,
+/// mail_from, rcpt_to and body are present.
 pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool) -> String {
     let mut n = 2;
     let mut next = || {
@@ -103,8 +103,13 @@ pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool) -> String 
     } else {
         sets.push("timeout = NULL".to_owned());
     }
-    if !changes.state.is_empty() {
+    if changes.state_replaced {
+        sets.push(format!("state = ${}", next()));
+    } else if !changes.state.is_empty() {
         sets.push(format!("state = state || ${}", next()));
+    }
+    if changes.received_now {
+        sets.push("received_at = now()".to_owned());
     }
     if changes.headers {
         sets.push(format!("headers = ${}", next()));
@@ -149,7 +154,7 @@ async fn update(
         if let Some(secs) = pause_secs {
             q = q.bind(secs.max(0.0));
         }
-        if !changes.state.is_empty() {
+        if changes.state_replaced || !changes.state.is_empty() {
             q = q.bind(&state);
         }
         if changes.headers {
@@ -229,6 +234,38 @@ mod tests {
              UPDATE pepsi.workqueue SET status = $2::pepsi.workqueue_status, updated_at = now(), stage = $3, \
              timeout = NULL, mail_from = $4, body_id = (SELECT body_id FROM fresh) \
              WHERE workqueue_id = $1 AND status = 'running'",
+        );
+    }
+
+    #[test]
+    fn a_replaced_state_is_assigned_not_merged_even_when_empty() {
+        let base =
+            "UPDATE pepsi.workqueue SET status = $2::pepsi.workqueue_status, updated_at = now()";
+        let tail = "WHERE workqueue_id = $1 AND status = 'running'";
+        check(
+            Changes {
+                state_replaced: true,
+                ..Changes::default()
+            },
+            true,
+            false,
+            &format!("{base}, stage = $3, timeout = NULL, state = $4 {tail}"),
+        );
+        let mut state = Map::new();
+        state.insert("k".into(), Value::Bool(true));
+        check(
+            Changes {
+                state,
+                state_replaced: true,
+                received_now: true,
+                mail_from: true,
+                ..Changes::default()
+            },
+            true,
+            false,
+            &format!(
+                "{base}, stage = $3, timeout = NULL, state = $4, received_at = now(), mail_from = $5 {tail}"
+            ),
         );
     }
 }

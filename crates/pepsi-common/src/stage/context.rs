@@ -6,10 +6,15 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
-use sqlx::PgPool;
+use sqlx::{PgPool, Row as _};
 
 use super::{Load, StageError, StageSettings};
 use crate::config::{Config, Section};
+
+// The body of one running row, sent only when it is within the caller's limit.
+const FETCH_BODY: &str = "SELECT CASE WHEN octet_length(b.body) <= $2 THEN b.body END AS body \
+     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) \
+     WHERE w.workqueue_id = $1 AND w.status = 'running'";
 
 /// The row as loaded for one stage pass.
 #[derive(Debug, Clone)]
@@ -32,8 +37,13 @@ pub(crate) struct Changes {
     pub body: bool,
     pub mail_from: bool,
     pub rcpt_to: bool,
-    /// Top-level keys merged into state (`state || merge`).
+    /// Top-level keys merged into state (`state || merge`), or, with `state_replaced`, the
+    /// whole new state.
     pub state: Map<String, Value>,
+    /// `replace_state` was called: the commit writes `state = $n`, not `state || $n`.
+    pub state_replaced: bool,
+    /// `reset_received_at` was called: the commit writes `received_at = now()`.
+    pub received_now: bool,
 }
 
 impl Changes {
@@ -44,6 +54,8 @@ impl Changes {
             (self.body, "body"),
             (self.mail_from, "mail_from"),
             (self.rcpt_to, "rcpt_to"),
+            (self.state_replaced, "state (replaced)"),
+            (self.received_now, "received_at"),
         ]
         .into_iter()
         .filter_map(|(changed, name)| changed.then_some(name))
@@ -234,6 +246,34 @@ impl<'a> StageContext<'a> {
         Ok(crate::message::join(self.headers()?, self.body()?))
     }
 
+    /// The body for a stage that declared less than `Load::Full` and needs it only now and
+    /// then (the bounce stage returning a message with RET=FULL): one SELECT of this row's
+    /// body, transferred only when it is at most `max_len` bytes. `None` when it is larger.
+    /// Once fetched, `body()` and `raw_message()` work as under `Load::Full`.
+    pub async fn fetch_body(&mut self, max_len: u64) -> Result<Option<&[u8]>, StageError> {
+        if self.row.body.is_none() {
+            let max = i64::try_from(max_len).unwrap_or(i64::MAX);
+            let rec = sqlx::query(FETCH_BODY)
+                .bind(self.row.id)
+                .bind(max)
+                .fetch_optional(self.pool)
+                .await?
+                .ok_or_else(|| StageError::NotRunning {
+                    id: self.row.id,
+                    status: "gone or no longer running".into(),
+                })?;
+            match rec.try_get::<Option<Vec<u8>>, _>("body")? {
+                Some(body) => self.row.body = Some(body),
+                None => return Ok(None),
+            }
+        }
+        Ok(self
+            .row
+            .body
+            .as_deref()
+            .filter(|b| b.len() as u64 <= max_len))
+    }
+
     // ----- content setters: folded into the commit -----
 
     /// Replaces the header block (must end with CRLF, without the empty line).
@@ -260,6 +300,28 @@ impl<'a> StageContext<'a> {
             self.row.state.insert(k.clone(), v.clone());
             self.changes.state.insert(k, v);
         }
+    }
+
+    /// Replaces the whole state instead of merging into it: the commit writes exactly
+    /// `state` (later `merge_state` calls add to it). For a stage whose output is a new
+    /// message rather than this one carried on (the bounce stage: a DSN is a new null-sender
+    /// message and must not inherit the original's `dsn`, `bounce` or delivery scratch).
+    /// Only the terminals that commit with one UPDATE accept it (`advance`, `advance_to`,
+    /// `reroute`, `rewrite_recipients`, `fail`, `finish`); the clone-spawning and fan-out
+    /// helpers refuse it like a content change.
+    pub fn replace_state(&mut self, state: Map<String, Value>) {
+        self.row.state = state.clone();
+        self.changes.state = state;
+        self.changes.state_replaced = true;
+    }
+
+    /// The message counts as received now: the commit sets `received_at = now()`, so a
+    /// lifetime measured from arrival (`MAX_LIFETIME`) starts again. For a stage that turns
+    /// the row into a new message (a DSN must not inherit the age of the message it reports
+    /// on). Refused by the same helpers as `replace_state`.
+    pub fn reset_received_at(&mut self) {
+        self.row.received_at = Utc::now();
+        self.changes.received_now = true;
     }
 
     /// Sets one top-level state key.

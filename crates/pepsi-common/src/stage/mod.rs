@@ -19,7 +19,9 @@ use std::future::Future;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{PassReport, main, prepare_on, run_pass, run_worker};
+pub use worker::{
+    PassReport, main, main_with, main_with_long_about, prepare_on, run_pass, run_worker,
+};
 
 use crate::config::{Config, ConfigError};
 
@@ -82,13 +84,36 @@ impl StageSettings {
         })
     }
 
+    /// The names of the stages (`[stage-<name>]` sections, name as written) whose PROGRAM
+    /// is `program`: what a stage built at start compiles its per-stage settings for.
+    pub fn stages_of(cfg: &Config, program: &str) -> Vec<String> {
+        cfg.sections()
+            .filter_map(|s| {
+                s.get(..6)
+                    .filter(|p| p.eq_ignore_ascii_case("stage-"))
+                    .map(|_| s[6..].to_owned())
+            })
+            .filter(|name| {
+                cfg.section(&format!("stage-{name}"))
+                    .string_opt("PROGRAM")
+                    .ok()
+                    .flatten()
+                    .is_some_and(|p| runs_program(&p, program))
+            })
+            .collect()
+    }
+
     /// True when the section's PROGRAM (a name or a path) is `program`.
     pub fn runs(&self, program: &str) -> bool {
-        let configured = self.program.split_whitespace().next().unwrap_or("");
-        std::path::Path::new(configured)
-            .file_name()
-            .is_some_and(|name| name == program)
+        runs_program(&self.program, program)
     }
+}
+
+fn runs_program(configured: &str, program: &str) -> bool {
+    let configured = configured.split_whitespace().next().unwrap_or("");
+    std::path::Path::new(configured)
+        .file_name()
+        .is_some_and(|name| name == program)
 }
 
 /// Why a stage could not handle a message. `is_temporary` tells a failure worth retrying

@@ -197,9 +197,45 @@ enum StageCommand {
 /// the configuration (the file plus the database's global overlay), connects and runs the
 /// worker loop on stdin/stdout.
 pub fn main<S: Stage>(source: &ConfigSource, about: &'static str, stage: S) -> ExitCode {
+    run_main(source, about, about, move |_| Ok(stage))
+}
+
+/// `main` with a `--help` text of its own (`-h` shows `about`): for a stage with options or
+/// behaviour worth a manual page.
+pub fn main_with_long_about<S: Stage>(
+    source: &ConfigSource,
+    about: &'static str,
+    long_about: &'static str,
+    stage: S,
+) -> ExitCode {
+    run_main(source, about, long_about, move |_| Ok(stage))
+}
+
+/// As `main`, for a stage built from the loaded configuration: `build` runs once at start,
+/// before the first id is read, so a stage validates and compiles its sections there (a
+/// condition, a route table) and a bad one stops the worker with the error naming it.
+pub fn main_with<S, F>(source: &ConfigSource, about: &'static str, build: F) -> ExitCode
+where
+    S: Stage,
+    F: FnOnce(&Config) -> anyhow::Result<S>,
+{
+    run_main(source, about, about, build)
+}
+
+fn run_main<S, F>(
+    source: &ConfigSource,
+    about: &'static str,
+    long_about: &'static str,
+    build: F,
+) -> ExitCode
+where
+    S: Stage,
+    F: FnOnce(&Config) -> anyhow::Result<S>,
+{
     let command = <StageCli as clap::CommandFactory>::command()
         .name(source.exec)
         .about(about)
+        .long_about(long_about)
         .version(env!("CARGO_PKG_VERSION"));
     let matches = command.get_matches();
     let cli = match <StageCli as clap::FromArgMatches>::from_arg_matches(&matches) {
@@ -212,6 +248,7 @@ pub fn main<S: Stage>(source: &ConfigSource, about: &'static str, stage: S) -> E
         let file_cfg = cli.common.load_config()?;
         let pool = crate::db::connect(&file_cfg).await?;
         let cfg = file_cfg.with_db_overlay(&pool, &Scope::Global).await?;
+        let stage = build(&cfg)?;
         let stdin = tokio::io::BufReader::new(tokio::io::stdin());
         let handled = run_worker(&stage, &pool, &cfg, stdin, tokio::io::stdout()).await?;
         tracing::debug!(program = S::PROGRAM, handled, "end of input");

@@ -51,11 +51,19 @@ impl Session {
             return Reply::new(501, "5.1.3", "no recipient address");
         };
         let domain = to.domain();
-        let decision = decide(
-            domain.as_deref(),
-            &s.local_domains,
-            self.auth_user.is_some(),
-        );
+        let mut decision = decide(domain.as_deref(), &s.local, self.auth_user.is_some());
+        // A domain the configuration does not list may still be local through the
+        // settings layer (`@domain` / `local_domain` = true).
+        if let (Some(d), RcptDecision::Refuse | RcptDecision::Relay) = (&domain, decision) {
+            match s.local.is_local_domain(&self.shared.pool, d).await {
+                Ok(true) => decision = RcptDecision::Local,
+                Ok(false) => {}
+                Err(e) => {
+                    tracing::warn!("local-domain lookup for {d} failed: {e}");
+                    return Reply::new(451, "4.3.0", "temporary failure checking the recipient");
+                }
+            }
+        }
         if domain.is_none() {
             // The bare <postmaster> must always be accepted (RFC 5321 §4.5.1).
             match s.local_domains.first() {
@@ -71,7 +79,8 @@ impl Session {
                 return Reply::new(554, "5.7.1", format!("relay access denied for <{address}>"));
             }
             RcptDecision::Local if s.check_recipients && domain.is_some() => {
-                match crate::accounts::mailbox_exists(&self.shared.pool, &address).await {
+                let mailbox = s.local.mailbox_key(&address);
+                match crate::accounts::mailbox_exists(&self.shared.pool, &mailbox).await {
                     Ok(true) => {}
                     Ok(false) => {
                         return Reply::new(550, "5.1.1", format!("no such mailbox <{address}>"));

@@ -1,0 +1,264 @@
+//! The local-recipient resolver: which domains this server delivers for, how an address
+//! splits into local part and domain, and which mailbox a recipient with an extension
+//! (`alice+tag@example.org`) belongs to.
+//!
+//! Local domains are `[pepsi] LOCAL_DOMAINS` plus the domains the settings layer marks
+//! local: a `pepsi.settings` row with address `@<domain>`, name `local_domain` and value
+//! `true`. Domains are compared in their ASCII form (lower-case, IDN labels as punycode,
+//! no trailing dot). Local parts keep their case for delivery and compare without it.
+//!
+//! The address helpers are pure; the database is read only by `LocalRecipients`'s async
+//! methods (through `pepsi.settings_get` and `pepsi.mailboxes_among`), and never written.
+
+use std::collections::{BTreeSet, HashSet};
+
+use sqlx::PgPool;
+
+use crate::config::{Config, ConfigError};
+
+/// The settings-layer name that marks a domain key (`@example.org`) local.
+pub const LOCAL_DOMAIN_SETTING: &str = "local_domain";
+
+const MAILBOXES_AMONG: &str = "SELECT pepsi.mailboxes_among($1)";
+
+/// A domain in the form domains are compared in: ASCII lower-case, IDN labels as punycode,
+/// without a trailing dot. An address literal (`[192.0.2.1]`) is kept as written. `None`
+/// for text that is not a domain name.
+pub fn normalize_domain(domain: &str) -> Option<String> {
+    let d = domain.trim().trim_end_matches('.');
+    if d.is_empty() {
+        return None;
+    }
+    if d.starts_with('[') && d.ends_with(']') {
+        return Some(d.to_ascii_lowercase());
+    }
+    if d.is_ascii() {
+        return Some(d.to_ascii_lowercase());
+    }
+    idna::domain_to_ascii(d).ok().filter(|a| !a.is_empty())
+}
+
+/// Splits an address at its last `@` into the local part (case kept) and the normalized
+/// domain. `None` when there is no `@`, or either side is empty.
+pub fn split_address(address: &str) -> Option<(String, String)> {
+    let address = address.trim();
+    let at = address.rfind('@')?;
+    let (local, domain) = (&address[..at], &address[at + 1..]);
+    if local.is_empty() {
+        return None;
+    }
+    Some((local.to_owned(), normalize_domain(domain)?))
+}
+
+/// The form addresses are compared in: local part and domain lower-case (the domain
+/// normalized). Text that is not an address is lower-cased as a whole.
+pub fn address_key(address: &str) -> String {
+    match split_address(address) {
+        Some((local, domain)) => format!("{}@{domain}", local.to_lowercase()),
+        None => address.trim().to_lowercase(),
+    }
+}
+
+/// Which domains are local and how recipient extensions are written.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LocalRecipients {
+    /// The configured local domains, normalized.
+    domains: BTreeSet<String>,
+    /// The characters that start an extension (`RECIPIENT_DELIMITER`); empty: none.
+    delimiters: Vec<char>,
+}
+
+impl LocalRecipients {
+    /// A resolver for the given configured domains and delimiter characters (each
+    /// character of `delimiters` starts an extension; empty for none).
+    pub fn new(domains: impl IntoIterator<Item = String>, delimiters: &str) -> Self {
+        Self {
+            domains: domains
+                .into_iter()
+                .filter_map(|d| normalize_domain(&d))
+                .collect(),
+            delimiters: delimiters.chars().collect(),
+        }
+    }
+
+    /// From `[pepsi] LOCAL_DOMAINS` (list, default none) and `[pepsi] RECIPIENT_DELIMITER`
+    /// (default none).
+    pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
+        let s = cfg.section("pepsi");
+        Ok(Self::new(
+            s.list_opt("LOCAL_DOMAINS")?.unwrap_or_default(),
+            &s.string_opt("RECIPIENT_DELIMITER")?.unwrap_or_default(),
+        ))
+    }
+
+    /// The same delimiters with another list of configured domains (a program's own
+    /// `LOCAL_DOMAINS` that overrides `[pepsi]`'s).
+    pub fn with_domains(&self, domains: impl IntoIterator<Item = String>) -> Self {
+        Self {
+            domains: domains
+                .into_iter()
+                .filter_map(|d| normalize_domain(&d))
+                .collect(),
+            delimiters: self.delimiters.clone(),
+        }
+    }
+
+    /// The configured domains, normalized, in order.
+    pub fn configured_domains(&self) -> impl Iterator<Item = &str> {
+        self.domains.iter().map(String::as_str)
+    }
+
+    /// True when `domain` is one of the configured local domains (no database).
+    pub fn is_configured_local(&self, domain: &str) -> bool {
+        normalize_domain(domain).is_some_and(|d| self.domains.contains(&d))
+    }
+
+    /// The address with its extension removed: `Alice+tag@Example.org` →
+    /// `Alice@example.org` (local part case kept, domain normalized). An address without an
+    /// extension, or whose local part would become empty, comes back normalized only.
+    pub fn strip_extension(&self, address: &str) -> String {
+        let Some((local, domain)) = split_address(address) else {
+            return address.trim().to_owned();
+        };
+        let base = match local.find(|c| self.delimiters.contains(&c)) {
+            Some(0) | None => local.as_str(),
+            Some(i) => &local[..i],
+        };
+        format!("{base}@{domain}")
+    }
+
+    /// The mailbox an address delivers to, in comparison form: extension removed,
+    /// lower-case. `alice+tag@D` → `alice@d`.
+    pub fn mailbox_key(&self, address: &str) -> String {
+        address_key(&self.strip_extension(address))
+    }
+
+    /// Whether `domain` is local: configured, or marked in the settings layer.
+    pub async fn is_local_domain(&self, pool: &PgPool, domain: &str) -> Result<bool, sqlx::Error> {
+        let Some(d) = normalize_domain(domain) else {
+            return Ok(false);
+        };
+        Ok(self
+            .local_domains_among(pool, std::slice::from_ref(&d))
+            .await?
+            .contains(&d))
+    }
+
+    /// The local ones among `domains`, normalized; one query for all the domains that are
+    /// not configured (none when every domain is).
+    pub async fn local_domains_among(
+        &self,
+        pool: &PgPool,
+        domains: &[String],
+    ) -> Result<HashSet<String>, sqlx::Error> {
+        let mut local = HashSet::new();
+        let mut ask = Vec::new();
+        for d in domains.iter().filter_map(|d| normalize_domain(d)) {
+            if self.domains.contains(&d) {
+                local.insert(d);
+            } else if !ask.contains(&format!("@{d}")) {
+                ask.push(format!("@{d}"));
+            }
+        }
+        if ask.is_empty() {
+            return Ok(local);
+        }
+        let table = crate::settings::fetch(pool, &ask, &[LOCAL_DOMAIN_SETTING]).await?;
+        for key in &ask {
+            if table.exact(key, LOCAL_DOMAIN_SETTING) == Some(&serde_json::Value::Bool(true)) {
+                local.insert(key[1..].to_owned());
+            }
+        }
+        Ok(local)
+    }
+
+    /// For each address, whether its domain is local (one query at most).
+    pub async fn recipients_local(
+        &self,
+        pool: &PgPool,
+        addresses: &[String],
+    ) -> Result<Vec<bool>, sqlx::Error> {
+        let domains: Vec<Option<String>> = addresses
+            .iter()
+            .map(|a| split_address(a).map(|(_, d)| d))
+            .collect();
+        let wanted: Vec<String> = domains.iter().flatten().cloned().collect();
+        let local = self.local_domains_among(pool, &wanted).await?;
+        Ok(domains
+            .iter()
+            .map(|d| d.as_ref().is_some_and(|d| local.contains(d)))
+            .collect())
+    }
+}
+
+/// The enabled mailboxes (`pepsi.mailbox_account`) among `addresses`, lower-case.
+pub async fn mailboxes_among(
+    pool: &PgPool,
+    addresses: &[String],
+) -> Result<HashSet<String>, sqlx::Error> {
+    if addresses.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let found: Vec<String> = sqlx::query_scalar(MAILBOXES_AMONG)
+        .bind(addresses)
+        .fetch_all(pool)
+        .await?;
+    Ok(found.into_iter().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn domains_normalize() {
+        let cases = [
+            ("Example.ORG", Some("example.org")),
+            ("example.org.", Some("example.org")),
+            ("bücher.example", Some("xn--bcher-kva.example")),
+            ("[192.0.2.1]", Some("[192.0.2.1]")),
+            ("", None),
+            (".", None),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(normalize_domain(input).as_deref(), expected, "{input:?}");
+        }
+    }
+
+    #[test]
+    fn addresses_split_and_compare() {
+        assert_eq!(
+            split_address("Alice@Example.ORG"),
+            Some(("Alice".into(), "example.org".into()))
+        );
+        assert_eq!(
+            split_address("\"a@b\"@example.org"),
+            Some(("\"a@b\"".into(), "example.org".into()))
+        );
+        assert_eq!(split_address("@example.org"), None);
+        assert_eq!(split_address("postmaster"), None);
+        assert_eq!(address_key("Alice@Example.ORG"), "alice@example.org");
+    }
+
+    #[test]
+    fn extensions_strip_to_the_mailbox() {
+        let r = LocalRecipients::new(["Example.test".to_owned()], "+-");
+        let cases = [
+            ("alice+tag@example.test", "alice@example.test"),
+            ("Alice-x+y@Example.TEST", "Alice@example.test"),
+            ("alice@example.test", "alice@example.test"),
+            ("+only@example.test", "+only@example.test"),
+        ];
+        for (input, expected) in cases {
+            assert_eq!(r.strip_extension(input), expected, "{input}");
+        }
+        assert_eq!(
+            r.mailbox_key("Alice+tag@example.test"),
+            "alice@example.test"
+        );
+        let none = LocalRecipients::new(Vec::<String>::new(), "");
+        assert_eq!(none.strip_extension("a+b@x.test"), "a+b@x.test");
+        assert!(r.is_configured_local("EXAMPLE.test."));
+        assert!(!r.is_configured_local("sub.example.test"));
+    }
+}

@@ -1,0 +1,833 @@
+//! The I/O half of the client: one connection to one server, its session (greeting,
+//! EHLO/LHLO) and its transactions. Every read and write runs under a timeout; a failure
+//! marks the connection unusable, and the caller opens a new one.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
+
+use super::caps::Capabilities;
+use super::data::{dot_stuff, is_8bit};
+use super::envelope::{Envelope, mail_command, rcpt_command};
+use super::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_reply};
+use crate::delivery::{Failure, RcptResult};
+
+/// SMTP (RFC 5321) or LMTP (RFC 2033): the hello verb and the replies after the data differ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    Smtp,
+    Lmtp,
+}
+
+/// Where the server listens.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Target {
+    /// A host name or address, and a port.
+    Tcp { host: String, port: u16 },
+    /// A unix socket.
+    Unix(PathBuf),
+}
+
+impl Target {
+    /// `unix:/path`, `/path` (a unix socket), `host:port` or `[v6-address]:port`.
+    pub fn parse(text: &str) -> Result<Target, String> {
+        let text = text.trim();
+        let expected = || {
+            format!(
+                "unix:/path/to/socket, an absolute socket path, host:port or [IPv6]:port, not {text:?}"
+            )
+        };
+        if let Some(path) = text.strip_prefix("unix:") {
+            return if path.starts_with('/') {
+                Ok(Target::Unix(PathBuf::from(path)))
+            } else {
+                Err(expected())
+            };
+        }
+        if text.starts_with('/') {
+            return Ok(Target::Unix(PathBuf::from(text)));
+        }
+        let (host, port) = if let Some(rest) = text.strip_prefix('[') {
+            let (addr, port) = rest.split_once("]:").ok_or_else(expected)?;
+            (addr, port)
+        } else {
+            let (host, port) = text.rsplit_once(':').ok_or_else(expected)?;
+            if host.contains(':') {
+                return Err(expected());
+            }
+            (host, port)
+        };
+        let port = port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(expected)?;
+        if host.is_empty() {
+            return Err(expected());
+        }
+        Ok(Target::Tcp {
+            host: host.to_owned(),
+            port,
+        })
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Target::Tcp { host, port } if host.contains(':') => write!(f, "[{host}]:{port}"),
+            Target::Tcp { host, port } => write!(f, "{host}:{port}"),
+            Target::Unix(path) => write!(f, "unix:{}", path.display()),
+        }
+    }
+}
+
+/// How long each step may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Timeouts {
+    /// Establishing the connection.
+    pub connect: Duration,
+    /// Waiting for the 220 greeting.
+    pub greeting: Duration,
+    /// Each command and its reply (EHLO/LHLO, MAIL, RCPT, DATA, RSET, QUIT).
+    pub command: Duration,
+    /// Sending the message, and each reply after its final dot.
+    pub data: Duration,
+}
+
+impl Default for Timeouts {
+    fn default() -> Self {
+        Timeouts {
+            connect: Duration::from_secs(30),
+            greeting: Duration::from_secs(60),
+            command: Duration::from_secs(60),
+            data: Duration::from_secs(600),
+        }
+    }
+}
+
+/// The step of the conversation a reply or a failure belongs to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    Connect,
+    Greeting,
+    Ehlo,
+    Helo,
+    Lhlo,
+    Mail,
+    Rcpt,
+    /// The DATA command.
+    Data,
+    /// The message and the replies after its final dot.
+    DataEnd,
+    Rset,
+    Quit,
+}
+
+impl Phase {
+    /// The name `state.bounce.phase` records: `connect`, `greeting`, `EHLO`, `MAIL`, `RCPT`,
+    /// `DATA` (for the command and the end of data alike) ….
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Connect => "connect",
+            Phase::Greeting => "greeting",
+            Phase::Ehlo => "EHLO",
+            Phase::Helo => "HELO",
+            Phase::Lhlo => "LHLO",
+            Phase::Mail => "MAIL",
+            Phase::Rcpt => "RCPT",
+            Phase::Data | Phase::DataEnd => "DATA",
+            Phase::Rset => "RSET",
+            Phase::Quit => "QUIT",
+        }
+    }
+
+    /// `in reply to …` wording of a bounce.
+    fn what(self) -> &'static str {
+        match self {
+            Phase::Connect => "connect",
+            Phase::Greeting => "the greeting",
+            Phase::Ehlo => "EHLO command",
+            Phase::Helo => "HELO command",
+            Phase::Lhlo => "LHLO command",
+            Phase::Mail => "MAIL FROM command",
+            Phase::Rcpt => "RCPT TO command",
+            Phase::Data => "DATA command",
+            Phase::DataEnd => "end of DATA command",
+            Phase::Rset => "RSET command",
+            Phase::Quit => "QUIT command",
+        }
+    }
+}
+
+impl fmt::Display for Phase {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.what())
+    }
+}
+
+/// Why a conversation step failed. 4xx replies and every network failure are temporary;
+/// 5xx replies and an extension the message needs but the peer lacks are permanent.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to {target}: {detail}")]
+    Connect { target: String, detail: String },
+    #[error("no answer within {}s to the {phase}", after.as_secs())]
+    Timeout { phase: Phase, after: Duration },
+    #[error("connection lost during the {phase}: {detail}")]
+    Io { phase: Phase, detail: String },
+    #[error("the server closed the connection during the {phase}")]
+    Closed { phase: Phase },
+    #[error("malformed reply to the {phase}: {detail}")]
+    Malformed { phase: Phase, detail: String },
+    #[error("the server answered the {phase} with {reply}")]
+    Refused { phase: Phase, reply: Reply },
+    #[error("{detail}")]
+    NotOffered {
+        phase: Phase,
+        /// The RFC 3463 code of the failure.
+        status: &'static str,
+        detail: String,
+    },
+}
+
+impl ClientError {
+    pub fn is_temporary(&self) -> bool {
+        match self {
+            ClientError::Refused { reply, .. } => !reply.is_permanent(),
+            ClientError::NotOffered { .. } => false,
+            _ => true,
+        }
+    }
+
+    pub fn phase(&self) -> Phase {
+        match self {
+            ClientError::Connect { .. } => Phase::Connect,
+            ClientError::Timeout { phase, .. }
+            | ClientError::Io { phase, .. }
+            | ClientError::Closed { phase }
+            | ClientError::Malformed { phase, .. }
+            | ClientError::Refused { phase, .. }
+            | ClientError::NotOffered { phase, .. } => *phase,
+        }
+    }
+
+    /// The failure as `state.bounce` records it. `remote_mta` names the peer.
+    pub fn failure(&self, remote_mta: &str) -> Failure {
+        if let ClientError::Refused { phase, reply } = self {
+            return reply_failure(*phase, reply, remote_mta);
+        }
+        let status = match self {
+            // RFC 3463: 4.4.1 no answer from host, 4.4.2 bad connection, 4.5.0 protocol error
+            ClientError::Connect { .. } => "4.4.1",
+            ClientError::Malformed { .. } => "4.5.0",
+            ClientError::NotOffered { status, .. } => status,
+            _ => "4.4.2",
+        };
+        Failure {
+            diagnostic: self.to_string(),
+            enhanced_status: Some(status.to_owned()),
+            smtp_code: None,
+            remote_mta: Some(remote_mta.to_owned()),
+            reply_text: None,
+            phase: Some(self.phase().as_str().to_owned()),
+        }
+    }
+}
+
+fn reply_failure(phase: Phase, reply: &Reply, remote_mta: &str) -> Failure {
+    Failure {
+        diagnostic: format!("{} (in reply to {phase})", reply.text()),
+        enhanced_status: Some(reply.status()),
+        smtp_code: Some(reply.code),
+        remote_mta: Some(remote_mta.to_owned()),
+        reply_text: Some(reply.to_string()),
+        phase: Some(phase.as_str().to_owned()),
+    }
+}
+
+/// What became of one recipient in a transaction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RcptOutcome {
+    /// The server took the message for this recipient; its final reply.
+    Accepted(Reply),
+    /// The server refused at `phase` with a 4xx or 5xx reply.
+    Refused { phase: Phase, reply: Reply },
+    /// No answer for this recipient: the connection failed, or the message cannot go to
+    /// this peer at all.
+    Failed(ClientError),
+}
+
+impl RcptOutcome {
+    /// The delivery result: accepted → delivered, 5xx → permanent, 4xx and every
+    /// connection failure → transient.
+    pub fn to_result(&self, remote_mta: &str) -> RcptResult {
+        match self {
+            RcptOutcome::Accepted(_) => RcptResult::Delivered,
+            RcptOutcome::Refused { phase, reply } => {
+                let f = reply_failure(*phase, reply, remote_mta);
+                if reply.is_permanent() {
+                    RcptResult::Permanent(f)
+                } else {
+                    RcptResult::Transient(f)
+                }
+            }
+            RcptOutcome::Failed(e) if e.is_temporary() => {
+                RcptResult::Transient(e.failure(remote_mta))
+            }
+            RcptOutcome::Failed(e) => RcptResult::Permanent(e.failure(remote_mta)),
+        }
+    }
+}
+
+/// A byte stream the client can speak over: TCP, a unix socket, or (later) TLS over either.
+pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
+
+/// One open session with a server, after its greeting and EHLO/LHLO.
+pub struct Connection {
+    stream: BufReader<Box<dyn Stream>>,
+    protocol: Protocol,
+    timeouts: Timeouts,
+    caps: Capabilities,
+    remote_mta: String,
+    /// Set after a network failure, a malformed reply or a 421: never use it again.
+    broken: bool,
+    last_used: Instant,
+}
+
+impl fmt::Debug for Connection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Connection")
+            .field("protocol", &self.protocol)
+            .field("remote_mta", &self.remote_mta)
+            .field("caps", &self.caps)
+            .field("broken", &self.broken)
+            .finish()
+    }
+}
+
+/// The peer's name from its greeting (`220 mx.example.org ESMTP`), when it looks like one.
+fn greeting_name(greeting: &Reply) -> Option<String> {
+    let word = greeting.lines.first()?.split_ascii_whitespace().next()?;
+    let ok = word
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b".-_[]:".contains(&b));
+    ok.then(|| word.to_owned())
+}
+
+impl Connection {
+    /// Connects, reads the greeting and says EHLO (falling back to HELO when EHLO is
+    /// refused with 5xx) or LHLO as `hello_name`.
+    pub async fn open(
+        target: &Target,
+        protocol: Protocol,
+        hello_name: &str,
+        timeouts: Timeouts,
+    ) -> Result<Connection, ClientError> {
+        let connect_failed = |detail: String| ClientError::Connect {
+            target: target.to_string(),
+            detail,
+        };
+        let stream: Box<dyn Stream> = match target {
+            Target::Tcp { host, port } => {
+                let s = tokio::time::timeout(
+                    timeouts.connect,
+                    tokio::net::TcpStream::connect((host.as_str(), *port)),
+                )
+                .await
+                .map_err(|_| {
+                    connect_failed(format!("timed out after {}s", timeouts.connect.as_secs()))
+                })?
+                .map_err(|e| connect_failed(e.to_string()))?;
+                let _ = s.set_nodelay(true);
+                Box::new(s)
+            }
+            Target::Unix(path) => Box::new(
+                tokio::time::timeout(timeouts.connect, tokio::net::UnixStream::connect(path))
+                    .await
+                    .map_err(|_| {
+                        connect_failed(format!("timed out after {}s", timeouts.connect.as_secs()))
+                    })?
+                    .map_err(|e| connect_failed(e.to_string()))?,
+            ),
+        };
+        let mut conn = Connection {
+            stream: BufReader::new(stream),
+            protocol,
+            timeouts,
+            caps: Capabilities::default(),
+            remote_mta: match target {
+                Target::Tcp { host, .. } => host.clone(),
+                Target::Unix(path) => path.display().to_string(),
+            },
+            broken: false,
+            last_used: Instant::now(),
+        };
+        let greeting = conn.read_reply(Phase::Greeting, timeouts.greeting).await?;
+        if greeting.code != 220 {
+            return Err(ClientError::Refused {
+                phase: Phase::Greeting,
+                reply: greeting,
+            });
+        }
+        if let Some(name) = greeting_name(&greeting) {
+            conn.remote_mta = name;
+        }
+        conn.hello(hello_name).await?;
+        Ok(conn)
+    }
+
+    async fn hello(&mut self, name: &str) -> Result<(), ClientError> {
+        let (phase, verb) = match self.protocol {
+            Protocol::Lmtp => (Phase::Lhlo, "LHLO"),
+            Protocol::Smtp => (Phase::Ehlo, "EHLO"),
+        };
+        let reply = self.command(phase, &format!("{verb} {name}\r\n")).await?;
+        if reply.code == 250 {
+            self.caps = Capabilities::parse(&reply);
+            return Ok(());
+        }
+        if self.protocol == Protocol::Smtp && reply.is_permanent() {
+            let helo = self
+                .command(Phase::Helo, &format!("HELO {name}\r\n"))
+                .await?;
+            if helo.code == 250 {
+                self.caps = Capabilities::default();
+                return Ok(());
+            }
+            return Err(ClientError::Refused {
+                phase: Phase::Helo,
+                reply: helo,
+            });
+        }
+        Err(ClientError::Refused { phase, reply })
+    }
+
+    /// The extensions the peer offered.
+    pub fn capabilities(&self) -> &Capabilities {
+        &self.caps
+    }
+
+    /// The peer's name for `state.bounce.remote_mta`: the name in its greeting, else the
+    /// configured host or socket path.
+    pub fn remote_mta(&self) -> &str {
+        &self.remote_mta
+    }
+
+    /// False once the connection failed or the server announced it is closing.
+    pub fn is_usable(&self) -> bool {
+        !self.broken
+    }
+
+    /// Time since the last exchange.
+    pub fn idle(&self) -> Duration {
+        self.last_used.elapsed()
+    }
+
+    /// Resets the session for the next transaction; on a kept connection this also proves
+    /// the server still listens before a message is committed to it.
+    pub async fn rset(&mut self) -> Result<(), ClientError> {
+        let reply = self.command(Phase::Rset, "RSET\r\n").await?;
+        if reply.code == 250 {
+            Ok(())
+        } else {
+            self.broken = true;
+            Err(ClientError::Refused {
+                phase: Phase::Rset,
+                reply,
+            })
+        }
+    }
+
+    /// Says QUIT and closes, ignoring what the server does.
+    pub async fn quit(mut self) {
+        if !self.broken {
+            let _ = self.command(Phase::Quit, "QUIT\r\n").await;
+        }
+        let _ = self.stream.get_mut().shutdown().await;
+    }
+
+    /// One transaction: MAIL, RCPT for each recipient, DATA with the dot-stuffed message.
+    /// Returns one outcome per recipient of `env`, in order. With PIPELINING, MAIL and all
+    /// RCPTs go in one write. Under LMTP each accepted recipient gets its own reply after the
+    /// final dot (RFC 2033); under SMTP the one reply counts for all.
+    pub async fn send(&mut self, env: &Envelope, message: &[u8]) -> Vec<RcptOutcome> {
+        let n = env.recipients.len();
+        let all = |e: ClientError| vec![RcptOutcome::Failed(e); n];
+        if self.broken {
+            return all(ClientError::Closed { phase: Phase::Mail });
+        }
+        if env.has_utf8_address() && !self.caps.smtputf8 {
+            return all(ClientError::NotOffered {
+                phase: Phase::Mail,
+                status: "5.6.7",
+                detail: format!(
+                    "{} does not offer SMTPUTF8, which the non-ASCII addresses of this message need",
+                    self.remote_mta
+                ),
+            });
+        }
+        let mail = mail_command(env, &self.caps, message.len(), is_8bit(message));
+        let rcpts: Vec<String> = env
+            .recipients
+            .iter()
+            .map(|r| rcpt_command(r, &self.caps))
+            .collect();
+
+        // MAIL and RCPT replies
+        let mut outcomes: Vec<Option<RcptOutcome>> = vec![None; n];
+        let mail_reply;
+        let mut rcpt_replies: Vec<Reply> = Vec::with_capacity(n);
+        if self.caps.pipelining {
+            let batch: String = std::iter::once(mail.as_str())
+                .chain(rcpts.iter().map(String::as_str))
+                .collect();
+            if let Err(e) = self
+                .write(Phase::Mail, batch.as_bytes(), self.timeouts.command)
+                .await
+            {
+                return all(e);
+            }
+            mail_reply = match self.read_reply(Phase::Mail, self.timeouts.command).await {
+                Ok(r) => r,
+                Err(e) => return all(e),
+            };
+            for _ in 0..n {
+                match self.read_reply(Phase::Rcpt, self.timeouts.command).await {
+                    Ok(r) => rcpt_replies.push(r),
+                    Err(e) => return all(e),
+                }
+            }
+        } else {
+            mail_reply = match self.command(Phase::Mail, &mail).await {
+                Ok(r) => r,
+                Err(e) => return all(e),
+            };
+            if mail_reply.is_positive() {
+                for cmd in &rcpts {
+                    match self.command(Phase::Rcpt, cmd).await {
+                        Ok(r) => rcpt_replies.push(r),
+                        Err(e) => return all(e),
+                    }
+                }
+            }
+        }
+        if !mail_reply.is_positive() {
+            let _ = self.reset_after_failure().await;
+            return vec![
+                RcptOutcome::Refused {
+                    phase: Phase::Mail,
+                    reply: mail_reply,
+                };
+                n
+            ];
+        }
+        let mut accepted = Vec::new();
+        for (i, reply) in rcpt_replies.into_iter().enumerate() {
+            if reply.is_positive() {
+                accepted.push(i);
+            } else {
+                outcomes[i] = Some(RcptOutcome::Refused {
+                    phase: Phase::Rcpt,
+                    reply,
+                });
+            }
+        }
+        let finish = |outcomes: Vec<Option<RcptOutcome>>, rest: &dyn Fn() -> RcptOutcome| {
+            outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or_else(rest))
+                .collect::<Vec<_>>()
+        };
+        if accepted.is_empty() {
+            let _ = self.reset_after_failure().await;
+            return finish(outcomes, &|| unreachable!("every recipient has a reply"));
+        }
+
+        // DATA
+        let data_reply = match self.command(Phase::Data, "DATA\r\n").await {
+            Ok(r) => r,
+            Err(e) => return finish(outcomes, &|| RcptOutcome::Failed(e.clone())),
+        };
+        if data_reply.code != 354 {
+            let _ = self.reset_after_failure().await;
+            let refused = RcptOutcome::Refused {
+                phase: Phase::Data,
+                reply: data_reply,
+            };
+            return finish(outcomes, &|| refused.clone());
+        }
+        let payload = dot_stuff(message);
+        if let Err(e) = self
+            .write(Phase::DataEnd, &payload, self.timeouts.data)
+            .await
+        {
+            return finish(outcomes, &|| RcptOutcome::Failed(e.clone()));
+        }
+        let replies_due = match self.protocol {
+            Protocol::Lmtp => accepted.len(),
+            Protocol::Smtp => 1,
+        };
+        let mut final_replies = Vec::with_capacity(replies_due);
+        for _ in 0..replies_due {
+            match self.read_reply(Phase::DataEnd, self.timeouts.data).await {
+                Ok(r) => final_replies.push(r),
+                // The recipients answered so far keep their answer; the rest are unknown.
+                Err(e) => {
+                    self.broken = true;
+                    let failed = RcptOutcome::Failed(e);
+                    for (k, &i) in accepted.iter().enumerate() {
+                        outcomes[i] = Some(match final_replies.get(k) {
+                            Some(r) => final_outcome(r.clone()),
+                            None => failed.clone(),
+                        });
+                    }
+                    return finish(outcomes, &|| unreachable!());
+                }
+            }
+        }
+        for (k, &i) in accepted.iter().enumerate() {
+            let reply = match self.protocol {
+                Protocol::Lmtp => final_replies[k].clone(),
+                Protocol::Smtp => final_replies[0].clone(),
+            };
+            outcomes[i] = Some(final_outcome(reply));
+        }
+        finish(outcomes, &|| unreachable!())
+    }
+
+    /// RSET after a refused MAIL, RCPT or DATA, so the session is clean for the next
+    /// transaction; if even that fails, the connection is not reused.
+    async fn reset_after_failure(&mut self) -> Result<(), ClientError> {
+        if self.broken {
+            return Ok(());
+        }
+        self.rset().await.inspect_err(|_| self.broken = true)
+    }
+
+    /// Sends one command line and reads its reply.
+    async fn command(&mut self, phase: Phase, line: &str) -> Result<Reply, ClientError> {
+        self.write(phase, line.as_bytes(), self.timeouts.command)
+            .await?;
+        self.read_reply(phase, self.timeouts.command).await
+    }
+
+    async fn write(
+        &mut self,
+        phase: Phase,
+        bytes: &[u8],
+        limit: Duration,
+    ) -> Result<(), ClientError> {
+        let stream = self.stream.get_mut();
+        let result = tokio::time::timeout(limit, async {
+            stream.write_all(bytes).await?;
+            stream.flush().await
+        })
+        .await;
+        self.last_used = Instant::now();
+        match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => {
+                self.broken = true;
+                Err(ClientError::Io {
+                    phase,
+                    detail: e.to_string(),
+                })
+            }
+            Err(_) => {
+                self.broken = true;
+                Err(ClientError::Timeout {
+                    phase,
+                    after: limit,
+                })
+            }
+        }
+    }
+
+    /// Reads one (possibly multi-line) reply within `limit`. A 421 marks the connection
+    /// closing.
+    async fn read_reply(&mut self, phase: Phase, limit: Duration) -> Result<Reply, ClientError> {
+        let result = tokio::time::timeout(limit, read_lines(&mut self.stream, phase)).await;
+        self.last_used = Instant::now();
+        let result = match result {
+            Ok(r) => r,
+            Err(_) => Err(ClientError::Timeout {
+                phase,
+                after: limit,
+            }),
+        };
+        match result {
+            Ok(reply) => {
+                if reply.code == 421 {
+                    self.broken = true;
+                }
+                Ok(reply)
+            }
+            Err(e) => {
+                self.broken = true;
+                Err(e)
+            }
+        }
+    }
+}
+
+fn final_outcome(reply: Reply) -> RcptOutcome {
+    if reply.is_positive() {
+        RcptOutcome::Accepted(reply)
+    } else {
+        RcptOutcome::Refused {
+            phase: Phase::DataEnd,
+            reply,
+        }
+    }
+}
+
+async fn read_lines<R: tokio::io::AsyncBufRead + Unpin>(
+    stream: &mut R,
+    phase: Phase,
+) -> Result<Reply, ClientError> {
+    let mut lines: Vec<String> = Vec::new();
+    loop {
+        let mut buf = Vec::new();
+        let read = (&mut *stream)
+            .take(MAX_LINE as u64 + 2)
+            .read_until(b'\n', &mut buf)
+            .await
+            .map_err(|e| ClientError::Io {
+                phase,
+                detail: e.to_string(),
+            })?;
+        if read == 0 {
+            return Err(ClientError::Closed { phase });
+        }
+        if !buf.ends_with(b"\n") {
+            return Err(ClientError::Malformed {
+                phase,
+                detail: format!("a reply line longer than {MAX_LINE} bytes"),
+            });
+        }
+        while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
+            buf.pop();
+        }
+        let line = String::from_utf8_lossy(&buf).into_owned();
+        let last = line.as_bytes().get(3) != Some(&b'-');
+        lines.push(line);
+        if last {
+            break;
+        }
+        if lines.len() >= MAX_REPLY_LINES {
+            return Err(ClientError::Malformed {
+                phase,
+                detail: format!("a reply of more than {MAX_REPLY_LINES} lines"),
+            });
+        }
+    }
+    parse_reply(&lines).map_err(|detail| ClientError::Malformed { phase, detail })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn target_table() {
+        let ok = |s: &str, t: Target| assert_eq!(Target::parse(s), Ok(t), "{s}");
+        ok(
+            "unix:/run/dovecot/lmtp",
+            Target::Unix("/run/dovecot/lmtp".into()),
+        );
+        ok("/run/lmtp", Target::Unix("/run/lmtp".into()));
+        ok(
+            "127.0.0.1:24",
+            Target::Tcp {
+                host: "127.0.0.1".into(),
+                port: 24,
+            },
+        );
+        ok(
+            "mail.example.org:2424",
+            Target::Tcp {
+                host: "mail.example.org".into(),
+                port: 2424,
+            },
+        );
+        ok(
+            "[::1]:24",
+            Target::Tcp {
+                host: "::1".into(),
+                port: 24,
+            },
+        );
+        for bad in [
+            "unix:relative",
+            "host",
+            "host:0",
+            "host:x",
+            ":24",
+            "::1:24",
+            "[::1]24",
+        ] {
+            let err = Target::parse(bad).unwrap_err();
+            assert!(
+                err.contains("host:port") && err.contains(bad),
+                "{bad}: {err}"
+            );
+        }
+        assert_eq!(Target::parse("[::1]:24").unwrap().to_string(), "[::1]:24");
+        assert_eq!(Target::parse("/x").unwrap().to_string(), "unix:/x");
+    }
+
+    #[test]
+    fn outcomes_become_delivery_results() {
+        let r = |lines: &[&str]| parse_reply(lines).unwrap();
+        let refused = RcptOutcome::Refused {
+            phase: Phase::Rcpt,
+            reply: r(&["550 5.1.1 <b@x> no such user"]),
+        };
+        let RcptResult::Permanent(f) = refused.to_result("lmtp.test") else {
+            panic!("550 is permanent");
+        };
+        assert_eq!(f.smtp_code, Some(550));
+        assert_eq!(f.enhanced_status.as_deref(), Some("5.1.1"));
+        assert_eq!(
+            f.reply_text.as_deref(),
+            Some("550 5.1.1 <b@x> no such user")
+        );
+        assert_eq!(f.phase.as_deref(), Some("RCPT"));
+        assert_eq!(f.remote_mta.as_deref(), Some("lmtp.test"));
+        assert_eq!(
+            f.diagnostic,
+            "<b@x> no such user (in reply to RCPT TO command)"
+        );
+        let deferred = RcptOutcome::Refused {
+            phase: Phase::DataEnd,
+            reply: r(&["452 mailbox full"]),
+        };
+        let RcptResult::Transient(f) = deferred.to_result("x") else {
+            panic!("452 is transient");
+        };
+        assert_eq!(f.enhanced_status.as_deref(), Some("4.0.0"));
+        assert_eq!(f.phase.as_deref(), Some("DATA"));
+        let lost = RcptOutcome::Failed(ClientError::Connect {
+            target: "127.0.0.1:1".into(),
+            detail: "Connection refused".into(),
+        });
+        let RcptResult::Transient(f) = lost.to_result("127.0.0.1") else {
+            panic!("a refused connection is transient");
+        };
+        assert_eq!(f.phase.as_deref(), Some("connect"));
+        assert_eq!(f.enhanced_status.as_deref(), Some("4.4.1"));
+        assert!(
+            f.diagnostic.contains("Connection refused"),
+            "{}",
+            f.diagnostic
+        );
+        assert_eq!(
+            RcptOutcome::Accepted(r(&["250 2.0.0 ok"])).to_result("x"),
+            RcptResult::Delivered
+        );
+    }
+}

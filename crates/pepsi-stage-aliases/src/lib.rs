@@ -1,0 +1,188 @@
+//! pepsi-stage-aliases: replaces recipients that are aliases or fall under a catch-all by
+//! the addresses they stand for.
+//!
+//! Reads: the envelope and `state.dsn` (`Load::Metadata`), the stage's alias file
+//! (`ALIAS_FILE`, read once at start), the settings layer (`alias` rows for addresses,
+//! `catchall` rows for `@domain`) and `pepsi.mailbox_account` (a catch-all does not take
+//! mail for an existing mailbox). Writes: `rcpt_to` and `state.dsn.rcpt`, in lockstep.
+//! Terminal helpers: `rewrite_recipients` when the recipients change, else `advance`.
+//!
+//! The expansion itself is pure (`expand`); this file is the I/O around it.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use pepsi_common::config::Config;
+use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
+use pepsi_common::settings::{self, lookup_keys};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use serde_json::Map;
+
+pub mod expand;
+pub mod file;
+
+use expand::{ALIAS_SETTING, Answer, CATCHALL_SETTING, Facts};
+use file::AliasFile;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-aliases",
+        exec: "pepsi-stage-aliases",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-aliases";
+}
+
+/// Default `MAX_DEPTH`: how many alias hops one recipient may take.
+pub const DEFAULT_MAX_DEPTH: usize = 10;
+
+/// One `[stage-<name>]` section of this program, read at start.
+#[derive(Debug, Clone)]
+pub struct AliasStage {
+    pub file: AliasFile,
+    pub max_depth: usize,
+}
+
+impl AliasStage {
+    /// Reads `ALIAS_FILE` (optional) and `MAX_DEPTH` (default 10, at least 1).
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        let file = match s.path_opt("ALIAS_FILE")? {
+            Some(path) => AliasFile::load(&path)?,
+            None => AliasFile::default(),
+        };
+        let max_depth = s.parse_opt("MAX_DEPTH", |v| match v.trim().parse::<usize>() {
+            Ok(n) if (1..=1000).contains(&n) => Ok(n),
+            _ => Err("a whole number from 1 to 1000".to_owned()),
+        })?;
+        Ok(Self {
+            file,
+            max_depth: max_depth.unwrap_or(DEFAULT_MAX_DEPTH),
+        })
+    }
+}
+
+/// The aliases program: one `AliasStage` per stage section that runs it.
+#[derive(Debug, Clone)]
+pub struct Aliases {
+    pub local: LocalRecipients,
+    pub stages: HashMap<String, AliasStage>,
+}
+
+impl Aliases {
+    /// Reads every stage section whose PROGRAM is this program, and `[pepsi]`'s local
+    /// domains and recipient delimiter.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
+        let mut stages = HashMap::new();
+        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
+            let stage = AliasStage::from_config(cfg, &name)?;
+            stages.insert(name.to_ascii_lowercase(), stage);
+        }
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+            stages,
+        })
+    }
+
+    /// The facts `expand::resolve` needs about `addresses`: three queries at most.
+    async fn facts(
+        &self,
+        pool: &sqlx::PgPool,
+        stage: &AliasStage,
+        addresses: &[String],
+    ) -> Result<Facts, sqlx::Error> {
+        let mut keys: Vec<String> = Vec::new();
+        let mut mailboxes = Vec::new();
+        let mut domains = Vec::new();
+        for a in addresses {
+            let stripped = self.local.mailbox_key(a);
+            for k in lookup_keys(a).into_iter().chain(lookup_keys(&stripped)) {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+            mailboxes.push(stripped);
+            if let Some((_, d)) = split_address(a) {
+                domains.push(d);
+            }
+        }
+        let settings = settings::fetch(pool, &keys, &[ALIAS_SETTING, CATCHALL_SETTING]).await?;
+        let mailboxes = local::mailboxes_among(pool, &mailboxes).await?;
+        let local_domains = if stage.file.names.is_empty() {
+            Default::default()
+        } else {
+            self.local.local_domains_among(pool, &domains).await?
+        };
+        Ok(Facts {
+            settings,
+            mailboxes,
+            local_domains,
+        })
+    }
+}
+
+impl Stage for Aliases {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Metadata;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let stage = self
+            .stages
+            .get(&ctx.stage().to_ascii_lowercase())
+            .ok_or_else(|| {
+                StageError::Permanent(format!(
+                    "stage {:?} was not configured when this worker started",
+                    ctx.stage()
+                ))
+            })?;
+        let rcpts = ctx.rcpt_to().to_vec();
+        let mut answers: HashMap<String, Answer> = HashMap::new();
+        let expansion = loop {
+            let lookup = |a: &str| answers.get(&address_key(a)).cloned();
+            match expand::expand(&rcpts, stage.max_depth, &lookup) {
+                Ok(expansion) => break expansion,
+                Err(need) => {
+                    let facts = self
+                        .facts(ctx.pool(), stage, &need)
+                        .await
+                        .map_err(StageError::Database)?;
+                    for key in need {
+                        let answer = expand::resolve(&key, &stage.file, &self.local, &facts);
+                        answers.insert(key, answer);
+                    }
+                }
+            }
+        };
+        for member in &expansion.loops {
+            tracing::warn!(id = ctx.id(), address = %member, "alias loop: delivered as it is");
+        }
+        for address in &expansion.too_deep {
+            tracing::warn!(
+                id = ctx.id(),
+                %address,
+                max_depth = stage.max_depth,
+                "alias expansion deeper than MAX_DEPTH: delivered as it is"
+            );
+        }
+        if expansion.unchanged(&rcpts) {
+            return ctx.advance();
+        }
+        let dsn = expand::rebuild_dsn(ctx.state().get("dsn"), &rcpts, &expansion);
+        let new: Vec<String> = expansion.recipients.into_iter().map(|(a, _)| a).collect();
+        tracing::info!(id = ctx.id(), from = ?rcpts, to = ?new, "aliases expanded");
+        let mut merge = Map::new();
+        merge.insert("dsn".into(), dsn);
+        ctx.rewrite_recipients(new, merge)
+    }
+}
+
+/// Entry point of the `pepsi-stage-aliases` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main_with(
+        &constants::CONFIG_SOURCE,
+        "Pepsi stage that expands aliases and catch-alls (alias file and settings layer)",
+        Aliases::from_config,
+    )
+}

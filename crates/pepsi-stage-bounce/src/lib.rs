@@ -1,0 +1,226 @@
+//! pepsi-stage-bounce: turns a message a delivery stage could not deliver (or delivered, or
+//! is still retrying) into an RFC 3464 delivery status notification to its original sender,
+//! and sends that on through the graph as a new null-sender message.
+//!
+//! Reads: the envelope, `state.bounce` (what to report), `state.dsn` (RFC 3461 NOTIFY, ORCPT,
+//! RET, ENVID), `state.last_error`, `received_at`, the header block (`Load::Headers`) and,
+//! only for a failure notice that returns the full message, the body.
+//! Writes: the row becomes the DSN — headers and body replaced, `mail_from` = "" (null
+//! sender), `rcpt_to` = [original sender], `state` replaced by `{}`, `received_at` = now.
+//! Terminal helpers: `rewrite_recipients` (advance to NEXT_STAGE with the DSN), `finish`
+//! (nothing to send: null sender, a report or auto-reply, no recipient asked for this
+//! notification) and `fail` (a misconfigured stage or malformed state, left for an operator
+//! with `state.bounce_error`). Never `reroute`: a bounce is never itself bounced.
+//!
+//! Why `Load::Headers` and not `Load::Full`: the body is needed only for a failure notice
+//! whose RET (or the `RETURN` default) is FULL, and then only when the message fits within
+//! `MAX_RETURN_SIZE`. Every other pass — delay and success notices, RET=HDRS, the drops —
+//! needs the header block alone, and a body can be many megabytes. So the stage loads the
+//! headers and calls `StageContext::fetch_body(limit)` in that one case: a single SELECT
+//! that transfers the body only when it is within the limit, so an oversized message never
+//! crosses the wire just to be left out.
+//!
+//! The decisions are pure functions tested as tables: `request` (the state read into a
+//! request, the NOTIFY filter), `original` (is the message a report or an auto-reply),
+//! `dsn` (the notification's text). This file is the thin I/O layer on the stage contract.
+
+use std::process::ExitCode;
+
+use chrono::Utc;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use serde_json::{Map, Value};
+
+pub mod dsn;
+pub mod original;
+pub mod request;
+pub mod settings;
+
+use dsn::{Dsn, Returned};
+use request::{Kind, Ret};
+use settings::Settings;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-bounce",
+        exec: "pepsi-stage-bounce",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-bounce";
+}
+
+/// The bounce stage.
+pub struct Bounce;
+
+/// Leaves the message failed for an operator, saying why: a bounce stage never reroutes.
+fn give_up(ctx: &mut StageContext<'_>, reason: String) -> Result<(), StageError> {
+    tracing::error!(
+        id = ctx.id(),
+        stage = ctx.stage(),
+        "cannot build a delivery status notification: {reason}"
+    );
+    let mut state = Map::new();
+    state.insert("bounce_error".into(), Value::String(reason));
+    ctx.fail(state)
+}
+
+impl Stage for Bounce {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Headers;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let id = ctx.id();
+        if ctx.mail_from().is_empty() {
+            tracing::info!(id, rcpt = ?ctx.rcpt_to(), "no notification: the message has a null sender; dropped");
+            return ctx.finish();
+        }
+        let settings = match Settings::from_config(ctx.config(), &ctx.section()) {
+            Ok(s) => s,
+            Err(e) => return give_up(ctx, format!("configuration: {e}")),
+        };
+        if ctx.settings().next_stage.is_none() {
+            let reason = format!(
+                "[stage-{}] has no NEXT_STAGE to send the notification to",
+                ctx.settings().name
+            );
+            return give_up(ctx, reason);
+        }
+        if let Some(why) = original::loop_reason(ctx.headers()?) {
+            tracing::info!(
+                id,
+                from = ctx.mail_from(),
+                "no notification: {why}; dropped"
+            );
+            return ctx.finish();
+        }
+        let mut request = match request::parse(ctx.state(), ctx.rcpt_to()) {
+            Ok(r) => r,
+            Err(e) => return give_up(ctx, e),
+        };
+        let kind = request.kind;
+        let (wanted, unwanted): (Vec<_>, Vec<_>) = std::mem::take(&mut request.recipients)
+            .into_iter()
+            .partition(|r| {
+                request::wanted(kind, r.notify.as_deref(), settings.delay_without_notify)
+            });
+        if !unwanted.is_empty() {
+            let skipped: Vec<&str> = unwanted.iter().map(|r| r.address.as_str()).collect();
+            tracing::info!(
+                id,
+                kind = kind.name(),
+                ?skipped,
+                "recipients whose NOTIFY excludes this notification"
+            );
+        }
+        if wanted.is_empty() {
+            tracing::info!(
+                id,
+                kind = kind.name(),
+                from = ctx.mail_from(),
+                "no notification: no recipient asked for it; finished"
+            );
+            return ctx.finish();
+        }
+
+        let headers = ctx.headers()?.to_vec();
+        let ret = request.ret.unwrap_or(settings.default_return);
+        // RFC 3461 §4.3: only a notice of failure returns the full message.
+        let (body, too_large) = if kind == Kind::Permanent && ret == Ret::Full {
+            let room = settings
+                .max_return_size
+                .saturating_sub(headers.len() as u64 + 2);
+            match ctx.fetch_body(room).await? {
+                Some(body) => (Some(body.to_vec()), None),
+                None => (None, Some(settings.max_return_size)),
+            }
+        } else {
+            (None, None)
+        };
+        let returned = match &body {
+            Some(body) => Returned::Full {
+                headers: &headers,
+                body,
+            },
+            None => Returned::Headers {
+                headers: &headers,
+                too_large,
+            },
+        };
+
+        let now = Utc::now();
+        let arrival = ctx.received_at();
+        let sender = ctx.mail_from().to_owned();
+        let stamp = now.timestamp_micros();
+        let message_id = format!("{stamp}.{id}.dsn@{}", settings.hostname);
+        let boundary_seed = format!("=_pepsi-dsn-{id}-{stamp}");
+        let raw = dsn::build(&Dsn {
+            kind,
+            hostname: &settings.hostname,
+            to: &sender,
+            envid: request.envid.as_deref(),
+            arrival,
+            now,
+            message_id: &message_id,
+            boundary_seed: &boundary_seed,
+            recipients: &wanted,
+            retry_until: settings
+                .max_lifetime
+                .and_then(|l| chrono::Duration::from_std(l).ok())
+                .map(|l| arrival + l),
+            returned,
+        });
+        let (dsn_headers, dsn_body) = pepsi_common::message::split(&raw);
+        let reported: Vec<&str> = wanted.iter().map(|r| r.address.as_str()).collect();
+        tracing::info!(
+            id, kind = kind.name(), to = %sender, ?reported, routed_by = ?request.stage,
+            returned = if body.is_some() { "full" } else { "headers" },
+            "delivery status notification built"
+        );
+        ctx.set_headers(dsn_headers.to_vec());
+        ctx.set_body(dsn_body.to_vec());
+        ctx.set_mail_from("");
+        ctx.replace_state(Map::new());
+        ctx.reset_received_at();
+        ctx.rewrite_recipients(vec![sender], Map::new())
+    }
+}
+
+const LONG_ABOUT: &str = "\
+Pepsi stage that turns a failed, delayed or delivered message into an RFC 3464 delivery status
+notification (DSN) to its original sender.
+
+A delivery stage routes a message here (its BOUNCE_STAGE) with state.bounce saying what happened
+(kind permanent, delay or success; the remote reply; per-recipient details). For each recipient
+the RFC 3461 NOTIFY decides whether it is reported. The row then becomes the DSN: a
+multipart/report with a human explanation, a message/delivery-status part and the original's
+headers (or the whole message for a failure with RET=FULL, up to MAX_RETURN_SIZE), sent with a
+null sender to the original sender, with state cleared, at NEXT_STAGE.
+
+No DSN is sent (the message is finished and the reason logged) for a null sender, for a message
+that is itself a delivery or disposition report or an Auto-Submitted: auto-replied answer, or
+when no recipient asked for this kind of notification. A malformed state or configuration
+leaves the message failed with state.bounce_error, for an operator; a bounce is never bounced.
+
+Options of the stage's [stage-<name>] section:
+  NEXT_STAGE            where the DSN goes (required)
+  HOSTNAME              Reporting-MTA and MAILER-DAEMON@ domain (default [pepsi] HOSTNAME,
+                        else the system host name)
+  RETURN                headers | full: what a failure returns when the client gave no RET
+                        (default headers)
+  MAX_RETURN_SIZE       above this size only the headers are returned (default 100k)
+  DELAY_WITHOUT_NOTIFY  yes | no: delay notices for recipients without NOTIFY (default yes)
+  MAX_LIFETIME          announces Will-Retry-Until = arrival + this in delay notices
+
+See docs/bounce.md.";
+
+/// Entry point of the `pepsi-stage-bounce` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main_with_long_about(
+        &constants::CONFIG_SOURCE,
+        "Pepsi stage that turns a failed, delayed or delivered message into an RFC 3464 \
+         delivery status notification to its sender",
+        LONG_ABOUT,
+        Bounce,
+    )
+}

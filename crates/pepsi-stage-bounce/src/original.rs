@@ -1,0 +1,119 @@
+//! What the original message's header block says about whether a notification may be sent
+//! at all, and how its content must be returned. Pure: no I/O.
+
+use mail_parser::MessageParser;
+
+/// Why a message gets no notification although its sender is not null.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Loop {
+    /// The message is itself a report (`multipart/report` of a delivery- or
+    /// disposition-notification type): a DSN about a DSN could ping-pong between two systems.
+    Report(String),
+    /// `Auto-Submitted: auto-replied`: an automatic answer (a vacation notice) whose sender
+    /// is a responder, not a person; telling it about a failure feeds a loop and helps no one.
+    AutoReplied,
+}
+
+impl std::fmt::Display for Loop {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Loop::Report(t) => write!(f, "the message is itself a report (report-type={t})"),
+            Loop::AutoReplied => {
+                f.write_str("the message is an automatic reply (Auto-Submitted: auto-replied)")
+            }
+        }
+    }
+}
+
+/// The report types that mark a message as an automatic report.
+const REPORT_TYPES: [&str; 4] = [
+    "delivery-status",
+    "global-delivery-status",
+    "disposition-notification",
+    "global-disposition-notification",
+];
+
+/// Does the header block mark the message as one that must never be answered with a DSN?
+///
+/// `Auto-Submitted: auto-generated` is deliberately not a reason: RFC 3834 does not govern
+/// DSNs, and auto-generated mail with a real return path (a cron report, a mailing list's
+/// post, a ticket system) is exactly the mail whose sender relies on bounces to notice a
+/// dead address. Our own DSNs have a null sender and are `multipart/report`, so they are
+/// caught twice.
+pub fn loop_reason(headers: &[u8]) -> Option<Loop> {
+    let mut block = headers.to_vec();
+    block.extend_from_slice(b"\r\n");
+    let message = MessageParser::new().parse_headers(&block)?;
+    if let Some(ct) = mail_parser::MimeHeaders::content_type(&message)
+        && ct.ctype().eq_ignore_ascii_case("multipart")
+        && ct
+            .subtype()
+            .is_some_and(|s| s.eq_ignore_ascii_case("report"))
+    {
+        let report_type = ct
+            .attributes()
+            .unwrap_or_default()
+            .iter()
+            .find(|a| a.name.eq_ignore_ascii_case("report-type"))
+            .map(|a| a.value.to_ascii_lowercase());
+        if let Some(t) = report_type.filter(|t| REPORT_TYPES.contains(&t.as_str())) {
+            return Some(Loop::Report(t));
+        }
+    }
+    let auto = message.header_raw("Auto-Submitted").map(|v| {
+        v.split([';', '(', ' ', '\t', '\r', '\n'])
+            .find(|t| !t.is_empty())
+            .unwrap_or("")
+            .to_ascii_lowercase()
+    });
+    (auto.as_deref() == Some("auto-replied")).then_some(Loop::AutoReplied)
+}
+
+/// True when the bytes are not all ASCII (8-bit content, UTF-8 header fields).
+pub fn is_8bit(bytes: &[u8]) -> bool {
+    !bytes.is_ascii()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check(headers: &str, want: Option<Loop>) {
+        assert_eq!(loop_reason(headers.as_bytes()), want, "{headers:?}");
+    }
+
+    #[test]
+    fn loop_table() {
+        let report = |t: &str| Some(Loop::Report(t.into()));
+        check("Subject: hi\r\nFrom: a@example.org\r\n", None);
+        check(
+            "Content-Type: multipart/report; report-type=delivery-status;\r\n\tboundary=\"x\"\r\n",
+            report("delivery-status"),
+        );
+        check(
+            "content-type: Multipart/Report; boundary=x; Report-Type=\"Global-Delivery-Status\"\r\n",
+            report("global-delivery-status"),
+        );
+        check(
+            "Content-Type: multipart/report; report-type=disposition-notification; boundary=x\r\n",
+            report("disposition-notification"),
+        );
+        check(
+            "Content-Type: multipart/report; report-type=feedback-report; boundary=x\r\n",
+            None,
+        );
+        check("Content-Type: multipart/mixed; boundary=x\r\n", None);
+        check("Auto-Submitted: auto-replied\r\n", Some(Loop::AutoReplied));
+        check(
+            "Auto-Submitted: Auto-Replied (vacation)\r\n",
+            Some(Loop::AutoReplied),
+        );
+        check(
+            "auto-submitted:auto-replied; owner-email=a@example.org\r\n",
+            Some(Loop::AutoReplied),
+        );
+        check("Auto-Submitted: auto-generated\r\n", None);
+        check("Auto-Submitted: no\r\n", None);
+        check("", None);
+    }
+}

@@ -1,0 +1,261 @@
+//! pepsi-stage-if: sends the message to `THEN` when its `CONDITION` holds, else to `ELSE`
+//! (default `NEXT_STAGE`).
+//!
+//! Two programs share this crate, because a stage's `Load` is fixed per program:
+//! `pepsi-stage-if` (`Load::Metadata`: envelope and state, batched and fusible like any
+//! body-free stage) and `pepsi-stage-if-headers` (`Load::Headers`), which a condition
+//! reading `header:<Name>` needs; `pepsi-stage-if` refuses such a condition at start.
+//!
+//! Reads: the envelope, `state`, the header block (if-headers only) and, for
+//! `all_rcpt_local`/`any_rcpt_local`, the local domains (`pepsi_common::local`).
+//! Writes: nothing. Terminal helper: `advance_to`, always.
+//!
+//! Conditions are parsed once at start (`expr`), for every stage section that names the
+//! program; a syntax error stops the worker with the file, line and column.
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use anyhow::bail;
+use pepsi_common::config::Config;
+use pepsi_common::local::LocalRecipients;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+
+pub mod expr;
+
+use expr::{Expr, Facts};
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-if",
+        exec: "pepsi-stage-if",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-if";
+
+    pub const HEADERS_CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-if-headers",
+        exec: "pepsi-stage-if-headers",
+    };
+    pub const HEADERS_PROGRAM: &str = "pepsi-stage-if-headers";
+}
+
+/// One `[stage-<name>]` section: the parsed condition and its two branches.
+#[derive(Debug, Clone)]
+pub struct Branch {
+    pub condition: Expr,
+    pub then_stage: String,
+    pub else_stage: String,
+}
+
+impl Branch {
+    /// Reads `CONDITION`, `THEN` and `ELSE` (default `NEXT_STAGE`) of `[stage-<stage>]`;
+    /// both branches must name stage sections. `headers`: whether this program loads the
+    /// header block.
+    pub fn from_config(cfg: &Config, stage: &str, headers: bool) -> anyhow::Result<Self> {
+        let section = cfg.section(&format!("stage-{stage}"));
+        let condition = section.parse("CONDITION", |text| {
+            expr::parse(text).map_err(|e| format!("a condition ({e})"))
+        })?;
+        if condition.uses_headers() && !headers {
+            bail!(
+                "[stage-{stage}] CONDITION reads a header field: the stage needs PROGRAM = {} \
+                 ({} loads envelope and state only)",
+                constants::HEADERS_PROGRAM,
+                constants::PROGRAM
+            );
+        }
+        let then_stage = section.string("THEN")?;
+        let else_stage = match section.string_opt("ELSE")?.filter(|s| !s.is_empty()) {
+            Some(s) => s,
+            None => section
+                .string_opt("NEXT_STAGE")?
+                .filter(|s| !s.is_empty())
+                .ok_or_else(|| {
+                    anyhow::anyhow!("[stage-{stage}] needs ELSE or NEXT_STAGE: where the message goes when CONDITION does not hold")
+                })?,
+        };
+        for (option, target) in [("THEN", &then_stage), ("ELSE", &else_stage)] {
+            if !cfg.has_section(&format!("stage-{target}")) {
+                bail!("[stage-{stage}] {option} = {target}: there is no [stage-{target}] section");
+            }
+        }
+        Ok(Self {
+            condition,
+            then_stage,
+            else_stage,
+        })
+    }
+}
+
+/// The branches of every stage a program serves, and the local-domain resolver.
+#[derive(Debug, Clone)]
+pub struct Conditions {
+    pub local: LocalRecipients,
+    pub stages: HashMap<String, Branch>,
+}
+
+impl Conditions {
+    pub fn from_config(cfg: &Config, program: &str, headers: bool) -> anyhow::Result<Self> {
+        let mut stages = HashMap::new();
+        for name in StageSettings::stages_of(cfg, program) {
+            let branch = Branch::from_config(cfg, &name, headers)?;
+            stages.insert(name.to_ascii_lowercase(), branch);
+        }
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+            stages,
+        })
+    }
+
+    async fn decide(&self, ctx: &mut StageContext<'_>, headers: bool) -> Result<(), StageError> {
+        let branch = self
+            .stages
+            .get(&ctx.stage().to_ascii_lowercase())
+            .ok_or_else(|| {
+                StageError::Permanent(format!(
+                    "stage {:?} was not configured when this worker started",
+                    ctx.stage()
+                ))
+            })?;
+        let rcpt_local = if branch.condition.uses_locality() {
+            self.local
+                .recipients_local(ctx.pool(), ctx.rcpt_to())
+                .await
+                .map_err(StageError::Database)?
+        } else {
+            Vec::new()
+        };
+        let holds = {
+            let facts = Facts {
+                mail_from: ctx.mail_from(),
+                rcpt_to: ctx.rcpt_to(),
+                auth_user: ctx.auth_user(),
+                state: Some(ctx.state()),
+                headers: if headers { Some(ctx.headers()?) } else { None },
+                rcpt_local,
+            };
+            branch.condition.eval(&facts)
+        };
+        let target = if holds {
+            &branch.then_stage
+        } else {
+            &branch.else_stage
+        };
+        tracing::debug!(id = ctx.id(), holds, to = %target, "condition evaluated");
+        ctx.advance_to(target)
+    }
+}
+
+/// `pepsi-stage-if`: envelope and state conditions.
+#[derive(Debug, Clone)]
+pub struct If(pub Conditions);
+
+impl Stage for If {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Metadata;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        self.0.decide(ctx, false).await
+    }
+}
+
+/// `pepsi-stage-if-headers`: conditions that may also read header fields.
+#[derive(Debug, Clone)]
+pub struct IfHeaders(pub Conditions);
+
+impl Stage for IfHeaders {
+    const PROGRAM: &'static str = constants::HEADERS_PROGRAM;
+    const LOAD: Load = Load::Headers;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        self.0.decide(ctx, true).await
+    }
+}
+
+/// Entry point of the `pepsi-stage-if` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main_with(
+        &constants::CONFIG_SOURCE,
+        "Pepsi stage that sends a message to THEN or ELSE by a CONDITION on envelope and state",
+        |cfg| Ok(If(Conditions::from_config(cfg, constants::PROGRAM, false)?)),
+    )
+}
+
+/// Entry point of the `pepsi-stage-if-headers` binary.
+pub fn run_headers() -> ExitCode {
+    pepsi_common::stage::main_with(
+        &constants::HEADERS_CONFIG_SOURCE,
+        "Pepsi stage that sends a message to THEN or ELSE by a CONDITION that may read header fields",
+        |cfg| {
+            Ok(IfHeaders(Conditions::from_config(
+                cfg,
+                constants::HEADERS_PROGRAM,
+                true,
+            )?))
+        },
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::from_str_named(text, "test.conf").unwrap()
+    }
+
+    #[test]
+    fn sections_are_checked_at_start() {
+        let base = "[stage-a]\nPROGRAM = pepsi-stage-if\n[stage-yes]\nPROGRAM = x\n[stage-no]\nPROGRAM = x\n[stage-b]\nPROGRAM = pepsi-stage-if-headers\nCONDITION = header:Subject == 'x'\nTHEN = yes\nELSE = no\n";
+        let check = |extra: &str, program: &str, headers: bool, needle: &str| {
+            let err = Conditions::from_config(
+                &cfg(&format!("{base}[stage-a]\n{extra}")),
+                program,
+                headers,
+            )
+            .unwrap_err();
+            let text = format!("{err:#}");
+            assert!(text.contains(needle), "{extra:?}: {text}");
+        };
+        check(
+            "CONDITION = state.a ==\nTHEN = yes\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "test.conf:13: [stage-a] CONDITION = \"state.a ==\": expected a condition (at column 11: expected an operand, found the end)",
+        );
+        check(
+            "CONDITION = header:X == 'y'\nTHEN = yes\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "PROGRAM = pepsi-stage-if-headers",
+        );
+        check(
+            "CONDITION = state.a\nTHEN = maybe\nELSE = no\n",
+            constants::PROGRAM,
+            false,
+            "THEN = maybe: there is no [stage-maybe] section",
+        );
+        check(
+            "CONDITION = state.a\nTHEN = yes\n",
+            constants::PROGRAM,
+            false,
+            "needs ELSE or NEXT_STAGE",
+        );
+        let ok = Conditions::from_config(
+            &cfg(&format!(
+                "{base}[stage-a]\nCONDITION = state.a\nTHEN = yes\nNEXT_STAGE = no\n"
+            )),
+            constants::PROGRAM,
+            false,
+        )
+        .unwrap();
+        assert_eq!(ok.stages["a"].else_stage, "no");
+        assert_eq!(ok.stages.len(), 1, "only the sections of this program");
+        let h = Conditions::from_config(&cfg(base), constants::HEADERS_PROGRAM, true).unwrap();
+        assert_eq!(h.stages["b"].then_stage, "yes");
+    }
+}

@@ -1,0 +1,37 @@
+//! pepsi-ingress and the shared local-recipient resolver: a domain the settings layer marks
+//! local takes unauthenticated mail like a configured one, recipient extensions are checked
+//! against their mailbox, and every other domain is still refused.
+
+mod ingress_common;
+
+use ingress_common::{Client, Ingress};
+
+#[tokio::test]
+async fn settings_layer_local_domains_take_unauthenticated_mail() {
+    let ingress = Ingress::start(
+        "CHECK_RECIPIENTS = yes\n\n[pepsi]\nRECIPIENT_DELIMITER = +\n",
+        &[("mx", "ROLE = mx\nVERIFY = no\n")],
+    )
+    .await;
+    ingress.add_account("alice@hosted.test", "pw").await;
+    ingress.add_account("bob@example.test", "pw").await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    // Not local yet: refused like any other domain.
+    let text = c.ok("RCPT TO:<alice@hosted.test>", 554).await;
+    assert!(text.starts_with("5.7.1"), "{text}");
+    sqlx::query(
+        "INSERT INTO pepsi.settings (address, name, value) VALUES ('@hosted.test', 'local_domain', 'true')",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    c.ok("RCPT TO:<alice@hosted.test>", 250).await;
+    c.ok("RCPT TO:<Alice+news@HOSTED.test>", 250).await;
+    c.ok("RCPT TO:<bob+x@example.test>", 250).await;
+    let text = c.ok("RCPT TO:<nobody@hosted.test>", 550).await;
+    assert!(text.starts_with("5.1.1"), "{text}");
+    let text = c.ok("RCPT TO:<alice@other.test>", 554).await;
+    assert!(text.starts_with("5.7.1"), "{text}");
+}
