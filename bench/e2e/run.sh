@@ -79,12 +79,18 @@ measure() {
   local name="$1" port="$2" maildir="$3" sampler snapper
   say "== $name: warm-up, $warm messages"
   pass "$name-warmup" "$port" "$maildir" "$warm" "w$name" >/dev/null
+  if [ "$(wc -l <"$out/$name-warmup.seen")" -lt "$warm" ]; then
+    say "$name: only $(wc -l <"$out/$name-warmup.seen") of $warm warm-up messages reached the Maildir"
+    tail -n 5 "$out"/*.log 2>/dev/null | cut -c1-400 >&2
+  fi
   say "== $name: $messages messages, $clients clients"
   rm -f "$work/stop"
   python3 "$e2e" cpu --out "$out/$name.cpu" --stop "$work/stop" &
   sampler=$!
   (while [ ! -f "$work/stop" ]; do
-     { date +%T.%N; top -b -n 1 -w 200 | head -n 30; echo; } >>"$out/$name.top"; sleep 3
+     # The second frame: top's first one averages since each process started.
+     { date +%T.%N; top -b -n 2 -d 0.5 -w 200 | awk '/^top -/ { n++ } n == 2' | head -n 25; echo; } >>"$out/$name.top"
+     sleep 2.5
    done) &
   snapper=$!
   uptime >"$out/$name.uptime"
@@ -131,6 +137,11 @@ run_pepsi() {
   chown -R nobody:nogroup "$home/mail/alice"
   cat > "$work/pepsi.conf" <<EOF
 @inline@ $root/etc/pepsi.conf
+
+# The default file's PEPSI_HOME = \${PEPSI_HOME:-...} refers to itself and does not expand
+# (a loop through [PATHS]); naming the directory outright sidesteps that.
+[PATHS]
+PEPSI_HOME = $home
 
 [pepsi-ingress]
 MAX_CONNECTIONS_PER_CLIENT = 1000
@@ -230,5 +241,18 @@ commits = os.path.join(out, "pepsi.commits")
 if os.path.exists(commits) and "pepsi" in res:
     k = int(open(commits).read())
     print(f"PostgreSQL commits during the pepsi warm-up and run: {k} ({k / (n + 200):.1f} per message)")
+# CPU seconds per message of each side's own processes (PostgreSQL counts for Pepsi; it is
+# the shared server, so other databases' work on it is included).
+postfix_procs = {"master", "smtpd", "cleanup", "qmgr", "virtual", "trivial-rewrite",
+                 "postlogd", "anvil", "proxymap", "scache", "tlsmgr", "pickup"}
+for side, r in res.items():
+    cpu = r.get("cpu", {}).get("cpu", {})
+    if side == "pepsi":
+        own = {k: v for k, v in cpu.items() if k.startswith("pepsi-") or k == "postgres"}
+    else:
+        own = {k: v for k, v in cpu.items() if k in postfix_procs}
+    total = sum(own.values())
+    parts = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:7])
+    print(f"{side} CPU per message: {total / n * 1000:.2f} ms ({parts})")
 print(f"raw records: {out}")
 PY
