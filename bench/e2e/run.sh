@@ -89,14 +89,14 @@ measure() {
   sampler=$!
   (while [ ! -f "$work/stop" ]; do
      # The second frame: top's first one averages since each process started.
-     { date +%T.%N; top -b -n 2 -d 0.5 -w 200 | awk '/^top -/ { n++ } n == 2' | head -n 25; echo; } >>"$out/$name.top"
+     { date +%T.%N; top -b -n 2 -d 0.5 -w 200 | awk '/^top -/ { n++ } n == 2' | head -n 25; echo; } >>"$out/$name.top" || true
      sleep 2.5
    done) &
   snapper=$!
   uptime >"$out/$name.uptime"
   pass "$name" "$port" "$maildir" "$messages" "m$name"
   touch "$work/stop"
-  wait "$sampler" "$snapper"
+  wait "$sampler" "$snapper" || true
   python3 "$e2e" report --name "$name" --sent "$out/$name.sent" --seen "$out/$name.seen" \
     --cpu "$out/$name.cpu" --json "$out/$name.json" | tee "$out/$name.summary" || true
 }
