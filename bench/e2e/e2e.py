@@ -2,14 +2,15 @@
 """bench/e2e/e2e.py: the load generator, Maildir watcher, CPU sampler and report of
 bench/e2e/run.sh (SMTP in -> Maildir, end to end).
 
-  e2e.py load   HOST PORT --messages N --clients C --tag T --out FILE
+  e2e.py load   HOST PORT --messages N --clients C --tag T --out FILE [--rate R]
   e2e.py watch  MAILDIR --messages N --tag T --out FILE [--timeout S]
   e2e.py cpu    --out FILE --stop FILE
   e2e.py report --name NAME --sent FILE --seen FILE [--cpu FILE] [--json FILE]
 
 load: C concurrent SMTP clients (asyncio), one message per connection like smtp-source's
 default, N messages in all of about 4 KiB each, every one with a unique `X-Bench-Seq: T-<n>`
-header. For each it records the wall-clock time its connection opened, the time the final
+header. With --rate R, message n is started n/R seconds after the first (an open loop below
+saturation, for latency without a backlog). For each it records the wall-clock time its connection opened, the time the final
 dot was written and the time the server's 250 for it was read.
 
 watch: records the wall-clock time each file first appears in MAILDIR/new (inotify
@@ -83,6 +84,11 @@ async def client(args, queue, results, errors):
             seq = queue.get_nowait()
         except asyncio.QueueEmpty:
             return
+        if args.rate:
+            # Open loop: message n starts n / rate seconds after the first.
+            delay = args.start + seq / args.rate - time.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
         t0 = time.time()
         writer = None
         try:
@@ -123,6 +129,7 @@ async def load_main(args):
     for seq in range(args.messages):
         queue.put_nowait(seq)
     results, errors = [], []
+    args.start = time.time()
     await asyncio.gather(*(client(args, queue, results, errors) for _ in range(args.clients)))
     with open(args.out, "w") as f:
         for seq, t0, tdot, t250 in sorted(results):
@@ -326,6 +333,8 @@ def main():
     lp.add_argument("--tag", required=True)
     lp.add_argument("--sender", default="bob@example.org")
     lp.add_argument("--rcpt", default="alice@example.test")
+    lp.add_argument("--rate", type=float, default=0,
+                    help="start messages at this many per second (0: as fast as the clients go)")
     lp.add_argument("--out", required=True)
     wp = sub.add_parser("watch")
     wp.add_argument("maildir")

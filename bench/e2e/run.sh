@@ -19,7 +19,9 @@
 #
 #   bench/e2e/run.sh [messages=2000] [clients=20] [sides=pepsi,postfix]
 #
-# Environment: PEPSI_EXTRA_CONF=FILE appends that file's lines to the Pepsi configuration
+# Environment: E2E_RATE=R starts the measured messages at R per second instead of as fast as
+# the clients go (open loop: latency without a queue backlog, when R is below both sides'
+# capacity); PEPSI_EXTRA_CONF=FILE appends that file's lines to the Pepsi configuration
 # (a second configuration, e.g. other PARALLELISM/QUEUE_LIMIT); E2E_LOG=info runs the Pepsi
 # programs at that log level (default warn); E2E_OUT=DIR keeps the raw records there
 # (default target/bench-e2e/last).
@@ -32,6 +34,7 @@ messages="${1:-2000}"
 clients="${2:-20}"
 sides="${3:-pepsi,postfix}"
 warm=200
+rate="${E2E_RATE:-0}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/services.sh
@@ -69,7 +72,7 @@ pass() {
   watcher=$!
   for _ in $(seq 200); do [ -f "$work/ready" ] && break; sleep 0.05; done
   python3 "$e2e" load 127.0.0.1 "$port" --messages "$count" --clients "$clients" --tag "$tag" \
-    --out "$out/$name.sent"
+    --rate "$rate" --out "$out/$name.sent"
   wait "$watcher"
 }
 
@@ -78,7 +81,7 @@ pass() {
 measure() {
   local name="$1" port="$2" maildir="$3" sampler snapper
   say "== $name: warm-up, $warm messages"
-  pass "$name-warmup" "$port" "$maildir" "$warm" "w$name" >/dev/null
+  rate=0 pass "$name-warmup" "$port" "$maildir" "$warm" "w$name" >/dev/null
   if [ "$(wc -l <"$out/$name-warmup.seen")" -lt "$warm" ]; then
     say "$name: only $(wc -l <"$out/$name-warmup.seen") of $warm warm-up messages reached the Maildir"
     tail -n 5 "$out"/*.log 2>/dev/null | cut -c1-400 >&2
@@ -231,7 +234,9 @@ for side in ("pepsi", "postfix"):
     p = os.path.join(out, side + ".json")
     if os.path.exists(p):
         res[side] = json.load(open(p))
-print(f"\nload: {n} messages of 4 KiB to one Maildir, {c} concurrent SMTP clients, one message per connection")
+rate = float(os.environ.get("E2E_RATE") or 0)
+print(f"\nload: {n} messages of 4 KiB to one Maildir, {c} concurrent SMTP clients, one message per connection"
+      + (f", started at {rate:g}/s" if rate else ", as fast as they go"))
 print(f"{'side':8} | {'msg/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | delivered")
 for side, r in res.items():
     print(f"{side:8} | {r['msg_per_s']:7.0f} | {r['p50_ms']:7.0f} | {r['p99_ms']:7.0f} | {r['delivered']}/{r['sent']}")
