@@ -24,7 +24,7 @@
 # capacity); PEPSI_EXTRA_CONF=FILE appends that file's lines to the Pepsi configuration
 # (a second configuration, e.g. other PARALLELISM/QUEUE_LIMIT); E2E_LOG=info runs the Pepsi
 # programs at that log level (default warn); E2E_OUT=DIR keeps the raw records there
-# (default target/bench-e2e/last).
+# (default target/bench-e2e/last); E2E_BUILD=no measures the release binaries already built.
 #
 # Needs: postfix, PostgreSQL (DATABASE_URL, else the server on 127.0.0.1:5432, else a
 # private one under target/bench-e2e/pg), python3, cargo. Run as root (Postfix's master
@@ -110,7 +110,9 @@ run_pepsi() {
     return 0
   fi
   say "== building Pepsi (release)"
-  if ! cargo build --release -q --bins; then
+  if [ "${E2E_BUILD:-yes}" = no ]; then
+    say "E2E_BUILD=no: measuring the existing binaries in $bin"
+  elif ! cargo build --release -q --bins; then
     [ -x "$bin/pepsi-ingress" ] && [ -x "$bin/pepsi-dispatch" ] || exit 1
     say "build failed; measuring the existing binaries in $bin"
   fi
