@@ -120,7 +120,7 @@ async fn notify_success_gets_a_success_dsn_never_and_the_null_sender_get_none() 
     assert!(text.contains("Status: 2."), "{text}");
     assert!(text.contains("Original-Envelope-Id: env-42"), "{text}");
     assert!(
-        text.contains("Original-Recipient: rfc822;alice@example.test"),
+        text.contains("Original-Recipient: rfc822; alice@example.test"),
         "{text}"
     );
     sys.wait_empty(WAIT).await;
