@@ -258,3 +258,68 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
         got.len() - distinct.len()
     );
 }
+
+#[tokio::test]
+async fn a_deferred_message_sends_one_delay_dsn_then_a_failure_dsn_when_it_expires() {
+    // later.test is ours but delivered over LMTP to a server that is down, so every
+    // attempt is a transient failure
+    let dead = system_common::free_port();
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test later.test\n\n\
+             [stage-route]\nROUTES = later.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = 127.0.0.1:{dead}\n\
+             BOUNCE_STAGE = bounce\nCONNECT_TIMEOUT = 2s\nRETRY_INITIAL = 1s\nRETRY_FACTOR = 1\n\
+             DELAY_WARNING = 2s\nMAX_LIFETIME = 6s\n"
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: will be late\r\n\r\nslow mail\r\n";
+    let r = sys
+        .send("bob@example.test", &["carol@later.test"], msg)
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+
+    // first the delay notice, while the message is still being retried
+    let first = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&first[0]);
+    assert!(text.contains("Action: delayed"), "{text}");
+    assert!(
+        text.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{text}"
+    );
+    assert!(text.contains("Will-Retry-Until:"), "{text}");
+    let queued = sys.queue().await;
+    assert!(
+        queued
+            .iter()
+            .any(|(_, stage, status, _, state)| stage == "lmtp"
+                && status == "paused"
+                && state["delay_sent"] == true),
+        "the message waits after its delay notice: {queued:#?}"
+    );
+
+    // then, past MAX_LIFETIME, the failure notice; no second delay notice
+    let both = sys.wait_messages("bob", 2, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let all = sys.messages("bob");
+    assert_eq!(
+        all.len(),
+        2,
+        "one delay and one failure notice: {}",
+        all.len()
+    );
+    let failure = both
+        .iter()
+        .map(|m| dsn_text(m))
+        .find(|t| t.contains("Action: failed"))
+        .expect("a failure notice");
+    assert!(failure.contains("Status: 5.4.7"), "{failure}");
+    assert!(
+        failure.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{failure}"
+    );
+    assert!(failure.contains("delivery time expired"), "{failure}");
+}

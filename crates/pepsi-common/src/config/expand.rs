@@ -300,11 +300,7 @@ EMPTY =
                 "err expansion loops through [PATHS]: LOOP_A -> LOOP_B -> LOOP_A",
                 "err expansion loops through [PATHS]: LOOP_A -> LOOP_B -> LOOP_A",
             ),
-            (
-                "x${SELF}",
-                "ok xself default",
-                "ok xself default",
-            ),
+            ("x${SELF}", "ok xself default", "ok xself default"),
             (
                 "$LOOP_SELF",
                 "err expansion loops through [PATHS]: LOOP_SELF -> LOOP_OTHER -> LOOP_SELF",
