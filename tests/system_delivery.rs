@@ -2,6 +2,7 @@
 //! the stage programs it starts, a real PostgreSQL, real Maildirs. Mail in over SMTP, files
 //! out in Maildir; what cannot be delivered comes back to the sender as a DSN.
 
+mod lmtp_common;
 mod system_common;
 
 use std::time::Duration;
@@ -322,4 +323,58 @@ async fn a_deferred_message_sends_one_delay_dsn_then_a_failure_dsn_when_it_expir
         "{failure}"
     );
     assert!(failure.contains("delivery time expired"), "{failure}");
+}
+
+#[tokio::test]
+async fn an_lmtp_server_rejecting_one_of_two_recipients_gets_one_delivered_and_one_dsn() {
+    let lmtp = lmtp_common::TestLmtp::tcp(
+        &[(
+            "dave@lmtp.test",
+            "550 5.1.1 <dave@lmtp.test> no such user here",
+        )],
+        &[],
+    )
+    .await;
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test lmtp.test\n\n\
+             [stage-route]\nROUTES = lmtp.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = {}\nBOUNCE_STAGE = bounce\n",
+            lmtp.target
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: two at the LMTP server\r\n\r\nhello\r\n";
+    let r = sys
+        .send(
+            "bob@example.test",
+            &["carol@lmtp.test", "dave@lmtp.test"],
+            msg,
+        )
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let delivered = lmtp.messages();
+    assert_eq!(delivered.len(), 1, "one LMTP transaction");
+    assert_eq!(delivered[0].rcpt, vec!["carol@lmtp.test"]);
+    assert!(delivered[0].data.ends_with(b"\r\n\r\nhello\r\n"));
+    let text = dsn_text(&dsn[0]);
+    assert!(
+        text.contains("Final-Recipient: rfc822; dave@lmtp.test"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("Final-Recipient: rfc822; carol@lmtp.test"),
+        "{text}"
+    );
+    assert!(text.contains("Action: failed"), "{text}");
+    assert!(text.contains("Status: 5.1.1"), "{text}");
+    assert!(
+        text.contains("Diagnostic-Code: smtp; 550") && text.contains("no such user here"),
+        "the server's reply is quoted: {text}"
+    );
+    assert_eq!(sys.messages("bob").len(), 1);
 }
