@@ -103,7 +103,7 @@ Pepsi is running. Try:
   swaks --server 127.0.0.1:2525 --from bob@example.test --to alice@example.test
   swaks --server 127.0.0.1:2525 --from bob@example.test --to nobody@example.test   # a DSN comes back to bob
   ls var/mail/*/Maildir/new
-  $bin/pepsi-queue -c etc/pepsi.conf list
+  DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-queue -c etc/pepsi.conf list
 Ctrl-C stops everything.
 EOF
 wait

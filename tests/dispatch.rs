@@ -3,28 +3,18 @@
 //! recycling, crash and hang recovery, kill -9 and restart, paused rows, fairness,
 //! statistics, configuration changes and the one-per-database lock.
 
+mod common;
+
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::test_stage;
 use pepsi_testkit::TestDb;
 use serde_json::Value;
 
 const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
-
-/// The test stage example, built by `cargo test` beside the test binaries.
-fn test_stage() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("examples").join("pepsi-test-stage");
-    assert!(
-        path.is_file(),
-        "{} is missing: cargo test builds the examples",
-        path.display()
-    );
-    path
-}
 
 /// A dispatcher process, killed when dropped so a failing test leaves nothing running.
 struct Running(Child);

@@ -3,29 +3,19 @@
 //! dispatcher notification of every action, the roles it may run as, and — with the real
 //! pepsi-dispatch and the test stage — that a held row is never claimed until released.
 
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::test_stage;
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
 
 const QUEUE: &str = env!("CARGO_BIN_EXE_pepsi-queue");
 const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
-
-/// The test stage example, built by `cargo test` beside the test binaries.
-fn test_stage() -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap();
-    let path = dir.join("examples").join("pepsi-test-stage");
-    assert!(
-        path.is_file(),
-        "{} is missing: cargo test builds the examples",
-        path.display()
-    );
-    path
-}
 
 /// The stage graph of these tests: init has no BOUNCE_STAGE, relay bounces to bounce.
 const STAGES: &str = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n\

@@ -2,6 +2,7 @@
 //! the stage programs it starts, a real PostgreSQL, real Maildirs. Mail in over SMTP, files
 //! out in Maildir; what cannot be delivered comes back to the sender as a DSN.
 
+mod lmtp_common;
 mod system_common;
 
 use std::time::Duration;
@@ -120,7 +121,7 @@ async fn notify_success_gets_a_success_dsn_never_and_the_null_sender_get_none() 
     assert!(text.contains("Status: 2."), "{text}");
     assert!(text.contains("Original-Envelope-Id: env-42"), "{text}");
     assert!(
-        text.contains("Original-Recipient: rfc822;alice@example.test"),
+        text.contains("Original-Recipient: rfc822; alice@example.test"),
         "{text}"
     );
     sys.wait_empty(WAIT).await;
@@ -257,4 +258,123 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
         "{} duplicates",
         got.len() - distinct.len()
     );
+}
+
+#[tokio::test]
+async fn a_deferred_message_sends_one_delay_dsn_then_a_failure_dsn_when_it_expires() {
+    // later.test is ours but delivered over LMTP to a server that is down, so every
+    // attempt is a transient failure
+    let dead = system_common::free_port();
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test later.test\n\n\
+             [stage-route]\nROUTES = later.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = 127.0.0.1:{dead}\n\
+             BOUNCE_STAGE = bounce\nCONNECT_TIMEOUT = 2s\nRETRY_INITIAL = 1s\nRETRY_FACTOR = 1\n\
+             DELAY_WARNING = 2s\nMAX_LIFETIME = 6s\n"
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: will be late\r\n\r\nslow mail\r\n";
+    let r = sys
+        .send("bob@example.test", &["carol@later.test"], msg)
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+
+    // first the delay notice, while the message is still being retried
+    let first = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&first[0]);
+    assert!(text.contains("Action: delayed"), "{text}");
+    assert!(
+        text.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{text}"
+    );
+    assert!(text.contains("Will-Retry-Until:"), "{text}");
+    let queued = sys.queue().await;
+    assert!(
+        queued
+            .iter()
+            .any(|(_, stage, status, _, state)| stage == "lmtp"
+                && status == "paused"
+                && state["delay_sent"] == true),
+        "the message waits after its delay notice: {queued:#?}"
+    );
+
+    // then, past MAX_LIFETIME, the failure notice; no second delay notice
+    let both = sys.wait_messages("bob", 2, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let all = sys.messages("bob");
+    assert_eq!(
+        all.len(),
+        2,
+        "one delay and one failure notice: {}",
+        all.len()
+    );
+    let failure = both
+        .iter()
+        .map(|m| dsn_text(m))
+        .find(|t| t.contains("Action: failed"))
+        .expect("a failure notice");
+    assert!(failure.contains("Status: 5.4.7"), "{failure}");
+    assert!(
+        failure.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{failure}"
+    );
+    assert!(failure.contains("delivery time expired"), "{failure}");
+}
+
+#[tokio::test]
+async fn an_lmtp_server_rejecting_one_of_two_recipients_gets_one_delivered_and_one_dsn() {
+    let lmtp = lmtp_common::TestLmtp::tcp(
+        &[(
+            "dave@lmtp.test",
+            "550 5.1.1 <dave@lmtp.test> no such user here",
+        )],
+        &[],
+    )
+    .await;
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test lmtp.test\n\n\
+             [stage-route]\nROUTES = lmtp.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = {}\nBOUNCE_STAGE = bounce\n",
+            lmtp.target
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: two at the LMTP server\r\n\r\nhello\r\n";
+    let r = sys
+        .send(
+            "bob@example.test",
+            &["carol@lmtp.test", "dave@lmtp.test"],
+            msg,
+        )
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let delivered = lmtp.messages();
+    assert_eq!(delivered.len(), 1, "one LMTP transaction");
+    assert_eq!(delivered[0].rcpt, vec!["carol@lmtp.test"]);
+    assert!(delivered[0].data.ends_with(b"\r\n\r\nhello\r\n"));
+    let text = dsn_text(&dsn[0]);
+    assert!(
+        text.contains("Final-Recipient: rfc822; dave@lmtp.test"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("Final-Recipient: rfc822; carol@lmtp.test"),
+        "{text}"
+    );
+    assert!(text.contains("Action: failed"), "{text}");
+    assert!(text.contains("Status: 5.1.1"), "{text}");
+    assert!(
+        text.contains("Diagnostic-Code: smtp; 550") && text.contains("no such user here"),
+        "the server's reply is quoted: {text}"
+    );
+    assert_eq!(sys.messages("bob").len(), 1);
 }

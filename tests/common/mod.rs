@@ -1,7 +1,8 @@
 //! Helpers shared by the root-level tests that run stage programs as processes.
+#![allow(dead_code)]
 
 use std::io::Write as _;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 /// Runs `program worker -c config`, feeds it `input` and returns its stdout lines; the
@@ -33,4 +34,17 @@ pub fn stage_worker(program: &str, config: &Path, input: &str) -> Vec<String> {
         .lines()
         .map(str::to_owned)
         .collect()
+}
+
+/// The test stage example, built by `cargo test` beside the test binaries.
+pub fn test_stage() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let dir = exe.parent().unwrap().parent().unwrap();
+    let path = dir.join("examples").join("pepsi-test-stage");
+    assert!(
+        path.is_file(),
+        "{} is missing: cargo test builds the examples",
+        path.display()
+    );
+    path
 }

@@ -97,14 +97,6 @@ pub struct Settings {
     pub listeners: Vec<ListenerConfig>,
 }
 
-fn system_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 fn parse_server(item: &str) -> Option<SocketAddr> {
     item.parse::<SocketAddr>().ok().or_else(|| {
         item.parse::<IpAddr>()
@@ -117,7 +109,7 @@ impl Settings {
     /// Reads and validates the ingress's options and its listener sections.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section(SECTION);
-        let hostname = s.string_opt("HOSTNAME")?.unwrap_or_else(system_hostname);
+        let hostname = s.string_opt("HOSTNAME")?.unwrap_or_else(pepsi_common::config::system_hostname);
         let local_domains = match s.list_opt("LOCAL_DOMAINS")? {
             Some(list) => list,
             None => cfg

@@ -128,15 +128,7 @@ impl Stage for Aliases {
     const LOAD: Load = Load::Metadata;
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let stage = self
-            .stages
-            .get(&ctx.stage().to_ascii_lowercase())
-            .ok_or_else(|| {
-                StageError::Permanent(format!(
-                    "stage {:?} was not configured when this worker started",
-                    ctx.stage()
-                ))
-            })?;
+        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
         let rcpts = ctx.rcpt_to().to_vec();
         let mut answers: HashMap<String, Answer> = HashMap::new();
         let expansion = loop {

@@ -34,7 +34,7 @@ impl Settings {
                 .section("pepsi")
                 .string_opt("HOSTNAME")?
                 .filter(|h| !h.is_empty())
-                .unwrap_or_else(system_hostname),
+                .unwrap_or_else(pepsi_common::config::system_hostname),
         };
         let default_return = match section
             .choice_opt("RETURN", &["headers", "full"])?
@@ -55,15 +55,6 @@ impl Settings {
     }
 }
 
-/// The kernel's host name, else `localhost`.
-fn system_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,7 +71,7 @@ mod tests {
         assert_eq!(s.max_return_size, 102_400);
         assert!(s.delay_without_notify);
         assert_eq!(s.max_lifetime, None);
-        assert_eq!(s.hostname, system_hostname());
+        assert_eq!(s.hostname, pepsi_common::config::system_hostname());
 
         let s = settings("[pepsi]\nHOSTNAME = mx.example.test\n[stage-bounce]\nRETURN = Full\nMAX_RETURN_SIZE = 1M\nDELAY_WITHOUT_NOTIFY = no\nMAX_LIFETIME = 5d\n").unwrap();
         assert_eq!(s.hostname, "mx.example.test");

@@ -112,15 +112,7 @@ impl Conditions {
     }
 
     async fn decide(&self, ctx: &mut StageContext<'_>, headers: bool) -> Result<(), StageError> {
-        let branch = self
-            .stages
-            .get(&ctx.stage().to_ascii_lowercase())
-            .ok_or_else(|| {
-                StageError::Permanent(format!(
-                    "stage {:?} was not configured when this worker started",
-                    ctx.stage()
-                ))
-            })?;
+        let branch = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
         let rcpt_local = if branch.condition.uses_locality() {
             self.local
                 .recipients_local(ctx.pool(), ctx.rcpt_to())

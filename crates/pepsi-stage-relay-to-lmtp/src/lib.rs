@@ -51,14 +51,6 @@ pub struct Settings {
     pub policy: RetryPolicy,
 }
 
-fn system_hostname() -> String {
-    std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .unwrap_or_else(|| "localhost".into())
-}
-
 impl Settings {
     /// Reads `[stage-<stage>]`; LHLO_NAME falls back to `[pepsi] HOSTNAME`, then to the
     /// system's host name.
@@ -74,7 +66,7 @@ impl Settings {
                 .section("pepsi")
                 .string_opt("HOSTNAME")?
                 .filter(|v| !v.is_empty())
-                .unwrap_or_else(system_hostname),
+                .unwrap_or_else(pepsi_common::config::system_hostname),
         };
         let d = Timeouts::default();
         let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {

@@ -47,7 +47,8 @@ pub struct Settings {
     pub root: PathBuf,
     pub template: Template,
     pub delimiters: String,
-    pub local_domains: Vec<String>,
+    /// Local domains (configured, or marked in the settings layer).
+    pub local: pepsi_common::local::LocalRecipients,
     pub nonlocal_stage: Option<String>,
     pub quota: Option<u64>,
     pub quota_full_temporary: bool,
@@ -84,7 +85,7 @@ impl Settings {
         Ok(Settings {
             template,
             delimiters,
-            local_domains: global.list_opt("LOCAL_DOMAINS")?.unwrap_or_default(),
+            local: pepsi_common::local::LocalRecipients::from_config(cfg)?,
             nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
             quota: s.size_opt("QUOTA")?.filter(|&q| q > 0),
             quota_full_temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
@@ -183,11 +184,11 @@ impl Stage for RelayToMaildir {
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let s = self.settings(ctx.config(), &ctx.settings().name)?;
-        let nonlocal: Vec<usize> = ctx
-            .rcpt_to()
+        let local = s.local.recipients_local(ctx.pool(), ctx.rcpt_to()).await?;
+        let nonlocal: Vec<usize> = local
             .iter()
             .enumerate()
-            .filter(|(_, r)| !mailbox::is_local(r, &s.local_domains))
+            .filter(|(_, is_local)| !**is_local)
             .map(|(i, _)| i)
             .collect();
         let onward = s
@@ -337,7 +338,10 @@ mod tests {
         assert_eq!(s.root, PathBuf::from("/srv/mail"));
         assert_eq!(s.quota, Some(10 << 20));
         assert_eq!(s.delimiters, "+");
-        assert_eq!(s.local_domains, vec!["a.test", "b.test"]);
+        assert_eq!(
+            s.local.configured_domains().collect::<Vec<_>>(),
+            vec!["a.test", "b.test"]
+        );
         assert!(!s.quota_full_temporary && !s.helper.create);
         let o = Settings::from_config(&cfg, "other").unwrap();
         assert_eq!(

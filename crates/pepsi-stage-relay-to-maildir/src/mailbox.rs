@@ -1,22 +1,9 @@
-//! Pure decisions of local delivery: which recipients are local, and where a recipient's
-//! Maildir is (the `MAILDIR` template). No I/O.
+//! Pure decisions of local delivery: where a recipient's Maildir is (the `MAILDIR`
+//! template). Which recipients are local is `pepsi_common::local`'s to say. No I/O.
 
 use std::path::{Path, PathBuf};
 
 use pepsi_common::delivery::Failure;
-
-/// True when `address`'s domain is one of `local_domains` (case-insensitive).
-///
-/// PRIVATE STAND-IN, TO BE REPLACED AT MERGE by the shared `pepsi_common::local` resolver
-/// (written at the same time on another branch); it reads `[pepsi] LOCAL_DOMAINS` only.
-pub fn is_local(address: &str, local_domains: &[String]) -> bool {
-    address.rsplit_once('@').is_some_and(|(_, domain)| {
-        let domain = domain.trim_end_matches('.');
-        local_domains
-            .iter()
-            .any(|d| d.trim_end_matches('.').eq_ignore_ascii_case(domain))
-    })
-}
 
 /// One piece of a parsed `MAILDIR` template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -221,21 +208,6 @@ mod tests {
         ] {
             let err = Template::parse(t).unwrap_err();
             assert!(err.contains(want), "{t}: {err}");
-        }
-    }
-
-    #[test]
-    fn local_domains() {
-        let domains = vec!["example.test".to_owned(), "Other.Test".to_owned()];
-        for (addr, want) in [
-            ("a@example.test", true),
-            ("a@EXAMPLE.test", true),
-            ("a@other.test.", true),
-            ("a@sub.example.test", false),
-            ("a@example.org", false),
-            ("example.test", false),
-        ] {
-            assert_eq!(is_local(addr, &domains), want, "{addr}");
         }
     }
 }

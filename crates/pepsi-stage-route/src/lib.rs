@@ -181,15 +181,7 @@ impl Stage for Route {
     const LOAD: Load = Load::Metadata;
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let routes = self
-            .stages
-            .get(&ctx.stage().to_ascii_lowercase())
-            .ok_or_else(|| {
-                StageError::Permanent(format!(
-                    "stage {:?} was not configured when this worker started",
-                    ctx.stage()
-                ))
-            })?;
+        let routes = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
         let rcpts = ctx.rcpt_to().to_vec();
         let domains: Vec<Option<String>> = rcpts
             .iter()

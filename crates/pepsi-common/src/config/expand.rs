@@ -112,6 +112,10 @@ impl Expander<'_> {
             .paths
             .and_then(|paths| paths.options.get(&key))
             .filter(|entry| trust == Trust::File || !entry.secret);
+        // An entry that names itself (`HOME = ${HOME:-/var/lib/pepsi}`) means the environment
+        // variable of that name, as in a shell; only a longer cycle is a loop.
+        let own = stack.last().is_some_and(|(k, _)| *k == key);
+        let entry = entry.filter(|_| !own);
         let Some(entry) = entry else {
             return Ok(match trust {
                 Trust::File => (self.env)(name),
@@ -205,7 +209,9 @@ FROM_ENV = ${PEPSI_TEST_HOME}/x
 BROKEN = $NOWHERE/x
 LOOP_A = $LOOP_B
 LOOP_B = ${LOOP_A}
-SELF = $SELF
+SELF = ${SELF:-self default}
+LOOP_SELF = $LOOP_OTHER
+LOOP_OTHER = $LOOP_SELF
 EMPTY =
 ";
 
@@ -294,10 +300,11 @@ EMPTY =
                 "err expansion loops through [PATHS]: LOOP_A -> LOOP_B -> LOOP_A",
                 "err expansion loops through [PATHS]: LOOP_A -> LOOP_B -> LOOP_A",
             ),
+            ("x${SELF}", "ok xself default", "ok xself default"),
             (
-                "x${SELF}",
-                "err expansion loops through [PATHS]: SELF -> SELF",
-                "err expansion loops through [PATHS]: SELF -> SELF",
+                "$LOOP_SELF",
+                "err expansion loops through [PATHS]: LOOP_SELF -> LOOP_OTHER -> LOOP_SELF",
+                "err expansion loops through [PATHS]: LOOP_SELF -> LOOP_OTHER -> LOOP_SELF",
             ),
             (
                 "${PREFIX",

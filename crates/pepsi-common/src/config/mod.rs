@@ -43,6 +43,16 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
     value::parse_duration(text)
 }
 
+/// The kernel's host name, else `localhost`: the fallback of every `HOSTNAME`-like option
+/// (`[pepsi] HOSTNAME` and a program's own name options).
+pub fn system_hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
 /// Identifies a program to the configuration and logging machinery; each program defines
 /// one as `constants::CONFIG_SOURCE`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

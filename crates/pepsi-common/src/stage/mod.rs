@@ -181,3 +181,17 @@ impl StageError {
         }
     }
 }
+
+/// What a stage program compiled at start for the stage section `stage` (the map is keyed
+/// by lower-case stage name): a condition, a route table. A stage added to the configuration
+/// after the worker started is an error for an operator, not a reason to guess.
+pub fn built_for<'m, T>(
+    stages: &'m std::collections::HashMap<String, T>,
+    stage: &str,
+) -> Result<&'m T, StageError> {
+    stages.get(&stage.to_ascii_lowercase()).ok_or_else(|| {
+        StageError::Permanent(format!(
+            "stage {stage:?} was not configured when this worker started"
+        ))
+    })
+}

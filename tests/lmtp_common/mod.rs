@@ -1,0 +1,184 @@
+//! A small real LMTP server (RFC 2033) for tests: TCP or unix socket, scripted
+//! per-recipient replies, recording what it received.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+
+/// What the test server got in one transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Received {
+    pub mail_from: String,
+    pub rcpt: Vec<String>,
+    pub data: Vec<u8>,
+}
+
+#[derive(Default)]
+pub struct Log {
+    pub connections: usize,
+    pub commands: Vec<String>,
+    pub messages: Vec<Received>,
+}
+
+/// A real LMTP server (RFC 2033) with scripted replies: `rcpt` maps an address to its RCPT
+/// reply, `after_dot` to its reply after the final dot; others get 250.
+pub struct TestLmtp {
+    pub log: Arc<Mutex<Log>>,
+    pub target: String,
+    _dir: Option<tempfile::TempDir>,
+}
+
+type Script = Arc<(HashMap<String, String>, HashMap<String, String>)>;
+
+impl TestLmtp {
+    pub async fn tcp(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> TestLmtp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (script, l) = (Self::script(rcpt, after_dot), log.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(serve(s, script.clone(), l.clone()));
+            }
+        });
+        TestLmtp {
+            log,
+            target,
+            _dir: None,
+        }
+    }
+
+    pub async fn unix(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> TestLmtp {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("lmtp.sock");
+        let listener = tokio::net::UnixListener::bind(&path).unwrap();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let (script, l) = (Self::script(rcpt, after_dot), log.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(serve(s, script.clone(), l.clone()));
+            }
+        });
+        TestLmtp {
+            log,
+            target: format!("unix:{}", path.display()),
+            _dir: Some(dir),
+        }
+    }
+
+    fn script(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> Script {
+        let map = |v: &[(&str, &str)]| {
+            v.iter()
+                .map(|(a, r)| (a.to_string(), r.to_string()))
+                .collect()
+        };
+        Arc::new((map(rcpt), map(after_dot)))
+    }
+
+    pub fn messages(&self) -> Vec<Received> {
+        self.log.lock().unwrap().messages.clone()
+    }
+}
+
+/// One LMTP session.
+async fn serve<S>(stream: S, script: Script, log: Arc<Mutex<Log>>)
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    log.lock().unwrap().connections += 1;
+    let mut s = BufReader::new(stream);
+    let mut tx = Received::default();
+    let mut mail = false;
+    s.get_mut()
+        .write_all(b"220 lmtp.test LMTP ready\r\n")
+        .await
+        .unwrap();
+    loop {
+        let mut line = String::new();
+        if s.read_line(&mut line).await.unwrap_or(0) == 0 {
+            return;
+        }
+        let line = line.trim_end().to_owned();
+        log.lock().unwrap().commands.push(line.clone());
+        let upper = line.to_ascii_uppercase();
+        let addr = || {
+            line.split_once('<')
+                .and_then(|(_, r)| r.split_once('>'))
+                .map(|(a, _)| a.to_owned())
+                .unwrap_or_default()
+        };
+        let reply = if upper.starts_with("LHLO ") {
+            "250-lmtp.test\r\n250-PIPELINING\r\n250-ENHANCEDSTATUSCODES\r\n250-8BITMIME\r\n250 SIZE\r\n"
+                .to_owned()
+        } else if upper.starts_with("MAIL FROM:") {
+            tx = Received {
+                mail_from: addr(),
+                ..Received::default()
+            };
+            mail = true;
+            "250 2.1.0 OK\r\n".to_owned()
+        } else if upper.starts_with("RCPT TO:") && mail {
+            let a = addr();
+            let r = script
+                .0
+                .get(&a)
+                .cloned()
+                .unwrap_or_else(|| "250 2.1.5 OK".into());
+            if r.starts_with('2') {
+                tx.rcpt.push(a);
+            }
+            format!("{r}\r\n")
+        } else if upper == "DATA" && !tx.rcpt.is_empty() {
+            s.get_mut()
+                .write_all(b"354 2.0.0 end with .\r\n")
+                .await
+                .unwrap();
+            let mut data = Vec::new();
+            loop {
+                let mut l = Vec::new();
+                if s.read_until(b'\n', &mut l).await.unwrap_or(0) == 0 {
+                    return;
+                }
+                if l == b".\r\n" {
+                    break;
+                }
+                let l = if l.starts_with(b".") { &l[1..] } else { &l[..] };
+                data.extend_from_slice(l);
+            }
+            tx.data = data;
+            let replies: String = tx
+                .rcpt
+                .iter()
+                .map(|a| {
+                    let r = script
+                        .1
+                        .get(a)
+                        .cloned()
+                        .unwrap_or_else(|| format!("250 2.0.0 <{a}> saved"));
+                    format!("{r}\r\n")
+                })
+                .collect();
+            log.lock().unwrap().messages.push(tx.clone());
+            mail = false;
+            replies
+        } else if upper == "DATA" {
+            "503 5.5.1 no valid recipients\r\n".to_owned()
+        } else if upper == "RSET" {
+            mail = false;
+            tx = Received::default();
+            "250 2.0.0 OK\r\n".to_owned()
+        } else if upper == "NOOP" {
+            "250 2.0.0 OK\r\n".to_owned()
+        } else if upper == "QUIT" {
+            let _ = s.get_mut().write_all(b"221 2.0.0 bye\r\n").await;
+            return;
+        } else {
+            "500 5.5.2 unknown command\r\n".to_owned()
+        };
+        if s.get_mut().write_all(reply.as_bytes()).await.is_err() {
+            return;
+        }
+    }
+}
