@@ -143,8 +143,8 @@ run_pepsi() {
   cat > "$work/pepsi.conf" <<EOF
 @inline@ $root/etc/pepsi.conf
 
-# The default file's PEPSI_HOME = \${PEPSI_HOME:-...} refers to itself and does not expand
-# (a loop through [PATHS]); naming the directory outright sidesteps that.
+# The bench's own home (the environment says the same; naming it here also serves builds
+# from before the self-referring PEPSI_HOME of etc/pepsi.conf expanded).
 [PATHS]
 PEPSI_HOME = $home
 
