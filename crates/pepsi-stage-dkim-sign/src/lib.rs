@@ -41,6 +41,8 @@ pub mod constants {
 
     /// The signed header fields when `HEADERS` is not set. `From` is always signed twice
     /// (over-signing) so that a second From cannot be added without breaking the signature.
+    /// A listed field the message lacks is signed as absent (mail-auth lists it in `h=`), so
+    /// no `List-*` field is in the default: a mailing list adding List-Id would break it.
     pub const DEFAULT_HEADERS: &[&str] = &[
         "From",
         "Reply-To",
@@ -57,14 +59,6 @@ pub mod constants {
         "Content-Transfer-Encoding",
         "Content-Disposition",
         "Content-Language",
-        "List-Id",
-        "List-Unsubscribe",
-        "List-Unsubscribe-Post",
-        "List-Post",
-        "List-Help",
-        "List-Subscribe",
-        "List-Owner",
-        "List-Archive",
     ];
 }
 
@@ -344,7 +338,8 @@ Options of the [stage-<name>] section:
 PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
   HEADERS = From, To, Subject, ...   the signed header fields (default: From, Reply-To, \
 Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version, \
-Content-*, List-*); From is always signed twice.
+Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \
+always signed twice, and a listed field the message lacks is signed as absent.
   PARENT_DOMAINS = false   sign mail from a subdomain with the nearest parent domain's keys.
   NEXT_STAGE   where the message goes, signed or not.
 
