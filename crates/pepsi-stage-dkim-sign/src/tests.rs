@@ -130,3 +130,34 @@ fn headers_and_domains() {
     );
     assert_eq!(from_domain(b"To: x@y.test\r\n"), None);
 }
+
+#[test]
+fn section_errors_name_the_option() {
+    for (options, want) in [
+        ("", "[stage-dkim] KEYS is required"),
+        ("KEYS = example.test:sel1\n", "KEYS"),
+        (
+            "KEYS = example.test:s1:/k.pem\nHEADERS = From, Bad:Name\n",
+            "HEADERS",
+        ),
+        (
+            "KEYS = example.test:s1:/k.pem\nPARENT_DOMAINS = maybe\n",
+            "PARENT_DOMAINS",
+        ),
+    ] {
+        let cfg = Config::from_str_named(
+            &format!("[stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\n{options}"),
+            "test.conf",
+        )
+        .unwrap();
+        let err = format!("{:#}", DkimSign::from_config(&cfg).err().unwrap());
+        assert!(err.contains(want), "{options:?}: {err}");
+    }
+    // A section running another program is not read.
+    let cfg = Config::from_str_named(
+        "[stage-other]\nPROGRAM = pepsi-stage-discard\nKEYS = nonsense\n",
+        "test.conf",
+    )
+    .unwrap();
+    assert!(DkimSign::from_config(&cfg).unwrap().stages.is_empty());
+}
