@@ -20,7 +20,8 @@ pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
 pub use worker::{
-    PassReport, main, main_with, main_with_long_about, prepare_on, run_pass, run_worker,
+    PassReport, main, main_with, main_with_long_about, main_with_long_about_built, prepare_on,
+    run_pass, run_worker,
 };
 
 use crate::config::{Config, ConfigError};

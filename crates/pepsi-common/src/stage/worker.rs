@@ -222,6 +222,20 @@ where
     run_main(source, about, about, build)
 }
 
+/// `main_with` with a `--help` text of its own (`-h` shows `about`).
+pub fn main_with_long_about_built<S, F>(
+    source: &ConfigSource,
+    about: &'static str,
+    long_about: &'static str,
+    build: F,
+) -> ExitCode
+where
+    S: Stage,
+    F: FnOnce(&Config) -> anyhow::Result<S>,
+{
+    run_main(source, about, long_about, build)
+}
+
 fn run_main<S, F>(
     source: &ConfigSource,
     about: &'static str,

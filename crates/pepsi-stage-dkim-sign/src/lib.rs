@@ -1,0 +1,349 @@
+//! pepsi-stage-dkim-sign: DKIM-signs outgoing mail (RFC 6376, RSA-SHA256 and Ed25519-SHA256
+//! per RFC 8463) with the keys of the RFC5322.From domain.
+//!
+//! Reads: the whole message (`Load::Full`). Writes: the header block only (`set_headers`
+//! with the new `DKIM-Signature:` fields prepended); the body row is never touched, so the
+//! commit keeps the row's `body_id`. Terminal helper: `advance`, signed or not.
+//!
+//! Why `Load::Full`: the signature covers the relaxed body hash (`bh=`), and mail-auth's
+//! signer computes it from the raw message. Loading only the headers would need the body
+//! hash computed once at admission and stored with the body row (a schema change, and one
+//! hash per canonicalization and algorithm). Signing is one pass per outgoing message, just
+//! before a relay that loads the full message anyway, so the extra transfer is accepted;
+//! the stored body hash is a later optimisation (docs/dkim.md, "Load").
+//!
+//! Keys come from PEM files named in `KEYS` (`domain:selector:path`, comma separated), read
+//! once at start: a file that cannot be read or holds no usable key stops the worker with
+//! an error naming the file. Keys from the database are a later step.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use mail_auth::common::crypto::{DkimKey, Ed25519Key, RsaKey, Sha256};
+use mail_auth::common::headers::HeaderWriter;
+use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
+use pepsi_common::config::Config;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use rustls_pki_types::PrivateKeyDer;
+use rustls_pki_types::pem::PemObject;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-dkim-sign",
+        exec: "pepsi-stage-dkim-sign",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-dkim-sign";
+
+    /// The signed header fields when `HEADERS` is not set. `From` is always signed twice
+    /// (over-signing) so that a second From cannot be added without breaking the signature.
+    /// A listed field the message lacks is signed as absent (mail-auth lists it in `h=`), so
+    /// no `List-*` field is in the default: a mailing list adding List-Id would break it.
+    pub const DEFAULT_HEADERS: &[&str] = &[
+        "From",
+        "Reply-To",
+        "Sender",
+        "To",
+        "Cc",
+        "Subject",
+        "Date",
+        "Message-ID",
+        "In-Reply-To",
+        "References",
+        "MIME-Version",
+        "Content-Type",
+        "Content-Transfer-Encoding",
+        "Content-Disposition",
+        "Content-Language",
+    ];
+}
+
+/// One `domain:selector:path` item of `KEYS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KeySpec {
+    /// Lower case, without a trailing dot.
+    pub domain: String,
+    pub selector: String,
+    pub path: PathBuf,
+}
+
+fn valid_label_chars(s: &str, extra: &[u8]) -> bool {
+    !s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || extra.contains(&b))
+        && !s.starts_with('.')
+        && !s.ends_with('.')
+        && !s.contains("..")
+}
+
+/// Parses `KEYS`: items `domain:selector:path` separated by commas (or newlines); the path
+/// may itself contain colons. Returns what was expected on failure.
+pub fn parse_keys(value: &str) -> Result<Vec<KeySpec>, String> {
+    let expected = |item: &str, why: &str| {
+        format!("{why} in {item:?}: expected items domain:selector:/path/to/key.pem")
+    };
+    let mut keys = Vec::new();
+    for item in value
+        .split([',', '\n'])
+        .map(str::trim)
+        .filter(|i| !i.is_empty())
+    {
+        let mut parts = item.splitn(3, ':');
+        let (Some(domain), Some(selector), Some(path)) = (parts.next(), parts.next(), parts.next())
+        else {
+            return Err(expected(item, "missing field"));
+        };
+        let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+        let (selector, path) = (selector.trim(), path.trim());
+        if !valid_label_chars(&domain, b".") || !domain.contains('.') {
+            return Err(expected(item, "not a domain name"));
+        }
+        if !valid_label_chars(selector, b"._") {
+            return Err(expected(item, "not a selector"));
+        }
+        if path.is_empty() {
+            return Err(expected(item, "no key file"));
+        }
+        let spec = KeySpec {
+            domain,
+            selector: selector.to_owned(),
+            path: PathBuf::from(path),
+        };
+        if keys
+            .iter()
+            .any(|k: &KeySpec| k.domain == spec.domain && k.selector == spec.selector)
+        {
+            return Err(expected(item, "selector given twice for the domain"));
+        }
+        keys.push(spec);
+    }
+    if keys.is_empty() {
+        return Err("at least one domain:selector:/path/to/key.pem".to_owned());
+    }
+    Ok(keys)
+}
+
+/// Reads a private key from a PEM file: PKCS#8 (`BEGIN PRIVATE KEY`, RSA or Ed25519, as
+/// `openssl genpkey` writes) or PKCS#1 (`BEGIN RSA PRIVATE KEY`).
+pub fn load_key(path: &Path) -> anyhow::Result<DkimKey> {
+    let pem = std::fs::read(path)
+        .with_context(|| format!("DKIM key file {}: cannot read", path.display()))?;
+    let not_a_key = |why: String| {
+        anyhow::anyhow!(
+            "DKIM key file {}: not a usable private key ({why}); expected a PEM RSA or Ed25519 \
+             key (PKCS#8 or PKCS#1)",
+            path.display()
+        )
+    };
+    let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| not_a_key(e.to_string()))?;
+    match der {
+        PrivateKeyDer::Pkcs8(p8) => {
+            if let Ok(key) = Ed25519Key::from_pkcs8_maybe_unchecked_der(p8.secret_pkcs8_der()) {
+                return Ok(DkimKey::Ed25519(key));
+            }
+            RsaKey::<Sha256>::from_key_der(PrivateKeyDer::Pkcs8(p8))
+                .map(DkimKey::Rsa)
+                .map_err(|e| not_a_key(e.to_string()))
+        }
+        der @ PrivateKeyDer::Pkcs1(_) => RsaKey::<Sha256>::from_key_der(der)
+            .map(DkimKey::Rsa)
+            .map_err(|e| not_a_key(e.to_string())),
+        _ => Err(not_a_key("EC keys are not DKIM keys".to_owned())),
+    }
+}
+
+/// The `h=` list: `headers` with From listed twice (over-signed), each name once otherwise.
+pub fn signed_headers(headers: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = vec!["From".into(), "From".into()];
+    for h in headers {
+        if !out.iter().any(|o| o.eq_ignore_ascii_case(h)) {
+            out.push(h.clone());
+        }
+    }
+    out
+}
+
+/// One key of a signing domain.
+pub struct DomainKey {
+    pub selector: String,
+    signer: DkimSigner<DkimKey, Done>,
+}
+
+/// What one stage section signs with.
+pub struct SignStage {
+    /// Signing domain (lower case) → its keys, one signature per key.
+    pub domains: HashMap<String, Vec<DomainKey>>,
+    /// The `h=` list (From already doubled).
+    pub headers: Vec<String>,
+    /// Sign with a parent domain's keys when the From domain has none.
+    pub parent_domains: bool,
+}
+
+impl SignStage {
+    /// Reads `[stage-<stage>]` and loads its key files.
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
+        let section_name = format!("stage-{stage}");
+        let s = cfg.section(&section_name);
+        let specs = s
+            .parse_opt("KEYS", parse_keys)?
+            .ok_or_else(|| anyhow::anyhow!("[{section_name}] KEYS is required"))?;
+        let headers = match s.list_opt("HEADERS")? {
+            Some(list) => {
+                if let Some(bad) = list
+                    .iter()
+                    .find(|h| h.is_empty() || !h.bytes().all(|b| b.is_ascii_graphic() && b != b':'))
+                {
+                    anyhow::bail!("[{section_name}] HEADERS: {bad:?} is not a header field name");
+                }
+                list
+            }
+            None => constants::DEFAULT_HEADERS
+                .iter()
+                .map(|h| h.to_string())
+                .collect(),
+        };
+        let headers = signed_headers(&headers);
+        let parent_domains = s.bool_opt("PARENT_DOMAINS")?.unwrap_or(false);
+        let mut domains: HashMap<String, Vec<DomainKey>> = HashMap::new();
+        for spec in specs {
+            let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
+            let signer = DkimSigner::from_key(key)
+                .domain(spec.domain.clone())
+                .selector(spec.selector.clone())
+                .headers(headers.clone())
+                .header_canonicalization(Canonicalization::Relaxed)
+                .body_canonicalization(Canonicalization::Relaxed);
+            domains.entry(spec.domain).or_default().push(DomainKey {
+                selector: spec.selector,
+                signer,
+            });
+        }
+        Ok(Self {
+            domains,
+            headers,
+            parent_domains,
+        })
+    }
+
+    /// The signing domain and its keys for a From domain: the domain itself, else with
+    /// `PARENT_DOMAINS` the nearest parent that has keys.
+    pub fn keys_for<'s>(&'s self, from_domain: &str) -> Option<(&'s str, &'s [DomainKey])> {
+        let mut domain = from_domain.trim_end_matches('.').to_ascii_lowercase();
+        loop {
+            if let Some((d, keys)) = self.domains.get_key_value(&domain) {
+                return Some((d.as_str(), keys.as_slice()));
+            }
+            if !self.parent_domains {
+                return None;
+            }
+            let (_, parent) = domain.split_once('.')?;
+            if !parent.contains('.') {
+                return None;
+            }
+            domain = parent.to_owned();
+        }
+    }
+}
+
+/// The domain of the (first) RFC5322.From address of a header block.
+pub fn from_domain(headers: &[u8]) -> Option<String> {
+    let mut block = headers.to_vec();
+    block.extend_from_slice(b"\r\n");
+    let message = mail_auth::AuthenticatedMessage::parse(&block)?;
+    let from = message.from();
+    let (_, domain) = from.rsplit_once('@')?;
+    let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
+    (!domain.is_empty()).then_some(domain)
+}
+
+/// The DKIM signing program: one `SignStage` per stage section that runs it.
+pub struct DkimSign {
+    pub stages: HashMap<String, SignStage>,
+}
+
+impl DkimSign {
+    /// Reads every stage section whose PROGRAM is this program and loads its keys.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
+        let mut stages = HashMap::new();
+        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
+            let stage = SignStage::from_config(cfg, &name)?;
+            stages.insert(name.to_ascii_lowercase(), stage);
+        }
+        Ok(Self { stages })
+    }
+}
+
+impl Stage for DkimSign {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Full;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+        let Some(domain) = from_domain(ctx.headers()?) else {
+            tracing::debug!(id = ctx.id(), "no From domain: not signed");
+            return ctx.advance();
+        };
+        let Some((signing_domain, keys)) = stage.keys_for(&domain) else {
+            tracing::debug!(id = ctx.id(), from_domain = %domain, "no DKIM key: not signed");
+            return ctx.advance();
+        };
+        let raw = ctx.raw_message()?;
+        let mut fields = Vec::new();
+        for key in keys {
+            let signature = key.signer.sign(&raw).map_err(|e| {
+                StageError::Permanent(format!(
+                    "DKIM signing with {}._domainkey.{signing_domain} failed: {e}",
+                    key.selector
+                ))
+            })?;
+            fields.extend_from_slice(signature.to_header().as_bytes());
+        }
+        let mut headers = fields;
+        headers.extend_from_slice(ctx.headers()?);
+        tracing::info!(
+            id = ctx.id(),
+            domain = signing_domain,
+            keys = keys.len(),
+            "DKIM signed"
+        );
+        ctx.set_headers(headers);
+        ctx.advance()
+    }
+}
+
+/// Entry point of the `pepsi-stage-dkim-sign` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main_with_long_about_built(
+        &constants::CONFIG_SOURCE,
+        "Pepsi stage that DKIM-signs outgoing mail with the keys of its From domain",
+        LONG_ABOUT,
+        DkimSign::from_config,
+    )
+}
+
+const LONG_ABOUT: &str = "\
+Pepsi stage that DKIM-signs outgoing mail (RFC 6376; RSA-SHA256 and Ed25519-SHA256).
+
+The signing domain is the domain of the message's From: header. When KEYS holds keys for \
+it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
+canonicalization, From over-signed); the body is left as it is. A message whose From \
+domain has no key advances unsigned.
+
+Options of the [stage-<name>] section:
+  KEYS = domain:selector:/path/key.pem, ...   (required) PEM private keys, RSA or Ed25519, \
+PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
+  HEADERS = From, To, Subject, ...   the signed header fields (default: From, Reply-To, \
+Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version, \
+Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \
+always signed twice, and a listed field the message lacks is signed as absent.
+  PARENT_DOMAINS = false   sign mail from a subdomain with the nearest parent domain's keys.
+  NEXT_STAGE   where the message goes, signed or not.
+
+See docs/dkim.md.";
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,314 @@
+//! pepsi-stage-dkim-sign as a worker process against a real database: a message from a
+//! domain with an RSA and an Ed25519 key gets two signatures that dkimpy (an independent
+//! implementation, fed the public keys without DNS) verifies; only the header block changes
+//! (same body row); From is over-signed, so an added From breaks the signatures; mail from a
+//! subdomain signs with the parent's keys only when PARENT_DOMAINS says so; mail from a
+//! domain without keys advances unsigned.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use pepsi_testkit::TestDb;
+
+const DKIM_SIGN: &str = env!("CARGO_BIN_EXE_pepsi-stage-dkim-sign");
+
+/// dkimpy from Debian's python3-dkim (scripts/apt-packages.txt): the system interpreter.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Verifies every DKIM-Signature of the message on stdin; argv[1] maps
+/// `selector._domainkey.domain` to `[k, public key DER file]`. Prints a JSON list of results.
+const VERIFY: &str = r#"
+import sys, json, base64, dkim
+msg = sys.stdin.buffer.read()
+keys = json.loads(sys.argv[1])
+def dnsfunc(name, timeout=5):
+    n = name.decode() if isinstance(name, bytes) else name
+    k = keys.get(n.rstrip('.').lower())
+    if k is None:
+        return None
+    der = open(k[1], 'rb').read()
+    p = der[-32:] if k[0] == 'ed25519' else der
+    return ('v=DKIM1; k=%s; p=%s' % (k[0], base64.b64encode(p).decode())).encode()
+head = msg.split(b'\r\n\r\n', 1)[0]
+n = sum(1 for l in head.split(b'\r\n') if l.lower().startswith(b'dkim-signature:'))
+def check(i):
+    try:
+        return bool(dkim.DKIM(msg).verify(idx=i, dnsfunc=dnsfunc))
+    except dkim.ValidationError as e:
+        print('signature %d: %s' % (i, e), file=sys.stderr)
+        return False
+print(json.dumps([check(i) for i in range(n)]))
+"#;
+
+fn openssl(args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A private key (PEM) and its public key (DER SubjectPublicKeyInfo) made by openssl.
+fn keypair(dir: &Path, name: &str, genpkey: &[&str]) -> (PathBuf, PathBuf) {
+    let private = dir.join(format!("{name}.pem"));
+    let public = dir.join(format!("{name}.pub.der"));
+    let mut args = vec!["genpkey"];
+    args.extend_from_slice(genpkey);
+    args.extend_from_slice(&["-out", private.to_str().unwrap()]);
+    openssl(&args);
+    openssl(&[
+        "pkey",
+        "-in",
+        private.to_str().unwrap(),
+        "-pubout",
+        "-outform",
+        "DER",
+        "-out",
+        public.to_str().unwrap(),
+    ]);
+    (private, public)
+}
+
+fn verify(message: &[u8], keys: &serde_json::Value) -> Vec<bool> {
+    use std::io::Write as _;
+    let mut child = Command::new(PYTHON)
+        .args(["-c", VERIFY, &keys.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "dkimpy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+const BODY: &str = "Hello,  world \r\n\r\nA second   paragraph.\r\n\r\n\r\n";
+
+fn headers(from: &str) -> String {
+    format!(
+        "From: Alice <{from}>\r\nTo: bob@remote.test\r\nSubject: signed  mail\r\n\
+         Date: Mon, 30 Nov 2026 03:00:00 +0000\r\nMessage-ID: <m1@example.test>\r\n\
+         MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\
+         X-Unsigned: not in h=\r\n"
+    )
+}
+
+/// A message running at stage `dkim`.
+async fn running(db: &TestDb, from: &str) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add($1, ARRAY['bob@remote.test'], $2, $3, '{}'::jsonb)",
+    )
+    .bind(from)
+    .bind(headers(from).into_bytes())
+    .bind(BODY.as_bytes())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE pepsi.workqueue SET status = 'running', stage = 'dkim' WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// (stage, status, headers, body_id, body)
+async fn fetch(db: &TestDb, id: i64) -> (String, String, Vec<u8>, i64, Vec<u8>) {
+    sqlx::query_as(
+        "SELECT w.stage, w.status::text, w.headers, w.body_id, b.body FROM pepsi.workqueue w \
+         JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+fn dkim_fields(headers: &[u8]) -> Vec<String> {
+    // Unfold, then keep the DKIM-Signature fields.
+    let text = String::from_utf8(headers.to_vec())
+        .unwrap()
+        .replace("\r\n ", " ")
+        .replace("\r\n\t", " ");
+    text.split("\r\n")
+        .filter(|l| l.to_ascii_lowercase().starts_with("dkim-signature:"))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn tag<'a>(field: &'a str, name: &str) -> &'a str {
+    field
+        .split_once(':')
+        .unwrap()
+        .1
+        .split(';')
+        .map(str::trim)
+        .find_map(|t| t.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {field}"))
+}
+
+#[tokio::test]
+async fn signs_with_rsa_and_ed25519_and_dkimpy_verifies() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rsa, rsa_pub) = keypair(
+        dir.path(),
+        "rsa",
+        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
+    );
+    let (ed, ed_pub) = keypair(dir.path(), "ed", &["-algorithm", "ED25519"]);
+    let (parent, parent_pub) = keypair(dir.path(), "parent", &["-algorithm", "ED25519"]);
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\
+             [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             KEYS = example.test:rsa1:{}, Example.Test:ed1:{}, parent.test:p1:{}\n\
+             PARENT_DOMAINS = yes\n\
+             [stage-relay]\nPROGRAM = pepsi-stage-discard\n",
+            db.url,
+            rsa.display(),
+            ed.display(),
+            parent.display()
+        ),
+    )
+    .unwrap();
+
+    let signed = running(&db, "alice@Example.TEST").await;
+    let sub = running(&db, "carol@mail.parent.test").await;
+    let unsigned = running(&db, "dave@nokey.test").await;
+    let before: Vec<_> = [
+        fetch(&db, signed).await,
+        fetch(&db, sub).await,
+        fetch(&db, unsigned).await,
+    ]
+    .into();
+
+    let input = format!("{signed}\n{sub}\n{unsigned}\n");
+    let lines = tokio::task::spawn_blocking(move || common::stage_worker(DKIM_SIGN, &cfg, &input))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["0", "0", "0"]);
+
+    let keys = serde_json::json!({
+        "rsa1._domainkey.example.test": ["rsa", rsa_pub],
+        "ed1._domainkey.example.test": ["ed25519", ed_pub],
+        "p1._domainkey.parent.test": ["ed25519", parent_pub],
+    });
+
+    // Two signatures, prepended to the unchanged header block; same body row.
+    let (stage, status, hdrs, body_id, body) = fetch(&db, signed).await;
+    assert_eq!((stage.as_str(), status.as_str()), ("relay", "pending"));
+    assert_eq!(body_id, before[0].3, "the body row is untouched");
+    assert_eq!(body, BODY.as_bytes());
+    assert!(hdrs.ends_with(&before[0].2), "the old header block follows");
+    let fields = dkim_fields(&hdrs);
+    assert_eq!(fields.len(), 2, "{fields:?}");
+    let algos: Vec<&str> = fields.iter().map(|f| tag(f, "a")).collect();
+    assert!(
+        algos.contains(&"rsa-sha256") && algos.contains(&"ed25519-sha256"),
+        "{algos:?}"
+    );
+    for f in &fields {
+        assert_eq!(tag(f, "d"), "example.test");
+        assert_eq!(tag(f, "c"), "relaxed/relaxed");
+        let h: Vec<String> = tag(f, "h")
+            .split(':')
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        assert_eq!(
+            h.iter().filter(|h| *h == "from").count(),
+            2,
+            "From over-signed: {h:?}"
+        );
+        for name in [
+            "to",
+            "subject",
+            "date",
+            "message-id",
+            "mime-version",
+            "content-type",
+        ] {
+            assert!(h.contains(&name.to_owned()), "{name} in {h:?}");
+        }
+        assert!(!h.contains(&"x-unsigned".to_owned()));
+    }
+    let mut message = hdrs.clone();
+    message.extend_from_slice(b"\r\n");
+    message.extend_from_slice(&body);
+    assert_eq!(verify(&message, &keys), [true, true]);
+
+    // The verification is real: a changed subject, an added From or a changed body fail;
+    // an unsigned header may change.
+    let text = String::from_utf8(message.clone()).unwrap();
+    let tampered = [
+        text.replace("Subject: signed  mail", "Subject: changed"),
+        // Above the signed From: without over-signing, h=from would cover only the lowest
+        // From and the signature would still verify.
+        format!("From: mallory@evil.test\r\n{text}"),
+        text.replace("A second", "A third"),
+    ];
+    for t in &tampered {
+        assert_ne!(t, &text);
+        assert_eq!(verify(t.as_bytes(), &keys), [false, false], "{t}");
+    }
+    let harmless = text.replace("X-Unsigned: not in h=", "X-Unsigned: changed");
+    assert_eq!(verify(harmless.as_bytes(), &keys), [true, true]);
+
+    // A subdomain signs with its parent's key (PARENT_DOMAINS).
+    let (stage, _, hdrs, body_id, body) = fetch(&db, sub).await;
+    assert_eq!(stage, "relay");
+    assert_eq!(body_id, before[1].3);
+    let fields = dkim_fields(&hdrs);
+    assert_eq!(fields.len(), 1);
+    assert_eq!(tag(&fields[0], "d"), "parent.test");
+    let mut message = hdrs;
+    message.extend_from_slice(b"\r\n");
+    message.extend_from_slice(&body);
+    assert_eq!(verify(&message, &keys), [true]);
+
+    // No key for the From domain: advanced exactly as it was.
+    let after = fetch(&db, unsigned).await;
+    assert_eq!(after.0, "relay");
+    assert_eq!((&after.2, after.3), (&before[2].2, before[2].3));
+}
+
+#[tokio::test]
+async fn an_unreadable_key_file_stops_the_worker_naming_it() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("nope.pem");
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\
+             [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nKEYS = example.test:s1:{}\n",
+            db.url,
+            missing.display()
+        ),
+    )
+    .unwrap();
+    let out = Command::new(DKIM_SIGN)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
+    assert!(stderr.contains("[stage-dkim] KEYS"), "{stderr}");
+}
