@@ -186,7 +186,7 @@ async fn reverse_restores_valid_and_bounces_forged_recipients() {
     // A forged one is bounced: permanent, 5.1.1, saying why.
     let (stage, status, _, rcpt, state) = fetch(&db, bad).await;
     assert_eq!((stage.as_str(), status.as_str()), ("bounce", "pending"));
-    assert_eq!(rcpt, [forged.clone()]);
+    assert_eq!(rcpt, std::slice::from_ref(&forged));
     assert_eq!(state["bounce"]["kind"], "permanent");
     assert_eq!(state["bounce"]["enhanced_status"], "5.1.1");
     let why = state["bounce"]["recipients"][&forged]["diagnostic"]
@@ -212,7 +212,7 @@ async fn reverse_restores_valid_and_bounces_forged_recipients() {
     .unwrap();
     let (stage, status, _, rcpt, state) = fetch(&db, sibling).await;
     assert_eq!((stage.as_str(), status.as_str()), ("unsrs", "pending"));
-    assert_eq!(rcpt, [forged.clone()]);
+    assert_eq!(rcpt, std::slice::from_ref(&forged));
     assert_eq!(state["dsn"]["rcpt"][0]["orcpt"], format!("rfc822;{forged}"));
     claim(&db, sibling, "unsrs").await;
     assert_eq!(run(cfg, &[sibling]).await, ["0"]);

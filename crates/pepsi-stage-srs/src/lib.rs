@@ -184,8 +184,8 @@ impl SrsProgram {
         if !bad.is_empty() && bad.len() < results.len() {
             // The bad ones go on a sibling at this same stage, where they are all bad and
             // bounce together; this row keeps the rest.
-            ctx.split_off_recipients(&bad, &ctx.stage().to_owned())
-                .await?;
+            let here = ctx.stage().to_owned();
+            ctx.split_off_recipients(&bad, &here).await?;
             results = Self::reversals(stage, ctx.rcpt_to(), today);
         }
         if results.iter().all(|r| matches!(r, Some(Err(_)))) {
