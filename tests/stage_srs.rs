@@ -1,7 +1,7 @@
 //! pepsi-stage-srs as a worker process against a real database: the forward stage rewrites a
 //! foreign sender (SRS0, or SRS1 for another forwarder's SRS0) and leaves local, null and our
 //! own SRS senders alone; the reverse stage turns valid SRS recipients back into the original
-//! addresses and bounces forged ones, splitting a message that mixes both.
+//! addresses and bounces forged and expired ones, splitting a message that mixes both.
 
 mod common;
 
@@ -167,8 +167,12 @@ async fn reverse_restores_valid_and_bounces_forged_recipients() {
         .forward("victim@remote.test", "srs.example.test", today())
         .unwrap();
 
+    let expired = ours
+        .forward("frank@remote.test", "srs.example.test", today() - 22)
+        .unwrap();
+
     let good = running(&db, "unsrs", "", &[&valid, "bob@example.test", &by_old]).await;
-    let bad = running(&db, "unsrs", "", &[&forged]).await;
+    let bad = running(&db, "unsrs", "", &[&forged, &expired]).await;
     let mixed = running(&db, "unsrs", "", &[&forged, &valid]).await;
     let plain = running(&db, "unsrs", "x@remote.test", &["bob@example.test"]).await;
     assert_eq!(run(cfg.clone(), &[good, bad, mixed, plain]).await, ["0"; 4]);
@@ -186,13 +190,17 @@ async fn reverse_restores_valid_and_bounces_forged_recipients() {
     // A forged one is bounced: permanent, 5.1.1, saying why.
     let (stage, status, _, rcpt, state) = fetch(&db, bad).await;
     assert_eq!((stage.as_str(), status.as_str()), ("bounce", "pending"));
-    assert_eq!(rcpt, std::slice::from_ref(&forged));
+    assert_eq!(rcpt, [forged.clone(), expired.clone()]);
     assert_eq!(state["bounce"]["kind"], "permanent");
     assert_eq!(state["bounce"]["enhanced_status"], "5.1.1");
     let why = state["bounce"]["recipients"][&forged]["diagnostic"]
         .as_str()
         .unwrap();
     assert!(why.contains("hash does not verify"), "{why}");
+    let why = state["bounce"]["recipients"][&expired]["diagnostic"]
+        .as_str()
+        .unwrap();
+    assert!(why.contains("expired"), "{why}");
 
     // Mixed: the forged recipient is split off to a sibling at this stage; this row goes on
     // with the reversed valid one.
