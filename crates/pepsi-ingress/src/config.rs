@@ -109,7 +109,9 @@ impl Settings {
     /// Reads and validates the ingress's options and its listener sections.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section(SECTION);
-        let hostname = s.string_opt("HOSTNAME")?.unwrap_or_else(pepsi_common::config::system_hostname);
+        let hostname = s
+            .string_opt("HOSTNAME")?
+            .unwrap_or_else(pepsi_common::config::system_hostname);
         let local_domains = match s.list_opt("LOCAL_DOMAINS")? {
             Some(list) => list,
             None => cfg
