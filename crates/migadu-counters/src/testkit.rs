@@ -444,7 +444,23 @@ pub const TEST_TOKEN: &str = "test-token";
 
 impl Daemon {
     /// Writes config + CDB into a temp dir and starts `bin`; waits until the admin port answers.
+    ///
+    /// The ports are picked free just before the start, so another test can take one in
+    /// between; a start that fails with "Address already in use" is retried on new ports.
     pub fn start(bin: &str, s: DaemonSetup<'_>) -> Daemon {
+        let mut attempt = 0;
+        loop {
+            match Self::try_start(bin, &s) {
+                Ok(d) => return d,
+                Err(logs) if logs.contains("Address already in use") && attempt < 5 => {
+                    attempt += 1
+                }
+                Err(logs) => panic!("daemon did not start: {logs}"),
+            }
+        }
+    }
+
+    fn try_start(bin: &str, s: &DaemonSetup<'_>) -> Result<Daemon, String> {
         let dir = TempDir::new("daemon");
         write_cdb(&dir.path().join("domains.cdb"), s.rows);
         let (api, admin) = (free_port(), free_port());
@@ -477,7 +493,7 @@ impl Daemon {
         );
         let config = dir.path().join("config.toml");
         std::fs::write(&config, text).expect("write config");
-        Self::start_with_config(bin, dir, config, api, admin)
+        Self::try_start_with_config(bin, dir, config, api, admin)
     }
 
     /// Starts `bin -config <config>` whose file the caller wrote into `dir`.
@@ -488,6 +504,18 @@ impl Daemon {
         api: u16,
         admin: u16,
     ) -> Daemon {
+        Self::try_start_with_config(bin, dir, config, api, admin)
+            .unwrap_or_else(|logs| panic!("daemon did not start: {logs}"))
+    }
+
+    /// As `start_with_config`; a daemon that does not come up gives its logs.
+    fn try_start_with_config(
+        bin: &str,
+        dir: TempDir,
+        config: PathBuf,
+        api: u16,
+        admin: u16,
+    ) -> Result<Daemon, String> {
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
         let child = Command::new(bin)
             .arg("-config")
@@ -508,12 +536,11 @@ impl Daemon {
         let up = wait_until(Duration::from_secs(30), || {
             http(&admin_addr, "GET", "/metrics", &[], b"").is_ok() || d.exited().is_some()
         });
-        assert!(
-            up && d.exited().is_none(),
-            "daemon did not start: {}",
-            d.logs()
-        );
-        d
+        if up && d.exited().is_none() {
+            Ok(d)
+        } else {
+            Err(d.logs())
+        }
     }
 
     pub fn pid(&self) -> u32 {
