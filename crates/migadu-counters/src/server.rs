@@ -178,12 +178,22 @@ async fn daemon(args: Args) -> Result<()> {
 
     let counting_writer: Arc<LogWriter> = logs.counting.clone();
     let txlog = TxLog::new(counting_writer, cfg.logging.counting_format == "json");
+    let trust = crate::notify::trust_report();
+    tracing::info!(
+        source = %trust.source,
+        certificates = trust.certificates,
+        "notification TLS trust: built-in Mozilla roots plus these certificates"
+    );
+    for error in &trust.errors {
+        tracing::warn!(source = %trust.source, error = %error, "notification TLS trust: cannot load certificates");
+    }
     let notifier = Notifier::new(
         cfg.notify.clone(),
         Duration::from_secs(1),
         metrics.clone(),
         txlog.clone(),
-    );
+    )
+    .map_err(anyhow::Error::msg)?;
     let (queue, rx) = mpsc::channel::<Job>(cfg.queue_size);
     let rx = Arc::new(Mutex::new(rx));
     let cidrs = cfg
@@ -293,8 +303,14 @@ async fn daemon(args: Args) -> Result<()> {
             QUEUE_DRAIN.as_secs()
         );
     }
-    if !notifier.wait(NOTIFY_WAIT).await {
+    tracing::info!(
+        in_flight = notifier.in_flight(),
+        "waiting for notifications in flight"
+    );
+    let abandoned = notifier.wait(NOTIFY_WAIT).await;
+    if abandoned > 0 {
         tracing::warn!(
+            abandoned,
             "notifications still in flight after {}s, abandoned",
             NOTIFY_WAIT.as_secs()
         );
