@@ -2,6 +2,7 @@
 //! watcher, signals (HUP reload/reopen, TERM/INT drain) and shutdown.
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
 use clap::Parser;
+use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Mutex, mpsc};
@@ -230,7 +232,18 @@ async fn daemon(args: Args) -> Result<()> {
                     }
                 };
                 match job {
-                    Some(job) => app.count(job).await,
+                    // A bug in counting must not take a worker away for good: the pool
+                    // would shrink until requests are accepted and never counted.
+                    Some(job) => {
+                        if let Err(panic) = AssertUnwindSafe(app.count(job)).catch_unwind().await {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown panic".into());
+                            tracing::error!(reason = %what, "counting panicked, request not counted; worker kept");
+                        }
+                    }
                     None => break,
                 }
             }
