@@ -67,17 +67,29 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[i.min(sorted.len() - 1)]
 }
 
-/// One keep-alive connection sending requests `k, k+conns, k+2·conns, …` on schedule.
-async fn connection(
+/// The schedule every connection follows.
+struct Plan {
     api: String,
     token: String,
     tag: String,
-    k: usize,
     conns: usize,
     n: usize,
     start: Instant,
     period: Duration,
-) -> anyhow::Result<(usize, Duration)> {
+}
+
+/// One keep-alive connection sending requests `k, k+conns, k+2·conns, …` on schedule.
+async fn connection(plan: Arc<Plan>, k: usize) -> anyhow::Result<(usize, Duration)> {
+    let Plan {
+        api,
+        token,
+        tag,
+        conns,
+        n,
+        start,
+        period,
+    } = &*plan;
+    let (conns, n, start, period) = (*conns, *n, *start, *period);
     let stream = tokio::net::TcpStream::connect(&api).await?;
     stream.set_nodelay(true)?;
     let (rd, mut wr) = stream.into_split();
@@ -193,18 +205,18 @@ fn main() -> anyhow::Result<()> {
         .build()?;
     let start = Instant::now() + Duration::from_millis(200);
     let (bad, behind) = rt.block_on(async {
+        let plan = Arc::new(Plan {
+            api: api.clone(),
+            token: token.clone(),
+            tag: tag.clone(),
+            conns,
+            n,
+            start,
+            period,
+        });
         let mut tasks = Vec::new();
         for k in 0..conns.min(n.max(1)) {
-            tasks.push(tokio::spawn(connection(
-                api.clone(),
-                token.clone(),
-                tag.clone(),
-                k,
-                conns,
-                n,
-                start,
-                period,
-            )));
+            tasks.push(tokio::spawn(connection(plan.clone(), k)));
         }
         let (mut bad, mut behind) = (0, Duration::ZERO);
         for t in tasks {
