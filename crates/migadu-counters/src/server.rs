@@ -2,6 +2,7 @@
 //! watcher, signals (HUP reload/reopen, TERM/INT drain) and shutdown.
 
 use std::net::SocketAddr;
+use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use arc_swap::ArcSwap;
 use clap::Parser;
+use futures_util::FutureExt;
 use tokio::net::TcpListener;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Mutex, mpsc};
@@ -178,12 +180,22 @@ async fn daemon(args: Args) -> Result<()> {
 
     let counting_writer: Arc<LogWriter> = logs.counting.clone();
     let txlog = TxLog::new(counting_writer, cfg.logging.counting_format == "json");
+    let trust = crate::notify::trust_report();
+    tracing::info!(
+        source = %trust.source,
+        certificates = trust.certificates,
+        "notification TLS trust: built-in Mozilla roots plus these certificates"
+    );
+    for error in &trust.errors {
+        tracing::warn!(source = %trust.source, error = %error, "notification TLS trust: cannot load certificates");
+    }
     let notifier = Notifier::new(
         cfg.notify.clone(),
         Duration::from_secs(1),
         metrics.clone(),
         txlog.clone(),
-    );
+    )
+    .map_err(anyhow::Error::msg)?;
     let (queue, rx) = mpsc::channel::<Job>(cfg.queue_size);
     let rx = Arc::new(Mutex::new(rx));
     let cidrs = cfg
@@ -220,7 +232,18 @@ async fn daemon(args: Args) -> Result<()> {
                     }
                 };
                 match job {
-                    Some(job) => app.count(job).await,
+                    // A bug in counting must not take a worker away for good: the pool
+                    // would shrink until requests are accepted and never counted.
+                    Some(job) => {
+                        if let Err(panic) = AssertUnwindSafe(app.count(job)).catch_unwind().await {
+                            let what = panic
+                                .downcast_ref::<&str>()
+                                .map(|s| s.to_string())
+                                .or_else(|| panic.downcast_ref::<String>().cloned())
+                                .unwrap_or_else(|| "unknown panic".into());
+                            tracing::error!(reason = %what, "counting panicked, request not counted; worker kept");
+                        }
+                    }
                     None => break,
                 }
             }
@@ -293,8 +316,14 @@ async fn daemon(args: Args) -> Result<()> {
             QUEUE_DRAIN.as_secs()
         );
     }
-    if !notifier.wait(NOTIFY_WAIT).await {
+    tracing::info!(
+        in_flight = notifier.in_flight(),
+        "waiting for notifications in flight"
+    );
+    let abandoned = notifier.wait(NOTIFY_WAIT).await;
+    if abandoned > 0 {
         tracing::warn!(
+            abandoned,
             "notifications still in flight after {}s, abandoned",
             NOTIFY_WAIT.as_secs()
         );

@@ -229,14 +229,44 @@ impl Drop for RedisServer {
 pub struct Received {
     pub path_and_query: String,
     pub authorization: Option<String>,
+    /// When its header had arrived.
+    pub at: Instant,
 }
 
-/// An HTTP server on its own thread that records requests and answers with `status`.
+/// How an [`HttpTarget`] behaves beyond its status code.
+#[derive(Clone, Debug, Default)]
+pub struct TargetSetup {
+    /// Serve HTTPS with this PEM certificate chain and PEM private key.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// Hold every answer until [`HttpTarget::release`] (forever if never released).
+    pub held: bool,
+}
+
+/// An HTTP(S) server on its own thread that records requests and answers with `status`.
 pub struct HttpTarget {
     pub port: u16,
     status: Arc<AtomicU16>,
     log: Arc<Mutex<Vec<Received>>>,
+    gate: tokio::sync::watch::Sender<bool>,
+    tls: bool,
     stop: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+/// A TLS server configuration from PEM files.
+fn tls_acceptor(cert: &Path, key: &Path) -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
+        .expect("read certificate")
+        .map(|c| c.expect("certificate"))
+        .collect();
+    let key = PrivateKeyDer::from_pem_file(key).expect("read private key");
+    let cfg = rustls::ServerConfig::builder()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .expect("server certificate");
+    tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
 }
 
 impl HttpTarget {
@@ -247,12 +277,18 @@ impl HttpTarget {
     }
 
     pub fn start_blocking(status: u16) -> HttpTarget {
+        Self::start_with(status, TargetSetup::default())
+    }
+
+    pub fn start_with(status: u16, setup: TargetSetup) -> HttpTarget {
         let listener = TcpListener::bind("127.0.0.1:0").expect("bind target");
         listener.set_nonblocking(true).expect("nonblocking");
         let port = listener.local_addr().expect("addr").port();
         let status_cell = Arc::new(AtomicU16::new(status));
         let log = Arc::new(Mutex::new(Vec::new()));
         let (tx, mut rx) = tokio::sync::oneshot::channel::<()>();
+        let (gate, gate_rx) = tokio::sync::watch::channel(!setup.held);
+        let acceptor = setup.tls.as_ref().map(|(c, k)| tls_acceptor(c, k));
         let (st, lg) = (status_cell.clone(), log.clone());
         std::thread::spawn(move || {
             let rt = tokio::runtime::Builder::new_current_thread()
@@ -267,6 +303,7 @@ impl HttpTarget {
                         _ = &mut rx => break,
                     };
                     let (st, lg) = (st.clone(), lg.clone());
+                    let gate_rx = gate_rx.clone();
                     let svc = hyper::service::service_fn(
                         move |req: hyper::Request<hyper::body::Incoming>| {
                             lg.lock().expect("log").push(Received {
@@ -280,9 +317,15 @@ impl HttpTarget {
                                     .get("authorization")
                                     .and_then(|v| v.to_str().ok())
                                     .map(str::to_string),
+                                at: Instant::now(),
                             });
                             let code = st.load(Ordering::Relaxed);
+                            let mut gate_rx = gate_rx.clone();
                             async move {
+                                if gate_rx.wait_for(|open| *open).await.is_err() {
+                                    // the target is gone: never answer
+                                    std::future::pending::<()>().await;
+                                }
                                 Ok::<_, std::convert::Infallible>(
                                     hyper::Response::builder()
                                         .status(code)
@@ -294,10 +337,24 @@ impl HttpTarget {
                             }
                         },
                     );
+                    let acceptor = acceptor.clone();
                     tokio::spawn(async move {
-                        let _ = hyper::server::conn::http1::Builder::new()
-                            .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
-                            .await;
+                        let http = hyper::server::conn::http1::Builder::new();
+                        match acceptor {
+                            // a client refusing the certificate ends here, before any request
+                            Some(a) => {
+                                if let Ok(tls) = a.accept(stream).await {
+                                    let _ = http
+                                        .serve_connection(hyper_util::rt::TokioIo::new(tls), svc)
+                                        .await;
+                                }
+                            }
+                            None => {
+                                let _ = http
+                                    .serve_connection(hyper_util::rt::TokioIo::new(stream), svc)
+                                    .await;
+                            }
+                        }
                     });
                 }
             });
@@ -306,12 +363,25 @@ impl HttpTarget {
             port,
             status: status_cell,
             log,
+            gate,
+            tls: setup.tls.is_some(),
             stop: Some(tx),
         }
     }
 
+    /// `http://127.0.0.1:<port>`, or `https://localhost:<port>` for a TLS target (the name
+    /// its certificate is issued for).
     pub fn base(&self) -> String {
-        format!("http://127.0.0.1:{}", self.port)
+        if self.tls {
+            format!("https://localhost:{}", self.port)
+        } else {
+            format!("http://127.0.0.1:{}", self.port)
+        }
+    }
+
+    /// Lets held answers (and every later one) go out.
+    pub fn release(&self) {
+        let _ = self.gate.send(true);
     }
 
     pub fn set_status(&self, status: u16) {
@@ -328,6 +398,103 @@ impl Drop for HttpTarget {
         if let Some(tx) = self.stop.take() {
             let _ = tx.send(());
         }
+    }
+}
+
+/// A certificate authority made with the `openssl` command, and server certificates it issues
+/// for `localhost` and `127.0.0.1`; all files live in `dir`.
+pub struct TestCa {
+    pub dir: PathBuf,
+    pub name: String,
+}
+
+fn openssl(dir: &Path, args: &[&str]) {
+    let out = Command::new("openssl")
+        .args(args)
+        .current_dir(dir)
+        .output()
+        .expect("openssl must be installed");
+    assert!(
+        out.status.success(),
+        "openssl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const EC_KEY: [&str; 5] = [
+    "-newkey",
+    "ec",
+    "-pkeyopt",
+    "ec_paramgen_curve:prime256v1",
+    "-nodes",
+];
+
+impl TestCa {
+    /// `<name>-ca.pem` and `<name>-ca.key` in `dir`.
+    pub fn new(dir: &Path, name: &str) -> TestCa {
+        let (key, pem) = (format!("{name}-ca.key"), format!("{name}-ca.pem"));
+        let subj = format!("/CN=migadu_counters test CA {name}");
+        let args: Vec<&str> = [&["req", "-x509"][..], &EC_KEY]
+            .concat()
+            .into_iter()
+            .chain(["-keyout", &key, "-out", &pem, "-days", "2", "-subj", &subj])
+            .collect();
+        openssl(dir, &args);
+        TestCa {
+            dir: dir.to_path_buf(),
+            name: name.to_string(),
+        }
+    }
+
+    pub fn ca_pem(&self) -> PathBuf {
+        self.dir.join(format!("{}-ca.pem", self.name))
+    }
+
+    /// Issues `<ca>-<server>.pem` (certificate chain) and `<ca>-<server>.key`; returns both.
+    pub fn issue(&self, server: &str) -> (PathBuf, PathBuf) {
+        let base = format!("{}-{server}", self.name);
+        let (key, csr, pem, ext) = (
+            format!("{base}.key"),
+            format!("{base}.csr"),
+            format!("{base}.pem"),
+            format!("{base}.ext"),
+        );
+        let args: Vec<&str> = [&["req"][..], &EC_KEY]
+            .concat()
+            .into_iter()
+            .chain(["-keyout", &key, "-out", &csr, "-subj", "/CN=localhost"])
+            .collect();
+        openssl(&self.dir, &args);
+        std::fs::write(
+            self.dir.join(&ext),
+            "subjectAltName=DNS:localhost,IP:127.0.0.1\nextendedKeyUsage=serverAuth\n",
+        )
+        .expect("write extensions");
+        let (ca, ca_key) = (
+            format!("{}-ca.pem", self.name),
+            format!("{}-ca.key", self.name),
+        );
+        openssl(
+            &self.dir,
+            &[
+                "x509",
+                "-req",
+                "-in",
+                &csr,
+                "-CA",
+                &ca,
+                "-CAkey",
+                &ca_key,
+                "-CAcreateserial",
+                "-out",
+                &pem,
+                "-days",
+                "2",
+                "-extfile",
+                &ext,
+            ],
+        );
+        (self.dir.join(pem), self.dir.join(key))
     }
 }
 
@@ -438,6 +605,8 @@ pub struct DaemonSetup<'a> {
     pub logging: &'a str,
     pub redis_extra: &'a str,
     pub sections: &'a str,
+    /// Environment of the process (`SSL_CERT_FILE` and `SSL_CERT_DIR` are removed otherwise).
+    pub env: &'a [(&'a str, &'a str)],
 }
 
 pub const TEST_TOKEN: &str = "test-token";
@@ -493,7 +662,7 @@ impl Daemon {
         );
         let config = dir.path().join("config.toml");
         std::fs::write(&config, text).expect("write config");
-        Self::try_start_with_config(bin, dir, config, api, admin)
+        Self::try_start_with_config(bin, dir, config, api, admin, s.env)
     }
 
     /// Starts `bin -config <config>` whose file the caller wrote into `dir`.
@@ -504,23 +673,28 @@ impl Daemon {
         api: u16,
         admin: u16,
     ) -> Daemon {
-        Self::try_start_with_config(bin, dir, config, api, admin)
+        Self::try_start_with_config(bin, dir, config, api, admin, &[])
             .unwrap_or_else(|logs| panic!("daemon did not start: {logs}"))
     }
 
-    /// As `start_with_config`; a daemon that does not come up gives its logs.
+    /// As `start_with_config` with extra environment; a daemon that does not come up
+    /// gives its logs.
     fn try_start_with_config(
         bin: &str,
         dir: TempDir,
         config: PathBuf,
         api: u16,
         admin: u16,
+        env: &[(&str, &str)],
     ) -> Result<Daemon, String> {
         let stderr = std::fs::File::create(dir.path().join("stderr.log")).expect("stderr file");
         let child = Command::new(bin)
             .arg("-config")
             .arg(&config)
             .env_remove("MIGADU_COUNTERS_AUTH_TOKEN")
+            .env_remove("SSL_CERT_FILE")
+            .env_remove("SSL_CERT_DIR")
+            .envs(env.iter().copied())
             .stdout(Stdio::null())
             .stderr(stderr)
             .spawn()
