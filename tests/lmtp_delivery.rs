@@ -64,20 +64,12 @@ async fn message(db: &TestDb, rcpt: &[&str], raw: &[u8]) -> i64 {
 }
 
 async fn worker(cfg: PathBuf, ids: &[i64]) -> Vec<String> {
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    tokio::task::spawn_blocking(move || common::stage_worker(LMTP, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(LMTP, &cfg, ids).await
 }
 
 /// Every row: (id, stage, status, rcpt_to, state).
 async fn rows(db: &TestDb) -> Vec<(i64, String, String, Vec<String>, Value)> {
-    sqlx::query_as(
-        "SELECT workqueue_id, stage, status::text, rcpt_to, state FROM pepsi.workqueue ORDER BY workqueue_id",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
+    common::rows(&db.pool).await
 }
 
 #[tokio::test]

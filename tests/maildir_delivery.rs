@@ -84,33 +84,17 @@ async fn message(db: &TestDb, stage: &str, rcpt: &[&str]) -> i64 {
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    sqlx::query(
-        "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
-    )
-    .bind(id)
-    .bind(stage)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    common::claim(&db.pool, id, stage).await;
     id
 }
 
 async fn worker(s: &Setup, ids: &[i64]) -> Vec<String> {
-    let cfg = s.config.clone();
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    tokio::task::spawn_blocking(move || common::stage_worker(STAGE, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(STAGE, &s.config, ids).await
 }
 
 /// (stage, status, rcpt_to, state) of every row, oldest first.
 async fn rows(db: &TestDb) -> Vec<(i64, String, String, Vec<String>, Value)> {
-    sqlx::query_as(
-        "SELECT workqueue_id, stage, status::text, rcpt_to, state FROM pepsi.workqueue ORDER BY workqueue_id",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap()
+    common::rows(&db.pool).await
 }
 
 fn files(dir: &Path) -> Vec<PathBuf> {

@@ -74,10 +74,7 @@ async fn fetch(db: &TestDb, id: i64) -> (String, String, Vec<String>, Value) {
 }
 
 async fn run(cfg: std::path::PathBuf, ids: &[i64]) -> Vec<String> {
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    tokio::task::spawn_blocking(move || common::stage_worker(ALIASES, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(ALIASES, &cfg, ids).await
 }
 
 #[tokio::test]

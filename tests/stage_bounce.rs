@@ -151,11 +151,7 @@ async fn at_bounce(
 }
 
 async fn worker(cfg: &std::path::Path, ids: &[i64]) -> Vec<String> {
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    let cfg = cfg.to_owned();
-    tokio::task::spawn_blocking(move || common::stage_worker(BOUNCE, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(BOUNCE, cfg, ids).await
 }
 
 #[derive(Debug)]

@@ -77,14 +77,7 @@ async fn running(
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    sqlx::query(
-        "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
-    )
-    .bind(id)
-    .bind(stage)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    common::claim(&db.pool, id, stage).await;
     id
 }
 
@@ -97,11 +90,7 @@ async fn stage_of(db: &TestDb, id: i64) -> (String, String) {
 }
 
 async fn run(program: &'static str, cfg: &std::path::Path, ids: &[i64]) -> Vec<String> {
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    let cfg = cfg.to_owned();
-    tokio::task::spawn_blocking(move || common::stage_worker(program, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(program, cfg, ids).await
 }
 
 #[tokio::test]

@@ -63,14 +63,7 @@ async fn running(db: &TestDb, stage: &str, from: &str, rcpt: &[&str]) -> i64 {
 }
 
 async fn claim(db: &TestDb, id: i64, stage: &str) {
-    sqlx::query(
-        "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
-    )
-    .bind(id)
-    .bind(stage)
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    common::claim(&db.pool, id, stage).await;
 }
 
 async fn fetch(db: &TestDb, id: i64) -> (String, String, String, Vec<String>, Value) {
@@ -85,10 +78,7 @@ async fn fetch(db: &TestDb, id: i64) -> (String, String, String, Vec<String>, Va
 }
 
 async fn run(cfg: std::path::PathBuf, ids: &[i64]) -> Vec<String> {
-    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
-    tokio::task::spawn_blocking(move || common::stage_worker(SRS, &cfg, &input))
-        .await
-        .unwrap()
+    common::run_ids(SRS, &cfg, ids).await
 }
 
 fn today() -> u64 {

@@ -48,3 +48,39 @@ pub fn test_stage() -> PathBuf {
     );
     path
 }
+
+/// Feeds `ids` to `program worker -c config` (off the async runtime) and returns its status
+/// lines.
+pub async fn run_ids(program: &str, config: &Path, ids: &[i64]) -> Vec<String> {
+    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
+    let (program, config) = (program.to_owned(), config.to_owned());
+    tokio::task::spawn_blocking(move || stage_worker(&program, &config, &input))
+        .await
+        .unwrap()
+}
+
+/// Marks row `id` running at `stage`, as the dispatcher's claim would.
+pub async fn claim(pool: &sqlx::PgPool, id: i64, stage: &str) {
+    sqlx::query(
+        "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .bind(stage)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// A queue row as the tests compare it: (id, stage, status, rcpt_to, state).
+pub type QueueRow = (i64, String, String, Vec<String>, serde_json::Value);
+
+/// Every queued row, oldest first.
+pub async fn rows(pool: &sqlx::PgPool) -> Vec<QueueRow> {
+    sqlx::query_as(
+        "SELECT workqueue_id, stage, status::text, rcpt_to, state FROM pepsi.workqueue \
+         ORDER BY workqueue_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}

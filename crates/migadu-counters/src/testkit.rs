@@ -621,9 +621,7 @@ impl Daemon {
         loop {
             match Self::try_start(bin, &s) {
                 Ok(d) => return d,
-                Err(logs) if logs.contains("Address already in use") && attempt < 5 => {
-                    attempt += 1
-                }
+                Err(logs) if logs.contains("Address already in use") && attempt < 5 => attempt += 1,
                 Err(logs) => panic!("daemon did not start: {logs}"),
             }
         }
