@@ -5,63 +5,11 @@
 
 mod ingress_common;
 
-use std::process::{Child, Command, Stdio};
-
-use ingress_common::{Client, Ingress, free_port, row};
+use ingress_common::{Client, Dns, Ingress, row};
 use mail_auth::common::crypto::Ed25519Key;
 use mail_auth::common::headers::HeaderWriter as _;
 use mail_auth::dkim::DkimSigner;
 use pepsi_ingress::protocol::params::base64_encode;
-
-/// A dnsmasq answering only from the records it is given.
-struct Dns {
-    child: Child,
-    port: u16,
-}
-
-impl Dns {
-    fn start(records: &[String]) -> Dns {
-        let port = free_port();
-        let child = Command::new("dnsmasq")
-            .args([
-                "-k",
-                "-C",
-                "/dev/null",
-                "--no-resolv",
-                "--no-hosts",
-                "--bind-interfaces",
-            ])
-            .args([
-                "--listen-address=127.0.0.1",
-                "--pid-file=",
-                "--user=root",
-                "--log-facility=-",
-            ])
-            .arg(format!("--port={port}"))
-            // Authoritative for the test names: unknown ones are NXDOMAIN, not an error.
-            .args(["--local=/test/", "--local=/127.in-addr.arpa/"])
-            .args(records)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("dnsmasq is installed (dnsmasq-base in scripts/apt-packages.txt)");
-        let dns = Dns { child, port };
-        for _ in 0..200 {
-            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return dns;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(25));
-        }
-        panic!("dnsmasq did not start on port {port}");
-    }
-}
-
-impl Drop for Dns {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn sign(key_der: &[u8], domain: &str, message: &str) -> String {
     let key = Ed25519Key::from_pkcs8_der(key_der).unwrap();

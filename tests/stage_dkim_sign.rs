@@ -7,30 +7,14 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use pepsi_testkit::TestDb;
 
 const DKIM_SIGN: &str = env!("CARGO_BIN_EXE_pepsi-stage-dkim-sign");
 
-/// dkimpy from Debian's python3-dkim (scripts/apt-packages.txt): the system interpreter.
-const PYTHON: &str = "/usr/bin/python3";
-
-/// Verifies every DKIM-Signature of the message on stdin; argv[1] maps
-/// `selector._domainkey.domain` to `[k, public key DER file]`. Prints a JSON list of results.
+/// Verifies every DKIM-Signature of the message; prints a JSON list of results.
 const VERIFY: &str = r#"
-import sys, json, base64, dkim
-msg = sys.stdin.buffer.read()
-keys = json.loads(sys.argv[1])
-def dnsfunc(name, timeout=5):
-    n = name.decode() if isinstance(name, bytes) else name
-    k = keys.get(n.rstrip('.').lower())
-    if k is None:
-        return None
-    der = open(k[1], 'rb').read()
-    p = der[-32:] if k[0] == 'ed25519' else der
-    return ('v=DKIM1; k=%s; p=%s' % (k[0], base64.b64encode(p).decode())).encode()
 head = msg.split(b'\r\n\r\n', 1)[0]
 n = sum(1 for l in head.split(b'\r\n') if l.lower().startswith(b'dkim-signature:'))
 def check(i):
@@ -42,53 +26,8 @@ def check(i):
 print(json.dumps([check(i) for i in range(n)]))
 "#;
 
-fn openssl(args: &[&str]) {
-    let status = Command::new("openssl")
-        .args(args)
-        .stderr(Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success(), "openssl {args:?}");
-}
-
-/// A private key (PEM) and its public key (DER SubjectPublicKeyInfo) made by openssl.
-fn keypair(dir: &Path, name: &str, genpkey: &[&str]) -> (PathBuf, PathBuf) {
-    let private = dir.join(format!("{name}.pem"));
-    let public = dir.join(format!("{name}.pub.der"));
-    let mut args = vec!["genpkey"];
-    args.extend_from_slice(genpkey);
-    args.extend_from_slice(&["-out", private.to_str().unwrap()]);
-    openssl(&args);
-    openssl(&[
-        "pkey",
-        "-in",
-        private.to_str().unwrap(),
-        "-pubout",
-        "-outform",
-        "DER",
-        "-out",
-        public.to_str().unwrap(),
-    ]);
-    (private, public)
-}
-
 fn verify(message: &[u8], keys: &serde_json::Value) -> Vec<bool> {
-    use std::io::Write as _;
-    let mut child = Command::new(PYTHON)
-        .args(["-c", VERIFY, &keys.to_string()])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(message).unwrap();
-    let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "dkimpy: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).unwrap()
+    serde_json::from_value(common::dkimpy(VERIFY, keys, message)).unwrap()
 }
 
 const BODY: &str = "Hello,  world \r\n\r\nA second   paragraph.\r\n\r\n\r\n";
@@ -162,13 +101,9 @@ fn tag<'a>(field: &'a str, name: &str) -> &'a str {
 async fn signs_with_rsa_and_ed25519_and_dkimpy_verifies() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let (rsa, rsa_pub) = keypair(
-        dir.path(),
-        "rsa",
-        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-    );
-    let (ed, ed_pub) = keypair(dir.path(), "ed", &["-algorithm", "ED25519"]);
-    let (parent, parent_pub) = keypair(dir.path(), "parent", &["-algorithm", "ED25519"]);
+    let (rsa, rsa_pub) = common::keypair(dir.path(), "rsa", common::RSA);
+    let (ed, ed_pub) = common::keypair(dir.path(), "ed", common::ED25519);
+    let (parent, parent_pub) = common::keypair(dir.path(), "parent", common::ED25519);
     let cfg = dir.path().join("pepsi.conf");
     std::fs::write(
         &cfg,

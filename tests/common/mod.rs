@@ -8,6 +8,11 @@ use std::process::{Command, Stdio};
 /// Runs `program worker -c config`, feeds it `input` and returns its stdout lines; the
 /// worker must exit 0 at end of input.
 pub fn stage_worker(program: &str, config: &Path, input: &str) -> Vec<String> {
+    stage_worker_logged(program, config, input).0
+}
+
+/// `stage_worker`, returning the worker's log (stderr) as well.
+pub fn stage_worker_logged(program: &str, config: &Path, input: &str) -> (Vec<String>, String) {
     let mut child = Command::new(program)
         .args(["worker", "-c"])
         .arg(config)
@@ -23,17 +28,18 @@ pub fn stage_worker(program: &str, config: &Path, input: &str) -> Vec<String> {
         .write_all(input.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
+    let log = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(
         out.status.success(),
-        "worker exited {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
+        "worker exited {:?}: {log}",
+        out.status
     );
-    String::from_utf8(out.stdout)
+    let lines = String::from_utf8(out.stdout)
         .unwrap()
         .lines()
         .map(str::to_owned)
-        .collect()
+        .collect();
+    (lines, log)
 }
 
 /// The test stage example, built by `cargo test` beside the test binaries.
@@ -83,4 +89,88 @@ pub async fn rows(pool: &sqlx::PgPool) -> Vec<QueueRow> {
     .fetch_all(pool)
     .await
     .unwrap()
+}
+
+fn openssl(args: &[&str]) {
+    let status = Command::new("openssl")
+        .args(args)
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success(), "openssl {args:?}");
+}
+
+/// A private key (PEM) and its public key (DER SubjectPublicKeyInfo) made by
+/// `openssl genpkey <genpkey>`.
+pub fn keypair(dir: &Path, name: &str, genpkey: &[&str]) -> (PathBuf, PathBuf) {
+    let private = dir.join(format!("{name}.pem"));
+    let public = dir.join(format!("{name}.pub.der"));
+    let mut args = vec!["genpkey"];
+    args.extend_from_slice(genpkey);
+    args.extend_from_slice(&["-out", private.to_str().unwrap()]);
+    openssl(&args);
+    openssl(&[
+        "pkey",
+        "-in",
+        private.to_str().unwrap(),
+        "-pubout",
+        "-outform",
+        "DER",
+        "-out",
+        public.to_str().unwrap(),
+    ]);
+    (private, public)
+}
+
+pub const RSA: &[&str] = &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"];
+pub const ED25519: &[&str] = &["-algorithm", "ED25519"];
+
+/// dkimpy from Debian's python3-dkim (scripts/apt-packages.txt): the system interpreter.
+const PYTHON: &str = "/usr/bin/python3";
+
+/// Prepended to every dkimpy script: `msg` is the message on stdin, `dnsfunc` answers key
+/// lookups from argv[1], a JSON object mapping `selector._domainkey.domain` to
+/// `[k, public key DER file]`, so no DNS is involved.
+const DKIMPY_PRELUDE: &str = r#"
+import sys, json, base64, dkim
+msg = sys.stdin.buffer.read()
+keys = json.loads(sys.argv[1])
+def dnsfunc(name, timeout=5):
+    n = name.decode() if isinstance(name, bytes) else name
+    k = keys.get(n.rstrip('.').lower())
+    if k is None:
+        return None
+    der = open(k[1], 'rb').read()
+    p = der[-32:] if k[0] == 'ed25519' else der
+    return ('v=DKIM1; k=%s; p=%s' % (k[0], base64.b64encode(p).decode())).encode()
+"#;
+
+/// Runs the dkimpy `script` (after the prelude) on `message` with `keys`; the script prints
+/// one JSON value, returned parsed.
+pub fn dkimpy(script: &str, keys: &serde_json::Value, message: &[u8]) -> serde_json::Value {
+    let mut child = Command::new(PYTHON)
+        .args([
+            "-c",
+            &format!("{DKIMPY_PRELUDE}{script}"),
+            &keys.to_string(),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(message).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "dkimpy: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| {
+        panic!(
+            "dkimpy printed no JSON ({e}): {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        )
+    })
 }

@@ -475,3 +475,54 @@ pub fn queued_id(text: &str) -> i64 {
         .and_then(|id| id.parse().ok())
         .unwrap_or_else(|| panic!("no queue id in {text:?}"))
 }
+
+/// A dnsmasq on a free loopback port answering only from the records it is given
+/// (`--txt-record=name,text`, `--host-record=…`, …): authoritative for `*.test`.
+pub struct Dns {
+    child: Child,
+    pub port: u16,
+}
+
+impl Dns {
+    pub fn start(records: &[String]) -> Dns {
+        let port = free_port();
+        let child = Command::new("dnsmasq")
+            .args([
+                "-k",
+                "-C",
+                "/dev/null",
+                "--no-resolv",
+                "--no-hosts",
+                "--bind-interfaces",
+            ])
+            .args([
+                "--listen-address=127.0.0.1",
+                "--pid-file=",
+                "--user=root",
+                "--log-facility=-",
+            ])
+            .arg(format!("--port={port}"))
+            // Authoritative for the test names: unknown ones are NXDOMAIN, not an error.
+            .args(["--local=/test/", "--local=/127.in-addr.arpa/"])
+            .args(records)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("dnsmasq is installed (dnsmasq-base in scripts/apt-packages.txt)");
+        let dns = Dns { child, port };
+        for _ in 0..200 {
+            if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+                return dns;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("dnsmasq did not start on port {port}");
+    }
+}
+
+impl Drop for Dns {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

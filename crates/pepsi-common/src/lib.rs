@@ -1,7 +1,7 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
 //! delivery stages (`delivery`) and their SMTP/LMTP client (`smtp`), the local-recipient
-//! resolver (`local`), the per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the operator's queue
+//! resolver (`local`), the DKIM/ARC signing keys (`keys`), the per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the operator's queue
 //! administration (`queue`) and the audit log (`audit`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
@@ -13,6 +13,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod delivery;
+pub mod keys;
 pub mod local;
 pub mod message;
 pub mod queue;

@@ -13,21 +13,20 @@
 //! the stored body hash is a later optimisation (docs/dkim.md, "Load").
 //!
 //! Keys come from PEM files named in `KEYS` (`domain:selector:path`, comma separated), read
-//! once at start: a file that cannot be read or holds no usable key stops the worker with
-//! an error naming the file. Keys from the database are a later step.
+//! once at start by `pepsi_common::keys` (shared with the ARC stage): a file that cannot be
+//! read or holds no usable key stops the worker with an error naming the file. Keys from
+//! the database are a later step.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use mail_auth::common::crypto::{DkimKey, Ed25519Key, RsaKey, Sha256};
+use mail_auth::common::crypto::DkimKey;
 use mail_auth::common::headers::HeaderWriter;
 use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
 use pepsi_common::config::Config;
+pub use pepsi_common::keys::{KeySpec, load_key, parse_keys, signed_headers};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
-use rustls_pki_types::PrivateKeyDer;
-use rustls_pki_types::pem::PemObject;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -39,132 +38,8 @@ pub mod constants {
     };
     pub const PROGRAM: &str = "pepsi-stage-dkim-sign";
 
-    /// The signed header fields when `HEADERS` is not set. `From` is always signed twice
-    /// (over-signing) so that a second From cannot be added without breaking the signature.
-    /// A listed field the message lacks is signed as absent (mail-auth lists it in `h=`), so
-    /// no `List-*` field is in the default: a mailing list adding List-Id would break it.
-    pub const DEFAULT_HEADERS: &[&str] = &[
-        "From",
-        "Reply-To",
-        "Sender",
-        "To",
-        "Cc",
-        "Subject",
-        "Date",
-        "Message-ID",
-        "In-Reply-To",
-        "References",
-        "MIME-Version",
-        "Content-Type",
-        "Content-Transfer-Encoding",
-        "Content-Disposition",
-        "Content-Language",
-    ];
-}
-
-/// One `domain:selector:path` item of `KEYS`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct KeySpec {
-    /// Lower case, without a trailing dot.
-    pub domain: String,
-    pub selector: String,
-    pub path: PathBuf,
-}
-
-fn valid_label_chars(s: &str, extra: &[u8]) -> bool {
-    !s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || extra.contains(&b))
-        && !s.starts_with('.')
-        && !s.ends_with('.')
-        && !s.contains("..")
-}
-
-/// Parses `KEYS`: items `domain:selector:path` separated by commas (or newlines); the path
-/// may itself contain colons. Returns what was expected on failure.
-pub fn parse_keys(value: &str) -> Result<Vec<KeySpec>, String> {
-    let expected = |item: &str, why: &str| {
-        format!("{why} in {item:?}: expected items domain:selector:/path/to/key.pem")
-    };
-    let mut keys = Vec::new();
-    for item in value
-        .split([',', '\n'])
-        .map(str::trim)
-        .filter(|i| !i.is_empty())
-    {
-        let mut parts = item.splitn(3, ':');
-        let (Some(domain), Some(selector), Some(path)) = (parts.next(), parts.next(), parts.next())
-        else {
-            return Err(expected(item, "missing field"));
-        };
-        let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
-        let (selector, path) = (selector.trim(), path.trim());
-        if !valid_label_chars(&domain, b".") || !domain.contains('.') {
-            return Err(expected(item, "not a domain name"));
-        }
-        if !valid_label_chars(selector, b"._") {
-            return Err(expected(item, "not a selector"));
-        }
-        if path.is_empty() {
-            return Err(expected(item, "no key file"));
-        }
-        let spec = KeySpec {
-            domain,
-            selector: selector.to_owned(),
-            path: PathBuf::from(path),
-        };
-        if keys
-            .iter()
-            .any(|k: &KeySpec| k.domain == spec.domain && k.selector == spec.selector)
-        {
-            return Err(expected(item, "selector given twice for the domain"));
-        }
-        keys.push(spec);
-    }
-    if keys.is_empty() {
-        return Err("at least one domain:selector:/path/to/key.pem".to_owned());
-    }
-    Ok(keys)
-}
-
-/// Reads a private key from a PEM file: PKCS#8 (`BEGIN PRIVATE KEY`, RSA or Ed25519, as
-/// `openssl genpkey` writes) or PKCS#1 (`BEGIN RSA PRIVATE KEY`).
-pub fn load_key(path: &Path) -> anyhow::Result<DkimKey> {
-    let pem = std::fs::read(path)
-        .with_context(|| format!("DKIM key file {}: cannot read", path.display()))?;
-    let not_a_key = |why: String| {
-        anyhow::anyhow!(
-            "DKIM key file {}: not a usable private key ({why}); expected a PEM RSA or Ed25519 \
-             key (PKCS#8 or PKCS#1)",
-            path.display()
-        )
-    };
-    let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| not_a_key(e.to_string()))?;
-    match der {
-        PrivateKeyDer::Pkcs8(p8) => {
-            if let Ok(key) = Ed25519Key::from_pkcs8_maybe_unchecked_der(p8.secret_pkcs8_der()) {
-                return Ok(DkimKey::Ed25519(key));
-            }
-            RsaKey::<Sha256>::from_key_der(PrivateKeyDer::Pkcs8(p8))
-                .map(DkimKey::Rsa)
-                .map_err(|e| not_a_key(e.to_string()))
-        }
-        der @ PrivateKeyDer::Pkcs1(_) => RsaKey::<Sha256>::from_key_der(der)
-            .map(DkimKey::Rsa)
-            .map_err(|e| not_a_key(e.to_string())),
-        _ => Err(not_a_key("EC keys are not DKIM keys".to_owned())),
-    }
-}
-
-/// The `h=` list: `headers` with From listed twice (over-signed), each name once otherwise.
-pub fn signed_headers(headers: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = vec!["From".into(), "From".into()];
-    for h in headers {
-        if !out.iter().any(|o| o.eq_ignore_ascii_case(h)) {
-            out.push(h.clone());
-        }
-    }
-    out
+    /// The signed header fields when `HEADERS` is not set (shared with the ARC stage).
+    pub use pepsi_common::keys::DEFAULT_HEADERS;
 }
 
 /// One key of a signing domain.
@@ -193,12 +68,8 @@ impl SignStage {
             .ok_or_else(|| anyhow::anyhow!("[{section_name}] KEYS is required"))?;
         let headers = match s.list_opt("HEADERS")? {
             Some(list) => {
-                if let Some(bad) = list
-                    .iter()
-                    .find(|h| h.is_empty() || !h.bytes().all(|b| b.is_ascii_graphic() && b != b':'))
-                {
-                    anyhow::bail!("[{section_name}] HEADERS: {bad:?} is not a header field name");
-                }
+                pepsi_common::keys::check_header_names(&list)
+                    .map_err(|e| anyhow::anyhow!("[{section_name}] HEADERS: {e}"))?;
                 list
             }
             None => constants::DEFAULT_HEADERS
