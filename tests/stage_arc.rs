@@ -445,6 +445,10 @@ async fn messages_that_cannot_or_must_not_be_sealed_advance_unchanged() {
         assert!(log.contains(want), "{want:?} in {log}");
     }
     assert_eq!(log.matches("not ARC sealed").count(), 2, "{log}");
+    assert!(
+        log.contains("is an Ed25519 key: many ARC validators accept only rsa-sha256"),
+        "{log}"
+    );
 
     let (after, stage) = headers_and_stage(&db, local).await;
     assert_eq!(stage, "relay");

@@ -290,7 +290,8 @@ Options of the [stage-<name>] section:
   SELECTOR = arc2026   (required) the selector, s=: the public key is published at \
 <selector>._domainkey.<domain>.
   KEY_FILE = /etc/pepsi/arc/example.test.pem   (required) PEM private key, RSA or Ed25519, \
-PKCS#8 or PKCS#1, read at start; an unreadable file or another key type stops the worker.
+PKCS#8 or PKCS#1, read at start; an unreadable file or another key type stops the worker. \
+Use RSA: many ARC validators accept only rsa-sha256 seals.
   HEADERS = From, To, Subject, ...   the fields the message signature covers (default: those \
 of pepsi-stage-dkim-sign plus DKIM-Signature); From is always signed twice; ARC-* fields \
 cannot be listed.
