@@ -33,6 +33,8 @@ struct Script {
     broken_tls: bool,
     /// Send a second reply in the same packet as the 220 to STARTTLS.
     inject_after_starttls: bool,
+    /// Answer STARTTLS with this instead of 220.
+    starttls_reply: Option<&'static str>,
     /// The password AUTH accepts for user `relay`; `auth_reply` overrides the verdict.
     password: &'static str,
     auth_reply: Option<&'static str>,
@@ -131,6 +133,8 @@ async fn serve(stream: Box<dyn Stream>, script: Arc<Script>, log: Arc<Mutex<Log>
                 .enumerate()
                 .map(|(i, l)| format!("250{}{l}\r\n", if i + 1 == n { ' ' } else { '-' }))
                 .collect()
+        } else if upper == "STARTTLS" && script.starttls_reply.is_some() {
+            format!("{}\r\n", script.starttls_reply.unwrap())
         } else if upper == "STARTTLS" {
             if script.broken_tls {
                 let _ = io
@@ -460,6 +464,38 @@ async fn may_policy_retries_in_clear_text_once_after_a_failed_handshake() {
     assert_eq!(
         log.verbs(),
         ["EHLO", "STARTTLS", "EHLO", "MAIL", "RCPT", "DATA"]
+    );
+}
+
+#[tokio::test]
+async fn a_refused_starttls_goes_on_in_clear_under_may_and_fails_under_encrypt() {
+    let server = Server::start(Script {
+        ehlo: vec!["STARTTLS"],
+        starttls_reply: Some("454 4.7.0 TLS not available due to local problem"),
+        ..Script::default()
+    })
+    .await;
+    let mut conn = open(&server, &options(TlsPolicy::May, None, None))
+        .await
+        .unwrap();
+    assert!(conn.tls().is_none());
+    let outcomes = conn.send(&envelope(&["a@example.net"]), MESSAGE).await;
+    assert!(
+        matches!(&outcomes[..], [RcptOutcome::Accepted(_)]),
+        "{outcomes:?}"
+    );
+    // the same connection went on: no second one
+    assert_eq!(server.log().connections, 1);
+
+    let err = open(&server, &options(TlsPolicy::Encrypt, None, None))
+        .await
+        .unwrap_err();
+    assert!(err.is_temporary(), "{err}");
+    assert_eq!(err.phase(), Phase::StartTls);
+    let f = err.failure("scripted.test");
+    assert_eq!(
+        (f.smtp_code, f.phase.as_deref()),
+        (Some(454), Some("STARTTLS"))
     );
 }
 
