@@ -1,7 +1,9 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
-//! delivery stages (`delivery`) and their SMTP/LMTP client (`smtp`), the local-recipient
-//! resolver (`local`), the DKIM/ARC signing keys (`keys`), the per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the operator's queue
+//! delivery stages (`delivery`), their SMTP/LMTP client (`smtp`) and MIME downgrade
+//! (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
+//! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
+//! operator's queue
 //! administration (`queue`) and the audit log (`audit`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
@@ -16,6 +18,7 @@ pub mod delivery;
 pub mod keys;
 pub mod local;
 pub mod message;
+pub mod mime;
 pub mod queue;
 pub mod settings;
 pub mod smtp;
