@@ -43,12 +43,16 @@ fn headers(from: &str) -> String {
 
 /// A message running at stage `dkim`.
 async fn running(db: &TestDb, from: &str) -> i64 {
+    running_with(db, from, headers(from).as_bytes(), BODY.as_bytes()).await
+}
+
+async fn running_with(db: &TestDb, from: &str, headers: &[u8], body: &[u8]) -> i64 {
     let id: i64 = sqlx::query_scalar(
         "SELECT pepsi.workqueue_add($1, ARRAY['bob@remote.test'], $2, $3, '{}'::jsonb)",
     )
     .bind(from)
-    .bind(headers(from).into_bytes())
-    .bind(BODY.as_bytes())
+    .bind(headers)
+    .bind(body)
     .fetch_one(&db.pool)
     .await
     .unwrap();
@@ -218,6 +222,91 @@ async fn signs_with_rsa_and_ed25519_and_dkimpy_verifies() {
     let after = fetch(&db, unsigned).await;
     assert_eq!(after.0, "relay");
     assert_eq!((&after.2, after.3), (&before[2].2, before[2].3));
+}
+
+#[tokio::test]
+async fn an_8bit_message_is_signed_in_its_7bit_form_unless_seven_bit_is_off() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rsa, rsa_pub) = common::keypair(dir.path(), "rsa", common::RSA);
+    let cfg = dir.path().join("pepsi.conf");
+    let stage = |name: &str, seven_bit: &str| {
+        format!(
+            "[stage-{name}]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             KEYS = example.test:rsa1:{}\n{seven_bit}\n",
+            rsa.display()
+        )
+    };
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n{}{}[stage-relay]\nPROGRAM = pepsi-stage-discard\n",
+            db.url,
+            stage("dkim", ""),
+            stage("dkim8", "SEVEN_BIT = no"),
+        ),
+    )
+    .unwrap();
+    let headers = headers("alice@example.test")
+        .replace("us-ascii", "utf-8")
+        .replace(
+            "MIME-Version: 1.0\r\n",
+            "MIME-Version: 1.0\r\nContent-Transfer-Encoding: 8bit\r\n",
+        );
+    let body = "Grüße aus Zürich, 25 °C.\r\n".as_bytes();
+    let converted = running_with(&db, "alice@example.test", headers.as_bytes(), body).await;
+    let kept = running_with(&db, "alice@example.test", headers.as_bytes(), body).await;
+    sqlx::query("UPDATE pepsi.workqueue SET stage = 'dkim8' WHERE workqueue_id = $1")
+        .bind(kept)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let before = fetch(&db, converted).await;
+
+    let input = format!("{converted}\n{kept}\n");
+    let lines = tokio::task::spawn_blocking(move || common::stage_worker(DKIM_SIGN, &cfg, &input))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["0", "0"]);
+    let keys = serde_json::json!({"rsa1._domainkey.example.test": ["rsa", rsa_pub]});
+
+    // Converted: quoted-printable, a body row of its own, and the signature covers that form.
+    let (stage, _, hdrs, body_id, new_body) = fetch(&db, converted).await;
+    assert_eq!(stage, "relay");
+    assert_ne!(body_id, before.3, "the rewritten body is a new row");
+    assert!(
+        new_body.is_ascii(),
+        "{}",
+        String::from_utf8_lossy(&new_body)
+    );
+    assert_eq!(
+        new_body,
+        b"Gr=C3=BC=C3=9Fe aus Z=C3=BCrich, 25 =C2=B0C.\r\n"
+    );
+    let text = String::from_utf8(hdrs.clone()).unwrap();
+    assert!(
+        text.contains("Content-Transfer-Encoding: quoted-printable\r\n")
+            && !text.contains("Content-Transfer-Encoding: 8bit"),
+        "{text}"
+    );
+    let mut message = hdrs;
+    message.extend_from_slice(b"\r\n");
+    message.extend_from_slice(&new_body);
+    assert_eq!(verify(&message, &keys), [true]);
+
+    // SEVEN_BIT = no: signed as it is, same body row.
+    let (_, _, hdrs, kept_body_id, kept_body) = fetch(&db, kept).await;
+    assert_eq!(kept_body, body);
+    assert_ne!(kept_body_id, body_id);
+    assert!(
+        String::from_utf8(hdrs.clone())
+            .unwrap()
+            .contains("Content-Transfer-Encoding: 8bit")
+    );
+    let mut message = hdrs;
+    message.extend_from_slice(b"\r\n");
+    message.extend_from_slice(&kept_body);
+    assert_eq!(verify(&message, &keys), [true]);
 }
 
 #[tokio::test]

@@ -1,8 +1,9 @@
 //! pepsi-stage-dkim-sign: DKIM-signs outgoing mail (RFC 6376, RSA-SHA256 and Ed25519-SHA256
 //! per RFC 8463) with the keys of the RFC5322.From domain.
 //!
-//! Reads: the whole message (`Load::Full`). Writes: the header block only (`set_headers`
-//! with the new `DKIM-Signature:` fields prepended); the body row is never touched, so the
+//! Reads: the whole message (`Load::Full`). Writes: the header block (`set_headers`
+//! with the new `DKIM-Signature:` fields prepended); the body only for an 8-bit message under
+//! `SEVEN_BIT` (its 7-bit form, a new body row); otherwise the
 //! commit keeps the row's `body_id`. Terminal helper: `advance`, signed or not.
 //!
 //! Why `Load::Full`: the signature covers the relaxed body hash (`bh=`), and mail-auth's
@@ -56,6 +57,9 @@ pub struct SignStage {
     pub headers: Vec<String>,
     /// Sign with a parent domain's keys when the From domain has none.
     pub parent_domains: bool,
+    /// Convert an 8-bit message to its 7-bit form before signing it (RFC 6376 §5.3), so
+    /// that no relay has to re-encode it after the signature was made.
+    pub seven_bit: bool,
 }
 
 impl SignStage {
@@ -79,6 +83,7 @@ impl SignStage {
         };
         let headers = signed_headers(&headers);
         let parent_domains = s.bool_opt("PARENT_DOMAINS")?.unwrap_or(false);
+        let seven_bit = s.bool_opt("SEVEN_BIT")?.unwrap_or(true);
         let mut domains: HashMap<String, Vec<DomainKey>> = HashMap::new();
         for spec in specs {
             let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
@@ -97,6 +102,7 @@ impl SignStage {
             domains,
             headers,
             parent_domains,
+            seven_bit,
         })
     }
 
@@ -162,6 +168,9 @@ impl Stage for DkimSign {
             tracing::debug!(id = ctx.id(), from_domain = %domain, "no DKIM key: not signed");
             return ctx.advance();
         };
+        if stage.seven_bit {
+            seven_bit_form(ctx)?;
+        }
         let raw = ctx.raw_message()?;
         let mut fields = Vec::new();
         for key in keys {
@@ -186,6 +195,28 @@ impl Stage for DkimSign {
     }
 }
 
+/// Replaces an 8-bit message by its 7-bit form (quoted-printable or base64 per part), so the
+/// signature survives a relay to a peer without 8BITMIME. A message that has none (8-bit
+/// bytes in a header field: internationalized mail, which relays refuse rather than
+/// downgrade) is signed as it is.
+fn seven_bit_form(ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+    match pepsi_common::mime::downgrade_to_7bit(ctx.headers()?, ctx.body()?) {
+        Ok(None) => {}
+        Ok(Some((headers, body))) => {
+            tracing::info!(
+                id = ctx.id(),
+                "8-bit message converted to 7-bit before signing"
+            );
+            ctx.set_headers(headers);
+            ctx.set_body(body);
+        }
+        Err(e) => {
+            tracing::debug!(id = ctx.id(), "signed as it is, no 7-bit form: {e}");
+        }
+    }
+    Ok(())
+}
+
 /// Entry point of the `pepsi-stage-dkim-sign` binary.
 pub fn run() -> ExitCode {
     pepsi_common::stage::main_with_long_about_built(
@@ -201,7 +232,8 @@ Pepsi stage that DKIM-signs outgoing mail (RFC 6376; RSA-SHA256 and Ed25519-SHA2
 
 The signing domain is the domain of the message's From: header. When KEYS holds keys for \
 it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
-canonicalization, From over-signed); the body is left as it is. A message whose From \
+canonicalization, From over-signed); the body is left as it is unless SEVEN_BIT \
+converts an 8-bit message to 7-bit first. A message whose From \
 domain has no key advances unsigned.
 
 Options of the [stage-<name>] section:
@@ -212,6 +244,10 @@ Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version
 Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \
 always signed twice, and a listed field the message lacks is signed as absent.
   PARENT_DOMAINS = false   sign mail from a subdomain with the nearest parent domain's keys.
+  SEVEN_BIT = true   convert a message with 8-bit content to 7-bit (quoted-printable or \
+base64 per part) before signing it, so that a relay to a peer without 8BITMIME does not \
+have to change it afterwards and break the signature; the body is then rewritten (a new \
+body row for this message).
   NEXT_STAGE   where the message goes, signed or not.
 
 See docs/dkim.md.";
