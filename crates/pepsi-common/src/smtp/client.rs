@@ -148,7 +148,7 @@ impl Phase {
     fn what(self) -> &'static str {
         match self {
             Phase::Connect => "connect",
-            Phase::Greeting => "the greeting",
+            Phase::Greeting => "greeting",
             Phase::Ehlo => "EHLO command",
             Phase::Helo => "HELO command",
             Phase::Lhlo => "LHLO command",
