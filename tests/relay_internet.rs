@@ -530,11 +530,11 @@ async fn bad_dns_answers_and_bad_peers_pause_the_message_with_a_clear_reason() {
         ),
         (
             "c@long.test",
-            "4.5.0 mx.long.test [127.0.0.42]: malformed reply to the greeting: a reply line longer than 4096 bytes",
+            "4.5.0 mx.long.test [127.0.0.42]: malformed reply to the greeting: reply line over 2000 octets from 127.0.0.42",
         ),
         (
             "d@garbage.test",
-            "4.5.0 mx.garbage.test [127.0.0.43]: malformed reply to the EHLO command: expected a reply code from 200 to 599 at the start of \"hello, this is not SMTP\"",
+            "4.5.0 mx.garbage.test [127.0.0.43]: malformed reply to the EHLO command: expected a reply code from 200 to 599 at the start of \"hello, this is not SMTP\" from mx.garbage.test",
         ),
         (
             "e@broken.example",
@@ -556,4 +556,33 @@ async fn bad_dns_answers_and_bad_peers_pause_the_message_with_a_clear_reason() {
         0,
         "an MX naming an IP address is not connected to"
     );
+}
+
+#[tokio::test]
+async fn an_eight_bit_message_is_converted_to_seven_bits_for_a_peer_without_8bitmime() {
+    let (port, peers) = smtp_peer_common::start(&[("127.0.0.26", "mx.seven.test")]).await;
+    peers[0].script(|s| s.ehlo = "250-mx.seven.test\r\n250 PIPELINING".into());
+    let dns = Dns::start(&[
+        "--mx-host=seven.test,mx.seven.test,10",
+        "--host-record=mx.seven.test,127.0.0.26",
+    ]);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, dir.path(), &dns, port, "");
+    let id = message(&db, &["jill@seven.test"]).await;
+
+    assert_eq!(relay(&cfg, &[id]).await, vec![r#"0 {"finished":true}"#]);
+    let got = peers[0].messages();
+    assert_eq!(got.len(), 1);
+    let data = &got[0].data;
+    assert!(data.is_ascii(), "{}", String::from_utf8_lossy(data));
+    let text = String::from_utf8_lossy(data);
+    assert!(
+        text.contains("Content-Transfer-Encoding: quoted-printable\r\n")
+            && text.contains("Gr=C3=BC=C3=9Fe")
+            && text.contains("Subject: out\r\n"),
+        "{text}"
+    );
+    let mail = peers[0].log.lock().unwrap().commands[1].clone();
+    assert_eq!(mail, "MAIL FROM:<sender@example.test>", "no BODY=8BITMIME");
 }

@@ -13,7 +13,11 @@
 use std::net::IpAddr;
 
 use pepsi_common::delivery::{Failure, RcptResult};
-use pepsi_common::smtp::{ClientError, Connection, Envelope, Phase, Protocol, RcptOutcome, Target};
+use pepsi_common::mime::{Prepared, prepare_for_peer};
+use pepsi_common::smtp::{
+    ClientError, Connection, Envelope, OpenOptions, Phase, Protocol, RcptOutcome, Target,
+    TlsOptions,
+};
 use sqlx::PgPool;
 
 use crate::cache::{self, Candidate, Health};
@@ -172,7 +176,7 @@ impl Attempt<'_> {
                 }
                 connects += 1;
                 match self
-                    .try_address(&hop.name, candidate.address, env, message)
+                    .try_address(hop, candidate.address, domain, env, message)
                     .await
                 {
                     Verdict::Answer(result) => return result,
@@ -254,35 +258,69 @@ impl Attempt<'_> {
         }
     }
 
-    /// One session with one address of `host`, recording in the cache whether it opened.
+    /// One session with one address of `hop`, recording in the cache whether it opened;
+    /// the session runs under the TLS policy of `domain`, and the message goes in the form
+    /// the peer can take (`mime::prepare_for_peer`).
     async fn try_address(
         &self,
-        host: &str,
+        hop: &Hop,
         address: IpAddr,
+        domain: &str,
         env: &Envelope,
         message: &[u8],
     ) -> Verdict {
+        let host = hop.name.as_str();
         let target = Target::Tcp {
             host: address.to_string(),
             port: self.settings.smtp_port,
         };
-        let opened = Connection::open(
+        let options = OpenOptions {
+            tls: TlsOptions {
+                policy: self.settings.tls_for(domain),
+                ca_file: self.settings.tls_ca_file.clone(),
+                // The MX host name is what a verified certificate must carry.
+                server_name: hop.literal.is_none().then(|| host.to_owned()),
+            },
+            auth: None,
+        };
+        let opened = Connection::open_with(
             &target,
             Protocol::Smtp,
             &self.settings.helo_name,
             self.settings.timeouts,
+            &options,
         )
         .await;
         let mut conn = match opened {
             Ok(conn) => conn,
             Err(e) => {
-                cache::report(self.pool, host, address, false).await;
+                if hop.literal.is_none() {
+                    cache::report(self.pool, host, address, false).await;
+                }
                 return Verdict::Next(session_note(host, address, &e));
             }
         };
-        cache::report(self.pool, host, address, true).await;
-        let outcomes = conn.send(env, message).await;
+        if hop.literal.is_none() {
+            cache::report(self.pool, host, address, true).await;
+        }
         let remote = conn.remote_mta().to_owned();
+        let tls = conn.tls().map_or("no TLS".to_owned(), |t| {
+            format!("{} {}", t.version, t.cipher)
+        });
+        let downgraded;
+        let payload = match prepare_for_peer(env, message, conn.capabilities(), &remote) {
+            Prepared::Send { message, .. } => message,
+            Prepared::Downgraded(bytes) => {
+                tracing::info!(rcpt = %recipient(env), %remote, "8-bit message converted to 7 bits");
+                downgraded = bytes;
+                &downgraded
+            }
+            Prepared::Refuse(failure) => {
+                conn.quit().await;
+                return Verdict::Answer(RcptResult::Permanent(failure));
+            }
+        };
+        let outcomes = conn.send(env, payload).await;
         conn.quit().await;
         let outcome =
             outcomes
@@ -292,15 +330,15 @@ impl Attempt<'_> {
                     phase: Phase::Rcpt,
                 }));
         match &outcome {
-            RcptOutcome::Accepted(reply) => {
-                tracing::info!(rcpt = %recipient(env), %remote, %address, "delivered: {reply}")
-            }
-            RcptOutcome::Refused { phase, reply } => tracing::info!(
-                rcpt = %recipient(env), %remote, %address, "refused at {}: {reply}", phase.as_str()
+            RcptOutcome::Accepted(reply) => tracing::info!(
+                rcpt = %recipient(env), %remote, %address, %tls, "delivered: {reply}"
             ),
-            RcptOutcome::Failed(e) => {
-                tracing::warn!(rcpt = %recipient(env), %remote, %address, "not delivered: {e}")
-            }
+            RcptOutcome::Refused { phase, reply } => tracing::info!(
+                rcpt = %recipient(env), %remote, %address, %tls, "refused at {}: {reply}", phase.as_str()
+            ),
+            RcptOutcome::Failed(e) => tracing::warn!(
+                rcpt = %recipient(env), %remote, %address, %tls, "not delivered: {e}"
+            ),
         }
         verdict(host, address, &remote, &outcome)
     }

@@ -3,49 +3,13 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError, Section};
 use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::local::normalize_domain;
-use pepsi_common::smtp::Timeouts;
-
-/// The TLS policy for one destination.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum TlsMode {
-    /// Never STARTTLS.
-    None,
-    /// STARTTLS when offered; plaintext otherwise, and when the handshake fails.
-    May,
-    /// STARTTLS required, any certificate accepted.
-    Encrypt,
-    /// STARTTLS required, the certificate must be valid for the MX host name.
-    Verify,
-}
-
-impl TlsMode {
-    pub fn parse(text: &str) -> Result<TlsMode, String> {
-        match text.trim().to_ascii_lowercase().as_str() {
-            "none" => Ok(TlsMode::None),
-            "may" => Ok(TlsMode::May),
-            "encrypt" => Ok(TlsMode::Encrypt),
-            "verify" => Ok(TlsMode::Verify),
-            _ => Err(format!(
-                "none, may, encrypt or verify, not {:?}",
-                text.trim()
-            )),
-        }
-    }
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TlsMode::None => "none",
-            TlsMode::May => "may",
-            TlsMode::Encrypt => "encrypt",
-            TlsMode::Verify => "verify",
-        }
-    }
-}
+use pepsi_common::smtp::{Timeouts, TlsPolicy};
 
 /// Which address families the stage connects to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +51,11 @@ pub struct Settings {
     /// `MAX_ADDRESSES`: the most addresses one delivery attempt connects to.
     pub max_addresses: usize,
     /// `TLS`: the policy for destinations `TLS_DOMAINS` does not name.
-    pub tls: TlsMode,
+    pub tls: TlsPolicy,
     /// `TLS_DOMAINS`: per recipient domain (normalized), a policy of its own.
-    pub tls_domains: BTreeMap<String, TlsMode>,
+    pub tls_domains: BTreeMap<String, TlsPolicy>,
+    /// `TLS_CA_FILE`: the CAs a `verify` session trusts instead of the system's.
+    pub tls_ca_file: Option<PathBuf>,
     pub policy: RetryPolicy,
 }
 
@@ -106,7 +72,7 @@ pub fn parse_dns_server(text: &str) -> Result<SocketAddr, String> {
 }
 
 /// `example.org:verify, other.net:encrypt`: a policy per recipient domain.
-pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsMode>, String> {
+pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>, String> {
     let mut map = BTreeMap::new();
     for item in items {
         let (domain, mode) = item
@@ -115,7 +81,9 @@ pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsMode>, 
         let domain = normalize_domain(domain)
             .filter(|d| !d.starts_with('['))
             .ok_or_else(|| format!("a domain name before the colon in {item:?}"))?;
-        let mode = TlsMode::parse(mode).map_err(|e| format!("{item:?}: a policy of {e}"))?;
+        let mode = mode
+            .parse::<TlsPolicy>()
+            .map_err(|e| format!("{item:?}: {e}"))?;
         if map.insert(domain.clone(), mode).is_some() {
             return Err(format!("{domain} is named twice"));
         }
@@ -201,14 +169,17 @@ impl Settings {
                         .ok_or_else(|| "a number from 1 to 100".to_owned())
                 })?
                 .unwrap_or(10),
-            tls: s.parse_opt("TLS", TlsMode::parse)?.unwrap_or(TlsMode::May),
+            tls: s
+                .parse_opt("TLS", |v| v.parse::<TlsPolicy>())?
+                .unwrap_or(TlsPolicy::May),
             tls_domains,
+            tls_ca_file: s.path_opt("TLS_CA_FILE")?,
             policy: RetryPolicy::from_config(cfg, stage)?,
         })
     }
 
     /// The TLS policy for mail to `domain` (normalized).
-    pub fn tls_for(&self, domain: &str) -> TlsMode {
+    pub fn tls_for(&self, domain: &str) -> TlsPolicy {
         self.tls_domains.get(domain).copied().unwrap_or(self.tls)
     }
 }
@@ -234,17 +205,17 @@ mod tests {
         assert_eq!(s.dns_timeout, Duration::from_secs(10));
         assert_eq!(s.smtp_port, 25);
         assert_eq!(s.ipv6, Ipv6::No);
-        assert_eq!(s.tls, TlsMode::May);
+        assert_eq!(s.tls, TlsPolicy::May);
         assert_eq!(s.max_addresses, 10);
         assert_eq!(s.timeouts.greeting, Duration::from_secs(300));
-        assert_eq!(s.tls_for("example.org"), TlsMode::May);
+        assert_eq!(s.tls_for("example.org"), TlsPolicy::May);
 
         let s = settings(
             "[pepsi]\nHOSTNAME = mx.example.test\nDNS_SERVERS = 192.0.2.53\n\
              [stage-out]\nHELO_NAME = out.example.test\nDNS_SERVERS = 127.0.0.1:5353, [::1]:53\n\
              DNS_TIMEOUT = 2s\nSMTP_PORT = 2525\nCONNECT_TIMEOUT = 5s\nDATA_TIMEOUT = 0\n\
              TLS = encrypt\nTLS_DOMAINS = Example.ORG:verify, bücher.example:none\n\
-             MAX_ADDRESSES = 3\nRETRY_INITIAL = 1m\n",
+             MAX_ADDRESSES = 3\nRETRY_INITIAL = 1m\nTLS_CA_FILE = /etc/pepsi/ca.pem\n",
         )
         .unwrap();
         assert_eq!(s.helo_name, "out.example.test");
@@ -265,10 +236,11 @@ mod tests {
             "0 is the default"
         );
         assert_eq!(s.max_addresses, 3);
+        assert_eq!(s.tls_ca_file, Some(PathBuf::from("/etc/pepsi/ca.pem")));
         assert_eq!(s.policy.initial, Duration::from_secs(60));
-        assert_eq!(s.tls_for("example.org"), TlsMode::Verify);
-        assert_eq!(s.tls_for("xn--bcher-kva.example"), TlsMode::None);
-        assert_eq!(s.tls_for("other.example"), TlsMode::Encrypt);
+        assert_eq!(s.tls_for("example.org"), TlsPolicy::Verify);
+        assert_eq!(s.tls_for("xn--bcher-kva.example"), TlsPolicy::None);
+        assert_eq!(s.tls_for("other.example"), TlsPolicy::Encrypt);
     }
 
     #[test]
@@ -280,7 +252,10 @@ mod tests {
             ("SMTP_PORT = smtp", "a port from 1 to 65535"),
             ("TLS = always", "none, may, encrypt or verify"),
             ("TLS_DOMAINS = example.org", "domain:policy"),
-            ("TLS_DOMAINS = example.org:strict", "a policy of none, may"),
+            (
+                "TLS_DOMAINS = example.org:strict",
+                "a TLS policy (none, may",
+            ),
             (
                 "TLS_DOMAINS = a.example:may, A.example:none",
                 "a.example is named twice",
