@@ -134,6 +134,10 @@ in order of connect health, and takes the first answer a server gives:
                                  DNS failure (SERVFAIL, timeout: 4.4.3); an MX host that
                                  does not resolve; a malformed reply
 
+Sessions use STARTTLS as the recipient domain's policy says (verify checks the \
+certificate against the MX host name). An 8-bit message for a server without 8BITMIME is \
+converted to 7 bits; one that needs SMTPUTF8 for a server without it is bounced (5.6.7).
+
 Resolved addresses are kept in pepsi.dns_address until their DNS TTL: a working address \
 is used first, one that refused is tried last, and a host is resolved again when all its \
 addresses failed or expired.
@@ -149,6 +153,7 @@ Options of [stage-<name>]:
   MAX_ADDRESSES     10     addresses one attempt connects to at most
   TLS               none | may | encrypt | verify   policy for every domain (default may)
   TLS_DOMAINS       domain:policy, ...              a policy per recipient domain
+  TLS_CA_FILE       PEM file of the CAs verify trusts (default: the system's roots)
   RETRY_INITIAL 5m, RETRY_FACTOR 2, RETRY_MAX_INTERVAL 1h, DELAY_WARNING 4h (0 = off),
   MAX_LIFETIME 5d          retry policy; each falls back to [pepsi], then to the default
   BOUNCE_STAGE, NEXT_STAGE, ORIGINATE_SUCCESS_DSN   as for every stage
