@@ -3,7 +3,8 @@
 //! each test gives it) and SMTP peers on loopback addresses (tests/smtp_peer_common): MX
 //! order and fallback, the implicit MX, null MX and NXDOMAIN, deferrals and retries, a
 //! split message with one refused recipient, a connection lost mid-message, the
-//! `pepsi.dns_address` cache, and bad DNS answers and bad peers.
+//! `pepsi.dns_address` cache, bad DNS answers and bad peers, the 7-bit conversion, and a
+//! private Postfix as the MX taking the message over verified STARTTLS.
 
 mod common;
 mod smtp_peer_common;
@@ -585,4 +586,238 @@ async fn an_eight_bit_message_is_converted_to_seven_bits_for_a_peer_without_8bit
     );
     let mail = peers[0].log.lock().unwrap().commands[1].clone();
     assert_eq!(mail, "MAIL FROM:<sender@example.test>", "no BODY=8BITMIME");
+}
+
+/// A private Postfix (Debian's `postfix`) as the MX of `tls.test`: its smtpd on one
+/// loopback address with a certificate for `mx.tls.test` from a CA made here, STARTTLS
+/// offered, every accepted message put on hold so it stays in the queue to be read.
+struct Postfix {
+    dir: tempfile::TempDir,
+    port: u16,
+}
+
+impl Postfix {
+    const ADDRESS: &str = "127.0.0.51";
+
+    fn start() -> Postfix {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // Postfix's daemons run as the postfix user and must reach the queue.
+        std::fs::set_permissions(d, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .expect("run openssl");
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        let ec = [
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+        ];
+        run(&[
+            &["req", "-x509"][..],
+            &ec,
+            &["-keyout", "ca.key", "-out", "ca.pem"],
+            &["-days", "2", "-subj", "/CN=Relay Test CA"],
+        ]
+        .concat());
+        run(&[
+            &["req"][..],
+            &ec,
+            &["-keyout", "mx.key", "-out", "mx.csr"],
+            &["-subj", "/CN=mx.tls.test"],
+        ]
+        .concat());
+        std::fs::write(d.join("san.ext"), "subjectAltName=DNS:mx.tls.test\n").unwrap();
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            "mx.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "mx.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "san.ext",
+        ]);
+
+        let port = std::net::TcpListener::bind((Self::ADDRESS, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let etc = d.join("etc");
+        std::fs::create_dir_all(&etc).unwrap();
+        std::fs::create_dir_all(d.join("spool")).unwrap();
+        std::fs::create_dir_all(d.join("data")).unwrap();
+        let chown = Command::new("chown")
+            .arg("postfix")
+            .arg(d.join("data"))
+            .status()
+            .expect("chown");
+        assert!(
+            chown.success(),
+            "the postfix user exists (Debian package postfix)"
+        );
+        let p = d.display();
+        std::fs::write(
+            etc.join("main.cf"),
+            format!(
+                "compatibility_level = 3.6\nqueue_directory = {p}/spool\ndata_directory = {p}/data\n\
+                 mail_owner = postfix\nmyhostname = mx.tls.test\nmydestination =\n\
+                 relay_domains = tls.test\ninet_interfaces = 127.0.0.1\ninet_protocols = ipv4\n\
+                 smtpd_tls_cert_file = {p}/mx.pem\nsmtpd_tls_key_file = {p}/mx.key\n\
+                 smtpd_tls_security_level = may\nsmtpd_tls_received_header = yes\n\
+                 smtpd_recipient_restrictions = check_recipient_access static:HOLD, \
+                 permit_auth_destination, reject\n\
+                 maillog_file_prefixes = {p}\nmaillog_file = {p}/maillog\n"
+            ),
+        )
+        .unwrap();
+        // Only what an smtpd receiving mail needs, none chrooted.
+        std::fs::write(
+            etc.join("master.cf"),
+            format!(
+                "{}:{port} inet n - n - - smtpd\ncleanup unix n - n - 0 cleanup\n\
+                 qmgr unix n - n 300 1 qmgr\ntlsmgr unix - - n 1000? 1 tlsmgr\n\
+                 rewrite unix - - n - - trivial-rewrite\nbounce unix - - n - 0 bounce\n\
+                 defer unix - - n - 0 bounce\ntrace unix - - n - 0 bounce\n\
+                 proxymap unix - - n - - proxymap\nanvil unix - - n - 1 anvil\n\
+                 postlog unix-dgram n - n - 1 postlogd\n",
+                Self::ADDRESS
+            ),
+        )
+        .unwrap();
+        let pf = Postfix { dir, port };
+        let out = Command::new("postfix")
+            .arg("-c")
+            .arg(&etc)
+            .arg("start")
+            .output()
+            .expect("postfix is installed (postfix in scripts/apt-packages.txt)");
+        assert!(
+            out.status.success(),
+            "postfix start: {out:?} {}",
+            pf.maillog()
+        );
+        for _ in 0..200 {
+            if std::net::TcpStream::connect((Self::ADDRESS, port)).is_ok() {
+                return pf;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!(
+            "postfix did not listen on {}:{port}: {}",
+            Self::ADDRESS,
+            pf.maillog()
+        );
+    }
+
+    fn ca(&self) -> PathBuf {
+        self.dir.path().join("ca.pem")
+    }
+
+    fn maillog(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("maillog")).unwrap_or_default()
+    }
+
+    /// The queue files on hold, once `n` are there.
+    fn held(&self, n: usize) -> Vec<String> {
+        for _ in 0..400 {
+            let files: Vec<String> = walk(&self.dir.path().join("spool/hold"))
+                .iter()
+                .map(|f| String::from_utf8_lossy(&std::fs::read(f).unwrap()).into_owned())
+                .collect();
+            if files.len() >= n {
+                return files;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        panic!("fewer than {n} messages on hold: {}", self.maillog());
+    }
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    entries
+        .flatten()
+        .flat_map(|e| {
+            let p = e.path();
+            if p.is_dir() { walk(&p) } else { vec![p] }
+        })
+        .collect()
+}
+
+impl Drop for Postfix {
+    fn drop(&mut self) {
+        let _ = Command::new("postfix")
+            .arg("-c")
+            .arg(self.dir.path().join("etc"))
+            .arg("stop")
+            .output();
+    }
+}
+
+#[tokio::test]
+async fn postfix_as_the_mx_takes_the_message_over_verified_starttls() {
+    let postfix = Postfix::start();
+    let dns = Dns::start(&[
+        "--mx-host=tls.test,mx.tls.test,10",
+        "--host-record=mx.tls.test,127.0.0.51",
+        // The same server under a name its certificate does not carry.
+        "--mx-host=alias.test,mx.alias.test,10",
+        "--host-record=mx.alias.test,127.0.0.51",
+    ]);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &db,
+        dir.path(),
+        &dns,
+        postfix.port,
+        &format!(
+            "TLS_DOMAINS = tls.test:verify, alias.test:verify\nTLS_CA_FILE = {}\n",
+            postfix.ca().display()
+        ),
+    );
+    let good = message(&db, &["kim@tls.test"]).await;
+    let wrong_name = message(&db, &["lou@alias.test"]).await;
+
+    assert_eq!(
+        relay(&cfg, &[good, wrong_name]).await,
+        vec![r#"0 {"finished":true}"#, "0"]
+    );
+    let held = postfix.held(1);
+    assert_eq!(held.len(), 1, "{}", postfix.maillog());
+    assert!(held[0].contains("kim@tls.test"), "{}", held[0]);
+    assert!(held[0].contains("Subject: out"), "{}", held[0]);
+    assert!(
+        held[0].contains("(using TLSv1."),
+        "Postfix records the TLS session in its Received field: {}",
+        held[0]
+    );
+    let log = postfix.maillog();
+    assert!(
+        log.contains("ehlo=2 starttls=1 mail=1 rcpt=1"),
+        "EHLO, STARTTLS, EHLO again, then the transaction: {log}"
+    );
+
+    let last = paused_with(&row(&db, wrong_name).await.unwrap());
+    assert!(
+        last.starts_with("4.7.5 mx.alias.test [127.0.0.51]: ") && last.contains("mx.alias.test"),
+        "a certificate for mx.tls.test does not do for mx.alias.test: {last}"
+    );
 }
