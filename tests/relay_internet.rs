@@ -247,20 +247,26 @@ async fn a_domain_without_mx_gets_its_own_addresses_ipv6_first_unless_turned_off
 }
 
 #[tokio::test]
-async fn a_null_mx_and_a_domain_that_does_not_exist_are_bounced() {
-    let dns = Dns::start(&["--mx-host=null.test,.,0"]);
+async fn a_null_mx_a_domain_that_does_not_exist_and_a_loop_are_bounced() {
+    let dns = Dns::start(&[
+        "--mx-host=null.test,.,0",
+        // This host (HELO_NAME) is the best MX of loop.test.
+        "--mx-host=loop.test,relay.example.test,10",
+        "--mx-host=loop.test,backup.loop.test,20",
+    ]);
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let cfg = config(&db, dir.path(), &dns, 25, "");
     let null = message(&db, &["carol@null.test"]).await;
     let nx = message(&db, &["dave@nx.test"]).await;
+    let looping = message(&db, &["eve@loop.test"]).await;
 
     assert_eq!(
-        relay(&cfg, &[null, nx]).await,
-        vec![r#"0 {"finished":true}"#, r#"0 {"finished":true}"#]
+        relay(&cfg, &[null, nx, looping]).await,
+        vec![r#"0 {"finished":true}"#; 3]
     );
     let rows = common::rows(&db.pool).await;
-    assert_eq!(rows.len(), 2, "one bounce each: {rows:?}");
+    assert_eq!(rows.len(), 3, "one bounce each: {rows:?}");
     let by_rcpt = |r: &str| {
         rows.iter()
             .find(|row| row.3 == vec![r.to_owned()])
@@ -285,6 +291,42 @@ async fn a_null_mx_and_a_domain_that_does_not_exist_are_bounced() {
     assert_eq!(state["bounce"]["enhanced_status"], "5.1.2");
     let diag = state["bounce"]["diagnostic"].as_str().unwrap();
     assert!(diag.contains("nx.test does not exist"), "{diag}");
+
+    let (_, _, _, _, state) = by_rcpt("eve@loop.test");
+    assert_eq!(state["bounce"]["enhanced_status"], "5.4.6");
+    let diag = state["bounce"]["diagnostic"].as_str().unwrap();
+    assert!(
+        diag.contains("loops back to this host: relay.example.test is its best MX"),
+        "{diag}"
+    );
+}
+
+#[tokio::test]
+async fn an_address_literal_goes_to_that_address_without_dns_or_cache() {
+    let (port, peers) = smtp_peer_common::start(&[("127.0.0.27", "literal.peer")]).await;
+    let dns = Dns::start(&[]);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, dir.path(), &dns, port, "");
+    let ok = message(&db, &["postmaster@[127.0.0.27]"]).await;
+    let bad = message(&db, &["postmaster@[not.an.address]"]).await;
+
+    assert_eq!(
+        relay(&cfg, &[ok, bad]).await,
+        vec![r#"0 {"finished":true}"#; 2]
+    );
+    assert_eq!(
+        received(&peers[0]),
+        vec![(
+            "sender@example.test".into(),
+            vec!["postmaster@[127.0.0.27]".into()]
+        )]
+    );
+    assert!(cache(&db).await.is_empty(), "a literal is not cached");
+    let rows = common::rows(&db.pool).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].1, "bounce");
+    assert_eq!(rows[0].4["bounce"]["enhanced_status"], "5.1.3");
 }
 
 #[tokio::test]
