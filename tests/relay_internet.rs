@@ -244,6 +244,21 @@ async fn a_domain_without_mx_gets_its_own_addresses_ipv6_first_unless_turned_off
             ("plain.test".into(), "::1".into())
         ]
     );
+
+    // An IPv4-only re-resolution (its one address marked failed) keeps the IPv6 address.
+    sqlx::query("UPDATE pepsi.dns_address SET last_failure = now() WHERE address = '127.0.0.21'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let third = message(&db, &["bob@plain.test"]).await;
+    assert_eq!(relay(&cfg, &[third]).await, vec![r#"0 {"finished":true}"#]);
+    assert_eq!(received(&peers[0]).len(), 2);
+    let after = cache(&db).await;
+    assert_eq!(after.len(), 2, "::1 is still known: {after:?}");
+    assert!(
+        after[0].3 && after[0].2 == 0,
+        "127.0.0.21 works again: {after:?}"
+    );
 }
 
 #[tokio::test]

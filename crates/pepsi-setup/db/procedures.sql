@@ -595,16 +595,18 @@ RETURNS TABLE (address text, health text) LANGUAGE sql STABLE AS $$
 $$;
 
 -- Records a fresh resolution of p_host: its addresses now are p_addresses, valid for
--- p_ttl seconds; addresses no longer published are forgotten, the others keep their
--- health. Returns the host's addresses in the order to try them, as
+-- p_ttl seconds; addresses no longer published are forgotten (only IPv4 ones when p_ipv6 is
+-- false: AAAA was not asked), the others keep their health. Returns the host's addresses in the order to try them, as
 -- dns_address_candidates does.
 CREATE OR REPLACE FUNCTION pepsi.dns_address_store(
     p_host text, p_addresses text[], p_ttl integer, p_ipv6 boolean
 ) RETURNS TABLE (address text, health text) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
+    -- An IPv4-only resolution says nothing about the host's IPv6 addresses.
     DELETE FROM pepsi.dns_address d
-    WHERE d.host = lower(p_host) AND NOT (d.address = ANY (p_addresses::inet[]));
+    WHERE d.host = lower(p_host) AND NOT (d.address = ANY (p_addresses::inet[]))
+      AND (p_ipv6 OR family(d.address) = 4);
     INSERT INTO pepsi.dns_address AS d (host, address, expires_at)
     SELECT DISTINCT lower(p_host), a::inet, now() + make_interval(secs => greatest(p_ttl, 0))
     FROM unnest(p_addresses) AS a
