@@ -433,6 +433,18 @@ async fn three_recipients_are_split_and_the_one_refused_is_bounced_alone() {
         .collect();
     delivered.sort();
     assert_eq!(delivered, vec!["a@three.test", "c@three.test"]);
+    {
+        let log = peers[0].log.lock().unwrap();
+        assert_eq!(
+            log.connections, 2,
+            "one session per worker run: the second sibling reuses the first's"
+        );
+        assert!(
+            log.commands.iter().any(|c| c == "RSET"),
+            "{:?}",
+            log.commands
+        );
+    }
     let rows = common::rows(&db.pool).await;
     assert_eq!(rows.len(), 1, "only the bounce is left: {rows:?}");
     let (_, stage, status, rcpt, state) = &rows[0];
@@ -498,7 +510,8 @@ async fn after_an_address_refuses_the_next_delivery_uses_another_at_once() {
     ]);
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let cfg = config(&db, dir.path(), &dns, port, "");
+    // A session per message, so every delivery chooses its address afresh.
+    let cfg = config(&db, dir.path(), &dns, port, "CONNECTION_IDLE = 0\n");
 
     let first = message(&db, &["gina@cache.test"]).await;
     assert_eq!(relay(&cfg, &[first]).await, vec![r#"0 {"finished":true}"#]);

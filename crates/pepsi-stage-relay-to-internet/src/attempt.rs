@@ -22,6 +22,7 @@ use sqlx::PgPool;
 
 use crate::cache::{self, Candidate, Health};
 use crate::dns::{Dns, Lookup};
+use crate::keep::{Keeper, Key};
 use crate::route::{self, Hop, NoRoute};
 use crate::settings::Settings;
 
@@ -113,11 +114,12 @@ fn verdict(host: &str, address: IpAddr, remote: &str, outcome: &RcptOutcome) -> 
     }
 }
 
-/// The attempt's parts: settings, resolver and the cache's database.
+/// The attempt's parts: settings, resolver, the cache's database and the kept sessions.
 pub struct Attempt<'a> {
     pub settings: &'a Settings,
     pub dns: &'a Dns,
     pub pool: &'a PgPool,
+    pub keeper: &'a Keeper,
 }
 
 impl Attempt<'_> {
@@ -274,35 +276,40 @@ impl Attempt<'_> {
             host: address.to_string(),
             port: self.settings.smtp_port,
         };
+        let key = Key {
+            host: host.to_owned(),
+            address,
+            tls: self.settings.tls_for(domain),
+        };
         let options = OpenOptions {
             tls: TlsOptions {
-                policy: self.settings.tls_for(domain),
+                policy: key.tls,
                 ca_file: self.settings.tls_ca_file.clone(),
                 // The MX host name is what a verified certificate must carry.
                 server_name: hop.literal.is_none().then(|| host.to_owned()),
             },
             auth: None,
         };
-        let opened = Connection::open_with(
-            &target,
-            Protocol::Smtp,
-            &self.settings.helo_name,
-            self.settings.timeouts,
-            &options,
-        )
-        .await;
-        let mut conn = match opened {
-            Ok(conn) => conn,
-            Err(e) => {
+        let mut conn = match self.keeper.take(&key).await {
+            Some(kept) => kept,
+            None => {
+                let opened = Connection::open_with(
+                    &target,
+                    Protocol::Smtp,
+                    &self.settings.helo_name,
+                    self.settings.timeouts,
+                    &options,
+                )
+                .await;
                 if hop.literal.is_none() {
-                    cache::report(self.pool, host, address, false).await;
+                    cache::report(self.pool, host, address, opened.is_ok()).await;
                 }
-                return Verdict::Next(session_note(host, address, &e));
+                match opened {
+                    Ok(conn) => conn,
+                    Err(e) => return Verdict::Next(session_note(host, address, &e)),
+                }
             }
         };
-        if hop.literal.is_none() {
-            cache::report(self.pool, host, address, true).await;
-        }
         let remote = conn.remote_mta().to_owned();
         let tls = conn.tls().map_or("no TLS".to_owned(), |t| {
             format!("{} {}", t.version, t.cipher)
@@ -316,12 +323,12 @@ impl Attempt<'_> {
                 &downgraded
             }
             Prepared::Refuse(failure) => {
-                conn.quit().await;
+                self.keeper.put(key, conn).await;
                 return Verdict::Answer(RcptResult::Permanent(failure));
             }
         };
         let outcomes = conn.send(env, payload).await;
-        conn.quit().await;
+        self.keeper.put(key, conn).await;
         let outcome =
             outcomes
                 .into_iter()

@@ -13,12 +13,14 @@
 //! resolved MX-host addresses with their connect health, and nothing else.
 //!
 //! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
-//! `dns` (hickory lookups), `cache` (the address cache's stored functions), `attempt` (the
-//! walk over hosts and addresses, and what ends it).
+//! `dns` (hickory lookups), `cache` (the address cache's stored functions), `keep`
+//! (sessions kept between messages), `attempt` (the walk over hosts and addresses, and what
+//! ends it).
 
 pub mod attempt;
 pub mod cache;
 pub mod dns;
+pub mod keep;
 pub mod route;
 pub mod settings;
 
@@ -35,6 +37,7 @@ use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings, 
 
 use crate::attempt::Attempt;
 use crate::dns::Dns;
+use crate::keep::Keeper;
 use crate::settings::Settings;
 
 pub mod constants {
@@ -48,10 +51,11 @@ pub mod constants {
     pub const PROGRAM: &str = "pepsi-stage-relay-to-internet";
 }
 
-/// One stage section, built at start: its settings and its resolver.
+/// One stage section, built at start: its settings, its resolver and its kept sessions.
 pub struct Built {
     pub settings: Settings,
     pub dns: Dns,
+    pub keeper: Keeper,
 }
 
 /// The stage: every section the program serves, and whether this worker swept the cache.
@@ -68,7 +72,15 @@ impl RelayToInternet {
             let settings = Settings::from_config(cfg, &name)?;
             let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
                 .with_context(|| format!("[stage-{name}]"))?;
-            stages.insert(name.to_ascii_lowercase(), Built { settings, dns });
+            let keeper = Keeper::new(settings.connection_idle);
+            stages.insert(
+                name.to_ascii_lowercase(),
+                Built {
+                    settings,
+                    dns,
+                    keeper,
+                },
+            );
         }
         Ok(RelayToInternet {
             stages,
@@ -104,6 +116,7 @@ impl Stage for RelayToInternet {
                     settings: &built.settings,
                     dns: &built.dns,
                     pool: ctx.pool(),
+                    keeper: &built.keeper,
                 };
                 attempt.deliver(&env, &domain, &message).await
             }
@@ -151,6 +164,8 @@ Options of [stage-<name>]:
   IPV6              prefer (IPv6 first among equally healthy addresses) | no (IPv4 only)
                     ([pepsi] IPV6; default prefer)
   MAX_ADDRESSES     10     addresses one attempt connects to at most
+  CONNECTION_IDLE   5s     keep a session open this long for the next message to the same
+                           MX host and address (RSET before reuse); 0 = QUIT after each
   TLS               none | may | encrypt | verify   policy for every domain (default may)
   TLS_DOMAINS       domain:policy, ...              a policy per recipient domain
   TLS_CA_FILE       PEM file of the CAs verify trusts (default: the system's roots)

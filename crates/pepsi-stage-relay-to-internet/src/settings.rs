@@ -50,6 +50,9 @@ pub struct Settings {
     pub ipv6: Ipv6,
     /// `MAX_ADDRESSES`: the most addresses one delivery attempt connects to.
     pub max_addresses: usize,
+    /// `CONNECTION_IDLE`: how long a session is kept for the next message; zero closes it
+    /// after each.
+    pub connection_idle: Duration,
     /// `TLS`: the policy for destinations `TLS_DOMAINS` does not name.
     pub tls: TlsPolicy,
     /// `TLS_DOMAINS`: per recipient domain (normalized), a policy of its own.
@@ -169,6 +172,9 @@ impl Settings {
                         .ok_or_else(|| "a number from 1 to 100".to_owned())
                 })?
                 .unwrap_or(10),
+            connection_idle: s
+                .duration_opt("CONNECTION_IDLE")?
+                .unwrap_or(Duration::from_secs(5)),
             tls: s
                 .parse_opt("TLS", |v| v.parse::<TlsPolicy>())?
                 .unwrap_or(TlsPolicy::May),
@@ -207,6 +213,7 @@ mod tests {
         assert_eq!(s.ipv6, Ipv6::No);
         assert_eq!(s.tls, TlsPolicy::May);
         assert_eq!(s.max_addresses, 10);
+        assert_eq!(s.connection_idle, Duration::from_secs(5));
         assert_eq!(s.timeouts.greeting, Duration::from_secs(300));
         assert_eq!(s.tls_for("example.org"), TlsPolicy::May);
 
@@ -215,7 +222,8 @@ mod tests {
              [stage-out]\nHELO_NAME = out.example.test\nDNS_SERVERS = 127.0.0.1:5353, [::1]:53\n\
              DNS_TIMEOUT = 2s\nSMTP_PORT = 2525\nCONNECT_TIMEOUT = 5s\nDATA_TIMEOUT = 0\n\
              TLS = encrypt\nTLS_DOMAINS = Example.ORG:verify, bücher.example:none\n\
-             MAX_ADDRESSES = 3\nRETRY_INITIAL = 1m\nTLS_CA_FILE = /etc/pepsi/ca.pem\n",
+             MAX_ADDRESSES = 3\nRETRY_INITIAL = 1m\nTLS_CA_FILE = /etc/pepsi/ca.pem\n\
+             CONNECTION_IDLE = 0\n",
         )
         .unwrap();
         assert_eq!(s.helo_name, "out.example.test");
@@ -236,6 +244,7 @@ mod tests {
             "0 is the default"
         );
         assert_eq!(s.max_addresses, 3);
+        assert!(s.connection_idle.is_zero());
         assert_eq!(s.tls_ca_file, Some(PathBuf::from("/etc/pepsi/ca.pem")));
         assert_eq!(s.policy.initial, Duration::from_secs(60));
         assert_eq!(s.tls_for("example.org"), TlsPolicy::Verify);
