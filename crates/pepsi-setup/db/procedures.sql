@@ -559,3 +559,81 @@ RETURNS SETOF text LANGUAGE sql STABLE AS $$
     WHERE a.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_addresses) AS k))
       AND a.enabled
 $$;
+
+-- THE MX ADDRESS CACHE (pepsi.dns_address)
+--
+-- pepsi-stage-relay-to-internet keeps the A/AAAA addresses of the MX hosts it resolved,
+-- each with its connect health. A host's addresses are listed in the order they should be
+-- tried: working ones (the last connect succeeded) first, then untried ones, then failed
+-- ones (oldest failure first); within a class IPv6 before IPv4 when p_ipv6 is true, and
+-- only IPv4 when it is false; then by address, so the order is stable. Health survives a
+-- re-resolution: an address that is still in the DNS keeps its history. `failures` counts
+-- consecutive failed connects and is reset by a success.
+
+-- One row of the cache as the stage reads it: the address and its health class.
+CREATE OR REPLACE FUNCTION pepsi.dns_address_health(p_success timestamptz, p_failure timestamptz)
+RETURNS text LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE
+        WHEN p_success IS NOT NULL AND (p_failure IS NULL OR p_success >= p_failure) THEN 'working'
+        WHEN p_success IS NULL AND p_failure IS NULL THEN 'untried'
+        ELSE 'failed'
+    END
+$$;
+
+-- The unexpired addresses of p_host, in the order to try them.
+CREATE OR REPLACE FUNCTION pepsi.dns_address_candidates(p_host text, p_ipv6 boolean)
+RETURNS TABLE (address text, health text) LANGUAGE sql STABLE AS $$
+    SELECT host(d.address), pepsi.dns_address_health(d.last_success, d.last_failure)
+    FROM pepsi.dns_address d
+    WHERE d.host = lower(p_host) AND d.expires_at > now()
+      AND (p_ipv6 OR family(d.address) = 4)
+    ORDER BY array_position(ARRAY['working', 'untried', 'failed'],
+                            pepsi.dns_address_health(d.last_success, d.last_failure)),
+             d.last_failure NULLS FIRST,
+             CASE WHEN p_ipv6 THEN -family(d.address) ELSE family(d.address) END,
+             d.address
+$$;
+
+-- Records a fresh resolution of p_host: its addresses now are p_addresses, valid for
+-- p_ttl seconds; addresses no longer published are forgotten (only IPv4 ones when p_ipv6 is
+-- false: AAAA was not asked), the others keep their health. Returns the host's addresses in the order to try them, as
+-- dns_address_candidates does.
+CREATE OR REPLACE FUNCTION pepsi.dns_address_store(
+    p_host text, p_addresses text[], p_ttl integer, p_ipv6 boolean
+) RETURNS TABLE (address text, health text) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    -- An IPv4-only resolution says nothing about the host's IPv6 addresses.
+    DELETE FROM pepsi.dns_address d
+    WHERE d.host = lower(p_host) AND NOT (d.address = ANY (p_addresses::inet[]))
+      AND (p_ipv6 OR family(d.address) = 4);
+    INSERT INTO pepsi.dns_address AS d (host, address, expires_at)
+    SELECT DISTINCT lower(p_host), a::inet, now() + make_interval(secs => greatest(p_ttl, 0))
+    FROM unnest(p_addresses) AS a
+    ON CONFLICT (host, address) DO UPDATE SET expires_at = EXCLUDED.expires_at;
+    RETURN QUERY SELECT c.address, c.health FROM pepsi.dns_address_candidates(p_host, p_ipv6) c;
+END
+$$;
+
+-- Records the outcome of one connect to p_address of p_host.
+CREATE OR REPLACE FUNCTION pepsi.dns_address_report(p_host text, p_address text, p_ok boolean)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE pepsi.dns_address d SET
+        last_success = CASE WHEN p_ok THEN now() ELSE d.last_success END,
+        last_failure = CASE WHEN p_ok THEN d.last_failure ELSE now() END,
+        failures = CASE WHEN p_ok THEN 0 ELSE d.failures + 1 END
+    WHERE d.host = lower(p_host) AND d.address = p_address::inet
+$$;
+
+-- Forgets addresses expired for longer than p_age (hosts no longer mailed to); returns how
+-- many.
+CREATE OR REPLACE FUNCTION pepsi.dns_address_gc(p_age interval DEFAULT '1 day')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pepsi.dns_address WHERE expires_at < now() - p_age;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;

@@ -1,0 +1,192 @@
+//! The DNS edge: MX, A and AAAA lookups over hickory-resolver, asking the configured
+//! servers (`DNS_SERVERS`) or the system's, and the three outcomes delivery tells apart:
+//! records, a name that does not exist or has no such records (an answer), and a lookup
+//! that failed (SERVFAIL, REFUSED, a timeout: try again later).
+//!
+//! Names are always queried fully qualified, so no search domain is ever appended, and the
+//! hosts file is never read: where mail goes is the DNS's word alone.
+
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use hickory_resolver::config::{NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts};
+use hickory_resolver::net::runtime::TokioRuntimeProvider;
+use hickory_resolver::net::{DnsError, NetError};
+use hickory_resolver::proto::op::ResponseCode;
+use hickory_resolver::proto::rr::RData;
+use hickory_resolver::{Resolver, TokioResolver};
+
+use crate::route::{MxAnswer, MxRecord};
+
+/// Why a lookup gave no records.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lookup {
+    /// NXDOMAIN: the name does not exist.
+    NoDomain,
+    /// The name exists without records of the type asked for.
+    NoRecords,
+    /// No answer: the servers failed, refused or did not answer in time.
+    Failed(String),
+}
+
+impl std::fmt::Display for Lookup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Lookup::NoDomain => f.write_str("the name does not exist (NXDOMAIN)"),
+            Lookup::NoRecords => f.write_str("no records"),
+            Lookup::Failed(why) => write!(f, "DNS lookup failed: {why}"),
+        }
+    }
+}
+
+/// Addresses of one host and how long they may be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Addresses {
+    pub addresses: Vec<IpAddr>,
+    /// Seconds until the answer expires (the smaller TTL of the A and AAAA answers).
+    pub ttl: u32,
+}
+
+/// A resolver for one stage section.
+pub struct Dns {
+    resolver: TokioResolver,
+}
+
+impl Dns {
+    /// Asks `servers` (UDP, TCP when truncated), or the system's resolvers when empty.
+    pub fn new(servers: &[SocketAddr], timeout: Duration) -> anyhow::Result<Dns> {
+        let (config, mut opts) = if servers.is_empty() {
+            hickory_resolver::system_conf::read_system_conf().map_err(|e| {
+                anyhow::anyhow!(
+                    "cannot read the system resolver configuration (/etc/resolv.conf): {e}; \
+                     set DNS_SERVERS"
+                )
+            })?
+        } else {
+            let servers = servers
+                .iter()
+                .map(|addr| {
+                    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+                    for c in &mut ns.connections {
+                        c.port = addr.port();
+                    }
+                    ns
+                })
+                .collect();
+            (
+                ResolverConfig::from_name_servers(servers),
+                ResolverOpts::default(),
+            )
+        };
+        opts.timeout = timeout;
+        opts.attempts = 2;
+        opts.use_hosts_file = ResolveHosts::Never;
+        let resolver = Resolver::builder_with_config(config, TokioRuntimeProvider::default())
+            .with_options(opts)
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot set up the DNS resolver: {e}"))?;
+        Ok(Dns { resolver })
+    }
+
+    /// The MX records of `domain` (ASCII, without the trailing dot).
+    pub async fn mx(&self, domain: &str) -> Result<MxAnswer, Lookup> {
+        match self.resolver.mx_lookup(fqdn(domain)).await {
+            Ok(lookup) => {
+                let records: Vec<MxRecord> = lookup
+                    .answers()
+                    .iter()
+                    .filter_map(|r| match &r.data {
+                        RData::MX(mx) => Some(MxRecord {
+                            preference: mx.preference,
+                            exchange: mx
+                                .exchange
+                                .to_ascii()
+                                .trim_end_matches('.')
+                                .to_ascii_lowercase(),
+                        }),
+                        _ => None,
+                    })
+                    .collect();
+                Ok(if records.is_empty() {
+                    MxAnswer::NoRecords
+                } else {
+                    MxAnswer::Records(records)
+                })
+            }
+            Err(e) => match classify(&e) {
+                Lookup::NoDomain => Ok(MxAnswer::NoDomain),
+                Lookup::NoRecords => Ok(MxAnswer::NoRecords),
+                failed => Err(failed),
+            },
+        }
+    }
+
+    /// The A (and with `ipv6` the AAAA) records of `host`. Records of either kind are an
+    /// answer even when the other lookup failed.
+    pub async fn addresses(&self, host: &str, ipv6: bool) -> Result<Addresses, Lookup> {
+        let name = fqdn(host);
+        let v4 = self.resolver.ipv4_lookup(name.clone());
+        let (v4, v6) = if ipv6 {
+            let (a, b) = tokio::join!(v4, self.resolver.ipv6_lookup(name));
+            (a, Some(b))
+        } else {
+            (v4.await, None)
+        };
+        let now = Instant::now();
+        let mut addresses = Vec::new();
+        let mut ttl = u32::MAX;
+        let mut misses = Vec::new();
+        for result in std::iter::once(v4).chain(v6) {
+            match result {
+                Ok(lookup) => {
+                    let before = addresses.len();
+                    for r in lookup.answers() {
+                        match &r.data {
+                            RData::A(a) => addresses.push(IpAddr::V4(a.0)),
+                            RData::AAAA(a) => addresses.push(IpAddr::V6(a.0)),
+                            _ => {}
+                        }
+                    }
+                    if addresses.len() > before {
+                        let left = lookup.valid_until().saturating_duration_since(now);
+                        ttl = ttl.min(left.as_secs().min(u32::MAX as u64) as u32);
+                    } else {
+                        misses.push(Lookup::NoRecords);
+                    }
+                }
+                Err(e) => misses.push(classify(&e)),
+            }
+        }
+        if !addresses.is_empty() {
+            addresses.dedup();
+            return Ok(Addresses { addresses, ttl });
+        }
+        if let Some(failed) = misses.iter().find(|m| matches!(m, Lookup::Failed(_))) {
+            return Err(failed.clone());
+        }
+        if misses.iter().all(|m| *m == Lookup::NoDomain) {
+            return Err(Lookup::NoDomain);
+        }
+        Err(Lookup::NoRecords)
+    }
+}
+
+fn fqdn(name: &str) -> String {
+    format!("{}.", name.trim_end_matches('.'))
+}
+
+/// Tells an answer without records from a failed lookup.
+fn classify(e: &NetError) -> Lookup {
+    match e {
+        NetError::Dns(DnsError::NoRecordsFound(no)) => match no.response_code {
+            ResponseCode::NXDomain => Lookup::NoDomain,
+            ResponseCode::NoError => Lookup::NoRecords,
+            code => Lookup::Failed(format!("the server answered {code}")),
+        },
+        NetError::Dns(DnsError::ResponseCode(code)) => {
+            Lookup::Failed(format!("the server answered {code}"))
+        }
+        NetError::Timeout => Lookup::Failed("no answer in time".into()),
+        other => Lookup::Failed(other.to_string()),
+    }
+}

@@ -1,0 +1,186 @@
+//! pepsi-stage-relay-to-internet: delivers mail for other domains to their MX hosts by
+//! SMTP, one envelope recipient per attempt, and turns the answer into the message's fate
+//! through `delivery::conclude`.
+//!
+//! Reads: envelope, `state.dsn` (passed on to peers that offer DSN), `state.origin.smtputf8`,
+//! `state.attempts`/`delay_sent`, headers and body (`Load::Full`). Writes (through
+//! `conclude`): `attempts`, `last_error`, `delay_sent` on a paused row; `bounce` on the
+//! notification clones. Fan-out: `split_to_one_per_row` on a row with several recipients.
+//! Terminal helpers: only those `conclude` picks — `advance_or_finish`, `finish_with`
+//! (bounce, success notice) or `pause_with` (backoff).
+//!
+//! Besides the queue row, the stage reads and writes `pepsi.dns_address` (`cache`), the
+//! resolved MX-host addresses with their connect health, and nothing else.
+//!
+//! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
+//! `dns` (hickory lookups), `cache` (the address cache's stored functions), `keep`
+//! (sessions kept between messages), `attempt` (the walk over hosts and addresses, and what
+//! ends it).
+
+pub mod attempt;
+pub mod cache;
+pub mod dns;
+pub mod keep;
+pub mod route;
+pub mod settings;
+
+use std::collections::HashMap;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use anyhow::Context as _;
+use pepsi_common::config::Config;
+use pepsi_common::delivery::{self, Failure, RcptResult};
+use pepsi_common::local::split_address;
+use pepsi_common::smtp::Envelope;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings, built_for};
+
+use crate::attempt::Attempt;
+use crate::dns::Dns;
+use crate::keep::Keeper;
+use crate::settings::Settings;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-relay-to-internet",
+        exec: "pepsi-stage-relay-to-internet",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-relay-to-internet";
+}
+
+/// One stage section, built at start: its settings, its resolver and its kept sessions.
+pub struct Built {
+    pub settings: Settings,
+    pub dns: Dns,
+    pub keeper: Keeper,
+}
+
+/// The stage: every section the program serves, and whether this worker swept the cache.
+pub struct RelayToInternet {
+    stages: HashMap<String, Built>,
+    swept: AtomicBool,
+}
+
+impl RelayToInternet {
+    /// Reads and checks every `[stage-*]` section whose PROGRAM is this program.
+    pub fn from_config(cfg: &Config) -> anyhow::Result<RelayToInternet> {
+        let mut stages = HashMap::new();
+        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
+            let settings = Settings::from_config(cfg, &name)?;
+            let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
+                .with_context(|| format!("[stage-{name}]"))?;
+            let keeper = Keeper::new(settings.connection_idle);
+            stages.insert(
+                name.to_ascii_lowercase(),
+                Built {
+                    settings,
+                    dns,
+                    keeper,
+                },
+            );
+        }
+        Ok(RelayToInternet {
+            stages,
+            swept: AtomicBool::new(false),
+        })
+    }
+}
+
+impl Stage for RelayToInternet {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Full;
+
+    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+        let built = built_for(&self.stages, ctx.stage())?;
+        if ctx.rcpt_to().len() > 1 {
+            ctx.split_to_one_per_row().await?;
+        }
+        if !self.swept.swap(true, Ordering::Relaxed) {
+            cache::gc(ctx.pool()).await;
+        }
+        let rcpt = ctx.rcpt_to()[0].clone();
+        let result = match split_address(&rcpt) {
+            None => {
+                let mut f =
+                    Failure::new(format!("{rcpt:?} is not an address with a domain"), "5.1.3");
+                f.phase = Some("routing".into());
+                RcptResult::Permanent(f)
+            }
+            Some((_, domain)) => {
+                let message = ctx.raw_message()?;
+                let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
+                let attempt = Attempt {
+                    settings: &built.settings,
+                    dns: &built.dns,
+                    pool: ctx.pool(),
+                    keeper: &built.keeper,
+                };
+                attempt.deliver(&env, &domain, &message).await
+            }
+        };
+        if let RcptResult::Transient(f) | RcptResult::Permanent(f) = &result {
+            tracing::info!(id = ctx.id(), %rcpt, "not delivered: {}", f.summary());
+        }
+        delivery::conclude(ctx, &built.settings.policy, &[result])
+    }
+}
+
+const ABOUT: &str = "Pepsi delivery stage that sends mail for other domains to their MX hosts";
+
+const LONG_ABOUT: &str = "\
+Pepsi delivery stage that sends mail for other domains to their MX hosts by SMTP
+
+A message with several recipients is first split into one row per recipient, each \
+delivered, retried and bounced on its own. For a recipient the stage looks up the MX \
+records of its domain (without any, the domain's own A/AAAA records: RFC 5321 5.1), tries \
+the hosts in preference order (random among equal preferences) and each host's addresses \
+in order of connect health, and takes the first answer a server gives:
+
+  delivered                      2xx after the message
+  bounced (BOUNCE_STAGE)         5xx to MAIL, RCPT or DATA; NXDOMAIN (5.1.2); a null MX
+                                 (RFC 7505, 5.1.10); this host as best MX (5.4.6)
+  paused, retried with backoff   4xx; a connection lost during the message; no host
+                                 reachable (refused, timeouts, 421, refused greeting);
+                                 DNS failure (SERVFAIL, timeout: 4.4.3); an MX host that
+                                 does not resolve; a malformed reply
+
+Sessions use STARTTLS as the recipient domain's policy says (verify checks the \
+certificate against the MX host name). An 8-bit message for a server without 8BITMIME is \
+converted to 7 bits; one that needs SMTPUTF8 for a server without it is bounced (5.6.7).
+
+Resolved addresses are kept in pepsi.dns_address until their DNS TTL: a working address \
+is used first, one that refused is tried last, and a host is resolved again when all its \
+addresses failed or expired.
+
+Options of [stage-<name>]:
+  DNS_SERVERS       ip or ip:port list ([pepsi] DNS_SERVERS; default /etc/resolv.conf)
+  DNS_TIMEOUT       10s per query and server ([pepsi] DNS_TIMEOUT)
+  SMTP_PORT         25
+  HELO_NAME         name given in EHLO/HELO (default [pepsi] HOSTNAME, else the host name)
+  CONNECT_TIMEOUT   30s    GREETING_TIMEOUT 5m    COMMAND_TIMEOUT 5m    DATA_TIMEOUT 10m
+  IPV6              prefer (IPv6 first among equally healthy addresses) | no (IPv4 only)
+                    ([pepsi] IPV6; default prefer)
+  MAX_ADDRESSES     10     addresses one attempt connects to at most
+  CONNECTION_IDLE   5s     keep a session open this long for the next message to the same
+                           MX host and address (RSET before reuse); 0 = QUIT after each
+  TLS               none | may | encrypt | verify   policy for every domain (default may)
+  TLS_DOMAINS       domain:policy, ...              a policy per recipient domain
+  TLS_CA_FILE       PEM file of the CAs verify trusts (default: the system's roots)
+  RETRY_INITIAL 5m, RETRY_FACTOR 2, RETRY_MAX_INTERVAL 1h, DELAY_WARNING 4h (0 = off),
+  MAX_LIFETIME 5d          retry policy; each falls back to [pepsi], then to the default
+  BOUNCE_STAGE, NEXT_STAGE, ORIGINATE_SUCCESS_DSN   as for every stage
+
+See docs/relay-internet.md.";
+
+/// Entry point of the `pepsi-stage-relay-to-internet` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main_with_long_about_built(
+        &constants::CONFIG_SOURCE,
+        ABOUT,
+        LONG_ABOUT,
+        RelayToInternet::from_config,
+    )
+}
