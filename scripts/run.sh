@@ -36,11 +36,28 @@ bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 export PATH="$bin:$PATH"
 
 mkdir -p var/log
+command -v openssl >/dev/null || install_listed_packages "$root"
 ensure_postgres "$root/var/pg" 55432 private
-# The default configuration reads these two.
+# The default configuration reads these four.
 export PEPSI_HOME="$root/var"
 export DATABASE_URL="${DATABASE_URL%/*}/pepsi"
+export PEPSI_KEY_DIR="$root/var/keys"
+export PEPSI_SECRETS_DIR="$root/var/secrets.d"
 cfg="$root/etc/pepsi.conf"
+
+# The signing key of example.test (DKIM and ARC of the remote branch) and the SRS secret,
+# made once for this checkout; a packaged installation has its own.
+key="$PEPSI_KEY_DIR/example.test.pepsi.pem"
+if [ ! -s "$key" ]; then
+  mkdir -p "$PEPSI_KEY_DIR"
+  (umask 077; openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$key" 2>/dev/null)
+  say "made the DKIM/ARC key $key (publish pepsi._domainkey.example.test to verify)"
+fi
+if [ ! -s "$PEPSI_SECRETS_DIR/20-srs.conf" ]; then
+  mkdir -p "$PEPSI_SECRETS_DIR"
+  (umask 077; printf '[srs]\nSECRETS = %s\n' "$(openssl rand -hex 16)" >"$PEPSI_SECRETS_DIR/20-srs.conf")
+  say "made the SRS secret $PEPSI_SECRETS_DIR/20-srs.conf"
+fi
 
 say "== pepsi-setup db -c etc/pepsi.conf"
 pepsi-setup db -c "$cfg"

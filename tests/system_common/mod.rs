@@ -56,6 +56,37 @@ impl System {
         for user in users {
             make_maildir(&home.join("mail").join(user).join("Maildir"));
         }
+        // The shipped graph's signing key and SRS secret, as scripts/run.sh makes them.
+        let keys = dir.path().join("keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        let key = keys.join("example.test.pepsi.pem");
+        let made = Command::new("openssl")
+            .args([
+                "genpkey",
+                "-algorithm",
+                "RSA",
+                "-pkeyopt",
+                "rsa_keygen_bits:2048",
+                "-out",
+            ])
+            .arg(&key)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl is installed (scripts/apt-packages.txt)");
+        assert!(made.success(), "openssl genpkey failed");
+        let secrets = dir.path().join("secrets.d");
+        std::fs::create_dir_all(&secrets).unwrap();
+        let fragment = secrets.join("20-srs.conf");
+        std::fs::write(
+            &fragment,
+            "[srs]\nSECRETS = 0123456789abcdef0123456789abcdef\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(
+            &fragment,
+            std::os::unix::fs::PermissionsExt::from_mode(0o600),
+        )
+        .unwrap();
         let port = free_port();
         let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("etc/pepsi.conf");
         let config = dir.path().join("pepsi.conf");
@@ -91,6 +122,8 @@ impl System {
             .args(["-L", "debug"])
             .env("PATH", path)
             .env("PEPSI_HOME", &self.home)
+            .env("PEPSI_KEY_DIR", self.dir.path().join("keys"))
+            .env("PEPSI_SECRETS_DIR", self.dir.path().join("secrets.d"))
             .env("DATABASE_URL", &self.db.url)
             .stdin(Stdio::null())
             .stdout(Stdio::null());
