@@ -585,7 +585,9 @@ CREATE OR REPLACE FUNCTION pepsi.dns_address_candidates(p_host text, p_ipv6 bool
 RETURNS TABLE (address text, health text) LANGUAGE sql STABLE AS $$
     SELECT host(d.address), pepsi.dns_address_health(d.last_success, d.last_failure)
     FROM pepsi.dns_address d
-    WHERE d.host = lower(p_host) AND d.expires_at > now()
+    -- `>=`: an address stored with TTL 0 (expires_at = now() of the storing statement) is
+    -- returned by dns_address_store, which runs in that statement, and by nothing later.
+    WHERE d.host = lower(p_host) AND d.expires_at >= now()
       AND (p_ipv6 OR family(d.address) = 4)
     ORDER BY array_position(ARRAY['working', 'untried', 'failed'],
                             pepsi.dns_address_health(d.last_success, d.last_failure)),
