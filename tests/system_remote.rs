@@ -346,8 +346,9 @@ print(json.dumps(ok))
     let aar = named(data, "ARC-Authentication-Results");
     assert_eq!(aar.len(), 1, "{:?}", unfolded(data));
     assert!(
-        aar[0].starts_with("ARC-Authentication-Results: i=1;") && aar[0].contains("iprev=pass"),
-        "the ingress's verdicts: {}",
+        aar[0].starts_with("ARC-Authentication-Results: i=1; mail.example.test;")
+            && aar[0].contains("iprev=pass"),
+        "the ingress's verdicts under [pepsi] HOSTNAME as authserv-id: {}",
         aar[0]
     );
     const ARC_VERIFY: &str = r#"
