@@ -4,7 +4,9 @@
 //!
 //! The protocol pieces are pure and tested as tables: [`reply`] (reply parsing, RFC 3463
 //! codes), [`caps`] (EHLO/LHLO keywords), [`data`] (dot-stuffing, xtext) and [`envelope`]
-//! (the MAIL/RCPT lines and their parameters). [`client`] is the only part that does I/O.
+//! (the MAIL/RCPT lines and their parameters). [`client`] is the only part that does I/O;
+//! [`relay`] is what the relaying stages share on top of it (the configured peer, the kept
+//! connection, one attempt turned into per-recipient results).
 //!
 //! This module never touches the queue: it speaks to a mail server and reports what the
 //! server said; what to do with the message is `delivery::conclude`'s business.
@@ -13,9 +15,11 @@ pub mod caps;
 pub mod client;
 pub mod data;
 pub mod envelope;
+pub mod relay;
 pub mod reply;
 
 pub use caps::Capabilities;
 pub use client::{ClientError, Connection, Phase, Protocol, RcptOutcome, Target, Timeouts};
 pub use envelope::{Envelope, Recipient};
+pub use relay::{Peer, Relay};
 pub use reply::Reply;
