@@ -1,6 +1,7 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
-//! delivery stages (`delivery`) and their SMTP/LMTP client (`smtp`), the local-recipient
+//! delivery stages (`delivery`), their SMTP/LMTP client (`smtp`) and MIME downgrade
+//! (`mime`), the local-recipient
 //! resolver (`local`), the per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the operator's queue
 //! administration (`queue`) and the audit log (`audit`).
 //!
@@ -15,6 +16,7 @@ pub mod db;
 pub mod delivery;
 pub mod local;
 pub mod message;
+pub mod mime;
 pub mod queue;
 pub mod settings;
 pub mod smtp;

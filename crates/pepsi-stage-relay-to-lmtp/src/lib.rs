@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, RetryPolicy};
-use pepsi_common::smtp::{Envelope, Peer, Protocol, Relay, Target, relay};
+use pepsi_common::smtp::{Envelope, OpenOptions, Peer, Protocol, Relay, Target, relay};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
 
 pub mod constants {
@@ -54,6 +54,7 @@ impl Settings {
                 hello_name: relay::hello_name(cfg, &s, "LHLO_NAME")?,
                 timeouts: relay::timeouts(&s)?,
                 connection_idle: relay::connection_idle(&s)?,
+                options: OpenOptions::default(),
             },
             policy: RetryPolicy::from_config(cfg, stage)?,
         })

@@ -21,7 +21,9 @@ use std::process::ExitCode;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, RetryPolicy};
-use pepsi_common::smtp::{Envelope, Peer, Protocol, Relay, Target, relay};
+use pepsi_common::smtp::{
+    Credentials, Envelope, OpenOptions, Peer, Protocol, Relay, Target, TlsOptions, TlsPolicy, relay,
+};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
 
 pub mod constants {
@@ -38,65 +40,16 @@ pub mod constants {
 /// The submission port (RFC 6409): what a smarthost normally listens on.
 pub const DEFAULT_PORT: u16 = 587;
 
-/// `TLS`: how much TLS the stage insists on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum TlsPolicy {
-    /// Never STARTTLS.
-    None,
-    /// STARTTLS when offered, without checking the certificate; plain text otherwise.
-    May,
-    /// STARTTLS required, the certificate not checked.
-    Encrypt,
-    /// STARTTLS required and the certificate must verify for the server's name.
-    Verify,
-}
-
-impl TlsPolicy {
-    const NAMES: [&'static str; 4] = ["none", "may", "encrypt", "verify"];
-
-    fn from_name(name: &str) -> TlsPolicy {
-        match name {
-            "none" => TlsPolicy::None,
-            "may" => TlsPolicy::May,
-            "encrypt" => TlsPolicy::Encrypt,
-            _ => TlsPolicy::Verify,
-        }
-    }
-}
-
-/// `TLS`, `TLS_CA_FILE`, `TLS_SERVER_NAME`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct TlsSettings {
-    pub policy: TlsPolicy,
-    /// PEM certificates to trust instead of the system's roots.
-    pub ca_file: Option<std::path::PathBuf>,
-    /// The name the certificate must carry; default `HOST`.
-    pub server_name: Option<String>,
-}
-
-/// `AUTH_USERNAME` and `AUTH_PASSWORD`.
-#[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
-}
-
-impl std::fmt::Debug for Credentials {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"(not shown)")
-            .finish()
-    }
-}
+/// The names `TLS` takes.
+const TLS_POLICIES: [&str; 4] = ["none", "may", "encrypt", "verify"];
 
 /// The `[stage-<name>]` settings of one smarthost stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// `HOST`, `PORT`, `HELO_NAME`, the timeouts and `CONNECTION_IDLE`.
+    /// `HOST`, `PORT`, `HELO_NAME`, the timeouts, `CONNECTION_IDLE`, and in
+    /// `peer.options` the TLS settings (`TLS`, `TLS_CA_FILE`, `TLS_SERVER_NAME`) and the
+    /// credentials (`AUTH_USERNAME`, `AUTH_PASSWORD`).
     pub peer: Peer,
-    pub tls: TlsSettings,
-    pub auth: Option<Credentials>,
     pub policy: RetryPolicy,
 }
 
@@ -144,11 +97,11 @@ impl Settings {
             Some(p) => p,
             None => DEFAULT_PORT,
         };
-        let tls = TlsSettings {
-            policy: TlsPolicy::from_name(
-                &s.choice_opt("TLS", &TlsPolicy::NAMES)?
-                    .unwrap_or_else(|| "verify".into()),
-            ),
+        let tls = TlsOptions {
+            policy: match s.choice_opt("TLS", &TLS_POLICIES)? {
+                Some(name) => name.parse().expect("one of TLS_POLICIES"),
+                None => TlsPolicy::Verify,
+            },
             ca_file: s.path_opt("TLS_CA_FILE")?,
             server_name: s.string_opt("TLS_SERVER_NAME")?.filter(|v| !v.is_empty()),
         };
@@ -168,9 +121,8 @@ impl Settings {
                 hello_name: relay::hello_name(cfg, &s, "HELO_NAME")?,
                 timeouts: relay::timeouts(&s)?,
                 connection_idle: relay::connection_idle(&s)?,
+                options: OpenOptions { tls, auth },
             },
-            tls,
-            auth,
             policy: RetryPolicy::from_config(cfg, stage)?,
         })
     }
@@ -265,12 +217,19 @@ mod tests {
         assert_eq!(s.peer.hello_name, "mx.example.test");
         assert_eq!(s.peer.timeouts, Timeouts::default());
         assert_eq!(s.peer.connection_idle, Duration::from_secs(30));
-        assert_eq!(s.tls.policy, TlsPolicy::Verify, "verify by default");
         assert_eq!(
-            (s.tls.ca_file.clone(), s.tls.server_name.clone()),
+            s.peer.options.tls.policy,
+            TlsPolicy::Verify,
+            "verify by default"
+        );
+        assert_eq!(
+            (
+                s.peer.options.tls.ca_file.clone(),
+                s.peer.options.tls.server_name.clone()
+            ),
             (None, None)
         );
-        assert_eq!(s.auth, None);
+        assert_eq!(s.peer.options.auth, None);
 
         let s = settings(
             "[stage-smarthost]\nHOST = [::1]\nPORT = 2525\nTLS = May\nTLS_CA_FILE = /etc/ca.pem\n\
@@ -279,13 +238,16 @@ mod tests {
         )
         .unwrap();
         assert_eq!(s.peer.target.to_string(), "[::1]:2525");
-        assert_eq!(s.tls.policy, TlsPolicy::May);
+        assert_eq!(s.peer.options.tls.policy, TlsPolicy::May);
         assert_eq!(
-            s.tls.ca_file.as_deref(),
+            s.peer.options.tls.ca_file.as_deref(),
             Some(std::path::Path::new("/etc/ca.pem"))
         );
-        assert_eq!(s.tls.server_name.as_deref(), Some("relay.example.net"));
-        let auth = s.auth.clone().unwrap();
+        assert_eq!(
+            s.peer.options.tls.server_name.as_deref(),
+            Some("relay.example.net")
+        );
+        let auth = s.peer.options.auth.clone().unwrap();
         assert_eq!(
             (auth.username.as_str(), auth.password.as_str()),
             ("pepsi", "s3cret")
@@ -300,7 +262,10 @@ mod tests {
         assert_eq!(s.policy.initial, Duration::from_secs(10));
         for policy in ["none", "encrypt", "verify"] {
             let s = settings(&format!("[stage-smarthost]\nHOST = h\nTLS = {policy}\n")).unwrap();
-            assert_eq!(s.tls.policy, TlsPolicy::from_name(policy));
+            assert_eq!(
+                s.peer.options.tls.policy,
+                policy.parse::<TlsPolicy>().unwrap()
+            );
         }
 
         // Errors name the file, the option and what was expected.

@@ -1,6 +1,7 @@
 //! The I/O half of the client: one connection to one server, its session (greeting,
-//! EHLO/LHLO) and its transactions. Every read and write runs under a timeout; a failure
-//! marks the connection unusable, and the caller opens a new one.
+//! EHLO/LHLO, STARTTLS, AUTH) and its transactions (DATA, or BDAT under CHUNKING). Every
+//! read and write runs under a timeout; a failure marks the connection unusable, and the
+//! caller opens a new one.
 
 use std::fmt;
 use std::path::PathBuf;
@@ -8,10 +9,14 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
+use super::auth::{self, Mechanism};
 use super::caps::Capabilities;
-use super::data::{dot_stuff, is_8bit};
+use super::data::{crlf_line_ends, dot_stuff, is_8bit};
 use super::envelope::{Envelope, mail_command, rcpt_command};
-use super::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_reply};
+use super::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_line, parse_reply};
+use super::tls::{
+    Credentials, OpenOptions, TlsInfo, TlsOptions, TlsPolicy, client_config, server_name,
+};
 use crate::delivery::{Failure, RcptResult};
 
 /// SMTP (RFC 5321) or LMTP (RFC 2033): the hello verb and the replies after the data differ.
@@ -116,12 +121,18 @@ pub enum Phase {
     Ehlo,
     Helo,
     Lhlo,
+    /// The STARTTLS command and the TLS handshake after it.
+    StartTls,
+    /// AUTH and its challenges.
+    Auth,
     Mail,
     Rcpt,
     /// The DATA command.
     Data,
     /// The message and the replies after its final dot.
     DataEnd,
+    /// `BDAT <size> LAST` with the message, and the replies after it (CHUNKING).
+    Bdat,
     Rset,
     Quit,
 }
@@ -136,9 +147,12 @@ impl Phase {
             Phase::Ehlo => "EHLO",
             Phase::Helo => "HELO",
             Phase::Lhlo => "LHLO",
+            Phase::StartTls => "STARTTLS",
+            Phase::Auth => "AUTH",
             Phase::Mail => "MAIL",
             Phase::Rcpt => "RCPT",
             Phase::Data | Phase::DataEnd => "DATA",
+            Phase::Bdat => "BDAT",
             Phase::Rset => "RSET",
             Phase::Quit => "QUIT",
         }
@@ -148,14 +162,17 @@ impl Phase {
     fn what(self) -> &'static str {
         match self {
             Phase::Connect => "connect",
-            Phase::Greeting => "the greeting",
+            Phase::Greeting => "greeting",
             Phase::Ehlo => "EHLO command",
             Phase::Helo => "HELO command",
             Phase::Lhlo => "LHLO command",
+            Phase::StartTls => "STARTTLS command",
+            Phase::Auth => "AUTH command",
             Phase::Mail => "MAIL FROM command",
             Phase::Rcpt => "RCPT TO command",
             Phase::Data => "DATA command",
             Phase::DataEnd => "end of DATA command",
+            Phase::Bdat => "BDAT command",
             Phase::Rset => "RSET command",
             Phase::Quit => "QUIT command",
         }
@@ -168,8 +185,9 @@ impl fmt::Display for Phase {
     }
 }
 
-/// Why a conversation step failed. 4xx replies and every network failure are temporary;
-/// 5xx replies and an extension the message needs but the peer lacks are permanent.
+/// Why a conversation step failed. 4xx replies, every network or TLS failure and every
+/// [`ClientError::Policy`] refusal are temporary; 5xx replies and an extension the message
+/// needs but the peer lacks are permanent.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ClientError {
     #[error("cannot connect to {target}: {detail}")]
@@ -184,6 +202,19 @@ pub enum ClientError {
     Malformed { phase: Phase, detail: String },
     #[error("the server answered the {phase} with {reply}")]
     Refused { phase: Phase, reply: Reply },
+    /// The TLS handshake failed or the certificate was not accepted.
+    #[error("{detail}")]
+    Tls { detail: String },
+    /// This side will not go on: the TLS policy wants STARTTLS and the peer lacks it, AUTH
+    /// would send the password in clear text, the peer offers no usable AUTH mechanism, or
+    /// the TLS configuration (a CA file) is unusable. Temporary, so mail waits for a fix.
+    #[error("{detail}")]
+    Policy {
+        phase: Phase,
+        /// The RFC 3463 code of the failure.
+        status: &'static str,
+        detail: String,
+    },
     #[error("{detail}")]
     NotOffered {
         phase: Phase,
@@ -210,7 +241,9 @@ impl ClientError {
             | ClientError::Closed { phase }
             | ClientError::Malformed { phase, .. }
             | ClientError::Refused { phase, .. }
+            | ClientError::Policy { phase, .. }
             | ClientError::NotOffered { phase, .. } => *phase,
+            ClientError::Tls { .. } => Phase::StartTls,
         }
     }
 
@@ -223,7 +256,9 @@ impl ClientError {
             // RFC 3463: 4.4.1 no answer from host, 4.4.2 bad connection, 4.5.0 protocol error
             ClientError::Connect { .. } => "4.4.1",
             ClientError::Malformed { .. } => "4.5.0",
-            ClientError::NotOffered { status, .. } => status,
+            // 4.7.5: cryptographic failure
+            ClientError::Tls { .. } => "4.7.5",
+            ClientError::NotOffered { status, .. } | ClientError::Policy { status, .. } => status,
             _ => "4.4.2",
         };
         Failure {
@@ -282,17 +317,22 @@ impl RcptOutcome {
     }
 }
 
-/// A byte stream the client can speak over: TCP, a unix socket, or (later) TLS over either.
+/// A byte stream the client can speak over: TCP, a unix socket, or TLS over either.
 pub trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
 impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
-/// One open session with a server, after its greeting and EHLO/LHLO.
+/// One open session with a server, after its greeting and EHLO/LHLO (and, as asked,
+/// STARTTLS with a second EHLO, and AUTH).
 pub struct Connection {
     stream: BufReader<Box<dyn Stream>>,
     protocol: Protocol,
     timeouts: Timeouts,
     caps: Capabilities,
     remote_mta: String,
+    /// The host connected to (TCP): the certificate's default name.
+    host: Option<String>,
+    tls: Option<TlsInfo>,
+    authenticated: bool,
     /// Set after a network failure, a malformed reply or a 421: never use it again.
     broken: bool,
     last_used: Instant,
@@ -304,6 +344,8 @@ impl fmt::Debug for Connection {
             .field("protocol", &self.protocol)
             .field("remote_mta", &self.remote_mta)
             .field("caps", &self.caps)
+            .field("tls", &self.tls)
+            .field("authenticated", &self.authenticated)
             .field("broken", &self.broken)
             .finish()
     }
@@ -320,8 +362,79 @@ fn greeting_name(greeting: &Reply) -> Option<String> {
 
 impl Connection {
     /// Connects, reads the greeting and says EHLO (falling back to HELO when EHLO is
-    /// refused with 5xx) or LHLO as `hello_name`.
+    /// refused with 5xx) or LHLO as `hello_name`. No TLS, no AUTH.
     pub async fn open(
+        target: &Target,
+        protocol: Protocol,
+        hello_name: &str,
+        timeouts: Timeouts,
+    ) -> Result<Connection, ClientError> {
+        Self::open_plain(target, protocol, hello_name, timeouts).await
+    }
+
+    /// [`Connection::open`], then STARTTLS as `options.tls.policy` asks (EHLO again over
+    /// TLS, the new capabilities replacing the old), then AUTH with `options.auth`.
+    ///
+    /// - `none`: no STARTTLS.
+    /// - `may`: STARTTLS when offered, any certificate; clear text when it is not offered
+    ///   or refused; when the handshake fails, one new clear-text connection.
+    /// - `encrypt`: STARTTLS required, the certificate not checked.
+    /// - `verify`: STARTTLS required, the certificate verified against `ca_file` (or the
+    ///   system's roots) for `server_name` (or the target's host).
+    ///
+    /// Credentials go out only over TLS, except under policy `none`. A TLS or policy failure
+    /// is temporary; a 5xx answer to AUTH (535) is permanent, a 4xx one (454) temporary.
+    pub async fn open_with(
+        target: &Target,
+        protocol: Protocol,
+        hello_name: &str,
+        timeouts: Timeouts,
+        options: &OpenOptions,
+    ) -> Result<Connection, ClientError> {
+        let policy = options.tls.policy;
+        let mut conn = Self::open_plain(target, protocol, hello_name, timeouts).await?;
+        if policy != TlsPolicy::None {
+            if conn.caps.starttls {
+                if let Err(e) = conn.starttls(hello_name, &options.tls).await {
+                    if policy != TlsPolicy::May {
+                        conn.quit().await;
+                        return Err(e);
+                    }
+                    // Opportunistic: a refused STARTTLS leaves the session usable in clear
+                    // text; after a failed handshake only a new connection is.
+                    tracing::info!(
+                        "STARTTLS with {} failed, going on without TLS (policy may): {e}",
+                        conn.remote_mta
+                    );
+                    if !conn.is_usable() {
+                        conn.quit().await;
+                        conn = Self::open_plain(target, protocol, hello_name, timeouts).await?;
+                    }
+                }
+            } else if policy.requires_tls() {
+                let err = ClientError::Policy {
+                    phase: Phase::StartTls,
+                    // 4.7.4: security features not supported
+                    status: "4.7.4",
+                    detail: format!(
+                        "TLS policy {policy} requires STARTTLS, which {} does not offer",
+                        conn.remote_mta
+                    ),
+                };
+                conn.quit().await;
+                return Err(err);
+            }
+        }
+        if let Some(creds) = &options.auth
+            && let Err(e) = conn.authenticate(creds, policy).await
+        {
+            conn.quit().await;
+            return Err(e);
+        }
+        Ok(conn)
+    }
+
+    async fn open_plain(
         target: &Target,
         protocol: Protocol,
         hello_name: &str,
@@ -363,6 +476,12 @@ impl Connection {
                 Target::Tcp { host, .. } => host.clone(),
                 Target::Unix(path) => path.display().to_string(),
             },
+            host: match target {
+                Target::Tcp { host, .. } => Some(host.clone()),
+                Target::Unix(_) => None,
+            },
+            tls: None,
+            authenticated: false,
             broken: false,
             last_used: Instant::now(),
         };
@@ -406,7 +525,151 @@ impl Connection {
         Err(ClientError::Refused { phase, reply })
     }
 
-    /// The extensions the peer offered.
+    /// STARTTLS: the command, the handshake under `options`, and EHLO again. A refused
+    /// command leaves the session usable in clear text; any later failure breaks it.
+    async fn starttls(
+        &mut self,
+        hello_name: &str,
+        options: &TlsOptions,
+    ) -> Result<(), ClientError> {
+        let config_error = |detail: String| ClientError::Policy {
+            phase: Phase::StartTls,
+            // 4.3.5: system incorrectly configured
+            status: "4.3.5",
+            detail,
+        };
+        let config = client_config(options).map_err(config_error)?;
+        let name = server_name(options, self.host.as_deref()).map_err(config_error)?;
+        let reply = self.command(Phase::StartTls, "STARTTLS\r\n").await?;
+        if reply.code != 220 {
+            return Err(ClientError::Refused {
+                phase: Phase::StartTls,
+                reply,
+            });
+        }
+        // Whatever arrived with the 220 was sent before the handshake and must not be read
+        // as if it came over TLS (the STARTTLS command injection of CVE-2011-0411).
+        if !self.stream.buffer().is_empty() {
+            self.broken = true;
+            return Err(ClientError::Malformed {
+                phase: Phase::StartTls,
+                detail: format!(
+                    "{} sent data after its STARTTLS reply, before the TLS handshake",
+                    self.remote_mta
+                ),
+            });
+        }
+        self.broken = true; // until the handshake and the new EHLO succeed
+        let plain =
+            std::mem::replace(&mut self.stream, BufReader::new(Box::new(Detached))).into_inner();
+        let connector = tokio_rustls::TlsConnector::from(config);
+        let shown = name.to_str().into_owned();
+        let stream =
+            match tokio::time::timeout(self.timeouts.command, connector.connect(name, plain)).await
+            {
+                Ok(Ok(stream)) => stream,
+                Ok(Err(e)) => {
+                    return Err(ClientError::Tls {
+                        detail: handshake_failure(&self.remote_mta, &shown, options.policy, &e),
+                    });
+                }
+                Err(_) => {
+                    return Err(ClientError::Timeout {
+                        phase: Phase::StartTls,
+                        after: self.timeouts.command,
+                    });
+                }
+            };
+        self.tls = Some(TlsInfo::of(
+            stream.get_ref().1,
+            options.policy == TlsPolicy::Verify,
+        ));
+        self.stream = BufReader::new(Box::new(stream));
+        self.broken = false;
+        self.caps = Capabilities::default();
+        self.hello(hello_name).await
+    }
+
+    /// AUTH PLAIN (preferred) or LOGIN. Refuses to send the password without TLS unless the
+    /// policy is `none`, where the operator chose clear text.
+    async fn authenticate(
+        &mut self,
+        creds: &Credentials,
+        policy: TlsPolicy,
+    ) -> Result<(), ClientError> {
+        if self.tls.is_none() && policy != TlsPolicy::None {
+            return Err(ClientError::Policy {
+                phase: Phase::Auth,
+                // 4.7.11: encryption required for the authentication mechanism
+                status: "4.7.11",
+                detail: format!(
+                    "refusing to send the password of {:?} to {} in clear text: the session is not encrypted (TLS policy {policy}; only policy none allows AUTH without TLS)",
+                    creds.username, self.remote_mta
+                ),
+            });
+        }
+        let Some(mechanism) = auth::choose(&self.caps) else {
+            return Err(ClientError::Policy {
+                phase: Phase::Auth,
+                // 4.7.4: security features not supported
+                status: "4.7.4",
+                detail: format!(
+                    "{} offers no AUTH mechanism this client speaks (PLAIN, LOGIN); it offers: {}",
+                    self.remote_mta,
+                    if self.caps.auth.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        self.caps.auth.join(" ")
+                    }
+                ),
+            });
+        };
+        let reply = match mechanism {
+            Mechanism::Plain => {
+                self.command(
+                    Phase::Auth,
+                    &auth::plain_command(&creds.username, &creds.password),
+                )
+                .await?
+            }
+            Mechanism::Login => {
+                let mut reply = self.command(Phase::Auth, "AUTH LOGIN\r\n").await?;
+                for answer in [&creds.username, &creds.password] {
+                    if reply.code != 334 {
+                        break;
+                    }
+                    reply = self
+                        .command(Phase::Auth, &auth::response_line(answer))
+                        .await?;
+                }
+                reply
+            }
+        };
+        if reply.code == 235 {
+            self.authenticated = true;
+            return Ok(());
+        }
+        if reply.code == 334 {
+            // a challenge this client cannot answer: the exchange is out of step
+            self.broken = true;
+        }
+        Err(ClientError::Refused {
+            phase: Phase::Auth,
+            reply,
+        })
+    }
+
+    /// The TLS session, when STARTTLS succeeded.
+    pub fn tls(&self) -> Option<TlsInfo> {
+        self.tls.clone()
+    }
+
+    /// True after a successful AUTH.
+    pub fn is_authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    /// The extensions the peer offered (after STARTTLS: those offered over TLS).
     pub fn capabilities(&self) -> &Capabilities {
         &self.caps
     }
@@ -465,7 +728,7 @@ impl Connection {
                 phase: Phase::Mail,
                 status: "5.6.7",
                 detail: format!(
-                    "{} does not offer SMTPUTF8, which the non-ASCII addresses of this message need",
+                    "SMTPUTF8 required but not supported by {} (the message has non-ASCII addresses)",
                     self.remote_mta
                 ),
             });
@@ -547,33 +810,44 @@ impl Connection {
             return finish(outcomes, &|| unreachable!("every recipient has a reply"));
         }
 
-        // DATA
-        let data_reply = match self.command(Phase::Data, "DATA\r\n").await {
-            Ok(r) => r,
-            Err(e) => return finish(outcomes, &|| RcptOutcome::Failed(e.clone())),
-        };
-        if data_reply.code != 354 {
-            let _ = self.reset_after_failure().await;
-            let refused = RcptOutcome::Refused {
-                phase: Phase::Data,
-                reply: data_reply,
+        // DATA, or BDAT when the peer offers CHUNKING (SMTP only: LMTP peers keep DATA)
+        let final_phase = if self.caps.chunking && self.protocol == Protocol::Smtp {
+            let body = crlf_line_ends(message);
+            let mut payload = format!("BDAT {} LAST\r\n", body.len()).into_bytes();
+            payload.extend_from_slice(&body);
+            if let Err(e) = self.write(Phase::Bdat, &payload, self.timeouts.data).await {
+                return finish(outcomes, &|| RcptOutcome::Failed(e.clone()));
+            }
+            Phase::Bdat
+        } else {
+            let data_reply = match self.command(Phase::Data, "DATA\r\n").await {
+                Ok(r) => r,
+                Err(e) => return finish(outcomes, &|| RcptOutcome::Failed(e.clone())),
             };
-            return finish(outcomes, &|| refused.clone());
-        }
-        let payload = dot_stuff(message);
-        if let Err(e) = self
-            .write(Phase::DataEnd, &payload, self.timeouts.data)
-            .await
-        {
-            return finish(outcomes, &|| RcptOutcome::Failed(e.clone()));
-        }
+            if data_reply.code != 354 {
+                let _ = self.reset_after_failure().await;
+                let refused = RcptOutcome::Refused {
+                    phase: Phase::Data,
+                    reply: data_reply,
+                };
+                return finish(outcomes, &|| refused.clone());
+            }
+            let payload = dot_stuff(message);
+            if let Err(e) = self
+                .write(Phase::DataEnd, &payload, self.timeouts.data)
+                .await
+            {
+                return finish(outcomes, &|| RcptOutcome::Failed(e.clone()));
+            }
+            Phase::DataEnd
+        };
         let replies_due = match self.protocol {
             Protocol::Lmtp => accepted.len(),
             Protocol::Smtp => 1,
         };
         let mut final_replies = Vec::with_capacity(replies_due);
         for _ in 0..replies_due {
-            match self.read_reply(Phase::DataEnd, self.timeouts.data).await {
+            match self.read_reply(final_phase, self.timeouts.data).await {
                 Ok(r) => final_replies.push(r),
                 // The recipients answered so far keep their answer; the rest are unknown.
                 Err(e) => {
@@ -581,7 +855,7 @@ impl Connection {
                     let failed = RcptOutcome::Failed(e);
                     for (k, &i) in accepted.iter().enumerate() {
                         outcomes[i] = Some(match final_replies.get(k) {
-                            Some(r) => final_outcome(r.clone()),
+                            Some(r) => final_outcome(final_phase, r.clone()),
                             None => failed.clone(),
                         });
                     }
@@ -594,7 +868,7 @@ impl Connection {
                 Protocol::Lmtp => final_replies[k].clone(),
                 Protocol::Smtp => final_replies[0].clone(),
             };
-            outcomes[i] = Some(final_outcome(reply));
+            outcomes[i] = Some(final_outcome(final_phase, reply));
         }
         finish(outcomes, &|| unreachable!())
     }
@@ -650,7 +924,9 @@ impl Connection {
     /// Reads one (possibly multi-line) reply within `limit`. A 421 marks the connection
     /// closing.
     async fn read_reply(&mut self, phase: Phase, limit: Duration) -> Result<Reply, ClientError> {
-        let result = tokio::time::timeout(limit, read_lines(&mut self.stream, phase)).await;
+        let result =
+            tokio::time::timeout(limit, read_lines(&mut self.stream, phase, &self.remote_mta))
+                .await;
         self.last_used = Instant::now();
         let result = match result {
             Ok(r) => r,
@@ -674,21 +950,75 @@ impl Connection {
     }
 }
 
-fn final_outcome(reply: Reply) -> RcptOutcome {
+fn final_outcome(phase: Phase, reply: Reply) -> RcptOutcome {
     if reply.is_positive() {
         RcptOutcome::Accepted(reply)
     } else {
-        RcptOutcome::Refused {
-            phase: Phase::DataEnd,
-            reply,
-        }
+        RcptOutcome::Refused { phase, reply }
     }
 }
 
+/// The stream's stand-in while STARTTLS moves the real one into the TLS session; a
+/// connection whose handshake failed keeps it, and every use of it fails.
+struct Detached;
+
+impl AsyncRead for Detached {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
+    }
+}
+
+impl AsyncWrite for Detached {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Err(std::io::ErrorKind::NotConnected.into()))
+    }
+
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// Why the handshake with `peer` failed, naming the certificate problem when there is one.
+fn handshake_failure(peer: &str, name: &str, policy: TlsPolicy, e: &std::io::Error) -> String {
+    let rustls_error = e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>());
+    match rustls_error {
+        Some(rustls::Error::InvalidCertificate(why)) => format!(
+            "TLS policy {policy}: the certificate of {peer} is not trusted for {name}: {why:?}"
+        ),
+        Some(other) => format!("TLS handshake with {peer} failed: {other}"),
+        None => format!("TLS handshake with {peer} failed: {e}"),
+    }
+}
+
+/// Reads the lines of one reply, each checked as it comes: at most [`MAX_LINE`] octets,
+/// UTF-8, `ddd-text` or `ddd text`, and at most [`MAX_REPLY_LINES`] of them. Anything else
+/// is a [`ClientError::Malformed`] naming `peer` and what was wrong.
 async fn read_lines<R: tokio::io::AsyncBufRead + Unpin>(
     stream: &mut R,
     phase: Phase,
+    peer: &str,
 ) -> Result<Reply, ClientError> {
+    let malformed = |detail: String| ClientError::Malformed { phase, detail };
     let mut lines: Vec<String> = Vec::new();
     loop {
         let mut buf = Vec::new();
@@ -704,28 +1034,35 @@ async fn read_lines<R: tokio::io::AsyncBufRead + Unpin>(
             return Err(ClientError::Closed { phase });
         }
         if !buf.ends_with(b"\n") {
-            return Err(ClientError::Malformed {
-                phase,
-                detail: format!("a reply line longer than {MAX_LINE} bytes"),
-            });
+            if buf.len() <= MAX_LINE {
+                // the peer closed in the middle of a line
+                return Err(ClientError::Closed { phase });
+            }
+            return Err(malformed(format!(
+                "reply line over {MAX_LINE} octets from {peer}"
+            )));
         }
         while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             buf.pop();
         }
-        let line = String::from_utf8_lossy(&buf).into_owned();
-        let last = line.as_bytes().get(3) != Some(&b'-');
+        let line = String::from_utf8(buf).map_err(|e| {
+            malformed(format!(
+                "reply line from {peer} is not UTF-8: {:?}",
+                String::from_utf8_lossy(e.as_bytes())
+            ))
+        })?;
+        let parsed = parse_line(&line).map_err(|e| malformed(format!("{e} from {peer}")))?;
         lines.push(line);
-        if last {
+        if parsed.last {
             break;
         }
         if lines.len() >= MAX_REPLY_LINES {
-            return Err(ClientError::Malformed {
-                phase,
-                detail: format!("a reply of more than {MAX_REPLY_LINES} lines"),
-            });
+            return Err(malformed(format!(
+                "reply of more than {MAX_REPLY_LINES} lines from {peer}"
+            )));
         }
     }
-    parse_reply(&lines).map_err(|detail| ClientError::Malformed { phase, detail })
+    parse_reply(&lines).map_err(|e| malformed(format!("{e} from {peer}")))
 }
 
 #[cfg(test)]

@@ -27,6 +27,26 @@ pub fn dot_stuff(message: &[u8]) -> Vec<u8> {
     out
 }
 
+/// The message with every bare LF made CRLF, as [`dot_stuff`] sends it but without the
+/// stuffing and the terminator: the payload of `BDAT`, whose length delimits it.
+pub fn crlf_line_ends(message: &[u8]) -> std::borrow::Cow<'_, [u8]> {
+    let bare = message
+        .iter()
+        .enumerate()
+        .any(|(i, &b)| b == b'\n' && (i == 0 || message[i - 1] != b'\r'));
+    if !bare {
+        return std::borrow::Cow::Borrowed(message);
+    }
+    let mut out = Vec::with_capacity(message.len() + message.len() / 32);
+    for (i, &b) in message.iter().enumerate() {
+        if b == b'\n' && (i == 0 || message[i - 1] != b'\r') {
+            out.push(b'\r');
+        }
+        out.push(b);
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// True when the message has a byte outside 7-bit ASCII (it needs BODY=8BITMIME).
 pub fn is_8bit(message: &[u8]) -> bool {
     message.iter().any(|&b| b >= 0x80)
@@ -87,6 +107,17 @@ mod tests {
             .map(|l| l.strip_prefix('.').unwrap_or(l))
             .collect();
         assert_eq!(unstuffed.as_bytes(), msg);
+    }
+
+    #[test]
+    fn bdat_payload_gets_crlf_line_ends_only() {
+        let same = b"a\r\n.b\r\n";
+        assert!(matches!(
+            crlf_line_ends(same),
+            std::borrow::Cow::Borrowed(_)
+        ));
+        assert_eq!(&*crlf_line_ends(b"\na\nb\r\n.\n"), b"\r\na\r\nb\r\n.\r\n");
+        assert_eq!(&*crlf_line_ends(b"no end"), b"no end");
     }
 
     #[test]

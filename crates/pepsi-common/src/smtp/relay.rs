@@ -16,8 +16,10 @@ use tokio::sync::Mutex;
 
 use super::client::{ClientError, Connection, Protocol, RcptOutcome, Target, Timeouts};
 use super::envelope::Envelope;
+use super::tls::OpenOptions;
 use crate::config::{Config, ConfigError, Section};
 use crate::delivery::RcptResult;
+use crate::mime::{self, Prepared};
 
 /// The one server a stage relays to, and how to talk to it.
 #[derive(Debug, Clone, PartialEq)]
@@ -30,6 +32,8 @@ pub struct Peer {
     /// A kept connection idle longer than this is closed rather than reused; zero closes
     /// the connection after every message.
     pub connection_idle: Duration,
+    /// STARTTLS policy and AUTH credentials.
+    pub options: OpenOptions,
 }
 
 impl Peer {
@@ -42,7 +46,22 @@ impl Peer {
     }
 
     async fn open(&self) -> Result<Connection, ClientError> {
-        Connection::open(&self.target, self.protocol, &self.hello_name, self.timeouts).await
+        let conn = Connection::open_with(
+            &self.target,
+            self.protocol,
+            &self.hello_name,
+            self.timeouts,
+            &self.options,
+        )
+        .await?;
+        tracing::debug!(
+            target = %self.target,
+            remote = conn.remote_mta(),
+            tls = %conn.tls().map(|t| t.to_string()).unwrap_or_else(|| "none".into()),
+            authenticated = conn.is_authenticated(),
+            "connected"
+        );
+        Ok(conn)
     }
 }
 
@@ -127,8 +146,20 @@ impl Relay {
                 return vec![RcptResult::Transient(failure); env.recipients.len()];
             }
         };
-        let outcomes = conn.send(env, message).await;
         let remote = conn.remote_mta().to_owned();
+        // What the peer can take decides the form of the message (or that it cannot go).
+        let outcomes = match mime::prepare_for_peer(env, message, conn.capabilities(), &remote) {
+            Prepared::Send { message, .. } => conn.send(env, message).await,
+            Prepared::Downgraded(seven_bit) => {
+                tracing::info!(%remote, "no 8BITMIME: sending the message as 7-bit MIME");
+                conn.send(env, &seven_bit).await
+            }
+            Prepared::Refuse(failure) => {
+                tracing::info!(%remote, "not sent: {}", failure.summary());
+                self.keep(&mut slot, peer, conn).await;
+                return vec![RcptResult::Permanent(failure); env.recipients.len()];
+            }
+        };
         for (rcpt, outcome) in env.recipients.iter().zip(&outcomes) {
             match outcome {
                 RcptOutcome::Accepted(reply) => {
@@ -142,6 +173,12 @@ impl Relay {
                 }
             }
         }
+        self.keep(&mut slot, peer, conn).await;
+        outcomes.iter().map(|o| o.to_result(&remote)).collect()
+    }
+
+    /// Keeps `conn` for the next message, or closes it when it is broken or reuse is off.
+    async fn keep(&self, slot: &mut Option<Kept>, peer: &Peer, conn: Connection) {
         if conn.is_usable() && !peer.connection_idle.is_zero() {
             *slot = Some(Kept {
                 peer: peer.clone(),
@@ -150,7 +187,6 @@ impl Relay {
         } else {
             conn.quit().await;
         }
-        outcomes.iter().map(|o| o.to_result(&remote)).collect()
     }
 }
 

@@ -4,10 +4,11 @@
 
 use std::fmt;
 
-/// The most lines one reply may have, and the longest line (RFC 5321 allows 512 octets; real
-/// servers send longer EHLO lines, so this is generous). Beyond them the peer is broken.
+/// The most lines one reply may have, and the longest line in octets without its CRLF
+/// (RFC 5321 §4.5.3.1.5 allows 512; real servers send somewhat longer text, so this is
+/// lenient but bounded). Beyond them the peer is broken, and the client says so.
 pub const MAX_REPLY_LINES: usize = 200;
-pub const MAX_LINE: usize = 4096;
+pub const MAX_LINE: usize = 2000;
 
 /// One complete reply.
 #[derive(Debug, Clone, PartialEq, Eq)]

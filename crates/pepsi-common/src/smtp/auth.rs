@@ -1,0 +1,114 @@
+//! SMTP AUTH (RFC 4954) for the two mechanisms smarthosts ask for: PLAIN (RFC 4616), sent
+//! with its initial response, and LOGIN. Pure, no I/O: which mechanism, and the lines to send.
+
+use super::caps::Capabilities;
+
+/// A mechanism this client speaks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanism {
+    Plain,
+    Login,
+}
+
+impl Mechanism {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mechanism::Plain => "PLAIN",
+            Mechanism::Login => "LOGIN",
+        }
+    }
+}
+
+/// PLAIN when offered (one round trip), else LOGIN; `None` when the peer offers neither.
+pub fn choose(caps: &Capabilities) -> Option<Mechanism> {
+    let offers = |m: &str| caps.auth.iter().any(|a| a == m);
+    if offers("PLAIN") {
+        Some(Mechanism::Plain)
+    } else if offers("LOGIN") {
+        Some(Mechanism::Login)
+    } else {
+        None
+    }
+}
+
+/// `AUTH PLAIN <base64(NUL user NUL password)>` CRLF, with an empty authorization identity.
+pub fn plain_command(username: &str, password: &str) -> String {
+    let mut raw = Vec::with_capacity(username.len() + password.len() + 2);
+    raw.push(0);
+    raw.extend_from_slice(username.as_bytes());
+    raw.push(0);
+    raw.extend_from_slice(password.as_bytes());
+    format!("AUTH PLAIN {}\r\n", base64(&raw))
+}
+
+/// One base64 line answering a 334 challenge.
+pub fn response_line(text: &str) -> String {
+    format!("{}\r\n", base64(text.as_bytes()))
+}
+
+const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+/// Standard base64 with padding, on one line.
+pub fn base64(bytes: &[u8]) -> String {
+    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
+    for chunk in bytes.chunks(3) {
+        let n = chunk
+            .iter()
+            .enumerate()
+            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn base64_table() {
+        for (raw, encoded) in [
+            ("", ""),
+            ("f", "Zg=="),
+            ("fo", "Zm8="),
+            ("foo", "Zm9v"),
+            ("foob", "Zm9vYg=="),
+            ("fooba", "Zm9vYmE="),
+            ("foobar", "Zm9vYmFy"),
+        ] {
+            assert_eq!(base64(raw.as_bytes()), encoded, "{raw:?}");
+        }
+        assert_eq!(base64(&[0xff, 0xfe, 0x00]), "//4A");
+    }
+
+    #[test]
+    fn plain_and_login_lines() {
+        // RFC 4616 §4 example: "\0tim\0tanstaaftanstaaf"
+        assert_eq!(
+            plain_command("tim", "tanstaaftanstaaf"),
+            "AUTH PLAIN AHRpbQB0YW5zdGFhZnRhbnN0YWFm\r\n"
+        );
+        assert_eq!(response_line("user"), "dXNlcg==\r\n");
+    }
+
+    #[test]
+    fn plain_is_preferred() {
+        let caps = |mechs: &[&str]| Capabilities {
+            auth: mechs.iter().map(|m| m.to_string()).collect(),
+            ..Capabilities::default()
+        };
+        assert_eq!(choose(&caps(&["LOGIN", "PLAIN"])), Some(Mechanism::Plain));
+        assert_eq!(
+            choose(&caps(&["CRAM-MD5", "LOGIN"])),
+            Some(Mechanism::Login)
+        );
+        assert_eq!(choose(&caps(&["CRAM-MD5", "XOAUTH2"])), None);
+        assert_eq!(choose(&caps(&[])), None);
+    }
+}
