@@ -220,6 +220,33 @@ async fn with_connection_idle_zero_each_message_gets_its_own_session() {
     assert_eq!(log.messages.len(), 2);
 }
 
+#[tokio::test]
+async fn tls_verify_against_a_server_without_starttls_pauses_and_sends_nothing() {
+    // TLS is not given: verify is the default.
+    let server = TestLmtp::smtp(&[], &[]).await;
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, dir.path(), "127.0.0.1", server.port(), "");
+    let id = message(&db, &["a@x.example"], RAW).await;
+
+    assert_eq!(worker(&cfg, &[id]).await, vec!["0"]);
+    let rows = common::rows(&db.pool).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (_, stage, status, _, state) = &rows[0];
+    assert_eq!((stage.as_str(), status.as_str()), ("smarthost", "paused"));
+    let last = state["last_error"].as_str().unwrap();
+    assert!(
+        last.contains("4.7.4") && last.contains("STARTTLS"),
+        "{last}"
+    );
+    let log = server.log.lock().unwrap();
+    assert!(
+        !log.commands.iter().any(|c| c.starts_with("MAIL")),
+        "nothing goes out in clear text: {:?}",
+        log.commands
+    );
+}
+
 /// A private Dovecot that runs only its auth service: a passwd-file of one user and a
 /// client socket for Postfix's `smtpd_sasl_type = dovecot`. Stopped when dropped.
 struct DovecotAuth {
