@@ -60,10 +60,15 @@ fn parse_host(text: &str) -> Result<String, String> {
         .strip_prefix('[')
         .and_then(|h| h.strip_suffix(']'))
         .unwrap_or(text);
-    let ok = !host.is_empty()
-        && host
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b".-_:".contains(&b));
+    // A colon only belongs to an IPv6 address: `smtp.example.net:25` is a port in HOST.
+    let ok = if host.contains(':') {
+        host.parse::<std::net::Ipv6Addr>().is_ok()
+    } else {
+        !host.is_empty()
+            && host
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b".-_".contains(&b))
+    };
     if ok {
         Ok(host.to_owned())
     } else {
