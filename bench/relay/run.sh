@@ -26,7 +26,9 @@
 #
 #   bench/relay/run.sh [messages=2000] [clients=20] [recipient-counts=1,10]
 #
-# Environment: RELAY_OUT=DIR keeps the raw records there (default target/bench-relay/last);
+# Environment: RELAY_RATE=R starts the measured messages at R per second instead of as fast as
+# the clients go (open loop: latency without a queue backlog, when R is below both sides'
+# capacity); RELAY_OUT=DIR keeps the raw records there (default target/bench-relay/last);
 # RELAY_BUILD=no measures the release binaries already built; RELAY_LOG=info runs the Pepsi
 # programs at that log level (default warn).
 #
@@ -38,6 +40,7 @@ messages="${1:-2000}"
 clients="${2:-20}"
 counts="${3:-1,10}"
 warm=200
+rate="${RELAY_RATE:-0}"
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/services.sh
@@ -167,7 +170,7 @@ pass() {
   local name="$1" port="$2" count="$3" tag="$4" rcpts="$5" ok=0
   rm -rf "$sinkdir/cur"
   python3 "$e2e" load 127.0.0.1 "$port" --messages "$count" --clients "$clients" --tag "$tag" \
-    --rcpt user@relay.example --rcpt-count "$rcpts" --out "$out/$name.sent"
+    --rcpt user@relay.example --rcpt-count "$rcpts" --rate "$rate" --out "$out/$name.sent"
   python3 "$sinkpy" wait "$sinkdir/cur" --messages "$count" --timeout 60 || ok=1
   sleep 0.5  # the last transactions' final writes
   mv "$sinkdir/cur" "$out/$name.dump" 2>/dev/null || mkdir -p "$out/$name.dump"
@@ -179,7 +182,7 @@ pass() {
 measure() {
   local side="$1" port="$2" rcpts="$3" name="$1-$3rcpt" sampler
   say "== $name: warm-up, $warm messages"
-  pass "$name-warmup" "$port" "$warm" "w$name" "$rcpts" >/dev/null || true
+  rate=0 pass "$name-warmup" "$port" "$warm" "w$name" "$rcpts" >/dev/null || true
   say "== $name: $messages messages, $clients clients, $rcpts recipient(s) each"
   rm -f "$work/stop"
   python3 "$e2e" cpu --out "$out/$name.cpu" --stop "$work/stop" &
@@ -205,7 +208,9 @@ cp "$work/postfix.log" "$out/postfix.log" 2>/dev/null || true
 python3 - "$out" "$messages" "$clients" "$counts" <<'PY'
 import json, os, sys
 out, n, c, counts = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4].split(",")
-print(f"\nload: {n} messages of 4 KiB relayed to smtp-sink, {c} concurrent SMTP clients, one message per connection")
+rate = float(os.environ.get("RELAY_RATE") or 0)
+print(f"\nload: {n} messages of 4 KiB relayed to smtp-sink, {c} concurrent SMTP clients, one message per connection"
+      + (f", started at {rate:g}/s" if rate else ", as fast as they go"))
 print(f"{'side':8} | {'rcpts':>5} | {'msg/s':>7} | {'p50 ms':>7} | {'p99 ms':>7} | delivered | CPU ms/msg")
 postfix_procs = {"master", "smtpd", "cleanup", "qmgr", "smtp", "trivial-rewrite",
                  "postlogd", "anvil", "proxymap", "scache", "tlsmgr", "pickup", "bounce"}
