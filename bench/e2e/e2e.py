@@ -3,6 +3,7 @@
 bench/e2e/run.sh (SMTP in -> Maildir, end to end).
 
   e2e.py load   HOST PORT --messages N --clients C --tag T --out FILE [--rate R]
+                [--rcpt ADDR] [--rcpt-count K]
   e2e.py watch  MAILDIR --messages N --tag T --out FILE [--timeout S]
   e2e.py cpu    --out FILE --stop FILE
   e2e.py report --name NAME --sent FILE --seen FILE [--cpu FILE] [--json FILE]
@@ -78,6 +79,14 @@ async def expect(reader, codes, what):
         raise RuntimeError(f"{what}: {code}")
 
 
+def recipients(args):
+    """--rcpt itself, or with --rcpt-count K > 1: K addresses local1@domain … localK@domain."""
+    if args.rcpt_count <= 1:
+        return [args.rcpt]
+    local, domain = args.rcpt.rsplit("@", 1)
+    return [f"{local}{i}@{domain}" for i in range(1, args.rcpt_count + 1)]
+
+
 async def client(args, queue, results, errors):
     while True:
         try:
@@ -98,8 +107,9 @@ async def client(args, queue, results, errors):
             await expect(reader, (250,), "EHLO")
             writer.write(f"MAIL FROM:<{args.sender}>\r\n".encode())
             await expect(reader, (250,), "MAIL")
-            writer.write(f"RCPT TO:<{args.rcpt}>\r\n".encode())
-            await expect(reader, (250, 251), "RCPT")
+            for rcpt in recipients(args):
+                writer.write(f"RCPT TO:<{rcpt}>\r\n".encode())
+                await expect(reader, (250, 251), "RCPT")
             writer.write(b"DATA\r\n")
             await expect(reader, (354,), "DATA")
             writer.write(message(args.tag, seq, args.size, args.sender, args.rcpt) + b".\r\n")
@@ -333,6 +343,8 @@ def main():
     lp.add_argument("--tag", required=True)
     lp.add_argument("--sender", default="bob@example.org")
     lp.add_argument("--rcpt", default="alice@example.test")
+    lp.add_argument("--rcpt-count", type=int, default=1,
+                    help="recipients per message (numbered local parts when more than one)")
     lp.add_argument("--rate", type=float, default=0,
                     help="start messages at this many per second (0: as fast as the clients go)")
     lp.add_argument("--out", required=True)

@@ -1,5 +1,5 @@
-//! A small real LMTP server (RFC 2033) for tests: TCP or unix socket, scripted
-//! per-recipient replies, recording what it received.
+//! A small real LMTP (RFC 2033) or SMTP (RFC 5321) server for tests: TCP or unix socket,
+//! scripted per-recipient replies, recording what it received.
 #![allow(dead_code)]
 
 use std::collections::HashMap;
@@ -23,31 +23,70 @@ pub struct Log {
 }
 
 /// A real LMTP server (RFC 2033) with scripted replies: `rcpt` maps an address to its RCPT
-/// reply, `after_dot` to its reply after the final dot; others get 250.
+/// reply, `after_dot` to its reply after the final dot; others get 250. In SMTP mode
+/// ([`TestLmtp::smtp`]) it greets as `smtp.test`, answers EHLO, and gives one reply after the
+/// dot: the `after_dot` reply of the first accepted recipient that has one, else 250.
 pub struct TestLmtp {
     pub log: Arc<Mutex<Log>>,
     pub target: String,
+    script: Script,
     _dir: Option<tempfile::TempDir>,
 }
 
-type Script = Arc<(HashMap<String, String>, HashMap<String, String>)>;
+/// RCPT replies and replies after the dot, by address; the test may change them between
+/// passes.
+type Script = Arc<Mutex<(HashMap<String, String>, HashMap<String, String>)>>;
 
 impl TestLmtp {
     pub async fn tcp(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> TestLmtp {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let target = listener.local_addr().unwrap().to_string();
         let log = Arc::new(Mutex::new(Log::default()));
-        let (script, l) = (Self::script(rcpt, after_dot), log.clone());
+        let script = Self::script(rcpt, after_dot);
+        let (sc, l) = (script.clone(), log.clone());
         tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
-                tokio::spawn(serve(s, script.clone(), l.clone()));
+                tokio::spawn(serve(s, sc.clone(), l.clone(), false));
             }
         });
         TestLmtp {
             log,
             target,
+            script,
             _dir: None,
         }
+    }
+
+    /// An SMTP server on a loopback TCP port.
+    pub async fn smtp(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> TestLmtp {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = listener.local_addr().unwrap().to_string();
+        let log = Arc::new(Mutex::new(Log::default()));
+        let script = Self::script(rcpt, after_dot);
+        let (sc, l) = (script.clone(), log.clone());
+        tokio::spawn(async move {
+            while let Ok((s, _)) = listener.accept().await {
+                tokio::spawn(serve(s, sc.clone(), l.clone(), true));
+            }
+        });
+        TestLmtp {
+            log,
+            target,
+            script,
+            _dir: None,
+        }
+    }
+
+    /// The port of a TCP server.
+    pub fn port(&self) -> u16 {
+        self.target.rsplit_once(':').unwrap().1.parse().unwrap()
+    }
+
+    /// Replaces the scripted replies.
+    pub fn rescript(&self, rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) {
+        let new = Self::script(rcpt, after_dot);
+        let new = std::mem::take(&mut *new.lock().unwrap());
+        *self.script.lock().unwrap() = new;
     }
 
     pub async fn unix(rcpt: &[(&str, &str)], after_dot: &[(&str, &str)]) -> TestLmtp {
@@ -55,15 +94,17 @@ impl TestLmtp {
         let path = dir.path().join("lmtp.sock");
         let listener = tokio::net::UnixListener::bind(&path).unwrap();
         let log = Arc::new(Mutex::new(Log::default()));
-        let (script, l) = (Self::script(rcpt, after_dot), log.clone());
+        let script = Self::script(rcpt, after_dot);
+        let (sc, l) = (script.clone(), log.clone());
         tokio::spawn(async move {
             while let Ok((s, _)) = listener.accept().await {
-                tokio::spawn(serve(s, script.clone(), l.clone()));
+                tokio::spawn(serve(s, sc.clone(), l.clone(), false));
             }
         });
         TestLmtp {
             log,
             target: format!("unix:{}", path.display()),
+            script,
             _dir: Some(dir),
         }
     }
@@ -74,7 +115,7 @@ impl TestLmtp {
                 .map(|(a, r)| (a.to_string(), r.to_string()))
                 .collect()
         };
-        Arc::new((map(rcpt), map(after_dot)))
+        Arc::new(Mutex::new((map(rcpt), map(after_dot))))
     }
 
     pub fn messages(&self) -> Vec<Received> {
@@ -82,8 +123,8 @@ impl TestLmtp {
     }
 }
 
-/// One LMTP session.
-async fn serve<S>(stream: S, script: Script, log: Arc<Mutex<Log>>)
+/// One LMTP or SMTP session.
+async fn serve<S>(stream: S, script: Script, log: Arc<Mutex<Log>>, smtp: bool)
 where
     S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
 {
@@ -91,10 +132,12 @@ where
     let mut s = BufReader::new(stream);
     let mut tx = Received::default();
     let mut mail = false;
-    s.get_mut()
-        .write_all(b"220 lmtp.test LMTP ready\r\n")
-        .await
-        .unwrap();
+    let greeting: &[u8] = if smtp {
+        b"220 smtp.test ESMTP ready\r\n"
+    } else {
+        b"220 lmtp.test LMTP ready\r\n"
+    };
+    s.get_mut().write_all(greeting).await.unwrap();
     loop {
         let mut line = String::new();
         if s.read_line(&mut line).await.unwrap_or(0) == 0 {
@@ -109,8 +152,11 @@ where
                 .map(|(a, _)| a.to_owned())
                 .unwrap_or_default()
         };
-        let reply = if upper.starts_with("LHLO ") {
+        let reply = if upper.starts_with("LHLO ") && !smtp {
             "250-lmtp.test\r\n250-PIPELINING\r\n250-ENHANCEDSTATUSCODES\r\n250-8BITMIME\r\n250 SIZE\r\n"
+                .to_owned()
+        } else if upper.starts_with("EHLO ") && smtp {
+            "250-smtp.test\r\n250-PIPELINING\r\n250-ENHANCEDSTATUSCODES\r\n250-8BITMIME\r\n250-DSN\r\n250 SIZE 10240000\r\n"
                 .to_owned()
         } else if upper.starts_with("MAIL FROM:") {
             tx = Received {
@@ -122,6 +168,8 @@ where
         } else if upper.starts_with("RCPT TO:") && mail {
             let a = addr();
             let r = script
+                .lock()
+                .unwrap()
                 .0
                 .get(&a)
                 .cloned()
@@ -148,19 +196,30 @@ where
                 data.extend_from_slice(l);
             }
             tx.data = data;
-            let replies: String = tx
-                .rcpt
-                .iter()
-                .map(|a| {
-                    let r = script
-                        .1
-                        .get(a)
-                        .cloned()
-                        .unwrap_or_else(|| format!("250 2.0.0 <{a}> saved"));
-                    format!("{r}\r\n")
-                })
-                .collect();
-            log.lock().unwrap().messages.push(tx.clone());
+            let after_dot = script.lock().unwrap().1.clone();
+            let replies: String = if smtp {
+                let r = tx
+                    .rcpt
+                    .iter()
+                    .find_map(|a| after_dot.get(a).cloned())
+                    .unwrap_or_else(|| "250 2.0.0 queued".into());
+                format!("{r}\r\n")
+            } else {
+                tx.rcpt
+                    .iter()
+                    .map(|a| {
+                        let r = after_dot
+                            .get(a)
+                            .cloned()
+                            .unwrap_or_else(|| format!("250 2.0.0 <{a}> saved"));
+                        format!("{r}\r\n")
+                    })
+                    .collect()
+            };
+            // Recorded only when the server took it (LMTP: for some recipient).
+            if replies.lines().any(|l| l.starts_with('2')) {
+                log.lock().unwrap().messages.push(tx.clone());
+            }
             mail = false;
             replies
         } else if upper == "DATA" {

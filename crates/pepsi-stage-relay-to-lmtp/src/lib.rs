@@ -16,15 +16,11 @@
 //! `CONNECTION_IDLE`, proving it with RSET before each reuse.
 
 use std::process::ExitCode;
-use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::{self, RcptResult, RetryPolicy};
-use pepsi_common::smtp::{
-    ClientError, Connection, Envelope, Protocol, RcptOutcome, Target, Timeouts,
-};
+use pepsi_common::delivery::{self, RetryPolicy};
+use pepsi_common::smtp::{Envelope, OpenOptions, Peer, Protocol, Relay, Target, relay};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
-use tokio::sync::Mutex;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -40,14 +36,8 @@ pub mod constants {
 /// The `[stage-<name>]` settings of one LMTP stage.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Settings {
-    /// `LMTP`: where the server listens.
-    pub target: Target,
-    /// `LHLO_NAME`: the name this client gives in LHLO.
-    pub lhlo_name: String,
-    pub timeouts: Timeouts,
-    /// `CONNECTION_IDLE`: a kept connection idle longer than this is closed rather than
-    /// reused; zero closes the connection after every message.
-    pub connection_idle: Duration,
+    /// `LMTP` (where the server listens), `LHLO_NAME`, the timeouts and `CONNECTION_IDLE`.
+    pub peer: Peer,
     pub policy: RetryPolicy,
 }
 
@@ -56,137 +46,25 @@ impl Settings {
     /// system's host name.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
         let s = cfg.section(&format!("stage-{stage}"));
-        s.string("LMTP")?;
-        let target = s
-            .parse_opt("LMTP", Target::parse)?
-            .expect("LMTP is set: checked above");
-        let lhlo_name = match s.string_opt("LHLO_NAME")?.filter(|v| !v.is_empty()) {
-            Some(name) => name,
-            None => cfg
-                .section("pepsi")
-                .string_opt("HOSTNAME")?
-                .filter(|v| !v.is_empty())
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
-        let d = Timeouts::default();
-        let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
-            Ok(s.duration_opt(opt)?
-                .filter(|v| !v.is_zero())
-                .unwrap_or(default))
-        };
+        let target = s.parse("LMTP", Target::parse)?;
         Ok(Settings {
-            target,
-            lhlo_name,
-            timeouts: Timeouts {
-                connect: positive("CONNECT_TIMEOUT", d.connect)?,
-                greeting: positive("GREETING_TIMEOUT", d.greeting)?,
-                command: positive("COMMAND_TIMEOUT", d.command)?,
-                data: positive("DATA_TIMEOUT", d.data)?,
+            peer: Peer {
+                target,
+                protocol: Protocol::Lmtp,
+                hello_name: relay::hello_name(cfg, &s, "LHLO_NAME")?,
+                timeouts: relay::timeouts(&s)?,
+                connection_idle: relay::connection_idle(&s)?,
+                options: OpenOptions::default(),
             },
-            connection_idle: s
-                .duration_opt("CONNECTION_IDLE")?
-                .unwrap_or(Duration::from_secs(30)),
             policy: RetryPolicy::from_config(cfg, stage)?,
         })
     }
-
-    /// The peer's name when no greeting named it: the host, or the socket path.
-    fn target_name(&self) -> String {
-        match &self.target {
-            Target::Tcp { host, .. } => host.clone(),
-            Target::Unix(path) => path.display().to_string(),
-        }
-    }
 }
 
-/// A connection kept for the next message, and what it was opened for.
-struct Kept {
-    target: Target,
-    lhlo_name: String,
-    conn: Connection,
-}
-
-/// The stage: the worker's one kept connection.
+/// The stage: the worker's relay with its one kept connection.
 #[derive(Default)]
 pub struct RelayToLmtp {
-    kept: Mutex<Option<Kept>>,
-}
-
-impl RelayToLmtp {
-    /// A usable connection for `settings`: the kept one, if it is for the same server, not
-    /// idle too long and answers RSET; else a new one.
-    async fn connection(
-        &self,
-        kept: Option<Kept>,
-        settings: &Settings,
-    ) -> Result<Connection, ClientError> {
-        if let Some(k) = kept {
-            let same = k.target == settings.target && k.lhlo_name == settings.lhlo_name;
-            if same && k.conn.is_usable() && k.conn.idle() < settings.connection_idle {
-                let mut conn = k.conn;
-                match conn.rset().await {
-                    Ok(()) => return Ok(conn),
-                    Err(e) => tracing::debug!(
-                        target = %settings.target,
-                        "kept connection no longer usable ({e}); reconnecting"
-                    ),
-                }
-            } else {
-                k.conn.quit().await;
-            }
-        }
-        Connection::open(
-            &settings.target,
-            Protocol::Lmtp,
-            &settings.lhlo_name,
-            settings.timeouts,
-        )
-        .await
-    }
-
-    /// One delivery attempt of `message` to every recipient of `env`: one result each.
-    pub async fn deliver(
-        &self,
-        settings: &Settings,
-        env: &Envelope,
-        message: &[u8],
-    ) -> Vec<RcptResult> {
-        let mut slot = self.kept.lock().await;
-        let mut conn = match self.connection(slot.take(), settings).await {
-            Ok(conn) => conn,
-            Err(e) => {
-                // Before the transaction nothing is about a recipient: defer them all.
-                let failure = e.failure(&settings.target_name());
-                tracing::warn!(target = %settings.target, "LMTP session failed: {e}");
-                return vec![RcptResult::Transient(failure); env.recipients.len()];
-            }
-        };
-        let outcomes = conn.send(env, message).await;
-        let remote = conn.remote_mta().to_owned();
-        for (rcpt, outcome) in env.recipients.iter().zip(&outcomes) {
-            match outcome {
-                RcptOutcome::Accepted(reply) => {
-                    tracing::info!(rcpt = %rcpt.address, %remote, "delivered: {reply}")
-                }
-                RcptOutcome::Refused { phase, reply } => {
-                    tracing::info!(rcpt = %rcpt.address, %remote, "refused at {}: {reply}", phase.as_str())
-                }
-                RcptOutcome::Failed(e) => {
-                    tracing::warn!(rcpt = %rcpt.address, %remote, "not delivered: {e}")
-                }
-            }
-        }
-        if conn.is_usable() && !settings.connection_idle.is_zero() {
-            *slot = Some(Kept {
-                target: settings.target.clone(),
-                lhlo_name: settings.lhlo_name.clone(),
-                conn,
-            });
-        } else {
-            conn.quit().await;
-        }
-        outcomes.iter().map(|o| o.to_result(&remote)).collect()
-    }
+    relay: Relay,
 }
 
 impl Stage for RelayToLmtp {
@@ -197,7 +75,7 @@ impl Stage for RelayToLmtp {
         let settings = Settings::from_config(ctx.config(), ctx.stage())?;
         let message = ctx.raw_message()?;
         let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
-        let results = self.deliver(&settings, &env, &message).await;
+        let results = self.relay.deliver(&settings.peer, &env, &message).await;
         delivery::conclude(ctx, &settings.policy, &results)
     }
 }
@@ -230,6 +108,10 @@ pub fn run() -> ExitCode {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
+    use pepsi_common::smtp::Timeouts;
+
     use super::*;
 
     fn settings(text: &str) -> Result<Settings, String> {
@@ -243,10 +125,10 @@ mod tests {
             "[pepsi]\nHOSTNAME = mx.example.test\n[stage-lmtp]\nLMTP = unix:/run/dovecot/lmtp\n",
         )
         .unwrap();
-        assert_eq!(s.target, Target::Unix("/run/dovecot/lmtp".into()));
-        assert_eq!(s.lhlo_name, "mx.example.test");
-        assert_eq!(s.timeouts, Timeouts::default());
-        assert_eq!(s.connection_idle, Duration::from_secs(30));
+        assert_eq!(s.peer.target, Target::Unix("/run/dovecot/lmtp".into()));
+        assert_eq!(s.peer.hello_name, "mx.example.test");
+        assert_eq!(s.peer.timeouts, Timeouts::default());
+        assert_eq!(s.peer.connection_idle, Duration::from_secs(30));
 
         let s = settings(
             "[stage-lmtp]\nLMTP = 127.0.0.1:24\nLHLO_NAME = relay.test\nDATA_TIMEOUT = 2m\n\
@@ -254,20 +136,21 @@ mod tests {
         )
         .unwrap();
         assert_eq!(
-            s.target,
+            s.peer.target,
             Target::Tcp {
                 host: "127.0.0.1".into(),
                 port: 24
             }
         );
-        assert_eq!(s.lhlo_name, "relay.test");
-        assert_eq!(s.timeouts.data, Duration::from_secs(120));
-        assert!(s.connection_idle.is_zero());
+        assert_eq!(s.peer.hello_name, "relay.test");
+        assert_eq!(s.peer.timeouts.data, Duration::from_secs(120));
+        assert!(s.peer.connection_idle.is_zero());
         assert_eq!(s.policy.initial, Duration::from_secs(10));
         assert!(
             !settings("[stage-lmtp]\nLMTP = /x\n")
                 .unwrap()
-                .lhlo_name
+                .peer
+                .hello_name
                 .is_empty()
         );
 

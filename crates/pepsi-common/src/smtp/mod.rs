@@ -7,7 +7,8 @@
 //! codes), [`caps`] (EHLO/LHLO keywords), [`data`] (dot-stuffing, xtext), [`envelope`]
 //! (the MAIL/RCPT lines and their parameters), [`auth`] (mechanism choice and its lines) and
 //! [`tls`] (policies, options, the rustls configurations). [`client`] is the only part that
-//! does I/O.
+//! does I/O; [`relay`] is what the relaying stages share on top of it (the configured peer,
+//! the kept connection, one attempt turned into per-recipient results).
 //!
 //! This module never touches the queue: it speaks to a mail server and reports what the
 //! server said; what to do with the message is `delivery::conclude`'s business.
@@ -17,11 +18,13 @@ pub mod caps;
 pub mod client;
 pub mod data;
 pub mod envelope;
+pub mod relay;
 pub mod reply;
 pub mod tls;
 
 pub use caps::Capabilities;
 pub use client::{ClientError, Connection, Phase, Protocol, RcptOutcome, Target, Timeouts};
 pub use envelope::{Envelope, Recipient};
+pub use relay::{Peer, Relay};
 pub use reply::Reply;
 pub use tls::{Credentials, OpenOptions, TlsInfo, TlsOptions, TlsPolicy};

@@ -1,0 +1,227 @@
+//! The part every relaying delivery stage shares (LMTP to a mailbox server, SMTP to a
+//! smarthost): one configured peer, the worker's kept connection to it, and one attempt of
+//! a message to all its recipients turned into per-recipient [`RcptResult`]s.
+//!
+//! A failure before the transaction (refused connection, timeout, a refused greeting,
+//! EHLO/LHLO, STARTTLS or AUTH) is about the peer, not a recipient: every recipient is
+//! deferred, whatever the reply code, so a misconfigured or overloaded peer never bounces
+//! mail. Inside the transaction the server's replies decide, per recipient.
+//!
+//! This module never touches the queue; what becomes of the message is
+//! `delivery::conclude`'s business.
+
+use std::time::Duration;
+
+use tokio::sync::Mutex;
+
+use super::client::{ClientError, Connection, Protocol, RcptOutcome, Target, Timeouts};
+use super::envelope::Envelope;
+use super::tls::OpenOptions;
+use crate::config::{Config, ConfigError, Section};
+use crate::delivery::RcptResult;
+use crate::mime::{self, Prepared};
+
+/// The one server a stage relays to, and how to talk to it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Peer {
+    pub target: Target,
+    pub protocol: Protocol,
+    /// The name given in EHLO/LHLO.
+    pub hello_name: String,
+    pub timeouts: Timeouts,
+    /// A kept connection idle longer than this is closed rather than reused; zero closes
+    /// the connection after every message.
+    pub connection_idle: Duration,
+    /// STARTTLS policy and AUTH credentials.
+    pub options: OpenOptions,
+}
+
+impl Peer {
+    /// The peer's name when no greeting named it: the host, or the socket path.
+    pub fn name(&self) -> String {
+        match &self.target {
+            Target::Tcp { host, .. } => host.clone(),
+            Target::Unix(path) => path.display().to_string(),
+        }
+    }
+
+    async fn open(&self) -> Result<Connection, ClientError> {
+        let conn = Connection::open_with(
+            &self.target,
+            self.protocol,
+            &self.hello_name,
+            self.timeouts,
+            &self.options,
+        )
+        .await?;
+        tracing::debug!(
+            target = %self.target,
+            remote = conn.remote_mta(),
+            tls = %conn.tls().map(|t| t.to_string()).unwrap_or_else(|| "none".into()),
+            authenticated = conn.is_authenticated(),
+            "connected"
+        );
+        Ok(conn)
+    }
+}
+
+/// `CONNECT_TIMEOUT`, `GREETING_TIMEOUT`, `COMMAND_TIMEOUT` and `DATA_TIMEOUT` of a stage
+/// section; an unset or zero value takes the default.
+pub fn timeouts(s: &Section<'_>) -> Result<Timeouts, ConfigError> {
+    let d = Timeouts::default();
+    let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
+        Ok(s.duration_opt(opt)?
+            .filter(|v| !v.is_zero())
+            .unwrap_or(default))
+    };
+    Ok(Timeouts {
+        connect: positive("CONNECT_TIMEOUT", d.connect)?,
+        greeting: positive("GREETING_TIMEOUT", d.greeting)?,
+        command: positive("COMMAND_TIMEOUT", d.command)?,
+        data: positive("DATA_TIMEOUT", d.data)?,
+    })
+}
+
+/// `CONNECTION_IDLE` of a stage section, 30 seconds when unset.
+pub fn connection_idle(s: &Section<'_>) -> Result<Duration, ConfigError> {
+    Ok(s.duration_opt("CONNECTION_IDLE")?
+        .unwrap_or(Duration::from_secs(30)))
+}
+
+/// The hello name: `option` of the stage section, else `[pepsi] HOSTNAME`, else the
+/// system's host name.
+pub fn hello_name(cfg: &Config, s: &Section<'_>, option: &str) -> Result<String, ConfigError> {
+    Ok(match s.string_opt(option)?.filter(|v| !v.is_empty()) {
+        Some(name) => name,
+        None => cfg
+            .section("pepsi")
+            .string_opt("HOSTNAME")?
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(crate::config::system_hostname),
+    })
+}
+
+/// A connection kept for the next message, and the peer it was opened for.
+struct Kept {
+    peer: Peer,
+    conn: Connection,
+}
+
+/// A worker's relay: at most one kept connection, reused while it is for the same peer,
+/// younger than `CONNECTION_IDLE` and answers RSET.
+#[derive(Default)]
+pub struct Relay {
+    kept: Mutex<Option<Kept>>,
+}
+
+impl Relay {
+    /// A usable connection to `peer`: the kept one if it still serves, else a new one.
+    async fn connection(&self, kept: Option<Kept>, peer: &Peer) -> Result<Connection, ClientError> {
+        if let Some(k) = kept {
+            if k.peer == *peer && k.conn.is_usable() && k.conn.idle() < peer.connection_idle {
+                let mut conn = k.conn;
+                match conn.rset().await {
+                    Ok(()) => return Ok(conn),
+                    Err(e) => tracing::debug!(
+                        target = %peer.target,
+                        "kept connection no longer usable ({e}); reconnecting"
+                    ),
+                }
+            } else {
+                k.conn.quit().await;
+            }
+        }
+        peer.open().await
+    }
+
+    /// One delivery attempt of `message` to every recipient of `env` in one transaction:
+    /// one result per recipient, in order.
+    pub async fn deliver(&self, peer: &Peer, env: &Envelope, message: &[u8]) -> Vec<RcptResult> {
+        let mut slot = self.kept.lock().await;
+        let mut conn = match self.connection(slot.take(), peer).await {
+            Ok(conn) => conn,
+            Err(e) => {
+                let failure = e.failure(&peer.name());
+                tracing::warn!(target = %peer.target, "session failed: {e}");
+                return vec![RcptResult::Transient(failure); env.recipients.len()];
+            }
+        };
+        let remote = conn.remote_mta().to_owned();
+        // What the peer can take decides the form of the message (or that it cannot go).
+        let outcomes = match mime::prepare_for_peer(env, message, conn.capabilities(), &remote) {
+            Prepared::Send { message, .. } => conn.send(env, message).await,
+            Prepared::Downgraded(seven_bit) => {
+                tracing::info!(%remote, "no 8BITMIME: sending the message as 7-bit MIME");
+                conn.send(env, &seven_bit).await
+            }
+            Prepared::Refuse(failure) => {
+                tracing::info!(%remote, "not sent: {}", failure.summary());
+                self.keep(&mut slot, peer, conn).await;
+                return vec![RcptResult::Permanent(failure); env.recipients.len()];
+            }
+        };
+        for (rcpt, outcome) in env.recipients.iter().zip(&outcomes) {
+            match outcome {
+                RcptOutcome::Accepted(reply) => {
+                    tracing::info!(rcpt = %rcpt.address, %remote, "delivered: {reply}")
+                }
+                RcptOutcome::Refused { phase, reply } => {
+                    tracing::info!(rcpt = %rcpt.address, %remote, "refused at {}: {reply}", phase.as_str())
+                }
+                RcptOutcome::Failed(e) => {
+                    tracing::warn!(rcpt = %rcpt.address, %remote, "not delivered: {e}")
+                }
+            }
+        }
+        self.keep(&mut slot, peer, conn).await;
+        outcomes.iter().map(|o| o.to_result(&remote)).collect()
+    }
+
+    /// Keeps `conn` for the next message, or closes it when it is broken or reuse is off.
+    async fn keep(&self, slot: &mut Option<Kept>, peer: &Peer, conn: Connection) {
+        if conn.is_usable() && !peer.connection_idle.is_zero() {
+            *slot = Some(Kept {
+                peer: peer.clone(),
+                conn,
+            });
+        } else {
+            conn.quit().await;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn common_options_table() {
+        let cfg = Config::from_str_named(
+            "[pepsi]\nHOSTNAME = mx.example.test\n[stage-a]\nDATA_TIMEOUT = 2m\n\
+             CONNECT_TIMEOUT = 0\nCONNECTION_IDLE = 0\n[stage-b]\nHELO_NAME = relay.test\n",
+            "t.conf",
+        )
+        .unwrap();
+        let a = cfg.section("stage-a");
+        let t = timeouts(&a).unwrap();
+        assert_eq!(t.data, Duration::from_secs(120));
+        assert_eq!(t.connect, Timeouts::default().connect, "zero means default");
+        assert!(connection_idle(&a).unwrap().is_zero());
+        assert_eq!(
+            hello_name(&cfg, &a, "HELO_NAME").unwrap(),
+            "mx.example.test"
+        );
+        let b = cfg.section("stage-b");
+        assert_eq!(connection_idle(&b).unwrap(), Duration::from_secs(30));
+        assert_eq!(hello_name(&cfg, &b, "HELO_NAME").unwrap(), "relay.test");
+
+        let bare = Config::from_str_named("[stage-c]\nDATA_TIMEOUT = soon\n", "t.conf").unwrap();
+        let c = bare.section("stage-c");
+        assert!(!hello_name(&bare, &c, "HELO_NAME").unwrap().is_empty());
+        let err = timeouts(&c).unwrap_err().to_string();
+        assert!(
+            err.contains("t.conf:2") && err.contains("DATA_TIMEOUT"),
+            "{err}"
+        );
+    }
+}
