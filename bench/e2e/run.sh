@@ -154,6 +154,10 @@ MAX_CONNECTIONS_PER_CLIENT = 1000
 [listener-mx]
 ADDRESS = 127.0.0.1:$port
 VERIFY = no
+
+# The SRS secret the graph's first stage (SRS reverse) needs; a bench's throwaway one.
+[srs]
+SECRETS = $(openssl rand -hex 16)
 EOF
   [ -n "${PEPSI_EXTRA_CONF:-}" ] && cat "$PEPSI_EXTRA_CONF" >>"$work/pepsi.conf"
   cp "$work/pepsi.conf" "$out/pepsi.conf"

@@ -114,6 +114,10 @@ LOCAL_DOMAINS = example.test relay.example
 ADDRESS = 127.0.0.1:$pepsi_port
 VERIFY = no
 
+# The SRS secret the graph's first stage (SRS reverse) needs; a bench's throwaway one.
+[srs]
+SECRETS = $(openssl rand -hex 16)
+
 [stage-remote]
 PROGRAM = pepsi-stage-relay-to-smarthost
 HOST = 127.0.0.1
