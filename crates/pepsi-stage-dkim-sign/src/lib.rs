@@ -15,8 +15,13 @@
 //!
 //! Keys come from PEM files named in `KEYS` (`domain:selector:path`, comma separated), read
 //! once at start by `pepsi_common::keys` (shared with the ARC stage): a file that cannot be
-//! read or holds no usable key stops the worker with an error naming the file. Keys from
-//! the database are a later step.
+//! read or holds no usable key stops the worker with an error naming the file. With
+//! `DATABASE_KEYS`, the enabled rows of `pepsi.signing_key` are added, read once per worker
+//! on its first message with a From domain (the build function has no database): a row
+//! whose key does not parse is logged and skipped, a row for a domain and selector `KEYS`
+//! already has is shadowed by the file, and a failing query is a temporary error, so the
+//! message is retried rather than sent unsigned. A change to the table notifies
+//! `config_changed`, and the dispatcher's replacement workers read it anew.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -26,7 +31,9 @@ use mail_auth::common::crypto::DkimKey;
 use mail_auth::common::headers::HeaderWriter;
 use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
 use pepsi_common::config::Config;
-pub use pepsi_common::keys::{KeySpec, load_key, parse_keys, signed_headers};
+pub use pepsi_common::keys::{
+    KeySpec, StoredKey, load_key, parse_keys, parse_private_key, signed_headers,
+};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
 
 pub mod constants {
@@ -49,10 +56,30 @@ pub struct DomainKey {
     signer: DkimSigner<DkimKey, Done>,
 }
 
+/// Signing domain (lower case) → its keys, one signature per key.
+pub type DomainKeys = HashMap<String, Vec<DomainKey>>;
+
+/// Why a row of `pepsi.signing_key` does not sign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skipped {
+    /// `KEYS` has a file for the same domain and selector; the file signs.
+    Shadowed { domain: String, selector: String },
+    /// The row's domain, selector or key cannot be used.
+    Unusable {
+        domain: String,
+        selector: String,
+        why: String,
+    },
+}
+
 /// What one stage section signs with.
 pub struct SignStage {
-    /// Signing domain (lower case) → its keys, one signature per key.
-    pub domains: HashMap<String, Vec<DomainKey>>,
+    /// The keys of `KEYS`, by signing domain.
+    pub domains: DomainKeys,
+    /// `DATABASE_KEYS`: add the enabled rows of `pepsi.signing_key`.
+    pub database_keys: bool,
+    /// The usable rows of `pepsi.signing_key`, once this worker has read them.
+    stored: tokio::sync::OnceCell<DomainKeys>,
     /// The `h=` list (From already doubled).
     pub headers: Vec<String>,
     /// Sign with a parent domain's keys when the From domain has none.
@@ -67,9 +94,15 @@ impl SignStage {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
         let section_name = format!("stage-{stage}");
         let s = cfg.section(&section_name);
-        let specs = s
-            .parse_opt("KEYS", parse_keys)?
-            .ok_or_else(|| anyhow::anyhow!("[{section_name}] KEYS is required"))?;
+        let database_keys = s.bool_opt("DATABASE_KEYS")?.unwrap_or(false);
+        let specs = match s.parse_opt("KEYS", parse_keys)? {
+            Some(specs) => specs,
+            None if database_keys => Vec::new(),
+            None => anyhow::bail!(
+                "[{section_name}] KEYS is required (or DATABASE_KEYS = yes for keys stored in \
+                 pepsi.signing_key)"
+            ),
+        };
         let headers = match s.list_opt("HEADERS")? {
             Some(list) => {
                 pepsi_common::keys::check_header_names(&list)
@@ -84,35 +117,128 @@ impl SignStage {
         let headers = signed_headers(&headers);
         let parent_domains = s.bool_opt("PARENT_DOMAINS")?.unwrap_or(false);
         let seven_bit = s.bool_opt("SEVEN_BIT")?.unwrap_or(true);
-        let mut domains: HashMap<String, Vec<DomainKey>> = HashMap::new();
+        let mut domains = DomainKeys::new();
         for spec in specs {
             let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
-            let signer = DkimSigner::from_key(key)
-                .domain(spec.domain.clone())
-                .selector(spec.selector.clone())
-                .headers(headers.clone())
-                .header_canonicalization(Canonicalization::Relaxed)
-                .body_canonicalization(Canonicalization::Relaxed);
-            domains.entry(spec.domain).or_default().push(DomainKey {
-                selector: spec.selector,
-                signer,
-            });
+            let key = domain_key(key, &spec.domain, &spec.selector, &headers);
+            domains.entry(spec.domain).or_default().push(key);
         }
         Ok(Self {
             domains,
+            database_keys,
+            stored: tokio::sync::OnceCell::new(),
             headers,
             parent_domains,
             seven_bit,
         })
     }
 
+    /// The signing keys of the rows of `pepsi.signing_key`, and the rows that do not sign.
+    /// Pure: the rows come from `pepsi_common::keys::fetch_stored_keys`.
+    pub fn stored_keys(&self, rows: Vec<StoredKey>) -> (DomainKeys, Vec<Skipped>) {
+        let mut keys = DomainKeys::new();
+        let mut skipped = Vec::new();
+        for row in rows {
+            let StoredKey {
+                domain,
+                selector,
+                private_key,
+            } = row;
+            let shadowed = self
+                .domains
+                .get(&domain)
+                .is_some_and(|keys| keys.iter().any(|k| k.selector == selector));
+            let parsed = if shadowed {
+                skipped.push(Skipped::Shadowed { domain, selector });
+                continue;
+            } else if pepsi_common::keys::signing_domain(&domain).as_deref() != Some(&domain) {
+                Err("not a lower-case domain name".to_owned())
+            } else if !pepsi_common::keys::valid_selector(&selector) {
+                Err("not a selector".to_owned())
+            } else {
+                parse_private_key(private_key.as_bytes())
+            };
+            match parsed {
+                Ok(key) => {
+                    let key = domain_key(key, &domain, &selector, &self.headers);
+                    keys.entry(domain).or_default().push(key);
+                }
+                Err(why) => skipped.push(Skipped::Unusable {
+                    domain,
+                    selector,
+                    why,
+                }),
+            }
+        }
+        (keys, skipped)
+    }
+
+    /// Reads `pepsi.signing_key` the first time a message needs keys (with
+    /// `DATABASE_KEYS`); logs each row that does not sign, once. A failing query is
+    /// temporary and leaves nothing cached, so the next message tries again.
+    pub async fn load_stored_keys(
+        &self,
+        pool: &sqlx::PgPool,
+        stage: &str,
+    ) -> Result<(), StageError> {
+        if !self.database_keys {
+            return Ok(());
+        }
+        self.stored
+            .get_or_try_init(|| async {
+                let rows = pepsi_common::keys::fetch_stored_keys(pool)
+                    .await
+                    .map_err(|e| {
+                        StageError::Temporary(format!(
+                            "cannot read the DKIM keys of pepsi.signing_key (DATABASE_KEYS): {e}"
+                        ))
+                    })?;
+                let (keys, skipped) = self.stored_keys(rows);
+                for s in skipped {
+                    match s {
+                        Skipped::Shadowed { domain, selector } => tracing::warn!(
+                            stage,
+                            "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is \
+                             not used: KEYS has a file for the same domain and selector"
+                        ),
+                        Skipped::Unusable {
+                            domain,
+                            selector,
+                            why,
+                        } => tracing::error!(
+                            stage,
+                            "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is \
+                             skipped: {why}"
+                        ),
+                    }
+                }
+                tracing::info!(
+                    stage,
+                    keys = keys.values().map(Vec::len).sum::<usize>(),
+                    "DKIM keys read from pepsi.signing_key"
+                );
+                Ok::<_, StageError>(keys)
+            })
+            .await?;
+        Ok(())
+    }
+
     /// The signing domain and its keys for a From domain: the domain itself, else with
-    /// `PARENT_DOMAINS` the nearest parent that has keys.
-    pub fn keys_for<'s>(&'s self, from_domain: &str) -> Option<(&'s str, &'s [DomainKey])> {
+    /// `PARENT_DOMAINS` the nearest parent that has keys. The keys of `KEYS` come first,
+    /// then those read from the database (when they have been).
+    pub fn keys_for<'s>(&'s self, from_domain: &str) -> Option<(&'s str, Vec<&'s DomainKey>)> {
         let mut domain = from_domain.trim_end_matches('.').to_ascii_lowercase();
+        let stored = self.stored.get();
         loop {
-            if let Some((d, keys)) = self.domains.get_key_value(&domain) {
-                return Some((d.as_str(), keys.as_slice()));
+            let files = self.domains.get_key_value(&domain);
+            let rows = stored.and_then(|s| s.get_key_value(&domain));
+            if let Some((d, _)) = files.or(rows) {
+                let keys = files
+                    .into_iter()
+                    .chain(rows)
+                    .flat_map(|(_, keys)| keys.iter())
+                    .collect();
+                return Some((d.as_str(), keys));
             }
             if !self.parent_domains {
                 return None;
@@ -123,6 +249,20 @@ impl SignStage {
             }
             domain = parent.to_owned();
         }
+    }
+}
+
+/// A signer for `selector._domainkey.domain`: relaxed/relaxed over `headers`.
+fn domain_key(key: DkimKey, domain: &str, selector: &str, headers: &[String]) -> DomainKey {
+    let signer = DkimSigner::from_key(key)
+        .domain(domain.to_owned())
+        .selector(selector.to_owned())
+        .headers(headers.to_vec())
+        .header_canonicalization(Canonicalization::Relaxed)
+        .body_canonicalization(Canonicalization::Relaxed);
+    DomainKey {
+        selector: selector.to_owned(),
+        signer,
     }
 }
 
@@ -164,6 +304,7 @@ impl Stage for DkimSign {
             tracing::debug!(id = ctx.id(), "no From domain: not signed");
             return ctx.advance();
         };
+        stage.load_stored_keys(ctx.pool(), ctx.stage()).await?;
         let Some((signing_domain, keys)) = stage.keys_for(&domain) else {
             tracing::debug!(id = ctx.id(), from_domain = %domain, "no DKIM key: not signed");
             return ctx.advance();
@@ -173,7 +314,7 @@ impl Stage for DkimSign {
         }
         let raw = ctx.raw_message()?;
         let mut fields = Vec::new();
-        for key in keys {
+        for key in &keys {
             let signature = key.signer.sign(&raw).map_err(|e| {
                 StageError::Permanent(format!(
                     "DKIM signing with {}._domainkey.{signing_domain} failed: {e}",
