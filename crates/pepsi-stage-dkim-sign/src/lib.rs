@@ -78,8 +78,8 @@ pub struct SignStage {
     pub domains: DomainKeys,
     /// `DATABASE_KEYS`: add the enabled rows of `pepsi.signing_key`.
     pub database_keys: bool,
-    /// The usable rows of `pepsi.signing_key`, once this worker has read them.
-    stored: tokio::sync::OnceCell<DomainKeys>,
+    /// The signers of the rows of `pepsi.signing_key`, once this worker has read them.
+    stored: std::sync::OnceLock<DomainKeys>,
     /// The `h=` list (From already doubled).
     pub headers: Vec<String>,
     /// Sign with a parent domain's keys when the From domain has none.
@@ -126,39 +126,30 @@ impl SignStage {
         Ok(Self {
             domains,
             database_keys,
-            stored: tokio::sync::OnceCell::new(),
+            stored: std::sync::OnceLock::new(),
             headers,
             parent_domains,
             seven_bit,
         })
     }
 
-    /// The signing keys of the rows of `pepsi.signing_key`, and the rows that do not sign.
-    /// Pure: the rows come from `pepsi_common::keys::fetch_stored_keys`.
-    pub fn stored_keys(&self, rows: Vec<StoredKey>) -> (DomainKeys, Vec<Skipped>) {
+    /// Signers for the usable rows of `pepsi.signing_key` (`usable_rows`), except a row
+    /// for a domain and selector `KEYS` already has: the file signs, the row is returned as
+    /// shadowed. Pure.
+    pub fn stored_keys(&self, rows: &[StoredKey]) -> (DomainKeys, Vec<Skipped>) {
         let mut keys = DomainKeys::new();
         let mut skipped = Vec::new();
         for row in rows {
-            let StoredKey {
-                domain,
-                selector,
-                private_key,
-            } = row;
+            let (domain, selector) = (row.domain.clone(), row.selector.clone());
             let shadowed = self
                 .domains
                 .get(&domain)
                 .is_some_and(|keys| keys.iter().any(|k| k.selector == selector));
-            let parsed = if shadowed {
+            if shadowed {
                 skipped.push(Skipped::Shadowed { domain, selector });
                 continue;
-            } else if pepsi_common::keys::signing_domain(&domain).as_deref() != Some(&domain) {
-                Err("not a lower-case domain name".to_owned())
-            } else if !pepsi_common::keys::valid_selector(&selector) {
-                Err("not a selector".to_owned())
-            } else {
-                parse_private_key(private_key.as_bytes())
-            };
-            match parsed {
+            }
+            match parse_private_key(row.private_key.as_bytes()) {
                 Ok(key) => {
                     let key = domain_key(key, &domain, &selector, &self.headers);
                     keys.entry(domain).or_default().push(key);
@@ -173,54 +164,14 @@ impl SignStage {
         (keys, skipped)
     }
 
-    /// Reads `pepsi.signing_key` the first time a message needs keys (with
-    /// `DATABASE_KEYS`); logs each row that does not sign, once. A failing query is
-    /// temporary and leaves nothing cached, so the next message tries again.
-    pub async fn load_stored_keys(
-        &self,
-        pool: &sqlx::PgPool,
-        stage: &str,
-    ) -> Result<(), StageError> {
-        if !self.database_keys {
-            return Ok(());
-        }
-        self.stored
-            .get_or_try_init(|| async {
-                let rows = pepsi_common::keys::fetch_stored_keys(pool)
-                    .await
-                    .map_err(|e| {
-                        StageError::Temporary(format!(
-                            "cannot read the DKIM keys of pepsi.signing_key (DATABASE_KEYS): {e}"
-                        ))
-                    })?;
-                let (keys, skipped) = self.stored_keys(rows);
-                for s in skipped {
-                    match s {
-                        Skipped::Shadowed { domain, selector } => tracing::warn!(
-                            stage,
-                            "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is \
-                             not used: KEYS has a file for the same domain and selector"
-                        ),
-                        Skipped::Unusable {
-                            domain,
-                            selector,
-                            why,
-                        } => tracing::error!(
-                            stage,
-                            "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is \
-                             skipped: {why}"
-                        ),
-                    }
-                }
-                tracing::info!(
-                    stage,
-                    keys = keys.values().map(Vec::len).sum::<usize>(),
-                    "DKIM keys read from pepsi.signing_key"
-                );
-                Ok::<_, StageError>(keys)
-            })
-            .await?;
-        Ok(())
+    /// Builds this section's signers from the worker's rows the first time they are needed
+    /// and logs the rows `KEYS` shadows, once.
+    fn use_stored_rows(&self, rows: &[StoredKey], stage: &str) {
+        self.stored.get_or_init(|| {
+            let (keys, skipped) = self.stored_keys(rows);
+            log_skipped(&skipped, Some(stage));
+            keys
+        });
     }
 
     /// The signing domain and its keys for a From domain: the domain itself, else with
@@ -248,6 +199,52 @@ impl SignStage {
                 return None;
             }
             domain = parent.to_owned();
+        }
+    }
+}
+
+/// The rows of `pepsi.signing_key` a stage can sign with, and why the others are not: a
+/// domain or selector the CHECKs of the table should have refused, or a key that does not
+/// parse (PEM armour around something else, an EC key). Pure.
+pub fn usable_rows(rows: Vec<StoredKey>) -> (Vec<StoredKey>, Vec<Skipped>) {
+    let mut usable = Vec::new();
+    let mut skipped = Vec::new();
+    for row in rows {
+        let why = if pepsi_common::keys::signing_domain(&row.domain).as_deref() != Some(&row.domain)
+        {
+            Some("not a lower-case domain name".to_owned())
+        } else if !pepsi_common::keys::valid_selector(&row.selector) {
+            Some("not a selector".to_owned())
+        } else {
+            parse_private_key(row.private_key.as_bytes()).err()
+        };
+        match why {
+            None => usable.push(row),
+            Some(why) => skipped.push(Skipped::Unusable {
+                domain: row.domain,
+                selector: row.selector,
+                why,
+            }),
+        }
+    }
+    (usable, skipped)
+}
+
+fn log_skipped(skipped: &[Skipped], stage: Option<&str>) {
+    for s in skipped {
+        match s {
+            Skipped::Shadowed { domain, selector } => tracing::warn!(
+                stage,
+                "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is not used: \
+                 KEYS has a file for the same domain and selector"
+            ),
+            Skipped::Unusable {
+                domain,
+                selector,
+                why,
+            } => tracing::error!(
+                "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is skipped: {why}"
+            ),
         }
     }
 }
@@ -280,6 +277,9 @@ pub fn from_domain(headers: &[u8]) -> Option<String> {
 /// The DKIM signing program: one `SignStage` per stage section that runs it.
 pub struct DkimSign {
     pub stages: HashMap<String, SignStage>,
+    /// The usable rows of `pepsi.signing_key`, read once per worker for every section with
+    /// `DATABASE_KEYS` (so a broken row is reported once).
+    rows: tokio::sync::OnceCell<Vec<StoredKey>>,
 }
 
 impl DkimSign {
@@ -290,7 +290,37 @@ impl DkimSign {
             let stage = SignStage::from_config(cfg, &name)?;
             stages.insert(name.to_ascii_lowercase(), stage);
         }
-        Ok(Self { stages })
+        Ok(Self {
+            stages,
+            rows: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// Reads `pepsi.signing_key` the first time a message needs its keys and logs the rows
+    /// that cannot sign, once. A failing query is temporary and leaves nothing cached, so
+    /// the message is retried (never sent unsigned) and the next one reads again.
+    async fn stored_rows(&self, pool: &sqlx::PgPool) -> Result<&[StoredKey], StageError> {
+        let rows = self
+            .rows
+            .get_or_try_init(|| async {
+                let rows = pepsi_common::keys::fetch_stored_keys(pool)
+                    .await
+                    .map_err(|e| {
+                        StageError::Temporary(format!(
+                            "cannot read the DKIM keys of pepsi.signing_key (DATABASE_KEYS): {e}"
+                        ))
+                    })?;
+                let (usable, skipped) = usable_rows(rows);
+                log_skipped(&skipped, None);
+                tracing::info!(
+                    keys = usable.len(),
+                    skipped = skipped.len(),
+                    "DKIM keys read from pepsi.signing_key"
+                );
+                Ok::<_, StageError>(usable)
+            })
+            .await?;
+        Ok(rows)
     }
 }
 
@@ -304,7 +334,10 @@ impl Stage for DkimSign {
             tracing::debug!(id = ctx.id(), "no From domain: not signed");
             return ctx.advance();
         };
-        stage.load_stored_keys(ctx.pool(), ctx.stage()).await?;
+        if stage.database_keys {
+            let rows = self.stored_rows(ctx.pool()).await?;
+            stage.use_stored_rows(rows, ctx.stage());
+        }
         let Some((signing_domain, keys)) = stage.keys_for(&domain) else {
             tracing::debug!(id = ctx.id(), from_domain = %domain, "no DKIM key: not signed");
             return ctx.advance();
@@ -371,15 +404,21 @@ pub fn run() -> ExitCode {
 const LONG_ABOUT: &str = "\
 Pepsi stage that DKIM-signs outgoing mail (RFC 6376; RSA-SHA256 and Ed25519-SHA256).
 
-The signing domain is the domain of the message's From: header. When KEYS holds keys for \
-it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
+The signing domain is the domain of the message's From: header. When KEYS (or, with \
+DATABASE_KEYS, pepsi.signing_key) holds keys for it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
 canonicalization, From over-signed); the body is left as it is unless SEVEN_BIT \
 converts an 8-bit message to 7-bit first. A message whose From \
 domain has no key advances unsigned.
 
 Options of the [stage-<name>] section:
-  KEYS = domain:selector:/path/key.pem, ...   (required) PEM private keys, RSA or Ed25519, \
-PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
+  KEYS = domain:selector:/path/key.pem, ...   (required unless DATABASE_KEYS) PEM private \
+keys, RSA or Ed25519, PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
+  DATABASE_KEYS = no   also sign with the enabled rows of pepsi.signing_key (written by the \
+config role), read once per worker on its first message. A row whose key does not parse is \
+logged as an error naming its domain and selector and skipped; a row with the domain and \
+selector of a KEYS item is not used (the file signs); a failing query is a temporary error \
+(the message is retried, never sent unsigned). Changing the table notifies config_changed, \
+so the dispatcher's new workers read the new keys.
   HEADERS = From, To, Subject, ...   the signed header fields (default: From, Reply-To, \
 Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version, \
 Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \

@@ -135,7 +135,7 @@ fn stored_keys_merge_with_the_key_files() {
         selector: selector.into(),
         private_key: pem.into(),
     };
-    let (keys, skipped) = dkim.stored_keys(vec![
+    let (usable, mut skipped) = usable_rows(vec![
         row("example.test", "db1", &ed),
         row("example.test", "file1", &ed),
         row("example.test", "ec1", &ec),
@@ -148,6 +148,8 @@ fn stored_keys_merge_with_the_key_files() {
         row("other.test", "s 1", &ed),
         row("other.test", "s1", &ed),
     ]);
+    let (keys, shadowed) = dkim.stored_keys(&usable);
+    skipped.extend(shadowed);
     let selectors = |d: &str| -> Vec<&str> {
         keys.get(d)
             .map(|k| k.iter().map(|k| k.selector.as_str()).collect())
@@ -170,11 +172,11 @@ fn stored_keys_merge_with_the_key_files() {
         })
         .collect();
     let expect = [
-        ("file1.example.test", "shadowed"),
         ("ec1.example.test", "neither an RSA nor an Ed25519 key"),
         ("junk1.example.test", "not a usable private key"),
         ("s1.Upper.test", "not a lower-case domain name"),
         ("s 1.other.test", "not a selector"),
+        ("file1.example.test", "shadowed"),
     ];
     assert_eq!(skipped.len(), expect.len(), "{skipped:?}");
     for ((name, why), (want_name, want_why)) in skipped.iter().zip(expect) {
