@@ -3,7 +3,9 @@
 //! implementation, fed the public keys without DNS) verifies; only the header block changes
 //! (same body row); From is over-signed, so an added From breaks the signatures; mail from a
 //! subdomain signs with the parent's keys only when PARENT_DOMAINS says so; mail from a
-//! domain without keys advances unsigned.
+//! domain without keys advances unsigned. With DATABASE_KEYS the enabled rows of
+//! pepsi.signing_key sign too (a disabled or unparsable row does not, a KEYS file shadows a
+//! row of the same selector), and a failing key query is a temporary error.
 
 mod common;
 
@@ -335,4 +337,174 @@ async fn an_unreadable_key_file_stops_the_worker_naming_it() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains(&missing.display().to_string()), "{stderr}");
     assert!(stderr.contains("[stage-dkim] KEYS"), "{stderr}");
+}
+
+/// Stores a key in pepsi.signing_key as the operator does: as the config role.
+async fn store_key(
+    db: &TestDb,
+    domain: &str,
+    selector: &str,
+    pem: &std::path::Path,
+    enabled: bool,
+) {
+    let pem = std::fs::read_to_string(pem).unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE \"pepsi-config\"")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO pepsi.signing_key (domain, selector, private_key, enabled) \
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(domain)
+    .bind(selector)
+    .bind(pem)
+    .bind(enabled)
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
+}
+
+#[tokio::test]
+async fn keys_stored_in_the_database_sign_and_disabled_or_broken_rows_do_not() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (rsa, rsa_pub) = common::keypair(dir.path(), "rsa", common::RSA);
+    let (ed, ed_pub) = common::keypair(dir.path(), "ed", common::ED25519);
+    let (off, _) = common::keypair(dir.path(), "off", common::ED25519);
+    let (ec, _) = common::keypair(
+        dir.path(),
+        "ec",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    );
+    let (file, file_pub) = common::keypair(dir.path(), "file", common::ED25519);
+    let (row, _) = common::keypair(dir.path(), "row", common::ED25519);
+    store_key(&db, "example.test", "rsa1", &rsa, true).await;
+    store_key(&db, "example.test", "ed1", &ed, true).await;
+    store_key(&db, "example.test", "off1", &off, false).await;
+    // PEM armour around a P-256 key: the table accepts it, DKIM cannot sign with it.
+    store_key(&db, "example.test", "bad1", &ec, true).await;
+    // The same domain and selector as a KEYS file: the file signs.
+    store_key(&db, "other.test", "s1", &row, true).await;
+
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\
+             [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             DATABASE_KEYS = yes\n\
+             [stage-dkimf]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             DATABASE_KEYS = yes\nKEYS = other.test:s1:{}\n\
+             [stage-relay]\nPROGRAM = pepsi-stage-discard\n",
+            db.url,
+            file.display()
+        ),
+    )
+    .unwrap();
+    let first = running(&db, "alice@example.test").await;
+    let second = running(&db, "alice@example.test").await;
+    let other = running(&db, "bob@other.test").await;
+    common::claim(&db.pool, other, "dkimf").await;
+
+    let input = format!("{first}\n{second}\n{other}\n");
+    let (lines, log) =
+        tokio::task::spawn_blocking(move || common::stage_worker_logged(DKIM_SIGN, &cfg, &input))
+            .await
+            .unwrap();
+    assert_eq!(lines, ["0", "0", "0"], "{log}");
+
+    let keys = serde_json::json!({
+        "rsa1._domainkey.example.test": ["rsa", rsa_pub],
+        "ed1._domainkey.example.test": ["ed25519", ed_pub],
+        "s1._domainkey.other.test": ["ed25519", file_pub],
+    });
+    for id in [first, second] {
+        let (stage, _, hdrs, _, body) = fetch(&db, id).await;
+        assert_eq!(stage, "relay");
+        let fields = dkim_fields(&hdrs);
+        let mut selectors: Vec<&str> = fields.iter().map(|f| tag(f, "s")).collect();
+        selectors.sort();
+        assert_eq!(
+            selectors,
+            ["ed1", "rsa1"],
+            "neither off1 (disabled) nor bad1"
+        );
+        let mut message = hdrs.clone();
+        message.extend_from_slice(b"\r\n");
+        message.extend_from_slice(&body);
+        assert_eq!(verify(&message, &keys), [true, true]);
+    }
+    // Read once per worker: the broken row is reported once, naming domain and selector.
+    let reports: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("bad1._domainkey.example.test"))
+        .collect();
+    assert_eq!(reports.len(), 1, "{log}");
+    assert!(
+        reports[0].contains("ERROR") && reports[0].contains("not a usable private key"),
+        "{log}"
+    );
+    assert!(!log.contains("off1"), "a disabled row is not read: {log}");
+
+    // The file's key signs for other.test; the row with the same selector does not.
+    let (_, _, hdrs, _, body) = fetch(&db, other).await;
+    let fields = dkim_fields(&hdrs);
+    assert_eq!(fields.len(), 1, "{fields:?}");
+    assert_eq!(tag(&fields[0], "s"), "s1");
+    let mut message = hdrs;
+    message.extend_from_slice(b"\r\n");
+    message.extend_from_slice(&body);
+    assert_eq!(verify(&message, &keys), [true]);
+    assert!(
+        log.lines()
+            .any(|l| l.contains("s1._domainkey.other.test") && l.contains("KEYS has a file")),
+        "{log}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_key_query_is_a_temporary_error_and_nothing_goes_out_unsigned() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\
+             [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             DATABASE_KEYS = yes\n\
+             [stage-relay]\nPROGRAM = pepsi-stage-discard\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    // The query fails as it would if the table were out of reach.
+    sqlx::query("ALTER TABLE pepsi.signing_key RENAME TO signing_key_elsewhere")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let id = running(&db, "alice@example.test").await;
+    let before = fetch(&db, id).await;
+    let input = format!("{id}\n");
+    let (lines, log) =
+        tokio::task::spawn_blocking(move || common::stage_worker_logged(DKIM_SIGN, &cfg, &input))
+            .await
+            .unwrap();
+    assert_eq!(lines.len(), 1, "{log}");
+    let (code, report) = lines[0].split_once(' ').unwrap();
+    assert_eq!(code, "1");
+    let report: serde_json::Value = serde_json::from_str(report).unwrap();
+    assert_eq!(report["temporary"], true, "{report}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("pepsi.signing_key"),
+        "{report}"
+    );
+    let after = fetch(&db, id).await;
+    assert_eq!(after, before, "neither signed nor advanced");
 }

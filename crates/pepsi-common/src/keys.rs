@@ -1,8 +1,11 @@
 //! Signing keys of the DKIM and ARC stages: the `domain:selector:path` list of `KEYS`, the
-//! domain and selector syntax, the PEM private key files (RSA or Ed25519), and the signed
+//! domain and selector syntax, the PEM private keys (RSA or Ed25519), and the signed
 //! header lists both signatures share.
 //!
-//! Reads key files only when asked (at a worker's start); never touches the queue.
+//! Also the keys stored in `pepsi.signing_key` (`fetch_stored_keys`, one read-only query).
+//!
+//! Reads key files and the key table only when asked (at a worker's start, or on its first
+//! message); never touches the queue.
 
 use std::path::{Path, PathBuf};
 
@@ -108,20 +111,25 @@ pub fn parse_keys(value: &str) -> Result<Vec<KeySpec>, String> {
     Ok(keys)
 }
 
-/// Reads a private key from a PEM file: PKCS#8 (`BEGIN PRIVATE KEY`, RSA or Ed25519, as
-/// `openssl genpkey` writes) or PKCS#1 (`BEGIN RSA PRIVATE KEY`). The error names the file
-/// and says what was expected; the caller adds the option it came from.
+/// Reads a private key from a PEM file (`parse_private_key`). The error names the file and
+/// says what was expected; the caller adds the option it came from.
 pub fn load_key(path: &Path) -> anyhow::Result<DkimKey> {
     let pem =
         std::fs::read(path).with_context(|| format!("key file {}: cannot read", path.display()))?;
+    parse_private_key(&pem).map_err(|why| anyhow::anyhow!("key file {}: {why}", path.display()))
+}
+
+/// Parses a PEM private key: PKCS#8 (`BEGIN PRIVATE KEY`, RSA or Ed25519, as `openssl
+/// genpkey` writes) or PKCS#1 (`BEGIN RSA PRIVATE KEY`). The error says what was wrong and
+/// what was expected; the caller names where the key came from.
+pub fn parse_private_key(pem: &[u8]) -> Result<DkimKey, String> {
     let not_a_key = |why: String| {
-        anyhow::anyhow!(
-            "key file {}: not a usable private key ({why}); expected a PEM RSA or Ed25519 \
-             private key (PKCS#8 or PKCS#1)",
-            path.display()
+        format!(
+            "not a usable private key ({why}); expected a PEM RSA or Ed25519 private key \
+             (PKCS#8 or PKCS#1)"
         )
     };
-    let der = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| not_a_key(e.to_string()))?;
+    let der = PrivateKeyDer::from_pem_slice(pem).map_err(|e| not_a_key(e.to_string()))?;
     match der {
         PrivateKeyDer::Pkcs8(p8) => {
             if let Ok(key) = Ed25519Key::from_pkcs8_maybe_unchecked_der(p8.secret_pkcs8_der()) {
@@ -138,6 +146,33 @@ pub fn load_key(path: &Path) -> anyhow::Result<DkimKey> {
             "an EC key: DKIM and ARC sign with RSA or Ed25519".to_owned(),
         )),
     }
+}
+
+/// One enabled row of `pepsi.signing_key`, its key still PEM text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredKey {
+    pub domain: String,
+    pub selector: String,
+    pub private_key: String,
+}
+
+/// The enabled keys of `pepsi.signing_key` (patch pepsi-0003), in a stable order. Read-only:
+/// the pipeline role may select from that table and nothing more.
+pub async fn fetch_stored_keys(pool: &sqlx::PgPool) -> Result<Vec<StoredKey>, sqlx::Error> {
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT domain, selector, private_key FROM pepsi.signing_key WHERE enabled \
+         ORDER BY domain, selector",
+    )
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(domain, selector, private_key)| StoredKey {
+            domain,
+            selector,
+            private_key,
+        })
+        .collect())
 }
 
 /// Checks a `HEADERS` list: each item must be a header field name (printable ASCII without

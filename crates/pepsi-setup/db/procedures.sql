@@ -6,7 +6,7 @@
 -- THE NOTIFY CONTRACT
 --
 -- The dispatcher LISTENs on the channel `workqueue` (new pending work) and `config_changed`
--- (the configuration overlay changed).
+-- (the configuration overlay or the DKIM signing keys changed).
 --
 -- * Admission never notifies. workqueue_add does not call pg_notify: a transaction that
 --   queues a notification holds a database-wide lock from then until it commits, which would
@@ -20,8 +20,8 @@
 -- * Writers inside the loop stay silent: a stage worker's status line already brings the
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
 --   need no notification.
--- * No function in this file calls pg_notify on `workqueue`. The only NOTIFY here is the
---   statement-level config_changed trigger on config_override.
+-- * No function in this file calls pg_notify on `workqueue`. The only NOTIFYs here are the
+--   statement-level config_changed triggers on config_override and signing_key.
 --
 -- RECIPIENT INDICES
 --
@@ -521,7 +521,7 @@ CREATE OR REPLACE TRIGGER workqueue_release_body
     AFTER DELETE OR UPDATE OF body_id ON pepsi.workqueue
     FOR EACH ROW EXECUTE FUNCTION pepsi.workqueue_release_body();
 
--- Tell every listener that the configuration overlay changed.
+-- Tell every listener that the configuration overlay (or, below, the signing keys) changed.
 CREATE OR REPLACE FUNCTION pepsi.config_override_notify()
 RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
@@ -532,6 +532,12 @@ $$;
 
 CREATE OR REPLACE TRIGGER config_override_notify
     AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pepsi.config_override
+    FOR EACH STATEMENT EXECUTE FUNCTION pepsi.config_override_notify();
+
+-- A signing stage loads the keys of pepsi.signing_key once per worker; the same notification
+-- makes the dispatcher retire its workers, so the replacements sign with the changed keys.
+CREATE OR REPLACE TRIGGER signing_key_notify
+    AFTER INSERT OR UPDATE OR DELETE OR TRUNCATE ON pepsi.signing_key
     FOR EACH STATEMENT EXECUTE FUNCTION pepsi.config_override_notify();
 
 -- THE SETTINGS LAYER AND LOCAL RECIPIENTS

@@ -30,6 +30,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0002",
         sql: include_str!("../db/pepsi-0002.sql"),
     },
+    Patch {
+        name: "pepsi-0003",
+        sql: include_str!("../db/pepsi-0003.sql"),
+    },
 ];
 
 /// Stored functions and triggers; re-applied on every run.
@@ -108,12 +112,14 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         // mailboxes exist, not how to log in as one.
         (RoleKind::Pipeline, "mailbox_account") => READ,
         (RoleKind::Pipeline, "mailbox_password") => NONE,
+        // The signing stages read the keys; nothing that processes mail may plant or swap one.
+        (RoleKind::Pipeline, "signing_key") => READ,
         (RoleKind::Pipeline, _) => ALL,
         (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
         (RoleKind::Ingress, "config_override" | "settings") => READ,
         (RoleKind::Ingress, "mailbox_account" | "mailbox_password") => READ,
         (RoleKind::Ingress, _) => NONE,
-        (RoleKind::Config, "config_override") => ALL,
+        (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
         (RoleKind::Config, _) => NONE,
     }

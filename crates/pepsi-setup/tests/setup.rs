@@ -208,6 +208,135 @@ async fn changing_the_overlay_notifies_config_changed() {
     assert_eq!((n.channel(), n.payload()), ("config_changed", "INSERT"));
 }
 
+/// PEM armour around nothing usable: the table checks the armour, the stage the key.
+const ARMOURED: &str = "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+
+#[tokio::test]
+async fn only_the_config_role_writes_signing_keys_and_the_ingress_cannot_read_them() {
+    let db = TestDb::new().await;
+    let insert = "INSERT INTO pepsi.signing_key (domain, selector, private_key) \
+                  VALUES ('example.test', 'sel1', '-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n')";
+    assert_eq!(as_role(&db, "pepsi", insert).await, Err("42501".into()));
+    assert_eq!(
+        as_role(&db, "pepsi-ingress", insert).await,
+        Err("42501".into())
+    );
+    assert_eq!(as_role(&db, "pepsi-config", insert).await, Ok(()));
+    let read = "SELECT * FROM pepsi.signing_key";
+    assert_eq!(as_role(&db, "pepsi", read).await, Ok(()));
+    assert_eq!(
+        as_role(&db, "pepsi-ingress", read).await,
+        Err("42501".into())
+    );
+    for write in [
+        "UPDATE pepsi.signing_key SET enabled = false",
+        "DELETE FROM pepsi.signing_key",
+    ] {
+        assert_eq!(
+            as_role(&db, "pepsi", write).await,
+            Err("42501".into()),
+            "{write}"
+        );
+        assert_eq!(as_role(&db, "pepsi-config", write).await, Ok(()), "{write}");
+    }
+}
+
+#[tokio::test]
+async fn a_signing_key_row_must_name_a_domain_a_selector_and_hold_pem() {
+    let db = TestDb::new().await;
+    let insert = |domain: &'static str, selector: &'static str, pem: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query(
+                "INSERT INTO pepsi.signing_key (domain, selector, private_key) VALUES ($1, $2, $3)",
+            )
+            .bind(domain)
+            .bind(selector)
+            .bind(pem)
+            .execute(&pool)
+            .await
+            .map(|_| ())
+            .map_err(|e| match e {
+                sqlx::Error::Database(d) => d.code().unwrap_or_default().into_owned(),
+                other => other.to_string(),
+            })
+        }
+    };
+    assert_eq!(
+        insert("mail.example.test", "s_2026.a", ARMOURED).await,
+        Ok(())
+    );
+    assert_eq!(
+        insert(
+            "example.test",
+            "rsa1",
+            "-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----"
+        )
+        .await,
+        Ok(())
+    );
+    for (domain, selector, pem) in [
+        ("Example.test", "s1", ARMOURED),
+        ("example.test.", "s1", ARMOURED),
+        ("localhost", "s1", ARMOURED),
+        ("", "s1", ARMOURED),
+        ("exa mple.test", "s1", ARMOURED),
+        ("a..b.test", "s1", ARMOURED),
+        ("example.test", "", ARMOURED),
+        ("example.test", "s 1", ARMOURED),
+        ("example.test", "s;1", ARMOURED),
+        ("example.test", "s1", "MIIEvQIBADANBgkqhkiG9w0BAQEFAASC"),
+        (
+            "example.test",
+            "s1",
+            "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n",
+        ),
+        ("example.test", "s1", "-----BEGIN PRIVATE KEY-----\nAAAA\n"),
+    ] {
+        assert_eq!(
+            insert(domain, selector, pem).await,
+            Err("23514".into()),
+            "{domain:?} {selector:?} {pem:?}: check violation"
+        );
+    }
+    let enabled: bool = sqlx::query_scalar(
+        "SELECT enabled FROM pepsi.signing_key WHERE domain = 'mail.example.test'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(enabled, "a key is enabled unless said otherwise");
+}
+
+#[tokio::test]
+async fn changing_the_signing_keys_notifies_config_changed() {
+    let db = TestDb::new().await;
+    let mut listener = sqlx::postgres::PgListener::connect(&db.url).await.unwrap();
+    listener.listen("config_changed").await.unwrap();
+    for (sql, op) in [
+        (
+            "INSERT INTO pepsi.signing_key (domain, selector, private_key) VALUES ('example.test', 'sel1', $1)",
+            "INSERT",
+        ),
+        (
+            "UPDATE pepsi.signing_key SET enabled = false WHERE $1 <> ''",
+            "UPDATE",
+        ),
+        ("DELETE FROM pepsi.signing_key WHERE $1 <> ''", "DELETE"),
+    ] {
+        sqlx::query(sql)
+            .bind(ARMOURED)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
+            .await
+            .unwrap_or_else(|_| panic!("a notification for {op} within 10 s"))
+            .unwrap();
+        assert_eq!((n.channel(), n.payload()), ("config_changed", op));
+    }
+}
+
 #[tokio::test]
 async fn admission_does_not_notify_the_workqueue_channel() {
     let db = TestDb::new().await;
@@ -262,4 +391,11 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
     check(RoleKind::Pipeline, "mailbox_password", &[]);
     check(RoleKind::Pipeline, "mailbox_account", &["SELECT"]);
     check(RoleKind::Config, "mailbox_password", &[]);
+    check(RoleKind::Pipeline, "signing_key", &["SELECT"]);
+    check(RoleKind::Ingress, "signing_key", &[]);
+    check(
+        RoleKind::Config,
+        "signing_key",
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    );
 }

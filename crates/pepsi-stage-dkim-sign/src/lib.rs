@@ -15,8 +15,13 @@
 //!
 //! Keys come from PEM files named in `KEYS` (`domain:selector:path`, comma separated), read
 //! once at start by `pepsi_common::keys` (shared with the ARC stage): a file that cannot be
-//! read or holds no usable key stops the worker with an error naming the file. Keys from
-//! the database are a later step.
+//! read or holds no usable key stops the worker with an error naming the file. With
+//! `DATABASE_KEYS`, the enabled rows of `pepsi.signing_key` are added, read once per worker
+//! on its first message with a From domain (the build function has no database): a row
+//! whose key does not parse is logged and skipped, a row for a domain and selector `KEYS`
+//! already has is shadowed by the file, and a failing query is a temporary error, so the
+//! message is retried rather than sent unsigned. A change to the table notifies
+//! `config_changed`, and the dispatcher's replacement workers read it anew.
 
 use std::collections::HashMap;
 use std::process::ExitCode;
@@ -26,7 +31,9 @@ use mail_auth::common::crypto::DkimKey;
 use mail_auth::common::headers::HeaderWriter;
 use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
 use pepsi_common::config::Config;
-pub use pepsi_common::keys::{KeySpec, load_key, parse_keys, signed_headers};
+pub use pepsi_common::keys::{
+    KeySpec, StoredKey, load_key, parse_keys, parse_private_key, signed_headers,
+};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
 
 pub mod constants {
@@ -49,10 +56,30 @@ pub struct DomainKey {
     signer: DkimSigner<DkimKey, Done>,
 }
 
+/// Signing domain (lower case) → its keys, one signature per key.
+pub type DomainKeys = HashMap<String, Vec<DomainKey>>;
+
+/// Why a row of `pepsi.signing_key` does not sign.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skipped {
+    /// `KEYS` has a file for the same domain and selector; the file signs.
+    Shadowed { domain: String, selector: String },
+    /// The row's domain, selector or key cannot be used.
+    Unusable {
+        domain: String,
+        selector: String,
+        why: String,
+    },
+}
+
 /// What one stage section signs with.
 pub struct SignStage {
-    /// Signing domain (lower case) → its keys, one signature per key.
-    pub domains: HashMap<String, Vec<DomainKey>>,
+    /// The keys of `KEYS`, by signing domain.
+    pub domains: DomainKeys,
+    /// `DATABASE_KEYS`: add the enabled rows of `pepsi.signing_key`.
+    pub database_keys: bool,
+    /// The signers of the rows of `pepsi.signing_key`, once this worker has read them.
+    stored: std::sync::OnceLock<DomainKeys>,
     /// The `h=` list (From already doubled).
     pub headers: Vec<String>,
     /// Sign with a parent domain's keys when the From domain has none.
@@ -67,9 +94,15 @@ impl SignStage {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
         let section_name = format!("stage-{stage}");
         let s = cfg.section(&section_name);
-        let specs = s
-            .parse_opt("KEYS", parse_keys)?
-            .ok_or_else(|| anyhow::anyhow!("[{section_name}] KEYS is required"))?;
+        let database_keys = s.bool_opt("DATABASE_KEYS")?.unwrap_or(false);
+        let specs = match s.parse_opt("KEYS", parse_keys)? {
+            Some(specs) => specs,
+            None if database_keys => Vec::new(),
+            None => anyhow::bail!(
+                "[{section_name}] KEYS is required (or DATABASE_KEYS = yes for keys stored in \
+                 pepsi.signing_key)"
+            ),
+        };
         let headers = match s.list_opt("HEADERS")? {
             Some(list) => {
                 pepsi_common::keys::check_header_names(&list)
@@ -84,35 +117,79 @@ impl SignStage {
         let headers = signed_headers(&headers);
         let parent_domains = s.bool_opt("PARENT_DOMAINS")?.unwrap_or(false);
         let seven_bit = s.bool_opt("SEVEN_BIT")?.unwrap_or(true);
-        let mut domains: HashMap<String, Vec<DomainKey>> = HashMap::new();
+        let mut domains = DomainKeys::new();
         for spec in specs {
             let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
-            let signer = DkimSigner::from_key(key)
-                .domain(spec.domain.clone())
-                .selector(spec.selector.clone())
-                .headers(headers.clone())
-                .header_canonicalization(Canonicalization::Relaxed)
-                .body_canonicalization(Canonicalization::Relaxed);
-            domains.entry(spec.domain).or_default().push(DomainKey {
-                selector: spec.selector,
-                signer,
-            });
+            let key = domain_key(key, &spec.domain, &spec.selector, &headers);
+            domains.entry(spec.domain).or_default().push(key);
         }
         Ok(Self {
             domains,
+            database_keys,
+            stored: std::sync::OnceLock::new(),
             headers,
             parent_domains,
             seven_bit,
         })
     }
 
+    /// Signers for the usable rows of `pepsi.signing_key` (`usable_rows`), except a row
+    /// for a domain and selector `KEYS` already has: the file signs, the row is returned as
+    /// shadowed. Pure.
+    pub fn stored_keys(&self, rows: &[StoredKey]) -> (DomainKeys, Vec<Skipped>) {
+        let mut keys = DomainKeys::new();
+        let mut skipped = Vec::new();
+        for row in rows {
+            let (domain, selector) = (row.domain.clone(), row.selector.clone());
+            let shadowed = self
+                .domains
+                .get(&domain)
+                .is_some_and(|keys| keys.iter().any(|k| k.selector == selector));
+            if shadowed {
+                skipped.push(Skipped::Shadowed { domain, selector });
+                continue;
+            }
+            match parse_private_key(row.private_key.as_bytes()) {
+                Ok(key) => {
+                    let key = domain_key(key, &domain, &selector, &self.headers);
+                    keys.entry(domain).or_default().push(key);
+                }
+                Err(why) => skipped.push(Skipped::Unusable {
+                    domain,
+                    selector,
+                    why,
+                }),
+            }
+        }
+        (keys, skipped)
+    }
+
+    /// Builds this section's signers from the worker's rows the first time they are needed
+    /// and logs the rows `KEYS` shadows, once.
+    fn use_stored_rows(&self, rows: &[StoredKey], stage: &str) {
+        self.stored.get_or_init(|| {
+            let (keys, skipped) = self.stored_keys(rows);
+            log_skipped(&skipped, Some(stage));
+            keys
+        });
+    }
+
     /// The signing domain and its keys for a From domain: the domain itself, else with
-    /// `PARENT_DOMAINS` the nearest parent that has keys.
-    pub fn keys_for<'s>(&'s self, from_domain: &str) -> Option<(&'s str, &'s [DomainKey])> {
+    /// `PARENT_DOMAINS` the nearest parent that has keys. The keys of `KEYS` come first,
+    /// then those read from the database (when they have been).
+    pub fn keys_for<'s>(&'s self, from_domain: &str) -> Option<(&'s str, Vec<&'s DomainKey>)> {
         let mut domain = from_domain.trim_end_matches('.').to_ascii_lowercase();
+        let stored = self.stored.get();
         loop {
-            if let Some((d, keys)) = self.domains.get_key_value(&domain) {
-                return Some((d.as_str(), keys.as_slice()));
+            let files = self.domains.get_key_value(&domain);
+            let rows = stored.and_then(|s| s.get_key_value(&domain));
+            if let Some((d, _)) = files.or(rows) {
+                let keys = files
+                    .into_iter()
+                    .chain(rows)
+                    .flat_map(|(_, keys)| keys.iter())
+                    .collect();
+                return Some((d.as_str(), keys));
             }
             if !self.parent_domains {
                 return None;
@@ -123,6 +200,66 @@ impl SignStage {
             }
             domain = parent.to_owned();
         }
+    }
+}
+
+/// The rows of `pepsi.signing_key` a stage can sign with, and why the others are not: a
+/// domain or selector the CHECKs of the table should have refused, or a key that does not
+/// parse (PEM armour around something else, an EC key). Pure.
+pub fn usable_rows(rows: Vec<StoredKey>) -> (Vec<StoredKey>, Vec<Skipped>) {
+    let mut usable = Vec::new();
+    let mut skipped = Vec::new();
+    for row in rows {
+        let why = if pepsi_common::keys::signing_domain(&row.domain).as_deref() != Some(&row.domain)
+        {
+            Some("not a lower-case domain name".to_owned())
+        } else if !pepsi_common::keys::valid_selector(&row.selector) {
+            Some("not a selector".to_owned())
+        } else {
+            parse_private_key(row.private_key.as_bytes()).err()
+        };
+        match why {
+            None => usable.push(row),
+            Some(why) => skipped.push(Skipped::Unusable {
+                domain: row.domain,
+                selector: row.selector,
+                why,
+            }),
+        }
+    }
+    (usable, skipped)
+}
+
+fn log_skipped(skipped: &[Skipped], stage: Option<&str>) {
+    for s in skipped {
+        match s {
+            Skipped::Shadowed { domain, selector } => tracing::warn!(
+                stage,
+                "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is not used: \
+                 KEYS has a file for the same domain and selector"
+            ),
+            Skipped::Unusable {
+                domain,
+                selector,
+                why,
+            } => tracing::error!(
+                "DKIM key {selector}._domainkey.{domain} of pepsi.signing_key is skipped: {why}"
+            ),
+        }
+    }
+}
+
+/// A signer for `selector._domainkey.domain`: relaxed/relaxed over `headers`.
+fn domain_key(key: DkimKey, domain: &str, selector: &str, headers: &[String]) -> DomainKey {
+    let signer = DkimSigner::from_key(key)
+        .domain(domain.to_owned())
+        .selector(selector.to_owned())
+        .headers(headers.to_vec())
+        .header_canonicalization(Canonicalization::Relaxed)
+        .body_canonicalization(Canonicalization::Relaxed);
+    DomainKey {
+        selector: selector.to_owned(),
+        signer,
     }
 }
 
@@ -140,6 +277,9 @@ pub fn from_domain(headers: &[u8]) -> Option<String> {
 /// The DKIM signing program: one `SignStage` per stage section that runs it.
 pub struct DkimSign {
     pub stages: HashMap<String, SignStage>,
+    /// The usable rows of `pepsi.signing_key`, read once per worker for every section with
+    /// `DATABASE_KEYS` (so a broken row is reported once).
+    rows: tokio::sync::OnceCell<Vec<StoredKey>>,
 }
 
 impl DkimSign {
@@ -150,7 +290,37 @@ impl DkimSign {
             let stage = SignStage::from_config(cfg, &name)?;
             stages.insert(name.to_ascii_lowercase(), stage);
         }
-        Ok(Self { stages })
+        Ok(Self {
+            stages,
+            rows: tokio::sync::OnceCell::new(),
+        })
+    }
+
+    /// Reads `pepsi.signing_key` the first time a message needs its keys and logs the rows
+    /// that cannot sign, once. A failing query is temporary and leaves nothing cached, so
+    /// the message is retried (never sent unsigned) and the next one reads again.
+    async fn stored_rows(&self, pool: &sqlx::PgPool) -> Result<&[StoredKey], StageError> {
+        let rows = self
+            .rows
+            .get_or_try_init(|| async {
+                let rows = pepsi_common::keys::fetch_stored_keys(pool)
+                    .await
+                    .map_err(|e| {
+                        StageError::Temporary(format!(
+                            "cannot read the DKIM keys of pepsi.signing_key (DATABASE_KEYS): {e}"
+                        ))
+                    })?;
+                let (usable, skipped) = usable_rows(rows);
+                log_skipped(&skipped, None);
+                tracing::info!(
+                    keys = usable.len(),
+                    skipped = skipped.len(),
+                    "DKIM keys read from pepsi.signing_key"
+                );
+                Ok::<_, StageError>(usable)
+            })
+            .await?;
+        Ok(rows)
     }
 }
 
@@ -164,6 +334,10 @@ impl Stage for DkimSign {
             tracing::debug!(id = ctx.id(), "no From domain: not signed");
             return ctx.advance();
         };
+        if stage.database_keys {
+            let rows = self.stored_rows(ctx.pool()).await?;
+            stage.use_stored_rows(rows, ctx.stage());
+        }
         let Some((signing_domain, keys)) = stage.keys_for(&domain) else {
             tracing::debug!(id = ctx.id(), from_domain = %domain, "no DKIM key: not signed");
             return ctx.advance();
@@ -173,7 +347,7 @@ impl Stage for DkimSign {
         }
         let raw = ctx.raw_message()?;
         let mut fields = Vec::new();
-        for key in keys {
+        for key in &keys {
             let signature = key.signer.sign(&raw).map_err(|e| {
                 StageError::Permanent(format!(
                     "DKIM signing with {}._domainkey.{signing_domain} failed: {e}",
@@ -230,15 +404,21 @@ pub fn run() -> ExitCode {
 const LONG_ABOUT: &str = "\
 Pepsi stage that DKIM-signs outgoing mail (RFC 6376; RSA-SHA256 and Ed25519-SHA256).
 
-The signing domain is the domain of the message's From: header. When KEYS holds keys for \
-it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
+The signing domain is the domain of the message's From: header. When KEYS (or, with \
+DATABASE_KEYS, pepsi.signing_key) holds keys for it, one DKIM-Signature: field per key is prepended to the header block (relaxed/relaxed \
 canonicalization, From over-signed); the body is left as it is unless SEVEN_BIT \
 converts an 8-bit message to 7-bit first. A message whose From \
 domain has no key advances unsigned.
 
 Options of the [stage-<name>] section:
-  KEYS = domain:selector:/path/key.pem, ...   (required) PEM private keys, RSA or Ed25519, \
-PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
+  KEYS = domain:selector:/path/key.pem, ...   (required unless DATABASE_KEYS) PEM private \
+keys, RSA or Ed25519, PKCS#8 or PKCS#1, read at start; an unreadable file stops the worker.
+  DATABASE_KEYS = no   also sign with the enabled rows of pepsi.signing_key (written by the \
+config role), read once per worker on its first message. A row whose key does not parse is \
+logged as an error naming its domain and selector and skipped; a row with the domain and \
+selector of a KEYS item is not used (the file signs); a failing query is a temporary error \
+(the message is retried, never sent unsigned). Changing the table notifies config_changed, \
+so the dispatcher's new workers read the new keys.
   HEADERS = From, To, Subject, ...   the signed header fields (default: From, Reply-To, \
 Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version, \
 Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \

@@ -69,7 +69,8 @@ fn headers_and_domains() {
 #[test]
 fn section_errors_name_the_option() {
     for (options, want) in [
-        ("", "[stage-dkim] KEYS is required"),
+        ("", "[stage-dkim] KEYS is required (or DATABASE_KEYS = yes"),
+        ("DATABASE_KEYS = perhaps\n", "DATABASE_KEYS"),
         ("KEYS = example.test:sel1\n", "KEYS"),
         (
             "KEYS = example.test:s1:/k.pem\nHEADERS = From, Bad:Name\n",
@@ -95,4 +96,118 @@ fn section_errors_name_the_option() {
     )
     .unwrap();
     assert!(DkimSign::from_config(&cfg).unwrap().stages.is_empty());
+}
+
+/// DATABASE_KEYS: which rows sign, which are skipped and why, and how they merge with KEYS.
+#[test]
+fn stored_keys_merge_with_the_key_files() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = openssl_key(dir.path(), "file.pem", &["-algorithm", "ED25519"]);
+    let ed = std::fs::read_to_string(openssl_key(
+        dir.path(),
+        "ed.pem",
+        &["-algorithm", "ED25519"],
+    ))
+    .unwrap();
+    let ec = std::fs::read_to_string(openssl_key(
+        dir.path(),
+        "ec.pem",
+        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
+    ))
+    .unwrap();
+    let cfg = Config::from_str_named(
+        &format!(
+            "[stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nKEYS = example.test:file1:{}\n\
+             DATABASE_KEYS = yes\nPARENT_DOMAINS = yes\n\
+             [stage-db]\nPROGRAM = pepsi-stage-dkim-sign\nDATABASE_KEYS = yes\n",
+            file.display()
+        ),
+        "test.conf",
+    )
+    .unwrap();
+    let mut sign = DkimSign::from_config(&cfg).unwrap();
+    assert!(sign.stages["db"].domains.is_empty(), "KEYS is optional");
+    let dkim = sign.stages.remove("dkim").unwrap();
+    assert!(dkim.database_keys);
+
+    let row = |domain: &str, selector: &str, pem: &str| StoredKey {
+        domain: domain.into(),
+        selector: selector.into(),
+        private_key: pem.into(),
+    };
+    let (usable, mut skipped) = usable_rows(vec![
+        row("example.test", "db1", &ed),
+        row("example.test", "file1", &ed),
+        row("example.test", "ec1", &ec),
+        row(
+            "example.test",
+            "junk1",
+            "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+        ),
+        row("Upper.test", "s1", &ed),
+        row("other.test", "s 1", &ed),
+        row("other.test", "s1", &ed),
+    ]);
+    let (keys, shadowed) = dkim.stored_keys(&usable);
+    skipped.extend(shadowed);
+    let selectors = |d: &str| -> Vec<&str> {
+        keys.get(d)
+            .map(|k| k.iter().map(|k| k.selector.as_str()).collect())
+            .unwrap_or_default()
+    };
+    assert_eq!(selectors("example.test"), ["db1"]);
+    assert_eq!(selectors("other.test"), ["s1"]);
+    assert_eq!(keys.len(), 2);
+    let skipped: Vec<(String, String)> = skipped
+        .into_iter()
+        .map(|s| match s {
+            Skipped::Shadowed { domain, selector } => {
+                (format!("{selector}.{domain}"), "shadowed".into())
+            }
+            Skipped::Unusable {
+                domain,
+                selector,
+                why,
+            } => (format!("{selector}.{domain}"), why),
+        })
+        .collect();
+    let expect = [
+        ("ec1.example.test", "neither an RSA nor an Ed25519 key"),
+        ("junk1.example.test", "not a usable private key"),
+        ("s1.Upper.test", "not a lower-case domain name"),
+        ("s 1.other.test", "not a selector"),
+        ("file1.example.test", "shadowed"),
+    ];
+    assert_eq!(skipped.len(), expect.len(), "{skipped:?}");
+    for ((name, why), (want_name, want_why)) in skipped.iter().zip(expect) {
+        assert_eq!(name, want_name);
+        assert!(why.contains(want_why), "{name}: {why}");
+    }
+
+    // Before the rows are read only the file signs; afterwards both, file first, and a
+    // subdomain takes its parent's keys from either source.
+    let names = |found: Option<(&str, Vec<&DomainKey>)>| {
+        found.map(|(d, keys)| {
+            let s: Vec<String> = keys.iter().map(|k| format!("{}.{d}", k.selector)).collect();
+            s.join(",")
+        })
+    };
+    assert_eq!(
+        names(dkim.keys_for("example.test")).as_deref(),
+        Some("file1.example.test")
+    );
+    assert_eq!(names(dkim.keys_for("other.test")), None);
+    dkim.stored.set(keys).ok().unwrap();
+    for (from, want) in [
+        ("example.test", Some("file1.example.test,db1.example.test")),
+        (
+            "a.b.Example.Test",
+            Some("file1.example.test,db1.example.test"),
+        ),
+        ("other.test", Some("s1.other.test")),
+        ("news.other.test", Some("s1.other.test")),
+        ("nokey.test", None),
+    ] {
+        assert_eq!(names(dkim.keys_for(from)).as_deref(), want, "{from}");
+    }
 }
