@@ -15,10 +15,13 @@
 # Each side gets a warm-up of 200 messages first (relayed before the measured run starts).
 #
 # Pepsi: the release binaries on the shipped default graph (etc/pepsi.conf, included with
-# @inline@) with [stage-remote] served by pepsi-stage-relay-to-smarthost (HOST 127.0.0.1, the
-# sink's port, TLS none, PARALLELISM 4, QUEUE_LIMIT 8 like the local stage). The ingress
-# accepts relay.example as Postfix's relay_domains would (its own LOCAL_DOMAINS), while
-# [pepsi] LOCAL_DOMAINS stays example.test, so the route stage sends the mail to `remote`.
+# @inline@) with its last hop [stage-relay] served by pepsi-stage-relay-to-smarthost (HOST
+# 127.0.0.1, the sink's port, TLS none, PARALLELISM 4, QUEUE_LIMIT 8), so every message takes
+# the whole remote branch: init (SRS reverse) -> aliases -> route -> remote (SRS forward: the
+# sender bob@example.org is rewritten) -> dkim (no key for example.org: unsigned) -> arc
+# (VERIFY = no, nothing to seal) -> relay. The ingress accepts relay.example as Postfix's
+# relay_domains would (its own LOCAL_DOMAINS), while [pepsi] LOCAL_DOMAINS stays
+# example.test, so the route stage sends the mail to `remote`.
 # Overridden besides: the listener's address, VERIFY = no, MAX_CONNECTIONS_PER_CLIENT. Own
 # database on the PostgreSQL server. Postfix: a private instance (own queue_directory, own
 # port, started as root), relay_domains = relay.example, relayhost = [127.0.0.1]:<sink>,
@@ -118,7 +121,7 @@ VERIFY = no
 [srs]
 SECRETS = $(openssl rand -hex 16)
 
-[stage-remote]
+[stage-relay]
 PROGRAM = pepsi-stage-relay-to-smarthost
 HOST = 127.0.0.1
 PORT = $sink_port
@@ -129,7 +132,10 @@ QUEUE_LIMIT = 8
 CONF
 cp "$work/pepsi.conf" "$out/pepsi.conf"
 level="${RELAY_LOG:-warn}"
-penv=(env PEPSI_HOME="$home" DATABASE_URL="$db_url" PATH="$bin:$PATH")
+# The graph's signing key (dkim and arc stages start only with one).
+mkdir -p "$work/keys"
+openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$work/keys/example.test.pepsi.pem" 2>/dev/null
+penv=(env PEPSI_HOME="$home" PEPSI_KEY_DIR="$work/keys" DATABASE_URL="$db_url" PATH="$bin:$PATH")
 "${penv[@]}" pepsi-setup db -c "$work/pepsi.conf" >/dev/null
 "${penv[@]}" pepsi-dispatch -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-dispatch.log" &
 dispatch=$!
