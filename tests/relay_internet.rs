@@ -879,7 +879,14 @@ async fn postfix_as_the_mx_takes_the_message_over_verified_starttls() {
         "Postfix records the TLS session in its Received field: {}",
         held[0]
     );
-    let log = postfix.maillog();
+    // smtpd logs the session's command counts when it ends, which is after the worker has
+    // exited and its kept session closed: wait for the line.
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    let mut log = postfix.maillog();
+    while !log.contains("ehlo=2 starttls=1 mail=1 rcpt=1") && std::time::Instant::now() < until {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        log = postfix.maillog();
+    }
     assert!(
         log.contains("ehlo=2 starttls=1 mail=1 rcpt=1"),
         "EHLO, STARTTLS, EHLO again, then the transaction: {log}"
