@@ -262,12 +262,14 @@ async fn a_domain_without_mx_gets_its_own_addresses_ipv6_first_unless_turned_off
 }
 
 #[tokio::test]
-async fn a_null_mx_a_domain_that_does_not_exist_and_a_loop_are_bounced() {
+async fn a_null_mx_a_domain_that_does_not_exist_one_without_addresses_and_a_loop_are_bounced() {
     let dns = Dns::start(&[
         "--mx-host=null.test,.,0",
         // This host (HELO_NAME) is the best MX of loop.test.
         "--mx-host=loop.test,relay.example.test,10",
         "--mx-host=loop.test,backup.loop.test,20",
+        // Exists (a TXT record), but has neither MX nor address records.
+        "--txt-record=bare.test,nothing here",
     ]);
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
@@ -275,13 +277,14 @@ async fn a_null_mx_a_domain_that_does_not_exist_and_a_loop_are_bounced() {
     let null = message(&db, &["carol@null.test"]).await;
     let nx = message(&db, &["dave@nx.test"]).await;
     let looping = message(&db, &["eve@loop.test"]).await;
+    let bare = message(&db, &["fay@bare.test"]).await;
 
     assert_eq!(
-        relay(&cfg, &[null, nx, looping]).await,
-        vec![r#"0 {"finished":true}"#; 3]
+        relay(&cfg, &[null, nx, looping, bare]).await,
+        vec![r#"0 {"finished":true}"#; 4]
     );
     let rows = common::rows(&db.pool).await;
-    assert_eq!(rows.len(), 3, "one bounce each: {rows:?}");
+    assert_eq!(rows.len(), 4, "one bounce each: {rows:?}");
     let by_rcpt = |r: &str| {
         rows.iter()
             .find(|row| row.3 == vec![r.to_owned()])
@@ -312,6 +315,16 @@ async fn a_null_mx_a_domain_that_does_not_exist_and_a_loop_are_bounced() {
     let diag = state["bounce"]["diagnostic"].as_str().unwrap();
     assert!(
         diag.contains("loops back to this host: relay.example.test is its best MX"),
+        "{diag}"
+    );
+
+    // No MX and no address: nowhere to deliver, bounced at once (RFC 5321 §5.1).
+    let (_, stage, _, _, state) = by_rcpt("fay@bare.test");
+    assert_eq!(stage, "bounce");
+    assert_eq!(state["bounce"]["enhanced_status"], "5.1.2");
+    let diag = state["bounce"]["diagnostic"].as_str().unwrap();
+    assert!(
+        diag.contains("bare.test has no MX and no address record"),
         "{diag}"
     );
 }

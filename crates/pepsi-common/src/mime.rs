@@ -75,10 +75,19 @@ pub enum Prepared<'a> {
     Refuse(Failure),
 }
 
+/// True when the header block of `message` has 8-bit bytes that are valid UTF-8 (RFC 6532
+/// header fields).
+pub fn has_utf8_headers(message: &[u8]) -> bool {
+    let (headers, _) = message::split(message);
+    is_8bit(headers) && std::str::from_utf8(headers).is_ok()
+}
+
 /// The relay stages' decision before MAIL FROM:
 ///
 /// - addresses or header fields in UTF-8 (RFC 6532) for a peer without SMTPUTF8: refused,
-///   5.6.7 (this server does not downgrade internationalized mail, RFC 6857);
+///   5.6.7 (this server does not downgrade internationalized mail, RFC 6857) when an address
+///   is UTF-8 or the sender declared SMTPUTF8; undeclared UTF-8 header fields are legacy
+///   8-bit data;
 /// - 8-bit bytes for a peer with neither 8BITMIME nor SMTPUTF8: the 7-bit form
 ///   ([`downgrade_message`]), or 5.6.3 when none can be made;
 /// - otherwise the message as it is.
@@ -92,9 +101,12 @@ pub fn prepare_for_peer<'a>(
     caps: &Capabilities,
     peer: &str,
 ) -> Prepared<'a> {
-    let (headers, _) = message::split(message);
-    let utf8_headers = is_8bit(headers) && std::str::from_utf8(headers).is_ok();
+    let utf8_headers = has_utf8_headers(message);
     let smtputf8 = env.has_utf8_address() || utf8_headers;
+    // Only an SMTPUTF8 peer can take a UTF-8 address, or UTF-8 header fields of mail the
+    // sender declared SMTPUTF8 (RFC 6531). UTF-8 header fields in mail nobody declared are
+    // legacy 8-bit headers: sent as 8-bit data, as other MTAs do, not refused.
+    let required = env.has_utf8_address() || (env.utf8_message && utf8_headers);
     let refuse = |status: &str, diagnostic: String| {
         Prepared::Refuse(Failure {
             diagnostic,
@@ -105,7 +117,7 @@ pub fn prepare_for_peer<'a>(
             phase: Some("MAIL".to_owned()),
         })
     };
-    if smtputf8 && !caps.smtputf8 {
+    if required && !caps.smtputf8 {
         let why = if env.has_utf8_address() {
             "non-ASCII addresses"
         } else {
@@ -848,8 +860,9 @@ mod tests {
             ("a@x", eight, true, false, "send 8-bit"),
             ("a@x", eight, false, true, "send 8-bit"),
             ("a@x", eight, false, false, "downgrade"),
-            ("a@x", utf8_header, false, false, "5.6.7"),
-            ("a@x", utf8_header, true, false, "5.6.7"),
+            // Undeclared UTF-8 header fields: legacy 8-bit data, no 7-bit form.
+            ("a@x", utf8_header, false, false, "5.6.3"),
+            ("a@x", utf8_header, true, false, "send 8-bit utf8"),
             ("a@x", utf8_header, true, true, "send 8-bit utf8"),
             ("jörg@x", ascii, true, false, "5.6.7"),
             ("jörg@x", ascii, true, true, "send 7-bit utf8"),
@@ -893,7 +906,16 @@ mod tests {
                 String::from_utf8_lossy(message)
             );
         }
-        let env = Envelope::default();
+        // Declared SMTPUTF8 at submission (state.origin.smtputf8): refused by a peer without it,
+        // unless the message turned out to be ASCII.
+        let env = Envelope {
+            utf8_message: true,
+            ..Envelope::default()
+        };
+        assert!(matches!(
+            prepare_for_peer(&env, ascii, &caps(false, false), "mx.test"),
+            Prepared::Send { .. }
+        ));
         let Prepared::Refuse(f) =
             prepare_for_peer(&env, utf8_header, &caps(true, false), "mx.test")
         else {

@@ -150,6 +150,18 @@ impl Attempt<'_> {
                 }],
                 None => match self.addresses(&hop.name).await {
                     Ok(c) => c,
+                    // No MX and, authoritatively, no address either: nowhere to deliver
+                    // (RFC 5321 §5.1), a permanent failure rather than five days of retries.
+                    Err(lookup @ (Lookup::NoRecords | Lookup::NoDomain))
+                        if hops.len() == 1 && hop.name == domain =>
+                    {
+                        let mut f = Failure::new(
+                            format!("{domain} has no MX and no address record: {lookup}"),
+                            "5.1.2",
+                        );
+                        f.phase = Some("routing".into());
+                        return RcptResult::Permanent(f);
+                    }
                     Err(lookup) => {
                         notes.push(Note {
                             host: hop.name.clone(),

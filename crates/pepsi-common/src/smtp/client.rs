@@ -733,7 +733,11 @@ impl Connection {
                 ),
             });
         }
-        let mail = mail_command(env, &self.caps, message.len(), is_8bit(message));
+        let eight_bit = is_8bit(message);
+        let smtputf8 = env.utf8_message
+            || env.has_utf8_address()
+            || (eight_bit && crate::mime::has_utf8_headers(message));
+        let mail = mail_command(env, &self.caps, message.len(), eight_bit, smtputf8);
         let rcpts: Vec<String> = env
             .recipients
             .iter()
@@ -1045,12 +1049,9 @@ async fn read_lines<R: tokio::io::AsyncBufRead + Unpin>(
         while buf.last().is_some_and(|b| *b == b'\n' || *b == b'\r') {
             buf.pop();
         }
-        let line = String::from_utf8(buf).map_err(|e| {
-            malformed(format!(
-                "reply line from {peer} is not UTF-8: {:?}",
-                String::from_utf8_lossy(e.as_bytes())
-            ))
-        })?;
+        // Reply text in another charset (a Latin-1 greeting) is the peer's business: only the
+        // code and separator must be right, so it is read leniently.
+        let line = String::from_utf8_lossy(&buf).into_owned();
         let parsed = parse_line(&line).map_err(|e| malformed(format!("{e} from {peer}")))?;
         lines.push(line);
         if parsed.last {

@@ -73,8 +73,15 @@ impl Envelope {
 }
 
 /// `MAIL FROM:<…>` with the parameters the peer offers: SIZE, BODY=8BITMIME for an 8-bit
-/// message, SMTPUTF8 when an address or the message needs it, RET/ENVID under DSN.
-pub fn mail_command(env: &Envelope, caps: &Capabilities, size: usize, eight_bit: bool) -> String {
+/// message, SMTPUTF8 when `smtputf8` (a UTF-8 address, UTF-8 header fields, or declared by
+/// the sender), RET/ENVID under DSN.
+pub fn mail_command(
+    env: &Envelope,
+    caps: &Capabilities,
+    size: usize,
+    eight_bit: bool,
+    smtputf8: bool,
+) -> String {
     let mut cmd = format!("MAIL FROM:<{}>", env.mail_from);
     if caps.size.is_some() {
         cmd.push_str(&format!(" SIZE={size}"));
@@ -82,7 +89,7 @@ pub fn mail_command(env: &Envelope, caps: &Capabilities, size: usize, eight_bit:
     if eight_bit && caps.eight_bit_mime {
         cmd.push_str(" BODY=8BITMIME");
     }
-    if caps.smtputf8 && (env.utf8_message || env.has_utf8_address()) {
+    if caps.smtputf8 && smtputf8 {
         cmd.push_str(" SMTPUTF8");
     }
     if caps.dsn {
@@ -208,7 +215,8 @@ mod tests {
             (&null, all(), false, "MAIL FROM:<> SIZE=42\r\n"),
         ];
         for (env, caps, eight, want) in cases {
-            assert_eq!(mail_command(env, &caps, 42, eight), want);
+            let smtputf8 = env.utf8_message || env.has_utf8_address();
+            assert_eq!(mail_command(env, &caps, 42, eight, smtputf8), want);
         }
     }
 
