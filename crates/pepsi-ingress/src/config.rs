@@ -109,13 +109,7 @@ impl Settings {
     /// Reads and validates the ingress's options and its listener sections.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section(SECTION);
-        let hostname = match s.string_opt("HOSTNAME")? {
-            Some(name) => name,
-            None => cfg
-                .section("pepsi")
-                .string_opt("HOSTNAME")?
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
+        let hostname = cfg.name_option(&s, "HOSTNAME")?;
         let local_domains = match s.list_opt("LOCAL_DOMAINS")? {
             Some(list) => list,
             None => cfg

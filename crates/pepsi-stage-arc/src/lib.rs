@@ -111,15 +111,7 @@ impl ArcStage {
             }
             None => default_headers(),
         };
-        let authserv_id = match s.string_opt("AUTHSERV_ID")? {
-            Some(id) if !id.trim().is_empty() => id.trim().to_owned(),
-            _ => cfg
-                .section("pepsi")
-                .string_opt("HOSTNAME")?
-                .filter(|h| !h.trim().is_empty())
-                .map(|h| h.trim().to_owned())
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
+        let authserv_id = cfg.name_option(&s, "AUTHSERV_ID")?;
         if !aar::is_token(&authserv_id) {
             anyhow::bail!(
                 "[{name}] AUTHSERV_ID: {authserv_id:?} is not an authserv-id (a host name, no \

@@ -28,14 +28,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, section: &Section<'_>) -> Result<Settings, ConfigError> {
-        let hostname = match section.string_opt("HOSTNAME")? {
-            Some(h) if !h.is_empty() => h,
-            _ => cfg
-                .section("pepsi")
-                .string_opt("HOSTNAME")?
-                .filter(|h| !h.is_empty())
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
+        let hostname = cfg.name_option(section, "HOSTNAME")?;
         let default_return = match section
             .choice_opt("RETURN", &["headers", "full"])?
             .as_deref()

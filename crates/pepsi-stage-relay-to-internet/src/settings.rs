@@ -115,13 +115,7 @@ impl Settings {
                     .collect::<Result<Vec<_>, _>>()
             })?
             .unwrap_or_default();
-        let helo_name = match s.string_opt("HELO_NAME")?.filter(|v| !v.trim().is_empty()) {
-            Some(name) => name.trim().to_owned(),
-            None => global
-                .string_opt("HOSTNAME")?
-                .filter(|v| !v.trim().is_empty())
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
+        let helo_name = cfg.name_option(&s, "HELO_NAME")?;
         let d = Timeouts::default();
         let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
             Ok(s.duration_opt(opt)?

@@ -60,14 +60,7 @@ impl SrsStage {
             Some("reverse") => Mode::Reverse,
             _ => Mode::Forward,
         };
-        let domain = match s.string_opt("SRS_DOMAIN")?.filter(|d| !d.trim().is_empty()) {
-            Some(d) => d,
-            None => cfg
-                .section("pepsi")
-                .string_opt("HOSTNAME")?
-                .filter(|h| !h.trim().is_empty())
-                .unwrap_or_else(pepsi_common::config::system_hostname),
-        };
+        let domain = cfg.name_option(&s, "SRS_DOMAIN")?;
         let domain = normalize_domain(&domain)
             .with_context(|| format!("[{name}] SRS_DOMAIN: {domain:?} is not a domain name"))?;
         let secrets = match s.list_opt("SECRETS")? {

@@ -132,6 +132,17 @@ impl fmt::Debug for Config {
 }
 
 impl Config {
+    /// A host-name option: `option` of `section` when set and not blank, else
+    /// `[pepsi] HOSTNAME`, else the system's host name (trimmed). The one fallback of every
+    /// program's own name options (HELO_NAME, HOSTNAME, AUTHSERV_ID, SRS_DOMAIN, …).
+    pub fn name_option(&self, section: &Section<'_>, option: &str) -> Result<String, ConfigError> {
+        let set = |v: Option<String>| v.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty());
+        if let Some(name) = set(section.string_opt(option)?) {
+            return Ok(name);
+        }
+        Ok(set(self.section("pepsi").string_opt("HOSTNAME")?).unwrap_or_else(system_hostname))
+    }
+
     /// Loads the configuration from the file `-c/--config` named, else from `$PEPSI_CONFIG`,
     /// else from `/etc/pepsi/pepsi.conf`, then its `secrets.d/` fragments.
     pub fn load_default(explicit: Option<&Path>) -> Result<Config, ConfigError> {

@@ -91,14 +91,7 @@ pub fn connection_idle(s: &Section<'_>) -> Result<Duration, ConfigError> {
 /// The hello name: `option` of the stage section, else `[pepsi] HOSTNAME`, else the
 /// system's host name.
 pub fn hello_name(cfg: &Config, s: &Section<'_>, option: &str) -> Result<String, ConfigError> {
-    Ok(match s.string_opt(option)?.filter(|v| !v.is_empty()) {
-        Some(name) => name,
-        None => cfg
-            .section("pepsi")
-            .string_opt("HOSTNAME")?
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(crate::config::system_hostname),
-    })
+    cfg.name_option(s, option)
 }
 
 /// A connection kept for the next message, and the peer it was opened for.
