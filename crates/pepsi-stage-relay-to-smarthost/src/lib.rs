@@ -20,9 +20,9 @@
 use std::process::ExitCode;
 
 use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::{self, RetryPolicy};
+use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::smtp::{
-    Credentials, Envelope, OpenOptions, Peer, Protocol, Relay, Target, TlsOptions, TlsPolicy, relay,
+    Credentials, OpenOptions, Peer, Protocol, Relay, Target, TlsOptions, TlsPolicy, relay,
 };
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
 
@@ -145,10 +145,7 @@ impl Stage for RelayToSmarthost {
 
     async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
         let settings = Settings::from_config(ctx.config(), ctx.stage())?;
-        let message = ctx.raw_message()?;
-        let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
-        let results = self.relay.deliver(&settings.peer, &env, &message).await;
-        delivery::conclude(ctx, &settings.policy, &results)
+        self.relay.pass(ctx, &settings.peer, &settings.policy).await
     }
 }
 

@@ -18,8 +18,9 @@ use super::client::{ClientError, Connection, Protocol, RcptOutcome, Target, Time
 use super::envelope::Envelope;
 use super::tls::OpenOptions;
 use crate::config::{Config, ConfigError, Section};
-use crate::delivery::RcptResult;
+use crate::delivery::{self, RcptResult, RetryPolicy};
 use crate::mime::{self, Prepared};
+use crate::stage::{StageContext, StageError};
 
 /// The one server a stage relays to, and how to talk to it.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,6 +126,20 @@ impl Relay {
             }
         }
         peer.open().await
+    }
+
+    /// The whole pass of a relay stage over the message of `ctx`: one attempt to `peer`
+    /// for all its recipients, concluded under `policy` (delivered, bounced, paused).
+    pub async fn pass(
+        &self,
+        ctx: &mut StageContext<'_>,
+        peer: &Peer,
+        policy: &RetryPolicy,
+    ) -> Result<(), StageError> {
+        let message = ctx.raw_message()?;
+        let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
+        let results = self.deliver(peer, &env, &message).await;
+        delivery::conclude(ctx, policy, &results)
     }
 
     /// One delivery attempt of `message` to every recipient of `env` in one transaction:
