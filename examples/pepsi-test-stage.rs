@@ -6,12 +6,15 @@
 //! `DELAY` (a pause per message); `ONLY_IF_STATE` (apply ACTION only when state has that key,
 //! advance otherwise); `PAUSE_FOR` (pause-once). State written: `passes.<stage>` (count),
 //! `pid.<stage>`, `at.<stage>` (microseconds since the epoch when the pass ended).
+//!
+//! It installs itself as a fusion registry, so with `[pepsi] ALLOW_FUSION` on (the default)
+//! a chain of its stages runs fused in one pass, as in the unified binary.
 
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::config::ConfigSource;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::config::{Config, ConfigSource};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
 const SOURCE: ConfigSource = ConfigSource {
@@ -37,22 +40,54 @@ fn bump(ctx: &StageContext<'_>, key: &str, stage: &str, value: Value) -> Value {
     Value::Object(map)
 }
 
+/// One `[stage-*]` section of the test stage.
+struct Section {
+    action: String,
+    only_if_state: Option<String>,
+    delay: Option<Duration>,
+    pause_for: Duration,
+}
+
 impl Stage for TestStage {
     const PROGRAM: &'static str = "pepsi-test-stage";
     const LOAD: Load = Load::Metadata;
+    type Section = Section;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let section = ctx.section();
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(TestStage)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Section> {
+        let section = cfg.section(&format!("stage-{name}"));
+        let action = section
+            .choice_opt(
+                "ACTION",
+                &["advance", "finish", "crash", "hang", "error", "pause-once"],
+            )?
+            .unwrap_or_else(|| "advance".to_owned());
+        Ok(Section {
+            action,
+            only_if_state: section.string_opt("ONLY_IF_STATE")?,
+            delay: section.duration_opt("DELAY")?,
+            pause_for: section
+                .duration_opt("PAUSE_FOR")?
+                .unwrap_or(Duration::from_secs(1)),
+        })
+    }
+
+    async fn process(
+        &self,
+        section: &Section,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let stage = ctx.stage().to_owned();
-        let mut action = section
-            .string_opt("ACTION")?
-            .unwrap_or_else(|| "advance".into());
-        if let Some(key) = section.string_opt("ONLY_IF_STATE")?
-            && !ctx.state().contains_key(&key)
+        let mut action = section.action.as_str();
+        if let Some(key) = &section.only_if_state
+            && !ctx.state().contains_key(key)
         {
-            action = "advance".into();
+            action = "advance";
         }
-        if let Some(delay) = section.duration_opt("DELAY")? {
+        if let Some(delay) = section.delay {
             tokio::time::sleep(delay).await;
         }
         let now = std::time::SystemTime::now()
@@ -66,11 +101,7 @@ impl Stage for TestStage {
             bump(ctx, "pid", &stage, json!(std::process::id())),
         );
         merge.insert("at".into(), bump(ctx, "at", &stage, json!(now)));
-        match action.as_str() {
-            "advance" => {
-                ctx.merge_state(merge);
-                ctx.advance()
-            }
+        match action {
             "finish" => ctx.finish(),
             "crash" => std::process::abort(),
             "hang" => loop {
@@ -80,26 +111,21 @@ impl Stage for TestStage {
                 "stage {stage} refuses message {}",
                 ctx.id()
             ))),
-            "pause-once" => {
-                let first = !ctx.state().contains_key("paused_once");
-                if first {
-                    let after = section
-                        .duration_opt("PAUSE_FOR")?
-                        .unwrap_or(Duration::from_secs(1));
-                    merge.insert("paused_once".into(), json!(now));
-                    ctx.pause(merge, after)
-                } else {
-                    ctx.merge_state(merge);
-                    ctx.advance()
-                }
+            "pause-once" if !ctx.state().contains_key("paused_once") => {
+                merge.insert("paused_once".into(), json!(now));
+                ctx.pause(merge, section.pause_for)
             }
-            other => Err(StageError::Invalid(format!(
-                "[stage-{stage}] ACTION = {other:?}: unknown action"
-            ))),
+            _ => {
+                ctx.merge_state(merge);
+                ctx.advance()
+            }
         }
     }
 }
 
 fn main() -> ExitCode {
-    pepsi_common::stage::main(&SOURCE, "test stage for the dispatcher's tests", TestStage)
+    // This program is its own multi-call executable: with [pepsi] ALLOW_FUSION on, a pass
+    // advancing to another stage of it runs that stage in the same process.
+    pepsi_common::stage::fusion::install(vec![pepsi_common::stage::fusion::register::<TestStage>()]);
+    pepsi_common::stage::main::<TestStage>(&SOURCE, "test stage for the dispatcher's tests", "")
 }

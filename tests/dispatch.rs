@@ -47,8 +47,15 @@ struct Harness {
 
 impl Harness {
     /// `stages` holds the [stage-*] sections (PROGRAM = the test stage is filled in when
-    /// the section names none).
+    /// the section names none). Fusion is off: each stage runs in its own pool.
     async fn new(stages: &str, dispatch: &str) -> Harness {
+        Harness::with_fusion(stages, dispatch, false).await
+    }
+
+    /// As `new`, with `[pepsi] ALLOW_FUSION` as given (the test stage registers itself, so
+    /// a chain of its stages runs fused in one worker when it is on).
+    async fn with_fusion(stages: &str, dispatch: &str, fusion: bool) -> Harness {
+        let fusion = if fusion { "yes" } else { "no" };
         let db = TestDb::new().await;
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("pepsi.conf");
@@ -60,7 +67,7 @@ impl Harness {
         std::fs::write(
             &config,
             format!(
-                "[database]\nURL = {}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 200ms\nSTATS_INTERVAL = 1s\nSPAWN_COOLDOWN = 500ms\n{dispatch}\n\n{stages}\n",
+                "[database]\nURL = {}\n\n[pepsi]\nALLOW_FUSION = {fusion}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 200ms\nSTATS_INTERVAL = 1s\nSPAWN_COOLDOWN = 500ms\n{dispatch}\n\n{stages}\n",
                 db.url
             ),
         )
@@ -424,7 +431,10 @@ async fn a_crashing_and_a_hanging_stage_fail_their_message_and_the_rest_flows() 
     .fetch_one(&h.db.pool)
     .await
     .unwrap();
-    assert_eq!((crashes, kills), (1, 1));
+    // A worker that died holding several ids (they batch) ran each again alone before the
+    // culprit was named: one or two deaths each, and only the culprits failed.
+    assert!((1..=2).contains(&crashes), "crashes at init: {crashes}");
+    assert!((1..=2).contains(&kills), "kills at b: {kills}");
     let failed: i64 = h
         .count("SELECT messages_failed FROM pepsi.dispatch_stats")
         .await;
@@ -705,4 +715,132 @@ async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatc
     )
     .await;
     assert!(stop(d).success());
+}
+
+/// Fusion (§22.5): with ALLOW_FUSION on, a chain of stages of one registered program runs in
+/// the worker of its first stage, every hop of it counted in stage_stats from the status
+/// line, and each message passes each stage once.
+#[tokio::test]
+async fn a_fused_chain_runs_in_one_worker_and_stage_stats_count_every_hop() {
+    let h = Harness::with_fusion(CHAIN, "", true).await;
+    h.add(500, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        500,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_each_stage_once(&h, 500).await;
+    for s in h
+        .states("SELECT state FROM pepsi.workqueue WHERE stage = 'done'")
+        .await
+    {
+        assert_eq!(s["pid"]["init"], s["pid"]["b"], "b fused into init: {s}");
+        assert_eq!(s["pid"]["init"], s["pid"]["c"], "c fused into init: {s}");
+    }
+    let stats: Vec<(String, i64)> =
+        sqlx::query_as("SELECT stage, messages FROM pepsi.stage_stats ORDER BY stage")
+            .fetch_all(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stats,
+        vec![("b".into(), 500), ("c".into(), 500), ("init".into(), 500)]
+    );
+    let stages_total: i64 = h.count("SELECT stages_total FROM pepsi.dispatch_stats").await;
+    assert_eq!(stages_total, 1500, "fused hops count as stage passes");
+}
+
+/// The rows a chain leaves when its second stage fails or its worker dies there, with
+/// fusion `on` or off, as (stage, status, passes, has dispatch_error).
+async fn chain_outcome(b_action: &str, fusion: bool) -> Vec<(String, String, Value, bool)> {
+    let stages = format!(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n\
+         [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = {b_action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n"
+    );
+    let h = Harness::with_fusion(&stages, "", fusion).await;
+    h.add(1, "s", serde_json::json!({"bad": true})).await;
+    let mut d = h.start("dispatch.log");
+
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    sqlx::query_as(
+        "SELECT stage, status::text, COALESCE(state->'passes', 'null'::jsonb), state ? 'dispatch_error' \
+         FROM pepsi.workqueue",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap()
+}
+
+/// A fused hop that fails leaves the row exactly where the unfused pipeline does: the
+/// earlier hops written, failed at the failing stage.
+#[tokio::test]
+async fn a_fused_chain_failing_half_way_leaves_the_row_where_the_unfused_pipeline_does() {
+    let unfused = chain_outcome("error", false).await;
+    let fused = chain_outcome("error", true).await;
+    assert_eq!(
+        unfused,
+        vec![(
+            "b".to_owned(),
+            "failed".to_owned(),
+            serde_json::json!({"init": 1}),
+            true
+        )]
+    );
+    assert_eq!(fused, unfused);
+}
+
+/// A worker killed in the middle of a fused chain (a crash in its second stage, or a hang
+/// there past MAX_RUNTIME, which for a fused pass is that of the worker's own stage) leaves the row as a worker killed during the chain's first
+/// stage leaves it unfused: failed (or timed out) at that stage with none of the chain's
+/// writes, never half a chain.
+#[tokio::test]
+async fn a_worker_killed_in_the_middle_of_a_fused_chain_leaves_no_half_written_row() {
+    for (action, status) in [("crash", "failed"), ("hang", "timeout")] {
+        let fused = chain_outcome(action, true).await;
+        assert_eq!(
+            fused,
+            vec![(
+                "init".to_owned(),
+                status.to_owned(),
+                Value::Null,
+                true
+            )],
+            "{action}"
+        );
+        // The same kill in the unfused first stage: the same row.
+        let stages = format!(
+            "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = {action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n\
+             [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\n"
+        );
+        let h = Harness::new(&stages, "").await;
+        h.add(1, "s", serde_json::json!({"bad": true})).await;
+        let mut d = h.start("dispatch.log");
+        h.wait_for(
+            "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+            1,
+            Duration::from_secs(30),
+            &mut d,
+        )
+        .await;
+        assert!(stop(d).success());
+        let unfused: Vec<(String, String, Value, bool)> = sqlx::query_as(
+            "SELECT stage, status::text, COALESCE(state->'passes', 'null'::jsonb), state ? 'dispatch_error' \
+             FROM pepsi.workqueue",
+        )
+        .fetch_all(&h.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(fused, unfused, "{action}");
+    }
 }

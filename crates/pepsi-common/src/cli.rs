@@ -55,10 +55,23 @@ pub fn run_async<F>(source: &ConfigSource, body: F) -> ExitCode
 where
     F: std::future::Future<Output = anyhow::Result<ExitCode>>,
 {
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    run_on(source, tokio::runtime::Builder::new_multi_thread(), body)
+}
+
+/// `run_async` on a single-threaded runtime: for a program that does one thing at a time
+/// (a stage worker), where a thread pool would only add wake-ups between threads.
+pub fn run_async_current_thread<F>(source: &ConfigSource, body: F) -> ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    run_on(source, tokio::runtime::Builder::new_current_thread(), body)
+}
+
+fn run_on<F>(source: &ConfigSource, mut builder: tokio::runtime::Builder, body: F) -> ExitCode
+where
+    F: std::future::Future<Output = anyhow::Result<ExitCode>>,
+{
+    let runtime = match builder.enable_all().build() {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("{}: cannot start the async runtime: {e}", source.exec);

@@ -23,7 +23,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 
 use crate::config::{Config, ConfigError};
-use crate::stage::{CloneSpec, StageContext, StageError};
+use crate::stage::{CloneSpec, StageContext, StageError, Terminal};
 
 /// Why one recipient was not delivered, as the bounce stage reports it (`state.bounce`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -345,10 +345,10 @@ fn jitter(d: Duration, id: i64) -> Duration {
 /// Applies [`plan`] to the message in `ctx`: the one terminal helper of a delivery pass.
 /// `results` has one entry per recipient of the row, in order.
 pub fn conclude(
-    ctx: &mut StageContext<'_>,
+    ctx: &StageContext<'_>,
     policy: &RetryPolicy,
     results: &[RcptResult],
-) -> Result<(), StageError> {
+) -> Result<Terminal, StageError> {
     if results.len() != ctx.rcpt_to().len() {
         return Err(StageError::Invalid(format!(
             "{} delivery results for {} recipients",

@@ -1,14 +1,15 @@
 //! The stage contract against a real PostgreSQL: the exact effect of every terminal and
 //! fan-out helper on the row(s), body sharing and copy-on-write, clone tokens, the guards,
-//! and `prepare_on`'s refusals. Each test gets a fresh database.
+//! and the worker's refusals. Each test gets a fresh database. Fusion is off here (the
+//! stages of this file share one program); `fusion.rs` tests it.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pepsi_common::config::Config;
 use pepsi_common::stage::{
     CloneSpec, FanGroup, FanRecipients, GroupStatus, Load, PassReport, Stage, StageContext,
-    StageError, run_pass,
+    StageError, Terminal, Worker,
 };
 use pepsi_testkit::TestDb;
 use serde_json::{Map, Value, json};
@@ -46,18 +47,20 @@ enum Step {
     FetchBody(u64),
 }
 
-/// A stage that runs a script; `L` is its Load (0 metadata, 1 headers, 2 full).
+/// A stage that runs a script; `L` is its Load (0 metadata, 1 headers, 2 full). Its pass
+/// returns the last terminal the script made. Clones share what they record.
+#[derive(Clone)]
 struct Script<const L: u8> {
     steps: Vec<Step>,
-    seen: Mutex<Vec<String>>,
-    ids: Mutex<Vec<i64>>,
+    seen: Arc<Mutex<Vec<String>>>,
+    ids: Arc<Mutex<Vec<i64>>>,
 }
 
 fn script<const L: u8>(steps: Vec<Step>) -> Script<L> {
     Script {
         steps,
-        seen: Mutex::new(Vec::new()),
-        ids: Mutex::new(Vec::new()),
+        seen: Arc::default(),
+        ids: Arc::default(),
     }
 }
 
@@ -76,23 +79,43 @@ impl<const L: u8> Stage for Script<L> {
         _ => Load::Full,
     };
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        anyhow::bail!("a scripted stage is made by its test")
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(
+        &self,
+        _section: &(),
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let mut terminal = None;
         for step in self.steps.clone() {
             match step {
-                Step::Advance => ctx.advance()?,
-                Step::AdvanceTo(s) => ctx.advance_to(s)?,
-                Step::Reroute(s, v) => ctx.reroute(s, obj(v))?,
-                Step::Pause(v, secs) => ctx.pause(obj(v), Duration::from_secs(secs))?,
-                Step::PauseWith(v, secs, keep, clones) => {
-                    ctx.pause_with(obj(v), Duration::from_secs(secs), keep, clones)?
+                Step::Advance => terminal = Some(ctx.advance()?),
+                Step::AdvanceTo(s) => terminal = Some(ctx.advance_to(s)?),
+                Step::Reroute(s, v) => terminal = Some(ctx.reroute(s, obj(v))?),
+                Step::Pause(v, secs) => {
+                    terminal = Some(ctx.pause(obj(v), Duration::from_secs(secs))?)
                 }
-                Step::Fail(v) => ctx.fail(obj(v))?,
-                Step::Finish => ctx.finish()?,
-                Step::FinishWith(c) => ctx.finish_with(c)?,
-                Step::AdvanceOrFinish => ctx.advance_or_finish()?,
-                Step::CompleteSuccess(d) => ctx.complete_success(&d)?,
+                Step::PauseWith(v, secs, keep, clones) => {
+                    terminal =
+                        Some(ctx.pause_with(obj(v), Duration::from_secs(secs), keep, clones)?)
+                }
+                Step::Fail(v) => terminal = Some(ctx.fail(obj(v))?),
+                Step::Finish => terminal = Some(ctx.finish()?),
+                Step::FinishWith(c) => terminal = Some(ctx.finish_with(c)?),
+                Step::AdvanceOrFinish => terminal = Some(ctx.advance_or_finish()?),
+                Step::CompleteSuccess(d) => terminal = Some(ctx.complete_success(&d)?),
                 Step::Rewrite(r, v) => {
-                    ctx.rewrite_recipients(r.iter().map(|s| s.to_string()).collect(), obj(v))?
+                    terminal = Some(
+                        ctx.rewrite_recipients(r.iter().map(|s| s.to_string()).collect(), obj(v))?,
+                    )
                 }
                 Step::SplitOff(idx, stage) => {
                     let id = ctx.split_off_recipients(&idx, stage).await?;
@@ -143,7 +166,7 @@ impl<const L: u8> Stage for Script<L> {
                 }
             }
         }
-        Ok(())
+        terminal.ok_or_else(|| StageError::Invalid("the script made no terminal".into()))
     }
 }
 
@@ -155,7 +178,7 @@ struct Env {
 async fn env() -> Env {
     let db = TestDb::new().await;
     let text = format!(
-        "[database]\nURL = {url}\n\n\
+        "[database]\nURL = {url}\n\n[pepsi]\nALLOW_FUSION = no\n\n\
          [stage-init]\nPROGRAM = /usr/libexec/pepsi/{PROGRAM}\nNEXT_STAGE = next\nBOUNCE_STAGE = bounce\nORIGINATE_SUCCESS_DSN = yes\n\n\
          [stage-next]\nPROGRAM = {PROGRAM}\n\n\
          [stage-bounce]\nPROGRAM = {PROGRAM}\n\n\
@@ -186,7 +209,10 @@ impl Env {
     }
 
     async fn pass<const L: u8>(&self, id: i64, s: &Script<L>) -> Result<PassReport, StageError> {
-        run_pass(s, self.pool(), &self.cfg, id).await
+        Worker::with_stage(s.clone(), self.pool(), &self.cfg, &[])
+            .expect("the scripted stage builds")
+            .pass(id)
+            .await
     }
 
     async fn row(&self, id: i64) -> Option<RowView> {
@@ -907,23 +933,35 @@ async fn fetch_body_loads_the_body_on_demand_only_within_the_limit() {
     );
 }
 
+/// A terminal helper only makes a value: one the pass does not return writes nothing, and a
+/// pass that fails before returning one leaves the row as it was.
 #[tokio::test]
-async fn a_second_terminal_or_none_at_all_commits_nothing() {
+async fn only_the_returned_terminal_counts() {
     let e = env().await;
     let id = e.running("init", &ABC, json!({})).await;
-    let err = e
-        .pass(id, &script::<0>(vec![Step::Advance, Step::Finish]))
-        .await
-        .unwrap_err();
-    assert!(
-        matches!(err, StageError::SecondTerminal("advance")),
-        "{err}"
+    e.pass(
+        id,
+        &script::<0>(vec![
+            Step::Reroute("bounce", json!({"rerouted": true})),
+            Step::Fail(json!({"failed": true})),
+            Step::Advance,
+        ]),
+    )
+    .await
+    .unwrap();
+    let r = e.row(id).await.unwrap();
+    assert_eq!(
+        (r.stage.as_str(), r.status.as_str(), r.state.clone()),
+        ("next", "pending", json!({})),
+        "the dropped reroute and fail merged nothing"
     );
+
+    let id = e.running("init", &ABC, json!({})).await;
     let err = e
         .pass(id, &script::<0>(vec![Step::Merge(json!({"k": 1}))]))
         .await
         .unwrap_err();
-    assert!(matches!(err, StageError::NoTerminal), "{err}");
+    assert!(matches!(err, StageError::Invalid(_)), "{err}");
     let r = e.row(id).await.unwrap();
     assert_eq!(
         (r.stage.as_str(), r.status.as_str(), r.state.clone()),

@@ -187,15 +187,20 @@ pub async fn reset_orphans(pool: &PgPool) -> Result<u64, sqlx::Error> {
 }
 
 /// Rows handed back untouched (never started, or held by a stopped worker) become pending
-/// again, as long as they are still running at `stage`.
-pub async fn hand_back(pool: &PgPool, stage: &str, ids: &[i64]) -> Result<u64, sqlx::Error> {
+/// again, as long as they are still running (at `stage`, when given: the caller passes it
+/// when another worker may hold the row at a later stage).
+pub async fn hand_back(
+    pool: &PgPool,
+    stage: Option<&str>,
+    ids: &[i64],
+) -> Result<u64, sqlx::Error> {
     if ids.is_empty() {
         return Ok(0);
     }
     let r = with_retry(|| {
         sqlx::query(
             "UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() \
-             WHERE workqueue_id = ANY($1) AND stage = $2 AND status = 'running'",
+             WHERE workqueue_id = ANY($1) AND ($2::text IS NULL OR stage = $2) AND status = 'running'",
         )
         .bind(ids)
         .bind(stage)
@@ -216,12 +221,14 @@ pub enum Forced {
     Retry(u32),
 }
 
-/// Sets row `id` (still running at `stage`) to the forced status, recording `reason` in
-/// `state.dispatch_error`; returns whether the row was changed.
+/// Sets row `id` (still running; at `stage` when given) to the forced status, recording
+/// `reason` in `state.dispatch_error`; returns whether the row was changed. Without a stage
+/// the row may have moved on inside its worker's pass (a fused chain writes its stage as it
+/// goes).
 pub async fn force(
     pool: &PgPool,
     id: i64,
-    stage: &str,
+    stage: Option<&str>,
     forced: Forced,
     reason: &str,
 ) -> Result<bool, sqlx::Error> {
@@ -235,7 +242,7 @@ pub async fn force(
             "UPDATE pepsi.workqueue SET status = $3::pepsi.workqueue_status, \
                timeout = CASE WHEN $3 = 'paused' THEN now() + make_interval(secs => $5) END, \
                state = state || jsonb_build_object('dispatch_error', $4::text), updated_at = now() \
-             WHERE workqueue_id = $1 AND stage = $2 AND status = 'running'",
+             WHERE workqueue_id = $1 AND ($2::text IS NULL OR stage = $2) AND status = 'running'",
         )
         .bind(id)
         .bind(stage)

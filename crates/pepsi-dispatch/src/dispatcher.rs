@@ -4,7 +4,7 @@
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -55,6 +55,8 @@ pub struct Dispatcher {
     last_gc: Instant,
     next_due: Option<Instant>,
     stopping: bool,
+    /// Ids whose worker died while holding several: each is sent alone until answered.
+    suspects: HashSet<i64>,
 }
 
 impl Dispatcher {
@@ -90,6 +92,7 @@ impl Dispatcher {
             last_gc: now,
             next_due: Some(now),
             stopping: false,
+            suspects: HashSet::new(),
         };
         d.apply_pools(cfg)?;
         if d.pools.is_empty() {
@@ -248,6 +251,7 @@ impl Dispatcher {
             let _ = w.child.start_kill();
             return;
         };
+        self.suspects.remove(&row.id);
         let took = w.head_started.map(|s| now - s).unwrap_or_default();
         w.head_started = if w.inflight.is_empty() {
             None
@@ -292,8 +296,22 @@ impl Dispatcher {
         self.dirty = true;
     }
 
+    /// The stage a repair must still find the rows at: only when another worker holds one
+    /// of them (a pass committed its advance and the row was claimed again before its
+    /// worker's answer was read). Otherwise the row is this dispatcher's to repair wherever
+    /// its pass left it (a fused chain moves the row's stage as it goes).
+    fn stage_guard<'s>(&self, stage: &'s str, ids: &[i64]) -> Option<&'s str> {
+        let held = self
+            .workers
+            .values()
+            .any(|w| w.inflight.iter().any(|a| ids.contains(&a.id)));
+        held.then_some(stage)
+    }
+
     async fn force(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
-        match claim::force(&self.db, id, stage, forced, reason).await {
+        self.suspects.remove(&id);
+        let guard = self.stage_guard(stage, &[id]);
+        match claim::force(&self.db, id, guard, forced, reason).await {
             Ok(true) if forced != Forced::Retry(TEMPORARY_RETRY_SECS) => self.stats.failed(),
             Ok(_) => {}
             Err(e) => tracing::error!(id, stage, "cannot record the failure of the message: {e}"),
@@ -352,6 +370,17 @@ impl Dispatcher {
             self.hand_back(&stage, &rest).await;
             return;
         }
+        self.stats.crash(&stage);
+        if rest.len() > 1 && !self.suspects.contains(&rest[0]) {
+            // A worker may work on several of its ids at once (a body-free stage batches):
+            // which one killed it is not known. None is failed; each runs again alone, so
+            // the next crash names it.
+            tracing::error!(stage = %stage, pid = w.pid, ids = ?rest,
+                "worker {described} while holding several messages; each runs again alone");
+            self.suspects.extend(rest.iter().copied());
+            self.hand_back(&stage, &rest).await;
+            return;
+        }
         let head = rest[0];
         let program = self
             .pools
@@ -363,7 +392,6 @@ impl Dispatcher {
             w.pid
         );
         tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
-        self.stats.crash(&stage);
         self.force(head, &stage, Forced::Failed, &reason).await;
         self.hand_back(&stage, &rest[1..]).await;
     }
@@ -372,7 +400,8 @@ impl Dispatcher {
         if ids.is_empty() {
             return;
         }
-        if let Err(e) = claim::hand_back(&self.db, stage, ids).await {
+        let guard = self.stage_guard(stage, ids);
+        if let Err(e) = claim::hand_back(&self.db, guard, ids).await {
             tracing::error!(
                 stage,
                 "cannot return {} messages to pending: {e}",
@@ -386,12 +415,25 @@ impl Dispatcher {
         let now = Instant::now();
         // Hung messages: kill the worker; the message ends as `timeout`.
         let mut hung = Vec::new();
+        let mut killed_holding: Vec<(String, Vec<i64>)> = Vec::new();
         for w in self.workers.values_mut() {
             let Some(pool) = self.pools.get(&w.stage) else {
                 continue;
             };
             if let Some(started) = w.head_started {
-                if now >= started + pool.settings.max_runtime
+                let ambiguous = w.inflight.len() > 1
+                    && w.inflight.front().is_some_and(|a| !self.suspects.contains(&a.id));
+                if now >= started + pool.settings.max_runtime && ambiguous {
+                    // As for a crash: the worker may be on any of the ids it holds.
+                    let _ = w.child.start_kill();
+                    w.retire();
+                    w.killed = true;
+                    w.head_started = None;
+                    let ids: Vec<i64> = w.inflight.iter().map(|a| a.id).collect();
+                    tracing::error!(stage = %w.stage, pid = w.pid, ?ids, limit = ?pool.settings.max_runtime,
+                        "no answer within MAX_RUNTIME while holding several messages: worker killed; each runs again alone");
+                    killed_holding.push((w.stage.clone(), ids));
+                } else if now >= started + pool.settings.max_runtime
                     && let Some(row) = w.inflight.pop_front()
                 {
                     let _ = w.child.start_kill();
@@ -407,6 +449,10 @@ impl Dispatcher {
                 tracing::debug!(stage = %w.stage, pid = w.pid, "worker idle: stopping it");
                 w.retire();
             }
+        }
+        for (stage, ids) in killed_holding {
+            self.stats.kill(&stage);
+            self.suspects.extend(ids);
         }
         for (id, stage, pid, limit) in hung {
             tracing::error!(id, stage = %stage, pid, "no answer within MAX_RUNTIME {limit:?}: worker killed");
@@ -554,14 +600,28 @@ impl Dispatcher {
     /// Packs claimed rows onto the busiest workers with room, starting workers as needed;
     /// rows that find no worker go back to pending.
     async fn assign(&mut self, stage: &str, mut rows: Vec<Claimed>) {
+        // Suspects first: one that finds no idle worker hands the rest back with it, so the
+        // workers drain and it runs alone on the next round.
+        rows.sort_by_key(|r| !self.suspects.contains(&r.workqueue_id));
         rows.reverse();
         let now = Instant::now();
         while let Some(row) = rows.pop() {
             let settings = self.pools[stage].settings.clone();
+            // A suspect (its worker died holding several ids) goes to a worker holding
+            // nothing, and nothing joins it there.
+            let alone = self.suspects.contains(&row.workqueue_id);
+            let suspects = &self.suspects;
             let target = self
                 .workers
                 .values()
                 .filter(|w| w.stage == stage && !w.retiring && room(w, &settings) > 0)
+                .filter(|w| {
+                    if alone {
+                        w.inflight.is_empty()
+                    } else {
+                        !w.inflight.iter().any(|a| suspects.contains(&a.id))
+                    }
+                })
                 .max_by_key(|w| (w.inflight.len(), std::cmp::Reverse(w.key)))
                 .map(|w| w.key);
             let key = match target {

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 use pepsi_common::config::Config;
 use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
 use pepsi_common::settings::{self, lookup_keys};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod expand;
@@ -64,28 +64,14 @@ impl AliasStage {
     }
 }
 
-/// The aliases program: one `AliasStage` per stage section that runs it.
+/// The aliases program: `[pepsi]`'s local domains and recipient delimiter (each stage's
+/// `AliasStage` is its section).
 #[derive(Debug, Clone)]
 pub struct Aliases {
     pub local: LocalRecipients,
-    pub stages: HashMap<String, AliasStage>,
 }
 
 impl Aliases {
-    /// Reads every stage section whose PROGRAM is this program, and `[pepsi]`'s local
-    /// domains and recipient delimiter.
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let stage = AliasStage::from_config(cfg, &name)?;
-            stages.insert(name.to_ascii_lowercase(), stage);
-        }
-        Ok(Self {
-            local: LocalRecipients::from_config(cfg)?,
-            stages,
-        })
-    }
-
     /// The facts `expand::resolve` needs about `addresses`: three queries at most.
     async fn facts(
         &self,
@@ -126,9 +112,23 @@ impl Aliases {
 impl Stage for Aliases {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = AliasStage;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+        })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<AliasStage> {
+        AliasStage::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        stage: &AliasStage,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let rcpts = ctx.rcpt_to().to_vec();
         let mut answers: HashMap<String, Answer> = HashMap::new();
         let expansion = loop {
@@ -172,9 +172,9 @@ impl Stage for Aliases {
 
 /// Entry point of the `pepsi-stage-aliases` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with(
+    pepsi_common::stage::main::<Aliases>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that expands aliases and catch-alls (alias file and settings layer)",
-        Aliases::from_config,
+        "",
     )
 }

@@ -17,13 +17,12 @@
 pub mod aar;
 pub mod seal;
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use pepsi_common::config::Config;
 use pepsi_common::keys;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value};
 
 use crate::seal::{Chain, Plan, SealMode, Sealer, Skip};
@@ -148,22 +147,8 @@ pub fn verdict(state: &Map<String, Value>) -> Option<String> {
     )
 }
 
-/// The ARC sealing program: one `ArcStage` per stage section that runs it.
-pub struct Arc {
-    pub stages: HashMap<String, ArcStage>,
-}
-
-impl Arc {
-    /// Reads every stage section whose PROGRAM is this program and loads its key.
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let stage = ArcStage::from_config(cfg, &name)?;
-            stages.insert(name.to_ascii_lowercase(), stage);
-        }
-        Ok(Self { stages })
-    }
-}
+/// The ARC sealing program: each stage's `ArcStage` (with its key) is its section.
+pub struct Arc;
 
 /// The new header block, or why the message goes on unsealed.
 enum Outcome {
@@ -217,9 +202,21 @@ fn seal_message(
 impl Stage for Arc {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = ArcStage;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Arc)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<ArcStage> {
+        ArcStage::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        stage: &ArcStage,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map_or(0, |d| d.as_secs());
@@ -258,11 +255,10 @@ impl Stage for Arc {
 
 /// Entry point of the `pepsi-stage-arc` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with_long_about_built(
+    pepsi_common::stage::main::<Arc>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that ARC-seals mail leaving the server (RFC 8617)",
         LONG_ABOUT,
-        Arc::from_config,
     )
 }
 

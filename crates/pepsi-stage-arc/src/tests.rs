@@ -1,3 +1,4 @@
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use serde_json::json;
@@ -284,7 +285,8 @@ fn results_from_the_ingress_state() {
     );
 }
 
-fn stage(dir: &Path, options: &str) -> anyhow::Result<Arc> {
+/// The sections a worker builds at start.
+fn stage(dir: &Path, options: &str) -> anyhow::Result<HashMap<String, ArcStage>> {
     let cfg = Config::from_str_named(
         &format!(
             "[pepsi]\nHOSTNAME = host.example.test\n\
@@ -293,7 +295,7 @@ fn stage(dir: &Path, options: &str) -> anyhow::Result<Arc> {
         dir.join("test.conf").to_str().unwrap(),
     )
     .unwrap();
-    Arc::from_config(&cfg)
+    pepsi_common::stage::sections(&Arc, &cfg)
 }
 
 #[test]
@@ -314,7 +316,7 @@ fn configuration_errors_name_the_option() {
     };
     let ok = key(&ed);
     let arc = stage(dir.path(), &ok).unwrap();
-    let s = &arc.stages["arc"];
+    let s = &arc["arc"];
     assert_eq!(s.authserv_id, "host.example.test");
     assert_eq!(s.mode, SealMode::Forwarded);
     assert_eq!(&s.sealer.headers[..3], ["From", "From", "Reply-To"]);
@@ -324,7 +326,7 @@ fn configuration_errors_name_the_option() {
         &format!("{ok}HEADERS = Subject, from\nAUTHSERV_ID = auth.example.test\nSEAL = all\n"),
     )
     .unwrap();
-    let s = &s.stages["arc"];
+    let s = &s["arc"];
     assert_eq!(s.sealer.headers, ["From", "From", "Subject"]);
     assert_eq!(
         (s.authserv_id.as_str(), s.mode),
@@ -410,7 +412,7 @@ fn a_sealed_set_has_the_right_instances_and_folds_under_78_columns() {
         ),
     )
     .unwrap();
-    let sealer = &arc.stages["arc"].sealer;
+    let sealer = &arc["arc"].sealer;
     let headers = format!("{}From: a@b.test\r\nSubject: s\r\n", set(1, "none"));
     let f = fields(headers.as_bytes()).unwrap();
     let chain = Chain::read(&f).unwrap();

@@ -27,7 +27,8 @@
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::config::Config;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value};
 
 pub mod dsn;
@@ -54,7 +55,7 @@ pub mod constants {
 pub struct Bounce;
 
 /// Leaves the message failed for an operator, saying why: a bounce stage never reroutes.
-fn give_up(ctx: &mut StageContext<'_>, reason: String) -> Result<(), StageError> {
+fn give_up(ctx: &StageContext<'_>, reason: String) -> Result<Terminal, StageError> {
     tracing::error!(
         id = ctx.id(),
         stage = ctx.stage(),
@@ -68,17 +69,29 @@ fn give_up(ctx: &mut StageContext<'_>, reason: String) -> Result<(), StageError>
 impl Stage for Bounce {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Headers;
+    type Section = Settings;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Bounce)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Ok(Settings::from_config(
+            cfg,
+            &cfg.section(&format!("stage-{name}")),
+        )?)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let id = ctx.id();
         if ctx.mail_from().is_empty() {
             tracing::info!(id, rcpt = ?ctx.rcpt_to(), "no notification: the message has a null sender; dropped");
             return ctx.finish();
         }
-        let settings = match Settings::from_config(ctx.config(), &ctx.section()) {
-            Ok(s) => s,
-            Err(e) => return give_up(ctx, format!("configuration: {e}")),
-        };
         if ctx.settings().next_stage.is_none() {
             let reason = format!(
                 "[stage-{}] has no NEXT_STAGE to send the notification to",
@@ -199,8 +212,9 @@ null sender to the original sender, with state cleared, at NEXT_STAGE.
 
 No DSN is sent (the message is finished and the reason logged) for a null sender, for a message
 that is itself a delivery or disposition report or an Auto-Submitted: auto-replied answer, or
-when no recipient asked for this kind of notification. A malformed state or configuration
-leaves the message failed with state.bounce_error, for an operator; a bounce is never bounced.
+when no recipient asked for this kind of notification. A malformed state leaves the message
+failed with state.bounce_error, for an operator; a bounce is never bounced. A bad option stops
+the worker at start, naming it.
 
 Options of the stage's [stage-<name>] section:
   NEXT_STAGE            where the DSN goes (required)
@@ -216,11 +230,10 @@ See docs/bounce.md.";
 
 /// Entry point of the `pepsi-stage-bounce` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with_long_about(
+    pepsi_common::stage::main::<Bounce>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that turns a failed, delayed or delivered message into an RFC 3464 \
          delivery status notification to its sender",
         LONG_ABOUT,
-        Bounce,
     )
 }

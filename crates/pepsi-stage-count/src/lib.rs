@@ -10,7 +10,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::config::Config;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Value, json};
 
 pub mod constants {
@@ -72,17 +73,51 @@ pub struct Count {
     client: reqwest::Client,
 }
 
+/// One `[stage-<name>]` section: where the counting service is and how to reach it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CountSection {
+    /// The service's base URL, without a trailing slash.
+    pub base: String,
+    pub token: String,
+    pub timeout: Duration,
+}
+
 impl Stage for Count {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = CountSection;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let section = ctx.section();
-        let url = section.string("URL")?;
-        let token = section.string("AUTH_TOKEN")?;
-        let timeout = section
-            .duration_opt("TIMEOUT")?
-            .unwrap_or(Duration::from_secs(2));
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let client = reqwest::Client::builder()
+            .use_rustls_tls()
+            .build()
+            .map_err(|e| anyhow::anyhow!("cannot build the HTTP client: {e}"))?;
+        Ok(Count { client })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<CountSection> {
+        let section = cfg.section(&format!("stage-{name}"));
+        Ok(CountSection {
+            base: section.string("URL")?.trim_end_matches('/').to_owned(),
+            token: section.string("AUTH_TOKEN")?,
+            timeout: section
+                .duration_opt("TIMEOUT")?
+                .unwrap_or(Duration::from_secs(2)),
+        })
+    }
+
+    async fn process(
+        &self,
+        section: &CountSection,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let CountSection {
+            base,
+            token,
+            timeout,
+        } = section;
+        let timeout = *timeout;
         let reports = reports(
             ctx.id(),
             ctx.mail_from(),
@@ -90,12 +125,11 @@ impl Stage for Count {
             ctx.auth_user(),
             ctx.state(),
         );
-        let base = url.trim_end_matches('/');
         let sends = reports.into_iter().map(|r| {
             let request = self
                 .client
                 .post(format!("{base}{}", r.route))
-                .bearer_auth(&token)
+                .bearer_auth(token)
                 .timeout(timeout)
                 .header(reqwest::header::CONTENT_TYPE, "application/json")
                 .body(r.body.to_string());
@@ -119,18 +153,10 @@ impl Stage for Count {
 
 /// Entry point of the `pepsi-stage-count` binary.
 pub fn run() -> ExitCode {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    let client = match reqwest::Client::builder().use_rustls_tls().build() {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("pepsi-stage-count: cannot build the HTTP client: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    pepsi_common::stage::main(
+    pepsi_common::stage::main::<Count>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that reports every recipient to migadu_counters",
-        Count { client },
+        "",
     )
 }
 

@@ -9,7 +9,8 @@
 
 use std::process::ExitCode;
 
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::config::Config;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, json};
 
 pub mod constants {
@@ -36,12 +37,23 @@ fn valid_status(s: &str) -> bool {
             .all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
+/// One `[stage-<name>]` section: drop, or return to the sender with this status and text.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DiscardSection {
+    pub returns: Option<(String, String)>,
+}
+
 impl Stage for Discard {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = DiscardSection;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let section = ctx.section();
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Discard)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<DiscardSection> {
+        let section = cfg.section(&format!("stage-{name}"));
         let Some(status) = section.parse_opt("RETURN_STATUS", |v| {
             if valid_status(v.trim()) {
                 Ok(v.trim().to_owned())
@@ -50,12 +62,25 @@ impl Stage for Discard {
             }
         })?
         else {
-            tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
-            return ctx.finish();
+            return Ok(DiscardSection { returns: None });
         };
         let text = section
             .string_opt("RETURN_TEXT")?
             .unwrap_or_else(|| "this server does not deliver to that destination".into());
+        Ok(DiscardSection {
+            returns: Some((status, text)),
+        })
+    }
+
+    async fn process(
+        &self,
+        section: &DiscardSection,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let Some((status, text)) = &section.returns else {
+            tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
+            return ctx.finish();
+        };
         let target = ctx
             .settings()
             .bounce_stage
@@ -74,11 +99,11 @@ impl Stage for Discard {
 
 /// Entry point of the `pepsi-stage-discard` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main(
+    pepsi_common::stage::main::<Discard>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that drops every message it is given, or with RETURN_STATUS set returns it \
          to the sender through BOUNCE_STAGE",
-        Discard,
+        "",
     )
 }
 

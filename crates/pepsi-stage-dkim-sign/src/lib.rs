@@ -34,7 +34,7 @@ use pepsi_common::config::Config;
 pub use pepsi_common::keys::{
     KeySpec, StoredKey, load_key, parse_keys, parse_private_key, signed_headers,
 };
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -274,28 +274,15 @@ pub fn from_domain(headers: &[u8]) -> Option<String> {
     (!domain.is_empty()).then_some(domain)
 }
 
-/// The DKIM signing program: one `SignStage` per stage section that runs it.
+/// The DKIM signing program (each stage's `SignStage`, with its keys, is its section).
+#[derive(Default)]
 pub struct DkimSign {
-    pub stages: HashMap<String, SignStage>,
     /// The usable rows of `pepsi.signing_key`, read once per worker for every section with
     /// `DATABASE_KEYS` (so a broken row is reported once).
     rows: tokio::sync::OnceCell<Vec<StoredKey>>,
 }
 
 impl DkimSign {
-    /// Reads every stage section whose PROGRAM is this program and loads its keys.
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let stage = SignStage::from_config(cfg, &name)?;
-            stages.insert(name.to_ascii_lowercase(), stage);
-        }
-        Ok(Self {
-            stages,
-            rows: tokio::sync::OnceCell::new(),
-        })
-    }
-
     /// Reads `pepsi.signing_key` the first time a message needs its keys and logs the rows
     /// that cannot sign, once. A failing query is temporary and leaves nothing cached, so
     /// the message is retried (never sent unsigned) and the next one reads again.
@@ -327,9 +314,21 @@ impl DkimSign {
 impl Stage for DkimSign {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = SignStage;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<SignStage> {
+        SignStage::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        stage: &SignStage,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let Some(domain) = from_domain(ctx.headers()?) else {
             tracing::debug!(id = ctx.id(), "no From domain: not signed");
             return ctx.advance();
@@ -393,11 +392,10 @@ fn seven_bit_form(ctx: &mut StageContext<'_>) -> Result<(), StageError> {
 
 /// Entry point of the `pepsi-stage-dkim-sign` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with_long_about_built(
+    pepsi_common::stage::main::<DkimSign>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that DKIM-signs outgoing mail with the keys of its From domain",
         LONG_ABOUT,
-        DkimSign::from_config,
     )
 }
 

@@ -2,6 +2,11 @@ use std::path::{Path, PathBuf};
 
 use super::*;
 
+/// The sections a worker builds at start.
+fn stages(cfg: &Config) -> anyhow::Result<HashMap<String, SignStage>> {
+    pepsi_common::stage::sections(&DkimSign::default(), cfg)
+}
+
 fn openssl_key(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
     let path = dir.join(name);
     let status = std::process::Command::new("openssl")
@@ -30,7 +35,7 @@ fn key_file_errors_name_the_section_and_the_file() {
         "test.conf",
     )
     .unwrap();
-    let err = format!("{:#}", DkimSign::from_config(&cfg).err().unwrap());
+    let err = format!("{:#}", stages(&cfg).err().unwrap());
     assert!(err.contains("[stage-dkim] KEYS"), "{err}");
     assert!(err.contains(&missing.display().to_string()), "{err}");
 }
@@ -49,13 +54,13 @@ fn headers_and_domains() {
         "test.conf",
     )
     .unwrap();
-    let sign = DkimSign::from_config(&cfg).unwrap();
-    let dkim = &sign.stages["dkim"];
+    let sign = stages(&cfg).unwrap();
+    let dkim = &sign["dkim"];
     assert_eq!(dkim.headers, ["From", "From", "to", "Subject"]);
     assert_eq!(dkim.keys_for("Example.test").unwrap().0, "example.test");
     assert_eq!(dkim.keys_for("a.b.example.test").unwrap().0, "example.test");
     assert!(dkim.keys_for("other.test").is_none());
-    let plain = &sign.stages["plain"];
+    let plain = &sign["plain"];
     assert_eq!(&plain.headers[..3], ["From", "From", "Reply-To"]);
     assert!(plain.keys_for("a.example.test").is_none());
 
@@ -86,7 +91,7 @@ fn section_errors_name_the_option() {
             "test.conf",
         )
         .unwrap();
-        let err = format!("{:#}", DkimSign::from_config(&cfg).err().unwrap());
+        let err = format!("{:#}", stages(&cfg).err().unwrap());
         assert!(err.contains(want), "{options:?}: {err}");
     }
     // A section running another program is not read.
@@ -95,7 +100,7 @@ fn section_errors_name_the_option() {
         "test.conf",
     )
     .unwrap();
-    assert!(DkimSign::from_config(&cfg).unwrap().stages.is_empty());
+    assert!(stages(&cfg).unwrap().is_empty());
 }
 
 /// DATABASE_KEYS: which rows sign, which are skipped and why, and how they merge with KEYS.
@@ -125,9 +130,9 @@ fn stored_keys_merge_with_the_key_files() {
         "test.conf",
     )
     .unwrap();
-    let mut sign = DkimSign::from_config(&cfg).unwrap();
-    assert!(sign.stages["db"].domains.is_empty(), "KEYS is optional");
-    let dkim = sign.stages.remove("dkim").unwrap();
+    let mut sign = stages(&cfg).unwrap();
+    assert!(sign["db"].domains.is_empty(), "KEYS is optional");
+    let dkim = sign.remove("dkim").unwrap();
     assert!(dkim.database_keys);
 
     let row = |domain: &str, selector: &str, pem: &str| StoredKey {

@@ -13,13 +13,12 @@
 //! Conditions are parsed once at start (`expr`), for every stage section that names the
 //! program; a syntax error stops the worker with the file, line and column.
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::bail;
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod expr;
 
@@ -91,28 +90,26 @@ impl Branch {
     }
 }
 
-/// The branches of every stage a program serves, and the local-domain resolver.
+/// What both condition programs share: the local-domain resolver (each stage's `Branch` is
+/// its section).
 #[derive(Debug, Clone)]
 pub struct Conditions {
     pub local: LocalRecipients,
-    pub stages: HashMap<String, Branch>,
 }
 
 impl Conditions {
-    pub fn from_config(cfg: &Config, program: &str, headers: bool) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, program) {
-            let branch = Branch::from_config(cfg, &name, headers)?;
-            stages.insert(name.to_ascii_lowercase(), branch);
-        }
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self {
             local: LocalRecipients::from_config(cfg)?,
-            stages,
         })
     }
 
-    async fn decide(&self, ctx: &mut StageContext<'_>, headers: bool) -> Result<(), StageError> {
-        let branch = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    async fn decide(
+        &self,
+        branch: &Branch,
+        ctx: &mut StageContext<'_>,
+        headers: bool,
+    ) -> Result<Terminal, StageError> {
         let rcpt_local = if branch.condition.uses_locality() {
             self.local
                 .recipients_local(ctx.pool(), ctx.rcpt_to())
@@ -149,9 +146,22 @@ pub struct If(pub Conditions);
 impl Stage for If {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = Branch;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        self.0.decide(ctx, false).await
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(If(Conditions::from_config(cfg)?))
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
+        Branch::from_config(cfg, name, false)
+    }
+
+    async fn process(
+        &self,
+        branch: &Branch,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        self.0.decide(branch, ctx, false).await
     }
 }
 
@@ -162,54 +172,69 @@ pub struct IfHeaders(pub Conditions);
 impl Stage for IfHeaders {
     const PROGRAM: &'static str = constants::HEADERS_PROGRAM;
     const LOAD: Load = Load::Headers;
+    type Section = Branch;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        self.0.decide(ctx, true).await
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(IfHeaders(Conditions::from_config(cfg)?))
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
+        Branch::from_config(cfg, name, true)
+    }
+
+    async fn process(
+        &self,
+        branch: &Branch,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        self.0.decide(branch, ctx, true).await
     }
 }
 
 /// Entry point of the `pepsi-stage-if` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with(
+    pepsi_common::stage::main::<If>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that sends a message to THEN or ELSE by a CONDITION on envelope and state",
-        |cfg| Ok(If(Conditions::from_config(cfg, constants::PROGRAM, false)?)),
+        "",
     )
 }
 
 /// Entry point of the `pepsi-stage-if-headers` binary.
 pub fn run_headers() -> ExitCode {
-    pepsi_common::stage::main_with(
+    pepsi_common::stage::main::<IfHeaders>(
         &constants::HEADERS_CONFIG_SOURCE,
         "Pepsi stage that sends a message to THEN or ELSE by a CONDITION that may read header fields",
-        |cfg| {
-            Ok(IfHeaders(Conditions::from_config(
-                cfg,
-                constants::HEADERS_PROGRAM,
-                true,
-            )?))
-        },
+        "",
     )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn cfg(text: &str) -> Config {
         Config::from_str_named(text, "test.conf").unwrap()
     }
 
+    /// The sections a worker of `program` parses at start.
+    fn branches(cfg: &Config, program: &str) -> anyhow::Result<HashMap<String, Branch>> {
+        let local = Conditions::from_config(cfg)?;
+        if program == constants::PROGRAM {
+            pepsi_common::stage::sections(&If(local), cfg)
+        } else {
+            pepsi_common::stage::sections(&IfHeaders(local), cfg)
+        }
+    }
+
     #[test]
     fn sections_are_checked_at_start() {
         let base = "[stage-a]\nPROGRAM = pepsi-stage-if\n[stage-yes]\nPROGRAM = x\n[stage-no]\nPROGRAM = x\n[stage-b]\nPROGRAM = pepsi-stage-if-headers\nCONDITION = header:Subject == 'x'\nTHEN = yes\nELSE = no\n";
         let check = |extra: &str, program: &str, headers: bool, needle: &str| {
-            let err = Conditions::from_config(
-                &cfg(&format!("{base}[stage-a]\n{extra}")),
-                program,
-                headers,
-            )
-            .unwrap_err();
+            assert_eq!(headers, program == constants::HEADERS_PROGRAM);
+            let err = branches(&cfg(&format!("{base}[stage-a]\n{extra}")), program).unwrap_err();
             let text = format!("{err:#}");
             assert!(text.contains(needle), "{extra:?}: {text}");
         };
@@ -237,17 +262,16 @@ mod tests {
             false,
             "needs ELSE or NEXT_STAGE",
         );
-        let ok = Conditions::from_config(
+        let ok = branches(
             &cfg(&format!(
                 "{base}[stage-a]\nCONDITION = state.a\nTHEN = yes\nNEXT_STAGE = no\n"
             )),
             constants::PROGRAM,
-            false,
         )
         .unwrap();
-        assert_eq!(ok.stages["a"].else_stage, "no");
-        assert_eq!(ok.stages.len(), 1, "only the sections of this program");
-        let h = Conditions::from_config(&cfg(base), constants::HEADERS_PROGRAM, true).unwrap();
-        assert_eq!(h.stages["b"].then_stage, "yes");
+        assert_eq!(ok["a"].else_stage, "no");
+        assert_eq!(ok.len(), 1, "only the sections of this program");
+        let h = branches(&cfg(base), constants::HEADERS_PROGRAM).unwrap();
+        assert_eq!(h["b"].then_stage, "yes");
     }
 }

@@ -24,7 +24,6 @@ pub mod keep;
 pub mod route;
 pub mod settings;
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -33,7 +32,7 @@ use pepsi_common::config::Config;
 use pepsi_common::delivery::{self, Failure, RcptResult};
 use pepsi_common::local::split_address;
 use pepsi_common::smtp::Envelope;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings, built_for};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 use crate::attempt::Attempt;
 use crate::dns::Dns;
@@ -58,43 +57,40 @@ pub struct Built {
     pub keeper: Keeper,
 }
 
-/// The stage: every section the program serves, and whether this worker swept the cache.
+/// The stage: whether this worker swept the address cache (each section's `Built` is its
+/// section).
+#[derive(Default)]
 pub struct RelayToInternet {
-    stages: HashMap<String, Built>,
     swept: AtomicBool,
-}
-
-impl RelayToInternet {
-    /// Reads and checks every `[stage-*]` section whose PROGRAM is this program.
-    pub fn from_config(cfg: &Config) -> anyhow::Result<RelayToInternet> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let settings = Settings::from_config(cfg, &name)?;
-            let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
-                .with_context(|| format!("[stage-{name}]"))?;
-            let keeper = Keeper::new(settings.connection_idle);
-            stages.insert(
-                name.to_ascii_lowercase(),
-                Built {
-                    settings,
-                    dns,
-                    keeper,
-                },
-            );
-        }
-        Ok(RelayToInternet {
-            stages,
-            swept: AtomicBool::new(false),
-        })
-    }
 }
 
 impl Stage for RelayToInternet {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = Built;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let built = built_for(&self.stages, ctx.stage())?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    /// Reads and checks `[stage-<name>]`, and makes its resolver.
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Built> {
+        let settings = Settings::from_config(cfg, name)?;
+        let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
+            .with_context(|| format!("[stage-{name}]"))?;
+        let keeper = Keeper::new(settings.connection_idle);
+        Ok(Built {
+            settings,
+            dns,
+            keeper,
+        })
+    }
+
+    async fn process(
+        &self,
+        built: &Built,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         if ctx.rcpt_to().len() > 1 {
             ctx.split_to_one_per_row().await?;
         }
@@ -177,10 +173,5 @@ See docs/relay-internet.md.";
 
 /// Entry point of the `pepsi-stage-relay-to-internet` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with_long_about_built(
-        &constants::CONFIG_SOURCE,
-        ABOUT,
-        LONG_ABOUT,
-        RelayToInternet::from_config,
-    )
+    pepsi_common::stage::main::<RelayToInternet>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::smtp::{OpenOptions, Peer, Protocol, Relay, Target, relay};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -70,9 +70,21 @@ pub struct RelayToLmtp {
 impl Stage for RelayToLmtp {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = Settings;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let settings = Settings::from_config(ctx.config(), ctx.stage())?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Ok(Settings::from_config(cfg, name)?)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         self.relay.pass(ctx, &settings.peer, &settings.policy).await
     }
 }
@@ -100,7 +112,7 @@ See docs/lmtp.md.";
 
 /// Entry point of the `pepsi-stage-relay-to-lmtp` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main(&constants::CONFIG_SOURCE, ABOUT, RelayToLmtp::default())
+    pepsi_common::stage::main::<RelayToLmtp>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -14,15 +14,13 @@
 pub mod helper;
 pub mod mailbox;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Failure, RcptResult, RetryPolicy};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{Reply, Request};
 
 use helper::{CoProcess, HelperArgs};
@@ -124,24 +122,13 @@ pub fn result_of(reply: Reply, quota_full_temporary: bool) -> RcptResult {
     }
 }
 
-/// The stage: per-stage settings, and the helper co-process shared by its passes.
+/// The stage: the helper co-process shared by its passes.
 #[derive(Default)]
 pub struct RelayToMaildir {
-    settings: Mutex<HashMap<String, Arc<Settings>>>,
     helper: tokio::sync::Mutex<Option<CoProcess>>,
 }
 
 impl RelayToMaildir {
-    fn settings(&self, cfg: &Config, stage: &str) -> Result<Arc<Settings>, StageError> {
-        let mut cache = self.settings.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(s) = cache.get(stage) {
-            return Ok(s.clone());
-        }
-        let s = Arc::new(Settings::from_config(cfg, stage)?);
-        cache.insert(stage.to_owned(), s.clone());
-        Ok(s)
-    }
-
     /// Delivers one copy through the helper, starting it when none runs (or when it runs
     /// with other arguments); a helper that fails is stopped and the recipient waits.
     async fn deliver(&self, s: &Settings, req: &Request) -> RcptResult {
@@ -181,9 +168,21 @@ impl RelayToMaildir {
 impl Stage for RelayToMaildir {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = Settings;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let s = self.settings(ctx.config(), &ctx.settings().name)?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Ok(Settings::from_config(cfg, name)?)
+    }
+
+    async fn process(
+        &self,
+        s: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let local = s.local.recipients_local(ctx.pool(), ctx.rcpt_to()).await?;
         let nonlocal: Vec<usize> = local
             .iter()
@@ -245,7 +244,7 @@ impl Stage for RelayToMaildir {
                 quota: s.quota,
                 message: message.clone(),
             };
-            let result = self.deliver(&s, &req).await;
+            let result = self.deliver(s, &req).await;
             match &result {
                 RcptResult::Delivered => {
                     tracing::info!(id = ctx.id(), rcpt = %r, mailbox = %req.mailbox.display(), "delivered")
@@ -262,10 +261,10 @@ impl Stage for RelayToMaildir {
 
 /// Entry point of the `pepsi-stage-relay-to-maildir` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main(
+    pepsi_common::stage::main::<RelayToMaildir>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that delivers local recipients into their Maildirs",
-        RelayToMaildir::default(),
+        "",
     )
 }
 

@@ -24,7 +24,7 @@ use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::smtp::{
     Credentials, OpenOptions, Peer, Protocol, Relay, Target, TlsOptions, TlsPolicy, relay,
 };
-use pepsi_common::stage::{Load, Stage, StageContext, StageError};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -142,9 +142,21 @@ pub struct RelayToSmarthost {
 impl Stage for RelayToSmarthost {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    type Section = Settings;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let settings = Settings::from_config(ctx.config(), ctx.stage())?;
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Ok(Settings::from_config(cfg, name)?)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         self.relay.pass(ctx, &settings.peer, &settings.policy).await
     }
 }
@@ -182,11 +194,7 @@ See docs/relay-smarthost.md.";
 
 /// Entry point of the `pepsi-stage-relay-to-smarthost` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main(
-        &constants::CONFIG_SOURCE,
-        ABOUT,
-        RelayToSmarthost::default(),
-    )
+    pepsi_common::stage::main::<RelayToSmarthost>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use pepsi_common::config::Config;
 use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -155,33 +155,32 @@ pub fn group(stages: &[&str]) -> Vec<(String, Vec<usize>)> {
     groups
 }
 
-/// The route program: the routes of every stage it serves, and the local domains.
+/// The route program: the local domains (each stage's `Routes` is its section).
 #[derive(Debug, Clone)]
 pub struct Route {
     pub local: LocalRecipients,
-    pub stages: HashMap<String, Routes>,
-}
-
-impl Route {
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let routes = Routes::from_config(cfg, &name)?;
-            stages.insert(name.to_ascii_lowercase(), routes);
-        }
-        Ok(Self {
-            local: LocalRecipients::from_config(cfg)?,
-            stages,
-        })
-    }
 }
 
 impl Stage for Route {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = Routes;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let routes = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+        })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Routes> {
+        Routes::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        routes: &Routes,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         let rcpts = ctx.rcpt_to().to_vec();
         let domains: Vec<Option<String>> = rcpts
             .iter()
@@ -227,10 +226,10 @@ impl Stage for Route {
 
 /// Entry point of the `pepsi-stage-route` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with(
+    pepsi_common::stage::main::<Route>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage that routes recipients by domain (local, remote, per-domain), splitting the message",
-        Route::from_config,
+        "",
     )
 }
 

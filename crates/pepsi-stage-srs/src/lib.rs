@@ -8,14 +8,13 @@
 //! `reroute` to BOUNCE_STAGE; `split_off_recipients` first when a message mixes good and bad
 //! SRS recipients. The hashing itself is `pepsi_common::srs` (pure).
 
-use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use pepsi_common::config::Config;
 use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
 use pepsi_common::srs::{self, DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, StageSettings};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
 pub mod constants {
@@ -97,31 +96,18 @@ impl SrsStage {
     }
 }
 
-/// The SRS program: one `SrsStage` per stage section that runs it.
+/// The SRS program: the local domains (each stage's `SrsStage` is its section).
 #[derive(Debug, Clone)]
 pub struct SrsProgram {
     pub local: LocalRecipients,
-    pub stages: HashMap<String, SrsStage>,
 }
 
 impl SrsProgram {
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
-        let mut stages = HashMap::new();
-        for name in StageSettings::stages_of(cfg, constants::PROGRAM) {
-            let stage = SrsStage::from_config(cfg, &name)?;
-            stages.insert(name.to_ascii_lowercase(), stage);
-        }
-        Ok(Self {
-            local: LocalRecipients::from_config(cfg)?,
-            stages,
-        })
-    }
-
     async fn forward(
         &self,
         stage: &SrsStage,
         ctx: &mut StageContext<'_>,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         let from = ctx.mail_from().to_owned();
         if from.is_empty() || stage.is_ours(&from) {
             return ctx.advance();
@@ -168,7 +154,7 @@ impl SrsProgram {
         &self,
         stage: &SrsStage,
         ctx: &mut StageContext<'_>,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         let today = srs::day_number(std::time::SystemTime::now());
         let mut results = Self::reversals(stage, ctx.rcpt_to(), today);
         let bad: Vec<usize> = (0..results.len())
@@ -205,7 +191,7 @@ impl SrsProgram {
         &self,
         ctx: &mut StageContext<'_>,
         results: Vec<Option<Result<String, SrsError>>>,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         let target = ctx
             .settings()
             .bounce_stage
@@ -246,9 +232,23 @@ pub fn diagnostic(e: &SrsError) -> String {
 impl Stage for SrsProgram {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
+    type Section = SrsStage;
 
-    async fn process(&self, ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-        let stage = pepsi_common::stage::built_for(&self.stages, ctx.stage())?;
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+        })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<SrsStage> {
+        SrsStage::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        stage: &SrsStage,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
         match stage.mode {
             Mode::Forward => self.forward(stage, ctx).await,
             Mode::Reverse => self.reverse(stage, ctx).await,
@@ -258,23 +258,30 @@ impl Stage for SrsProgram {
 
 /// Entry point of the `pepsi-stage-srs` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main_with(
+    pepsi_common::stage::main::<SrsProgram>(
         &constants::CONFIG_SOURCE,
         "Pepsi stage for the Sender Rewriting Scheme: MODE=forward rewrites a forwarded \
          message's foreign envelope sender to an SRS address at SRS_DOMAIN; MODE=reverse turns \
          SRS recipients at SRS_DOMAIN (returning bounces) back into the original addresses and \
          bounces forged or expired ones. Needs SECRETS (in a secrets.d/ fragment). See \
          docs/srs.md",
-        SrsProgram::from_config,
+        "",
     )
 }
 
 #[cfg(test)]
 mod tests {
+    use std::collections::HashMap;
+
     use super::*;
 
     fn cfg(text: &str) -> Config {
         Config::from_str_named(text, "test.conf").unwrap()
+    }
+
+    /// What a worker builds at start: one `SrsStage` per section.
+    fn stages(c: &Config) -> anyhow::Result<HashMap<String, SrsStage>> {
+        pepsi_common::stage::sections(&SrsProgram::build(c)?, c)
     }
 
     #[test]
@@ -285,11 +292,11 @@ mod tests {
                      [stage-unsrs]\nPROGRAM = pepsi-stage-srs\nMODE = reverse\n\
                      SRS_DOMAIN = srs.example.net\nMAX_AGE = 7\nSECRETS = three\n",
         );
-        let p = SrsProgram::from_config(&c).unwrap();
-        let f = &p.stages["srs"];
+        let p = stages(&c).unwrap();
+        let f = &p["srs"];
         assert_eq!(f.mode, Mode::Forward);
         assert_eq!(f.domain, "mx.example.net");
-        let r = &p.stages["unsrs"];
+        let r = &p["unsrs"];
         assert_eq!(r.mode, Mode::Reverse);
         assert_eq!(r.domain, "srs.example.net");
         // The forward stage signs with [srs]'s first secret; the reverse one only knows its own.
@@ -305,11 +312,11 @@ mod tests {
     #[test]
     fn refuses_to_start_without_secrets() {
         let c = cfg("[stage-srs]\nPROGRAM = pepsi-stage-srs\nSRS_DOMAIN = x.test\n");
-        let e = SrsProgram::from_config(&c).unwrap_err().to_string();
+        let e = format!("{:#}", stages(&c).unwrap_err());
         assert!(e.contains("SECRETS"), "{e}");
         let c = cfg("[stage-srs]\nPROGRAM = pepsi-stage-srs\nSECRETS = s\nMAX_AGE = 0\n");
-        assert!(SrsProgram::from_config(&c).is_err());
+        assert!(stages(&c).is_err());
         let c = cfg("[stage-srs]\nPROGRAM = pepsi-stage-srs\nSECRETS = s\nMODE = sideways\n");
-        assert!(SrsProgram::from_config(&c).is_err());
+        assert!(stages(&c).is_err());
     }
 }

@@ -20,7 +20,7 @@ use super::tls::OpenOptions;
 use crate::config::{Config, ConfigError, Section};
 use crate::delivery::{self, RcptResult, RetryPolicy};
 use crate::mime::{self, Prepared};
-use crate::stage::{StageContext, StageError};
+use crate::stage::{StageContext, StageError, Terminal};
 
 /// The one server a stage relays to, and how to talk to it.
 #[derive(Debug, Clone, PartialEq)]
@@ -132,10 +132,10 @@ impl Relay {
     /// for all its recipients, concluded under `policy` (delivered, bounced, paused).
     pub async fn pass(
         &self,
-        ctx: &mut StageContext<'_>,
+        ctx: &StageContext<'_>,
         peer: &Peer,
         policy: &RetryPolicy,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         let message = ctx.raw_message()?;
         let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
         let results = self.deliver(peer, &env, &message).await;

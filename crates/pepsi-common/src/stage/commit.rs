@@ -1,7 +1,9 @@
 //! Committing a pass: the recorded content changes and the terminal outcome become one
 //! statement. For advance, pause and fail that is one UPDATE naming exactly the columns
 //! the stage touched (a changed body first gets a body row of its own: copy-on-write);
-//! the clone-spawning terminals call their stored functions.
+//! the clone-spawning terminals call their stored functions. A fused chain commits once, with
+//! every hop's changes; a batch of body-free passes commits its advances, pauses and fails in
+//! one arrayed UPDATE (`commit_many`).
 //!
 //! The SQL is assembled from the constant fragments below only, never from input, and each
 //! shape is a prepared statement of its own.
@@ -11,29 +13,27 @@ use sqlx::PgPool;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
 
-use super::StageError;
 use super::context::{Changes, CloneSpec, Outcome, Row};
+use super::{StageContext, StageError};
 use crate::db::with_retry;
 
 const DELETE: &str = "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running'";
 const FINISH_WITH: &str = "SELECT pepsi.workqueue_finish_with_clones($1, $2)";
 const PAUSE_WITH: &str = "SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5)";
 
-/// Writes `outcome` and `changes` for `row`. Errors when the row is gone or no longer
-/// running (the dispatcher took it back), leaving the database as it was.
-pub(crate) async fn commit(
-    pool: &PgPool,
-    row: &Row,
-    changes: &Changes,
-    outcome: &Outcome,
-) -> Result<(), StageError> {
-    let id = row.id;
+/// Writes the pass's `outcome` with every change of the chain. Errors when the row is gone
+/// or no longer running (the dispatcher took it back), leaving the database as it was.
+pub(crate) async fn commit(ctx: &mut StageContext<'_>, outcome: &Outcome) -> Result<(), StageError> {
+    let id = ctx.row.id;
+    let pool = ctx.pool;
     let affected = match outcome {
         Outcome::Finish => with_retry(|| sqlx::query(DELETE).bind(id).execute(pool))
             .await?
             .rows_affected(),
         Outcome::FinishWith { clones } => {
-            let clones = clones_json(clones, &changes.state);
+            // The stored function clones the stored row: earlier hops' writes go first.
+            ctx.flush().await?;
+            let clones = clones_json(clones, &ctx.changes.state);
             with_retry(|| {
                 sqlx::query(FINISH_WITH)
                     .bind(id)
@@ -44,10 +44,11 @@ pub(crate) async fn commit(
             1
         }
         Outcome::PauseWith { secs, keep, clones } => {
-            let clones = clones_json(clones, &changes.state);
+            ctx.flush().await?;
+            let clones = clones_json(clones, &ctx.changes.state);
             let keep: Option<Vec<i32>> =
                 keep.as_ref().map(|k| k.iter().map(|&i| i as i32).collect());
-            let merge = Value::Object(changes.state.clone());
+            let merge = Value::Object(ctx.changes.state.clone());
             with_retry(|| {
                 sqlx::query(PAUSE_WITH)
                     .bind(id)
@@ -61,10 +62,19 @@ pub(crate) async fn commit(
             1
         }
         Outcome::Advance { stage } => {
-            update(pool, row, changes, "pending", Some(stage), None).await?
+            let changes = ctx.all_changes();
+            update(pool, &ctx.row, &changes, "pending", Some(stage), None).await?
         }
-        Outcome::Pause { secs } => update(pool, row, changes, "paused", None, Some(*secs)).await?,
-        Outcome::Fail => update(pool, row, changes, "failed", None, None).await?,
+        Outcome::Pause { secs } => {
+            let changes = ctx.all_changes();
+            let moved = ctx.needs_flush().then_some(&ctx.row.stage);
+            update(pool, &ctx.row, &changes, "paused", moved, Some(*secs)).await?
+        }
+        Outcome::Fail => {
+            let changes = ctx.all_changes();
+            let moved = ctx.needs_flush().then_some(&ctx.row.stage);
+            update(pool, &ctx.row, &changes, "failed", moved, None).await?
+        }
     };
     if affected != 1 {
         return Err(StageError::NotRunning {
@@ -73,6 +83,118 @@ pub(crate) async fn commit(
         });
     }
     Ok(())
+}
+
+/// Writes a fused chain's `carried` changes and the row's current stage, keeping it running.
+pub(crate) async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result<(), StageError> {
+    let affected = update(pool, row, carried, "running", Some(&row.stage), None).await?;
+    if affected != 1 {
+        return Err(StageError::NotRunning {
+            id: row.id,
+            status: "no longer running (taken back by the dispatcher or deleted)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// A batched pass's commit, deferred to the batch's one arrayed UPDATE: advance, pause and
+/// fail with any change but a new body.
+#[derive(Debug)]
+pub(crate) struct Deferred {
+    pub id: i64,
+    pub status: &'static str,
+    pub stage: Option<String>,
+    pub pause_secs: Option<f64>,
+    pub state: Option<Value>,
+    pub replace_state: bool,
+    pub received_now: bool,
+    pub headers: Option<Vec<u8>>,
+    pub mail_from: Option<String>,
+    pub rcpt_to: Option<Value>,
+}
+
+impl Deferred {
+    /// The deferred form of the pass's commit, or `None` when it must commit on its own (a
+    /// clone-spawning terminal, a finish, a new body).
+    pub fn of(ctx: &StageContext<'_>, outcome: &Outcome) -> Option<Deferred> {
+        let (status, stage, pause_secs) = match outcome {
+            Outcome::Advance { stage } => ("pending", Some(stage.clone()), None),
+            Outcome::Pause { secs } => ("paused", None, Some(secs.max(0.0))),
+            Outcome::Fail => ("failed", None, None),
+            _ => return None,
+        };
+        let changes = ctx.all_changes();
+        if changes.body {
+            return None;
+        }
+        let stage = stage.or_else(|| ctx.needs_flush().then(|| ctx.row.stage.clone()));
+        Some(Deferred {
+            id: ctx.row.id,
+            status,
+            stage,
+            pause_secs,
+            state: (changes.state_replaced || !changes.state.is_empty())
+                .then(|| Value::Object(changes.state.clone())),
+            replace_state: changes.state_replaced,
+            received_now: changes.received_now,
+            headers: changes.headers.then(|| ctx.row.headers.clone().unwrap_or_default()),
+            mail_from: changes.mail_from.then(|| ctx.row.mail_from.clone()),
+            rcpt_to: changes.rcpt_to.then(|| Value::from(ctx.row.rcpt_to.clone())),
+        })
+    }
+}
+
+// One statement for every deferred row of a batch, whatever its outcome: the target stage,
+// pause and each content column ride per row (NULL: unchanged). rcpt_to travels as a JSON
+// array, since a text[][] must be rectangular.
+const COMMIT_MANY: &str = "UPDATE pepsi.workqueue w SET \
+     status = u.status::pepsi.workqueue_status, updated_at = now(), \
+     stage = COALESCE(u.stage, w.stage), \
+     timeout = CASE WHEN u.pause_secs IS NULL THEN NULL ELSE now() + make_interval(secs => u.pause_secs) END, \
+     state = CASE WHEN u.replace_state THEN u.state WHEN u.state IS NULL THEN w.state ELSE w.state || u.state END, \
+     received_at = CASE WHEN u.received_now THEN now() ELSE w.received_at END, \
+     headers = COALESCE(u.headers, w.headers), \
+     mail_from = COALESCE(u.mail_from, w.mail_from), \
+     rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
+                    ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
+     FROM unnest($1::int8[], $2::text[], $3::text[], $4::float8[], $5::jsonb[], $6::bool[], \
+                 $7::bool[], $8::bytea[], $9::text[], $10::jsonb[]) \
+          AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to) \
+     WHERE w.workqueue_id = u.id AND w.status = 'running' \
+     RETURNING w.workqueue_id";
+
+/// Commits `rows` in one statement; returns the ids it wrote (a row missing from the answer
+/// was no longer running).
+pub(crate) async fn commit_many(
+    pool: &PgPool,
+    rows: &[Deferred],
+) -> Result<std::collections::HashSet<i64>, StageError> {
+    let ids: Vec<i64> = rows.iter().map(|r| r.id).collect();
+    let statuses: Vec<&str> = rows.iter().map(|r| r.status).collect();
+    let stages: Vec<Option<&str>> = rows.iter().map(|r| r.stage.as_deref()).collect();
+    let pauses: Vec<Option<f64>> = rows.iter().map(|r| r.pause_secs).collect();
+    let states: Vec<Option<&Value>> = rows.iter().map(|r| r.state.as_ref()).collect();
+    let replaces: Vec<bool> = rows.iter().map(|r| r.replace_state).collect();
+    let nows: Vec<bool> = rows.iter().map(|r| r.received_now).collect();
+    let headers: Vec<Option<&[u8]>> = rows.iter().map(|r| r.headers.as_deref()).collect();
+    let froms: Vec<Option<&str>> = rows.iter().map(|r| r.mail_from.as_deref()).collect();
+    let rcpts: Vec<Option<&Value>> = rows.iter().map(|r| r.rcpt_to.as_ref()).collect();
+    let written: Vec<i64> = with_retry(|| {
+        sqlx::query_scalar(COMMIT_MANY)
+            .bind(&ids)
+            .bind(&statuses)
+            .bind(&stages)
+            .bind(&pauses)
+            .bind(&states)
+            .bind(&replaces)
+            .bind(&nows)
+            .bind(&headers)
+            .bind(&froms)
+            .bind(&rcpts)
+            .fetch_all(pool)
+    })
+    .await?;
+    Ok(written.into_iter().collect())
 }
 
 fn clones_json(clones: &[CloneSpec], extra_state: &Map<String, Value>) -> Value {

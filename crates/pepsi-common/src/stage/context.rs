@@ -1,6 +1,8 @@
 //! `StageContext`: one loaded message, the content changes a stage records on it, and the
-//! terminal helper it ends with. Terminal helpers only record the outcome; the worker loop
-//! commits it (see `commit`), so a stage body never runs SQL for its transition.
+//! terminal helpers that make the pass's outcome. A terminal helper changes nothing: it
+//! returns a [`Terminal`] value, `process` returns it, and the worker loop applies and
+//! commits it (see `commit`), so a stage body never runs SQL for its transition and a pass
+//! has exactly one outcome by construction.
 
 use std::time::Duration;
 
@@ -47,6 +49,26 @@ pub(crate) struct Changes {
 }
 
 impl Changes {
+    /// Nothing to write.
+    pub fn is_empty(&self) -> bool {
+        self.content().is_none() && self.state.is_empty()
+    }
+
+    /// Folds `later` (the next fused hop's changes) on top of these.
+    pub fn absorb(&mut self, later: Changes) {
+        self.headers |= later.headers;
+        self.body |= later.body;
+        self.mail_from |= later.mail_from;
+        self.rcpt_to |= later.rcpt_to;
+        self.received_now |= later.received_now;
+        if later.state_replaced {
+            self.state = later.state;
+            self.state_replaced = true;
+        } else {
+            self.state.extend(later.state);
+        }
+    }
+
     /// The content columns changed, other than state, for error messages.
     pub fn content(&self) -> Option<String> {
         let names: Vec<&str> = [
@@ -160,6 +182,44 @@ impl Outcome {
     }
 }
 
+/// The outcome of one pass, made by a terminal helper and returned by `Stage::process`:
+/// the transition plus what it writes on the way (state merged, recipients replaced).
+#[must_use = "a stage's process returns its Terminal; dropping one does nothing"]
+#[derive(Debug, Clone)]
+pub struct Terminal {
+    pub(crate) outcome: Outcome,
+    pub(crate) merge: Map<String, Value>,
+    pub(crate) rcpt_to: Option<Vec<String>>,
+}
+
+impl Terminal {
+    fn new(outcome: Outcome) -> Self {
+        Self {
+            outcome,
+            merge: Map::new(),
+            rcpt_to: None,
+        }
+    }
+
+    fn merging(mut self, merge: Map<String, Value>) -> Self {
+        self.merge = merge;
+        self
+    }
+
+    /// The helper that made it (`advance`, `pause`, `finish`, …), for logs and tests.
+    pub fn helper(&self) -> &'static str {
+        self.outcome.helper()
+    }
+
+    /// The stage it sets the row pending at, for an advance.
+    pub fn advance_target(&self) -> Option<&str> {
+        match &self.outcome {
+            Outcome::Advance { stage } => Some(stage),
+            _ => None,
+        }
+    }
+}
+
 /// One message in the hands of a stage.
 pub struct StageContext<'a> {
     pub(crate) pool: &'a PgPool,
@@ -167,8 +227,13 @@ pub struct StageContext<'a> {
     pub(crate) load: Load,
     pub(crate) settings: StageSettings,
     pub(crate) row: Row,
+    /// This hop's changes.
     pub(crate) changes: Changes,
-    pub(crate) outcome: Option<Outcome>,
+    /// Changes of earlier hops of a fused chain, not yet written.
+    pub(crate) carried: Changes,
+    /// The stage the row is at in the database (the chain's first stage, or the stage a
+    /// flush last wrote).
+    pub(crate) stored_stage: String,
 }
 
 impl<'a> StageContext<'a> {
@@ -331,15 +396,7 @@ impl<'a> StageContext<'a> {
         self.merge_state(m);
     }
 
-    // ----- terminal helpers: exactly one per pass -----
-
-    fn conclude(&mut self, outcome: Outcome) -> Result<(), StageError> {
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
-        self.outcome = Some(outcome);
-        Ok(())
-    }
+    // ----- terminal helpers: each makes the pass's one outcome -----
 
     fn refuse_content(&self, helper: &'static str) -> Result<(), StageError> {
         match self.changes.content() {
@@ -349,58 +406,49 @@ impl<'a> StageContext<'a> {
     }
 
     /// Pending at NEXT_STAGE.
-    pub fn advance(&mut self) -> Result<(), StageError> {
+    pub fn advance(&self) -> Result<Terminal, StageError> {
         let next = self
             .settings
             .next_stage
             .clone()
             .ok_or_else(|| StageError::NoNextStage(self.settings.name.clone()))?;
-        self.conclude(Outcome::Advance { stage: next })
+        Ok(Terminal::new(Outcome::Advance { stage: next }))
     }
 
     /// Pending at `stage`.
-    pub fn advance_to(&mut self, stage: &str) -> Result<(), StageError> {
-        self.conclude(Outcome::Advance {
+    pub fn advance_to(&self, stage: &str) -> Result<Terminal, StageError> {
+        Ok(Terminal::new(Outcome::Advance {
             stage: stage.to_owned(),
-        })
+        }))
     }
 
     /// Pending at `stage` with `state` merged: how a message reaches a bounce stage.
-    pub fn reroute(&mut self, stage: &str, state: Map<String, Value>) -> Result<(), StageError> {
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
-        self.merge_state(state);
-        self.conclude(Outcome::Advance {
+    pub fn reroute(&self, stage: &str, state: Map<String, Value>) -> Result<Terminal, StageError> {
+        Ok(Terminal::new(Outcome::Advance {
             stage: stage.to_owned(),
         })
+        .merging(state))
     }
 
     /// Paused, due again after `after`, with `state` merged. Refuses content changes.
-    pub fn pause(&mut self, state: Map<String, Value>, after: Duration) -> Result<(), StageError> {
+    pub fn pause(&self, state: Map<String, Value>, after: Duration) -> Result<Terminal, StageError> {
         self.refuse_content("pause")?;
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
-        self.merge_state(state);
-        self.conclude(Outcome::Pause {
+        Ok(Terminal::new(Outcome::Pause {
             secs: after.as_secs_f64(),
         })
+        .merging(state))
     }
 
     /// The richer pause: keeps only the recipients `keep` (None: all) and spawns `clones`
     /// (a delay DSN, success DSNs), committing together. Refuses content changes.
     pub fn pause_with(
-        &mut self,
+        &self,
         state: Map<String, Value>,
         after: Duration,
         keep: Option<Vec<usize>>,
         clones: Vec<CloneSpec>,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         self.refuse_content("pause_with")?;
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
         if let Some(keep) = &keep {
             self.check_indices(keep)?;
             if keep.is_empty() {
@@ -412,52 +460,48 @@ impl<'a> StageContext<'a> {
         for clone in &clones {
             self.check_indices(clone.rcpt_indices.as_deref().unwrap_or(&[]))?;
         }
-        self.merge_state(state);
-        self.conclude(Outcome::PauseWith {
+        Ok(Terminal::new(Outcome::PauseWith {
             secs: after.as_secs_f64(),
             keep,
             clones,
         })
+        .merging(state))
     }
 
     /// Failed, left for an operator, with `state` merged.
-    pub fn fail(&mut self, state: Map<String, Value>) -> Result<(), StageError> {
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
-        self.merge_state(state);
-        self.conclude(Outcome::Fail)
+    pub fn fail(&self, state: Map<String, Value>) -> Result<Terminal, StageError> {
+        Ok(Terminal::new(Outcome::Fail).merging(state))
     }
 
     /// Deletes the row: delivered or dropped.
-    pub fn finish(&mut self) -> Result<(), StageError> {
-        self.conclude(Outcome::Finish)
+    pub fn finish(&self) -> Result<Terminal, StageError> {
+        Ok(Terminal::new(Outcome::Finish))
     }
 
     /// Deletes the row and spawns `clones` (per-recipient bounces, success DSNs) in one
     /// transaction. Refuses content changes, which the clones would not see; state merged
     /// in this pass is merged into every clone.
-    pub fn finish_with(&mut self, clones: Vec<CloneSpec>) -> Result<(), StageError> {
+    pub fn finish_with(&self, clones: Vec<CloneSpec>) -> Result<Terminal, StageError> {
         self.refuse_content("finish_with")?;
         for clone in &clones {
             self.check_indices(clone.rcpt_indices.as_deref().unwrap_or(&[]))?;
         }
-        self.conclude(Outcome::FinishWith { clones })
+        Ok(Terminal::new(Outcome::FinishWith { clones }))
     }
 
     /// The delivery stages' end: NEXT_STAGE when there is one, else finish.
-    pub fn advance_or_finish(&mut self) -> Result<(), StageError> {
-        match self.settings.next_stage.clone() {
-            Some(next) => self.conclude(Outcome::Advance { stage: next }),
-            None => self.conclude(Outcome::Finish),
-        }
+    pub fn advance_or_finish(&self) -> Result<Terminal, StageError> {
+        Ok(Terminal::new(match self.settings.next_stage.clone() {
+            Some(next) => Outcome::Advance { stage: next },
+            None => Outcome::Finish,
+        }))
     }
 
     /// The success-DSN gate after a delivery of the recipients `delivered`: when
     /// ORIGINATE_SUCCESS_DSN is on and some of them asked for NOTIFY=SUCCESS, the message is
     /// rerouted to BOUNCE_STAGE for those recipients with `bounce.kind = "success"`;
     /// otherwise `advance_or_finish`.
-    pub fn complete_success(&mut self, delivered: &[usize]) -> Result<(), StageError> {
+    pub fn complete_success(&self, delivered: &[usize]) -> Result<Terminal, StageError> {
         self.check_indices(delivered)?;
         let wanted: Vec<usize> = if self.settings.originate_success_dsn {
             delivered
@@ -476,9 +520,6 @@ impl<'a> StageContext<'a> {
             .bounce_stage
             .clone()
             .ok_or_else(|| StageError::NoBounceStage(self.settings.name.clone()))?;
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
         let rcpt: Vec<String> = wanted
             .iter()
             .map(|&i| self.row.rcpt_to[i].clone())
@@ -491,36 +532,74 @@ impl<'a> StageContext<'a> {
             "bounce".into(),
             json!({ "kind": "success", "stage": self.settings.name }),
         );
-        self.row.rcpt_to = rcpt;
-        self.changes.rcpt_to = true;
-        self.merge_state(merge);
-        self.conclude(Outcome::Advance { stage: bounce })
+        let mut t = Terminal::new(Outcome::Advance { stage: bounce }).merging(merge);
+        t.rcpt_to = Some(rcpt);
+        Ok(t)
     }
 
     /// Replaces the recipients and merges `state` (which should carry the rebuilt
     /// `dsn.rcpt`, one entry per new recipient), then advances: one commit.
     pub fn rewrite_recipients(
-        &mut self,
+        &self,
         rcpt_to: Vec<String>,
         state: Map<String, Value>,
-    ) -> Result<(), StageError> {
+    ) -> Result<Terminal, StageError> {
         if rcpt_to.is_empty() {
             return Err(StageError::Invalid(
                 "rewrite_recipients needs at least one recipient".into(),
             ));
         }
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
+        let mut t = self.advance()?.merging(state);
+        t.rcpt_to = Some(rcpt_to);
+        Ok(t)
+    }
+
+    // ----- the scaffolding's side: applying an outcome, entering a fused hop -----
+
+    /// Folds what `terminal` writes into this pass's changes; returns the transition.
+    pub(crate) fn apply(&mut self, terminal: Terminal) -> Outcome {
+        if !terminal.merge.is_empty() {
+            self.merge_state(terminal.merge);
         }
-        let next = self
-            .settings
-            .next_stage
-            .clone()
-            .ok_or_else(|| StageError::NoNextStage(self.settings.name.clone()))?;
-        self.row.rcpt_to = rcpt_to;
-        self.changes.rcpt_to = true;
-        self.merge_state(state);
-        self.conclude(Outcome::Advance { stage: next })
+        if let Some(rcpt) = terminal.rcpt_to {
+            self.row.rcpt_to = rcpt;
+            self.changes.rcpt_to = true;
+        }
+        terminal.outcome
+    }
+
+    /// Moves the message on to `settings`' stage inside this pass (a fused hop): the changes
+    /// so far are carried, to be written with the chain's one commit.
+    pub(crate) fn enter(&mut self, settings: StageSettings) {
+        let hop = std::mem::take(&mut self.changes);
+        self.carried.absorb(hop);
+        self.row.stage = settings.name.clone();
+        self.settings = settings;
+    }
+
+    /// All changes of the chain so far, carried and this hop's.
+    pub(crate) fn all_changes(&self) -> Changes {
+        let mut all = self.carried.clone();
+        all.absorb(self.changes.clone());
+        all
+    }
+
+    /// Earlier hops' writes are pending, or the row moved stage in memory: a statement that
+    /// works on the stored row (a fan-out, a clone-spawning terminal) must flush first.
+    pub(crate) fn needs_flush(&self) -> bool {
+        !self.carried.is_empty() || !self.row.stage.eq_ignore_ascii_case(&self.stored_stage)
+    }
+
+    /// Writes the carried changes and the current stage, leaving the row running: from here
+    /// on the row is where the unfused pipeline would have it at this hop.
+    pub(crate) async fn flush(&mut self) -> Result<(), StageError> {
+        if !self.needs_flush() {
+            return Ok(());
+        }
+        let carried = std::mem::take(&mut self.carried);
+        super::commit::flush(self.pool, &self.row, &carried).await?;
+        self.stored_stage = self.row.stage.clone();
+        Ok(())
     }
 
     pub(crate) fn check_indices(&self, indices: &[usize]) -> Result<(), StageError> {

@@ -1,7 +1,9 @@
 //! The fan-out helpers: they reduce this row's recipients and create sibling rows sharing
 //! its headers and body in one `workqueue_split` call, committed at once. The stage still
 //! ends the pass with a terminal helper. Because siblings are cloned server-side from the
-//! stored row, a pass that already recorded changes is refused rather than losing them.
+//! stored row, a pass that already recorded changes is refused rather than losing them; in a
+//! fused chain the earlier hops' changes are first written (`StageContext::flush`), so the
+//! siblings see them.
 //!
 //! Also `enqueue_new`, which injects a brand-new message outside the transition.
 
@@ -145,9 +147,6 @@ impl StageContext<'_> {
     }
 
     fn refuse_changes(&self, helper: &'static str) -> Result<(), StageError> {
-        if let Some(previous) = &self.outcome {
-            return Err(StageError::SecondTerminal(previous.helper()));
-        }
         let mut changed = self.changes.content();
         if !self.changes.state.is_empty() {
             changed = Some(changed.map_or("state".to_owned(), |c| format!("{c}, state")));
@@ -167,6 +166,8 @@ impl StageContext<'_> {
     ) -> Result<Vec<i64>, StageError> {
         self.refuse_changes(helper)?;
         self.check_indices(keep)?;
+        // Siblings are cloned from the stored row: earlier fused hops' writes go first.
+        self.flush().await?;
         if keep.is_empty() {
             return Err(StageError::Invalid(format!(
                 "{helper} must leave at least one recipient on row {}",

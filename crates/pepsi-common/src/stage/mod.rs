@@ -1,10 +1,16 @@
 //! The stage contract: how a stage program loads its row, records changes and ends with
-//! exactly one terminal helper, and the worker loop that feeds it ids from stdin.
+//! exactly one terminal outcome, and the worker loop that feeds it ids from stdin.
 //!
 //! A worker reads workqueue ids from stdin (pipelined by the dispatcher, processed strictly
-//! in order) and writes one status line per id to stdout: `0` on success (`0
-//! {"finished":true}` when the pass ended the message), or `1 {"error": "...", "temporary":
-//! bool}` when the message could not be handled and the row was left as it was. Nothing else may ever be written to stdout; logs go to stderr.
+//! in order) and writes one status line per id to stdout: `0` on success, optionally with a
+//! JSON report (`{"finished":true}` when the pass ended the message, `"fused"` listing the
+//! stages fused into the pass), or `1 {"error": "...", "temporary": bool}` when the message
+//! could not be handled. Nothing else may ever be written to stdout; logs go to stderr.
+//!
+//! A stage is a [`Stage`]: built once at worker start from the configuration, with one typed
+//! [`Stage::Section`] per `[stage-<name>]` section that runs it, and a `process` that returns
+//! the pass's one [`Terminal`]. Two optimisations sit under the contract (`fusion`, and the
+//! batching of `Load::Metadata` stages in `worker`) without changing what a pass means.
 //!
 //! Only this module and `db` issue queue SQL in `pepsi-common`. The SQL texts are fixed:
 //! the commit UPDATE is assembled from constant fragments for the columns a stage touched.
@@ -12,17 +18,16 @@
 mod commit;
 mod context;
 mod fanout;
+pub mod fusion;
 mod worker;
 
+use std::collections::HashMap;
 use std::future::Future;
 
 pub(crate) use context::notify_includes;
-pub use context::{CloneSpec, StageContext};
+pub use context::{CloneSpec, StageContext, Terminal};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{
-    PassReport, main, main_with, main_with_long_about, main_with_long_about_built, prepare_on,
-    run_pass, run_worker,
-};
+pub use worker::{PassReport, Worker, main, run_worker};
 
 use crate::config::{Config, ConfigError};
 
@@ -38,15 +43,54 @@ pub enum Load {
     Full,
 }
 
-/// A stage program: its name in `[stage-*] PROGRAM`, what it loads, and what it does with one
-/// message. `process` must call exactly one terminal helper of the context.
-pub trait Stage {
+/// A stage program: its name in `[stage-*] PROGRAM`, what it loads, what it builds once at
+/// worker start, and what it does with one message.
+///
+/// `build` and `section` run before the first id is read, so a bad option stops the worker
+/// with an error naming it; `process` never parses configuration. `process` returns the
+/// pass's outcome, made by one of the context's terminal helpers, so a pass has exactly one.
+pub trait Stage: Sized + 'static {
     /// The binary name operators write as `PROGRAM` in a stage section.
     const PROGRAM: &'static str;
     /// The columns this stage needs.
     const LOAD: Load;
+    /// What one `[stage-<name>]` section running this program configures, parsed once.
+    type Section: 'static;
 
-    fn process(&self, ctx: &mut StageContext<'_>) -> impl Future<Output = Result<(), StageError>>;
+    /// The program-wide part, built once from the whole configuration (keys, local domains).
+    fn build(cfg: &Config) -> anyhow::Result<Self>;
+
+    /// Parses `[stage-<name>]` (`name` as written in the configuration).
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Self::Section>;
+
+    /// Whether this stage may run fused behind another stage in the same pass (its own
+    /// Load permitting). A stage that must run in a pass of its own answers false.
+    fn can_fuse(&self, _section: &Self::Section, _ctx: &StageContext<'_>) -> bool {
+        true
+    }
+
+    fn process(
+        &self,
+        section: &Self::Section,
+        ctx: &mut StageContext<'_>,
+    ) -> impl Future<Output = Result<Terminal, StageError>>;
+}
+
+/// Parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM` for `stage`, keyed by
+/// lower-case stage name: what a worker does at start (the error names the section).
+pub fn sections<S: Stage>(
+    stage: &S,
+    cfg: &Config,
+) -> anyhow::Result<HashMap<String, S::Section>> {
+    use anyhow::Context as _;
+    let mut sections = HashMap::new();
+    for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+        let section = stage
+            .section(cfg, &name)
+            .with_context(|| format!("[stage-{name}]"))?;
+        sections.insert(name.to_ascii_lowercase(), section);
+    }
+    Ok(sections)
 }
 
 /// A stage section's settings, resolved for the message's current stage.
@@ -85,15 +129,23 @@ impl StageSettings {
         })
     }
 
+    /// Every stage section that names a PROGRAM, keyed by lower-case stage name. A section
+    /// that cannot be read is left out here (its own program's worker reports it at start).
+    pub fn all(cfg: &Config) -> HashMap<String, StageSettings> {
+        cfg.sections()
+            .filter_map(stage_name)
+            .filter_map(|name| {
+                let settings = Self::from_config(cfg, &name).ok()?;
+                Some((name.to_ascii_lowercase(), settings))
+            })
+            .collect()
+    }
+
     /// The names of the stages (`[stage-<name>]` sections, name as written) whose PROGRAM
     /// is `program`: what a stage built at start compiles its per-stage settings for.
     pub fn stages_of(cfg: &Config, program: &str) -> Vec<String> {
         cfg.sections()
-            .filter_map(|s| {
-                s.get(..6)
-                    .filter(|p| p.eq_ignore_ascii_case("stage-"))
-                    .map(|_| s[6..].to_owned())
-            })
+            .filter_map(stage_name)
             .filter(|name| {
                 cfg.section(&format!("stage-{name}"))
                     .string_opt("PROGRAM")
@@ -110,11 +162,24 @@ impl StageSettings {
     }
 }
 
-fn runs_program(configured: &str, program: &str) -> bool {
+fn stage_name(section: &str) -> Option<String> {
+    section
+        .get(..6)
+        .filter(|p| p.eq_ignore_ascii_case("stage-"))
+        .map(|_| section[6..].to_owned())
+}
+
+/// The program name of a PROGRAM option (a name or a path, possibly followed by words).
+pub fn program_name(configured: &str) -> &str {
     let configured = configured.split_whitespace().next().unwrap_or("");
     std::path::Path::new(configured)
         .file_name()
-        .is_some_and(|name| name == program)
+        .and_then(|n| n.to_str())
+        .unwrap_or("")
+}
+
+fn runs_program(configured: &str, program: &str) -> bool {
+    program_name(configured) == program
 }
 
 /// Why a stage could not handle a message. `is_temporary` tells a failure worth retrying
@@ -148,10 +213,8 @@ pub enum StageError {
         helper: &'static str,
         changed: String,
     },
-    #[error("the stage ended without calling a terminal helper")]
-    NoTerminal,
-    #[error("a terminal helper was already called ({0})")]
-    SecondTerminal(&'static str),
+    #[error("stage {0:?} was not configured when this worker started")]
+    NotBuilt(String),
     #[error("stage {0:?} has no NEXT_STAGE to advance to")]
     NoNextStage(String),
     #[error("stage {0:?} has no BOUNCE_STAGE")]
@@ -181,18 +244,4 @@ impl StageError {
             _ => false,
         }
     }
-}
-
-/// What a stage program compiled at start for the stage section `stage` (the map is keyed
-/// by lower-case stage name): a condition, a route table. A stage added to the configuration
-/// after the worker started is an error for an operator, not a reason to guess.
-pub fn built_for<'m, T>(
-    stages: &'m std::collections::HashMap<String, T>,
-    stage: &str,
-) -> Result<&'m T, StageError> {
-    stages.get(&stage.to_ascii_lowercase()).ok_or_else(|| {
-        StageError::Permanent(format!(
-            "stage {stage:?} was not configured when this worker started"
-        ))
-    })
 }

@@ -1,19 +1,31 @@
-//! The worker side of the stage contract: `prepare_on` loads one running row, `run_worker`
-//! is the stdin/stdout loop, and `main` is a stage program's whole entry point.
+//! The worker side of the stage contract: a [`Worker`] holds a stage built once at start,
+//! loads running rows, runs a pass (fusing registered successors into it), commits it and
+//! answers with status lines; `main` is a stage program's whole entry point.
+//!
+//! A body-free (`Load::Metadata`) worker batches: each round takes the ids already waiting
+//! on stdin (up to the largest QUEUE_LIMIT of its stages, never waiting for more), loads
+//! them in one SELECT, runs each pass, and commits the deferred advances, pauses and fails
+//! in one arrayed UPDATE. The protocol stays one status line per id, in order.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::process::ExitCode;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
-use serde_json::{Value, json};
+use serde::Serialize;
+use serde_json::Value;
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row as _};
 use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 
-use super::commit::commit;
+use super::commit::{Deferred, commit, commit_many};
 use super::context::{Changes, Outcome, Row};
-use super::{Load, Stage, StageContext, StageError, StageSettings};
-use crate::cli::{CommonArgs, init_logging, run_async};
+use super::fusion::{Built, DynStage, Registration};
+use super::{Load, Stage, StageContext, StageError, StageSettings, program_name};
+use crate::cli::{CommonArgs, init_logging, run_async_current_thread};
 use crate::config::{Config, ConfigSource, Scope};
 
 // One prepared statement per Load level, so a stage pulls only the big columns it needs.
@@ -24,49 +36,424 @@ const SELECT_HEADERS: &str = "SELECT workqueue_id, stage, status::text AS status
 const SELECT_FULL: &str = "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
      w.state, w.received_at, w.auth_user, w.headers, b.body \
      FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1";
+// A batch of a body-free stage.
+const SELECT_METADATA_MANY: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
+     received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)";
 
-/// Loads running row `id` for `program`, refusing a row that is not running or whose
-/// stage section runs another program.
-pub async fn prepare_on<'a>(
+/// A fused chain stops after this many hops and commits; the rest runs in later passes.
+const MAX_FUSED_HOPS: usize = 16;
+
+/// A stage fused into a pass, as reported on the status line.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct FusedHop {
+    pub stage: String,
+    pub ms: f64,
+}
+
+/// What a successful pass reports on its status line.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct PassReport {
+    /// The pass ended the message (`finish` or `finish_with`): the row is gone.
+    pub finished: bool,
+    /// The stages fused into the pass, in order.
+    pub fused: Vec<FusedHop>,
+}
+
+#[derive(Serialize)]
+struct DoneReport<'r> {
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    finished: bool,
+    #[serde(skip_serializing_if = "<[FusedHop]>::is_empty")]
+    fused: &'r [FusedHop],
+}
+
+#[derive(Serialize)]
+struct FailedReport {
+    error: String,
+    temporary: bool,
+}
+
+/// The status line for one pass: `0`, `0 {"finished":true,"fused":[...]}`, or
+/// `1 {"error": ..., "temporary": ...}`.
+pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
+    match result {
+        Ok(report) if !report.finished && report.fused.is_empty() => "0\n".to_owned(),
+        Ok(report) => {
+            let json = serde_json::to_string(&DoneReport {
+                finished: report.finished,
+                fused: &report.fused,
+            })
+            .unwrap_or_default();
+            format!("0 {json}\n")
+        }
+        Err(e) => {
+            let json = serde_json::to_string(&FailedReport {
+                error: e.to_string(),
+                temporary: e.is_temporary(),
+            })
+            .unwrap_or_default();
+            format!("1 {json}\n")
+        }
+    }
+}
+
+/// A stage built for one worker process, with everything a pass needs: the pool, the
+/// configuration, every stage section's settings, and the stages it may fuse.
+pub struct Worker<'a> {
     pool: &'a PgPool,
-    program: &str,
-    id: i64,
     cfg: &'a Config,
-    load: Load,
-) -> Result<StageContext<'a>, StageError> {
-    let sql = match load {
-        Load::Metadata => SELECT_METADATA,
-        Load::Headers => SELECT_HEADERS,
-        Load::Full => SELECT_FULL,
-    };
-    let rec = sqlx::query(sql)
-        .bind(id)
-        .fetch_optional(pool)
-        .await?
-        .ok_or(StageError::NoSuchRow(id))?;
-    let status: String = rec.try_get("status")?;
-    if status != "running" {
-        return Err(StageError::NotRunning { id, status });
+    own: Rc<dyn DynStage>,
+    settings: HashMap<String, StageSettings>,
+    fusion: bool,
+    registry: &'a [Registration],
+    /// Registered stages built on first use (`None`: building failed; not fused into).
+    fusable: RefCell<HashMap<&'static str, Option<Rc<dyn DynStage>>>>,
+    batch_limit: usize,
+}
+
+impl<'a> Worker<'a> {
+    /// Builds `S` from `cfg` (the program-wide part and every section that runs it): the
+    /// error names what was wrong. Fuses through the installed registry when `[pepsi]
+    /// ALLOW_FUSION` is on (the default).
+    pub fn new<S: Stage>(pool: &'a PgPool, cfg: &'a Config) -> anyhow::Result<Self> {
+        let stage = S::build(cfg)?;
+        Self::with_stage(stage, pool, cfg, super::fusion::installed())
     }
-    let row = row_from(&rec, load)?;
-    let settings = StageSettings::from_config(cfg, &row.stage)?;
-    if !settings.runs(program) {
-        return Err(StageError::WrongProgram {
-            id,
-            stage: row.stage,
-            configured: settings.program,
-            program: program.to_owned(),
-        });
+
+    /// As `new`, for a stage value already made (tests), fusing through `registry`.
+    pub fn with_stage<S: Stage>(
+        stage: S,
+        pool: &'a PgPool,
+        cfg: &'a Config,
+        registry: &'a [Registration],
+    ) -> anyhow::Result<Self> {
+        let mut batch_limit = 1usize;
+        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+            let limit = cfg
+                .section(&format!("stage-{name}"))
+                .parse_opt("QUEUE_LIMIT", |v| {
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|&n| n > 0)
+                        .ok_or_else(|| "a positive whole number".to_owned())
+                })?
+                .unwrap_or(1);
+            batch_limit = batch_limit.max(limit);
+        }
+        let built = Built::from_stage(stage, cfg)?;
+        let fusion = cfg
+            .section("pepsi")
+            .bool_opt("ALLOW_FUSION")?
+            .unwrap_or(true);
+        Ok(Self {
+            pool,
+            cfg,
+            own: Rc::new(built),
+            settings: StageSettings::all(cfg),
+            fusion,
+            registry,
+            fusable: RefCell::new(HashMap::new()),
+            batch_limit: batch_limit.min(1024),
+        })
     }
-    Ok(StageContext {
-        pool,
-        cfg,
-        load,
-        settings,
-        row,
-        changes: Changes::default(),
-        outcome: None,
-    })
+
+    /// One pass over row `id`: load, process (and fuse), commit. When a step fails nothing
+    /// of the pass is written (fan-out helpers the stage already called have committed
+    /// their siblings; a fused hop that fails leaves the earlier hops written, as the
+    /// unfused pipeline would).
+    pub async fn pass(&self, id: i64) -> Result<PassReport, StageError> {
+        let load = self.own.load();
+        let sql = match load {
+            Load::Metadata => SELECT_METADATA,
+            Load::Headers => SELECT_HEADERS,
+            Load::Full => SELECT_FULL,
+        };
+        let rec = sqlx::query(sql)
+            .bind(id)
+            .fetch_optional(self.pool)
+            .await?
+            .ok_or(StageError::NoSuchRow(id))?;
+        let mut ctx = self.context(id, &rec, load)?;
+        let (outcome, fused) = self.chain(&mut ctx).await?;
+        commit(&mut ctx, &outcome).await?;
+        Ok(report(&outcome, fused))
+    }
+
+    /// Passes over every id of `batch` (a body-free stage): one SELECT for the batch, one
+    /// UPDATE for the deferred outcomes; one result per id, in order.
+    pub async fn pass_batch(&self, batch: &[i64]) -> Vec<Result<PassReport, StageError>> {
+        let rows = match sqlx::query(SELECT_METADATA_MANY)
+            .bind(batch)
+            .fetch_all(self.pool)
+            .await
+        {
+            Ok(rows) => rows,
+            Err(e) => {
+                let e = StageError::from(e);
+                return batch.iter().map(|_| Err(shared_error(&e))).collect();
+            }
+        };
+        let mut by_id: HashMap<i64, PgRow> = HashMap::with_capacity(rows.len());
+        for rec in rows {
+            if let Ok(id) = rec.try_get::<i64, _>("workqueue_id") {
+                by_id.insert(id, rec);
+            }
+        }
+        let mut results: Vec<Option<Result<PassReport, StageError>>> = Vec::new();
+        let mut deferred: Vec<(usize, PassReport)> = Vec::new();
+        let mut rows: Vec<Deferred> = Vec::new();
+        for &id in batch {
+            let result = async {
+                let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
+                let mut ctx = self.context(id, rec, Load::Metadata)?;
+                let (outcome, fused) = self.chain(&mut ctx).await?;
+                let report = report(&outcome, fused);
+                match Deferred::of(&ctx, &outcome) {
+                    Some(row) => Ok(Pass::Deferred(row, report)),
+                    None => {
+                        commit(&mut ctx, &outcome).await?;
+                        Ok(Pass::Committed(report))
+                    }
+                }
+            }
+            .await;
+            match result {
+                Ok(Pass::Deferred(row, report)) => {
+                    deferred.push((results.len(), report));
+                    rows.push(row);
+                    results.push(None);
+                }
+                Ok(Pass::Committed(report)) => results.push(Some(Ok(report))),
+                Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        if !deferred.is_empty() {
+            match commit_many(self.pool, &rows).await {
+                Ok(written) => {
+                    for ((slot, report), row) in deferred.into_iter().zip(&rows) {
+                        results[slot] = Some(if written.contains(&row.id) {
+                            Ok(report)
+                        } else {
+                            Err(StageError::NotRunning {
+                                id: row.id,
+                                status: "no longer running (taken back by the dispatcher or deleted)"
+                                    .into(),
+                            })
+                        });
+                    }
+                }
+                Err(e) => {
+                    for (slot, _) in deferred {
+                        results[slot] = Some(Err(shared_error(&e)));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every slot answered"))
+            .collect()
+    }
+
+    /// Reads ids from `input` until EOF, handling each in order and answering each with one
+    /// status line on `output`. A bad id or a failed pass answers non-zero and the loop goes
+    /// on. Returns how many ids it answered.
+    pub async fn run<R, W>(&self, input: R, mut output: W) -> anyhow::Result<u64>
+    where
+        R: AsyncBufRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        let mut lines = input.lines();
+        let mut handled = 0u64;
+        let batching = self.own.load() == Load::Metadata;
+        let mut eof = false;
+        while !eof {
+            let Some(first) = lines.next_line().await? else {
+                break;
+            };
+            let mut round = vec![first];
+            if batching {
+                // Take what is already waiting, never wait for more (next_line is
+                // cancellation safe, and a zero timeout polls it once).
+                while round.len() < self.batch_limit {
+                    match tokio::time::timeout(Duration::ZERO, lines.next_line()).await {
+                        Ok(Ok(Some(line))) => round.push(line),
+                        Ok(Ok(None)) => {
+                            eof = true;
+                            break;
+                        }
+                        Ok(Err(e)) => return Err(e.into()),
+                        Err(_) => break,
+                    }
+                }
+            }
+            let round: Vec<String> = round
+                .into_iter()
+                .map(|l| l.trim().to_owned())
+                .filter(|l| !l.is_empty())
+                .collect();
+            let ids: Vec<i64> = round.iter().filter_map(|l| l.parse().ok()).collect();
+            let mut answers = if batching && ids.len() > 1 {
+                self.pass_batch(&ids).await.into_iter()
+            } else {
+                let mut one = Vec::with_capacity(ids.len());
+                for &id in &ids {
+                    one.push(self.pass(id).await);
+                }
+                one.into_iter()
+            };
+            for line in &round {
+                let result = match line.parse::<i64>() {
+                    Ok(_) => answers.next().expect("one answer per id"),
+                    Err(_) => Err(StageError::BadId(line.clone())),
+                };
+                if let Err(e) = &result {
+                    tracing::warn!(
+                        program = self.own.program(),
+                        id = line.as_str(),
+                        "message not handled: {e}"
+                    );
+                }
+                output.write_all(status_line(&result).as_bytes()).await?;
+                handled += 1;
+            }
+            output.flush().await?;
+        }
+        Ok(handled)
+    }
+
+    /// The context for loaded row `rec`, refusing a row that is not running or whose stage
+    /// section runs another program.
+    fn context(&self, id: i64, rec: &PgRow, load: Load) -> Result<StageContext<'a>, StageError> {
+        let status: String = rec.try_get("status")?;
+        if status != "running" {
+            return Err(StageError::NotRunning { id, status });
+        }
+        let row = row_from(rec, load)?;
+        let settings = match self.settings.get(&row.stage.to_ascii_lowercase()) {
+            Some(s) => s.clone(),
+            // Not readable at start (or added since): say why, as the section is now.
+            None => StageSettings::from_config(self.cfg, &row.stage)?,
+        };
+        if !settings.runs(self.own.program()) {
+            return Err(StageError::WrongProgram {
+                id,
+                stage: row.stage,
+                configured: settings.program,
+                program: self.own.program().to_owned(),
+            });
+        }
+        Ok(StageContext {
+            pool: self.pool,
+            cfg: self.cfg,
+            load,
+            settings,
+            stored_stage: row.stage.clone(),
+            row,
+            changes: Changes::default(),
+            carried: Changes::default(),
+        })
+    }
+
+    /// Runs this worker's stage on `ctx`, then every successor it may fuse; returns the
+    /// chain's final transition (its writes folded into `ctx`) and the fused hops.
+    async fn chain(
+        &self,
+        ctx: &mut StageContext<'a>,
+    ) -> Result<(Outcome, Vec<FusedHop>), StageError> {
+        let mut terminal = self.own.process(ctx).await?;
+        let mut fused = Vec::new();
+        loop {
+            let outcome = ctx.apply(terminal);
+            let Outcome::Advance { stage } = &outcome else {
+                return Ok((outcome, fused));
+            };
+            if fused.len() >= MAX_FUSED_HOPS {
+                return Ok((outcome, fused));
+            }
+            let Some((next, settings)) = self.successor(stage, ctx) else {
+                return Ok((outcome, fused));
+            };
+            ctx.enter(settings);
+            let started = Instant::now();
+            match next.process(ctx).await {
+                Ok(t) => {
+                    fused.push(FusedHop {
+                        stage: ctx.stage().to_owned(),
+                        ms: started.elapsed().as_secs_f64() * 1000.0,
+                    });
+                    terminal = t;
+                }
+                Err(e) => {
+                    // Where the unfused pipeline would be: the earlier hops written, the
+                    // row at this stage, and this stage's failure reported for it.
+                    ctx.changes = Changes::default();
+                    ctx.flush().await?;
+                    return Err(e);
+                }
+            }
+        }
+    }
+
+    /// The stage `stage` as a fused successor of the pass in `ctx`, when fusion is on, its
+    /// program is this one or registered, it needs no more than is loaded and agrees.
+    fn successor(
+        &self,
+        stage: &str,
+        ctx: &StageContext<'_>,
+    ) -> Option<(Rc<dyn DynStage>, StageSettings)> {
+        if !self.fusion {
+            return None;
+        }
+        let settings = self.settings.get(&stage.to_ascii_lowercase())?;
+        let program = program_name(&settings.program);
+        // Only what the executable registered is fused (nothing in a per-program build).
+        let registration = self.registry.iter().find(|r| r.program == program)?;
+        if registration.load > ctx.load {
+            return None;
+        }
+        let next: Rc<dyn DynStage> = if program == self.own.program() {
+            self.own.clone()
+        } else {
+            let mut built = self.fusable.borrow_mut();
+            built
+                .entry(registration.program)
+                .or_insert_with(|| match (registration.build)(self.cfg) {
+                    Ok(stage) => Some(Rc::from(stage)),
+                    Err(e) => {
+                        tracing::warn!(
+                            program = registration.program,
+                            "not fused: cannot build the stage here: {e:#}"
+                        );
+                        None
+                    }
+                })
+                .clone()?
+        };
+        (next.load() <= ctx.load && next.can_fuse(stage, ctx)).then(|| (next, settings.clone()))
+    }
+}
+
+/// A pass of a batch: committed on its own, or waiting for the batch's UPDATE.
+enum Pass {
+    Committed(PassReport),
+    Deferred(Deferred, PassReport),
+}
+
+fn report(outcome: &Outcome, fused: Vec<FusedHop>) -> PassReport {
+    PassReport {
+        finished: matches!(outcome, Outcome::Finish | Outcome::FinishWith { .. }),
+        fused,
+    }
+}
+
+/// One batch-wide failure, told to each of its rows.
+fn shared_error(e: &StageError) -> StageError {
+    if e.is_temporary() {
+        StageError::Temporary(e.to_string())
+    } else {
+        StageError::Permanent(e.to_string())
+    }
 }
 
 fn row_from(rec: &PgRow, load: Load) -> Result<Row, StageError> {
@@ -99,76 +486,19 @@ fn row_from(rec: &PgRow, load: Load) -> Result<Row, StageError> {
     })
 }
 
-/// What a successful pass reports on its status line.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct PassReport {
-    /// The pass ended the message (`finish` or `finish_with`): the row is gone.
-    pub finished: bool,
-}
-
-/// One pass over row `id`: load, process, commit. When any step fails nothing of the pass
-/// is written (fan-out helpers the stage already called have committed their siblings).
-pub async fn run_pass<S: Stage>(
-    stage: &S,
-    pool: &PgPool,
-    cfg: &Config,
-    id: i64,
-) -> Result<PassReport, StageError> {
-    let mut ctx = prepare_on(pool, S::PROGRAM, id, cfg, S::LOAD).await?;
-    stage.process(&mut ctx).await?;
-    let outcome = ctx.outcome.take().ok_or(StageError::NoTerminal)?;
-    commit(pool, &ctx.row, &ctx.changes, &outcome).await?;
-    Ok(PassReport {
-        finished: matches!(outcome, Outcome::Finish | Outcome::FinishWith { .. }),
-    })
-}
-
-/// The status line for one pass: `0`, `0 {"finished":true}` when the pass ended the
-/// message, or `1 {"error": ..., "temporary": ...}`.
-pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
-    match result {
-        Ok(PassReport { finished: false }) => "0\n".to_owned(),
-        Ok(PassReport { finished: true }) => "0 {\"finished\":true}\n".to_owned(),
-        Err(e) => format!(
-            "1 {}\n",
-            json!({ "error": e.to_string(), "temporary": e.is_temporary() })
-        ),
-    }
-}
-
-/// Reads ids from `input` until EOF, handling each in order and answering each with one
-/// status line on `output`. A bad id or a failed pass answers non-zero and the loop goes on.
+/// `Worker::new::<S>` then `Worker::run`: the loop of a stage program.
 pub async fn run_worker<S, R, W>(
-    stage: &S,
     pool: &PgPool,
     cfg: &Config,
     input: R,
-    mut output: W,
+    output: W,
 ) -> anyhow::Result<u64>
 where
     S: Stage,
     R: AsyncBufRead + Unpin,
     W: AsyncWrite + Unpin,
 {
-    let mut lines = input.lines();
-    let mut handled = 0u64;
-    while let Some(line) = lines.next_line().await? {
-        let line = line.trim();
-        if line.is_empty() {
-            continue;
-        }
-        let result = match line.parse::<i64>() {
-            Ok(id) => run_pass(stage, pool, cfg, id).await,
-            Err(_) => Err(StageError::BadId(line.to_owned())),
-        };
-        if let Err(e) = &result {
-            tracing::warn!(program = S::PROGRAM, id = line, "message not handled: {e}");
-        }
-        output.write_all(status_line(&result).as_bytes()).await?;
-        output.flush().await?;
-        handled += 1;
-    }
-    Ok(handled)
+    Worker::new::<S>(pool, cfg)?.run(input, output).await
 }
 
 #[derive(Debug, Parser)]
@@ -187,65 +517,33 @@ enum StageCommand {
     /// The dispatcher starts workers and pipelines ids to them; by hand:
     /// `echo <workqueue_id> | PROGRAM worker`. The row must be `running` at a stage whose
     /// section names this program. For each id one status line goes to standard output:
-    /// `0` when the message was handled, `1 {"error": "...", "temporary": true|false}`
-    /// when it was left untouched. Logs go to standard error. Exits 0 at end of input.
+    /// `0` when the message was handled (with a JSON report when the pass ended the message
+    /// or ran further stages fused into it), `1 {"error": "...", "temporary": true|false}`
+    /// when it was not. Logs go to standard error. Exits 0 at end of input.
+    ///
+    /// Every [stage-NAME] section whose PROGRAM is this program is read once, at start; a
+    /// bad option stops the worker before it reads an id. With [pepsi] ALLOW_FUSION on (the
+    /// default) and the unified `pepsi` executable, a message advanced to a stage of a
+    /// program folded into the same executable, needing no more of the row, is handled by
+    /// that stage in the same pass and committed once.
     #[command(long_about)]
     Worker,
 }
 
 /// The whole `main` of a stage program: parses `PROGRAM worker [-c FILE] [-L LEVEL]`, loads
-/// the configuration (the file plus the database's global overlay), connects and runs the
-/// worker loop on stdin/stdout.
-pub fn main<S: Stage>(source: &ConfigSource, about: &'static str, stage: S) -> ExitCode {
-    run_main(source, about, about, move |_| Ok(stage))
-}
-
-/// `main` with a `--help` text of its own (`-h` shows `about`): for a stage with options or
-/// behaviour worth a manual page.
-pub fn main_with_long_about<S: Stage>(
+/// the configuration (the file plus the database's global overlay), connects, builds `S`
+/// and its sections (a bad one stops here, naming it) and runs the worker loop on
+/// stdin/stdout. `long_about` is the `--help` text (`-h` shows `about`); empty: `about`.
+pub fn main<S: Stage>(
     source: &ConfigSource,
     about: &'static str,
     long_about: &'static str,
-    stage: S,
 ) -> ExitCode {
-    run_main(source, about, long_about, move |_| Ok(stage))
-}
-
-/// As `main`, for a stage built from the loaded configuration: `build` runs once at start,
-/// before the first id is read, so a stage validates and compiles its sections there (a
-/// condition, a route table) and a bad one stops the worker with the error naming it.
-pub fn main_with<S, F>(source: &ConfigSource, about: &'static str, build: F) -> ExitCode
-where
-    S: Stage,
-    F: FnOnce(&Config) -> anyhow::Result<S>,
-{
-    run_main(source, about, about, build)
-}
-
-/// `main_with` with a `--help` text of its own (`-h` shows `about`).
-pub fn main_with_long_about_built<S, F>(
-    source: &ConfigSource,
-    about: &'static str,
-    long_about: &'static str,
-    build: F,
-) -> ExitCode
-where
-    S: Stage,
-    F: FnOnce(&Config) -> anyhow::Result<S>,
-{
-    run_main(source, about, long_about, build)
-}
-
-fn run_main<S, F>(
-    source: &ConfigSource,
-    about: &'static str,
-    long_about: &'static str,
-    build: F,
-) -> ExitCode
-where
-    S: Stage,
-    F: FnOnce(&Config) -> anyhow::Result<S>,
-{
+    let long_about = if long_about.is_empty() {
+        about
+    } else {
+        long_about
+    };
     let command = <StageCli as clap::CommandFactory>::command()
         .name(source.exec)
         .about(about)
@@ -257,14 +555,15 @@ where
         Err(e) => e.exit(),
     };
     init_logging(source, &cli.common.log_level);
-    run_async(source, async move {
+    // A worker handles one message at a time: one thread is all it needs.
+    run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
         let pool = crate::db::connect(&file_cfg).await?;
         let cfg = file_cfg.with_db_overlay(&pool, &Scope::Global).await?;
-        let stage = build(&cfg)?;
+        let worker = Worker::new::<S>(&pool, &cfg)?;
         let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-        let handled = run_worker(&stage, &pool, &cfg, stdin, tokio::io::stdout()).await?;
+        let handled = worker.run(stdin, tokio::io::stdout()).await?;
         tracing::debug!(program = S::PROGRAM, handled, "end of input");
         Ok(ExitCode::SUCCESS)
     })
