@@ -126,6 +126,8 @@ impl Stage for TestStage {
 fn main() -> ExitCode {
     // This program is its own multi-call executable: with [pepsi] ALLOW_FUSION on, a pass
     // advancing to another stage of it runs that stage in the same process.
-    pepsi_common::stage::fusion::install(vec![pepsi_common::stage::fusion::register::<TestStage>()]);
+    pepsi_common::stage::fusion::install(
+        vec![pepsi_common::stage::fusion::register::<TestStage>()],
+    );
     pepsi_common::stage::main::<TestStage>(&SOURCE, "test stage for the dispatcher's tests", "")
 }

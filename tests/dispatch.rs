@@ -750,16 +750,20 @@ async fn a_fused_chain_runs_in_one_worker_and_stage_stats_count_every_hop() {
         stats,
         vec![("b".into(), 500), ("c".into(), 500), ("init".into(), 500)]
     );
-    let stages_total: i64 = h.count("SELECT stages_total FROM pepsi.dispatch_stats").await;
+    let stages_total: i64 = h
+        .count("SELECT stages_total FROM pepsi.dispatch_stats")
+        .await;
     assert_eq!(stages_total, 1500, "fused hops count as stage passes");
 }
 
 /// The rows a chain leaves when its second stage fails or its worker dies there, with
 /// fusion `on` or off, as (stage, status, passes, has dispatch_error).
 async fn chain_outcome(b_action: &str, fusion: bool) -> Vec<(String, String, Value, bool)> {
+    // A short MAX_RUNTIME only where a hang is wanted: a worker's start counts against it.
+    let limit = if b_action == "hang" { "2s" } else { "5m" };
     let stages = format!(
-        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n\
-         [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = {b_action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n"
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n\
+         [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = {b_action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n"
     );
     let h = Harness::with_fusion(&stages, "", fusion).await;
     h.add(1, "s", serde_json::json!({"bad": true})).await;
@@ -810,17 +814,13 @@ async fn a_worker_killed_in_the_middle_of_a_fused_chain_leaves_no_half_written_r
         let fused = chain_outcome(action, true).await;
         assert_eq!(
             fused,
-            vec![(
-                "init".to_owned(),
-                status.to_owned(),
-                Value::Null,
-                true
-            )],
+            vec![("init".to_owned(), status.to_owned(), Value::Null, true)],
             "{action}"
         );
         // The same kill in the unfused first stage: the same row.
+        let limit = if action == "hang" { "2s" } else { "5m" };
         let stages = format!(
-            "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = {action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = 1s\n\
+            "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = {action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n\
              [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\n"
         );
         let h = Harness::new(&stages, "").await;

@@ -422,7 +422,9 @@ impl Dispatcher {
             };
             if let Some(started) = w.head_started {
                 let ambiguous = w.inflight.len() > 1
-                    && w.inflight.front().is_some_and(|a| !self.suspects.contains(&a.id));
+                    && w.inflight
+                        .front()
+                        .is_some_and(|a| !self.suspects.contains(&a.id));
                 if now >= started + pool.settings.max_runtime && ambiguous {
                     // As for a crash: the worker may be on any of the ids it holds.
                     let _ = w.child.start_kill();

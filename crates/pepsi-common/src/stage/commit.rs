@@ -23,7 +23,10 @@ const PAUSE_WITH: &str = "SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5)";
 
 /// Writes the pass's `outcome` with every change of the chain. Errors when the row is gone
 /// or no longer running (the dispatcher took it back), leaving the database as it was.
-pub(crate) async fn commit(ctx: &mut StageContext<'_>, outcome: &Outcome) -> Result<(), StageError> {
+pub(crate) async fn commit(
+    ctx: &mut StageContext<'_>,
+    outcome: &Outcome,
+) -> Result<(), StageError> {
     let id = ctx.row.id;
     let pool = ctx.pool;
     let affected = match outcome {
@@ -137,9 +140,13 @@ impl Deferred {
                 .then(|| Value::Object(changes.state.clone())),
             replace_state: changes.state_replaced,
             received_now: changes.received_now,
-            headers: changes.headers.then(|| ctx.row.headers.clone().unwrap_or_default()),
+            headers: changes
+                .headers
+                .then(|| ctx.row.headers.clone().unwrap_or_default()),
             mail_from: changes.mail_from.then(|| ctx.row.mail_from.clone()),
-            rcpt_to: changes.rcpt_to.then(|| Value::from(ctx.row.rcpt_to.clone())),
+            rcpt_to: changes
+                .rcpt_to
+                .then(|| Value::from(ctx.row.rcpt_to.clone())),
         })
     }
 }

@@ -431,7 +431,11 @@ impl<'a> StageContext<'a> {
     }
 
     /// Paused, due again after `after`, with `state` merged. Refuses content changes.
-    pub fn pause(&self, state: Map<String, Value>, after: Duration) -> Result<Terminal, StageError> {
+    pub fn pause(
+        &self,
+        state: Map<String, Value>,
+        after: Duration,
+    ) -> Result<Terminal, StageError> {
         self.refuse_content("pause")?;
         Ok(Terminal::new(Outcome::Pause {
             secs: after.as_secs_f64(),

@@ -27,7 +27,7 @@ use std::future::Future;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext, Terminal};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{PassReport, Worker, main, run_worker};
+pub use worker::{FusedHop, PassReport, Worker, main, run_worker};
 
 use crate::config::{Config, ConfigError};
 
@@ -78,10 +78,7 @@ pub trait Stage: Sized + 'static {
 
 /// Parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM` for `stage`, keyed by
 /// lower-case stage name: what a worker does at start (the error names the section).
-pub fn sections<S: Stage>(
-    stage: &S,
-    cfg: &Config,
-) -> anyhow::Result<HashMap<String, S::Section>> {
+pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<String, S::Section>> {
     use anyhow::Context as _;
     let mut sections = HashMap::new();
     for name in StageSettings::stages_of(cfg, S::PROGRAM) {

@@ -236,8 +236,9 @@ impl<'a> Worker<'a> {
                         } else {
                             Err(StageError::NotRunning {
                                 id: row.id,
-                                status: "no longer running (taken back by the dispatcher or deleted)"
-                                    .into(),
+                                status:
+                                    "no longer running (taken back by the dispatcher or deleted)"
+                                        .into(),
                             })
                         });
                     }

@@ -1,0 +1,390 @@
+//! Batching and fusion under the stage contract, against a real PostgreSQL: a batch with
+//! mixed outcomes leaves every row exactly as one-at-a-time passes do; a fused chain leaves
+//! its row as the unfused passes do, also when a hop fails half-way or fans out; a stage
+//! that needs more than is loaded is not fused; the worker's stdin loop answers a batch in
+//! order.
+
+use std::time::Duration;
+
+use pepsi_common::config::Config;
+use pepsi_common::stage::fusion::{Registration, register};
+use pepsi_common::stage::{Load, PassReport, Stage, StageContext, StageError, Terminal, Worker};
+use pepsi_testkit::TestDb;
+use serde_json::{Map, Value, json};
+use sqlx::{PgPool, Row as _};
+
+/// A body-free stage whose action per stage comes from the row: `state.do.<stage>` is
+/// `advance` (default), `to:<stage>`, `fail`, `pause`, `split` (recipient 1 to stage
+/// `other`, then advance), `rewrite`, `from:<address>`, `finish` or `error`. Every pass
+/// but a split records `seen.<stage>`.
+struct Act;
+
+const ACT: &str = "test-act";
+
+impl Stage for Act {
+    const PROGRAM: &'static str = ACT;
+    const LOAD: Load = Load::Metadata;
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Act)
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(&self, _: &(), ctx: &mut StageContext<'_>) -> Result<Terminal, StageError> {
+        let stage = ctx.stage().to_owned();
+        let action = ctx
+            .state()
+            .get("do")
+            .and_then(|d| d.get(&stage))
+            .and_then(Value::as_str)
+            .unwrap_or("advance")
+            .to_owned();
+        let mut seen = ctx
+            .state()
+            .get("seen")
+            .and_then(Value::as_object)
+            .cloned()
+            .unwrap_or_default();
+        seen.insert(stage.clone(), json!(true));
+        let mut merge = Map::new();
+        merge.insert("seen".into(), Value::Object(seen));
+        if action == "split" {
+            ctx.split_off_recipients(&[1], "other").await?;
+            return ctx.advance();
+        }
+        match action.as_str() {
+            "fail" => ctx.fail(merge),
+            "pause" => ctx.pause(merge, Duration::from_secs(600)),
+            "finish" => ctx.finish(),
+            "error" => Err(StageError::Permanent(format!("{stage} refuses"))),
+            "rewrite" => ctx.rewrite_recipients(vec!["new@example.test".into()], merge),
+            a => {
+                ctx.merge_state(merge);
+                if let Some(to) = a.strip_prefix("to:") {
+                    ctx.advance_to(to)
+                } else {
+                    if let Some(from) = a.strip_prefix("from:") {
+                        ctx.set_mail_from(from);
+                    }
+                    ctx.advance()
+                }
+            }
+        }
+    }
+}
+
+/// A stage that loads the whole message: never fused behind a body-free one.
+struct Whole;
+
+impl Stage for Whole {
+    const PROGRAM: &'static str = "test-whole";
+    const LOAD: Load = Load::Full;
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Whole)
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(&self, _: &(), ctx: &mut StageContext<'_>) -> Result<Terminal, StageError> {
+        ctx.finish()
+    }
+}
+
+fn registry() -> Vec<Registration> {
+    vec![register::<Act>(), register::<Whole>()]
+}
+
+async fn setup(fusion: bool) -> (TestDb, Config) {
+    let db = TestDb::new().await;
+    let text = format!(
+        "[database]\nURL = {}\n[pepsi]\nALLOW_FUSION = {}\n\
+         [stage-a]\nPROGRAM = {ACT}\nNEXT_STAGE = b\nQUEUE_LIMIT = 16\n\
+         [stage-b]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n\
+         [stage-c]\nPROGRAM = test-whole\n\
+         [stage-x]\nPROGRAM = {ACT}\nNEXT_STAGE = y\n\
+         [stage-y]\nPROGRAM = {ACT}\n\
+         [stage-other]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n",
+        db.url,
+        if fusion { "yes" } else { "no" }
+    );
+    let cfg = Config::from_str_named(&text, "batch.conf").unwrap();
+    (db, cfg)
+}
+
+async fn running(pool: &PgPool, stage: &str, state: Value) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('alice@example.test', ARRAY['r0@example.test', 'r1@example.test'], \
+           convert_to('Subject: t', 'UTF8'), convert_to('body', 'UTF8'), $1, NULL, '192.0.2.1')",
+    )
+    .bind(state)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .bind(stage)
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// What a test compares of a row and of the siblings split off it.
+async fn view(pool: &PgPool, id: i64) -> Value {
+    let rows = sqlx::query(
+        "SELECT stage, status::text AS status, mail_from, rcpt_to, state, timeout IS NOT NULL AS timed \
+         FROM pepsi.workqueue WHERE workqueue_id = $1 OR body_id = \
+              (SELECT body_id FROM pepsi.workqueue WHERE workqueue_id = $1) \
+         ORDER BY workqueue_id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    Value::Array(
+        rows.iter()
+            .map(|r| {
+                json!({
+                    "stage": r.get::<String, _>("stage"),
+                    "status": r.get::<String, _>("status"),
+                    "mail_from": r.get::<String, _>("mail_from"),
+                    "rcpt_to": r.get::<Vec<String>, _>("rcpt_to"),
+                    "state": r.get::<Value, _>("state"),
+                    "timed": r.get::<bool, _>("timed"),
+                })
+            })
+            .collect(),
+    )
+}
+
+fn outcome(r: &Result<PassReport, StageError>) -> String {
+    match r {
+        Ok(report) => format!(
+            "ok finished={} fused={}",
+            report.finished,
+            report.fused.len()
+        ),
+        Err(e) => format!("error {e}"),
+    }
+}
+
+const MIXED: [&str; 8] = [
+    "advance", "to:x", "fail", "pause", "split", "rewrite", "finish", "error",
+];
+
+/// One SELECT and one UPDATE for a batch of body-free passes with every kind of outcome:
+/// two different advance targets, a fail, a pause, a fan-out, a rewrite, a finish and an
+/// error leave each row (and its siblings) exactly as passes one at a time do.
+#[tokio::test]
+async fn a_batch_with_mixed_outcomes_ends_each_row_as_one_at_a_time() {
+    let (db, cfg) = setup(false).await;
+    let pool = &db.pool;
+    let mut batch = Vec::new();
+    let mut single = Vec::new();
+    for action in MIXED {
+        let state = json!({ "do": { "a": action } });
+        batch.push(running(pool, "a", state.clone()).await);
+        single.push(running(pool, "a", state).await);
+    }
+    let worker = Worker::with_stage(Act, pool, &cfg, &[]).unwrap();
+    let batched = worker.pass_batch(&batch).await;
+    let mut one_by_one = Vec::new();
+    for &id in &single {
+        one_by_one.push(worker.pass(id).await);
+    }
+    for (i, action) in MIXED.iter().enumerate() {
+        assert_eq!(
+            outcome(&batched[i]),
+            outcome(&one_by_one[i]),
+            "{action}: the pass reports alike"
+        );
+        let (b, s) = (view(pool, batch[i]).await, view(pool, single[i]).await);
+        assert_eq!(b, s, "{action}: the rows end alike");
+    }
+    // The expected ends, so that "alike" is not "alike and wrong".
+    let end = |v: Value| (v[0]["stage"].clone(), v[0]["status"].clone());
+    let ends: Vec<(Value, Value)> = {
+        let mut out = Vec::new();
+        for &id in &batch {
+            out.push(end(view(pool, id).await));
+        }
+        out
+    };
+    let want = [
+        ("b", "pending"),
+        ("x", "pending"),
+        ("a", "failed"),
+        ("a", "paused"),
+        ("b", "pending"),
+        ("b", "pending"),
+        ("", ""),
+        ("a", "running"),
+    ];
+    for (i, (stage, status)) in want.iter().enumerate() {
+        if stage.is_empty() {
+            assert_eq!(view(pool, batch[i]).await, json!([]), "finished: gone");
+        } else {
+            assert_eq!(ends[i], (json!(stage), json!(status)), "{}", MIXED[i]);
+        }
+    }
+    let split = view(pool, batch[4]).await;
+    assert_eq!(
+        split.as_array().unwrap().len(),
+        2,
+        "a sibling was split off"
+    );
+}
+
+/// A batch row taken back by the dispatcher before the batch's commit is reported as not
+/// running, and nothing is written to it; the other rows of the batch commit.
+#[tokio::test]
+async fn a_row_taken_back_during_a_batch_is_reported_and_left_alone() {
+    let (db, cfg) = setup(false).await;
+    let pool = &db.pool;
+    let a = running(pool, "a", json!({})).await;
+    let b = running(pool, "a", json!({})).await;
+    sqlx::query("UPDATE pepsi.workqueue SET status = 'pending' WHERE workqueue_id = $1")
+        .bind(b)
+        .execute(pool)
+        .await
+        .unwrap();
+    let worker = Worker::with_stage(Act, pool, &cfg, &[]).unwrap();
+    let results = worker.pass_batch(&[a, b]).await;
+    assert!(results[0].is_ok());
+    assert!(
+        matches!(results[1], Err(StageError::NotRunning { .. })),
+        "{}",
+        outcome(&results[1])
+    );
+    assert_eq!(view(pool, b).await[0]["stage"], "a");
+    assert_eq!(view(pool, b).await[0]["status"], "pending");
+    assert_eq!(view(pool, a).await[0]["stage"], "b");
+}
+
+/// The stdin loop: ids already waiting are handled as one batch, answered one status line
+/// each, in order, a bad id included.
+#[tokio::test]
+async fn the_worker_loop_answers_a_batch_line_by_line_in_order() {
+    let (db, cfg) = setup(false).await;
+    let pool = &db.pool;
+    let ok = running(pool, "a", json!({})).await;
+    let bad = running(pool, "a", json!({"do": {"a": "error"}})).await;
+    let done = running(pool, "a", json!({"do": {"a": "finish"}})).await;
+    let input = format!("{ok}\nnot-a-number\n{bad}\n{done}\n");
+    let mut out = Vec::new();
+    let worker = Worker::with_stage(Act, pool, &cfg, &[]).unwrap();
+    let n = worker
+        .run(tokio::io::BufReader::new(input.as_bytes()), &mut out)
+        .await
+        .unwrap();
+    assert_eq!(n, 4);
+    let lines: Vec<String> = String::from_utf8(out)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 4);
+    assert_eq!(lines[0], "0");
+    assert!(lines[1].starts_with("1 ") && lines[1].contains("not a number"));
+    assert!(lines[2].starts_with("1 ") && lines[2].contains("a refuses"));
+    assert_eq!(lines[3], r#"0 {"finished":true}"#);
+}
+
+/// Runs row `id` (at stage `a`) through the pipeline one stage per pass, as the dispatcher
+/// would without fusion, until it leaves the body-free stages or a pass fails.
+async fn unfused(pool: &PgPool, cfg: &Config, id: i64) -> Result<(), StageError> {
+    let worker = Worker::with_stage(Act, pool, cfg, &[]).unwrap();
+    loop {
+        worker.pass(id).await?;
+        let (stage, status): (String, String) = sqlx::query_as(
+            "SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if status != "pending" || stage == "c" {
+            return Ok(());
+        }
+        sqlx::query("UPDATE pepsi.workqueue SET status = 'running' WHERE workqueue_id = $1")
+            .bind(id)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+}
+
+/// A fused chain a → b stops before c (Load::Full) and ends the row where the unfused passes
+/// do; with a change in a, a failure in b, a fan-out in b, or a batch of such rows.
+#[tokio::test]
+async fn fused_chains_end_rows_where_unfused_passes_do() {
+    let (db_f, cfg_f) = setup(true).await;
+    let (db_u, cfg_u) = setup(false).await;
+    let reg = registry();
+    let cases = [
+        json!({}),
+        json!({"do": {"a": "from:forwarder@example.test"}}),
+        json!({"do": {"a": "from:forwarder@example.test", "b": "error"}}),
+        json!({"do": {"a": "rewrite", "b": "fail"}}),
+        json!({"do": {"a": "to:x", "x": "pause"}}),
+        json!({"do": {"a": "from:f@example.test", "b": "split"}}),
+    ];
+    let fused_worker = Worker::with_stage(Act, &db_f.pool, &cfg_f, &reg).unwrap();
+    let mut fused_ids = Vec::new();
+    for case in &cases {
+        fused_ids.push(running(&db_f.pool, "a", case.clone()).await);
+    }
+    // The first three one at a time, the rest as one batch.
+    let mut fused_results = Vec::new();
+    for &id in &fused_ids[..3] {
+        fused_results.push(fused_worker.pass(id).await);
+    }
+    fused_results.extend(fused_worker.pass_batch(&fused_ids[3..]).await);
+    for (i, case) in cases.iter().enumerate() {
+        let u = running(&db_u.pool, "a", case.clone()).await;
+        let unfused_result = unfused(&db_u.pool, &cfg_u, u).await;
+        assert_eq!(
+            fused_results[i].is_ok(),
+            unfused_result.is_ok(),
+            "{case}: {}",
+            outcome(&fused_results[i])
+        );
+        let (f, un) = (
+            view(&db_f.pool, fused_ids[i]).await,
+            view(&db_u.pool, u).await,
+        );
+        assert_eq!(f, un, "{case}");
+    }
+    // The plain chain was fused: a pass reporting b, stopping before c.
+    let report = fused_results[0].as_ref().unwrap();
+    assert_eq!(
+        report
+            .fused
+            .iter()
+            .map(|h| h.stage.as_str())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
+    assert_eq!(view(&db_f.pool, fused_ids[0]).await[0]["stage"], "c");
+}
+
+/// Without the registry (a per-program build) nothing is fused, ALLOW_FUSION or not.
+#[tokio::test]
+async fn nothing_is_fused_without_a_registry() {
+    let (db, cfg) = setup(true).await;
+    let id = running(&db.pool, "a", json!({})).await;
+    let worker = Worker::with_stage(Act, &db.pool, &cfg, &[]).unwrap();
+    let report = worker.pass(id).await.unwrap();
+    assert!(report.fused.is_empty());
+    assert_eq!(view(&db.pool, id).await[0]["stage"], "b");
+}
