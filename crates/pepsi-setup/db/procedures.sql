@@ -11,12 +11,16 @@
 -- * Admission never notifies. workqueue_add does not call pg_notify: a transaction that
 --   queues a notification holds a database-wide lock from then until it commits, which would
 --   serialise every concurrent SMTP session's commit. pepsi-ingress instead wakes the
---   dispatcher once per burst, out of band, after its rows have committed.
+--   dispatcher out of band, after its rows have committed, through
+--   pepsi_common::db::wake_dispatcher: at once when no wake-up is in flight, else once right
+--   after the one in flight (requests collapse), each in a transaction of its own with
+--   synchronous_commit off (the rows it announces are durable already; the wake-up itself
+--   needs no durability, so it does not wait for a WAL flush).
 -- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
 --   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
 --   resuming or retrying rows (workqueue_resume, and pepsi-queue's workqueue_retry,
---   workqueue_release, workqueue_bounce … below), the ingress wake-up task, and any program
---   that injects mail without being a stage worker (workqueue_inject called outside a stage).
+--   workqueue_release, workqueue_bounce … below), and any program that injects mail without
+--   being a stage worker (workqueue_inject called outside a stage).
 -- * Writers inside the loop stay silent: a stage worker's status line already brings the
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
 --   need no notification.
