@@ -1,10 +1,17 @@
 //! pepsi-ingress over real TCP against a real database: pipelined transactions, BDAT, DSN
-//! parameters, the stored row byte for byte, the dispatcher wake-up after commit, the
-//! per-client limit, graceful shutdown, and a table of bad input that must store nothing.
+//! parameters, the stored row byte for byte, the dispatcher wake-up after commit (and its
+//! effect on a real, idle `pepsi-dispatch`), the per-client limit, graceful shutdown, and a
+//! table of bad input that must store nothing.
 
+mod common;
 mod ingress_common;
 
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
 use ingress_common::{Client, Ingress, TestCa, queued_id, row};
+
+const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
 
 const MX: &str = "ROLE = mx\nVERIFY = no\n";
 
@@ -202,6 +209,163 @@ async fn the_dispatcher_is_woken_after_the_row_commits() {
         .await
         .unwrap();
     assert!(visible);
+}
+
+/// A dispatcher process over the ingress's database, killed when dropped.
+struct Dispatcher {
+    child: Child,
+    log: std::path::PathBuf,
+}
+
+impl Dispatcher {
+    /// One stage, `init`, served by the test stage, which advances each message to `done`;
+    /// the heartbeat is an hour, so only a wake-up (or a worker's status line) brings a claim.
+    fn start(ingress: &Ingress) -> Dispatcher {
+        let dir = ingress.dir.path();
+        let config = dir.join("dispatch.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nURL = {}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 1h\n\n\
+                 [stage-init]\nPROGRAM = {}\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n",
+                ingress.db.url,
+                common::test_stage().display()
+            ),
+        )
+        .unwrap();
+        let log = dir.join("dispatch.log");
+        let child = Command::new(DISPATCH)
+            .arg("-c")
+            .arg(&config)
+            .args(["-L", "debug"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Dispatcher { child, log }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// Polls `sql` (a count) until it reaches `want`; fails after `limit`, far below the
+    /// heartbeat.
+    async fn wait_for(&mut self, ingress: &Ingress, sql: &'static str, want: i64) {
+        let limit = Duration::from_secs(20);
+        let until = Instant::now() + limit;
+        loop {
+            let n: i64 = sqlx::query_scalar(sql)
+                .fetch_one(&ingress.db.pool)
+                .await
+                .unwrap();
+            if n >= want {
+                return;
+            }
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!("pepsi-dispatch exited ({status}): {}", self.log());
+            }
+            assert!(
+                Instant::now() < until,
+                "{sql}: {n} after {limit:?}, wanted {want}\n--- dispatcher log ---\n{}",
+                self.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Dispatcher {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const DONE: &str = "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'";
+
+/// Guards the prompt wake-up: a message admitted while the dispatcher is idle reaches it
+/// through the ingress's wake-up, not its heartbeat (an hour here), alone or in a burst of
+/// concurrent sessions whose requests collapse while a wake-up is in flight.
+#[tokio::test]
+async fn an_idle_dispatcher_claims_each_admitted_message_without_waiting_for_its_heartbeat() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut d = Dispatcher::start(&ingress);
+    d.wait_for(
+        &ingress,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+        1,
+    )
+    .await;
+    let port = ingress.port("mx");
+    let mut c = Client::connect(port).await;
+    c.ok("EHLO client.example", 250).await;
+    for n in 1..=3 {
+        // Let the start-up claim and the previous message's status line pass: the message
+        // arrives at an idle dispatcher, which nothing but its wake-up will bring round.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        c.deliver(
+            "bob@example.org",
+            &["alice@example.test"],
+            b"Subject: alone\r\n\r\nx\r\n",
+        )
+        .await;
+        d.wait_for(&ingress, DONE, n).await;
+    }
+    let mut sessions = tokio::task::JoinSet::new();
+    for _ in 0..5 {
+        sessions.spawn(async move {
+            let mut c = Client::connect(port).await;
+            c.ok("EHLO burst.example", 250).await;
+            for _ in 0..4 {
+                c.deliver(
+                    "bob@example.org",
+                    &["alice@example.test"],
+                    b"Subject: burst\r\n\r\nx\r\n",
+                )
+                .await;
+            }
+        });
+    }
+    while let Some(r) = sessions.join_next().await {
+        r.unwrap();
+    }
+    d.wait_for(&ingress, DONE, 3 + 20).await;
+}
+
+/// Guards the wake-up of a message that completes during the shutdown grace: the wake-up task
+/// outlives the sessions instead of stopping with the listeners.
+#[tokio::test]
+async fn a_message_completed_during_the_shutdown_grace_still_wakes_the_dispatcher() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let port = ingress.port("mx");
+    let mut listener = sqlx::postgres::PgListener::connect_with(&ingress.db.pool)
+        .await
+        .unwrap();
+    listener.listen("workqueue").await.unwrap();
+    let mut busy = Client::connect(port).await;
+    busy.ok("EHLO client.example", 250).await;
+    busy.ok("MAIL FROM:<bob@example.org>", 250).await;
+    busy.ok("RCPT TO:<alice@example.test>", 250).await;
+    busy.ok("DATA", 354).await;
+    busy.send(b"Subject: late\r\n\r\nfirst part\r\n").await;
+    ingress.signal("TERM");
+    // The shutdown has reached the listeners (and everything else that watches it).
+    let until = Instant::now() + Duration::from_secs(20);
+    while std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+        assert!(Instant::now() < until, "the listener stays open");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    busy.send(b"second part\r\n.\r\n").await;
+    let (code, text) = busy.read().await;
+    assert_eq!(code, 250, "{text}");
+    let n = tokio::time::timeout(Duration::from_secs(20), listener.recv())
+        .await
+        .expect("a wake-up arrives for the message stored during the grace")
+        .unwrap();
+    assert_eq!(n.channel(), "workqueue");
+    assert_eq!(row(&ingress.db, queued_id(&text)).await.status, "pending");
 }
 
 #[tokio::test]

@@ -186,7 +186,7 @@ impl Ingress {
             TestCa::new(dir.path());
         }
         let mut text = format!(
-            "[database]\nURL = {}\nMAX_CONNECTIONS = 8\n\n[pepsi-ingress]\nHOSTNAME = mx.example.test\nLOCAL_DOMAINS = example.test\nDISPATCH_WAKE_INTERVAL = 20ms\nSHUTDOWN_GRACE = 60s\n{options}\n",
+            "[database]\nURL = {}\nMAX_CONNECTIONS = 8\n\n[pepsi-ingress]\nHOSTNAME = mx.example.test\nLOCAL_DOMAINS = example.test\nSHUTDOWN_GRACE = 60s\n{options}\n",
             db.url
         );
         let mut ports = Vec::new();

@@ -78,6 +78,22 @@ where
     Ok(())
 }
 
+/// Wakes the dispatcher in a transaction of its own that does not wait for a WAL flush: the
+/// rows it announces have committed already, and a wake-up needs no durability (one lost in a
+/// crash is made good by the dispatcher's start-up claim). One round trip: `set_config(…,
+/// true)` applies to the statement's own implicit transaction, so its commit is asynchronous.
+/// PostgreSQL already commits a transaction whose only WAL is its commit record (a bare
+/// NOTIFY's) without waiting for the flush; the setting states it rather than relying on it.
+/// Takes the pool, not an executor, so it can never run inside (and weaken) a caller's write
+/// transaction.
+pub async fn wake_dispatcher(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')")
+        .bind(WORKQUEUE_CHANNEL)
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// True for the transient errors a retry cures: serialization failure (40001) and
 /// deadlock (40P01).
 pub fn is_serialization_failure(err: &sqlx::Error) -> bool {

@@ -1,75 +1,19 @@
 //! The dispatcher's SQL: the one batched claim, and the few repairs it makes (paused rows
 //! due, orphans at start-up, rows handed back, rows failed or timed out by force).
 //!
-//! Fixed statements with bound arrays; nothing is built from input.
+//! Each is one call of a stored function of procedures.sql (THE DISPATCHER there), with
+//! bound parameters and arrays, one round trip; nothing is built from input.
 
 use sqlx::PgPool;
 
 use pepsi_common::db::with_retry;
 
-/// One claim for every stage with spare capacity. Per stage: `n_fifo` oldest rows, then
-/// `n_fair` rows ranked by sender lead (a sender's k-th row ranks at lead + (k-1) × cost),
-/// walking at most $8 distinct senders by skip-scan. Only the dispatcher makes this
-/// transition, so no row lock dance is needed. Besides the claimed rows (with an id) it
-/// returns every sender it saw waiting (id NULL), so the accounting learns of senders that
-/// have not been served yet.
-const CLAIM: &str = r#"
-WITH want AS (
-    SELECT * FROM unnest($1::text[], $2::int[], $3::int[], $4::float8[]) AS w(stage, n_fifo, n_fair, cost)
-),
-lead AS (
-    SELECT * FROM unnest($5::text[], $6::text[], $7::float8[]) AS l(stage, sender_key, lead)
-),
-fifo AS (
-    SELECT c.workqueue_id FROM want w CROSS JOIN LATERAL (
-        SELECT q.workqueue_id FROM pepsi.workqueue q
-        WHERE q.stage = w.stage AND q.status = 'pending'
-        ORDER BY q.workqueue_id LIMIT w.n_fifo) c
-),
-senders AS (
-    SELECT w.stage, s.sender_key FROM want w CROSS JOIN LATERAL (
-        WITH RECURSIVE k(sender_key) AS (
-            (SELECT q.sender_key FROM pepsi.workqueue q
-             WHERE q.stage = w.stage AND q.status = 'pending' ORDER BY q.sender_key LIMIT 1)
-            UNION ALL
-            SELECT (SELECT q.sender_key FROM pepsi.workqueue q
-                    WHERE q.stage = w.stage AND q.status = 'pending' AND q.sender_key > k.sender_key
-                    ORDER BY q.sender_key LIMIT 1)
-            FROM k WHERE k.sender_key IS NOT NULL
-        )
-        SELECT k.sender_key FROM k WHERE k.sender_key IS NOT NULL LIMIT $8
-    ) s
-    WHERE w.n_fair > 0
-),
-cand AS (
-    SELECT s.stage, c.workqueue_id, COALESCE(l.lead, 0) + (c.rn - 1) * w.cost AS vkey
-    FROM senders s
-    JOIN want w ON w.stage = s.stage
-    LEFT JOIN lead l ON l.stage = s.stage AND l.sender_key = s.sender_key
-    CROSS JOIN LATERAL (
-        SELECT q.workqueue_id, row_number() OVER (ORDER BY q.workqueue_id) AS rn
-        FROM pepsi.workqueue q
-        WHERE q.stage = s.stage AND q.sender_key = s.sender_key AND q.status = 'pending'
-        ORDER BY q.workqueue_id LIMIT w.n_fair + w.n_fifo) c
-),
-fair AS (
-    SELECT x.workqueue_id FROM (
-        SELECT c.stage, c.workqueue_id,
-               row_number() OVER (PARTITION BY c.stage ORDER BY c.vkey, c.workqueue_id) AS r
-        FROM cand c WHERE c.workqueue_id NOT IN (SELECT f.workqueue_id FROM fifo f)
-    ) x JOIN want w ON w.stage = x.stage
-    WHERE x.r <= w.n_fair
-),
-claimed AS (
-    UPDATE pepsi.workqueue q SET status = 'running', updated_at = now()
-    WHERE q.workqueue_id = ANY (ARRAY(SELECT workqueue_id FROM fifo UNION SELECT workqueue_id FROM fair))
-      AND q.status = 'pending'
-    RETURNING q.workqueue_id, q.stage, q.sender_key
-)
-SELECT workqueue_id, stage, sender_key FROM claimed
-UNION ALL
-SELECT NULL, stage, sender_key FROM senders
-"#;
+/// One claim for every stage with spare capacity (`pepsi.dispatch_claim`): per stage
+/// `n_fifo` oldest rows, then `n_fair` rows ranked by sender lead. Besides the claimed rows
+/// (with an id) it returns every sender it saw waiting (id NULL), so the accounting learns of
+/// senders that have not been served yet.
+const CLAIM: &str = "SELECT workqueue_id, stage, sender_key \
+                     FROM pepsi.dispatch_claim($1, $2, $3, $4, $5, $6, $7, $8)";
 
 /// What one stage asks of a claim.
 #[derive(Debug, Clone, PartialEq)]
@@ -138,15 +82,10 @@ pub async fn claim(
 
 /// Paused rows whose time has come become pending; returns how many.
 pub async fn requeue_due(pool: &PgPool) -> Result<u64, sqlx::Error> {
-    let r = with_retry(|| {
-        sqlx::query(
-            "UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now() \
-             WHERE status = 'paused' AND timeout <= now()",
-        )
-        .execute(pool)
-    })
-    .await?;
-    Ok(r.rows_affected())
+    let n: i32 =
+        with_retry(|| sqlx::query_scalar("SELECT pepsi.dispatch_requeue_due()").fetch_one(pool))
+            .await?;
+    Ok(count(n))
 }
 
 /// Seconds until the earliest paused row is due (None when nothing is paused), at most a
@@ -155,12 +94,9 @@ pub async fn requeue_due(pool: &PgPool) -> Result<u64, sqlx::Error> {
 /// `infinity - now()` raises before PostgreSQL 17 and would blind the dispatcher to every
 /// other paused row.
 pub async fn next_due(pool: &PgPool) -> Result<Option<f64>, sqlx::Error> {
-    let secs: Option<f64> = sqlx::query_scalar(
-        "SELECT extract(epoch FROM min(timeout) - now())::float8 FROM pepsi.workqueue \
-         WHERE status = 'paused' AND isfinite(timeout)",
-    )
-    .fetch_one(pool)
-    .await?;
+    let secs: Option<f64> = sqlx::query_scalar("SELECT pepsi.dispatch_next_due()")
+        .fetch_one(pool)
+        .await?;
     Ok(secs.map(clamp_due))
 }
 
@@ -178,12 +114,10 @@ fn clamp_due(secs: f64) -> f64 {
 
 /// At start-up, rows left `running` by a previous dispatcher go back to `pending`.
 pub async fn reset_orphans(pool: &PgPool) -> Result<u64, sqlx::Error> {
-    let r = with_retry(|| {
-        sqlx::query("UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() WHERE status = 'running'")
-            .execute(pool)
-    })
-    .await?;
-    Ok(r.rows_affected())
+    let n: i32 =
+        with_retry(|| sqlx::query_scalar("SELECT pepsi.dispatch_reset_orphans()").fetch_one(pool))
+            .await?;
+    Ok(count(n))
 }
 
 /// Rows handed back untouched (never started, or held by a stopped worker) become pending
@@ -197,17 +131,19 @@ pub async fn hand_back(
     if ids.is_empty() {
         return Ok(0);
     }
-    let r = with_retry(|| {
-        sqlx::query(
-            "UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() \
-             WHERE workqueue_id = ANY($1) AND ($2::text IS NULL OR stage = $2) AND status = 'running'",
-        )
-        .bind(ids)
-        .bind(stage)
-        .execute(pool)
+    let n: i32 = with_retry(|| {
+        sqlx::query_scalar("SELECT pepsi.dispatch_hand_back($1, $2)")
+            .bind(ids)
+            .bind(stage)
+            .fetch_one(pool)
     })
     .await?;
-    Ok(r.rows_affected())
+    Ok(count(n))
+}
+
+/// A row count as the functions return it (never negative).
+fn count(n: i32) -> u64 {
+    u64::try_from(n).unwrap_or(0)
 }
 
 /// How the dispatcher ends a row a worker could not.
@@ -237,22 +173,20 @@ pub async fn force(
         Forced::Timeout => ("timeout", 0.0),
         Forced::Retry(secs) => ("paused", f64::from(secs)),
     };
-    let r = with_retry(|| {
-        sqlx::query(
-            "UPDATE pepsi.workqueue SET status = $3::pepsi.workqueue_status, \
-               timeout = CASE WHEN $3 = 'paused' THEN now() + make_interval(secs => $5) END, \
-               state = state || jsonb_build_object('dispatch_error', $4::text), updated_at = now() \
-             WHERE workqueue_id = $1 AND ($2::text IS NULL OR stage = $2) AND status = 'running'",
+    let ids = [id];
+    let n: i32 = with_retry(|| {
+        sqlx::query_scalar(
+            "SELECT pepsi.dispatch_force($1, $2, $3::pepsi.workqueue_status, $4, $5)",
         )
-        .bind(id)
+        .bind(&ids[..])
         .bind(stage)
         .bind(status)
         .bind(reason)
         .bind(retry)
-        .execute(pool)
+        .fetch_one(pool)
     })
     .await?;
-    Ok(r.rows_affected() == 1)
+    Ok(n == 1)
 }
 
 /// Sweeps orphaned bodies and old clone tokens.

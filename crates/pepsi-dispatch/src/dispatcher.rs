@@ -164,6 +164,9 @@ impl Dispatcher {
             if self.dirty {
                 self.claim_round().await;
             }
+            // After the claim, so that a status line or a wake-up is answered by a claim
+            // without first waiting for a statistics commit.
+            self.bookkeeping().await;
         }
         self.shutdown(&mut rx).await
     }
@@ -484,6 +487,11 @@ impl Dispatcher {
                 }
             };
         }
+    }
+
+    /// What can wait until the round's claim has gone out: statistics and garbage collection.
+    async fn bookkeeping(&mut self) {
+        let now = Instant::now();
         let idle = self.workers.values().all(|w| w.inflight.is_empty());
         if !self.stats.is_empty() && (idle || now >= self.last_flush + self.settings.stats_interval)
         {

@@ -85,6 +85,11 @@ impl Stats {
         let crashes: Vec<i64> = self.stages.values().map(|d| d.crashes).collect();
         let passes: i64 = messages.iter().sum();
         let mut tx = pool.begin().await?;
+        // Counters need no durability (a kill -9 loses unwritten deltas anyway), and the
+        // dispatcher's loop waits for this commit: do not make it wait for a WAL flush too.
+        sqlx::query("SET LOCAL synchronous_commit = off")
+            .execute(&mut *tx)
+            .await?;
         sqlx::query(
             "INSERT INTO pepsi.stage_stats AS s (stage, messages, processing_ms, kills, crashes) \
              SELECT * FROM unnest($1::text[], $2::int8[], $3::int8[], $4::int8[], $5::int8[]) \

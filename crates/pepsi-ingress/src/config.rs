@@ -157,7 +157,7 @@ impl Settings {
             max_connections_per_client: s.number_opt("MAX_CONNECTIONS_PER_CLIENT")?.unwrap_or(20),
             dispatch_wake_interval: s
                 .duration_opt("DISPATCH_WAKE_INTERVAL")?
-                .unwrap_or(Duration::from_millis(200)),
+                .unwrap_or(Duration::ZERO),
             shutdown_grace: s
                 .duration_opt("SHUTDOWN_GRACE")?
                 .unwrap_or(Duration::from_secs(30)),

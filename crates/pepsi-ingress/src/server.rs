@@ -86,11 +86,11 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     };
 
     let (stop, stopped) = watch::channel(false);
-    let (waker, wake_task) = wake::spawn(
-        pool.clone(),
-        settings.dispatch_wake_interval,
-        stopped.clone(),
-    );
+    // The wake-up task outlives the sessions: a message that finishes its DATA during the
+    // shutdown grace still wakes the dispatcher.
+    let (wake_stop, wake_stopped) = watch::channel(false);
+    let (waker, wake_task) =
+        wake::spawn(pool.clone(), settings.dispatch_wake_interval, wake_stopped);
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         settings,
@@ -129,6 +129,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     tracing::info!("shutting down: no new connections");
     let _ = stop.send(true);
     while loops.join_next().await.is_some() {}
+    let _ = wake_stop.send(true);
     let _ = wake_task.await;
     shared.pool.close().await;
     tracing::info!("stopped");

@@ -11,15 +11,22 @@
 -- * Admission never notifies. workqueue_add does not call pg_notify: a transaction that
 --   queues a notification holds a database-wide lock from then until it commits, which would
 --   serialise every concurrent SMTP session's commit. pepsi-ingress instead wakes the
---   dispatcher once per burst, out of band, after its rows have committed.
+--   dispatcher out of band, after its rows have committed, through
+--   pepsi_common::db::wake_dispatcher: at once when no wake-up is in flight, else once right
+--   after the one in flight (requests collapse), each in a transaction of its own with
+--   synchronous_commit off (the rows it announces are durable already; the wake-up itself
+--   needs no durability, so it does not wait for a WAL flush).
 -- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
 --   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
 --   resuming or retrying rows (workqueue_resume, and pepsi-queue's workqueue_retry,
---   workqueue_release, workqueue_bounce … below), the ingress wake-up task, and any program
---   that injects mail without being a stage worker (workqueue_inject called outside a stage).
+--   workqueue_release, workqueue_bounce … below), and any program that injects mail without
+--   being a stage worker (workqueue_inject called outside a stage).
 -- * Writers inside the loop stay silent: a stage worker's status line already brings the
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
 --   need no notification.
+-- * The dispatcher's own functions (dispatch_claim, dispatch_requeue_due,
+--   dispatch_reset_orphans, dispatch_hand_back, dispatch_force, under THE DISPATCHER below)
+--   never notify: the dispatcher is the listener and claims again after each of them.
 -- * No function in this file calls pg_notify on `workqueue`. The only NOTIFYs here are the
 --   statement-level config_changed triggers on config_override and signing_key.
 --
@@ -469,6 +476,169 @@ BEGIN
     WHERE workqueue_id = p_id;
     RETURN jsonb_build_object('changed', true, 'from_stage', r.stage, 'from_status', r.status,
         'to_stage', p_bounce_stage, 'to_status', 'pending', 'bounce', v_bounce);
+END
+$$;
+
+-- THE DISPATCHER (pepsi-dispatch, through its claim module)
+--
+-- The dispatcher's queue writes: the claim (its only forward-progress write, pending ->
+-- running, of which it is the sole writer), and its repairs: paused rows that are due,
+-- orphans at start-up, rows handed back, rows ended by force. Each is one statement and one
+-- round trip, whatever the number of stages or rows. None notifies: the dispatcher is the
+-- listener, and it claims again on its own after each of them.
+
+-- One claim for every stage with spare capacity. The stage arrays run in parallel: for stage
+-- p_stages[i], p_fifo[i] oldest rows, then p_fair[i] rows ranked by the sender's lead
+-- (p_lead_* run in parallel too; a sender absent from them leads by 0) where a sender's k-th
+-- row ranks at lead + (k-1) * p_cost[i], walking at most p_max_senders distinct senders by
+-- skip-scan. Returns the claimed rows (with an id), then every (stage, sender) seen waiting
+-- (id NULL), so the dispatcher's accounting learns of senders it has not served yet.
+--
+-- PL/pgSQL rather than SQL: the query's plan is cached per session like a prepared
+-- statement's (a non-inlined SQL function is planned on every call before PostgreSQL 18).
+CREATE OR REPLACE FUNCTION pepsi.dispatch_claim(
+    p_stages text[], p_fifo integer[], p_fair integer[], p_cost double precision[],
+    p_lead_stages text[], p_lead_senders text[], p_leads double precision[],
+    p_max_senders bigint)
+RETURNS TABLE (workqueue_id bigint, stage text, sender_key text) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    WITH want AS (
+        SELECT * FROM unnest(p_stages, p_fifo, p_fair, p_cost) AS w(stage, n_fifo, n_fair, cost)
+    ),
+    lead AS (
+        SELECT * FROM unnest(p_lead_stages, p_lead_senders, p_leads) AS l(stage, sender_key, lead)
+    ),
+    fifo AS (
+        SELECT c.workqueue_id FROM want w CROSS JOIN LATERAL (
+            SELECT q.workqueue_id FROM pepsi.workqueue q
+            WHERE q.stage = w.stage AND q.status = 'pending'
+            ORDER BY q.workqueue_id LIMIT w.n_fifo) c
+    ),
+    senders AS (
+        SELECT w.stage, s.sender_key FROM want w CROSS JOIN LATERAL (
+            WITH RECURSIVE k(sender_key) AS (
+                (SELECT q.sender_key FROM pepsi.workqueue q
+                 WHERE q.stage = w.stage AND q.status = 'pending' ORDER BY q.sender_key LIMIT 1)
+                UNION ALL
+                SELECT (SELECT q.sender_key FROM pepsi.workqueue q
+                        WHERE q.stage = w.stage AND q.status = 'pending' AND q.sender_key > k.sender_key
+                        ORDER BY q.sender_key LIMIT 1)
+                FROM k WHERE k.sender_key IS NOT NULL
+            )
+            SELECT k.sender_key FROM k WHERE k.sender_key IS NOT NULL LIMIT p_max_senders
+        ) s
+        WHERE w.n_fair > 0
+    ),
+    cand AS (
+        SELECT s.stage, c.workqueue_id, COALESCE(l.lead, 0) + (c.rn - 1) * w.cost AS vkey
+        FROM senders s
+        JOIN want w ON w.stage = s.stage
+        LEFT JOIN lead l ON l.stage = s.stage AND l.sender_key = s.sender_key
+        CROSS JOIN LATERAL (
+            SELECT q.workqueue_id, row_number() OVER (ORDER BY q.workqueue_id) AS rn
+            FROM pepsi.workqueue q
+            WHERE q.stage = s.stage AND q.sender_key = s.sender_key AND q.status = 'pending'
+            ORDER BY q.workqueue_id LIMIT w.n_fair + w.n_fifo) c
+    ),
+    fair AS (
+        SELECT x.workqueue_id FROM (
+            SELECT c.stage, c.workqueue_id,
+                   row_number() OVER (PARTITION BY c.stage ORDER BY c.vkey, c.workqueue_id) AS r
+            FROM cand c WHERE c.workqueue_id NOT IN (SELECT f.workqueue_id FROM fifo f)
+        ) x JOIN want w ON w.stage = x.stage
+        WHERE x.r <= w.n_fair
+    ),
+    claimed AS (
+        UPDATE pepsi.workqueue q SET status = 'running', updated_at = now()
+        WHERE q.workqueue_id = ANY (ARRAY(SELECT f.workqueue_id FROM fifo f
+                                          UNION SELECT f.workqueue_id FROM fair f))
+          AND q.status = 'pending'
+        RETURNING q.workqueue_id, q.stage, q.sender_key
+    )
+    SELECT c.workqueue_id, c.stage, c.sender_key FROM claimed c
+    UNION ALL
+    SELECT NULL::bigint, s.stage, s.sender_key FROM senders s;
+END
+$$;
+
+-- Paused rows whose timeout has passed become pending; returns how many.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_requeue_due()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now()
+    WHERE status = 'paused' AND timeout <= now();
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Seconds until the earliest paused row is due (negative when one is overdue; NULL when
+-- nothing is paused). Held rows (workqueue_hold_until) count like any other and simply never
+-- come due. A timeout of 'infinity' written by hand is skipped: infinity - now() raises
+-- before PostgreSQL 17 and would blind the dispatcher to every other paused row.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_next_due()
+RETURNS double precision LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN (SELECT extract(epoch FROM min(timeout) - now())::double precision
+            FROM pepsi.workqueue WHERE status = 'paused' AND isfinite(timeout));
+END
+$$;
+
+-- At start-up, before any worker runs: rows left running by a previous dispatcher become
+-- pending again; returns how many.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_reset_orphans()
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() WHERE status = 'running';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Rows handed back untouched (never started by a worker, or held by one that stopped)
+-- become pending again, as long as they are still running (at p_stage unless it is NULL);
+-- returns how many.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_hand_back(p_ids bigint[], p_stage text)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', updated_at = now()
+    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- Rows a worker could not conclude, still running (at p_stage unless it is NULL: a fused
+-- pass moves its row's stage as it goes), end as p_status: 'failed' (a
+-- crash, an error), 'timeout' (no answer within MAX_RUNTIME) or 'paused' for p_retry_secs (a
+-- temporary error), with p_reason in state.dispatch_error; returns how many changed.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_force(
+    p_ids bigint[], p_stage text, p_status pepsi.workqueue_status, p_reason text,
+    p_retry_secs double precision DEFAULT 0)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    IF p_status NOT IN ('failed', 'timeout', 'paused') THEN
+        RAISE EXCEPTION 'dispatch_force cannot end a row as %: failed, timeout or paused expected', p_status
+            USING ERRCODE = '22023';
+    END IF;
+    UPDATE pepsi.workqueue SET
+        status = p_status,
+        timeout = CASE WHEN p_status = 'paused' THEN now() + make_interval(secs => GREATEST(p_retry_secs, 0)) END,
+        state = state || jsonb_build_object('dispatch_error', p_reason),
+        updated_at = now()
+    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
 END
 $$;
 

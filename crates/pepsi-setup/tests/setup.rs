@@ -172,6 +172,33 @@ async fn the_ingress_role_admits_mail_and_nothing_more() {
     );
 }
 
+/// The dispatcher's queue functions run with the caller's rights: the pipeline role (which
+/// runs the dispatcher) may call every one of them, the ingress none that writes.
+#[tokio::test]
+async fn the_dispatcher_functions_serve_the_pipeline_role_and_not_the_ingress() {
+    let db = TestDb::new().await;
+    let writers = [
+        "SELECT * FROM pepsi.dispatch_claim(ARRAY['init'], ARRAY[1], ARRAY[1], ARRAY[1.0]::float8[], '{}', '{}', '{}', 16)",
+        "SELECT pepsi.dispatch_requeue_due()",
+        "SELECT pepsi.dispatch_reset_orphans()",
+        "SELECT pepsi.dispatch_hand_back(ARRAY[1::bigint], 'init')",
+        "SELECT pepsi.dispatch_force(ARRAY[1::bigint], 'init', 'failed', 'stage crashed')",
+    ];
+    for sql in writers
+        .into_iter()
+        .chain(["SELECT pepsi.dispatch_next_due()"])
+    {
+        assert_eq!(as_role(&db, "pepsi", sql).await, Ok(()), "{sql}");
+    }
+    for sql in writers {
+        assert_eq!(
+            as_role(&db, "pepsi-ingress", sql).await,
+            Err("42501".into()),
+            "{sql}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn bootstrap_and_listener_sections_cannot_be_stored_in_the_overlay() {
     let db = TestDb::new().await;
