@@ -10,7 +10,8 @@
 use std::process::ExitCode;
 
 use pepsi_common::stage::{Load, Stage, StageContext, StageError};
-use serde_json::{Map, json};
+use pepsi_common::state::{Bounce, BounceKind};
+use serde_json::Map;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -65,8 +66,12 @@ impl Stage for Discard {
         let mut merge = Map::new();
         merge.insert(
             "bounce".into(),
-            json!({ "kind": "permanent", "diagnostic": text, "enhanced_status": status,
-                    "stage": ctx.settings().name }),
+            Bounce {
+                diagnostic: Some(text),
+                enhanced_status: Some(status),
+                ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+            }
+            .to_value(),
         );
         ctx.reroute(&target, merge)
     }
