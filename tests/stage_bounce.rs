@@ -728,7 +728,7 @@ async fn a_malformed_state_or_a_missing_next_stage_fails_the_message_for_an_oper
     );
     for (id, want) in [
         (no_bounce, "state.bounce is missing"),
-        (bad_kind, "state.bounce.kind is \"soft\""),
+        (bad_kind, "state.bounce.kind: unknown variant `soft`"),
         (nowhere, "[stage-bounce-nowhere] has no NEXT_STAGE"),
     ] {
         let (status, state, mail_from): (String, Value, String) = sqlx::query_as(

@@ -20,10 +20,11 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::{Map, Value, json};
+use serde_json::Map;
 
 use crate::config::{Config, ConfigError};
 use crate::stage::{CloneSpec, StageContext, StageError, Terminal};
+use crate::state::{Bounce, BounceDetail, BounceKind, DeliveryScratch};
 
 /// Why one recipient was not delivered, as the bounce stage reports it (`state.bounce`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -50,25 +51,16 @@ impl Failure {
     }
 
     /// The fields of `state.bounce` (and of one `bounce.recipients` entry).
-    pub fn to_json(&self) -> Map<String, Value> {
-        let mut m = Map::new();
-        m.insert("diagnostic".into(), json!(self.diagnostic));
-        let optional = [
-            (
-                "enhanced_status",
-                self.enhanced_status.as_ref().map(|s| json!(s)),
-            ),
-            ("smtp_code", self.smtp_code.map(|c| json!(c))),
-            ("remote_mta", self.remote_mta.as_ref().map(|s| json!(s))),
-            ("reply_text", self.reply_text.as_ref().map(|s| json!(s))),
-            ("phase", self.phase.as_ref().map(|s| json!(s))),
-        ];
-        for (k, v) in optional {
-            if let Some(v) = v {
-                m.insert(k.into(), v);
-            }
+    pub fn to_detail(&self) -> BounceDetail {
+        BounceDetail {
+            diagnostic: Some(self.diagnostic.clone()),
+            enhanced_status: self.enhanced_status.clone(),
+            smtp_code: self.smtp_code,
+            remote_mta: self.remote_mta.clone(),
+            reply_text: self.reply_text.clone(),
+            phase: self.phase.clone(),
+            ..BounceDetail::default()
         }
-        m
     }
 
     /// One line for `state.last_error` and logs.
@@ -183,9 +175,9 @@ fn format_duration(d: Duration) -> String {
 pub struct RowFacts {
     pub id: i64,
     pub received_at: DateTime<Utc>,
-    /// `state.attempts` before this pass.
+    /// `state.attempts` before this pass (0 when absent).
     pub attempts: u32,
-    /// `state.delay_sent`.
+    /// `state.delay_sent` (false when absent).
     pub delay_sent: bool,
     /// Per recipient: did it ask for NOTIFY=SUCCESS?
     pub wants_success: Vec<bool>,
@@ -198,11 +190,12 @@ pub struct RowFacts {
 pub enum Plan {
     /// Every recipient is settled: delete the row, spawning the notifications (if any).
     Finish { clones: Vec<Clone> },
-    /// Some recipients wait: keep those (`None` = all), pause, spawn the notifications.
+    /// Some recipients wait: keep those (`None` = all), pause with `scratch` merged into the
+    /// state, spawn the notifications.
     Pause {
         keep: Option<Vec<usize>>,
         after: Duration,
-        state: Map<String, Value>,
+        scratch: DeliveryScratch,
         clones: Vec<Clone>,
     },
 }
@@ -212,7 +205,7 @@ pub enum Plan {
 pub struct Clone {
     pub token: String,
     pub recipients: Vec<usize>,
-    pub bounce: Map<String, Value>,
+    pub bounce: Bounce,
 }
 
 /// Decides what a pass with `results` (one per recipient, in order) ends with.
@@ -257,45 +250,42 @@ pub fn plan(
     if !failed.is_empty() {
         clones.push(notification(
             format!("{}:bounce:{attempt}", row.id),
-            "permanent",
+            BounceKind::Permanent,
             &failed,
             rcpt_to,
             stage,
         ));
     }
     if !success.is_empty() {
-        let mut bounce = Map::new();
-        bounce.insert("kind".into(), json!("success"));
-        bounce.insert("stage".into(), json!(stage));
         clones.push(Clone {
             token: format!("{}:success:{attempt}", row.id),
             recipients: success,
-            bounce,
+            bounce: Bounce::new(BounceKind::Success).stage(stage),
         });
     }
     if waiting.is_empty() {
         return Plan::Finish { clones };
     }
 
-    let mut state = Map::new();
-    state.insert("attempts".into(), json!(attempt));
-    state.insert("last_error".into(), json!(waiting[0].1.summary()));
+    let mut scratch = DeliveryScratch {
+        attempts: Some(attempt),
+        last_error: Some(waiting[0].1.summary()),
+        delay_sent: None,
+    };
     let warn = policy.delay_warning.is_some_and(|w| age >= w);
     if warn && !row.delay_sent {
         let mut delay = notification(
             format!("{}:delay", row.id),
-            "delay",
+            BounceKind::Delay,
             &waiting,
             rcpt_to,
             stage,
         );
         let until = row.received_at
             + chrono::Duration::from_std(policy.max_lifetime).unwrap_or(chrono::Duration::MAX);
-        delay
-            .bounce
-            .insert("will_retry_until".into(), json!(until.to_rfc3339()));
+        delay.bounce.will_retry_until = Some(until.to_rfc3339());
         clones.push(delay);
-        state.insert("delay_sent".into(), json!(true));
+        scratch.delay_sent = Some(true);
     }
     let keep = (waiting.len() < results.len()).then(|| waiting.iter().map(|(i, _)| *i).collect());
     // Never sleep past the lifetime: the last attempt happens when the message expires.
@@ -307,7 +297,7 @@ pub fn plan(
     Plan::Pause {
         keep,
         after,
-        state,
+        scratch,
         clones,
     }
 }
@@ -316,19 +306,18 @@ pub fn plan(
 /// recipient's own under `recipients`.
 fn notification(
     token: String,
-    kind: &str,
+    kind: BounceKind,
     who: &[(usize, Failure)],
     rcpt_to: &[String],
     stage: &str,
 ) -> Clone {
-    let mut bounce = who[0].1.to_json();
-    bounce.insert("kind".into(), json!(kind));
-    bounce.insert("stage".into(), json!(stage));
-    let per: Map<String, Value> = who
+    let mut bounce = Bounce::new(kind)
+        .stage(stage)
+        .with_detail(who[0].1.to_detail());
+    bounce.recipients = who
         .iter()
-        .map(|(i, f)| (rcpt_to[*i].clone(), Value::Object(f.to_json())))
+        .map(|(i, f)| (rcpt_to[*i].clone(), f.to_detail()))
         .collect();
-    bounce.insert("recipients".into(), Value::Object(per));
     Clone {
         token,
         recipients: who.iter().map(|(i, _)| *i).collect(),
@@ -357,18 +346,12 @@ pub fn conclude(
         )));
     }
     let state = ctx.state();
+    let scratch = DeliveryScratch::from_state(state)?;
     let facts = RowFacts {
         id: ctx.id(),
         received_at: ctx.received_at(),
-        attempts: state
-            .get("attempts")
-            .and_then(Value::as_u64)
-            .unwrap_or(0)
-            .min(u32::MAX as u64) as u32,
-        delay_sent: state
-            .get("delay_sent")
-            .and_then(Value::as_bool)
-            .unwrap_or(false),
+        attempts: scratch.attempts.unwrap_or(0),
+        delay_sent: scratch.delay_sent.unwrap_or(false),
         wants_success: (0..results.len())
             .map(|i| crate::stage::notify_includes(state, i, "SUCCESS"))
             .collect(),
@@ -388,7 +371,7 @@ pub fn conclude(
             .into_iter()
             .map(|c| {
                 let mut state = Map::new();
-                state.insert("bounce".into(), Value::Object(c.bounce));
+                c.bounce.insert_into(&mut state);
                 CloneSpec::new(target.clone())
                     .token(c.token)
                     .recipients(c.recipients)
@@ -402,15 +385,16 @@ pub fn conclude(
         Plan::Pause {
             keep,
             after,
-            state,
+            scratch,
             clones,
-        } => ctx.pause_with(state, after, keep, specs(clones)?),
+        } => ctx.pause_with(scratch.to_state(), after, keep, specs(clones)?),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn facts(age_secs: i64, attempts: u32, delay_sent: bool) -> (RowFacts, DateTime<Utc>) {
         let now = Utc::now();
@@ -518,35 +502,35 @@ mod tests {
         for (n, (age, attempts, sent, results, kind, keep, want)) in cases.into_iter().enumerate() {
             let (f, now) = facts(age, attempts, sent);
             let got = plan(&policy(), now, &f, &rcpt, &results, "deliver");
-            let (got_kind, got_keep, clones, state) = match got {
-                Plan::Finish { clones } => ("finish", None, clones, Map::new()),
+            let (got_kind, got_keep, clones, scratch) = match got {
+                Plan::Finish { clones } => ("finish", None, clones, DeliveryScratch::default()),
                 Plan::Pause {
                     keep,
                     clones,
-                    state,
+                    scratch,
                     after,
                 } => {
                     assert!(
                         after >= policy().backoff(attempts + 1),
                         "case {n}: {after:?}"
                     );
-                    ("pause", keep, clones, state)
+                    ("pause", keep, clones, scratch)
                 }
             };
             assert_eq!(got_kind, kind, "case {n}");
             assert_eq!(got_keep, keep, "case {n}");
             let mut got_clones: Vec<(&str, Vec<usize>)> = clones
                 .iter()
-                .map(|c| (c.bounce["kind"].as_str().unwrap(), c.recipients.clone()))
+                .map(|c| (c.bounce.kind.name(), c.recipients.clone()))
                 .collect();
             let mut want = want;
             got_clones.sort();
             want.sort();
             assert_eq!(got_clones, want, "case {n}");
             if kind == "pause" {
-                assert_eq!(state["attempts"], json!(attempts + 1), "case {n}");
+                assert_eq!(scratch.attempts, Some(attempts + 1), "case {n}");
                 assert_eq!(
-                    state.get("delay_sent").is_some(),
+                    scratch.delay_sent.is_some(),
                     want.iter().any(|(k, _)| *k == "delay"),
                     "case {n}"
                 );
@@ -564,15 +548,73 @@ mod tests {
         };
         let bounce = &clones
             .iter()
-            .find(|c| c.bounce["kind"] == "permanent")
+            .find(|c| c.bounce.kind == BounceKind::Permanent)
             .unwrap()
-            .bounce;
+            .bounce
+            .to_value();
         assert_eq!(bounce["stage"], "lmtp");
         assert_eq!(bounce["recipients"]["a@x"]["enhanced_status"], "5.1.1");
         assert_eq!(bounce["recipients"]["b@x"]["enhanced_status"], "4.4.7");
         let diag = bounce["recipients"]["b@x"]["diagnostic"].as_str().unwrap();
         assert!(diag.starts_with("delivery time expired after 1d"), "{diag}");
         assert!(diag.contains("4.2.0 mailbox locked"), "{diag}");
+    }
+
+    /// The bounce and scratch JSON a pass writes keep the shape stored before
+    /// `pepsi_common::state` existed (and that the bounce stage reads).
+    #[test]
+    fn notification_and_scratch_json_keep_their_stored_shape() {
+        use serde_json::json;
+        let (f, now) = facts(7200, 0, false);
+        let rcpt: Vec<String> = ["a@x", "b@x", "c@x"].map(String::from).into();
+        let refused = Failure {
+            diagnostic: "no such user".into(),
+            enhanced_status: Some("5.1.1".into()),
+            smtp_code: Some(550),
+            remote_mta: Some("mx.example.org".into()),
+            reply_text: Some("550 5.1.1 <b@x> no such user".into()),
+            phase: Some("RCPT".into()),
+        };
+        let results = [D, RcptResult::Permanent(refused), t()];
+        let Plan::Pause {
+            scratch, clones, ..
+        } = plan(&policy(), now, &f, &rcpt, &results, "relay")
+        else {
+            panic!("expected pause");
+        };
+        assert_eq!(
+            Value::Object(scratch.to_state()),
+            json!({"attempts": 1, "last_error": "4.2.0 mailbox locked", "delay_sent": true})
+        );
+        let by_kind = |k: BounceKind| {
+            clones
+                .iter()
+                .find(|c| c.bounce.kind == k)
+                .unwrap()
+                .bounce
+                .to_value()
+        };
+        let remote = json!({"diagnostic": "no such user", "enhanced_status": "5.1.1",
+            "smtp_code": 550, "remote_mta": "mx.example.org",
+            "reply_text": "550 5.1.1 <b@x> no such user", "phase": "RCPT"});
+        let mut permanent = remote.clone();
+        permanent["kind"] = json!("permanent");
+        permanent["stage"] = json!("relay");
+        permanent["recipients"] = json!({ "b@x": remote });
+        assert_eq!(by_kind(BounceKind::Permanent), permanent);
+        assert_eq!(
+            by_kind(BounceKind::Success),
+            json!({"kind": "success", "stage": "relay"})
+        );
+        let delay = by_kind(BounceKind::Delay);
+        let until = (f.received_at + chrono::Duration::seconds(86400)).to_rfc3339();
+        assert_eq!(
+            delay,
+            json!({"kind": "delay", "stage": "relay", "diagnostic": "mailbox locked",
+                "enhanced_status": "4.2.0", "will_retry_until": until,
+                "recipients": {"c@x": {"diagnostic": "mailbox locked",
+                    "enhanced_status": "4.2.0"}}})
+        );
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
 //! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
 //! operator's queue
-//! administration (`queue`) and the audit log (`audit`).
+//! administration (`queue`), the audit log (`audit`) and the types of the stock `state` keys
+//! (`state`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -24,3 +25,4 @@ pub mod settings;
 pub mod smtp;
 pub mod srs;
 pub mod stage;
+pub mod state;

@@ -18,6 +18,7 @@ use mail_auth::{
 use serde_json::{Value, json};
 
 use crate::config::DnsSettings;
+use pepsi_common::state::Iprev;
 
 /// The resolver and the names the verdicts are issued under.
 pub struct Verifier {
@@ -154,8 +155,9 @@ impl Verifier {
     }
 }
 
-/// The verified reverse name for `state.origin.iprev` and the Received field.
-pub fn iprev_json(out: &IprevOutput) -> Value {
+/// `state.origin.iprev`: the result, and the verified reverse name (also for the Received
+/// field).
+pub fn iprev_state(out: &IprevOutput) -> Iprev {
     let name = match out.result {
         IprevResult::Pass => out
             .ptr
@@ -164,7 +166,10 @@ pub fn iprev_json(out: &IprevOutput) -> Value {
             .map(|n| n.trim_end_matches('.').to_owned()),
         _ => None,
     };
-    json!({"result": iprev_name(&out.result), "name": name})
+    Iprev {
+        result: iprev_name(&out.result).to_owned(),
+        name,
+    }
 }
 
 pub fn spf_name(r: SpfResult) -> &'static str {
@@ -268,13 +273,16 @@ mod tests {
             ptr: Some(vec!["mail.example.org.".into()].into()),
         };
         assert_eq!(
-            iprev_json(&pass),
+            serde_json::to_value(iprev_state(&pass)).unwrap(),
             json!({"result": "pass", "name": "mail.example.org"})
         );
         let none = IprevOutput {
             result: IprevResult::None,
             ptr: None,
         };
-        assert_eq!(iprev_json(&none), json!({"result": "none", "name": null}));
+        assert_eq!(
+            serde_json::to_value(iprev_state(&none)).unwrap(),
+            json!({"result": "none", "name": null})
+        );
     }
 }

@@ -11,6 +11,7 @@ use std::collections::{HashMap, HashSet};
 
 use pepsi_common::local::{LocalRecipients, address_key, split_address};
 use pepsi_common::settings::SettingsTable;
+use pepsi_common::state::{Dsn, DsnRcpt};
 use serde_json::Value;
 
 use crate::file::{AliasFile, parse_targets};
@@ -213,50 +214,26 @@ impl Walk<'_> {
 /// `state.dsn` for the expanded recipients: a recipient kept as it was keeps its entry; an
 /// expanded one inherits its alias's NOTIFY and gets as ORCPT the alias's ORCPT, or the
 /// alias address itself when the client gave none (RFC 3461 §6.1).
-pub fn rebuild_dsn(dsn: Option<&Value>, original: &[String], expansion: &Expansion) -> Value {
-    let mut dsn = match dsn {
-        Some(Value::Object(m)) => m.clone(),
-        _ => {
-            let mut m = serde_json::Map::new();
-            m.insert("ret".into(), Value::Null);
-            m.insert("envid".into(), Value::Null);
-            m
-        }
-    };
-    let old: Vec<Value> = dsn
-        .get("rcpt")
-        .and_then(Value::as_array)
-        .cloned()
-        .unwrap_or_default();
-    let rcpt: Vec<Value> = expansion
+pub fn rebuild_dsn(dsn: Option<Dsn>, original: &[String], expansion: &Expansion) -> Dsn {
+    let mut dsn = dsn.unwrap_or_default();
+    let rcpt: Vec<DsnRcpt> = expansion
         .recipients
         .iter()
         .map(|(address, from)| {
-            let entry = old.get(*from).cloned().unwrap_or(Value::Null);
-            if *address == original[*from] {
-                return entry;
-            }
-            let mut e = match entry {
-                Value::Object(m) => m,
-                _ => serde_json::Map::new(),
-            };
-            e.entry("notify").or_insert(Value::Null);
-            if e.get("orcpt").is_none_or(Value::is_null) {
+            let mut entry = dsn.rcpt(*from).cloned().unwrap_or_default();
+            if *address != original[*from] && entry.orcpt.is_none() {
                 let kind = if original[*from].is_ascii() {
                     "rfc822"
                 } else {
                     "utf-8"
                 };
-                e.insert(
-                    "orcpt".into(),
-                    Value::String(format!("{kind};{}", original[*from])),
-                );
+                entry.orcpt = Some(format!("{kind};{}", original[*from]));
             }
-            Value::Object(e)
+            entry
         })
         .collect();
-    dsn.insert("rcpt".into(), Value::Array(rcpt));
-    Value::Object(dsn)
+    dsn.rcpt = rcpt;
+    dsn
 }
 
 /// Answers from a fixed table (tests): an address in `table` is an alias, any other is
@@ -468,8 +445,11 @@ mod tests {
             {"notify": ["FAILURE"], "orcpt": null},
             {"notify": ["NEVER"], "orcpt": "rfc822;c@x.test"}
         ]});
+        let rebuilt = |dsn: Value| {
+            rebuild_dsn(Some(Dsn::from_value(&dsn).unwrap()), &original, &expansion).to_value()
+        };
         assert_eq!(
-            rebuild_dsn(Some(&dsn), &original, &expansion),
+            rebuilt(dsn),
             json!({"ret": "HDRS", "envid": "e1", "rcpt": [
                 {"notify": ["FAILURE"], "orcpt": "rfc822;list@x.test"},
                 {"notify": ["FAILURE"], "orcpt": "rfc822;list@x.test"},
@@ -478,12 +458,17 @@ mod tests {
         );
         let given = json!({"rcpt": [{"notify": null, "orcpt": "rfc822;orig@x.test"}, null]});
         assert_eq!(
-            rebuild_dsn(Some(&given), &original, &expansion)["rcpt"][0],
+            rebuilt(given)["rcpt"][0],
             json!({"notify": null, "orcpt": "rfc822;orig@x.test"})
         );
+        // Without a dsn, a kept recipient gets an entry without parameters.
         assert_eq!(
-            rebuild_dsn(None, &original, &expansion)["rcpt"][2],
-            Value::Null
+            rebuild_dsn(None, &original, &expansion).to_value(),
+            json!({"ret": null, "envid": null, "rcpt": [
+                {"notify": null, "orcpt": "rfc822;list@x.test"},
+                {"notify": null, "orcpt": "rfc822;list@x.test"},
+                {"notify": null, "orcpt": null}
+            ]})
         );
     }
 }

@@ -161,7 +161,8 @@ impl Stage for Aliases {
         if expansion.unchanged(&rcpts) {
             return ctx.advance();
         }
-        let dsn = expand::rebuild_dsn(ctx.state().get("dsn"), &rcpts, &expansion);
+        let dsn = pepsi_common::state::Dsn::from_state(ctx.state())?;
+        let dsn = expand::rebuild_dsn(dsn, &rcpts, &expansion).to_value();
         let new: Vec<String> = expansion.recipients.into_iter().map(|(a, _)| a).collect();
         tracing::info!(id = ctx.id(), from = ?rcpts, to = ?new, "aliases expanded");
         let mut merge = Map::new();

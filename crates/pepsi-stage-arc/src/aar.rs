@@ -3,9 +3,10 @@
 //! `state.origin` (`iprev`, `client_addr`, `auth_user`) and its `authserv_id`, so the set
 //! repeats what this server's `Authentication-Results` field said at the door.
 //!
-//! Pure: JSON in, text out. Values that are not tokens are quoted, results that are not
+//! Pure: state in, text out. Values that are not tokens are quoted, results that are not
 //! result names are left out; nothing from the state reaches the header unchecked.
 
+use pepsi_common::state::Origin;
 use serde_json::{Map, Value};
 
 /// Whether `s` may stand as an RFC 8601 pvalue without quotes: a token (RFC 2045) or a
@@ -40,8 +41,7 @@ fn pvalue(s: &str) -> String {
 
 /// A result keyword as RFC 8601 names them (`pass`, `fail`, `softfail`, …): lower-case
 /// letters only.
-fn result_name(v: Option<&Value>) -> Option<&str> {
-    let r = v?.get("result")?.as_str()?;
+fn result_name(r: &str) -> Option<&str> {
     (!r.is_empty() && r.bytes().all(|b| b.is_ascii_lowercase())).then_some(r)
 }
 
@@ -49,12 +49,24 @@ fn text<'v>(v: &'v Value, key: &str) -> Option<&'v str> {
     v.get(key)?.as_str().filter(|s| !s.is_empty())
 }
 
-/// `method=result [reason="…"] ptype.property=value …`
+/// `method=result [reason="…"] ptype.property=value …` for a `state.auth` verdict.
 fn entry(method: &str, verdict: &Value, props: &[(&str, Option<&str>)]) -> Option<String> {
-    let result = result_name(Some(verdict))?;
+    let result = verdict.get("result")?.as_str()?;
+    entry_of(method, result, text(verdict, "reason"), props)
+}
+
+/// `method=result [reason="…"] ptype.property=value …`; None when `result` is not a
+/// result name.
+fn entry_of(
+    method: &str,
+    result: &str,
+    reason: Option<&str>,
+    props: &[(&str, Option<&str>)],
+) -> Option<String> {
+    let result = result_name(result)?;
     let mut out = format!("{method}={result}");
     if result != "pass"
-        && let Some(reason) = text(verdict, "reason")
+        && let Some(reason) = reason
     {
         out.push_str(&format!(" reason={}", pvalue(reason)));
     }
@@ -68,10 +80,10 @@ fn entry(method: &str, verdict: &Value, props: &[(&str, Option<&str>)]) -> Optio
 
 /// The authserv-id the results are issued under: `state.origin.authserv_id` when it is a
 /// usable one, else `fallback`.
-pub fn authserv_id<'s>(state: &'s Map<String, Value>, fallback: &'s str) -> &'s str {
-    state
-        .get("origin")
-        .and_then(|o| text(o, "authserv_id"))
+pub fn authserv_id<'s>(origin: &'s Origin, fallback: &'s str) -> &'s str {
+    origin
+        .authserv_id
+        .as_deref()
         .filter(|id| is_token(id))
         .unwrap_or(fallback)
 }
@@ -79,14 +91,19 @@ pub fn authserv_id<'s>(state: &'s Map<String, Value>, fallback: &'s str) -> &'s 
 /// The results, one `method=result props` entry each, in the order the ingress's field
 /// has them: iprev, SPF (HELO, then MAIL FROM), DKIM (one per signature), DMARC, ARC, and
 /// the SMTP AUTH identity when the client authenticated.
-pub fn results(state: &Map<String, Value>) -> Vec<String> {
+pub fn results(origin: &Origin, state: &Map<String, Value>) -> Vec<String> {
     let null = Value::Null;
-    let origin = state.get("origin").unwrap_or(&null);
     let auth = state.get("auth").unwrap_or(&null);
-    let client = text(origin, "client_addr");
+    let client = origin.client_addr.map(|a| a.to_string());
+    let client = client.as_deref();
     let mut out = Vec::new();
-    if let Some(iprev) = origin.get("iprev").filter(|v| v.is_object()) {
-        out.extend(entry("iprev", iprev, &[("policy.iprev", client)]));
+    if let Some(iprev) = &origin.iprev {
+        out.extend(entry_of(
+            "iprev",
+            &iprev.result,
+            None,
+            &[("policy.iprev", client)],
+        ));
     }
     if let Some(spf) = auth.get("spf") {
         if let Some(helo) = spf.get("helo") {
@@ -122,7 +139,7 @@ pub fn results(state: &Map<String, Value>) -> Vec<String> {
     if let Some(arc) = auth.get("arc") {
         out.extend(entry("arc", arc, &[("smtp.remote-ip", client)]));
     }
-    if let Some(user) = text(origin, "auth_user") {
+    if let Some(user) = origin.auth_user.as_deref().filter(|u| !u.is_empty()) {
         out.push(format!("auth=pass smtp.auth={}", pvalue(user)));
     }
     out

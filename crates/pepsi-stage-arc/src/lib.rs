@@ -23,6 +23,7 @@ use anyhow::Context as _;
 use pepsi_common::config::Config;
 use pepsi_common::keys;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::state::Origin;
 use serde_json::{Map, Value};
 
 use crate::seal::{Chain, Plan, SealMode, Sealer, Skip};
@@ -182,9 +183,10 @@ fn seal_message(
         Plan::Skip(why) => return Ok(Outcome::Skipped(why)),
         Plan::Seal { instance, cv } => (instance, cv),
     };
+    let origin = Origin::from_state(state)?.unwrap_or_default();
     let payload = aar::payload(
-        aar::authserv_id(state, &stage.authserv_id),
-        &aar::results(state),
+        aar::authserv_id(&origin, &stage.authserv_id),
+        &aar::results(&origin, state),
     );
     let set = stage
         .sealer

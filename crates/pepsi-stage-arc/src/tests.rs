@@ -213,6 +213,12 @@ fn plan_table() {
     }
 }
 
+fn origin(state: &Map<String, Value>) -> pepsi_common::state::Origin {
+    pepsi_common::state::Origin::from_state(state)
+        .unwrap()
+        .unwrap_or_default()
+}
+
 #[test]
 fn results_from_the_ingress_state() {
     let state = json!({
@@ -231,7 +237,7 @@ fn results_from_the_ingress_state() {
     });
     let state = state.as_object().unwrap();
     assert_eq!(
-        aar::results(state),
+        aar::results(&origin(state), state),
         [
             "iprev=pass policy.iprev=192.0.2.7",
             "spf=none smtp.helo=mail.example.org",
@@ -242,9 +248,12 @@ fn results_from_the_ingress_state() {
             "arc=none smtp.remote-ip=192.0.2.7",
         ]
     );
-    assert_eq!(aar::authserv_id(state, "fallback.test"), "mx.example.test");
     assert_eq!(
-        aar::payload("mx.example.test", &aar::results(state)[..2]),
+        aar::authserv_id(&origin(state), "fallback.test"),
+        "mx.example.test"
+    );
+    assert_eq!(
+        aar::payload("mx.example.test", &aar::results(&origin(state), state)[..2]),
         "mx.example.test;\r\n\tiprev=pass policy.iprev=192.0.2.7;\r\n\tspf=none smtp.helo=mail.example.org"
     );
 
@@ -253,10 +262,13 @@ fn results_from_the_ingress_state() {
                                   "auth_user": "alice@example.test"}});
     let local = local.as_object().unwrap();
     assert_eq!(
-        aar::results(local),
+        aar::results(&origin(local), local),
         ["auth=pass smtp.auth=alice@example.test"]
     );
-    assert_eq!(aar::authserv_id(local, "fallback.test"), "fallback.test");
+    assert_eq!(
+        aar::authserv_id(&origin(local), "fallback.test"),
+        "fallback.test"
+    );
     assert_eq!(aar::payload("h.test", &[]), "h.test; none");
 
     // Nothing unchecked reaches the field: a bad result name is dropped, a bad
@@ -269,13 +281,16 @@ fn results_from_the_ingress_state() {
     });
     let odd = odd.as_object().unwrap();
     assert_eq!(
-        aar::results(odd),
+        aar::results(&origin(odd), odd),
         [
             "dmarc=fail header.from=\"a b;c.test\" policy.dmarc=none",
             "arc=pass smtp.remote-ip=\"2001:db8::1\"",
         ]
     );
-    assert_eq!(aar::authserv_id(odd, "fallback.test"), "fallback.test");
+    assert_eq!(
+        aar::authserv_id(&origin(odd), "fallback.test"),
+        "fallback.test"
+    );
     assert_eq!(verdict(odd).as_deref(), Some("pass"));
     assert_eq!(verdict(local), None);
     let no_arc = json!({"auth": {"spf": {"result": "pass"}}});

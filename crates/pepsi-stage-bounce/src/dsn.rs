@@ -45,13 +45,12 @@ pub struct Dsn<'a> {
     pub returned: Returned<'a>,
 }
 
-impl Kind {
-    pub fn subject(self) -> &'static str {
-        match self {
-            Kind::Permanent => "Undelivered Mail Returned to Sender",
-            Kind::Delay => "Delayed Mail (still being retried)",
-            Kind::Success => "Successful Mail Delivery Report",
-        }
+/// The notification's Subject.
+pub fn subject(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Permanent => "Undelivered Mail Returned to Sender",
+        Kind::Delay => "Delayed Mail (still being retried)",
+        Kind::Success => "Successful Mail Delivery Report",
     }
 }
 
@@ -99,7 +98,7 @@ pub fn build(d: &Dsn<'_>) -> Vec<u8> {
         &format!("Mail Delivery System <MAILER-DAEMON@{}>", d.hostname),
     );
     field(&mut h, "To", &format!("<{}>", d.to));
-    field(&mut h, "Subject", d.kind.subject());
+    field(&mut h, "Subject", subject(d.kind));
     field(&mut h, "Date", &d.now.to_rfc2822());
     field(&mut h, "Message-ID", &format!("<{}>", d.message_id));
     field(&mut h, "Auto-Submitted", "auto-replied");

@@ -2,62 +2,13 @@
 //! into a [`Request`], and the RFC 3461 NOTIFY filter. Pure: no I/O.
 
 use chrono::{DateTime, Utc};
+use pepsi_common::state::{Bounce, BounceDetail, DeliveryScratch, Dsn};
 use serde_json::{Map, Value};
 
-/// What the notification reports.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Delivery failed for good (`Action: failed`).
-    Permanent,
-    /// Delivery has not succeeded yet and is being retried (`Action: delayed`).
-    Delay,
-    /// Delivered (`Action: delivered`, or `relayed`/`expanded` when the state says so).
-    Success,
-}
-
-impl Kind {
-    pub fn parse(s: &str) -> Option<Kind> {
-        match s {
-            "permanent" => Some(Kind::Permanent),
-            "delay" => Some(Kind::Delay),
-            "success" => Some(Kind::Success),
-            _ => None,
-        }
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Kind::Permanent => "permanent",
-            Kind::Delay => "delay",
-            Kind::Success => "success",
-        }
-    }
-
-    /// The RFC 3463 class digit a Status of this kind must have.
-    pub fn class(self) -> char {
-        match self {
-            Kind::Permanent => '5',
-            Kind::Delay => '4',
-            Kind::Success => '2',
-        }
-    }
-
-    /// The RFC 3464 Action when the state names none.
-    pub fn action(self) -> &'static str {
-        match self {
-            Kind::Permanent => "failed",
-            Kind::Delay => "delayed",
-            Kind::Success => "delivered",
-        }
-    }
-}
-
-/// The message-level RET of RFC 3461.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Ret {
-    Full,
-    Headers,
-}
+/// What the notification reports: `bounce.kind`.
+pub use pepsi_common::state::BounceKind as Kind;
+/// The message-level RET of RFC 3461: `dsn.ret`.
+pub use pepsi_common::state::Ret;
 
 /// One recipient the notification reports on, with the per-recipient overrides applied.
 #[derive(Debug, Clone, PartialEq)]
@@ -93,144 +44,70 @@ pub struct Request {
 /// Reads the request from the row's state and recipients. An error names the state key that
 /// is missing or malformed (a delivery stage's bug, for an operator).
 pub fn parse(state: &Map<String, Value>, rcpt_to: &[String]) -> Result<Request, String> {
-    let bounce = match state.get("bounce") {
-        Some(Value::Object(b)) => b,
-        Some(other) => return Err(format!("state.bounce is {other}, expected an object")),
-        None => return Err("state.bounce is missing: nothing says what to report".into()),
-    };
-    let kind = match bounce.get("kind") {
-        Some(Value::String(k)) => Kind::parse(k).ok_or_else(|| {
-            format!("state.bounce.kind is {k:?}, expected \"permanent\", \"delay\" or \"success\"")
-        })?,
-        Some(other) => {
-            return Err(format!(
-                "state.bounce.kind is {other}, expected \"permanent\", \"delay\" or \"success\""
-            ));
-        }
-        None => return Err("state.bounce.kind is missing".into()),
-    };
-    let dsn = state.get("dsn").and_then(Value::as_object);
-    let ret = match dsn.and_then(|d| d.get("ret")) {
-        None | Some(Value::Null) => None,
-        Some(Value::String(r)) if r.eq_ignore_ascii_case("FULL") => Some(Ret::Full),
-        Some(Value::String(r)) if r.eq_ignore_ascii_case("HDRS") => Some(Ret::Headers),
-        Some(other) => {
-            return Err(format!(
-                "state.dsn.ret is {other}, expected \"FULL\", \"HDRS\" or null"
-            ));
-        }
-    };
-    let envid = opt_string(dsn.and_then(|d| d.get("envid")), "state.dsn.envid")?;
-    let dsn_rcpt = dsn.and_then(|d| d.get("rcpt")).and_then(Value::as_array);
-    let overrides = match bounce.get("recipients") {
-        None | Some(Value::Null) => None,
-        Some(Value::Object(m)) => Some(m),
-        Some(other) => {
-            return Err(format!(
-                "state.bounce.recipients is {other}, expected an object keyed by recipient"
-            ));
-        }
-    };
-    let last_error = state.get("last_error").and_then(Value::as_str);
+    let bounce = Bounce::from_state(state)
+        .map_err(|e| e.to_string())?
+        .ok_or("state.bounce is missing: nothing says what to report")?;
+    let kind = bounce.kind;
+    let dsn = Dsn::from_state(state)
+        .map_err(|e| e.to_string())?
+        .unwrap_or_default();
+    let last_error = DeliveryScratch::read_last_error(state).map_err(|e| e.to_string())?;
+    let top = bounce.detail();
     let mut recipients = Vec::with_capacity(rcpt_to.len());
     for (i, address) in rcpt_to.iter().enumerate() {
-        let entry = dsn_rcpt.and_then(|r| r.get(i)).and_then(Value::as_object);
-        let notify = match entry.and_then(|e| e.get("notify")) {
-            None | Some(Value::Null) => None,
-            Some(Value::Array(n)) => Some(
-                n.iter()
-                    .map(|v| v.as_str().map(str::to_ascii_uppercase))
-                    .collect::<Option<Vec<_>>>()
-                    .ok_or_else(|| {
-                        format!("state.dsn.rcpt[{i}].notify has a non-text entry: {n:?}")
-                    })?,
-            ),
-            Some(other) => {
-                return Err(format!(
-                    "state.dsn.rcpt[{i}].notify is {other}, expected a list or null"
-                ));
-            }
+        let entry = dsn.rcpt(i);
+        let notify = entry
+            .and_then(|e| e.notify.as_ref())
+            .map(|n| n.iter().map(|k| k.to_ascii_uppercase()).collect());
+        let orcpt = entry.and_then(|e| nonblank(e.orcpt.clone()));
+        let own = bounce.recipient(address);
+        // A recipient's own value wins over the top level's; the error names where it came
+        // from.
+        let key = |name: &str, own_has: bool| match own {
+            Some((addr, _)) if own_has => format!("state.bounce.recipients[{addr:?}].{name}"),
+            _ => format!("state.bounce.{name}"),
         };
-        let orcpt = opt_string(
-            entry.and_then(|e| e.get("orcpt")),
-            &format!("state.dsn.rcpt[{i}].orcpt"),
-        )?;
-        let own = overrides.and_then(|m| {
-            m.get(address).or_else(|| {
-                m.iter()
-                    .find(|(k, _)| k.eq_ignore_ascii_case(address))
-                    .map(|(_, v)| v)
-            })
-        });
-        let own = match own {
-            None => None,
-            Some(Value::Object(o)) => Some(o),
-            Some(other) => {
-                return Err(format!(
-                    "state.bounce.recipients[{address:?}] is {other}, expected an object"
-                ));
-            }
+        let text = |name: &str, f: fn(&BounceDetail) -> &Option<String>| match own
+            .and_then(|(_, o)| f(o).clone())
+        {
+            Some(v) => (nonblank(Some(v)), key(name, true)),
+            None => (nonblank(f(&top).clone()), key(name, false)),
         };
-        let field = |name: &str| -> Result<Option<&Value>, String> {
-            Ok(own
-                .and_then(|o| o.get(name))
-                .filter(|v| !v.is_null())
-                .or_else(|| bounce.get(name).filter(|v| !v.is_null())))
+        let (smtp_code, smtp_code_key) = match own.and_then(|(_, o)| o.smtp_code) {
+            Some(c) => (Some(c), key("smtp_code", true)),
+            None => (top.smtp_code, key("smtp_code", false)),
         };
-        let key = |name: &str| match own.and_then(|o| o.get(name)).filter(|v| !v.is_null()) {
-            Some(_) => format!("state.bounce.recipients[{address:?}].{name}"),
-            None => format!("state.bounce.{name}"),
-        };
-        let text = |name: &str| opt_string(field(name)?, &key(name));
-        let smtp_code = match field("smtp_code")? {
-            None => None,
-            Some(v) => Some(
-                v.as_u64()
-                    .filter(|c| (200..=599).contains(c))
-                    .map(|c| c as u16)
-                    .ok_or_else(|| {
-                        format!(
-                            "{} is {v}, expected an SMTP reply code 200..599",
-                            key("smtp_code")
-                        )
-                    })?,
-            ),
-        };
-        let status = match text("enhanced_status")? {
-            Some(s) => status_of_kind(&s, kind).ok_or_else(|| {
-                format!(
-                    "{} is {s:?}, expected an RFC 3463 status such as 5.1.1",
-                    key("enhanced_status")
-                )
+        if let Some(c) = smtp_code.filter(|c| !(200..=599).contains(c)) {
+            return Err(format!(
+                "{smtp_code_key} is {c}, expected an SMTP reply code 200..599"
+            ));
+        }
+        let status = match text("enhanced_status", |d| &d.enhanced_status) {
+            (Some(s), key) => status_of_kind(&s, kind).ok_or_else(|| {
+                format!("{key} is {s:?}, expected an RFC 3463 status such as 5.1.1")
             })?,
-            None => format!("{}.0.0", kind.class()),
+            (None, _) => format!("{}.0.0", kind.class()),
         };
-        let action = match text("action")? {
-            None => kind.action(),
-            Some(a) => action_of_kind(&a, kind).ok_or_else(|| {
+        let action = match text("action", |d| &d.action) {
+            (None, _) => kind.action(),
+            (Some(a), key) => action_of_kind(&a, kind).ok_or_else(|| {
                 format!(
-                    "{} is {a:?}, which a {} notification cannot report",
-                    key("action"),
+                    "{key} is {a:?}, which a {} notification cannot report",
                     kind.name()
                 )
             })?,
         };
-        let will_retry_until = match text("will_retry_until")? {
-            None => None,
-            Some(t) => Some(
+        let will_retry_until = match text("will_retry_until", |d| &d.will_retry_until) {
+            (None, _) => None,
+            (Some(t), key) => Some(
                 DateTime::parse_from_rfc3339(&t)
-                    .map_err(|e| {
-                        format!(
-                            "{} is {t:?}, expected an RFC 3339 time: {e}",
-                            key("will_retry_until")
-                        )
-                    })?
+                    .map_err(|e| format!("{key} is {t:?}, expected an RFC 3339 time: {e}"))?
                     .with_timezone(&Utc),
             ),
         };
-        let mut diagnostic = text("diagnostic")?;
+        let mut diagnostic = text("diagnostic", |d| &d.diagnostic).0;
         if diagnostic.is_none() && kind == Kind::Delay {
-            diagnostic = last_error.map(str::to_owned);
+            diagnostic = nonblank(last_error.clone());
         }
         recipients.push(Recipient {
             address: address.clone(),
@@ -238,33 +115,26 @@ pub fn parse(state: &Map<String, Value>, rcpt_to: &[String]) -> Result<Request, 
             notify,
             status,
             action,
-            remote_mta: text("remote_mta")?,
+            remote_mta: text("remote_mta", |d| &d.remote_mta).0,
             smtp_code,
-            reply_text: text("reply_text")?,
+            reply_text: text("reply_text", |d| &d.reply_text).0,
             diagnostic,
-            phase: text("phase")?,
+            phase: text("phase", |d| &d.phase).0,
             will_retry_until,
         });
     }
     Ok(Request {
         kind,
-        ret,
-        envid,
-        stage: bounce
-            .get("stage")
-            .and_then(Value::as_str)
-            .map(str::to_owned),
+        ret: dsn.ret,
+        envid: nonblank(dsn.envid),
+        stage: bounce.stage,
         recipients,
     })
 }
 
-fn opt_string(v: Option<&Value>, key: &str) -> Result<Option<String>, String> {
-    match v {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(s)) if s.trim().is_empty() => Ok(None),
-        Some(Value::String(s)) => Ok(Some(s.clone())),
-        Some(other) => Err(format!("{key} is {other}, expected text")),
-    }
+/// Text that says something: blank text counts as not given.
+fn nonblank(v: Option<String>) -> Option<String> {
+    v.filter(|s| !s.trim().is_empty())
 }
 
 /// An RFC 3463 status `class.subject.detail`, its class forced to the kind's: a permanent
@@ -446,14 +316,22 @@ mod tests {
     fn malformed_state_is_an_error_naming_the_key() {
         let cases = [
             (json!({}), "state.bounce is missing"),
-            (json!({"bounce": {}}), "state.bounce.kind is missing"),
+            (
+                json!({"bounce": "permanent"}),
+                "state.bounce: invalid type: string",
+            ),
+            (json!({"bounce": {}}), "state.bounce: missing field `kind`"),
             (
                 json!({"bounce": {"kind": "soft"}}),
-                "state.bounce.kind is \"soft\"",
+                "state.bounce.kind: unknown variant `soft`",
             ),
             (
                 json!({"bounce": {"kind": "permanent", "smtp_code": "550"}}),
-                "state.bounce.smtp_code",
+                "state.bounce.smtp_code: invalid type: string",
+            ),
+            (
+                json!({"bounce": {"kind": "permanent", "smtp_code": 99}}),
+                "state.bounce.smtp_code is 99, expected an SMTP reply code",
             ),
             (
                 json!({"bounce": {"kind": "permanent", "enhanced_status": "550"}}),
@@ -465,15 +343,31 @@ mod tests {
             ),
             (
                 json!({"bounce": {"kind": "permanent", "recipients": {"b@example.org": {"smtp_code": 99}}}}),
-                "state.bounce.recipients[\"b@example.org\"].smtp_code",
+                "state.bounce.recipients[\"b@example.org\"].smtp_code is 99",
+            ),
+            (
+                json!({"bounce": {"kind": "permanent", "recipients": {"B@example.org": {"action": "x"}}}}),
+                "state.bounce.recipients[\"B@example.org\"].action is \"x\"",
+            ),
+            (
+                json!({"bounce": {"kind": "permanent", "recipients": {"b@example.org": 5}}}),
+                "state.bounce.recipients[\"b@example.org\"]: invalid type: integer",
             ),
             (
                 json!({"bounce": {"kind": "permanent"}, "dsn": {"ret": "BODY"}}),
-                "state.dsn.ret",
+                "state.dsn.ret: invalid value: string \"BODY\"",
+            ),
+            (
+                json!({"bounce": {"kind": "permanent"}, "dsn": {"rcpt": [{"notify": "NEVER"}]}}),
+                "state.dsn.rcpt[0].notify: invalid type: string",
+            ),
+            (
+                json!({"bounce": {"kind": "delay"}, "last_error": 4}),
+                "state.last_error: invalid type: integer",
             ),
             (
                 json!({"bounce": {"kind": "delay", "will_retry_until": "tomorrow"}}),
-                "will_retry_until",
+                "state.bounce.will_retry_until is \"tomorrow\", expected an RFC 3339 time",
             ),
         ];
         for (st, want) in cases {

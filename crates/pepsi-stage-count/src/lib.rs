@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use pepsi_common::config::Config;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::state::Origin;
 use serde_json::{Value, json};
 
 pub mod constants {
@@ -44,13 +45,13 @@ pub fn reports(
     let auth = auth_user
         .filter(|u| !u.is_empty())
         .map(str::to_owned)
-        .or_else(|| {
-            state
-                .get("origin")
-                .and_then(|o| o.get("auth_user"))
-                .and_then(Value::as_str)
-                .filter(|u| !u.is_empty())
-                .map(str::to_owned)
+        .or_else(|| match Origin::from_state(state) {
+            Ok(origin) => origin?.auth_user.filter(|u| !u.is_empty()),
+            // Counting never fails or holds a message: report it as inbound, and say why.
+            Err(e) => {
+                tracing::warn!(id, "{e}: counted without the authenticated user");
+                None
+            }
         });
     let junk = state.get("junk").and_then(Value::as_bool).unwrap_or(false);
     rcpt_to

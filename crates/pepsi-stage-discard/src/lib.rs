@@ -11,7 +11,8 @@ use std::process::ExitCode;
 
 use pepsi_common::config::Config;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, json};
+use pepsi_common::state::{Bounce, BounceKind};
+use serde_json::Map;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -90,8 +91,12 @@ impl Stage for Discard {
         let mut merge = Map::new();
         merge.insert(
             "bounce".into(),
-            json!({ "kind": "permanent", "diagnostic": text, "enhanced_status": status,
-                    "stage": ctx.settings().name }),
+            Bounce {
+                diagnostic: Some(text.clone()),
+                enhanced_status: Some(status.clone()),
+                ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+            }
+            .to_value(),
         );
         ctx.reroute(&target, merge)
     }

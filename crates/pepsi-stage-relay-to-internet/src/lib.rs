@@ -107,7 +107,7 @@ impl Stage for RelayToInternet {
             }
             Some((_, domain)) => {
                 let message = ctx.raw_message()?;
-                let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
+                let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
                 let attempt = Attempt {
                     settings: &built.settings,
                     dns: &built.dns,

@@ -8,6 +8,7 @@
 //! `reroute` to BOUNCE_STAGE; `split_off_recipients` first when a message mixes good and bad
 //! SRS recipients. The hashing itself is `pepsi_common::srs` (pure).
 
+use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
@@ -15,7 +16,8 @@ use pepsi_common::config::Config;
 use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
 use pepsi_common::srs::{self, DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, Value, json};
+use pepsi_common::state::{Bounce, BounceDetail, BounceKind};
+use serde_json::{Map, json};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -197,7 +199,7 @@ impl SrsProgram {
             .bounce_stage
             .clone()
             .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
-        let mut per = Map::new();
+        let mut per = BTreeMap::new();
         let mut first = String::new();
         for (r, res) in ctx.rcpt_to().iter().zip(results) {
             if let Some(Err(e)) = res {
@@ -205,15 +207,24 @@ impl SrsProgram {
                 if first.is_empty() {
                     first = why.clone();
                 }
-                per.insert(r.clone(), json!({ "diagnostic": why }));
+                let own = BounceDetail {
+                    diagnostic: Some(why),
+                    ..BounceDetail::default()
+                };
+                per.insert(r.clone(), own);
             }
         }
         tracing::info!(id = ctx.id(), rcpt = ?ctx.rcpt_to(), why = first, "invalid SRS recipients bounced");
         let mut merge = Map::new();
         merge.insert(
             "bounce".into(),
-            json!({ "kind": "permanent", "enhanced_status": "5.1.1", "diagnostic": first,
-                    "stage": ctx.settings().name, "recipients": Value::Object(per) }),
+            Bounce {
+                enhanced_status: Some("5.1.1".into()),
+                diagnostic: Some(first),
+                recipients: per,
+                ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+            }
+            .to_value(),
         );
         ctx.reroute(&target, merge)
     }

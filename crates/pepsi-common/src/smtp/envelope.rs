@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use super::caps::Capabilities;
 use super::data::xtext;
+use crate::state::{Dsn, Origin, StateError};
 
 /// One recipient with its RFC 3461 parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -33,37 +34,34 @@ pub struct Envelope {
 impl Envelope {
     /// The envelope of a queued message: `state.dsn` gives RET/ENVID and each recipient's
     /// NOTIFY/ORCPT (by position), `state.origin.smtputf8` whether the message is UTF-8.
-    pub fn from_state(mail_from: &str, rcpt_to: &[String], state: &Map<String, Value>) -> Self {
-        let dsn = state.get("dsn");
-        let text = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_owned);
-        let per = |i: usize| dsn.and_then(|d| d.get("rcpt")).and_then(|r| r.get(i));
-        Envelope {
+    /// Either key may be absent; a malformed one is an error naming it.
+    pub fn from_state(
+        mail_from: &str,
+        rcpt_to: &[String],
+        state: &Map<String, Value>,
+    ) -> Result<Self, StateError> {
+        let dsn = Dsn::from_state(state)?.unwrap_or_default();
+        let origin = Origin::from_state(state)?.unwrap_or_default();
+        Ok(Envelope {
             mail_from: mail_from.to_owned(),
             recipients: rcpt_to
                 .iter()
                 .enumerate()
-                .map(|(i, address)| Recipient {
-                    address: address.clone(),
-                    notify: per(i)
-                        .and_then(|r| r.get("notify"))
-                        .and_then(Value::as_array)
-                        .map(|n| {
-                            n.iter()
-                                .filter_map(Value::as_str)
-                                .map(|s| s.to_ascii_uppercase())
-                                .collect()
-                        }),
-                    orcpt: text(per(i).and_then(|r| r.get("orcpt"))),
+                .map(|(i, address)| {
+                    let per = dsn.rcpt(i);
+                    Recipient {
+                        address: address.clone(),
+                        notify: per
+                            .and_then(|r| r.notify.as_ref())
+                            .map(|n| n.iter().map(|s| s.to_ascii_uppercase()).collect()),
+                        orcpt: per.and_then(|r| r.orcpt.clone()),
+                    }
                 })
                 .collect(),
-            ret: text(dsn.and_then(|d| d.get("ret"))),
-            envid: text(dsn.and_then(|d| d.get("envid"))),
-            utf8_message: state
-                .get("origin")
-                .and_then(|o| o.get("smtputf8"))
-                .and_then(Value::as_bool)
-                .unwrap_or(false),
-        }
+            ret: dsn.ret.map(|r| r.as_str().to_owned()),
+            envid: dsn.envid,
+            utf8_message: origin.smtputf8,
+        })
     }
 
     /// True when an address of the envelope is not ASCII: only an SMTPUTF8 peer can take it.
@@ -151,7 +149,7 @@ mod tests {
             "origin": {"smtputf8": true}
         });
         let rcpt = vec!["a@x".to_owned(), "b@x".to_owned(), "c@x".to_owned()];
-        let env = Envelope::from_state("s@x", &rcpt, state.as_object().unwrap());
+        let env = Envelope::from_state("s@x", &rcpt, state.as_object().unwrap()).unwrap();
         assert_eq!(env.ret.as_deref(), Some("HDRS"));
         assert_eq!(env.envid.as_deref(), Some("id+1"));
         assert!(env.utf8_message);
@@ -167,9 +165,15 @@ mod tests {
             }
         );
         assert_eq!(env.recipients[2].address, "c@x");
-        let bare = Envelope::from_state("", &rcpt[..1], &Map::new());
+        let bare = Envelope::from_state("", &rcpt[..1], &Map::new()).unwrap();
         assert_eq!(bare.recipients[0].notify, None);
         assert!(!bare.utf8_message);
+        let bad = json!({"dsn": {"rcpt": [{"notify": "SUCCESS"}]}});
+        let err = Envelope::from_state("", &rcpt[..1], bad.as_object().unwrap()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("state.dsn.rcpt[0].notify: "),
+            "{err}"
+        );
     }
 
     /// (envelope, capabilities, 8-bit) → the MAIL command.

@@ -137,7 +137,7 @@ impl Relay {
         policy: &RetryPolicy,
     ) -> Result<Terminal, StageError> {
         let message = ctx.raw_message()?;
-        let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state());
+        let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
         let results = self.deliver(peer, &env, &message).await;
         delivery::conclude(ctx, policy, &results)
     }

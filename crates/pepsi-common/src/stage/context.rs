@@ -615,29 +615,20 @@ impl<'a> StageContext<'a> {
     }
 }
 
-/// True when recipient `i`'s `state.dsn.rcpt[i].notify` lists `what`.
+/// True when recipient `i`'s `state.dsn.rcpt[i].notify` lists `what`. A `dsn` that does not
+/// parse counts as no NOTIFY (the bounce stage reports it); the gates using this only decide
+/// whether a success notice is due.
 pub(crate) fn notify_includes(state: &Map<String, Value>, i: usize, what: &str) -> bool {
-    state
-        .get("dsn")
-        .and_then(|d| d.get("rcpt"))
-        .and_then(|r| r.get(i))
-        .and_then(|r| r.get("notify"))
-        .and_then(Value::as_array)
-        .is_some_and(|n| {
-            n.iter()
-                .any(|v| v.as_str().is_some_and(|s| s.eq_ignore_ascii_case(what)))
-        })
+    crate::state::Dsn::from_state(state)
+        .ok()
+        .flatten()
+        .and_then(|d| d.rcpt(i).map(|r| r.notify_includes(what)))
+        .unwrap_or(false)
 }
 
-/// `state.dsn` with `rcpt` reduced to `indices` (None when the state has no dsn object).
+/// `state.dsn` with `rcpt` reduced to `indices` (None when the state has no dsn, or one that
+/// does not parse: that is left as it is, for the bounce stage to report).
 pub(crate) fn subset_dsn(state: &Map<String, Value>, indices: &[usize]) -> Option<Value> {
-    let mut dsn = state.get("dsn")?.as_object()?.clone();
-    if let Some(rcpt) = dsn.get("rcpt").and_then(Value::as_array) {
-        let subset: Vec<Value> = indices
-            .iter()
-            .map(|&i| rcpt.get(i).cloned().unwrap_or(Value::Null))
-            .collect();
-        dsn.insert("rcpt".into(), Value::Array(subset));
-    }
-    Some(Value::Object(dsn))
+    let dsn = crate::state::Dsn::from_state(state).ok()??;
+    Some(dsn.subset(indices).to_value())
 }

@@ -1,14 +1,14 @@
 //! DATA and BDAT, and the end of a transaction: check the text, authenticate the message,
 //! prepend the trace headers, store it, and only then say 250.
 
-use serde_json::json;
-
 use super::conn::End;
 use super::{Session, State, Transaction};
 use crate::headers::{Trace, received, strip_forged_results};
 use crate::protocol::Reply;
 use crate::protocol::data::{DataDecoder, DataProblem, Feed};
+use crate::protocol::params::{self, Body};
 use pepsi_common::db::{Admission, admit};
+use pepsi_common::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
 
 impl Session {
     pub(super) async fn data(&mut self) -> Result<Reply, End> {
@@ -152,10 +152,8 @@ impl Session {
             }
             _ => None,
         };
-        let iprev = self.iprev.as_ref().map(crate::verify::iprev_json);
-        let ptr = iprev
-            .as_ref()
-            .and_then(|v| v["name"].as_str().map(str::to_owned));
+        let iprev = self.iprev.as_ref().map(crate::verify::iprev_state);
+        let ptr = iprev.as_ref().and_then(|v| v.name.clone());
         let (headers, body) = pepsi_common::message::split(message);
         let date = chrono::Local::now().to_rfc2822();
         let trace = received(&Trace {
@@ -180,28 +178,48 @@ impl Session {
             stored_headers.extend_from_slice(v.header.as_bytes());
         }
         stored_headers.extend_from_slice(&kept);
-        let mut state = json!({
-            "origin": {
-                "client_addr": ip.to_string(),
-                "helo": helo,
-                "esmtp": self.esmtp,
-                "smtputf8": tx.params.smtputf8,
-                "body": tx.params.body,
-                "tls": self.tls.as_ref().map(|t| json!({"version": t.version, "cipher": t.cipher})),
-                "listener": self.listener.config.name,
-                "iprev": iprev,
-                "authserv_id": s.authserv_id,
-                "auth_user": self.auth_user,
-            },
-            "dsn": {
-                "ret": tx.params.ret,
-                "envid": tx.params.envid,
-                "rcpt": tx.rcpt_params,
-            },
-        });
+        let origin = Origin {
+            client_addr: Some(ip),
+            helo: Some(helo),
+            esmtp: self.esmtp,
+            smtputf8: tx.params.smtputf8,
+            body: tx.params.body.map(|b| match b {
+                Body::SevenBit => BodyType::SevenBit,
+                Body::EightBitMime => BodyType::EightBitMime,
+            }),
+            tls: self.tls.as_ref().map(|t| OriginTls {
+                version: t.version.clone(),
+                cipher: t.cipher.clone(),
+            }),
+            listener: Some(self.listener.config.name.clone()),
+            iprev,
+            authserv_id: Some(s.authserv_id.clone()),
+            auth_user: self.auth_user.clone(),
+        };
+        let dsn = Dsn {
+            ret: tx.params.ret.map(|r| match r {
+                params::Ret::Full => Ret::Full,
+                params::Ret::Hdrs => Ret::Headers,
+            }),
+            envid: tx.params.envid.clone(),
+            rcpt: tx
+                .rcpt_params
+                .iter()
+                .map(|p| DsnRcpt {
+                    notify: p.notify.clone(),
+                    orcpt: p.orcpt.clone(),
+                    ..DsnRcpt::default()
+                })
+                .collect(),
+            ..Dsn::default()
+        };
+        let mut state = serde_json::Map::new();
+        origin.insert_into(&mut state);
+        dsn.insert_into(&mut state);
         if let Some(v) = verdict {
-            state["auth"] = v.state;
+            state.insert("auth".into(), v.state);
         }
+        let state = serde_json::Value::Object(state);
         admit(
             &self.shared.pool,
             &Admission {
