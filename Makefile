@@ -74,9 +74,9 @@ unibin:
 	@for b in $(FOLDED_BINARIES); do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
 	@echo "unified layout: $(UNIBIN_DIR)"
 
+# pepsi/unibin beside the default multibin: every [[bin]], the unified `pepsi` too.
 clippy:
-	cargo clippy --workspace --all-targets -- -D warnings
-	cargo clippy -p pepsi --no-default-features --features unibin --bins -- -D warnings
+	cargo clippy --workspace --all-targets --features pepsi/unibin -- -D warnings
 
 fmt:
 	cargo fmt --all

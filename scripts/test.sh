@@ -17,10 +17,10 @@ install_listed_packages "$root"
 ensure_postgres "$root/target/test-services/pg"
 ensure_redis "$root/target/test-services/redis"
 
-say "== cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
-# The unified binary's own target builds only with its feature.
-cargo clippy -p pepsi --no-default-features --features unibin --bins --quiet -- -D warnings
+# With pepsi/unibin beside the default multibin, every [[bin]] is linted, the unified
+# `pepsi` too, in one pass with the same feature resolution as the workspace build.
+say "== cargo clippy --workspace --all-targets --features pepsi/unibin -- -D warnings"
+cargo clippy --workspace --all-targets --features pepsi/unibin --quiet -- -D warnings
 
 nextest=no
 cargo nextest --version >/dev/null 2>&1 && nextest=yes
