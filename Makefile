@@ -1,6 +1,56 @@
 # Pepsi: the two commands of the README, and a few conveniences.
 
-.PHONY: run test build clippy fmt
+.PHONY: run test build unibin clippy fmt
+
+# The unified binary (spec 22.2, docs/unibin.md). These two lists are authoritative: every
+# `[[bin]]` of Cargo.toml except `pepsi` itself is in exactly one of them, the folded ones
+# require the `multibin` feature, and `pepsi` runs exactly the folded names
+# (`pepsi::programs`); tests/unibin.rs checks all of it.
+#
+# Folded: linked into the one multi-call executable `pepsi`, installed as a symlink to it.
+FOLDED_BINARIES = \
+	pepsi-dispatch \
+	pepsi-ingress \
+	pepsi-queue \
+	pepsi-stage-aliases \
+	pepsi-stage-arc \
+	pepsi-stage-bounce \
+	pepsi-stage-count \
+	pepsi-stage-discard \
+	pepsi-stage-dkim-sign \
+	pepsi-stage-if \
+	pepsi-stage-if-headers \
+	pepsi-stage-relay-to-internet \
+	pepsi-stage-relay-to-lmtp \
+	pepsi-stage-route \
+	pepsi-stage-srs
+
+# Standalone: their own executables in both builds.
+# - Privileged (a setuid/setgid bit on the shared file would apply to every program linked
+#   to it): pepsi-helper-maildir-writer (setuid root), its caller
+#   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
+#   pepsi-token, reads the OAuth token files).
+# - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
+#   code used by nothing else); migadu_counters and counterctl, the counting service and
+#   its client: a product of their own with their own service, configuration and release
+#   cycle, possibly on another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so
+#   folding them in would only grow every Pepsi process's shared binary.
+STANDALONE_BINARIES = \
+	pepsi-setup \
+	pepsi-helper-maildir-writer \
+	pepsi-stage-relay-to-maildir \
+	pepsi-stage-relay-to-smarthost \
+	migadu_counters \
+	counterctl
+
+# `make unibin [PROFILE=release|dev]` builds with --no-default-features --features unibin
+# and lays out $(UNIBIN_DIR): `pepsi`, one symlink to it per folded program, and the
+# standalone executables, the shape of an installed system's directory of programs (the
+# dispatcher started from it finds every stage program beside itself).
+PROFILE ?= release
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
+PROFILE_DIR := $(if $(filter dev test,$(PROFILE)),debug,$(PROFILE))
+UNIBIN_DIR := $(TARGET_DIR)/$(PROFILE_DIR)/unibin
 
 # Build and bring the system up on the embedded default configuration.
 run:
@@ -13,8 +63,20 @@ test:
 build:
 	cargo build --bins
 
+unibin:
+	cargo build --profile $(PROFILE) --no-default-features --features unibin --bins
+	rm -rf $(UNIBIN_DIR)
+	mkdir -p $(UNIBIN_DIR)
+	@for b in pepsi $(STANDALONE_BINARIES); do \
+	  ln -f $(TARGET_DIR)/$(PROFILE_DIR)/$$b $(UNIBIN_DIR)/$$b 2>/dev/null || \
+	  cp -f $(TARGET_DIR)/$(PROFILE_DIR)/$$b $(UNIBIN_DIR)/$$b || exit 1; \
+	done
+	@for b in $(FOLDED_BINARIES); do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
+	@echo "unified layout: $(UNIBIN_DIR)"
+
+# pepsi/unibin beside the default multibin: every [[bin]], the unified `pepsi` too.
 clippy:
-	cargo clippy --workspace --all-targets -- -D warnings
+	cargo clippy --workspace --all-targets --features pepsi/unibin -- -D warnings
 
 fmt:
 	cargo fmt --all

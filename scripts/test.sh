@@ -4,7 +4,9 @@
 # Uses DATABASE_URL / REDIS_URL when they answer, else the standard loopback ports, else
 # starts private servers under target/test-services (stopped again at exit). Installs the
 # Debian packages the tests need (scripts/apt-packages.txt) when missing. Then runs clippy
-# with warnings denied and the whole test suite (cargo-nextest when installed).
+# with warnings denied and the whole test suite (cargo-nextest when installed), and last the
+# system, dispatcher and layout tests again on the unified binary (`make unibin PROFILE=dev`,
+# docs/unibin.md), once with fusion allowed and once without. UNIBIN=no skips that part.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$root"
@@ -15,13 +17,34 @@ install_listed_packages "$root"
 ensure_postgres "$root/target/test-services/pg"
 ensure_redis "$root/target/test-services/redis"
 
-say "== cargo clippy --workspace --all-targets -- -D warnings"
-cargo clippy --workspace --all-targets --quiet -- -D warnings
+# With pepsi/unibin beside the default multibin, every [[bin]] is linted, the unified
+# `pepsi` too, in one pass with the same feature resolution as the workspace build.
+say "== cargo clippy --workspace --all-targets --features pepsi/unibin -- -D warnings"
+cargo clippy --workspace --all-targets --features pepsi/unibin --quiet -- -D warnings
 
-if cargo nextest --version >/dev/null 2>&1; then
+nextest=no
+cargo nextest --version >/dev/null 2>&1 && nextest=yes
+if [ "$nextest" = yes ]; then
   say "== cargo nextest run --workspace"
   cargo nextest run --workspace --no-fail-fast "$@"
 else
   say "== cargo test --workspace"
   cargo test --workspace --no-fail-fast "$@"
 fi
+
+# The same system and dispatcher tests (built as above, with the default features) on the
+# programs of the unified layout: only the root package compiles again.
+[ "${UNIBIN:-yes}" = no ] && exit 0
+say "== make unibin PROFILE=dev"
+make --no-print-directory unibin PROFILE=dev
+export PEPSI_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug/unibin"
+tests=(--test system_delivery --test system_remote --test dispatch --test unibin)
+for fusion in yes no; do
+  say "== the system and dispatcher tests on $PEPSI_BIN_DIR, ALLOW_FUSION = $fusion"
+  [ "$fusion" = no ] && tests=("${tests[@]:0:6}")  # the layout check once is enough
+  if [ "$nextest" = yes ]; then
+    PEPSI_ALLOW_FUSION=$fusion cargo nextest run -p pepsi "${tests[@]}" --no-fail-fast "$@"
+  else
+    PEPSI_ALLOW_FUSION=$fusion cargo test -p pepsi "${tests[@]}" --no-fail-fast "$@"
+  fi
+done

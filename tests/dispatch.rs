@@ -14,7 +14,11 @@ use common::test_stage;
 use pepsi_testkit::TestDb;
 use serde_json::Value;
 
-const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
+/// The dispatcher under test: the one cargo built, or `$PEPSI_BIN_DIR/pepsi-dispatch` (the
+/// unified layout's symlink to `pepsi`, which `scripts/test.sh` also runs these tests on).
+fn dispatch() -> PathBuf {
+    pepsi_testkit::programs::program("pepsi-dispatch", env!("CARGO_BIN_EXE_pepsi-dispatch"))
+}
 
 /// A dispatcher process, killed when dropped so a failing test leaves nothing running.
 struct Running(Child);
@@ -78,7 +82,7 @@ impl Harness {
     fn start(&self, log: &str) -> Running {
         let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
         Running(
-            Command::new(DISPATCH)
+            Command::new(dispatch())
                 .arg("-c")
                 .arg(&self.config)
                 .args(["-L", "debug"])
@@ -590,7 +594,7 @@ async fn a_second_dispatcher_refuses_to_start_and_names_the_first() {
         assert!(Instant::now() < until, "{}", h.log("first.log"));
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let out = Command::new(DISPATCH)
+    let out = Command::new(dispatch())
         .arg("-c")
         .arg(&h.config)
         .output()
@@ -649,7 +653,7 @@ async fn a_program_that_cannot_start_is_held_off_and_logged_once() {
 
 #[test]
 fn help_documents_the_options() {
-    let out = Command::new(DISPATCH).arg("--help").output().unwrap();
+    let out = Command::new(dispatch()).arg("--help").output().unwrap();
     assert!(out.status.success());
     let help = String::from_utf8_lossy(&out.stdout);
     for option in [

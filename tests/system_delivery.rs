@@ -228,7 +228,7 @@ async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishe
         );
     }
     if !failed.is_empty() {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_pepsi-queue"))
+        let out = std::process::Command::new(system_common::queue_tool())
             .arg("-c")
             .arg(&sys.config)
             .args(["retry", "--all-failed"])

@@ -1,4 +1,5 @@
-//! `pepsi-dispatch`: see the crate behind `pepsi_dispatch::run`.
+//! `pepsi-dispatch` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_dispatch`.
 fn main() -> std::process::ExitCode {
-    pepsi_dispatch::run()
+    pepsi::programs::pepsi_dispatch::main()
 }

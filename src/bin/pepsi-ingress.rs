@@ -1,5 +1,5 @@
-//! pepsi-ingress: the SMTP and submission server (`pepsi_ingress::run`).
-
+//! `pepsi-ingress` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_ingress`.
 fn main() -> std::process::ExitCode {
-    pepsi_ingress::run()
+    pepsi::programs::pepsi_ingress::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-queue`: see the crate behind `pepsi_queue::run`.
+//! `pepsi-queue` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_queue`.
 fn main() -> std::process::ExitCode {
-    pepsi_queue::run()
+    pepsi::programs::pepsi_queue::main()
 }

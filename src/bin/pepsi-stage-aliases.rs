@@ -1,4 +1,5 @@
-//! `pepsi-stage-aliases`: see the crate behind `pepsi_stage_aliases::run`.
+//! `pepsi-stage-aliases` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_aliases`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_aliases::run()
+    pepsi::programs::pepsi_stage_aliases::main()
 }

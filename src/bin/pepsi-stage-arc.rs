@@ -1,4 +1,5 @@
-//! `pepsi-stage-arc`: see the crate behind `pepsi_stage_arc::run`.
+//! `pepsi-stage-arc` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_arc`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_arc::run()
+    pepsi::programs::pepsi_stage_arc::main()
 }

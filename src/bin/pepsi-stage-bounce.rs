@@ -1,4 +1,5 @@
-//! `pepsi-stage-bounce`: see the crate behind `pepsi_stage_bounce::run`.
+//! `pepsi-stage-bounce` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_bounce`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_bounce::run()
+    pepsi::programs::pepsi_stage_bounce::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-count`: see the crate behind `pepsi_stage_count::run`.
+//! `pepsi-stage-count` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_count`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_count::run()
+    pepsi::programs::pepsi_stage_count::main()
 }

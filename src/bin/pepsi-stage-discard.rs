@@ -1,4 +1,5 @@
-//! `pepsi-stage-discard`: see the crate behind `pepsi_stage_discard::run`.
+//! `pepsi-stage-discard` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_discard`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_discard::run()
+    pepsi::programs::pepsi_stage_discard::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-dkim-sign`: see the crate behind `pepsi_stage_dkim_sign::run`.
+//! `pepsi-stage-dkim-sign` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_dkim_sign`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_dkim_sign::run()
+    pepsi::programs::pepsi_stage_dkim_sign::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-if-headers`: see the crate behind `pepsi_stage_if::run_headers`.
+//! `pepsi-stage-if-headers` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_if_headers`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_if::run_headers()
+    pepsi::programs::pepsi_stage_if_headers::main()
 }

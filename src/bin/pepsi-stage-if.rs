@@ -1,4 +1,5 @@
-//! `pepsi-stage-if`: see the crate behind `pepsi_stage_if::run`.
+//! `pepsi-stage-if` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_if`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_if::run()
+    pepsi::programs::pepsi_stage_if::main()
 }

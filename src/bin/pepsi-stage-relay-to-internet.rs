@@ -1,4 +1,5 @@
-//! `pepsi-stage-relay-to-internet`: see the crate behind `pepsi_stage_relay_to_internet::run`.
+//! `pepsi-stage-relay-to-internet` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_relay_to_internet`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_relay_to_internet::run()
+    pepsi::programs::pepsi_stage_relay_to_internet::main()
 }

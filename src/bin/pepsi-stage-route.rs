@@ -1,4 +1,5 @@
-//! `pepsi-stage-route`: see the crate behind `pepsi_stage_route::run`.
+//! `pepsi-stage-route` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_route`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_route::run()
+    pepsi::programs::pepsi_stage_route::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-srs`: see the crate behind `pepsi_stage_srs::run`.
+//! `pepsi-stage-srs` as its own executable (feature `multibin`); the
+//! unified `pepsi` runs the same entry point, `pepsi::programs::pepsi_stage_srs`.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_srs::run()
+    pepsi::programs::pepsi_stage_srs::main()
 }

@@ -3,6 +3,11 @@
 //! `pepsi-dispatch` processes whose dispatcher runs the real stage programs found beside
 //! them. Mail goes in over SMTP and is looked for in the Maildirs under the test's own
 //! `PEPSI_HOME`.
+//!
+//! With `PEPSI_BIN_DIR` set, every program comes from that directory (a unified layout,
+//! `make unibin`: the dispatcher there finds the stage programs beside itself), and with
+//! `PEPSI_ALLOW_FUSION` set the configuration gets `[pepsi] ALLOW_FUSION = <that value>`;
+//! `scripts/test.sh` runs these tests that way too.
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
@@ -13,8 +18,29 @@ use pepsi_testkit::TestDb;
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 
-pub const INGRESS: &str = env!("CARGO_BIN_EXE_pepsi-ingress");
-pub const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
+/// `pepsi-ingress`, from `PEPSI_BIN_DIR` when set.
+pub fn ingress() -> PathBuf {
+    pepsi_testkit::programs::program("pepsi-ingress", env!("CARGO_BIN_EXE_pepsi-ingress"))
+}
+
+/// `pepsi-dispatch`, from `PEPSI_BIN_DIR` when set.
+pub fn dispatch() -> PathBuf {
+    pepsi_testkit::programs::program("pepsi-dispatch", env!("CARGO_BIN_EXE_pepsi-dispatch"))
+}
+
+/// `pepsi-queue`, from `PEPSI_BIN_DIR` when set.
+pub fn queue_tool() -> PathBuf {
+    pepsi_testkit::programs::program("pepsi-queue", env!("CARGO_BIN_EXE_pepsi-queue"))
+}
+
+/// `[pepsi] ALLOW_FUSION = $PEPSI_ALLOW_FUSION` when that is set, else nothing (the
+/// configuration's own value holds).
+fn fusion_option() -> String {
+    match std::env::var("PEPSI_ALLOW_FUSION") {
+        Ok(value) if !value.is_empty() => format!("\n[pepsi]\nALLOW_FUSION = {value}\n"),
+        _ => String::new(),
+    }
+}
 
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -94,8 +120,9 @@ impl System {
             &config,
             format!(
                 "@inline@ {shipped}\n\n[listener-mx]\nADDRESS = 127.0.0.1:{port}\n\n\
-                 [pepsi-dispatch]\nPOLL_INTERVAL = 200ms\n\n{extra}\n",
-                shipped = shipped.display()
+                 [pepsi-dispatch]\nPOLL_INTERVAL = 200ms\n\n{extra}\n{fusion}",
+                shipped = shipped.display(),
+                fusion = fusion_option(),
             ),
         )
         .unwrap();
@@ -109,8 +136,9 @@ impl System {
         }
     }
 
-    fn command(&self, program: &str) -> Command {
-        let bin = Path::new(DISPATCH).parent().unwrap();
+    fn command(&self, program: &Path) -> Command {
+        let dispatch = dispatch();
+        let bin = dispatch.parent().unwrap();
         let path = format!(
             "{}:{}",
             bin.display(),
@@ -134,7 +162,7 @@ impl System {
     pub async fn start(&mut self) {
         self.start_dispatcher();
         let log = std::fs::File::create(self.dir.path().join("ingress.log")).unwrap();
-        let child = self.command(INGRESS).stderr(log).spawn().unwrap();
+        let child = self.command(&ingress()).stderr(log).spawn().unwrap();
         self.procs.push(Proc {
             child,
             name: "ingress",
@@ -156,7 +184,7 @@ impl System {
             .append(true)
             .open(self.dir.path().join("dispatch.log"))
             .unwrap();
-        let child = self.command(DISPATCH).stderr(log).spawn().unwrap();
+        let child = self.command(&dispatch()).stderr(log).spawn().unwrap();
         self.procs.push(Proc {
             child,
             name: "dispatch",

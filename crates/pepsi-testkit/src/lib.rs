@@ -5,6 +5,10 @@
 //! `scripts/test.sh` points it at a private server when none answers). A test database is
 //! dropped when its `TestDb` is dropped, except after a panic: a failed test keeps its
 //! database for a post-mortem, and the panic message names it.
+//!
+//! `programs` says where a test finds the programs it executes (`PEPSI_BIN_DIR`).
+
+pub mod programs;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
