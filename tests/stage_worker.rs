@@ -260,8 +260,7 @@ async fn with_return_status_the_discard_stage_sends_mail_back_through_the_bounce
         &cfg,
         format!(
             "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\n\
-             BOUNCE_STAGE = bounce\nRETURN_STATUS = 5.4.4\nRETURN_TEXT = no relay configured\n\n\
-             [stage-odd]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\nRETURN_STATUS = 4.4.4\n",
+             BOUNCE_STAGE = bounce\nRETURN_STATUS = 5.4.4\nRETURN_TEXT = no relay configured\n",
             db.url
         ),
     )
@@ -280,12 +279,50 @@ async fn with_return_status_the_discard_stage_sends_mail_back_through_the_bounce
     assert_eq!(bounce["enhanced_status"], "5.4.4");
     assert_eq!(bounce["diagnostic"], "no relay configured");
     assert_eq!(bounce["stage"], "remote");
+}
 
-    // a transient code is a configuration error, reported on the status line
-    let odd = message(&db, Some("odd")).await;
-    let lines = worker(&cfg, format!("{odd}\n"));
+/// Every section is parsed when the worker starts (stage contract v2): a transient
+/// RETURN_STATUS in any discard section stops the worker before it reads an id, with an
+/// error naming the section and the option, and the message is left as it was.
+#[tokio::test]
+async fn a_bad_option_in_any_section_stops_the_worker_before_its_first_id() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-odd]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\nRETURN_STATUS = 4.4.4\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let id = message(&db, Some("remote")).await;
+    let mut child = Command::new(DISCARD)
+        .arg("worker")
+        .arg("-c")
+        .arg(&cfg)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = writeln!(stdin, "{id}");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "no status line: {:?}", out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
     assert!(
-        lines[0].starts_with("1 ") && lines[0].contains("RETURN_STATUS"),
-        "{lines:?}"
+        err.contains("[stage-odd]") && err.contains("RETURN_STATUS"),
+        "{err}"
+    );
+    assert_eq!(
+        exists(&db, id).await,
+        Some(("remote".to_owned(), "running".to_owned()))
     );
 }

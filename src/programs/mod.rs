@@ -86,7 +86,25 @@ pub const UNIFIED: &str = "pepsi";
 /// in. Only the unified binary calls this, first thing, before it dispatches: a stage is
 /// fused into its predecessor's pass only when both are folded into the same executable,
 /// so a per-program development build, which never calls it, runs without fusion.
-pub fn install_fusion() {}
+pub fn install_fusion() {
+    use pepsi_common::stage::fusion::{install, register};
+    // Every folded stage program; the privileged ones (relay-to-maildir, relay-to-smarthost)
+    // run in executables of their own and so are never fused into.
+    install(vec![
+        register::<::pepsi_stage_aliases::Aliases>(),
+        register::<::pepsi_stage_arc::Arc>(),
+        register::<::pepsi_stage_bounce::Bounce>(),
+        register::<::pepsi_stage_count::Count>(),
+        register::<::pepsi_stage_discard::Discard>(),
+        register::<::pepsi_stage_dkim_sign::DkimSign>(),
+        register::<::pepsi_stage_if::If>(),
+        register::<::pepsi_stage_if::IfHeaders>(),
+        register::<::pepsi_stage_relay_to_internet::RelayToInternet>(),
+        register::<::pepsi_stage_relay_to_lmtp::RelayToLmtp>(),
+        register::<::pepsi_stage_route::Route>(),
+        register::<::pepsi_stage_srs::SrsProgram>(),
+    ]);
+}
 
 /// The folded program called `name`.
 pub fn find(name: &str) -> Option<&'static Program> {
