@@ -10,7 +10,8 @@
 #   latency = file appears - 250 after DATA   (p50, p99)
 # Each side gets a warm-up of 200 messages first (delivered before the measured run starts).
 #
-# Pepsi: the release binaries on the shipped default graph (etc/pepsi.conf, included with
+# Pepsi: the release build's unified layout (`make unibin`: `pepsi` and a symlink to it per
+# folded program, docs/unibin.md) on the shipped default graph (etc/pepsi.conf, included with
 # @inline@), overriding only the listener's address, VERIFY = no and
 # MAX_CONNECTIONS_PER_CLIENT (all clients come from 127.0.0.1); a private database on the
 # PostgreSQL server. Postfix: a private instance (own queue_directory, own port, started as
@@ -24,7 +25,8 @@
 # capacity); PEPSI_EXTRA_CONF=FILE appends that file's lines to the Pepsi configuration
 # (a second configuration, e.g. other PARALLELISM/QUEUE_LIMIT); E2E_LOG=info runs the Pepsi
 # programs at that log level (default warn); E2E_OUT=DIR keeps the raw records there
-# (default target/bench-e2e/last); E2E_BUILD=no measures the release binaries already built.
+# (default target/bench-e2e/last); E2E_BUILD=no measures the release binaries already built;
+# PEPSI_LAYOUT=multibin runs one release executable per program instead of the unified layout.
 #
 # Needs: postfix, PostgreSQL (DATABASE_URL, else the server on 127.0.0.1:5432, else a
 # private one under target/bench-e2e/pg), python3, cargo. Run as root (Postfix's master
@@ -39,7 +41,14 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/services.sh
 target="${CARGO_TARGET_DIR:-$root/target}"
-bin="$target/release"
+# The release build as it is installed: the unified layout (make unibin); PEPSI_LAYOUT=multibin
+# measures the development shape instead, one executable per program.
+layout="${PEPSI_LAYOUT:-unibin}"
+case "$layout" in
+  unibin) bin="$target/release/unibin"; build=(make -s --no-print-directory unibin PROFILE=release) ;;
+  multibin) bin="$target/release"; build=(cargo build --release -q --bins) ;;
+  *) echo "PEPSI_LAYOUT is unibin or multibin, not $layout" >&2; exit 2 ;;
+esac
 e2e="$root/bench/e2e/e2e.py"
 out="${E2E_OUT:-$target/bench-e2e/last}"
 rm -rf "$out"
@@ -109,10 +118,10 @@ run_pepsi() {
     say "== pepsi: etc/pepsi.conf has no delivery to Maildir yet; skipped"
     return 0
   fi
-  say "== building Pepsi (release)"
+  say "== building Pepsi (release, $layout)"
   if [ "${E2E_BUILD:-yes}" = no ]; then
     say "E2E_BUILD=no: measuring the existing binaries in $bin"
-  elif ! cargo build --release -q --bins; then
+  elif ! "${build[@]}"; then
     [ -x "$bin/pepsi-ingress" ] && [ -x "$bin/pepsi-dispatch" ] || exit 1
     say "build failed; measuring the existing binaries in $bin"
   fi
@@ -227,6 +236,7 @@ ensure_postgres "$root/target/bench-e2e/pg"
   echo "postgresql: $(psql "$DATABASE_URL" -Atqc "SELECT current_setting('server_version') || ', fsync=' || current_setting('fsync') || ', synchronous_commit=' || current_setting('synchronous_commit')")"
   echo "postfix: $(postconf -h mail_version 2>/dev/null || echo missing)"
   echo "machine: $(nproc) cores, $(uptime)"
+  echo "pepsi programs: $layout layout, $bin"
 } | tee "$out/env" >&2
 
 case ",$sides," in *,pepsi,*) run_pepsi ;; esac

@@ -14,7 +14,8 @@
 #   latency = message at the sink - 250 after DATA   (p50, p99)
 # Each side gets a warm-up of 200 messages first (relayed before the measured run starts).
 #
-# Pepsi: the release binaries on the shipped default graph (etc/pepsi.conf, included with
+# Pepsi: the release build's unified layout (`make unibin`: `pepsi` and a symlink to it per
+# folded program, docs/unibin.md) on the shipped default graph (etc/pepsi.conf, included with
 # @inline@) with its last hop [stage-relay] served by pepsi-stage-relay-to-smarthost (HOST
 # 127.0.0.1, the sink's port, TLS none, PARALLELISM 4, QUEUE_LIMIT 8), so every message takes
 # the whole remote branch: init (SRS reverse) -> aliases -> route -> remote (SRS forward: the
@@ -33,7 +34,8 @@
 # the clients go (open loop: latency without a queue backlog, when R is below both sides'
 # capacity); RELAY_OUT=DIR keeps the raw records there (default target/bench-relay/last);
 # RELAY_BUILD=no measures the release binaries already built; RELAY_LOG=info runs the Pepsi
-# programs at that log level (default warn).
+# programs at that log level (default warn); PEPSI_LAYOUT=multibin runs one release
+# executable per program instead of the unified layout.
 #
 # Needs: postfix (smtp-sink, relay), PostgreSQL (DATABASE_URL, else the server on
 # 127.0.0.1:5432, else a private one under target/bench-relay/pg), python3, cargo. Run as root
@@ -48,7 +50,14 @@ root="$(cd "$(dirname "$0")/../.." && pwd)"
 cd "$root"
 . scripts/services.sh
 target="${CARGO_TARGET_DIR:-$root/target}"
-bin="$target/release"
+# The release build as it is installed: the unified layout (make unibin); PEPSI_LAYOUT=multibin
+# measures the development shape instead, one executable per program.
+layout="${PEPSI_LAYOUT:-unibin}"
+case "$layout" in
+  unibin) bin="$target/release/unibin"; build=(make -s --no-print-directory unibin PROFILE=release) ;;
+  multibin) bin="$target/release"; build=(cargo build --release -q --bins) ;;
+  *) echo "PEPSI_LAYOUT is unibin or multibin, not $layout" >&2; exit 2 ;;
+esac
 e2e="$root/bench/e2e/e2e.py"
 sinkpy="$root/bench/relay/sink.py"
 out="${RELAY_OUT:-$target/bench-relay/last}"
@@ -79,6 +88,7 @@ ensure_postgres "$root/target/bench-relay/pg"
   echo "postgresql: $(psql "$DATABASE_URL" -Atqc "SELECT current_setting('server_version') || ', fsync=' || current_setting('fsync') || ', synchronous_commit=' || current_setting('synchronous_commit')")"
   echo "postfix: $(postconf -h mail_version 2>/dev/null || echo missing)"
   echo "machine: $(nproc) cores, $(uptime)"
+  echo "pepsi programs: $layout layout, $bin"
 } | tee "$out/env" >&2
 
 # ---- the sink: one smtp-sink for both sides, one file per transaction under $sinkdir/cur
@@ -90,10 +100,10 @@ pids+=($!)
 wait_port "$sink_port"
 
 # ---- Pepsi
-say "== building Pepsi (release)"
+say "== building Pepsi (release, $layout)"
 if [ "${RELAY_BUILD:-yes}" = no ]; then
   say "RELAY_BUILD=no: measuring the existing binaries in $bin"
-elif ! cargo build --release -q --bins; then
+elif ! "${build[@]}"; then
   [ -x "$bin/pepsi-stage-relay-to-smarthost" ] || exit 1
   say "build failed; measuring the existing binaries in $bin"
 fi
