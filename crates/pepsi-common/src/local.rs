@@ -8,18 +8,21 @@
 //! no trailing dot). Local parts keep their case for delivery and compare without it.
 //!
 //! The address helpers are pure; the database is read only by `LocalRecipients`'s async
-//! methods (through `pepsi.settings_get` and `pepsi.mailboxes_among`), and never written.
+//! methods and `recipient_facts` (through `pepsi.settings_get` and
+//! `pepsi.recipient_facts`), and never written.
 
 use std::collections::{BTreeSet, HashSet};
 
-use sqlx::PgPool;
+use serde_json::Value;
+use sqlx::{PgPool, Row as _};
 
 use crate::config::{Config, ConfigError};
+use crate::settings::SettingsTable;
 
 /// The settings-layer name that marks a domain key (`@example.org`) local.
 pub const LOCAL_DOMAIN_SETTING: &str = "local_domain";
 
-const MAILBOXES_AMONG: &str = "SELECT pepsi.mailboxes_among($1)";
+const RECIPIENT_FACTS: &str = "SELECT address, name, value FROM pepsi.recipient_facts($1, $2, $3)";
 
 /// A domain in the form domains are compared in: ASCII lower-case, IDN labels as punycode,
 /// without a trailing dot. An address literal (`[192.0.2.1]`) is kept as written. `None`
@@ -191,19 +194,36 @@ impl LocalRecipients {
     }
 }
 
-/// The enabled mailboxes (`pepsi.mailbox_account`) among `addresses`, lower-case.
-pub async fn mailboxes_among(
+/// What resolving a set of addresses needs, in one query: the settings rows for `keys` and
+/// `names` (as `settings::fetch` returns them) and the enabled mailboxes
+/// (`pepsi.mailbox_account`) among `mailboxes`, lower-case.
+pub async fn recipient_facts(
     pool: &PgPool,
-    addresses: &[String],
-) -> Result<HashSet<String>, sqlx::Error> {
-    if addresses.is_empty() {
-        return Ok(HashSet::new());
+    keys: &[String],
+    names: &[&str],
+    mailboxes: &[String],
+) -> Result<(SettingsTable, HashSet<String>), sqlx::Error> {
+    if mailboxes.is_empty() && (keys.is_empty() || names.is_empty()) {
+        return Ok(Default::default());
     }
-    let found: Vec<String> = sqlx::query_scalar(MAILBOXES_AMONG)
-        .bind(addresses)
+    let rows = sqlx::query(RECIPIENT_FACTS)
+        .bind(keys)
+        .bind(names)
+        .bind(mailboxes)
         .fetch_all(pool)
         .await?;
-    Ok(found.into_iter().collect())
+    let mut settings = Vec::new();
+    let mut found = HashSet::new();
+    for row in rows {
+        let address: String = row.try_get("address")?;
+        match row.try_get::<Option<String>, _>("name")? {
+            Some(name) => settings.push((address, name, row.try_get::<Value, _>("value")?)),
+            None => {
+                found.insert(address);
+            }
+        }
+    }
+    Ok((SettingsTable::from_rows(settings), found))
 }
 
 #[cfg(test)]

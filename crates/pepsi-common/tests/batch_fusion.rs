@@ -98,6 +98,38 @@ impl Stage for Whole {
     }
 }
 
+/// A stage that loads the whole message and batches (`BATCH`), as a Maildir delivery does:
+/// finishes a row whose body is `body`, pauses one whose state asks for it, fails the rest.
+struct Deliver;
+
+impl Stage for Deliver {
+    const PROGRAM: &'static str = "test-deliver";
+    const LOAD: Load = Load::Full;
+    const BATCH: bool = true;
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Deliver)
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(&self, _: &(), ctx: &mut StageContext<'_>) -> Result<Terminal, StageError> {
+        let mut merge = Map::new();
+        merge.insert("seen_body".into(), json!(ctx.body()?.len()));
+        if ctx.state().get("do").and_then(Value::as_str) == Some("pause") {
+            return ctx.pause(merge, Duration::from_secs(600));
+        }
+        if ctx.body()? == b"body" && ctx.headers()? == b"Subject: t" {
+            ctx.finish()
+        } else {
+            ctx.fail(merge)
+        }
+    }
+}
+
 fn registry() -> Vec<Registration> {
     vec![register::<Act>(), register::<Whole>()]
 }
@@ -109,6 +141,7 @@ async fn setup(fusion: bool) -> (TestDb, Config) {
          [stage-a]\nPROGRAM = {ACT}\nNEXT_STAGE = b\nQUEUE_LIMIT = 16\n\
          [stage-b]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n\
          [stage-c]\nPROGRAM = test-whole\n\
+         [stage-d]\nPROGRAM = test-deliver\nQUEUE_LIMIT = 8\n\
          [stage-x]\nPROGRAM = {ACT}\nNEXT_STAGE = y\n\
          [stage-y]\nPROGRAM = {ACT}\n\
          [stage-other]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n",
@@ -269,6 +302,72 @@ async fn a_row_taken_back_during_a_batch_is_reported_and_left_alone() {
     assert_eq!(view(pool, b).await[0]["stage"], "a");
     assert_eq!(view(pool, b).await[0]["status"], "pending");
     assert_eq!(view(pool, a).await[0]["stage"], "b");
+}
+
+/// A stage that loads the whole message and opts into batching gets each row's headers and
+/// body from the batch's one SELECT; its finishes delete their rows (and release the shared
+/// body) in the batch's one statement, beside a pause; a row taken back before that
+/// statement is reported and kept.
+#[tokio::test]
+async fn a_whole_message_batch_finishes_in_one_statement_like_one_at_a_time() {
+    let (db, cfg) = setup(false).await;
+    let pool = &db.pool;
+    let states = [json!({}), json!({"do": "pause"}), json!({}), json!({})];
+    let mut batch = Vec::new();
+    let mut single = Vec::new();
+    for state in &states {
+        batch.push(running(pool, "d", state.clone()).await);
+        single.push(running(pool, "d", state.clone()).await);
+    }
+    // The last row of the batch is taken back by the dispatcher before the batch commits.
+    let taken = batch[3];
+    sqlx::query("UPDATE pepsi.workqueue SET status = 'pending' WHERE workqueue_id = $1")
+        .bind(taken)
+        .execute(pool)
+        .await
+        .unwrap();
+    let worker = Worker::with_stage(Deliver, pool, &cfg, &[]).unwrap();
+    let batched = worker.pass_batch(&batch).await;
+    for (i, &id) in single.iter().enumerate().take(3) {
+        let alone = worker.pass(id).await;
+        assert_eq!(
+            outcome(&batched[i]),
+            outcome(&alone),
+            "row {i}: reports alike"
+        );
+        assert_eq!(
+            view(pool, batch[i]).await,
+            view(pool, id).await,
+            "row {i}: ends alike"
+        );
+    }
+    assert_eq!(outcome(&batched[0]), "ok finished=true fused=0");
+    assert_eq!(
+        view(pool, batch[0]).await,
+        json!([]),
+        "a finished row is gone"
+    );
+    let paused = view(pool, batch[1]).await;
+    assert_eq!(paused[0]["status"], "paused");
+    assert_eq!(paused[0]["state"]["seen_body"], 4, "the body was loaded");
+    assert!(
+        matches!(batched[3], Err(StageError::NotRunning { .. })),
+        "{}",
+        outcome(&batched[3])
+    );
+    assert_eq!(
+        view(pool, taken).await[0]["status"],
+        "pending",
+        "kept as it was"
+    );
+    let orphans: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.workqueue_body b \
+         WHERE NOT EXISTS (SELECT 1 FROM pepsi.workqueue w WHERE w.body_id = b.body_id)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    assert_eq!(orphans, 0, "finished rows released their bodies");
 }
 
 /// The stdin loop: ids already waiting are handled as one batch, answered one status line

@@ -496,11 +496,16 @@ $$;
 --
 -- PL/pgSQL rather than SQL: the query's plan is cached per session like a prepared
 -- statement's (a non-inlined SQL function is planned on every call before PostgreSQL 18).
+-- The generic plan is forced: under plan_cache_mode = auto the planner keeps choosing a
+-- custom plan for this query, and planning it costs about three times running it (1.1 ms
+-- against 0.35 ms a claim, measured with pg_stat_statements; the dispatcher claims after
+-- nearly every status line). Every access path is an index probe per stage either way.
 CREATE OR REPLACE FUNCTION pepsi.dispatch_claim(
     p_stages text[], p_fifo integer[], p_fair integer[], p_cost double precision[],
     p_lead_stages text[], p_lead_senders text[], p_leads double precision[],
     p_max_senders bigint)
-RETURNS TABLE (workqueue_id bigint, stage text, sender_key text) LANGUAGE plpgsql AS $$
+RETURNS TABLE (workqueue_id bigint, stage text, sender_key text) LANGUAGE plpgsql
+SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
@@ -734,6 +739,17 @@ RETURNS SETOF text LANGUAGE sql STABLE AS $$
     FROM pepsi.mailbox_account a
     WHERE a.address = ANY (ARRAY(SELECT lower(k) FROM unnest(p_addresses) AS k))
       AND a.enabled
+$$;
+
+-- What the alias expansion needs to know about a set of addresses, in one round trip: the
+-- settings_get rows for (p_keys, p_names), then one row per enabled mailbox among
+-- p_mailboxes with name and value NULL.
+CREATE OR REPLACE FUNCTION pepsi.recipient_facts(
+    p_keys text[], p_names text[], p_mailboxes text[])
+RETURNS TABLE (address text, name text, value jsonb) LANGUAGE sql STABLE AS $$
+    SELECT s.address, s.name, s.value FROM pepsi.settings_get(p_keys, p_names) s
+    UNION ALL
+    SELECT m.address, NULL, NULL FROM pepsi.mailboxes_among(p_mailboxes) AS m(address)
 $$;
 
 -- THE MX ADDRESS CACHE (pepsi.dns_address)

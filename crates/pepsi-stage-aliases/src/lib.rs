@@ -14,7 +14,7 @@ use std::process::ExitCode;
 
 use pepsi_common::config::Config;
 use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
-use pepsi_common::settings::{self, lookup_keys};
+use pepsi_common::settings::lookup_keys;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
@@ -72,7 +72,8 @@ pub struct Aliases {
 }
 
 impl Aliases {
-    /// The facts `expand::resolve` needs about `addresses`: three queries at most.
+    /// The facts `expand::resolve` needs about `addresses`: two queries at most, one unless an
+    /// alias file names local domains.
     async fn facts(
         &self,
         pool: &sqlx::PgPool,
@@ -94,8 +95,9 @@ impl Aliases {
                 domains.push(d);
             }
         }
-        let settings = settings::fetch(pool, &keys, &[ALIAS_SETTING, CATCHALL_SETTING]).await?;
-        let mailboxes = local::mailboxes_among(pool, &mailboxes).await?;
+        let (settings, mailboxes) =
+            local::recipient_facts(pool, &keys, &[ALIAS_SETTING, CATCHALL_SETTING], &mailboxes)
+                .await?;
         let local_domains = if stage.file.names.is_empty() {
             Default::default()
         } else {

@@ -2,8 +2,8 @@
 //! statement. For advance, pause and fail that is one UPDATE naming exactly the columns
 //! the stage touched (a changed body first gets a body row of its own: copy-on-write);
 //! the clone-spawning terminals call their stored functions. A fused chain commits once, with
-//! every hop's changes; a batch of body-free passes commits its advances, pauses and fails in
-//! one arrayed UPDATE (`commit_many`).
+//! every hop's changes; a batch commits its advances, pauses, fails and finishes in one
+//! statement (`commit_many`).
 //!
 //! The SQL is assembled from the constant fragments below only, never from input, and each
 //! shape is a prepared statement of its own.
@@ -100,11 +100,12 @@ pub(crate) async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result
     Ok(())
 }
 
-/// A batched pass's commit, deferred to the batch's one arrayed UPDATE: advance, pause and
-/// fail with any change but a new body.
+/// A batched pass's commit, deferred to the batch's one statement: advance, pause and fail
+/// with any change but a new body, and a plain finish.
 #[derive(Debug)]
 pub(crate) struct Deferred {
     pub id: i64,
+    /// The new status, or [`FINISHED`]: the row is deleted.
     pub status: &'static str,
     pub stage: Option<String>,
     pub pause_secs: Option<f64>,
@@ -118,12 +119,27 @@ pub(crate) struct Deferred {
 
 impl Deferred {
     /// The deferred form of the pass's commit, or `None` when it must commit on its own (a
-    /// clone-spawning terminal, a finish, a new body).
+    /// clone-spawning terminal, a new body).
     pub fn of(ctx: &StageContext<'_>, outcome: &Outcome) -> Option<Deferred> {
         let (status, stage, pause_secs) = match outcome {
             Outcome::Advance { stage } => ("pending", Some(stage.clone()), None),
             Outcome::Pause { secs } => ("paused", None, Some(secs.max(0.0))),
             Outcome::Fail => ("failed", None, None),
+            // As `commit`: a finish writes nothing of the chain, it deletes the row.
+            Outcome::Finish => {
+                return Some(Deferred {
+                    id: ctx.row.id,
+                    status: FINISHED,
+                    stage: None,
+                    pause_secs: None,
+                    state: None,
+                    replace_state: false,
+                    received_now: false,
+                    headers: None,
+                    mail_from: None,
+                    rcpt_to: None,
+                });
+            }
             _ => return None,
         };
         let changes = ctx.all_changes();
@@ -151,24 +167,35 @@ impl Deferred {
     }
 }
 
-// One statement for every deferred row of a batch, whatever its outcome: the target stage,
-// pause and each content column ride per row (NULL: unchanged). rcpt_to travels as a JSON
-// array, since a text[][] must be rectangular.
-const COMMIT_MANY: &str = "UPDATE pepsi.workqueue w SET \
-     status = u.status::pepsi.workqueue_status, updated_at = now(), \
-     stage = COALESCE(u.stage, w.stage), \
-     timeout = CASE WHEN u.pause_secs IS NULL THEN NULL ELSE now() + make_interval(secs => u.pause_secs) END, \
-     state = CASE WHEN u.replace_state THEN u.state WHEN u.state IS NULL THEN w.state ELSE w.state || u.state END, \
-     received_at = CASE WHEN u.received_now THEN now() ELSE w.received_at END, \
-     headers = COALESCE(u.headers, w.headers), \
-     mail_from = COALESCE(u.mail_from, w.mail_from), \
-     rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
-                    ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
-     FROM unnest($1::int8[], $2::text[], $3::text[], $4::float8[], $5::jsonb[], $6::bool[], \
-                 $7::bool[], $8::bytea[], $9::text[], $10::jsonb[]) \
-          AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to) \
-     WHERE w.workqueue_id = u.id AND w.status = 'running' \
-     RETURNING w.workqueue_id";
+/// The `Deferred::status` of a finished pass.
+pub(crate) const FINISHED: &str = "finished";
+
+// One statement for every deferred row of a batch, whatever its outcome: finished rows are
+// deleted (the body trigger fires per row, as for a single DELETE); for the others the
+// target stage, pause and each content column ride per row (NULL: unchanged). rcpt_to
+// travels as a JSON array, since a text[][] must be rectangular.
+const COMMIT_MANY: &str = "WITH u AS ( \
+       SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::float8[], $5::jsonb[], \
+                            $6::bool[], $7::bool[], $8::bytea[], $9::text[], $10::jsonb[]) \
+       AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to)), \
+     gone AS ( \
+       DELETE FROM pepsi.workqueue w USING u \
+       WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' \
+       RETURNING w.workqueue_id), \
+     moved AS ( \
+       UPDATE pepsi.workqueue w SET \
+       status = u.status::pepsi.workqueue_status, updated_at = now(), \
+       stage = COALESCE(u.stage, w.stage), \
+       timeout = CASE WHEN u.pause_secs IS NULL THEN NULL ELSE now() + make_interval(secs => u.pause_secs) END, \
+       state = CASE WHEN u.replace_state THEN u.state WHEN u.state IS NULL THEN w.state ELSE w.state || u.state END, \
+       received_at = CASE WHEN u.received_now THEN now() ELSE w.received_at END, \
+       headers = COALESCE(u.headers, w.headers), \
+       mail_from = COALESCE(u.mail_from, w.mail_from), \
+       rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
+                      ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
+       FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' \
+       RETURNING w.workqueue_id) \
+     SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved";
 
 /// Commits `rows` in one statement; returns the ids it wrote (a row missing from the answer
 /// was no longer running).

@@ -21,6 +21,8 @@ use crate::config::Config;
 pub(crate) trait DynStage {
     fn program(&self) -> &'static str;
     fn load(&self) -> Load;
+    /// `Stage::BATCH`.
+    fn batches(&self) -> bool;
     /// Whether the pass in `ctx` may go on into `stage` (a section of this program) fused.
     fn can_fuse(&self, stage: &str, ctx: &StageContext<'_>) -> bool;
     fn process<'a, 'c>(
@@ -65,6 +67,10 @@ impl<S: Stage> DynStage for Built<S> {
 
     fn load(&self) -> Load {
         S::LOAD
+    }
+
+    fn batches(&self) -> bool {
+        S::BATCH
     }
 
     fn can_fuse(&self, stage: &str, ctx: &StageContext<'_>) -> bool {

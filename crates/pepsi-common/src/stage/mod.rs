@@ -54,6 +54,13 @@ pub trait Stage: Sized + 'static {
     const PROGRAM: &'static str;
     /// The columns this stage needs.
     const LOAD: Load;
+    /// Whether a worker running this stage batches: takes the ids already waiting on stdin
+    /// (up to QUEUE_LIMIT), loads them with one SELECT and commits their advances, pauses,
+    /// fails and finishes with one statement, answering after the whole round. On by default
+    /// for body-free stages (§22.5); a stage that loads more opts in when its passes are
+    /// short and local (a Maildir delivery), never when one pass may wait on the network,
+    /// since every answer of a round waits for its slowest pass.
+    const BATCH: bool = matches!(Self::LOAD, Load::Metadata);
     /// What one `[stage-<name>]` section running this program configures, parsed once.
     type Section: 'static;
 

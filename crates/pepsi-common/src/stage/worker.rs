@@ -2,10 +2,11 @@
 //! loads running rows, runs a pass (fusing registered successors into it), commits it and
 //! answers with status lines; `main` is a stage program's whole entry point.
 //!
-//! A body-free (`Load::Metadata`) worker batches: each round takes the ids already waiting
-//! on stdin (up to the largest QUEUE_LIMIT of its stages, never waiting for more), loads
-//! them in one SELECT, runs each pass, and commits the deferred advances, pauses and fails
-//! in one arrayed UPDATE. The protocol stays one status line per id, in order.
+//! A batching worker (every body-free `Load::Metadata` stage, and the stages that opt in
+//! with `Stage::BATCH`) takes the ids already waiting on stdin each round (up to the largest
+//! QUEUE_LIMIT of its stages, never waiting for more), loads them in one SELECT, runs each
+//! pass, and commits the deferred advances, pauses, fails and finishes in one statement.
+//! The protocol stays one status line per id, in order.
 
 use std::cell::RefCell;
 use std::collections::HashMap;
@@ -36,9 +37,14 @@ const SELECT_HEADERS: &str = "SELECT workqueue_id, stage, status::text AS status
 const SELECT_FULL: &str = "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
      w.state, w.received_at, w.auth_user, w.headers, b.body \
      FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1";
-// A batch of a body-free stage.
+// The same for a batch.
 const SELECT_METADATA_MANY: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
      received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)";
+const SELECT_HEADERS_MANY: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
+     received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = ANY($1)";
+const SELECT_FULL_MANY: &str = "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
+     w.state, w.received_at, w.auth_user, w.headers, b.body \
+     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = ANY($1)";
 
 /// A fused chain stops after this many hops and commits; the rest runs in later passes.
 const MAX_FUSED_HOPS: usize = 16;
@@ -179,14 +185,16 @@ impl<'a> Worker<'a> {
         Ok(report(&outcome, fused))
     }
 
-    /// Passes over every id of `batch` (a body-free stage): one SELECT for the batch, one
-    /// UPDATE for the deferred outcomes; one result per id, in order.
+    /// Passes over every id of `batch`: one SELECT for the batch, one statement for the
+    /// deferred outcomes; one result per id, in order.
     pub async fn pass_batch(&self, batch: &[i64]) -> Vec<Result<PassReport, StageError>> {
-        let rows = match sqlx::query(SELECT_METADATA_MANY)
-            .bind(batch)
-            .fetch_all(self.pool)
-            .await
-        {
+        let load = self.own.load();
+        let sql = match load {
+            Load::Metadata => SELECT_METADATA_MANY,
+            Load::Headers => SELECT_HEADERS_MANY,
+            Load::Full => SELECT_FULL_MANY,
+        };
+        let rows = match sqlx::query(sql).bind(batch).fetch_all(self.pool).await {
             Ok(rows) => rows,
             Err(e) => {
                 let e = StageError::from(e);
@@ -205,7 +213,7 @@ impl<'a> Worker<'a> {
         for &id in batch {
             let result = async {
                 let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
-                let mut ctx = self.context(id, rec, Load::Metadata)?;
+                let mut ctx = self.context(id, rec, load)?;
                 let (outcome, fused) = self.chain(&mut ctx).await?;
                 let report = report(&outcome, fused);
                 match Deferred::of(&ctx, &outcome) {
@@ -266,7 +274,7 @@ impl<'a> Worker<'a> {
     {
         let mut lines = input.lines();
         let mut handled = 0u64;
-        let batching = self.own.load() == Load::Metadata;
+        let batching = self.own.batches();
         let mut eof = false;
         while !eof {
             let Some(first) = lines.next_line().await? else {
