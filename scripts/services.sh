@@ -44,6 +44,22 @@ free_port() {
 
 pg_answers() { psql "$1" -Atqc 'SELECT 1' >/dev/null 2>&1; }
 
+# local_db_url URL: URL (a database on a server of this host) as the shipped default
+# configuration reaches a local server: through its Unix socket (etc/pepsi.conf's
+# `postgres:///pepsi`), no TLS. Falls back to URL itself with TLS off when the server has
+# no socket here.
+local_db_url() {
+  local url="$1" dir port db
+  dir="$(psql "$url" -Atqc "SELECT split_part(current_setting('unix_socket_directories'), ',', 1)" 2>/dev/null)"
+  port="$(psql "$url" -Atqc "SELECT current_setting('port')" 2>/dev/null)"
+  db="${url##*/}"; db="${db%%\?*}"
+  if [ -n "$dir" ] && [ -S "$dir/.s.PGSQL.$port" ] && pg_answers "postgres:///$db?host=$dir&port=$port&user=$(psql "$url" -Atqc 'SELECT current_user')"; then
+    printf 'postgres:///%s?host=%s&port=%s&user=%s\n' "$db" "$dir" "$port" "$(psql "$url" -Atqc 'SELECT current_user')"
+  else
+    case "$url" in *sslmode=*) printf '%s\n' "$url" ;; *\?*) printf '%s&sslmode=disable\n' "$url" ;; *) printf '%s?sslmode=disable\n' "$url" ;; esac
+  fi
+}
+
 pg_bindir() {
   local d
   for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do

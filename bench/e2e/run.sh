@@ -172,6 +172,8 @@ EOF
   cp "$work/pepsi.conf" "$out/pepsi.conf"
   local penv=(env PEPSI_HOME="$home" DATABASE_URL="$db_url" PATH="$bin:$PATH")
   "${penv[@]}" pepsi-setup db -c "$work/pepsi.conf" >/dev/null
+  # The programs reach the server as the shipped default does: its Unix socket, no TLS.
+  penv=(env PEPSI_HOME="$home" DATABASE_URL="$(local_db_url "$db_url")" PATH="$bin:$PATH")
   "${penv[@]}" pepsi-dispatch -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-dispatch.log" &
   local dispatch=$!
   "${penv[@]}" pepsi-ingress -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-ingress.log" &

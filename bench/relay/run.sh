@@ -147,6 +147,8 @@ mkdir -p "$work/keys"
 openssl genpkey -algorithm RSA -pkeyopt rsa_keygen_bits:2048 -out "$work/keys/example.test.pepsi.pem" 2>/dev/null
 penv=(env PEPSI_HOME="$home" PEPSI_KEY_DIR="$work/keys" DATABASE_URL="$db_url" PATH="$bin:$PATH")
 "${penv[@]}" pepsi-setup db -c "$work/pepsi.conf" >/dev/null
+# The programs reach the server as the shipped default does: its Unix socket, no TLS.
+penv=(env PEPSI_HOME="$home" PEPSI_KEY_DIR="$work/keys" DATABASE_URL="$(local_db_url "$db_url")" PATH="$bin:$PATH")
 "${penv[@]}" pepsi-dispatch -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-dispatch.log" &
 dispatch=$!
 "${penv[@]}" pepsi-ingress -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-ingress.log" &
