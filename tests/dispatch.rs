@@ -321,6 +321,47 @@ async fn a_worker_holds_several_ids_at_once_up_to_queue_limit() {
     assert!(stop(d).success());
 }
 
+/// Under a backlog a busy worker is refilled once half its queue has drained, a claim's
+/// worth at once, not one claim per answered id.
+#[tokio::test]
+async fn a_busy_worker_is_refilled_at_half_its_queue_not_per_message() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 100ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(16, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        16,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    let claims: Vec<usize> = h
+        .log("dispatch.log")
+        .lines()
+        .filter(|l| l.contains("claimed") && l.contains("stage=init"))
+        .filter_map(|l| {
+            l.split("rows=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        claims.iter().sum::<usize>(),
+        16,
+        "every row claimed once: {claims:?}"
+    );
+    assert_eq!(claims[0], 4, "an idle pool is filled at once: {claims:?}");
+    assert!(
+        claims.len() <= 7 && claims[1..].iter().all(|&n| n >= 2),
+        "refills of half a queue, not one id each: {claims:?}"
+    );
+}
+
 #[tokio::test]
 async fn a_pool_grows_to_parallelism_under_load_and_shrinks_when_idle() {
     let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 3\nQUEUE_LIMIT = 2\n\

@@ -517,20 +517,27 @@ impl Dispatcher {
     }
 
     /// Free slots of a pool: room on its live workers plus workers it may still start.
+    /// The ids stage `stage` may take this round: the room of its workers and of those it may
+    /// still start. While every worker it has is more than half full and none may start, it
+    /// takes none: a worker holding ids has work queued, so refilling it waits until half its
+    /// queue has drained and then takes a claim's worth at once (one claim and, for a
+    /// batching stage, one batch per half queue under a backlog instead of one per id). An
+    /// idle or half-empty worker, or a worker still to start, is served at once.
     fn capacity(&self, stage: &str, pool: &Pool, now: Instant) -> usize {
         let s = &pool.settings;
         let mine: Vec<&Worker> = self.workers.values().filter(|w| w.stage == stage).collect();
-        let room: usize = mine
-            .iter()
-            .filter(|w| !w.retiring)
-            .map(|w| room(w, s))
-            .sum();
+        let active: Vec<&&Worker> = mine.iter().filter(|w| !w.retiring).collect();
+        let room: usize = active.iter().map(|w| room(w, s)).sum();
         let may_start = pool.cooldown_until.is_none_or(|c| now >= c);
         let spawnable = if may_start {
             s.parallelism.saturating_sub(mine.len())
         } else {
             0
         };
+        let low_water = s.queue_limit / 2;
+        if spawnable == 0 && active.iter().all(|w| w.inflight.len() > low_water) {
+            return 0;
+        }
         room + spawnable
             * s.queue_limit.min(if s.max_messages == 0 {
                 usize::MAX
@@ -603,6 +610,7 @@ impl Dispatcher {
             by_stage.entry(c.stage.clone()).or_default().push(c);
         }
         for (stage, rows) in by_stage {
+            tracing::debug!(stage = %stage, rows = rows.len(), "claimed");
             self.assign(&stage, rows).await;
         }
     }

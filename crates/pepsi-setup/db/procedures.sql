@@ -556,10 +556,11 @@ BEGIN
         WHERE x.r <= w.n_fair
     ),
     claimed AS (
+        -- A join, so each chosen row is one primary-key probe (with `= ANY (ARRAY(…))` the
+        -- generic plan walked the whole pending index of the stage under a backlog).
         UPDATE pepsi.workqueue q SET status = 'running', updated_at = now()
-        WHERE q.workqueue_id = ANY (ARRAY(SELECT f.workqueue_id FROM fifo f
-                                          UNION SELECT f.workqueue_id FROM fair f))
-          AND q.status = 'pending'
+        FROM (SELECT f.workqueue_id FROM fifo f UNION SELECT f.workqueue_id FROM fair f) p
+        WHERE q.workqueue_id = p.workqueue_id AND q.status = 'pending'
         RETURNING q.workqueue_id, q.stage, q.sender_key
     )
     SELECT c.workqueue_id, c.stage, c.sender_key FROM claimed c
