@@ -197,3 +197,76 @@ async fn an_arc_chain_is_verified_pass_when_intact_and_fail_when_a_signed_header
         );
     }
 }
+
+/// No client text extends or impersonates the `Authentication-Results` this server writes: a
+/// message whose first line is a continuation (it would continue our field and add
+/// `dkim=pass` under our authserv-id) is refused with 554 5.6.0, by DATA and by BDAT, and
+/// stores nothing; a forged field in the obsolete form (`Authentication-Results :`) is
+/// removed like any other; the session goes on.
+#[tokio::test]
+async fn a_client_can_neither_extend_nor_forge_our_authentication_results() {
+    let dns = Dns::start(&[]);
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{}\nDNS_TIMEOUT = 5s\nAUTHSERV_ID = auth.example.test\n",
+            dns.port
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    let extend = "\t; dkim=pass header.d=paypal.com; dmarc=pass header.from=paypal.com\r\n\
+                  From: service@paypal.com\r\nTo: alice@example.test\r\nSubject: x\r\n\r\nbody\r\n";
+
+    c.ok("MAIL FROM:<a@client.example>", 250).await;
+    c.ok("RCPT TO:<alice@example.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.send(extend.as_bytes()).await;
+    c.send(b".\r\n").await;
+    let (code, text) = c.read().await;
+    assert_eq!(code, 554, "DATA: {text}");
+    assert!(
+        text.starts_with("5.6.0 ") && text.contains("space or tab"),
+        "{text}"
+    );
+
+    c.ok("MAIL FROM:<a@client.example>", 250).await;
+    c.ok("RCPT TO:<alice@example.test>", 250).await;
+    let mut bdat = format!("BDAT {} LAST\r\n", extend.len()).into_bytes();
+    bdat.extend_from_slice(extend.as_bytes());
+    c.send(&bdat).await;
+    let (code, text) = c.read().await;
+    assert_eq!(code, 554, "BDAT: {text}");
+    assert!(text.starts_with("5.6.0 "), "{text}");
+    assert_eq!(ingress.rows().await, 0, "nothing stored");
+
+    let forged = "Authentication-Results : auth.example.test; dkim=pass header.d=paypal.com\r\n\
+                  From: service@paypal.com\r\nTo: alice@example.test\r\nSubject: y\r\n\r\nbody\r\n";
+    let id = c
+        .deliver(
+            "a@client.example",
+            &["alice@example.test"],
+            forged.as_bytes(),
+        )
+        .await;
+    let headers = String::from_utf8(row(&ingress.db, id).await.headers).unwrap();
+    assert!(
+        !headers.contains("paypal.com;") && !headers.contains("header.d=paypal.com"),
+        "{headers}"
+    );
+    assert_eq!(
+        headers.matches("Authentication-Results").count(),
+        1,
+        "only our own field remains: {headers}"
+    );
+    assert!(!headers.contains("dkim=pass"), "{headers}");
+    assert!(
+        headers.contains("Authentication-Results: auth.example.test;"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("From: service@paypal.com\r\n"),
+        "{headers}"
+    );
+}

@@ -73,6 +73,15 @@ pub fn received(t: &Trace<'_>) -> String {
     out
 }
 
+/// Whether `message` begins with a space or tab: a continuation line before any field. The
+/// ingress puts its own fields (`Received`, `Authentication-Results`) in front of the
+/// client's, so such a line would continue the last field this server wrote and let the
+/// client extend its verdicts (`\t; dkim=pass header.d=…`). No well-formed message begins
+/// so (RFC 5322 §2.2.3: a continuation belongs to a field); the ingress refuses it.
+pub fn begins_with_continuation(message: &[u8]) -> bool {
+    matches!(message.first(), Some(b' ' | b'\t'))
+}
+
 /// The header block with every `Authentication-Results` field whose authserv-id is
 /// `authserv_id` removed; other fields are kept byte for byte.
 pub fn strip_forged_results(headers: &[u8], authserv_id: &str) -> Vec<u8> {
@@ -106,14 +115,17 @@ fn fields(headers: &[u8]) -> Vec<&[u8]> {
 }
 
 fn is_our_results(field: &[u8], authserv_id: &str) -> bool {
-    const NAME: &[u8] = b"authentication-results:";
-    let Some(head) = field.get(..NAME.len()) else {
+    const NAME: &[u8] = b"authentication-results";
+    let Some(colon) = field.iter().position(|&b| b == b':') else {
         return false;
     };
-    if !head.eq_ignore_ascii_case(NAME) {
+    // The obsolete syntax allows white space between the name and the colon (RFC 5322
+    // §4.5.3), and receivers still read such a field.
+    let name = field[..colon].trim_ascii_end();
+    if !name.eq_ignore_ascii_case(NAME) {
         return false;
     }
-    let value = String::from_utf8_lossy(&field[NAME.len()..]);
+    let value = String::from_utf8_lossy(&field[colon + 1..]);
     // The authserv-id is the first token, ended by ';', whitespace or a comment.
     let id = value
         .trim_start()
@@ -168,6 +180,19 @@ mod tests {
     }
 
     #[test]
+    fn continuation_first() {
+        assert!(begins_with_continuation(
+            b"\t; dkim=pass\r\nFrom: a@b\r\n\r\nx\r\n"
+        ));
+        assert!(begins_with_continuation(b" x\r\n"));
+        assert!(!begins_with_continuation(
+            b"From: a@b\r\n \tfolded\r\n\r\nx\r\n"
+        ));
+        assert!(!begins_with_continuation(b"\r\n body\r\n"));
+        assert!(!begins_with_continuation(b""));
+    }
+
+    #[test]
     fn strip_table() {
         let cases: &[(&str, &str)] = &[
             ("A: 1\r\n", "A: 1\r\n"),
@@ -192,6 +217,19 @@ mod tests {
                 "Authentication-Results: mx.example.testx; none\r\n",
             ),
             ("A: 1\r\n folded\r\nB: 2", "A: 1\r\n folded\r\nB: 2"),
+            // The obsolete form, white space before the colon.
+            (
+                "Authentication-Results : mx.example.test; dkim=pass\r\nA: 1\r\n",
+                "A: 1\r\n",
+            ),
+            (
+                "Authentication-Results\t: mx.example.test; dkim=pass\r\n",
+                "",
+            ),
+            (
+                "Authentication-Results-X: mx.example.test; dkim=pass\r\n",
+                "Authentication-Results-X: mx.example.test; dkim=pass\r\n",
+            ),
         ];
         for (input, expected) in cases {
             assert_eq!(

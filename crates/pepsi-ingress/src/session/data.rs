@@ -120,6 +120,15 @@ impl Session {
             };
         }
         let message = dec.into_message();
+        if crate::headers::begins_with_continuation(&message) {
+            tracing::info!(peer = %self.peer, "message refused: it begins with a continuation line");
+            return Reply::new(
+                554,
+                "5.6.0",
+                "the message begins with a line starting with a space or tab, which continues no \
+                 header field",
+            );
+        }
         match self.store(&tx, &message).await {
             Ok(id) => {
                 self.shared.waker.request();
