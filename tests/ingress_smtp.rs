@@ -793,6 +793,50 @@ async fn bad_input_gets_its_reply_code_and_stores_nothing() {
     }
 }
 
+/// A user name the client chose is logged escaped: a newline in it cannot start a forged
+/// log line (here one claiming a successful login).
+#[tokio::test]
+async fn a_client_chosen_user_name_cannot_forge_a_log_line() {
+    let ingress = Ingress::start(
+        "",
+        &[(
+            "submission",
+            "ROLE = submission\nTLS_CERT = {cert}\nTLS_KEY = {key}\n",
+        )],
+    )
+    .await;
+    let ca = TestCa {
+        ca: ingress.dir.path().join("ca.pem"),
+        cert: ingress.dir.path().join("server.pem"),
+        key: ingress.dir.path().join("server.key"),
+    };
+    let mut c = Client::connect(ingress.port("submission")).await;
+    c.ok("EHLO client.example", 250).await;
+    c.ok("STARTTLS", 220).await;
+    let mut c = c.tls(&ca).await;
+    c.ok("EHLO client.example", 250).await;
+    let forged =
+        "2026-12-01T00:00:00.000000Z  INFO authenticated peer=192.0.2.1 user=ceo@example.test";
+    let user = format!("mallory\n{forged}");
+    let plain =
+        pepsi_ingress::protocol::params::base64_encode(format!("\0{user}\0wrong").as_bytes());
+    c.ok(&format!("AUTH PLAIN {plain}"), 535).await;
+    let until = Instant::now() + Duration::from_secs(10);
+    while !ingress.log().contains("authentication failed") {
+        assert!(Instant::now() < until, "no log line: {}", ingress.log());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let log = ingress.log();
+    assert!(
+        !log.lines().any(|l| l.starts_with("2026-12-01T00:00:00")),
+        "a forged line in the log: {log}"
+    );
+    assert!(
+        log.contains("mallory\\n2026-12-01"),
+        "the name, escaped: {log}"
+    );
+}
+
 #[tokio::test]
 async fn a_session_still_in_data_when_the_shutdown_grace_ends_is_dropped_and_stores_nothing() {
     let mut ingress = Ingress::start("SHUTDOWN_GRACE = 1s\n", &[("mx", MX)]).await;

@@ -125,7 +125,9 @@ impl Session {
                         Reply::new(235, "2.7.0", "authentication succeeded")
                     }
                     Err(AuthError::Invalid(name)) => {
-                        tracing::info!(peer = %self.peer, user = %name, "authentication failed");
+                        // The client chose this name: logged escaped, so a newline in it
+                        // cannot start a forged log line.
+                        tracing::info!(peer = %self.peer, user = ?name, "authentication failed");
                         Reply::new(535, "5.7.8", "authentication credentials invalid")
                     }
                     Err(AuthError::Temporary(e)) => {

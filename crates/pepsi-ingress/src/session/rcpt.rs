@@ -59,7 +59,7 @@ impl Session {
                 Ok(true) => decision = RcptDecision::Local,
                 Ok(false) => {}
                 Err(e) => {
-                    tracing::warn!("local-domain lookup for {d} failed: {e}");
+                    tracing::warn!(domain = ?d, "local-domain lookup failed: {e}");
                     return Reply::new(451, "4.3.0", "temporary failure checking the recipient");
                 }
             }
@@ -75,7 +75,7 @@ impl Session {
         }
         match decision {
             RcptDecision::Refuse => {
-                tracing::info!(peer = %self.peer, rcpt = %address, "relay attempt refused");
+                tracing::info!(peer = %self.peer, rcpt = ?address, "relay attempt refused");
                 return Reply::new(554, "5.7.1", format!("relay access denied for <{address}>"));
             }
             RcptDecision::Local if s.check_recipients && domain.is_some() => {
@@ -86,7 +86,7 @@ impl Session {
                         return Reply::new(550, "5.1.1", format!("no such mailbox <{address}>"));
                     }
                     Err(e) => {
-                        tracing::warn!("mailbox check for {address} failed: {e}");
+                        tracing::warn!(rcpt = ?address, "mailbox check failed: {e}");
                         return Reply::new(
                             451,
                             "4.3.0",
