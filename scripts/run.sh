@@ -36,7 +36,9 @@ bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 export PATH="$bin:$PATH"
 
 mkdir -p var/log
-command -v openssl >/dev/null || install_listed_packages "$root"
+command -v openssl >/dev/null || apt_install openssl
+# The README's next steps use swaks.
+command -v swaks >/dev/null || apt_install swaks
 ensure_postgres "$root/var/pg" 55432 private
 # The default configuration reads these four.
 export PEPSI_HOME="$root/var"
@@ -103,7 +105,8 @@ for _ in $(seq 100); do
   [ "$(ls var/mail/alice/Maildir/new | wc -l)" -gt "$before" ] && break
   sleep 0.05
 done
-landed=$(ls -t var/mail/alice/Maildir/new | head -n 1)
+# sed reads the whole listing: `head` would leave ls to die of SIGPIPE with a full Maildir.
+landed=$(ls -t var/mail/alice/Maildir/new | sed -n 1p)
 if [ "$(ls var/mail/alice/Maildir/new | wc -l)" -le "$before" ]; then
   say "the message did not arrive within 5 s; the queue:"
   psql "$DATABASE_URL" -c "SELECT workqueue_id, stage, status, rcpt_to, state->>'last_error' AS last_error, state->>'dispatch_error' AS dispatch_error FROM pepsi.workqueue" >&2

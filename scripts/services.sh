@@ -71,6 +71,7 @@ pg_bindir() {
 
 # ensure_postgres DIR [PORT] [private]: exports DATABASE_URL pointing at a server that
 # answers. With "private", an unset DATABASE_URL means the private server, not port 5432.
+# A private server it starts keeps fsync on unless PG_FSYNC=off (the test suite only).
 ensure_postgres() {
   local dir="$1" port="${2:-}" mode="${3:-}"
   if [ -n "${DATABASE_URL:-}" ]; then
@@ -99,9 +100,13 @@ ensure_postgres() {
     "${run[@]}" "$bin/initdb" -D "$dir" -U "$user" -A trust -E UTF8 --no-locale >/dev/null
   fi
   [ -n "$port" ] || port="$(free_port)"
+  # Durable unless the caller asks otherwise: a 250 means the message is on disk. Only the
+  # test suite, whose databases are thrown away, sets PG_FSYNC=off.
+  local fsync=""
+  [ "${PG_FSYNC:-on}" = off ] && fsync="-c fsync=off"
   if ! "${run[@]}" "$bin/pg_ctl" -D "$dir" status >/dev/null 2>&1; then
     "${run[@]}" "$bin/pg_ctl" -D "$dir" -l "$dir/server.log" -w -t 60 \
-      -o "-c listen_addresses=127.0.0.1 -p $port -k $dir -c fsync=off" start >/dev/null
+      -o "-c listen_addresses=127.0.0.1 -p $port -k $dir $fsync" start >/dev/null
     PRIVATE_PGDATA="$dir"
   else
     port="$(sed -n 4p "$dir/postmaster.pid")"

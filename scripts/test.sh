@@ -14,7 +14,7 @@ cd "$root"
 trap stop_services EXIT
 
 install_listed_packages "$root"
-ensure_postgres "$root/target/test-services/pg"
+PG_FSYNC=off ensure_postgres "$root/target/test-services/pg"
 ensure_redis "$root/target/test-services/redis"
 
 # With pepsi/unibin beside the default multibin, every [[bin]] is linted, the unified
