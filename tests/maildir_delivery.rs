@@ -415,6 +415,46 @@ fn the_writer_refuses_paths_that_escape_its_root_and_goes_on() {
     assert_eq!(w.finish(), Some(0));
 }
 
+/// A symbolic link below the root that a mailbox owner planted (owned by another user than
+/// root or the writer's own) is not followed: it would pick another owner's Maildir and the
+/// identity the write runs as. Root's links are followed.
+#[test]
+fn a_symbolic_link_planted_by_a_mailbox_owner_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    maildir(&root.join("alice/Maildir"));
+    std::fs::create_dir_all(root.join("mallory")).unwrap();
+    let planted = root.join("mallory/Maildir");
+    std::os::unix::fs::symlink(root.join("alice/Maildir"), &planted).unwrap();
+    // Run as root (as in CI), the test can give the link to another user, as a mailbox
+    // owner's own link would be; run as anyone else, the link is the writer's user's own.
+    let as_root = my_uid() == 0;
+    if as_root {
+        std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    }
+    let mut w = Writer::start(&root, &["--allow-root-owner"]);
+    let reply = w.send(&planted, b"Subject: planted\r\n\r\nx\r\n");
+    if as_root {
+        assert!(
+            reply.starts_with("temp 4.3.5 mailbox path")
+                && reply.contains("symbolic link owned by uid 65534"),
+            "{reply}"
+        );
+        assert!(files(&root.join("alice/Maildir/new")).is_empty());
+    } else {
+        assert!(reply.starts_with("ok "), "the writer's own link: {reply}");
+    }
+    // A link of the writer's own user (root's, run as root) is followed.
+    std::os::unix::fs::symlink(root.join("alice"), root.join("alias")).unwrap();
+    let reply = w.send(&root.join("alias/Maildir"), b"Subject: alias\r\n\r\nx\r\n");
+    assert!(reply.starts_with("ok "), "{reply}");
+    assert_eq!(
+        files(&root.join("alice/Maildir/new")).len(),
+        if as_root { 1 } else { 2 }
+    );
+    assert_eq!(w.finish(), Some(0));
+}
+
 #[test]
 fn the_writer_writes_as_the_mailbox_owner_and_refuses_root_owned_mailboxes() {
     let dir = tempfile::tempdir().unwrap();

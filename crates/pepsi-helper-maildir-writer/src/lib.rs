@@ -57,7 +57,9 @@ written to tmp/, synced, renamed into new/ and the directory synced. A request t
 follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program exits 2.
 
 Every mailbox must resolve, symlinks followed, to a path under --root; `.` and `..` \
-components are refused. Running as root (the production install is setuid root, mode 4750, \
+components are refused, and so is a symbolic link inside the root's tree that neither root \
+nor this program's real user owns (a mailbox owner's link would pick another owner's \
+Maildir). Directories made under --create are fsynced into their parents. Running as root (the production install is setuid root, mode 4750, \
 group of the stage), each write runs as the owner of the Maildir (seteuid/setegid with that \
 owner's group only), and a Maildir owned by root is refused unless --allow-root-owner. Not \
 running as root, it writes as itself. Started through its setuid bit by another user, it \

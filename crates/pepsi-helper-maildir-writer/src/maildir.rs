@@ -213,10 +213,49 @@ pub fn confine(root: &Path, mailbox: &Path) -> Result<PathBuf, Reply> {
     if full.components().any(|c| matches!(c, Component::ParentDir)) || !full.starts_with(root) {
         return Err(escape(&format!("it resolves to {}", full.display())));
     }
+    // A symbolic link below the root is followed only when root or the helper's own user
+    // owns it: a link a mailbox owner planted would choose another owner's Maildir, and with
+    // it the identity the write runs as.
+    // Links outside the root's tree (the root itself given through a link, say) are the
+    // administrator's and not checked.
+    let inside = |link: &Path| {
+        link.parent()
+            .and_then(|p| fs::canonicalize(p).ok())
+            .is_some_and(|p| p.starts_with(root))
+    };
+    let mut walked = PathBuf::new();
+    for part in mailbox.components() {
+        walked.push(part);
+        match fs::symlink_metadata(&walked) {
+            Ok(m) if m.file_type().is_symlink() && !trusted_owner(m.uid()) && inside(&walked) => {
+                return Err(escape(&format!(
+                    "{} is a symbolic link owned by uid {} (only links owned by root or by \
+                     this helper's user are followed)",
+                    walked.display(),
+                    m.uid()
+                )));
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
+            Err(e) => {
+                return Err(Reply::temp(
+                    "4.3.0",
+                    format!("looking up {}: {e}", walked.display()),
+                ));
+            }
+        }
+    }
     if full == root {
         return Err(escape("it is the root itself"));
     }
     Ok(full)
+}
+
+/// Whether a symbolic link owned by `uid` may be followed: root's, or the real user's the
+/// helper runs as (who configured it).
+fn trusted_owner(uid: u32) -> bool {
+    // SAFETY: getuid has no preconditions and cannot fail.
+    uid == 0 || uid == unsafe { libc::getuid() }
 }
 
 /// Metadata of the nearest existing directory above `path`.
@@ -236,23 +275,34 @@ fn nearest_existing(path: &Path) -> io::Result<fs::Metadata> {
 }
 
 /// Creates the missing directories from under `root` down to `mailbox`, then tmp/ new/ cur/,
-/// mode 0700, as the current effective user.
+/// mode 0700, as the current effective user. The directory holding each one it created is
+/// fsynced, so a new Maildir survives a crash like the message written into it.
 fn create_maildir(root: &Path, mailbox: &Path) -> io::Result<()> {
     let mut builder = fs::DirBuilder::new();
     builder.mode(0o700);
+    let mut parents: Vec<PathBuf> = Vec::new();
+    let mut create = |p: &Path| match builder.create(p) {
+        Ok(()) => {
+            if let Some(parent) = p.parent()
+                && !parents.iter().any(|q| q == parent)
+            {
+                parents.push(parent.to_path_buf());
+            }
+            Ok(())
+        }
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+        Err(e) => Err(e),
+    };
     let mut p = root.to_path_buf();
     for part in mailbox.strip_prefix(root).unwrap_or(mailbox).components() {
         p.push(part);
-        match builder.create(&p) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
-        }
+        create(&p)?;
     }
     for sub in ["tmp", "new", "cur"] {
-        match builder.create(mailbox.join(sub)) {
-            Err(e) if e.kind() != io::ErrorKind::AlreadyExists => return Err(e),
-            _ => {}
-        }
+        create(&mailbox.join(sub))?;
+    }
+    for dir in parents.iter().rev() {
+        File::open(dir)?.sync_all()?;
     }
     Ok(())
 }
