@@ -143,3 +143,31 @@ async fn a_change_is_announced_on_config_changed() {
         .unwrap();
     assert_eq!(notification.channel(), CONFIG_CHANGED_CHANNEL);
 }
+
+/// A file-only option stored before the table refused it (the CHECK is NOT VALID for old
+/// rows) is ignored by the loader: the file's value stays.
+#[tokio::test]
+async fn a_stored_row_naming_a_program_is_ignored_and_the_file_value_kept() {
+    let db = TestDb::new().await;
+    sqlx::query("ALTER TABLE pepsi.config_override DROP CONSTRAINT config_override_file_only")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    insert(&db, "global", "stage-spam", "program", "/tmp/evil").await;
+    insert(&db, "global", "stage-spam", "DNS_SERVERS", "192.0.2.53:53").await;
+    insert(&db, "global", "stage-spam", "MODE", "reject").await;
+    let file =
+        Config::from_str_named(&format!("{FILE}PROGRAM = pepsi-stage-spam\n"), "t.conf").unwrap();
+    let cfg = file
+        .with_db_overlay(&db.pool, &Scope::Global)
+        .await
+        .unwrap();
+    let spam = cfg.section("stage-spam");
+    assert_eq!(spam.string("PROGRAM").unwrap(), "pepsi-stage-spam");
+    assert!(!spam.has("DNS_SERVERS"));
+    assert_eq!(
+        spam.string("MODE").unwrap(),
+        "reject",
+        "other rows still apply"
+    );
+}

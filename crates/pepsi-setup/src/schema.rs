@@ -34,6 +34,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0003",
         sql: include_str!("../db/pepsi-0003.sql"),
     },
+    Patch {
+        name: "pepsi-0004",
+        sql: include_str!("../db/pepsi-0004.sql"),
+    },
 ];
 
 /// Stored functions and triggers; re-applied on every run.

@@ -426,3 +426,67 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         &["SELECT", "INSERT", "UPDATE", "DELETE"],
     );
 }
+
+/// The overlay cannot name a program, a key, a trust anchor or a directory: the table refuses
+/// every file-only option, in any section and letter case, and its CHECK lists exactly the
+/// options the loader ignores (`pepsi_common::config::FILE_ONLY_OPTIONS`).
+#[tokio::test]
+async fn options_naming_programs_keys_or_trust_anchors_cannot_be_stored_in_the_overlay() {
+    let db = TestDb::new().await;
+    let attempts = [
+        ("stage-init", "PROGRAM", "/tmp/x"),
+        ("pepsi-dispatch", "LIBEXEC_DIR", "/tmp"),
+        ("stage-local", "helper", "/tmp/x"),
+        ("pepsi-ingress", " DNS_SERVERS ", "192.0.2.53:53"),
+        ("stage-dkim", "KEYS", "evil.test:s:/tmp/key.pem"),
+        ("stage-relay", "TLS_CA_FILE", "/tmp/ca.pem"),
+        ("stage-local", "ALLOW_ROOT_OWNER", "yes"),
+    ];
+    for (section, option, value) in attempts {
+        let r = sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', $1, $2, $3)")
+            .bind(section)
+            .bind(option)
+            .bind(value)
+            .execute(&db.pool)
+            .await;
+        let code = match r {
+            Err(sqlx::Error::Database(d)) => d.code().unwrap_or_default().into_owned(),
+            other => panic!("[{section}] {option} was accepted: {other:?}"),
+        };
+        assert_eq!(code, "23514", "[{section}] {option}: check violation");
+    }
+    // An ordinary option is still accepted, and cannot be turned into a file-only one.
+    sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'stage-init', 'PARALLELISM', '4')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let renamed = sqlx::query(
+        "UPDATE pepsi.config_override SET option = 'PROGRAM' WHERE option = 'PARALLELISM'",
+    )
+    .execute(&db.pool)
+    .await;
+    assert!(renamed.is_err(), "an update is checked too");
+
+    let definition: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = 'config_override_file_only'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let mut in_db: Vec<String> = definition
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_owned)
+        .collect();
+    in_db.sort();
+    let mut in_code: Vec<String> = pepsi_common::config::FILE_ONLY_OPTIONS
+        .iter()
+        .map(|s| (*s).to_owned())
+        .collect();
+    in_code.sort();
+    assert_eq!(
+        in_db, in_code,
+        "pepsi-0004.sql and FILE_ONLY_OPTIONS list the same options"
+    );
+}

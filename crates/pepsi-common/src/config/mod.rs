@@ -24,8 +24,8 @@ use std::time::Duration;
 
 pub use error::{ConfigError, ExpandProblem, ValueAt};
 pub use overlay::{
-    CONFIG_CHANGED_CHANNEL, OverrideRow, Scope, is_protected_section, listen_config_changed,
-    load_overrides,
+    CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, OverrideRow, Scope, is_file_only_option,
+    is_protected_section, listen_config_changed, load_overrides,
 };
 
 use expand::{Expander, Trust};

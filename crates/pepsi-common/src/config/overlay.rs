@@ -112,10 +112,47 @@ pub fn is_protected_section(name: &str) -> bool {
     upper == "PATHS" || upper == "DATABASE" || upper.starts_with("LISTENER")
 }
 
+/// Options the database overlay may never set, in any section: they name a program to run
+/// (`PROGRAM`, `HELPER`, `LIBEXEC_DIR`), key material or a trust anchor (`KEYS`,
+/// `TLS_CA_FILE`, `DNS_SERVERS` …), a file or directory (`ALIAS_FILE`, `MAILDIR_ROOT` …),
+/// or a privilege of the setuid Maildir writer (`ALLOW_ROOT_OWNER`, `CREATE_MAILDIR`).
+/// Whoever could write a `config_override` row could otherwise make the system execute a
+/// binary or forge verification verdicts. The table's `config_override_file_only` CHECK
+/// (pepsi-0004.sql) holds the same list; a test compares the two.
+pub const FILE_ONLY_OPTIONS: &[&str] = &[
+    "PROGRAM",
+    "HELPER",
+    "LIBEXEC_DIR",
+    "DNS_SERVERS",
+    "KEYS",
+    "KEY",
+    "KEY_FILE",
+    "DATABASE_KEYS",
+    "TLS_CA_FILE",
+    "TLS_CERT",
+    "TLS_KEY",
+    "ALIAS_FILE",
+    "MAILDIR_ROOT",
+    "MAILDIR",
+    "MAIL_ROOT",
+    "ROOT",
+    "SECRETS",
+    "SECRETS_DIR",
+    "ALLOW_ROOT_OWNER",
+    "CREATE_MAILDIR",
+];
+
+/// Whether `option` may come from the configuration file only ([`FILE_ONLY_OPTIONS`]).
+pub fn is_file_only_option(option: &str) -> bool {
+    let upper = option.trim().to_ascii_uppercase();
+    FILE_ONLY_OPTIONS.contains(&upper.as_str())
+}
+
 impl Config {
     /// A copy of this configuration with the rows that apply to `scope` layered on top:
     /// `global`, then the domain's, then the address's, each later layer winning. Rows for
-    /// other scopes are ignored; rows for protected sections are ignored with a warning.
+    /// other scopes are ignored; rows for protected sections are ignored with a warning, rows
+    /// for file-only options with an error.
     pub fn with_overrides(&self, rows: &[OverrideRow], scope: &Scope) -> Config {
         let mut applicable: Vec<(u8, &OverrideRow)> = rows
             .iter()
@@ -131,6 +168,16 @@ impl Config {
                     section = %row.section,
                     option = %row.option,
                     "ignoring database override of a protected section; set it in the configuration file"
+                );
+                continue;
+            }
+            if is_file_only_option(&row.option) {
+                tracing::error!(
+                    scope = %row.scope,
+                    section = %row.section,
+                    option = %row.option,
+                    "ignoring database override of an option that names a program, file, key or \
+                     trust anchor; set it in the configuration file"
                 );
                 continue;
             }
