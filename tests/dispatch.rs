@@ -321,6 +321,67 @@ async fn a_worker_holds_several_ids_at_once_up_to_queue_limit() {
     assert!(stop(d).success());
 }
 
+/// A row left `running` while the dispatcher lives, held by none of its workers (a hand-back
+/// it could not write, a claim whose reply was lost), returns to pending on a heartbeat once
+/// ORPHAN_GRACE has passed, and flows on; a running row changed more recently is left alone.
+#[tokio::test]
+async fn a_running_row_no_worker_holds_is_returned_and_flows_on() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "ORPHAN_GRACE = 30s\n").await;
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    // Running in one transaction, so no claim ever sees them pending: one unchanged for an
+    // hour, one just now (within the grace).
+    for age_secs in [3600.0_f64, 0.0] {
+        let mut tx = h.db.pool.begin().await.unwrap();
+        let id: i64 = sqlx::query_scalar(
+            "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], \
+               'Subject: x\r\n'::bytea, 'y\r\n'::bytea, '{}', 'orphan')",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query(
+            "UPDATE pepsi.workqueue SET status = 'running', \
+               updated_at = now() - make_interval(secs => $2) WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .bind(age_secs)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    // Several heartbeats later the fresh one is still running, as nothing may have been
+    // done with it yet.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running' AND stage = 'init'")
+            .await,
+        1
+    );
+    assert!(stop(d).success());
+    assert!(
+        h.log("dispatch.log").contains("returned to pending"),
+        "{}",
+        h.log("dispatch.log")
+    );
+}
+
 /// Under a backlog a busy worker is refilled once half its queue has drained, a claim's
 /// worth at once, not one claim per answered id.
 #[tokio::test]

@@ -4,6 +4,8 @@
 //! Each is one call of a stored function of procedures.sql (THE DISPATCHER there), with
 //! bound parameters and arrays, one round trip; nothing is built from input.
 
+use std::time::Duration;
+
 use sqlx::PgPool;
 
 use pepsi_common::db::with_retry;
@@ -117,6 +119,19 @@ pub async fn reset_orphans(pool: &PgPool) -> Result<u64, sqlx::Error> {
     let n: i32 =
         with_retry(|| sqlx::query_scalar("SELECT pepsi.dispatch_reset_orphans()").fetch_one(pool))
             .await?;
+    Ok(count(n))
+}
+
+/// Running rows not among `held` and unchanged for `grace` become pending again; returns
+/// how many.
+pub async fn reconcile(pool: &PgPool, held: &[i64], grace: Duration) -> Result<u64, sqlx::Error> {
+    let n: i32 = with_retry(|| {
+        sqlx::query_scalar("SELECT pepsi.dispatch_reconcile($1, $2)")
+            .bind(held)
+            .bind(grace.as_secs_f64())
+            .fetch_one(pool)
+    })
+    .await?;
     Ok(count(n))
 }
 

@@ -471,6 +471,7 @@ impl Dispatcher {
             self.last_heartbeat = now;
             self.dirty = true;
             self.next_due = Some(now);
+            self.reconcile().await;
         }
         if self.next_due.is_some_and(|d| now >= d) {
             match claim::requeue_due(&self.db).await {
@@ -486,6 +487,31 @@ impl Dispatcher {
                     None
                 }
             };
+        }
+    }
+
+    /// Running rows that no worker holds (and that have not changed for ORPHAN_GRACE) become
+    /// pending again: nothing else would ever move them while this dispatcher lives.
+    async fn reconcile(&mut self) {
+        if self.stopping {
+            return;
+        }
+        let held: Vec<i64> = self
+            .workers
+            .values()
+            .flat_map(|w| w.inflight.iter().map(|a| a.id))
+            .collect();
+        match claim::reconcile(&self.db, &held, self.settings.orphan_grace).await {
+            Ok(0) => {}
+            Ok(n) => {
+                tracing::warn!(
+                    rows = n,
+                    "running rows no worker held returned to pending (a write the dispatcher \
+                     could not make, or a claim whose reply was lost)"
+                );
+                self.dirty = true;
+            }
+            Err(e) => tracing::warn!("cannot reconcile running rows: {e}"),
         }
     }
 

@@ -25,6 +25,10 @@ pub struct DispatchSettings {
     pub shutdown_grace: Duration,
     /// How often orphaned bodies and old clone tokens are swept.
     pub gc_interval: Duration,
+    /// A running row no worker holds and unchanged this long is returned to pending (checked
+    /// on every heartbeat): a hand-back or a failure report that could not be written, a
+    /// claim whose reply was lost across a PostgreSQL restart.
+    pub orphan_grace: Duration,
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
@@ -57,6 +61,9 @@ impl DispatchSettings {
             gc_interval: s
                 .duration_opt("GC_INTERVAL")?
                 .unwrap_or(Duration::from_secs(300)),
+            orphan_grace: s
+                .duration_opt("ORPHAN_GRACE")?
+                .unwrap_or(Duration::from_secs(60)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
         })
     }

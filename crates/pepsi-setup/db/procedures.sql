@@ -25,8 +25,9 @@
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
 --   need no notification.
 -- * The dispatcher's own functions (dispatch_claim, dispatch_requeue_due,
---   dispatch_reset_orphans, dispatch_hand_back, dispatch_force, under THE DISPATCHER below)
---   never notify: the dispatcher is the listener and claims again after each of them.
+--   dispatch_reset_orphans, dispatch_reconcile, dispatch_hand_back, dispatch_force, under THE
+--   DISPATCHER below) never notify: the dispatcher is the listener and claims again after
+--   each of them.
 -- * No function in this file calls pg_notify on `workqueue`. The only NOTIFYs here are the
 --   statement-level config_changed triggers on config_override and signing_key.
 --
@@ -602,6 +603,23 @@ DECLARE
     n integer;
 BEGIN
     UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() WHERE status = 'running';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
+-- While the dispatcher runs, on every heartbeat: running rows that none of its workers holds
+-- (p_held) and unchanged for p_grace_secs seconds become pending again; returns how many.
+-- Nothing else would move them: a hand-back or failure report the dispatcher could not
+-- write, a claim whose reply was lost across a PostgreSQL restart.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_reconcile(p_held bigint[], p_grace_secs double precision)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', updated_at = now()
+    WHERE status = 'running' AND updated_at < now() - make_interval(secs => p_grace_secs)
+      AND workqueue_id <> ALL (p_held);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
