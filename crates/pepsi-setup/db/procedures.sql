@@ -508,8 +508,15 @@ CREATE OR REPLACE FUNCTION pepsi.dispatch_claim(
 RETURNS TABLE (workqueue_id bigint, stage text, sender_key text) LANGUAGE plpgsql
 SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
+DECLARE
+    v_ids bigint[];
+    v_stages text[];
+    v_senders text[];
 BEGIN
-    RETURN QUERY
+    -- First the choice, into arrays; then the update, one statement of its own. Joined with
+    -- the choice in one statement, the generic plan's guess of how many rows were chosen
+    -- (the queue's size) turned the update into a hash join over a scan of the whole queue
+    -- once the table had statistics; over unnest(v_ids) it probes the primary key per row.
     WITH want AS (
         SELECT * FROM unnest(p_stages, p_fifo, p_fair, p_cost) AS w(stage, n_fifo, n_fair, cost)
     ),
@@ -556,17 +563,24 @@ BEGIN
         ) x JOIN want w ON w.stage = x.stage
         WHERE x.r <= w.n_fair
     ),
-    claimed AS (
-        -- A join, so each chosen row is one primary-key probe (with `= ANY (ARRAY(…))` the
-        -- generic plan walked the whole pending index of the stage under a backlog).
+    chosen AS (
+        SELECT f.workqueue_id FROM fifo f UNION SELECT f.workqueue_id FROM fair f
+    )
+    SELECT ARRAY(SELECT c.workqueue_id FROM chosen c),
+           ARRAY(SELECT s.stage FROM senders s),
+           ARRAY(SELECT s.sender_key FROM senders s)
+    INTO v_ids, v_stages, v_senders;
+
+    RETURN QUERY
+    WITH claimed AS (
         UPDATE pepsi.workqueue q SET status = 'running', updated_at = now()
-        FROM (SELECT f.workqueue_id FROM fifo f UNION SELECT f.workqueue_id FROM fair f) p
-        WHERE q.workqueue_id = p.workqueue_id AND q.status = 'pending'
+        FROM unnest(v_ids) AS p(id)
+        WHERE q.workqueue_id = p.id AND q.status = 'pending'
         RETURNING q.workqueue_id, q.stage, q.sender_key
     )
     SELECT c.workqueue_id, c.stage, c.sender_key FROM claimed c
     UNION ALL
-    SELECT NULL::bigint, s.stage, s.sender_key FROM senders s;
+    SELECT NULL::bigint, w.stage, w.sender_key FROM unnest(v_stages, v_senders) AS w(stage, sender_key);
 END
 $$;
 
