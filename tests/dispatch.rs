@@ -269,12 +269,32 @@ async fn kill_9_during_a_run_then_a_restart_loses_nothing() {
         == 0
         && Instant::now() < until
     {}
-    let pid = d.id();
+    let workers = children(d.id());
     signal(&d, "-KILL");
     d.wait().unwrap();
-    // The workers die with their dispatcher (parent-death signal).
+    // The workers die with their dispatcher (parent-death signal). Once it is dead they
+    // are no longer its children, so each is waited for by its own pid.
     let until = Instant::now() + Duration::from_secs(10);
-    while !children(pid).is_empty() && Instant::now() < until {
+    while workers
+        .iter()
+        .any(|w| std::path::Path::new(&format!("/proc/{w}")).exists())
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A statement a process sent just before it died still runs to its end in its
+    // server backend (a worker's commit moves rows out of `running`); only once no other
+    // session is busy is the count of rows left running final.
+    let until = Instant::now() + Duration::from_secs(10);
+    while h
+        .count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state <> 'idle'",
+        )
+        .await
+        > 0
+        && Instant::now() < until
+    {
         std::thread::sleep(Duration::from_millis(50));
     }
     let left = h
