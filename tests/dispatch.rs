@@ -984,3 +984,51 @@ async fn a_worker_killed_in_the_middle_of_a_fused_chain_leaves_no_half_written_r
         assert_eq!(fused, unfused, "{action}");
     }
 }
+
+/// How many times pepsi.workqueue was vacuumed by hand (not by autovacuum) in `h`'s database.
+async fn vacuums(h: &Harness) -> i64 {
+    h.count("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass")
+        .await
+}
+
+#[tokio::test]
+async fn the_dispatcher_vacuums_the_queue_while_rows_move_unless_told_not_to() {
+    let h = Harness::new(CHAIN, "VACUUM_INTERVAL = 500ms").await;
+    h.add(600, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        600,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    // The claims of the run (1,800 rows) are more than enough to start one.
+    let until = Instant::now() + Duration::from_secs(30);
+    while vacuums(&h).await == 0 {
+        assert!(
+            Instant::now() < until,
+            "no VACUUM of pepsi.workqueue within 30 s; log:\n{}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stop(d).success());
+    assert!(h.log("dispatch.log").contains("queue tables vacuumed"));
+
+    let off = Harness::new(CHAIN, "VACUUM_INTERVAL = 0").await;
+    off.add(600, "sender", serde_json::json!({})).await;
+    let mut d = off.start("dispatch.log");
+    off.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        600,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    // Several heartbeats (200 ms) after the last row moved: any VACUUM would have started.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(stop(d).success());
+    assert_eq!(vacuums(&off).await, 0, "VACUUM_INTERVAL = 0 vacuums nothing");
+    assert!(!off.log("dispatch.log").contains("queue tables vacuumed"));
+}

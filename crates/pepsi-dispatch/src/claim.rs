@@ -215,6 +215,28 @@ pub async fn gc(pool: &PgPool) -> Result<(i32, i32), sqlx::Error> {
     Ok((bodies, tokens))
 }
 
+/// Whether this session's role may vacuum the queue tables: it owns them (or is a member of
+/// their owner, or a superuser), or holds MAINTAIN on both (PostgreSQL 17 and later).
+pub async fn can_vacuum(pool: &PgPool) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar(
+        "SELECT bool_and(pg_has_role(c.relowner, 'USAGE') OR CASE WHEN \
+         current_setting('server_version_num')::int >= 170000 THEN \
+         has_table_privilege(c.oid, 'MAINTAIN') ELSE false END) \
+         FROM pg_class c WHERE c.oid IN ('pepsi.workqueue'::regclass, 'pepsi.workqueue_body'::regclass)",
+    )
+    .fetch_one(pool)
+    .await
+}
+
+/// Vacuums the queue and its bodies: the dead row versions every claim, advance and finish
+/// leaves are removed from the table and from the claim's indexes.
+pub async fn vacuum(pool: &PgPool) -> Result<(), sqlx::Error> {
+    sqlx::query("VACUUM pepsi.workqueue, pepsi.workqueue_body")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

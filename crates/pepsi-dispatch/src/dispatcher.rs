@@ -6,9 +6,12 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+
 use sqlx::PgPool;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
@@ -36,6 +39,9 @@ struct Pool {
     fair: FairShare,
 }
 
+/// Fewer rows claimed than this since the last VACUUM leave too little behind to start one.
+const VACUUM_MIN_ROWS: u64 = 100;
+
 pub struct Dispatcher {
     db: PgPool,
     file_cfg: Config,
@@ -53,6 +59,13 @@ pub struct Dispatcher {
     last_heartbeat: Instant,
     last_flush: Instant,
     last_gc: Instant,
+    last_vacuum: Instant,
+    /// Rows claimed since the last VACUUM began (each leaves dead row versions behind).
+    claimed_since_vacuum: u64,
+    /// A VACUUM is running on a connection of its own.
+    vacuuming: Arc<AtomicBool>,
+    /// Whether the role may vacuum the queue tables (asked before the first VACUUM).
+    may_vacuum: Option<bool>,
     next_due: Option<Instant>,
     stopping: bool,
     /// Ids whose worker died while holding several: each is sent alone until answered.
@@ -90,6 +103,10 @@ impl Dispatcher {
             last_heartbeat: now,
             last_flush: now,
             last_gc: now,
+            last_vacuum: now,
+            claimed_since_vacuum: 0,
+            vacuuming: Arc::new(AtomicBool::new(false)),
+            may_vacuum: None,
             next_due: Some(now),
             stopping: false,
             suspects: HashSet::new(),
@@ -540,6 +557,63 @@ impl Dispatcher {
                 Err(e) => tracing::warn!("garbage collection failed: {e}"),
             }
         }
+        self.vacuum(now).await;
+    }
+
+    /// Starts a VACUUM of the queue tables when VACUUM_INTERVAL has passed and rows have
+    /// moved since the last one, unless one still runs. It runs beside the dispatcher on a
+    /// pooled connection: VACUUM takes no lock a claim or a stage waits for.
+    async fn vacuum(&mut self, now: Instant) {
+        let interval = self.settings.vacuum_interval;
+        if interval.is_zero()
+            || self.stopping
+            || now < self.last_vacuum + interval
+            || self.claimed_since_vacuum < VACUUM_MIN_ROWS
+            || self.may_vacuum == Some(false)
+        {
+            return;
+        }
+        if self.may_vacuum.is_none() {
+            match claim::can_vacuum(&self.db).await {
+                Ok(may) => {
+                    if !may {
+                        tracing::info!(
+                            "VACUUM_INTERVAL: this role may not vacuum pepsi.workqueue and \
+                             pepsi.workqueue_body (not their owner; on PostgreSQL 17 grant it \
+                             MAINTAIN): left to autovacuum"
+                        );
+                    }
+                    self.may_vacuum = Some(may);
+                    if !may {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!("cannot tell whether this role may vacuum the queue: {e}");
+                    self.last_vacuum = now;
+                    return;
+                }
+            }
+        }
+        if self.vacuuming.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        self.last_vacuum = now;
+        let rows = std::mem::take(&mut self.claimed_since_vacuum);
+        let db = self.db.clone();
+        let running = self.vacuuming.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            match claim::vacuum(&db).await {
+                Ok(()) => tracing::debug!(
+                    claimed = rows,
+                    ms = started.elapsed().as_millis() as u64,
+                    "queue tables vacuumed"
+                ),
+                Err(e) => tracing::warn!("cannot vacuum the queue tables: {e}"),
+            }
+            running.store(false, Ordering::Release);
+        });
     }
 
     /// Free slots of a pool: room on its live workers plus workers it may still start.
@@ -626,6 +700,7 @@ impl Dispatcher {
             }
         }
         let claimed = result.rows;
+        self.claimed_since_vacuum += claimed.len() as u64;
         let asked: usize = wants.iter().map(|w| (w.n_fifo + w.n_fair) as usize).sum();
         if claimed.len() >= asked {
             // Full claim: more may be waiting.

@@ -29,6 +29,10 @@ pub struct DispatchSettings {
     /// on every heartbeat): a hand-back or a failure report that could not be written, a
     /// claim whose reply was lost across a PostgreSQL restart.
     pub orphan_grace: Duration,
+    /// How often the queue tables are vacuumed while rows move (zero: never, autovacuum
+    /// alone). Every claim, advance and finish leaves a dead row version behind, and the
+    /// claim's index probes walk them until a VACUUM removes them.
+    pub vacuum_interval: Duration,
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
@@ -64,6 +68,9 @@ impl DispatchSettings {
             orphan_grace: s
                 .duration_opt("ORPHAN_GRACE")?
                 .unwrap_or(Duration::from_secs(60)),
+            vacuum_interval: s
+                .duration_opt("VACUUM_INTERVAL")?
+                .unwrap_or(Duration::from_secs(10)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
         })
     }
