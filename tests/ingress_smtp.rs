@@ -868,3 +868,185 @@ async fn a_session_still_in_data_when_the_shutdown_grace_ends_is_dropped_and_sto
     assert!(code == 0 || code == 421, "{code} {text}");
     assert_eq!(ingress.rows().await, 0, "a dropped message is not stored");
 }
+
+/// A connection (from `bind`, with a receive buffer of `rcvbuf`) and its greeting line. The
+/// harness's readiness probes hold a slot for a moment after the start, so a 421 is tried
+/// again for a few seconds; the last answer is returned.
+async fn greeted(
+    port: u16,
+    bind: Option<&str>,
+    rcvbuf: Option<u32>,
+) -> (tokio::net::TcpStream, String) {
+    let until = Instant::now() + Duration::from_secs(5);
+    loop {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        if let Some(b) = bind {
+            socket.bind(b.parse().unwrap()).unwrap();
+        }
+        if let Some(n) = rcvbuf {
+            socket.set_recv_buffer_size(n).unwrap();
+        }
+        let mut tcp = socket
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let mut line = Vec::new();
+        let mut byte = [0u8; 1];
+        while !line.ends_with(b"\n") {
+            match tokio::io::AsyncReadExt::read(&mut tcp, &mut byte).await {
+                Ok(1) => line.push(byte[0]),
+                _ => break,
+            }
+        }
+        let line = String::from_utf8_lossy(&line).into_owned();
+        if line.starts_with("220 ") || Instant::now() >= until {
+            return (tcp, line);
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_client_that_never_reads_its_replies_loses_its_session_at_write_timeout() {
+    let ingress = Ingress::start(
+        "MAX_CONNECTIONS_PER_CLIENT = 1\nWRITE_TIMEOUT = 1s\nMAX_COMMANDS = 1000000\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let port = ingress.port("mx");
+    // A client with a small receive window that pipelines EHLOs and never reads: the
+    // server's replies (several MB) fill both socket buffers and its write blocks.
+    let (stuck, greeting) = greeted(port, None, Some(4096)).await;
+    assert!(greeting.starts_with("220 "), "{greeting:?}");
+    let (_read_half, mut write_half) = stuck.into_split();
+    let flood = tokio::spawn(async move {
+        let line = b"EHLO never-reads.example\r\n".repeat(1000);
+        for _ in 0..200 {
+            if tokio::io::AsyncWriteExt::write_all(&mut write_half, &line)
+                .await
+                .is_err()
+            {
+                break;
+            }
+        }
+        write_half
+    });
+    // Its one slot comes back once the write has timed out and the session ended.
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (_c, greeting) = Client::connect_raw(port).await;
+        if greeting.0 == 220 {
+            break;
+        }
+        assert_eq!(greeting.0, 421, "{greeting:?}");
+        assert!(
+            Instant::now() < until,
+            "the stuck session still holds the client's slot after 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(ingress.log().contains("WRITE_TIMEOUT"), "{}", ingress.log());
+    flood.abort();
+}
+
+#[tokio::test]
+async fn sessions_end_at_max_session_time_max_commands_and_max_junk_commands() {
+    let ingress = Ingress::start(
+        "MAX_SESSION_TIME = 2s\nMAX_COMMANDS = 6\nMAX_JUNK_COMMANDS = 3\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let port = ingress.port("mx");
+
+    let mut junk = Client::connect(port).await;
+    junk.ok("EHLO client.example", 250).await;
+    for _ in 0..3 {
+        junk.ok("NOOP", 250).await;
+    }
+    let text = junk.ok("RSET", 421).await;
+    assert!(text.starts_with("4.7.0"), "{text}");
+
+    let mut busy = Client::connect(port).await;
+    busy.ok("EHLO client.example", 250).await;
+    busy.ok("MAIL FROM:<bob@example.org>", 250).await;
+    for i in 0..4 {
+        busy.ok(&format!("RCPT TO:<alice{i}@example.test>"), 250)
+            .await;
+    }
+    let text = busy.ok("RCPT TO:<alice@example.test>", 421).await;
+    assert!(text.starts_with("4.7.0 too many commands"), "{text}");
+
+    // A client that says nothing more is closed when its lifetime is over, long before
+    // COMMAND_TIMEOUT (5 minutes).
+    let started = Instant::now();
+    let mut quiet = Client::connect(port).await;
+    quiet.ok("EHLO client.example", 250).await;
+    let (code, text) = quiet.read().await;
+    assert_eq!(code, 421, "{text}");
+    assert!(
+        text.starts_with("4.4.2") && text.contains("session time limit"),
+        "{text}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(ingress.rows().await, 0);
+}
+
+#[tokio::test]
+async fn connections_count_per_client_network() {
+    let ingress = Ingress::start(
+        "MAX_CONNECTIONS_PER_CLIENT = 1\nCLIENT_PREFIX_V4 = 24\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let port = ingress.port("mx");
+    let (_first, greeting) = greeted(port, None, None).await;
+    assert!(greeting.starts_with("220 "), "{greeting:?}");
+    // Another address of the same /24 (every 127/8 address is the loopback here).
+    let (_second, line) = greeted(port, Some("127.0.0.2:0"), None).await;
+    assert!(
+        line.starts_with("421 4.7.0 too many connections from 127.0.0.0/24"),
+        "{line:?}"
+    );
+}
+
+#[tokio::test]
+async fn message_bytes_in_memory_share_one_budget_and_a_message_over_it_gets_452() {
+    let ingress = Ingress::start(
+        "MAX_MESSAGE_SIZE = 100000\nMESSAGE_MEMORY = 150000\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let port = ingress.port("mx");
+    let line = format!("{}\r\n", "x".repeat(98));
+    let mut big = Client::connect(port).await;
+    big.ok("EHLO client.example", 250).await;
+    big.ok("MAIL FROM:<bob@example.org>", 250).await;
+    big.ok("RCPT TO:<alice@example.test>", 250).await;
+    big.ok("DATA", 354).await;
+    big.send(b"Subject: big\r\n\r\n").await;
+    // 90,000 octets held by the first session, its DATA not ended.
+    big.send(line.repeat(900).as_bytes()).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    let mut other = Client::connect(port).await;
+    other.ok("EHLO client.example", 250).await;
+    other.ok("MAIL FROM:<bob@example.org>", 250).await;
+    other.ok("RCPT TO:<alice@example.test>", 250).await;
+    other.ok("DATA", 354).await;
+    other.send(b"Subject: second\r\n\r\n").await;
+    other.send(line.repeat(700).as_bytes()).await;
+    let text = other.ok(".", 452).await;
+    assert!(text.starts_with("4.3.1"), "{text}");
+
+    let text = big.ok(".", 250).await;
+    let first = queued_id(&text);
+    // The first message's bytes are given back once it is stored.
+    other.ok("MAIL FROM:<bob@example.org>", 250).await;
+    other.ok("RCPT TO:<alice@example.test>", 250).await;
+    other.ok("DATA", 354).await;
+    other.send(b"Subject: second\r\n\r\n").await;
+    other.send(line.repeat(700).as_bytes()).await;
+    let text = other.ok(".", 250).await;
+    assert_ne!(queued_id(&text), first);
+    assert_eq!(ingress.rows().await, 2);
+}

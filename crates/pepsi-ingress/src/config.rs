@@ -88,6 +88,22 @@ pub struct Settings {
     pub max_bad_commands: u32,
     pub command_timeout: Duration,
     pub data_timeout: Duration,
+    /// A reply the client does not take within this ends the session.
+    pub write_timeout: Duration,
+    /// A session is closed (421 4.4.2) once it has lasted this long.
+    pub max_session_time: Duration,
+    /// Commands one session may send before it is closed (421 4.7.0).
+    pub max_commands: u32,
+    /// NOOP, RSET, VRFY, HELP and EXPN one session may send before it is closed.
+    pub max_junk_commands: u32,
+    /// Connections count per client network: an IPv4 address masked to this many bits.
+    pub client_prefix_v4: u8,
+    /// The same for IPv6 (64: one customer's /64 is one client).
+    pub client_prefix_v6: u8,
+    /// Message bytes all sessions together may hold in memory while receiving.
+    pub message_memory: u64,
+    /// How long an answer of the settings layer about a domain is reused.
+    pub domain_cache_ttl: Duration,
     pub tls_handshake_timeout: Duration,
     pub max_connections: usize,
     pub max_connections_per_client: u32,
@@ -150,6 +166,20 @@ impl Settings {
             data_timeout: s
                 .duration_opt("DATA_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(600)),
+            write_timeout: s
+                .duration_opt("WRITE_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(300)),
+            max_session_time: s
+                .duration_opt("MAX_SESSION_TIME")?
+                .unwrap_or(Duration::from_secs(3600)),
+            max_commands: s.number_opt("MAX_COMMANDS")?.unwrap_or(10_000),
+            max_junk_commands: s.number_opt("MAX_JUNK_COMMANDS")?.unwrap_or(100),
+            client_prefix_v4: s.number_opt("CLIENT_PREFIX_V4")?.unwrap_or(32),
+            client_prefix_v6: s.number_opt("CLIENT_PREFIX_V6")?.unwrap_or(64),
+            message_memory: s.size_opt("MESSAGE_MEMORY")?.unwrap_or(1 << 30),
+            domain_cache_ttl: s
+                .duration_opt("DOMAIN_CACHE_TTL")?
+                .unwrap_or(Duration::from_secs(10)),
             tls_handshake_timeout: s
                 .duration_opt("TLS_HANDSHAKE_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(30)),
@@ -188,6 +218,34 @@ impl Settings {
                 "[{SECTION}] MAX_COMMAND_LENGTH = {}: RFC 5321 needs at least 512",
                 self.max_command_length
             );
+        }
+        if self.client_prefix_v4 > 32 || self.client_prefix_v6 > 128 {
+            bail!(
+                "[{SECTION}] CLIENT_PREFIX_V4 = {}, CLIENT_PREFIX_V6 = {}: at most 32 and 128 bits",
+                self.client_prefix_v4,
+                self.client_prefix_v6
+            );
+        }
+        if self.message_memory < self.max_message_size {
+            bail!(
+                "[{SECTION}] MESSAGE_MEMORY = {} is less than MAX_MESSAGE_SIZE = {}: no message \
+                 of the largest size could ever be received",
+                self.message_memory,
+                self.max_message_size
+            );
+        }
+        for (name, d) in [
+            ("WRITE_TIMEOUT", self.write_timeout),
+            ("MAX_SESSION_TIME", self.max_session_time),
+            ("COMMAND_TIMEOUT", self.command_timeout),
+            ("DATA_TIMEOUT", self.data_timeout),
+        ] {
+            if d.is_zero() {
+                bail!("[{SECTION}] {name} = 0: a session needs a time limit");
+            }
+        }
+        if self.max_commands == 0 || self.max_junk_commands == 0 {
+            bail!("[{SECTION}] MAX_COMMANDS and MAX_JUNK_COMMANDS must be at least 1");
         }
         if self.max_recipients == 0 || self.max_connections == 0 {
             bail!("[{SECTION}] MAX_RECIPIENTS and MAX_CONNECTIONS must be at least 1");

@@ -1,9 +1,145 @@
-//! Per-client-address connection counting. A guard holds one slot and gives it back when
-//! dropped, so an early return or a panicking session cannot leak a slot.
+//! Per-client connection counting and the budget of message bytes held in memory. A guard
+//! holds what it took and gives it back when dropped, so an early return or a panicking
+//! session cannot leak a slot or a byte.
 
 use std::collections::HashMap;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+/// The network a client address counts under: an IPv4 address (or an IPv4-mapped IPv6
+/// one) masked to `v4` bits, an IPv6 address to `v6` bits. One host with a /64 of its own
+/// is then one client however many of its addresses it uses.
+pub fn client_network(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
+    let ip = match ip {
+        IpAddr::V6(a) => a.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let bits = u32::from(a);
+            let mask = u32::MAX
+                .checked_shl(32 - u32::from(v4.min(32)))
+                .unwrap_or(0);
+            IpAddr::V4(Ipv4Addr::from(bits & mask))
+        }
+        IpAddr::V6(a) => {
+            let bits = u128::from(a);
+            let mask = u128::MAX
+                .checked_shl(128 - u32::from(v6.min(128)))
+                .unwrap_or(0);
+            IpAddr::V6(Ipv6Addr::from(bits & mask))
+        }
+    }
+}
+
+/// Answers of the settings layer about domains the configuration does not list, reused for
+/// a while so a flood of RCPTs to unlisted domains costs one query per domain and period.
+/// Bounded: once full, expired answers go, then all of them.
+#[derive(Debug)]
+pub struct DomainCache {
+    ttl: std::time::Duration,
+    entries: Mutex<HashMap<String, (bool, std::time::Instant)>>,
+}
+
+/// Most domains a [`DomainCache`] remembers.
+const DOMAIN_CACHE_ENTRIES: usize = 10_000;
+
+impl DomainCache {
+    /// A cache keeping answers for `ttl` (zero: none kept).
+    pub fn new(ttl: std::time::Duration) -> DomainCache {
+        DomainCache {
+            ttl,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The answer for `domain` (lower case) if one younger than the TTL is kept.
+    pub fn get(&self, domain: &str) -> Option<bool> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(domain)
+            .filter(|(_, at)| at.elapsed() < self.ttl)
+            .map(|(local, _)| *local)
+    }
+
+    pub fn put(&self, domain: &str, local: bool) {
+        if self.ttl.is_zero() {
+            return;
+        }
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= DOMAIN_CACHE_ENTRIES {
+            let ttl = self.ttl;
+            entries.retain(|_, (_, at)| at.elapsed() < ttl);
+            if entries.len() >= DOMAIN_CACHE_ENTRIES {
+                entries.clear();
+            }
+        }
+        entries.insert(domain.to_owned(), (local, std::time::Instant::now()));
+    }
+}
+
+/// Message bytes all sessions hold in memory while receiving, against a limit.
+#[derive(Debug)]
+pub struct MemoryBudget {
+    used: AtomicU64,
+    limit: u64,
+}
+
+/// Bytes one session holds; returned to the budget when dropped.
+#[derive(Debug)]
+pub struct Held {
+    budget: Arc<MemoryBudget>,
+    bytes: u64,
+}
+
+impl MemoryBudget {
+    pub fn new(limit: u64) -> Arc<MemoryBudget> {
+        Arc::new(MemoryBudget {
+            used: AtomicU64::new(0),
+            limit,
+        })
+    }
+
+    /// An empty holding, to grow as a message arrives.
+    pub fn hold(self: &Arc<Self>) -> Held {
+        Held {
+            budget: self.clone(),
+            bytes: 0,
+        }
+    }
+
+    pub fn used(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+}
+
+impl Held {
+    /// Grows the holding to `total` bytes; false (nothing taken) when the budget has no
+    /// room for the difference.
+    pub fn grow_to(&mut self, total: u64) -> bool {
+        let Some(more) = total.checked_sub(self.bytes).filter(|m| *m > 0) else {
+            return true;
+        };
+        let b = &self.budget;
+        let taken = b
+            .used
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |used| {
+                used.checked_add(more).filter(|n| *n <= b.limit)
+            })
+            .is_ok();
+        if taken {
+            self.bytes = total;
+        }
+        taken
+    }
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.budget.used.fetch_sub(self.bytes, Ordering::AcqRel);
+    }
+}
 
 /// Open connections per client address.
 #[derive(Debug, Default)]
@@ -54,6 +190,61 @@ impl Drop for Slot {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_networks_table() {
+        let cases = [
+            ("192.0.2.77", 32, 64, "192.0.2.77"),
+            ("192.0.2.77", 24, 64, "192.0.2.0"),
+            ("192.0.2.77", 0, 64, "0.0.0.0"),
+            ("::ffff:192.0.2.77", 24, 64, "192.0.2.0"),
+            ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 32, 64, "2001:db8:1:2::"),
+            ("2001:db8:1:2:aaaa:bbbb:cccc:dddd", 32, 48, "2001:db8:1::"),
+            (
+                "2001:db8:1:2:aaaa:bbbb:cccc:dddd",
+                32,
+                128,
+                "2001:db8:1:2:aaaa:bbbb:cccc:dddd",
+            ),
+            ("2001:db8::1", 32, 0, "::"),
+        ];
+        for (ip, v4, v6, want) in cases {
+            let got = client_network(ip.parse().unwrap(), v4, v6);
+            assert_eq!(got, want.parse::<IpAddr>().unwrap(), "{ip} /{v4} /{v6}");
+        }
+    }
+
+    #[test]
+    fn the_memory_budget_is_shared_and_returned() {
+        let budget = MemoryBudget::new(100);
+        let mut a = budget.hold();
+        let mut b = budget.hold();
+        assert!(a.grow_to(60));
+        assert!(!b.grow_to(41), "60 + 41 is over 100");
+        assert_eq!(budget.used(), 60);
+        assert!(b.grow_to(40));
+        assert!(a.grow_to(50), "shrinking asks for nothing");
+        drop(a);
+        assert_eq!(budget.used(), 40);
+        assert!(b.grow_to(100));
+        drop(b);
+        assert_eq!(budget.used(), 0);
+    }
+
+    #[test]
+    fn domain_answers_are_kept_for_the_ttl_only() {
+        let cache = DomainCache::new(std::time::Duration::from_millis(200));
+        assert_eq!(cache.get("a.example"), None);
+        cache.put("a.example", true);
+        cache.put("b.example", false);
+        assert_eq!(cache.get("a.example"), Some(true));
+        assert_eq!(cache.get("b.example"), Some(false));
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        assert_eq!(cache.get("a.example"), None);
+        let off = DomainCache::new(std::time::Duration::ZERO);
+        off.put("a.example", true);
+        assert_eq!(off.get("a.example"), None);
+    }
 
     #[test]
     fn slots_are_counted_and_returned() {

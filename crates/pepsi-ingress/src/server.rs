@@ -32,6 +32,8 @@ pub struct Shared {
     pub waker: Waker,
     pub verifier: Option<Verifier>,
     pub limiter: Arc<ClientLimiter>,
+    pub memory: Arc<crate::limits::MemoryBudget>,
+    pub domains: crate::limits::DomainCache,
     pub connections: Arc<Semaphore>,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -93,6 +95,8 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         wake::spawn(pool.clone(), settings.dispatch_wake_interval, wake_stopped);
     let shared = Arc::new(Shared {
         connections: Arc::new(Semaphore::new(settings.max_connections)),
+        memory: crate::limits::MemoryBudget::new(settings.message_memory),
+        domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
         settings,
         pool,
         waker,
@@ -168,9 +172,13 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<Listener>, socket: TcpLi
     }
 }
 
+/// Answers a connection that is not served; a client that does not read gets 10 s.
 async fn refuse(mut tcp: TcpStream, reply: Reply) {
-    let _ = tcp.write_all(reply.render().as_bytes()).await;
-    let _ = tcp.shutdown().await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), async {
+        let _ = tcp.write_all(reply.render().as_bytes()).await;
+        let _ = tcp.shutdown().await;
+    })
+    .await;
 }
 
 async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, peer: SocketAddr) {
@@ -182,18 +190,26 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         )
         .await;
     };
+    let s = &shared.settings;
+    let network = crate::limits::client_network(peer.ip(), s.client_prefix_v4, s.client_prefix_v6);
     let Some(_slot) = shared
         .limiter
-        .acquire(peer.ip(), shared.settings.max_connections_per_client)
+        .acquire(network, s.max_connections_per_client)
     else {
-        tracing::info!(%peer, "too many connections from this address");
+        let prefix = if network.is_ipv4() {
+            s.client_prefix_v4
+        } else {
+            s.client_prefix_v6
+        };
+        let client = if u32::from(prefix) == if network.is_ipv4() { 32 } else { 128 } {
+            network.to_string()
+        } else {
+            format!("{network}/{prefix}")
+        };
+        tracing::info!(%peer, %client, "too many connections from this client");
         return refuse(
             tcp,
-            Reply::new(
-                421,
-                "4.7.0",
-                format!("too many connections from {}", peer.ip()),
-            ),
+            Reply::new(421, "4.7.0", format!("too many connections from {client}")),
         )
         .await;
     };
@@ -214,7 +230,10 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         }
         _ => (Stream::Plain(tcp), None),
     };
-    Session::new(shared, listener, Conn::new(stream), peer, tls)
-        .run()
-        .await;
+    let conn = Conn::new(
+        stream,
+        shared.settings.write_timeout,
+        shared.settings.max_session_time,
+    );
+    Session::new(shared, listener, conn, peer, tls).run().await;
 }

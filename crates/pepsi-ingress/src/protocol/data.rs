@@ -16,6 +16,8 @@ pub enum DataProblem {
     BareCr,
     /// Larger than the size limit; the rest was read and dropped.
     TooBig,
+    /// The server's budget of message bytes in memory (all sessions together) ran out.
+    NoStorage,
     /// A line longer than the line limit.
     LineTooLong,
 }
@@ -84,6 +86,17 @@ impl DataDecoder {
     /// Size of the message so far (after un-stuffing), counting what was dropped.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Bytes of the message held so far (nothing once a problem was seen).
+    pub fn held(&self) -> u64 {
+        self.out.len() as u64
+    }
+
+    /// The server cannot hold more of this message: the rest is read and dropped, and the
+    /// message is refused at its end.
+    pub fn out_of_storage(&mut self) {
+        self.flag(DataProblem::NoStorage);
     }
 
     /// Checks that raw data ended on a line boundary; call after the last BDAT chunk.

@@ -7,6 +7,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tokio::time::Instant;
+
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
@@ -70,6 +72,8 @@ impl AsyncWrite for Stream {
 pub enum End {
     Closed,
     Timeout,
+    /// The session reached MAX_SESSION_TIME.
+    Expired,
     Shutdown,
     Io(io::Error),
 }
@@ -88,18 +92,31 @@ pub struct Conn {
     buf: Vec<u8>,
     pos: usize,
     out: Vec<u8>,
+    /// A flush the client does not take within this fails (it never reads).
+    write_timeout: Duration,
+    /// No read waits past this instant: the session's lifetime.
+    deadline: Instant,
 }
 
 const READ_CHUNK: usize = 16 * 1024;
 
 impl Conn {
-    pub fn new(stream: Stream) -> Conn {
+    /// A connection whose writes each get `write_timeout` and whose reads all end by
+    /// `lifetime` from now.
+    pub fn new(stream: Stream, write_timeout: Duration, lifetime: Duration) -> Conn {
         Conn {
             stream,
             buf: Vec::with_capacity(READ_CHUNK),
             pos: 0,
             out: Vec::with_capacity(1024),
+            write_timeout,
+            deadline: Instant::now() + lifetime,
         }
+    }
+
+    /// True once the session's lifetime is over.
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.deadline
     }
 
     /// Queues a reply; it goes out at the next flush.
@@ -107,10 +124,23 @@ impl Conn {
         self.out.extend_from_slice(reply.render().as_bytes());
     }
 
+    /// Sends the queued replies; a client that does not take them within the write timeout
+    /// gets an error (`TimedOut`), and the session ends.
     pub async fn flush(&mut self) -> io::Result<()> {
         if !self.out.is_empty() {
-            self.stream.write_all(&self.out).await?;
-            self.stream.flush().await?;
+            let write = async {
+                self.stream.write_all(&self.out).await?;
+                self.stream.flush().await
+            };
+            match tokio::time::timeout(self.write_timeout, write).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Err(io::Error::new(
+                        io::ErrorKind::TimedOut,
+                        "the client did not read a reply within WRITE_TIMEOUT",
+                    ));
+                }
+            }
             self.out.clear();
         }
         Ok(())
@@ -146,11 +176,17 @@ impl Conn {
         }
         let start = self.buf.len();
         self.buf.resize(start + READ_CHUNK, 0);
-        let read = tokio::time::timeout(timeout, self.stream.read(&mut self.buf[start..])).await;
+        let now = Instant::now();
+        let (until, end) = if now + timeout >= self.deadline {
+            (self.deadline, End::Expired)
+        } else {
+            (now + timeout, End::Timeout)
+        };
+        let read = tokio::time::timeout_at(until, self.stream.read(&mut self.buf[start..])).await;
         let n = match read {
             Err(_) => {
                 self.buf.truncate(start);
-                return Err(End::Timeout);
+                return Err(end);
             }
             Ok(Err(e)) => {
                 self.buf.truncate(start);

@@ -34,13 +34,15 @@ impl Session {
         let timeout = s.data_timeout;
         loop {
             let pending = self.conn.buffered();
-            match dec.feed(pending) {
+            let fed = dec.feed(pending);
+            self.hold(&mut dec);
+            match fed {
                 Feed::Done { consumed } => {
                     self.conn.consume(consumed);
                     break;
                 }
                 Feed::More => {
-                    let n = pending.len();
+                    let n = self.conn.buffered().len();
                     self.conn.consume(n);
                     self.conn.fill(timeout).await?;
                 }
@@ -72,6 +74,7 @@ impl Session {
                 .len()
                 .min(usize::try_from(left).unwrap_or(usize::MAX));
             dec.feed(&pending[..take]);
+            self.hold(&mut dec);
             self.conn.consume(take);
             left -= take as u64;
         }
@@ -90,8 +93,27 @@ impl Session {
         Ok(self.finish(tx, dec).await)
     }
 
+    /// Counts what the decoder holds against the server's MESSAGE_MEMORY; when it has no
+    /// room, the message is dropped as it arrives and refused at its end.
+    fn hold(&mut self, dec: &mut DataDecoder) {
+        if !self.held.grow_to(dec.held()) {
+            tracing::warn!(
+                peer = %self.peer,
+                in_use = self.shared.memory.used(),
+                "MESSAGE_MEMORY exhausted: this message is refused with 452"
+            );
+            dec.out_of_storage();
+        }
+    }
+
     /// Ends the transaction: refuses data with a problem, stores the rest.
     async fn finish(&mut self, tx: Transaction, dec: DataDecoder) -> Reply {
+        let reply = self.finish_holding(tx, dec).await;
+        self.held = self.shared.memory.hold();
+        reply
+    }
+
+    async fn finish_holding(&mut self, tx: Transaction, dec: DataDecoder) -> Reply {
         self.state = State::Greeted;
         let s = &self.shared.settings;
         if let Some(problem) = dec.problem() {
@@ -106,6 +128,11 @@ impl Session {
                     554,
                     "5.6.0",
                     "bare CR in the message text; lines must end in CRLF",
+                ),
+                DataProblem::NoStorage => Reply::new(
+                    452,
+                    "4.3.1",
+                    "insufficient system storage for the message now, try again later",
                 ),
                 DataProblem::TooBig => Reply::new(
                     552,

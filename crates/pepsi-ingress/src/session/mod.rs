@@ -73,6 +73,11 @@ pub struct Session {
     tls: Option<TlsInfo>,
     auth_user: Option<String>,
     bad_commands: u32,
+    /// Commands received, and of them NOOP, RSET, VRFY, HELP and EXPN.
+    commands: u32,
+    junk_commands: u32,
+    /// The bytes of the message being received, counted against MESSAGE_MEMORY.
+    held: crate::limits::Held,
     iprev: Option<IprevOutput>,
     shutdown: watch::Receiver<bool>,
 }
@@ -86,6 +91,7 @@ impl Session {
         tls: Option<TlsInfo>,
     ) -> Session {
         let shutdown = shared.shutdown.clone();
+        let held = shared.memory.hold();
         Session {
             shared,
             listener,
@@ -97,6 +103,9 @@ impl Session {
             tls,
             auth_user: None,
             bad_commands: 0,
+            commands: 0,
+            junk_commands: 0,
+            held,
             iprev: None,
             shutdown,
         }
@@ -122,6 +131,17 @@ impl Session {
                 "4.4.2",
                 format!("{} timeout, closing", self.shared.settings.hostname),
             )),
+            Err(End::Expired) => {
+                tracing::info!(peer = %self.peer, "closed at MAX_SESSION_TIME");
+                Some(Reply::new(
+                    421,
+                    "4.4.2",
+                    format!(
+                        "{} session time limit reached, closing",
+                        self.shared.settings.hostname
+                    ),
+                ))
+            }
             Err(End::Shutdown) => Some(Reply::new(
                 421,
                 "4.3.2",
@@ -132,11 +152,27 @@ impl Session {
             )),
             Ok(()) | Err(End::Closed) | Err(End::Io(_)) => None,
         };
+        match &end {
+            Err(End::Io(e)) if e.kind() == std::io::ErrorKind::TimedOut => {
+                tracing::info!(peer = %self.peer, "closed: {e}")
+            }
+            Err(End::Io(e)) => tracing::debug!(peer = %self.peer, "connection lost: {e}"),
+            _ => {}
+        }
         if let Some(reply) = farewell {
             self.conn.reply(&reply);
         }
-        let _ = self.conn.flush().await;
-        let _ = tokio::io::AsyncWriteExt::shutdown(&mut self.conn.stream).await;
+        // A client whose writes failed gets nothing more; the rest is bounded like every
+        // write (WRITE_TIMEOUT), the close included.
+        if !matches!(end, Err(End::Io(_))) {
+            let _ = self.conn.flush().await;
+        }
+        let timeout = self.shared.settings.write_timeout;
+        let _ = tokio::time::timeout(
+            timeout,
+            tokio::io::AsyncWriteExt::shutdown(&mut self.conn.stream),
+        )
+        .await;
     }
 
     async fn command_loop(&mut self) -> Result<(), End> {
@@ -160,7 +196,19 @@ impl Session {
                     ));
                     Flow::Continue
                 }
-                Line::Text(text) => self.command(&text).await?,
+                Line::Text(text) => {
+                    self.commands += 1;
+                    if self.commands > self.shared.settings.max_commands {
+                        self.conn
+                            .reply(&Reply::new(421, "4.7.0", "too many commands, closing"));
+                        tracing::info!(peer = %self.peer, "dropped at MAX_COMMANDS");
+                        return Ok(());
+                    }
+                    if self.conn.expired() {
+                        return Err(End::Expired);
+                    }
+                    self.command(&text).await?
+                }
             };
             if let Flow::Close = flow {
                 return Ok(());
@@ -191,6 +239,21 @@ impl Session {
                 return Ok(Flow::Continue);
             }
         };
+        if matches!(
+            command,
+            Command::Noop | Command::Rset | Command::Vrfy | Command::Help | Command::Expn
+        ) {
+            self.junk_commands += 1;
+            if self.junk_commands > self.shared.settings.max_junk_commands {
+                self.conn.reply(&Reply::new(
+                    421,
+                    "4.7.0",
+                    "too many NOOP, RSET, VRFY, HELP or EXPN commands, closing",
+                ));
+                tracing::info!(peer = %self.peer, "dropped at MAX_JUNK_COMMANDS");
+                return Ok(Flow::Close);
+            }
+        }
         let reply = match command {
             Command::Ehlo(domain) => self.ehlo(domain, true),
             Command::Helo(domain) => self.ehlo(domain, false),
@@ -232,6 +295,7 @@ impl Session {
     /// Abandons the transaction (RSET, EHLO): back to Greeted, or Connected if no greeting
     /// was ever given.
     fn reset(&mut self) {
+        self.held = self.shared.memory.hold();
         self.state = if self.helo.is_some() {
             State::Greeted
         } else {

@@ -55,7 +55,18 @@ impl Session {
         // A domain the configuration does not list may still be local through the
         // settings layer (`@domain` / `local_domain` = true).
         if let (Some(d), RcptDecision::Refuse | RcptDecision::Relay) = (&domain, decision) {
-            match s.local.is_local_domain(&self.shared.pool, d).await {
+            let key = d.to_ascii_lowercase();
+            let answer = match self.shared.domains.get(&key) {
+                Some(local) => Ok(local),
+                None => {
+                    let answer = s.local.is_local_domain(&self.shared.pool, d).await;
+                    if let Ok(local) = answer {
+                        self.shared.domains.put(&key, local);
+                    }
+                    answer
+                }
+            };
+            match answer {
                 Ok(true) => decision = RcptDecision::Local,
                 Ok(false) => {}
                 Err(e) => {
