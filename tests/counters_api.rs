@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use migadu_counters::testkit::{
-    Daemon, DaemonSetup, HttpTarget, RedisServer, TEST_TOKEN, http, wait_until,
+    Daemon, DaemonSetup, HttpTarget, RedisServer, Resp, TEST_TOKEN, http, wait_until,
 };
 use serde_json::{Value, json};
 
@@ -836,5 +836,108 @@ fn a_lost_exec_reply_is_resolved_by_reading_the_master() {
     assert!(
         v == 2 || v == 3,
         "counter {v} after three requests, one of them lost"
+    );
+}
+
+fn blocked_clients(r: &RedisServer) -> i64 {
+    let Resp::Bulk(Some(info)) = r.cmd(&["INFO", "clients"]) else {
+        return -1;
+    };
+    info.split("blocked_clients:")
+        .nth(1)
+        .and_then(|t| {
+            t.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .ok()
+        })
+        .unwrap_or(-1)
+}
+
+/// Holds the only worker inside a transaction (writes paused), so the requests posted next
+/// wait in the queue and are taken together as one batch once writes resume.
+fn hold_the_worker(redis: &RedisServer, d: &Daemon) {
+    redis.cmd(&["CLIENT", "PAUSE", "60000", "WRITE"]);
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"hold","recipient":"h@example.com"}"#)
+            .status,
+        202
+    );
+    assert!(
+        wait_until(Duration::from_secs(20), || blocked_clients(redis) == 1),
+        "the worker's transaction is not waiting on the pause: {}",
+        d.logs()
+    );
+}
+
+#[test]
+fn a_pipelined_batch_with_one_failing_key_counts_the_others_and_reports_that_one() {
+    let redis = RedisServer::start();
+    let d = Daemon::start(
+        BIN,
+        DaemonSetup {
+            redis: &redis.addr(),
+            rows: ROWS,
+            top: "workers = 1\nbatch_size = 8\nhandler_timeout = 60",
+            logging: "level = \"debug\"",
+            redis_extra: "timeout_ms = 30000",
+            ..Default::default()
+        },
+    );
+    let bad = key("A", "x@example.com", "o");
+    redis.cmd(&["SET", &bad, "not-a-number"]);
+    hold_the_worker(&redis, &d);
+    for body in [
+        r#"{"trace_id":"b1","recipient":"y@example.com"}"#,
+        r#"{"trace_id":"b2","auth_user":"x@example.com","recipient":"s@gmail.com"}"#,
+        r#"{"trace_id":"b3","recipient":"z@other.org"}"#,
+    ] {
+        let route = if body.contains("auth_user") {
+            "/out"
+        } else {
+            "/in"
+        };
+        assert_eq!(d.post(route, body).status, 202);
+    }
+    redis.cmd(&["CLIENT", "UNPAUSE"]);
+    wait_log(&d, "<b3> in; tracked account counters for 99 => count=1");
+    // the three queued requests went to Redis as one batch of three transactions
+    assert!(
+        d.app_log()
+            .contains("counting batch requests=3 transactions=3"),
+        "{}",
+        d.app_log()
+    );
+    // the failing key is reported for its request alone, and nothing else of the batch fails
+    wait_log(&d, &format!("<b2> out; redis error on key {bad}: "));
+    assert_eq!(
+        d.counting_log().matches("redis error").count(),
+        1,
+        "{}",
+        d.counting_log()
+    );
+    assert!(matches!(redis.cmd(&["GET", &bad]), Resp::Bulk(Some(v)) if v == "not-a-number"));
+    // the rest of the failing request counted, and so did the requests around it
+    assert_eq!(redis.get(&key("D", "example.com", "o")), Some(1));
+    assert_eq!(redis.get(&key("O", "1234", "o")), Some(1));
+    assert_eq!(redis.get(&key("A", "y@example.com", "i")), Some(1));
+    assert_eq!(redis.get(&key("D", "example.com", "i")), Some(2));
+    assert_eq!(redis.get(&key("A", "z@other.org", "i")), Some(1));
+    assert_eq!(
+        d.metric("migadu_counters_redis_errors_total{op=\"incr\"}"),
+        1.0
+    );
+    assert_eq!(
+        d.metric("migadu_counters_increments_total{level=\"A\",flow=\"o\"}"),
+        0.0
+    );
+    assert_eq!(
+        d.metric("migadu_counters_increments_total{level=\"O\",flow=\"o\"}"),
+        1.0
+    );
+    assert_eq!(
+        d.metric("migadu_counters_increments_total{level=\"A\",flow=\"i\"}"),
+        3.0
     );
 }

@@ -27,6 +27,8 @@ pub struct Config {
     pub exempt: Vec<String>,
     pub count_junk: bool,
     pub workers: usize,
+    /// Most queued jobs a worker takes at once, their transactions pipelined on one connection.
+    pub batch_size: usize,
     pub queue_size: usize,
     pub max_cached_domains: usize,
     pub read_header_timeout: u64,
@@ -49,6 +51,7 @@ impl Default for Config {
             exempt: vec!["support@migadu.com".into(), "contact@migadu.com".into()],
             count_junk: false,
             workers: 16,
+            batch_size: 64,
             queue_size: 10_000,
             max_cached_domains: 10_000,
             read_header_timeout: 5,
@@ -275,6 +278,7 @@ fn validate(c: &Config) -> Result<(), (&'static str, String)> {
     }
     for (key, v) in [
         ("workers", c.workers as u64),
+        ("batch_size", c.batch_size as u64),
         ("queue_size", c.queue_size as u64),
         ("handler_timeout", c.handler_timeout),
         ("read_header_timeout", c.read_header_timeout),
@@ -439,6 +443,10 @@ mod tests {
             (
                 "auth_token=\"t\"\nworkers=0",
                 "workers: must be greater than 0",
+            ),
+            (
+                "auth_token=\"t\"\nbatch_size=0",
+                "batch_size: must be greater than 0",
             ),
             (
                 "auth_token=\"t\"\n[redis]\nsentinels=[\"a:1\"]\nmaster_name=\"\"",

@@ -246,6 +246,9 @@ pub enum KeyResult {
     Counted(i64),
     /// EXEC returned an error for this key alone.
     Failed(String),
+    /// The value read back after a lost reply, when a later transaction of the same batch also
+    /// lost its reply and holds the same key: shown, but that later one alone may cross.
+    Seen(i64),
 }
 
 /// A notification to send after a crossing.
@@ -269,8 +272,8 @@ pub fn outcome(
     let mut crossings = Vec::new();
     for (inc, res) in increments.iter().zip(results) {
         match res {
-            KeyResult::Counted(n) => {
-                let reached = crossed(*n, inc.limit);
+            KeyResult::Counted(n) | KeyResult::Seen(n) => {
+                let reached = matches!(res, KeyResult::Counted(_)) && crossed(*n, inc.limit);
                 events.push(Event::Tracked {
                     level: inc.level,
                     flow: inc.flow,

@@ -23,11 +23,11 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::config::{Cidr, Config};
-use crate::counting::{self, Event, KeyResult, Rules};
+use crate::counting::{self, Event, KeyResult, Plan, Rules};
 use crate::domains::{Domains, Flow, Level};
 use crate::metrics::Metrics;
 use crate::notify::Notifier;
-use crate::store::Store;
+use crate::store::{Store, StoreError, TxResult};
 use crate::txlog::TxLog;
 use crate::validate::{self, CountRequest, CountersQuery, Route};
 
@@ -409,81 +409,119 @@ impl App {
 
     /// Counts one job: CDB lookups, one MULTI/EXEC, crossings, the counting log block.
     pub async fn count(&self, job: Job) {
-        let req = &job.req;
-        let route = req.route.as_str();
+        self.count_batch(vec![job]).await
+    }
+
+    /// Counts the jobs a worker took from the queue together: the CDB lookups of each, their
+    /// MULTI/EXEC transactions pipelined on one Redis connection, then for each job on its own
+    /// results its crossings, metrics and counting log block, as if it had been counted alone.
+    pub async fn count_batch(&self, jobs: Vec<Job>) {
         let domains = self.domains.load_full();
         let rules = Rules {
             exempt: &self.cfg.exempt,
             count_junk: self.cfg.count_junk,
         };
-        let plan = counting::plan(req, &rules, job.date, &|d| domains.lookup(d));
+        let plans: Vec<Plan> = jobs
+            .iter()
+            .map(|j| counting::plan(&j.req, &rules, j.date, &|d| domains.lookup(d)))
+            .collect();
         let before = Utc::now();
+        let txs: Vec<Vec<String>> = plans
+            .iter()
+            .filter(|p| !p.increments.is_empty())
+            .map(|p| p.increments.iter().map(|i| i.key.clone()).collect())
+            .collect();
+        let mut results = if txs.is_empty() {
+            Vec::new()
+        } else {
+            tracing::debug!(
+                requests = jobs.len(),
+                transactions = txs.len(),
+                "counting batch"
+            );
+            let budget = Duration::from_secs(self.cfg.handler_timeout);
+            self.store.incr_batch(&txs, budget).await
+        }
+        .into_iter();
+        let after = Utc::now();
+        for (job, plan) in jobs.iter().zip(plans) {
+            let outcome = (!plan.increments.is_empty()).then(|| {
+                results
+                    .next()
+                    .unwrap_or_else(|| Err(StoreError::NotApplied("no result".into())))
+            });
+            self.finish(job, plan, (before, after), outcome);
+        }
+    }
+
+    /// One job's share of a batch: metrics, the counting log block, notifications.
+    fn finish(
+        &self,
+        job: &Job,
+        plan: Plan,
+        (before, after): (DateTime<Utc>, DateTime<Utc>),
+        outcome: Option<TxResult>,
+    ) {
+        let req = &job.req;
+        let route = req.route.as_str();
         let mut events: Vec<(DateTime<Utc>, Event)> =
             plan.events.into_iter().map(|e| (before, e)).collect();
         let mut crossings = Vec::new();
-        if !plan.increments.is_empty() {
-            let keys: Vec<String> = plan.increments.iter().map(|i| i.key.clone()).collect();
-            let budget = Duration::from_secs(self.cfg.handler_timeout);
-            let outcome = match tokio::time::timeout(budget, self.store.incr(&keys)).await {
-                Ok(Ok(r)) => Ok(r),
-                Ok(Err(e)) => Err(e.to_string()),
-                Err(_) => Err(format!("timeout after {}s", self.cfg.handler_timeout)),
-            };
-            let after = Utc::now();
-            match outcome {
-                Ok((results, reread)) => {
-                    if reread {
-                        self.metrics.redis_errors.with_label_values(&["exec"]).inc();
-                        tracing::warn!(
-                            trace_id = req.trace_id,
-                            "lost EXEC reply, counts re-read from the master"
-                        );
-                    }
-                    let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
-                        !self.notifier.url_for(l).is_empty()
-                    });
-                    // Crossings are counted before increments, so a reader that sees every
-                    // increment also sees every crossing.
-                    for c in &cs {
-                        self.metrics
-                            .limit_reached
-                            .with_label_values(&[c.level.as_str(), c.flow.as_str()])
-                            .inc();
-                    }
-                    for (inc, res) in plan.increments.iter().zip(&results) {
-                        match res {
-                            KeyResult::Counted(_) => self
-                                .metrics
-                                .increments
-                                .with_label_values(&[inc.level.as_str(), inc.flow.as_str()])
-                                .inc(),
-                            KeyResult::Failed(e) => {
-                                self.metrics.redis_errors.with_label_values(&["incr"]).inc();
-                                tracing::error!(
-                                    trace_id = req.trace_id,
-                                    key = inc.key,
-                                    error = e,
-                                    "counter increment failed"
-                                );
-                            }
+        match outcome {
+            None => {}
+            Some(Ok((results, reread))) => {
+                if reread {
+                    self.metrics.redis_errors.with_label_values(&["exec"]).inc();
+                    tracing::warn!(
+                        trace_id = req.trace_id,
+                        "lost EXEC reply, counts re-read from the master"
+                    );
+                }
+                let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
+                    !self.notifier.url_for(l).is_empty()
+                });
+                // Crossings are counted before increments, so a reader that sees every
+                // increment also sees every crossing.
+                for c in &cs {
+                    self.metrics
+                        .limit_reached
+                        .with_label_values(&[c.level.as_str(), c.flow.as_str()])
+                        .inc();
+                }
+                for (inc, res) in plan.increments.iter().zip(&results) {
+                    match res {
+                        KeyResult::Counted(_) | KeyResult::Seen(_) => self
+                            .metrics
+                            .increments
+                            .with_label_values(&[inc.level.as_str(), inc.flow.as_str()])
+                            .inc(),
+                        KeyResult::Failed(e) => {
+                            self.metrics.redis_errors.with_label_values(&["incr"]).inc();
+                            tracing::error!(
+                                trace_id = req.trace_id,
+                                key = inc.key,
+                                error = e,
+                                "counter increment failed"
+                            );
                         }
                     }
-                    events.extend(evs.into_iter().map(|e| (after, e)));
-                    crossings = cs;
-                    self.metrics
-                        .count_delay
-                        .observe(job.received.elapsed().as_secs_f64());
                 }
-                Err(error) => {
-                    self.metrics.redis_errors.with_label_values(&["incr"]).inc();
-                    tracing::error!(
-                        trace_id = req.trace_id,
-                        route,
-                        error,
-                        "counting failed, nothing counted"
-                    );
-                    events.push((after, Event::RedisError { error }));
-                }
+                events.extend(evs.into_iter().map(|e| (after, e)));
+                crossings = cs;
+                self.metrics
+                    .count_delay
+                    .observe(job.received.elapsed().as_secs_f64());
+            }
+            Some(Err(e)) => {
+                let error = e.to_string();
+                self.metrics.redis_errors.with_label_values(&["incr"]).inc();
+                tracing::error!(
+                    trace_id = req.trace_id,
+                    route,
+                    error,
+                    "counting failed, nothing counted"
+                );
+                events.push((after, Event::RedisError { error }));
             }
         }
         self.txlog.block(&req.trace_id, route, &events);

@@ -220,31 +220,40 @@ async fn daemon(args: Args) -> Result<()> {
         let app = app.clone();
         let rx = rx.clone();
         let closing = closing.clone();
+        let batch_size = cfg.batch_size;
         workers.spawn(async move {
+            let mut jobs = Vec::with_capacity(batch_size);
             loop {
+                // Wait for one job, then take what else is already queued, up to the bound:
+                // idle workers count a lone request at once, busy ones pipeline the backlog.
                 // Once closing, take what is left without waiting, then stop.
-                let job = {
+                {
                     let mut q = rx.lock().await;
-                    tokio::select! {
+                    let first = tokio::select! {
                         biased;
                         j = q.recv() => j,
                         _ = closing.cancelled() => q.try_recv().ok(),
-                    }
-                };
-                match job {
-                    // A bug in counting must not take a worker away for good: the pool
-                    // would shrink until requests are accepted and never counted.
-                    Some(job) => {
-                        if let Err(panic) = AssertUnwindSafe(app.count(job)).catch_unwind().await {
-                            let what = panic
-                                .downcast_ref::<&str>()
-                                .map(|s| s.to_string())
-                                .or_else(|| panic.downcast_ref::<String>().cloned())
-                                .unwrap_or_else(|| "unknown panic".into());
-                            tracing::error!(reason = %what, "counting panicked, request not counted; worker kept");
+                    };
+                    let Some(first) = first else { break };
+                    jobs.push(first);
+                    while jobs.len() < batch_size {
+                        match q.try_recv() {
+                            Ok(j) => jobs.push(j),
+                            Err(_) => break,
                         }
                     }
-                    None => break,
+                }
+                let n = jobs.len();
+                // A bug in counting must not take a worker away for good: the pool would
+                // shrink until requests are accepted and never counted.
+                let batch = std::mem::replace(&mut jobs, Vec::with_capacity(batch_size));
+                if let Err(panic) = AssertUnwindSafe(app.count_batch(batch)).catch_unwind().await {
+                    let what = panic
+                        .downcast_ref::<&str>()
+                        .map(|s| s.to_string())
+                        .or_else(|| panic.downcast_ref::<String>().cloned())
+                        .unwrap_or_else(|| "unknown panic".into());
+                    tracing::error!(reason = %what, requests = n, "counting panicked, the rest of the batch abandoned; worker kept");
                 }
             }
         });
@@ -274,7 +283,7 @@ async fn daemon(args: Args) -> Result<()> {
             move |req, _| app.clone().admin(req),
         ))
     };
-    tracing::info!(addr = %cfg.addr, admin_addr = %cfg.admin_addr, workers = cfg.workers, "listening");
+    tracing::info!(addr = %cfg.addr, admin_addr = %cfg.admin_addr, workers = cfg.workers, batch_size = cfg.batch_size, "listening");
 
     loop {
         tokio::select! {

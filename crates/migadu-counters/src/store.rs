@@ -1,6 +1,7 @@
 //! Redis access: a write side (static address or the Sentinel master, following failover) and
 //! a read side (round-robin static replicas, or a Sentinel replica with fallback to the
-//! master); one MULTI/EXEC per counted request, one MGET per `/counters` read.
+//! master); one MULTI/EXEC per counted request, the transactions of a counting worker's batch
+//! pipelined on one connection; one MGET per `/counters` read.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -116,6 +117,34 @@ fn healthy_replicas(reply: &Value) -> Vec<String> {
         }
     }
     out
+}
+
+/// What one transaction did: per-key results, and whether they were re-read after a lost
+/// reply.
+pub type TxResult = Result<(Vec<KeyResult>, bool), StoreError>;
+
+/// The counting transaction of one request: `INCR` + `EXPIRE` per key inside MULTI/EXEC; a key
+/// that fails leaves the others counted.
+fn tx_pipe(keys: &[String]) -> redis::Pipeline {
+    let mut pipe = redis::pipe();
+    pipe.atomic().ignore_errors();
+    for k in keys {
+        pipe.cmd("INCR").arg(k);
+        pipe.cmd("EXPIRE").arg(k).arg(KEY_TTL_SECONDS).ignore();
+    }
+    pipe
+}
+
+/// The EXEC reply of `tx_pipe`, one entry per key.
+fn key_results(n: usize, vals: &[Value]) -> Vec<KeyResult> {
+    (0..n)
+        .map(|i| match vals.get(i) {
+            Some(Value::Int(n)) => KeyResult::Counted(*n),
+            Some(Value::ServerError(e)) => KeyResult::Failed(e.to_string()),
+            Some(v) => KeyResult::Failed(format!("unexpected reply {v:?}")),
+            None => KeyResult::Failed("missing reply".into()),
+        })
+        .collect()
 }
 
 impl Store {
@@ -260,64 +289,133 @@ impl Store {
         *pool.slots[i].lock().await = None;
     }
 
-    /// `INCR` + `EXPIRE` for every key in one MULTI/EXEC. Per-key errors come back as
-    /// `KeyResult::Failed`; a lost reply is resolved by re-reading the keys from the master.
-    pub async fn incr(&self, keys: &[String]) -> Result<(Vec<KeyResult>, bool), StoreError> {
-        let mut pipe = redis::pipe();
-        pipe.atomic().ignore_errors();
-        for k in keys {
-            pipe.cmd("INCR").arg(k);
-            pipe.cmd("EXPIRE").arg(k).arg(KEY_TTL_SECONDS).ignore();
-        }
+    /// One MULTI/EXEC per entry of `txs`, all pipelined on one write connection: they are
+    /// written together and their replies read in order, each transaction with a reply of its
+    /// own. The result has one entry per transaction, in order:
+    ///
+    /// - a reply: the new values (`Counted`) or the key's own error (`Failed`);
+    /// - no reply because the connection failed or timed out after sending (Redis may or may
+    ///   not have run it): never sent again, its keys are re-read from the master (`reread`);
+    /// - refused as a whole (not connected, `EXECABORT` from a demoted master): it certainly
+    ///   changed nothing and is sent once more on a fresh connection, else `NotApplied`.
+    ///
+    /// `budget` bounds the wait for connections and replies; a transaction whose reply misses
+    /// it counts as lost.
+    pub async fn incr_batch(&self, txs: &[Vec<String>], budget: Duration) -> Vec<TxResult> {
+        let deadline = tokio::time::Instant::now() + budget;
+        let late = || format!("timeout after {}s", budget.as_secs_f64());
+        let pipes: Vec<redis::Pipeline> = txs.iter().map(|k| tx_pipe(k)).collect();
+        let mut out: Vec<Option<TxResult>> = txs.iter().map(|_| None).collect();
+        let mut todo: Vec<usize> = (0..txs.len()).collect();
+        let mut lost: Vec<(usize, String)> = Vec::new();
         let mut last = String::new();
-        // A second attempt only when the first certainly changed nothing (stale master, refused).
         for _ in 0..2 {
-            let (slot, mut con) = match self.take(&self.write).await {
-                Ok(x) => x,
-                Err(e) => {
+            if todo.is_empty() {
+                break;
+            }
+            let (slot, con) = match tokio::time::timeout_at(deadline, self.take(&self.write)).await
+            {
+                Ok(Ok(x)) => x,
+                Ok(Err(e)) => {
                     last = e.to_string();
                     continue;
                 }
-            };
-            match pipe.query_async::<Vec<Value>>(&mut con).await {
-                Ok(vals) => {
-                    let results = keys
-                        .iter()
-                        .enumerate()
-                        .map(|(i, _)| match vals.get(i) {
-                            Some(Value::Int(n)) => KeyResult::Counted(*n),
-                            Some(Value::ServerError(e)) => KeyResult::Failed(e.to_string()),
-                            Some(v) => KeyResult::Failed(format!("unexpected reply {v:?}")),
-                            None => KeyResult::Failed("missing reply".into()),
-                        })
-                        .collect();
-                    return Ok((results, false));
+                Err(_) => {
+                    last = late();
+                    break;
                 }
-                Err(e) => {
-                    self.drop_slot(&self.write, slot).await;
-                    if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() {
-                        return self.reread(keys, e.to_string()).await.map(|r| (r, true));
+            };
+            // Each transaction is its own request on the multiplexed connection: they go out
+            // in one write, and a failure part-way still leaves the replies read before it.
+            let replies = futures_util::future::join_all(todo.iter().map(|&i| {
+                let mut con = con.clone();
+                let pipe = &pipes[i];
+                async move {
+                    tokio::time::timeout_at(deadline, pipe.query_async::<Vec<Value>>(&mut con))
+                        .await
+                }
+            }))
+            .await;
+            let mut refused = Vec::new();
+            for (&i, reply) in todo.iter().zip(replies) {
+                match reply {
+                    Ok(Ok(vals)) => out[i] = Some(Ok((key_results(txs[i].len(), &vals), false))),
+                    Ok(Err(e))
+                        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() =>
+                    {
+                        lost.push((i, e.to_string()))
                     }
-                    last = e.to_string();
+                    Ok(Err(e)) => {
+                        last = e.to_string();
+                        refused.push(i);
+                    }
+                    Err(_) => lost.push((i, late())),
                 }
             }
+            if !lost.is_empty() || !refused.is_empty() {
+                self.drop_slot(&self.write, slot).await;
+            }
+            todo = refused;
         }
-        Err(StoreError::NotApplied(last))
+        if !lost.is_empty() {
+            for (i, r) in self.reread(txs, &lost).await {
+                out[i] = Some(r);
+            }
+        }
+        out.into_iter()
+            .map(|r| r.unwrap_or_else(|| Err(StoreError::NotApplied(last.clone()))))
+            .collect()
     }
 
-    /// After a lost EXEC reply the increments may or may not have happened; the master knows.
-    async fn reread(&self, keys: &[String], why: String) -> Result<Vec<KeyResult>, StoreError> {
-        let vals = self
-            .mget_on(&self.write, keys)
-            .await
-            .map_err(|e| StoreError::NotApplied(format!("{why}; re-read failed: {e}")))?;
-        Ok(vals
-            .into_iter()
-            .map(|v| match v {
-                Some(n) => KeyResult::Counted(n),
-                None => KeyResult::Failed(format!("{why}; key absent on re-read")),
-            })
-            .collect())
+    /// After lost EXEC replies the increments may or may not have happened; the master knows.
+    /// One MGET for all of them. A key shared by several lost transactions shows its value in
+    /// each, but only the last of them (the one Redis ran last, if it ran them) may see a
+    /// crossing in it: the others get `KeyResult::Seen`.
+    async fn reread(
+        &self,
+        txs: &[Vec<String>],
+        lost: &[(usize, String)],
+    ) -> Vec<(usize, TxResult)> {
+        let keys: Vec<String> = lost
+            .iter()
+            .flat_map(|(i, _)| txs[*i].iter().cloned())
+            .collect();
+        match self.mget_on(&self.write, &keys).await {
+            Ok(vals) => {
+                let mut claimed = std::collections::HashSet::new();
+                let mut vals = vals.into_iter().rev();
+                let mut out: Vec<(usize, TxResult)> = lost
+                    .iter()
+                    .rev()
+                    .map(|(i, why)| {
+                        let mut results: Vec<KeyResult> = txs[*i]
+                            .iter()
+                            .rev()
+                            .map(|k| match vals.next().flatten() {
+                                Some(n) if claimed.insert(k.as_str()) => KeyResult::Counted(n),
+                                Some(n) => KeyResult::Seen(n),
+                                None => KeyResult::Failed(format!("{why}; key absent on re-read")),
+                            })
+                            .collect();
+                        results.reverse();
+                        (*i, Ok((results, true)))
+                    })
+                    .collect();
+                out.reverse();
+                out
+            }
+            Err(e) => lost
+                .iter()
+                .map(|(i, why)| {
+                    (
+                        *i,
+                        Err(StoreError::NotApplied(format!(
+                            "{why}; re-read failed: {e}"
+                        ))),
+                    )
+                })
+                .collect(),
+        }
     }
 
     async fn mget_on(&self, pool: &Pool, keys: &[String]) -> redis::RedisResult<Vec<Option<i64>>> {
