@@ -987,8 +987,10 @@ async fn a_worker_killed_in_the_middle_of_a_fused_chain_leaves_no_half_written_r
 
 /// How many times pepsi.workqueue was vacuumed by hand (not by autovacuum) in `h`'s database.
 async fn vacuums(h: &Harness) -> i64 {
-    h.count("SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass")
-        .await
+    h.count(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass",
+    )
+    .await
 }
 
 #[tokio::test]
@@ -1029,6 +1031,10 @@ async fn the_dispatcher_vacuums_the_queue_while_rows_move_unless_told_not_to() {
     // Several heartbeats (200 ms) after the last row moved: any VACUUM would have started.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert!(stop(d).success());
-    assert_eq!(vacuums(&off).await, 0, "VACUUM_INTERVAL = 0 vacuums nothing");
+    assert_eq!(
+        vacuums(&off).await,
+        0,
+        "VACUUM_INTERVAL = 0 vacuums nothing"
+    );
     assert!(!off.log("dispatch.log").contains("queue tables vacuumed"));
 }
