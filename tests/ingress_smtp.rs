@@ -1050,3 +1050,84 @@ async fn message_bytes_in_memory_share_one_budget_and_a_message_over_it_gets_452
     assert_ne!(queued_id(&text), first);
     assert_eq!(ingress.rows().await, 2);
 }
+
+#[tokio::test]
+async fn an_authenticated_client_sends_only_as_addresses_its_login_owns() {
+    const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
+    const UNBOUND: &str =
+        "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\nSENDER_LOGIN_BINDING = no\n";
+    let ingress = Ingress::start(
+        "\n[pepsi]\nRECIPIENT_DELIMITER = +\n",
+        &[("sub", SUB), ("unbound", UNBOUND)],
+    )
+    .await;
+    ingress.add_account("alice@example.test", "pw").await;
+    ingress.add_account("bob@example.test", "pw").await;
+    sqlx::query(
+        "INSERT INTO pepsi.settings (address, name, value) VALUES \
+         ('sales@example.test', 'alias', '\"alice@example.test, bob@example.test\"'), \
+         ('alice@example.test', 'send_as', '[\"@admin.test\"]')",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    let plain = pepsi_ingress::protocol::params::base64_encode(b"\0alice@example.test\0pw");
+    let login = |port: u16| {
+        let plain = plain.clone();
+        async move {
+            let mut c = Client::connect(port).await;
+            c.ok("EHLO laptop.example", 250).await;
+            c.ok(&format!("AUTH PLAIN {plain}"), 235).await;
+            c
+        }
+    };
+    let message =
+        |from: &str| format!("From: {from}\r\nTo: dest@remote.test\r\nSubject: s\r\n\r\nbody\r\n.");
+
+    let mut c = login(ingress.port("sub")).await;
+    for forged in ["ceo@example.test", "bob@example.test", "x@sub.admin.test"] {
+        let text = c.ok(&format!("MAIL FROM:<{forged}>"), 553).await;
+        assert!(
+            text.starts_with("5.7.1")
+                && text.contains(forged)
+                && text.contains("SENDER_LOGIN_BINDING"),
+            "{text}"
+        );
+    }
+    // Its own address (with an extension), but a From it does not own.
+    c.ok("MAIL FROM:<alice+lists@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("DATA", 354).await;
+    let text = c.ok(&message("CEO <ceo@example.test>"), 550).await;
+    assert!(
+        text.starts_with("5.7.1") && text.contains("ceo@example.test"),
+        "{text}"
+    );
+    // Two authors, one not its own: refused as well.
+    c.ok("MAIL FROM:<alice@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("DATA", 354).await;
+    let text = c
+        .ok(&message("alice@example.test, ceo@example.test"), 550)
+        .await;
+    assert!(text.contains("ceo@example.test"), "{text}");
+    assert_eq!(ingress.rows().await, 0);
+    // An alias it is a target of, a domain its send_as lists, and the null sender.
+    c.ok("MAIL FROM:<sales@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.ok(&message("Sales <Sales@example.test>"), 250).await;
+    c.ok("MAIL FROM:<anyone@admin.test>", 250).await;
+    c.ok("RSET", 250).await;
+    c.ok("MAIL FROM:<>", 250).await;
+    c.ok("RSET", 250).await;
+    assert_eq!(ingress.rows().await, 1);
+
+    // A listener with the binding off takes any sender from an authenticated client.
+    let mut c = login(ingress.port("unbound")).await;
+    c.ok("MAIL FROM:<ceo@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.ok(&message("ceo@example.test"), 250).await;
+    assert_eq!(ingress.rows().await, 2);
+}

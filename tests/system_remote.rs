@@ -2,8 +2,9 @@
 //! `pepsi-dispatch` and its stage programs, a real PostgreSQL, a dnsmasq the test starts as
 //! the DNS of the relay and of the ingress's checks, and scripted SMTP peers as the MX hosts
 //! of `remote.test` (where an alias forwards) and `origin.test` (a foreign sender's domain).
-//! Forwarded mail leaves with an SRS sender; local mail leaves with its own sender, DKIM
-//! signed and ARC sealed (checked by dkimpy); a bounce to the SRS address, or a refusal by
+//! Forwarded mail leaves with an SRS sender; local mail leaves with its own sender, ARC
+//! sealed when the MX took it and DKIM signed only when submitted after AUTH (checked by
+//! dkimpy); a bounce to the SRS address, or a refusal by
 //! the remote MX, comes back to the original sender, and a forged SRS address goes nowhere.
 
 mod common;
@@ -279,12 +280,35 @@ async fn forwarded_mail_gets_an_srs_sender_and_a_bounce_to_it_returns_to_the_sen
 }
 
 #[tokio::test]
-async fn local_mail_leaves_with_its_own_sender_dkim_signed_and_arc_sealed() {
+async fn local_mail_leaves_dkim_signed_only_when_submitted_with_auth_and_arc_sealed_from_the_mx() {
     let world = World::start().await;
-    let sys = world.system().await;
+    let sub_port = system_common::free_port();
+    let mut sys = System::new(
+        &format!(
+            "{}\n[listener-sub]\nROLE = submission\nADDRESS = 127.0.0.1:{sub_port}\n\
+             ALLOW_PLAINTEXT_AUTH = yes\n",
+            world.extra()
+        ),
+        &["alice"],
+    )
+    .await;
+    sys.start().await;
+    sqlx::query("INSERT INTO pepsi.mailbox_account (address) VALUES ('alice@example.test')")
+        .execute(&sys.db.pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO pepsi.mailbox_password (address, password_hash) VALUES ($1, $2)")
+        .bind("alice@example.test")
+        .bind(pepsi_ingress::accounts::hash_password(b"pw").unwrap())
+        .execute(&sys.db.pool)
+        .await
+        .unwrap();
     let msg = b"From: Alice <alice@example.test>\r\nTo: alice-out@example.test\r\n\
 Subject: signed on the way out\r\nDate: Thu, 01 Jan 2026 10:00:00 +0000\r\n\
 Message-ID: <local-1@example.test>\r\n\r\nHello,  world \r\n\r\nA second   paragraph.\r\n";
+
+    // Through the MX, unauthenticated, a From of a hosted domain: anyone could have written
+    // it, so the signing policy (SIGN = authenticated) leaves it unsigned; it is ARC sealed.
     let reply = sys
         .send("alice@example.test", &["alice-out@example.test"], msg)
         .await;
@@ -296,6 +320,25 @@ Message-ID: <local-1@example.test>\r\n\r\nHello,  world \r\n\r\nA second   parag
     );
     assert_eq!(got[0].rcpt, vec!["dest@remote.test"]);
     let data = &got[0].data;
+    assert_eq!(
+        named(data, "DKIM-Signature"),
+        Vec::<String>::new(),
+        "mail from an unauthenticated client is not signed"
+    );
+    let mx_data = data.clone();
+
+    // The same message submitted by alice after AUTH: signed.
+    let reply = system_common::send_smtp_auth(
+        sub_port,
+        ("alice@example.test", "pw"),
+        "alice@example.test",
+        &["alice-out@example.test"],
+        msg,
+    )
+    .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let got = wait_received(&sys, &world.remote, 2).await;
+    let data = &got[1].data;
 
     let dkim = named(data, "DKIM-Signature");
     assert_eq!(dkim.len(), 1, "{:?}", unfolded(data));
@@ -334,7 +377,9 @@ print(json.dumps(ok))
         String::from_utf8_lossy(data)
     );
 
-    // the MX listener verifies (VERIFY = yes), so the message has state.auth and is sealed
+    // the MX listener verifies (VERIFY = yes), so the message it took has state.auth and
+    // is sealed
+    let data = &mx_data;
     let seal = named(data, "ARC-Seal");
     assert_eq!(seal.len(), 1, "{:?}", unfolded(data));
     assert!(

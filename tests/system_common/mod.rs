@@ -348,15 +348,43 @@ pub async fn send_smtp(
     message: &[u8],
     mail_params: &str,
 ) -> String {
+    transaction(port, None, from, rcpts, message, mail_params).await
+}
+
+/// As `send_smtp`, after `AUTH PLAIN` as `user` with `password` (a listener that allows it
+/// without TLS: ALLOW_PLAINTEXT_AUTH).
+pub async fn send_smtp_auth(
+    port: u16,
+    (user, password): (&str, &str),
+    from: &str,
+    rcpts: &[&str],
+    message: &[u8],
+) -> String {
+    transaction(port, Some((user, password)), from, rcpts, message, "").await
+}
+
+async fn transaction(
+    port: u16,
+    auth: Option<(&str, &str)>,
+    from: &str,
+    rcpts: &[&str],
+    message: &[u8],
+    mail_params: &str,
+) -> String {
     let stream = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     let (r, mut w) = stream.into_split();
     let mut r = BufReader::new(r);
     let greeting = reply(&mut r).await;
     assert!(greeting.starts_with("220"), "{greeting}");
-    for (cmd, want) in [
-        ("EHLO client.example.test".to_string(), "250"),
-        (format!("MAIL FROM:<{from}>{mail_params}"), "250"),
-    ] {
+    let mut commands = vec![("EHLO client.example.test".to_string(), "250")];
+    if let Some((user, password)) = auth {
+        let plain = pepsi_ingress::protocol::params::base64_encode(
+            format!("\0{user}\0{password}").as_bytes(),
+        );
+        commands.push((format!("AUTH PLAIN {plain}"), "235"));
+    }
+    commands.push((format!("MAIL FROM:<{from}>{mail_params}"), "250"));
+    for (cmd, want) in commands {
         w.write_all(format!("{cmd}\r\n").as_bytes()).await.unwrap();
         let got = reply(&mut r).await;
         assert!(got.starts_with(want), "{cmd}: {got}");

@@ -18,6 +18,42 @@ use crate::local::split_address;
 
 const GET: &str = "SELECT address, name, value FROM pepsi.settings_get($1, $2)";
 
+/// A settings value that lists addresses (`alias`, `catchall`, `send_as`): a JSON list of
+/// strings, or one string of comma-separated addresses. Anything else (or an empty list)
+/// lists nothing.
+pub fn address_list(value: &Value) -> Option<Vec<String>> {
+    let addresses = match value {
+        Value::String(s) => parse_address_list(s).ok()?,
+        Value::Array(items) => items
+            .iter()
+            .filter_map(Value::as_str)
+            .map(|s| s.trim().to_owned())
+            .filter(|s| !s.is_empty())
+            .collect(),
+        _ => return None,
+    };
+    (!addresses.is_empty()).then_some(addresses)
+}
+
+/// Comma-separated addresses (angle brackets allowed), as an alias file's right-hand side
+/// or a settings string holds them. Commands, files and `:include:` are refused, and so
+/// is an entry with white space in it.
+pub fn parse_address_list(text: &str) -> Result<Vec<String>, String> {
+    let mut out = Vec::new();
+    for t in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+        if t.starts_with('|') || t.starts_with('/') || t.starts_with(":include:") {
+            return Err(format!(
+                "target {t:?}: commands, files and :include: are not supported (use addresses)"
+            ));
+        }
+        if t.contains(char::is_whitespace) {
+            return Err(format!("target {t:?} is not an address"));
+        }
+        out.push(t.trim_start_matches('<').trim_end_matches('>').to_owned());
+    }
+    Ok(out)
+}
+
 /// Where a setting's value came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SettingSource {

@@ -61,6 +61,9 @@ pub struct ListenerConfig {
     pub plaintext_auth: bool,
     /// SPF, DKIM, DMARC, ARC and iprev are checked for mail on this listener.
     pub verify: bool,
+    /// An authenticated client may use only the sender addresses its login owns, in MAIL
+    /// FROM and in From (crate::sender).
+    pub sender_login_binding: bool,
 }
 
 /// The resolver message authentication uses.
@@ -325,6 +328,7 @@ fn listener(name: &str, s: &Section<'_>) -> anyhow::Result<ListenerConfig> {
         require_auth,
         plaintext_auth,
         verify: s.bool_opt("VERIFY")?.unwrap_or(!submission),
+        sender_login_binding: s.bool_opt("SENDER_LOGIN_BINDING")?.unwrap_or(true),
     })
 }
 

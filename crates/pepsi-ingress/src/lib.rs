@@ -18,6 +18,7 @@ pub mod headers;
 pub mod limits;
 pub mod protocol;
 pub mod relay;
+pub mod sender;
 pub mod server;
 pub mod session;
 pub mod tls;

@@ -12,9 +12,9 @@ use std::collections::{HashMap, HashSet};
 use pepsi_common::local::{LocalRecipients, address_key, split_address};
 use pepsi_common::settings::SettingsTable;
 use pepsi_common::state::{Dsn, DsnRcpt};
-use serde_json::Value;
 
-use crate::file::{AliasFile, parse_targets};
+use crate::file::AliasFile;
+use pepsi_common::settings::address_list as targets_of;
 
 /// Settings-layer name of an address's alias targets (a JSON list of addresses, or a
 /// string of comma-separated addresses).
@@ -99,22 +99,6 @@ pub fn resolve(address: &str, file: &AliasFile, local: &LocalRecipients, facts: 
         Some(targets) => qualify(targets),
         None => Answer::Final,
     }
-}
-
-/// A settings value as a target list: a JSON list of strings, or one string of
-/// comma-separated addresses. Anything else (or an empty list) is no alias.
-pub fn targets_of(value: &Value) -> Option<Vec<String>> {
-    let targets = match value {
-        Value::String(s) => parse_targets(s).ok()?,
-        Value::Array(items) => items
-            .iter()
-            .filter_map(Value::as_str)
-            .map(|s| s.trim().to_owned())
-            .filter(|s| !s.is_empty())
-            .collect(),
-        _ => return None,
-    };
-    (!targets.is_empty()).then_some(targets)
 }
 
 /// The result of expanding a recipient list.
@@ -445,7 +429,7 @@ mod tests {
             {"notify": ["FAILURE"], "orcpt": null},
             {"notify": ["NEVER"], "orcpt": "rfc822;c@x.test"}
         ]});
-        let rebuilt = |dsn: Value| {
+        let rebuilt = |dsn: serde_json::Value| {
             rebuild_dsn(Some(Dsn::from_value(&dsn).unwrap()), &original, &expansion).to_value()
         };
         assert_eq!(

@@ -57,7 +57,8 @@ impl AliasFile {
             if name.is_empty() || name.contains(char::is_whitespace) {
                 return Err((n, format!("{name:?} is not an alias name or address")));
             }
-            let targets = parse_targets(targets).map_err(|m| (n, m))?;
+            let targets =
+                pepsi_common::settings::parse_address_list(targets).map_err(|m| (n, m))?;
             if targets.is_empty() {
                 return Err((n, format!("alias {name:?} has no targets")));
             }
@@ -80,24 +81,6 @@ impl AliasFile {
     pub fn is_empty(&self) -> bool {
         self.addresses.is_empty() && self.names.is_empty() && self.catchalls.is_empty()
     }
-}
-
-/// Splits a target list at commas; refuses the classic pipe, file and include targets,
-/// which deliver outside the mailbox store.
-pub fn parse_targets(text: &str) -> Result<Vec<String>, String> {
-    let mut out = Vec::new();
-    for t in text.split(',').map(str::trim).filter(|t| !t.is_empty()) {
-        if t.starts_with('|') || t.starts_with('/') || t.starts_with(":include:") {
-            return Err(format!(
-                "target {t:?}: commands, files and :include: are not supported (use addresses)"
-            ));
-        }
-        if t.contains(char::is_whitespace) {
-            return Err(format!("target {t:?} is not an address"));
-        }
-        out.push(t.trim_start_matches('<').trim_end_matches('>').to_owned());
-    }
-    Ok(out)
 }
 
 #[cfg(test)]

@@ -87,6 +87,44 @@ pub struct SignStage {
     /// Convert an 8-bit message to its 7-bit form before signing it (RFC 6376 §5.3), so
     /// that no relay has to re-encode it after the signature was made.
     pub seven_bit: bool,
+    /// `SIGN`: which messages get a signature at all.
+    pub policy: SignPolicy,
+}
+
+/// `SIGN`: the signing policy. A signature vouches for a message in the From domain's name,
+/// so by default only mail whose author proved who they are gets one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignPolicy {
+    /// `authenticated` (the default): mail submitted by an authenticated client
+    /// (`state.origin.auth_user`), and mail generated here (no `state.origin`: DSNs,
+    /// auto-replies, messages an operator injected). Mail that came in unauthenticated
+    /// (an MX delivery forwarded by an alias) leaves unsigned: its From is not ours to vouch
+    /// for, and ARC records what was verified instead.
+    Authenticated,
+    /// `all`: every message with a key for its From domain, whoever sent it.
+    All,
+}
+
+impl SignPolicy {
+    fn parse(v: &str) -> Result<SignPolicy, String> {
+        match v.trim().to_ascii_lowercase().as_str() {
+            "authenticated" => Ok(SignPolicy::Authenticated),
+            "all" => Ok(SignPolicy::All),
+            _ => Err("`authenticated` or `all`".to_owned()),
+        }
+    }
+
+    /// Whether a message with this `state` is signed. Pure.
+    pub fn signs(self, state: &serde_json::Map<String, serde_json::Value>) -> Result<bool, String> {
+        if self == SignPolicy::All {
+            return Ok(true);
+        }
+        match pepsi_common::state::Origin::from_state(state) {
+            Ok(None) => Ok(true),
+            Ok(Some(origin)) => Ok(origin.auth_user.is_some()),
+            Err(e) => Err(e.to_string()),
+        }
+    }
 }
 
 impl SignStage {
@@ -117,6 +155,9 @@ impl SignStage {
         let headers = signed_headers(&headers);
         let parent_domains = s.bool_opt("PARENT_DOMAINS")?.unwrap_or(false);
         let seven_bit = s.bool_opt("SEVEN_BIT")?.unwrap_or(true);
+        let policy = s
+            .parse_opt("SIGN", SignPolicy::parse)?
+            .unwrap_or(SignPolicy::Authenticated);
         let mut domains = DomainKeys::new();
         for spec in specs {
             let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
@@ -130,6 +171,7 @@ impl SignStage {
             headers,
             parent_domains,
             seven_bit,
+            policy,
         })
     }
 
@@ -329,6 +371,21 @@ impl Stage for DkimSign {
         stage: &SignStage,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
+        match stage.policy.signs(ctx.state()) {
+            Ok(true) => {}
+            Ok(false) => {
+                tracing::debug!(
+                    id = ctx.id(),
+                    "not from an authenticated client nor generated here (SIGN = authenticated): not signed"
+                );
+                return ctx.advance();
+            }
+            Err(e) => {
+                return Err(StageError::Permanent(format!(
+                    "cannot tell who sent the message (state.origin): {e}"
+                )));
+            }
+        }
         let Some(domain) = from_domain(ctx.headers()?) else {
             tracing::debug!(id = ctx.id(), "no From domain: not signed");
             return ctx.advance();

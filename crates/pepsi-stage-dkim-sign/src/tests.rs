@@ -216,3 +216,33 @@ fn stored_keys_merge_with_the_key_files() {
         assert_eq!(names(dkim.keys_for(from)).as_deref(), want, "{from}");
     }
 }
+
+#[test]
+fn signing_policy_table() {
+    use serde_json::json;
+    let submitted =
+        json!({"origin": {"client_addr": "192.0.2.1", "auth_user": "alice@example.test"}});
+    let received = json!({"origin": {"client_addr": "192.0.2.1", "helo": "mx.example.org"}});
+    let generated = json!({});
+    let broken = json!({"origin": "not an object"});
+    let cases = [
+        (SignPolicy::Authenticated, &submitted, Ok(true)),
+        (SignPolicy::Authenticated, &received, Ok(false)),
+        (SignPolicy::Authenticated, &generated, Ok(true)),
+        (SignPolicy::All, &submitted, Ok(true)),
+        (SignPolicy::All, &received, Ok(true)),
+        (SignPolicy::All, &broken, Ok(true)),
+    ];
+    for (policy, state, want) in cases {
+        let got = policy.signs(state.as_object().unwrap());
+        assert_eq!(got, want, "{policy:?} {state}");
+    }
+    assert!(
+        SignPolicy::Authenticated
+            .signs(broken.as_object().unwrap())
+            .is_err()
+    );
+    assert_eq!(SignPolicy::parse(" All "), Ok(SignPolicy::All));
+    let err = SignPolicy::parse("yes").unwrap_err();
+    assert!(err.contains("authenticated"), "{err}");
+}

@@ -156,6 +156,11 @@ impl Session {
                  header field",
             );
         }
+        let authors =
+            pepsi_common::message::from_addresses(pepsi_common::message::split(&message).0);
+        if let Some(reply) = self.not_owned(&authors, 550).await {
+            return reply;
+        }
         match self.store(&tx, &message).await {
             Ok(id) => {
                 self.shared.waker.request();

@@ -1,5 +1,6 @@
 //! MAIL FROM: opens a transaction after checking the session may send (greeted,
-//! authenticated where the listener requires it) and the declared parameters.
+//! authenticated where the listener requires it, a sender its login owns) and the declared
+//! parameters.
 
 use super::{Session, State, Transaction};
 use crate::protocol::Reply;
@@ -8,7 +9,7 @@ use crate::protocol::command::Param;
 use crate::protocol::params::mail_params;
 
 impl Session {
-    pub(super) fn mail(&mut self, from: Path, params: Vec<Param>) -> Reply {
+    pub(super) async fn mail(&mut self, from: Path, params: Vec<Param>) -> Reply {
         match self.state {
             State::Connected => return Reply::new(503, "5.5.1", "send EHLO or HELO first"),
             State::Greeted => {}
@@ -38,6 +39,11 @@ impl Session {
         if from.is_utf8() && !params.smtputf8 {
             return Reply::new(553, "5.6.7", "a UTF-8 address needs the SMTPUTF8 parameter");
         }
+        if let Some(address) = &from.address
+            && let Some(reply) = self.not_owned(std::slice::from_ref(address), 553).await
+        {
+            return reply;
+        }
         self.state = State::Mail(Transaction {
             from: from.address,
             params,
@@ -45,5 +51,40 @@ impl Session {
             rcpt_params: Vec::new(),
         });
         Reply::new(250, "2.1.0", "sender ok")
+    }
+}
+
+impl Session {
+    /// Under SENDER_LOGIN_BINDING, for an authenticated session: a refusal (`code` 5.7.1)
+    /// naming the first of `addresses` the login does not own, or 451 4.3.0 when that
+    /// cannot be looked up; None when the session may use them all.
+    pub(super) async fn not_owned(&self, addresses: &[String], code: u16) -> Option<Reply> {
+        let login = self.auth_user.as_deref()?;
+        if !self.listener.config.sender_login_binding {
+            return None;
+        }
+        let s = &self.shared.settings;
+        match crate::sender::first_not_owned(&self.shared.pool, &s.local, login, addresses).await {
+            Ok(None) => None,
+            Ok(Some(address)) => {
+                tracing::info!(peer = %self.peer, login, sender = ?address, "sender not owned by the login");
+                Some(Reply::new(
+                    code,
+                    "5.7.1",
+                    format!(
+                        "<{address}> is not an address of {login} (SENDER_LOGIN_BINDING: your own \
+                         address, an alias of yours, or one your send_as setting lists)"
+                    ),
+                ))
+            }
+            Err(e) => {
+                tracing::warn!(login, "sender ownership lookup failed: {e}");
+                Some(Reply::new(
+                    451,
+                    "4.3.0",
+                    "temporary failure checking the sender",
+                ))
+            }
+        }
     }
 }

@@ -257,7 +257,7 @@ impl Session {
         let reply = match command {
             Command::Ehlo(domain) => self.ehlo(domain, true),
             Command::Helo(domain) => self.ehlo(domain, false),
-            Command::Mail { from, params } => self.mail(from, params),
+            Command::Mail { from, params } => self.mail(from, params).await,
             Command::Rcpt { to, params } => self.rcpt(to, params).await,
             Command::Data => self.data().await?,
             Command::Bdat { size, last } => self.bdat(size, last).await?,
