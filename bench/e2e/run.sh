@@ -66,6 +66,26 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# tree_pids PID...: the pids and every descendant of each.
+tree_pids() {
+  local p
+  for p in "$@"; do
+    echo "$p"
+    tree_pids $(ps -o pid= --ppid "$p" 2>/dev/null)
+  done
+}
+
+# pss_kib PID...: the proportional set size of those processes, summed, in KiB (a shared
+# page counts once over all processes that map it).
+pss_kib() {
+  local total=0 p v
+  for p in "$@"; do
+    v="$(awk '/^Pss:/ {print $2}' "/proc/$p/smaps_rollup" 2>/dev/null)"
+    total=$(( total + ${v:-0} ))
+  done
+  echo "$total"
+}
+
 wait_port() {
   for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.05; done
   say "nothing answers on 127.0.0.1:$1"; return 1
@@ -185,6 +205,12 @@ EOF
   measure pepsi "$port" "$home/mail/alice/Maildir"
   c1="$(psql "$db_url" -Atqc "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")"
   echo "$(( c1 - c0 ))" >"$out/pepsi.commits"
+  # Memory right after the run, the workers still up: Pepsi's processes, and the PostgreSQL
+  # backends serving its database (the server's shared buffers are counted in their share).
+  local own backends
+  own="$(tree_pids "${pids[0]}" "$dispatch" | sort -u)"
+  backends="$(psql "$db_url" -Atqc "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")"
+  echo "$(pss_kib $own) $(echo $own | wc -w) $(pss_kib $backends) $(echo $backends | wc -w)" >"$out/pepsi.pss"
   psql "$db_url" -Atqc "SELECT stage, status, count(*) FROM pepsi.workqueue GROUP BY 1, 2" >"$out/pepsi.leftover"
   [ -s "$out/pepsi.leftover" ] && { say "rows left in pepsi.workqueue (stage|status|count):"; cat "$out/pepsi.leftover" >&2; }
   return 0
@@ -228,6 +254,10 @@ EOF
   postfix -c "$pf/etc" start >"$work/postfix-start.log" 2>&1 || { cat "$work/postfix-start.log" >&2; exit 1; }
   wait_port "$port"
   measure postfix "$port" "$mail/alice/Maildir"
+  local master own
+  master="$(head -n 1 "$pf/queue/pid/master.pid" 2>/dev/null | tr -d ' ')"
+  own="$( [ -n "$master" ] && tree_pids "$master" | sort -u)"
+  echo "$(pss_kib $own) $(echo $own | wc -w)" >"$out/postfix.pss"
   postfix -c "$pf/etc" stop >/dev/null 2>&1 || true
   cp "$work/postfix.log" "$out/postfix.log" 2>/dev/null || true
   postconf -c "$pf/etc" -n >"$out/postfix.main.cf"
@@ -277,5 +307,17 @@ for side, r in res.items():
     total = sum(own.values())
     parts = ", ".join(f"{k} {v / n * 1000:.2f}" for k, v in sorted(own.items(), key=lambda kv: -kv[1])[:7])
     print(f"{side} CPU per message: {total / n * 1000:.2f} ms ({parts})")
+pss = {}
+for side in ("pepsi", "postfix"):
+    p = os.path.join(out, side + ".pss")
+    if os.path.exists(p):
+        pss[side] = [int(x) for x in open(p).read().split()]
+if "pepsi" in pss:
+    kib, procs, pg_kib, pg_procs = pss["pepsi"]
+    print(f"pepsi memory after the run (PSS): {kib / 1024:.1f} MiB in {procs} processes, "
+          f"+ {pg_kib / 1024:.1f} MiB in its {pg_procs} PostgreSQL backends")
+if "postfix" in pss:
+    kib, procs = pss["postfix"]
+    print(f"postfix memory after the run (PSS): {kib / 1024:.1f} MiB in {procs} processes")
 print(f"raw records: {out}")
 PY
