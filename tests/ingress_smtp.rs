@@ -1131,3 +1131,54 @@ async fn an_authenticated_client_sends_only_as_addresses_its_login_owns() {
     c.ok(&message("ceo@example.test"), 250).await;
     assert_eq!(ingress.rows().await, 2);
 }
+
+#[tokio::test]
+async fn failed_logins_are_throttled_per_client_network_and_per_account() {
+    const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
+    let ingress = Ingress::start(
+        "AUTH_FAILURES_PER_CLIENT = 3\nAUTH_FAILURES_PER_ACCOUNT = 5\n",
+        &[("sub", SUB)],
+    )
+    .await;
+    ingress.add_account("alice@example.test", "right").await;
+    ingress.add_account("bob@example.test", "right").await;
+    let plain = |user: &str, pw: &str| {
+        format!(
+            "AUTH PLAIN {}",
+            pepsi_ingress::protocol::params::base64_encode(format!("\0{user}\0{pw}").as_bytes())
+        )
+    };
+    let port = ingress.port("sub");
+    let session = |from: &'static str| async move {
+        let (mut c, greeting) = Client::connect_from(port, from).await;
+        assert_eq!(greeting.0, 220, "{greeting:?}");
+        c.ok("EHLO laptop.example", 250).await;
+        c
+    };
+
+    // One client network: three wrong passwords, then even the right one is refused
+    // without a check, for any account.
+    let mut c = session("127.0.0.2").await;
+    for _ in 0..3 {
+        c.ok(&plain("alice@example.test", "guess"), 535).await;
+    }
+    let text = c.ok(&plain("alice@example.test", "right"), 454).await;
+    assert!(text.starts_with("4.7.0"), "{text}");
+    let mut c = session("127.0.0.2").await;
+    c.ok(&plain("bob@example.test", "right"), 454).await;
+    // Another client is not held back by it.
+    let mut c = session("127.0.0.3").await;
+    c.ok(&plain("bob@example.test", "right"), 235).await;
+
+    // One account, guessed at from several clients: after five failures in all it is
+    // refused from anywhere, while other accounts log in.
+    for from in ["127.0.0.4", "127.0.0.5"] {
+        let mut c = session(from).await;
+        c.ok(&plain("alice@example.test", "guess"), 535).await;
+    }
+    let mut c = session("127.0.0.6").await;
+    c.ok(&plain("alice@example.test", "right"), 454).await;
+    let mut c = session("127.0.0.6").await;
+    c.ok(&plain("bob@example.test", "right"), 235).await;
+    assert!(ingress.log().contains("too many failed logins"));
+}

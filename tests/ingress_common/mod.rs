@@ -361,6 +361,22 @@ impl Client {
         client
     }
 
+    /// Connects from the local address `bind` (any 127/8 address is the loopback) and
+    /// reads the greeting.
+    pub async fn connect_from(port: u16, bind: &str) -> (Client, Answer) {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket.bind(format!("{bind}:0").parse().unwrap()).unwrap();
+        let tcp = socket
+            .connect(format!("127.0.0.1:{port}").parse().unwrap())
+            .await
+            .unwrap();
+        let mut client = Client {
+            io: BufReader::new(Box::new(tcp)),
+        };
+        let greeting = client.read().await;
+        (client, greeting)
+    }
+
     pub async fn connect_raw(port: u16) -> (Client, Answer) {
         let tcp = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
         let mut client = Client {

@@ -107,6 +107,13 @@ pub struct Settings {
     pub message_memory: u64,
     /// How long an answer of the settings layer about a domain is reused.
     pub domain_cache_ttl: Duration,
+    /// Failed logins a client network may make per AUTH_FAILURE_WINDOW (0: no limit).
+    pub auth_failures_per_client: u32,
+    /// Failed logins for one account per AUTH_FAILURE_WINDOW, from anywhere (0: no limit).
+    pub auth_failures_per_account: u32,
+    pub auth_failure_window: Duration,
+    /// Password checks (Argon2id) running at once over all sessions.
+    pub auth_concurrency: usize,
     pub tls_handshake_timeout: Duration,
     pub max_connections: usize,
     pub max_connections_per_client: u32,
@@ -183,6 +190,12 @@ impl Settings {
             domain_cache_ttl: s
                 .duration_opt("DOMAIN_CACHE_TTL")?
                 .unwrap_or(Duration::from_secs(10)),
+            auth_failures_per_client: s.number_opt("AUTH_FAILURES_PER_CLIENT")?.unwrap_or(10),
+            auth_failures_per_account: s.number_opt("AUTH_FAILURES_PER_ACCOUNT")?.unwrap_or(30),
+            auth_failure_window: s
+                .duration_opt("AUTH_FAILURE_WINDOW")?
+                .unwrap_or(Duration::from_secs(900)),
+            auth_concurrency: s.number_opt("AUTH_CONCURRENCY")?.unwrap_or(4),
             tls_handshake_timeout: s
                 .duration_opt("TLS_HANDSHAKE_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(30)),
@@ -246,6 +259,12 @@ impl Settings {
             if d.is_zero() {
                 bail!("[{SECTION}] {name} = 0: a session needs a time limit");
             }
+        }
+        if self.auth_concurrency == 0 {
+            bail!("[{SECTION}] AUTH_CONCURRENCY must be at least 1");
+        }
+        if self.auth_failure_window.is_zero() {
+            bail!("[{SECTION}] AUTH_FAILURE_WINDOW must be longer than 0");
         }
         if self.max_commands == 0 || self.max_junk_commands == 0 {
             bail!("[{SECTION}] MAX_COMMANDS and MAX_JUNK_COMMANDS must be at least 1");

@@ -79,6 +79,61 @@ impl DomainCache {
     }
 }
 
+/// Failed logins counted per key (a client network, an account) over a fixed window: once
+/// a key has `limit` failures in the current window, its logins are refused without a
+/// password check until the window ends. Bounded: once full, expired keys go, then all.
+#[derive(Debug)]
+pub struct FailureCounter {
+    limit: u32,
+    window: std::time::Duration,
+    keys: Mutex<HashMap<String, (u32, std::time::Instant)>>,
+}
+
+/// Most keys a [`FailureCounter`] remembers.
+const FAILURE_KEYS: usize = 100_000;
+
+impl FailureCounter {
+    /// `limit` failures per `window` (a limit of 0 counts nothing and never refuses).
+    pub fn new(limit: u32, window: std::time::Duration) -> FailureCounter {
+        FailureCounter {
+            limit,
+            window,
+            keys: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// True when `key` has reached its limit in the current window.
+    pub fn blocked(&self, key: &str) -> bool {
+        if self.limit == 0 {
+            return false;
+        }
+        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        keys.get(key)
+            .is_some_and(|(n, since)| *n >= self.limit && since.elapsed() < self.window)
+    }
+
+    /// Counts one failure for `key`.
+    pub fn fail(&self, key: &str) {
+        if self.limit == 0 {
+            return;
+        }
+        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
+        if keys.len() >= FAILURE_KEYS && !keys.contains_key(key) {
+            let window = self.window;
+            keys.retain(|_, (_, since)| since.elapsed() < window);
+            if keys.len() >= FAILURE_KEYS {
+                keys.clear();
+            }
+        }
+        let now = std::time::Instant::now();
+        let entry = keys.entry(key.to_owned()).or_insert((0, now));
+        if entry.1.elapsed() >= self.window {
+            *entry = (0, now);
+        }
+        entry.0 = entry.0.saturating_add(1);
+    }
+}
+
 /// Message bytes all sessions hold in memory while receiving, against a limit.
 #[derive(Debug)]
 pub struct MemoryBudget {
@@ -244,6 +299,26 @@ mod tests {
         let off = DomainCache::new(std::time::Duration::ZERO);
         off.put("a.example", true);
         assert_eq!(off.get("a.example"), None);
+    }
+
+    #[test]
+    fn failures_block_a_key_until_its_window_ends() {
+        let c = FailureCounter::new(2, std::time::Duration::from_millis(200));
+        assert!(!c.blocked("a"));
+        c.fail("a");
+        assert!(!c.blocked("a"));
+        c.fail("a");
+        assert!(c.blocked("a"));
+        assert!(!c.blocked("b"), "keys are counted apart");
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        assert!(!c.blocked("a"), "a new window");
+        c.fail("a");
+        assert!(!c.blocked("a"), "the count started again");
+        let off = FailureCounter::new(0, std::time::Duration::from_secs(60));
+        for _ in 0..10 {
+            off.fail("a");
+        }
+        assert!(!off.blocked("a"));
     }
 
     #[test]

@@ -34,6 +34,11 @@ pub struct Shared {
     pub limiter: Arc<ClientLimiter>,
     pub memory: Arc<crate::limits::MemoryBudget>,
     pub domains: crate::limits::DomainCache,
+    /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
+    pub auth_client_failures: crate::limits::FailureCounter,
+    pub auth_account_failures: crate::limits::FailureCounter,
+    /// Password checks running at once (AUTH_CONCURRENCY).
+    pub auth_checks: Arc<Semaphore>,
     pub connections: Arc<Semaphore>,
     pub shutdown: watch::Receiver<bool>,
 }
@@ -97,6 +102,15 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         memory: crate::limits::MemoryBudget::new(settings.message_memory),
         domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
+        auth_client_failures: crate::limits::FailureCounter::new(
+            settings.auth_failures_per_client,
+            settings.auth_failure_window,
+        ),
+        auth_account_failures: crate::limits::FailureCounter::new(
+            settings.auth_failures_per_account,
+            settings.auth_failure_window,
+        ),
+        auth_checks: Arc::new(Semaphore::new(settings.auth_concurrency)),
         settings,
         pool,
         waker,

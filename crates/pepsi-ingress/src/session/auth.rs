@@ -118,7 +118,34 @@ impl Session {
         Ok(match credentials {
             Credentials::Malformed(why) => Reply::new(501, "5.5.2", why),
             Credentials::Given { user, password } => {
-                match verify_password(&self.shared.pool, &user, &password).await {
+                let s = &self.shared.settings;
+                let client = crate::limits::client_network(
+                    self.peer.ip(),
+                    s.client_prefix_v4,
+                    s.client_prefix_v6,
+                )
+                .to_string();
+                let account = user.to_lowercase();
+                if self.shared.auth_client_failures.blocked(&client)
+                    || self.shared.auth_account_failures.blocked(&account)
+                {
+                    tracing::info!(peer = %self.peer, user = ?account, "login refused: too many failed logins (AUTH_FAILURES_PER_CLIENT / _PER_ACCOUNT)");
+                    return Ok(Reply::new(
+                        454,
+                        "4.7.0",
+                        "too many failed logins, try again later",
+                    ));
+                }
+                // Argon2id is slow on purpose: at most AUTH_CONCURRENCY checks run at once.
+                let Ok(_permit) = self.shared.auth_checks.acquire().await else {
+                    return Ok(Reply::new(454, "4.7.0", "temporary authentication failure"));
+                };
+                let verdict = verify_password(&self.shared.pool, &user, &password).await;
+                if matches!(verdict, Err(AuthError::Invalid(_))) {
+                    self.shared.auth_client_failures.fail(&client);
+                    self.shared.auth_account_failures.fail(&account);
+                }
+                match verdict {
                     Ok(account) => {
                         tracing::info!(peer = %self.peer, user = %account, "authenticated");
                         self.auth_user = Some(account);
