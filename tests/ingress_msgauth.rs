@@ -270,3 +270,72 @@ async fn a_client_can_neither_extend_nor_forge_our_authentication_results() {
         "{headers}"
     );
 }
+
+#[tokio::test]
+async fn a_resolver_that_never_answers_costs_a_message_dns_budget_and_gives_temperror() {
+    // A DNS server that takes every query and answers none.
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = udp.local_addr().unwrap().port();
+    let _tcp = std::net::TcpListener::bind(("127.0.0.1", port)).ok();
+    let ingress = Ingress::start(
+        &format!("DNS_SERVERS = 127.0.0.1:{port}\nDNS_TIMEOUT = 30s\nDNS_BUDGET = 1s\n"),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mail.slow.test", 250).await;
+    let id = c
+        .deliver(
+            "a@slow.test",
+            &["alice@example.test"],
+            b"From: a@slow.test\r\nTo: alice@example.test\r\nSubject: s\r\n\r\nbody\r\n",
+        )
+        .await;
+    let r = row(&ingress.db, id).await;
+    let auth = &r.state["auth"];
+    assert_eq!(auth["spf"]["result"], "temperror", "{auth}");
+    assert_eq!(auth["dmarc"]["result"], "temperror", "{auth}");
+    let headers = String::from_utf8(r.headers).unwrap();
+    assert!(
+        headers.contains("spf=temperror") && headers.contains("dmarc=temperror"),
+        "{headers}"
+    );
+    let log = ingress.log();
+    // (iprev of the loopback address is answered by the resolver itself, not the DNS.)
+    assert!(
+        log.contains("DNS_BUDGET spent: verdicts are temperror"),
+        "{log}"
+    );
+    drop(udp);
+}
+
+#[tokio::test]
+async fn only_the_first_max_dkim_signatures_are_verified() {
+    let key = Ed25519Key::generate_pkcs8().unwrap();
+    let dns = Dns::start(&[format!(
+        "--txt-record=sel._domainkey.pass.test,{}",
+        dkim_record(&key)
+    )]);
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{}\nMAX_DKIM_SIGNATURES = 2\n",
+            dns.port
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut message =
+        "From: a@pass.test\r\nTo: alice@example.test\r\nSubject: many\r\n\r\nbody\r\n".to_owned();
+    for _ in 0..8 {
+        message = sign(&key, "pass.test", &message);
+    }
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mail.pass.test", 250).await;
+    let id = c
+        .deliver("a@pass.test", &["alice@example.test"], message.as_bytes())
+        .await;
+    let r = row(&ingress.db, id).await;
+    let dkim = r.state["auth"]["dkim"].as_array().unwrap();
+    assert_eq!(dkim.len(), 2, "{}", r.state["auth"]);
+    assert!(ingress.log().contains("only the first MAX_DKIM_SIGNATURES"));
+}

@@ -71,7 +71,13 @@ pub struct ListenerConfig {
 pub struct DnsSettings {
     /// Empty: the system's resolver configuration (`/etc/resolv.conf`).
     pub servers: Vec<SocketAddr>,
+    /// Per query attempt (two attempts).
     pub timeout: Duration,
+    /// All the DNS work for one message's verdicts; past it the message is taken with
+    /// `temperror` verdicts.
+    pub budget: Duration,
+    /// DKIM-Signature fields verified per message (the first ones); the rest are ignored.
+    pub max_dkim_signatures: usize,
 }
 
 /// Everything the ingress reads from its configuration.
@@ -211,7 +217,11 @@ impl Settings {
                 servers,
                 timeout: s
                     .duration_opt("DNS_TIMEOUT")?
-                    .unwrap_or(Duration::from_secs(5)),
+                    .unwrap_or(Duration::from_secs(2)),
+                budget: s
+                    .duration_opt("DNS_BUDGET")?
+                    .unwrap_or(Duration::from_secs(10)),
+                max_dkim_signatures: s.number_opt("MAX_DKIM_SIGNATURES")?.unwrap_or(5),
             },
             listeners: listeners(cfg)?,
         };

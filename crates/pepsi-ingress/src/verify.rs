@@ -25,6 +25,8 @@ pub struct Verifier {
     auth: MessageAuthenticator,
     authserv_id: String,
     hostname: String,
+    budget: std::time::Duration,
+    max_dkim_signatures: usize,
 }
 
 /// The verdicts for one message.
@@ -71,16 +73,90 @@ impl Verifier {
             auth,
             authserv_id: authserv_id.to_owned(),
             hostname: hostname.to_owned(),
+            budget: dns.budget,
+            max_dkim_signatures: dns.max_dkim_signatures,
         })
     }
 
-    /// Reverse DNS with forward confirmation (RFC 8601 §3 iprev).
+    /// Reverse DNS with forward confirmation (RFC 8601 §3 iprev), within DNS_BUDGET (past
+    /// it, `temperror`).
     pub async fn iprev(&self, ip: IpAddr) -> IprevOutput {
-        self.auth.verify_iprev(ip).await
+        match tokio::time::timeout(self.budget, self.auth.verify_iprev(ip)).await {
+            Ok(out) => out,
+            Err(_) => {
+                tracing::info!(%ip, budget = ?self.budget, "DNS_BUDGET spent on iprev: temperror");
+                IprevOutput {
+                    result: IprevResult::TempError(mail_auth::Error::Dns(
+                        mail_auth::DnsError::Resolver("DNS_BUDGET spent".into()),
+                    )),
+                    ptr: None,
+                }
+            }
+        }
     }
 
-    /// Checks one message. `mail_from` is empty for the null sender.
+    /// Checks one message. `mail_from` is empty for the null sender. All its DNS work
+    /// together gets DNS_BUDGET; past it the verdicts are `temperror` (the message is taken,
+    /// not held while a resolver is slow).
     pub async fn check(
+        &self,
+        ip: IpAddr,
+        helo: &str,
+        mail_from: &str,
+        iprev: &IprevOutput,
+        raw: &[u8],
+    ) -> Verdict {
+        match tokio::time::timeout(self.budget, self.verdicts(ip, helo, mail_from, iprev, raw))
+            .await
+        {
+            Ok(verdict) => verdict,
+            Err(_) => {
+                tracing::info!(%ip, budget = ?self.budget, "DNS_BUDGET spent: verdicts are temperror");
+                self.out_of_budget(ip, helo, mail_from, iprev)
+            }
+        }
+    }
+
+    /// The verdicts when the DNS budget ran out: SPF, DKIM, DMARC and ARC `temperror`.
+    fn out_of_budget(
+        &self,
+        ip: IpAddr,
+        helo: &str,
+        mail_from: &str,
+        iprev: &IprevOutput,
+    ) -> Verdict {
+        let mail_domain = sender_domain(mail_from, helo);
+        let spf_helo = SpfOutput::new(helo.to_owned()).with_result(SpfResult::TempError);
+        let spf_mail = SpfOutput::new(mail_domain.clone()).with_result(SpfResult::TempError);
+        let dkim = DkimOutput::temp_err(mail_auth::Error::Dns(mail_auth::DnsError::Resolver(
+            "DNS_BUDGET spent".into(),
+        )));
+        let results = AuthenticationResults::new(&self.authserv_id)
+            .with_iprev_result(iprev, ip)
+            .with_spf_ehlo_result(&spf_helo, ip, helo)
+            .with_spf_mailfrom_result(&spf_mail, ip, mail_from, helo)
+            .with_dkim_result(&dkim, "");
+        let temp = json!({"result": "temperror"});
+        let state = json!({
+            "spf": {
+                "result": "temperror",
+                "domain": mail_domain,
+                "helo": {"result": "temperror", "domain": helo},
+            },
+            "dkim": [temp],
+            "dmarc": temp,
+            "arc": temp,
+        });
+        let mut header = results.to_header();
+        // dmarc=temperror after the last verdict: the field ends with CRLF.
+        if header.ends_with("\r\n") {
+            header.truncate(header.len() - 2);
+            header.push_str(";\r\n\tdmarc=temperror\r\n");
+        }
+        Verdict { header, state }
+    }
+
+    async fn verdicts(
         &self,
         ip: IpAddr,
         helo: &str,
@@ -90,29 +166,56 @@ impl Verifier {
     ) -> Verdict {
         // An address literal in HELO names no domain to check.
         let helo_is_domain = !helo.starts_with('[');
-        let spf_helo = if helo_is_domain {
-            self.auth
-                .verify_spf(SpfParameters::verify_ehlo(ip, helo, &self.hostname))
-                .await
-        } else {
-            SpfOutput::new(helo.to_owned())
+        // The two SPF checks, and DKIM and ARC below, ask the DNS at the same time.
+        let spf_helo = async {
+            if helo_is_domain {
+                self.auth
+                    .verify_spf(SpfParameters::verify_ehlo(ip, helo, &self.hostname))
+                    .await
+            } else {
+                SpfOutput::new(helo.to_owned())
+            }
         };
-        let spf_mail = if mail_from.is_empty() {
-            spf_helo.clone()
-        } else {
-            self.auth
-                .verify_spf(SpfParameters::verify_mail_from(
-                    ip,
-                    helo,
-                    &self.hostname,
-                    mail_from,
-                ))
-                .await
+        let spf_mail = async {
+            if mail_from.is_empty() {
+                None
+            } else {
+                Some(
+                    self.auth
+                        .verify_spf(SpfParameters::verify_mail_from(
+                            ip,
+                            helo,
+                            &self.hostname,
+                            mail_from,
+                        ))
+                        .await,
+                )
+            }
         };
-        let mail_domain = mail_from
-            .rsplit_once('@')
-            .map_or(helo, |(_, d)| d)
-            .to_ascii_lowercase();
+        let mut message = AuthenticatedMessage::parse(raw);
+        if let Some(m) = message.as_mut()
+            && m.dkim_headers.len() > self.max_dkim_signatures
+        {
+            tracing::info!(
+                %ip,
+                signatures = m.dkim_headers.len(),
+                max = self.max_dkim_signatures,
+                "only the first MAX_DKIM_SIGNATURES DKIM signatures are verified"
+            );
+            m.dkim_headers.truncate(self.max_dkim_signatures);
+        }
+        let signatures = async {
+            match &message {
+                Some(m) => Some(tokio::join!(
+                    self.auth.verify_dkim(m),
+                    self.auth.verify_arc(m)
+                )),
+                None => None,
+            }
+        };
+        let (spf_helo, spf_mail, signatures) = tokio::join!(spf_helo, spf_mail, signatures);
+        let spf_mail = spf_mail.unwrap_or_else(|| spf_helo.clone());
+        let mail_domain = sender_domain(mail_from, helo);
         let mut results = AuthenticationResults::new(&self.authserv_id)
             .with_iprev_result(iprev, ip)
             .with_spf_ehlo_result(&spf_helo, ip, helo)
@@ -127,13 +230,11 @@ impl Verifier {
             "dmarc": {"result": "none"},
             "arc": {"result": "none"},
         });
-        if let Some(message) = AuthenticatedMessage::parse(raw) {
-            let dkim = self.auth.verify_dkim(&message).await;
-            let arc = self.auth.verify_arc(&message).await;
+        if let (Some(message), Some((dkim, arc))) = (&message, signatures) {
             let dmarc = self
                 .auth
                 .verify_dmarc(DmarcParameters::new(
-                    &message,
+                    message,
                     &dkim,
                     &mail_domain,
                     &spf_mail,
@@ -153,6 +254,15 @@ impl Verifier {
             state,
         }
     }
+}
+
+/// The domain SPF's MAIL FROM verdict is about: the sender's, or HELO's for the null
+/// sender; lower case.
+fn sender_domain(mail_from: &str, helo: &str) -> String {
+    mail_from
+        .rsplit_once('@')
+        .map_or(helo, |(_, d)| d)
+        .to_ascii_lowercase()
 }
 
 /// `state.origin.iprev`: the result, and the verified reverse name (also for the Received
