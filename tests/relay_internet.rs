@@ -73,8 +73,15 @@ fn free_udp_tcp_port() -> u16 {
 }
 
 /// A configuration with the stage `out` (and `extra` lines in it) and a bounce stage.
+/// Every peer here is on the loopback, so internal destinations are allowed unless `extra`
+/// says otherwise.
 fn config(db: &TestDb, dir: &Path, dns: &Dns, smtp_port: u16, extra: &str) -> PathBuf {
     let path = dir.join("pepsi.conf");
+    let extra = if extra.contains("ALLOW_INTERNAL_ADDRESSES") {
+        extra.to_owned()
+    } else {
+        format!("ALLOW_INTERNAL_ADDRESSES = yes\n{extra}")
+    };
     std::fs::write(
         &path,
         format!(
@@ -355,6 +362,40 @@ async fn an_address_literal_goes_to_that_address_without_dns_or_cache() {
     assert_eq!(rows.len(), 1, "{rows:?}");
     assert_eq!(rows[0].1, "bounce");
     assert_eq!(rows[0].4["bounce"]["enhanced_status"], "5.1.3");
+}
+
+#[tokio::test]
+async fn mx_hosts_and_literals_in_internal_ranges_are_refused_unless_allowed() {
+    let (port, peers) = smtp_peer_common::start(&[("127.0.0.28", "mx.internal.test")]).await;
+    let dns = Dns::start(&[
+        "--mx-host=internal.test,mx.internal.test,10".into(),
+        "--host-record=mx.internal.test,127.0.0.28".into(),
+    ]);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &db,
+        dir.path(),
+        &dns,
+        port,
+        "ALLOW_INTERNAL_ADDRESSES = no\n",
+    );
+    let by_mx = message(&db, &["user@internal.test"]).await;
+    let literal = message(&db, &["postmaster@[127.0.0.28]"]).await;
+    assert_eq!(
+        relay(&cfg, &[by_mx, literal]).await,
+        vec![r#"0 {"finished":true}"#; 2]
+    );
+    assert!(
+        received(&peers[0]).is_empty(),
+        "nothing connected to the internal host"
+    );
+    let rows = common::rows(&db.pool).await;
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(r.1, "bounce", "{r:?}");
+        assert_eq!(r.4["bounce"]["enhanced_status"], "5.4.4", "{r:?}");
+    }
 }
 
 #[tokio::test]

@@ -75,7 +75,7 @@ impl World {
             "[pepsi-ingress]\nDNS_SERVERS = 127.0.0.1:{dns}\nDNS_TIMEOUT = 2s\n\n\
              [stage-aliases]\nALIAS_FILE = {aliases}\n\n\
              [stage-relay]\nDNS_SERVERS = 127.0.0.1:{dns}\nDNS_TIMEOUT = 2s\n\
-             SMTP_PORT = {port}\nTLS = none\nIPV6 = no\n",
+             SMTP_PORT = {port}\nTLS = none\nIPV6 = no\nALLOW_INTERNAL_ADDRESSES = yes\n",
             dns = self.dns.port,
             aliases = self.dir.path().join("aliases").display(),
             port = self.smtp_port,

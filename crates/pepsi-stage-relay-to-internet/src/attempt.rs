@@ -132,6 +132,7 @@ impl Attempt<'_> {
         };
         let mut notes = Vec::new();
         let mut connects = 0usize;
+        let mut refused_internal = 0usize;
         for hop in &hops {
             if let Some(why) = &hop.unusable {
                 notes.push(Note {
@@ -175,6 +176,22 @@ impl Attempt<'_> {
                 },
             };
             for candidate in candidates {
+                if !self.settings.allow_internal
+                    && let Some(range) = route::internal_range(candidate.address)
+                {
+                    refused_internal += 1;
+                    notes.push(Note {
+                        host: hop.name.clone(),
+                        address: Some(candidate.address),
+                        what: format!(
+                            "not tried: {} is a {range} address (ALLOW_INTERNAL_ADDRESSES = no)",
+                            candidate.address
+                        ),
+                        status: "5.4.4".into(),
+                        phase: "routing",
+                    });
+                    continue;
+                }
                 if connects == self.settings.max_addresses {
                     notes.push(Note {
                         host: hop.name.clone(),
@@ -200,6 +217,19 @@ impl Attempt<'_> {
                     }
                 }
             }
+        }
+        if connects == 0 && refused_internal > 0 && refused_internal == notes.len() {
+            // Every address of the domain is internal: retrying changes nothing.
+            let mut f = Failure::new(
+                format!(
+                    "every address of {domain}'s mail hosts is internal (loopback, private, \
+                     link-local or reserved): refused"
+                ),
+                "5.4.4",
+            );
+            f.phase = Some("routing".into());
+            tracing::info!(rcpt = %recipient(env), "{}", notes.iter().map(Note::line).collect::<Vec<_>>().join("; "));
+            return RcptResult::Permanent(f);
         }
         RcptResult::Transient(exhausted(&notes))
     }

@@ -110,6 +110,51 @@ pub fn literal(domain: &str) -> Result<Option<IpAddr>, NoRoute> {
     }
 }
 
+/// The non-public range `ip` lies in, if any: the destinations refused unless
+/// `ALLOW_INTERNAL_ADDRESSES` (an IPv4-mapped IPv6 address is judged as its IPv4 address).
+pub fn internal_range(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let [b0, b1, ..] = a.octets();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_private() {
+                Some("private")
+            } else if a.is_link_local() {
+                Some("link-local")
+            } else if a.is_unspecified() || b0 == 0 {
+                Some("unspecified")
+            } else if b0 == 100 && (64..128).contains(&b1) {
+                Some("shared address space (carrier-grade NAT)")
+            } else if a.is_multicast() || a.is_broadcast() || b0 >= 240 {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) => {
+            let first = a.segments()[0];
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_unspecified() {
+                Some("unspecified")
+            } else if first & 0xfe00 == 0xfc00 {
+                Some("private (unique local)")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("link-local")
+            } else if a.is_multicast() {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+    }
+}
+
 /// The hosts to try for mail to `domain`, most preferred first, hosts of equal preference
 /// in random order (`random` gives the shuffle its numbers).
 ///
@@ -173,6 +218,39 @@ pub fn hops(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn internal_ranges_table() {
+        let cases = [
+            ("127.0.0.1", Some("loopback")),
+            ("127.8.9.10", Some("loopback")),
+            ("10.1.2.3", Some("private")),
+            ("172.16.0.1", Some("private")),
+            ("172.32.0.1", None),
+            ("192.168.1.1", Some("private")),
+            ("169.254.169.254", Some("link-local")),
+            ("0.0.0.0", Some("unspecified")),
+            (
+                "100.64.0.1",
+                Some("shared address space (carrier-grade NAT)"),
+            ),
+            ("224.0.0.1", Some("multicast or reserved")),
+            ("255.255.255.255", Some("multicast or reserved")),
+            ("192.0.2.1", None),
+            ("8.8.8.8", None),
+            ("::1", Some("loopback")),
+            ("::", Some("unspecified")),
+            ("fd00::1", Some("private (unique local)")),
+            ("fe80::1", Some("link-local")),
+            ("::ffff:10.0.0.1", Some("private")),
+            ("::ffff:192.0.2.1", None),
+            ("ff02::1", Some("multicast or reserved")),
+            ("2001:db8::1", None),
+        ];
+        for (ip, want) in cases {
+            assert_eq!(internal_range(ip.parse().unwrap()), want, "{ip}");
+        }
+    }
 
     fn mx(list: &[(u16, &str)]) -> MxAnswer {
         MxAnswer::Records(

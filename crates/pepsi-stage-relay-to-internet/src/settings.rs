@@ -48,6 +48,10 @@ pub struct Settings {
     pub helo_name: String,
     pub timeouts: Timeouts,
     pub ipv6: Ipv6,
+    /// `ALLOW_INTERNAL_ADDRESSES`: connect to MX hosts and literals in loopback, private,
+    /// link-local and other non-public ranges (off: a DSN or a hostile MX record could make
+    /// this host talk to internal services).
+    pub allow_internal: bool,
     /// `MAX_ADDRESSES`: the most addresses one delivery attempt connects to.
     pub max_addresses: usize,
     /// `CONNECTION_IDLE`: how long a session is kept for the next message; zero closes it
@@ -157,6 +161,7 @@ impl Settings {
             ipv6: either("IPV6")
                 .parse_opt("IPV6", Ipv6::parse)?
                 .unwrap_or(Ipv6::Prefer),
+            allow_internal: s.bool_opt("ALLOW_INTERNAL_ADDRESSES")?.unwrap_or(false),
             max_addresses: s
                 .parse_opt("MAX_ADDRESSES", |v| {
                     v.trim()
