@@ -1038,3 +1038,67 @@ async fn the_dispatcher_vacuums_the_queue_while_rows_move_unless_told_not_to() {
     );
     assert!(!off.log("dispatch.log").contains("queue tables vacuumed"));
 }
+
+#[tokio::test]
+async fn a_lost_lock_is_taken_again_and_lost_for_good_to_another_dispatcher_it_exits() {
+    use sqlx::Connection as _;
+    const TERMINATE: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+        WHERE datname = current_database() AND application_name LIKE 'pepsi-dispatch %'";
+    let h = Harness::new(CHAIN, "LOCK_CHECK_INTERVAL = 200ms").await;
+    let mut d = h.start("dispatch.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !h.log("dispatch.log").contains("dispatching") {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The session holding the lock ends (as in a PostgreSQL restart): taken again, and the
+    // dispatcher goes on working.
+    assert_eq!(h.count(TERMINATE).await, 1);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !h
+        .log("dispatch.log")
+        .contains("dispatcher lock taken again")
+    {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.add(20, "sender", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+
+    // Ended again, and another session takes the lock first: this dispatcher exits.
+    let mut other = sqlx::PgConnection::connect(&h.db.url).await.unwrap();
+    let ended: i64 = sqlx::query_scalar(TERMINATE)
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(ended, 1);
+    sqlx::query("SELECT pg_advisory_lock(1885696115, 1)")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "still running: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    assert!(
+        h.log("dispatch.log")
+            .contains("lost the dispatcher lock to another dispatcher"),
+        "{}",
+        h.log("dispatch.log")
+    );
+}

@@ -107,9 +107,11 @@ pub fn run() -> ExitCode {
 async fn main(cli: Cli) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
     let db_settings = DbSettings::from_config(&file_cfg)?;
-    let _lock = take_lock(&db_settings.url).await?;
+    let lock = take_lock(&db_settings.url).await?;
     let db = db_settings.connect().await?;
     let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
+    let every = settings::DispatchSettings::from_config(&cfg)?.lock_check_interval;
+    tokio::spawn(keep_lock(lock, db_settings.url.clone(), every));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut dispatcher = dispatcher::Dispatcher::new(
         db.clone(),
@@ -120,6 +122,44 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
     )?;
     tokio::spawn(listen::run(db.clone(), tx));
     dispatcher.run(rx).await
+}
+
+/// Checks the connection holding the dispatcher lock every `every`. The lock lives as long
+/// as that server session: when the session is gone (PostgreSQL restarted, the backend was
+/// terminated) the lock is taken again on a new connection. When another dispatcher holds
+/// it by then, this process exits at once: its workers die with it (parent-death signal),
+/// and the rows they held are returned by the other dispatcher (ORPHAN_GRACE).
+async fn keep_lock(mut conn: PgConnection, url: String, every: std::time::Duration) {
+    loop {
+        tokio::time::sleep(every).await;
+        let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
+        let Err(e) = alive else { continue };
+        tracing::warn!(
+            "the connection holding the dispatcher lock is lost ({e}): taking the lock again"
+        );
+        loop {
+            match take_lock(&url).await {
+                Ok(fresh) => {
+                    tracing::info!("dispatcher lock taken again");
+                    conn = fresh;
+                    break;
+                }
+                Err(e) if e.to_string().contains("another dispatcher") => {
+                    tracing::error!(
+                        "lost the dispatcher lock to another dispatcher, exiting: {e:#}"
+                    );
+                    eprintln!("pepsi-dispatch: lost the dispatcher lock: {e:#}");
+                    std::process::exit(1);
+                }
+                Err(e) => {
+                    // The server is not back yet: nobody else can take the lock meanwhile
+                    // either, so keep trying.
+                    tracing::warn!("cannot take the dispatcher lock again yet: {e:#}");
+                    tokio::time::sleep(every).await;
+                }
+            }
+        }
+    }
 }
 
 /// Holds the dispatcher lock for the life of the process on a connection of its own, named

@@ -33,6 +33,10 @@ pub struct DispatchSettings {
     /// alone). Every claim, advance and finish leaves a dead row version behind, and the
     /// claim's index probes walk them until a VACUUM removes them.
     pub vacuum_interval: Duration,
+    /// How often the connection holding the dispatcher lock is checked; a lost one (a
+    /// PostgreSQL restart, a killed backend) is taken again or, when another dispatcher has
+    /// it meanwhile, this one exits.
+    pub lock_check_interval: Duration,
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
@@ -71,6 +75,10 @@ impl DispatchSettings {
             vacuum_interval: s
                 .duration_opt("VACUUM_INTERVAL")?
                 .unwrap_or(Duration::from_secs(10)),
+            lock_check_interval: s
+                .duration_opt("LOCK_CHECK_INTERVAL")?
+                .unwrap_or(Duration::from_secs(1))
+                .max(Duration::from_millis(100)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
         })
     }
