@@ -1182,3 +1182,34 @@ async fn failed_logins_are_throttled_per_client_network_and_per_account() {
     c.ok(&plain("bob@example.test", "right"), 235).await;
     assert!(ingress.log().contains("too many failed logins"));
 }
+
+#[tokio::test]
+async fn no_line_break_can_be_smuggled_through_esmtp_parameters() {
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    c.ok("MAIL FROM:<bob@example.org> ENVID=a+0D+0AQUIT", 501)
+        .await;
+    c.ok("MAIL FROM:<bob@example.org>", 250).await;
+    // An escaped LF in the address of ORCPT, a bare LF in its address type, a bare LF
+    // anywhere in the line: each refused, nothing stored for a later RCPT we would write.
+    let text = c
+        .ok("RCPT TO:<alice@example.test> ORCPT=rfc822;a+0ARSET@x", 501)
+        .await;
+    assert!(text.contains("xtext"), "{text}");
+    let text = c
+        .ok("RCPT TO:<alice@example.test> ORCPT=rfc822\nRSET;a@x", 500)
+        .await;
+    assert!(
+        text.starts_with("5.5.2") && text.contains("control character"),
+        "{text}"
+    );
+    let text = c.ok("RCPT TO:<alice@example.test>\rDATA", 500).await;
+    assert!(text.starts_with("5.5.2"), "{text}");
+    c.ok(
+        "RCPT TO:<alice@example.test> ORCPT=rfc822;alice+2Bx@example.test",
+        250,
+    )
+    .await;
+    assert_eq!(ingress.rows().await, 0);
+}

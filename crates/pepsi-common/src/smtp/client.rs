@@ -222,13 +222,17 @@ pub enum ClientError {
         status: &'static str,
         detail: String,
     },
+    /// A command this side will not send: it would carry a line break or a NUL into the
+    /// session, which the peer would read as a command of its own. Permanent.
+    #[error("{detail}")]
+    Unsendable { phase: Phase, detail: String },
 }
 
 impl ClientError {
     pub fn is_temporary(&self) -> bool {
         match self {
             ClientError::Refused { reply, .. } => !reply.is_permanent(),
-            ClientError::NotOffered { .. } => false,
+            ClientError::NotOffered { .. } | ClientError::Unsendable { .. } => false,
             _ => true,
         }
     }
@@ -242,7 +246,8 @@ impl ClientError {
             | ClientError::Malformed { phase, .. }
             | ClientError::Refused { phase, .. }
             | ClientError::Policy { phase, .. }
-            | ClientError::NotOffered { phase, .. } => *phase,
+            | ClientError::NotOffered { phase, .. }
+            | ClientError::Unsendable { phase, .. } => *phase,
             ClientError::Tls { .. } => Phase::StartTls,
         }
     }
@@ -259,6 +264,8 @@ impl ClientError {
             // 4.7.5: cryptographic failure
             ClientError::Tls { .. } => "4.7.5",
             ClientError::NotOffered { status, .. } | ClientError::Policy { status, .. } => status,
+            // 5.5.2: the command would not be syntactically one command.
+            ClientError::Unsendable { .. } => "5.5.2",
             _ => "4.4.2",
         };
         Failure {
@@ -269,6 +276,26 @@ impl ClientError {
             reply_text: None,
             phase: Some(self.phase().as_str().to_owned()),
         }
+    }
+}
+
+/// A command line as it may go out: its text (before the final CRLF) holds no CR, LF or
+/// NUL, whatever a stored envelope says, so nothing can be smuggled in as a second command.
+pub fn check_command_line(phase: Phase, line: &str) -> Result<(), ClientError> {
+    let text = line.strip_suffix("\r\n").unwrap_or(line);
+    match text.bytes().find(|b| matches!(b, b'\r' | b'\n' | 0)) {
+        None => Ok(()),
+        Some(b) => Err(ClientError::Unsendable {
+            phase,
+            detail: format!(
+                "refusing to send a {phase} command containing {}: {text:?}",
+                match b {
+                    b'\r' => "a CR",
+                    b'\n' => "an LF",
+                    _ => "a NUL",
+                }
+            ),
+        }),
     }
 }
 
@@ -888,6 +915,7 @@ impl Connection {
 
     /// Sends one command line and reads its reply.
     async fn command(&mut self, phase: Phase, line: &str) -> Result<Reply, ClientError> {
+        check_command_line(phase, line)?;
         self.write(phase, line.as_bytes(), self.timeouts.command)
             .await?;
         self.read_reply(phase, self.timeouts.command).await
@@ -1069,6 +1097,26 @@ async fn read_lines<R: tokio::io::AsyncBufRead + Unpin>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_command_line_with_a_line_break_inside_is_never_sent() {
+        let cases = [
+            ("RCPT TO:<a@x> ORCPT=rfc822;a@x\r\n", true),
+            ("RCPT TO:<a@x>", true),
+            ("RCPT TO:<a@x> ORCPT=rfc822\nRSET;a@x\r\n", false),
+            ("RCPT TO:<a@x>\rMAIL FROM:<b@y>\r\n", false),
+            ("RCPT TO:<a@x>\0\r\n", false),
+            ("RCPT TO:<a@x>\r\n\r\n", false),
+        ];
+        for (line, ok) in cases {
+            let got = check_command_line(Phase::Rcpt, line);
+            assert_eq!(got.is_ok(), ok, "{line:?}: {got:?}");
+            if let Err(e) = got {
+                assert!(!e.is_temporary());
+                assert_eq!(e.failure("peer").enhanced_status.as_deref(), Some("5.5.2"));
+            }
+        }
+    }
 
     #[test]
     fn target_table() {

@@ -58,6 +58,14 @@ pub fn parse(line: &[u8]) -> Result<Command, ParseError> {
             "command is not valid UTF-8".into(),
         ));
     };
+    // A bare LF or CR, a NUL or another control character has no place in a command line;
+    // carried into stored parameters, a line break would end a command we write later.
+    if line.bytes().any(|b| (b < 0x20 && b != b'\t') || b == 0x7f) {
+        return Err(ParseError::Syntax(
+            "5.5.2",
+            "control character (a bare CR or LF, a NUL) in the command line".into(),
+        ));
+    }
     let (verb, rest) = match line.find(' ') {
         Some(at) => (&line[..at], &line[at + 1..]),
         None => (line, ""),

@@ -167,10 +167,19 @@ pub fn rcpt_params(params: &[Param]) -> Result<RcptParams, Reply> {
             "ORCPT" => {
                 once(&out.orcpt, p)?;
                 let v = value(p)?;
+                if v.len() > 500 {
+                    return Err(bad(p, "longer than 500 characters"));
+                }
                 let (kind, addr) = v
                     .split_once(';')
                     .filter(|(k, a)| !k.is_empty() && !a.is_empty())
                     .ok_or_else(|| bad(p, "expected addr-type;address"))?;
+                if !kind.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') {
+                    return Err(bad(
+                        p,
+                        "the address type is not an atom (letters, digits, -)",
+                    ));
+                }
                 let addr = xtext_decode(addr).ok_or_else(|| bad(p, "not valid xtext"))?;
                 out.orcpt = Some(format!("{kind};{addr}"));
             }
@@ -180,8 +189,9 @@ pub fn rcpt_params(params: &[Param]) -> Result<RcptParams, Reply> {
     Ok(out)
 }
 
-/// Decodes RFC 3461 xtext (`+XX` hex escapes); None when malformed. Non-ASCII is allowed
-/// because RFC 6533 extends these values to UTF-8.
+/// Decodes RFC 3461 xtext (`+XX` hex escapes); None when malformed, or when an escape
+/// stands for a control character (a CR or LF would later end a command line we write).
+/// Non-ASCII is allowed because RFC 6533 extends these values to UTF-8.
 pub fn xtext_decode(s: &str) -> Option<String> {
     let bytes = s.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
@@ -196,7 +206,11 @@ pub fn xtext_decode(s: &str) -> Option<String> {
                 {
                     return None;
                 }
-                out.push(u8::from_str_radix(hex, 16).ok()?);
+                let byte = u8::from_str_radix(hex, 16).ok()?;
+                if byte < 0x20 || byte == 0x7f {
+                    return None;
+                }
+                out.push(byte);
                 i += 3;
             }
             b'=' => return None,
@@ -335,6 +349,9 @@ mod tests {
             &[p("ORCPT", Some("rfc822"))],
             &[p("ORCPT", Some(";a@b"))],
             &[p("ORCPT", Some("rfc822;a+ZZ"))],
+            &[p("ORCPT", Some("rfc822;a+0Ab@x"))],
+            &[p("ORCPT", Some("rfc\n822;a@x"))],
+            &[p("ORCPT", Some("rfc822\r;a@x"))],
         ];
         for params in refused {
             assert_eq!(
@@ -365,5 +382,8 @@ mod tests {
         assert_eq!(xtext_decode("a+2b"), None);
         assert_eq!(xtext_decode("a+2"), None);
         assert_eq!(xtext_decode("a b"), None);
+        assert_eq!(xtext_decode("a+0Ab"), None, "an escaped LF");
+        assert_eq!(xtext_decode("a+0Db"), None, "an escaped CR");
+        assert_eq!(xtext_decode("a+00b"), None, "an escaped NUL");
     }
 }
