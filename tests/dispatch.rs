@@ -451,8 +451,9 @@ async fn a_busy_worker_is_refilled_at_half_its_queue_not_per_message() {
         "every row claimed once: {claims:?}"
     );
     assert_eq!(claims[0], 4, "an idle pool is filled at once: {claims:?}");
+    // The last claim may take fewer: only what was left.
     assert!(
-        claims.len() <= 7 && claims[1..].iter().all(|&n| n >= 2),
+        claims.len() <= 7 && claims[1..claims.len() - 1].iter().all(|&n| n >= 2),
         "refills of half a queue, not one id each: {claims:?}"
     );
 }

@@ -399,6 +399,51 @@ async fn mx_hosts_and_literals_in_internal_ranges_are_refused_unless_allowed() {
 }
 
 #[tokio::test]
+async fn a_peer_slower_than_attempt_timeout_pauses_the_message_and_a_timeout_over_max_runtime_stops_the_worker()
+ {
+    // A server that takes the connection and never greets.
+    let tarpit = std::net::TcpListener::bind("127.0.0.29:0").unwrap();
+    let port = tarpit.local_addr().unwrap().port();
+    let dns = Dns::start(&[
+        "--mx-host=slow.test,mx.slow.test,10".into(),
+        "--host-record=mx.slow.test,127.0.0.29".into(),
+    ]);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, dir.path(), &dns, port, "ATTEMPT_TIMEOUT = 2s\n");
+    let id = message(&db, &["user@slow.test"]).await;
+    // GREETING_TIMEOUT is 20 s: the attempt ends at 2 s instead, paused for its retry.
+    assert_eq!(relay(&cfg, &[id]).await, vec!["0"]);
+    let r = row(&db, id).await.unwrap();
+    let last = paused_with(&r);
+    assert!(last.contains("ATTEMPT_TIMEOUT (2s)"), "{last}");
+
+    // An ATTEMPT_TIMEOUT the MAX_RUNTIME of its pass cannot hold: the worker does not start.
+    let cfg = config(
+        &db,
+        dir.path(),
+        &dns,
+        port,
+        "ATTEMPT_TIMEOUT = 10m\nMAX_RUNTIME = 5m\n",
+    );
+    let out = std::process::Command::new(RELAY)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "ATTEMPT_TIMEOUT = 600s does not end 10s before MAX_RUNTIME = 300s of [stage-out]"
+        ),
+        "{err}"
+    );
+    drop(tarpit);
+}
+
+#[tokio::test]
 async fn a_deferring_peer_pauses_the_message_and_the_retry_delivers_it() {
     let (port, peers) = smtp_peer_common::start(&[("127.0.0.22", "mx.later.test")]).await;
     let dns = Dns::start(&[

@@ -116,7 +116,7 @@ impl PoolSettings {
                 .unwrap_or(Duration::from_secs(60)),
             max_runtime: s
                 .duration_opt("MAX_RUNTIME")?
-                .unwrap_or(Duration::from_secs(300)),
+                .unwrap_or(pepsi_common::stage::DEFAULT_MAX_RUNTIME),
         })
     }
 

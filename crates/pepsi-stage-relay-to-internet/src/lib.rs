@@ -76,6 +76,9 @@ impl Stage for RelayToInternet {
     /// Reads and checks `[stage-<name>]`, and makes its resolver.
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Built> {
         let settings = Settings::from_config(cfg, name)?;
+        settings
+            .check_runtime(cfg, name)
+            .map_err(anyhow::Error::msg)?;
         let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
         let keeper = Keeper::new(settings.connection_idle);
@@ -114,7 +117,22 @@ impl Stage for RelayToInternet {
                     pool: ctx.pool(),
                     keeper: &built.keeper,
                 };
-                attempt.deliver(&env, &domain, &message).await
+                let limit = built.settings.attempt_timeout;
+                match tokio::time::timeout(limit, attempt.deliver(&env, &domain, &message)).await {
+                    Ok(result) => result,
+                    Err(_) => {
+                        let mut f = Failure::new(
+                            format!(
+                                "the delivery attempt took longer than ATTEMPT_TIMEOUT ({}s): \
+                                 stopped, to be tried again",
+                                limit.as_secs()
+                            ),
+                            "4.4.2",
+                        );
+                        f.phase = Some("connect".into());
+                        RcptResult::Transient(f)
+                    }
+                }
             }
         };
         if let RcptResult::Transient(f) | RcptResult::Permanent(f) = &result {

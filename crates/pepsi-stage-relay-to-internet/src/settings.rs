@@ -52,6 +52,11 @@ pub struct Settings {
     /// link-local and other non-public ranges (off: a DSN or a hostile MX record could make
     /// this host talk to internal services).
     pub allow_internal: bool,
+    /// `ATTEMPT_TIMEOUT`: one delivery attempt of a message, every host and address of it
+    /// included; past it the recipient waits for its retry. Shorter than the MAX_RUNTIME
+    /// the pass runs under (checked at start), so the dispatcher never has to kill a
+    /// worker for a slow peer.
+    pub attempt_timeout: Duration,
     /// `MAX_ADDRESSES`: the most addresses one delivery attempt connects to.
     pub max_addresses: usize,
     /// `CONNECTION_IDLE`: how long a session is kept for the next message; zero closes it
@@ -98,7 +103,34 @@ pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>
     Ok(map)
 }
 
+/// `ATTEMPT_TIMEOUT` when unset: a minute under the dispatcher's default MAX_RUNTIME.
+pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(240);
+
 impl Settings {
+    /// `ATTEMPT_TIMEOUT` against the MAX_RUNTIME the stage's passes run under (its own, or
+    /// that of a stage before it in a fused chain): an attempt must end first, with room
+    /// for the commit (at least 10 s).
+    pub fn check_runtime(&self, cfg: &Config, stage: &str) -> Result<(), String> {
+        let (limit, of) =
+            pepsi_common::stage::governing_max_runtime(cfg, stage).map_err(|e| e.to_string())?;
+        if self.attempt_timeout.is_zero() {
+            return Err(format!(
+                "[stage-{stage}] ATTEMPT_TIMEOUT must be longer than 0"
+            ));
+        }
+        if self.attempt_timeout + Duration::from_secs(10) > limit {
+            return Err(format!(
+                "[stage-{stage}] ATTEMPT_TIMEOUT = {}s does not end 10s before MAX_RUNTIME = {}s \
+                 of [stage-{of}], under which its passes run: the dispatcher would kill a worker \
+                 waiting on a slow peer and the message would end as `timeout`; lower \
+                 ATTEMPT_TIMEOUT or raise [stage-{of}] MAX_RUNTIME",
+                self.attempt_timeout.as_secs(),
+                limit.as_secs()
+            ));
+        }
+        Ok(())
+    }
+
     /// Reads `[stage-<stage>]`. `DNS_SERVERS`, `DNS_TIMEOUT` and `IPV6` fall back to
     /// `[pepsi]`; `HELO_NAME` to `[pepsi] HOSTNAME`, then to the system's host name.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
@@ -162,6 +194,9 @@ impl Settings {
                 .parse_opt("IPV6", Ipv6::parse)?
                 .unwrap_or(Ipv6::Prefer),
             allow_internal: s.bool_opt("ALLOW_INTERNAL_ADDRESSES")?.unwrap_or(false),
+            attempt_timeout: s
+                .duration_opt("ATTEMPT_TIMEOUT")?
+                .unwrap_or(DEFAULT_ATTEMPT_TIMEOUT),
             max_addresses: s
                 .parse_opt("MAX_ADDRESSES", |v| {
                     v.trim()
@@ -192,6 +227,32 @@ impl Settings {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn attempt_timeout_against_the_governing_max_runtime() {
+        let check = |text: &str| {
+            let cfg = Config::from_str_named(text, "t.conf").unwrap();
+            Settings::from_config(&cfg, "out")
+                .map_err(|e| e.to_string())?
+                .check_runtime(&cfg, "out")
+        };
+        let out = "[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\nHELO_NAME = h.test\n";
+        assert_eq!(check(out), Ok(()), "the defaults fit");
+        let err = check(&format!("{out}ATTEMPT_TIMEOUT = 10m\n")).unwrap_err();
+        assert!(err.contains("[stage-out] MAX_RUNTIME"), "{err}");
+        assert_eq!(
+            check(&format!("{out}ATTEMPT_TIMEOUT = 10m\nMAX_RUNTIME = 15m\n")),
+            Ok(())
+        );
+        // Fused behind dkim, the pass runs under dkim's MAX_RUNTIME.
+        let fused = format!(
+            "[stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = arc\nMAX_RUNTIME = 2m\n\
+             [stage-arc]\nPROGRAM = pepsi-stage-arc\nNEXT_STAGE = out\n{out}"
+        );
+        let err = check(&fused).unwrap_err();
+        assert!(err.contains("MAX_RUNTIME = 120s of [stage-dkim]"), "{err}");
+        assert_eq!(check(&format!("{fused}ATTEMPT_TIMEOUT = 100s\n")), Ok(()));
+    }
 
     fn settings(text: &str) -> Result<Settings, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();

@@ -83,6 +83,48 @@ pub trait Stage: Sized + 'static {
     ) -> impl Future<Output = Result<Terminal, StageError>>;
 }
 
+/// The dispatcher's MAX_RUNTIME of a stage section that sets none.
+pub const DEFAULT_MAX_RUNTIME: std::time::Duration = std::time::Duration::from_secs(300);
+
+/// The MAX_RUNTIME a pass of `stage` runs under, and the stage it belongs to: the
+/// dispatcher's limit for the stage's own pool and, since a fused chain runs in the pass of
+/// its first stage, for every stage whose NEXT_STAGE chain leads to it; the shortest of
+/// them. A stage whose single pass may take long (a delivery attempt) checks its own bound
+/// against this at start.
+pub fn governing_max_runtime(
+    cfg: &Config,
+    stage: &str,
+) -> Result<(std::time::Duration, String), ConfigError> {
+    let runtime = |name: &str| -> Result<std::time::Duration, ConfigError> {
+        Ok(cfg
+            .section(&format!("stage-{name}"))
+            .duration_opt("MAX_RUNTIME")?
+            .unwrap_or(DEFAULT_MAX_RUNTIME))
+    };
+    let mut best = (runtime(stage)?, stage.to_owned());
+    let mut reached = vec![stage.to_ascii_lowercase()];
+    let mut i = 0;
+    while i < reached.len() {
+        let target = reached[i].clone();
+        for name in cfg.sections().filter_map(stage_name) {
+            let next = cfg
+                .section(&format!("stage-{name}"))
+                .string_opt("NEXT_STAGE")?
+                .unwrap_or_default();
+            let lower = name.to_ascii_lowercase();
+            if next.eq_ignore_ascii_case(&target) && !reached.contains(&lower) {
+                let limit = runtime(&name)?;
+                if limit < best.0 {
+                    best = (limit, name.clone());
+                }
+                reached.push(lower);
+            }
+        }
+        i += 1;
+    }
+    Ok(best)
+}
+
 /// Parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM` for `stage`, keyed by
 /// lower-case stage name: what a worker does at start (the error names the section).
 pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<String, S::Section>> {
