@@ -13,11 +13,15 @@ pub const KEY_TTL_SECONDS: i64 = 2_678_400;
 
 /// `cnt/<A|D|O>/<id>/d/<YYYY-MM-DD>/<i|o>`, the web app's key format.
 pub fn counter_key(level: Level, id: &str, date: NaiveDate, flow: Flow) -> String {
+    use chrono::Datelike;
+    // Formatted by hand: chrono's strftime parses its pattern on every call, once per key.
     format!(
-        "cnt/{}/{}/d/{}/{}",
+        "cnt/{}/{}/d/{:04}-{:02}-{:02}/{}",
         level.as_str(),
         id,
-        date.format("%Y-%m-%d"),
+        date.year(),
+        date.month(),
+        date.day(),
         flow.as_str()
     )
 }
@@ -504,6 +508,23 @@ mod tests {
             KeyResult::Counted(3),
             KeyResult::Failed("WRONGTYPE".into()),
         ];
+        // a value seen on a re-read is tracked but never a crossing
+        let seen = [
+            KeyResult::Seen(3),
+            KeyResult::Counted(3),
+            KeyResult::Counted(3),
+        ];
+        let (events, crossings) = outcome(&incs, &seen, &|_| true);
+        assert_eq!(crossings.len(), 1);
+        assert_eq!(crossings[0].level, Level::O);
+        assert!(matches!(
+            events[0],
+            Event::Tracked {
+                count: 3,
+                reached: false,
+                ..
+            }
+        ));
         let (events, crossings) = outcome(&incs, &results, &|l| l != Level::D);
         assert_eq!(crossings.len(), 1);
         assert_eq!(crossings[0].level, Level::A);

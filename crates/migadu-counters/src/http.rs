@@ -38,6 +38,9 @@ pub const DRAIN: Duration = Duration::from_secs(10);
 
 type Resp = Response<Full<Bytes>>;
 
+/// The answer to a queued count, `{"accepted":true}`.
+const ACCEPTED_BODY: &[u8] = br#"{"accepted":true}"#;
+
 /// A counting job handed from the HTTP handler to the worker pool.
 pub struct Job {
     pub req: CountRequest,
@@ -174,14 +177,24 @@ impl App {
         };
         let route = endpoint.label();
         let resp = recover(route, peer, self.chain(req, peer, endpoint)).await;
-        self.metrics
-            .requests
-            .with_label_values(&[route, resp.status().as_str()])
-            .inc();
-        self.metrics
-            .duration
-            .with_label_values(&[route])
-            .observe(started.elapsed().as_secs_f64());
+        let elapsed = started.elapsed().as_secs_f64();
+        match endpoint {
+            Endpoint::Count(r) if resp.status() == StatusCode::ACCEPTED => {
+                let (requests, duration) = self.metrics.accepted(r);
+                requests.inc();
+                duration.observe(elapsed);
+            }
+            _ => {
+                self.metrics
+                    .requests
+                    .with_label_values(&[route, resp.status().as_str()])
+                    .inc();
+                self.metrics
+                    .duration
+                    .with_label_values(&[route])
+                    .observe(elapsed);
+            }
+        }
         resp
     }
 
@@ -292,26 +305,26 @@ impl App {
             trace_id: validate::trace_id_of(&value),
             ..reject(StatusCode::BAD_REQUEST, reason)
         })?;
-        // 9. the handler's own work, under handler_timeout
+        // 9. the handler's own work
         let trace_id = req.trace_id.clone();
         let job = Job {
             req,
             received: Instant::now(),
             date: Utc::now().date_naive(),
         };
-        let enqueue = async {
-            match self.queue.try_send(job) {
-                Ok(()) => Ok(json_response(
-                    StatusCode::ACCEPTED,
-                    &json!({"accepted": true}),
-                )),
-                Err(_) => Err(Reject {
-                    trace_id: trace_id.clone(),
-                    ..reject(StatusCode::SERVICE_UNAVAILABLE, "queue full")
-                }),
-            }
-        };
-        self.with_timeout(enqueue, &trace_id).await
+        // Handing the job over never waits (a full queue answers at once), so no
+        // handler_timeout timer is needed around it.
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(Response::builder()
+                .status(StatusCode::ACCEPTED)
+                .header(CONTENT_TYPE, "application/json")
+                .body(Full::new(Bytes::from_static(ACCEPTED_BODY)))
+                .expect("static response parts")),
+            Err(_) => Err(Reject {
+                trace_id,
+                ..reject(StatusCode::SERVICE_UNAVAILABLE, "queue full")
+            }),
+        }
     }
 
     async fn with_timeout(

@@ -1,8 +1,13 @@
 //! Prometheus metrics with the plan's names and labels, in a registry of their own.
 
+use std::sync::OnceLock;
+
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts,
+    Registry, TextEncoder,
 };
+
+use crate::validate::Route;
 
 pub struct Metrics {
     registry: Registry,
@@ -16,6 +21,9 @@ pub struct Metrics {
     pub cdb_reloads: IntCounterVec,
     /// Not in the plan's list: time from acceptance (202) to the EXEC reply, the queue's lag.
     pub count_delay: prometheus::Histogram,
+    /// `requests{route, status="202"}` and `duration{route}` of `/in` and `/out`, looked up
+    /// once on first use instead of by label on every accepted request.
+    accepted: [OnceLock<(IntCounter, Histogram)>; 2],
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -107,7 +115,22 @@ impl Metrics {
             redis_errors,
             cdb_domains,
             cdb_reloads,
+            accepted: Default::default(),
         }
+    }
+
+    /// The request counter and duration histogram of a route's 202 answers.
+    pub fn accepted(&self, route: Route) -> &(IntCounter, Histogram) {
+        let i = match route {
+            Route::In => 0,
+            Route::Out => 1,
+        };
+        self.accepted[i].get_or_init(|| {
+            (
+                self.requests.with_label_values(&[route.as_str(), "202"]),
+                self.duration.with_label_values(&[route.as_str()]),
+            )
+        })
     }
 
     /// The text exposition format.

@@ -147,6 +147,38 @@ fn key_results(n: usize, vals: &[Value]) -> Vec<KeyResult> {
         .collect()
 }
 
+/// Turns the values re-read for lost transactions (their keys in order, concatenated) into
+/// their results. A key shared by several of them shows its value in each, but only the last
+/// of them (the one Redis ran last, if it ran them) may see a crossing in it: the others get
+/// `KeyResult::Seen`. A key absent on the master was not counted.
+fn reread_results(
+    txs: &[Vec<String>],
+    lost: &[(usize, String)],
+    vals: Vec<Option<i64>>,
+) -> Vec<(usize, TxResult)> {
+    let mut claimed = std::collections::HashSet::new();
+    let mut vals = vals.into_iter().rev();
+    let mut out: Vec<(usize, TxResult)> = lost
+        .iter()
+        .rev()
+        .map(|(i, why)| {
+            let mut results: Vec<KeyResult> = txs[*i]
+                .iter()
+                .rev()
+                .map(|k| match vals.next().flatten() {
+                    Some(n) if claimed.insert(k.as_str()) => KeyResult::Counted(n),
+                    Some(n) => KeyResult::Seen(n),
+                    None => KeyResult::Failed(format!("{why}; key absent on re-read")),
+                })
+                .collect();
+            results.reverse();
+            (*i, Ok((results, true)))
+        })
+        .collect();
+    out.reverse();
+    out
+}
+
 impl Store {
     pub fn new(c: &RedisConfig) -> Store {
         let size = c.pool_size.max(1);
@@ -276,6 +308,15 @@ impl Store {
 
     async fn take(&self, pool: &Pool) -> redis::RedisResult<(usize, MultiplexedConnection)> {
         let i = pool.next.fetch_add(1, Ordering::Relaxed) % pool.slots.len();
+        self.take_at(pool, i).await
+    }
+
+    /// The connection of slot `i`, opened when the slot is empty.
+    async fn take_at(
+        &self,
+        pool: &Pool,
+        i: usize,
+    ) -> redis::RedisResult<(usize, MultiplexedConnection)> {
         let mut slot = pool.slots[i].lock().await;
         if let Some(c) = slot.as_ref() {
             return Ok((i, c.clone()));
@@ -309,12 +350,20 @@ impl Store {
         let mut todo: Vec<usize> = (0..txs.len()).collect();
         let mut lost: Vec<(usize, String)> = Vec::new();
         let mut last = String::new();
+        // The second attempt reopens the slot of the first, which was dropped: a fresh
+        // connection, located anew (in Sentinel mode, the current master).
+        let mut retry_slot = None;
         for _ in 0..2 {
             if todo.is_empty() {
                 break;
             }
-            let (slot, con) = match tokio::time::timeout_at(deadline, self.take(&self.write)).await
-            {
+            let take = async {
+                match retry_slot {
+                    Some(i) => self.take_at(&self.write, i).await,
+                    None => self.take(&self.write).await,
+                }
+            };
+            let (slot, con) = match tokio::time::timeout_at(deadline, take).await {
                 Ok(Ok(x)) => x,
                 Ok(Err(e)) => {
                     last = e.to_string();
@@ -325,6 +374,7 @@ impl Store {
                     break;
                 }
             };
+            retry_slot = Some(slot);
             // Each transaction is its own request on the multiplexed connection: they go out
             // in one write, and a failure part-way still leaves the replies read before it.
             let replies = futures_util::future::join_all(todo.iter().map(|&i| {
@@ -368,9 +418,7 @@ impl Store {
     }
 
     /// After lost EXEC replies the increments may or may not have happened; the master knows.
-    /// One MGET for all of them. A key shared by several lost transactions shows its value in
-    /// each, but only the last of them (the one Redis ran last, if it ran them) may see a
-    /// crossing in it: the others get `KeyResult::Seen`.
+    /// One MGET for all of them.
     async fn reread(
         &self,
         txs: &[Vec<String>],
@@ -381,29 +429,7 @@ impl Store {
             .flat_map(|(i, _)| txs[*i].iter().cloned())
             .collect();
         match self.mget_on(&self.write, &keys).await {
-            Ok(vals) => {
-                let mut claimed = std::collections::HashSet::new();
-                let mut vals = vals.into_iter().rev();
-                let mut out: Vec<(usize, TxResult)> = lost
-                    .iter()
-                    .rev()
-                    .map(|(i, why)| {
-                        let mut results: Vec<KeyResult> = txs[*i]
-                            .iter()
-                            .rev()
-                            .map(|k| match vals.next().flatten() {
-                                Some(n) if claimed.insert(k.as_str()) => KeyResult::Counted(n),
-                                Some(n) => KeyResult::Seen(n),
-                                None => KeyResult::Failed(format!("{why}; key absent on re-read")),
-                            })
-                            .collect();
-                        results.reverse();
-                        (*i, Ok((results, true)))
-                    })
-                    .collect();
-                out.reverse();
-                out
-            }
+            Ok(vals) => reread_results(txs, lost, vals),
             Err(e) => lost
                 .iter()
                 .map(|(i, why)| {
@@ -484,5 +510,39 @@ mod tests {
         ]);
         assert_eq!(healthy_replicas(&reply), vec!["10.0.0.1:6380"]);
         assert!(healthy_replicas(&Value::Nil).is_empty());
+    }
+
+    #[test]
+    fn a_key_re_read_for_several_lost_transactions_can_cross_in_the_last_only() {
+        let keys = |ks: &[&str]| ks.iter().map(|k| k.to_string()).collect::<Vec<_>>();
+        // transaction 1 had its reply; 0, 2 and 3 lost theirs and share the key "d"
+        let txs = [
+            keys(&["a0", "d"]),
+            keys(&["a1", "d"]),
+            keys(&["a2", "d"]),
+            keys(&["a3", "x"]),
+        ];
+        let lost = [(0, "t0".to_string()), (2, "t2".into()), (3, "t3".into())];
+        let vals = vec![Some(1), Some(7), Some(1), Some(7), None, Some(9)];
+        let got: Vec<(usize, Vec<KeyResult>)> = reread_results(&txs, &lost, vals)
+            .into_iter()
+            .map(|(i, r)| {
+                let (results, reread) = r.unwrap();
+                assert!(reread);
+                (i, results)
+            })
+            .collect();
+        use KeyResult::*;
+        assert_eq!(
+            got,
+            vec![
+                (0, vec![Counted(1), Seen(7)]),
+                (2, vec![Counted(1), Counted(7)]),
+                (
+                    3,
+                    vec![Failed("t3; key absent on re-read".into()), Counted(9)]
+                ),
+            ]
+        );
     }
 }
