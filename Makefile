@@ -1,6 +1,6 @@
 # Pepsi: the two commands of the README, and a few conveniences.
 
-.PHONY: run test build unibin clippy fmt
+.PHONY: fuzz run test build unibin clippy fmt
 
 # The unified binary (spec 22.2, docs/unibin.md). These two lists are authoritative: every
 # `[[bin]]` of Cargo.toml except `pepsi` itself is in exactly one of them, the folded ones
@@ -62,6 +62,12 @@ test:
 
 build:
 	cargo build --bins
+
+# Every parser property of tests/parsers_fuzz.rs with FUZZ_CASES random inputs each (the
+# test suite runs 256): about a minute at the default on two cores.
+FUZZ_CASES ?= 200000
+fuzz:
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test --test parsers_fuzz
 
 unibin:
 	cargo build --profile $(PROFILE) --no-default-features --features unibin --bins
