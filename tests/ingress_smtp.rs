@@ -1213,3 +1213,51 @@ async fn no_line_break_can_be_smuggled_through_esmtp_parameters() {
     .await;
     assert_eq!(ingress.rows().await, 0);
 }
+
+#[tokio::test]
+async fn open_relay_matrix() {
+    const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
+    let ingress = Ingress::start("", &[("mx", MX), ("sub", SUB)]).await;
+    ingress.add_account("alice@example.test", "pw").await;
+    let plain = pepsi_ingress::protocol::params::base64_encode(b"\0alice@example.test\0pw");
+
+    // The MX, unauthenticated: local recipients (a mailbox, an alias that forwards off-site
+    // later, an SRS address of ours) yes; another domain or an address literal, no.
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example.org", 250).await;
+    c.ok("MAIL FROM:<bob@example.org>", 250).await;
+    for local in [
+        "alice@example.test",
+        "fwd@example.test",
+        "SRS0=HHHH=TT=remote.test=dest@example.test",
+    ] {
+        c.ok(&format!("RCPT TO:<{local}>"), 250).await;
+    }
+    for remote in [
+        "dest@remote.test",
+        "postmaster@[192.0.2.1]",
+        "dest@example.test.remote.test",
+        "\"dest@remote.test\"@example.org",
+    ] {
+        let text = c.ok(&format!("RCPT TO:<{remote}>"), 554).await;
+        assert!(
+            text.starts_with("5.7.1 relay access denied"),
+            "{remote}: {text}"
+        );
+    }
+    c.ok("QUIT", 221).await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example.org", 250).await;
+    c.ok(&format!("AUTH PLAIN {plain}"), 502).await;
+
+    // Submission: nothing without AUTH, anywhere with it.
+    let mut c = Client::connect(ingress.port("sub")).await;
+    c.ok("EHLO laptop.example", 250).await;
+    let text = c.ok("MAIL FROM:<alice@example.test>", 530).await;
+    assert!(text.starts_with("5.7.0"), "{text}");
+    c.ok(&format!("AUTH PLAIN {plain}"), 235).await;
+    c.ok("MAIL FROM:<alice@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("RCPT TO:<postmaster@[192.0.2.1]>", 250).await;
+    assert_eq!(ingress.rows().await, 0);
+}
