@@ -855,6 +855,12 @@ fn blocked_clients(r: &RedisServer) -> i64 {
         .unwrap_or(-1)
 }
 
+fn assert_metrics(d: &Daemon, want: &[(&str, f64)]) {
+    for (sample, value) in want {
+        assert_eq!(d.metric(sample), *value, "{sample}");
+    }
+}
+
 /// Holds the only worker inside a transaction (writes paused), so the requests posted next
 /// wait in the queue and are taken together as one batch once writes resume.
 fn hold_the_worker(redis: &RedisServer, d: &Daemon) {
@@ -924,20 +930,22 @@ fn a_pipelined_batch_with_one_failing_key_counts_the_others_and_reports_that_one
     assert_eq!(redis.get(&key("A", "y@example.com", "i")), Some(1));
     assert_eq!(redis.get(&key("D", "example.com", "i")), Some(2));
     assert_eq!(redis.get(&key("A", "z@other.org", "i")), Some(1));
-    assert_eq!(
-        d.metric("migadu_counters_redis_errors_total{op=\"incr\"}"),
-        1.0
-    );
-    assert_eq!(
-        d.metric("migadu_counters_increments_total{level=\"A\",flow=\"o\"}"),
-        0.0
-    );
-    assert_eq!(
-        d.metric("migadu_counters_increments_total{level=\"O\",flow=\"o\"}"),
-        1.0
-    );
-    assert_eq!(
-        d.metric("migadu_counters_increments_total{level=\"A\",flow=\"i\"}"),
-        3.0
+    assert_metrics(
+        &d,
+        &[
+            ("migadu_counters_redis_errors_total{op=\"incr\"}", 1.0),
+            (
+                "migadu_counters_increments_total{level=\"A\",flow=\"o\"}",
+                0.0,
+            ),
+            (
+                "migadu_counters_increments_total{level=\"O\",flow=\"o\"}",
+                1.0,
+            ),
+            (
+                "migadu_counters_increments_total{level=\"A\",flow=\"i\"}",
+                3.0,
+            ),
+        ],
     );
 }
