@@ -368,8 +368,8 @@ async fn an_address_literal_goes_to_that_address_without_dns_or_cache() {
 async fn mx_hosts_and_literals_in_internal_ranges_are_refused_unless_allowed() {
     let (port, peers) = smtp_peer_common::start(&[("127.0.0.28", "mx.internal.test")]).await;
     let dns = Dns::start(&[
-        "--mx-host=internal.test,mx.internal.test,10".into(),
-        "--host-record=mx.internal.test,127.0.0.28".into(),
+        "--mx-host=internal.test,mx.internal.test,10",
+        "--host-record=mx.internal.test,127.0.0.28",
     ]);
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
@@ -405,8 +405,8 @@ async fn a_peer_slower_than_attempt_timeout_pauses_the_message_and_a_timeout_ove
     let tarpit = std::net::TcpListener::bind("127.0.0.29:0").unwrap();
     let port = tarpit.local_addr().unwrap().port();
     let dns = Dns::start(&[
-        "--mx-host=slow.test,mx.slow.test,10".into(),
-        "--host-record=mx.slow.test,127.0.0.29".into(),
+        "--mx-host=slow.test,mx.slow.test,10",
+        "--host-record=mx.slow.test,127.0.0.29",
     ]);
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
