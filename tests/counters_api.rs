@@ -949,3 +949,100 @@ fn a_pipelined_batch_with_one_failing_key_counts_the_others_and_reports_that_one
         ],
     );
 }
+
+/// The id of a client whose command waits on the pause, other than `not`.
+fn blocked_client(r: &RedisServer, not: Option<&str>) -> Option<String> {
+    let Resp::Bulk(Some(list)) = r.cmd(&["CLIENT", "LIST"]) else {
+        return None;
+    };
+    list.lines()
+        .filter(|l| {
+            l.split(' ')
+                .any(|f| f.strip_prefix("flags=").is_some_and(|v| v.contains('b')))
+        })
+        .filter_map(|l| l.split(' ').find_map(|f| f.strip_prefix("id=")))
+        .find(|id| Some(*id) != not)
+        .map(str::to_string)
+}
+
+#[test]
+fn a_batch_whose_connection_dies_before_its_replies_is_re_read_and_never_sent_again() {
+    let redis = RedisServer::start();
+    let d = Daemon::start(
+        BIN,
+        DaemonSetup {
+            redis: &redis.addr(),
+            rows: ROWS,
+            top: "workers = 1\nbatch_size = 8\nhandler_timeout = 60",
+            logging: "level = \"debug\"",
+            redis_extra: "timeout_ms = 30000",
+            ..Default::default()
+        },
+    );
+    let k = key("A", "y@example.com", "i");
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"warm","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_key(&redis, &k, 1);
+    hold_the_worker(&redis, &d);
+    let held = blocked_client(&redis, None).expect("the held transaction");
+    for t in ["b1", "b2", "b3"] {
+        let body = format!(r#"{{"trace_id":"{t}","recipient":"y@example.com"}}"#);
+        assert_eq!(d.post("/in", &body).status, 202);
+    }
+    // the held transaction loses its connection, then so does the batch behind it, before
+    // Redis has run any of them
+    redis.cmd(&["CLIENT", "KILL", "ID", &held]);
+    let mut batch = None;
+    assert!(
+        wait_until(Duration::from_secs(20), || {
+            batch = blocked_client(&redis, Some(&held));
+            batch.is_some()
+        }),
+        "{}",
+        d.logs()
+    );
+    redis.cmd(&["CLIENT", "KILL", "ID", &batch.unwrap()]);
+    wait_log(
+        &d,
+        "<b3> in; tracked address counters for y@example.com => count=1",
+    );
+    redis.cmd(&["CLIENT", "UNPAUSE"]);
+    assert!(
+        d.app_log()
+            .contains("counting batch requests=3 transactions=3"),
+        "{}",
+        d.app_log()
+    );
+    // each request of the batch is logged with the values re-read from the master, which
+    // show that none of them was counted
+    for t in ["b1", "b2", "b3"] {
+        wait_log(
+            &d,
+            &format!("<{t}> in; tracked address counters for y@example.com => count=1"),
+        );
+    }
+    assert_eq!(
+        d.app_log()
+            .matches("lost EXEC reply, counts re-read from the master")
+            .count(),
+        4
+    );
+    assert_metrics(
+        &d,
+        &[("migadu_counters_redis_errors_total{op=\"exec\"}", 4.0)],
+    );
+    // nothing is sent twice: the next request is the second one counted
+    assert_eq!(
+        d.post("/in", r#"{"trace_id":"after","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_log(
+        &d,
+        "<after> in; tracked address counters for y@example.com => count=2",
+    );
+    assert_eq!(redis.get(&k), Some(2));
+}
