@@ -861,6 +861,21 @@ fn assert_metrics(d: &Daemon, want: &[(&str, f64)]) {
     }
 }
 
+/// One counting worker, Redis replies awaited for long, batches logged at debug.
+fn start_one_worker(redis: &RedisServer) -> Daemon {
+    Daemon::start(
+        BIN,
+        DaemonSetup {
+            redis: &redis.addr(),
+            rows: ROWS,
+            top: "workers = 1\nbatch_size = 8\nhandler_timeout = 60",
+            logging: "level = \"debug\"",
+            redis_extra: "timeout_ms = 30000",
+            ..Default::default()
+        },
+    )
+}
+
 /// Holds the only worker inside a transaction (writes paused), so the requests posted next
 /// wait in the queue and are taken together as one batch once writes resume.
 fn hold_the_worker(redis: &RedisServer, d: &Daemon) {
@@ -880,17 +895,7 @@ fn hold_the_worker(redis: &RedisServer, d: &Daemon) {
 #[test]
 fn a_pipelined_batch_with_one_failing_key_counts_the_others_and_reports_that_one() {
     let redis = RedisServer::start();
-    let d = Daemon::start(
-        BIN,
-        DaemonSetup {
-            redis: &redis.addr(),
-            rows: ROWS,
-            top: "workers = 1\nbatch_size = 8\nhandler_timeout = 60",
-            logging: "level = \"debug\"",
-            redis_extra: "timeout_ms = 30000",
-            ..Default::default()
-        },
-    );
+    let d = start_one_worker(&redis);
     let bad = key("A", "x@example.com", "o");
     redis.cmd(&["SET", &bad, "not-a-number"]);
     hold_the_worker(&redis, &d);
@@ -968,17 +973,7 @@ fn blocked_client(r: &RedisServer, not: Option<&str>) -> Option<String> {
 #[test]
 fn a_batch_whose_connection_dies_before_its_replies_is_re_read_and_never_sent_again() {
     let redis = RedisServer::start();
-    let d = Daemon::start(
-        BIN,
-        DaemonSetup {
-            redis: &redis.addr(),
-            rows: ROWS,
-            top: "workers = 1\nbatch_size = 8\nhandler_timeout = 60",
-            logging: "level = \"debug\"",
-            redis_extra: "timeout_ms = 30000",
-            ..Default::default()
-        },
-    );
+    let d = start_one_worker(&redis);
     let k = key("A", "y@example.com", "i");
     assert_eq!(
         d.post("/in", r#"{"trace_id":"warm","recipient":"y@example.com"}"#)
