@@ -64,10 +64,11 @@ fi
 say "== pepsi-setup db -c etc/pepsi.conf"
 pepsi-setup db -c "$cfg"
 
-# Mailboxes of the demonstration domain. A recipient without one is an unknown user: its
-# mail comes back to the sender as a delivery status notification.
+# Mailboxes of the demonstration domain: a Maildir each, and an account (the MX refuses
+# mail for an address the account store does not know: CHECK_RECIPIENTS, docs/ingress.md).
 for user in alice bob postmaster; do
   mkdir -p "var/mail/$user/Maildir/"{new,cur,tmp}
+  psql "$DATABASE_URL" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('$user@example.test') ON CONFLICT DO NOTHING"
 done
 
 if (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null; then

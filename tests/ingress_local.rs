@@ -40,3 +40,60 @@ async fn settings_layer_local_domains_take_unauthenticated_mail() {
     let text = c.ok("RCPT TO:<alice@other.test>", 554).await;
     assert!(text.starts_with("5.7.1"), "{text}");
 }
+
+#[tokio::test]
+async fn the_mx_refuses_unknown_local_recipients_and_knows_every_real_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let aliases = dir.path().join("aliases");
+    std::fs::write(
+        &aliases,
+        "abuse: alice@example.test\nsales@example.test: bob@example.test\n@catch.test: alice@example.test\n",
+    )
+    .unwrap();
+    let ingress = Ingress::start(
+        &format!(
+            "# CHECK_RECIPIENTS is left to the listener's default: on for an MX\n\
+             LOCAL_DOMAINS = example.test hosted.test catch.test\n\n\
+             [pepsi]\nRECIPIENT_DELIMITER = +\n\n\
+             [stage-aliases]\nPROGRAM = pepsi-stage-aliases\nALIAS_FILE = {}\n",
+            aliases.display()
+        ),
+        &[
+            ("mx", "ROLE = mx\nVERIFY = no\n"),
+            ("open", "ROLE = mx\nVERIFY = no\nCHECK_RECIPIENTS = no\n"),
+        ],
+    )
+    .await;
+    ingress.add_account("alice@example.test", "pw").await;
+    sqlx::query(
+        "INSERT INTO pepsi.settings (address, name, value) VALUES \
+         ('team@example.test', 'alias', '\"alice@example.test\"'), \
+         ('@hosted.test', 'catchall', '\"alice@example.test\"')",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    for known in [
+        "alice@example.test",
+        "Alice+news@example.test",
+        "postmaster@example.test",
+        "abuse@example.test",
+        "sales@example.test",
+        "team@example.test",
+        "anyone@hosted.test",
+        "anyone@catch.test",
+        "SRS0=HHHH=TT=remote.test=dest@example.test",
+    ] {
+        c.ok(&format!("RCPT TO:<{known}>"), 250).await;
+    }
+    let text = c.ok("RCPT TO:<nobody@example.test>", 550).await;
+    assert!(text.starts_with("5.1.1 no such mailbox"), "{text}");
+    // A listener with the check off takes any local-part (and leaves the bounce to delivery).
+    let mut c = Client::connect(ingress.port("open")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    c.ok("RCPT TO:<nobody@example.test>", 250).await;
+}

@@ -59,7 +59,13 @@ async fn smtp_in_lands_in_maildir_with_the_body_byte_identical() {
 
 #[tokio::test]
 async fn mail_to_an_unknown_local_user_comes_back_to_the_sender_as_a_dsn() {
-    let mut sys = System::new("", &["alice", "bob"]).await;
+    // With the MX's recipient check off (with it on, nobody@ is refused at RCPT, as
+    // ingress_local tests), the unknown user is found at delivery: no Maildir.
+    let mut sys = System::new(
+        "[pepsi-ingress]\nCHECK_RECIPIENTS = no\n",
+        &["alice", "bob"],
+    )
+    .await;
     sys.start().await;
     let msg = b"From: bob@example.test\r\nTo: nobody@example.test\r\nSubject: to nobody\r\n\
                 Message-ID: <e2e-2@example.test>\r\n\r\nIs anybody there?\r\n";
@@ -100,7 +106,13 @@ async fn mail_to_an_unknown_local_user_comes_back_to_the_sender_as_a_dsn() {
 
 #[tokio::test]
 async fn notify_success_gets_a_success_dsn_never_and_the_null_sender_get_none() {
-    let mut sys = System::new("[pepsi]\nORIGINATE_SUCCESS_DSN = yes\n", &["alice", "bob"]).await;
+    // The unknown user must reach delivery (its DSN is what NOTIFY decides): the MX's
+    // recipient check is off.
+    let mut sys = System::new(
+        "[pepsi]\nORIGINATE_SUCCESS_DSN = yes\n\n[pepsi-ingress]\nCHECK_RECIPIENTS = no\n",
+        &["alice", "bob"],
+    )
+    .await;
     sys.start().await;
     let msg = |subject: &str| {
         format!("From: bob@example.test\r\nSubject: {subject}\r\n\r\nbody\r\n").into_bytes()
@@ -268,6 +280,7 @@ async fn a_deferred_message_sends_one_delay_dsn_then_a_failure_dsn_when_it_expir
     let mut sys = System::new(
         &format!(
             "[pepsi]\nLOCAL_DOMAINS = example.test later.test\n\n\
+             [pepsi-ingress]\nCHECK_RECIPIENTS = no\n\n\
              [stage-route]\nROUTES = later.test:lmtp\n\n\
              [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = 127.0.0.1:{dead}\n\
              BOUNCE_STAGE = bounce\nCONNECT_TIMEOUT = 2s\nRETRY_INITIAL = 1s\nRETRY_FACTOR = 1\n\
@@ -339,6 +352,7 @@ async fn an_lmtp_server_rejecting_one_of_two_recipients_gets_one_delivered_and_o
     let mut sys = System::new(
         &format!(
             "[pepsi]\nLOCAL_DOMAINS = example.test lmtp.test\n\n\
+             [pepsi-ingress]\nCHECK_RECIPIENTS = no\n\n\
              [stage-route]\nROUTES = lmtp.test:lmtp\n\n\
              [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = {}\nBOUNCE_STAGE = bounce\n",
             lmtp.target

@@ -293,10 +293,6 @@ async fn local_mail_leaves_dkim_signed_only_when_submitted_with_auth_and_arc_sea
     )
     .await;
     sys.start().await;
-    sqlx::query("INSERT INTO pepsi.mailbox_account (address) VALUES ('alice@example.test')")
-        .execute(&sys.db.pool)
-        .await
-        .unwrap();
     sqlx::query("INSERT INTO pepsi.mailbox_password (address, password_hash) VALUES ($1, $2)")
         .bind("alice@example.test")
         .bind(pepsi_ingress::accounts::hash_password(b"pw").unwrap())

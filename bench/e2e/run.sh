@@ -192,6 +192,9 @@ EOF
   cp "$work/pepsi.conf" "$out/pepsi.conf"
   local penv=(env PEPSI_HOME="$home" DATABASE_URL="$db_url" PATH="$bin:$PATH")
   "${penv[@]}" pepsi-setup db -c "$work/pepsi.conf" >/dev/null
+  # alice is a mailbox of the account store (the MX checks recipients, as Postfix checks
+  # virtual_mailbox_maps).
+  psql "$db_url" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('alice@example.test')"
   # The programs reach the server as the shipped default does: its Unix socket, no TLS.
   penv=(env PEPSI_HOME="$home" DATABASE_URL="$(local_db_url "$db_url")" PATH="$bin:$PATH")
   "${penv[@]}" pepsi-dispatch -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-dispatch.log" &

@@ -122,6 +122,8 @@ PEPSI_HOME = $home
 MAX_CONNECTIONS_PER_CLIENT = 1000
 # Accepted from anyone, like Postfix's relay_domains; not local, so routed to \`remote\`.
 LOCAL_DOMAINS = example.test relay.example
+# Any local-part, like relay_domains without relay_recipient_maps.
+CHECK_RECIPIENTS = no
 
 [listener-mx]
 ADDRESS = 127.0.0.1:$pepsi_port

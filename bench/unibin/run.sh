@@ -90,6 +90,7 @@ TLS = none
 CONF
   local penv=(env PEPSI_HOME="$home" PEPSI_KEY_DIR="$home/keys" DATABASE_URL="$db_url" PATH="$dir:$PATH")
   "${penv[@]}" pepsi-setup db -c "$home/pepsi.conf" >/dev/null
+  psql "$db_url" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('alice@example.test')"
   "${penv[@]}" pepsi-dispatch -c "$home/pepsi.conf" -L warn 2>"$home/dispatch.log" &
   local dispatch=$!
   "${penv[@]}" pepsi-ingress -c "$home/pepsi.conf" -L warn 2>"$home/ingress.log" &

@@ -165,7 +165,8 @@ pub struct Ingress {
 }
 
 impl Ingress {
-    /// Starts the ingress with `options` appended to `[pepsi-ingress]` and one
+    /// Starts the ingress with `options` appended to `[pepsi-ingress]` (with
+    /// `CHECK_RECIPIENTS = no` unless `options` sets it) and one
     /// `[listener-<name>]` per `(name, body)`, where `body` may use `{port}`, `{cert}` and
     /// `{key}`; certificates come from a test CA in the temp dir when a body names them.
     pub async fn start(options: &str, listeners: &[(&str, &str)]) -> Ingress {
@@ -185,8 +186,15 @@ impl Ingress {
         {
             TestCa::new(dir.path());
         }
+        // These tests deliver to local addresses no account backs; the recipient check
+        // (on by default for MX listeners) is tested where a test names it.
+        let check = if options.contains("CHECK_RECIPIENTS") {
+            ""
+        } else {
+            "CHECK_RECIPIENTS = no\n"
+        };
         let mut text = format!(
-            "[database]\nURL = {}\nMAX_CONNECTIONS = 8\n\n[pepsi-ingress]\nHOSTNAME = mx.example.test\nLOCAL_DOMAINS = example.test\nSHUTDOWN_GRACE = 60s\n{options}\n",
+            "[database]\nURL = {}\nMAX_CONNECTIONS = 8\n\n[pepsi-ingress]\nHOSTNAME = mx.example.test\nLOCAL_DOMAINS = example.test\nSHUTDOWN_GRACE = 60s\n{check}{options}\n",
             db.url
         );
         let mut ports = Vec::new();

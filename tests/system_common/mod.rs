@@ -126,6 +126,15 @@ impl System {
             ),
         )
         .unwrap();
+        // Each user is a mailbox of the account store too, as an installation has it (the
+        // MX listener's recipient check knows them by it).
+        for user in users {
+            sqlx::query("INSERT INTO pepsi.mailbox_account (address) VALUES ($1)")
+                .bind(format!("{user}@example.test"))
+                .execute(&db.pool)
+                .await
+                .unwrap();
+        }
         System {
             db,
             dir,

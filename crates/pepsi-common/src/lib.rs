@@ -11,6 +11,7 @@
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
 //! functions.
 
+pub mod alias_file;
 pub mod audit;
 pub mod cli;
 pub mod config;

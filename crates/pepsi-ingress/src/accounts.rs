@@ -1,5 +1,5 @@
 //! The mailbox account store (`pepsi.mailbox_account`, `pepsi.mailbox_password`, patch
-//! pepsi-0002): password checks for AUTH and the existence check for local recipients.
+//! pepsi-0002): password checks for AUTH (the recipient check is crate::recipients).
 //!
 //! Argon2id verification is deliberately slow, so it runs on the blocking pool, never on
 //! the async workers that carry every other session.
@@ -69,16 +69,6 @@ pub fn hash_password(password: &[u8]) -> Result<String, argon2::password_hash::E
 /// True when `password` matches the PHC string `hash`; a malformed hash never matches.
 pub fn check_hash(hash: &str, password: &[u8]) -> bool {
     PasswordVerifier::<str>::verify_password(&Argon2::default(), password, hash).is_ok()
-}
-
-/// Whether `address` is an enabled mailbox.
-pub async fn mailbox_exists(pool: &PgPool, address: &str) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pepsi.mailbox_account WHERE address = $1 AND enabled)",
-    )
-    .bind(address.to_lowercase())
-    .fetch_one(pool)
-    .await
 }
 
 #[cfg(test)]

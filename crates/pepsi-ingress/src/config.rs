@@ -64,6 +64,8 @@ pub struct ListenerConfig {
     /// An authenticated client may use only the sender addresses its login owns, in MAIL
     /// FROM and in From (crate::sender).
     pub sender_login_binding: bool,
+    /// Mail to an unknown address of a local domain is refused at RCPT (crate::recipients).
+    pub check_recipients: bool,
 }
 
 /// The resolver message authentication uses.
@@ -89,7 +91,8 @@ pub struct Settings {
     /// The shared local-recipient resolver: `local_domains` above plus the domains the
     /// settings layer marks local, and `[pepsi] RECIPIENT_DELIMITER`.
     pub local: pepsi_common::local::LocalRecipients,
-    pub check_recipients: bool,
+    /// `[pepsi-ingress] CHECK_RECIPIENTS`: every listener's default when set.
+    pub check_recipients: Option<bool>,
     pub max_message_size: u64,
     pub max_recipients: usize,
     pub max_line_length: usize,
@@ -170,7 +173,7 @@ impl Settings {
                 .into_iter()
                 .map(|d| d.trim_end_matches('.').to_ascii_lowercase())
                 .collect(),
-            check_recipients: s.bool_opt("CHECK_RECIPIENTS")?.unwrap_or(false),
+            check_recipients: s.bool_opt("CHECK_RECIPIENTS")?,
             max_message_size: s.size_opt("MAX_MESSAGE_SIZE")?.unwrap_or(25 << 20),
             max_recipients: s.number_opt("MAX_RECIPIENTS")?.unwrap_or(100),
             max_line_length: s.number_opt("MAX_LINE_LENGTH")?.unwrap_or(1000),
@@ -297,6 +300,7 @@ impl Settings {
 }
 
 fn listeners(cfg: &Config) -> anyhow::Result<Vec<ListenerConfig>> {
+    let check_recipients = cfg.section(SECTION).bool_opt("CHECK_RECIPIENTS")?;
     let mut out = Vec::new();
     for name in cfg.sections() {
         let lower = name.to_ascii_lowercase();
@@ -309,12 +313,17 @@ fn listeners(cfg: &Config) -> anyhow::Result<Vec<ListenerConfig>> {
         if short.is_empty() {
             bail!("[{name}]: a listener needs a name after {LISTENER_PREFIX:?}");
         }
-        out.push(listener(short, &cfg.section(name))?);
+        out.push(listener(short, &cfg.section(name), check_recipients)?);
     }
     Ok(out)
 }
 
-fn listener(name: &str, s: &Section<'_>) -> anyhow::Result<ListenerConfig> {
+/// One listener; `check_recipients` is `[pepsi-ingress] CHECK_RECIPIENTS` when set.
+fn listener(
+    name: &str,
+    s: &Section<'_>,
+    check_recipients: Option<bool>,
+) -> anyhow::Result<ListenerConfig> {
     let section = s.name();
     let role = match s
         .choice("ROLE", &["mx", "submission", "submissions"])?
@@ -358,6 +367,10 @@ fn listener(name: &str, s: &Section<'_>) -> anyhow::Result<ListenerConfig> {
         plaintext_auth,
         verify: s.bool_opt("VERIFY")?.unwrap_or(!submission),
         sender_login_binding: s.bool_opt("SENDER_LOGIN_BINDING")?.unwrap_or(true),
+        check_recipients: s
+            .bool_opt("CHECK_RECIPIENTS")?
+            .or(check_recipients)
+            .unwrap_or(role == Role::Mx),
     })
 }
 

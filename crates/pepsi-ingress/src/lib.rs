@@ -17,6 +17,7 @@ pub mod config;
 pub mod headers;
 pub mod limits;
 pub mod protocol;
+pub mod recipients;
 pub mod relay;
 pub mod sender;
 pub mod server;

@@ -34,6 +34,8 @@ pub struct Shared {
     pub limiter: Arc<ClientLimiter>,
     pub memory: Arc<crate::limits::MemoryBudget>,
     pub domains: crate::limits::DomainCache,
+    /// The aliases stages' alias files, for CHECK_RECIPIENTS.
+    pub alias_files: pepsi_common::alias_file::AliasFile,
     /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
     pub auth_client_failures: crate::limits::FailureCounter,
     pub auth_account_failures: crate::limits::FailureCounter,
@@ -61,6 +63,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         .await
         .context("cannot read the configuration overrides")?;
     let settings = Settings::from_config(&config)?;
+    let alias_files = crate::recipients::alias_files(&config)?;
 
     let mut listeners = Vec::new();
     for l in &settings.listeners {
@@ -102,6 +105,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         memory: crate::limits::MemoryBudget::new(settings.message_memory),
         domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
+        alias_files,
         auth_client_failures: crate::limits::FailureCounter::new(
             settings.auth_failures_per_client,
             settings.auth_failure_window,

@@ -19,7 +19,8 @@ use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod expand;
-pub mod file;
+/// The alias file format, shared with the ingress's recipient check.
+pub use pepsi_common::alias_file as file;
 
 use expand::{ALIAS_SETTING, Answer, CATCHALL_SETTING, Facts};
 use file::AliasFile;

@@ -89,15 +89,21 @@ impl Session {
                 tracing::info!(peer = %self.peer, rcpt = ?address, "relay attempt refused");
                 return Reply::new(554, "5.7.1", format!("relay access denied for <{address}>"));
             }
-            RcptDecision::Local if s.check_recipients && domain.is_some() => {
-                let mailbox = s.local.mailbox_key(&address);
-                match crate::accounts::mailbox_exists(&self.shared.pool, &mailbox).await {
+            RcptDecision::Local if self.listener.config.check_recipients && domain.is_some() => {
+                let known = crate::recipients::is_known(
+                    &self.shared.pool,
+                    &s.local,
+                    &self.shared.alias_files,
+                    &address,
+                )
+                .await;
+                match known {
                     Ok(true) => {}
                     Ok(false) => {
                         return Reply::new(550, "5.1.1", format!("no such mailbox <{address}>"));
                     }
                     Err(e) => {
-                        tracing::warn!(rcpt = ?address, "mailbox check failed: {e}");
+                        tracing::warn!(rcpt = ?address, "recipient check failed: {e}");
                         return Reply::new(
                             451,
                             "4.3.0",

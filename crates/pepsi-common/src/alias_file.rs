@@ -1,5 +1,6 @@
 //! The alias file: the classic `name: target, target, ...` format, parsed into a table.
-//! Pure apart from reading the file.
+//! Pure apart from reading the file. Read by the aliases stage (`ALIAS_FILE`) to expand
+//! recipients, and by the ingress to know them (`CHECK_RECIPIENTS`).
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -57,18 +58,16 @@ impl AliasFile {
             if name.is_empty() || name.contains(char::is_whitespace) {
                 return Err((n, format!("{name:?} is not an alias name or address")));
             }
-            let targets =
-                pepsi_common::settings::parse_address_list(targets).map_err(|m| (n, m))?;
+            let targets = crate::settings::parse_address_list(targets).map_err(|m| (n, m))?;
             if targets.is_empty() {
                 return Err((n, format!("alias {name:?} has no targets")));
             }
             let table = if let Some(domain) = name.strip_prefix('@') {
-                let domain = pepsi_common::local::normalize_domain(domain)
+                let domain = crate::local::normalize_domain(domain)
                     .ok_or_else(|| (n, format!("{name:?} names no domain")))?;
                 file.catchalls.entry(domain)
             } else if name.contains('@') {
-                file.addresses
-                    .entry(pepsi_common::local::address_key(&name))
+                file.addresses.entry(crate::local::address_key(&name))
             } else {
                 file.names.entry(name)
             };
