@@ -548,3 +548,51 @@ async fn postfix_with_auth_pauses_on_a_wrong_password_and_relays_over_tls_with_t
         "{data}"
     );
 }
+
+#[tokio::test]
+async fn a_smarthost_slower_than_attempt_timeout_pauses_the_message_and_one_over_max_runtime_stops_the_worker()
+ {
+    // A smarthost that takes the connection and never greets (COMMAND_TIMEOUT is 20 s).
+    let tarpit = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = tarpit.local_addr().unwrap().port();
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &db,
+        dir.path(),
+        "127.0.0.1",
+        port,
+        "TLS = none\nATTEMPT_TIMEOUT = 2s\n",
+    );
+    let id = message(&db, &["a@x.example", "b@x.example"], RAW).await;
+    assert_eq!(worker(&cfg, &[id]).await, vec!["0"]);
+    let rows = common::rows(&db.pool).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (_, stage, status, _, state) = &rows[0];
+    assert_eq!((stage.as_str(), status.as_str()), ("smarthost", "paused"));
+    let last = state["last_error"].as_str().unwrap();
+    assert!(last.contains("ATTEMPT_TIMEOUT (2s)"), "{last}");
+
+    let cfg = config(
+        &db,
+        dir.path(),
+        "127.0.0.1",
+        port,
+        "TLS = none\nATTEMPT_TIMEOUT = 10m\n",
+    );
+    let out = std::process::Command::new(SMARTHOST)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains(
+            "ATTEMPT_TIMEOUT = 600s does not end 10s before MAX_RUNTIME = 300s of [stage-smarthost]"
+        ),
+        "{err}"
+    );
+    drop(tarpit);
+}

@@ -103,32 +103,11 @@ pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>
     Ok(map)
 }
 
-/// `ATTEMPT_TIMEOUT` when unset: a minute under the dispatcher's default MAX_RUNTIME.
-pub const DEFAULT_ATTEMPT_TIMEOUT: Duration = Duration::from_secs(240);
-
 impl Settings {
-    /// `ATTEMPT_TIMEOUT` against the MAX_RUNTIME the stage's passes run under (its own, or
-    /// that of a stage before it in a fused chain): an attempt must end first, with room
-    /// for the commit (at least 10 s).
+    /// `ATTEMPT_TIMEOUT` against the MAX_RUNTIME the stage's passes run under
+    /// (`pepsi_common::stage::check_attempt_timeout`).
     pub fn check_runtime(&self, cfg: &Config, stage: &str) -> Result<(), String> {
-        let (limit, of) =
-            pepsi_common::stage::governing_max_runtime(cfg, stage).map_err(|e| e.to_string())?;
-        if self.attempt_timeout.is_zero() {
-            return Err(format!(
-                "[stage-{stage}] ATTEMPT_TIMEOUT must be longer than 0"
-            ));
-        }
-        if self.attempt_timeout + Duration::from_secs(10) > limit {
-            return Err(format!(
-                "[stage-{stage}] ATTEMPT_TIMEOUT = {}s does not end 10s before MAX_RUNTIME = {}s \
-                 of [stage-{of}], under which its passes run: the dispatcher would kill a worker \
-                 waiting on a slow peer and the message would end as `timeout`; lower \
-                 ATTEMPT_TIMEOUT or raise [stage-{of}] MAX_RUNTIME",
-                self.attempt_timeout.as_secs(),
-                limit.as_secs()
-            ));
-        }
-        Ok(())
+        pepsi_common::stage::check_attempt_timeout(cfg, stage, self.attempt_timeout)
     }
 
     /// Reads `[stage-<stage>]`. `DNS_SERVERS`, `DNS_TIMEOUT` and `IPV6` fall back to
@@ -196,7 +175,7 @@ impl Settings {
             allow_internal: s.bool_opt("ALLOW_INTERNAL_ADDRESSES")?.unwrap_or(false),
             attempt_timeout: s
                 .duration_opt("ATTEMPT_TIMEOUT")?
-                .unwrap_or(DEFAULT_ATTEMPT_TIMEOUT),
+                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
             max_addresses: s
                 .parse_opt("MAX_ADDRESSES", |v| {
                     v.trim()

@@ -85,7 +85,9 @@ impl Stage for RelayToLmtp {
         settings: &Settings,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        self.relay.pass(ctx, &settings.peer, &settings.policy).await
+        self.relay
+            .pass(ctx, &settings.peer, &settings.policy, None)
+            .await
     }
 }
 

@@ -51,6 +51,9 @@ pub struct Settings {
     /// credentials (`AUTH_USERNAME`, `AUTH_PASSWORD`).
     pub peer: Peer,
     pub policy: RetryPolicy,
+    /// `ATTEMPT_TIMEOUT`: one delivery attempt, the session included; checked at start
+    /// against the MAX_RUNTIME its passes run under.
+    pub attempt_timeout: std::time::Duration,
 }
 
 /// `HOST`: a host name or an IP address, an IPv6 address with or without brackets.
@@ -129,6 +132,9 @@ impl Settings {
                 options: OpenOptions { tls, auth },
             },
             policy: RetryPolicy::from_config(cfg, stage)?,
+            attempt_timeout: s
+                .duration_opt("ATTEMPT_TIMEOUT")?
+                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
         })
     }
 }
@@ -149,7 +155,10 @@ impl Stage for RelayToSmarthost {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Ok(Settings::from_config(cfg, name)?)
+        let settings = Settings::from_config(cfg, name)?;
+        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
+            .map_err(anyhow::Error::msg)?;
+        Ok(settings)
     }
 
     async fn process(
@@ -157,7 +166,14 @@ impl Stage for RelayToSmarthost {
         settings: &Settings,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        self.relay.pass(ctx, &settings.peer, &settings.policy).await
+        self.relay
+            .pass(
+                ctx,
+                &settings.peer,
+                &settings.policy,
+                Some(settings.attempt_timeout),
+            )
+            .await
     }
 }
 

@@ -18,7 +18,7 @@ use super::client::{ClientError, Connection, Protocol, RcptOutcome, Target, Time
 use super::envelope::Envelope;
 use super::tls::OpenOptions;
 use crate::config::{Config, ConfigError, Section};
-use crate::delivery::{self, RcptResult, RetryPolicy};
+use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
 use crate::mime::{self, Prepared};
 use crate::stage::{StageContext, StageError, Terminal};
 
@@ -130,15 +130,39 @@ impl Relay {
 
     /// The whole pass of a relay stage over the message of `ctx`: one attempt to `peer`
     /// for all its recipients, concluded under `policy` (delivered, bounced, paused).
+    ///
+    /// With `attempt`, the delivery is stopped once it has taken that long (a peer slower
+    /// than ATTEMPT_TIMEOUT) and every recipient waits for its retry: right for one SMTP
+    /// transaction, which delivers to all its recipients or to none at its final reply.
     pub async fn pass(
         &self,
         ctx: &StageContext<'_>,
         peer: &Peer,
         policy: &RetryPolicy,
+        attempt: Option<std::time::Duration>,
     ) -> Result<Terminal, StageError> {
         let message = ctx.raw_message()?;
         let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
-        let results = self.deliver(peer, &env, &message).await;
+        let results = match attempt {
+            None => self.deliver(peer, &env, &message).await,
+            Some(limit) => {
+                match tokio::time::timeout(limit, self.deliver(peer, &env, &message)).await {
+                    Ok(results) => results,
+                    Err(_) => {
+                        let mut f = Failure::new(
+                            format!(
+                                "the delivery attempt took longer than ATTEMPT_TIMEOUT ({}s): \
+                                 stopped, to be tried again",
+                                limit.as_secs()
+                            ),
+                            "4.4.2",
+                        );
+                        f.remote_mta = Some(peer.name());
+                        vec![RcptResult::Transient(f); env.recipients.len()]
+                    }
+                }
+            }
+        };
         delivery::conclude(ctx, policy, &results)
     }
 

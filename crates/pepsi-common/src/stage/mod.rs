@@ -125,6 +125,38 @@ pub fn governing_max_runtime(
     Ok(best)
 }
 
+/// A delivery stage's `ATTEMPT_TIMEOUT` against the MAX_RUNTIME its passes run under
+/// (`governing_max_runtime`): an attempt must end at least 10 s before, with room for the
+/// commit, or the dispatcher would kill a worker waiting on a slow peer and the message
+/// would end as `timeout`. The error names both options.
+pub fn check_attempt_timeout(
+    cfg: &Config,
+    stage: &str,
+    attempt: std::time::Duration,
+) -> Result<(), String> {
+    let (limit, of) = governing_max_runtime(cfg, stage).map_err(|e| e.to_string())?;
+    if attempt.is_zero() {
+        return Err(format!(
+            "[stage-{stage}] ATTEMPT_TIMEOUT must be longer than 0"
+        ));
+    }
+    if attempt + std::time::Duration::from_secs(10) > limit {
+        return Err(format!(
+            "[stage-{stage}] ATTEMPT_TIMEOUT = {}s does not end 10s before MAX_RUNTIME = {}s \
+             of [stage-{of}], under which its passes run: the dispatcher would kill a worker \
+             waiting on a slow peer and the message would end as `timeout`; lower \
+             ATTEMPT_TIMEOUT or raise [stage-{of}] MAX_RUNTIME",
+            attempt.as_secs(),
+            limit.as_secs()
+        ));
+    }
+    Ok(())
+}
+
+/// `ATTEMPT_TIMEOUT` of a delivery stage when unset: a minute under the dispatcher's default
+/// MAX_RUNTIME.
+pub const DEFAULT_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(240);
+
 /// Parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM` for `stage`, keyed by
 /// lower-case stage name: what a worker does at start (the error names the section).
 pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<String, S::Section>> {
