@@ -3,8 +3,10 @@
 # configuration (etc/pepsi.conf): a private PostgreSQL under ./var/pg unless DATABASE_URL
 # names a server, the schema, Maildirs for the demo users of example.test under
 # ./var/mail, the dispatcher (which starts the stage workers) and the SMTP ingress on
-# 127.0.0.1:2525. It sends one message to show the path end to end, prints where it
-# landed, and keeps running until Ctrl-C, which stops everything cleanly.
+# 127.0.0.1:2525, each under a supervisor that starts it again when it dies (after 1 s,
+# doubling up to 30 s while it keeps dying, as systemd's Restart=on-failure would). It
+# sends one message to show the path end to end, prints where it landed, and keeps running
+# until Ctrl-C, which stops everything cleanly. The running pids are in var/run/*.pid.
 #
 #   scripts/run.sh          # run until Ctrl-C
 #   scripts/run.sh --once   # stop after the demonstration message (a smoke test)
@@ -75,17 +77,47 @@ if (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null; then
   say "127.0.0.1:2525 is taken: is another Pepsi (or another SMTP server) running?"
   exit 1
 fi
-pepsi-dispatch -c "$cfg" 2>>var/log/dispatch.log &
-pids+=($!)
-say "started pepsi-dispatch (pid $!), log var/log/dispatch.log"
-pepsi-ingress -c "$cfg" 2>>var/log/ingress.log &
-pids+=($!)
-ingress=$!
+# supervise NAME CMD...: runs CMD (stderr to var/log/NAME.log, its pid in var/run/NAME.pid)
+# and starts it again whenever it exits, until this script stops: after 1 s, doubling up to
+# 30 s while it keeps dying within a minute of its start. TERM stops the child, then the
+# supervisor.
+supervise() {
+  local name="$1"
+  shift
+  (
+    child=
+    trap '[ -n "$child" ] && kill -TERM "$child" 2>/dev/null; [ -n "$child" ] && wait "$child" 2>/dev/null; exit 0' TERM INT
+    delay=1
+    while :; do
+      started=$(date +%s)
+      "$@" 2>>"var/log/$name.log" &
+      child=$!
+      echo "$child" >"var/run/$name.pid"
+      rc=0
+      wait "$child" || rc=$?
+      if [ $(( $(date +%s) - started )) -ge 60 ]; then delay=1; fi
+      say "$name (pid $child) exited with status $rc: starting it again in ${delay}s (log var/log/$name.log)"
+      sleep "$delay" & wait $! || true
+      delay=$(( delay * 2 > 30 ? 30 : delay * 2 ))
+    done
+  ) &
+}
+
+mkdir -p var/run
+rm -f var/run/dispatch.pid var/run/ingress.pid
+supervise dispatch pepsi-dispatch -c "$cfg"
+dispatch_supervisor=$!
+supervise ingress pepsi-ingress -c "$cfg"
+ingress_supervisor=$!
+# Stopping goes ingress first (no new mail), then the dispatcher.
+pids=("$ingress_supervisor" "$dispatch_supervisor" "${pids[@]}")
 for _ in $(seq 200); do
   (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null && break
-  kill -0 "$ingress" 2>/dev/null || { tail -n 20 var/log/ingress.log >&2; exit 1; }
   sleep 0.05
 done
+(exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null || { tail -n 20 var/log/ingress.log >&2; exit 1; }
+ingress=$(cat var/run/ingress.pid)
+say "started pepsi-dispatch (pid $(cat var/run/dispatch.pid)), log var/log/dispatch.log"
 say "started pepsi-ingress (pid $ingress) on 127.0.0.1:2525, log var/log/ingress.log"
 say "database: $DATABASE_URL   mail: var/mail/<user>/Maildir"
 
@@ -122,9 +154,10 @@ cat <<EOF
 
 Pepsi is running. Try:
   swaks --server 127.0.0.1:2525 --from bob@example.test --to alice@example.test
-  swaks --server 127.0.0.1:2525 --from bob@example.test --to nobody@example.test   # a DSN comes back to bob
+  swaks --server 127.0.0.1:2525 --from bob@example.test --to nobody@example.test   # refused: 550 5.1.1
   ls var/mail/*/Maildir/new
   DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-queue -c etc/pepsi.conf list
+A dispatcher or ingress that dies is started again (var/run/*.pid hold their pids).
 Ctrl-C stops everything.
 EOF
 wait
