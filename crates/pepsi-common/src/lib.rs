@@ -17,6 +17,7 @@ pub mod cli;
 pub mod config;
 pub mod db;
 pub mod delivery;
+pub mod encoding;
 pub mod keys;
 pub mod local;
 pub mod message;

@@ -584,7 +584,7 @@ pub fn quoted_printable(body: &[u8]) -> Vec<u8> {
 /// Base64 in lines of 76 characters, CRLF between them, and a CRLF at the end when the
 /// content ended with a line end (white space a decoder skips; it keeps the part's shape).
 pub fn base64_lines(body: &[u8]) -> Vec<u8> {
-    let encoded = crate::smtp::auth::base64(body);
+    let encoded = crate::encoding::base64_encode(body);
     let mut out = Vec::with_capacity(encoded.len() + encoded.len() / 38 + 2);
     for (i, chunk) in encoded.as_bytes().chunks(76).enumerate() {
         if i > 0 {

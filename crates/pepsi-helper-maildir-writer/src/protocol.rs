@@ -237,7 +237,9 @@ impl Reply {
             "perm" | "temp" => {
                 let (status, text) = rest.split_once(' ').unwrap_or((rest, ""));
                 let class = if word == "perm" { "5" } else { "4" };
-                if !is_enhanced_status(status) || !status.starts_with(class) {
+                if pepsi_common::encoding::enhanced_status_class(status).is_none()
+                    || !status.starts_with(class)
+                {
                     return Err(format!(
                         "reply {line:?}: {word} needs an enhanced status {class}.x.y"
                     ));
@@ -258,16 +260,6 @@ impl Reply {
             )),
         }
     }
-}
-
-/// `class.subject.detail` per RFC 3463: 2, 4 or 5, then 1–3 digits, then 1–3 digits.
-fn is_enhanced_status(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('.').collect();
-    parts.len() == 3
-        && matches!(parts[0], "2" | "4" | "5")
-        && parts[1..]
-            .iter()
-            .all(|p| (1..=3).contains(&p.len()) && p.bytes().all(|b| b.is_ascii_digit()))
 }
 
 #[cfg(test)]

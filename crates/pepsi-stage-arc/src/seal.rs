@@ -394,24 +394,6 @@ impl Folder {
     }
 }
 
-fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let n = (u32::from(chunk[0]) << 16)
-            | (u32::from(*chunk.get(1).unwrap_or(&0)) << 8)
-            | u32::from(*chunk.get(2).unwrap_or(&0));
-        for k in 0..4 {
-            if k <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * k) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
-}
-
 fn chunks(text: &str, size: usize) -> Vec<String> {
     text.as_bytes()
         .chunks(size)
@@ -448,7 +430,7 @@ impl Sealer {
             .key
             .sign(&signed[..])
             .map_err(|e| format!("signing with {}: {e}", self.describe()))?;
-        folder.pieces(&chunks(&base64(&b), 40), "");
+        folder.pieces(&chunks(&pepsi_common::encoding::base64_encode(&b), 40), "");
         Ok(())
     }
 
@@ -489,7 +471,14 @@ impl Sealer {
         ams.list("h", &self.headers, ":");
         ams.out.push(';');
         ams.column += 1;
-        ams.list("bh", &chunks(&base64(body_hash.as_ref()), 40), "");
+        ams.list(
+            "bh",
+            &chunks(
+                &pepsi_common::encoding::base64_encode(body_hash.as_ref()),
+                40,
+            ),
+            "",
+        );
         ams.out.push(';');
         ams.column += 1;
         let mut signed = Vec::new();

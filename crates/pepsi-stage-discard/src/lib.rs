@@ -29,13 +29,8 @@ pub mod constants {
 pub struct Discard;
 
 /// `RETURN_STATUS` must be a permanent RFC 3463 code: `5.x.y`.
-fn valid_status(s: &str) -> bool {
-    let parts: Vec<&str> = s.split('.').collect();
-    parts.len() == 3
-        && parts[0] == "5"
-        && parts[1..]
-            .iter()
-            .all(|p| !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()))
+fn permanent_status(s: &str) -> bool {
+    pepsi_common::encoding::enhanced_status_class(s) == Some(5)
 }
 
 /// One `[stage-<name>]` section: drop, or return to the sender with this status and text.
@@ -56,7 +51,7 @@ impl Stage for Discard {
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<DiscardSection> {
         let section = cfg.section(&format!("stage-{name}"));
         let Some(status) = section.parse_opt("RETURN_STATUS", |v| {
-            if valid_status(v.trim()) {
+            if permanent_status(v.trim()) {
                 Ok(v.trim().to_owned())
             } else {
                 Err("a permanent enhanced status code such as 5.4.4".to_owned())
@@ -126,7 +121,7 @@ mod tests {
             ("x.1.1", false),
             ("5.1.1234", false),
         ] {
-            assert_eq!(super::valid_status(s), ok, "{s}");
+            assert_eq!(super::permanent_status(s), ok, "{s}");
         }
     }
 }

@@ -38,33 +38,12 @@ pub fn plain_command(username: &str, password: &str) -> String {
     raw.extend_from_slice(username.as_bytes());
     raw.push(0);
     raw.extend_from_slice(password.as_bytes());
-    format!("AUTH PLAIN {}\r\n", base64(&raw))
+    format!("AUTH PLAIN {}\r\n", crate::encoding::base64_encode(&raw))
 }
 
 /// One base64 line answering a 334 challenge.
 pub fn response_line(text: &str) -> String {
-    format!("{}\r\n", base64(text.as_bytes()))
-}
-
-const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-/// Standard base64 with padding, on one line.
-pub fn base64(bytes: &[u8]) -> String {
-    let mut out = String::with_capacity(bytes.len().div_ceil(3) * 4);
-    for chunk in bytes.chunks(3) {
-        let n = chunk
-            .iter()
-            .enumerate()
-            .fold(0u32, |n, (i, &b)| n | (u32::from(b) << (16 - 8 * i)));
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i)) as usize & 63] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    format!("{}\r\n", crate::encoding::base64_encode(text.as_bytes()))
 }
 
 #[cfg(test)]
@@ -82,9 +61,13 @@ mod tests {
             ("fooba", "Zm9vYmE="),
             ("foobar", "Zm9vYmFy"),
         ] {
-            assert_eq!(base64(raw.as_bytes()), encoded, "{raw:?}");
+            assert_eq!(
+                crate::encoding::base64_encode(raw.as_bytes()),
+                encoded,
+                "{raw:?}"
+            );
         }
-        assert_eq!(base64(&[0xff, 0xfe, 0x00]), "//4A");
+        assert_eq!(crate::encoding::base64_encode(&[0xff, 0xfe, 0x00]), "//4A");
     }
 
     #[test]

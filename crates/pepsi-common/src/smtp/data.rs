@@ -52,19 +52,6 @@ pub fn is_8bit(message: &[u8]) -> bool {
     message.iter().any(|&b| b >= 0x80)
 }
 
-/// RFC 3461 xtext: `+`, `=`, controls, space and non-ASCII bytes become `+XX`.
-pub fn xtext(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for &b in s.as_bytes() {
-        if (33..=126).contains(&b) && b != b'+' && b != b'=' {
-            out.push(b as char);
-        } else {
-            out.push_str(&format!("+{b:02X}"));
-        }
-    }
-    out
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -122,8 +109,11 @@ mod tests {
 
     #[test]
     fn xtext_and_8bit() {
-        assert_eq!(xtext("a+b=c d@x"), "a+2Bb+3Dc+20d@x");
-        assert_eq!(xtext("rfc822;ü"), "rfc822;+C3+BC");
+        assert_eq!(
+            crate::encoding::xtext_encode("a+b=c d@x"),
+            "a+2Bb+3Dc+20d@x"
+        );
+        assert_eq!(crate::encoding::xtext_encode("rfc822;ü"), "rfc822;+C3+BC");
         assert!(is_8bit("ü".as_bytes()));
         assert!(!is_8bit(b"plain\r\n"));
     }

@@ -4,7 +4,7 @@
 use serde_json::{Map, Value};
 
 use super::caps::Capabilities;
-use super::data::xtext;
+use crate::encoding::xtext_encode as xtext;
 use crate::state::{Dsn, Origin, StateError};
 
 /// One recipient with its RFC 3461 parameters.

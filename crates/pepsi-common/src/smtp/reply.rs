@@ -112,14 +112,8 @@ pub fn parse_line(line: &str) -> Result<Line, String> {
 /// `x.y.z` with x the class of `code`, y up to 3 digits, z up to 3 digits.
 fn enhanced_prefix(text: &str, code: u16) -> Option<&str> {
     let word = text.split_ascii_whitespace().next()?;
-    let mut parts = word.split('.');
-    let (class, subject, detail) = (parts.next()?, parts.next()?, parts.next()?);
-    if parts.next().is_some() {
-        return None;
-    }
-    let num = |s: &str| !s.is_empty() && s.len() <= 3 && s.bytes().all(|b| b.is_ascii_digit());
-    let class_ok = class.len() == 1 && class.parse::<u16>().ok() == Some(code / 100);
-    (class_ok && num(subject) && num(detail)).then_some(word)
+    let class = crate::encoding::enhanced_status_class(word)?;
+    (u16::from(class) == code / 100).then_some(word)
 }
 
 /// Assembles the lines of one reply (all but the last marked `-`) into a [`Reply`]. Every
