@@ -331,6 +331,11 @@ async fn a_worker_holds_several_ids_at_once_up_to_queue_limit() {
         &mut d,
     )
     .await;
+    // The claim commits before the worker it is for has been started.
+    let until = Instant::now() + Duration::from_secs(10);
+    while children(d.id()).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert_eq!(
         children(d.id()).len(),
         1,
