@@ -426,14 +426,7 @@ async fn a_peer_slower_than_attempt_timeout_pauses_the_message_and_a_timeout_ove
         port,
         "ATTEMPT_TIMEOUT = 10m\nMAX_RUNTIME = 5m\n",
     );
-    let out = std::process::Command::new(RELAY)
-        .args(["worker", "-c"])
-        .arg(&cfg)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::worker_start_error(RELAY, &cfg);
     assert!(
         err.contains(
             "ATTEMPT_TIMEOUT = 600s does not end 10s before MAX_RUNTIME = 300s of [stage-out]"

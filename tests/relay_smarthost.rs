@@ -580,14 +580,7 @@ async fn a_smarthost_slower_than_attempt_timeout_pauses_the_message_and_one_over
         port,
         "TLS = none\nATTEMPT_TIMEOUT = 10m\n",
     );
-    let out = std::process::Command::new(SMARTHOST)
-        .args(["worker", "-c"])
-        .arg(&cfg)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!out.status.success());
-    let err = String::from_utf8_lossy(&out.stderr);
+    let err = common::worker_start_error(SMARTHOST, &cfg);
     assert!(
         err.contains(
             "ATTEMPT_TIMEOUT = 600s does not end 10s before MAX_RUNTIME = 300s of [stage-smarthost]"

@@ -65,6 +65,27 @@ pub async fn run_ids(program: &str, config: &Path, ids: &[i64]) -> Vec<String> {
         .unwrap()
 }
 
+/// Starts `program` as a worker on `config` that must refuse to start; returns what it
+/// wrote to stderr (the reason).
+pub fn worker_start_error(program: &str, config: &Path) -> String {
+    let out = Command::new(program)
+        .args(["worker", "-c"])
+        .arg(config)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !out.status.success(),
+        "{program} started on {}",
+        config.display()
+    );
+    assert!(
+        out.stdout.is_empty(),
+        "a worker that did not start answered nothing"
+    );
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
 /// Marks row `id` running at `stage`, as the dispatcher's claim would.
 pub async fn claim(pool: &sqlx::PgPool, id: i64, stage: &str) {
     sqlx::query(

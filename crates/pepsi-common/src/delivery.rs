@@ -42,6 +42,19 @@ pub struct Failure {
 }
 
 impl Failure {
+    /// A delivery attempt stopped at ATTEMPT_TIMEOUT (`limit`): transient, 4.4.2, so the
+    /// recipient waits for its retry.
+    pub fn attempt_timed_out(limit: std::time::Duration) -> Failure {
+        Failure::new(
+            format!(
+                "the delivery attempt took longer than ATTEMPT_TIMEOUT ({}s): stopped, to be \
+                 tried again",
+                limit.as_secs()
+            ),
+            "4.4.2",
+        )
+    }
+
     pub fn new(diagnostic: impl Into<String>, enhanced_status: &str) -> Self {
         Failure {
             diagnostic: diagnostic.into(),

@@ -91,8 +91,6 @@ pub struct Settings {
     /// The shared local-recipient resolver: `local_domains` above plus the domains the
     /// settings layer marks local, and `[pepsi] RECIPIENT_DELIMITER`.
     pub local: pepsi_common::local::LocalRecipients,
-    /// `[pepsi-ingress] CHECK_RECIPIENTS`: every listener's default when set.
-    pub check_recipients: Option<bool>,
     pub max_message_size: u64,
     pub max_recipients: usize,
     pub max_line_length: usize,
@@ -173,7 +171,6 @@ impl Settings {
                 .into_iter()
                 .map(|d| d.trim_end_matches('.').to_ascii_lowercase())
                 .collect(),
-            check_recipients: s.bool_opt("CHECK_RECIPIENTS")?,
             max_message_size: s.size_opt("MAX_MESSAGE_SIZE")?.unwrap_or(25 << 20),
             max_recipients: s.number_opt("MAX_RECIPIENTS")?.unwrap_or(100),
             max_line_length: s.number_opt("MAX_LINE_LENGTH")?.unwrap_or(1000),

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 /// The network a client address counts under: an IPv4 address (or an IPv4-mapped IPv6
 /// one) masked to `v4` bits, an IPv6 address to `v6` bits. One host with a /64 of its own
@@ -33,60 +34,84 @@ pub fn client_network(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
     }
 }
 
+/// A map from keys to values stamped with when they were set, forgotten `ttl` later, and
+/// bounded: once `max` keys are held, a new key first drops the expired ones, then all.
+#[derive(Debug)]
+struct Expiring<V> {
+    ttl: Duration,
+    max: usize,
+    entries: Mutex<HashMap<String, (V, Instant)>>,
+}
+
+impl<V: Copy> Expiring<V> {
+    fn new(ttl: Duration, max: usize) -> Self {
+        Expiring {
+            ttl,
+            max,
+            entries: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// The value of `key` and when it was set, unless it has expired.
+    fn get(&self, key: &str) -> Option<(V, Instant)> {
+        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        entries
+            .get(key)
+            .copied()
+            .filter(|(_, at)| at.elapsed() < self.ttl)
+    }
+
+    /// Sets `key` to what `f` makes of its unexpired entry, under one lock.
+    fn update(&self, key: &str, f: impl FnOnce(Option<(V, Instant)>) -> (V, Instant)) {
+        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
+        if entries.len() >= self.max && !entries.contains_key(key) {
+            let ttl = self.ttl;
+            entries.retain(|_, (_, at)| at.elapsed() < ttl);
+            if entries.len() >= self.max {
+                entries.clear();
+            }
+        }
+        let current = entries
+            .get(key)
+            .copied()
+            .filter(|(_, at)| at.elapsed() < self.ttl);
+        entries.insert(key.to_owned(), f(current));
+    }
+}
+
 /// Answers of the settings layer about domains the configuration does not list, reused for
 /// a while so a flood of RCPTs to unlisted domains costs one query per domain and period.
-/// Bounded: once full, expired answers go, then all of them.
 #[derive(Debug)]
-pub struct DomainCache {
-    ttl: std::time::Duration,
-    entries: Mutex<HashMap<String, (bool, std::time::Instant)>>,
-}
+pub struct DomainCache(Expiring<bool>);
 
 /// Most domains a [`DomainCache`] remembers.
 const DOMAIN_CACHE_ENTRIES: usize = 10_000;
 
 impl DomainCache {
     /// A cache keeping answers for `ttl` (zero: none kept).
-    pub fn new(ttl: std::time::Duration) -> DomainCache {
-        DomainCache {
-            ttl,
-            entries: Mutex::new(HashMap::new()),
-        }
+    pub fn new(ttl: Duration) -> DomainCache {
+        DomainCache(Expiring::new(ttl, DOMAIN_CACHE_ENTRIES))
     }
 
     /// The answer for `domain` (lower case) if one younger than the TTL is kept.
     pub fn get(&self, domain: &str) -> Option<bool> {
-        let entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        entries
-            .get(domain)
-            .filter(|(_, at)| at.elapsed() < self.ttl)
-            .map(|(local, _)| *local)
+        self.0.get(domain).map(|(local, _)| local)
     }
 
     pub fn put(&self, domain: &str, local: bool) {
-        if self.ttl.is_zero() {
-            return;
+        if !self.0.ttl.is_zero() {
+            self.0.update(domain, |_| (local, Instant::now()));
         }
-        let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
-        if entries.len() >= DOMAIN_CACHE_ENTRIES {
-            let ttl = self.ttl;
-            entries.retain(|_, (_, at)| at.elapsed() < ttl);
-            if entries.len() >= DOMAIN_CACHE_ENTRIES {
-                entries.clear();
-            }
-        }
-        entries.insert(domain.to_owned(), (local, std::time::Instant::now()));
     }
 }
 
-/// Failed logins counted per key (a client network, an account) over a fixed window: once
-/// a key has `limit` failures in the current window, its logins are refused without a
-/// password check until the window ends. Bounded: once full, expired keys go, then all.
+/// Failed logins counted per key (a client network, an account) over a fixed window that
+/// starts at the key's first failure: once a key has `limit` failures in its window, its
+/// logins are refused without a password check until the window ends.
 #[derive(Debug)]
 pub struct FailureCounter {
     limit: u32,
-    window: std::time::Duration,
-    keys: Mutex<HashMap<String, (u32, std::time::Instant)>>,
+    counts: Expiring<u32>,
 }
 
 /// Most keys a [`FailureCounter`] remembers.
@@ -94,43 +119,26 @@ const FAILURE_KEYS: usize = 100_000;
 
 impl FailureCounter {
     /// `limit` failures per `window` (a limit of 0 counts nothing and never refuses).
-    pub fn new(limit: u32, window: std::time::Duration) -> FailureCounter {
+    pub fn new(limit: u32, window: Duration) -> FailureCounter {
         FailureCounter {
             limit,
-            window,
-            keys: Mutex::new(HashMap::new()),
+            counts: Expiring::new(window, FAILURE_KEYS),
         }
     }
 
     /// True when `key` has reached its limit in the current window.
     pub fn blocked(&self, key: &str) -> bool {
-        if self.limit == 0 {
-            return false;
-        }
-        let keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        keys.get(key)
-            .is_some_and(|(n, since)| *n >= self.limit && since.elapsed() < self.window)
+        self.limit > 0 && self.counts.get(key).is_some_and(|(n, _)| n >= self.limit)
     }
 
     /// Counts one failure for `key`.
     pub fn fail(&self, key: &str) {
-        if self.limit == 0 {
-            return;
+        if self.limit > 0 {
+            self.counts.update(key, |current| match current {
+                Some((n, since)) => (n.saturating_add(1), since),
+                None => (1, Instant::now()),
+            });
         }
-        let mut keys = self.keys.lock().unwrap_or_else(|e| e.into_inner());
-        if keys.len() >= FAILURE_KEYS && !keys.contains_key(key) {
-            let window = self.window;
-            keys.retain(|_, (_, since)| since.elapsed() < window);
-            if keys.len() >= FAILURE_KEYS {
-                keys.clear();
-            }
-        }
-        let now = std::time::Instant::now();
-        let entry = keys.entry(key.to_owned()).or_insert((0, now));
-        if entry.1.elapsed() >= self.window {
-            *entry = (0, now);
-        }
-        entry.0 = entry.0.saturating_add(1);
     }
 }
 
@@ -288,33 +296,33 @@ mod tests {
 
     #[test]
     fn domain_answers_are_kept_for_the_ttl_only() {
-        let cache = DomainCache::new(std::time::Duration::from_millis(200));
+        let cache = DomainCache::new(Duration::from_millis(200));
         assert_eq!(cache.get("a.example"), None);
         cache.put("a.example", true);
         cache.put("b.example", false);
         assert_eq!(cache.get("a.example"), Some(true));
         assert_eq!(cache.get("b.example"), Some(false));
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(250));
         assert_eq!(cache.get("a.example"), None);
-        let off = DomainCache::new(std::time::Duration::ZERO);
+        let off = DomainCache::new(Duration::ZERO);
         off.put("a.example", true);
         assert_eq!(off.get("a.example"), None);
     }
 
     #[test]
     fn failures_block_a_key_until_its_window_ends() {
-        let c = FailureCounter::new(2, std::time::Duration::from_millis(200));
+        let c = FailureCounter::new(2, Duration::from_millis(200));
         assert!(!c.blocked("a"));
         c.fail("a");
         assert!(!c.blocked("a"));
         c.fail("a");
         assert!(c.blocked("a"));
         assert!(!c.blocked("b"), "keys are counted apart");
-        std::thread::sleep(std::time::Duration::from_millis(250));
+        std::thread::sleep(Duration::from_millis(250));
         assert!(!c.blocked("a"), "a new window");
         c.fail("a");
         assert!(!c.blocked("a"), "the count started again");
-        let off = FailureCounter::new(0, std::time::Duration::from_secs(60));
+        let off = FailureCounter::new(0, Duration::from_secs(60));
         for _ in 0..10 {
             off.fail("a");
         }

@@ -76,8 +76,7 @@ impl Stage for RelayToInternet {
     /// Reads and checks `[stage-<name>]`, and makes its resolver.
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Built> {
         let settings = Settings::from_config(cfg, name)?;
-        settings
-            .check_runtime(cfg, name)
+        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
             .map_err(anyhow::Error::msg)?;
         let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
@@ -121,14 +120,7 @@ impl Stage for RelayToInternet {
                 match tokio::time::timeout(limit, attempt.deliver(&env, &domain, &message)).await {
                     Ok(result) => result,
                     Err(_) => {
-                        let mut f = Failure::new(
-                            format!(
-                                "the delivery attempt took longer than ATTEMPT_TIMEOUT ({}s): \
-                                 stopped, to be tried again",
-                                limit.as_secs()
-                            ),
-                            "4.4.2",
-                        );
+                        let mut f = Failure::attempt_timed_out(limit);
                         f.phase = Some("connect".into());
                         RcptResult::Transient(f)
                     }

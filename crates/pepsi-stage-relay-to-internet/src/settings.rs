@@ -104,12 +104,6 @@ pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>
 }
 
 impl Settings {
-    /// `ATTEMPT_TIMEOUT` against the MAX_RUNTIME the stage's passes run under
-    /// (`pepsi_common::stage::check_attempt_timeout`).
-    pub fn check_runtime(&self, cfg: &Config, stage: &str) -> Result<(), String> {
-        pepsi_common::stage::check_attempt_timeout(cfg, stage, self.attempt_timeout)
-    }
-
     /// Reads `[stage-<stage>]`. `DNS_SERVERS`, `DNS_TIMEOUT` and `IPV6` fall back to
     /// `[pepsi]`; `HELO_NAME` to `[pepsi] HOSTNAME`, then to the system's host name.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
@@ -211,9 +205,8 @@ mod tests {
     fn attempt_timeout_against_the_governing_max_runtime() {
         let check = |text: &str| {
             let cfg = Config::from_str_named(text, "t.conf").unwrap();
-            Settings::from_config(&cfg, "out")
-                .map_err(|e| e.to_string())?
-                .check_runtime(&cfg, "out")
+            let s = Settings::from_config(&cfg, "out").map_err(|e| e.to_string())?;
+            pepsi_common::stage::check_attempt_timeout(&cfg, "out", s.attempt_timeout)
         };
         let out = "[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\nHELO_NAME = h.test\n";
         assert_eq!(check(out), Ok(()), "the defaults fit");

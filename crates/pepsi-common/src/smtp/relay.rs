@@ -149,14 +149,7 @@ impl Relay {
                 match tokio::time::timeout(limit, self.deliver(peer, &env, &message)).await {
                     Ok(results) => results,
                     Err(_) => {
-                        let mut f = Failure::new(
-                            format!(
-                                "the delivery attempt took longer than ATTEMPT_TIMEOUT ({}s): \
-                                 stopped, to be tried again",
-                                limit.as_secs()
-                            ),
-                            "4.4.2",
-                        );
+                        let mut f = Failure::attempt_timed_out(limit);
                         f.remote_mta = Some(peer.name());
                         vec![RcptResult::Transient(f); env.recipients.len()]
                     }
