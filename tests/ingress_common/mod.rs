@@ -508,7 +508,18 @@ pub struct Dns {
 }
 
 impl Dns {
+    /// Starts dnsmasq on a free port; a port taken between the probe and dnsmasq's bind
+    /// (by another test's server) is retried on another.
     pub fn start(records: &[String]) -> Dns {
+        for _ in 0..5 {
+            if let Some(dns) = Dns::try_start(records) {
+                return dns;
+            }
+        }
+        panic!("dnsmasq did not start on any of five ports");
+    }
+
+    fn try_start(records: &[String]) -> Option<Dns> {
         let port = free_port();
         let child = Command::new("dnsmasq")
             .args([
@@ -533,10 +544,19 @@ impl Dns {
             .stderr(Stdio::null())
             .spawn()
             .expect("dnsmasq is installed (dnsmasq-base in scripts/apt-packages.txt)");
-        let dns = Dns { child, port };
+        let mut dns = Dns { child, port };
         for _ in 0..200 {
+            // dnsmasq exits when it cannot bind; a listener that answers while it is gone
+            // is someone else's.
+            if dns.child.try_wait().unwrap().is_some() {
+                return None;
+            }
             if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-                return dns;
+                std::thread::sleep(std::time::Duration::from_millis(25));
+                if dns.child.try_wait().unwrap().is_some() {
+                    return None;
+                }
+                return Some(dns);
             }
             std::thread::sleep(std::time::Duration::from_millis(25));
         }
