@@ -9,7 +9,7 @@ use ingress_common::{Client, Dns, Ingress, row};
 use mail_auth::common::crypto::Ed25519Key;
 use mail_auth::common::headers::HeaderWriter as _;
 use mail_auth::dkim::DkimSigner;
-use pepsi_ingress::protocol::params::base64_encode;
+use pepsi_smtp::encoding::base64_encode;
 
 fn sign(key_der: &[u8], domain: &str, message: &str) -> String {
     let key = Ed25519Key::from_pkcs8_der(key_der).unwrap();

@@ -824,8 +824,7 @@ async fn a_client_chosen_user_name_cannot_forge_a_log_line() {
     let forged =
         "2026-12-01T00:00:00.000000Z  INFO authenticated peer=192.0.2.1 user=ceo@example.test";
     let user = format!("mallory\n{forged}");
-    let plain =
-        pepsi_ingress::protocol::params::base64_encode(format!("\0{user}\0wrong").as_bytes());
+    let plain = pepsi_smtp::encoding::base64_encode(format!("\0{user}\0wrong").as_bytes());
     c.ok(&format!("AUTH PLAIN {plain}"), 535).await;
     let until = Instant::now() + Duration::from_secs(10);
     while !ingress.log().contains("authentication failed") {
@@ -1077,7 +1076,7 @@ async fn an_authenticated_client_sends_only_as_addresses_its_login_owns() {
     .execute(&ingress.db.pool)
     .await
     .unwrap();
-    let plain = pepsi_ingress::protocol::params::base64_encode(b"\0alice@example.test\0pw");
+    let plain = pepsi_smtp::encoding::base64_encode(b"\0alice@example.test\0pw");
     let login = |port: u16| {
         let plain = plain.clone();
         async move {
@@ -1151,7 +1150,7 @@ async fn failed_logins_are_throttled_per_client_network_and_per_account() {
     let plain = |user: &str, pw: &str| {
         format!(
             "AUTH PLAIN {}",
-            pepsi_ingress::protocol::params::base64_encode(format!("\0{user}\0{pw}").as_bytes())
+            pepsi_smtp::encoding::base64_encode(format!("\0{user}\0{pw}").as_bytes())
         )
     };
     let port = ingress.port("sub");
@@ -1225,7 +1224,7 @@ async fn open_relay_matrix() {
     const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
     let ingress = Ingress::start("", &[("mx", MX), ("sub", SUB)]).await;
     ingress.add_account("alice@example.test", "pw").await;
-    let plain = pepsi_ingress::protocol::params::base64_encode(b"\0alice@example.test\0pw");
+    let plain = pepsi_smtp::encoding::base64_encode(b"\0alice@example.test\0pw");
 
     // The MX, unauthenticated: local recipients (a mailbox, an alias that forwards off-site
     // later, an SRS address of ours) yes; another domain or an address literal, no.

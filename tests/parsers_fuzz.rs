@@ -11,9 +11,9 @@
 
 use proptest::prelude::*;
 
-use pepsi_ingress::protocol::command::{Param, parse};
-use pepsi_ingress::protocol::data::{DataDecoder, Feed};
-use pepsi_ingress::protocol::params::{mail_params, rcpt_params, xtext_decode};
+use pepsi_smtp::command::{Param, parse};
+use pepsi_smtp::data::{DataDecoder, Feed};
+use pepsi_smtp::params::{mail_params, rcpt_params, xtext_decode};
 
 fn config() -> ProptestConfig {
     ProptestConfig {
@@ -102,7 +102,7 @@ proptest! {
 
     #[test]
     fn a_path_that_parses_holds_no_control_character(args in "[ -~\\t]{0,80}", null in any::<bool>()) {
-        if let Ok((path, _rest)) = pepsi_ingress::protocol::address::parse_path(&args, null) {
+        if let Ok((path, _rest)) = pepsi_smtp::address::parse_path(&args, null) {
             prop_assert!(!path.address.as_deref().is_some_and(has_control));
         }
     }
@@ -181,9 +181,56 @@ proptest! {
 
     #[test]
     fn the_reply_parser_takes_any_lines(lines in prop::collection::vec("[ -~]{0,30}", 1..5)) {
-        let _ = pepsi_common::smtp::reply::parse_reply(&lines);
+        let _ = pepsi_smtp::reply::parse_reply(&lines);
         for l in &lines {
-            let _ = pepsi_common::smtp::reply::parse_line(l);
+            let _ = pepsi_smtp::reply::parse_line(l);
+        }
+    }
+
+    /// Whatever a server renders, the client reads back as the same reply.
+    #[test]
+    fn a_rendered_reply_parses_back(
+        code in (prop::sample::select(vec![2u16, 4, 5]), 0u16..6, 0u16..10).prop_map(|(x, y, z)| x * 100 + y * 10 + z),
+        detail in (0u16..8, 0u16..8),
+        lines in prop::collection::vec("[ -~]{0,30}", 1..4),
+    ) {
+        let enhanced = format!("{}.{}.{}", code / 100, detail.0, detail.1);
+        let reply = pepsi_smtp::Reply {
+            code,
+            enhanced: Some(enhanced),
+            lines,
+        };
+        let wire = reply.render();
+        let read: Vec<&str> = wire.split_terminator("\r\n").collect();
+        let back = pepsi_smtp::reply::parse_reply(&read).expect("a rendered reply parses");
+        prop_assert_eq!(back.code, reply.code);
+        prop_assert_eq!(back.enhanced, reply.enhanced);
+        prop_assert_eq!(back.lines.len(), reply.lines.len());
+    }
+
+    /// What a client writes is one line that a server parses back as the same command;
+    /// a value with a CR, LF or NUL is refused instead of written.
+    #[test]
+    fn a_written_command_is_one_line_that_parses_back(
+        address in "[a-z0-9+=_-]{1,12}@[a-z0-9]{1,10}\\.[a-z]{2,6}",
+        value in "[ -~\r\n\0]{1,16}",
+        mail in any::<bool>(),
+    ) {
+        let path = pepsi_smtp::address::Path::new(&address);
+        let params = vec![Param { key: "ORCPT".into(), value: Some(value.replace(' ', "+")) }];
+        let command = if mail {
+            pepsi_smtp::Command::Mail { from: path, params }
+        } else {
+            pepsi_smtp::Command::Rcpt { to: path, params }
+        };
+        match command.to_line() {
+            Ok(line) => {
+                let text = line.strip_suffix("\r\n").expect("ends in CRLF");
+                prop_assert!(!text.contains(['\r', '\n', '\0']));
+                let parsed = parse(text.as_bytes());
+                prop_assert_eq!(parsed, Ok(command));
+            }
+            Err(e) => prop_assert!(value.contains(['\r', '\n', '\0']), "{e}"),
         }
     }
 

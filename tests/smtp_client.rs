@@ -1,4 +1,4 @@
-//! The outbound SMTP client (`pepsi_common::smtp`) over real sockets: STARTTLS under each
+//! The outbound SMTP client (`pepsi_smtp::client`) over real sockets: STARTTLS under each
 //! TLS policy, AUTH, CHUNKING and malformed replies against a scripted server in this file,
 //! and STARTTLS with a verified certificate plus CHUNKING against a private Postfix smtpd.
 
@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use ingress_common::{TestCa, free_port};
-use pepsi_common::delivery::RcptResult;
-use pepsi_common::smtp::client::Stream;
-use pepsi_common::smtp::{
+use pepsi_common::delivery::{Failure, RcptResult};
+use pepsi_smtp::client::Stream;
+use pepsi_smtp::{
     ClientError, Connection, Credentials, Envelope, OpenOptions, Phase, Protocol, RcptOutcome,
     Recipient, Target, Timeouts, TlsOptions, TlsPolicy,
 };
@@ -372,7 +372,7 @@ async fn verify_policy_refuses_a_certificate_from_another_ca() {
         msg.contains("TLS policy verify") && msg.contains("not trusted"),
         "{msg}"
     );
-    let f = err.failure("scripted.test");
+    let f = Failure::from_client(&err, "scripted.test");
     assert_eq!(f.enhanced_status.as_deref(), Some("4.7.5"));
     assert_eq!(f.phase.as_deref(), Some("STARTTLS"));
     // nothing was sent after the failed handshake, and no clear-text retry happened
@@ -492,7 +492,7 @@ async fn a_refused_starttls_goes_on_in_clear_under_may_and_fails_under_encrypt()
         .unwrap_err();
     assert!(err.is_temporary(), "{err}");
     assert_eq!(err.phase(), Phase::StartTls);
-    let f = err.failure("scripted.test");
+    let f = Failure::from_client(&err, "scripted.test");
     assert_eq!(
         (f.smtp_code, f.phase.as_deref()),
         (Some(454), Some("STARTTLS"))
@@ -511,7 +511,7 @@ async fn required_tls_not_offered_is_a_transient_failure_naming_the_policy() {
             err.to_string(),
             format!("TLS policy {policy} requires STARTTLS, which scripted.test does not offer")
         );
-        let f = err.failure("scripted.test");
+        let f = Failure::from_client(&err, "scripted.test");
         assert_eq!(f.enhanced_status.as_deref(), Some("4.7.4"));
     }
     // no message was offered to the server
@@ -549,7 +549,7 @@ async fn auth_failures_are_permanent_for_535_and_transient_for_454() {
         .unwrap_err();
     assert!(!err.is_temporary(), "{err}");
     assert_eq!(err.phase(), Phase::Auth);
-    let f = err.failure("scripted.test");
+    let f = Failure::from_client(&err, "scripted.test");
     assert_eq!(
         (
             f.smtp_code,
@@ -570,7 +570,10 @@ async fn auth_failures_are_permanent_for_535_and_transient_for_454() {
         .await
         .unwrap_err();
     assert!(err.is_temporary(), "{err}");
-    assert_eq!(err.failure("x").enhanced_status.as_deref(), Some("4.7.0"));
+    assert_eq!(
+        Failure::from_client(&err, "x").enhanced_status.as_deref(),
+        Some("4.7.0")
+    );
 }
 
 #[tokio::test]
@@ -586,7 +589,10 @@ async fn credentials_never_go_out_in_clear_text_unless_the_policy_is_none() {
         .await
         .unwrap_err();
     assert!(err.is_temporary(), "{err}");
-    assert_eq!(err.failure("x").enhanced_status.as_deref(), Some("4.7.11"));
+    assert_eq!(
+        Failure::from_client(&err, "x").enhanced_status.as_deref(),
+        Some("4.7.11")
+    );
     assert!(
         err.to_string().contains("refusing to send the password")
             && err.to_string().contains("TLS policy may"),
@@ -686,7 +692,9 @@ async fn malformed_replies_are_transient_errors_naming_the_problem() {
         .unwrap_err();
         assert_eq!(err.to_string(), want);
         assert!(err.is_temporary(), "{want}");
-        let RcptResult::Transient(f) = RcptOutcome::Failed(err).to_result("raw.test") else {
+        let RcptResult::Transient(f) =
+            RcptResult::from_outcome(&RcptOutcome::Failed(err), "raw.test")
+        else {
             panic!("{want}: transient");
         };
         assert_eq!(f.enhanced_status.as_deref(), Some("4.5.0"));
@@ -912,4 +920,53 @@ async fn postfix_takes_a_message_over_verified_starttls_with_chunking() {
     );
     // and counted the commands: STARTTLS, EHLO twice, BDAT instead of DATA
     assert!(summary(&log), "{log}");
+}
+
+/// A stored envelope whose ORCPT carries a line break (written by an older ingress, or
+/// edited in the database) never reaches the peer as a second command: that recipient
+/// fails alone, permanently (5.5.2), and the others are delivered in the same pipelined
+/// transaction.
+#[tokio::test]
+async fn a_recipient_whose_rcpt_line_would_carry_a_line_break_fails_alone() {
+    let server = Server::start(Script {
+        ehlo: vec!["PIPELINING", "DSN"],
+        ..Script::default()
+    })
+    .await;
+    let mut conn = open(&server, &OpenOptions::default()).await.unwrap();
+    let mut env = envelope(&["a@example.net", "b@example.net", "c@example.net"]);
+    env.recipients[1].orcpt = Some("rfc822\r\nRSET;b@example.net".into());
+    let outcomes = conn.send(&env, MESSAGE).await;
+    assert!(
+        matches!(
+            &outcomes[..],
+            [
+                RcptOutcome::Accepted(_),
+                RcptOutcome::Failed(_),
+                RcptOutcome::Accepted(_)
+            ]
+        ),
+        "{outcomes:?}"
+    );
+    let RcptResult::Permanent(f) = RcptResult::from_outcome(&outcomes[1], "scripted.test") else {
+        panic!("an unsendable recipient is a permanent failure: {outcomes:?}");
+    };
+    assert_eq!(f.enhanced_status.as_deref(), Some("5.5.2"));
+    assert!(
+        f.diagnostic.contains("an LF") || f.diagnostic.contains("a CR"),
+        "{}",
+        f.diagnostic
+    );
+    conn.quit().await;
+    let log = server.log();
+    assert_eq!(
+        log.verbs(),
+        ["EHLO", "MAIL", "RCPT", "RCPT", "DATA", "QUIT"]
+    );
+    assert!(
+        log.commands.iter().all(|(c, _)| !c.contains("RSET")),
+        "{:?}",
+        log.commands
+    );
+    assert_eq!(log.messages.len(), 1);
 }

@@ -387,9 +387,7 @@ async fn transaction(
     assert!(greeting.starts_with("220"), "{greeting}");
     let mut commands = vec![("EHLO client.example.test".to_string(), "250")];
     if let Some((user, password)) = auth {
-        let plain = pepsi_ingress::protocol::params::base64_encode(
-            format!("\0{user}\0{password}").as_bytes(),
-        );
+        let plain = pepsi_smtp::encoding::base64_encode(format!("\0{user}\0{password}").as_bytes());
         commands.push((format!("AUTH PLAIN {plain}"), "235"));
     }
     commands.push((format!("MAIL FROM:<{from}>{mail_params}"), "250"));

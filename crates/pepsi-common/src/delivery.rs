@@ -20,11 +20,12 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use serde_json::Map;
+use pepsi_smtp::{ClientError, Envelope, Phase, RcptOutcome, Recipient, Reply};
+use serde_json::{Map, Value};
 
 use crate::config::{Config, ConfigError};
 use crate::stage::{CloneSpec, StageContext, StageError, Terminal};
-use crate::state::{Bounce, BounceDetail, BounceKind, DeliveryScratch};
+use crate::state::{Bounce, BounceDetail, BounceKind, DeliveryScratch, Dsn, Origin, StateError};
 
 /// Why one recipient was not delivered, as the bounce stage reports it (`state.bounce`).
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -93,12 +94,96 @@ impl Failure {
     }
 }
 
+impl Failure {
+    /// What the server's refusal at `phase` means, as `state.bounce` records it.
+    pub fn from_reply(phase: Phase, reply: &Reply, remote_mta: &str) -> Failure {
+        Failure {
+            diagnostic: format!("{} (in reply to {phase})", reply.text()),
+            enhanced_status: Some(reply.status()),
+            smtp_code: Some(reply.code),
+            remote_mta: Some(remote_mta.to_owned()),
+            reply_text: Some(reply.to_string()),
+            phase: Some(phase.as_str().to_owned()),
+        }
+    }
+
+    /// A conversation step that failed, as `state.bounce` records it. `remote_mta` names
+    /// the peer.
+    pub fn from_client(e: &ClientError, remote_mta: &str) -> Failure {
+        if let ClientError::Refused { phase, reply } = e {
+            return Failure::from_reply(*phase, reply, remote_mta);
+        }
+        Failure {
+            diagnostic: e.to_string(),
+            enhanced_status: Some(e.status()),
+            smtp_code: None,
+            remote_mta: Some(remote_mta.to_owned()),
+            reply_text: None,
+            phase: Some(e.phase().as_str().to_owned()),
+        }
+    }
+}
+
 /// The result of one delivery attempt for one recipient.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RcptResult {
     Delivered,
     Permanent(Failure),
     Transient(Failure),
+}
+
+impl RcptResult {
+    /// What became of a recipient in a transaction: accepted → delivered, 5xx → permanent,
+    /// 4xx and every connection failure → transient.
+    pub fn from_outcome(outcome: &RcptOutcome, remote_mta: &str) -> RcptResult {
+        match outcome {
+            RcptOutcome::Accepted(_) => RcptResult::Delivered,
+            RcptOutcome::Refused { phase, reply } => {
+                let f = Failure::from_reply(*phase, reply, remote_mta);
+                if reply.is_permanent() {
+                    RcptResult::Permanent(f)
+                } else {
+                    RcptResult::Transient(f)
+                }
+            }
+            RcptOutcome::Failed(e) if e.is_temporary() => {
+                RcptResult::Transient(Failure::from_client(e, remote_mta))
+            }
+            RcptOutcome::Failed(e) => RcptResult::Permanent(Failure::from_client(e, remote_mta)),
+        }
+    }
+}
+
+/// The envelope of a queued message: `state.dsn` gives RET/ENVID and each recipient's
+/// NOTIFY/ORCPT (by position), `state.origin.smtputf8` whether the message is UTF-8.
+/// Either key may be absent; a malformed one is an error naming it.
+pub fn envelope(
+    mail_from: &str,
+    rcpt_to: &[String],
+    state: &Map<String, Value>,
+) -> Result<Envelope, StateError> {
+    let dsn = Dsn::from_state(state)?.unwrap_or_default();
+    let origin = Origin::from_state(state)?.unwrap_or_default();
+    Ok(Envelope {
+        mail_from: mail_from.to_owned(),
+        recipients: rcpt_to
+            .iter()
+            .enumerate()
+            .map(|(i, address)| {
+                let per = dsn.rcpt(i);
+                Recipient {
+                    address: address.clone(),
+                    notify: per
+                        .and_then(|r| r.notify.as_ref())
+                        .map(|n| n.iter().map(|s| s.to_ascii_uppercase()).collect()),
+                    orcpt: per.and_then(|r| r.orcpt.clone()),
+                }
+            })
+            .collect(),
+        ret: dsn.ret.map(|r| r.as_str().to_owned()),
+        envid: dsn.envid,
+        utf8_message: origin.smtputf8,
+    })
 }
 
 /// Backoff and lifetime limits shared by the delivery stages.
@@ -407,7 +492,7 @@ pub fn conclude(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::Value;
+    use serde_json::json;
 
     fn facts(age_secs: i64, attempts: u32, delay_sent: bool) -> (RowFacts, DateTime<Utc>) {
         let now = Utc::now();
@@ -665,6 +750,94 @@ mod tests {
         let err = RetryPolicy::from_config(&bad, "x").unwrap_err().to_string();
         assert!(
             err.contains("RETRY_FACTOR") && err.contains("bad.conf"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn outcomes_become_delivery_results() {
+        let r = |lines: &[&str]| pepsi_smtp::reply::parse_reply(lines).unwrap();
+        let refused = RcptOutcome::Refused {
+            phase: Phase::Rcpt,
+            reply: r(&["550 5.1.1 <b@x> no such user"]),
+        };
+        let RcptResult::Permanent(f) = RcptResult::from_outcome(&refused, "lmtp.test") else {
+            panic!("550 is permanent");
+        };
+        assert_eq!(f.smtp_code, Some(550));
+        assert_eq!(f.enhanced_status.as_deref(), Some("5.1.1"));
+        assert_eq!(
+            f.reply_text.as_deref(),
+            Some("550 5.1.1 <b@x> no such user")
+        );
+        assert_eq!(f.phase.as_deref(), Some("RCPT"));
+        assert_eq!(f.remote_mta.as_deref(), Some("lmtp.test"));
+        assert_eq!(
+            f.diagnostic,
+            "<b@x> no such user (in reply to RCPT TO command)"
+        );
+        let deferred = RcptOutcome::Refused {
+            phase: Phase::DataEnd,
+            reply: r(&["452 mailbox full"]),
+        };
+        let RcptResult::Transient(f) = RcptResult::from_outcome(&deferred, "x") else {
+            panic!("452 is transient");
+        };
+        assert_eq!(f.enhanced_status.as_deref(), Some("4.0.0"));
+        assert_eq!(f.phase.as_deref(), Some("DATA"));
+        let lost = RcptOutcome::Failed(ClientError::Connect {
+            target: "127.0.0.1:1".into(),
+            detail: "Connection refused".into(),
+        });
+        let RcptResult::Transient(f) = RcptResult::from_outcome(&lost, "127.0.0.1") else {
+            panic!("a refused connection is transient");
+        };
+        assert_eq!(f.phase.as_deref(), Some("connect"));
+        assert_eq!(f.enhanced_status.as_deref(), Some("4.4.1"));
+        assert!(
+            f.diagnostic.contains("Connection refused"),
+            "{}",
+            f.diagnostic
+        );
+        assert_eq!(
+            RcptResult::from_outcome(&RcptOutcome::Accepted(r(&["250 2.0.0 ok"])), "x"),
+            RcptResult::Delivered
+        );
+    }
+
+    #[test]
+    fn envelope_reads_the_dsn_state() {
+        let state = json!({
+            "dsn": {"ret": "HDRS", "envid": "id+1", "rcpt": [
+                {"notify": ["success", "FAILURE"], "orcpt": "rfc822;a+x@example.org"},
+                {"notify": null, "orcpt": null}
+            ]},
+            "origin": {"smtputf8": true}
+        });
+        let rcpt = vec!["a@x".to_owned(), "b@x".to_owned(), "c@x".to_owned()];
+        let env = envelope("s@x", &rcpt, state.as_object().unwrap()).unwrap();
+        assert_eq!(env.ret.as_deref(), Some("HDRS"));
+        assert_eq!(env.envid.as_deref(), Some("id+1"));
+        assert!(env.utf8_message);
+        assert_eq!(
+            env.recipients[0].notify,
+            Some(vec!["SUCCESS".into(), "FAILURE".into()])
+        );
+        assert_eq!(
+            env.recipients[1],
+            Recipient {
+                address: "b@x".into(),
+                ..Default::default()
+            }
+        );
+        assert_eq!(env.recipients[2].address, "c@x");
+        let bare = envelope("", &rcpt[..1], &Map::new()).unwrap();
+        assert_eq!(bare.recipients[0].notify, None);
+        assert!(!bare.utf8_message);
+        let bad = json!({"dsn": {"rcpt": [{"notify": "SUCCESS"}]}});
+        let err = envelope("", &rcpt[..1], bad.as_object().unwrap()).unwrap_err();
+        assert!(
+            err.to_string().starts_with("state.dsn.rcpt[0].notify: "),
             "{err}"
         );
     }

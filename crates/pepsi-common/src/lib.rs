@@ -1,7 +1,7 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
-//! delivery stages (`delivery`), their SMTP/LMTP client (`smtp`) and MIME downgrade
-//! (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
+//! delivery stages (`delivery`), what the relaying ones share on top of the SMTP/LMTP client
+//! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
 //! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
 //! operator's queue
 //! administration (`queue`), the audit log (`audit`) and the types of the stock `state` keys
@@ -11,20 +11,22 @@
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
 //! functions.
 
+/// xtext, base64 and the enhanced status code's shape: defined once in `pepsi_smtp`.
+pub use pepsi_smtp::encoding;
+
 pub mod alias_file;
 pub mod audit;
 pub mod cli;
 pub mod config;
 pub mod db;
 pub mod delivery;
-pub mod encoding;
 pub mod keys;
 pub mod local;
 pub mod message;
 pub mod mime;
 pub mod queue;
+pub mod relay;
 pub mod settings;
-pub mod smtp;
 pub mod srs;
 pub mod stage;
 pub mod state;

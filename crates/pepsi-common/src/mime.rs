@@ -13,9 +13,9 @@ use std::fmt;
 
 use crate::delivery::Failure;
 use crate::message;
-use crate::smtp::Capabilities;
-use crate::smtp::Envelope;
-use crate::smtp::data::is_8bit;
+pub use pepsi_smtp::data::has_utf8_headers;
+use pepsi_smtp::data::is_8bit;
+use pepsi_smtp::{Capabilities, Envelope};
 
 /// How deep multiparts and attached messages may nest before the message is refused.
 const MAX_DEPTH: usize = 64;
@@ -73,13 +73,6 @@ pub enum Prepared<'a> {
     Downgraded(Vec<u8>),
     /// The peer cannot take the message: a permanent failure for every recipient.
     Refuse(Failure),
-}
-
-/// True when the header block of `message` has 8-bit bytes that are valid UTF-8 (RFC 6532
-/// header fields).
-pub fn has_utf8_headers(message: &[u8]) -> bool {
-    let (headers, _) = message::split(message);
-    is_8bit(headers) && std::str::from_utf8(headers).is_ok()
 }
 
 /// The relay stages' decision before MAIL FROM:

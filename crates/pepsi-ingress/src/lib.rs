@@ -7,7 +7,8 @@
 //! It must never reply 250 to a message before its row has committed, and never notify
 //! inside the admission transaction.
 //!
-//! Layout: `protocol` (pure parsing and the data scanner), `session` (the state machine,
+//! Layout: the protocol itself (parsing, replies, the data scanner) is `pepsi_smtp`'s;
+//! here `session` (the state machine,
 //! one file per verb), `server` (listeners, limits, signals), `verify` (SPF, DKIM, DMARC,
 //! ARC, iprev), `headers` (Received, forged Authentication-Results), `wake` (admission itself is `pepsi_common::db::admit`),
 //! `accounts`, `relay`, `tls`, `limits`, `config`.
@@ -16,7 +17,6 @@ pub mod accounts;
 pub mod config;
 pub mod headers;
 pub mod limits;
-pub mod protocol;
 pub mod recipients;
 pub mod relay;
 pub mod sender;

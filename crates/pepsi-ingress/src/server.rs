@@ -18,12 +18,12 @@ use tokio::task::JoinSet;
 
 use crate::config::{ListenerConfig, Role, Settings};
 use crate::limits::ClientLimiter;
-use crate::protocol::Reply;
 use crate::session::conn::{Conn, Stream};
 use crate::session::{Session, TlsInfo};
 use crate::tls::TlsHandle;
 use crate::verify::Verifier;
 use crate::wake::{self, Waker};
+use pepsi_smtp::Reply;
 
 /// What every session shares.
 pub struct Shared {

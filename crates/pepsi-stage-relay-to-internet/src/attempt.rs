@@ -14,7 +14,7 @@ use std::net::IpAddr;
 
 use pepsi_common::delivery::{Failure, RcptResult};
 use pepsi_common::mime::{Prepared, prepare_for_peer};
-use pepsi_common::smtp::{
+use pepsi_smtp::{
     ClientError, Connection, Envelope, OpenOptions, Phase, Protocol, RcptOutcome, Target,
     TlsOptions,
 };
@@ -73,7 +73,7 @@ pub fn exhausted(notes: &[Note]) -> Failure {
 
 /// A failure to open a session that another address may not have.
 fn session_note(host: &str, address: IpAddr, e: &ClientError) -> Note {
-    let f = e.failure(host);
+    let f = Failure::from_client(e, host);
     Note {
         host: host.to_owned(),
         address: Some(address),
@@ -110,7 +110,7 @@ fn verdict(host: &str, address: IpAddr, remote: &str, outcome: &RcptOutcome) -> 
         RcptOutcome::Failed(e) if e.is_temporary() && e.phase() == Phase::Mail => {
             Verdict::Next(session_note(host, address, e))
         }
-        other => Verdict::Answer(other.to_result(remote)),
+        other => Verdict::Answer(RcptResult::from_outcome(other, remote)),
     }
 }
 
@@ -400,7 +400,7 @@ fn recipient(env: &Envelope) -> &str {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_common::smtp::reply::parse_reply;
+    use pepsi_smtp::reply::parse_reply;
 
     fn note(host: &str, status: &str, what: &str) -> Note {
         Note {

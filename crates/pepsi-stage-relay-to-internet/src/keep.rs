@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pepsi_common::smtp::{Connection, TlsPolicy};
+use pepsi_smtp::{Connection, TlsPolicy};
 
 /// The most sessions one worker keeps open at once.
 const MAX_KEPT: usize = 8;

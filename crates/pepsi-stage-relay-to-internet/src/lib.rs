@@ -31,7 +31,6 @@ use anyhow::Context as _;
 use pepsi_common::config::Config;
 use pepsi_common::delivery::{self, Failure, RcptResult};
 use pepsi_common::local::split_address;
-use pepsi_common::smtp::Envelope;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 use crate::attempt::Attempt;
@@ -109,7 +108,8 @@ impl Stage for RelayToInternet {
             }
             Some((_, domain)) => {
                 let message = ctx.raw_message()?;
-                let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
+                let env =
+                    pepsi_common::delivery::envelope(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
                 let attempt = Attempt {
                     settings: &built.settings,
                     dns: &built.dns,

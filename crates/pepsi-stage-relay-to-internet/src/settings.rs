@@ -9,7 +9,7 @@ use std::time::Duration;
 use pepsi_common::config::{Config, ConfigError, Section};
 use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::local::normalize_domain;
-use pepsi_common::smtp::{Timeouts, TlsPolicy};
+use pepsi_smtp::{Timeouts, TlsPolicy};
 
 /// Which address families the stage connects to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

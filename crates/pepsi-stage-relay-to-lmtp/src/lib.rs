@@ -19,8 +19,9 @@ use std::process::ExitCode;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::smtp::{OpenOptions, Peer, Protocol, Relay, Target, relay};
+use pepsi_common::relay::{self, Peer, Relay};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_smtp::{OpenOptions, Protocol, Target};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -121,7 +122,7 @@ pub fn run() -> ExitCode {
 mod tests {
     use std::time::Duration;
 
-    use pepsi_common::smtp::Timeouts;
+    use pepsi_smtp::Timeouts;
 
     use super::*;
 

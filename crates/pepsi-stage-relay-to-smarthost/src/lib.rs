@@ -15,16 +15,15 @@
 //! every recipient whatever the reply code, so a wrong password (535) or an expired
 //! certificate pauses the mail with a clear `last_error` instead of bouncing all of it. Inside
 //! the transaction 5xx is permanent and 4xx transient, per recipient. The connection is kept
-//! for the next message as the LMTP stage keeps its own (`pepsi_common::smtp::relay`).
+//! for the next message as the LMTP stage keeps its own (`pepsi_common::relay`).
 
 use std::process::ExitCode;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::smtp::{
-    Credentials, OpenOptions, Peer, Protocol, Relay, Target, TlsOptions, TlsPolicy, relay,
-};
+use pepsi_common::relay::{self, Peer, Relay};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_smtp::{Credentials, OpenOptions, Protocol, Target, TlsOptions, TlsPolicy};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -217,7 +216,7 @@ pub fn run() -> ExitCode {
 mod tests {
     use std::time::Duration;
 
-    use pepsi_common::smtp::Timeouts;
+    use pepsi_smtp::Timeouts;
 
     use super::*;
 

@@ -4,8 +4,8 @@
 use super::Session;
 use super::conn::{End, Line};
 use crate::accounts::{AuthError, verify_password};
-use crate::protocol::Reply;
-use crate::protocol::params::{base64_decode, base64_encode};
+use pepsi_smtp::Reply;
+use pepsi_smtp::params::{base64_decode, base64_encode};
 
 /// Longest SASL response line we read (RFC 4954 §4 asks for at least 12288).
 const MAX_RESPONSE: usize = 12288;

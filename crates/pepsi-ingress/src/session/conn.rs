@@ -13,7 +13,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _, Re
 use tokio::net::TcpStream;
 use tokio_rustls::server::TlsStream;
 
-use crate::protocol::Reply;
+use pepsi_smtp::Reply;
 
 /// The transport under a session.
 pub enum Stream {

@@ -4,11 +4,11 @@
 use super::conn::End;
 use super::{Session, State, Transaction};
 use crate::headers::{Trace, received, strip_forged_results};
-use crate::protocol::Reply;
-use crate::protocol::data::{DataDecoder, DataProblem, Feed};
-use crate::protocol::params::{self, Body};
 use pepsi_common::db::{Admission, admit};
 use pepsi_common::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
+use pepsi_smtp::Reply;
+use pepsi_smtp::data::{DataDecoder, DataProblem, Feed};
+use pepsi_smtp::params::{self, Body};
 
 impl Session {
     pub(super) async fn data(&mut self) -> Result<Reply, End> {

@@ -2,8 +2,8 @@
 //! only where it may be used, STARTTLS only before TLS).
 
 use super::{Session, State};
-use crate::protocol::Reply;
-use crate::protocol::address::check_domain;
+use pepsi_smtp::Reply;
+use pepsi_smtp::address::check_domain;
 
 impl Session {
     pub(super) fn ehlo(&mut self, domain: String, extended: bool) -> Reply {

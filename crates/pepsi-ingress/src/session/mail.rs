@@ -3,10 +3,10 @@
 //! parameters.
 
 use super::{Session, State, Transaction};
-use crate::protocol::Reply;
-use crate::protocol::address::Path;
-use crate::protocol::command::Param;
-use crate::protocol::params::mail_params;
+use pepsi_smtp::Reply;
+use pepsi_smtp::address::Path;
+use pepsi_smtp::command::Param;
+use pepsi_smtp::params::mail_params;
 
 impl Session {
     pub(super) async fn mail(&mut self, from: Path, params: Vec<Param>) -> Reply {

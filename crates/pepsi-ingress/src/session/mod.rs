@@ -19,11 +19,11 @@ use std::sync::Arc;
 use mail_auth::IprevOutput;
 use tokio::sync::watch;
 
-use crate::protocol::data::DataDecoder;
-use crate::protocol::params::{MailParams, RcptParams};
-use crate::protocol::{Command, ParseError, Reply};
 use crate::server::{Listener, Shared};
 use conn::{Conn, End, Line};
+use pepsi_smtp::data::DataDecoder;
+use pepsi_smtp::params::{MailParams, RcptParams};
+use pepsi_smtp::{Command, ParseError, Reply};
 
 /// Where the session is in the SMTP dialogue.
 pub enum State {
@@ -223,7 +223,7 @@ impl Session {
     }
 
     async fn command(&mut self, line: &[u8]) -> Result<Flow, End> {
-        let command = match crate::protocol::command::parse(line) {
+        let command = match pepsi_smtp::command::parse(line) {
             Ok(c) => c,
             Err(ParseError::Unknown(verb)) => {
                 self.send(Reply::new(

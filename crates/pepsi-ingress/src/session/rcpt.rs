@@ -2,11 +2,11 @@
 //! RFC 3461 parameters kept for `state.dsn`.
 
 use super::{Session, State};
-use crate::protocol::Reply;
-use crate::protocol::address::Path;
-use crate::protocol::command::Param;
-use crate::protocol::params::rcpt_params;
 use crate::relay::{RcptDecision, decide};
+use pepsi_smtp::Reply;
+use pepsi_smtp::address::Path;
+use pepsi_smtp::command::Param;
+use pepsi_smtp::params::rcpt_params;
 
 impl Session {
     pub(super) async fn rcpt(&mut self, to: Path, params: Vec<Param>) -> Reply {

@@ -4,7 +4,7 @@
 
 use super::conn::{End, Stream};
 use super::{Flow, Session, State, TlsInfo};
-use crate::protocol::Reply;
+use pepsi_smtp::Reply;
 
 impl Session {
     pub(super) async fn starttls(&mut self) -> Result<Flow, End> {

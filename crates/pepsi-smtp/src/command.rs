@@ -1,7 +1,11 @@
-//! Parsing one SMTP command line (without its CRLF) into a `Command`. Pure: no I/O, no
-//! session state; whether a command is allowed *now* is the session's business.
+//! SMTP command lines, both ways: a server [`parse`]s a line (without its CRLF) into a
+//! [`Command`]; a client writes a [`Command`] with [`Command::to_line`], which refuses any
+//! value that would put a CR, LF or NUL on the line. Pure: no I/O, no session state;
+//! whether a command is allowed *now* is the session's business.
 
-use super::address::{Path, parse_path};
+use std::fmt;
+
+use crate::address::{Path, parse_path};
 
 /// A parsed command.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -39,6 +43,81 @@ pub enum Command {
 pub struct Param {
     pub key: String,
     pub value: Option<String>,
+}
+
+impl fmt::Display for Param {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={v}", self.key),
+            None => f.write_str(&self.key),
+        }
+    }
+}
+
+/// A command line this side will not send: `text` holds `what` (a CR, an LF or a NUL),
+/// which the peer would read as the end of the line and the start of a command of its own.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{what}: {text:?}")]
+pub struct Unsendable {
+    pub what: &'static str,
+    pub text: String,
+}
+
+/// Checks a command line as it may go out (the text before its final CRLF): no CR, LF or
+/// NUL, whatever a stored envelope says, so nothing can be smuggled in as a second command.
+pub fn check_line(line: &str) -> Result<(), Unsendable> {
+    check_text(line.strip_suffix("\r\n").unwrap_or(line))
+}
+
+/// The text of a line, before its CRLF is added: not even a CR LF at its end may pass.
+fn check_text(text: &str) -> Result<(), Unsendable> {
+    match text.bytes().find(|b| matches!(b, b'\r' | b'\n' | 0)) {
+        None => Ok(()),
+        Some(b) => Err(Unsendable {
+            what: match b {
+                b'\r' => "a CR",
+                b'\n' => "an LF",
+                _ => "a NUL",
+            },
+            text: text.to_owned(),
+        }),
+    }
+}
+
+impl Command {
+    /// The line a client sends, CRLF included, in the form [`parse`] reads back as this
+    /// command. A value that would carry a CR, LF or NUL is refused.
+    pub fn to_line(&self) -> Result<String, Unsendable> {
+        let with_params = |head: String, params: &[Param]| {
+            params.iter().fold(head, |line, p| format!("{line} {p}"))
+        };
+        let text = match self {
+            Command::Helo(domain) => format!("HELO {domain}"),
+            Command::Ehlo(domain) => format!("EHLO {domain}"),
+            Command::Mail { from, params } => with_params(format!("MAIL FROM:{from}"), params),
+            Command::Rcpt { to, params } => with_params(format!("RCPT TO:{to}"), params),
+            Command::Data => "DATA".into(),
+            Command::Bdat { size, last: true } => format!("BDAT {size} LAST"),
+            Command::Bdat { size, last: false } => format!("BDAT {size}"),
+            Command::Rset => "RSET".into(),
+            Command::Noop => "NOOP".into(),
+            Command::Quit => "QUIT".into(),
+            Command::Help => "HELP".into(),
+            Command::Vrfy => "VRFY".into(),
+            Command::Expn => "EXPN".into(),
+            Command::StartTls => "STARTTLS".into(),
+            Command::Auth {
+                mechanism,
+                initial: Some(initial),
+            } => format!("AUTH {mechanism} {initial}"),
+            Command::Auth {
+                mechanism,
+                initial: None,
+            } => format!("AUTH {mechanism}"),
+        };
+        check_text(&text)?;
+        Ok(text + "\r\n")
+    }
 }
 
 /// Why a line is not a command.
@@ -315,5 +394,83 @@ mod tests {
             parse(b"MAIL FROM:<\xff@b>"),
             Err(ParseError::Syntax("5.5.2", _))
         ));
+    }
+
+    /// What a client writes, a server parses back as the same command.
+    #[test]
+    fn written_commands_parse_back_as_themselves() {
+        let mail = ok("MAIL FROM:<a@example.org> SIZE=100 BODY=8BITMIME SMTPUTF8");
+        let rcpt = ok("RCPT TO:<b@example.test> NOTIFY=SUCCESS,FAILURE ORCPT=rfc822;b+2Bx@x");
+        let commands = [
+            Command::Ehlo("client.example".into()),
+            Command::Helo("[192.0.2.1]".into()),
+            mail,
+            rcpt,
+            Command::Mail {
+                from: Path::new(""),
+                params: vec![],
+            },
+            Command::Data,
+            Command::Bdat {
+                size: 7,
+                last: true,
+            },
+            Command::Bdat {
+                size: 0,
+                last: false,
+            },
+            Command::Rset,
+            Command::Quit,
+            Command::StartTls,
+            Command::Auth {
+                mechanism: "PLAIN".into(),
+                initial: Some("AGFAYg==".into()),
+            },
+            Command::Auth {
+                mechanism: "LOGIN".into(),
+                initial: None,
+            },
+        ];
+        for command in commands {
+            let line = command.to_line().unwrap();
+            let text = line.strip_suffix("\r\n").expect("ends in CRLF");
+            assert_eq!(ok(text), command, "{line:?}");
+        }
+    }
+
+    #[test]
+    fn a_command_line_with_a_line_break_inside_is_never_written() {
+        let cases = [
+            ("RCPT TO:<a@x> ORCPT=rfc822;a@x\r\n", None),
+            ("RCPT TO:<a@x>", None),
+            ("RCPT TO:<a@x> ORCPT=rfc822\nRSET;a@x\r\n", Some("an LF")),
+            ("RCPT TO:<a@x>\rMAIL FROM:<b@y>\r\n", Some("a CR")),
+            ("RCPT TO:<a@x>\0\r\n", Some("a NUL")),
+            ("RCPT TO:<a@x>\r\n\r\n", Some("a CR")),
+        ];
+        for (line, refused) in cases {
+            assert_eq!(check_line(line).err().map(|e| e.what), refused, "{line:?}");
+        }
+        let smuggled = Command::Rcpt {
+            to: Path::new("a@x"),
+            params: vec![Param {
+                key: "ORCPT".into(),
+                value: Some("rfc822\r\nRSET;a@x".into()),
+            }],
+        };
+        assert_eq!(smuggled.to_line().unwrap_err().what, "a CR");
+        // A value that ends in CRLF would add an empty line after the command.
+        let trailing = Command::Rcpt {
+            to: Path::new("a@x"),
+            params: vec![Param {
+                key: "ORCPT".into(),
+                value: Some("rfc822;a@x\r\n".into()),
+            }],
+        };
+        assert_eq!(trailing.to_line().unwrap_err().what, "a CR");
+        assert!(
+            Command::Ehlo("a\nb".into()).to_line().is_err(),
+            "a domain with a line break"
+        );
     }
 }

@@ -14,9 +14,10 @@ use std::time::Duration;
 
 use tokio::sync::Mutex;
 
-use super::client::{ClientError, Connection, Protocol, RcptOutcome, Target, Timeouts};
-use super::envelope::Envelope;
-use super::tls::OpenOptions;
+use pepsi_smtp::{
+    ClientError, Connection, Envelope, OpenOptions, Protocol, RcptOutcome, Target, Timeouts,
+};
+
 use crate::config::{Config, ConfigError, Section};
 use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
 use crate::mime::{self, Prepared};
@@ -142,7 +143,7 @@ impl Relay {
         attempt: Option<std::time::Duration>,
     ) -> Result<Terminal, StageError> {
         let message = ctx.raw_message()?;
-        let env = Envelope::from_state(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
+        let env = delivery::envelope(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
         let results = match attempt {
             None => self.deliver(peer, &env, &message).await,
             Some(limit) => {
@@ -166,7 +167,7 @@ impl Relay {
         let mut conn = match self.connection(slot.take(), peer).await {
             Ok(conn) => conn,
             Err(e) => {
-                let failure = e.failure(&peer.name());
+                let failure = Failure::from_client(&e, &peer.name());
                 tracing::warn!(target = %peer.target, "session failed: {e}");
                 return vec![RcptResult::Transient(failure); env.recipients.len()];
             }
@@ -199,7 +200,10 @@ impl Relay {
             }
         }
         self.keep(&mut slot, peer, conn).await;
-        outcomes.iter().map(|o| o.to_result(&remote)).collect()
+        outcomes
+            .iter()
+            .map(|o| RcptResult::from_outcome(o, &remote))
+            .collect()
     }
 
     /// Keeps `conn` for the next message, or closes it when it is broken or reuse is off.

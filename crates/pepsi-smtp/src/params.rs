@@ -3,8 +3,8 @@
 
 use serde::Serialize;
 
-use super::command::Param;
-use super::reply::Reply;
+use crate::command::Param;
+use crate::reply::Reply;
 
 /// `BODY=` of MAIL.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -190,7 +190,7 @@ pub fn rcpt_params(params: &[Param]) -> Result<RcptParams, Reply> {
 }
 
 /// The encodings these parameters and AUTH use, defined once in pepsi-common.
-pub use pepsi_common::encoding::{base64_decode, base64_encode, xtext_decode};
+pub use crate::encoding::{base64_decode, base64_encode, xtext_decode};
 
 #[cfg(test)]
 mod tests {

@@ -8,6 +8,13 @@ pub struct Path {
 }
 
 impl Path {
+    /// The path of `address`; the empty string is the null path `<>`.
+    pub fn new(address: &str) -> Path {
+        Path {
+            address: (!address.is_empty()).then(|| address.to_owned()),
+        }
+    }
+
     /// The domain part, lower-cased; None for `<>` and `<postmaster>`.
     pub fn domain(&self) -> Option<String> {
         let address = self.address.as_deref()?;
@@ -19,6 +26,13 @@ impl Path {
     /// True when the address needs SMTPUTF8 (RFC 6531).
     pub fn is_utf8(&self) -> bool {
         self.address.as_deref().is_some_and(|a| !a.is_ascii())
+    }
+}
+
+/// `<local@domain>`, or `<>` for the null path: the form a command line carries.
+impl std::fmt::Display for Path {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "<{}>", self.address.as_deref().unwrap_or(""))
     }
 }
 

@@ -1,6 +1,6 @@
 //! The extensions a server offers in its EHLO or LHLO reply. Pure, no I/O.
 
-use super::reply::Reply;
+use crate::reply::Reply;
 
 /// What the peer said it supports. Unknown keywords are ignored.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -67,7 +67,7 @@ impl Capabilities {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::smtp::reply::parse_reply;
+    use crate::reply::parse_reply;
 
     fn check(lines: &[&str], expected: Capabilities) {
         let reply = parse_reply(lines).unwrap();

@@ -1,5 +1,5 @@
-//! What goes on the wire in a transaction besides the verbs: the DATA payload (dot-stuffed),
-//! and the xtext encoding of DSN parameters. Pure, no I/O.
+//! The sending side: a message made into the DATA payload (dot-stuffed, CRLF line ends)
+//! or a BDAT chunk. Pure, no I/O.
 
 /// The DATA payload for `message`, terminator included.
 ///
@@ -50,6 +50,13 @@ pub fn crlf_line_ends(message: &[u8]) -> std::borrow::Cow<'_, [u8]> {
 /// True when the message has a byte outside 7-bit ASCII (it needs BODY=8BITMIME).
 pub fn is_8bit(message: &[u8]) -> bool {
     message.iter().any(|&b| b >= 0x80)
+}
+
+/// True when the header block of `message` has 8-bit bytes that are valid UTF-8 (RFC 6532
+/// header fields).
+pub fn has_utf8_headers(message: &[u8]) -> bool {
+    let (headers, _) = crate::message::split(message);
+    is_8bit(headers) && std::str::from_utf8(headers).is_ok()
 }
 
 #[cfg(test)]

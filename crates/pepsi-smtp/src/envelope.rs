@@ -1,11 +1,10 @@
-//! The envelope of one transaction and the MAIL / RCPT command lines built from it: which
+//! The envelope of one transaction and the MAIL / RCPT commands built from it: which
 //! ESMTP parameters go out depends on what the peer offers. Pure, no I/O.
 
-use serde_json::{Map, Value};
-
-use super::caps::Capabilities;
+use crate::address::Path;
+use crate::caps::Capabilities;
+use crate::command::{Command, Param, Unsendable};
 use crate::encoding::xtext_encode as xtext;
-use crate::state::{Dsn, Origin, StateError};
 
 /// One recipient with its RFC 3461 parameters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -32,41 +31,16 @@ pub struct Envelope {
 }
 
 impl Envelope {
-    /// The envelope of a queued message: `state.dsn` gives RET/ENVID and each recipient's
-    /// NOTIFY/ORCPT (by position), `state.origin.smtputf8` whether the message is UTF-8.
-    /// Either key may be absent; a malformed one is an error naming it.
-    pub fn from_state(
-        mail_from: &str,
-        rcpt_to: &[String],
-        state: &Map<String, Value>,
-    ) -> Result<Self, StateError> {
-        let dsn = Dsn::from_state(state)?.unwrap_or_default();
-        let origin = Origin::from_state(state)?.unwrap_or_default();
-        Ok(Envelope {
-            mail_from: mail_from.to_owned(),
-            recipients: rcpt_to
-                .iter()
-                .enumerate()
-                .map(|(i, address)| {
-                    let per = dsn.rcpt(i);
-                    Recipient {
-                        address: address.clone(),
-                        notify: per
-                            .and_then(|r| r.notify.as_ref())
-                            .map(|n| n.iter().map(|s| s.to_ascii_uppercase()).collect()),
-                        orcpt: per.and_then(|r| r.orcpt.clone()),
-                    }
-                })
-                .collect(),
-            ret: dsn.ret.map(|r| r.as_str().to_owned()),
-            envid: dsn.envid,
-            utf8_message: origin.smtputf8,
-        })
-    }
-
     /// True when an address of the envelope is not ASCII: only an SMTPUTF8 peer can take it.
     pub fn has_utf8_address(&self) -> bool {
         !self.mail_from.is_ascii() || self.recipients.iter().any(|r| !r.address.is_ascii())
+    }
+}
+
+fn param(key: &str, value: Option<String>) -> Param {
+    Param {
+        key: key.to_owned(),
+        value,
     }
 }
 
@@ -79,54 +53,58 @@ pub fn mail_command(
     size: usize,
     eight_bit: bool,
     smtputf8: bool,
-) -> String {
-    let mut cmd = format!("MAIL FROM:<{}>", env.mail_from);
+) -> Result<String, Unsendable> {
+    let mut params = Vec::new();
     if caps.size.is_some() {
-        cmd.push_str(&format!(" SIZE={size}"));
+        params.push(param("SIZE", Some(size.to_string())));
     }
     if eight_bit && caps.eight_bit_mime {
-        cmd.push_str(" BODY=8BITMIME");
+        params.push(param("BODY", Some("8BITMIME".into())));
     }
     if caps.smtputf8 && smtputf8 {
-        cmd.push_str(" SMTPUTF8");
+        params.push(param("SMTPUTF8", None));
     }
     if caps.dsn {
         if let Some(ret) = &env.ret {
-            cmd.push_str(&format!(" RET={}", ret.to_ascii_uppercase()));
+            params.push(param("RET", Some(ret.to_ascii_uppercase())));
         }
         if let Some(envid) = &env.envid {
-            cmd.push_str(&format!(" ENVID={}", xtext(envid)));
+            params.push(param("ENVID", Some(xtext(envid))));
         }
     }
-    cmd.push_str("\r\n");
-    cmd
+    Command::Mail {
+        from: Path::new(&env.mail_from),
+        params,
+    }
+    .to_line()
 }
 
 /// `RCPT TO:<…>` with NOTIFY/ORCPT when the peer offers DSN.
-pub fn rcpt_command(rcpt: &Recipient, caps: &Capabilities) -> String {
-    let mut cmd = format!("RCPT TO:<{}>", rcpt.address);
+pub fn rcpt_command(rcpt: &Recipient, caps: &Capabilities) -> Result<String, Unsendable> {
+    let mut params = Vec::new();
     if caps.dsn {
         if let Some(notify) = rcpt.notify.as_ref().filter(|n| !n.is_empty()) {
-            cmd.push_str(&format!(" NOTIFY={}", notify.join(",")));
+            params.push(param("NOTIFY", Some(notify.join(","))));
         }
         if let Some(orcpt) = &rcpt.orcpt {
             // The address type is atom text; only the address is xtext.
-            match orcpt.split_once(';') {
-                Some((kind, addr)) => {
-                    cmd.push_str(&format!(" ORCPT={};{}", kind.trim(), xtext(addr.trim())))
-                }
-                None => cmd.push_str(&format!(" ORCPT=rfc822;{}", xtext(orcpt))),
-            }
+            let value = match orcpt.split_once(';') {
+                Some((kind, addr)) => format!("{};{}", kind.trim(), xtext(addr.trim())),
+                None => format!("rfc822;{}", xtext(orcpt)),
+            };
+            params.push(param("ORCPT", Some(value)));
         }
     }
-    cmd.push_str("\r\n");
-    cmd
+    Command::Rcpt {
+        to: Path::new(&rcpt.address),
+        params,
+    }
+    .to_line()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn all() -> Capabilities {
         Capabilities {
@@ -137,43 +115,6 @@ mod tests {
             dsn: true,
             ..Capabilities::default()
         }
-    }
-
-    #[test]
-    fn envelope_reads_the_dsn_state() {
-        let state = json!({
-            "dsn": {"ret": "HDRS", "envid": "id+1", "rcpt": [
-                {"notify": ["success", "FAILURE"], "orcpt": "rfc822;a+x@example.org"},
-                {"notify": null, "orcpt": null}
-            ]},
-            "origin": {"smtputf8": true}
-        });
-        let rcpt = vec!["a@x".to_owned(), "b@x".to_owned(), "c@x".to_owned()];
-        let env = Envelope::from_state("s@x", &rcpt, state.as_object().unwrap()).unwrap();
-        assert_eq!(env.ret.as_deref(), Some("HDRS"));
-        assert_eq!(env.envid.as_deref(), Some("id+1"));
-        assert!(env.utf8_message);
-        assert_eq!(
-            env.recipients[0].notify,
-            Some(vec!["SUCCESS".into(), "FAILURE".into()])
-        );
-        assert_eq!(
-            env.recipients[1],
-            Recipient {
-                address: "b@x".into(),
-                ..Default::default()
-            }
-        );
-        assert_eq!(env.recipients[2].address, "c@x");
-        let bare = Envelope::from_state("", &rcpt[..1], &Map::new()).unwrap();
-        assert_eq!(bare.recipients[0].notify, None);
-        assert!(!bare.utf8_message);
-        let bad = json!({"dsn": {"rcpt": [{"notify": "SUCCESS"}]}});
-        let err = Envelope::from_state("", &rcpt[..1], bad.as_object().unwrap()).unwrap_err();
-        assert!(
-            err.to_string().starts_with("state.dsn.rcpt[0].notify: "),
-            "{err}"
-        );
     }
 
     /// (envelope, capabilities, 8-bit) → the MAIL command.
@@ -220,7 +161,7 @@ mod tests {
         ];
         for (env, caps, eight, want) in cases {
             let smtputf8 = env.utf8_message || env.has_utf8_address();
-            assert_eq!(mail_command(env, &caps, 42, eight, smtputf8), want);
+            assert_eq!(mail_command(env, &caps, 42, eight, smtputf8).unwrap(), want);
         }
     }
 
@@ -232,12 +173,19 @@ mod tests {
             orcpt: Some("rfc822;a+tag@x".into()),
         };
         assert_eq!(
-            rcpt_command(&r, &all()),
+            rcpt_command(&r, &all()).unwrap(),
             "RCPT TO:<a@x> NOTIFY=SUCCESS,DELAY ORCPT=rfc822;a+2Btag@x\r\n"
         );
         assert_eq!(
-            rcpt_command(&r, &Capabilities::default()),
+            rcpt_command(&r, &Capabilities::default()).unwrap(),
             "RCPT TO:<a@x>\r\n"
         );
+        // An ORCPT address type with a line break (the address part is xtext-encoded and
+        // cannot carry one) is refused, not written.
+        let smuggled = Recipient {
+            orcpt: Some("rfc822\r\nRSET;a@x".into()),
+            ..r
+        };
+        assert_eq!(rcpt_command(&smuggled, &all()).unwrap_err().what, "a CR");
     }
 }

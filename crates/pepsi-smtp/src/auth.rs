@@ -1,7 +1,7 @@
 //! SMTP AUTH (RFC 4954) for the two mechanisms smarthosts ask for: PLAIN (RFC 4616), sent
 //! with its initial response, and LOGIN. Pure, no I/O: which mechanism, and the lines to send.
 
-use super::caps::Capabilities;
+use crate::caps::Capabilities;
 
 /// A mechanism this client speaks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -9,15 +9,15 @@ use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 
-use super::auth::{self, Mechanism};
-use super::caps::Capabilities;
-use super::data::{crlf_line_ends, dot_stuff, is_8bit};
-use super::envelope::{Envelope, mail_command, rcpt_command};
-use super::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_line, parse_reply};
-use super::tls::{
+use crate::auth::{self, Mechanism};
+use crate::caps::Capabilities;
+use crate::command;
+use crate::data::{crlf_line_ends, dot_stuff, has_utf8_headers, is_8bit};
+use crate::envelope::{Envelope, mail_command, rcpt_command};
+use crate::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_line, parse_reply};
+use crate::tls::{
     Credentials, OpenOptions, TlsInfo, TlsOptions, TlsPolicy, client_config, server_name,
 };
-use crate::delivery::{Failure, RcptResult};
 
 /// SMTP (RFC 5321) or LMTP (RFC 2033): the hello verb and the replies after the data differ.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -252,61 +252,29 @@ impl ClientError {
         }
     }
 
-    /// The failure as `state.bounce` records it. `remote_mta` names the peer.
-    pub fn failure(&self, remote_mta: &str) -> Failure {
-        if let ClientError::Refused { phase, reply } = self {
-            return reply_failure(*phase, reply, remote_mta);
-        }
-        let status = match self {
-            // RFC 3463: 4.4.1 no answer from host, 4.4.2 bad connection, 4.5.0 protocol error
-            ClientError::Connect { .. } => "4.4.1",
-            ClientError::Malformed { .. } => "4.5.0",
-            // 4.7.5: cryptographic failure
-            ClientError::Tls { .. } => "4.7.5",
-            ClientError::NotOffered { status, .. } | ClientError::Policy { status, .. } => status,
-            // 5.5.2: the command would not be syntactically one command.
-            ClientError::Unsendable { .. } => "5.5.2",
-            _ => "4.4.2",
-        };
-        Failure {
-            diagnostic: self.to_string(),
-            enhanced_status: Some(status.to_owned()),
-            smtp_code: None,
-            remote_mta: Some(remote_mta.to_owned()),
-            reply_text: None,
-            phase: Some(self.phase().as_str().to_owned()),
-        }
-    }
-}
-
-/// A command line as it may go out: its text (before the final CRLF) holds no CR, LF or
-/// NUL, whatever a stored envelope says, so nothing can be smuggled in as a second command.
-pub fn check_command_line(phase: Phase, line: &str) -> Result<(), ClientError> {
-    let text = line.strip_suffix("\r\n").unwrap_or(line);
-    match text.bytes().find(|b| matches!(b, b'\r' | b'\n' | 0)) {
-        None => Ok(()),
-        Some(b) => Err(ClientError::Unsendable {
+    /// A command line of `phase` that [`command::check_line`] refused.
+    pub fn unsendable(phase: Phase, e: command::Unsendable) -> ClientError {
+        ClientError::Unsendable {
             phase,
-            detail: format!(
-                "refusing to send a {phase} command containing {}: {text:?}",
-                match b {
-                    b'\r' => "a CR",
-                    b'\n' => "an LF",
-                    _ => "a NUL",
-                }
-            ),
-        }),
+            detail: format!("refusing to send a {phase} command containing {e}"),
+        }
     }
-}
 
-fn reply_failure(phase: Phase, reply: &Reply, remote_mta: &str) -> Failure {
-    Failure {
-        diagnostic: format!("{} (in reply to {phase})", reply.text()),
-        enhanced_status: Some(reply.status()),
-        smtp_code: Some(reply.code),
-        remote_mta: Some(remote_mta.to_owned()),
-        reply_text: Some(reply.to_string()),
-        phase: Some(phase.as_str().to_owned()),
+    /// The RFC 3463 code that describes the failure: the server's own for a refusal, else
+    /// 4.4.1 no answer, 4.5.0 protocol error, 4.7.5 cryptographic failure, 5.5.2 a command
+    /// that would not be one command, 4.4.2 a connection lost.
+    pub fn status(&self) -> String {
+        match self {
+            ClientError::Refused { reply, .. } => reply.status(),
+            ClientError::Connect { .. } => "4.4.1".into(),
+            ClientError::Malformed { .. } => "4.5.0".into(),
+            ClientError::Tls { .. } => "4.7.5".into(),
+            ClientError::NotOffered { status, .. } | ClientError::Policy { status, .. } => {
+                (*status).into()
+            }
+            ClientError::Unsendable { .. } => "5.5.2".into(),
+            _ => "4.4.2".into(),
+        }
     }
 }
 
@@ -320,28 +288,6 @@ pub enum RcptOutcome {
     /// No answer for this recipient: the connection failed, or the message cannot go to
     /// this peer at all.
     Failed(ClientError),
-}
-
-impl RcptOutcome {
-    /// The delivery result: accepted → delivered, 5xx → permanent, 4xx and every
-    /// connection failure → transient.
-    pub fn to_result(&self, remote_mta: &str) -> RcptResult {
-        match self {
-            RcptOutcome::Accepted(_) => RcptResult::Delivered,
-            RcptOutcome::Refused { phase, reply } => {
-                let f = reply_failure(*phase, reply, remote_mta);
-                if reply.is_permanent() {
-                    RcptResult::Permanent(f)
-                } else {
-                    RcptResult::Transient(f)
-                }
-            }
-            RcptOutcome::Failed(e) if e.is_temporary() => {
-                RcptResult::Transient(e.failure(remote_mta))
-            }
-            RcptOutcome::Failed(e) => RcptResult::Permanent(e.failure(remote_mta)),
-        }
-    }
 }
 
 /// A byte stream the client can speak over: TCP, a unix socket, or TLS over either.
@@ -761,23 +707,39 @@ impl Connection {
             });
         }
         let eight_bit = is_8bit(message);
-        let smtputf8 = env.utf8_message
-            || env.has_utf8_address()
-            || (eight_bit && crate::mime::has_utf8_headers(message));
-        let mail = mail_command(env, &self.caps, message.len(), eight_bit, smtputf8);
-        let rcpts: Vec<String> = env
-            .recipients
-            .iter()
-            .map(|r| rcpt_command(r, &self.caps))
-            .collect();
+        let smtputf8 =
+            env.utf8_message || env.has_utf8_address() || (eight_bit && has_utf8_headers(message));
+        let mail = match mail_command(env, &self.caps, message.len(), eight_bit, smtputf8) {
+            Ok(line) => line,
+            Err(e) => return all(ClientError::unsendable(Phase::Mail, e)),
+        };
+        // A recipient whose RCPT line cannot be sent fails alone; the others go ahead.
+        let mut outcomes: Vec<Option<RcptOutcome>> = vec![None; n];
+        let mut rcpts: Vec<(usize, String)> = Vec::with_capacity(n);
+        for (i, r) in env.recipients.iter().enumerate() {
+            match rcpt_command(r, &self.caps) {
+                Ok(line) => rcpts.push((i, line)),
+                Err(e) => {
+                    outcomes[i] = Some(RcptOutcome::Failed(ClientError::unsendable(Phase::Rcpt, e)))
+                }
+            }
+        }
+        let finish = |outcomes: Vec<Option<RcptOutcome>>, rest: &dyn Fn() -> RcptOutcome| {
+            outcomes
+                .into_iter()
+                .map(|o| o.unwrap_or_else(rest))
+                .collect::<Vec<_>>()
+        };
+        if rcpts.is_empty() {
+            return finish(outcomes, &|| unreachable!("every recipient has failed"));
+        }
 
         // MAIL and RCPT replies
-        let mut outcomes: Vec<Option<RcptOutcome>> = vec![None; n];
         let mail_reply;
         let mut rcpt_replies: Vec<Reply> = Vec::with_capacity(n);
         if self.caps.pipelining {
             let batch: String = std::iter::once(mail.as_str())
-                .chain(rcpts.iter().map(String::as_str))
+                .chain(rcpts.iter().map(|(_, line)| line.as_str()))
                 .collect();
             if let Err(e) = self
                 .write(Phase::Mail, batch.as_bytes(), self.timeouts.command)
@@ -789,7 +751,7 @@ impl Connection {
                 Ok(r) => r,
                 Err(e) => return all(e),
             };
-            for _ in 0..n {
+            for _ in 0..rcpts.len() {
                 match self.read_reply(Phase::Rcpt, self.timeouts.command).await {
                     Ok(r) => rcpt_replies.push(r),
                     Err(e) => return all(e),
@@ -801,7 +763,7 @@ impl Connection {
                 Err(e) => return all(e),
             };
             if mail_reply.is_positive() {
-                for cmd in &rcpts {
+                for (_, cmd) in &rcpts {
                     match self.command(Phase::Rcpt, cmd).await {
                         Ok(r) => rcpt_replies.push(r),
                         Err(e) => return all(e),
@@ -811,16 +773,15 @@ impl Connection {
         }
         if !mail_reply.is_positive() {
             let _ = self.reset_after_failure().await;
-            return vec![
-                RcptOutcome::Refused {
-                    phase: Phase::Mail,
-                    reply: mail_reply,
-                };
-                n
-            ];
+            let refused = RcptOutcome::Refused {
+                phase: Phase::Mail,
+                reply: mail_reply,
+            };
+            return finish(outcomes, &|| refused.clone());
         }
         let mut accepted = Vec::new();
-        for (i, reply) in rcpt_replies.into_iter().enumerate() {
+        for ((i, _), reply) in rcpts.iter().zip(rcpt_replies) {
+            let i = *i;
             if reply.is_positive() {
                 accepted.push(i);
             } else {
@@ -830,12 +791,6 @@ impl Connection {
                 });
             }
         }
-        let finish = |outcomes: Vec<Option<RcptOutcome>>, rest: &dyn Fn() -> RcptOutcome| {
-            outcomes
-                .into_iter()
-                .map(|o| o.unwrap_or_else(rest))
-                .collect::<Vec<_>>()
-        };
         if accepted.is_empty() {
             let _ = self.reset_after_failure().await;
             return finish(outcomes, &|| unreachable!("every recipient has a reply"));
@@ -915,7 +870,7 @@ impl Connection {
 
     /// Sends one command line and reads its reply.
     async fn command(&mut self, phase: Phase, line: &str) -> Result<Reply, ClientError> {
-        check_command_line(phase, line)?;
+        command::check_line(line).map_err(|e| ClientError::unsendable(phase, e))?;
         self.write(phase, line.as_bytes(), self.timeouts.command)
             .await?;
         self.read_reply(phase, self.timeouts.command).await
@@ -1099,26 +1054,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_command_line_with_a_line_break_inside_is_never_sent() {
-        let cases = [
-            ("RCPT TO:<a@x> ORCPT=rfc822;a@x\r\n", true),
-            ("RCPT TO:<a@x>", true),
-            ("RCPT TO:<a@x> ORCPT=rfc822\nRSET;a@x\r\n", false),
-            ("RCPT TO:<a@x>\rMAIL FROM:<b@y>\r\n", false),
-            ("RCPT TO:<a@x>\0\r\n", false),
-            ("RCPT TO:<a@x>\r\n\r\n", false),
-        ];
-        for (line, ok) in cases {
-            let got = check_command_line(Phase::Rcpt, line);
-            assert_eq!(got.is_ok(), ok, "{line:?}: {got:?}");
-            if let Err(e) = got {
-                assert!(!e.is_temporary());
-                assert_eq!(e.failure("peer").enhanced_status.as_deref(), Some("5.5.2"));
-            }
-        }
-    }
-
-    #[test]
     fn target_table() {
         let ok = |s: &str, t: Target| assert_eq!(Target::parse(s), Ok(t), "{s}");
         ok(
@@ -1164,56 +1099,5 @@ mod tests {
         }
         assert_eq!(Target::parse("[::1]:24").unwrap().to_string(), "[::1]:24");
         assert_eq!(Target::parse("/x").unwrap().to_string(), "unix:/x");
-    }
-
-    #[test]
-    fn outcomes_become_delivery_results() {
-        let r = |lines: &[&str]| parse_reply(lines).unwrap();
-        let refused = RcptOutcome::Refused {
-            phase: Phase::Rcpt,
-            reply: r(&["550 5.1.1 <b@x> no such user"]),
-        };
-        let RcptResult::Permanent(f) = refused.to_result("lmtp.test") else {
-            panic!("550 is permanent");
-        };
-        assert_eq!(f.smtp_code, Some(550));
-        assert_eq!(f.enhanced_status.as_deref(), Some("5.1.1"));
-        assert_eq!(
-            f.reply_text.as_deref(),
-            Some("550 5.1.1 <b@x> no such user")
-        );
-        assert_eq!(f.phase.as_deref(), Some("RCPT"));
-        assert_eq!(f.remote_mta.as_deref(), Some("lmtp.test"));
-        assert_eq!(
-            f.diagnostic,
-            "<b@x> no such user (in reply to RCPT TO command)"
-        );
-        let deferred = RcptOutcome::Refused {
-            phase: Phase::DataEnd,
-            reply: r(&["452 mailbox full"]),
-        };
-        let RcptResult::Transient(f) = deferred.to_result("x") else {
-            panic!("452 is transient");
-        };
-        assert_eq!(f.enhanced_status.as_deref(), Some("4.0.0"));
-        assert_eq!(f.phase.as_deref(), Some("DATA"));
-        let lost = RcptOutcome::Failed(ClientError::Connect {
-            target: "127.0.0.1:1".into(),
-            detail: "Connection refused".into(),
-        });
-        let RcptResult::Transient(f) = lost.to_result("127.0.0.1") else {
-            panic!("a refused connection is transient");
-        };
-        assert_eq!(f.phase.as_deref(), Some("connect"));
-        assert_eq!(f.enhanced_status.as_deref(), Some("4.4.1"));
-        assert!(
-            f.diagnostic.contains("Connection refused"),
-            "{}",
-            f.diagnostic
-        );
-        assert_eq!(
-            RcptOutcome::Accepted(r(&["250 2.0.0 ok"])).to_result("x"),
-            RcptResult::Delivered
-        );
     }
 }

@@ -1,8 +1,9 @@
-//! Server replies: the lines an SMTP or LMTP server sends, parsed into the reply code, the
-//! RFC 3463 enhanced status code and the text. Pure, no I/O: the client feeds it the lines it
-//! read.
+//! Replies, both ways: a server builds a [`Reply`] and sends [`Reply::render`]; a client
+//! feeds the lines it read to [`parse_reply`] and gets the same type back. The reply code,
+//! the RFC 3463 enhanced status code and the text. Pure, no I/O.
 
 use std::fmt;
+use std::fmt::Write as _;
 
 /// The most lines one reply may have, and the longest line in octets without its CRLF
 /// (RFC 5321 §4.5.3.1.5 allows 512; real servers send somewhat longer text, so this is
@@ -22,6 +23,51 @@ pub struct Reply {
 }
 
 impl Reply {
+    /// A one-line reply with an enhanced status code (`x.y.z`).
+    pub fn new(code: u16, enhanced: &str, text: impl Into<String>) -> Reply {
+        Reply {
+            code,
+            enhanced: Some(enhanced.to_owned()),
+            lines: vec![text.into()],
+        }
+    }
+
+    /// A reply without an enhanced code (greeting, EHLO, 334 challenges: RFC 2034 gives
+    /// them none).
+    pub fn plain(code: u16, lines: Vec<String>) -> Reply {
+        Reply {
+            code,
+            enhanced: None,
+            lines,
+        }
+    }
+
+    /// True for 4xx and 5xx.
+    pub fn is_error(&self) -> bool {
+        self.code >= 400
+    }
+
+    /// The wire form: `250-first`, …, `250 last`, each ending in CRLF, the enhanced code on
+    /// every line. Text is cleaned of CR and LF so a value echoed from the peer cannot start
+    /// a reply line of its own.
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        let count = self.lines.len().max(1);
+        for i in 0..count {
+            let text = self.lines.get(i).map(String::as_str).unwrap_or("");
+            let sep = if i + 1 == count { ' ' } else { '-' };
+            let _ = write!(out, "{}{sep}", self.code);
+            if let Some(enhanced) = &self.enhanced {
+                let _ = write!(out, "{enhanced} ");
+            }
+            for c in text.chars() {
+                out.push(if c == '\r' || c == '\n' { ' ' } else { c });
+            }
+            out.push_str("\r\n");
+        }
+        out
+    }
+
     /// 2xx or 3xx: the command was accepted (or is waiting for more).
     pub fn is_positive(&self) -> bool {
         (200..400).contains(&self.code)
@@ -247,6 +293,32 @@ mod tests {
         );
         check(&["250-one", "251 two"], Err("mixes codes 250 and 251"));
         check(&[], Err("empty reply"));
+    }
+
+    fn rendered(reply: Reply, wire: &str) {
+        assert_eq!(reply.render(), wire);
+        // What a server sends, a client reads back as the same reply.
+        let lines: Vec<&str> = wire.split_terminator("\r\n").collect();
+        let back = parse_reply(&lines).unwrap();
+        assert_eq!(
+            (back.code, back.enhanced),
+            (reply.code, reply.enhanced),
+            "{wire:?}"
+        );
+    }
+
+    #[test]
+    fn render_table() {
+        rendered(Reply::new(250, "2.0.0", "ok"), "250 2.0.0 ok\r\n");
+        rendered(
+            Reply::plain(250, vec!["mx greets x".into(), "PIPELINING".into()]),
+            "250-mx greets x\r\n250 PIPELINING\r\n",
+        );
+        rendered(
+            Reply::new(501, "5.5.2", "bad\r\n250 injected"),
+            "501 5.5.2 bad  250 injected\r\n",
+        );
+        rendered(Reply::plain(334, vec![String::new()]), "334 \r\n");
     }
 
     #[test]
