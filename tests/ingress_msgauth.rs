@@ -309,6 +309,43 @@ async fn a_resolver_that_never_answers_costs_a_message_dns_budget_and_gives_temp
     drop(udp);
 }
 
+/// A domain without a DMARC record: with DNS_NEGATIVE_TTL the "no such name" answer is
+/// remembered, so a second message asks nothing; with 0 (dnsmasq's answer carries no TTL)
+/// each message asks again.
+#[tokio::test]
+async fn negative_answers_are_remembered_for_dns_negative_ttl() {
+    for (ttl, expected) in [("60s", 1), ("0", 2)] {
+        let dns = Dns::start_logged(&["--txt-record=plain.test,v=spf1 ip4:127.0.0.1 -all".into()]);
+        let ingress = Ingress::start(
+            &format!(
+                "DNS_SERVERS = 127.0.0.1:{}\nDNS_NEGATIVE_TTL = {ttl}\n",
+                dns.port
+            ),
+            &[("mx", "ROLE = mx\n")],
+        )
+        .await;
+        let message = "From: a@plain.test\r\nTo: alice@example.test\r\nSubject: x\r\n\r\nbody\r\n";
+        let mut c = Client::connect(ingress.port("mx")).await;
+        c.ok("EHLO mail.plain.test", 250).await;
+        for _ in 0..2 {
+            let id = c
+                .deliver("a@plain.test", &["alice@example.test"], message.as_bytes())
+                .await;
+            let r = row(&ingress.db, id).await;
+            assert_eq!(
+                r.state["auth"]["dmarc"]["result"], "none",
+                "{}",
+                r.state["auth"]
+            );
+        }
+        assert_eq!(
+            dns.queries("_dmarc.plain.test"),
+            expected,
+            "DNS_NEGATIVE_TTL = {ttl}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn only_the_first_max_dkim_signatures_are_verified() {
     let key = Ed25519Key::generate_pkcs8().unwrap();

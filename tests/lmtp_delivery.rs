@@ -164,6 +164,56 @@ async fn a_deferred_recipient_stays_paused_alone() {
     assert!(timeout, "paused for RETRY_INITIAL");
 }
 
+/// A server that answers the first recipient after the dot and then falls silent: at
+/// ATTEMPT_TIMEOUT the answered recipient stays delivered, the other waits for its retry
+/// (4.4.2), and the worker ends its pass well before MAX_RUNTIME would kill it.
+#[tokio::test]
+async fn attempt_timeout_keeps_the_recipients_answered_before_it() {
+    let server = TestLmtp::tcp(&[], &[("b@x", "HANG")]).await;
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &db,
+        dir.path(),
+        &server.target,
+        "ATTEMPT_TIMEOUT = 2s
+MAX_RUNTIME = 1m
+RETRY_INITIAL = 1m
+",
+    );
+    let id = message(&db, &["a@x", "b@x"], RAW).await;
+
+    assert_eq!(worker(cfg.clone(), &[id]).await, vec!["0"]);
+    let got = server.messages();
+    assert_eq!(got.len(), 1, "the server took the message");
+    let rows = rows(&db).await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    let (row_id, stage, status, rcpt, state) = &rows[0];
+    assert_eq!(*row_id, id);
+    assert_eq!((stage.as_str(), status.as_str()), ("lmtp", "paused"));
+    assert_eq!(rcpt, &vec!["b@x".to_owned()], "a@x was delivered");
+    let last = state["last_error"].as_str().unwrap();
+    assert!(
+        last.starts_with("4.4.2") && last.contains("time limit"),
+        "{last}"
+    );
+
+    // An ATTEMPT_TIMEOUT that MAX_RUNTIME would cut short is refused at start.
+    let bad = config(
+        &db,
+        dir.path(),
+        &server.target,
+        "ATTEMPT_TIMEOUT = 10m
+MAX_RUNTIME = 5m
+",
+    );
+    let text = common::worker_start_error(LMTP, &bad);
+    assert!(
+        text.contains("ATTEMPT_TIMEOUT = 600s does not end 10s before MAX_RUNTIME = 300s"),
+        "{text}"
+    );
+}
+
 #[tokio::test]
 async fn lmtp_replies_after_the_dot_count_per_recipient_and_the_connection_is_kept() {
     let server = TestLmtp::unix(

@@ -505,22 +505,48 @@ pub fn queued_id(text: &str) -> i64 {
 pub struct Dns {
     child: Child,
     pub port: u16,
+    /// Where dnsmasq logs each query it answers ([`Dns::start_logged`]).
+    log: Option<tempfile::NamedTempFile>,
 }
 
 impl Dns {
     /// Starts dnsmasq on a free port; a port taken between the probe and dnsmasq's bind
     /// (by another test's server) is retried on another.
     pub fn start(records: &[String]) -> Dns {
+        Dns::start_with(records, false)
+    }
+
+    /// As [`Dns::start`], logging every query; [`Dns::queries`] reads them.
+    pub fn start_logged(records: &[String]) -> Dns {
+        Dns::start_with(records, true)
+    }
+
+    fn start_with(records: &[String], logged: bool) -> Dns {
         for _ in 0..5 {
-            if let Some(dns) = Dns::try_start(records) {
+            if let Some(dns) = Dns::try_start(records, logged) {
                 return dns;
             }
         }
         panic!("dnsmasq did not start on any of five ports");
     }
 
-    fn try_start(records: &[String]) -> Option<Dns> {
+    /// How many queries for `name` dnsmasq has received so far.
+    pub fn queries(&self, name: &str) -> usize {
+        let log = self.log.as_ref().expect("started with start_logged");
+        std::fs::read_to_string(log.path())
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains("query[") && l.contains(&format!(" {name} from ")))
+            .count()
+    }
+
+    fn try_start(records: &[String], logged: bool) -> Option<Dns> {
         let port = free_port();
+        let log = logged.then(|| tempfile::NamedTempFile::new().unwrap());
+        let log_facility = match &log {
+            Some(f) => format!("--log-facility={}", f.path().display()),
+            None => "--log-facility=-".to_owned(),
+        };
         let child = Command::new("dnsmasq")
             .args([
                 "-k",
@@ -530,12 +556,9 @@ impl Dns {
                 "--no-hosts",
                 "--bind-interfaces",
             ])
-            .args([
-                "--listen-address=127.0.0.1",
-                "--pid-file=",
-                "--user=root",
-                "--log-facility=-",
-            ])
+            .args(["--listen-address=127.0.0.1", "--pid-file=", "--user=root"])
+            .arg(log_facility)
+            .args(logged.then_some("--log-queries"))
             .arg(format!("--port={port}"))
             // Authoritative for the test names: unknown ones are NXDOMAIN, not an error.
             .args(["--local=/test/", "--local=/127.in-addr.arpa/"])
@@ -544,7 +567,7 @@ impl Dns {
             .stderr(Stdio::null())
             .spawn()
             .expect("dnsmasq is installed (dnsmasq-base in scripts/apt-packages.txt)");
-        let mut dns = Dns { child, port };
+        let mut dns = Dns { child, port, log };
         for _ in 0..200 {
             // dnsmasq exits when it cannot bind; a listener that answers while it is gone
             // is someone else's.

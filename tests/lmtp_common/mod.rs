@@ -205,22 +205,35 @@ where
                     .unwrap_or_else(|| "250 2.0.0 queued".into());
                 format!("{r}\r\n")
             } else {
+                // A recipient scripted `HANG` gets no reply: the server sends the replies
+                // before it and then falls silent (a mailbox server stuck on one delivery).
                 tx.rcpt
                     .iter()
                     .map(|a| {
-                        let r = after_dot
+                        after_dot
                             .get(a)
                             .cloned()
-                            .unwrap_or_else(|| format!("250 2.0.0 <{a}> saved"));
-                        format!("{r}\r\n")
+                            .unwrap_or_else(|| format!("250 2.0.0 <{a}> saved"))
                     })
+                    .take_while(|r| r != "HANG")
+                    .map(|r| format!("{r}\r\n"))
                     .collect()
             };
+            let hang = !smtp
+                && tx
+                    .rcpt
+                    .iter()
+                    .any(|a| after_dot.get(a).is_some_and(|r| r == "HANG"));
             // Recorded only when the server took it (LMTP: for some recipient).
             if replies.lines().any(|l| l.starts_with('2')) {
                 log.lock().unwrap().messages.push(tx.clone());
             }
             mail = false;
+            if hang {
+                let _ = s.get_mut().write_all(replies.as_bytes()).await;
+                tokio::time::sleep(std::time::Duration::from_secs(3600)).await;
+                return;
+            }
             replies
         } else if upper == "DATA" {
             "503 5.5.1 no valid recipients\r\n".to_owned()

@@ -364,9 +364,81 @@ pub fn split_host_port(s: &str) -> Option<(String, u16)> {
     Some((host.to_string(), port))
 }
 
+/// The shortest auth_token the service takes without a warning.
+pub const SHORT_TOKEN: usize = 32;
+
+/// What in a valid configuration leaves the service more exposed than it need be, as
+/// start-up warnings; the plan's contracts (token checked before the source address,
+/// `admin_addr = ":9095"`) stay as they are.
+///
+/// - A short `auth_token`: the token is checked before `allowed_cidrs`, so a client from
+///   outside the allowed networks can tell a right token (403) from a wrong one (401); a
+///   long random token keeps that from mattering.
+/// - An `admin_addr` on every interface (the default): `/metrics` and `/health` answer
+///   anyone who reaches the port.
+pub fn exposure_warnings(c: &Config) -> Vec<String> {
+    let mut out = Vec::new();
+    if c.auth_token.len() < SHORT_TOKEN {
+        out.push(format!(
+            "auth_token is shorter than {SHORT_TOKEN} characters: the token is checked before \
+             allowed_cidrs, so a client outside them can try tokens; use a long random one"
+        ));
+    }
+    let loopback = |host: &str| {
+        host == "localhost"
+            || host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    };
+    if let Some((host, port)) = split_host_port(&c.admin_addr)
+        && !loopback(&host)
+    {
+        out.push(format!(
+            "admin_addr {:?} is reachable from other hosts: /metrics and /health answer \
+             without authentication; bind it to 127.0.0.1:{port} or firewall the port",
+            c.admin_addr
+        ));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn exposure_warnings_table() {
+        let long = "t".repeat(SHORT_TOKEN);
+        let cases = [
+            (long.as_str(), "127.0.0.1:9095", &[][..]),
+            (long.as_str(), "[::1]:9095", &[]),
+            (long.as_str(), "localhost:9095", &[]),
+            (long.as_str(), ":9095", &["admin_addr \":9095\""][..]),
+            (
+                long.as_str(),
+                "0.0.0.0:9095",
+                &["admin_addr \"0.0.0.0:9095\""],
+            ),
+            (
+                "short",
+                "127.0.0.1:9095",
+                &["auth_token is shorter than 32"],
+            ),
+            ("short", ":9095", &["auth_token is shorter", "admin_addr"]),
+        ];
+        for (token, admin, expected) in cases {
+            let c = Config {
+                auth_token: token.into(),
+                admin_addr: admin.into(),
+                ..Config::default()
+            };
+            let got = exposure_warnings(&c);
+            assert_eq!(got.len(), expected.len(), "{token} {admin}: {got:?}");
+            for (g, e) in got.iter().zip(expected) {
+                assert!(g.starts_with(e), "{g} should start with {e}");
+            }
+        }
+    }
 
     fn parse_with(text: &str, env: &[(&str, &str)]) -> Result<Config, String> {
         let env: Vec<(String, String)> = env

@@ -156,6 +156,9 @@ async fn daemon(args: Args) -> Result<()> {
         tracing::error!(panic = %info, backtrace = %bt, "panic");
     }));
     tracing::info!(config = %path.display(), version = %crate::version_line(), "starting");
+    for warning in crate::config::exposure_warnings(&cfg) {
+        tracing::warn!("{warning}");
+    }
 
     let metrics = Arc::new(Metrics::new());
     let initial = Domains::open(&cfg.domains_cdb, cfg.max_cached_domains)?;

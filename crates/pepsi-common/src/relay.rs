@@ -10,7 +10,7 @@
 //! This module never touches the queue; what becomes of the message is
 //! `delivery::conclude`'s business.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::sync::Mutex;
 
@@ -132,46 +132,60 @@ impl Relay {
     /// The whole pass of a relay stage over the message of `ctx`: one attempt to `peer`
     /// for all its recipients, concluded under `policy` (delivered, bounced, paused).
     ///
-    /// With `attempt`, the delivery is stopped once it has taken that long (a peer slower
-    /// than ATTEMPT_TIMEOUT) and every recipient waits for its retry: right for one SMTP
-    /// transaction, which delivers to all its recipients or to none at its final reply.
+    /// With `attempt`, the attempt ends once it has taken that long (a peer slower than
+    /// ATTEMPT_TIMEOUT): every step is bounded by the deadline, so a recipient the peer
+    /// answered before it keeps its answer (LMTP gives one per recipient after the data)
+    /// and the rest wait for their retry, transient, 4.4.2.
     pub async fn pass(
         &self,
         ctx: &StageContext<'_>,
         peer: &Peer,
         policy: &RetryPolicy,
-        attempt: Option<std::time::Duration>,
+        attempt: Option<Duration>,
     ) -> Result<Terminal, StageError> {
         let message = ctx.raw_message()?;
         let env = delivery::envelope(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
-        let results = match attempt {
-            None => self.deliver(peer, &env, &message).await,
-            Some(limit) => {
-                match tokio::time::timeout(limit, self.deliver(peer, &env, &message)).await {
-                    Ok(results) => results,
-                    Err(_) => {
-                        let mut f = Failure::attempt_timed_out(limit);
-                        f.remote_mta = Some(peer.name());
-                        vec![RcptResult::Transient(f); env.recipients.len()]
-                    }
-                }
-            }
-        };
+        let deadline = attempt.map(|limit| (Instant::now() + limit, limit));
+        let results = self.deliver(peer, &env, &message, deadline).await;
         delivery::conclude(ctx, policy, &results)
     }
 
     /// One delivery attempt of `message` to every recipient of `env` in one transaction:
-    /// one result per recipient, in order.
-    pub async fn deliver(&self, peer: &Peer, env: &Envelope, message: &[u8]) -> Vec<RcptResult> {
+    /// one result per recipient, in order. `deadline`: when the attempt must end, and the
+    /// ATTEMPT_TIMEOUT it comes from (named in the failure).
+    pub async fn deliver(
+        &self,
+        peer: &Peer,
+        env: &Envelope,
+        message: &[u8],
+        deadline: Option<(Instant, Duration)>,
+    ) -> Vec<RcptResult> {
+        let n = env.recipients.len();
+        let over = |limit: Duration| {
+            let mut f = Failure::attempt_timed_out(limit);
+            f.remote_mta = Some(peer.name());
+            vec![RcptResult::Transient(f); n]
+        };
         let mut slot = self.kept.lock().await;
-        let mut conn = match self.connection(slot.take(), peer).await {
+        let opened = match deadline {
+            None => self.connection(slot.take(), peer).await,
+            Some((at, limit)) => {
+                let left = at.saturating_duration_since(Instant::now());
+                match tokio::time::timeout(left, self.connection(slot.take(), peer)).await {
+                    Ok(opened) => opened,
+                    Err(_) => return over(limit),
+                }
+            }
+        };
+        let mut conn = match opened {
             Ok(conn) => conn,
             Err(e) => {
                 let failure = Failure::from_client(&e, &peer.name());
                 tracing::warn!(target = %peer.target, "session failed: {e}");
-                return vec![RcptResult::Transient(failure); env.recipients.len()];
+                return vec![RcptResult::Transient(failure); n];
             }
         };
+        conn.set_deadline(deadline.map(|(at, _)| at));
         let remote = conn.remote_mta().to_owned();
         // What the peer can take decides the form of the message (or that it cannot go).
         let outcomes = match mime::prepare_for_peer(env, message, conn.capabilities(), &remote) {
@@ -182,10 +196,12 @@ impl Relay {
             }
             Prepared::Refuse(failure) => {
                 tracing::info!(%remote, "not sent: {}", failure.summary());
+                conn.set_deadline(None);
                 self.keep(&mut slot, peer, conn).await;
-                return vec![RcptResult::Permanent(failure); env.recipients.len()];
+                return vec![RcptResult::Permanent(failure); n];
             }
         };
+        conn.set_deadline(None);
         for (rcpt, outcome) in env.recipients.iter().zip(&outcomes) {
             match outcome {
                 RcptOutcome::Accepted(reply) => {

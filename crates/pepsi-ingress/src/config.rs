@@ -80,6 +80,9 @@ pub struct DnsSettings {
     pub budget: Duration,
     /// DKIM-Signature fields verified per message (the first ones); the rest are ignored.
     pub max_dkim_signatures: usize,
+    /// The least time a negative answer (NXDOMAIN, no such record) is remembered, whatever
+    /// the zone says: a flood of mail naming a domain without SPF or DMARC records asks once.
+    pub negative_ttl: Duration,
 }
 
 /// Everything the ingress reads from its configuration.
@@ -222,6 +225,9 @@ impl Settings {
                     .duration_opt("DNS_BUDGET")?
                     .unwrap_or(Duration::from_secs(10)),
                 max_dkim_signatures: s.number_opt("MAX_DKIM_SIGNATURES")?.unwrap_or(5),
+                negative_ttl: s
+                    .duration_opt("DNS_NEGATIVE_TTL")?
+                    .unwrap_or(Duration::from_secs(60)),
             },
             listeners: listeners(cfg)?,
         };

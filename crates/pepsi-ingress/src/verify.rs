@@ -65,6 +65,11 @@ impl Verifier {
         };
         opts.timeout = dns.timeout;
         opts.attempts = 2;
+        // Negative answers are cached for at least DNS_NEGATIVE_TTL (at most an hour), even
+        // when the zone gives none: each lookup the verdicts make for a name without the
+        // record (most senders publish no DMARC, many no SPF) is asked once per period.
+        opts.negative_min_ttl = Some(dns.negative_ttl);
+        opts.negative_max_ttl = Some(dns.negative_ttl.max(std::time::Duration::from_secs(3600)));
         // Verdicts come from the DNS alone; a local hosts file is not a domain's word.
         opts.use_hosts_file = ResolveHosts::Never;
         let auth = MessageAuthenticator::new(config, opts)

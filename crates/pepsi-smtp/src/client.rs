@@ -194,6 +194,9 @@ pub enum ClientError {
     Connect { target: String, detail: String },
     #[error("no answer within {}s to the {phase}", after.as_secs())]
     Timeout { phase: Phase, after: Duration },
+    /// The attempt's own time limit ([`Connection::set_deadline`]) ran out.
+    #[error("the delivery attempt reached its time limit during the {phase}")]
+    Deadline { phase: Phase },
     #[error("connection lost during the {phase}: {detail}")]
     Io { phase: Phase, detail: String },
     #[error("the server closed the connection during the {phase}")]
@@ -241,6 +244,7 @@ impl ClientError {
         match self {
             ClientError::Connect { .. } => Phase::Connect,
             ClientError::Timeout { phase, .. }
+            | ClientError::Deadline { phase }
             | ClientError::Io { phase, .. }
             | ClientError::Closed { phase }
             | ClientError::Malformed { phase, .. }
@@ -309,6 +313,9 @@ pub struct Connection {
     /// Set after a network failure, a malformed reply or a 421: never use it again.
     broken: bool,
     last_used: Instant,
+    /// When the current attempt must end ([`Connection::set_deadline`]): every read and
+    /// write waits at most until then.
+    deadline: Option<Instant>,
 }
 
 impl fmt::Debug for Connection {
@@ -457,6 +464,7 @@ impl Connection {
             authenticated: false,
             broken: false,
             last_used: Instant::now(),
+            deadline: None,
         };
         let greeting = conn.read_reply(Phase::Greeting, timeouts.greeting).await?;
         if greeting.code != 220 {
@@ -651,6 +659,13 @@ impl Connection {
     /// configured host or socket path.
     pub fn remote_mta(&self) -> &str {
         &self.remote_mta
+    }
+
+    /// Bounds everything from now on by `deadline` (None: each step by its own timeout
+    /// only). A step cut short fails with [`ClientError::Deadline`]; under LMTP the
+    /// recipients whose replies came before it keep them.
+    pub fn set_deadline(&mut self, deadline: Option<Instant>) {
+        self.deadline = deadline;
     }
 
     /// False once the connection failed or the server announced it is closing.
@@ -876,12 +891,36 @@ impl Connection {
         self.read_reply(phase, self.timeouts.command).await
     }
 
+    /// `limit`, cut short by the deadline; true when the deadline is what bounds it.
+    fn bounded(&self, limit: Duration) -> (Duration, bool) {
+        match self.deadline {
+            Some(d) => {
+                let left = d.saturating_duration_since(Instant::now());
+                if left < limit {
+                    (left, true)
+                } else {
+                    (limit, false)
+                }
+            }
+            None => (limit, false),
+        }
+    }
+
+    fn timed_out(phase: Phase, after: Duration, by_deadline: bool) -> ClientError {
+        if by_deadline {
+            ClientError::Deadline { phase }
+        } else {
+            ClientError::Timeout { phase, after }
+        }
+    }
+
     async fn write(
         &mut self,
         phase: Phase,
         bytes: &[u8],
         limit: Duration,
     ) -> Result<(), ClientError> {
+        let (limit, by_deadline) = self.bounded(limit);
         let stream = self.stream.get_mut();
         let result = tokio::time::timeout(limit, async {
             stream.write_all(bytes).await?;
@@ -900,10 +939,7 @@ impl Connection {
             }
             Err(_) => {
                 self.broken = true;
-                Err(ClientError::Timeout {
-                    phase,
-                    after: limit,
-                })
+                Err(Self::timed_out(phase, limit, by_deadline))
             }
         }
     }
@@ -911,16 +947,14 @@ impl Connection {
     /// Reads one (possibly multi-line) reply within `limit`. A 421 marks the connection
     /// closing.
     async fn read_reply(&mut self, phase: Phase, limit: Duration) -> Result<Reply, ClientError> {
+        let (limit, by_deadline) = self.bounded(limit);
         let result =
             tokio::time::timeout(limit, read_lines(&mut self.stream, phase, &self.remote_mta))
                 .await;
         self.last_used = Instant::now();
         let result = match result {
             Ok(r) => r,
-            Err(_) => Err(ClientError::Timeout {
-                phase,
-                after: limit,
-            }),
+            Err(_) => Err(Self::timed_out(phase, limit, by_deadline)),
         };
         match result {
             Ok(reply) => {

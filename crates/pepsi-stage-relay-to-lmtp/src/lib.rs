@@ -40,6 +40,10 @@ pub struct Settings {
     /// `LMTP` (where the server listens), `LHLO_NAME`, the timeouts and `CONNECTION_IDLE`.
     pub peer: Peer,
     pub policy: RetryPolicy,
+    /// `ATTEMPT_TIMEOUT`: one delivery attempt, the session included; checked at start
+    /// against the stage's MAX_RUNTIME. Recipients the server answered before it keep
+    /// their answers.
+    pub attempt_timeout: std::time::Duration,
 }
 
 impl Settings {
@@ -58,6 +62,9 @@ impl Settings {
                 options: OpenOptions::default(),
             },
             policy: RetryPolicy::from_config(cfg, stage)?,
+            attempt_timeout: s
+                .duration_opt("ATTEMPT_TIMEOUT")?
+                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
         })
     }
 }
@@ -78,7 +85,10 @@ impl Stage for RelayToLmtp {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Ok(Settings::from_config(cfg, name)?)
+        let settings = Settings::from_config(cfg, name)?;
+        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
+            .map_err(anyhow::Error::msg)?;
+        Ok(settings)
     }
 
     async fn process(
@@ -87,7 +97,12 @@ impl Stage for RelayToLmtp {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         self.relay
-            .pass(ctx, &settings.peer, &settings.policy, None)
+            .pass(
+                ctx,
+                &settings.peer,
+                &settings.policy,
+                Some(settings.attempt_timeout),
+            )
             .await
     }
 }
@@ -107,6 +122,9 @@ Options of [stage-<name>]:
   LHLO_NAME         name given in LHLO (default: [pepsi] HOSTNAME, else the system host name)
   CONNECT_TIMEOUT   30s    GREETING_TIMEOUT 60s    COMMAND_TIMEOUT 60s    DATA_TIMEOUT 10m
   CONNECTION_IDLE   30s    reuse the worker's connection (after RSET) if idle less; 0 = never
+  ATTEMPT_TIMEOUT   4m     one whole attempt; must be shorter than MAX_RUNTIME (checked at
+                           start). Recipients answered before it keep their answers; the rest
+                           wait for their retry (4.4.2)
   RETRY_INITIAL 5m, RETRY_FACTOR 2, RETRY_MAX_INTERVAL 1h, DELAY_WARNING 4h (0 = off),
   MAX_LIFETIME 5d          retry policy; each falls back to [pepsi], then to the default
   BOUNCE_STAGE, NEXT_STAGE, ORIGINATE_SUCCESS_DSN   as for every stage
