@@ -376,3 +376,110 @@ async fn only_the_first_max_dkim_signatures_are_verified() {
     assert_eq!(dkim.len(), 2, "{}", r.state["auth"]);
     assert!(ingress.log().contains("only the first MAX_DKIM_SIGNATURES"));
 }
+
+/// `pepsi-setup dns` makes a key and prints the records; published exactly as printed (by
+/// a dnsmasq serving them), mail signed with that key from the MX host passes SPF, DKIM and
+/// DMARC at the ingress, and the MTA-STS and TLS-RPT records resolve as printed.
+#[tokio::test]
+async fn the_records_pepsi_setup_dns_prints_make_mail_pass_spf_dkim_and_dmarc() {
+    let dir = tempfile::tempdir().unwrap();
+    let key_file = dir.path().join("dkim.pem");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_pepsi-setup"))
+        .args(["dns", "example.test", "--mx", "mx.example.test", "--json"])
+        .arg("--key-file")
+        .arg(&key_file)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let records = printed["records"].as_array().unwrap();
+    let kinds: Vec<&str> = records
+        .iter()
+        .map(|r| r["type"].as_str().unwrap())
+        .collect();
+    assert_eq!(kinds, ["MX", "TXT", "TXT", "TXT", "TXT", "TXT"]);
+    assert!(
+        printed["mta_sts_policy"]
+            .as_str()
+            .unwrap()
+            .contains("mx: mx.example.test")
+    );
+    let mode = std::fs::metadata(&key_file).unwrap().permissions();
+    assert_eq!(
+        std::os::unix::fs::PermissionsExt::mode(&mode) & 0o777,
+        0o600
+    );
+
+    // Publish exactly what was printed (TXT values in strings of at most 255 octets).
+    let mut args = vec!["--host-record=mx.example.test,127.0.0.1".to_owned()];
+    let mut selector = String::new();
+    for r in records {
+        let (name, value) = (r["name"].as_str().unwrap(), r["value"].as_str().unwrap());
+        if r["type"] == "MX" {
+            let (pref, host) = value.split_once(' ').unwrap();
+            args.push(format!("--mx-host={name},{host},{pref}"));
+        } else {
+            let strings: Vec<String> = value
+                .as_bytes()
+                .chunks(255)
+                .map(|c| String::from_utf8(c.to_vec()).unwrap())
+                .collect();
+            args.push(format!("--txt-record={name},{}", strings.join(",")));
+            if let Some(s) = name.strip_suffix("._domainkey.example.test") {
+                selector = s.to_owned();
+            }
+        }
+    }
+    let dns = Dns::start(&args);
+    let ingress = Ingress::start(
+        &format!("DNS_SERVERS = 127.0.0.1:{}\n", dns.port),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let key = pepsi_common::keys::load_key(&key_file).unwrap();
+    let message =
+        "From: a@example.test\r\nTo: alice@example.test\r\nSubject: records\r\n\r\nbody\r\n";
+    let signature = DkimSigner::from_key(key)
+        .domain("example.test")
+        .selector(&selector)
+        .headers(["From", "To", "Subject"])
+        .sign(message.as_bytes())
+        .unwrap();
+    let signed = format!("{}{message}", signature.to_header());
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mx.example.test", 250).await;
+    let id = c
+        .deliver("a@example.test", &["alice@example.test"], signed.as_bytes())
+        .await;
+    let auth = row(&ingress.db, id).await.state["auth"].clone();
+    assert_eq!(auth["spf"]["result"], "pass", "{auth}");
+    assert_eq!(auth["dkim"][0]["result"], "pass", "{auth}");
+    assert_eq!(auth["dmarc"]["result"], "pass", "{auth}");
+
+    // The MTA-STS and TLS-RPT records resolve as printed.
+    let resolver = mail_auth::MessageAuthenticator::new(
+        mail_auth::hickory_resolver::config::ResolverConfig::from_name_servers(vec![{
+            let mut ns = mail_auth::hickory_resolver::config::NameServerConfig::udp_and_tcp(
+                "127.0.0.1".parse().unwrap(),
+            );
+            for c in &mut ns.connections {
+                c.port = dns.port;
+            }
+            ns
+        }]),
+        mail_auth::hickory_resolver::config::ResolverOpts::default(),
+    )
+    .unwrap();
+    for r in &records[4..] {
+        let name = r["name"].as_str().unwrap();
+        let got = resolver.txt_raw_lookup(format!("{name}.")).await.unwrap();
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            r["value"].as_str().unwrap()
+        );
+    }
+}

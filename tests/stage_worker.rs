@@ -233,6 +233,65 @@ async fn pepsi_setup_db_is_idempotent_and_check_exits_2_when_work_remains() {
     );
 }
 
+/// `pepsi-setup dns` without --key-file stores the key as a row the signing stage reads,
+/// and never replaces one: the same selector again is refused, naming it.
+#[tokio::test]
+async fn pepsi_setup_dns_stores_the_key_in_the_database_and_never_replaces_it() {
+    let db = TestDb::new().await;
+    let dns = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(SETUP)
+                .args(["dns", "example.test", "--mx", "mx.example.test"])
+                .args([
+                    "--selector",
+                    "s1",
+                    "--algorithm",
+                    "ed25519",
+                    "--mta-sts",
+                    "off",
+                ])
+                .args(["--database-url", &url])
+                .output()
+                .unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let (code, out, err) = dns(db.url.clone()).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("s1._domainkey.example.test. 3600 IN TXT \"v=DKIM1; k=ed25519; p="),
+        "{out}"
+    );
+    assert!(!out.contains("_mta-sts"), "MTA-STS off: {out}");
+    assert!(
+        out.contains("DKIM private key: pepsi.signing_key (example.test, s1)"),
+        "{out}"
+    );
+    let pem: String = sqlx::query_scalar(
+        "SELECT private_key FROM pepsi.signing_key WHERE domain = 'example.test' AND selector = 's1'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(pepsi_common::keys::parse_private_key(pem.as_bytes()).is_ok());
+
+    let (code, out, err) = dns(db.url.clone()).await.unwrap();
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("already has a key for example.test under selector s1"),
+        "{err}"
+    );
+    let still: String = sqlx::query_scalar("SELECT private_key FROM pepsi.signing_key")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(still, pem, "the stored key is unchanged");
+}
+
 #[test]
 fn pepsi_setup_without_a_database_names_the_missing_option() {
     let dir = tempfile::tempdir().unwrap();
