@@ -309,6 +309,56 @@ async fn a_resolver_that_never_answers_costs_a_message_dns_budget_and_gives_temp
     drop(udp);
 }
 
+/// Lookups that failed (here: a DNS server that never answers) are remembered for
+/// DNS_FAILURE_TTL: the next message about the same domains gets `temperror` at once and
+/// asks the DNS nothing.
+#[tokio::test]
+async fn failed_lookups_are_not_asked_again_within_dns_failure_ttl() {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    udp.set_nonblocking(true).unwrap();
+    let port = udp.local_addr().unwrap().port();
+    let _tcp = std::net::TcpListener::bind(("127.0.0.1", port)).ok();
+    // Queries about dead.test received so far (the name's labels, as a query carries them).
+    let queries = || {
+        let mut n = 0;
+        let mut buf = [0u8; 512];
+        while let Ok(len) = udp.recv(&mut buf) {
+            if buf[..len].windows(10).any(|w| w == b"\x04dead\x04test") {
+                n += 1;
+            }
+        }
+        n
+    };
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{port}\nDNS_TIMEOUT = 300ms\nDNS_BUDGET = 20s\n\
+             DNS_FAILURE_TTL = 10m\n"
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let message = b"From: a@dead.test\r\nTo: alice@example.test\r\nSubject: s\r\n\r\nbody\r\n";
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mail.dead.test", 250).await;
+    let mut asked = Vec::new();
+    for _ in 0..2 {
+        let id = c
+            .deliver("a@dead.test", &["alice@example.test"], message)
+            .await;
+        let auth = row(&ingress.db, id).await.state["auth"].clone();
+        assert_eq!(auth["spf"]["result"], "temperror", "{auth}");
+        assert_eq!(auth["spf"]["helo"]["result"], "temperror", "{auth}");
+        assert_eq!(auth["dmarc"]["result"], "temperror", "{auth}");
+        asked.push(queries());
+    }
+    assert!(asked[0] > 0, "the first message asked: {asked:?}");
+    assert_eq!(asked[1], 0, "the second asked nothing: {asked:?}");
+    assert!(
+        !ingress.log().contains("DNS_BUDGET spent"),
+        "the failures, not the budget"
+    );
+}
+
 /// A domain without a DMARC record: with DNS_NEGATIVE_TTL the "no such name" answer is
 /// remembered, so a second message asks nothing; with 0 (dnsmasq's answer carries no TTL)
 /// each message asks again.

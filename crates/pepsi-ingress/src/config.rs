@@ -83,6 +83,9 @@ pub struct DnsSettings {
     /// The least time a negative answer (NXDOMAIN, no such record) is remembered, whatever
     /// the zone says: a flood of mail naming a domain without SPF or DMARC records asks once.
     pub negative_ttl: Duration,
+    /// How long a failed lookup (timeout, SERVFAIL) is remembered: the next message about
+    /// the same domain or address gets `temperror` without asking again.
+    pub failure_ttl: Duration,
 }
 
 /// Everything the ingress reads from its configuration.
@@ -228,6 +231,9 @@ impl Settings {
                 negative_ttl: s
                     .duration_opt("DNS_NEGATIVE_TTL")?
                     .unwrap_or(Duration::from_secs(60)),
+                failure_ttl: s
+                    .duration_opt("DNS_FAILURE_TTL")?
+                    .unwrap_or(Duration::from_secs(30)),
             },
             listeners: listeners(cfg)?,
         };

@@ -105,6 +105,35 @@ impl DomainCache {
     }
 }
 
+/// Lookups whose DNS failed (a timeout, SERVFAIL: `temperror`), remembered for a while so
+/// the next message naming the same domain or address gets `temperror` at once instead of
+/// waiting out the same failure: a domain whose name servers are down costs one wait per
+/// period, not one per message. Keys name the check and what it was about
+/// (`spf:example.org`, `iprev:192.0.2.1`).
+#[derive(Debug)]
+pub struct DnsFailures(Expiring<()>);
+
+/// Most failed lookups a [`DnsFailures`] remembers.
+const DNS_FAILURE_ENTRIES: usize = 10_000;
+
+impl DnsFailures {
+    /// Remembers failures for `ttl` (zero: none).
+    pub fn new(ttl: Duration) -> DnsFailures {
+        DnsFailures(Expiring::new(ttl, DNS_FAILURE_ENTRIES))
+    }
+
+    /// True when the lookup of `key` failed less than the TTL ago.
+    pub fn recent(&self, key: &str) -> bool {
+        self.0.get(key).is_some()
+    }
+
+    pub fn record(&self, key: &str) {
+        if !self.0.ttl.is_zero() {
+            self.0.update(key, |_| ((), Instant::now()));
+        }
+    }
+}
+
 /// Failed logins counted per key (a client network, an account) over a fixed window that
 /// starts at the key's first failure: once a key has `limit` failures in its window, its
 /// logins are refused without a password check until the window ends.

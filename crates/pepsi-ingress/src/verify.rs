@@ -11,9 +11,10 @@ use mail_auth::hickory_resolver::config::{
     NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
 };
 use mail_auth::{
-    AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcResult, IprevOutput,
-    IprevResult, MessageAuthenticator, SpfOutput, SpfResult, common::headers::HeaderWriter as _,
-    dmarc::Policy, dmarc::verify::DmarcParameters, spf::verify::SpfParameters,
+    AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcOutput, DmarcResult,
+    IprevOutput, IprevResult, MessageAuthenticator, SpfOutput, SpfResult,
+    common::headers::HeaderWriter as _, dmarc::Policy, dmarc::verify::DmarcParameters,
+    spf::verify::SpfParameters,
 };
 use serde_json::{Value, json};
 
@@ -27,6 +28,9 @@ pub struct Verifier {
     hostname: String,
     budget: std::time::Duration,
     max_dkim_signatures: usize,
+    /// Lookups that failed lately (DNS_FAILURE_TTL): SPF of a domain, DMARC of a domain,
+    /// iprev of an address.
+    failures: crate::limits::DnsFailures,
 }
 
 /// The verdicts for one message.
@@ -80,14 +84,27 @@ impl Verifier {
             hostname: hostname.to_owned(),
             budget: dns.budget,
             max_dkim_signatures: dns.max_dkim_signatures,
+            failures: crate::limits::DnsFailures::new(dns.failure_ttl),
         })
     }
 
     /// Reverse DNS with forward confirmation (RFC 8601 §3 iprev), within DNS_BUDGET (past
     /// it, `temperror`).
     pub async fn iprev(&self, ip: IpAddr) -> IprevOutput {
+        let key = format!("iprev:{ip}");
+        if self.failures.recent(&key) {
+            return IprevOutput {
+                result: IprevResult::TempError(recent_failure()),
+                ptr: None,
+            };
+        }
         match tokio::time::timeout(self.budget, self.auth.verify_iprev(ip)).await {
-            Ok(out) => out,
+            Ok(out) => {
+                if matches!(out.result, IprevResult::TempError(_)) {
+                    self.failures.record(&key);
+                }
+                out
+            }
             Err(_) => {
                 tracing::info!(%ip, budget = ?self.budget, "DNS_BUDGET spent on iprev: temperror");
                 IprevOutput {
@@ -161,6 +178,27 @@ impl Verifier {
         Verdict { header, state }
     }
 
+    /// An SPF check of `domain` unless its lookup failed lately (then `temperror` at once);
+    /// a check that fails now is remembered under `key`.
+    async fn remembering<F>(
+        &self,
+        key: String,
+        domain: &str,
+        check: impl FnOnce() -> F,
+    ) -> SpfOutput
+    where
+        F: std::future::Future<Output = SpfOutput>,
+    {
+        if self.failures.recent(&key) {
+            return SpfOutput::new(domain.to_owned()).with_result(SpfResult::TempError);
+        }
+        let out = check().await;
+        if out.result() == SpfResult::TempError {
+            self.failures.record(&key);
+        }
+        out
+    }
+
     async fn verdicts(
         &self,
         ip: IpAddr,
@@ -174,9 +212,11 @@ impl Verifier {
         // The two SPF checks, and DKIM and ARC below, ask the DNS at the same time.
         let spf_helo = async {
             if helo_is_domain {
-                self.auth
-                    .verify_spf(SpfParameters::verify_ehlo(ip, helo, &self.hostname))
-                    .await
+                self.remembering(format!("spf:{}", helo.to_ascii_lowercase()), helo, || {
+                    self.auth
+                        .verify_spf(SpfParameters::verify_ehlo(ip, helo, &self.hostname))
+                })
+                .await
             } else {
                 SpfOutput::new(helo.to_owned())
             }
@@ -185,15 +225,17 @@ impl Verifier {
             if mail_from.is_empty() {
                 None
             } else {
+                let domain = sender_domain(mail_from, helo);
                 Some(
-                    self.auth
-                        .verify_spf(SpfParameters::verify_mail_from(
+                    self.remembering(format!("spf:{domain}"), &domain, || {
+                        self.auth.verify_spf(SpfParameters::verify_mail_from(
                             ip,
                             helo,
                             &self.hostname,
                             mail_from,
                         ))
-                        .await,
+                    })
+                    .await,
                 )
             }
         };
@@ -236,15 +278,32 @@ impl Verifier {
             "arc": {"result": "none"},
         });
         if let (Some(message), Some((dkim, arc))) = (&message, signatures) {
-            let dmarc = self
-                .auth
-                .verify_dmarc(DmarcParameters::new(
-                    message,
-                    &dkim,
-                    &mail_domain,
-                    &spf_mail,
-                ))
-                .await;
+            let from_domain = message
+                .from()
+                .rsplit_once('@')
+                .map_or(String::new(), |(_, d)| d.to_ascii_lowercase());
+            let key = format!("dmarc:{from_domain}");
+            let dmarc = if self.failures.recent(&key) {
+                DmarcOutput::new(from_domain.clone())
+                    .with_spf_result(DmarcResult::TempError(recent_failure()))
+                    .with_dkim_result(DmarcResult::TempError(recent_failure()))
+            } else {
+                let dmarc = self
+                    .auth
+                    .verify_dmarc(DmarcParameters::new(
+                        message,
+                        &dkim,
+                        &mail_domain,
+                        &spf_mail,
+                    ))
+                    .await;
+                if matches!(dmarc.spf_result(), DmarcResult::TempError(_))
+                    && matches!(dmarc.dkim_result(), DmarcResult::TempError(_))
+                {
+                    self.failures.record(&key);
+                }
+                dmarc
+            };
             let header_from = message.from();
             results = results
                 .with_dkim_results(&dkim, header_from)
@@ -259,6 +318,13 @@ impl Verifier {
             state,
         }
     }
+}
+
+/// The error a verdict carries when the same lookup failed lately (DNS_FAILURE_TTL).
+fn recent_failure() -> mail_auth::Error {
+    mail_auth::Error::Dns(mail_auth::DnsError::Resolver(
+        "failed lately (DNS_FAILURE_TTL): not asked again".into(),
+    ))
 }
 
 /// The domain SPF's MAIL FROM verdict is about: the sender's, or HELO's for the null
