@@ -29,7 +29,8 @@ FOLDED_BINARIES = \
 # - Privileged (a setuid/setgid bit on the shared file would apply to every program linked
 #   to it): pepsi-helper-maildir-writer (setuid root), its caller
 #   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
-#   pepsi-token, reads the OAuth token files).
+#   pepsi-token, reads the OAuth token files), pepsi-sendmail (setgid pepsi-sendmail, the
+#   group that may write the drop directory; run by every local user as /usr/sbin/sendmail).
 # - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
 #   code used by nothing else); migadu_counters and counterctl, the counting service and
 #   its client: a product of their own with their own service, configuration and release
@@ -40,6 +41,7 @@ STANDALONE_BINARIES = \
 	pepsi-helper-maildir-writer \
 	pepsi-stage-relay-to-maildir \
 	pepsi-stage-relay-to-smarthost \
+	pepsi-sendmail \
 	migadu_counters \
 	counterctl
 

@@ -162,3 +162,62 @@ pub async fn admit(pool: &PgPool, msg: &Admission<'_>) -> Result<i64, sqlx::Erro
     })
     .await
 }
+
+// ----- local submission ----------------------------------------------------------------
+// pepsi-sendmail's one statement: `pepsi.sendmail_submit`, the SECURITY DEFINER function the
+// sendmail role may execute and nothing else (procedures.sql, LOCAL SUBMISSION). The
+// function validates what it is given and stores the row as the ingress does; it never
+// notifies, so the caller wakes the dispatcher after it returns (`notify_workqueue`).
+
+/// A message handed over by pepsi-sendmail, directly or from its drop directory.
+#[derive(Debug)]
+pub struct LocalSubmission<'a> {
+    /// Empty for the null sender.
+    pub mail_from: &'a str,
+    pub rcpt_to: &'a [String],
+    pub headers: &'a [u8],
+    pub body: &'a [u8],
+    /// `state.dsn` as the program read it from `-N`, `-R`, `-V` (or `MAIL`/`RCPT`
+    /// parameters under `-bs`).
+    pub dsn: &'a crate::state::Dsn,
+    pub uid: u32,
+    pub user: Option<&'a str>,
+    /// `direct` or `spool`.
+    pub via: &'a str,
+    /// `sendmail:<spool file name>` for the pickup (at most once); None when direct.
+    pub token: Option<&'a str>,
+}
+
+/// Stores the message; returns its `workqueue_id`, or None when `token` was used before
+/// (the message was stored already). A refusal of the function (the message or envelope is
+/// invalid) is a database error with SQLSTATE 22023 or 54000.
+pub async fn sendmail_submit<'e, E>(
+    executor: E,
+    msg: &LocalSubmission<'_>,
+) -> Result<Option<i64>, sqlx::Error>
+where
+    E: sqlx::Executor<'e, Database = Postgres>,
+{
+    sqlx::query_scalar("SELECT pepsi.sendmail_submit($1, $2, $3, $4, $5, $6, $7, $8, $9)")
+        .bind(msg.mail_from)
+        .bind(msg.rcpt_to)
+        .bind(msg.headers)
+        .bind(msg.body)
+        .bind(msg.dsn.to_value())
+        .bind(i64::from(msg.uid))
+        .bind(msg.user)
+        .bind(msg.via)
+        .bind(msg.token)
+        .fetch_one(executor)
+        .await
+}
+
+/// True when `err` is `pepsi.sendmail_submit` refusing what it was given (an invalid
+/// envelope or message, 22023; too large, 54000), as opposed to a database that could not
+/// be reached or is misconfigured.
+pub fn is_submission_refused(err: &sqlx::Error) -> bool {
+    match err {
+        sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("22023" | "54000")),
+        _ => false,
+    }
+}

@@ -6,14 +6,29 @@ pub use pepsi_smtp::message::{join, split};
 /// The addresses of every From field of a header block (a From may list several authors;
 /// groups are entered). An unparsable or absent From gives none.
 pub fn from_addresses(headers: &[u8]) -> Vec<String> {
+    addresses_of(headers, &[mail_parser::HeaderName::From])
+}
+
+/// The addresses of every To, Cc and Bcc field of a header block, in field order (groups
+/// are entered): the recipients `sendmail -t` reads. Names and comments are dropped; an
+/// unparsable field gives none.
+pub fn recipient_addresses(headers: &[u8]) -> Vec<String> {
+    use mail_parser::HeaderName;
+    addresses_of(headers, &[HeaderName::To, HeaderName::Cc, HeaderName::Bcc])
+}
+
+fn addresses_of(headers: &[u8], names: &[mail_parser::HeaderName<'static>]) -> Vec<String> {
     let mut block = headers.to_vec();
     block.extend_from_slice(b"\r\n");
     let Some(message) = mail_parser::MessageParser::default().parse_headers(&block) else {
         return Vec::new();
     };
     let mut out = Vec::new();
-    for value in message.header_values(mail_parser::HeaderName::From) {
-        if let Some(address) = value.as_address() {
+    for header in message.headers() {
+        if !names.contains(&header.name) {
+            continue;
+        }
+        if let Some(address) = header.value.as_address() {
             out.extend(
                 address
                     .iter()
@@ -23,6 +38,75 @@ pub fn from_addresses(headers: &[u8]) -> Vec<String> {
         }
     }
     out
+}
+
+/// Whether the header block has a field named `name` (any letter case).
+pub fn has_field(headers: &[u8], name: &str) -> bool {
+    fields(headers).any(|f| field_name(f).is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes())))
+}
+
+/// The header block without its fields named `name` (any letter case), continuation lines
+/// included; every other byte is kept.
+pub fn remove_fields(headers: &[u8], name: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(headers.len());
+    for field in fields(headers) {
+        if !field_name(field).is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes())) {
+            out.extend_from_slice(field);
+        }
+    }
+    out
+}
+
+/// The whole fields of a CRLF header block, each with its continuation lines and CRLF.
+fn fields(headers: &[u8]) -> impl Iterator<Item = &[u8]> {
+    let mut rest = headers;
+    std::iter::from_fn(move || {
+        if rest.is_empty() {
+            return None;
+        }
+        let mut end = 0;
+        loop {
+            end = match rest[end..].windows(2).position(|w| w == b"\r\n") {
+                Some(p) => end + p + 2,
+                None => rest.len(),
+            };
+            if end >= rest.len() || !matches!(rest[end], b' ' | b'\t') {
+                break;
+            }
+        }
+        let (field, tail) = rest.split_at(end);
+        rest = tail;
+        Some(field)
+    })
+}
+
+/// The name of a field (the bytes before its colon), trimmed of trailing blanks.
+fn field_name(field: &[u8]) -> Option<&[u8]> {
+    let colon = field.iter().position(|&b| b == b':')?;
+    let name = &field[..colon];
+    let trimmed = name.trim_ascii_end();
+    (!trimmed.is_empty() && !trimmed.contains(&b'\r')).then_some(trimmed)
+}
+
+#[cfg(test)]
+mod field_tests {
+    #[test]
+    fn recipients_fields_and_removal() {
+        let h = b"From: a@x.test\r\nTo: B <b@y.test>, c@z.test\r\nSubject: s\r\n\
+                  Cc: team: d@x.test;\r\nBCC: Hidden\r\n <e@x.test>\r\nbcc: f@x.test\r\n";
+        assert_eq!(
+            super::recipient_addresses(h),
+            ["b@y.test", "c@z.test", "d@x.test", "e@x.test", "f@x.test"]
+        );
+        assert!(super::has_field(h, "subject"));
+        assert!(!super::has_field(h, "Date"));
+        assert_eq!(
+            super::remove_fields(h, "Bcc"),
+            b"From: a@x.test\r\nTo: B <b@y.test>, c@z.test\r\nSubject: s\r\nCc: team: d@x.test;\r\n"
+        );
+        assert_eq!(super::remove_fields(b"", "Bcc"), b"");
+        assert_eq!(super::recipient_addresses(b"Subject: none\r\n"), Vec::<String>::new());
+    }
 }
 
 #[cfg(test)]

@@ -406,3 +406,165 @@ pub async fn apply(
 pub async fn notify(pool: &PgPool) -> Result<(), sqlx::Error> {
     crate::db::notify_workqueue(pool).await
 }
+
+// ----- the failure bouncer --------------------------------------------------------------
+// pepsi-failure-bouncer's reads and steps: `pepsi.failure_candidates` and one stored
+// function per step (procedures.sql, THE FAILURE BOUNCER), each in a transaction of its own
+// with its event_log row. Like the operator actions, nothing is notified here.
+
+/// A failed or timed-out row the failure bouncer considers.
+#[derive(Debug, Clone, PartialEq)]
+pub struct FailedRow {
+    pub id: i64,
+    pub stage: String,
+    /// `failed` or `timeout`.
+    pub status: String,
+    pub mail_from: String,
+    pub state: Value,
+}
+
+/// Failed and timed-out rows unchanged for `grace`, not given up, oldest change first, at
+/// most `limit`.
+pub async fn failure_candidates(
+    pool: &PgPool,
+    grace: Duration,
+    limit: i64,
+) -> Result<Vec<FailedRow>, sqlx::Error> {
+    let rows = sqlx::query("SELECT * FROM pepsi.failure_candidates($1, $2::int4)")
+        .bind(grace.as_secs_f64())
+        .bind(limit.clamp(0, i64::from(i32::MAX)))
+        .fetch_all(pool)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(FailedRow {
+                id: r.try_get("workqueue_id")?,
+                stage: r.try_get("stage")?,
+                status: r.try_get("status")?,
+                mail_from: r.try_get("mail_from")?,
+                state: r.try_get("state")?,
+            })
+        })
+        .collect()
+}
+
+/// One step of the failure bouncer on a row, with the `state.failure_bouncer` it leaves.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FailureStep {
+    /// Pending again at its stage.
+    Retry { record: Value },
+    /// To `bounce_stage` with a permanent `state.bounce` whose diagnostic is `reason`.
+    Bounce {
+        bounce_stage: String,
+        reason: String,
+        record: Value,
+    },
+    /// Deleted: the null sender, nobody to return it to.
+    Drop,
+    /// Left as it is, marked given up.
+    GiveUp { record: Value },
+}
+
+impl FailureStep {
+    /// The `event_log.action` name.
+    pub fn name(&self) -> &'static str {
+        match self {
+            FailureStep::Retry { .. } => "failure.retry",
+            FailureStep::Bounce { .. } => "failure.bounce",
+            FailureStep::Drop => "failure.drop",
+            FailureStep::GiveUp { .. } => "failure.give_up",
+        }
+    }
+}
+
+/// Takes `step` on `row` (only if it is still as seen: failed or timed out at that stage)
+/// and writes its event_log row with `detail` added, in one transaction.
+pub async fn apply_failure_step(
+    pool: &PgPool,
+    actor: &Actor,
+    row: &FailedRow,
+    step: &FailureStep,
+    detail: Value,
+) -> Result<Outcome, sqlx::Error> {
+    crate::db::with_retry(|| async {
+        let mut tx = pool.begin().await?;
+        let report: Value = match step {
+            FailureStep::Retry { record } => {
+                sqlx::query_scalar("SELECT pepsi.failure_retry($1, $2, $3, $4)")
+                    .bind(row.id)
+                    .bind(&row.stage)
+                    .bind(&row.status)
+                    .bind(record)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            FailureStep::Bounce {
+                bounce_stage,
+                reason,
+                record,
+            } => {
+                sqlx::query_scalar("SELECT pepsi.failure_bounce($1, $2, $3, $4, $5, $6)")
+                    .bind(row.id)
+                    .bind(&row.stage)
+                    .bind(&row.status)
+                    .bind(bounce_stage)
+                    .bind(reason)
+                    .bind(record)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            FailureStep::Drop => {
+                sqlx::query_scalar("SELECT pepsi.failure_drop($1, $2, $3)")
+                    .bind(row.id)
+                    .bind(&row.stage)
+                    .bind(&row.status)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+            FailureStep::GiveUp { record } => {
+                sqlx::query_scalar("SELECT pepsi.failure_give_up($1, $2, $3, $4)")
+                    .bind(row.id)
+                    .bind(&row.stage)
+                    .bind(&row.status)
+                    .bind(record)
+                    .fetch_one(&mut *tx)
+                    .await?
+            }
+        };
+        if report["changed"] != json!(true) {
+            tx.rollback().await?;
+            let note = report["note"].as_str().unwrap_or("nothing to do").to_owned();
+            return Ok(Outcome::Unchanged(note));
+        }
+        let mut merged = report.clone();
+        if let (Value::Object(map), Value::Object(extra)) = (&mut merged, &detail) {
+            map.remove("changed");
+            for (k, v) in extra {
+                map.insert(k.clone(), v.clone());
+            }
+        }
+        audit::record(&mut tx, actor, step.name(), Some(row.id), merged).await?;
+        tx.commit().await?;
+        Ok(Outcome::Changed(report))
+    })
+    .await
+}
+
+/// The BOUNCE_STAGE of `stage` in `cfg` (the file with the global overlay, as the workers
+/// see it), which must itself be a configured stage; the error says why there is none.
+/// pepsi-queue's `bounce` and the failure bouncer both return rows through it.
+pub fn bounce_stage_of(cfg: &crate::config::Config, stage: &str) -> Result<String, String> {
+    let section = cfg.section(&format!("stage-{stage}"));
+    let target = section
+        .string_opt("BOUNCE_STAGE")
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| {
+            format!("[stage-{stage}] has no BOUNCE_STAGE: nowhere to send the bounce")
+        })?;
+    if !cfg.has_section(&format!("stage-{target}")) {
+        return Err(format!(
+            "[stage-{stage}] BOUNCE_STAGE = {target}, but there is no [stage-{target}] section"
+        ));
+    }
+    Ok(target)
+}

@@ -156,8 +156,31 @@ pub struct Origin {
     /// The authenticated mailbox (lower-case); None when the client did not authenticate.
     #[serde(default)]
     pub auth_user: Option<String>,
+    /// A local submission through pepsi-sendmail (written by `pepsi.sendmail_submit`, never
+    /// by the ingress, whose origins leave the key out).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub local: Option<LocalSubmission>,
 }
 state_key!(Origin, "origin");
+
+/// `state.origin.local`: who handed the message to pepsi-sendmail on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalSubmission {
+    /// `pepsi-sendmail`.
+    pub program: String,
+    /// The submitting user's uid: the real uid of the pepsi-sendmail process, or the owner
+    /// of the drop-directory file the pickup inserted.
+    pub uid: u32,
+    /// That user's login name, when the system knows one.
+    #[serde(default)]
+    pub user: Option<String>,
+    /// `direct` (pepsi-sendmail reached the database) or `spool` (inserted by the pickup).
+    pub via: String,
+    /// The identity the database's own authentication established (PostgreSQL 16 and later,
+    /// `system_user`, e.g. `peer:alice`); None when it cannot tell.
+    #[serde(default)]
+    pub authn_id: Option<String>,
+}
 
 /// `BODY=` of MAIL FROM (RFC 6152).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -517,6 +540,56 @@ impl DeliveryScratch {
             _ => unreachable!("a struct serializes to an object"),
         }
     }
+}
+
+// ---------------------------------------------------------------------------------------------
+// failure_bouncer
+
+/// `state.failure_bouncer`: what pepsi-failure-bouncer did about a row that ended `failed` or
+/// `timeout`, written with each of its steps (`docs/failure-bouncer.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureRecord {
+    /// The stage `retries` and `failures` count at; a failure at another stage starts a
+    /// fresh count (the message got past the stage that failed before).
+    #[serde(default)]
+    pub stage: String,
+    /// Retries made at `stage`.
+    #[serde(default)]
+    pub retries: u32,
+    /// Each failure seen at `stage`, oldest first.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub failures: Vec<FailureSeen>,
+    /// When the bouncer returned the message to its sender: it is never returned twice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bounced: Option<FailureBounced>,
+    /// Why the bouncer gave the row up (left failed for an operator); it is not considered
+    /// again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub given_up: Option<String>,
+}
+state_key!(FailureRecord, "failure_bouncer");
+
+/// One entry of `failure_bouncer.failures`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureSeen {
+    /// The row's status: `failed` or `timeout`.
+    pub status: String,
+    /// `crash` (the worker died), `timeout` (it did not answer) or `error` (it reported one).
+    pub kind: String,
+    /// The dispatcher's `dispatch_error`, cut to 300 characters.
+    #[serde(default)]
+    pub error: Option<String>,
+    /// RFC 3339.
+    pub at: String,
+}
+
+/// `failure_bouncer.bounced`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailureBounced {
+    /// The stage the message failed at.
+    pub stage: String,
+    /// RFC 3339.
+    pub at: String,
 }
 
 #[cfg(test)]

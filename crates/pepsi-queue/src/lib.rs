@@ -427,22 +427,10 @@ async fn bounce(pool: &PgPool, file_cfg: &Config, a: BounceArgs) -> anyhow::Resu
 
 /// The BOUNCE_STAGE of `stage`, which must itself be a configured stage.
 fn bounce_target(cfg: &Config, id: i64, stage: &str) -> Result<String, AdminError> {
-    let section = cfg.section(&format!("stage-{stage}"));
-    let refused = |message: String| AdminError::Refused { id, message };
-    let target = section
-        .string_opt("BOUNCE_STAGE")
-        .map_err(|e| refused(format!("row {id}: {e}")))?
-        .ok_or_else(|| {
-            refused(format!(
-                "row {id} is at stage {stage}, and [stage-{stage}] has no BOUNCE_STAGE: nowhere to send the bounce"
-            ))
-        })?;
-    if !cfg.has_section(&format!("stage-{target}")) {
-        return Err(refused(format!(
-            "row {id}: [stage-{stage}] BOUNCE_STAGE = {target}, but there is no [stage-{target}] section"
-        )));
-    }
-    Ok(target)
+    queue::bounce_stage_of(cfg, stage).map_err(|why| AdminError::Refused {
+        id,
+        message: format!("row {id} is at stage {stage}, and {why}"),
+    })
 }
 
 /// Whether a refusal is expected in the selection (a bulk retry races the pipeline).

@@ -864,3 +864,286 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- LOCAL SUBMISSION (pepsi-sendmail)
+--
+-- The privilege boundary of the sendmail(1) interface, in the manner of Postfix's postdrop:
+-- any local user may run pepsi-sendmail, which connects as the sendmail role
+-- ([pepsi-setup] SENDMAIL_ROLE, default pepsi-sendmail). That role holds no privilege on
+-- any table or sequence; it may execute this one SECURITY DEFINER function, and nothing else
+-- in the schema can serve it (every other function here runs with its caller's rights).
+-- pepsi-setup revokes EXECUTE from PUBLIC, grants it to the sendmail role alone and
+-- verifies both on every run.
+--
+-- So whatever a local user sends over that connection, the most it can do is what this
+-- function allows: store one well-formed message at stage init, pending, marked as a local
+-- submission. It validates everything it is given, since the caller is untrusted:
+--   * the envelope: the sender is '' or an address, 1..1000 recipients, each an address
+--     (no spaces, control characters or angle brackets; at most 320 octets);
+--   * the message: header block empty or whole CRLF-terminated fields without an empty
+--     line; header block plus body at most 100 MiB (the program enforces the configured
+--     [pepsi-sendmail] MAX_MESSAGE_SIZE, which is smaller; this is the ceiling a direct
+--     caller meets);
+--   * p_dsn: RET, ENVID and one NOTIFY/ORCPT entry per recipient, in the shape of
+--     state.dsn (docs/state.md);
+--   * who: the uid and login name pepsi-sendmail read from the system (a claim: PostgreSQL
+--     15 cannot tell the function who connected; from version 16 on, system_user, the
+--     identity peer authentication established, is recorded beside it as authn_id);
+--   * p_via: 'direct' (pepsi-sendmail reached the database) or 'spool' (the pickup inserted
+--     a file of the drop directory; the uid is then the file's owner).
+-- The state written is the ingress's shape: state.origin with every field (null where an
+-- SMTP session would have had a value) plus origin.local, and state.dsn.
+-- With p_token, at most once (pepsi.clone_token): the pickup passes the spool file's name,
+-- so a file inserted before a crash and not yet removed is not queued twice; a used token
+-- returns NULL and stores nothing. Never notifies (see the contract): the caller wakes the
+-- dispatcher after commit.
+CREATE OR REPLACE FUNCTION pepsi.sendmail_address_ok(p_address text)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_address IS NOT NULL
+       AND octet_length(p_address) BETWEEN 3 AND 320
+       AND p_address ~ '^[^[:space:][:cntrl:]<>]+@[^[:space:][:cntrl:]<>@]+$'
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.sendmail_submit(
+    p_mail_from text, p_rcpt_to text[], p_headers bytea, p_body bytea, p_dsn jsonb,
+    p_uid bigint, p_login text, p_via text, p_token text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_rcpt text;
+    v_dsn jsonb := COALESCE(p_dsn, '{}'::jsonb);
+    v_entry jsonb;
+    v_entries jsonb := '[]'::jsonb;
+    v_notify jsonb;
+    v_authn text;
+    v_state jsonb;
+    v_utf8 boolean;
+    i integer;
+BEGIN
+    IF p_mail_from IS NULL OR (p_mail_from <> '' AND NOT pepsi.sendmail_address_ok(p_mail_from)) THEN
+        RAISE EXCEPTION 'sender % is not an address', quote_nullable(p_mail_from) USING ERRCODE = '22023';
+    END IF;
+    IF p_rcpt_to IS NULL OR cardinality(p_rcpt_to) = 0 THEN
+        RAISE EXCEPTION 'no recipients' USING ERRCODE = '22023';
+    END IF;
+    IF cardinality(p_rcpt_to) > 1000 THEN
+        RAISE EXCEPTION '% recipients: at most 1000', cardinality(p_rcpt_to) USING ERRCODE = '22023';
+    END IF;
+    FOREACH v_rcpt IN ARRAY p_rcpt_to LOOP
+        IF NOT pepsi.sendmail_address_ok(v_rcpt) THEN
+            RAISE EXCEPTION 'recipient % is not an address', quote_nullable(v_rcpt) USING ERRCODE = '22023';
+        END IF;
+    END LOOP;
+    IF p_headers IS NULL OR p_body IS NULL THEN
+        RAISE EXCEPTION 'the message is missing' USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_headers) + octet_length(p_body) > 100 * 1024 * 1024 THEN
+        RAISE EXCEPTION 'message of % octets: at most 104857600', octet_length(p_headers) + octet_length(p_body)
+            USING ERRCODE = '54000';
+    END IF;
+    IF octet_length(p_headers) > 0 AND (
+           substring(p_headers FROM octet_length(p_headers) - 1) <> '\x0d0a'::bytea
+           OR position('\x0d0a0d0a'::bytea IN p_headers) > 0
+           OR substring(p_headers FROM 1 FOR 2) = '\x0d0a'::bytea) THEN
+        RAISE EXCEPTION 'the header block must be whole CRLF-terminated fields without an empty line'
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_uid IS NULL OR p_uid < 0 OR p_uid > 4294967295 THEN
+        RAISE EXCEPTION 'uid % is not a user id', quote_nullable(p_uid) USING ERRCODE = '22023';
+    END IF;
+    IF p_login IS NOT NULL AND (octet_length(p_login) > 256 OR p_login ~ '[[:cntrl:]]') THEN
+        RAISE EXCEPTION 'login name % is not a user name', quote_literal(p_login) USING ERRCODE = '22023';
+    END IF;
+    IF p_via IS NULL OR p_via NOT IN ('direct', 'spool') THEN
+        RAISE EXCEPTION 'via % must be direct or spool', quote_nullable(p_via) USING ERRCODE = '22023';
+    END IF;
+    IF p_token IS NOT NULL AND (octet_length(p_token) > 256 OR p_token !~ '^sendmail:') THEN
+        RAISE EXCEPTION 'token % must be sendmail:<name>', quote_literal(p_token) USING ERRCODE = '22023';
+    END IF;
+    -- state.dsn, rebuilt from the validated parts only.
+    IF jsonb_typeof(v_dsn) <> 'object' THEN
+        RAISE EXCEPTION 'dsn must be an object' USING ERRCODE = '22023';
+    END IF;
+    IF NOT (v_dsn -> 'ret' IS NULL OR v_dsn -> 'ret' = 'null'::jsonb OR v_dsn ->> 'ret' IN ('FULL', 'HDRS')) THEN
+        RAISE EXCEPTION 'dsn.ret must be FULL, HDRS or null, not %', v_dsn -> 'ret' USING ERRCODE = '22023';
+    END IF;
+    IF NOT (v_dsn -> 'envid' IS NULL OR v_dsn -> 'envid' = 'null'::jsonb
+            OR (jsonb_typeof(v_dsn -> 'envid') = 'string' AND octet_length(v_dsn ->> 'envid') <= 100
+                AND v_dsn ->> 'envid' !~ '[[:cntrl:]]')) THEN
+        RAISE EXCEPTION 'dsn.envid must be a string of at most 100 octets' USING ERRCODE = '22023';
+    END IF;
+    IF v_dsn -> 'rcpt' IS NOT NULL AND v_dsn -> 'rcpt' <> 'null'::jsonb
+       AND (jsonb_typeof(v_dsn -> 'rcpt') <> 'array' OR jsonb_array_length(v_dsn -> 'rcpt') <> cardinality(p_rcpt_to)) THEN
+        RAISE EXCEPTION 'dsn.rcpt must have one entry per recipient' USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 0 .. cardinality(p_rcpt_to) - 1 LOOP
+        v_entry := COALESCE(v_dsn #> ARRAY['rcpt', i::text], 'null'::jsonb);
+        IF v_entry = 'null'::jsonb THEN
+            v_entry := '{}'::jsonb;
+        END IF;
+        v_notify := COALESCE(v_entry -> 'notify', 'null'::jsonb);
+        IF jsonb_typeof(v_entry) <> 'object'
+           OR NOT (v_notify = 'null'::jsonb
+                   OR (jsonb_typeof(v_notify) = 'array' AND jsonb_array_length(v_notify) BETWEEN 1 AND 3
+                       AND NOT EXISTS (SELECT 1 FROM jsonb_array_elements(v_notify) AS k
+                                       WHERE k NOT IN ('"SUCCESS"', '"FAILURE"', '"DELAY"', '"NEVER"'))
+                       AND (NOT v_notify ? 'NEVER' OR jsonb_array_length(v_notify) = 1)))
+           OR NOT (COALESCE(v_entry -> 'orcpt', 'null'::jsonb) = 'null'::jsonb
+                   OR (jsonb_typeof(v_entry -> 'orcpt') = 'string' AND octet_length(v_entry ->> 'orcpt') <= 500
+                       AND v_entry ->> 'orcpt' ~ '^[A-Za-z0-9-]+;[^[:cntrl:]]+$')) THEN
+            RAISE EXCEPTION 'dsn.rcpt[%] must be {"notify": [SUCCESS|FAILURE|DELAY] or [NEVER] or null, "orcpt": "type;address" or null}', i
+                USING ERRCODE = '22023';
+        END IF;
+        v_entries := v_entries || jsonb_build_array(jsonb_build_object(
+            'notify', v_notify, 'orcpt', COALESCE(v_entry -> 'orcpt', 'null'::jsonb)));
+    END LOOP;
+    IF current_setting('server_version_num')::integer >= 160000 THEN
+        EXECUTE 'SELECT system_user' INTO v_authn;
+    END IF;
+    v_utf8 := p_mail_from ~ '[^\x01-\x7F]'
+              OR EXISTS (SELECT 1 FROM unnest(p_rcpt_to) AS r(a) WHERE r.a ~ '[^\x01-\x7F]');
+    v_state := jsonb_build_object(
+        'origin', jsonb_build_object(
+            'client_addr', NULL, 'helo', NULL, 'esmtp', false, 'smtputf8', v_utf8, 'body', NULL,
+            'tls', NULL, 'listener', NULL, 'iprev', NULL, 'authserv_id', NULL, 'auth_user', NULL,
+            'local', jsonb_build_object('program', 'pepsi-sendmail', 'uid', p_uid,
+                                        'user', p_login, 'via', p_via, 'authn_id', v_authn)),
+        'dsn', jsonb_build_object(
+            'ret', COALESCE(v_dsn -> 'ret', 'null'::jsonb),
+            'envid', COALESCE(v_dsn -> 'envid', 'null'::jsonb),
+            'rcpt', v_entries));
+    IF p_token IS NOT NULL THEN
+        INSERT INTO pepsi.clone_token (token) VALUES (p_token) ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN NULL;
+        END IF;
+    END IF;
+    RETURN pepsi.workqueue_add(p_mail_from, p_rcpt_to, p_headers, p_body, v_state, NULL, NULL);
+END
+$$;
+
+-- A new function is executable by PUBLIC until this revoke; pepsi-setup then grants the
+-- sendmail role (and no other) EXECUTE, and verifies it.
+REVOKE ALL ON FUNCTION pepsi.sendmail_submit(text, text[], bytea, bytea, jsonb, bigint, text, text, text) FROM PUBLIC;
+
+-- THE FAILURE BOUNCER (pepsi-failure-bouncer, through pepsi_common::queue)
+--
+-- Rows the dispatcher ended failed (a worker error or crash) or timeout (no answer within
+-- MAX_RUNTIME) stay so until someone acts. pepsi-failure-bouncer acts: after GRACE it
+-- retries a row, a bounded number of times, and then returns it to its sender through the
+-- bounce path pepsi-queue's `bounce` uses (pepsi.workqueue_bounce), drops it when it has
+-- the null sender, or, when it cannot be returned (it failed at the bounce stage, or was
+-- returned once already), leaves it failed and marks it given up. Its count lives in
+-- state.failure_bouncer, written with each step, so it survives restarts and a message
+-- whose worker crashes every time (a poison message) is bounced, not retried forever.
+--
+-- Each step below takes the row id and the stage and status the bouncer saw, locks the
+-- row, and acts only when the row is still failed or timed out at that stage (otherwise
+-- {"changed": false, "note": …}: someone else acted meanwhile). The caller writes the
+-- event_log row in the same transaction and notifies the dispatcher after commit.
+
+-- Failed and timed-out rows unchanged for p_grace_secs, not given up, oldest change first.
+CREATE OR REPLACE FUNCTION pepsi.failure_candidates(p_grace_secs double precision, p_limit integer)
+RETURNS TABLE (workqueue_id bigint, stage text, status text, mail_from text, state jsonb)
+LANGUAGE sql STABLE AS $$
+    SELECT w.workqueue_id, w.stage, w.status::text, w.mail_from, w.state
+    FROM pepsi.workqueue w
+    WHERE w.status IN ('failed', 'timeout')
+      AND w.updated_at <= now() - make_interval(secs => GREATEST(p_grace_secs, 0))
+      AND NOT COALESCE(w.state #> '{failure_bouncer,given_up}' IS NOT NULL
+                       AND w.state #> '{failure_bouncer,given_up}' <> 'null'::jsonb, false)
+    ORDER BY w.updated_at, w.workqueue_id
+    LIMIT p_limit
+$$;
+
+-- Row p_id locked, when it is still p_status at p_stage; NULL otherwise.
+CREATE OR REPLACE FUNCTION pepsi.failure_row(p_id bigint, p_stage text, p_status text)
+RETURNS pepsi.workqueue LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue;
+BEGIN
+    SELECT * INTO r FROM pepsi.workqueue WHERE workqueue_id = p_id FOR UPDATE;
+    IF NOT FOUND OR r.stage <> p_stage OR r.status::text <> p_status
+       OR r.status NOT IN ('failed', 'timeout') THEN
+        RETURN NULL;
+    END IF;
+    RETURN r;
+END
+$$;
+
+CREATE OR REPLACE FUNCTION pepsi.failure_moved(p_id bigint, p_stage text, p_status text)
+RETURNS jsonb LANGUAGE sql AS $$
+    SELECT jsonb_build_object('changed', false,
+        'note', format('row %s is no longer %s at stage %s', p_id, p_status, p_stage))
+$$;
+
+-- Retry: pending now at its stage (pepsi.workqueue_retry: the dispatch_error goes to the
+-- history), with state.failure_bouncer = p_record.
+CREATE OR REPLACE FUNCTION pepsi.failure_retry(p_id bigint, p_stage text, p_status text, p_record jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.failure_row(p_id, p_stage, p_status);
+    v_report jsonb;
+BEGIN
+    IF r.workqueue_id IS NULL THEN
+        RETURN pepsi.failure_moved(p_id, p_stage, p_status);
+    END IF;
+    v_report := pepsi.workqueue_retry(p_id, false);
+    UPDATE pepsi.workqueue SET state = state || jsonb_build_object('failure_bouncer', p_record)
+    WHERE workqueue_id = p_id;
+    RETURN v_report;
+END
+$$;
+
+-- Bounce: through pepsi.workqueue_bounce, to p_bounce_stage with p_reason as the
+-- diagnostic, with state.failure_bouncer = p_record.
+CREATE OR REPLACE FUNCTION pepsi.failure_bounce(
+    p_id bigint, p_stage text, p_status text, p_bounce_stage text, p_reason text, p_record jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.failure_row(p_id, p_stage, p_status);
+    v_report jsonb;
+BEGIN
+    IF r.workqueue_id IS NULL THEN
+        RETURN pepsi.failure_moved(p_id, p_stage, p_status);
+    END IF;
+    v_report := pepsi.workqueue_bounce(p_id, p_stage, p_bounce_stage, p_reason, false);
+    UPDATE pepsi.workqueue SET state = state || jsonb_build_object('failure_bouncer', p_record)
+    WHERE workqueue_id = p_id;
+    RETURN v_report;
+END
+$$;
+
+-- Drop: a null-sender row is deleted (pepsi.workqueue_delete); a DSN is never sent to <>.
+CREATE OR REPLACE FUNCTION pepsi.failure_drop(p_id bigint, p_stage text, p_status text)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.failure_row(p_id, p_stage, p_status);
+BEGIN
+    IF r.workqueue_id IS NULL THEN
+        RETURN pepsi.failure_moved(p_id, p_stage, p_status);
+    END IF;
+    IF r.mail_from <> '' THEN
+        RAISE EXCEPTION 'workqueue row % has a sender (%): bounce it, do not drop it', p_id, r.mail_from
+            USING ERRCODE = '55000';
+    END IF;
+    RETURN pepsi.workqueue_delete(p_id, false);
+END
+$$;
+
+-- Give up: the row stays as it is for an operator, with state.failure_bouncer = p_record
+-- (which says given_up), so it is not considered again.
+CREATE OR REPLACE FUNCTION pepsi.failure_give_up(p_id bigint, p_stage text, p_status text, p_record jsonb)
+RETURNS jsonb LANGUAGE plpgsql AS $$
+DECLARE
+    r pepsi.workqueue := pepsi.failure_row(p_id, p_stage, p_status);
+BEGIN
+    IF r.workqueue_id IS NULL THEN
+        RETURN pepsi.failure_moved(p_id, p_stage, p_status);
+    END IF;
+    UPDATE pepsi.workqueue SET
+        state = state || jsonb_build_object('failure_bouncer', p_record), updated_at = now()
+    WHERE workqueue_id = p_id;
+    RETURN jsonb_build_object('changed', true, 'stage', r.stage, 'status', r.status,
+        'dispatch_error', r.state -> 'dispatch_error');
+END
+$$;

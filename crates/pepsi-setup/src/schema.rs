@@ -38,7 +38,16 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0004",
         sql: include_str!("../db/pepsi-0004.sql"),
     },
+    Patch {
+        name: "pepsi-0005",
+        sql: include_str!("../db/pepsi-0005.sql"),
+    },
 ];
+
+/// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
+/// its signature; no other role may.
+pub const SENDMAIL_FUNCTION: &str =
+    "pepsi.sendmail_submit(text, text[], bytea, bytea, jsonb, bigint, text, text, text)";
 
 /// Stored functions and triggers; re-applied on every run.
 pub const PROCEDURES: &str = include_str!("../db/procedures.sql");
@@ -55,6 +64,9 @@ pub struct Roles {
     pub ingress: String,
     /// The only role that may write the configuration overlay.
     pub config: String,
+    /// Local submission (pepsi-sendmail): no table privilege at all, EXECUTE on
+    /// `SENDMAIL_FUNCTION` alone.
+    pub sendmail: String,
 }
 
 impl Default for Roles {
@@ -63,12 +75,14 @@ impl Default for Roles {
             pipeline: "pepsi".into(),
             ingress: "pepsi-ingress".into(),
             config: "pepsi-config".into(),
+            sendmail: "pepsi-sendmail".into(),
         }
     }
 }
 
 impl Roles {
-    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE` and `CONFIG_ROLE`.
+    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE` and
+    /// `SENDMAIL_ROLE`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("pepsi-setup");
         let default = Self::default();
@@ -80,14 +94,18 @@ impl Roles {
                 .string_opt("INGRESS_ROLE")?
                 .unwrap_or(default.ingress),
             config: section.string_opt("CONFIG_ROLE")?.unwrap_or(default.config),
+            sendmail: section
+                .string_opt("SENDMAIL_ROLE")?
+                .unwrap_or(default.sendmail),
         })
     }
 
-    fn all(&self) -> [(RoleKind, &str); 3] {
+    fn all(&self) -> [(RoleKind, &str); 4] {
         [
             (RoleKind::Pipeline, self.pipeline.as_str()),
             (RoleKind::Ingress, self.ingress.as_str()),
             (RoleKind::Config, self.config.as_str()),
+            (RoleKind::Sendmail, self.sendmail.as_str()),
         ]
     }
 }
@@ -98,6 +116,7 @@ pub enum RoleKind {
     Pipeline,
     Ingress,
     Config,
+    Sendmail,
 }
 
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
@@ -108,6 +127,10 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
     match (kind, table) {
+        // Local submission reaches the queue through SENDMAIL_FUNCTION only, whose owner's
+        // rights it runs with: the role itself may not read or write anything, the logs
+        // included.
+        (RoleKind::Sendmail, _) => NONE,
         // The audit and mail logs are append-only for everyone who processes mail.
         (_, "event_log" | "mail_log") => APPEND,
         (_, "schema_patch") => READ,
@@ -413,7 +436,8 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
             });
         }
         // Identity columns draw from sequences; every role that inserts anywhere needs them.
-        for seq in &sequences {
+        // The sendmail role inserts nowhere itself (its function runs as the owner).
+        for seq in sequences.iter().filter(|_| kind != RoleKind::Sendmail) {
             let ok: bool = sqlx::query_scalar(
                 "SELECT has_sequence_privilege($1, 'pepsi.' || quote_ident($2), 'USAGE')",
             )
@@ -454,6 +478,66 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
                     describe: format!("{role} must not have {privilege} on pepsi.{table}"),
                 });
             }
+        }
+        fixes.extend(definer_diff(conn, kind, role).await?);
+    }
+    if public_executes_sendmail(conn).await? {
+        fixes.push(Fix {
+            sql: format!("REVOKE EXECUTE ON FUNCTION {SENDMAIL_FUNCTION} FROM PUBLIC"),
+            describe: format!("PUBLIC must not have EXECUTE on {SENDMAIL_FUNCTION}"),
+        });
+    }
+    Ok(fixes)
+}
+
+/// Whether PUBLIC may execute `SENDMAIL_FUNCTION` (procedures.sql revokes it; a hand-made
+/// grant would open the boundary to every role).
+async fn public_executes_sendmail(conn: &mut PgConnection) -> anyhow::Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pg_proc p, aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) a \
+         WHERE p.oid = $1::regprocedure AND a.grantee = 0 AND a.privilege_type = 'EXECUTE')",
+    )
+    .bind(SENDMAIL_FUNCTION)
+    .fetch_one(&mut *conn)
+    .await?)
+}
+
+/// The SECURITY DEFINER functions of schema pepsi `role` may execute against what it must:
+/// `SENDMAIL_FUNCTION` for the sendmail role and for no other, any other definer function
+/// never for the sendmail role (whose whole privilege is that one function).
+async fn definer_diff(
+    conn: &mut PgConnection,
+    kind: RoleKind,
+    role: &str,
+) -> anyhow::Result<Vec<Fix>> {
+    let rows = sqlx::query(
+        "SELECT p.oid::regprocedure::text, has_function_privilege($1, p.oid, 'EXECUTE') \
+         FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace \
+         WHERE n.nspname = 'pepsi' AND p.prosecdef ORDER BY 1",
+    )
+    .bind(role)
+    .fetch_all(&mut *conn)
+    .await?;
+    let sendmail_function: String = sqlx::query_scalar("SELECT $1::regprocedure::text")
+        .bind(SENDMAIL_FUNCTION)
+        .fetch_one(&mut *conn)
+        .await?;
+    let q = quote_ident(role);
+    let mut fixes = Vec::new();
+    for row in rows {
+        let function: String = row.get(0);
+        let has: bool = row.get(1);
+        let wanted = kind == RoleKind::Sendmail && function == sendmail_function;
+        if wanted && !has {
+            fixes.push(Fix {
+                sql: format!("GRANT EXECUTE ON FUNCTION {function} TO {q}"),
+                describe: format!("{role} lacks EXECUTE on {function}"),
+            });
+        } else if has && !wanted {
+            fixes.push(Fix {
+                sql: format!("REVOKE EXECUTE ON FUNCTION {function} FROM {q}"),
+                describe: format!("{role} must not have EXECUTE on {function}"),
+            });
         }
     }
     Ok(fixes)

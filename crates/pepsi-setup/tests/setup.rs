@@ -490,3 +490,65 @@ async fn options_naming_programs_keys_or_trust_anchors_cannot_be_stored_in_the_o
         "pepsi-0004.sql and FILE_ONLY_OPTIONS list the same options"
     );
 }
+
+/// The sendmail role's whole privilege is one function: it reads and writes no table, may
+/// not call the admission function the ingress uses, and its function stores a validated
+/// message at init; no other role may call that function.
+#[tokio::test]
+async fn the_sendmail_role_may_only_submit_through_its_function() {
+    let db = TestDb::new().await;
+    let submit = "SELECT pepsi.sendmail_submit('alice@example.test', ARRAY['bob@example.org'], \
+                  'Subject: x\r\n'::bytea, 'y'::bytea, '{}', 1000, 'alice', 'direct')";
+    assert_eq!(as_role(&db, "pepsi-sendmail", submit).await, Ok(()));
+    for sql in [
+        "SELECT * FROM pepsi.workqueue",
+        "INSERT INTO pepsi.event_log (action) VALUES ('x')",
+        "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea)",
+        "SELECT * FROM pepsi.schema_patch",
+    ] {
+        assert_eq!(
+            as_role(&db, "pepsi-sendmail", sql).await,
+            Err("42501".into()),
+            "{sql}"
+        );
+    }
+    for role in ["pepsi", "pepsi-ingress", "pepsi-config"] {
+        assert_eq!(
+            as_role(&db, role, submit).await,
+            Err("42501".into()),
+            "{role} calls sendmail_submit"
+        );
+    }
+    // What the function refuses, whoever calls it.
+    for bad in [
+        "SELECT pepsi.sendmail_submit('a b@example.test', ARRAY['bob@example.org'], ''::bytea, 'y'::bytea, '{}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['<bob@example.org>'], ''::bytea, 'y'::bytea, '{}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', '{}', ''::bytea, 'y'::bytea, '{}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['b@x.test'], 'S: x\r\n\r\nT: y\r\n'::bytea, 'y'::bytea, '{}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['b@x.test'], ''::bytea, 'y'::bytea, '{\"ret\": \"ALL\"}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['b@x.test'], ''::bytea, 'y'::bytea, '{\"rcpt\": [{\"notify\": [\"NEVER\", \"DELAY\"]}]}', 1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['b@x.test'], ''::bytea, 'y'::bytea, '{}', -1, NULL, 'direct')",
+        "SELECT pepsi.sendmail_submit('', ARRAY['b@x.test'], ''::bytea, 'y'::bytea, '{}', 1, NULL, 'smtp')",
+    ] {
+        assert_eq!(
+            as_role(&db, "pepsi-sendmail", bad).await,
+            Err("22023".into()),
+            "{bad}"
+        );
+    }
+    // A grant to another role is found by check and taken back by setup.
+    let mut c = conn(&db).await;
+    sqlx::raw_sql(
+        "GRANT EXECUTE ON FUNCTION pepsi.sendmail_submit(text, text[], bytea, bytea, jsonb, bigint, text, text, text) TO pepsi; \
+         GRANT SELECT ON pepsi.workqueue TO \"pepsi-sendmail\"",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let check = schema::check(&db.url, &Roles::default()).await.unwrap();
+    let wrong = check.privileges_wrong.join("; ");
+    assert!(wrong.contains("pepsi must not have EXECUTE on pepsi.sendmail_submit"), "{wrong}");
+    assert!(wrong.contains("pepsi-sendmail must not have SELECT on pepsi.workqueue"), "{wrong}");
+    schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    assert!(schema::check(&db.url, &Roles::default()).await.unwrap().is_current());
+}

@@ -155,6 +155,18 @@ impl Config {
         }
     }
 
+    /// Loads `path` and its `@inline@` includes but no `secrets.d/` fragment: for a program
+    /// any local user runs (pepsi-sendmail), which needs no secret and may not read them.
+    pub fn load_without_secrets(path: &Path) -> Result<Config, ConfigError> {
+        let mut config = Config::empty(path);
+        Loader {
+            config: &mut config,
+            stack: Vec::new(),
+        }
+        .load_file(path, false)?;
+        Ok(config)
+    }
+
     /// Loads `path`, its `@inline@` includes, then every `*.conf` in its secrets directory.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let mut config = Config::empty(path);

@@ -236,6 +236,7 @@ impl Session {
             iprev,
             authserv_id: Some(s.authserv_id.clone()),
             auth_user: self.auth_user.clone(),
+            local: None,
         };
         let dsn = Dsn {
             ret: tx.params.ret.map(|r| match r {

@@ -1,0 +1,141 @@
+//! `[pepsi-sendmail]`, read once at start, and the facts about the process the program acts
+//! on: who runs it and whether it runs with another group's (or user's) privilege.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use pepsi_common::config::Config;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::message::Limits;
+
+const SECTION: &str = "pepsi-sendmail";
+
+/// The drop directory when the configuration names none.
+pub const DEFAULT_SPOOL_DIR: &str = "/var/spool/pepsi/sendmail";
+
+/// Everything pepsi-sendmail reads from the configuration.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// The default sender's domain and that of unqualified addresses.
+    pub domain: String,
+    /// This host's name, in the Received field and the SMTP greeting.
+    pub hostname: String,
+    pub spool_dir: PathBuf,
+    pub database: PgConnectOptions,
+    pub connect_timeout: Duration,
+    pub limits: Limits,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+        let s = cfg.section(SECTION);
+        let hostname = cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?;
+        let domain = cfg.name_option(&s, "DOMAIN")?;
+        pepsi_ingress::protocol::address::check_domain(&domain)
+            .map_err(|e| anyhow::anyhow!("[{SECTION}] DOMAIN = {domain}: {e}"))?;
+        let database = match s.string_opt("DATABASE_URL")? {
+            Some(url) => url
+                .parse::<PgConnectOptions>()
+                .map_err(|e| anyhow::anyhow!("[{SECTION}] DATABASE_URL is not a PostgreSQL URL: {e}"))?,
+            None => {
+                let url = cfg.section("database").string("URL")?;
+                let role = cfg
+                    .section("pepsi-setup")
+                    .string_opt("SENDMAIL_ROLE")?
+                    .unwrap_or_else(|| "pepsi-sendmail".into());
+                url.parse::<PgConnectOptions>()
+                    .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))?
+                    .username(&role)
+            }
+        };
+        let ingress = cfg.section("pepsi-ingress");
+        let max_size = match s.size_opt("MAX_MESSAGE_SIZE")? {
+            Some(n) => n,
+            None => ingress.size_opt("MAX_MESSAGE_SIZE")?.unwrap_or(25 << 20),
+        };
+        let limits = Limits {
+            max_size,
+            max_line: s.number_opt("MAX_LINE_LENGTH")?.unwrap_or(1000),
+            max_recipients: s.number_opt("MAX_RECIPIENTS")?.unwrap_or(100),
+        };
+        if limits.max_line < 80 {
+            anyhow::bail!("[{SECTION}] MAX_LINE_LENGTH = {}: must be at least 80", limits.max_line);
+        }
+        if limits.max_recipients == 0 || limits.max_recipients > 1000 {
+            anyhow::bail!(
+                "[{SECTION}] MAX_RECIPIENTS = {}: must be 1 to 1000 (the database function's ceiling)",
+                limits.max_recipients
+            );
+        }
+        if limits.max_size == 0 || limits.max_size > 100 << 20 {
+            anyhow::bail!(
+                "[{SECTION}] MAX_MESSAGE_SIZE = {}: must be more than 0 and at most 100M (the database function's ceiling)",
+                limits.max_size
+            );
+        }
+        Ok(Settings {
+            domain,
+            hostname,
+            spool_dir: s
+                .path_opt("SPOOL_DIR")?
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_SPOOL_DIR)),
+            database: database.application_name("pepsi-sendmail"),
+            connect_timeout: s
+                .duration_opt("CONNECT_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(5)),
+            limits,
+        })
+    }
+}
+
+/// Who runs the program, from the system's user database.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct User {
+    pub uid: u32,
+    pub login: Option<String>,
+    /// The first comma-separated part of the GECOS field.
+    pub gecos_name: Option<String>,
+}
+
+/// The user `uid` is (name and GECOS name when the system knows them).
+pub fn user(uid: u32) -> User {
+    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+    let mut buf = vec![0 as libc::c_char; 16 * 1024];
+    let mut result: *mut libc::passwd = std::ptr::null_mut();
+    // SAFETY: getpwuid_r writes into pwd and buf, both ours and large enough for the sizes
+    // given; the strings read below point into buf, which outlives the reads.
+    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
+    if rc != 0 || result.is_null() {
+        return User {
+            uid,
+            login: None,
+            gecos_name: None,
+        };
+    }
+    let text = |p: *const libc::c_char| {
+        (!p.is_null())
+            .then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            .filter(|s| !s.is_empty())
+    };
+    User {
+        uid,
+        login: text(pwd.pw_name),
+        gecos_name: text(pwd.pw_gecos)
+            .and_then(|g| g.split(',').next().map(str::trim).map(str::to_owned))
+            .filter(|g| !g.is_empty()),
+    }
+}
+
+/// The real uid: the user who ran the program, set-group-id or not.
+pub fn real_uid() -> u32 {
+    // SAFETY: getuid cannot fail.
+    unsafe { libc::getuid() }
+}
+
+/// True when the process runs with a group or user other than its caller's (installed
+/// set-group-id): the caller must then not choose the configuration or the environment.
+pub fn privileged() -> bool {
+    // SAFETY: these calls cannot fail.
+    unsafe { libc::getegid() != libc::getgid() || libc::geteuid() != libc::getuid() }
+}
