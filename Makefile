@@ -10,6 +10,7 @@
 # Folded: linked into the one multi-call executable `pepsi`, installed as a symlink to it.
 FOLDED_BINARIES = \
 	pepsi-dispatch \
+	pepsi-failure-bouncer \
 	pepsi-ingress \
 	pepsi-queue \
 	pepsi-stage-aliases \

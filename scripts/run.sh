@@ -108,16 +108,19 @@ mkdir -p var/run
 # by pepsi and the pepsi-sendmail group; here everything runs as whoever runs make run.
 mkdir -p var/spool/sendmail
 chmod 1730 var/spool/sendmail
-rm -f var/run/dispatch.pid var/run/ingress.pid var/run/sendmail-pickup.pid
+rm -f var/run/dispatch.pid var/run/ingress.pid var/run/failure-bouncer.pid var/run/sendmail-pickup.pid
 supervise dispatch pepsi-dispatch -c "$cfg"
 dispatch_supervisor=$!
 supervise ingress pepsi-ingress -c "$cfg"
 ingress_supervisor=$!
+# Rows that end failed or timeout are retried, then returned (docs/failure-bouncer.md).
+supervise failure-bouncer pepsi-failure-bouncer -c "$cfg"
+bouncer_supervisor=$!
 # The pickup of mail `pepsi-sendmail` queued while the database was down.
 supervise sendmail-pickup pepsi-sendmail -C "$cfg" -q10s
 pickup_supervisor=$!
 # Stopping goes ingress first (no new mail), then the helpers, then the dispatcher.
-pids=("$ingress_supervisor" "$pickup_supervisor" "$dispatch_supervisor" "${pids[@]}")
+pids=("$ingress_supervisor" "$pickup_supervisor" "$bouncer_supervisor" "$dispatch_supervisor" "${pids[@]}")
 for _ in $(seq 200); do
   (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null && break
   sleep 0.05
@@ -126,7 +129,7 @@ done
 ingress=$(cat var/run/ingress.pid)
 say "started pepsi-dispatch (pid $(cat var/run/dispatch.pid)), log var/log/dispatch.log"
 say "started pepsi-ingress (pid $ingress) on 127.0.0.1:2525, log var/log/ingress.log"
-say "started the pepsi-sendmail pickup, log var/log/sendmail-pickup.log"
+say "started pepsi-failure-bouncer and the pepsi-sendmail pickup, logs var/log/failure-bouncer.log, var/log/sendmail-pickup.log"
 say "database: $DATABASE_URL   mail: var/mail/<user>/Maildir"
 
 say "== sending a message from bob@example.test to alice@example.test"
@@ -166,7 +169,7 @@ Pepsi is running. Try:
   printf 'Subject: hi\n\nfrom sendmail\n' | DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-sendmail -C etc/pepsi.conf alice@example.test
   ls var/mail/*/Maildir/new
   DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-queue -c etc/pepsi.conf list
-A dispatcher, ingress or pickup that dies is started again (var/run/*.pid
+A dispatcher, ingress, failure bouncer or pickup that dies is started again (var/run/*.pid
 hold their pids).
 Ctrl-C stops everything.
 EOF

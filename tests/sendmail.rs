@@ -182,7 +182,10 @@ fn field<'a>(headers: &'a str, name: &str) -> Vec<&'a str> {
 #[tokio::test]
 async fn a_plain_message_is_queued_as_a_local_submission() {
     let h = Harness::new().await;
-    let r = h.ok(&["-v", "bob@example.org", "root"], b"Subject: disk\n\n/var is full\n");
+    let r = h.ok(
+        &["-v", "bob@example.org", "root"],
+        b"Subject: disk\n\n/var is full\n",
+    );
     assert!(r.stderr.contains("queued as "), "{r:?}");
     let (from, rcpt, headers, body, state) = h.only_row().await;
     let me = format!("{}@example.test", login());
@@ -363,7 +366,14 @@ async fn with_the_database_down_the_message_waits_in_the_drop_directory_for_the_
     let h = Harness::new().await;
     let r = h.run_with(
         "down.conf",
-        &["-v", "-f", "job@example.org", "-N", "never", "ops@example.org"],
+        &[
+            "-v",
+            "-f",
+            "job@example.org",
+            "-N",
+            "never",
+            "ops@example.org",
+        ],
         b"Subject: while down\n\nkept\n",
     );
     assert_eq!(r.code, 0, "{r:?}");
@@ -391,7 +401,10 @@ async fn with_the_database_down_the_message_waits_in_the_drop_directory_for_the_
     assert_eq!(field(&headers, "Subject"), ["Subject: while down"]);
     assert_eq!(state["origin"]["local"]["via"], "spool");
     assert_eq!(state["origin"]["local"]["uid"], uid());
-    assert_eq!(state["dsn"]["rcpt"][0]["notify"], serde_json::json!(["NEVER"]));
+    assert_eq!(
+        state["dsn"]["rcpt"][0]["notify"],
+        serde_json::json!(["NEVER"])
+    );
 
     // A file inserted before (a pickup that died between the commit and the removal) is
     // removed without a second row.

@@ -47,6 +47,7 @@ macro_rules! folded {
 
 folded! {
     "pepsi-dispatch" => pepsi_dispatch: ::pepsi_dispatch::run;
+    "pepsi-failure-bouncer" => pepsi_failure_bouncer: ::pepsi_failure_bouncer::run;
     "pepsi-ingress" => pepsi_ingress: ::pepsi_ingress::run;
     "pepsi-queue" => pepsi_queue: ::pepsi_queue::run;
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;

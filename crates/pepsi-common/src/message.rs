@@ -105,7 +105,10 @@ mod field_tests {
             b"From: a@x.test\r\nTo: B <b@y.test>, c@z.test\r\nSubject: s\r\nCc: team: d@x.test;\r\n"
         );
         assert_eq!(super::remove_fields(b"", "Bcc"), b"");
-        assert_eq!(super::recipient_addresses(b"Subject: none\r\n"), Vec::<String>::new());
+        assert_eq!(
+            super::recipient_addresses(b"Subject: none\r\n"),
+            Vec::<String>::new()
+        );
     }
 }
 

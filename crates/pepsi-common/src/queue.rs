@@ -533,7 +533,10 @@ pub async fn apply_failure_step(
         };
         if report["changed"] != json!(true) {
             tx.rollback().await?;
-            let note = report["note"].as_str().unwrap_or("nothing to do").to_owned();
+            let note = report["note"]
+                .as_str()
+                .unwrap_or("nothing to do")
+                .to_owned();
             return Ok(Outcome::Unchanged(note));
         }
         let mut merged = report.clone();

@@ -129,7 +129,11 @@ fn main(
     let path = inv
         .config
         .clone()
-        .or_else(|| std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty()).map(Into::into))
+        .or_else(|| {
+            std::env::var_os(CONFIG_ENV)
+                .filter(|v| !v.is_empty())
+                .map(Into::into)
+        })
         .unwrap_or_else(|| pepsi_common::config::DEFAULT_CONFIG_PATH.into());
     let cfg = Config::load_without_secrets(&path)
         .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
@@ -138,7 +142,12 @@ fn main(
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot start the async runtime: {e}")))?;
+        .map_err(|e| {
+            Failure::new(
+                exit::SOFTWARE,
+                format!("cannot start the async runtime: {e}"),
+            )
+        })?;
     match inv.mode {
         Mode::Pickup { every } => pickup(&runtime, &settings, uid, every),
         Mode::Smtp => {
@@ -161,9 +170,9 @@ fn deliver(
 ) -> Result<u8, Failure> {
     let raw = message::read_message(&mut std::io::stdin().lock(), inv.dot_ends, &settings.limits)
         .map_err(|e| match e {
-            MessageError::Read(_) => Failure::new(exit::NOINPUT, e.to_string()),
-            _ => Failure::new(exit::DATAERR, e.to_string()),
-        })?;
+        MessageError::Read(_) => Failure::new(exit::NOINPUT, e.to_string()),
+        _ => Failure::new(exit::DATAERR, e.to_string()),
+    })?;
     let req = EnvelopeRequest {
         sender: inv.sender.clone(),
         // `sendmail "a@x, b@y"` is one argument naming two recipients.
@@ -205,7 +214,10 @@ fn deliver(
             }
             Ok(exit::OK)
         }
-        Err(QueueError::Refused(m)) => Err(Failure::new(exit::DATAERR, format!("the message was refused: {m}"))),
+        Err(QueueError::Refused(m)) => Err(Failure::new(
+            exit::DATAERR,
+            format!("the message was refused: {m}"),
+        )),
         Err(QueueError::Temporary(m)) => Err(Failure::new(exit::TEMPFAIL, m)),
     }
 }
@@ -263,31 +275,40 @@ fn smtp_session(
         full_name: inv.full_name.clone(),
     };
     let mut stdout = std::io::stdout().lock();
-    smtp::run(&mut std::io::stdin().lock(), &mut stdout, &session, |req, raw| {
-        let prepared = match prepare(settings, who, raw, req) {
-            Ok(p) => p,
-            Err(e) => {
-                let (code, status) = match e {
-                    MessageError::TooBig { .. } => (552, "5.3.4"),
-                    MessageError::BadRecipient { .. } => (553, "5.1.3"),
-                    MessageError::BadSender { .. } => (553, "5.1.7"),
-                    _ => (554, "5.6.0"),
-                };
-                return Reply::new(code, status, e.to_string());
+    smtp::run(
+        &mut std::io::stdin().lock(),
+        &mut stdout,
+        &session,
+        |req, raw| {
+            let prepared = match prepare(settings, who, raw, req) {
+                Ok(p) => p,
+                Err(e) => {
+                    let (code, status) = match e {
+                        MessageError::TooBig { .. } => (552, "5.3.4"),
+                        MessageError::BadRecipient { .. } => (553, "5.1.3"),
+                        MessageError::BadSender { .. } => (553, "5.1.7"),
+                        _ => (554, "5.6.0"),
+                    };
+                    return Reply::new(code, status, e.to_string());
+                }
+            };
+            match runtime.block_on(queue::queue(settings, who, &prepared)) {
+                Ok(Queued::Database(id)) => Reply::new(250, "2.0.0", format!("queued as {id}")),
+                Ok(Queued::Spool(_)) => {
+                    Reply::new(250, "2.0.0", "queued in the drop directory for the pickup")
+                }
+                Err(QueueError::Refused(m)) => Reply::new(554, "5.6.0", m),
+                Err(QueueError::Temporary(m)) => {
+                    tracing::error!("{m}");
+                    Reply::new(
+                        451,
+                        "4.3.0",
+                        "cannot queue the message now, try again later",
+                    )
+                }
             }
-        };
-        match runtime.block_on(queue::queue(settings, who, &prepared)) {
-            Ok(Queued::Database(id)) => Reply::new(250, "2.0.0", format!("queued as {id}")),
-            Ok(Queued::Spool(_)) => {
-                Reply::new(250, "2.0.0", "queued in the drop directory for the pickup")
-            }
-            Err(QueueError::Refused(m)) => Reply::new(554, "5.6.0", m),
-            Err(QueueError::Temporary(m)) => {
-                tracing::error!("{m}");
-                Reply::new(451, "4.3.0", "cannot queue the message now, try again later")
-            }
-        }
-    })
+        },
+    )
     .map_err(|e| Failure::new(exit::NOINPUT, format!("the SMTP session failed: {e}")))?;
     stdout.flush().ok();
     Ok(exit::OK)
@@ -303,7 +324,12 @@ fn pickup(
     use std::os::unix::fs::MetadataExt as _;
     let dir = &settings.spool_dir;
     let owner = std::fs::metadata(dir)
-        .map_err(|e| Failure::new(exit::CANTCREAT, format!("drop directory {}: {e}", dir.display())))?
+        .map_err(|e| {
+            Failure::new(
+                exit::CANTCREAT,
+                format!("drop directory {}: {e}", dir.display()),
+            )
+        })?
         .uid();
     if uid != 0 && uid != owner {
         return Err(Failure::new(
@@ -317,8 +343,16 @@ fn pickup(
     let Some(every) = every else {
         return match runtime.block_on(queue::pickup(settings)) {
             Ok(r) => {
-                tracing::info!(inserted = r.inserted, set_aside = r.set_aside, "pickup pass done");
-                Ok(if r.set_aside > 0 { exit::DATAERR } else { exit::OK })
+                tracing::info!(
+                    inserted = r.inserted,
+                    set_aside = r.set_aside,
+                    "pickup pass done"
+                );
+                Ok(if r.set_aside > 0 {
+                    exit::DATAERR
+                } else {
+                    exit::OK
+                })
             }
             Err(e) => Err(Failure::new(exit::TEMPFAIL, format!("{e:#}"))),
         };
@@ -329,7 +363,11 @@ fn pickup(
         loop {
             match queue::pickup(settings).await {
                 Ok(r) if r.inserted + r.set_aside > 0 => {
-                    tracing::info!(inserted = r.inserted, set_aside = r.set_aside, "pickup pass done")
+                    tracing::info!(
+                        inserted = r.inserted,
+                        set_aside = r.set_aside,
+                        "pickup pass done"
+                    )
                 }
                 Ok(_) => {}
                 Err(e) => tracing::warn!("pickup: {e:#}"),

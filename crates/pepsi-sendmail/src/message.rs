@@ -189,7 +189,10 @@ pub fn prepare(
     limits: &Limits,
 ) -> Result<Prepared, MessageError> {
     let (header_in, body) = split_input(raw);
-    let login = who.login.clone().unwrap_or_else(|| format!("uid{}", who.uid));
+    let login = who
+        .login
+        .clone()
+        .unwrap_or_else(|| format!("uid{}", who.uid));
     let mail_from = match &req.sender {
         Some(s) if s.is_empty() => String::new(),
         Some(s) => qualify(s, ctx.domain),
@@ -369,11 +372,7 @@ mod tests {
             ("a\n.\nb\n", false, Ok("a\r\n.\r\nb\r\n")),
             ("a\n..\nb\n", true, Ok("a\r\n..\r\nb\r\n")),
             ("", true, Ok("")),
-            (
-                "123456789012345678\n",
-                true,
-                Ok("123456789012345678\r\n"),
-            ),
+            ("123456789012345678\n", true, Ok("123456789012345678\r\n")),
             (
                 "ok\n1234567890123456789\n",
                 true,
@@ -389,16 +388,17 @@ mod tests {
             );
         }
         let big = "0123456789\n".repeat(30);
-        assert_eq!(
-            read(&big, true),
-            Err(MessageError::TooBig { limit: 200 })
-        );
+        assert_eq!(read(&big, true), Err(MessageError::TooBig { limit: 200 }));
     }
 
     #[test]
     fn splitting_input() {
         let cases: &[(&str, &str, &str)] = &[
-            ("A: 1\r\nB: 2\r\n\r\nbody\r\n", "A: 1\r\nB: 2\r\n", "body\r\n"),
+            (
+                "A: 1\r\nB: 2\r\n\r\nbody\r\n",
+                "A: 1\r\nB: 2\r\n",
+                "body\r\n",
+            ),
             ("A: 1\r\n folded\r\n\r\nx", "A: 1\r\n folded\r\n", "x"),
             ("just text\r\nmore\r\n", "", "just text\r\nmore\r\n"),
             ("A: 1\r\nnot a field\r\n", "A: 1\r\n", "not a field\r\n"),
@@ -409,11 +409,7 @@ mod tests {
         ];
         for (raw, h, b) in cases {
             let (gh, gb) = split_input(raw.as_bytes());
-            assert_eq!(
-                (gh, gb),
-                (h.as_bytes(), b.as_bytes()),
-                "{raw:?}"
-            );
+            assert_eq!((gh, gb), (h.as_bytes(), b.as_bytes()), "{raw:?}");
         }
     }
 
@@ -487,7 +483,10 @@ mod tests {
         )
         .unwrap();
         assert_eq!(p.mail_from, "bounces@example.org");
-        assert_eq!(p.rcpt_to, ["a@example.org", "b@example.org", "c@example.org"]);
+        assert_eq!(
+            p.rcpt_to,
+            ["a@example.org", "b@example.org", "c@example.org"]
+        );
         let headers = String::from_utf8(p.headers).unwrap();
         assert!(!headers.contains("Bcc"), "{headers}");
         assert!(!headers.contains("c@example.org"), "{headers}");
@@ -496,7 +495,12 @@ mod tests {
         assert_eq!(headers.matches("Message-ID:").count(), 1, "{headers}");
         assert_eq!(p.dsn.ret, Some(Ret::Full));
         assert_eq!(p.dsn.envid.as_deref(), Some("e1"));
-        assert!(p.dsn.rcpt.iter().all(|r| r.notify == Some(vec!["NEVER".into()])));
+        assert!(
+            p.dsn
+                .rcpt
+                .iter()
+                .all(|r| r.notify == Some(vec!["NEVER".into()]))
+        );
     }
 
     #[test]

@@ -21,7 +21,9 @@ pub enum Mode {
     Smtp,
     /// `-q`, `--flush`: insert the drop directory's files; with an interval, every interval
     /// until stopped.
-    Pickup { every: Option<Duration> },
+    Pickup {
+        every: Option<Duration>,
+    },
     /// `-bi` (newaliases): nothing to rebuild; said so, exit 0.
     Newaliases,
     Help,
@@ -166,10 +168,26 @@ where
                         "m" => Mode::Deliver,
                         "s" => Mode::Smtp,
                         "i" => Mode::Newaliases,
-                        "p" => return Err(usage("-bp (list the queue) is not offered: use pepsi-queue list")),
-                        "d" | "D" => return Err(usage(format!("-b{rest} (run as a daemon) is not offered: pepsi-ingress is the SMTP server"))),
-                        "" => return Err(usage("-b needs a mode: -bm (queue a message) or -bs (an SMTP session)")),
-                        _ => return Err(usage(format!("-b{rest}: unknown or unsupported mode (offered: -bm, -bs, -bi)"))),
+                        "p" => {
+                            return Err(usage(
+                                "-bp (list the queue) is not offered: use pepsi-queue list",
+                            ));
+                        }
+                        "d" | "D" => {
+                            return Err(usage(format!(
+                                "-b{rest} (run as a daemon) is not offered: pepsi-ingress is the SMTP server"
+                            )));
+                        }
+                        "" => {
+                            return Err(usage(
+                                "-b needs a mode: -bm (queue a message) or -bs (an SMTP session)",
+                            ));
+                        }
+                        _ => {
+                            return Err(usage(format!(
+                                "-b{rest}: unknown or unsupported mode (offered: -bm, -bs, -bi)"
+                            )));
+                        }
                     };
                 }
                 'q' => {
@@ -455,12 +473,17 @@ mod tests {
             i.full_name = Some("Cron".into());
         });
         check(&["-f", "<>"], |i| i.sender = Some(String::new()));
-        check(&["-r", "<a@b.test>"], |i| i.sender = Some("a@b.test".into()));
-        check(&["-N", "success,Failure", "-R", "hdrs", "-V", "id-1"], |i| {
-            i.notify = Some(vec!["SUCCESS".into(), "FAILURE".into()]);
-            i.ret = Some(Ret::Headers);
-            i.envid = Some("id-1".into());
+        check(&["-r", "<a@b.test>"], |i| {
+            i.sender = Some("a@b.test".into())
         });
+        check(
+            &["-N", "success,Failure", "-R", "hdrs", "-V", "id-1"],
+            |i| {
+                i.notify = Some(vec!["SUCCESS".into(), "FAILURE".into()]);
+                i.ret = Some(Ret::Headers);
+                i.envid = Some("id-1".into());
+            },
+        );
         check(&["-Nnever"], |i| i.notify = Some(vec!["NEVER".into()]));
         check(&["-bs"], |i| i.mode = Mode::Smtp);
         check(&["-bm", "a"], |i| i.recipients = vec!["a".into()]);

@@ -88,7 +88,9 @@ pub async fn queue(settings: &Settings, who: &User, msg: &Prepared) -> Result<Qu
         Ok(Err(e)) => e.to_string(),
         Err(e) => e,
     };
-    tracing::info!("the database did not take the message ({why}); writing it to the drop directory");
+    tracing::info!(
+        "the database did not take the message ({why}); writing it to the drop directory"
+    );
     let envelope = SpoolEnvelope {
         mail_from: msg.mail_from.clone(),
         rcpt_to: msg.rcpt_to.clone(),
@@ -129,7 +131,10 @@ pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
     if let Ok(n) = spool::sweep_tmp(dir, Duration::from_secs(3600))
         && n > 0
     {
-        tracing::warn!(removed = n, "removed files a writer left unfinished over an hour ago");
+        tracing::warn!(
+            removed = n,
+            "removed files a writer left unfinished over an hour ago"
+        );
     }
     let names = spool::list(dir)
         .map_err(|e| anyhow::anyhow!("cannot read the drop directory {}: {e}", dir.display()))?;
@@ -137,9 +142,9 @@ pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
     if names.is_empty() {
         return Ok(report);
     }
-    let mut conn = connect(settings)
-        .await
-        .map_err(|e| anyhow::anyhow!("cannot reach the database: {e}; {} files wait", names.len()))?;
+    let mut conn = connect(settings).await.map_err(|e| {
+        anyhow::anyhow!("cannot reach the database: {e}; {} files wait", names.len())
+    })?;
     for (i, name) in names.iter().enumerate() {
         match insert_one(&mut conn, settings, dir, name).await {
             Ok(Some(())) => report.inserted += 1,
@@ -202,11 +207,15 @@ async fn insert_one(
             // The insert has committed (one statement, its own transaction): only now may
             // the file go. A crash right here leaves it, and the token makes the next
             // pass remove it without a second insert.
-            std::fs::remove_file(&file.path).map_err(|e| {
-                anyhow::anyhow!("inserted {name} but cannot remove it: {e}")
-            })?;
+            std::fs::remove_file(&file.path)
+                .map_err(|e| anyhow::anyhow!("inserted {name} but cannot remove it: {e}"))?;
             match id {
-                Some(id) => tracing::info!(file = name, id, uid = file.uid, "inserted from the drop directory"),
+                Some(id) => tracing::info!(
+                    file = name,
+                    id,
+                    uid = file.uid,
+                    "inserted from the drop directory"
+                ),
                 None => tracing::info!(file = name, "inserted before; removed"),
             }
             Ok(Some(()))

@@ -35,9 +35,9 @@ impl Settings {
         pepsi_ingress::protocol::address::check_domain(&domain)
             .map_err(|e| anyhow::anyhow!("[{SECTION}] DOMAIN = {domain}: {e}"))?;
         let database = match s.string_opt("DATABASE_URL")? {
-            Some(url) => url
-                .parse::<PgConnectOptions>()
-                .map_err(|e| anyhow::anyhow!("[{SECTION}] DATABASE_URL is not a PostgreSQL URL: {e}"))?,
+            Some(url) => url.parse::<PgConnectOptions>().map_err(|e| {
+                anyhow::anyhow!("[{SECTION}] DATABASE_URL is not a PostgreSQL URL: {e}")
+            })?,
             None => {
                 let url = cfg.section("database").string("URL")?;
                 let role = cfg
@@ -60,7 +60,10 @@ impl Settings {
             max_recipients: s.number_opt("MAX_RECIPIENTS")?.unwrap_or(100),
         };
         if limits.max_line < 80 {
-            anyhow::bail!("[{SECTION}] MAX_LINE_LENGTH = {}: must be at least 80", limits.max_line);
+            anyhow::bail!(
+                "[{SECTION}] MAX_LINE_LENGTH = {}: must be at least 80",
+                limits.max_line
+            );
         }
         if limits.max_recipients == 0 || limits.max_recipients > 1000 {
             anyhow::bail!(
@@ -115,7 +118,11 @@ pub fn user(uid: u32) -> User {
     }
     let text = |p: *const libc::c_char| {
         (!p.is_null())
-            .then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+            .then(|| {
+                unsafe { std::ffi::CStr::from_ptr(p) }
+                    .to_string_lossy()
+                    .into_owned()
+            })
             .filter(|s| !s.is_empty())
     };
     User {

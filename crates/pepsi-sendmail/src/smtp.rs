@@ -9,9 +9,9 @@
 use std::io::{BufRead, Write};
 
 use pepsi_common::state::{DsnRcpt, Ret};
+use pepsi_ingress::protocol::Reply;
 use pepsi_ingress::protocol::command::{self, Command, ParseError};
 use pepsi_ingress::protocol::params::{self, MailParams};
-use pepsi_ingress::protocol::Reply;
 
 use crate::message::{EnvelopeRequest, Limits};
 
@@ -48,7 +48,10 @@ pub fn run<R: BufRead, W: Write>(
     };
     send(
         out,
-        &Reply::plain(220, vec![format!("{} ESMTP pepsi-sendmail", settings.hostname)]),
+        &Reply::plain(
+            220,
+            vec![format!("{} ESMTP pepsi-sendmail", settings.hostname)],
+        ),
     )?;
     let mut greeted: Option<bool> = None;
     let mut tx: Option<Transaction> = None;
@@ -313,7 +316,10 @@ mod tests {
         );
         assert_eq!(
             codes,
-            ["220", "250", "250", "250", "250", "452", "354", "250", "250", "252", "502", "500", "221"]
+            [
+                "220", "250", "250", "250", "250", "452", "354", "250", "250", "252", "502", "500",
+                "221"
+            ]
         );
         assert_eq!(got.len(), 1);
         let (req, msg) = &got[0];
@@ -336,7 +342,10 @@ mod tests {
         );
         assert_eq!(
             codes,
-            ["220", "503", "250", "503", "503", "250", "503", "554", "250", "552", "250", "250", "354", "552"]
+            [
+                "220", "503", "250", "503", "503", "250", "503", "554", "250", "552", "250", "250",
+                "354", "552"
+            ]
         );
         assert!(got.is_empty());
         // End of input inside DATA queues nothing.

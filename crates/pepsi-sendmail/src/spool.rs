@@ -230,9 +230,15 @@ mod tests {
         assert_eq!(f.envelope, env);
         assert_eq!(f.headers, b"Subject: x\r\n");
         assert_eq!(f.body, b"body\r\n");
-        assert!(matches!(read(dir.path(), &names[0], 1), Err(BadFile::Malformed(_))));
+        assert!(matches!(
+            read(dir.path(), &names[0], 1),
+            Err(BadFile::Malformed(_))
+        ));
         std::fs::write(dir.path().join("junk.msg"), b"hello\n").unwrap();
-        assert!(matches!(read(dir.path(), "junk.msg", 1000), Err(BadFile::Malformed(_))));
+        assert!(matches!(
+            read(dir.path(), "junk.msg", 1000),
+            Err(BadFile::Malformed(_))
+        ));
         assert_eq!(sweep_tmp(dir.path(), std::time::Duration::ZERO).unwrap(), 1);
     }
 }

@@ -547,8 +547,19 @@ async fn the_sendmail_role_may_only_submit_through_its_function() {
     .unwrap();
     let check = schema::check(&db.url, &Roles::default()).await.unwrap();
     let wrong = check.privileges_wrong.join("; ");
-    assert!(wrong.contains("pepsi must not have EXECUTE on pepsi.sendmail_submit"), "{wrong}");
-    assert!(wrong.contains("pepsi-sendmail must not have SELECT on pepsi.workqueue"), "{wrong}");
+    assert!(
+        wrong.contains("pepsi must not have EXECUTE on pepsi.sendmail_submit"),
+        "{wrong}"
+    );
+    assert!(
+        wrong.contains("pepsi-sendmail must not have SELECT on pepsi.workqueue"),
+        "{wrong}"
+    );
     schema::setup_url(&db.url, &Roles::default()).await.unwrap();
-    assert!(schema::check(&db.url, &Roles::default()).await.unwrap().is_current());
+    assert!(
+        schema::check(&db.url, &Roles::default())
+            .await
+            .unwrap()
+            .is_current()
+    );
 }
