@@ -31,6 +31,9 @@ struct Run {
 /// A stored row: (mail_from, rcpt_to, headers, body, state).
 type Row = (String, Vec<String>, String, String, Value);
 
+/// A row as selected: the columns of `Row` as stored, then stage and status.
+type Stored = (String, Vec<String>, Vec<u8>, Vec<u8>, Value, String, String);
+
 impl Harness {
     async fn new() -> Harness {
         let db = TestDb::new().await;
@@ -97,15 +100,14 @@ impl Harness {
     }
 
     async fn rows(&self) -> Vec<Row> {
-        let rows: Vec<(String, Vec<String>, Vec<u8>, Vec<u8>, Value, String, String)> =
-            sqlx::query_as(
-                "SELECT w.mail_from, w.rcpt_to, w.headers, b.body, w.state, w.stage, w.status::text \
+        let rows: Vec<Stored> = sqlx::query_as(
+            "SELECT w.mail_from, w.rcpt_to, w.headers, b.body, w.state, w.stage, w.status::text \
                  FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) \
                  ORDER BY w.workqueue_id",
-            )
-            .fetch_all(&self.db.pool)
-            .await
-            .unwrap();
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap();
         rows.into_iter()
             .map(|(from, rcpt, h, b, state, stage, status)| {
                 assert_eq!((stage.as_str(), status.as_str()), ("init", "pending"));
