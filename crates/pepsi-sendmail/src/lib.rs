@@ -25,7 +25,7 @@ use std::io::Write as _;
 use std::process::ExitCode;
 
 use pepsi_common::config::{CONFIG_ENV, Config, ConfigSource};
-use pepsi_ingress::protocol::Reply;
+use pepsi_smtp::Reply;
 
 use message::{Context, EnvelopeRequest, MessageError, Prepared, Submitter};
 use options::{Invocation, Mode};

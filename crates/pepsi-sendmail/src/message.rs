@@ -293,12 +293,12 @@ pub fn qualify(address: &str, domain: &str) -> String {
 /// The ingress's own path syntax (RFC 5321/6531), so a recipient the ingress would refuse
 /// is refused here too.
 pub fn check_address(address: &str) -> Result<(), String> {
-    pepsi_ingress::protocol::address::parse_path(&format!("<{address}>"), false).and_then(
-        |(path, _)| match path.address {
-            Some(a) if a.contains('@') => Ok(()),
-            _ => Err("an address needs a domain".into()),
-        },
-    )
+    pepsi_smtp::address::parse_path(&format!("<{address}>"), false).and_then(|(path, _)| match path
+        .address
+    {
+        Some(a) if a.contains('@') => Ok(()),
+        _ => Err("an address needs a domain".into()),
+    })
 }
 
 fn received(ctx: &Context<'_>, uid: u32, login: &str) -> Vec<u8> {

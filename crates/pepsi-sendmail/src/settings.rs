@@ -32,7 +32,7 @@ impl Settings {
         let s = cfg.section(SECTION);
         let hostname = cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?;
         let domain = cfg.name_option(&s, "DOMAIN")?;
-        pepsi_ingress::protocol::address::check_domain(&domain)
+        pepsi_smtp::address::check_domain(&domain)
             .map_err(|e| anyhow::anyhow!("[{SECTION}] DOMAIN = {domain}: {e}"))?;
         let database = match s.string_opt("DATABASE_URL")? {
             Some(url) => url.parse::<PgConnectOptions>().map_err(|e| {

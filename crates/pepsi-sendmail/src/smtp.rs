@@ -1,7 +1,7 @@
 //! `-bs`: an SMTP dialogue (RFC 5321) on standard input and output, for programs that
 //! speak SMTP to a local sendmail rather than passing arguments. Commands, paths and the
-//! MAIL/RCPT parameters are read by the ingress's own protocol module
-//! (`pepsi_ingress::protocol`), so a local session accepts exactly what the server does;
+//! MAIL/RCPT parameters are read by the protocol crate the ingress uses
+//! (`pepsi_smtp`), so a local session accepts exactly what the server does;
 //! lines may end in LF or CRLF (a local pipe, not the network). The session is a state
 //! machine over a reader and a writer; the caller supplies what happens to a message at the
 //! end of DATA, and so the session itself does no queueing and no database work.
@@ -9,9 +9,9 @@
 use std::io::{BufRead, Write};
 
 use pepsi_common::state::{DsnRcpt, Ret};
-use pepsi_ingress::protocol::Reply;
-use pepsi_ingress::protocol::command::{self, Command, ParseError};
-use pepsi_ingress::protocol::params::{self, MailParams};
+use pepsi_smtp::Reply;
+use pepsi_smtp::command::{self, Command, ParseError};
+use pepsi_smtp::params::{self, MailParams};
 
 use crate::message::{EnvelopeRequest, Limits};
 
