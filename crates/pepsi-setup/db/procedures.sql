@@ -873,7 +873,10 @@ $$;
 -- any table or sequence; it may execute this one SECURITY DEFINER function, and nothing else
 -- in the schema can serve it (every other function here runs with its caller's rights).
 -- pepsi-setup revokes EXECUTE from PUBLIC, grants it to the sendmail role alone and
--- verifies both on every run.
+-- verifies both on every run. It also keeps the sendmail role from every other SECURITY
+-- DEFINER function of the schema, so such a function must revoke EXECUTE from PUBLIC (and
+-- grant it to the roles meant to call it): one PUBLIC may execute would reach the sendmail
+-- role too, and pepsi-setup refuses to finish, naming it.
 --
 -- So whatever a local user sends over that connection, the most it can do is what this
 -- function allows: store one well-formed message at stage init, pending, marked as a local

@@ -503,8 +503,9 @@ async fn public_executes_sendmail(conn: &mut PgConnection) -> anyhow::Result<boo
 }
 
 /// The SECURITY DEFINER functions of schema pepsi `role` may execute against what it must:
-/// `SENDMAIL_FUNCTION` for the sendmail role and for no other, any other definer function
-/// never for the sendmail role (whose whole privilege is that one function).
+/// `SENDMAIL_FUNCTION` for the sendmail role and for no other role; no other definer
+/// function for the sendmail role (whose whole privilege is that one function). Who else
+/// may execute another definer function is not decided here.
 async fn definer_diff(
     conn: &mut PgConnection,
     kind: RoleKind,
@@ -527,7 +528,13 @@ async fn definer_diff(
     for row in rows {
         let function: String = row.get(0);
         let has: bool = row.get(1);
-        let wanted = kind == RoleKind::Sendmail && function == sendmail_function;
+        let is_submit = function == sendmail_function;
+        // Other definer functions belong to other roles' matrices: only the sendmail role
+        // is kept from them here.
+        if !is_submit && kind != RoleKind::Sendmail {
+            continue;
+        }
+        let wanted = kind == RoleKind::Sendmail && is_submit;
         if wanted && !has {
             fixes.push(Fix {
                 sql: format!("GRANT EXECUTE ON FUNCTION {function} TO {q}"),

@@ -563,3 +563,30 @@ async fn the_sendmail_role_may_only_submit_through_its_function() {
             .is_current()
     );
 }
+
+/// Regression: setup took EXECUTE on every other SECURITY DEFINER function from every role;
+/// it governs only what the sendmail role may execute (and who may call its function).
+#[tokio::test]
+async fn other_definer_functions_keep_their_grants_but_not_for_the_sendmail_role() {
+    let db = TestDb::new().await;
+    let mut c = conn(&db).await;
+    sqlx::raw_sql(
+        "CREATE FUNCTION pepsi.other_definer() RETURNS int LANGUAGE sql SECURITY DEFINER AS 'SELECT 1'; \
+         REVOKE ALL ON FUNCTION pepsi.other_definer() FROM PUBLIC; \
+         GRANT EXECUTE ON FUNCTION pepsi.other_definer() TO pepsi, \"pepsi-sendmail\"",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let report = schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    assert_eq!(
+        report.privileges_changed,
+        ["REVOKE EXECUTE ON FUNCTION pepsi.other_definer() FROM \"pepsi-sendmail\""]
+    );
+    let call = "SELECT pepsi.other_definer()";
+    assert_eq!(as_role(&db, "pepsi", call).await, Ok(()));
+    assert_eq!(
+        as_role(&db, "pepsi-sendmail", call).await,
+        Err("42501".into())
+    );
+}
