@@ -39,7 +39,7 @@ enum Command {
     ///
     /// Creates the database named in the URL when it does not exist, applies every numbered
     /// patch not yet recorded in pepsi.schema_patch (each in the same transaction as its
-    /// record), re-applies procedures.sql, creates the roles (pipeline, ingress, config) and
+    /// record), re-applies procedures.sql, creates the roles (pipeline, ingress, config, httpd) and
     /// grants each exactly its privileges, and checks them against the live server. Running
     /// it again changes nothing. Exit status 0 when the database is current and verified,
     /// 1 on any error, 2 when --check finds work to do.

@@ -38,6 +38,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0004",
         sql: include_str!("../db/pepsi-0004.sql"),
     },
+    Patch {
+        name: "pepsi-0005",
+        sql: include_str!("../db/pepsi-0005.sql"),
+    },
 ];
 
 /// Stored functions and triggers; re-applied on every run.
@@ -55,6 +59,9 @@ pub struct Roles {
     pub ingress: String,
     /// The only role that may write the configuration overlay.
     pub config: String,
+    /// pepsi-httpd, the administrative API: the only role that may touch the credential
+    /// tables (`admin_account`, `admin_session`, `api_token`).
+    pub httpd: String,
 }
 
 impl Default for Roles {
@@ -63,12 +70,13 @@ impl Default for Roles {
             pipeline: "pepsi".into(),
             ingress: "pepsi-ingress".into(),
             config: "pepsi-config".into(),
+            httpd: "pepsi-httpd".into(),
         }
     }
 }
 
 impl Roles {
-    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE` and `CONFIG_ROLE`.
+    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE` and `HTTPD_ROLE`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("pepsi-setup");
         let default = Self::default();
@@ -80,14 +88,16 @@ impl Roles {
                 .string_opt("INGRESS_ROLE")?
                 .unwrap_or(default.ingress),
             config: section.string_opt("CONFIG_ROLE")?.unwrap_or(default.config),
+            httpd: section.string_opt("HTTPD_ROLE")?.unwrap_or(default.httpd),
         })
     }
 
-    fn all(&self) -> [(RoleKind, &str); 3] {
+    fn all(&self) -> [(RoleKind, &str); 4] {
         [
             (RoleKind::Pipeline, self.pipeline.as_str()),
             (RoleKind::Ingress, self.ingress.as_str()),
             (RoleKind::Config, self.config.as_str()),
+            (RoleKind::Httpd, self.httpd.as_str()),
         ]
     }
 }
@@ -98,7 +108,16 @@ pub enum RoleKind {
     Pipeline,
     Ingress,
     Config,
+    Httpd,
 }
+
+/// The credential tables of the administrative surface: the httpd role's alone.
+pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api_token"];
+
+/// Stored functions whose EXECUTE is not for everyone: `procedures.sql` revokes each from
+/// PUBLIC, and setup grants it to exactly the roles listed (and verifies that).
+pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] =
+    &[("pepsi.mail_log_expire(interval)", &[RoleKind::Pipeline])];
 
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
 pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
@@ -107,7 +126,17 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const APPEND: &[&str] = &["INSERT"];
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
+    const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
+    const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
+    const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
+    if CREDENTIAL_TABLES.contains(&table) {
+        // A component that could read admin_session could mint itself an administrative
+        // session: the credential tables are the httpd role's alone.
+        return if kind == RoleKind::Httpd { ALL } else { NONE };
+    }
     match (kind, table) {
+        // The API searches both logs and appends to the audit log; it changes neither.
+        (RoleKind::Httpd, "event_log" | "mail_log") => READ_APPEND,
         // The audit and mail logs are append-only for everyone who processes mail.
         (_, "event_log" | "mail_log") => APPEND,
         (_, "schema_patch") => READ,
@@ -126,6 +155,15 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
         (RoleKind::Config, _) => NONE,
+        // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
+        // DELETE through the stored functions; a deleted row's body goes by the trigger).
+        (RoleKind::Httpd, "workqueue") => CHANGE,
+        (RoleKind::Httpd, "workqueue_body") => READ_DELETE,
+        // Accounts, aliases and local domains are the API's to change; it reads the overlay
+        // (BOUNCE_STAGE) and the statistics (/metrics).
+        (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
+        (RoleKind::Httpd, "config_override" | "stage_stats" | "dispatch_stats") => READ,
+        (RoleKind::Httpd, _) => NONE,
     }
 }
 
@@ -452,6 +490,26 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
                 fixes.push(Fix {
                     sql: format!("REVOKE {privilege} ON {target} FROM {q}"),
                     describe: format!("{role} must not have {privilege} on pepsi.{table}"),
+                });
+            }
+        }
+        for (function, kinds) in FUNCTION_GRANTS {
+            let has: bool =
+                sqlx::query_scalar("SELECT has_function_privilege($1, $2::text, 'EXECUTE')")
+                    .bind(role)
+                    .bind(function)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            let wanted = kinds.contains(&kind);
+            if wanted && !has {
+                fixes.push(Fix {
+                    sql: format!("GRANT EXECUTE ON FUNCTION {function} TO {q}"),
+                    describe: format!("{role} lacks EXECUTE on {function}"),
+                });
+            } else if has && !wanted {
+                fixes.push(Fix {
+                    sql: format!("REVOKE EXECUTE ON FUNCTION {function} FROM {q}"),
+                    describe: format!("{role} must not have EXECUTE on {function}"),
                 });
             }
         }
