@@ -31,7 +31,8 @@ FOLDED_BINARIES = \
 #   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
 #   pepsi-token, reads the OAuth token files).
 # - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
-#   code used by nothing else); migadu_counters and counterctl, the counting service and
+#   code used by nothing else); pepsi-httpd (the administrative web surface: started as root
+#   to bind, then drops privileges, and links an HTTP server stack no other program uses); migadu_counters and counterctl, the counting service and
 #   its client: a product of their own with their own service, configuration and release
 #   cycle, possibly on another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so
 #   folding them in would only grow every Pepsi process's shared binary.
@@ -40,6 +41,7 @@ STANDALONE_BINARIES = \
 	pepsi-helper-maildir-writer \
 	pepsi-stage-relay-to-maildir \
 	pepsi-stage-relay-to-smarthost \
+	pepsi-httpd \
 	migadu_counters \
 	counterctl
 

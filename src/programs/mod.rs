@@ -72,6 +72,7 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-helper-maildir-writer",
     "pepsi-stage-relay-to-maildir",
     "pepsi-stage-relay-to-smarthost",
+    "pepsi-httpd",
     "migadu_counters",
     "counterctl",
 ];

@@ -14,6 +14,7 @@
 /// xtext, base64 and the enhanced status code's shape: defined once in `pepsi_smtp`.
 pub use pepsi_smtp::encoding;
 
+pub mod admin;
 pub mod alias_file;
 pub mod audit;
 pub mod cli;
@@ -22,10 +23,13 @@ pub mod db;
 pub mod delivery;
 pub mod keys;
 pub mod local;
+pub mod mail_log;
 pub mod message;
 pub mod mime;
+pub mod password;
 pub mod queue;
 pub mod relay;
+pub mod server_tls;
 pub mod settings;
 pub mod srs;
 pub mod stage;

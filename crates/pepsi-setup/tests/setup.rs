@@ -433,7 +433,11 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         }
     }
     check(RoleKind::Httpd, "mail_log", &["SELECT", "INSERT"]);
-    check(RoleKind::Httpd, "workqueue", &["SELECT", "UPDATE", "DELETE"]);
+    check(
+        RoleKind::Httpd,
+        "workqueue",
+        &["SELECT", "UPDATE", "DELETE"],
+    );
     check(RoleKind::Httpd, "signing_key", &[]);
     check(RoleKind::Httpd, "config_override", &["SELECT"]);
 }
@@ -514,13 +518,18 @@ async fn only_the_httpd_role_touches_the_credential_tables() {
     ];
     for role in ["pepsi", "pepsi-ingress", "pepsi-config"] {
         for sql in reads {
-            assert_eq!(as_role(&db, role, sql).await, Err("42501".into()), "{role}: {sql}");
+            assert_eq!(
+                as_role(&db, role, sql).await,
+                Err("42501".into()),
+                "{role}: {sql}"
+            );
         }
     }
     for sql in reads {
         assert_eq!(as_role(&db, "pepsi-httpd", sql).await, Ok(()), "{sql}");
     }
-    let add = "INSERT INTO pepsi.admin_account (name, password_hash) VALUES ('root', '$argon2id$x')";
+    let add =
+        "INSERT INTO pepsi.admin_account (name, password_hash) VALUES ('root', '$argon2id$x')";
     assert_eq!(as_role(&db, "pepsi-httpd", add).await, Ok(()));
     assert_eq!(as_role(&db, "pepsi", add).await, Err("42501".into()));
     // The API searches the logs and appends to the audit log, and changes neither.
@@ -547,7 +556,11 @@ async fn only_the_pipeline_role_expires_the_mail_log() {
     let expire = "SELECT pepsi.mail_log_expire('1 day')";
     assert_eq!(as_role(&db, "pepsi", expire).await, Ok(()));
     for role in ["pepsi-ingress", "pepsi-config", "pepsi-httpd"] {
-        assert_eq!(as_role(&db, role, expire).await, Err("42501".into()), "{role}");
+        assert_eq!(
+            as_role(&db, role, expire).await,
+            Err("42501".into()),
+            "{role}"
+        );
     }
     assert_eq!(
         as_role(&db, "pepsi", "SELECT pepsi.mail_log_expire('5 minutes')").await,
