@@ -343,3 +343,391 @@ async fn errors_are_json_with_the_right_status() {
     assert_eq!(a.status, 400);
     assert!(a.json["error"].as_str().unwrap().contains("\"limit\" is given more than once"));
 }
+
+// ----- the queue --------------------------------------------------------------------------
+
+#[tokio::test]
+async fn queue_listing_filters_show_and_their_errors() {
+    let f = fixture("").await;
+    let a = f.add("relay", "failed", "a@example.test", &["x@example.org", "y@Other.NET"], 7200.0).await;
+    let b = f.add("relay", "paused", "b@example.test", &["z@example.org"], 60.0).await;
+    let c = f.add("init", "pending", "c@elsewhere.test", &["q@example.test"], 10.0).await;
+    let ids = |doc: &Value| -> Vec<i64> { doc["rows"].as_array().unwrap().iter().map(|r| r["id"].as_i64().unwrap()).collect() };
+    let cases: [(&str, Vec<i64>); 8] = [
+        ("", vec![a, b, c]),
+        ("?stage=relay", vec![a, b]),
+        ("?status=failed", vec![a]),
+        ("?sender=ELSEWHERE", vec![c]),
+        ("?recipient=@example.org", vec![a, b]),
+        ("?domain=other.net", vec![a]),
+        ("?min_age=1h", vec![a]),
+        ("?stage=relay&limit=1", vec![a]),
+    ];
+    for (q, want) in cases {
+        let r = f.httpd.get(&format!("/api/queue{q}"), &f.auth()).await;
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        assert_eq!(ids(&r.json), want, "{q}");
+    }
+    let r = f.httpd.get("/api/queue?stage=relay&limit=1", &f.auth()).await;
+    assert_eq!(r.json["summary"]["total"], 2);
+    assert_eq!(r.json["summary"]["stages"]["relay"]["paused"], 1);
+    assert_eq!(r.json["truncated"], true);
+    for (q, field) in [
+        ("?domain=x", "domain"),
+        ("?min_age=soon", "min_age"),
+        ("?limit=0", "limit"),
+        ("?stage=a%20b", "stage"),
+        ("?size=3", "unknown parameter \"size\""),
+    ] {
+        let r = f.httpd.get(&format!("/api/queue{q}"), &f.auth()).await;
+        assert_eq!(r.status, 400, "{q}");
+        assert!(r.json["error"].as_str().unwrap().contains(field), "{q}: {r:?}");
+    }
+    let show = f.httpd.get(&format!("/api/queue/{a}?body=yes"), &f.auth()).await;
+    assert_eq!(show.status, 200);
+    assert_eq!(show.json["id"], a);
+    assert_eq!(show.json["headers"], "Subject: hello\r\n");
+    assert_eq!(show.json["body"], "body\r\n");
+    assert_eq!(show.json["rcpt_to"], json!(["x@example.org", "y@Other.NET"]));
+    assert_eq!(f.httpd.get("/api/queue/999999", &f.auth()).await.status, 404);
+    let r = f.httpd.get("/api/queue/abc", &f.auth()).await;
+    assert_eq!(r.status, 400);
+    assert!(r.json["error"].as_str().unwrap().starts_with("id:"));
+    assert_eq!(f.httpd.get(&format!("/api/queue/{a}?body=maybe"), &f.auth()).await.status, 400);
+}
+
+#[tokio::test]
+async fn each_queue_action_acts_like_pepsi_queue_and_writes_its_event() {
+    let f = fixture("").await;
+    let failed = f.add("relay", "failed", "a@example.test", &["x@example.org"], 60.0).await;
+    let running = f.add("relay", "running", "a@example.test", &["x@example.org"], 60.0).await;
+    let held = f.add("relay", "pending", "a@example.test", &["x@example.org"], 60.0).await;
+    let to_bounce = f.add("relay", "paused", "a@example.test", &["x@example.org"], 60.0).await;
+    let null_sender = f.add("relay", "failed", "", &["x@example.org"], 60.0).await;
+    let at_init = f.add("init", "failed", "a@example.test", &["x@example.org"], 60.0).await;
+    let act = |id: i64, action: &str, body: Value| {
+        let h = &f.httpd;
+        let auth = f.auth();
+        let path = format!("/api/queue/{id}/{action}");
+        async move { h.post(&path, &auth, &body).await }
+    };
+    let r = act(failed, "retry", json!({})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json["action"], "queue.retry");
+    assert_eq!(r.json["results"][0]["outcome"], "changed");
+    assert_eq!(r.json["results"][0]["detail"]["from_status"], "failed");
+    assert_eq!(f.status_of(failed).await, Some(("relay".into(), "pending".into())));
+    let again = act(failed, "retry", json!({})).await;
+    assert_eq!(again.json["results"][0]["outcome"], "unchanged", "{again:?}");
+    let r = act(running, "hold", json!({})).await;
+    assert_eq!(r.status, 409, "a running row is refused: {r:?}");
+    assert_eq!(r.json["results"][0]["outcome"], "running");
+    assert!(r.json["error"].as_str().unwrap().contains("is running"));
+    let r = act(running, "hold", json!({"force": true, "reason": "abuse"})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = act(held, "hold", json!({"reason": "look first"})).await;
+    assert_eq!(r.json["results"][0]["detail"]["reason"], "look first");
+    let listed = f.httpd.get("/api/queue?status=held", &f.auth()).await;
+    assert_eq!(listed.json["rows"].as_array().unwrap().len(), 2);
+    let r = act(held, "retry", json!({})).await;
+    assert_eq!(r.status, 409, "a held row is released, not retried: {r:?}");
+    let r = act(held, "release", json!({})).await;
+    assert_eq!(r.json["results"][0]["detail"]["to_status"], "pending");
+    let r = act(to_bounce, "bounce", json!({"reason": "mailbox retired"})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(f.status_of(to_bounce).await, Some(("bounce".into(), "pending".into())));
+    let r = act(null_sender, "bounce", json!({})).await;
+    assert_eq!(r.status, 409);
+    assert!(r.json["error"].as_str().unwrap().contains("null sender"), "{r:?}");
+    let r = act(at_init, "bounce", json!({})).await;
+    assert_eq!(r.status, 409);
+    assert!(r.json["error"].as_str().unwrap().contains("has no BOUNCE_STAGE"), "{r:?}");
+    let r = act(null_sender, "delete", json!({})).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(f.status_of(null_sender).await, None);
+    assert_eq!(act(null_sender, "delete", json!({})).await.status, 404);
+    let r = act(failed, "explode", json!({})).await;
+    assert_eq!(r.status, 404);
+    assert!(r.json["error"].as_str().unwrap().contains("no queue action \"explode\""));
+    let r = act(failed, "hold", json!({"reason": "x".repeat(600)})).await;
+    assert_eq!(r.status, 400);
+    let r = act(failed, "retry", json!({"forcefully": true})).await;
+    assert_eq!(r.status, 400);
+    // One event per change, by the administrator through pepsi-httpd, as pepsi-queue writes.
+    let events: Vec<_> = f.events().await.into_iter().filter(|e| e.0.starts_with("queue.")).collect();
+    let got: Vec<(&str, Option<i64>)> = events.iter().map(|e| (e.0.as_str(), e.2)).collect();
+    assert_eq!(
+        got,
+        [
+            ("queue.retry", Some(failed)),
+            ("queue.hold", Some(running)),
+            ("queue.hold", Some(held)),
+            ("queue.release", Some(held)),
+            ("queue.bounce", Some(to_bounce)),
+            ("queue.delete", Some(null_sender)),
+        ]
+    );
+    for e in &events {
+        assert_eq!(e.1, "root");
+        assert_eq!(e.3["tool"], "pepsi-httpd");
+    }
+    assert_eq!(events[1].3["force"], true);
+}
+
+#[tokio::test]
+async fn a_bulk_retry_by_filter_takes_exactly_the_matching_rows() {
+    let f = fixture("[pepsi-httpd]\nBULK_LIMIT = 50\n").await;
+    let mut mine = Vec::new();
+    for i in 0..3 {
+        mine.push(f.add("relay", "failed", "a@example.test", &[&format!("u{i}@example.org")], 100.0).await);
+    }
+    let other_domain = f.add("relay", "failed", "a@example.test", &["u@example.net"], 100.0).await;
+    let paused = f.add("relay", "paused", "a@example.test", &["v@example.org"], 100.0).await;
+    let body = json!({"filter": {"domain": "example.org", "status": "failed"}});
+    let r = f.httpd.post("/api/queue/bulk/retry", &f.auth(), &body).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json["matched"], 3);
+    assert_eq!(r.json["changed"], 3);
+    assert_eq!(r.json["truncated"], false);
+    for id in &mine {
+        assert_eq!(f.status_of(*id).await.unwrap().1, "pending");
+    }
+    assert_eq!(f.status_of(other_domain).await.unwrap().1, "failed");
+    assert_eq!(f.status_of(paused).await.unwrap().1, "paused");
+    let events = f.events().await;
+    assert_eq!(events.iter().filter(|e| e.0 == "queue.retry").count(), 3);
+    // A bulk hold with a limit takes the oldest rows only, and says so.
+    let r = f.httpd.post("/api/queue/bulk/hold", &f.auth(), &json!({"filter": {"stage": "relay"}, "limit": 2, "reason": "maintenance"})).await;
+    assert_eq!(r.json["selected"], 2);
+    assert_eq!(r.json["matched"], 5);
+    assert_eq!(r.json["truncated"], true);
+    for (body, want) in [
+        (json!({"filter": {}}), "at least one condition"),
+        (json!({"filter": {"colour": "red"}}), "filter.unknown parameter \"colour\""),
+        (json!({"filter": {"status": "gone"}}), "filter.status"),
+        (json!({"filter": {"stage": "relay"}, "limit": 51}), "BULK_LIMIT"),
+        (json!({"stage": "relay"}), "unknown field `stage`"),
+    ] {
+        let r = f.httpd.post("/api/queue/bulk/retry", &f.auth(), &body).await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        assert!(r.json["error"].as_str().unwrap().contains(want), "{body}: {r:?}");
+    }
+}
+
+// ----- accounts, aliases, domains, logs -------------------------------------------------
+
+#[tokio::test]
+async fn mailbox_accounts_are_created_listed_given_passwords_and_deleted() {
+    let f = fixture("").await;
+    let r = f.httpd.post("/api/accounts", &f.auth(), &json!({"address": "Alice@Example.TEST", "password": "correct horse"})).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(r.json["address"], "alice@example.test");
+    let hash: String = sqlx::query_scalar("SELECT password_hash FROM pepsi.mailbox_password WHERE address = 'alice@example.test'")
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+    assert!(pepsi_common::password::check_hash(&hash, b"correct horse"));
+    let r = f.httpd.post("/api/accounts", &f.auth(), &json!({"address": "alice@example.test"})).await;
+    assert_eq!(r.status, 409, "{r:?}");
+    for (body, want) in [
+        (json!({"address": "alice"}), "address \"alice\" is not an address"),
+        (json!({"address": "b@example.test", "password": "short"}), "password: 8 to 1024 bytes"),
+    ] {
+        let r = f.httpd.post("/api/accounts", &f.auth(), &body).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert!(r.json["error"].as_str().unwrap().contains(want), "{r:?}");
+    }
+    let r = f.httpd.post("/api/accounts", &f.auth(), &json!({"address": "bob@example.test", "enabled": false})).await;
+    assert_eq!(r.status, 201);
+    let list = f.httpd.get("/api/accounts?search=ALI", &f.auth()).await;
+    assert_eq!(list.json["accounts"].as_array().unwrap().len(), 1);
+    assert_eq!(list.json["accounts"][0]["has_password"], true);
+    let all = f.httpd.get("/api/accounts", &f.auth()).await;
+    assert_eq!(all.json["accounts"][1]["address"], "bob@example.test");
+    assert_eq!(all.json["accounts"][1]["enabled"], false);
+    let r = f.httpd.call(Method::PUT, "/api/accounts/bob@example.test/password", &f.auth(), Some(&json!({"password": "another secret"}))).await;
+    assert_eq!(r.status, 204, "{r:?}");
+    let r = f.httpd.call(Method::PUT, "/api/accounts/carol@example.test/password", &f.auth(), Some(&json!({"password": "another secret"}))).await;
+    assert_eq!(r.status, 404);
+    let r = f.httpd.call(Method::DELETE, "/api/accounts/alice@example.test", &f.auth(), None).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(f.httpd.call(Method::DELETE, "/api/accounts/alice@example.test", &f.auth(), None).await.status, 404);
+    let actions: Vec<String> = f.events().await.into_iter().map(|e| e.0).filter(|a| a.starts_with("account.")).collect();
+    assert_eq!(actions, ["account.create", "account.create", "account.password", "account.delete"]);
+    let dump: String = sqlx::query_scalar("SELECT string_agg(detail::text, ' ') FROM pepsi.event_log")
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+    assert!(!dump.contains("another secret") && !dump.contains("$argon2id$"), "{dump}");
+}
+
+#[tokio::test]
+async fn aliases_catch_alls_and_local_domains_are_settings_rows() {
+    let f = fixture("").await;
+    let put = |path: &str, body: Option<Value>| {
+        let h = &f.httpd;
+        let auth = f.auth();
+        let path = path.to_owned();
+        async move { h.call(Method::PUT, &path, &auth, body.as_ref()).await }
+    };
+    let r = put("/api/aliases/Sales@example.test", Some(json!({"targets": ["dave@example.net", "Erin@Example.test"]}))).await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = put("/api/aliases/sales@example.test", Some(json!({"targets": ["dave@example.net"]}))).await;
+    assert_eq!(r.status, 200, "replaced");
+    let r = put("/api/aliases/@example.test", Some(json!({"targets": ["postmaster@example.test"]}))).await;
+    assert_eq!((r.status, r.json["kind"].as_str()), (201, Some("catchall")));
+    let stored: Vec<(String, String, Value)> = sqlx::query_as("SELECT address, name, value FROM pepsi.settings ORDER BY 1")
+        .fetch_all(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        stored,
+        vec![
+            ("@example.test".into(), "catchall".into(), json!(["postmaster@example.test"])),
+            ("sales@example.test".into(), "alias".into(), json!(["dave@example.net"])),
+        ]
+    );
+    let list = f.httpd.get("/api/aliases", &f.auth()).await;
+    assert_eq!(list.json["aliases"].as_array().unwrap().len(), 2);
+    for (body, want) in [
+        (json!({"targets": []}), "targets: 1 to"),
+        (json!({"targets": ["not an address"]}), "targets[0]"),
+    ] {
+        let r = put("/api/aliases/x@example.test", Some(body.clone())).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert!(r.json["error"].as_str().unwrap().contains(want), "{r:?}");
+    }
+    let r = f.httpd.call(Method::DELETE, "/api/aliases/sales@example.test", &f.auth(), None).await;
+    assert_eq!(r.status, 204);
+    assert_eq!(f.httpd.call(Method::DELETE, "/api/aliases/sales@example.test", &f.auth(), None).await.status, 404);
+    // Local domains: the file's and the settings layer's.
+    let r = put("/api/domains/Bücher.example", None).await;
+    assert_eq!((r.status, r.json["domain"].as_str()), (201, Some("xn--bcher-kva.example")));
+    assert_eq!(put("/api/domains/xn--bcher-kva.example", None).await.status, 200);
+    let list = f.httpd.get("/api/domains", &f.auth()).await;
+    assert_eq!(
+        list.json["domains"].as_array().unwrap().iter().map(|d| (d["domain"].as_str().unwrap(), d["source"].as_str().unwrap())).collect::<Vec<_>>(),
+        [("example.test", "config"), ("xn--bcher-kva.example", "settings")]
+    );
+    let local = pepsi_common::local::LocalRecipients::new(Vec::<String>::new(), "");
+    assert!(local.is_local_domain(&f.db.pool, "xn--bcher-kva.example").await.unwrap(), "the stages see it");
+    let r = f.httpd.call(Method::DELETE, "/api/domains/example.test", &f.auth(), None).await;
+    assert_eq!(r.status, 409);
+    assert!(r.json["error"].as_str().unwrap().contains("LOCAL_DOMAINS"));
+    assert_eq!(f.httpd.call(Method::DELETE, "/api/domains/xn--bcher-kva.example", &f.auth(), None).await.status, 204);
+    assert_eq!(f.httpd.call(Method::DELETE, "/api/domains/nowhere.example", &f.auth(), None).await.status, 404);
+    assert_eq!(put("/api/domains/no_such", None).await.status, 400);
+    let actions: Vec<String> = f.events().await.into_iter().map(|e| e.0).filter(|a| a.starts_with("settings.")).collect();
+    assert_eq!(actions.iter().filter(|a| *a == "settings.set").count(), 5);
+    assert_eq!(actions.iter().filter(|a| *a == "settings.delete").count(), 2);
+}
+
+#[tokio::test]
+async fn the_logs_are_searchable_and_their_filters_checked() {
+    let f = fixture("").await;
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.mail_log (at, workqueue_id, stage, event, mail_from, rcpt_to, detail) VALUES \
+         (now() - interval '2 hours', 7, 'local', 'delivered', 'a@example.test', ARRAY['bob@example.test'], '{\"mailbox\": \"bob\"}'), \
+         (now() - interval '1 hour', 8, 'bounce', 'bounced', 'a@example.test', ARRAY['nobody@example.test'], '{\"status\": \"5.1.1\"}'), \
+         (now(), 9, 'local', 'delivered', 'c@example.net', ARRAY['carol@example.test'], '{}')",
+    )
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    let ids = |doc: &Value| -> Vec<i64> { doc["entries"].as_array().unwrap().iter().map(|e| e["workqueue_id"].as_i64().unwrap()).collect() };
+    let since = (chrono::Utc::now() - chrono::Duration::minutes(90)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let cases = [
+        (String::new(), vec![9, 8, 7]),
+        ("?sender=example.test".into(), vec![8, 7]),
+        ("?recipient=BOB".into(), vec![7]),
+        ("?event=bounced".into(), vec![8]),
+        ("?workqueue_id=9".into(), vec![9]),
+        (format!("?since={since}"), vec![9, 8]),
+        ("?limit=1".into(), vec![9]),
+    ];
+    for (q, want) in cases {
+        let r = f.httpd.get(&format!("/api/mail-log{q}"), &f.auth()).await;
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        assert_eq!(ids(&r.json), want, "{q}");
+    }
+    let r = f.httpd.get("/api/mail-log?event=bounced", &f.auth()).await;
+    assert_eq!(r.json["entries"][0]["detail"]["status"], "5.1.1");
+    for (q, field) in [("?event=lost", "event"), ("?since=yesterday", "since"), ("?who=x", "who")] {
+        let r = f.httpd.get(&format!("/api/mail-log{q}"), &f.auth()).await;
+        assert_eq!(r.status, 400, "{q}");
+        assert!(r.json["error"].as_str().unwrap().contains(field), "{q}: {r:?}");
+    }
+    let ev = f.httpd.get("/api/events?action=admin.login", &f.auth()).await;
+    assert_eq!(ev.json["events"].as_array().unwrap().len(), 1);
+    assert_eq!(ev.json["events"][0]["actor"], "root");
+    assert_eq!(f.httpd.get("/api/events?limit=x", &f.auth()).await.status, 400);
+}
+
+// ----- TLS and privileges -----------------------------------------------------------------
+
+#[tokio::test]
+async fn with_a_certificate_it_serves_https_and_marks_the_cookie_secure() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args(["req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1", "-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1", "-addext", "basicConstraints=critical,CA:FALSE", "-addext", "extendedKeyUsage=serverAuth", "-keyout"])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "openssl req");
+    let port = free_port();
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        port,
+        &format!("[pepsi-httpd]\nCERT_FILE = {}\nKEY_FILE = {}\n", cert.display(), key.display()),
+    );
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let pem = std::fs::read(&cert).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    let mut httpd = Httpd::new(config, port).with_client(client, "https");
+    let password = httpd.admin_add("root");
+    httpd.start().await;
+    let a = httpd.post("/api/login", &Auth::None, &json!({"name": "root", "password": password})).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(a.headers["set-cookie"].to_str().unwrap().contains("; Secure"));
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = httpd_common::client().get(format!("http://127.0.0.1:{port}/healthz")).send().await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+}
+
+#[tokio::test]
+async fn it_drops_to_user_before_serving_and_refuses_root_without_one() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &db.url, port, "[pepsi-httpd]\nUSER = nobody\n");
+    // SAFETY: a plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut httpd = Httpd::new(config.clone(), port);
+    if root {
+        httpd.start().await;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", httpd.pid())).unwrap();
+        let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        let uids: Vec<&str> = uid_line.split_whitespace().skip(1).collect();
+        assert!(uids.iter().all(|u| *u != "0"), "still root: {uid_line}");
+        assert_eq!(httpd.get("/healthz", &Auth::None).await.status, 200);
+        httpd.stop();
+        // As root without USER and without ALLOW_ROOT it will not serve.
+        std::fs::write(&config, format!("[database]\nURL = {}\n[pepsi-httpd]\nADDRESS = 127.0.0.1:{port}\n", db.url)).unwrap();
+        let (code, _, err) = httpd.cli(&["serve"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("will not serve as root"), "{err}");
+    } else {
+        let (code, _, err) = httpd.cli(&["serve"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("USER = nobody: switching to it needs root"), "{err}");
+    }
+}
