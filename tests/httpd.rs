@@ -731,3 +731,92 @@ async fn it_drops_to_user_before_serving_and_refuses_root_without_one() {
         assert!(err.contains("USER = nobody: switching to it needs root"), "{err}");
     }
 }
+
+// ----- /metrics -----------------------------------------------------------------------------
+
+/// `text` parsed by the Prometheus Python client's own parser (Debian's
+/// python3-prometheus-client): {family: {"type": ..., "samples": [[name, labels, value]]}}.
+fn prometheus_parse(text: &str) -> Value {
+    use std::io::Write as _;
+    let script = "import sys, json\n\
+                  from prometheus_client.parser import text_string_to_metric_families\n\
+                  out = {}\n\
+                  for f in text_string_to_metric_families(sys.stdin.read()):\n\
+                  \x20   out[f.name] = {'type': f.type, 'samples': [[s.name, s.labels, s.value] for s in f.samples]}\n\
+                  print(json.dumps(out))\n";
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/apt-packages.txt: python3-prometheus-client)");
+    child.stdin.take().unwrap().write_all(text.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "the Prometheus parser refused:\n{}\n{text}", String::from_utf8_lossy(&out.stderr));
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The value of sample `name` with exactly `labels` in a parsed document.
+fn sample(doc: &Value, family: &str, name: &str, labels: Value) -> Option<f64> {
+    doc[family]["samples"]
+        .as_array()?
+        .iter()
+        .find(|s| s[0] == name && s[1] == labels)
+        .and_then(|s| s[2].as_f64())
+}
+
+#[tokio::test]
+async fn metrics_parse_with_prometheus_and_need_a_credential_unless_allowed() {
+    let f = fixture("").await;
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.stage_stats (stage, messages, processing_ms, kills, crashes) VALUES ('relay', 12, 3500, 1, 2); \
+         UPDATE pepsi.dispatch_stats SET stages_total = 30, messages_total = 11, messages_failed = 1; \
+         INSERT INTO pepsi.mail_log (stage, event) VALUES ('local', 'delivered'), ('local', 'delivered'), ('bounce', 'bounced'); \
+         INSERT INTO pepsi.mail_log (at, stage, event) VALUES (now() - interval '2 hours', 'local', 'delivered')",
+    )
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    f.add("relay", "failed", "a@example.test", &["x@example.org"], 600.0).await;
+    f.add("relay", "pending", "a@example.test", &["x@example.org"], 30.0).await;
+    let held = f.add("init", "pending", "a@example.test", &["x@example.org"], 5.0).await;
+    f.httpd.post(&format!("/api/queue/{held}/hold"), &f.auth(), &json!({})).await;
+    let denied = f.httpd.get("/metrics", &Auth::None).await;
+    assert_eq!(denied.status, 401, "{denied:?}");
+    let r = f.httpd.get("/metrics", &f.auth()).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(r.headers["content-type"].to_str().unwrap().starts_with("text/plain; version=0.0.4"));
+    let doc = prometheus_parse(&r.text);
+    // The parser names a counter family without its _total suffix.
+    assert_eq!(doc["pepsi_stage_messages"]["type"], "counter");
+    assert_eq!(sample(&doc, "pepsi_stage_messages", "pepsi_stage_messages_total", json!({"stage": "relay"})), Some(12.0));
+    assert_eq!(sample(&doc, "pepsi_stage_processing_seconds", "pepsi_stage_processing_seconds_total", json!({"stage": "relay"})), Some(3.5));
+    assert_eq!(sample(&doc, "pepsi_stage_crashes", "pepsi_stage_crashes_total", json!({"stage": "relay"})), Some(2.0));
+    assert_eq!(sample(&doc, "pepsi_dispatch_messages", "pepsi_dispatch_messages_total", json!({})), Some(11.0));
+    assert_eq!(sample(&doc, "pepsi_dispatch_messages_failed", "pepsi_dispatch_messages_failed_total", json!({})), Some(1.0));
+    assert_eq!(doc["pepsi_queue_messages"]["type"], "gauge");
+    let q = |stage: &str, status: &str| sample(&doc, "pepsi_queue_messages", "pepsi_queue_messages", json!({"stage": stage, "status": status}));
+    assert_eq!(q("relay", "failed"), Some(1.0));
+    assert_eq!(q("relay", "pending"), Some(1.0));
+    assert_eq!(q("relay", "held"), Some(0.0));
+    assert_eq!(q("init", "held"), Some(1.0));
+    assert_eq!(q("init", "paused"), Some(0.0), "a held row is not counted as paused");
+    let oldest = sample(&doc, "pepsi_queue_oldest_message_age_seconds", "pepsi_queue_oldest_message_age_seconds", json!({"stage": "relay"})).unwrap();
+    assert!((600.0..3600.0).contains(&oldest), "{oldest}");
+    let o = |stage: &str, event: &str| sample(&doc, "pepsi_mail_outcomes_last_hour", "pepsi_mail_outcomes_last_hour", json!({"stage": stage, "event": event}));
+    assert_eq!(o("local", "delivered"), Some(2.0), "the row two hours old is not counted");
+    assert_eq!(o("bounce", "bounced"), Some(1.0));
+    // A token reads it too; with METRICS_ALLOW covering the client, nothing is needed.
+    let token = f.httpd.token_add("root", &[]);
+    assert_eq!(f.httpd.get("/metrics", &Auth::Bearer(token)).await.status, 200);
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &f.db.url, port, "[pepsi-httpd]\nMETRICS_ALLOW = 10.0.0.0/8, 127.0.0.0/8\n");
+    let mut open = Httpd::new(config, port);
+    open.start().await;
+    let r = open.get("/metrics", &Auth::None).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(prometheus_parse(&r.text)["pepsi_queue_messages"].is_object());
+    assert_eq!(open.get("/api/queue", &Auth::None).await.status, 401, "only /metrics is open");
+}
