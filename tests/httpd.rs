@@ -5,6 +5,7 @@
 //! and a message through the whole system whose mail log row the API finds.
 
 mod httpd_common;
+mod system_common;
 
 use httpd_common::{Auth, Httpd, free_port, write_config};
 use pepsi_testkit::TestDb;
@@ -819,4 +820,61 @@ async fn metrics_parse_with_prometheus_and_need_a_credential_unless_allowed() {
     assert_eq!(r.status, 200, "{r:?}");
     assert!(prometheus_parse(&r.text)["pepsi_queue_messages"].is_object());
     assert_eq!(open.get("/api/queue", &Auth::None).await.status, 401, "only /metrics is open");
+}
+
+// ----- the mail log, end to end -------------------------------------------------------------
+
+/// A message through the whole shipped graph (ingress, dispatcher, stages): one recipient
+/// delivered to its Maildir, one a mailbox without a Maildir (5.1.1, returned to the
+/// sender), and the DSN delivered to the sender — each final outcome is a mail_log row
+/// found through the API.
+#[tokio::test]
+async fn a_message_through_the_system_leaves_mail_log_rows_the_api_finds() {
+    let mut sys = system_common::System::new("", &["alice", "bob"]).await;
+    sqlx::query("INSERT INTO pepsi.mailbox_account (address) VALUES ('ghost@example.test')")
+        .execute(&sys.db.pool)
+        .await
+        .unwrap();
+    sys.start().await;
+    let port = free_port();
+    let config = write_config(sys.dir.path(), &sys.db.url, port, STAGES);
+    let mut httpd = Httpd::new(config, port);
+    let password = httpd.admin_add("root");
+    httpd.start().await;
+    let session = httpd.login("root", &password).await;
+    let auth = Auth::Session(session);
+    let message = b"From: bob@example.test\r\nTo: alice@example.test, ghost@example.test\r\n\
+                    Subject: logged\r\nMessage-ID: <log-1@example.test>\r\n\r\nhello\r\n";
+    let reply = sys
+        .send("bob@example.test", &["alice@example.test", "ghost@example.test"], message)
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 1, std::time::Duration::from_secs(30)).await;
+    sys.wait_messages("bob", 1, std::time::Duration::from_secs(30)).await;
+    sys.wait_empty(std::time::Duration::from_secs(30)).await;
+    let delivered = httpd.get("/api/mail-log?recipient=alice@example.test", &auth).await;
+    assert_eq!(delivered.status, 200, "{delivered:?}");
+    let entries = delivered.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["event"], "delivered");
+    assert_eq!(entries[0]["stage"], "local");
+    assert_eq!(entries[0]["mail_from"], "bob@example.test");
+    assert!(entries[0]["detail"]["mailbox"].as_str().unwrap().ends_with("alice/Maildir"), "{entries:?}");
+    let bounced = httpd.get("/api/mail-log?event=bounced", &auth).await;
+    let entries = bounced.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{bounced:?}");
+    assert_eq!(entries[0]["rcpt_to"], json!(["ghost@example.test"]));
+    assert_eq!(entries[0]["mail_from"], "bob@example.test");
+    assert_eq!(entries[0]["detail"]["status"], "5.1.1");
+    assert_eq!(entries[0]["detail"]["failed_at"], "local");
+    // The DSN itself, from the null sender, delivered to bob.
+    let dsn = httpd.get("/api/mail-log?recipient=bob@example.test", &auth).await;
+    let entries = dsn.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dsn:?}");
+    assert_eq!((entries[0]["event"].as_str(), entries[0]["mail_from"].as_str()), (Some("delivered"), Some("")));
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.mail_log")
+        .fetch_one(&sys.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(all, 3, "one row per final outcome");
 }

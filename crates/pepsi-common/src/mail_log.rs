@@ -44,23 +44,17 @@ impl Event {
     }
 }
 
-/// One row a stage records: the event for `rcpt_to`, with `detail` (an object: `mailbox`,
-/// `reply`, `remote_mta`, `status`, `diagnostic`, `reason` …, see docs/mail-log.md).
-#[derive(Debug, Clone, PartialEq)]
+/// One row a stage records: the event for `rcpt_to` at `stage`, the envelope sender as it
+/// was when the outcome was decided, and `detail` (an object: `mailbox`, `reply`,
+/// `remote_mta`, `status`, `diagnostic`, `reason` …, see docs/mail-log.md). Made by
+/// `StageContext::log_entry`, which fills the stage and the sender.
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Entry {
+    pub stage: String,
+    pub mail_from: String,
     pub event: Event,
     pub rcpt_to: Vec<String>,
     pub detail: Value,
-}
-
-impl Entry {
-    pub fn new(event: Event, rcpt_to: Vec<String>, detail: Value) -> Self {
-        Self {
-            event,
-            rcpt_to,
-            detail,
-        }
-    }
 }
 
 /// What a search matches; `None` means any. Text filters match a part, any letter case.

@@ -361,6 +361,7 @@ impl<'a> Worker<'a> {
             row,
             changes: Changes::default(),
             carried: Changes::default(),
+            mail_log: Vec::new(),
         })
     }
 
