@@ -163,25 +163,34 @@ async fn admin_add(cfg: &pepsi_common::config::Config, a: AdminAddArgs) -> anyho
         println!("an administrator exists already; nothing created");
         return Ok(ExitCode::SUCCESS);
     }
-    let password = credentials::new_password();
-    let hash = pepsi_common::password::hash_password(password.as_bytes())
-        .map_err(|e| anyhow::anyhow!("cannot hash the password: {e}"))?;
-    match store::create_admin(&pool, &local_actor(), &a.name, &hash).await {
-        Ok(()) => {}
-        Err(store::StoreError::Exists(m)) => {
-            eprintln!("pepsi-httpd: {m}");
-            return Ok(ExitCode::from(1));
-        }
-        Err(e) => return Err(e.into()),
-    }
-    match &a.output {
-        Some(path) => {
-            let mut f = std::fs::OpenOptions::new()
+    // The file first: a password that cannot be written must not be created.
+    let mut file = match &a.output {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
                 .write(true)
                 .create_new(true)
                 .mode_0600()
                 .open(path)
-                .with_context(|| format!("cannot create {} (it must not exist)", path.display()))?;
+                .with_context(|| format!("cannot create {} (it must not exist)", path.display()))?,
+        ),
+        None => None,
+    };
+    let password = credentials::new_password();
+    let hash = pepsi_common::password::hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot hash the password: {e}"))?;
+    let created = store::create_admin(&pool, &local_actor(), &a.name, &hash).await;
+    if let Err(e) = created {
+        if let Some(path) = &a.output {
+            let _ = std::fs::remove_file(path);
+        }
+        if let store::StoreError::Exists(m) = &e {
+            eprintln!("pepsi-httpd: {m}");
+            return Ok(ExitCode::from(1));
+        }
+        return Err(e.into());
+    }
+    match (&mut file, &a.output) {
+        (Some(f), Some(path)) => {
             writeln!(f, "{} {password}", a.name)?;
             println!(
                 "administrator {} created; the password is in {}",
@@ -189,7 +198,7 @@ async fn admin_add(cfg: &pepsi_common::config::Config, a: AdminAddArgs) -> anyho
                 path.display()
             );
         }
-        None => println!(
+        _ => println!(
             "administrator {} created; password (shown once): {password}",
             a.name
         ),
