@@ -124,7 +124,11 @@ fn after_kill_9_of_the_dispatcher_and_the_ingress_make_run_serves_again_and_lose
         ])
         .output()
         .unwrap();
-    assert_eq!(String::from_utf8_lossy(&login.stdout).trim(), "admin", "{login:?}");
+    assert_eq!(
+        String::from_utf8_lossy(&login.stdout).trim(),
+        "admin",
+        "{login:?}"
+    );
 
     kill(dispatcher, "-KILL");
     wait_until(

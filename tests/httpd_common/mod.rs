@@ -140,7 +140,11 @@ impl Httpd {
             if let Some(Some(status)) = self.child.as_mut().map(|c| c.try_wait().unwrap()) {
                 panic!("pepsi-httpd exited {status}: {}", self.logs());
             }
-            assert!(Instant::now() < until, "pepsi-httpd did not answer: {}", self.logs());
+            assert!(
+                Instant::now() < until,
+                "pepsi-httpd did not answer: {}",
+                self.logs()
+            );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
@@ -152,7 +156,10 @@ impl Httpd {
     /// Stops it with SIGTERM and waits.
     pub fn stop(&mut self) {
         if let Some(mut c) = self.child.take() {
-            let _ = Command::new("kill").arg("-TERM").arg(c.id().to_string()).status();
+            let _ = Command::new("kill")
+                .arg("-TERM")
+                .arg(c.id().to_string())
+                .status();
             let until = Instant::now() + Duration::from_secs(10);
             while c.try_wait().unwrap().is_none() && Instant::now() < until {
                 std::thread::sleep(Duration::from_millis(20));
@@ -203,7 +210,13 @@ impl Httpd {
     }
 
     /// One request.
-    pub async fn call(&self, method: Method, path: &str, auth: &Auth, body: Option<&Value>) -> Answer {
+    pub async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        auth: &Auth,
+        body: Option<&Value>,
+    ) -> Answer {
         let mut req = self.client.request(method, self.url(path));
         req = match auth {
             Auth::None => req,

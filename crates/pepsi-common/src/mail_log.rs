@@ -28,7 +28,12 @@ pub enum Event {
 }
 
 impl Event {
-    pub const ALL: [Event; 4] = [Event::Delivered, Event::Bounced, Event::Expired, Event::Dropped];
+    pub const ALL: [Event; 4] = [
+        Event::Delivered,
+        Event::Bounced,
+        Event::Expired,
+        Event::Dropped,
+    ];
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -82,7 +87,11 @@ pub struct LogRow {
 }
 
 /// The rows matching `search`, newest first, at most `limit`.
-pub async fn search(pool: &PgPool, search: &Search, limit: i64) -> Result<Vec<LogRow>, sqlx::Error> {
+pub async fn search(
+    pool: &PgPool,
+    search: &Search,
+    limit: i64,
+) -> Result<Vec<LogRow>, sqlx::Error> {
     let rows = sqlx::query(
         "SELECT log_id, at, workqueue_id, stage, event, mail_from, COALESCE(rcpt_to, '{}') AS rcpt_to, detail \
          FROM pepsi.mail_log \

@@ -123,11 +123,14 @@ pub async fn authenticate(parts: &Parts, state: &AppState) -> Result<Option<Prin
         let token = text
             .strip_prefix("Bearer ")
             .ok_or_else(|| ApiError::unauthorized("Authorization must be `Bearer <token>`"))?;
-        let (id, secret) = credentials::parse_token(token.trim())
-            .ok_or_else(|| ApiError::unauthorized("the bearer token is not a pepsi-httpd API token"))?;
+        let (id, secret) = credentials::parse_token(token.trim()).ok_or_else(|| {
+            ApiError::unauthorized("the bearer token is not a pepsi-httpd API token")
+        })?;
         let name = store::check_token(&state.pool, id, &credentials::digest(secret))
             .await?
-            .ok_or_else(|| ApiError::unauthorized("the API token is unknown, expired or revoked"))?;
+            .ok_or_else(|| {
+                ApiError::unauthorized("the API token is unknown, expired or revoked")
+            })?;
         return Ok(Some(Principal {
             name,
             via: Via::Token { id: id.to_owned() },
@@ -147,7 +150,9 @@ pub async fn authenticate(parts: &Parts, state: &AppState) -> Result<Option<Prin
         .find_map(|c| credentials::session_from_cookie_header(c))
     else {
         return if present {
-            Err(ApiError::unauthorized("the session cookie is malformed: log in again"))
+            Err(ApiError::unauthorized(
+                "the session cookie is malformed: log in again",
+            ))
         } else {
             Ok(None)
         };
@@ -329,7 +334,10 @@ pub fn router(state: AppState) -> Router {
             "/api/accounts",
             get(api::accounts::list).post(api::accounts::create),
         )
-        .route("/api/accounts/{address}", axum::routing::delete(api::accounts::delete))
+        .route(
+            "/api/accounts/{address}",
+            axum::routing::delete(api::accounts::delete),
+        )
         .route(
             "/api/accounts/{address}/password",
             put(api::accounts::set_password),

@@ -21,8 +21,8 @@ pub mod credentials;
 mod error;
 pub mod metrics;
 pub mod query;
-pub mod settings;
 mod server;
+pub mod settings;
 mod store;
 pub mod throttle;
 
@@ -150,7 +150,10 @@ fn local_actor() -> Actor {
     Actor::local(constants::CONFIG_SOURCE.exec)
 }
 
-async fn admin_add(cfg: &pepsi_common::config::Config, a: AdminAddArgs) -> anyhow::Result<ExitCode> {
+async fn admin_add(
+    cfg: &pepsi_common::config::Config,
+    a: AdminAddArgs,
+) -> anyhow::Result<ExitCode> {
     if !credentials::valid_admin_name(&a.name) {
         eprintln!(
             "pepsi-httpd: administrator name {:?} must be 1 to 64 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
@@ -216,16 +219,19 @@ impl Mode0600 for std::fs::OpenOptions {
     }
 }
 
-async fn token_add(cfg: &pepsi_common::config::Config, a: TokenAddArgs) -> anyhow::Result<ExitCode> {
+async fn token_add(
+    cfg: &pepsi_common::config::Config,
+    a: TokenAddArgs,
+) -> anyhow::Result<ExitCode> {
     if a.label.chars().count() > 200 || a.label.chars().any(char::is_control) {
         eprintln!("pepsi-httpd: --label: at most 200 characters, no control characters");
         return Ok(ExitCode::from(2));
     }
     let pool = pepsi_common::db::connect(cfg).await?;
     let (id, secret, text) = credentials::new_token();
-    let expires = a
-        .expires_in
-        .map(|d| chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX));
+    let expires = a.expires_in.map(|d| {
+        chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    });
     match store::create_token(
         &pool,
         &local_actor(),
@@ -253,7 +259,11 @@ async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
     let bound = server::bind(&settings)?;
     server::drop_privileges(&settings)?;
     let pool = pepsi_common::db::connect(&cfg).await?;
-    let scheme = if settings.tls.is_some() { "https" } else { "http" };
+    let scheme = if settings.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
     let local = bound.listener.local_addr()?;
     tracing::info!("serving {scheme}://{local}/");
     let state = app::AppState {

@@ -11,7 +11,9 @@ use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use pepsi_common::queue::{self, Filter, STATUSES};
-use prometheus::{CounterVec, Encoder as _, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder};
+use prometheus::{
+    CounterVec, Encoder as _, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
 use sqlx::{PgPool, Row as _};
 
 use crate::app::{AppState, ClientAddr, authenticate};
@@ -64,7 +66,8 @@ pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
     .fetch_all(pool)
     .await?
     {
-        s.outcomes.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
+        s.outcomes
+            .push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
     }
     Ok(s)
 }
@@ -72,23 +75,41 @@ pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
 /// The snapshot in the Prometheus text exposition format.
 pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
     let reg = Registry::new();
-    let counter = |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
-        let c = IntCounterVec::new(Opts::new(name, help), labels)?;
-        reg.register(Box::new(c.clone()))?;
-        Ok(c)
-    };
+    let counter =
+        |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            reg.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
     let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
-    let messages = counter("pepsi_stage_messages_total", "Messages a stage has handled (stage_stats).", &["stage"])?;
-    let kills = counter("pepsi_stage_kills_total", "Stage workers killed for running over MAX_RUNTIME (stage_stats).", &["stage"])?;
-    let crashes = counter("pepsi_stage_crashes_total", "Stage workers that exited unexpectedly (stage_stats).", &["stage"])?;
+    let messages = counter(
+        "pepsi_stage_messages_total",
+        "Messages a stage has handled (stage_stats).",
+        &["stage"],
+    )?;
+    let kills = counter(
+        "pepsi_stage_kills_total",
+        "Stage workers killed for running over MAX_RUNTIME (stage_stats).",
+        &["stage"],
+    )?;
+    let crashes = counter(
+        "pepsi_stage_crashes_total",
+        "Stage workers that exited unexpectedly (stage_stats).",
+        &["stage"],
+    )?;
     let seconds = CounterVec::new(
-        Opts::new("pepsi_stage_processing_seconds_total", "Time stages spent on messages (stage_stats)."),
+        Opts::new(
+            "pepsi_stage_processing_seconds_total",
+            "Time stages spent on messages (stage_stats).",
+        ),
         &["stage"],
     )?;
     reg.register(Box::new(seconds.clone()))?;
     for (stage, m, ms, k, c) in &s.stages {
         messages.with_label_values(&[stage]).inc_by(nonneg(*m));
-        seconds.with_label_values(&[stage]).inc_by(nonneg(*ms) as f64 / 1000.0);
+        seconds
+            .with_label_values(&[stage])
+            .inc_by(nonneg(*ms) as f64 / 1000.0);
         kills.with_label_values(&[stage]).inc_by(nonneg(*k));
         crashes.with_label_values(&[stage]).inc_by(nonneg(*c));
     }
@@ -97,16 +118,31 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         c.inc_by(nonneg(v));
         reg.register(Box::new(c))
     };
-    plain("pepsi_dispatch_stages_total", "Stage passes the dispatcher has completed (dispatch_stats).", s.dispatch.0)?;
-    plain("pepsi_dispatch_messages_total", "Messages that left the pipeline (dispatch_stats).", s.dispatch.1)?;
-    plain("pepsi_dispatch_messages_failed_total", "Messages that ended failed or timed out (dispatch_stats).", s.dispatch.2)?;
+    plain(
+        "pepsi_dispatch_stages_total",
+        "Stage passes the dispatcher has completed (dispatch_stats).",
+        s.dispatch.0,
+    )?;
+    plain(
+        "pepsi_dispatch_messages_total",
+        "Messages that left the pipeline (dispatch_stats).",
+        s.dispatch.1,
+    )?;
+    plain(
+        "pepsi_dispatch_messages_failed_total",
+        "Messages that ended failed or timed out (dispatch_stats).",
+        s.dispatch.2,
+    )?;
     plain(
         "pepsi_dispatch_serialization_failures_total",
         "Transient serialization/deadlock retries the dispatcher observed (dispatch_stats).",
         s.dispatch.3,
     )?;
     let rows = GaugeVec::new(
-        Opts::new("pepsi_queue_messages", "Rows of the work queue now, per stage and status (held apart from paused)."),
+        Opts::new(
+            "pepsi_queue_messages",
+            "Rows of the work queue now, per stage and status (held apart from paused).",
+        ),
         &["stage", "status"],
     )?;
     reg.register(Box::new(rows.clone()))?;
@@ -121,7 +157,10 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         rows.with_label_values(&[stage, status]).set(*n as f64);
     }
     let oldest = GaugeVec::new(
-        Opts::new("pepsi_queue_oldest_message_age_seconds", "Age of the oldest row at each stage, since it was received."),
+        Opts::new(
+            "pepsi_queue_oldest_message_age_seconds",
+            "Age of the oldest row at each stage, since it was received.",
+        ),
         &["stage"],
     )?;
     reg.register(Box::new(oldest.clone()))?;
@@ -160,7 +199,14 @@ pub async fn metrics(State(state): State<AppState>, req: Request) -> ApiResult<R
     }
     let snap = snapshot(&state.pool).await?;
     let text = render(&snap).map_err(ApiError::internal)?;
-    Ok(([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], text).into_response())
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
 #[cfg(test)]
@@ -190,7 +236,10 @@ mod tests {
             "# TYPE pepsi_dispatch_messages_total counter",
         ];
         for line in want {
-            assert!(text.lines().any(|l| l == line), "{line} missing from\n{text}");
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
         }
     }
 }

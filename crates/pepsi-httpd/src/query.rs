@@ -16,12 +16,20 @@ pub const MAX_LIMIT: i64 = 10_000;
 pub const DEFAULT_LIMIT: i64 = 100;
 
 /// The parameters of the queue filter (`GET /api/queue`, and a bulk action's `filter`).
-pub const QUEUE_FILTER_FIELDS: [&str; 6] =
-    ["sender", "recipient", "domain", "stage", "status", "min_age"];
+pub const QUEUE_FILTER_FIELDS: [&str; 6] = [
+    "sender",
+    "recipient",
+    "domain",
+    "stage",
+    "status",
+    "min_age",
+];
 
 fn text(field: &str, value: &str) -> Result<String, String> {
     if value.is_empty() {
-        return Err(format!("{field}: empty; leave the parameter out to match anything"));
+        return Err(format!(
+            "{field}: empty; leave the parameter out to match anything"
+        ));
     }
     if value.chars().count() > MAX_TEXT {
         return Err(format!("{field}: longer than {MAX_TEXT} characters"));
@@ -63,7 +71,10 @@ fn duration(field: &str, value: &str) -> Result<Duration, String> {
 }
 
 fn unknown(field: &str, known: &[&str]) -> String {
-    format!("unknown parameter {field:?} (expected one of: {})", known.join(", "))
+    format!(
+        "unknown parameter {field:?} (expected one of: {})",
+        known.join(", ")
+    )
 }
 
 /// One field of the queue filter into `f`.
@@ -72,9 +83,8 @@ fn queue_field(f: &mut Filter, field: &str, value: &str) -> Result<(), String> {
         "sender" => f.sender = Some(text(field, value)?),
         "recipient" => f.recipient = Some(text(field, value)?),
         "domain" => {
-            f.domain = Some(
-                pepsi_common::admin::domain(value, "domain").map_err(|e| e.to_string())?,
-            )
+            f.domain =
+                Some(pepsi_common::admin::domain(value, "domain").map_err(|e| e.to_string())?)
         }
         "stage" => f.stage = Some(stage_name(field, value)?),
         "status" => {
@@ -211,7 +221,9 @@ mod tests {
     use super::*;
 
     fn pairs(q: &[(&str, &str)]) -> Vec<(String, String)> {
-        q.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        q.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -241,11 +253,17 @@ mod tests {
         let long = "x".repeat(300);
         let cases: Vec<(Vec<(&str, &str)>, &str)> = vec![
             (vec![("status", "lost")], "status: \"lost\" is not one of"),
-            (vec![("min_age", "soon")], "min_age: \"soon\" is not a duration"),
+            (
+                vec![("min_age", "soon")],
+                "min_age: \"soon\" is not a duration",
+            ),
             (vec![("limit", "0")], "limit: \"0\" is not a whole number"),
             (vec![("limit", "100001")], "limit: \"100001\""),
             (vec![("stage", "a b")], "stage: \"a b\" is not a stage name"),
-            (vec![("domain", "nodot")], "domain \"nodot\" is not a domain name"),
+            (
+                vec![("domain", "nodot")],
+                "domain \"nodot\" is not a domain name",
+            ),
             (vec![("sender", "")], "sender: empty"),
             (vec![("sender", long.as_str())], "sender: longer than 254"),
             (vec![("colour", "red")], "unknown parameter \"colour\""),
@@ -254,8 +272,16 @@ mod tests {
             let e = queue_listing(&pairs(&q)).unwrap_err();
             assert!(e.contains(want), "{q:?}: {e}");
         }
-        assert!(queue_listing(&pairs(&[("x", "1")])).unwrap_err().contains("limit"));
-        assert!(!queue_filter(&pairs(&[("limit", "1")])).unwrap_err().contains("min_age, limit"));
+        assert!(
+            queue_listing(&pairs(&[("x", "1")]))
+                .unwrap_err()
+                .contains("limit")
+        );
+        assert!(
+            !queue_filter(&pairs(&[("limit", "1")]))
+                .unwrap_err()
+                .contains("min_age, limit")
+        );
     }
 
     #[test]
@@ -276,7 +302,10 @@ mod tests {
         let cases = [
             (("event", "lost"), "event: \"lost\""),
             (("workqueue_id", "-1"), "workqueue_id: \"-1\""),
-            (("until", "yesterday"), "until: \"yesterday\" is not an RFC 3339 time"),
+            (
+                ("until", "yesterday"),
+                "until: \"yesterday\" is not an RFC 3339 time",
+            ),
             (("who", "x"), "unknown parameter \"who\""),
         ];
         for ((k, v), want) in cases {

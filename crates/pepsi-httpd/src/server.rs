@@ -67,7 +67,9 @@ pub fn drop_privileges(s: &HttpdSettings) -> anyhow::Result<()> {
         if euid == uid && unsafe { libc::getegid() } == gid {
             return Ok(());
         }
-        bail!("[pepsi-httpd] USER = {user}: switching to it needs root, and this process runs as uid {euid}");
+        bail!(
+            "[pepsi-httpd] USER = {user}: switching to it needs root, and this process runs as uid {euid}"
+        );
     }
     // SAFETY: system calls on values we own; each result is checked.
     unsafe {
@@ -142,10 +144,12 @@ pub async fn serve(
         let tls = bound.tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
-            let service = hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                req.extensions_mut().insert(ClientAddr(peer));
-                app.clone().oneshot(req.map(axum::body::Body::new))
-            });
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ClientAddr(peer));
+                    app.clone().oneshot(req.map(axum::body::Body::new))
+                },
+            );
             let mut builder = hyper::server::conn::http1::Builder::new();
             builder
                 .timer(TokioTimer::new())

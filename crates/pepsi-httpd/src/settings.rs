@@ -49,7 +49,9 @@ impl Cidr {
         };
         match (self.net, ip) {
             (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
                 u32::from(n) & mask == u32::from(a) & mask
             }
             (IpAddr::V6(n), IpAddr::V6(a)) => {
@@ -203,12 +205,18 @@ mod tests {
             ("ADDRESS = localhost:80", "ADDRESS = \"localhost:80\""),
             ("CERT_FILE = c.pem", "CERT_FILE and KEY_FILE go together"),
             ("METRICS_ALLOW = 10.0.0.0/33", "METRICS_ALLOW"),
-            ("LOGIN_MAX_FAILURES_PER_ACCOUNT = 0", "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0"),
+            (
+                "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
+                "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
+            ),
             ("MAX_BODY_SIZE = 10", "MAX_BODY_SIZE = 10"),
             ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
         ];
         for (line, want) in cases {
-            let e = format!("{:#}", settings(&format!("[pepsi-httpd]\n{line}\n")).unwrap_err());
+            let e = format!(
+                "{:#}",
+                settings(&format!("[pepsi-httpd]\n{line}\n")).unwrap_err()
+            );
             assert!(e.contains(want), "{line}: {e}");
         }
     }

@@ -130,7 +130,11 @@ pub async fn touch_session(
 }
 
 /// Ends the session with `digest`; `admin.logout`.
-pub async fn delete_session(pool: &PgPool, actor: &Actor, digest: &[u8]) -> Result<(), sqlx::Error> {
+pub async fn delete_session(
+    pool: &PgPool,
+    actor: &Actor,
+    digest: &[u8],
+) -> Result<(), sqlx::Error> {
     let mut tx = pool.begin().await?;
     sqlx::query("DELETE FROM pepsi.admin_session WHERE digest = $1")
         .bind(digest)
@@ -142,7 +146,11 @@ pub async fn delete_session(pool: &PgPool, actor: &Actor, digest: &[u8]) -> Resu
 }
 
 /// Deletes sessions past their idle or absolute limit; returns how many.
-pub async fn purge_sessions(pool: &PgPool, idle: Duration, max_age: Duration) -> Result<u64, sqlx::Error> {
+pub async fn purge_sessions(
+    pool: &PgPool,
+    idle: Duration,
+    max_age: Duration,
+) -> Result<u64, sqlx::Error> {
     Ok(sqlx::query(
         "DELETE FROM pepsi.admin_session \
          WHERE last_seen_at <= now() - make_interval(secs => $1) \
@@ -173,7 +181,9 @@ pub async fn create_token(
             .fetch_optional(&mut *tx)
             .await?;
     if known.is_none() {
-        return Err(StoreError::NotFound(format!("there is no administrator {admin}")));
+        return Err(StoreError::NotFound(format!(
+            "there is no administrator {admin}"
+        )));
     }
     sqlx::query(
         "INSERT INTO pepsi.api_token (token_id, digest, admin, label, expires_at) VALUES ($1, $2, $3, $4, $5)",
@@ -192,7 +202,11 @@ pub async fn create_token(
 }
 
 /// The administrator a live token (`id`, secret `digest`) belongs to, marking it used.
-pub async fn check_token(pool: &PgPool, id: &str, digest: &[u8]) -> Result<Option<String>, sqlx::Error> {
+pub async fn check_token(
+    pool: &PgPool,
+    id: &str,
+    digest: &[u8],
+) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar(
         "UPDATE pepsi.api_token t SET last_used_at = now() \
          FROM pepsi.admin_account a \

@@ -90,7 +90,10 @@ impl Stage for Bounce {
         let id = ctx.id();
         if ctx.mail_from().is_empty() {
             tracing::info!(id, rcpt = ?ctx.rcpt_to(), "no notification: the message has a null sender; dropped");
-            let log = outcome_log(ctx, Some("the message has the null sender: a notification is never returned"));
+            let log = outcome_log(
+                ctx,
+                Some("the message has the null sender: a notification is never returned"),
+            );
             return Ok(ctx.finish()?.log(log));
         }
         if ctx.settings().next_stage.is_none() {
@@ -208,7 +211,10 @@ impl Stage for Bounce {
 /// 4.4.7 and `bounced` otherwise, with the DSN's status and the details the failing stage
 /// recorded; `dropped` instead when `dropped` says why no report goes out. Nothing for a
 /// delay or success notice (not a final outcome: the delivery stage logged the success).
-fn outcome_log(ctx: &StageContext<'_>, dropped: Option<&str>) -> Vec<pepsi_common::mail_log::Entry> {
+fn outcome_log(
+    ctx: &StageContext<'_>,
+    dropped: Option<&str>,
+) -> Vec<pepsi_common::mail_log::Entry> {
     use pepsi_common::mail_log::Event;
     let Ok(request) = request::parse(ctx.state(), ctx.rcpt_to()) else {
         return match dropped {

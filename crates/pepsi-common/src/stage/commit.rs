@@ -9,9 +9,9 @@
 //! shape is a prepared statement of its own.
 
 use serde_json::{Map, Value};
-use sqlx::{PgPool, Row as _};
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
+use sqlx::{PgPool, Row as _};
 
 use super::context::{Changes, CloneSpec, Outcome, Row};
 use super::{StageContext, StageError};
@@ -127,17 +127,44 @@ pub(crate) async fn commit(
         }
         Outcome::Advance { stage } => {
             let changes = ctx.all_changes();
-            update(pool, &ctx.row, &changes, "pending", Some(stage), None, log.as_ref()).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "pending",
+                Some(stage),
+                None,
+                log.as_ref(),
+            )
+            .await?
         }
         Outcome::Pause { secs } => {
             let changes = ctx.all_changes();
             let moved = ctx.needs_flush().then_some(&ctx.row.stage);
-            update(pool, &ctx.row, &changes, "paused", moved, Some(*secs), log.as_ref()).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "paused",
+                moved,
+                Some(*secs),
+                log.as_ref(),
+            )
+            .await?
         }
         Outcome::Fail => {
             let changes = ctx.all_changes();
             let moved = ctx.needs_flush().then_some(&ctx.row.stage);
-            update(pool, &ctx.row, &changes, "failed", moved, None, log.as_ref()).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "failed",
+                moved,
+                None,
+                log.as_ref(),
+            )
+            .await?
         }
     };
     if affected != 1 {
@@ -239,7 +266,8 @@ pub(crate) const FINISHED: &str = "finished";
 // deleted (the body trigger fires per row, as for a single DELETE); for the others the
 // target stage, pause and each content column ride per row (NULL: unchanged). rcpt_to
 // travels as a JSON array, since a text[][] must be rectangular.
-const COMMIT_MANY: &str = concat!("WITH u AS ( \
+const COMMIT_MANY: &str = concat!(
+    "WITH u AS ( \
        SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::float8[], $5::jsonb[], \
                             $6::bool[], $7::bool[], $8::bytea[], $9::text[], $10::jsonb[], $11::jsonb[]) \
        AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to, log)), \
@@ -262,8 +290,13 @@ const COMMIT_MANY: &str = concat!("WITH u AS ( \
        RETURNING w.workqueue_id), \
      done AS (SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved), \
      logged AS (",
-    log_insert!("d.workqueue_id", "done d JOIN u ON u.id = d.workqueue_id AND u.log IS NOT NULL CROSS JOIN LATERAL", "u.log"),
-    ") SELECT workqueue_id FROM done");
+    log_insert!(
+        "d.workqueue_id",
+        "done d JOIN u ON u.id = d.workqueue_id AND u.log IS NOT NULL CROSS JOIN LATERAL",
+        "u.log"
+    ),
+    ") SELECT workqueue_id FROM done"
+);
 
 /// Commits `rows` in one statement; returns the ids it wrote (a row missing from the answer
 /// was no longer running).
@@ -355,7 +388,9 @@ pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool, log: bool)
     let (fresh, body_set) = if changes.body {
         let body = next();
         (
-            format!("fresh AS (INSERT INTO pepsi.workqueue_body (body) VALUES (${body}) RETURNING body_id)"),
+            format!(
+                "fresh AS (INSERT INTO pepsi.workqueue_body (body) VALUES (${body}) RETURNING body_id)"
+            ),
             ", body_id = (SELECT body_id FROM fresh)",
         )
     } else {
@@ -366,9 +401,16 @@ pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool, log: bool)
     );
     if log {
         // The log's parameter is the last; the row count comes back as the query's one value.
-        let insert = log_insert!("w.workqueue_id", "w CROSS JOIN", "$LOG").replace("$LOG", &format!("${}", next()));
-        let with = if fresh.is_empty() { String::new() } else { format!("{fresh}, ") };
-        format!("WITH {with}w AS ({update} RETURNING workqueue_id), logged AS ({insert}) SELECT count(*) FROM w")
+        let insert = log_insert!("w.workqueue_id", "w CROSS JOIN", "$LOG")
+            .replace("$LOG", &format!("${}", next()));
+        let with = if fresh.is_empty() {
+            String::new()
+        } else {
+            format!("{fresh}, ")
+        };
+        format!(
+            "WITH {with}w AS ({update} RETURNING workqueue_id), logged AS ({insert}) SELECT count(*) FROM w"
+        )
     } else if changes.body {
         format!("WITH {fresh} {update}")
     } else {
@@ -385,7 +427,12 @@ async fn update(
     pause_secs: Option<f64>,
     log: Option<&Value>,
 ) -> Result<u64, StageError> {
-    let sql = update_sql(changes, stage.is_some(), pause_secs.is_some(), log.is_some());
+    let sql = update_sql(
+        changes,
+        stage.is_some(),
+        pause_secs.is_some(),
+        log.is_some(),
+    );
     let state = Value::Object(changes.state.clone());
     let bind = || -> Query<'_, sqlx::Postgres, PgArguments> {
         // Assembled from this module's constant fragments only (see update_sql).

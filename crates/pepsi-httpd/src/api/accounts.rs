@@ -64,8 +64,14 @@ pub async fn create(
         Some(pw) => Some(hash(pw).await?),
         None => None,
     };
-    admin::create_account(&state.pool, &who.actor(), &address, hashed.as_deref(), req.enabled)
-        .await?;
+    admin::create_account(
+        &state.pool,
+        &who.actor(),
+        &address,
+        hashed.as_deref(),
+        req.enabled,
+    )
+    .await?;
     Ok((
         StatusCode::CREATED,
         Json(json!({"address": address, "enabled": req.enabled, "has_password": hashed.is_some()})),

@@ -123,7 +123,9 @@ fn action_named(name: &str, reason: Option<String>) -> ApiResult<ActionKind> {
 enum ActionKind {
     Plain(Action),
     /// Needs each row's stage and its BOUNCE_STAGE.
-    Bounce { reason: String },
+    Bounce {
+        reason: String,
+    },
 }
 
 /// What happened to one row, and how the API words its error.
@@ -166,28 +168,39 @@ async fn run(
     for &id in ids {
         let action = match (kind, &cfg) {
             (ActionKind::Plain(a), _) => Ok(a.clone()),
-            (ActionKind::Bounce { reason }, Some(cfg)) => match queue::stage_of(&state.pool, id).await? {
-                None => Err(AdminError::NotFound(id)),
-                Some((stage, _)) => queue::bounce_target(cfg, id, &stage).map(|bounce_stage| Action::Bounce {
-                    stage,
-                    bounce_stage,
-                    reason: reason.clone(),
-                }),
-            },
-            (ActionKind::Bounce { .. }, None) => unreachable!("the configuration is read for bounce"),
+            (ActionKind::Bounce { reason }, Some(cfg)) => {
+                match queue::stage_of(&state.pool, id).await? {
+                    None => Err(AdminError::NotFound(id)),
+                    Some((stage, _)) => {
+                        queue::bounce_target(cfg, id, &stage).map(|bounce_stage| Action::Bounce {
+                            stage,
+                            bounce_stage,
+                            reason: reason.clone(),
+                        })
+                    }
+                }
+            }
+            (ActionKind::Bounce { .. }, None) => {
+                unreachable!("the configuration is read for bounce")
+            }
         };
         let result = match action {
             Ok(a) => queue::apply(&state.pool, &actor, id, &a, force).await,
             Err(e) => Err(e),
         };
         let entry = match &result {
-            Err(AdminError::Running { .. } | AdminError::NotFound(_)) if bulk => qjson::skipped_json(id),
+            Err(AdminError::Running { .. } | AdminError::NotFound(_)) if bulk => {
+                qjson::skipped_json(id)
+            }
             r => qjson::result_json(id, r, &r.as_ref().err().map(error_text).unwrap_or_default()),
         };
         entries.push(entry);
         outcomes.push(result);
     }
-    if outcomes.iter().any(|o| matches!(o, Ok(Outcome::Changed(_)))) {
+    if outcomes
+        .iter()
+        .any(|o| matches!(o, Ok(Outcome::Changed(_))))
+    {
         // Committed already; a lost wake-up only delays the claim to the next heartbeat.
         if let Err(e) = queue::notify(&state.pool).await {
             tracing::warn!("cannot wake the dispatcher after a queue action: {e}");
@@ -238,7 +251,8 @@ pub async fn bulk(
 ) -> ApiResult<Json<Value>> {
     let kind = action_named(&action, req.reason)?;
     let pairs: Vec<(String, String)> = req.filter.into_iter().collect();
-    let filter = query::queue_filter(&pairs).map_err(|e| ApiError::bad_request(format!("filter.{e}")))?;
+    let filter =
+        query::queue_filter(&pairs).map_err(|e| ApiError::bad_request(format!("filter.{e}")))?;
     if filter.is_empty() {
         return Err(ApiError::bad_request(
             "filter: a bulk action needs at least one condition (sender, recipient, domain, stage, status, min_age)",
@@ -267,7 +281,12 @@ pub async fn bulk(
         .count();
     let errors = outcomes
         .iter()
-        .filter(|o| matches!(o, Err(AdminError::Refused { .. } | AdminError::Database { .. })))
+        .filter(|o| {
+            matches!(
+                o,
+                Err(AdminError::Refused { .. } | AdminError::Database { .. })
+            )
+        })
         .count();
     Ok(Json(json!({
         "action": action_name(&kind),

@@ -25,7 +25,11 @@ pub struct Login {
 }
 
 fn cookie(state: &AppState, value: &str, max_age: u64) -> Result<HeaderValue, ApiError> {
-    let secure = if state.settings.secure_cookie { "; Secure" } else { "" };
+    let secure = if state.settings.secure_cookie {
+        "; Secure"
+    } else {
+        ""
+    };
     HeaderValue::from_str(&format!(
         "{}={value}; Path=/; HttpOnly; SameSite=Strict; Max-Age={max_age}{secure}",
         credentials::COOKIE
@@ -77,7 +81,11 @@ pub async fn login(
             t.by_address.fail(&addr, now());
             t.by_account.fail(&name, now());
         }
-        let why = if known { "wrong password" } else { "unknown or disabled administrator" };
+        let why = if known {
+            "wrong password"
+        } else {
+            "unknown or disabled administrator"
+        };
         store::login_failed(&state.pool, &actor, &name, client.ip(), why).await?;
         tracing::info!(name = name.as_str(), client = %client.ip(), "login refused");
         return Err(ApiError::unauthorized("wrong name or password"));

@@ -69,9 +69,17 @@ pub async fn put_alias(
     for (i, t) in req.targets.iter().enumerate() {
         targets.push(admin::address(t, &format!("targets[{i}]"))?);
     }
-    let created = admin::put_setting(&state.pool, &who.actor(), &key, name, &json!(targets)).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(json!({"address": key, "kind": name, "targets": targets}))))
+    let created =
+        admin::put_setting(&state.pool, &who.actor(), &key, name, &json!(targets)).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"address": key, "kind": name, "targets": targets})),
+    ))
 }
 
 pub async fn delete_alias(
@@ -114,7 +122,11 @@ pub async fn put_domain(
     let d = admin::domain(&domain, "domain")?;
     let (key, name) = admin::local_domain_key(&d);
     let created = admin::put_setting(&state.pool, &who.actor(), &key, name, &json!(true)).await?;
-    let status = if created { StatusCode::CREATED } else { StatusCode::OK };
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
     Ok((status, Json(json!({"domain": d, "source": "settings"}))))
 }
 
