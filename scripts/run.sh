@@ -2,8 +2,9 @@
 # scripts/run.sh: builds Pepsi and brings the whole system up on the embedded default
 # configuration (etc/pepsi.conf): a private PostgreSQL under ./var/pg unless DATABASE_URL
 # names a server, the schema, Maildirs for the demo users of example.test under
-# ./var/mail, the dispatcher (which starts the stage workers) and the SMTP ingress on
-# 127.0.0.1:2525, each under a supervisor that starts it again when it dies (after 1 s,
+# ./var/mail, the dispatcher (which starts the stage workers), the SMTP ingress on
+# 127.0.0.1:2525 and the administrative API (pepsi-httpd) on 127.0.0.1:8080, whose first
+# administrator's password is written to var/httpd-admin.txt, each under a supervisor that starts it again when it dies (after 1 s,
 # doubling up to 30 s while it keeps dying, as systemd's Restart=on-failure would). It
 # sends one message to show the path end to end, prints where it landed, and keeps running
 # until Ctrl-C, which stops everything cleanly. The running pids are in var/run/*.pid.
@@ -73,8 +74,19 @@ for user in alice bob postmaster; do
   psql "$DATABASE_URL" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('$user@example.test') ON CONFLICT DO NOTHING"
 done
 
+# The first administrator of pepsi-httpd: made once for this database, its generated
+# password written to var/httpd-admin.txt (mode 0600) and shown nowhere else.
+if [ -z "$(psql "$DATABASE_URL" -tAc 'SELECT 1 FROM pepsi.admin_account LIMIT 1')" ]; then
+  rm -f var/httpd-admin.txt
+  pepsi-httpd -c "$cfg" admin-add admin --if-none --output var/httpd-admin.txt
+fi
+
 if (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null; then
   say "127.0.0.1:2525 is taken: is another Pepsi (or another SMTP server) running?"
+  exit 1
+fi
+if (exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null; then
+  say "127.0.0.1:8080 is taken: is another Pepsi (or another web server) running?"
   exit 1
 fi
 # supervise NAME CMD...: runs CMD (stderr to var/log/NAME.log, its pid in var/run/NAME.pid)
@@ -108,28 +120,38 @@ mkdir -p var/run
 # by pepsi and the pepsi-sendmail group; here everything runs as whoever runs make run.
 mkdir -p var/spool/sendmail
 chmod 1730 var/spool/sendmail
-rm -f var/run/dispatch.pid var/run/ingress.pid var/run/failure-bouncer.pid var/run/sendmail-pickup.pid
+rm -f var/run/dispatch.pid var/run/ingress.pid var/run/httpd.pid var/run/failure-bouncer.pid var/run/sendmail-pickup.pid
 supervise dispatch pepsi-dispatch -c "$cfg"
 dispatch_supervisor=$!
 supervise ingress pepsi-ingress -c "$cfg"
 ingress_supervisor=$!
+supervise httpd pepsi-httpd -c "$cfg"
+httpd_supervisor=$!
 # Rows that end failed or timeout are retried, then returned (docs/failure-bouncer.md).
 supervise failure-bouncer pepsi-failure-bouncer -c "$cfg"
 bouncer_supervisor=$!
 # The pickup of mail `pepsi-sendmail` queued while the database was down.
 supervise sendmail-pickup pepsi-sendmail -C "$cfg" -q10s
 pickup_supervisor=$!
-# Stopping goes ingress first (no new mail), then the helpers, then the dispatcher.
-pids=("$ingress_supervisor" "$pickup_supervisor" "$bouncer_supervisor" "$dispatch_supervisor" "${pids[@]}")
+# Stopping goes ingress first (no new mail), then the API and the helpers, then the
+# dispatcher.
+pids=("$ingress_supervisor" "$httpd_supervisor" "$pickup_supervisor" "$bouncer_supervisor" "$dispatch_supervisor" "${pids[@]}")
 for _ in $(seq 200); do
   (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null && break
   sleep 0.05
 done
 (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null || { tail -n 20 var/log/ingress.log >&2; exit 1; }
+for _ in $(seq 200); do
+  (exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null && break
+  sleep 0.05
+done
+(exec 3<>/dev/tcp/127.0.0.1/8080) 2>/dev/null || { tail -n 20 var/log/httpd.log >&2; exit 1; }
 ingress=$(cat var/run/ingress.pid)
 say "started pepsi-dispatch (pid $(cat var/run/dispatch.pid)), log var/log/dispatch.log"
 say "started pepsi-ingress (pid $ingress) on 127.0.0.1:2525, log var/log/ingress.log"
 say "started pepsi-failure-bouncer and the pepsi-sendmail pickup, logs var/log/failure-bouncer.log, var/log/sendmail-pickup.log"
+say "started pepsi-httpd (pid $(cat var/run/httpd.pid)) at http://127.0.0.1:8080/, log var/log/httpd.log"
+say "the administrator's name and password are in var/httpd-admin.txt"
 say "database: $DATABASE_URL   mail: var/mail/<user>/Maildir"
 
 say "== sending a message from bob@example.test to alice@example.test"
@@ -169,8 +191,12 @@ Pepsi is running. Try:
   printf 'Subject: hi\n\nfrom sendmail\n' | DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-sendmail -C etc/pepsi.conf alice@example.test
   ls var/mail/*/Maildir/new
   DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-queue -c etc/pepsi.conf list
-A dispatcher, ingress, failure bouncer or pickup that dies is started again (var/run/*.pid
-hold their pids).
+The administrative API: http://127.0.0.1:8080/ (docs/api.md); log in as the
+administrator in var/httpd-admin.txt:
+  read -r name pw < var/httpd-admin.txt
+  curl -si -H 'Content-Type: application/json' -d "{\"name\":\"\$name\",\"password\":\"\$pw\"}" http://127.0.0.1:8080/api/login
+A dispatcher, ingress, pepsi-httpd, failure bouncer or pickup that dies is started again
+(var/run/*.pid hold their pids).
 Ctrl-C stops everything.
 EOF
 wait

@@ -100,6 +100,35 @@ fn after_kill_9_of_the_dispatcher_and_the_ingress_make_run_serves_again_and_lose
     );
     let dispatcher = pid_of("dispatch").unwrap();
     let ingress = pid_of("ingress").unwrap();
+    // pepsi-httpd runs under the same supervision, and the first administrator's
+    // credential is where the script says.
+    assert!(
+        log().contains("at http://127.0.0.1:8080/") && log().contains("var/httpd-admin.txt"),
+        "{}",
+        log()
+    );
+    assert!(pid_of("httpd").is_some_and(alive), "{}", log());
+    let credential = std::fs::read_to_string(root().join("var/httpd-admin.txt")).unwrap();
+    let (name, password) = credential.trim().split_once(' ').expect("name password");
+    assert_eq!((name, password.len()), ("admin", 24));
+    let login = Command::new("python3")
+        .args([
+            "-c",
+            "import json, sys, urllib.request\n\
+             r = urllib.request.Request('http://127.0.0.1:8080/api/login', method='POST', \
+             data=json.dumps({'name': sys.argv[1], 'password': sys.argv[2]}).encode(), \
+             headers={'Content-Type': 'application/json'})\n\
+             print(json.load(urllib.request.urlopen(r))['name'])",
+            name,
+            password,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&login.stdout).trim(),
+        "admin",
+        "{login:?}"
+    );
 
     kill(dispatcher, "-KILL");
     wait_until(
@@ -151,7 +180,7 @@ fn after_kill_9_of_the_dispatcher_and_the_ingress_make_run_serves_again_and_lose
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(status.success(), "{status}: {}", log());
-    for name in ["dispatch", "ingress"] {
+    for name in ["dispatch", "ingress", "httpd"] {
         let pid = pid_of(name).unwrap();
         let until = Instant::now() + Duration::from_secs(20);
         while alive(pid) {

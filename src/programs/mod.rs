@@ -74,6 +74,7 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-stage-relay-to-maildir",
     "pepsi-stage-relay-to-smarthost",
     "pepsi-sendmail",
+    "pepsi-httpd",
     "migadu_counters",
     "counterctl",
 ];

@@ -124,10 +124,43 @@ impl Failure {
     }
 }
 
+/// Where a delivered recipient's copy went, for the mail log: the mailbox (a local
+/// delivery) or the next server's final reply and name (a relay).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Delivery {
+    pub mailbox: Option<String>,
+    pub reply: Option<String>,
+    pub remote_mta: Option<String>,
+}
+
+impl Delivery {
+    /// A delivery with nothing known about where it went.
+    pub const UNKNOWN: Delivery = Delivery {
+        mailbox: None,
+        reply: None,
+        remote_mta: None,
+    };
+
+    /// The mail log's `detail`: the fields that are known.
+    pub fn to_detail(&self) -> serde_json::Value {
+        let mut m = Map::new();
+        for (k, v) in [
+            ("mailbox", &self.mailbox),
+            ("reply", &self.reply),
+            ("remote_mta", &self.remote_mta),
+        ] {
+            if let Some(v) = v {
+                m.insert(k.into(), serde_json::Value::String(v.clone()));
+            }
+        }
+        serde_json::Value::Object(m)
+    }
+}
+
 /// The result of one delivery attempt for one recipient.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RcptResult {
-    Delivered,
+    Delivered(Delivery),
     Permanent(Failure),
     Transient(Failure),
 }
@@ -137,7 +170,11 @@ impl RcptResult {
     /// 4xx and every connection failure → transient.
     pub fn from_outcome(outcome: &RcptOutcome, remote_mta: &str) -> RcptResult {
         match outcome {
-            RcptOutcome::Accepted(_) => RcptResult::Delivered,
+            RcptOutcome::Accepted(reply) => RcptResult::Delivered(Delivery {
+                mailbox: None,
+                reply: Some(reply.to_string()),
+                remote_mta: Some(remote_mta.to_owned()),
+            }),
             RcptOutcome::Refused { phase, reply } => {
                 let f = Failure::from_reply(*phase, reply, remote_mta);
                 if reply.is_permanent() {
@@ -324,7 +361,7 @@ pub fn plan(
     let mut success: Vec<usize> = Vec::new();
     for (i, r) in results.iter().enumerate() {
         match r {
-            RcptResult::Delivered => {
+            RcptResult::Delivered(_) => {
                 if row.originate_success && row.wants_success.get(i).copied().unwrap_or(false) {
                     success.push(i);
                 }
@@ -477,7 +514,21 @@ pub fn conclude(
             })
             .collect())
     };
-    match decided {
+    // Every delivered recipient is a final outcome, whatever happens to the others; the
+    // failures are logged by the bounce stage that reports them.
+    let delivered: Vec<crate::mail_log::Entry> = results
+        .iter()
+        .zip(ctx.rcpt_to())
+        .filter_map(|(r, rcpt)| match r {
+            RcptResult::Delivered(d) => Some(ctx.log_entry(
+                crate::mail_log::Event::Delivered,
+                vec![rcpt.clone()],
+                d.to_detail(),
+            )),
+            _ => None,
+        })
+        .collect();
+    let terminal = match decided {
         Plan::Finish { clones } if clones.is_empty() => ctx.advance_or_finish(),
         Plan::Finish { clones } => ctx.finish_with(specs(clones)?),
         Plan::Pause {
@@ -486,7 +537,8 @@ pub fn conclude(
             scratch,
             clones,
         } => ctx.pause_with(scratch.to_state(), after, keep, specs(clones)?),
-    }
+    }?;
+    Ok(terminal.log(delivered))
 }
 
 #[cfg(test)]
@@ -519,7 +571,7 @@ mod tests {
         }
     }
 
-    const D: RcptResult = RcptResult::Delivered;
+    const D: RcptResult = RcptResult::Delivered(Delivery::UNKNOWN);
     fn p() -> RcptResult {
         RcptResult::Permanent(Failure::new("no such user", "5.1.1"))
     }
@@ -801,7 +853,11 @@ mod tests {
         );
         assert_eq!(
             RcptResult::from_outcome(&RcptOutcome::Accepted(r(&["250 2.0.0 ok"])), "x"),
-            RcptResult::Delivered
+            RcptResult::Delivered(Delivery {
+                mailbox: None,
+                reply: Some("250 2.0.0 ok".into()),
+                remote_mta: Some("x".into()),
+            })
         );
     }
 

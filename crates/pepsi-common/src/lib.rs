@@ -4,8 +4,9 @@
 //! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
 //! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
 //! operator's queue
-//! administration (`queue`), the audit log (`audit`) and the types of the stock `state` keys
-//! (`state`).
+//! administration (`queue`), the audit log (`audit`), administrative writes of accounts and
+//! settings (`admin`), password hashes (`password`), the mail log (`mail_log`), server TLS
+//! (`server_tls`) and the types of the stock `state` keys (`state`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -14,6 +15,7 @@
 /// xtext, base64 and the enhanced status code's shape: defined once in `pepsi_smtp`.
 pub use pepsi_smtp::encoding;
 
+pub mod admin;
 pub mod alias_file;
 pub mod audit;
 pub mod cli;
@@ -22,10 +24,13 @@ pub mod db;
 pub mod delivery;
 pub mod keys;
 pub mod local;
+pub mod mail_log;
 pub mod message;
 pub mod mime;
+pub mod password;
 pub mod queue;
 pub mod relay;
+pub mod server_tls;
 pub mod settings;
 pub mod srs;
 pub mod stage;

@@ -215,6 +215,15 @@ pub async fn gc(pool: &PgPool) -> Result<(i32, i32), sqlx::Error> {
     Ok((bodies, tokens))
 }
 
+/// Deletes mail log rows older than `keep` (the retention of `[pepsi] MAIL_LOG_RETENTION`)
+/// through the one function allowed to (the log is append-only); returns how many.
+pub async fn mail_log_expire(pool: &PgPool, keep: std::time::Duration) -> Result<i32, sqlx::Error> {
+    sqlx::query_scalar("SELECT pepsi.mail_log_expire(make_interval(secs => $1))")
+        .bind(keep.as_secs_f64())
+        .fetch_one(pool)
+        .await
+}
+
 /// Whether this session's role may vacuum the queue tables: it owns them (or is a member of
 /// their owner, or a superuser), or holds MAINTAIN on both (PostgreSQL 17 and later).
 pub async fn can_vacuum(pool: &PgPool) -> Result<bool, sqlx::Error> {

@@ -556,6 +556,11 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => tracing::warn!("garbage collection failed: {e}"),
             }
+            match claim::mail_log_expire(&self.db, self.settings.mail_log_retention).await {
+                Ok(n) if n > 0 => tracing::info!(rows = n, "expired mail log rows"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("cannot expire the mail log: {e}"),
+            }
         }
         self.vacuum(now).await;
     }

@@ -40,6 +40,9 @@ pub struct DispatchSettings {
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
+    /// `[pepsi] MAIL_LOG_RETENTION`: mail log rows older than this are deleted at each
+    /// garbage collection (default 30 days, at least an hour).
+    pub mail_log_retention: Duration,
 }
 
 impl DispatchSettings {
@@ -80,6 +83,15 @@ impl DispatchSettings {
                 .unwrap_or(Duration::from_secs(1))
                 .max(Duration::from_millis(100)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
+            mail_log_retention: cfg
+                .section("pepsi")
+                .parse_opt("MAIL_LOG_RETENTION", |v| {
+                    pepsi_common::config::parse_duration(v)
+                        .ok()
+                        .filter(|d| *d >= Duration::from_secs(3600))
+                        .ok_or_else(|| "a duration of at least 1h (30d, 720h)".to_owned())
+                })?
+                .unwrap_or(Duration::from_secs(30 * 86400)),
         })
     }
 }

@@ -3,10 +3,8 @@
 //! renewed certificate takes effect without dropping a session. A reload that fails keeps
 //! the previous certificate and says why.
 
-use std::io::BufReader;
 use std::sync::{Arc, RwLock};
 
-use anyhow::{Context as _, bail};
 use rustls::ServerConfig;
 use tokio_rustls::TlsAcceptor;
 
@@ -50,33 +48,7 @@ impl TlsHandle {
 }
 
 fn build(files: &TlsFiles) -> anyhow::Result<ServerConfig> {
-    let cert_file = std::fs::File::open(&files.cert)
-        .with_context(|| format!("cannot open certificate {}", files.cert.display()))?;
-    let certs = rustls_pemfile::certs(&mut BufReader::new(cert_file))
-        .collect::<Result<Vec<_>, _>>()
-        .with_context(|| format!("cannot read certificate {}", files.cert.display()))?;
-    if certs.is_empty() {
-        bail!("{} holds no PEM certificate", files.cert.display());
-    }
-    let key_file = std::fs::File::open(&files.key)
-        .with_context(|| format!("cannot open key {}", files.key.display()))?;
-    let key = rustls_pemfile::private_key(&mut BufReader::new(key_file))
-        .with_context(|| format!("cannot read key {}", files.key.display()))?
-        .with_context(|| format!("{} holds no PEM private key", files.key.display()))?;
-    let provider = Arc::new(rustls::crypto::aws_lc_rs::default_provider());
-    let config = ServerConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .context("TLS protocol versions")?
-        .with_no_client_auth()
-        .with_single_cert(certs, key)
-        .with_context(|| {
-            format!(
-                "certificate {} and key {} do not go together",
-                files.cert.display(),
-                files.key.display()
-            )
-        })?;
-    Ok(config)
+    pepsi_common::server_tls::server_config(&files.cert, &files.key)
 }
 
 /// RFC-style names for the negotiated version (`TLSv1.3`) and cipher suite.

@@ -155,6 +155,9 @@ struct ListArgs {
     /// Only rows with a recipient containing TEXT (any letter case; `@example.org` for a domain)
     #[arg(long, value_name = "TEXT")]
     recipient: Option<String>,
+    /// Only rows with a recipient at this domain (exactly, any letter case)
+    #[arg(long, value_name = "DOMAIN")]
+    domain: Option<String>,
     /// Only rows received at least this long ago (90, 30s, 15m, 2h, 1d, 1h30m)
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     older_than: Option<std::time::Duration>,
@@ -295,6 +298,7 @@ async fn list(pool: &PgPool, a: ListArgs) -> anyhow::Result<ExitCode> {
         status: a.status,
         sender: a.sender,
         recipient: a.recipient,
+        domain: a.domain,
         older_than: a.older_than,
     };
     let limit = (a.limit > 0).then_some(i64::from(a.limit));
@@ -413,7 +417,7 @@ async fn bounce(pool: &PgPool, file_cfg: &Config, a: BounceArgs) -> anyhow::Resu
         {
             None => Err(AdminError::NotFound(id)),
             Some((stage, _)) => {
-                bounce_target(&cfg, id, &stage).map(|bounce_stage| Action::Bounce {
+                queue::bounce_target(&cfg, id, &stage).map(|bounce_stage| Action::Bounce {
                     stage,
                     bounce_stage,
                     reason: a.reason.clone(),
@@ -423,14 +427,6 @@ async fn bounce(pool: &PgPool, file_cfg: &Config, a: BounceArgs) -> anyhow::Resu
         plan.push((id, step));
     }
     act(pool, plan, &a.opts, Bulk::No).await
-}
-
-/// The BOUNCE_STAGE of `stage`, which must itself be a configured stage.
-fn bounce_target(cfg: &Config, id: i64, stage: &str) -> Result<String, AdminError> {
-    queue::bounce_stage_of(cfg, stage).map_err(|why| AdminError::Refused {
-        id,
-        message: format!("row {id} is at stage {stage}, and {why}"),
-    })
 }
 
 /// Whether a refusal is expected in the selection (a bulk retry races the pipeline).
@@ -570,34 +566,6 @@ fn join_ids(ids: &[i64]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn cfg(text: &str) -> Config {
-        Config::from_str_named(text, "test.conf").unwrap()
-    }
-
-    #[test]
-    fn bounce_target_needs_a_bounce_stage_that_exists() {
-        let c = cfg("[stage-relay]\nPROGRAM = x\nBOUNCE_STAGE = bounce\n\
-                     [stage-bounce]\nPROGRAM = y\n\
-                     [stage-init]\nPROGRAM = x\n\
-                     [stage-odd]\nPROGRAM = x\nBOUNCE_STAGE = nowhere\n");
-        assert_eq!(bounce_target(&c, 1, "relay").unwrap(), "bounce");
-        let cases = [
-            (
-                "init",
-                "row 1 is at stage init, and [stage-init] has no BOUNCE_STAGE",
-            ),
-            ("gone", "[stage-gone] has no BOUNCE_STAGE"),
-            (
-                "odd",
-                "BOUNCE_STAGE = nowhere, but there is no [stage-nowhere] section",
-            ),
-        ];
-        for (stage, want) in cases {
-            let err = bounce_target(&c, 1, stage).unwrap_err().to_string();
-            assert!(err.contains(want), "{stage}: {err}");
-        }
-    }
 
     #[test]
     fn the_command_line_is_consistent() {

@@ -1,10 +1,10 @@
 //! Presentation of the queue for people and for scripts: tables, ages, the JSON shapes of
 //! `list`, `show` and the actions. Pure functions, no I/O.
 
-use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
+pub use pepsi_common::queue::json::{list_json, show_json, summary_map, ts};
 use pepsi_common::queue::{Message, QueueRow, STATUSES};
 use serde_json::{Value, json};
 
@@ -82,18 +82,6 @@ pub fn table(headers: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
         line(&mut out, &mut row.iter().map(String::as_str));
     }
     out
-}
-
-/// Counts per stage and status, every status present (zeros included).
-pub fn summary_map(counts: &[(String, String, i64)]) -> BTreeMap<String, BTreeMap<String, i64>> {
-    let mut map: BTreeMap<String, BTreeMap<String, i64>> = BTreeMap::new();
-    for (stage, status, n) in counts {
-        let entry = map
-            .entry(stage.clone())
-            .or_insert_with(|| STATUSES.iter().map(|s| (s.to_string(), 0)).collect());
-        *entry.entry(status.clone()).or_insert(0) += n;
-    }
-    map
 }
 
 /// The summary table: one line per stage, a column per status, and a total line.
@@ -184,61 +172,6 @@ pub fn rows_table(rows: &[QueueRow], now: DateTime<Utc>) -> String {
         &[true, false, false, true, true, false, false, false, false],
         &cells,
     )
-}
-
-fn ts(t: DateTime<Utc>) -> String {
-    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-/// One row in the JSON shape `list` prints (and `show` extends).
-pub fn row_json(r: &QueueRow) -> Value {
-    json!({
-        "id": r.id,
-        "stage": r.stage,
-        "status": r.status,
-        "held": r.held,
-        "display_status": r.display_status(),
-        "mail_from": r.mail_from,
-        "rcpt_to": r.rcpt_to,
-        "received_at": ts(r.received_at),
-        "updated_at": ts(r.updated_at),
-        "age_seconds": r.age_secs.max(0.0).floor() as i64,
-        "timeout": r.timeout.map(ts),
-        "next_retry": r.next_retry().map(ts),
-        "attempts": r.attempts,
-        "last_error": r.last_error,
-        "dispatch_error": r.dispatch_error,
-    })
-}
-
-/// The document `list --json` prints.
-pub fn list_json(counts: &[(String, String, i64)], rows: &[QueueRow], limit: Option<i64>) -> Value {
-    let map = summary_map(counts);
-    let total: i64 = counts.iter().map(|c| c.2).sum();
-    json!({
-        "summary": { "total": total, "stages": map },
-        "rows": rows.iter().map(row_json).collect::<Vec<_>>(),
-        "limit": limit,
-        "truncated": (rows.len() as i64) < total,
-    })
-}
-
-/// The document `show --json` prints.
-pub fn show_json(m: &Message) -> Value {
-    let mut v = row_json(&m.row);
-    let map = v.as_object_mut().expect("row_json is an object");
-    map.insert("state".into(), m.state.clone());
-    map.insert("headers".into(), json!(String::from_utf8_lossy(&m.headers)));
-    map.insert("body_id".into(), json!(m.body_id));
-    map.insert("body_size".into(), json!(m.body_size));
-    map.insert(
-        "body".into(),
-        json!(m.body.as_deref().map(String::from_utf8_lossy)),
-    );
-    map.insert("auth_user".into(), json!(m.auth_user));
-    map.insert("client_addr".into(), json!(m.client_addr));
-    map.insert("sender_key".into(), json!(m.sender_key));
-    v
 }
 
 /// `show` for people, up to and including the header block (the body is written raw by

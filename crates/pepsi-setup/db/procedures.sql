@@ -1150,3 +1150,28 @@ BEGIN
         'dispatch_error', r.state -> 'dispatch_error');
 END
 $$;
+
+-- THE MAIL LOG (pepsi.mail_log)
+--
+-- The stage scaffolding appends one row per final outcome of a message (delivered, bounced,
+-- expired, dropped) inside the commit of the pass that decided it (pepsi_common::stage,
+-- `[pepsi] MAIL_LOG`). The table is append-only for every role that processes mail, so the
+-- retention the dispatcher enforces goes through this one function, which runs with its
+-- owner's rights and can do nothing but delete rows older than the retention it is given
+-- (at least one hour). pepsi-setup revokes it from PUBLIC below and grants EXECUTE to the
+-- pipeline role alone (schema::FUNCTION_GRANTS), then verifies that.
+CREATE OR REPLACE FUNCTION pepsi.mail_log_expire(p_keep interval)
+RETURNS integer LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    n integer;
+BEGIN
+    IF p_keep IS NULL OR p_keep < interval '1 hour' THEN
+        RAISE EXCEPTION 'mail log retention % is shorter than one hour', p_keep
+            USING ERRCODE = '22023';
+    END IF;
+    DELETE FROM pepsi.mail_log WHERE at < now() - p_keep;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.mail_log_expire(interval) FROM PUBLIC;

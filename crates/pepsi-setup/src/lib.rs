@@ -40,8 +40,9 @@ enum Command {
     /// Creates the database named in the URL when it does not exist, applies every numbered
     /// patch not yet recorded in pepsi.schema_patch (each in the same transaction as its
     /// record), re-applies procedures.sql, creates the roles (pipeline, ingress, config,
-    /// sendmail) and grants each exactly its privileges (the sendmail role: EXECUTE on
-    /// pepsi.sendmail_submit and nothing else), and checks them against the live server. Running
+    /// sendmail, httpd) and grants each exactly its privileges (the sendmail role: EXECUTE
+    /// on pepsi.sendmail_submit and nothing else; the httpd role alone: the credential
+    /// tables), and checks them against the live server. Running
     /// it again changes nothing. Exit status 0 when the database is current and verified,
     /// 1 on any error, 2 when --check finds work to do.
     #[command(long_about)]

@@ -42,6 +42,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0005",
         sql: include_str!("../db/pepsi-0005.sql"),
     },
+    Patch {
+        name: "pepsi-0006",
+        sql: include_str!("../db/pepsi-0006.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -67,6 +71,9 @@ pub struct Roles {
     /// Local submission (pepsi-sendmail): no table privilege at all, EXECUTE on
     /// `SENDMAIL_FUNCTION` alone.
     pub sendmail: String,
+    /// pepsi-httpd, the administrative API: the only role that may touch the credential
+    /// tables (`admin_account`, `admin_session`, `api_token`).
+    pub httpd: String,
 }
 
 impl Default for Roles {
@@ -76,13 +83,14 @@ impl Default for Roles {
             ingress: "pepsi-ingress".into(),
             config: "pepsi-config".into(),
             sendmail: "pepsi-sendmail".into(),
+            httpd: "pepsi-httpd".into(),
         }
     }
 }
 
 impl Roles {
-    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE` and
-    /// `SENDMAIL_ROLE`.
+    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE`, `SENDMAIL_ROLE`
+    /// and `HTTPD_ROLE`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("pepsi-setup");
         let default = Self::default();
@@ -97,15 +105,17 @@ impl Roles {
             sendmail: section
                 .string_opt("SENDMAIL_ROLE")?
                 .unwrap_or(default.sendmail),
+            httpd: section.string_opt("HTTPD_ROLE")?.unwrap_or(default.httpd),
         })
     }
 
-    fn all(&self) -> [(RoleKind, &str); 4] {
+    fn all(&self) -> [(RoleKind, &str); 5] {
         [
             (RoleKind::Pipeline, self.pipeline.as_str()),
             (RoleKind::Ingress, self.ingress.as_str()),
             (RoleKind::Config, self.config.as_str()),
             (RoleKind::Sendmail, self.sendmail.as_str()),
+            (RoleKind::Httpd, self.httpd.as_str()),
         ]
     }
 }
@@ -117,7 +127,16 @@ pub enum RoleKind {
     Ingress,
     Config,
     Sendmail,
+    Httpd,
 }
+
+/// The credential tables of the administrative surface: the httpd role's alone.
+pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api_token"];
+
+/// Stored functions whose EXECUTE is not for everyone: `procedures.sql` revokes each from
+/// PUBLIC, and setup grants it to exactly the roles listed (and verifies that).
+pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] =
+    &[("pepsi.mail_log_expire(interval)", &[RoleKind::Pipeline])];
 
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
 pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
@@ -126,11 +145,21 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const APPEND: &[&str] = &["INSERT"];
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
+    const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
+    const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
+    const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
+    if CREDENTIAL_TABLES.contains(&table) {
+        // A component that could read admin_session could mint itself an administrative
+        // session: the credential tables are the httpd role's alone.
+        return if kind == RoleKind::Httpd { ALL } else { NONE };
+    }
     match (kind, table) {
         // Local submission reaches the queue through SENDMAIL_FUNCTION only, whose owner's
         // rights it runs with: the role itself may not read or write anything, the logs
         // included.
         (RoleKind::Sendmail, _) => NONE,
+        // The API searches both logs and appends to the audit log; it changes neither.
+        (RoleKind::Httpd, "event_log" | "mail_log") => READ_APPEND,
         // The audit and mail logs are append-only for everyone who processes mail.
         (_, "event_log" | "mail_log") => APPEND,
         (_, "schema_patch") => READ,
@@ -149,6 +178,15 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
         (RoleKind::Config, _) => NONE,
+        // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
+        // DELETE through the stored functions; a deleted row's body goes by the trigger).
+        (RoleKind::Httpd, "workqueue") => CHANGE,
+        (RoleKind::Httpd, "workqueue_body") => READ_DELETE,
+        // Accounts, aliases and local domains are the API's to change; it reads the overlay
+        // (BOUNCE_STAGE) and the statistics (/metrics).
+        (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
+        (RoleKind::Httpd, "config_override" | "stage_stats" | "dispatch_stats") => READ,
+        (RoleKind::Httpd, _) => NONE,
     }
 }
 
@@ -479,6 +517,26 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
                 });
             }
         }
+        for (function, kinds) in FUNCTION_GRANTS {
+            let has: bool =
+                sqlx::query_scalar("SELECT has_function_privilege($1, $2::text, 'EXECUTE')")
+                    .bind(role)
+                    .bind(function)
+                    .fetch_one(&mut *conn)
+                    .await?;
+            let wanted = kinds.contains(&kind);
+            if wanted && !has {
+                fixes.push(Fix {
+                    sql: format!("GRANT EXECUTE ON FUNCTION {function} TO {q}"),
+                    describe: format!("{role} lacks EXECUTE on {function}"),
+                });
+            } else if has && !wanted {
+                fixes.push(Fix {
+                    sql: format!("REVOKE EXECUTE ON FUNCTION {function} FROM {q}"),
+                    describe: format!("{role} must not have EXECUTE on {function}"),
+                });
+            }
+        }
         fixes.extend(definer_diff(conn, kind, role).await?);
     }
     if public_executes_sendmail(conn).await? {
@@ -529,6 +587,10 @@ async fn definer_diff(
         let function: String = row.get(0);
         let has: bool = row.get(1);
         let is_submit = function == sendmail_function;
+        // FUNCTION_GRANTS decides the functions it lists, for every role.
+        if FUNCTION_GRANTS.iter().any(|(f, _)| *f == function) {
+            continue;
+        }
         // Other definer functions belong to other roles' matrices: only the sendmail role
         // is kept from them here.
         if !is_submit && kind != RoleKind::Sendmail {

@@ -425,6 +425,21 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         "signing_key",
         &["SELECT", "INSERT", "UPDATE", "DELETE"],
     );
+    let all = &["SELECT", "INSERT", "UPDATE", "DELETE"][..];
+    for table in schema::CREDENTIAL_TABLES {
+        check(RoleKind::Httpd, table, all);
+        for kind in [RoleKind::Pipeline, RoleKind::Ingress, RoleKind::Config] {
+            check(kind, table, &[]);
+        }
+    }
+    check(RoleKind::Httpd, "mail_log", &["SELECT", "INSERT"]);
+    check(
+        RoleKind::Httpd,
+        "workqueue",
+        &["SELECT", "UPDATE", "DELETE"],
+    );
+    check(RoleKind::Httpd, "signing_key", &[]);
+    check(RoleKind::Httpd, "config_override", &["SELECT"]);
 }
 
 /// The overlay cannot name a program, a key, a trust anchor or a directory: the table refuses
@@ -589,4 +604,82 @@ async fn other_definer_functions_keep_their_grants_but_not_for_the_sendmail_role
         as_role(&db, "pepsi-sendmail", call).await,
         Err("42501".into())
     );
+}
+
+/// The credential tables of the administrative API belong to the httpd role alone: no role
+/// that processes mail (nor the config role) may read a session or token digest.
+#[tokio::test]
+async fn only_the_httpd_role_touches_the_credential_tables() {
+    let db = TestDb::new().await;
+    let reads = [
+        "SELECT * FROM pepsi.admin_account",
+        "SELECT * FROM pepsi.admin_session",
+        "SELECT * FROM pepsi.api_token",
+    ];
+    for role in ["pepsi", "pepsi-ingress", "pepsi-config"] {
+        for sql in reads {
+            assert_eq!(
+                as_role(&db, role, sql).await,
+                Err("42501".into()),
+                "{role}: {sql}"
+            );
+        }
+    }
+    for sql in reads {
+        assert_eq!(as_role(&db, "pepsi-httpd", sql).await, Ok(()), "{sql}");
+    }
+    let add =
+        "INSERT INTO pepsi.admin_account (name, password_hash) VALUES ('root', '$argon2id$x')";
+    assert_eq!(as_role(&db, "pepsi-httpd", add).await, Ok(()));
+    assert_eq!(as_role(&db, "pepsi", add).await, Err("42501".into()));
+    // The API searches the logs and appends to the audit log, and changes neither.
+    assert_eq!(
+        as_role(&db, "pepsi-httpd", "SELECT * FROM pepsi.mail_log").await,
+        Ok(())
+    );
+    assert_eq!(
+        as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.event_log").await,
+        Err("42501".into())
+    );
+    // It changes queue rows as pepsi-queue does, and cannot admit mail.
+    assert_eq!(
+        as_role(&db, "pepsi-httpd", "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea)").await,
+        Err("42501".into())
+    );
+}
+
+/// The mail log's retention runs through one function only the pipeline role (the
+/// dispatcher) may call; it deletes nothing younger than an hour.
+#[tokio::test]
+async fn only_the_pipeline_role_expires_the_mail_log() {
+    let db = TestDb::new().await;
+    let expire = "SELECT pepsi.mail_log_expire('1 day')";
+    assert_eq!(as_role(&db, "pepsi", expire).await, Ok(()));
+    for role in ["pepsi-ingress", "pepsi-config", "pepsi-httpd"] {
+        assert_eq!(
+            as_role(&db, role, expire).await,
+            Err("42501".into()),
+            "{role}"
+        );
+    }
+    assert_eq!(
+        as_role(&db, "pepsi", "SELECT pepsi.mail_log_expire('5 minutes')").await,
+        Err("22023".into())
+    );
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.mail_log (at, event) VALUES (now() - interval '3 days', 'delivered'), (now(), 'delivered')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let gone: i32 = sqlx::query_scalar("SELECT pepsi.mail_log_expire('2 days')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(gone, 1);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.mail_log")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 1);
 }

@@ -90,7 +90,11 @@ impl Stage for Bounce {
         let id = ctx.id();
         if ctx.mail_from().is_empty() {
             tracing::info!(id, rcpt = ?ctx.rcpt_to(), "no notification: the message has a null sender; dropped");
-            return ctx.finish();
+            let log = outcome_log(
+                ctx,
+                Some("the message has the null sender: a notification is never returned"),
+            );
+            return Ok(ctx.finish()?.log(log));
         }
         if ctx.settings().next_stage.is_none() {
             let reason = format!(
@@ -105,12 +109,16 @@ impl Stage for Bounce {
                 from = ctx.mail_from(),
                 "no notification: {why}; dropped"
             );
-            return ctx.finish();
+            let log = outcome_log(ctx, Some(&format!("no notification: {why}")));
+            return Ok(ctx.finish()?.log(log));
         }
         let mut request = match request::parse(ctx.state(), ctx.rcpt_to()) {
             Ok(r) => r,
             Err(e) => return give_up(ctx, e),
         };
+        // A failure report is the message's final outcome for its recipients, whether or
+        // not anyone asked for the notice; recorded before the row becomes the DSN.
+        let log = outcome_log(ctx, None);
         let kind = request.kind;
         let (wanted, unwanted): (Vec<_>, Vec<_>) = std::mem::take(&mut request.recipients)
             .into_iter()
@@ -133,7 +141,7 @@ impl Stage for Bounce {
                 from = ctx.mail_from(),
                 "no notification: no recipient asked for it; finished"
             );
-            return ctx.finish();
+            return Ok(ctx.finish()?.log(log));
         }
 
         let headers = ctx.headers()?.to_vec();
@@ -195,8 +203,65 @@ impl Stage for Bounce {
         ctx.set_mail_from("");
         ctx.replace_state(Map::new());
         ctx.reset_received_at();
-        ctx.rewrite_recipients(vec![sender], Map::new())
+        Ok(ctx.rewrite_recipients(vec![sender], Map::new())?.log(log))
     }
+}
+
+/// The mail log entries of a failure report: one per failed recipient, `expired` for
+/// 4.4.7 and `bounced` otherwise, with the DSN's status and the details the failing stage
+/// recorded; `dropped` instead when `dropped` says why no report goes out. Nothing for a
+/// delay or success notice (not a final outcome: the delivery stage logged the success).
+fn outcome_log(
+    ctx: &StageContext<'_>,
+    dropped: Option<&str>,
+) -> Vec<pepsi_common::mail_log::Entry> {
+    use pepsi_common::mail_log::Event;
+    let Ok(request) = request::parse(ctx.state(), ctx.rcpt_to()) else {
+        return match dropped {
+            Some(why) => vec![ctx.log_entry(
+                Event::Dropped,
+                ctx.rcpt_to().to_vec(),
+                serde_json::json!({"reason": why}),
+            )],
+            None => Vec::new(),
+        };
+    };
+    if request.kind != Kind::Permanent {
+        return match dropped {
+            Some(why) if ctx.state().get("bounce").is_none() => vec![ctx.log_entry(
+                Event::Dropped,
+                ctx.rcpt_to().to_vec(),
+                serde_json::json!({"reason": why}),
+            )],
+            _ => Vec::new(),
+        };
+    }
+    request
+        .recipients
+        .iter()
+        .map(|r| {
+            let event = match dropped {
+                Some(_) => Event::Dropped,
+                None if r.status == "4.4.7" => Event::Expired,
+                None => Event::Bounced,
+            };
+            let mut detail = serde_json::json!({
+                "status": r.status,
+                "diagnostic": r.diagnostic,
+                "remote_mta": r.remote_mta,
+                "smtp_code": r.smtp_code,
+                "reply": r.reply_text,
+                "failed_at": request.stage,
+            });
+            if let (Some(why), Some(m)) = (dropped, detail.as_object_mut()) {
+                m.insert("reason".into(), why.into());
+            }
+            if let Some(m) = detail.as_object_mut() {
+                m.retain(|_, v| !v.is_null());
+            }
+            ctx.log_entry(event, vec![r.address.clone()], detail)
+        })
+        .collect()
 }
 
 const LONG_ABOUT: &str = "\

@@ -75,7 +75,12 @@ impl Stage for Discard {
     ) -> Result<Terminal, StageError> {
         let Some((status, text)) = &section.returns else {
             tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
-            return ctx.finish();
+            let entry = ctx.log_entry(
+                pepsi_common::mail_log::Event::Dropped,
+                ctx.rcpt_to().to_vec(),
+                serde_json::json!({"reason": "discarded by the discard stage"}),
+            );
+            return Ok(ctx.finish()?.log([entry]));
         };
         let target = ctx
             .settings()

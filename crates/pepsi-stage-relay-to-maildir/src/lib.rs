@@ -19,7 +19,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::{self, Failure, RcptResult, RetryPolicy};
+use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{Reply, Request};
 
@@ -113,7 +113,7 @@ pub fn result_of(reply: Reply, quota_full_temporary: bool) -> RcptResult {
         f
     };
     match reply {
-        Reply::Ok(_) => RcptResult::Delivered,
+        Reply::Ok(_) => RcptResult::Delivered(Delivery::default()),
         Reply::Perm { status, text } if status == "5.2.2" && quota_full_temporary => {
             RcptResult::Transient(failure(text, "4.2.2"))
         }
@@ -247,9 +247,12 @@ impl Stage for RelayToMaildir {
                 quota: s.quota,
                 message: message.clone(),
             };
-            let result = self.deliver(s, &req).await;
+            let mut result = self.deliver(s, &req).await;
+            if let RcptResult::Delivered(d) = &mut result {
+                d.mailbox = Some(req.mailbox.display().to_string());
+            }
             match &result {
-                RcptResult::Delivered => {
+                RcptResult::Delivered(_) => {
                     tracing::info!(id = ctx.id(), rcpt = %r, mailbox = %req.mailbox.display(), "delivered")
                 }
                 RcptResult::Permanent(f) | RcptResult::Transient(f) => {
@@ -313,7 +316,7 @@ mod tests {
         for (reply, temporary, kind, status) in cases {
             let label = format!("{reply:?} {temporary}");
             let (got_kind, f) = match result_of(reply, temporary) {
-                RcptResult::Delivered => ("delivered", None),
+                RcptResult::Delivered(_) => ("delivered", None),
                 RcptResult::Permanent(f) => ("permanent", Some(f)),
                 RcptResult::Transient(f) => ("transient", Some(f)),
             };

@@ -9,9 +9,9 @@
 //! shape is a prepared statement of its own.
 
 use serde_json::{Map, Value};
-use sqlx::PgPool;
 use sqlx::postgres::PgArguments;
 use sqlx::query::Query;
+use sqlx::{PgPool, Row as _};
 
 use super::context::{Changes, CloneSpec, Outcome, Row};
 use super::{StageContext, StageError};
@@ -21,6 +21,38 @@ const DELETE: &str = "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND st
 const FINISH_WITH: &str = "SELECT pepsi.workqueue_finish_with_clones($1, $2)";
 const PAUSE_WITH: &str = "SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5)";
 
+// The mail log rides in the statement that commits the pass (one INSERT, no round trip of
+// its own): the entries travel as one JSON array parameter (`mail_log::Entry`s), and are
+// inserted only for a row the statement actually wrote.
+macro_rules! log_insert {
+    ($id:literal, $source:literal, $param:literal) => {
+        concat!(
+            "INSERT INTO pepsi.mail_log (workqueue_id, stage, event, mail_from, rcpt_to, detail) \
+             SELECT ", $id, ", e.stage, e.event, e.mail_from, \
+             ARRAY(SELECT jsonb_array_elements_text(e.rcpt_to)), COALESCE(e.detail, '{}'::jsonb) \
+             FROM ", $source, " jsonb_to_recordset(", $param, ") \
+             AS e(stage text, event text, mail_from text, rcpt_to jsonb, detail jsonb)"
+        )
+    };
+}
+
+const DELETE_LOGGED: &str = concat!(
+    "WITH gone AS (DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' \
+     RETURNING workqueue_id), logged AS (",
+    log_insert!("gone.workqueue_id", "gone CROSS JOIN", "$2"),
+    ") SELECT count(*) FROM gone"
+);
+const FINISH_WITH_LOGGED: &str = concat!(
+    "WITH f AS (SELECT pepsi.workqueue_finish_with_clones($1, $2)), logged AS (",
+    log_insert!("$1::int8", "", "$3"),
+    ") SELECT count(*) FROM f"
+);
+const PAUSE_WITH_LOGGED: &str = concat!(
+    "WITH f AS (SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5)), logged AS (",
+    log_insert!("$1::int8", "", "$6"),
+    ") SELECT count(*) FROM f"
+);
+
 /// Writes the pass's `outcome` with every change of the chain. Errors when the row is gone
 /// or no longer running (the dispatcher took it back), leaving the database as it was.
 pub(crate) async fn commit(
@@ -29,19 +61,40 @@ pub(crate) async fn commit(
 ) -> Result<(), StageError> {
     let id = ctx.row.id;
     let pool = ctx.pool;
+    let log = log_json(&ctx.mail_log);
     let affected = match outcome {
-        Outcome::Finish => with_retry(|| sqlx::query(DELETE).bind(id).execute(pool))
-            .await?
-            .rows_affected(),
+        Outcome::Finish => match &log {
+            None => with_retry(|| sqlx::query(DELETE).bind(id).execute(pool))
+                .await?
+                .rows_affected(),
+            Some(log) => {
+                let n: i64 = with_retry(|| {
+                    sqlx::query_scalar(DELETE_LOGGED)
+                        .bind(id)
+                        .bind(log)
+                        .fetch_one(pool)
+                })
+                .await?;
+                n as u64
+            }
+        },
         Outcome::FinishWith { clones } => {
             // The stored function clones the stored row: earlier hops' writes go first.
             ctx.flush().await?;
             let clones = clones_json(clones, &ctx.changes.state);
             with_retry(|| {
-                sqlx::query(FINISH_WITH)
-                    .bind(id)
-                    .bind(&clones)
-                    .execute(pool)
+                let q = sqlx::query(if log.is_some() {
+                    FINISH_WITH_LOGGED
+                } else {
+                    FINISH_WITH
+                })
+                .bind(id)
+                .bind(&clones);
+                match &log {
+                    Some(log) => q.bind(log),
+                    None => q,
+                }
+                .execute(pool)
             })
             .await?;
             1
@@ -53,30 +106,65 @@ pub(crate) async fn commit(
                 keep.as_ref().map(|k| k.iter().map(|&i| i as i32).collect());
             let merge = Value::Object(ctx.changes.state.clone());
             with_retry(|| {
-                sqlx::query(PAUSE_WITH)
-                    .bind(id)
-                    .bind(&merge)
-                    .bind(secs)
-                    .bind(&keep)
-                    .bind(&clones)
-                    .execute(pool)
+                let q = sqlx::query(if log.is_some() {
+                    PAUSE_WITH_LOGGED
+                } else {
+                    PAUSE_WITH
+                })
+                .bind(id)
+                .bind(&merge)
+                .bind(secs)
+                .bind(&keep)
+                .bind(&clones);
+                match &log {
+                    Some(log) => q.bind(log),
+                    None => q,
+                }
+                .execute(pool)
             })
             .await?;
             1
         }
         Outcome::Advance { stage } => {
             let changes = ctx.all_changes();
-            update(pool, &ctx.row, &changes, "pending", Some(stage), None).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "pending",
+                Some(stage),
+                None,
+                log.as_ref(),
+            )
+            .await?
         }
         Outcome::Pause { secs } => {
             let changes = ctx.all_changes();
             let moved = ctx.needs_flush().then_some(&ctx.row.stage);
-            update(pool, &ctx.row, &changes, "paused", moved, Some(*secs)).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "paused",
+                moved,
+                Some(*secs),
+                log.as_ref(),
+            )
+            .await?
         }
         Outcome::Fail => {
             let changes = ctx.all_changes();
             let moved = ctx.needs_flush().then_some(&ctx.row.stage);
-            update(pool, &ctx.row, &changes, "failed", moved, None).await?
+            update(
+                pool,
+                &ctx.row,
+                &changes,
+                "failed",
+                moved,
+                None,
+                log.as_ref(),
+            )
+            .await?
         }
     };
     if affected != 1 {
@@ -90,7 +178,7 @@ pub(crate) async fn commit(
 
 /// Writes a fused chain's `carried` changes and the row's current stage, keeping it running.
 pub(crate) async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result<(), StageError> {
-    let affected = update(pool, row, carried, "running", Some(&row.stage), None).await?;
+    let affected = update(pool, row, carried, "running", Some(&row.stage), None, None).await?;
     if affected != 1 {
         return Err(StageError::NotRunning {
             id: row.id,
@@ -115,6 +203,8 @@ pub(crate) struct Deferred {
     pub headers: Option<Vec<u8>>,
     pub mail_from: Option<String>,
     pub rcpt_to: Option<Value>,
+    /// Mail log entries (a JSON array), inserted with the batch's statement.
+    pub log: Option<Value>,
 }
 
 impl Deferred {
@@ -138,6 +228,7 @@ impl Deferred {
                     headers: None,
                     mail_from: None,
                     rcpt_to: None,
+                    log: log_json(&ctx.mail_log),
                 });
             }
             _ => return None,
@@ -163,6 +254,7 @@ impl Deferred {
             rcpt_to: changes
                 .rcpt_to
                 .then(|| Value::from(ctx.row.rcpt_to.clone())),
+            log: log_json(&ctx.mail_log),
         })
     }
 }
@@ -174,10 +266,11 @@ pub(crate) const FINISHED: &str = "finished";
 // deleted (the body trigger fires per row, as for a single DELETE); for the others the
 // target stage, pause and each content column ride per row (NULL: unchanged). rcpt_to
 // travels as a JSON array, since a text[][] must be rectangular.
-const COMMIT_MANY: &str = "WITH u AS ( \
+const COMMIT_MANY: &str = concat!(
+    "WITH u AS ( \
        SELECT * FROM unnest($1::int8[], $2::text[], $3::text[], $4::float8[], $5::jsonb[], \
-                            $6::bool[], $7::bool[], $8::bytea[], $9::text[], $10::jsonb[]) \
-       AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to)), \
+                            $6::bool[], $7::bool[], $8::bytea[], $9::text[], $10::jsonb[], $11::jsonb[]) \
+       AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to, log)), \
      gone AS ( \
        DELETE FROM pepsi.workqueue w USING u \
        WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' \
@@ -194,8 +287,16 @@ const COMMIT_MANY: &str = "WITH u AS ( \
        rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
                       ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
        FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' \
-       RETURNING w.workqueue_id) \
-     SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved";
+       RETURNING w.workqueue_id), \
+     done AS (SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved), \
+     logged AS (",
+    log_insert!(
+        "d.workqueue_id",
+        "done d JOIN u ON u.id = d.workqueue_id AND u.log IS NOT NULL CROSS JOIN LATERAL",
+        "u.log"
+    ),
+    ") SELECT workqueue_id FROM done"
+);
 
 /// Commits `rows` in one statement; returns the ids it wrote (a row missing from the answer
 /// was no longer running).
@@ -213,6 +314,7 @@ pub(crate) async fn commit_many(
     let headers: Vec<Option<&[u8]>> = rows.iter().map(|r| r.headers.as_deref()).collect();
     let froms: Vec<Option<&str>> = rows.iter().map(|r| r.mail_from.as_deref()).collect();
     let rcpts: Vec<Option<&Value>> = rows.iter().map(|r| r.rcpt_to.as_ref()).collect();
+    let logs: Vec<Option<&Value>> = rows.iter().map(|r| r.log.as_ref()).collect();
     let written: Vec<i64> = with_retry(|| {
         sqlx::query_scalar(COMMIT_MANY)
             .bind(&ids)
@@ -225,10 +327,16 @@ pub(crate) async fn commit_many(
             .bind(&headers)
             .bind(&froms)
             .bind(&rcpts)
+            .bind(&logs)
             .fetch_all(pool)
     })
     .await?;
     Ok(written.into_iter().collect())
+}
+
+/// The entries as the statements take them, or `None` when there are none.
+fn log_json(entries: &[crate::mail_log::Entry]) -> Option<Value> {
+    (!entries.is_empty()).then(|| serde_json::to_value(entries).unwrap_or(Value::Null))
 }
 
 fn clones_json(clones: &[CloneSpec], extra_state: &Map<String, Value>) -> Value {
@@ -238,7 +346,7 @@ fn clones_json(clones: &[CloneSpec], extra_state: &Map<String, Value>) -> Value 
 /// The UPDATE text for a given set of touched columns. Placeholders: $1 id, $2 status,
 /// then in order whichever of stage, pause seconds, state (merged, or replaced), headers,
 /// mail_from, rcpt_to and body are present.
-pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool) -> String {
+pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool, log: bool) -> String {
     let mut n = 2;
     let mut next = || {
         n += 1;
@@ -277,15 +385,36 @@ pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool) -> String 
         sets.push(format!("rcpt_to = ${}", next()));
     }
     let set = sets.join(", ");
-    if changes.body {
+    let (fresh, body_set) = if changes.body {
         let body = next();
-        format!(
-            "WITH fresh AS (INSERT INTO pepsi.workqueue_body (body) VALUES (${body}) RETURNING body_id) \
-             UPDATE pepsi.workqueue SET {set}, body_id = (SELECT body_id FROM fresh) \
-             WHERE workqueue_id = $1 AND status = 'running'"
+        (
+            format!(
+                "fresh AS (INSERT INTO pepsi.workqueue_body (body) VALUES (${body}) RETURNING body_id)"
+            ),
+            ", body_id = (SELECT body_id FROM fresh)",
         )
     } else {
-        format!("UPDATE pepsi.workqueue SET {set} WHERE workqueue_id = $1 AND status = 'running'")
+        (String::new(), "")
+    };
+    let update = format!(
+        "UPDATE pepsi.workqueue SET {set}{body_set} WHERE workqueue_id = $1 AND status = 'running'"
+    );
+    if log {
+        // The log's parameter is the last; the row count comes back as the query's one value.
+        let insert = log_insert!("w.workqueue_id", "w CROSS JOIN", "$LOG")
+            .replace("$LOG", &format!("${}", next()));
+        let with = if fresh.is_empty() {
+            String::new()
+        } else {
+            format!("{fresh}, ")
+        };
+        format!(
+            "WITH {with}w AS ({update} RETURNING workqueue_id), logged AS ({insert}) SELECT count(*) FROM w"
+        )
+    } else if changes.body {
+        format!("WITH {fresh} {update}")
+    } else {
+        update
     }
 }
 
@@ -296,8 +425,14 @@ async fn update(
     status: &str,
     stage: Option<&String>,
     pause_secs: Option<f64>,
+    log: Option<&Value>,
 ) -> Result<u64, StageError> {
-    let sql = update_sql(changes, stage.is_some(), pause_secs.is_some());
+    let sql = update_sql(
+        changes,
+        stage.is_some(),
+        pause_secs.is_some(),
+        log.is_some(),
+    );
     let state = Value::Object(changes.state.clone());
     let bind = || -> Query<'_, sqlx::Postgres, PgArguments> {
         // Assembled from this module's constant fragments only (see update_sql).
@@ -325,8 +460,15 @@ async fn update(
         if changes.body {
             q = q.bind(row.body.as_deref().unwrap_or_default());
         }
+        if let Some(log) = log {
+            q = q.bind(log);
+        }
         q
     };
+    if log.is_some() {
+        let n: i64 = with_retry(|| async { bind().fetch_one(pool).await?.try_get(0) }).await?;
+        return Ok(n as u64);
+    }
     Ok(with_retry(|| bind().execute(pool)).await?.rows_affected())
 }
 
@@ -335,7 +477,7 @@ mod tests {
     use super::*;
 
     fn check(changes: Changes, stage: bool, pause: bool, expected: &str) {
-        assert_eq!(update_sql(&changes, stage, pause), expected);
+        assert_eq!(update_sql(&changes, stage, pause, false), expected);
     }
 
     #[test]

@@ -12,6 +12,7 @@ use sqlx::{PgPool, Row as _};
 
 use super::{Load, StageError, StageSettings};
 use crate::config::{Config, Section};
+use crate::mail_log::{Entry, Event};
 
 // The body of one running row, sent only when it is within the caller's limit.
 const FETCH_BODY: &str = "SELECT CASE WHEN octet_length(b.body) <= $2 THEN b.body END AS body \
@@ -190,6 +191,8 @@ pub struct Terminal {
     pub(crate) outcome: Outcome,
     pub(crate) merge: Map<String, Value>,
     pub(crate) rcpt_to: Option<Vec<String>>,
+    /// Final outcomes to record in `pepsi.mail_log` with the commit.
+    pub(crate) log: Vec<Entry>,
 }
 
 impl Terminal {
@@ -198,7 +201,20 @@ impl Terminal {
             outcome,
             merge: Map::new(),
             rcpt_to: None,
+            log: Vec::new(),
         }
+    }
+
+    /// Records `entries` (made by `StageContext::log_entry`) in the mail log, in the same
+    /// statement that commits this outcome; dropped when the stage's MAIL_LOG is off.
+    pub fn log(mut self, entries: impl IntoIterator<Item = Entry>) -> Self {
+        self.log.extend(entries);
+        self
+    }
+
+    /// The mail log entries it carries, for tests.
+    pub fn log_entries(&self) -> &[Entry] {
+        &self.log
     }
 
     fn merging(mut self, merge: Map<String, Value>) -> Self {
@@ -234,6 +250,8 @@ pub struct StageContext<'a> {
     /// The stage the row is at in the database (the chain's first stage, or the stage a
     /// flush last wrote).
     pub(crate) stored_stage: String,
+    /// Mail log entries of the chain's terminals, written with the commit.
+    pub(crate) mail_log: Vec<Entry>,
 }
 
 impl<'a> StageContext<'a> {
@@ -337,6 +355,18 @@ impl<'a> StageContext<'a> {
             .body
             .as_deref()
             .filter(|b| b.len() as u64 <= max_len))
+    }
+
+    /// A mail log entry for `rcpt_to` at this stage, with the envelope sender as it is now
+    /// (attach it to the pass's `Terminal` with `Terminal::log`).
+    pub fn log_entry(&self, event: Event, rcpt_to: Vec<String>, detail: Value) -> Entry {
+        Entry {
+            stage: self.settings.name.clone(),
+            mail_from: self.row.mail_from.clone(),
+            event,
+            rcpt_to,
+            detail,
+        }
     }
 
     // ----- content setters: folded into the commit -----
@@ -562,6 +592,9 @@ impl<'a> StageContext<'a> {
 
     /// Folds what `terminal` writes into this pass's changes; returns the transition.
     pub(crate) fn apply(&mut self, terminal: Terminal) -> Outcome {
+        if self.settings.mail_log {
+            self.mail_log.extend(terminal.log);
+        }
         if !terminal.merge.is_empty() {
             self.merge_state(terminal.merge);
         }

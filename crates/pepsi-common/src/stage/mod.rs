@@ -180,6 +180,9 @@ pub struct StageSettings {
     pub next_stage: Option<String>,
     pub bounce_stage: Option<String>,
     pub originate_success_dsn: bool,
+    /// `MAIL_LOG` of the section, else of `[pepsi]` (default on): final outcomes decided at
+    /// this stage are written to `pepsi.mail_log` with the pass's commit.
+    pub mail_log: bool,
 }
 
 impl StageSettings {
@@ -204,6 +207,10 @@ impl StageSettings {
                 .string_opt("BOUNCE_STAGE")?
                 .filter(|s| !s.is_empty()),
             originate_success_dsn: section.bool_opt("ORIGINATE_SUCCESS_DSN")?.unwrap_or(global),
+            mail_log: match section.bool_opt("MAIL_LOG")? {
+                Some(v) => v,
+                None => cfg.section("pepsi").bool_opt("MAIL_LOG")?.unwrap_or(true),
+            },
         })
     }
 

@@ -217,7 +217,7 @@ impl<'a> Worker<'a> {
                 let (outcome, fused) = self.chain(&mut ctx).await?;
                 let report = report(&outcome, fused);
                 match Deferred::of(&ctx, &outcome) {
-                    Some(row) => Ok(Pass::Deferred(row, report)),
+                    Some(row) => Ok(Pass::Deferred(Box::new(row), report)),
                     None => {
                         commit(&mut ctx, &outcome).await?;
                         Ok(Pass::Committed(report))
@@ -228,7 +228,7 @@ impl<'a> Worker<'a> {
             match result {
                 Ok(Pass::Deferred(row, report)) => {
                     deferred.push((results.len(), report));
-                    rows.push(row);
+                    rows.push(*row);
                     results.push(None);
                 }
                 Ok(Pass::Committed(report)) => results.push(Some(Ok(report))),
@@ -361,6 +361,7 @@ impl<'a> Worker<'a> {
             row,
             changes: Changes::default(),
             carried: Changes::default(),
+            mail_log: Vec::new(),
         })
     }
 
@@ -446,7 +447,7 @@ impl<'a> Worker<'a> {
 /// A pass of a batch: committed on its own, or waiting for the batch's UPDATE.
 enum Pass {
     Committed(PassReport),
-    Deferred(Deferred, PassReport),
+    Deferred(Box<Deferred>, PassReport),
 }
 
 fn report(outcome: &Outcome, fused: Vec<FusedHop>) -> PassReport {

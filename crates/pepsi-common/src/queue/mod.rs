@@ -15,6 +15,9 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row as _};
 
 use crate::audit::{self, Actor};
+use crate::config::Config;
+
+pub mod json;
 
 /// The statuses a listing can filter on: the column's values, with held rows apart from
 /// `paused` (a hold is a paused row with `state.held`).
@@ -30,6 +33,9 @@ pub struct Filter {
     pub sender: Option<String>,
     /// Part of any envelope recipient, any letter case.
     pub recipient: Option<String>,
+    /// A recipient domain: some recipient's domain (after its last `@`) is exactly this, any
+    /// letter case.
+    pub domain: Option<String>,
     /// Only rows received at least this long ago.
     pub older_than: Option<Duration>,
 }
@@ -105,7 +111,7 @@ macro_rules! row_columns {
     };
 }
 
-/// The `Filter` conditions, on parameters $1..$5.
+/// The `Filter` conditions, on parameters $1..$6.
 macro_rules! filter_where {
     () => {
         " WHERE ($1::text IS NULL OR w.stage = $1) \
@@ -114,7 +120,9 @@ macro_rules! filter_where {
            AND ($3::text IS NULL OR strpos(lower(w.mail_from), lower($3)) > 0) \
            AND ($4::text IS NULL OR EXISTS (SELECT 1 FROM unnest(w.rcpt_to) AS r(a) \
                                             WHERE strpos(lower(r.a), lower($4)) > 0)) \
-           AND ($5::float8 IS NULL OR w.received_at <= now() - make_interval(secs => $5)) "
+           AND ($5::float8 IS NULL OR w.received_at <= now() - make_interval(secs => $5)) \
+           AND ($6::text IS NULL OR EXISTS (SELECT 1 FROM unnest(w.rcpt_to) AS d(a) \
+                                            WHERE lower(substring(d.a FROM '@([^@]*)$')) = lower($6))) "
     };
 }
 
@@ -127,6 +135,19 @@ fn bind_filter<'q>(
         .bind(f.sender.as_deref())
         .bind(f.recipient.as_deref())
         .bind(f.older_than.map(|d| d.as_secs_f64()))
+        .bind(f.domain.as_deref())
+}
+
+impl Filter {
+    /// True when no condition is set: the filter matches every row.
+    pub fn is_empty(&self) -> bool {
+        self.stage.is_none()
+            && self.status.is_none()
+            && self.sender.is_none()
+            && self.recipient.is_none()
+            && self.domain.is_none()
+            && self.older_than.is_none()
+    }
 }
 
 /// The rows matching `filter`, oldest first, at most `limit`.
@@ -140,7 +161,7 @@ pub async fn list(
         row_columns!(),
         " FROM pepsi.workqueue w",
         filter_where!(),
-        "ORDER BY w.received_at, w.workqueue_id LIMIT $6"
+        "ORDER BY w.received_at, w.workqueue_id LIMIT $7"
     ));
     let rows = bind_filter(q, filter).bind(limit).fetch_all(pool).await?;
     rows.iter().map(QueueRow::from_row).collect()
@@ -245,6 +266,37 @@ pub async fn retry_candidates(
     .bind(failed_only)
     .fetch_all(pool)
     .await
+}
+
+/// The ids of at most `limit` rows matching `filter`, oldest first: what a bulk action by
+/// filter takes.
+pub async fn select_ids(
+    pool: &PgPool,
+    filter: &Filter,
+    limit: i64,
+) -> Result<Vec<i64>, sqlx::Error> {
+    let q = sqlx::query_scalar(concat!(
+        "SELECT w.workqueue_id FROM pepsi.workqueue w",
+        filter_where!(),
+        "ORDER BY w.received_at, w.workqueue_id LIMIT $7"
+    ));
+    let q = q
+        .bind(filter.stage.as_deref())
+        .bind(filter.status.as_deref())
+        .bind(filter.sender.as_deref())
+        .bind(filter.recipient.as_deref())
+        .bind(filter.older_than.map(|d| d.as_secs_f64()))
+        .bind(filter.domain.as_deref());
+    q.bind(limit).fetch_all(pool).await
+}
+
+/// The BOUNCE_STAGE of `stage` in `cfg` (the file with the global overlay applied: what the
+/// workers see), which must itself be a configured stage; row `id` is named in the refusal.
+pub fn bounce_target(cfg: &Config, id: i64, stage: &str) -> Result<String, AdminError> {
+    bounce_stage_of(cfg, stage).map_err(|why| AdminError::Refused {
+        id,
+        message: format!("row {id} is at stage {stage}, and {why}"),
+    })
 }
 
 /// An operator action on one row.
@@ -556,7 +608,7 @@ pub async fn apply_failure_step(
 /// The BOUNCE_STAGE of `stage` in `cfg` (the file with the global overlay, as the workers
 /// see it), which must itself be a configured stage; the error says why there is none.
 /// pepsi-queue's `bounce` and the failure bouncer both return rows through it.
-pub fn bounce_stage_of(cfg: &crate::config::Config, stage: &str) -> Result<String, String> {
+pub fn bounce_stage_of(cfg: &Config, stage: &str) -> Result<String, String> {
     let section = cfg.section(&format!("stage-{stage}"));
     let target = section
         .string_opt("BOUNCE_STAGE")
@@ -570,4 +622,37 @@ pub fn bounce_stage_of(cfg: &crate::config::Config, stage: &str) -> Result<Strin
         ));
     }
     Ok(target)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(text: &str) -> Config {
+        Config::from_str_named(text, "test.conf").unwrap()
+    }
+
+    #[test]
+    fn bounce_target_needs_a_bounce_stage_that_exists() {
+        let c = cfg("[stage-relay]\nPROGRAM = x\nBOUNCE_STAGE = bounce\n\
+                     [stage-bounce]\nPROGRAM = y\n\
+                     [stage-init]\nPROGRAM = x\n\
+                     [stage-odd]\nPROGRAM = x\nBOUNCE_STAGE = nowhere\n");
+        assert_eq!(bounce_target(&c, 1, "relay").unwrap(), "bounce");
+        let cases = [
+            (
+                "init",
+                "row 1 is at stage init, and [stage-init] has no BOUNCE_STAGE",
+            ),
+            ("gone", "[stage-gone] has no BOUNCE_STAGE"),
+            (
+                "odd",
+                "BOUNCE_STAGE = nowhere, but there is no [stage-nowhere] section",
+            ),
+        ];
+        for (stage, want) in cases {
+            let err = bounce_target(&c, 1, stage).unwrap_err().to_string();
+            assert!(err.contains(want), "{stage}: {err}");
+        }
+    }
 }

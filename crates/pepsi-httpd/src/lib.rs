@@ -1,0 +1,298 @@
+//! pepsi-httpd: the administrative surface of Pepsi over HTTP — a JSON API for the queue
+//! (list, show, retry, hold, release, delete, bounce, one by one or in bulk by filter),
+//! mailbox accounts, aliases and local domains, the mail log and the audit log, and
+//! `/metrics` in the Prometheus text format.
+//!
+//! Administrators log in with a name and an Argon2id-hashed password (`admin-add` creates
+//! one and prints its generated password once); scripts use API tokens (`token-add`). Only
+//! digests of session cookies and token secrets are stored (`store`), sessions are rows, and
+//! the credential tables belong to the pepsi-httpd database role alone (pepsi-setup). The
+//! process binds its socket and reads its TLS key, then drops privileges before it connects
+//! to the database or accepts a connection (`server`).
+//!
+//! Module map: `settings` (the `[pepsi-httpd]` section), `credentials` (secrets, digests,
+//! CSRF; pure), `throttle` (login throttling; pure), `store` (SQL of the credential
+//! tables), `query` (query strings and filters; pure), `app` (router, authentication,
+//! extractors), `api` (handlers), `metrics`, `error`, `server`.
+
+mod api;
+mod app;
+pub mod credentials;
+mod error;
+pub mod metrics;
+pub mod query;
+mod server;
+pub mod settings;
+mod store;
+pub mod throttle;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context as _;
+use clap::{Parser, Subcommand};
+use pepsi_common::audit::Actor;
+use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+
+use crate::settings::HttpdSettings;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "httpd",
+        exec: "pepsi-httpd",
+    };
+}
+
+const LONG_ABOUT: &str = "\
+The administrative HTTP API of Pepsi and its Prometheus metrics.
+
+`pepsi-httpd` (or `pepsi-httpd serve`) listens on [pepsi-httpd] ADDRESS (default
+127.0.0.1:8080), over TLS when CERT_FILE and KEY_FILE are set. It binds and reads its key
+first, then becomes USER/GROUP, then connects to the database ([database] URL) and serves:
+the JSON API under /api/ (docs/api.md, docs/api.openapi.yaml), /metrics, and /healthz.
+
+Administrators log in with POST /api/login and get a session cookie (a row in
+pepsi.admin_session holding only its SHA-256) and a CSRF token every mutating request must
+send back in X-CSRF-Token. Scripts send `Authorization: Bearer <token>` instead. Failed logins
+are throttled per client address and per name. Every change is recorded in pepsi.event_log
+with the administrator as actor.
+
+`admin-add NAME` creates an administrator with a generated password, printed once (or
+written to --output). `token-add NAME` creates an API token for administrator NAME, printed
+once. Neither secret is stored: only its digest is.
+
+The database role pepsi-httpd connects as needs the grants pepsi-setup gives the httpd role
+([pepsi-setup] HTTPD_ROLE, default pepsi-httpd); it alone may read the credential tables.
+
+Exit status: 0 on success (and after SIGTERM/SIGINT), 1 on an error, 2 on a usage error.
+See docs/httpd.md for every option.";
+
+/// The administrative HTTP API and metrics of Pepsi.
+#[derive(Debug, Parser)]
+#[command(name = "pepsi-httpd", version, about, long_about = LONG_ABOUT)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Serve the API and /metrics (the default when no command is given).
+    Serve,
+    /// Create an administrator with a generated password, shown once.
+    ///
+    /// The password (24 letters and digits) is printed on standard output, or written to
+    /// --output (created with mode 0600, never overwritten). Only its Argon2id hash is
+    /// stored. With --if-none, nothing is created when an administrator exists already
+    /// (exit 0): how a first start provisions its administrator.
+    #[command(long_about)]
+    AdminAdd(AdminAddArgs),
+    /// Create an API token for an administrator, shown once.
+    ///
+    /// The token, `pepsi_<id>_<secret>`, is printed on standard output; only the SHA-256
+    /// of its secret half is stored. Send it as `Authorization: Bearer <token>`.
+    #[command(long_about)]
+    TokenAdd(TokenAddArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct AdminAddArgs {
+    /// The administrator's login: lower-case letters, digits, '.', '_', '-' (at most 64)
+    name: String,
+    /// Write "name password" to this file (mode 0600) instead of standard output
+    #[arg(long, value_name = "FILE")]
+    output: Option<PathBuf>,
+    /// Do nothing when any administrator exists already
+    #[arg(long)]
+    if_none: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct TokenAddArgs {
+    /// The administrator the token acts as
+    admin: String,
+    /// What the token is for (at most 200 characters)
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    label: String,
+    /// The token stops working this long from now (30d, 12h); default: never
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    expires_in: Option<std::time::Duration>,
+}
+
+fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
+    pepsi_common::config::parse_duration(text)
+}
+
+/// Entry point of the `pepsi-httpd` binary.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
+    run_async(&constants::CONFIG_SOURCE, async move {
+        let cfg = cli.common.load_config()?;
+        match cli.command.unwrap_or(Command::Serve) {
+            Command::Serve => serve(cfg).await,
+            Command::AdminAdd(a) => admin_add(&cfg, a).await,
+            Command::TokenAdd(a) => token_add(&cfg, a).await,
+        }
+    })
+}
+
+/// The actor of the command-line subcommands: the local user running them.
+fn local_actor() -> Actor {
+    Actor::local(constants::CONFIG_SOURCE.exec)
+}
+
+async fn admin_add(
+    cfg: &pepsi_common::config::Config,
+    a: AdminAddArgs,
+) -> anyhow::Result<ExitCode> {
+    if !credentials::valid_admin_name(&a.name) {
+        eprintln!(
+            "pepsi-httpd: administrator name {:?} must be 1 to 64 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
+            a.name
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let pool = pepsi_common::db::connect(cfg).await?;
+    if a.if_none && store::admin_count(&pool).await? > 0 {
+        println!("an administrator exists already; nothing created");
+        return Ok(ExitCode::SUCCESS);
+    }
+    // The file first: a password that cannot be written must not be created.
+    let mut file = match &a.output {
+        Some(path) => Some(
+            std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode_0600()
+                .open(path)
+                .with_context(|| format!("cannot create {} (it must not exist)", path.display()))?,
+        ),
+        None => None,
+    };
+    let password = credentials::new_password();
+    let hash = pepsi_common::password::hash_password(password.as_bytes())
+        .map_err(|e| anyhow::anyhow!("cannot hash the password: {e}"))?;
+    let created = store::create_admin(&pool, &local_actor(), &a.name, &hash).await;
+    if let Err(e) = created {
+        if let Some(path) = &a.output {
+            let _ = std::fs::remove_file(path);
+        }
+        if let store::StoreError::Exists(m) = &e {
+            eprintln!("pepsi-httpd: {m}");
+            return Ok(ExitCode::from(1));
+        }
+        return Err(e.into());
+    }
+    match (&mut file, &a.output) {
+        (Some(f), Some(path)) => {
+            writeln!(f, "{} {password}", a.name)?;
+            println!(
+                "administrator {} created; the password is in {}",
+                a.name,
+                path.display()
+            );
+        }
+        _ => println!(
+            "administrator {} created; password (shown once): {password}",
+            a.name
+        ),
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+trait Mode0600 {
+    fn mode_0600(&mut self) -> &mut Self;
+}
+
+impl Mode0600 for std::fs::OpenOptions {
+    fn mode_0600(&mut self) -> &mut Self {
+        std::os::unix::fs::OpenOptionsExt::mode(self, 0o600)
+    }
+}
+
+async fn token_add(
+    cfg: &pepsi_common::config::Config,
+    a: TokenAddArgs,
+) -> anyhow::Result<ExitCode> {
+    if a.label.chars().count() > 200 || a.label.chars().any(char::is_control) {
+        eprintln!("pepsi-httpd: --label: at most 200 characters, no control characters");
+        return Ok(ExitCode::from(2));
+    }
+    let pool = pepsi_common::db::connect(cfg).await?;
+    let (id, secret, text) = credentials::new_token();
+    let expires = a.expires_in.map(|d| {
+        chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
+    });
+    match store::create_token(
+        &pool,
+        &local_actor(),
+        &id,
+        &credentials::digest(&secret),
+        &a.admin,
+        &a.label,
+        expires,
+    )
+    .await
+    {
+        Ok(()) => {}
+        Err(store::StoreError::NotFound(m)) => {
+            eprintln!("pepsi-httpd: {m}");
+            return Ok(ExitCode::from(1));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    println!("{text}");
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
+    let settings = HttpdSettings::from_config(&cfg)?;
+    let bound = server::bind(&settings)?;
+    server::drop_privileges(&settings)?;
+    let pool = pepsi_common::db::connect(&cfg).await?;
+    let scheme = if settings.tls.is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let local = bound.listener.local_addr()?;
+    tracing::info!("serving {scheme}://{local}/");
+    let state = app::AppState {
+        pool: pool.clone(),
+        cfg: Arc::new(cfg),
+        throttle: Arc::new(Mutex::new(app::Throttles::new(&settings))),
+        settings: Arc::new(settings.clone()),
+    };
+    // Sessions past their limits are never honoured; this only keeps the table small.
+    let purge_pool = pool.clone();
+    let (idle, max_age) = (settings.session_idle, settings.session_max_age);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            tick.tick().await;
+            if let Err(e) = store::purge_sessions(&purge_pool, idle, max_age).await {
+                tracing::warn!("cannot delete expired sessions: {e}");
+            }
+        }
+    });
+    let shutdown = async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+            .expect("SIGTERM handler");
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = tokio::signal::ctrl_c() => {}
+        }
+        tracing::info!("stopping");
+    };
+    server::serve(bound, app::router(state), &settings, shutdown).await?;
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,245 @@
+//! `GET /metrics`: the Prometheus text format, built fresh on every scrape from the
+//! database — the dispatcher's cumulative `stage_stats` / `dispatch_stats` (counters), live
+//! gauges straight from `pepsi.workqueue` (rows per stage and status, the oldest message),
+//! and the final outcomes per stage the mail log recorded in the last hour.
+//!
+//! Access: open when `METRICS_PUBLIC = yes` or the client is inside `METRICS_ALLOW`;
+//! otherwise a session or an API token, as for the API (a scrape is a GET, so it needs no
+//! CSRF token).
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::response::{IntoResponse, Response};
+use pepsi_common::queue::{self, Filter, STATUSES};
+use prometheus::{
+    CounterVec, Encoder as _, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
+};
+use sqlx::{PgPool, Row as _};
+
+use crate::app::{AppState, ClientAddr, authenticate};
+use crate::error::{ApiError, ApiResult};
+
+/// Everything one scrape reports, as read from the database.
+#[derive(Debug, Default, Clone, PartialEq)]
+pub struct Snapshot {
+    /// (stage, messages, processing_ms, kills, crashes)
+    pub stages: Vec<(String, i64, i64, i64, i64)>,
+    /// stages_total, messages_total, messages_failed, serialization_failures
+    pub dispatch: (i64, i64, i64, i64),
+    /// (stage, status, rows): held apart from paused
+    pub queue: Vec<(String, String, i64)>,
+    /// (stage, seconds since the oldest row at it was received)
+    pub oldest: Vec<(String, f64)>,
+    /// (stage, event, rows in the last hour)
+    pub outcomes: Vec<(String, String, i64)>,
+}
+
+pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
+    let mut s = Snapshot::default();
+    for r in sqlx::query("SELECT stage, messages, processing_ms, kills, crashes FROM pepsi.stage_stats ORDER BY stage")
+        .fetch_all(pool)
+        .await?
+    {
+        s.stages.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?));
+    }
+    if let Some(r) = sqlx::query(
+        "SELECT stages_total, messages_total, messages_failed, serialization_failures FROM pepsi.dispatch_stats WHERE id = 1",
+    )
+    .fetch_optional(pool)
+    .await?
+    {
+        s.dispatch = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
+    }
+    s.queue = queue::summary(pool, &Filter::default()).await?;
+    for r in sqlx::query(
+        "SELECT stage, extract(epoch FROM now() - min(received_at))::float8 FROM pepsi.workqueue GROUP BY stage ORDER BY stage",
+    )
+    .fetch_all(pool)
+    .await?
+    {
+        s.oldest.push((r.try_get(0)?, r.try_get(1)?));
+    }
+    for r in sqlx::query(
+        "SELECT COALESCE(stage, ''), event, count(*) FROM pepsi.mail_log \
+         WHERE at > now() - interval '1 hour' GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(pool)
+    .await?
+    {
+        s.outcomes
+            .push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
+    }
+    Ok(s)
+}
+
+/// The snapshot in the Prometheus text exposition format.
+pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
+    let reg = Registry::new();
+    let counter =
+        |name: &str, help: &str, labels: &[&str]| -> Result<IntCounterVec, prometheus::Error> {
+            let c = IntCounterVec::new(Opts::new(name, help), labels)?;
+            reg.register(Box::new(c.clone()))?;
+            Ok(c)
+        };
+    let nonneg = |v: i64| u64::try_from(v).unwrap_or(0);
+    let messages = counter(
+        "pepsi_stage_messages_total",
+        "Messages a stage has handled (stage_stats).",
+        &["stage"],
+    )?;
+    let kills = counter(
+        "pepsi_stage_kills_total",
+        "Stage workers killed for running over MAX_RUNTIME (stage_stats).",
+        &["stage"],
+    )?;
+    let crashes = counter(
+        "pepsi_stage_crashes_total",
+        "Stage workers that exited unexpectedly (stage_stats).",
+        &["stage"],
+    )?;
+    let seconds = CounterVec::new(
+        Opts::new(
+            "pepsi_stage_processing_seconds_total",
+            "Time stages spent on messages (stage_stats).",
+        ),
+        &["stage"],
+    )?;
+    reg.register(Box::new(seconds.clone()))?;
+    for (stage, m, ms, k, c) in &s.stages {
+        messages.with_label_values(&[stage]).inc_by(nonneg(*m));
+        seconds
+            .with_label_values(&[stage])
+            .inc_by(nonneg(*ms) as f64 / 1000.0);
+        kills.with_label_values(&[stage]).inc_by(nonneg(*k));
+        crashes.with_label_values(&[stage]).inc_by(nonneg(*c));
+    }
+    let plain = |name: &str, help: &str, v: i64| -> Result<(), prometheus::Error> {
+        let c = IntCounter::new(name, help)?;
+        c.inc_by(nonneg(v));
+        reg.register(Box::new(c))
+    };
+    plain(
+        "pepsi_dispatch_stages_total",
+        "Stage passes the dispatcher has completed (dispatch_stats).",
+        s.dispatch.0,
+    )?;
+    plain(
+        "pepsi_dispatch_messages_total",
+        "Messages that left the pipeline (dispatch_stats).",
+        s.dispatch.1,
+    )?;
+    plain(
+        "pepsi_dispatch_messages_failed_total",
+        "Messages that ended failed or timed out (dispatch_stats).",
+        s.dispatch.2,
+    )?;
+    plain(
+        "pepsi_dispatch_serialization_failures_total",
+        "Transient serialization/deadlock retries the dispatcher observed (dispatch_stats).",
+        s.dispatch.3,
+    )?;
+    let rows = GaugeVec::new(
+        Opts::new(
+            "pepsi_queue_messages",
+            "Rows of the work queue now, per stage and status (held apart from paused).",
+        ),
+        &["stage", "status"],
+    )?;
+    reg.register(Box::new(rows.clone()))?;
+    let mut stages: Vec<&str> = s.queue.iter().map(|q| q.0.as_str()).collect();
+    stages.dedup();
+    for stage in stages {
+        for status in STATUSES {
+            rows.with_label_values(&[stage, status]).set(0.0);
+        }
+    }
+    for (stage, status, n) in &s.queue {
+        rows.with_label_values(&[stage, status]).set(*n as f64);
+    }
+    let oldest = GaugeVec::new(
+        Opts::new(
+            "pepsi_queue_oldest_message_age_seconds",
+            "Age of the oldest row at each stage, since it was received.",
+        ),
+        &["stage"],
+    )?;
+    reg.register(Box::new(oldest.clone()))?;
+    for (stage, secs) in &s.oldest {
+        oldest.with_label_values(&[stage]).set(secs.max(0.0));
+    }
+    let outcomes = GaugeVec::new(
+        Opts::new(
+            "pepsi_mail_outcomes_last_hour",
+            "Final outcomes the mail log recorded in the last hour, per stage and event (delivered, bounced, expired, dropped).",
+        ),
+        &["stage", "event"],
+    )?;
+    reg.register(Box::new(outcomes.clone()))?;
+    for (stage, event, n) in &s.outcomes {
+        outcomes.with_label_values(&[stage, event]).set(*n as f64);
+    }
+    let mut out = Vec::new();
+    TextEncoder::new().encode(&reg.gather(), &mut out)?;
+    Ok(String::from_utf8_lossy(&out).into_owned())
+}
+
+pub async fn metrics(State(state): State<AppState>, req: Request) -> ApiResult<Response> {
+    let (parts, _) = req.into_parts();
+    let client = parts
+        .extensions
+        .get::<ClientAddr>()
+        .map(ClientAddr::ip)
+        .ok_or_else(|| ApiError::internal("a request without its client address"))?;
+    let s = &state.settings;
+    let open = s.metrics_public || s.metrics_allow.iter().any(|c| c.contains(client));
+    if !open && authenticate(&parts, &state).await?.is_none() {
+        return Err(ApiError::unauthorized(
+            "/metrics needs a session or an API token (or METRICS_PUBLIC / METRICS_ALLOW)",
+        ));
+    }
+    let snap = snapshot(&state.pool).await?;
+    let text = render(&snap).map_err(ApiError::internal)?;
+    Ok((
+        [(
+            header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rendering_names_every_family_with_its_labels() {
+        let s = Snapshot {
+            stages: vec![("relay".into(), 10, 2500, 1, 2)],
+            dispatch: (20, 9, 1, 0),
+            queue: vec![("relay".into(), "held".into(), 3)],
+            oldest: vec![("relay".into(), 42.5)],
+            outcomes: vec![("local".into(), "delivered".into(), 7)],
+        };
+        let text = render(&s).unwrap();
+        let want = [
+            "pepsi_stage_messages_total{stage=\"relay\"} 10",
+            "pepsi_stage_processing_seconds_total{stage=\"relay\"} 2.5",
+            "pepsi_stage_crashes_total{stage=\"relay\"} 2",
+            "pepsi_dispatch_messages_total 9",
+            "pepsi_queue_messages{stage=\"relay\",status=\"held\"} 3",
+            "pepsi_queue_messages{stage=\"relay\",status=\"pending\"} 0",
+            "pepsi_queue_oldest_message_age_seconds{stage=\"relay\"} 42.5",
+            "pepsi_mail_outcomes_last_hour{event=\"delivered\",stage=\"local\"} 7",
+            "# TYPE pepsi_queue_messages gauge",
+            "# TYPE pepsi_dispatch_messages_total counter",
+        ];
+        for line in want {
+            assert!(
+                text.lines().any(|l| l == line),
+                "{line} missing from\n{text}"
+            );
+        }
+    }
+}

@@ -1,0 +1,179 @@
+//! Serving: the listening socket is bound and the TLS key read while the process may still
+//! be root, then privileges are dropped (`USER`, `GROUP`) before the database is reached
+//! and before the first connection is accepted. Each connection is HTTP/1.1 (over TLS when
+//! CERT_FILE and KEY_FILE are set), its request head bounded by HEADER_TIMEOUT, at most
+//! MAX_CONNECTIONS at once.
+
+use std::ffi::CString;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+use tower::ServiceExt as _;
+
+use crate::app::ClientAddr;
+use crate::settings::HttpdSettings;
+
+/// How long a TLS handshake may take.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The uid and gid of `user` (and of `group`, which overrides the user's primary group).
+fn lookup(user: &str, group: Option<&str>) -> anyhow::Result<(libc::uid_t, libc::gid_t)> {
+    let name = CString::new(user).context("USER holds a NUL byte")?;
+    // SAFETY: getpwnam returns a pointer into static storage or NULL; we copy the two
+    // fields out at once, before any other call could overwrite it.
+    let (uid, mut gid) = unsafe {
+        let pw = libc::getpwnam(name.as_ptr());
+        if pw.is_null() {
+            bail!("[pepsi-httpd] USER = {user}: there is no such user");
+        }
+        ((*pw).pw_uid, (*pw).pw_gid)
+    };
+    if let Some(group) = group {
+        let gname = CString::new(group).context("GROUP holds a NUL byte")?;
+        // SAFETY: as above, for getgrnam.
+        gid = unsafe {
+            let gr = libc::getgrnam(gname.as_ptr());
+            if gr.is_null() {
+                bail!("[pepsi-httpd] GROUP = {group}: there is no such group");
+            }
+            (*gr).gr_gid
+        };
+    }
+    Ok((uid, gid))
+}
+
+/// Becomes USER (and GROUP) for good: supplementary groups, gid, then uid; checks that root
+/// cannot be regained. Without USER, refuses to go on as root unless ALLOW_ROOT is set.
+pub fn drop_privileges(s: &HttpdSettings) -> anyhow::Result<()> {
+    // SAFETY: plain getters.
+    let euid = unsafe { libc::geteuid() };
+    let Some(user) = &s.user else {
+        if euid == 0 && !s.allow_root {
+            bail!(
+                "pepsi-httpd will not serve as root: set [pepsi-httpd] USER (and GROUP) to the account it should run as, or ALLOW_ROOT = yes on a development machine"
+            );
+        }
+        return Ok(());
+    };
+    let (uid, gid) = lookup(user, s.group.as_deref())?;
+    if euid != 0 {
+        // SAFETY: plain getter.
+        if euid == uid && unsafe { libc::getegid() } == gid {
+            return Ok(());
+        }
+        bail!(
+            "[pepsi-httpd] USER = {user}: switching to it needs root, and this process runs as uid {euid}"
+        );
+    }
+    // SAFETY: system calls on values we own; each result is checked.
+    unsafe {
+        let groups = [gid];
+        if libc::setgroups(1, groups.as_ptr()) != 0 {
+            bail!("setgroups: {}", std::io::Error::last_os_error());
+        }
+        if libc::setgid(gid) != 0 {
+            bail!("setgid({gid}): {}", std::io::Error::last_os_error());
+        }
+        if libc::setuid(uid) != 0 {
+            bail!("setuid({uid}): {}", std::io::Error::last_os_error());
+        }
+        if uid != 0 && libc::setuid(0) == 0 {
+            bail!("root could be regained after switching to {user}: refusing to serve");
+        }
+    }
+    tracing::info!(user = user.as_str(), uid, gid, "privileges dropped");
+    Ok(())
+}
+
+/// What `bind` prepared while privileged.
+pub struct Bound {
+    pub listener: std::net::TcpListener,
+    pub tls: Option<TlsAcceptor>,
+}
+
+/// Binds ADDRESS and loads the certificate (both may need root).
+pub fn bind(s: &HttpdSettings) -> anyhow::Result<Bound> {
+    let listener = std::net::TcpListener::bind(s.address)
+        .with_context(|| format!("cannot listen on {}", s.address))?;
+    listener.set_nonblocking(true)?;
+    let tls = match &s.tls {
+        Some((cert, key)) => {
+            let mut config = pepsi_common::server_tls::server_config(cert, key)?;
+            config.alpn_protocols = vec![b"http/1.1".to_vec()];
+            Some(TlsAcceptor::from(Arc::new(config)))
+        }
+        None => None,
+    };
+    Ok(Bound { listener, tls })
+}
+
+/// Accepts connections until `shutdown` resolves.
+pub async fn serve(
+    bound: Bound,
+    app: Router,
+    s: &HttpdSettings,
+    shutdown: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
+    let listener = TcpListener::from_std(bound.listener)?;
+    let slots = Arc::new(Semaphore::new(s.max_connections));
+    let header_timeout = s.header_timeout;
+    tokio::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            p = slots.clone().acquire_owned() => p?,
+        };
+        let (stream, peer) = tokio::select! {
+            _ = &mut shutdown => return Ok(()),
+            a = listener.accept() => match a {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let app = app.clone();
+        let tls = bound.tls.clone();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let service = hyper::service::service_fn(
+                move |mut req: hyper::Request<hyper::body::Incoming>| {
+                    req.extensions_mut().insert(ClientAddr(peer));
+                    app.clone().oneshot(req.map(axum::body::Body::new))
+                },
+            );
+            let mut builder = hyper::server::conn::http1::Builder::new();
+            builder
+                .timer(TokioTimer::new())
+                .header_read_timeout(header_timeout)
+                .keep_alive(true);
+            let result = match tls {
+                None => builder
+                    .serve_connection(TokioIo::new(stream), service)
+                    .await
+                    .map_err(|e| e.to_string()),
+                Some(acceptor) => {
+                    match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+                        Ok(Ok(tls)) => builder
+                            .serve_connection(TokioIo::new(tls), service)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        Ok(Err(e)) => Err(format!("TLS handshake: {e}")),
+                        Err(_) => Err("TLS handshake timed out".into()),
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(client = %peer, "connection ended: {e}");
+            }
+        });
+    }
+}

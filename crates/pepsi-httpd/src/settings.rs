@@ -1,0 +1,246 @@
+//! `[pepsi-httpd]`: where pepsi-httpd listens, as whom, and every limit it enforces. Read
+//! once at start and validated; pure, no I/O.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use pepsi_common::config::Config;
+
+/// The section pepsi-httpd reads.
+pub const SECTION: &str = "pepsi-httpd";
+
+/// An address block of `METRICS_ALLOW`: `192.0.2.0/24`, `::1/128`, or one address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Cidr {
+    pub net: IpAddr,
+    pub prefix: u8,
+}
+
+impl Cidr {
+    /// Parses `addr/prefix` or a bare address (a full-length prefix).
+    pub fn parse(text: &str) -> Result<Cidr, String> {
+        let t = text.trim();
+        let (addr, prefix) = match t.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (t, None),
+        };
+        let net: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{t:?} is not an IP address or address/prefix"))?;
+        let max = if net.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&p| p <= max)
+                .ok_or_else(|| format!("{t:?}: the prefix must be a number from 0 to {max}"))?,
+        };
+        Ok(Cidr { net, prefix })
+    }
+
+    /// True when `ip` is inside the block (an IPv4-mapped IPv6 address counts as IPv4).
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        let ip = match ip {
+            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+            v4 => v4,
+        };
+        match (self.net, ip) {
+            (IpAddr::V4(n), IpAddr::V4(a)) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u32::from(n) & mask == u32::from(a) & mask
+            }
+            (IpAddr::V6(n), IpAddr::V6(a)) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.prefix))
+                    .unwrap_or(0);
+                u128::from(n) & mask == u128::from(a) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+/// Everything pepsi-httpd needs to know before it serves.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HttpdSettings {
+    /// `ADDRESS`: where it listens (default 127.0.0.1:8080).
+    pub address: SocketAddr,
+    /// `CERT_FILE` and `KEY_FILE`: serve HTTPS when both are set.
+    pub tls: Option<(PathBuf, PathBuf)>,
+    /// `USER` and `GROUP`: whom it becomes after binding and loading its key, before the
+    /// first connection.
+    pub user: Option<String>,
+    pub group: Option<String>,
+    /// `ALLOW_ROOT`: serve as root when no USER is set (a development checkout).
+    pub allow_root: bool,
+    /// `SESSION_IDLE_TIMEOUT`: a session unused this long has ended (default 30m).
+    pub session_idle: Duration,
+    /// `SESSION_MAX_AGE`: a session ends this long after the login, used or not (12h).
+    pub session_max_age: Duration,
+    /// `LOGIN_THROTTLE_WINDOW`: how long failed logins are counted (15m).
+    pub login_window: Duration,
+    /// `LOGIN_MAX_FAILURES_PER_ADDRESS`: failed logins from one client address (an IPv6
+    /// /64) within the window before further attempts are refused with 429 (20).
+    pub login_max_per_address: u32,
+    /// `LOGIN_MAX_FAILURES_PER_ACCOUNT`: the same per administrator name (5).
+    pub login_max_per_account: u32,
+    /// `MAX_BODY_SIZE`: the largest request body (1 MiB); larger ones get 413.
+    pub max_body: usize,
+    /// `REQUEST_TIMEOUT`: a request not answered within this gets 503 (30s).
+    pub request_timeout: Duration,
+    /// `HEADER_TIMEOUT`: a client must send its request head within this (10s).
+    pub header_timeout: Duration,
+    /// `MAX_CONNECTIONS`: connections served at once; further ones wait (256).
+    pub max_connections: usize,
+    /// `METRICS_PUBLIC`: /metrics needs no credential (no).
+    pub metrics_public: bool,
+    /// `METRICS_ALLOW`: client address blocks that read /metrics without a credential.
+    pub metrics_allow: Vec<Cidr>,
+    /// `BULK_LIMIT`: the most rows one bulk queue action takes (10000).
+    pub bulk_limit: i64,
+    /// `COOKIE_SECURE`: mark the session cookie Secure (default: when TLS is on). Set it
+    /// behind a TLS-terminating proxy.
+    pub secure_cookie: bool,
+}
+
+impl HttpdSettings {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
+        let s = cfg.section(SECTION);
+        let address = match s.string_opt("ADDRESS")? {
+            Some(a) => a.parse().map_err(|_| {
+                anyhow::anyhow!(
+                    "[{SECTION}] ADDRESS = {a:?}: expected host:port with a numeric address (127.0.0.1:8080, [::1]:8080)"
+                )
+            })?,
+            None => SocketAddr::from(([127, 0, 0, 1], 8080)),
+        };
+        let tls = match (s.path_opt("CERT_FILE")?, s.path_opt("KEY_FILE")?) {
+            (Some(c), Some(k)) => Some((c, k)),
+            (None, None) => None,
+            _ => bail!("[{SECTION}]: CERT_FILE and KEY_FILE go together; one is missing"),
+        };
+        let count = |opt: &str, default: u32| -> anyhow::Result<u32> {
+            let n = s.number_opt::<u32>(opt)?.unwrap_or(default);
+            if n == 0 {
+                bail!("[{SECTION}] {opt} = 0: expected at least 1");
+            }
+            Ok(n)
+        };
+        let metrics_allow = s
+            .list_opt("METRICS_ALLOW")?
+            .unwrap_or_default()
+            .iter()
+            .map(|c| Cidr::parse(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("[{SECTION}] METRICS_ALLOW: {e}"))?;
+        let max_body = s.size_opt("MAX_BODY_SIZE")?.unwrap_or(1 << 20);
+        if !(1024..=64 << 20).contains(&max_body) {
+            bail!("[{SECTION}] MAX_BODY_SIZE = {max_body}: expected 1k to 64M");
+        }
+        let bulk_limit = i64::from(count("BULK_LIMIT", 10_000)?);
+        let session_idle = s
+            .duration_opt("SESSION_IDLE_TIMEOUT")?
+            .unwrap_or(Duration::from_secs(1800));
+        let session_max_age = s
+            .duration_opt("SESSION_MAX_AGE")?
+            .unwrap_or(Duration::from_secs(12 * 3600));
+        if session_idle.is_zero() || session_max_age.is_zero() {
+            bail!("[{SECTION}] SESSION_IDLE_TIMEOUT and SESSION_MAX_AGE must be longer than 0");
+        }
+        Ok(Self {
+            address,
+            secure_cookie: s.bool_opt("COOKIE_SECURE")?.unwrap_or(tls.is_some()),
+            tls,
+            user: s.string_opt("USER")?,
+            group: s.string_opt("GROUP")?,
+            allow_root: s.bool_opt("ALLOW_ROOT")?.unwrap_or(false),
+            session_idle,
+            session_max_age,
+            login_window: s
+                .duration_opt("LOGIN_THROTTLE_WINDOW")?
+                .unwrap_or(Duration::from_secs(900))
+                .max(Duration::from_secs(1)),
+            login_max_per_address: count("LOGIN_MAX_FAILURES_PER_ADDRESS", 20)?,
+            login_max_per_account: count("LOGIN_MAX_FAILURES_PER_ACCOUNT", 5)?,
+            max_body: usize::try_from(max_body).context("MAX_BODY_SIZE")?,
+            request_timeout: s
+                .duration_opt("REQUEST_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(30))
+                .max(Duration::from_millis(100)),
+            header_timeout: s
+                .duration_opt("HEADER_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(10))
+                .max(Duration::from_millis(100)),
+            max_connections: count("MAX_CONNECTIONS", 256)? as usize,
+            metrics_public: s.bool_opt("METRICS_PUBLIC")?.unwrap_or(false),
+            metrics_allow,
+            bulk_limit,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(text: &str) -> anyhow::Result<HttpdSettings> {
+        HttpdSettings::from_config(&Config::from_str_named(text, "t.conf").unwrap())
+    }
+
+    #[test]
+    fn defaults_and_errors_name_the_option() {
+        let d = settings("").unwrap();
+        assert_eq!(d.address, "127.0.0.1:8080".parse().unwrap());
+        assert_eq!(d.tls, None);
+        assert!(!d.secure_cookie && !d.metrics_public);
+        assert_eq!(d.session_idle, Duration::from_secs(1800));
+        let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
+        assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
+        let cases = [
+            ("ADDRESS = localhost:80", "ADDRESS = \"localhost:80\""),
+            ("CERT_FILE = c.pem", "CERT_FILE and KEY_FILE go together"),
+            ("METRICS_ALLOW = 10.0.0.0/33", "METRICS_ALLOW"),
+            (
+                "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
+                "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
+            ),
+            ("MAX_BODY_SIZE = 10", "MAX_BODY_SIZE = 10"),
+            ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
+        ];
+        for (line, want) in cases {
+            let e = format!(
+                "{:#}",
+                settings(&format!("[pepsi-httpd]\n{line}\n")).unwrap_err()
+            );
+            assert!(e.contains(want), "{line}: {e}");
+        }
+    }
+
+    #[test]
+    fn cidr_blocks_contain_their_addresses() {
+        let cases = [
+            ("127.0.0.0/8", "127.1.2.3", true),
+            ("127.0.0.0/8", "128.0.0.1", false),
+            ("192.0.2.7", "192.0.2.7", true),
+            ("192.0.2.7", "192.0.2.8", false),
+            ("0.0.0.0/0", "203.0.113.1", true),
+            ("::1", "::1", true),
+            ("2001:db8::/32", "2001:db8:1::1", true),
+            ("2001:db8::/32", "2001:db9::1", false),
+            ("127.0.0.0/8", "::ffff:127.0.0.1", true),
+            ("::/0", "127.0.0.1", false),
+        ];
+        for (block, ip, want) in cases {
+            let c = Cidr::parse(block).unwrap();
+            assert_eq!(c.contains(ip.parse().unwrap()), want, "{block} ∋ {ip}");
+        }
+        for bad in ["10.0.0.0/33", "::/129", "host", "10.0.0.0/x"] {
+            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,139 @@
+//! Login throttling: failed logins counted per key (a client address, an administrator
+//! name) in a fixed window; once a key reaches its limit, further attempts are refused
+//! until the window that began with its first failure has passed. Pure (the caller passes
+//! the clock) and bounded: at most `capacity` keys are remembered, the oldest forgotten
+//! first, so a flood of distinct addresses cannot grow it without end.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+/// Failed-login counters for one kind of key.
+#[derive(Debug)]
+pub struct Throttle {
+    window: Duration,
+    max: u32,
+    capacity: usize,
+    entries: HashMap<String, (Instant, u32)>,
+}
+
+impl Throttle {
+    pub fn new(window: Duration, max: u32, capacity: usize) -> Self {
+        Self {
+            window,
+            max: max.max(1),
+            capacity: capacity.max(1),
+            entries: HashMap::new(),
+        }
+    }
+
+    /// How long `key` must still wait, when it has reached the limit.
+    pub fn blocked(&self, key: &str, now: Instant) -> Option<Duration> {
+        let (start, n) = self.entries.get(key)?;
+        let end = *start + self.window;
+        (*n >= self.max && now < end).then(|| end - now)
+    }
+
+    /// Counts one failure for `key`.
+    pub fn fail(&mut self, key: &str, now: Instant) {
+        if let Some((start, n)) = self.entries.get_mut(key) {
+            if now >= *start + self.window {
+                *start = now;
+                *n = 0;
+            }
+            *n += 1;
+            return;
+        }
+        if self.entries.len() >= self.capacity {
+            let window = self.window;
+            self.entries.retain(|_, (start, _)| now < *start + window);
+            if self.entries.len() >= self.capacity
+                && let Some(oldest) = self
+                    .entries
+                    .iter()
+                    .min_by_key(|(_, (start, _))| *start)
+                    .map(|(k, _)| k.clone())
+            {
+                self.entries.remove(&oldest);
+            }
+        }
+        self.entries.insert(key.to_owned(), (now, 1));
+    }
+
+    /// Forgets `key` (a successful login).
+    pub fn clear(&mut self, key: &str) {
+        self.entries.remove(key);
+    }
+}
+
+/// The key a client address counts under: IPv4 as it is, IPv6 by its /64 (one host
+/// usually holds a whole /64).
+pub fn address_key(ip: IpAddr) -> String {
+    match ip {
+        IpAddr::V4(v4) => v4.to_string(),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_key_is_refused_after_its_limit_until_the_window_ends() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut t = Throttle::new(s(60), 3, 100);
+        // (seconds after t0, action, expected wait after it: None = allowed)
+        let steps: [(u64, &str, Option<u64>); 7] = [
+            (0, "fail", None),
+            (1, "fail", None),
+            (2, "fail", Some(58)),
+            (30, "check", Some(30)),
+            (60, "check", None),
+            (61, "fail", None), // a new window
+            (62, "clear", None),
+        ];
+        for (at, action, want) in steps {
+            let now = t0 + s(at);
+            match action {
+                "fail" => t.fail("k", now),
+                "clear" => t.clear("k"),
+                _ => {}
+            }
+            assert_eq!(t.blocked("k", now), want.map(s), "at {at}s after {action}");
+        }
+        assert_eq!(t.blocked("other", t0), None);
+    }
+
+    #[test]
+    fn it_remembers_at_most_its_capacity() {
+        let t0 = Instant::now();
+        let mut t = Throttle::new(Duration::from_secs(60), 1, 2);
+        t.fail("a", t0);
+        t.fail("b", t0 + Duration::from_secs(1));
+        t.fail("c", t0 + Duration::from_secs(2));
+        assert_eq!(t.entries.len(), 2);
+        assert!(t.blocked("a", t0).is_none(), "the oldest was forgotten");
+        assert!(t.blocked("c", t0 + Duration::from_secs(2)).is_some());
+    }
+
+    #[test]
+    fn ipv6_clients_count_by_their_64() {
+        let cases = [
+            ("192.0.2.1", "192.0.2.1"),
+            ("2001:db8:1:2:3:4:5:6", "2001:db8:1:2::/64"),
+            ("2001:db8:1:2:ffff::1", "2001:db8:1:2::/64"),
+            ("::ffff:192.0.2.9", "192.0.2.9"),
+        ];
+        for (ip, want) in cases {
+            assert_eq!(address_key(ip.parse().unwrap()), want);
+        }
+    }
+}
