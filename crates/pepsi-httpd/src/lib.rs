@@ -19,6 +19,7 @@ mod api;
 mod app;
 pub mod credentials;
 mod error;
+mod extract;
 pub mod metrics;
 pub mod query;
 mod server;
@@ -266,10 +267,10 @@ async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
     };
     let local = bound.listener.local_addr()?;
     tracing::info!("serving {scheme}://{local}/");
-    let state = app::AppState {
+    let state = extract::AppState {
         pool: pool.clone(),
         cfg: Arc::new(cfg),
-        throttle: Arc::new(Mutex::new(app::Throttles::new(&settings))),
+        throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
         settings: Arc::new(settings.clone()),
     };
     // Sessions past their limits are never honoured; this only keeps the table small.

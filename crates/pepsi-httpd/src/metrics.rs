@@ -16,8 +16,8 @@ use prometheus::{
 };
 use sqlx::{PgPool, Row as _};
 
-use crate::app::{AppState, ClientAddr, authenticate};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, ClientAddr, authenticate};
 
 /// Everything one scrape reports, as read from the database.
 #[derive(Debug, Default, Clone, PartialEq)]

@@ -16,7 +16,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
-use crate::app::ClientAddr;
+use crate::extract::ClientAddr;
 use crate::settings::HttpdSettings;
 
 /// How long a TLS handshake may take.

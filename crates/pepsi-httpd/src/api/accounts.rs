@@ -10,8 +10,8 @@ use pepsi_common::{admin, password};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::{AppState, Body, Pairs, Principal};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, Body, Pairs, Principal};
 use crate::query;
 
 /// The shortest password accepted for a mailbox.

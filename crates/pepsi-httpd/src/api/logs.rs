@@ -6,8 +6,8 @@ use axum::extract::State;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
-use crate::app::{AppState, Pairs, Principal};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, Pairs, Principal};
 use crate::query;
 
 pub async fn mail_log(

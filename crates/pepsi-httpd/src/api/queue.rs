@@ -13,8 +13,8 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;
 
-use crate::app::{AppState, Body, Pairs, Principal};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, Body, Pairs, Principal};
 use crate::query;
 
 /// The longest `reason` accepted.

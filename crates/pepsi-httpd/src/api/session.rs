@@ -12,8 +12,8 @@ use pepsi_common::password;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::app::{AppState, Body, ClientAddr, Principal, Via, now};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, Body, ClientAddr, Principal, Via, now};
 use crate::throttle::address_key;
 use crate::{credentials, store};
 
@@ -74,7 +74,7 @@ pub async fn login(
         .await
         .unwrap_or(false)
         && known;
-    let actor = crate::app::actor_named(&name);
+    let actor = crate::extract::actor_named(&name);
     if !ok {
         {
             let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());

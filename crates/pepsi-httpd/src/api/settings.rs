@@ -13,8 +13,8 @@ use pepsi_common::settings::address_list;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::{AppState, Body, Pairs, Principal};
 use crate::error::{ApiError, ApiResult};
+use crate::extract::{AppState, Body, Pairs, Principal};
 use crate::query;
 
 /// The settings key and name an alias path segment stands for: an address's `alias`, or a
