@@ -74,11 +74,15 @@ for user in alice bob postmaster; do
   psql "$DATABASE_URL" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('$user@example.test') ON CONFLICT DO NOTHING"
 done
 
-# The first administrator of pepsi-httpd: made once for this database, its generated
-# password written to var/httpd-admin.txt (mode 0600) and shown nowhere else.
-if [ -z "$(psql "$DATABASE_URL" -tAc 'SELECT 1 FROM pepsi.admin_account LIMIT 1')" ]; then
+# The demonstration administrator of pepsi-httpd, `admin`: made once, its generated
+# password written to var/httpd-admin.txt (mode 0600) and shown nowhere else. When that
+# file is gone (a fresh checkout against a kept database), `admin` is made again with a new
+# password, its sessions and tokens going with the old account.
+if [ ! -s var/httpd-admin.txt ] ||
+   [ -z "$(psql "$DATABASE_URL" -tAc "SELECT 1 FROM pepsi.admin_account WHERE name = 'admin'")" ]; then
   rm -f var/httpd-admin.txt
-  pepsi-httpd -c "$cfg" admin-add admin --if-none --output var/httpd-admin.txt
+  psql "$DATABASE_URL" -qc "DELETE FROM pepsi.admin_account WHERE name = 'admin'"
+  pepsi-httpd -c "$cfg" admin-add admin --output var/httpd-admin.txt
 fi
 
 if (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null; then
