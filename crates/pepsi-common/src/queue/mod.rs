@@ -422,22 +422,7 @@ pub async fn apply(
                     .await?
             }
         };
-        if report["changed"] != json!(true) {
-            tx.rollback().await?;
-            let note = report["note"]
-                .as_str()
-                .unwrap_or("nothing to do")
-                .to_owned();
-            return Ok(Outcome::Unchanged(note));
-        }
-        let mut detail = report.clone();
-        if let Value::Object(map) = &mut detail {
-            map.remove("changed");
-            map.insert("force".into(), json!(force));
-        }
-        audit::record(&mut tx, actor, action.name(), Some(id), detail).await?;
-        tx.commit().await?;
-        Ok(Outcome::Changed(report))
+        conclude(tx, actor, action.name(), id, report, json!({"force": force})).await
     })
     .await;
     result.map_err(|e| match &e {
@@ -583,26 +568,38 @@ pub async fn apply_failure_step(
                     .await?
             }
         };
-        if report["changed"] != json!(true) {
-            tx.rollback().await?;
-            let note = report["note"]
-                .as_str()
-                .unwrap_or("nothing to do")
-                .to_owned();
-            return Ok(Outcome::Unchanged(note));
-        }
-        let mut merged = report.clone();
-        if let (Value::Object(map), Value::Object(extra)) = (&mut merged, &detail) {
-            map.remove("changed");
-            for (k, v) in extra {
-                map.insert(k.clone(), v.clone());
-            }
-        }
-        audit::record(&mut tx, actor, step.name(), Some(row.id), merged).await?;
-        tx.commit().await?;
-        Ok(Outcome::Changed(report))
+        conclude(tx, actor, step.name(), row.id, report, detail.clone()).await
     })
     .await
+}
+
+/// Ends an action's transaction on its stored function's `report`: rolled back, and
+/// `Unchanged` with the report's note, when it changed nothing; else the event_log row
+/// `action` (the report without `changed`, with the keys of `extra` added) and the commit.
+async fn conclude(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    actor: &Actor,
+    action: &str,
+    id: i64,
+    report: Value,
+    extra: Value,
+) -> Result<Outcome, sqlx::Error> {
+    if report["changed"] != json!(true) {
+        tx.rollback().await?;
+        let note = report["note"]
+            .as_str()
+            .unwrap_or("nothing to do")
+            .to_owned();
+        return Ok(Outcome::Unchanged(note));
+    }
+    let mut detail = report.clone();
+    if let (Value::Object(map), Value::Object(extra)) = (&mut detail, extra) {
+        map.remove("changed");
+        map.extend(extra);
+    }
+    audit::record(&mut tx, actor, action, Some(id), detail).await?;
+    tx.commit().await?;
+    Ok(Outcome::Changed(report))
 }
 
 /// The BOUNCE_STAGE of `stage` in `cfg` (the file with the global overlay, as the workers

@@ -13,6 +13,7 @@ use sqlx::{PgPool, Row as _};
 use super::{Load, StageError, StageSettings};
 use crate::config::{Config, Section};
 use crate::mail_log::{Entry, Event};
+use crate::state::{Bounce, BounceKind};
 
 // The body of one running row, sent only when it is within the caller's limit.
 const FETCH_BODY: &str = "SELECT CASE WHEN octet_length(b.body) <= $2 THEN b.body END AS body \
@@ -562,10 +563,9 @@ impl<'a> StageContext<'a> {
         if let Some(dsn) = subset_dsn(&self.row.state, &wanted) {
             merge.insert("dsn".into(), dsn);
         }
-        merge.insert(
-            "bounce".into(),
-            json!({ "kind": "success", "stage": self.settings.name }),
-        );
+        Bounce::new(BounceKind::Success)
+            .stage(&self.settings.name)
+            .insert_into(&mut merge);
         let mut t = Terminal::new(Outcome::Advance { stage: bounce }).merging(merge);
         t.rcpt_to = Some(rcpt);
         Ok(t)
