@@ -6,7 +6,9 @@
 //! operator's queue
 //! administration (`queue`), the audit log (`audit`), administrative writes of accounts and
 //! settings (`admin`), password hashes (`password`), the mail log (`mail_log`), server TLS
-//! (`server_tls`) and the types of the stock `state` keys (`state`).
+//! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
+//! counters and queue shape as the operator surfaces show them (`status`), and the
+//! operator tools' tables and durations (`text`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -35,3 +37,5 @@ pub mod settings;
 pub mod srs;
 pub mod stage;
 pub mod state;
+pub mod status;
+pub mod text;

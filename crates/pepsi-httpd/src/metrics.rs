@@ -1,7 +1,8 @@
-//! `GET /metrics`: the Prometheus text format, built fresh on every scrape from the
-//! database — the dispatcher's cumulative `stage_stats` / `dispatch_stats` (counters), live
-//! gauges straight from `pepsi.workqueue` (rows per stage and status, the oldest message),
-//! and the final outcomes per stage the mail log recorded in the last hour.
+//! `GET /metrics`: the Prometheus text format, built fresh on every scrape from
+//! `pepsi_common::status::snapshot` — the dispatcher's cumulative `stage_stats` /
+//! `dispatch_stats` (counters), live gauges straight from `pepsi.workqueue` (rows per stage
+//! and status, the oldest message), and the final outcomes per stage the mail log recorded
+//! in the last hour.
 //!
 //! Access: open when `METRICS_PUBLIC = yes` or the client is inside `METRICS_ALLOW`;
 //! otherwise a session or an API token, as for the API (a scrape is a GET, so it needs no
@@ -10,67 +11,14 @@
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use pepsi_common::queue::{self, Filter, STATUSES};
+use pepsi_common::queue::STATUSES;
+use pepsi_common::status::{Snapshot, snapshot};
 use prometheus::{
     CounterVec, Encoder as _, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
-use sqlx::{PgPool, Row as _};
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{AppState, ClientAddr, authenticate};
-
-/// Everything one scrape reports, as read from the database.
-#[derive(Debug, Default, Clone, PartialEq)]
-pub struct Snapshot {
-    /// (stage, messages, processing_ms, kills, crashes)
-    pub stages: Vec<(String, i64, i64, i64, i64)>,
-    /// stages_total, messages_total, messages_failed, serialization_failures
-    pub dispatch: (i64, i64, i64, i64),
-    /// (stage, status, rows): held apart from paused
-    pub queue: Vec<(String, String, i64)>,
-    /// (stage, seconds since the oldest row at it was received)
-    pub oldest: Vec<(String, f64)>,
-    /// (stage, event, rows in the last hour)
-    pub outcomes: Vec<(String, String, i64)>,
-}
-
-pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
-    let mut s = Snapshot::default();
-    for r in sqlx::query("SELECT stage, messages, processing_ms, kills, crashes FROM pepsi.stage_stats ORDER BY stage")
-        .fetch_all(pool)
-        .await?
-    {
-        s.stages.push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?));
-    }
-    if let Some(r) = sqlx::query(
-        "SELECT stages_total, messages_total, messages_failed, serialization_failures FROM pepsi.dispatch_stats WHERE id = 1",
-    )
-    .fetch_optional(pool)
-    .await?
-    {
-        s.dispatch = (r.try_get(0)?, r.try_get(1)?, r.try_get(2)?, r.try_get(3)?);
-    }
-    s.queue = queue::summary(pool, &Filter::default()).await?;
-    for r in sqlx::query(
-        "SELECT stage, extract(epoch FROM now() - min(received_at))::float8 FROM pepsi.workqueue GROUP BY stage ORDER BY stage",
-    )
-    .fetch_all(pool)
-    .await?
-    {
-        s.oldest.push((r.try_get(0)?, r.try_get(1)?));
-    }
-    for r in sqlx::query(
-        "SELECT COALESCE(stage, ''), event, count(*) FROM pepsi.mail_log \
-         WHERE at > now() - interval '1 hour' GROUP BY 1, 2 ORDER BY 1, 2",
-    )
-    .fetch_all(pool)
-    .await?
-    {
-        s.outcomes
-            .push((r.try_get(0)?, r.try_get(1)?, r.try_get(2)?));
-    }
-    Ok(s)
-}
 
 /// The snapshot in the Prometheus text exposition format.
 pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
@@ -105,13 +53,14 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         &["stage"],
     )?;
     reg.register(Box::new(seconds.clone()))?;
-    for (stage, m, ms, k, c) in &s.stages {
-        messages.with_label_values(&[stage]).inc_by(nonneg(*m));
+    for st in &s.stages {
+        let stage = [st.stage.as_str()];
+        messages.with_label_values(&stage).inc_by(nonneg(st.messages));
         seconds
-            .with_label_values(&[stage])
-            .inc_by(nonneg(*ms) as f64 / 1000.0);
-        kills.with_label_values(&[stage]).inc_by(nonneg(*k));
-        crashes.with_label_values(&[stage]).inc_by(nonneg(*c));
+            .with_label_values(&stage)
+            .inc_by(nonneg(st.processing_ms) as f64 / 1000.0);
+        kills.with_label_values(&stage).inc_by(nonneg(st.kills));
+        crashes.with_label_values(&stage).inc_by(nonneg(st.crashes));
     }
     let plain = |name: &str, help: &str, v: i64| -> Result<(), prometheus::Error> {
         let c = IntCounter::new(name, help)?;
@@ -121,22 +70,22 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
     plain(
         "pepsi_dispatch_stages_total",
         "Stage passes the dispatcher has completed (dispatch_stats).",
-        s.dispatch.0,
+        s.dispatch.stages_total,
     )?;
     plain(
         "pepsi_dispatch_messages_total",
         "Messages that left the pipeline (dispatch_stats).",
-        s.dispatch.1,
+        s.dispatch.messages_total,
     )?;
     plain(
         "pepsi_dispatch_messages_failed_total",
         "Messages that ended failed or timed out (dispatch_stats).",
-        s.dispatch.2,
+        s.dispatch.messages_failed,
     )?;
     plain(
         "pepsi_dispatch_serialization_failures_total",
         "Transient serialization/deadlock retries the dispatcher observed (dispatch_stats).",
-        s.dispatch.3,
+        s.dispatch.serialization_failures,
     )?;
     let rows = GaugeVec::new(
         Opts::new(
@@ -146,15 +95,16 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         &["stage", "status"],
     )?;
     reg.register(Box::new(rows.clone()))?;
-    let mut stages: Vec<&str> = s.queue.iter().map(|q| q.0.as_str()).collect();
+    let mut stages: Vec<&str> = s.queue.iter().map(|q| q.stage.as_str()).collect();
     stages.dedup();
     for stage in stages {
         for status in STATUSES {
             rows.with_label_values(&[stage, status]).set(0.0);
         }
     }
-    for (stage, status, n) in &s.queue {
-        rows.with_label_values(&[stage, status]).set(*n as f64);
+    for q in &s.queue {
+        rows.with_label_values(&[q.stage.as_str(), q.status.as_str()])
+            .set(q.rows as f64);
     }
     let oldest = GaugeVec::new(
         Opts::new(
@@ -164,8 +114,8 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         &["stage"],
     )?;
     reg.register(Box::new(oldest.clone()))?;
-    for (stage, secs) in &s.oldest {
-        oldest.with_label_values(&[stage]).set(secs.max(0.0));
+    for o in &s.oldest {
+        oldest.with_label_values(&[o.stage.as_str()]).set(o.age_seconds);
     }
     let outcomes = GaugeVec::new(
         Opts::new(
@@ -175,8 +125,10 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         &["stage", "event"],
     )?;
     reg.register(Box::new(outcomes.clone()))?;
-    for (stage, event, n) in &s.outcomes {
-        outcomes.with_label_values(&[stage, event]).set(*n as f64);
+    for o in &s.outcomes {
+        outcomes
+            .with_label_values(&[o.stage.as_str(), o.event.as_str()])
+            .set(o.rows as f64);
     }
     let mut out = Vec::new();
     TextEncoder::new().encode(&reg.gather(), &mut out)?;
@@ -215,12 +167,37 @@ mod tests {
 
     #[test]
     fn the_rendering_names_every_family_with_its_labels() {
+        use pepsi_common::status::{
+            DispatchCounters, Oldest, OutcomeCount, QueueCount, StageCounters,
+        };
         let s = Snapshot {
-            stages: vec![("relay".into(), 10, 2500, 1, 2)],
-            dispatch: (20, 9, 1, 0),
-            queue: vec![("relay".into(), "held".into(), 3)],
-            oldest: vec![("relay".into(), 42.5)],
-            outcomes: vec![("local".into(), "delivered".into(), 7)],
+            stages: vec![StageCounters {
+                stage: "relay".into(),
+                messages: 10,
+                processing_ms: 2500,
+                kills: 1,
+                crashes: 2,
+            }],
+            dispatch: DispatchCounters {
+                stages_total: 20,
+                messages_total: 9,
+                messages_failed: 1,
+                serialization_failures: 0,
+            },
+            queue: vec![QueueCount {
+                stage: "relay".into(),
+                status: "held".into(),
+                rows: 3,
+            }],
+            oldest: vec![Oldest {
+                stage: "relay".into(),
+                age_seconds: 42.5,
+            }],
+            outcomes: vec![OutcomeCount {
+                stage: "local".into(),
+                event: "delivered".into(),
+                rows: 7,
+            }],
         };
         let text = render(&s).unwrap();
         let want = [
