@@ -13,6 +13,7 @@ FOLDED_BINARIES = \
 	pepsi-failure-bouncer \
 	pepsi-ingress \
 	pepsi-queue \
+	pepsi-settings \
 	pepsi-stage-aliases \
 	pepsi-stage-arc \
 	pepsi-stage-bounce \
@@ -33,7 +34,8 @@ FOLDED_BINARIES = \
 #   pepsi-token, reads the OAuth token files), pepsi-sendmail (setgid pepsi-sendmail, the
 #   group that may write the drop directory; run by every local user as /usr/sbin/sendmail).
 # - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
-#   code used by nothing else); pepsi-httpd (the administrative web surface: started as root
+#   code used by nothing else); pepsi-config (links every program's configuration parser,
+#   pepsi::checks, to check an override before it is stored: code no running service needs); pepsi-httpd (the administrative web surface: started as root
 #   to bind, then drops privileges, and links an HTTP server stack no other program uses); migadu_counters and counterctl, the counting service and
 #   its client: a product of their own with their own service, configuration and release
 #   cycle, possibly on another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so
@@ -44,6 +46,7 @@ STANDALONE_BINARIES = \
 	pepsi-stage-relay-to-maildir \
 	pepsi-stage-relay-to-smarthost \
 	pepsi-sendmail \
+	pepsi-config \
 	pepsi-httpd \
 	migadu_counters \
 	counterctl

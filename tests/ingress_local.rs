@@ -97,3 +97,47 @@ async fn the_mx_refuses_unknown_local_recipients_and_knows_every_real_one() {
     c.ok("MAIL FROM:<carol@example.org>", 250).await;
     c.ok("RCPT TO:<nobody@example.test>", 250).await;
 }
+
+#[tokio::test]
+async fn a_recipient_found_is_reused_for_recipient_cache_ttl_and_a_new_one_is_seen_at_once() {
+    let ingress = Ingress::start(
+        "CHECK_RECIPIENTS = yes\nRECIPIENT_CACHE_TTL = 1h\n",
+        &[("mx", "ROLE = mx\nVERIFY = no\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    // Unknown answers are never kept: a mailbox made a moment later is accepted at once.
+    let text = c.ok("RCPT TO:<dora@example.test>", 550).await;
+    assert!(text.starts_with("5.1.1"), "{text}");
+    ingress.add_account("dora@example.test", "pw").await;
+    c.ok("RCPT TO:<dora@example.test>", 250).await;
+    // A found recipient is reused: with its account gone it is still accepted for the TTL
+    // (its delivery would then fail), proving no lookup was made.
+    sqlx::query("DELETE FROM pepsi.mailbox_account WHERE address = 'dora@example.test'")
+        .execute(&ingress.db.pool)
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        c.ok("RCPT TO:<Dora@example.test>", 250).await;
+    }
+
+    // With the cache off every RCPT asks, and the removed account is refused.
+    let off = Ingress::start(
+        "CHECK_RECIPIENTS = yes\nRECIPIENT_CACHE_TTL = 0s\n",
+        &[("mx", "ROLE = mx\nVERIFY = no\n")],
+    )
+    .await;
+    off.add_account("dora@example.test", "pw").await;
+    let mut c = Client::connect(off.port("mx")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    c.ok("RCPT TO:<dora@example.test>", 250).await;
+    sqlx::query("DELETE FROM pepsi.mailbox_account WHERE address = 'dora@example.test'")
+        .execute(&off.db.pool)
+        .await
+        .unwrap();
+    let text = c.ok("RCPT TO:<dora@example.test>", 550).await;
+    assert!(text.starts_with("5.1.1"), "{text}");
+}

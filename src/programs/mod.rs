@@ -50,6 +50,7 @@ folded! {
     "pepsi-failure-bouncer" => pepsi_failure_bouncer: ::pepsi_failure_bouncer::run;
     "pepsi-ingress" => pepsi_ingress: ::pepsi_ingress::run;
     "pepsi-queue" => pepsi_queue: ::pepsi_queue::run;
+    "pepsi-settings" => pepsi_settings: ::pepsi_settings::run;
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;
     "pepsi-stage-arc" => pepsi_stage_arc: ::pepsi_stage_arc::run;
     "pepsi-stage-bounce" => pepsi_stage_bounce: ::pepsi_stage_bounce::run;
@@ -74,6 +75,7 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-stage-relay-to-maildir",
     "pepsi-stage-relay-to-smarthost",
     "pepsi-sendmail",
+    "pepsi-config",
     "pepsi-httpd",
     "migadu_counters",
     "counterctl",

@@ -1,6 +1,7 @@
 //! Administrative writes outside the queue: mailbox accounts (`pepsi.mailbox_account`,
-//! `pepsi.mailbox_password`) and settings-layer rows (`pepsi.settings`: aliases, catch-alls,
-//! local domains). Each change runs in one transaction together with its `pepsi.event_log`
+//! `pepsi.mailbox_password`), settings-layer rows (`pepsi.settings`: aliases, catch-alls,
+//! local domains, every name of `KNOWN_SETTINGS`) and configuration overrides
+//! (`pepsi.config_override`, validated by the caller with `config::check_override`). Each change runs in one transaction together with its `pepsi.event_log`
 //! row (`audit::record`), so the log is complete whichever surface acted (pepsi-httpd's API
 //! today, an operator tool tomorrow).
 //!
@@ -225,6 +226,194 @@ pub async fn set_account_password(
     Ok(())
 }
 
+/// Enables or disables the mailbox `address` (a disabled mailbox receives no mail and
+/// cannot log in); `account.enable` / `account.disable`. Returns false when it was already
+/// so (nothing written).
+pub async fn set_account_enabled(
+    pool: &PgPool,
+    actor: &Actor,
+    address: &str,
+    enabled: bool,
+) -> Result<bool, AdminError> {
+    let mut tx = pool.begin().await?;
+    let was: Option<bool> = sqlx::query_scalar(
+        "SELECT enabled FROM pepsi.mailbox_account WHERE address = $1 FOR UPDATE",
+    )
+    .bind(address)
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(was) = was else {
+        return Err(AdminError::NotFound(format!(
+            "there is no mailbox {address}"
+        )));
+    };
+    if was == enabled {
+        tx.rollback().await?;
+        return Ok(false);
+    }
+    sqlx::query("UPDATE pepsi.mailbox_account SET enabled = $2 WHERE address = $1")
+        .bind(address)
+        .bind(enabled)
+        .execute(&mut *tx)
+        .await?;
+    let action = if enabled {
+        "account.enable"
+    } else {
+        "account.disable"
+    };
+    audit::record(&mut tx, actor, action, None, json!({"address": address})).await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// What the key of a settings row must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KeyKind {
+    /// An address (`alice@example.org`).
+    Address,
+    /// A domain key (`@example.org`).
+    Domain,
+    /// Either: an address's own value, or every address of a domain.
+    Either,
+}
+
+/// What the value of a settings row must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ValueKind {
+    /// JSON `true`.
+    True,
+    /// A list of addresses, stored as a JSON list of normalized addresses.
+    Addresses,
+    /// A list of addresses and `@domain`s.
+    AddressesOrDomains,
+}
+
+/// A settings name the software reads, with the shape of its rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct KnownSetting {
+    pub name: &'static str,
+    pub key: KeyKind,
+    pub value: ValueKind,
+    /// Who reads it, for the operator.
+    pub read_by: &'static str,
+    pub what: &'static str,
+}
+
+/// Every settings name a Pepsi program reads (docs/local.md). A stage that reads a new name
+/// adds it here, so operator tools can validate rows where they enter.
+pub const KNOWN_SETTINGS: &[KnownSetting] = &[
+    KnownSetting {
+        name: LOCAL_DOMAIN_SETTING,
+        key: KeyKind::Domain,
+        value: ValueKind::True,
+        read_by: "every local-domain check",
+        what: "the domain is local (its mail is delivered here)",
+    },
+    KnownSetting {
+        name: "alias",
+        key: KeyKind::Address,
+        value: ValueKind::Addresses,
+        read_by: "pepsi-stage-aliases",
+        what: "mail to the address goes to these addresses instead",
+    },
+    KnownSetting {
+        name: "catchall",
+        key: KeyKind::Domain,
+        value: ValueKind::Addresses,
+        read_by: "pepsi-stage-aliases",
+        what: "mail to an unknown address of the domain goes to these addresses",
+    },
+    KnownSetting {
+        name: "send_as",
+        key: KeyKind::Address,
+        value: ValueKind::AddressesOrDomains,
+        read_by: "pepsi-ingress (SENDER_LOGIN_BINDING)",
+        what: "the login may also send as these addresses and every address of these @domains",
+    },
+];
+
+/// The known setting `name`, or an error listing the known ones.
+pub fn known_setting(name: &str) -> Result<&'static KnownSetting, AdminError> {
+    KNOWN_SETTINGS
+        .iter()
+        .find(|k| k.name == name)
+        .ok_or_else(|| {
+            let names: Vec<&str> = KNOWN_SETTINGS.iter().map(|k| k.name).collect();
+            AdminError::Invalid(format!(
+                "setting {name:?} is not one Pepsi reads (known: {})",
+                names.join(", ")
+            ))
+        })
+}
+
+/// A settings key as stored: `@domain` normalized, or an address normalized; checked
+/// against what `known` accepts.
+pub fn setting_key(known: &KnownSetting, text: &str) -> Result<String, AdminError> {
+    let key = match text.trim().strip_prefix('@') {
+        Some(d) => format!("@{}", domain(d, "key")?),
+        None => address(text, "key")?,
+    };
+    let is_domain = key.starts_with('@');
+    match (known.key, is_domain) {
+        (KeyKind::Address, true) => Err(AdminError::Invalid(format!(
+            "setting {} belongs to an address, not to a domain ({key})",
+            known.name
+        ))),
+        (KeyKind::Domain, false) => Err(AdminError::Invalid(format!(
+            "setting {} belongs to a domain, written @domain, not to an address ({key})",
+            known.name
+        ))),
+        _ => Ok(key),
+    }
+}
+
+/// The value to store for `known` from the operator's words: `yes`/`true` for a flag; for
+/// a list, each word an address (or `@domain` where allowed), commas also separating.
+pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, AdminError> {
+    let name = known.name;
+    match known.value {
+        ValueKind::True => match words {
+            [w] if matches!(w.to_ascii_lowercase().as_str(), "true" | "yes" | "on" | "1") => {
+                Ok(json!(true))
+            }
+            _ => Err(AdminError::Invalid(format!(
+                "setting {name} takes the value yes (delete the row to turn it off), not {:?}",
+                words.join(" ")
+            ))),
+        },
+        ValueKind::Addresses | ValueKind::AddressesOrDomains => {
+            let items: Vec<&str> = words
+                .iter()
+                .flat_map(|w| w.split(','))
+                .map(str::trim)
+                .filter(|t| !t.is_empty())
+                .collect();
+            if items.is_empty() || items.len() > MAX_ALIAS_TARGETS {
+                return Err(AdminError::Invalid(format!(
+                    "setting {name} takes 1 to {MAX_ALIAS_TARGETS} addresses, got {}",
+                    items.len()
+                )));
+            }
+            let mut out = Vec::with_capacity(items.len());
+            for (i, t) in items.iter().enumerate() {
+                let what = format!("{name} value {}", i + 1);
+                let v = match t.strip_prefix('@') {
+                    Some(d) if known.value == ValueKind::AddressesOrDomains => {
+                        format!("@{}", domain(d, &what)?)
+                    }
+                    _ => address(t.trim_start_matches('<').trim_end_matches('>'), &what)?,
+                };
+                if !out.contains(&v) {
+                    out.push(v);
+                }
+            }
+            Ok(json!(out))
+        }
+    }
+}
+
 /// One settings-layer row.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct SettingRow {
@@ -317,6 +506,119 @@ pub async fn delete_setting(
     Ok(())
 }
 
+/// A row of `pepsi.config_override` as listed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct OverrideListing {
+    pub scope: String,
+    pub section: String,
+    pub option: String,
+    pub value: String,
+    pub updated_at: DateTime<Utc>,
+    pub updated_by: String,
+}
+
+/// The overrides of `scope` (a stored scope string), or every one when `None`, in scope,
+/// section and option order.
+pub async fn list_overrides(
+    pool: &PgPool,
+    scope: Option<&str>,
+) -> Result<Vec<OverrideListing>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT scope, section, option, value, updated_at, updated_by \
+         FROM pepsi.config_override WHERE $1::text IS NULL OR lower(scope) = lower($1) \
+         ORDER BY lower(scope), lower(section), upper(option)",
+    )
+    .bind(scope)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(OverrideListing {
+                scope: r.try_get("scope")?,
+                section: r.try_get("section")?,
+                option: r.try_get("option")?,
+                value: r.try_get("value")?,
+                updated_at: r.try_get("updated_at")?,
+                updated_by: r.try_get("updated_by")?,
+            })
+        })
+        .collect()
+}
+
+/// Stores `value` for `option` of `section` in `scope` (already validated by the caller:
+/// `config::check_override`), replacing any row that differs only in letter case, so one
+/// option has one row; `config.set` with the previous value. The table's trigger
+/// announces the change on `config_changed` when the transaction commits. Returns the
+/// previous value.
+pub async fn put_override(
+    pool: &PgPool,
+    actor: &Actor,
+    scope: &str,
+    section: &str,
+    option: &str,
+    value: &str,
+) -> Result<Option<String>, AdminError> {
+    let mut tx = pool.begin().await?;
+    let previous: Option<String> = sqlx::query_scalar(
+        "DELETE FROM pepsi.config_override \
+         WHERE lower(scope) = lower($1) AND lower(section) = lower($2) AND upper(option) = upper($3) \
+         RETURNING value",
+    )
+    .bind(scope)
+    .bind(section)
+    .bind(option)
+    .fetch_all(&mut *tx)
+    .await?
+    .into_iter()
+    .next();
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ($1, $2, $3, $4)",
+    )
+    .bind(scope)
+    .bind(section)
+    .bind(option)
+    .bind(value)
+    .execute(&mut *tx)
+    .await?;
+    let detail = json!({"scope": scope, "section": section, "option": option,
+                        "value": value, "previous": previous});
+    audit::record(&mut tx, actor, "config.set", None, detail).await?;
+    tx.commit().await?;
+    Ok(previous)
+}
+
+/// Deletes the override of `option` of `section` in `scope` (any letter case);
+/// `config.unset` with the value it had. `NotFound` when there is none.
+pub async fn delete_override(
+    pool: &PgPool,
+    actor: &Actor,
+    scope: &str,
+    section: &str,
+    option: &str,
+) -> Result<String, AdminError> {
+    let mut tx = pool.begin().await?;
+    let previous: Vec<String> = sqlx::query_scalar(
+        "DELETE FROM pepsi.config_override \
+         WHERE lower(scope) = lower($1) AND lower(section) = lower($2) AND upper(option) = upper($3) \
+         RETURNING value",
+    )
+    .bind(scope)
+    .bind(section)
+    .bind(option)
+    .fetch_all(&mut *tx)
+    .await?;
+    let Some(previous) = previous.into_iter().next() else {
+        return Err(AdminError::NotFound(format!(
+            "there is no override of [{section}] {option} for scope {scope}"
+        )));
+    };
+    let detail = json!({"scope": scope, "section": section, "option": option,
+                        "previous": previous});
+    audit::record(&mut tx, actor, "config.unset", None, detail).await?;
+    tx.commit().await?;
+    Ok(previous)
+}
+
 /// The settings-layer key of a local domain, and the setting that marks it.
 pub fn local_domain_key(domain: &str) -> (String, &'static str) {
     (format!("@{domain}"), LOCAL_DOMAIN_SETTING)
@@ -353,6 +655,118 @@ mod tests {
         }
         let long = format!("{}@example.org", "a".repeat(250));
         assert!(address(&long, "address").is_err());
+    }
+
+    #[test]
+    fn setting_keys_and_values_are_checked_against_the_known_shape() {
+        let words = |w: &[&str]| w.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        // (name, key, value words, stored key and value, or the error's words)
+        type Case<'a> = (
+            &'a str,
+            &'a str,
+            &'a [&'a str],
+            Result<(&'a str, Value), &'a str>,
+        );
+        let cases: &[Case] = &[
+            (
+                "alias",
+                "Team@Example.ORG",
+                &["a@x.example", "B@X.example"],
+                Ok(("team@example.org", json!(["a@x.example", "b@x.example"]))),
+            ),
+            (
+                "alias",
+                "team@example.org",
+                &["a@x.example,b@x.example", "a@x.example"],
+                Ok(("team@example.org", json!(["a@x.example", "b@x.example"]))),
+            ),
+            (
+                "alias",
+                "team@example.org",
+                &["<a@x.example>"],
+                Ok(("team@example.org", json!(["a@x.example"]))),
+            ),
+            (
+                "alias",
+                "@example.org",
+                &["a@x.example"],
+                Err("belongs to an address"),
+            ),
+            (
+                "alias",
+                "team@example.org",
+                &["@x.example"],
+                Err("alias value 1"),
+            ),
+            (
+                "alias",
+                "team@example.org",
+                &[","],
+                Err("takes 1 to 1000 addresses, got 0"),
+            ),
+            (
+                "catchall",
+                "@Example.org",
+                &["a@x.example"],
+                Ok(("@example.org", json!(["a@x.example"]))),
+            ),
+            (
+                "catchall",
+                "a@example.org",
+                &["a@x.example"],
+                Err("belongs to a domain"),
+            ),
+            (
+                "local_domain",
+                "@bücher.example",
+                &["yes"],
+                Ok(("@xn--bcher-kva.example", json!(true))),
+            ),
+            (
+                "local_domain",
+                "@x.example",
+                &["no"],
+                Err("takes the value yes"),
+            ),
+            (
+                "local_domain",
+                "@x.example",
+                &["yes", "yes"],
+                Err("takes the value yes"),
+            ),
+            (
+                "send_as",
+                "a@example.org",
+                &["@Ops.example", "b@x.example"],
+                Ok(("a@example.org", json!(["@ops.example", "b@x.example"]))),
+            ),
+            (
+                "send_as",
+                "a@example.org",
+                &["@-bad"],
+                Err("send_as value 1"),
+            ),
+            (
+                "colour",
+                "a@example.org",
+                &["blue"],
+                Err("is not one Pepsi reads (known: local_domain"),
+            ),
+        ];
+        for (name, key, value, want) in cases {
+            let got = known_setting(name)
+                .and_then(|k| Ok((setting_key(k, key)?, setting_value(k, &words(value))?)));
+            match (got, want) {
+                (Ok((k, v)), Ok((wk, wv))) => {
+                    assert_eq!((k.as_str(), &v), (*wk, wv), "{name} {key} {value:?}")
+                }
+                (Err(e), Err(w)) => assert!(e.to_string().contains(w), "{name} {key}: {e}"),
+                (got, want) => panic!("{name} {key} {value:?}: {got:?}, wanted {want:?}"),
+            }
+        }
+        let many: Vec<String> = (0..1001).map(|i| format!("a{i}@x.example")).collect();
+        let alias = known_setting("alias").unwrap();
+        assert!(setting_value(alias, &many).is_err());
     }
 
     #[test]

@@ -80,6 +80,14 @@ struct Cli {
 }
 
 /// Entry point of the `pepsi-dispatch` binary.
+/// What the dispatcher parses from the configuration at start: its own section and every
+/// stage's pool options. pepsi-config checks a candidate configuration with it.
+pub fn check_config(cfg: &pepsi_common::config::Config) -> anyhow::Result<()> {
+    settings::DispatchSettings::from_config(cfg)?;
+    settings::PoolSettings::all(cfg)?;
+    Ok(())
+}
+
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);

@@ -120,6 +120,8 @@ pub struct Settings {
     pub message_memory: u64,
     /// How long an answer of the settings layer about a domain is reused.
     pub domain_cache_ttl: Duration,
+    /// How long CHECK_RECIPIENTS reuses the finding that a recipient exists.
+    pub recipient_cache_ttl: Duration,
     /// Failed logins a client network may make per AUTH_FAILURE_WINDOW (0: no limit).
     pub auth_failures_per_client: u32,
     /// Failed logins for one account per AUTH_FAILURE_WINDOW, from anywhere (0: no limit).
@@ -201,6 +203,9 @@ impl Settings {
             message_memory: s.size_opt("MESSAGE_MEMORY")?.unwrap_or(1 << 30),
             domain_cache_ttl: s
                 .duration_opt("DOMAIN_CACHE_TTL")?
+                .unwrap_or(Duration::from_secs(10)),
+            recipient_cache_ttl: s
+                .duration_opt("RECIPIENT_CACHE_TTL")?
                 .unwrap_or(Duration::from_secs(10)),
             auth_failures_per_client: s.number_opt("AUTH_FAILURES_PER_CLIENT")?.unwrap_or(10),
             auth_failures_per_account: s.number_opt("AUTH_FAILURES_PER_ACCOUNT")?.unwrap_or(30),

@@ -105,6 +105,34 @@ impl DomainCache {
     }
 }
 
+/// Recipients CHECK_RECIPIENTS found to exist, reused for a while: the usual mail to the
+/// same mailboxes costs one lookup per address and period instead of one per RCPT. Only
+/// "exists" is kept, so a mailbox or alias made a moment ago is accepted at once; one
+/// removed is still accepted for up to the TTL (its delivery then fails with a DSN).
+#[derive(Debug)]
+pub struct RecipientCache(Expiring<()>);
+
+/// Most recipients a [`RecipientCache`] remembers.
+const RECIPIENT_CACHE_ENTRIES: usize = 50_000;
+
+impl RecipientCache {
+    /// A cache keeping findings for `ttl` (zero: none kept).
+    pub fn new(ttl: Duration) -> RecipientCache {
+        RecipientCache(Expiring::new(ttl, RECIPIENT_CACHE_ENTRIES))
+    }
+
+    /// Whether `address` (lower case) was found to exist within the TTL.
+    pub fn known(&self, address: &str) -> bool {
+        self.0.get(address).is_some()
+    }
+
+    pub fn put(&self, address: &str) {
+        if !self.0.ttl.is_zero() {
+            self.0.update(address, |_| ((), Instant::now()));
+        }
+    }
+}
+
 /// Lookups whose DNS failed (a timeout, SERVFAIL: `temperror`), remembered for a while so
 /// the next message naming the same domain or address gets `temperror` at once instead of
 /// waiting out the same failure: a domain whose name servers are down costs one wait per

@@ -2,7 +2,9 @@
 //! global and per-client limits, implicit TLS for `submissions`, SIGHUP certificate
 //! reload, and the graceful shutdown (stop accepting; idle sessions get 421; sessions in
 //! DATA may finish within SHUTDOWN_GRACE; whatever is left is dropped, which stores
-//! nothing because a message is stored by one atomic statement).
+//! nothing because a message is stored by one atomic statement), and the configuration
+//! overrides applied live: on `config_changed` the settings are built again from the file
+//! and the overlay, and the sessions that start afterwards use them.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -27,13 +29,17 @@ use pepsi_smtp::Reply;
 
 /// What every session shares.
 pub struct Shared {
-    pub settings: Settings,
+    /// The settings now in force: replaced when `config_changed` announces new overrides;
+    /// a session keeps the ones it started with ([`Shared::settings`]).
+    live: std::sync::RwLock<Arc<Settings>>,
     pub pool: PgPool,
     pub waker: Waker,
     pub verifier: Option<Verifier>,
     pub limiter: Arc<ClientLimiter>,
     pub memory: Arc<crate::limits::MemoryBudget>,
     pub domains: crate::limits::DomainCache,
+    /// Recipients found to exist (RECIPIENT_CACHE_TTL).
+    pub recipients: crate::limits::RecipientCache,
     /// The aliases stages' alias files, for CHECK_RECIPIENTS.
     pub alias_files: pepsi_common::alias_file::AliasFile,
     /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
@@ -43,6 +49,124 @@ pub struct Shared {
     pub auth_checks: Arc<Semaphore>,
     pub connections: Arc<Semaphore>,
     pub shutdown: watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// The settings in force now.
+    pub fn settings(&self) -> Arc<Settings> {
+        match self.live.read() {
+            Ok(s) => s.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn replace_settings(&self, new: Settings) {
+        let new = Arc::new(new);
+        match self.live.write() {
+            Ok(mut s) => *s = new,
+            Err(poisoned) => *poisoned.into_inner() = new,
+        }
+    }
+}
+
+/// The options sized once at start (semaphores, budgets, caches, the resolver, the wake-up
+/// task, the listeners): a changed override of one of these takes effect at the next start.
+pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str> {
+    let mut changed = Vec::new();
+    let mut check = |differs: bool, option: &'static str| {
+        if differs {
+            changed.push(option);
+        }
+    };
+    check(
+        old.max_connections != new.max_connections,
+        "MAX_CONNECTIONS",
+    );
+    check(old.message_memory != new.message_memory, "MESSAGE_MEMORY");
+    check(
+        old.domain_cache_ttl != new.domain_cache_ttl,
+        "DOMAIN_CACHE_TTL",
+    );
+    check(
+        old.recipient_cache_ttl != new.recipient_cache_ttl,
+        "RECIPIENT_CACHE_TTL",
+    );
+    check(
+        old.auth_failures_per_client != new.auth_failures_per_client,
+        "AUTH_FAILURES_PER_CLIENT",
+    );
+    check(
+        old.auth_failures_per_account != new.auth_failures_per_account,
+        "AUTH_FAILURES_PER_ACCOUNT",
+    );
+    check(
+        old.auth_failure_window != new.auth_failure_window,
+        "AUTH_FAILURE_WINDOW",
+    );
+    check(
+        old.auth_concurrency != new.auth_concurrency,
+        "AUTH_CONCURRENCY",
+    );
+    check(
+        old.dispatch_wake_interval != new.dispatch_wake_interval,
+        "DISPATCH_WAKE_INTERVAL",
+    );
+    check(old.dns != new.dns, "DNS_*");
+    check(old.authserv_id != new.authserv_id, "AUTHSERV_ID");
+    check(old.hostname != new.hostname, "HOSTNAME");
+    changed
+}
+
+/// Applies the overrides again whenever `config_changed` says they changed (and after the
+/// notification connection was lost, since a change may have been missed meanwhile). A
+/// set of overrides the settings cannot be built from is refused with an error in the log,
+/// and the settings in force stay.
+async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
+    let mut listener = loop {
+        match pepsi_common::config::listen_config_changed(&shared.pool).await {
+            Ok(l) => break l,
+            Err(e) => {
+                tracing::warn!("cannot listen for config_changed, trying again in 5s: {e}");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    };
+    loop {
+        match listener.try_recv().await {
+            // A notification, or None: the connection was lost and is back (a change may
+            // have been missed); either way, read the overrides again.
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("config_changed listener failed, trying again in 5s: {e}");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+                continue;
+            }
+        }
+        let rebuilt = async {
+            let config = file_config
+                .with_db_overlay(&shared.pool, &pepsi_common::config::Scope::Global)
+                .await?;
+            Settings::from_config(&config)
+        }
+        .await;
+        match rebuilt {
+            Ok(new) => {
+                let old = shared.settings();
+                let later = restart_only_changes(&old, &new);
+                if !later.is_empty() {
+                    tracing::warn!(
+                        options = %later.join(", "),
+                        "configuration overrides changed options read only at start: they take effect when pepsi-ingress restarts"
+                    );
+                }
+                shared.replace_settings(new);
+                tracing::info!("configuration overrides applied to new sessions");
+            }
+            Err(e) => tracing::error!(
+                "configuration overrides not applied, the settings in force stay: {e:#}"
+            ),
+        }
+    }
 }
 
 /// A listener's configuration and its certificate, if any.
@@ -105,6 +229,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         memory: crate::limits::MemoryBudget::new(settings.message_memory),
         domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
+        recipients: crate::limits::RecipientCache::new(settings.recipient_cache_ttl),
         alias_files,
         auth_client_failures: crate::limits::FailureCounter::new(
             settings.auth_failures_per_client,
@@ -115,7 +240,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
             settings.auth_failure_window,
         ),
         auth_checks: Arc::new(Semaphore::new(settings.auth_concurrency)),
-        settings,
+        live: std::sync::RwLock::new(Arc::new(settings)),
         pool,
         waker,
         verifier,
@@ -126,6 +251,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         .iter()
         .filter_map(|(l, _)| l.tls.clone())
         .collect();
+    let follower = tokio::spawn(follow_overrides(shared.clone(), file_config));
     let mut loops = JoinSet::new();
     for (listener, socket) in listeners {
         loops.spawn(accept_loop(shared.clone(), listener, socket));
@@ -149,6 +275,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         }
     }
     tracing::info!("shutting down: no new connections");
+    follower.abort();
     let _ = stop.send(true);
     while loops.join_next().await.is_some() {}
     let _ = wake_stop.send(true);
@@ -178,7 +305,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<Listener>, socket: TcpLi
         }
     }
     drop(socket);
-    let grace = shared.settings.shutdown_grace;
+    let grace = shared.settings().shutdown_grace;
     let drained = tokio::time::timeout(grace, async {
         while sessions.join_next().await.is_some() {}
     })
@@ -208,7 +335,8 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         )
         .await;
     };
-    let s = &shared.settings;
+    let settings = shared.settings();
+    let s = &settings;
     let network = crate::limits::client_network(peer.ip(), s.client_prefix_v4, s.client_prefix_v6);
     let Some(_slot) = shared
         .limiter
@@ -233,7 +361,7 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
     };
     let (stream, tls) = match (listener.config.role, &listener.tls) {
         (Role::Submissions, Some(handle)) => {
-            let timeout = shared.settings.tls_handshake_timeout;
+            let timeout = settings.tls_handshake_timeout;
             match tokio::time::timeout(timeout, handle.acceptor().accept(tcp)).await {
                 Ok(Ok(s)) => {
                     let (version, cipher) = crate::tls::describe(s.get_ref().1);
@@ -248,10 +376,8 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         }
         _ => (Stream::Plain(tcp), None),
     };
-    let conn = Conn::new(
-        stream,
-        shared.settings.write_timeout,
-        shared.settings.max_session_time,
-    );
-    Session::new(shared, listener, conn, peer, tls).run().await;
+    let conn = Conn::new(stream, settings.write_timeout, settings.max_session_time);
+    Session::new(shared, settings, listener, conn, peer, tls)
+        .run()
+        .await;
 }

@@ -10,6 +10,7 @@
 //! a world-readable secrets fragment, or print a value that came from one. Only
 //! [`Config::with_db_overlay`] and its two helpers touch the database, and only to read.
 
+mod check;
 mod error;
 mod expand;
 mod overlay;
@@ -22,6 +23,7 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
+pub use check::{ProgramCheck, Refusal, Verdict, check_all, check_override};
 pub use error::{ConfigError, ExpandProblem, ValueAt};
 pub use overlay::{
     CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, OverrideRow, Scope, is_file_only_option,
@@ -114,6 +116,52 @@ pub struct Config {
     file: PathBuf,
     /// Keyed by the upper-cased section name.
     sections: BTreeMap<String, SectionData>,
+    /// Where option lookups are noted, when someone asked ([`Config::recording`]).
+    reads: Option<ReadLog>,
+}
+
+/// The options looked up in a configuration since [`Config::recording`] made it: every
+/// `(SECTION, OPTION)` any getter (or `has`, `origin`) asked for, upper-cased, whether or
+/// not it was set. pepsi-config runs every program's parser on a candidate configuration
+/// and refuses an override of an option none of them asked for.
+#[derive(Debug, Clone, Default)]
+pub struct ReadLog(std::sync::Arc<std::sync::Mutex<std::collections::BTreeSet<(String, String)>>>);
+
+impl ReadLog {
+    fn note(&self, section: &str, option: &str) {
+        if let Ok(mut set) = self.0.lock() {
+            set.insert((section.to_ascii_uppercase(), option.to_ascii_uppercase()));
+        }
+    }
+
+    /// Whether `option` of `section` (any letter case) was looked up.
+    pub fn was_read(&self, section: &str, option: &str) -> bool {
+        self.0.lock().is_ok_and(|set| {
+            set.contains(&(section.to_ascii_uppercase(), option.to_ascii_uppercase()))
+        })
+    }
+
+    /// Every `(SECTION, OPTION)` looked up, upper-cased, in order.
+    pub fn all(&self) -> Vec<(String, String)> {
+        self.0
+            .lock()
+            .map(|set| set.iter().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// The options of `section` that were looked up, upper-cased, in order.
+    pub fn options_of(&self, section: &str) -> Vec<String> {
+        let upper = section.to_ascii_uppercase();
+        self.0
+            .lock()
+            .map(|set| {
+                set.iter()
+                    .filter(|(s, _)| *s == upper)
+                    .map(|(_, o)| o.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
 }
 
 impl fmt::Debug for Config {
@@ -195,7 +243,36 @@ impl Config {
         Config {
             file: file.to_owned(),
             sections: BTreeMap::new(),
+            reads: None,
         }
+    }
+
+    /// A copy that notes every option looked up in it (and in its clones) in the returned
+    /// log. Only for checking a configuration; programs never record.
+    pub fn recording(&self) -> (Config, ReadLog) {
+        let log = ReadLog::default();
+        let mut config = self.clone();
+        config.reads = Some(log.clone());
+        (config, log)
+    }
+
+    /// Whether the option (any letter case) comes from a `secrets.d/` fragment: its value
+    /// is never shown.
+    pub fn is_secret(&self, section: &str, option: &str) -> bool {
+        self.sections
+            .get(&section.to_ascii_uppercase())
+            .and_then(|d| d.options.get(&option.to_ascii_uppercase()))
+            .is_some_and(|e| e.secret)
+    }
+
+    /// The value of an option as written (not expanded), unless it is a secret.
+    pub fn raw_value(&self, section: &str, option: &str) -> Option<&str> {
+        let entry = self
+            .sections
+            .get(&section.to_ascii_uppercase())?
+            .options
+            .get(&option.to_ascii_uppercase())?;
+        (!entry.secret).then_some(entry.value.as_str())
     }
 
     /// The main file, or the name given to [`Config::from_str_named`].
@@ -406,6 +483,9 @@ impl<'a> Section<'a> {
     }
 
     fn entry(&self, option: &str) -> Option<&'a Entry> {
+        if let Some(log) = &self.config.reads {
+            log.note(&self.name, option);
+        }
         self.data?.options.get(&option.to_ascii_uppercase())
     }
 

@@ -171,6 +171,22 @@ pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<Str
     Ok(sections)
 }
 
+/// What a worker of `S` parses at start, without a database: its stage sections' common
+/// settings, `build` and every section naming `S::PROGRAM` (nothing when none does).
+/// pepsi-config runs it over a candidate configuration (`config::check_override`).
+pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
+    let names = StageSettings::stages_of(cfg, S::PROGRAM);
+    if names.is_empty() {
+        return Ok(());
+    }
+    for name in &names {
+        StageSettings::from_config(cfg, name)?;
+    }
+    let stage = S::build(cfg)?;
+    sections(&stage, cfg)?;
+    Ok(())
+}
+
 /// A stage section's settings, resolved for the message's current stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageSettings {

@@ -118,7 +118,7 @@ impl Session {
         Ok(match credentials {
             Credentials::Malformed(why) => Reply::new(501, "5.5.2", why),
             Credentials::Given { user, password } => {
-                let s = &self.shared.settings;
+                let s = &self.settings;
                 let client = crate::limits::client_network(
                     self.peer.ip(),
                     s.client_prefix_v4,
@@ -169,7 +169,7 @@ impl Session {
     /// Sends a 334 challenge and reads the answer; None when the client cancels with `*`.
     async fn challenge(&mut self, text: &str) -> Result<Option<String>, End> {
         self.conn.reply(&Reply::plain(334, vec![text.to_owned()]));
-        let timeout = self.shared.settings.command_timeout;
+        let timeout = self.settings.command_timeout;
         match self.conn.line(MAX_RESPONSE, timeout).await? {
             Line::Text(t) if t == b"*" => Ok(None),
             Line::Text(t) => Ok(Some(String::from_utf8_lossy(&t).into_owned())),

@@ -29,7 +29,7 @@ impl Session {
             "",
             "start mail input; end with <CRLF>.<CRLF>",
         ));
-        let s = &self.shared.settings;
+        let s = &self.settings;
         let mut dec = DataDecoder::dot_stuffed(s.max_message_size, s.max_line_length);
         let timeout = s.data_timeout;
         loop {
@@ -52,7 +52,7 @@ impl Session {
     }
 
     pub(super) async fn bdat(&mut self, size: u64, last: bool) -> Result<Reply, End> {
-        let s = &self.shared.settings;
+        let s = &self.settings;
         let (max_size, max_line, timeout) = (s.max_message_size, s.max_line_length, s.data_timeout);
         let (tx, mut dec) = match std::mem::replace(&mut self.state, State::Connected) {
             State::Rcpt(tx) => (Some(tx), DataDecoder::raw(max_size, max_line)),
@@ -115,7 +115,7 @@ impl Session {
 
     async fn finish_holding(&mut self, tx: Transaction, dec: DataDecoder) -> Reply {
         self.state = State::Greeted;
-        let s = &self.shared.settings;
+        let s = &self.settings;
         if let Some(problem) = dec.problem() {
             tracing::info!(peer = %self.peer, ?problem, "message refused");
             return match problem {
@@ -179,7 +179,7 @@ impl Session {
     }
 
     async fn store(&mut self, tx: &Transaction, message: &[u8]) -> Result<i64, sqlx::Error> {
-        let s = &self.shared.settings;
+        let s = &self.settings;
         let ip = self.peer.ip();
         let helo = self.helo.clone().unwrap_or_default();
         let mail_from = tx.from.clone().unwrap_or_default();

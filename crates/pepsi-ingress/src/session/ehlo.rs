@@ -14,7 +14,7 @@ impl Session {
                 format!("{} argument: {why}", if extended { "EHLO" } else { "HELO" }),
             );
         }
-        let s = &self.shared.settings;
+        let s = &self.settings;
         let mut lines = vec![format!("{} greets {domain}", s.hostname)];
         if extended {
             lines.extend([

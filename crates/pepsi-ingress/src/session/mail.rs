@@ -28,7 +28,7 @@ impl Session {
             Ok(p) => p,
             Err(reply) => return reply,
         };
-        let limit = self.shared.settings.max_message_size;
+        let limit = self.settings.max_message_size;
         if let Some(size) = params.size.filter(|&s| s > limit) {
             return Reply::new(
                 552,
@@ -63,7 +63,7 @@ impl Session {
         if !self.listener.config.sender_login_binding {
             return None;
         }
-        let s = &self.shared.settings;
+        let s = &self.settings;
         match crate::sender::first_not_owned(&self.shared.pool, &s.local, login, addresses).await {
             Ok(None) => None,
             Ok(Some(address)) => {

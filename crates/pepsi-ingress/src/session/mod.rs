@@ -19,6 +19,7 @@ use std::sync::Arc;
 use mail_auth::IprevOutput;
 use tokio::sync::watch;
 
+use crate::config::Settings;
 use crate::server::{Listener, Shared};
 use conn::{Conn, End, Line};
 use pepsi_smtp::data::DataDecoder;
@@ -64,6 +65,9 @@ pub struct TlsInfo {
 
 pub struct Session {
     shared: Arc<Shared>,
+    /// The settings in force when the session started; a later override applies to the
+    /// sessions after it.
+    settings: Arc<Settings>,
     listener: Arc<Listener>,
     conn: Conn,
     peer: SocketAddr,
@@ -85,6 +89,7 @@ pub struct Session {
 impl Session {
     pub fn new(
         shared: Arc<Shared>,
+        settings: Arc<Settings>,
         listener: Arc<Listener>,
         conn: Conn,
         peer: SocketAddr,
@@ -94,6 +99,7 @@ impl Session {
         let held = shared.memory.hold();
         Session {
             shared,
+            settings,
             listener,
             conn,
             peer,
@@ -121,7 +127,7 @@ impl Session {
 
     /// Runs the dialogue to its end.
     pub async fn run(mut self) {
-        let s = &self.shared.settings;
+        let s = &self.settings;
         let greeting = Reply::plain(220, vec![format!("{} ESMTP pepsi-ingress", s.hostname)]);
         self.conn.reply(&greeting);
         let end = self.command_loop().await;
@@ -129,7 +135,7 @@ impl Session {
             Err(End::Timeout) => Some(Reply::new(
                 421,
                 "4.4.2",
-                format!("{} timeout, closing", self.shared.settings.hostname),
+                format!("{} timeout, closing", self.settings.hostname),
             )),
             Err(End::Expired) => {
                 tracing::info!(peer = %self.peer, "closed at MAX_SESSION_TIME");
@@ -138,17 +144,14 @@ impl Session {
                     "4.4.2",
                     format!(
                         "{} session time limit reached, closing",
-                        self.shared.settings.hostname
+                        self.settings.hostname
                     ),
                 ))
             }
             Err(End::Shutdown) => Some(Reply::new(
                 421,
                 "4.3.2",
-                format!(
-                    "{} shutting down, try again later",
-                    self.shared.settings.hostname
-                ),
+                format!("{} shutting down, try again later", self.settings.hostname),
             )),
             Ok(()) | Err(End::Closed) | Err(End::Io(_)) => None,
         };
@@ -167,7 +170,7 @@ impl Session {
         if !matches!(end, Err(End::Io(_))) {
             let _ = self.conn.flush().await;
         }
-        let timeout = self.shared.settings.write_timeout;
+        let timeout = self.settings.write_timeout;
         let _ = tokio::time::timeout(
             timeout,
             tokio::io::AsyncWriteExt::shutdown(&mut self.conn.stream),
@@ -176,8 +179,8 @@ impl Session {
     }
 
     async fn command_loop(&mut self) -> Result<(), End> {
-        let max = self.shared.settings.max_command_length;
-        let timeout = self.shared.settings.command_timeout;
+        let max = self.settings.max_command_length;
+        let timeout = self.settings.command_timeout;
         loop {
             let line = {
                 let shutdown = &mut self.shutdown;
@@ -198,7 +201,7 @@ impl Session {
                 }
                 Line::Text(text) => {
                     self.commands += 1;
-                    if self.commands > self.shared.settings.max_commands {
+                    if self.commands > self.settings.max_commands {
                         self.conn
                             .reply(&Reply::new(421, "4.7.0", "too many commands, closing"));
                         tracing::info!(peer = %self.peer, "dropped at MAX_COMMANDS");
@@ -213,7 +216,7 @@ impl Session {
             if let Flow::Close = flow {
                 return Ok(());
             }
-            if self.bad_commands >= self.shared.settings.max_bad_commands {
+            if self.bad_commands >= self.settings.max_bad_commands {
                 self.conn
                     .reply(&Reply::new(421, "4.7.0", "too many errors, closing"));
                 tracing::info!(peer = %self.peer, "dropped after too many errors");
@@ -244,7 +247,7 @@ impl Session {
             Command::Noop | Command::Rset | Command::Vrfy | Command::Help | Command::Expn
         ) {
             self.junk_commands += 1;
-            if self.junk_commands > self.shared.settings.max_junk_commands {
+            if self.junk_commands > self.settings.max_junk_commands {
                 self.conn.reply(&Reply::new(
                     421,
                     "4.7.0",
@@ -281,7 +284,7 @@ impl Session {
                 self.conn.reply(&Reply::new(
                     221,
                     "2.0.0",
-                    format!("{} closing", self.shared.settings.hostname),
+                    format!("{} closing", self.settings.hostname),
                 ));
                 return Ok(Flow::Close);
             }

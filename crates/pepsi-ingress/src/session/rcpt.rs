@@ -32,7 +32,7 @@ impl Session {
         to: Path,
         params: Vec<Param>,
     ) -> Reply {
-        let s = &self.shared.settings;
+        let s = &self.settings;
         if tx.rcpts.len() >= s.max_recipients {
             return Reply::new(
                 452,
@@ -90,15 +90,20 @@ impl Session {
                 return Reply::new(554, "5.7.1", format!("relay access denied for <{address}>"));
             }
             RcptDecision::Local if self.listener.config.check_recipients && domain.is_some() => {
-                let known = crate::recipients::is_known(
-                    &self.shared.pool,
-                    &s.local,
-                    &self.shared.alias_files,
-                    &address,
-                )
-                .await;
+                let key = address.to_lowercase();
+                let known = if self.shared.recipients.known(&key) {
+                    Ok(true)
+                } else {
+                    crate::recipients::is_known(
+                        &self.shared.pool,
+                        &s.local,
+                        &self.shared.alias_files,
+                        &address,
+                    )
+                    .await
+                };
                 match known {
-                    Ok(true) => {}
+                    Ok(true) => self.shared.recipients.put(&key),
                     Ok(false) => {
                         return Reply::new(550, "5.1.1", format!("no such mailbox <{address}>"));
                     }

@@ -30,7 +30,7 @@ impl Session {
         let Stream::Plain(tcp) = std::mem::replace(&mut self.conn.stream, Stream::Gone) else {
             return Ok(Flow::Close);
         };
-        let timeout = self.shared.settings.tls_handshake_timeout;
+        let timeout = self.settings.tls_handshake_timeout;
         match tokio::time::timeout(timeout, handle.acceptor().accept(tcp)).await {
             Ok(Ok(tls)) => {
                 let (version, cipher) = crate::tls::describe(tls.get_ref().1);

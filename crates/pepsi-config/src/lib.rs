@@ -1,0 +1,497 @@
+//! pepsi-config: the operator's view of the configuration as the programs see it — the
+//! files with the database overrides (`pepsi.config_override`) layered on top, every value
+//! with the file line or override row it comes from — and the one way to change the
+//! overrides: `set` and `unset`, each checked first against every program's own parser
+//! (`pepsi_common::config::check_override` over the table the root package passes in), so a
+//! stored override never stops a program and never names an option nothing reads.
+//!
+//! Writes go through `pepsi_common::admin` with their `pepsi.event_log` row; the table's
+//! trigger announces them on `config_changed` and the running programs re-read. Values from
+//! `secrets.d/` are never printed.
+
+mod render;
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use pepsi_common::admin::{self, AdminError};
+use pepsi_common::audit::Actor;
+use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_common::config::{
+    Config, OverrideRow, ProgramCheck, Refusal, Scope, check_all, check_override, load_overrides,
+};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::render::ValueRow;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "config",
+        exec: "pepsi-config",
+    };
+}
+
+const EXIT_USAGE: u8 = 2;
+
+const LONG_ABOUT: &str = "\
+Show the effective configuration of Pepsi and change its database overrides.
+
+The programs read the configuration file (with its @inline@ includes and secrets.d/
+fragments) and then the rows of pepsi.config_override that apply to them: `global` rows,
+then those of a recipient domain (`domain:example.org`), then those of an address
+(`address:alice@example.org`), each later layer winning (docs/configuration.md).
+
+`show` prints what applies, each value with where it comes from (file:line, or the override
+row). With a program name it prints exactly the options that program reads, set or left at
+their defaults. `check` runs every program's parser over the effective configuration and
+reports what would stop one.
+
+`set` and `unset` change an override. Before anything is stored, every program's parser
+runs over the configuration as it would be: a value a program would refuse at start is
+refused here with that program's message, and so is an option no program reads (a typo),
+unless --force. [PATHS], [database] and the listener sections, and options that name a
+program, file, key or trust anchor, come from the file only. Each change is one transaction
+with its pepsi.event_log row (config.set with the previous value, config.unset); the
+table's trigger then notifies config_changed: the dispatcher retires its workers so their
+replacements read the new value, the ingress applies it to the sessions that start after.
+
+pepsi-config connects with [database] URL of the configuration. Writing overrides needs the
+pepsi-config database role (docs/setup.md), the only one that may: with peer
+authentication, run `sudo -u pepsi-config pepsi-config set ...`. Reading needs SELECT on
+pepsi.config_override (every service role has it).
+
+Values that come from secrets.d/ are shown as (secret), never printed.
+
+Exit status: 0 when done (for `check`: nothing would stop a program); 1 on an error, when a
+change is refused because it would stop a program, or when `check` finds a problem; 2 on a
+usage error (a malformed scope, a protected section, an option no program reads).
+See docs/config.md.";
+
+const EXAMPLES: &str = "\
+Examples:
+  pepsi-config show pepsi-ingress                  every option the ingress reads
+  pepsi-config show --section stage-relay          one section, with origins
+  pepsi-config show --scope domain:example.org --json
+  pepsi-config set stage-relay PARALLELISM 4
+  pepsi-config set pepsi-ingress MAX_RECIPIENTS 50
+  pepsi-config set stage-relay RETRY_MAX_INTERVAL 2h --scope domain:slow.example
+  pepsi-config unset stage-relay PARALLELISM
+  pepsi-config overrides                           every stored row
+  pepsi-config check                               would anything stop a program?";
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "pepsi-config",
+    version,
+    about = "Show the effective Pepsi configuration and change its database overrides",
+    long_about = LONG_ABOUT,
+    after_long_help = EXAMPLES
+)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Print the effective configuration, each value with where it comes from.
+    ///
+    /// Without arguments: every section and option set in the files or the overrides.
+    /// With PROGRAM names (pepsi-ingress, pepsi-stage-route, ...): exactly the options each
+    /// reads, those left unset marked `(default)`.
+    #[command(long_about)]
+    Show(ShowArgs),
+    /// Store an override, after checking it against every program's parser.
+    Set(SetArgs),
+    /// Delete an override.
+    Unset(UnsetArgs),
+    /// List the stored override rows.
+    Overrides(OverridesArgs),
+    /// Run every program's parser over the effective configuration.
+    Check(CheckArgs),
+}
+
+#[derive(Debug, Args)]
+struct ScopeArg {
+    /// global, domain:DOMAIN or address:ADDRESS
+    #[arg(long, value_name = "SCOPE", default_value = "global")]
+    scope: String,
+}
+
+#[derive(Debug, Args)]
+struct ShowArgs {
+    /// Programs whose options to show
+    programs: Vec<String>,
+    /// Only these sections (repeatable)
+    #[arg(long = "section", value_name = "SECTION")]
+    sections: Vec<String>,
+    #[command(flatten)]
+    scope: ScopeArg,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct SetArgs {
+    /// The section, as in the file (stage-relay, pepsi-ingress, pepsi)
+    section: String,
+    /// The option (any letter case; stored upper-case)
+    option: String,
+    /// The value, read exactly like a value in the file (may start with `-`)
+    #[arg(allow_hyphen_values = true)]
+    value: String,
+    #[command(flatten)]
+    scope: ScopeArg,
+    /// Store an option no program reads at start (one read only later, per message)
+    #[arg(long)]
+    force: bool,
+}
+
+#[derive(Debug, Args)]
+struct UnsetArgs {
+    section: String,
+    option: String,
+    #[command(flatten)]
+    scope: ScopeArg,
+}
+
+#[derive(Debug, Args)]
+struct OverridesArgs {
+    /// Only this scope (default: every row)
+    #[arg(long, value_name = "SCOPE")]
+    scope: Option<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct CheckArgs {
+    #[command(flatten)]
+    scope: ScopeArg,
+    #[arg(long)]
+    json: bool,
+}
+
+/// Runs `pepsi-config` with the process's arguments, checking overrides against `checks`.
+pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
+    run_async(&constants::CONFIG_SOURCE, async move {
+        let file = cli.common.load_config()?;
+        let pool = pepsi_common::db::connect(&file).await?;
+        let tool = Tool {
+            file,
+            pool,
+            checks,
+            actor: Actor::local(constants::CONFIG_SOURCE.exec),
+        };
+        let result = match cli.command {
+            Command::Show(a) => tool.show(a).await,
+            Command::Set(a) => tool.set(a).await,
+            Command::Unset(a) => tool.unset(a).await,
+            Command::Overrides(a) => tool.overrides(a).await,
+            Command::Check(a) => tool.check(a).await,
+        };
+        Ok(match result {
+            Ok(code) => code,
+            Err(failure) => {
+                eprintln!("{}: {}", constants::CONFIG_SOURCE.exec, failure.text);
+                ExitCode::from(failure.code)
+            }
+        })
+    })
+}
+
+/// A refusal or error, with the exit status it ends in.
+struct Failure {
+    code: u8,
+    text: String,
+}
+
+impl Failure {
+    fn usage(text: impl Into<String>) -> Failure {
+        Failure {
+            code: EXIT_USAGE,
+            text: text.into(),
+        }
+    }
+}
+
+impl From<AdminError> for Failure {
+    fn from(e: AdminError) -> Self {
+        let code = if matches!(e, AdminError::Invalid(_)) {
+            EXIT_USAGE
+        } else {
+            1
+        };
+        Failure {
+            code,
+            text: e.to_string(),
+        }
+    }
+}
+
+impl From<sqlx::Error> for Failure {
+    fn from(e: sqlx::Error) -> Self {
+        AdminError::Database(e).into()
+    }
+}
+
+impl From<pepsi_common::config::ConfigError> for Failure {
+    fn from(e: pepsi_common::config::ConfigError) -> Self {
+        Failure {
+            code: 1,
+            text: e.to_string(),
+        }
+    }
+}
+
+impl From<Refusal> for Failure {
+    fn from(e: Refusal) -> Self {
+        let code = match e {
+            Refusal::Breaks(_) => 1,
+            Refusal::FileOnly(_) | Refusal::Unread(_) => EXIT_USAGE,
+        };
+        Failure {
+            code,
+            text: e.to_string(),
+        }
+    }
+}
+
+type Done = Result<ExitCode, Failure>;
+
+/// `global`, `domain:DOMAIN` or `address:ADDRESS`, normalized.
+fn parse_scope(text: &str) -> Result<Scope, Failure> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("global") {
+        return Ok(Scope::Global);
+    }
+    match t.split_once(':') {
+        Some((kind, name)) if kind.eq_ignore_ascii_case("domain") => {
+            Ok(Scope::Domain(admin::domain(name, "scope")?))
+        }
+        Some((kind, name)) if kind.eq_ignore_ascii_case("address") => {
+            Ok(Scope::Address(admin::address(name, "scope")?))
+        }
+        _ => Err(Failure::usage(format!(
+            "scope {t:?} is not global, domain:DOMAIN or address:ADDRESS"
+        ))),
+    }
+}
+
+fn print_json<T: Serialize>(v: &T) -> Result<(), Failure> {
+    let text = serde_json::to_string_pretty(v).map_err(|e| Failure {
+        code: 1,
+        text: format!("encoding JSON: {e}"),
+    })?;
+    println!("{text}");
+    Ok(())
+}
+
+struct Tool {
+    file: Config,
+    pool: PgPool,
+    checks: &'static [ProgramCheck],
+    actor: Actor,
+}
+
+impl Tool {
+    /// The configuration as a program working for `scope` sees it.
+    async fn effective(&self, scope: &Scope) -> Result<Config, Failure> {
+        let rows = load_overrides(&self.pool, scope).await?;
+        Ok(self.file.with_overrides(&rows, scope))
+    }
+
+    fn program(&self, name: &str) -> Result<&'static ProgramCheck, Failure> {
+        self.checks
+            .iter()
+            .find(|c| c.program == name)
+            .ok_or_else(|| {
+                let names: Vec<&str> = self.checks.iter().map(|c| c.program).collect();
+                Failure::usage(format!(
+                    "{name:?} is not a Pepsi program whose configuration is known (known: {})",
+                    names.join(", ")
+                ))
+            })
+    }
+
+    async fn show(&self, a: ShowArgs) -> Done {
+        let scope = parse_scope(&a.scope.scope)?;
+        let cfg = self.effective(&scope).await?;
+        let wanted = |section: &str| {
+            a.sections.is_empty() || a.sections.iter().any(|s| s.eq_ignore_ascii_case(section))
+        };
+        let mut rows: Vec<ValueRow> = Vec::new();
+        if a.programs.is_empty() {
+            for section in cfg.sections().filter(|s| wanted(s)) {
+                for option in cfg.section(section).options() {
+                    rows.push(ValueRow::of(&cfg, section, option));
+                }
+            }
+        } else {
+            for name in &a.programs {
+                let check = self.program(name)?;
+                let verdict = check_all(&cfg, std::slice::from_ref(check));
+                if let Some((_, error)) = verdict.errors.first() {
+                    eprintln!("{name}: {error}");
+                }
+                for (section, option) in verdict.reads.all() {
+                    let shown = cfg.section(&section).name().to_owned();
+                    if wanted(&shown) && !rows.iter().any(|r| r.is(&shown, &option)) {
+                        rows.push(ValueRow::of(&cfg, &shown, &option));
+                    }
+                }
+            }
+        }
+        if a.json {
+            print_json(&render::Shown {
+                scope: scope.to_db_string(),
+                values: rows,
+            })?;
+        } else {
+            print!("{}", render::values(&rows));
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn set(&self, a: SetArgs) -> Done {
+        let scope = parse_scope(&a.scope.scope)?;
+        let (section, option) = names(&a.section, &a.option)?;
+        if a.value.contains(['\n', '\r', '\0']) {
+            return Err(Failure::usage(
+                "the value holds a line break or NUL: a configuration value is one line",
+            ));
+        }
+        let base = self.effective(&scope).await?;
+        let row = OverrideRow {
+            scope: scope.to_db_string(),
+            section: section.clone(),
+            option: option.clone(),
+            value: a.value.clone(),
+        };
+        check_override(&base, &row, &scope, self.checks, a.force)?;
+        let previous = admin::put_override(
+            &self.pool,
+            &self.actor,
+            &row.scope,
+            &section,
+            &option,
+            &a.value,
+        )
+        .await?;
+        let was = match previous {
+            Some(p) => format!(" (was {p:?})"),
+            None => String::new(),
+        };
+        println!(
+            "set [{section}] {option} = {:?} for {}{was}",
+            a.value, row.scope
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn unset(&self, a: UnsetArgs) -> Done {
+        let scope = parse_scope(&a.scope.scope)?;
+        let (section, option) = names(&a.section, &a.option)?;
+        let previous = admin::delete_override(
+            &self.pool,
+            &self.actor,
+            &scope.to_db_string(),
+            &section,
+            &option,
+        )
+        .await?;
+        let now = self.effective(&scope).await?;
+        let falls_back = match ValueRow::of(&now, &section, &option) {
+            ValueRow {
+                origin: Some(origin),
+                ..
+            } => format!("now from {origin}"),
+            _ => "now the program's default".into(),
+        };
+        println!(
+            "unset [{section}] {option} for {} (was {previous:?}; {falls_back})",
+            scope.to_db_string()
+        );
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn overrides(&self, a: OverridesArgs) -> Done {
+        let scope = a.scope.as_deref().map(parse_scope).transpose()?;
+        let key = scope.as_ref().map(Scope::to_db_string);
+        let rows = admin::list_overrides(&self.pool, key.as_deref()).await?;
+        if a.json {
+            print_json(&serde_json::json!({ "overrides": rows }))?;
+        } else {
+            print!("{}", render::overrides(&rows));
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+
+    async fn check(&self, a: CheckArgs) -> Done {
+        let scope = parse_scope(&a.scope.scope)?;
+        let cfg = self.effective(&scope).await?;
+        let verdict = check_all(&cfg, self.checks);
+        let problems: Vec<render::Problem> = verdict
+            .errors
+            .iter()
+            .map(|(program, error)| render::Problem {
+                program,
+                error: error.clone(),
+            })
+            .collect();
+        if a.json {
+            print_json(&serde_json::json!({
+                "scope": scope.to_db_string(),
+                "problems": problems,
+            }))?;
+        } else if problems.is_empty() {
+            println!(
+                "every program's configuration reads without error ({} checked, scope {})",
+                self.checks.len(),
+                scope.to_db_string()
+            );
+        } else {
+            for p in &problems {
+                println!("{}: {}", p.program, p.error);
+            }
+        }
+        Ok(if problems.is_empty() {
+            ExitCode::SUCCESS
+        } else {
+            ExitCode::from(1)
+        })
+    }
+}
+
+/// A section and option name as stored: the section lower-case, the option upper-case,
+/// both non-empty words of letters, digits, `-`, `_` and `.`.
+fn names(section: &str, option: &str) -> Result<(String, String), Failure> {
+    let ok = |t: &str| {
+        !t.is_empty()
+            && t.len() <= 100
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let (s, o) = (section.trim(), option.trim());
+    if !ok(s) {
+        return Err(Failure::usage(format!(
+            "section {section:?} is not a section name (letters, digits, -, _ and .)"
+        )));
+    }
+    if !ok(o) {
+        return Err(Failure::usage(format!(
+            "option {option:?} is not an option name (letters, digits, -, _ and .)"
+        )));
+    }
+    Ok((s.to_ascii_lowercase(), o.to_ascii_uppercase()))
+}

@@ -1,0 +1,134 @@
+//! Presentation of configuration values and override rows for people and for scripts: the
+//! serde shapes of `--json` and the tables. Pure functions, no I/O.
+
+use pepsi_common::admin::OverrideListing;
+use pepsi_common::config::Config;
+use pepsi_common::queue::json::ts;
+use pepsi_common::text::{clip, table};
+use serde::Serialize;
+
+/// One option as the configuration holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ValueRow {
+    pub section: String,
+    pub option: String,
+    /// Whether the files or an override set it (else the program's default applies).
+    pub set: bool,
+    /// The value as written, unexpanded; `None` when unset or secret.
+    pub value: Option<String>,
+    /// The value comes from `secrets.d/` and is not shown.
+    pub secret: bool,
+    /// `file:line`, or `database override scope=...`.
+    pub origin: Option<String>,
+}
+
+impl ValueRow {
+    pub fn of(cfg: &Config, section: &str, option: &str) -> ValueRow {
+        let s = cfg.section(section);
+        let name = s
+            .options()
+            .find(|o| o.eq_ignore_ascii_case(option))
+            .unwrap_or(option)
+            .to_owned();
+        ValueRow {
+            section: s.name().to_owned(),
+            option: name,
+            set: s.has(option),
+            value: cfg.raw_value(section, option).map(str::to_owned),
+            secret: cfg.is_secret(section, option),
+            origin: s.origin(option).map(ToString::to_string),
+        }
+    }
+
+    pub fn is(&self, section: &str, option: &str) -> bool {
+        self.section.eq_ignore_ascii_case(section) && self.option.eq_ignore_ascii_case(option)
+    }
+}
+
+/// `show --json`.
+#[derive(Debug, Serialize)]
+pub struct Shown {
+    pub scope: String,
+    pub values: Vec<ValueRow>,
+}
+
+/// A problem `check` found.
+#[derive(Debug, Serialize)]
+pub struct Problem {
+    pub program: &'static str,
+    pub error: String,
+}
+
+pub fn values(rows: &[ValueRow]) -> String {
+    if rows.is_empty() {
+        return "nothing set\n".into();
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let value = match (&r.value, r.secret, r.set) {
+                (_, true, _) => "(secret)".to_owned(),
+                (Some(v), _, _) => clip(v, 60),
+                (None, _, false) => "(default)".to_owned(),
+                (None, _, true) => String::new(),
+            };
+            vec![
+                format!("[{}]", r.section),
+                r.option.clone(),
+                value,
+                r.origin.clone().unwrap_or_else(|| "-".into()),
+            ]
+        })
+        .collect();
+    table(&["SECTION", "OPTION", "VALUE", "FROM"], &[false; 4], &cells)
+}
+
+pub fn overrides(rows: &[OverrideListing]) -> String {
+    if rows.is_empty() {
+        return "no overrides\n".into();
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            vec![
+                r.scope.clone(),
+                format!("[{}]", r.section),
+                r.option.clone(),
+                clip(&r.value, 50),
+                ts(r.updated_at),
+                r.updated_by.clone(),
+            ]
+        })
+        .collect();
+    table(
+        &["SCOPE", "SECTION", "OPTION", "VALUE", "UPDATED", "BY"],
+        &[false; 6],
+        &cells,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_show_their_origin_and_hide_secrets() {
+        let cfg = Config::from_str_named(
+            "[stage-relay]\nPARALLELISM = 4\n[pepsi]\nHOSTNAME = mx.example\n",
+            "t.conf",
+        )
+        .unwrap();
+        let rows = [
+            ValueRow::of(&cfg, "stage-relay", "parallelism"),
+            ValueRow::of(&cfg, "stage-relay", "QUEUE_LIMIT"),
+        ];
+        assert_eq!(rows[0].option, "PARALLELISM");
+        assert_eq!(rows[0].value.as_deref(), Some("4"));
+        assert_eq!(rows[0].origin.as_deref(), Some("t.conf:2"));
+        assert!(!rows[1].set);
+        let text = values(&rows);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[1], "[stage-relay]  PARALLELISM  4          t.conf:2");
+        assert_eq!(lines[2], "[stage-relay]  QUEUE_LIMIT  (default)  -");
+    }
+}
