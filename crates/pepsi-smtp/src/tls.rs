@@ -180,8 +180,9 @@ fn provider() -> Arc<CryptoProvider> {
 }
 
 /// The client configuration for `options`: one per policy class and CA file, built on first
-/// use. Errors name the CA file and what was wrong with it.
-pub(crate) fn client_config(options: &TlsOptions) -> Result<Arc<ClientConfig>, String> {
+/// use. Errors name the CA file and what was wrong with it. Public for pepsi-status, whose
+/// probes of TLS listeners take the `encrypt` configuration (any certificate).
+pub fn client_config(options: &TlsOptions) -> Result<Arc<ClientConfig>, String> {
     type Cache = Mutex<HashMap<(bool, Option<PathBuf>), Arc<ClientConfig>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let verify = options.policy == TlsPolicy::Verify;
