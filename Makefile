@@ -25,7 +25,8 @@ FOLDED_BINARIES = \
 	pepsi-stage-relay-to-internet \
 	pepsi-stage-relay-to-lmtp \
 	pepsi-stage-route \
-	pepsi-stage-srs
+	pepsi-stage-srs \
+	pepsi-status
 
 # Standalone: their own executables in both builds.
 # - Privileged (a setuid/setgid bit on the shared file would apply to every program linked

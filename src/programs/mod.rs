@@ -64,6 +64,7 @@ folded! {
     "pepsi-stage-relay-to-lmtp" => pepsi_stage_relay_to_lmtp: ::pepsi_stage_relay_to_lmtp::run;
     "pepsi-stage-route" => pepsi_stage_route: ::pepsi_stage_route::run;
     "pepsi-stage-srs" => pepsi_stage_srs: ::pepsi_stage_srs::run;
+    "pepsi-status" => pepsi_status: ::pepsi_status::run;
 }
 
 /// The programs kept out of the unified binary, each its own executable in both builds
