@@ -250,12 +250,25 @@ async fn overrides_a_program_would_refuse_are_never_stored() {
         &[
             "set",
             "stage-local",
-            "PARALLELISM",
-            "3",
+            "RETURN_STATUS",
+            "5.7.1",
             "--scope",
             "domain:Example.TEST",
         ],
     );
+    let run = config_tool(
+        &cfg,
+        &[
+            "set",
+            "stage-local",
+            "PARALLELISM",
+            "3",
+            "--scope",
+            "domain:example.test",
+        ],
+    );
+    assert_eq!(run.code, 2, "{run:?}");
+    assert!(run.stderr.contains("set it without --scope"), "{run:?}");
     let run = config_tool(&cfg, &["set", "stage-local", "COLOUR", "blue"]);
     assert_eq!(run.code, 2, "{run:?}");
     ok(&cfg, &["set", "stage-local", "COLOUR", "blue", "--force"]);
@@ -279,15 +292,15 @@ async fn overrides_a_program_would_refuse_are_never_stored() {
         ],
     )
     .json();
-    let parallelism = shown["values"]
+    let status = shown["values"]
         .as_array()
         .unwrap()
         .iter()
-        .find(|v| v["option"] == "PARALLELISM")
+        .find(|v| v["option"] == "RETURN_STATUS")
         .unwrap()
         .clone();
     assert_eq!(
-        parallelism["origin"],
+        status["origin"],
         "database override scope=domain:example.test"
     );
     ok(&cfg, &["check"]);

@@ -385,3 +385,93 @@ async fn a_bad_option_in_any_section_stops_the_worker_before_its_first_id() {
         Some(("remote".to_owned(), "running".to_owned()))
     );
 }
+
+/// A message with `rcpt_to`, running at `stage`.
+async fn message_to(db: &TestDb, stage: &str, rcpt_to: &[&str]) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@example.test', $1, 'Subject: x\r\n'::bytea, 'y\r\n'::bytea)",
+    )
+    .bind(rcpt_to)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    common::claim(&db.pool, id, stage).await;
+    id
+}
+
+#[tokio::test]
+async fn domain_and_address_overrides_apply_to_the_messages_they_are_for() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\n\n\
+             [stage-bounce]\nPROGRAM = pepsi-stage-discard\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    // Globally the stage drops; mail for blocked.example is returned instead, except to one
+    // address of it whose own row says something else again.
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES \
+         ('domain:blocked.example', 'stage-remote', 'RETURN_STATUS', '5.7.1'), \
+         ('domain:blocked.example', 'stage-remote', 'RETURN_TEXT', 'blocked by policy'), \
+         ('address:vip@blocked.example', 'stage-remote', 'RETURN_STATUS', '5.2.1')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let one = message_to(&db, "remote", &["X@Blocked.Example"]).await;
+    let two = message_to(&db, "remote", &["a@blocked.example", "b@blocked.example"]).await;
+    let vip = message_to(&db, "remote", &["vip@blocked.example"]).await;
+    let mixed = message_to(&db, "remote", &["a@blocked.example", "c@ok.example"]).await;
+    let ok = message_to(&db, "remote", &["c@ok.example"]).await;
+    let answers = common::run_ids(DISCARD, &cfg, &[one, two, vip, mixed, ok]).await;
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert!(answers.iter().all(|a| a.starts_with('0')), "{answers:?}");
+    let left = common::rows(&db.pool).await;
+    let status_of = |id: i64| {
+        left.iter()
+            .find(|r| r.0 == id)
+            .map(|r| (r.1.clone(), r.4["bounce"]["enhanced_status"].clone()))
+    };
+    let returned = |code: &str| Some(("bounce".to_owned(), serde_json::json!(code)));
+    assert_eq!(
+        status_of(one),
+        returned("5.7.1"),
+        "one recipient of the domain"
+    );
+    assert_eq!(
+        status_of(two),
+        returned("5.7.1"),
+        "recipients all of the domain"
+    );
+    assert_eq!(
+        status_of(vip),
+        returned("5.2.1"),
+        "the address's own row wins"
+    );
+    // Recipients of two domains have no one scope: the global section (drop) applies.
+    assert_eq!(status_of(mixed), None, "{left:?}");
+    assert_eq!(status_of(ok), None, "{left:?}");
+    let text = left.iter().find(|r| r.0 == one).unwrap().4["bounce"]["diagnostic"].clone();
+    assert_eq!(text, "blocked by policy");
+
+    // A scoped row that the stage cannot read stops the worker at start, naming the scope.
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES \
+         ('domain:broken.example', 'stage-remote', 'RETURN_STATUS', '2.0.0')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = common::worker_start_error(DISCARD, &cfg);
+    assert!(
+        err.contains("[stage-remote] for scope domain:broken.example")
+            && err.contains("RETURN_STATUS"),
+        "{err}"
+    );
+}

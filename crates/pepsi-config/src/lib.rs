@@ -258,7 +258,7 @@ impl From<Refusal> for Failure {
     fn from(e: Refusal) -> Self {
         let code = match e {
             Refusal::Breaks(_) => 1,
-            Refusal::FileOnly(_) | Refusal::Unread(_) => EXIT_USAGE,
+            Refusal::FileOnly(_) | Refusal::Unread(_) | Refusal::Unscoped(_) => EXIT_USAGE,
         };
         Failure {
             code,

@@ -9,6 +9,22 @@
 
 use super::{Config, OverrideRow, ReadLog, Scope, is_file_only_option, is_protected_section};
 
+/// Stage options read for the whole pipeline (by the dispatcher and the stage graph), never
+/// per message: a `domain:` or `address:` override of one would mean nothing.
+pub const GLOBAL_ONLY_OPTIONS: &[&str] = &[
+    "NEXT_STAGE",
+    "BOUNCE_STAGE",
+    "ORIGINATE_SUCCESS_DSN",
+    "MAIL_LOG",
+    "PARALLELISM",
+    "QUEUE_LIMIT",
+    "MAX_MESSAGES",
+    "IDLE_TIMEOUT",
+    "MAX_RUNTIME",
+    "ALLOW_FUSION",
+    "MAIL_LOG_RETENTION",
+];
+
 /// One program's configuration parser: what it builds from the configuration at start,
 /// without I/O beyond reading files the configuration names.
 #[derive(Clone, Copy)]
@@ -59,6 +75,9 @@ pub enum Refusal {
     /// No program reads the option.
     #[error("{0}")]
     Unread(String),
+    /// The option cannot differ by domain or address.
+    #[error("{0}")]
+    Unscoped(String),
 }
 
 /// Whether `row` may be added to `base` (the files with the overrides already stored for
@@ -83,6 +102,21 @@ pub fn check_override(
             "{option} names a program, file, key or trust anchor and is read from the \
              configuration file only"
         )));
+    }
+    if *scope != Scope::Global {
+        let lower = section.to_ascii_lowercase();
+        if !(lower.starts_with("stage-") || lower == "pepsi") {
+            return Err(Refusal::Unscoped(format!(
+                "[{section}] is read once for the whole deployment: only stage sections (and \
+                 [pepsi]) take domain: or address: overrides"
+            )));
+        }
+        if GLOBAL_ONLY_OPTIONS.contains(&option.to_ascii_uppercase().as_str()) {
+            return Err(Refusal::Unscoped(format!(
+                "{option} shapes the pipeline or its worker pools and is the same for every \
+                 message: set it without --scope"
+            )));
+        }
     }
     let before = check_all(base, checks);
     let candidate = base.with_overrides(std::slice::from_ref(row), scope);

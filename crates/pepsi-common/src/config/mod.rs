@@ -23,11 +23,12 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use check::{ProgramCheck, Refusal, Verdict, check_all, check_override};
+pub use check::{GLOBAL_ONLY_OPTIONS, ProgramCheck, Refusal, Verdict, check_all, check_override};
 pub use error::{ConfigError, ExpandProblem, ValueAt};
 pub use overlay::{
-    CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, OverrideRow, Scope, is_file_only_option,
-    is_protected_section, listen_config_changed, load_overrides,
+    CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, MAX_OVERRIDE_ROWS, OverrideRow, Scope,
+    is_file_only_option, is_protected_section, listen_config_changed, load_all_overrides,
+    load_overrides,
 };
 
 use expand::{Expander, Trust};

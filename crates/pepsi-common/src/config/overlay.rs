@@ -230,6 +230,31 @@ pub async fn load_overrides(pool: &PgPool, scope: &Scope) -> Result<Vec<Override
         .collect())
 }
 
+/// The most override rows a stage worker reads at start (`load_all_overrides`).
+pub const MAX_OVERRIDE_ROWS: i64 = 100_000;
+
+/// Every row, of every scope, in the order `load_overrides` uses: for a stage worker, which
+/// applies `global` rows to everything and `domain:`/`address:` rows to the messages they
+/// are for (`stage::scope`). At most [`MAX_OVERRIDE_ROWS`].
+pub async fn load_all_overrides(pool: &PgPool) -> Result<Vec<OverrideRow>, ConfigError> {
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT scope, section, option, value FROM pepsi.config_override \
+         ORDER BY updated_at, scope, section, option LIMIT $1",
+    )
+    .bind(MAX_OVERRIDE_ROWS)
+    .fetch_all(pool)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(scope, section, option, value)| OverrideRow {
+            scope,
+            section,
+            option,
+            value,
+        })
+        .collect())
+}
+
 /// A listener subscribed to [`CONFIG_CHANGED_CHANNEL`]; a notification means the overrides
 /// changed and a long-running component should rebuild its configuration.
 pub async fn listen_config_changed(pool: &PgPool) -> Result<PgListener, sqlx::Error> {

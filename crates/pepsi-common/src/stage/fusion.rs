@@ -14,6 +14,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::OnceLock;
 
+use super::scope::{ScopedOverrides, message_scopes};
 use super::{Load, Stage, StageContext, StageError, Terminal};
 use crate::config::Config;
 
@@ -33,29 +34,60 @@ pub(crate) trait DynStage {
         'c: 'a;
 }
 
-/// A stage built for this worker: the program-wide part and one parsed section per stage
-/// (keyed by lower-case stage name) that runs it.
+/// A stage built for this worker: the program-wide part, one parsed section per stage
+/// (keyed by lower-case stage name) that runs it, and the variants of those sections for
+/// the domains and addresses with overrides of their own (`scope`).
 pub(crate) struct Built<S: Stage> {
     pub stage: S,
     pub sections: std::collections::HashMap<String, S::Section>,
+    /// (lower-case stage name, scope as stored) → the section as that scope sees it.
+    pub scoped: std::collections::HashMap<(String, String), S::Section>,
 }
 
 impl<S: Stage> Built<S> {
-    /// Builds `S` and parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM`; the
-    /// error names the section that failed.
-    pub fn new(cfg: &Config) -> anyhow::Result<Self> {
-        Self::from_stage(S::build(cfg)?, cfg)
+    /// Builds `S` and parses every `[stage-*]` section whose PROGRAM is `S::PROGRAM`, for
+    /// every scope of `scoped` too; the error names the section (and scope) that failed.
+    pub fn new(cfg: &Config, scoped: &ScopedOverrides) -> anyhow::Result<Self> {
+        Self::from_stage(S::build(cfg)?, cfg, scoped)
     }
 
     /// As `new`, for a program-wide part already built.
-    pub fn from_stage(stage: S, cfg: &Config) -> anyhow::Result<Self> {
+    pub fn from_stage(stage: S, cfg: &Config, scoped: &ScopedOverrides) -> anyhow::Result<Self> {
+        use anyhow::Context as _;
         let sections = super::sections(&stage, cfg)?;
-        Ok(Self { stage, sections })
+        let names = super::StageSettings::stages_of(cfg, S::PROGRAM);
+        let mut variants = std::collections::HashMap::new();
+        for scope in scoped.scopes_touching(&names) {
+            let Some(scope_cfg) = scoped.config_for(&scope) else {
+                continue;
+            };
+            for name in &names {
+                let section = stage
+                    .section(&scope_cfg, name)
+                    .with_context(|| format!("[stage-{name}] for scope {scope}"))?;
+                variants.insert((name.to_ascii_lowercase(), scope.to_db_string()), section);
+            }
+        }
+        Ok(Self {
+            stage,
+            sections,
+            scoped: variants,
+        })
     }
 
-    fn section_of(&self, stage: &str) -> Result<&S::Section, StageError> {
+    /// The section of `stage` as the message of `ctx` sees it: the variant of its scope
+    /// when there is one, else the global section.
+    fn section_for(&self, stage: &str, ctx: &StageContext<'_>) -> Result<&S::Section, StageError> {
+        let lower = stage.to_ascii_lowercase();
+        if !self.scoped.is_empty() {
+            for key in message_scopes(ctx.rcpt_to()) {
+                if let Some(section) = self.scoped.get(&(lower.clone(), key)) {
+                    return Ok(section);
+                }
+            }
+        }
         self.sections
-            .get(&stage.to_ascii_lowercase())
+            .get(&lower)
             .ok_or_else(|| StageError::NotBuilt(stage.to_owned()))
     }
 }
@@ -74,7 +106,7 @@ impl<S: Stage> DynStage for Built<S> {
     }
 
     fn can_fuse(&self, stage: &str, ctx: &StageContext<'_>) -> bool {
-        self.section_of(stage)
+        self.section_for(stage, ctx)
             .is_ok_and(|section| self.stage.can_fuse(section, ctx))
     }
 
@@ -86,7 +118,7 @@ impl<S: Stage> DynStage for Built<S> {
         'c: 'a,
     {
         Box::pin(async move {
-            let section = self.section_of(ctx.stage())?;
+            let section = self.section_for(ctx.stage(), ctx)?;
             self.stage.process(section, ctx).await
         })
     }
@@ -96,7 +128,7 @@ impl<S: Stage> DynStage for Built<S> {
 pub struct Registration {
     pub program: &'static str,
     pub load: Load,
-    pub(crate) build: fn(&Config) -> anyhow::Result<Box<dyn DynStage>>,
+    pub(crate) build: fn(&Config, &ScopedOverrides) -> anyhow::Result<Box<dyn DynStage>>,
 }
 
 impl std::fmt::Debug for Registration {
@@ -108,8 +140,11 @@ impl std::fmt::Debug for Registration {
     }
 }
 
-fn build_boxed<S: Stage>(cfg: &Config) -> anyhow::Result<Box<dyn DynStage>> {
-    Ok(Box::new(Built::<S>::new(cfg)?))
+fn build_boxed<S: Stage>(
+    cfg: &Config,
+    scoped: &ScopedOverrides,
+) -> anyhow::Result<Box<dyn DynStage>> {
+    Ok(Box::new(Built::<S>::new(cfg, scoped)?))
 }
 
 /// The registration of stage `S`.

@@ -19,6 +19,7 @@ mod commit;
 mod context;
 mod fanout;
 pub mod fusion;
+pub mod scope;
 mod worker;
 
 use std::collections::HashMap;

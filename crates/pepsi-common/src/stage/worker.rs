@@ -25,6 +25,7 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncWrite, AsyncWriteExt};
 use super::commit::{Deferred, commit, commit_many};
 use super::context::{Changes, Outcome, Row};
 use super::fusion::{Built, DynStage, Registration};
+use super::scope::ScopedOverrides;
 use super::{Load, Stage, StageContext, StageError, StageSettings, program_name};
 use crate::cli::{CommonArgs, init_logging, run_async_current_thread};
 use crate::config::{Config, ConfigSource, Scope};
@@ -115,6 +116,8 @@ pub struct Worker<'a> {
     /// Registered stages built on first use (`None`: building failed; not fused into).
     fusable: RefCell<HashMap<&'static str, Option<Rc<dyn DynStage>>>>,
     batch_limit: usize,
+    /// The domain and address overrides fused stages are built with too.
+    scoped: ScopedOverrides,
 }
 
 impl<'a> Worker<'a> {
@@ -133,6 +136,18 @@ impl<'a> Worker<'a> {
         cfg: &'a Config,
         registry: &'a [Registration],
     ) -> anyhow::Result<Self> {
+        Self::with_scopes(stage, pool, cfg, registry, ScopedOverrides::default())
+    }
+
+    /// As `with_stage`, with sections also parsed for every domain and address that has
+    /// overrides of its own (`scope`): a pass uses the variant of its message's scope.
+    pub fn with_scopes<S: Stage>(
+        stage: S,
+        pool: &'a PgPool,
+        cfg: &'a Config,
+        registry: &'a [Registration],
+        scoped: ScopedOverrides,
+    ) -> anyhow::Result<Self> {
         let mut batch_limit = 1usize;
         for name in StageSettings::stages_of(cfg, S::PROGRAM) {
             let limit = cfg
@@ -146,7 +161,7 @@ impl<'a> Worker<'a> {
                 .unwrap_or(1);
             batch_limit = batch_limit.max(limit);
         }
-        let built = Built::from_stage(stage, cfg)?;
+        let built = Built::from_stage(stage, cfg, &scoped)?;
         let fusion = cfg
             .section("pepsi")
             .bool_opt("ALLOW_FUSION")?
@@ -160,6 +175,7 @@ impl<'a> Worker<'a> {
             registry,
             fusable: RefCell::new(HashMap::new()),
             batch_limit: batch_limit.min(1024),
+            scoped,
         })
     }
 
@@ -428,7 +444,7 @@ impl<'a> Worker<'a> {
             let mut built = self.fusable.borrow_mut();
             built
                 .entry(registration.program)
-                .or_insert_with(|| match (registration.build)(self.cfg) {
+                .or_insert_with(|| match (registration.build)(self.cfg, &self.scoped) {
                     Ok(stage) => Some(Rc::from(stage)),
                     Err(e) => {
                         tracing::warn!(
@@ -570,8 +586,16 @@ pub fn main<S: Stage>(
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
         let pool = crate::db::connect(&file_cfg).await?;
-        let cfg = file_cfg.with_db_overlay(&pool, &Scope::Global).await?;
-        let worker = Worker::new::<S>(&pool, &cfg)?;
+        let rows = crate::config::load_all_overrides(&pool).await?;
+        let cfg = file_cfg.with_overrides(&rows, &Scope::Global);
+        let scoped = ScopedOverrides::new(file_cfg, rows);
+        let worker = Worker::with_scopes(
+            S::build(&cfg)?,
+            &pool,
+            &cfg,
+            super::fusion::installed(),
+            scoped,
+        )?;
         let stdin = tokio::io::BufReader::new(tokio::io::stdin());
         let handled = worker.run(stdin, tokio::io::stdout()).await?;
         tracing::debug!(program = S::PROGRAM, handled, "end of input");
