@@ -1,5 +1,6 @@
-//! The HTTP application: every route, the fallbacks and the request time limit. What the
-//! routes share (state, authentication, body and query extractors) is `crate::extract`.
+//! The HTTP application: every route (the JSON API under /api/, the pages, /metrics), the
+//! fallbacks and the request time limit. What the routes share (state, authentication, body
+//! and query extractors) is `crate::extract`.
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request};
@@ -10,7 +11,7 @@ use axum::routing::{get, post, put};
 
 use crate::error::ApiError;
 use crate::extract::AppState;
-use crate::{api, metrics};
+use crate::{api, metrics, pages};
 
 /// Bounds every request's time: one not answered within REQUEST_TIMEOUT gets 503.
 async fn time_limit(
@@ -80,6 +81,12 @@ pub fn router(state: AppState) -> Router {
         )
         .route("/api/mail-log", get(api::logs::mail_log))
         .route("/api/events", get(api::logs::events))
+        .route("/api/pipeline", get(api::pipeline::pipeline))
+        .route("/", get(pages::root))
+        .route("/login", get(pages::login_page))
+        .route("/pipeline", get(pages::pipeline_page))
+        .route("/pipeline/graph", get(pages::graph_fragment))
+        .route("/ui/{name}", get(pages::asset))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

@@ -35,6 +35,8 @@ pub struct AppState {
     pub cfg: Arc<Config>,
     pub settings: Arc<HttpdSettings>,
     pub throttle: Arc<Mutex<Throttles>>,
+    /// Earlier readings of the stage counters, for the pipeline's throughput.
+    pub samples: Arc<Mutex<crate::pipeline::Samples>>,
 }
 
 /// Failed-login counters per client address and per account.

@@ -1,7 +1,8 @@
 //! pepsi-httpd: the administrative surface of Pepsi over HTTP — a JSON API for the queue
 //! (list, show, retry, hold, release, delete, bounce, one by one or in bulk by filter),
-//! mailbox accounts, aliases and local domains, the mail log and the audit log, and
-//! `/metrics` in the Prometheus text format.
+//! mailbox accounts, aliases and local domains, the mail log and the audit log, the live
+//! pipeline (the stage graph with its queue, throughput and failures, as JSON and as a page
+//! a browser logs in to), and `/metrics` in the Prometheus text format.
 //!
 //! Administrators log in with a name and an Argon2id-hashed password (`admin-add` creates
 //! one and prints its generated password once); scripts use API tokens (`token-add`). Only
@@ -13,18 +14,25 @@
 //! Module map: `settings` (the `[pepsi-httpd]` section), `credentials` (secrets, digests,
 //! CSRF; pure), `throttle` (login throttling; pure), `store` (SQL of the credential
 //! tables), `query` (query strings and filters; pure), `app` (router, authentication,
-//! extractors), `api` (handlers), `metrics`, `error`, `server`.
+//! extractors), `api` (handlers), `graph` (the stage graph of a configuration; pure),
+//! `pipeline` (the live pipeline document and its throughput; pure), `svg` (the graph's
+//! picture; pure), `pages` (the login and pipeline pages, maud), `metrics`, `error`,
+//! `server`.
 
 mod api;
 mod app;
 pub mod credentials;
 mod error;
 mod extract;
+pub mod graph;
 pub mod metrics;
+mod pages;
+pub mod pipeline;
 pub mod query;
 mod server;
 pub mod settings;
 mod store;
+mod svg;
 pub mod throttle;
 
 use std::io::Write as _;
@@ -55,7 +63,9 @@ The administrative HTTP API of Pepsi and its Prometheus metrics.
 `pepsi-httpd` (or `pepsi-httpd serve`) listens on [pepsi-httpd] ADDRESS (default
 127.0.0.1:8080), over TLS when CERT_FILE and KEY_FILE are set. It binds and reads its key
 first, then becomes USER/GROUP, then connects to the database ([database] URL) and serves:
-the JSON API under /api/ (docs/api.md, docs/api.openapi.yaml), /metrics, and /healthz.
+the JSON API under /api/ (docs/api.md, docs/api.openapi.yaml), /metrics, /healthz, and
+the live pipeline page /pipeline (the stage graph with each stage's queue, throughput and
+failures, updated every few seconds; a browser logs in at /login).
 
 Administrators log in with POST /api/login and get a session cookie (a row in
 pepsi.admin_session holding only its SHA-256) and a CSRF token every mutating request must
@@ -272,6 +282,7 @@ async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
         cfg: Arc::new(cfg),
         throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
         settings: Arc::new(settings.clone()),
+        samples: Arc::default(),
     };
     // Sessions past their limits are never honoured; this only keeps the table small.
     let purge_pool = pool.clone();

@@ -64,6 +64,14 @@ fn limit(value: &str) -> Result<i64, String> {
         .ok_or_else(|| format!("limit: {value:?} is not a whole number from 1 to {MAX_LIMIT}"))
 }
 
+fn row_id(field: &str, value: &str) -> Result<i64, String> {
+    value
+        .parse::<i64>()
+        .ok()
+        .filter(|n| *n > 0)
+        .ok_or_else(|| format!("{field}: {value:?} is not a row id"))
+}
+
 fn duration(field: &str, value: &str) -> Result<Duration, String> {
     pepsi_common::config::parse_duration(value).map_err(|e| {
         format!("{field}: {value:?} is not a duration (90, 30s, 15m, 2h, 1d, 1h30m): {e}")
@@ -159,14 +167,7 @@ pub fn mail_log_search(pairs: &[(String, String)]) -> Result<(Search, i64), Stri
                     format!("event: {v:?} is not one of delivered, bounced, expired, dropped")
                 })?)
             }
-            "workqueue_id" => {
-                s.workqueue_id = Some(
-                    v.parse::<i64>()
-                        .ok()
-                        .filter(|n| *n > 0)
-                        .ok_or_else(|| format!("workqueue_id: {v:?} is not a row id"))?,
-                )
-            }
+            "workqueue_id" => s.workqueue_id = Some(row_id(k, v)?),
             "since" => s.since = Some(time(k, v)?),
             "until" => s.until = Some(time(k, v)?),
             "limit" => lim = limit(v)?,
@@ -176,18 +177,22 @@ pub fn mail_log_search(pairs: &[(String, String)]) -> Result<(Search, i64), Stri
     Ok((s, lim))
 }
 
-/// `GET /api/events`: the action (exact) and the limit.
-pub fn events_query(pairs: &[(String, String)]) -> Result<(Option<String>, i64), String> {
+/// `GET /api/events`: the action (exact), the queue row and the limit.
+pub fn events_query(
+    pairs: &[(String, String)],
+) -> Result<(Option<String>, Option<i64>, i64), String> {
     let mut action = None;
+    let mut row = None;
     let mut lim = DEFAULT_LIMIT;
     for (k, v) in pairs {
         match k.as_str() {
             "action" => action = Some(text(k, v)?),
+            "workqueue_id" => row = Some(row_id(k, v)?),
             "limit" => lim = limit(v)?,
-            other => return Err(unknown(other, &["action", "limit"])),
+            other => return Err(unknown(other, &["action", "workqueue_id", "limit"])),
         }
     }
-    Ok((action, lim))
+    Ok((action, row, lim))
 }
 
 /// `GET /api/accounts`: a part of the address and the limit.
@@ -310,6 +315,26 @@ mod tests {
         ];
         for ((k, v), want) in cases {
             let e = mail_log_search(&pairs(&[(k, v)])).unwrap_err();
+            assert!(e.contains(want), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn events_query_takes_an_action_and_a_row() {
+        assert_eq!(
+            events_query(&pairs(&[("workqueue_id", "9"), ("action", "queue.retry")])).unwrap(),
+            (Some("queue.retry".to_owned()), Some(9), DEFAULT_LIMIT)
+        );
+        let cases = [
+            (("workqueue_id", "0"), "workqueue_id: \"0\" is not a row id"),
+            (("workqueue_id", "x"), "workqueue_id: \"x\" is not a row id"),
+            (
+                ("id", "1"),
+                "unknown parameter \"id\" (expected one of: action, workqueue_id, limit)",
+            ),
+        ];
+        for ((k, v), want) in cases {
+            let e = events_query(&pairs(&[(k, v)])).unwrap_err();
             assert!(e.contains(want), "{k}={v}: {e}");
         }
     }

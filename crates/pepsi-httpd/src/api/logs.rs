@@ -25,13 +25,15 @@ pub async fn events(
     _who: Principal,
     Pairs(pairs): Pairs,
 ) -> ApiResult<Json<Value>> {
-    let (action, limit) = query::events_query(&pairs).map_err(ApiError::bad_request)?;
+    let (action, row, limit) = query::events_query(&pairs).map_err(ApiError::bad_request)?;
     let rows = sqlx::query(
         "SELECT event_id, at, actor, action, workqueue_id, detail FROM pepsi.event_log \
-         WHERE $1::text IS NULL OR action = $1 ORDER BY event_id DESC LIMIT $2",
+         WHERE ($1::text IS NULL OR action = $1) AND ($3::int8 IS NULL OR workqueue_id = $3) \
+         ORDER BY event_id DESC LIMIT $2",
     )
     .bind(action.as_deref())
     .bind(limit)
+    .bind(row)
     .fetch_all(&state.pool)
     .await?;
     let events = rows
