@@ -279,3 +279,44 @@ impl Httpd {
         }
     }
 }
+
+/// `text` parsed by the Prometheus Python client's own parser (Debian's
+/// python3-prometheus-client): {family: {"type": ..., "samples": [[name, labels, value]]}}.
+pub fn prometheus_parse(text: &str) -> Value {
+    use std::io::Write as _;
+    let script = "import sys, json\n\
+                  from prometheus_client.parser import text_string_to_metric_families\n\
+                  out = {}\n\
+                  for f in text_string_to_metric_families(sys.stdin.read()):\n\
+                  \x20   out[f.name] = {'type': f.type, 'samples': [[s.name, s.labels, s.value] for s in f.samples]}\n\
+                  print(json.dumps(out))\n";
+    let mut child = std::process::Command::new("/usr/bin/python3")
+        .args(["-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 (scripts/apt-packages.txt: python3-prometheus-client)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the Prometheus parser refused:\n{}\n{text}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+/// The value of sample `name` with exactly `labels` in a parsed document.
+pub fn sample(doc: &Value, family: &str, name: &str, labels: Value) -> Option<f64> {
+    doc[family]["samples"]
+        .as_array()?
+        .iter()
+        .find(|s| s[0] == name && s[1] == labels)
+        .and_then(|s| s[2].as_f64())
+}

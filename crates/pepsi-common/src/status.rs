@@ -76,6 +76,8 @@ pub struct Snapshot {
     pub queue: Vec<QueueCount>,
     pub oldest: Vec<Oldest>,
     pub outcomes: Vec<OutcomeCount>,
+    pub ingress: Vec<IngressCount>,
+    pub destinations: Vec<DestinationCount>,
 }
 
 /// Reads a snapshot: five read-only statements, not one transaction (the figures are a
@@ -87,7 +89,78 @@ pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
         queue: queue_counts(pool).await?,
         oldest: oldest(pool).await?,
         outcomes: outcomes_last_hour(pool).await?,
+        ingress: ingress_counters(pool).await?,
+        destinations: destinations_last_hour(pool).await?,
     })
+}
+
+/// One of the ingress's counters (`pepsi.ingress_stats`, summed over its processes).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct IngressCount {
+    /// sessions, messages, recipients, connections_refused or refused.
+    pub counter: String,
+    /// Empty, or the command and status of a refusal (`RCPT 5.1.1`), or why a connection
+    /// was turned away.
+    pub reason: String,
+    pub value: i64,
+}
+
+/// The ingress's counters.
+pub async fn ingress_counters(pool: &PgPool) -> Result<Vec<IngressCount>, sqlx::Error> {
+    let rows = sqlx::query(
+        "SELECT counter, reason, value FROM pepsi.ingress_stats ORDER BY counter, reason",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(IngressCount {
+                counter: r.try_get(0)?,
+                reason: r.try_get(1)?,
+                value: r.try_get(2)?,
+            })
+        })
+        .collect()
+}
+
+/// How many destination domains [`destinations_last_hour`] names; the rest are `other`.
+pub const TOP_DESTINATIONS: i64 = 20;
+
+/// Final outcomes of one kind for one destination domain in the last hour.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DestinationCount {
+    /// The recipient domain: one of the [`TOP_DESTINATIONS`] busiest, else `other`.
+    pub domain: String,
+    /// delivered, bounced, expired or dropped.
+    pub event: String,
+    /// Recipients, not messages.
+    pub recipients: i64,
+}
+
+/// The mail log's last hour per recipient domain and event, the busiest domains by name and
+/// the rest together as `other`: a bounded set of labels whatever the traffic.
+pub async fn destinations_last_hour(pool: &PgPool) -> Result<Vec<DestinationCount>, sqlx::Error> {
+    let rows = sqlx::query(
+        "WITH r AS (SELECT lower(split_part(rcpt, '@', 2)) AS domain, l.event \
+                    FROM pepsi.mail_log l, unnest(l.rcpt_to) AS rcpt \
+                    WHERE l.at > now() - interval '1 hour'), \
+              top AS (SELECT domain FROM r GROUP BY domain ORDER BY count(*) DESC, domain LIMIT $1) \
+         SELECT CASE WHEN r.domain IN (SELECT domain FROM top) THEN r.domain ELSE 'other' END AS d, \
+                r.event, count(*) \
+         FROM r GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .bind(TOP_DESTINATIONS)
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DestinationCount {
+                domain: r.try_get(0)?,
+                event: r.try_get(1)?,
+                recipients: r.try_get(2)?,
+            })
+        })
+        .collect()
 }
 
 /// `pepsi.stage_stats`, by stage name.

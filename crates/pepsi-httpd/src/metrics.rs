@@ -55,7 +55,9 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
     reg.register(Box::new(seconds.clone()))?;
     for st in &s.stages {
         let stage = [st.stage.as_str()];
-        messages.with_label_values(&stage).inc_by(nonneg(st.messages));
+        messages
+            .with_label_values(&stage)
+            .inc_by(nonneg(st.messages));
         seconds
             .with_label_values(&stage)
             .inc_by(nonneg(st.processing_ms) as f64 / 1000.0);
@@ -115,7 +117,9 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
     )?;
     reg.register(Box::new(oldest.clone()))?;
     for o in &s.oldest {
-        oldest.with_label_values(&[o.stage.as_str()]).set(o.age_seconds);
+        oldest
+            .with_label_values(&[o.stage.as_str()])
+            .set(o.age_seconds);
     }
     let outcomes = GaugeVec::new(
         Opts::new(
@@ -129,6 +133,58 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
         outcomes
             .with_label_values(&[o.stage.as_str(), o.event.as_str()])
             .set(o.rows as f64);
+    }
+    // The ingress's counters: plain ones, then the refusals by command and status and the
+    // connections turned away by why.
+    for (name, help) in [
+        ("sessions", "SMTP sessions the ingress served."),
+        ("messages", "Messages the ingress accepted."),
+        ("recipients", "Recipients the ingress accepted."),
+    ] {
+        let value = s
+            .ingress
+            .iter()
+            .filter(|c| c.counter == name && c.reason.is_empty())
+            .map(|c| c.value)
+            .sum();
+        plain(&format!("pepsi_ingress_{name}_total"), help, value)?;
+    }
+    let refused = counter(
+        "pepsi_ingress_refused_total",
+        "Commands the ingress refused (4xx, 5xx), by command and enhanced status code.",
+        &["command", "status"],
+    )?;
+    let turned_away = counter(
+        "pepsi_ingress_connections_refused_total",
+        "Connections the ingress turned away before greeting them, by why.",
+        &["reason"],
+    )?;
+    for c in &s.ingress {
+        match c.counter.as_str() {
+            "refused" => {
+                let (command, status) = c.reason.split_once(' ').unwrap_or((&c.reason, ""));
+                refused
+                    .with_label_values(&[command, status])
+                    .inc_by(nonneg(c.value));
+            }
+            "connections_refused" => turned_away
+                .with_label_values(&[c.reason.as_str()])
+                .inc_by(nonneg(c.value)),
+            _ => {}
+        }
+    }
+    let destinations = GaugeVec::new(
+        Opts::new(
+            "pepsi_destination_outcomes_last_hour",
+            "Final outcomes for recipients in the last hour per destination domain (the 20 busiest by name, the rest as other) and event.",
+        ),
+        &["domain", "event"],
+    )?;
+    reg.register(Box::new(destinations.clone()))?;
+    for d in &s.destinations {
+        destinations
+            .with_label_values(&[d.domain.as_str(), d.event.as_str()])
+            .set(d.recipients as f64);
     }
     let mut out = Vec::new();
     TextEncoder::new().encode(&reg.gather(), &mut out)?;
@@ -168,7 +224,8 @@ mod tests {
     #[test]
     fn the_rendering_names_every_family_with_its_labels() {
         use pepsi_common::status::{
-            DispatchCounters, Oldest, OutcomeCount, QueueCount, StageCounters,
+            DestinationCount, DispatchCounters, IngressCount, Oldest, OutcomeCount, QueueCount,
+            StageCounters,
         };
         let s = Snapshot {
             stages: vec![StageCounters {
@@ -198,6 +255,28 @@ mod tests {
                 event: "delivered".into(),
                 rows: 7,
             }],
+            ingress: vec![
+                IngressCount {
+                    counter: "sessions".into(),
+                    reason: String::new(),
+                    value: 12,
+                },
+                IngressCount {
+                    counter: "refused".into(),
+                    reason: "RCPT 5.1.1".into(),
+                    value: 3,
+                },
+                IngressCount {
+                    counter: "connections_refused".into(),
+                    reason: "too_many_from_client".into(),
+                    value: 2,
+                },
+            ],
+            destinations: vec![DestinationCount {
+                domain: "example.org".into(),
+                event: "delivered".into(),
+                recipients: 5,
+            }],
         };
         let text = render(&s).unwrap();
         let want = [
@@ -209,6 +288,11 @@ mod tests {
             "pepsi_queue_messages{stage=\"relay\",status=\"pending\"} 0",
             "pepsi_queue_oldest_message_age_seconds{stage=\"relay\"} 42.5",
             "pepsi_mail_outcomes_last_hour{event=\"delivered\",stage=\"local\"} 7",
+            "pepsi_ingress_sessions_total 12",
+            "pepsi_ingress_messages_total 0",
+            "pepsi_ingress_refused_total{command=\"RCPT\",status=\"5.1.1\"} 3",
+            "pepsi_ingress_connections_refused_total{reason=\"too_many_from_client\"} 2",
+            "pepsi_destination_outcomes_last_hour{domain=\"example.org\",event=\"delivered\"} 5",
             "# TYPE pepsi_queue_messages gauge",
             "# TYPE pepsi_dispatch_messages_total counter",
         ];

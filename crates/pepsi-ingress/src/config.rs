@@ -122,6 +122,8 @@ pub struct Settings {
     pub domain_cache_ttl: Duration,
     /// How long CHECK_RECIPIENTS reuses the finding that a recipient exists.
     pub recipient_cache_ttl: Duration,
+    /// How often the counters are added to `pepsi.ingress_stats`.
+    pub stats_interval: Duration,
     /// Failed logins a client network may make per AUTH_FAILURE_WINDOW (0: no limit).
     pub auth_failures_per_client: u32,
     /// Failed logins for one account per AUTH_FAILURE_WINDOW, from anywhere (0: no limit).
@@ -207,6 +209,10 @@ impl Settings {
             recipient_cache_ttl: s
                 .duration_opt("RECIPIENT_CACHE_TTL")?
                 .unwrap_or(Duration::from_secs(10)),
+            stats_interval: s
+                .duration_opt("STATS_INTERVAL")?
+                .unwrap_or(Duration::from_secs(10))
+                .max(Duration::from_millis(100)),
             auth_failures_per_client: s.number_opt("AUTH_FAILURES_PER_CLIENT")?.unwrap_or(10),
             auth_failures_per_account: s.number_opt("AUTH_FAILURES_PER_ACCOUNT")?.unwrap_or(30),
             auth_failure_window: s

@@ -22,6 +22,7 @@ pub mod relay;
 pub mod sender;
 pub mod server;
 pub mod session;
+pub mod stats;
 pub mod tls;
 pub mod verify;
 pub mod wake;

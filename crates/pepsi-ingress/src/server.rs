@@ -40,6 +40,8 @@ pub struct Shared {
     pub domains: crate::limits::DomainCache,
     /// Recipients found to exist (RECIPIENT_CACHE_TTL).
     pub recipients: crate::limits::RecipientCache,
+    /// What is counted for `pepsi.ingress_stats`.
+    pub stats: crate::stats::Stats,
     /// The aliases stages' alias files, for CHECK_RECIPIENTS.
     pub alias_files: pepsi_common::alias_file::AliasFile,
     /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
@@ -91,6 +93,7 @@ pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str>
         old.recipient_cache_ttl != new.recipient_cache_ttl,
         "RECIPIENT_CACHE_TTL",
     );
+    check(old.stats_interval != new.stats_interval, "STATS_INTERVAL");
     check(
         old.auth_failures_per_client != new.auth_failures_per_client,
         "AUTH_FAILURES_PER_CLIENT",
@@ -169,6 +172,21 @@ async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
     }
 }
 
+/// Adds the counters to `pepsi.ingress_stats` every STATS_INTERVAL; a failed flush keeps
+/// them for the next.
+async fn flush_stats(shared: Arc<Shared>) {
+    let every = shared.settings().stats_interval;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        if let Err(e) = shared.stats.flush(&shared.pool).await {
+            tracing::warn!("cannot write pepsi.ingress_stats, keeping the counts: {e}");
+        }
+    }
+}
+
 /// A listener's configuration and its certificate, if any.
 pub struct Listener {
     pub config: ListenerConfig,
@@ -230,6 +248,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         memory: crate::limits::MemoryBudget::new(settings.message_memory),
         domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
         recipients: crate::limits::RecipientCache::new(settings.recipient_cache_ttl),
+        stats: crate::stats::Stats::default(),
         alias_files,
         auth_client_failures: crate::limits::FailureCounter::new(
             settings.auth_failures_per_client,
@@ -252,6 +271,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         .filter_map(|(l, _)| l.tls.clone())
         .collect();
     let follower = tokio::spawn(follow_overrides(shared.clone(), file_config));
+    let counting = tokio::spawn(flush_stats(shared.clone()));
     let mut loops = JoinSet::new();
     for (listener, socket) in listeners {
         loops.spawn(accept_loop(shared.clone(), listener, socket));
@@ -278,6 +298,10 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     follower.abort();
     let _ = stop.send(true);
     while loops.join_next().await.is_some() {}
+    counting.abort();
+    if let Err(e) = shared.stats.flush(&shared.pool).await {
+        tracing::warn!("the last counters could not be written to pepsi.ingress_stats: {e}");
+    }
     let _ = wake_stop.send(true);
     let _ = wake_task.await;
     shared.pool.close().await;
@@ -329,6 +353,7 @@ async fn refuse(mut tcp: TcpStream, reply: Reply) {
 async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, peer: SocketAddr) {
     let _ = tcp.set_nodelay(true);
     let Ok(_permit) = shared.connections.clone().try_acquire_owned() else {
+        shared.stats.connection_refused("too_many_connections");
         return refuse(
             tcp,
             Reply::new(421, "4.7.0", "too many connections, try again later"),
@@ -353,6 +378,7 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
             format!("{network}/{prefix}")
         };
         tracing::info!(%peer, %client, "too many connections from this client");
+        shared.stats.connection_refused("too_many_from_client");
         return refuse(
             tcp,
             Reply::new(421, "4.7.0", format!("too many connections from {client}")),
@@ -377,6 +403,7 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         _ => (Stream::Plain(tcp), None),
     };
     let conn = Conn::new(stream, settings.write_timeout, settings.max_session_time);
+    shared.stats.session();
     Session::new(shared, settings, listener, conn, peer, tls)
         .run()
         .await;

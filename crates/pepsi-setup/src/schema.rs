@@ -46,6 +46,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0006",
         sql: include_str!("../db/pepsi-0006.sql"),
     },
+    Patch {
+        name: "pepsi-0007",
+        sql: include_str!("../db/pepsi-0007.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -148,6 +152,7 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
     const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
     const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
+    const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
     if CREDENTIAL_TABLES.contains(&table) {
         // A component that could read admin_session could mint itself an administrative
         // session: the credential tables are the httpd role's alone.
@@ -174,6 +179,8 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
         (RoleKind::Ingress, "config_override" | "settings") => READ,
         (RoleKind::Ingress, "mailbox_account" | "mailbox_password") => READ,
+        // Its own counters: added to (an upsert reads the row it adds to), never deleted.
+        (RoleKind::Ingress, "ingress_stats") => COUNT,
         (RoleKind::Ingress, _) => NONE,
         (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
@@ -185,7 +192,10 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         // Accounts, aliases and local domains are the API's to change; it reads the overlay
         // (BOUNCE_STAGE) and the statistics (/metrics).
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
-        (RoleKind::Httpd, "config_override" | "stage_stats" | "dispatch_stats") => READ,
+        (
+            RoleKind::Httpd,
+            "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats",
+        ) => READ,
         (RoleKind::Httpd, _) => NONE,
     }
 }

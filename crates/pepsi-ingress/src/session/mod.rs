@@ -257,6 +257,12 @@ impl Session {
                 return Ok(Flow::Close);
             }
         }
+        let verb = verb(&command);
+        let counts = match &command {
+            Command::Rcpt { .. } => Counted::Recipient,
+            Command::Data | Command::Bdat { last: true, .. } => Counted::Message,
+            _ => Counted::Nothing,
+        };
         let reply = match command {
             Command::Ehlo(domain) => self.ehlo(domain, true),
             Command::Helo(domain) => self.ehlo(domain, false),
@@ -291,6 +297,13 @@ impl Session {
             Command::StartTls => return self.starttls().await,
             Command::Auth { mechanism, initial } => self.auth(mechanism, initial).await?,
         };
+        let stats = &self.shared.stats;
+        match (reply.code, counts) {
+            (400.., _) => stats.refused(verb, reply.code, reply.enhanced.as_deref()),
+            (200..300, Counted::Recipient) => stats.recipient(),
+            (200..300, Counted::Message) => stats.message(),
+            _ => {}
+        }
         self.send(reply);
         Ok(Flow::Continue)
     }
@@ -311,5 +324,33 @@ impl Session {
             self.state,
             State::Mail(_) | State::Rcpt(_) | State::Chunking(..)
         )
+    }
+}
+
+/// What an accepted command adds to the ingress's counters.
+#[derive(Clone, Copy)]
+enum Counted {
+    Recipient,
+    Message,
+    Nothing,
+}
+
+/// The command's verb, as the refusal counters label it.
+fn verb(command: &Command) -> &'static str {
+    match command {
+        Command::Ehlo(_) => "EHLO",
+        Command::Helo(_) => "HELO",
+        Command::Mail { .. } => "MAIL",
+        Command::Rcpt { .. } => "RCPT",
+        Command::Data => "DATA",
+        Command::Bdat { .. } => "BDAT",
+        Command::Rset => "RSET",
+        Command::Noop => "NOOP",
+        Command::Help => "HELP",
+        Command::Vrfy => "VRFY",
+        Command::Expn => "EXPN",
+        Command::Quit => "QUIT",
+        Command::StartTls => "STARTTLS",
+        Command::Auth { .. } => "AUTH",
     }
 }
