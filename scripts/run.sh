@@ -195,8 +195,10 @@ Pepsi is running. Try:
   printf 'Subject: hi\n\nfrom sendmail\n' | DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-sendmail -C etc/pepsi.conf alice@example.test
   ls var/mail/*/Maildir/new
   DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-queue -c etc/pepsi.conf list
-The administrative API: http://127.0.0.1:8080/ (docs/api.md); log in as the
-administrator in var/httpd-admin.txt:
+The live pipeline: http://127.0.0.1:8080/pipeline; one screen of the whole system:
+  DATABASE_URL=$DATABASE_URL PEPSI_HOME=$PEPSI_HOME $bin/pepsi-status -c etc/pepsi.conf
+The administrative API: http://127.0.0.1:8080/ (docs/api.md, docs/operations.md); log in as
+the administrator in var/httpd-admin.txt:
   read -r name pw < var/httpd-admin.txt
   curl -si -H 'Content-Type: application/json' -d "{\"name\":\"\$name\",\"password\":\"\$pw\"}" http://127.0.0.1:8080/api/login
 A dispatcher, ingress, pepsi-httpd, failure bouncer or pickup that dies is started again
