@@ -487,3 +487,96 @@ async fn nothing_is_fused_without_a_registry() {
     assert!(report.fused.is_empty());
     assert_eq!(view(&db.pool, id).await[0]["stage"], "b");
 }
+
+/// A body-free stage whose pass waits, for a row with `state.wait`, until the table
+/// `gate_open` has a row: a pass as slow as the test wants.
+struct Gate;
+
+impl Stage for Gate {
+    const PROGRAM: &'static str = "test-gate";
+    const LOAD: Load = Load::Metadata;
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Gate)
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(&self, _: &(), ctx: &mut StageContext<'_>) -> Result<Terminal, StageError> {
+        if ctx.state().get("wait").is_some() {
+            for _ in 0..6000 {
+                let open: bool = sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM gate_open)")
+                    .fetch_one(ctx.pool())
+                    .await?;
+                if open {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        ctx.finish()
+    }
+}
+
+/// A batch round is answered (and committed) as far as it got once ROUND_TIME has passed:
+/// the answer for a fast pass never waits for a slow pass after it in the same round.
+#[tokio::test]
+async fn a_round_cut_by_round_time_answers_what_is_done_before_the_slow_pass_ends() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    sqlx::query("CREATE TABLE gate_open (x int)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let cfg = Config::from_str_named(
+        &format!(
+            "[database]\nURL = {}\n[stage-g]\nPROGRAM = test-gate\nQUEUE_LIMIT = 8\nROUND_TIME = 0s\n",
+            db.url
+        ),
+        "gate.conf",
+    )
+    .unwrap();
+    let fast = running(pool, "g", json!({})).await;
+    let slow = running(pool, "g", json!({"wait": true})).await;
+    let after = running(pool, "g", json!({})).await;
+    let (mut to_worker, from_test) = tokio::io::duplex(4096);
+    let (worker_out, from_worker) = tokio::io::duplex(4096);
+    // All three ids are waiting before the worker reads: one round.
+    to_worker
+        .write_all(format!("{fast}\n{slow}\n{after}\n").as_bytes())
+        .await
+        .unwrap();
+    drop(to_worker);
+    let worker = Worker::with_stage(Gate, pool, &cfg, &[]).unwrap();
+    let run = worker.run(tokio::io::BufReader::new(from_test), worker_out);
+    let test = async {
+        let mut lines = tokio::io::BufReader::new(from_worker).lines();
+        let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+            .await
+            .expect("the fast pass is answered while the slow one still waits")
+            .unwrap()
+            .unwrap();
+        assert_eq!(first, r#"0 {"finished":true}"#);
+        let left: Vec<i64> =
+            sqlx::query_scalar("SELECT workqueue_id FROM pepsi.workqueue ORDER BY workqueue_id")
+                .fetch_all(pool)
+                .await
+                .unwrap();
+        assert_eq!(left, [slow, after], "the answered pass is committed");
+        sqlx::query("INSERT INTO gate_open VALUES (1)")
+            .execute(pool)
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        while let Some(line) = lines.next_line().await.unwrap() {
+            rest.push(line);
+        }
+        assert_eq!(rest, [r#"0 {"finished":true}"#, r#"0 {"finished":true}"#]);
+    };
+    let (handled, ()) = tokio::join!(run, test);
+    assert_eq!(handled.unwrap(), 3);
+}

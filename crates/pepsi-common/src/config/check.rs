@@ -21,6 +21,7 @@ pub const GLOBAL_ONLY_OPTIONS: &[&str] = &[
     "MAX_MESSAGES",
     "IDLE_TIMEOUT",
     "MAX_RUNTIME",
+    "ROUND_TIME",
     "ALLOW_FUSION",
     "MAIL_LOG_RETENTION",
 ];

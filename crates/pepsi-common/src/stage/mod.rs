@@ -182,6 +182,10 @@ pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
     }
     for name in &names {
         StageSettings::from_config(cfg, name)?;
+        // What the worker reads of the section itself (the batch's bounds).
+        let section = cfg.section(&format!("stage-{name}"));
+        section.number_opt::<usize>("QUEUE_LIMIT")?;
+        section.duration_opt("ROUND_TIME")?;
     }
     let stage = S::build(cfg)?;
     sections(&stage, cfg)?;

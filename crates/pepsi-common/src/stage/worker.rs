@@ -104,6 +104,10 @@ pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
     }
 }
 
+/// How long a batch round runs at most before its passes so far are committed and answered
+/// (`[stage-*] ROUND_TIME`, the shortest of the program's sections).
+pub const DEFAULT_ROUND_TIME: Duration = Duration::from_secs(1);
+
 /// A stage built for one worker process, with everything a pass needs: the pool, the
 /// configuration, every stage section's settings, and the stages it may fuse.
 pub struct Worker<'a> {
@@ -116,6 +120,8 @@ pub struct Worker<'a> {
     /// Registered stages built on first use (`None`: building failed; not fused into).
     fusable: RefCell<HashMap<&'static str, Option<Rc<dyn DynStage>>>>,
     batch_limit: usize,
+    /// How long a batch round may run before what it has done is committed and answered.
+    round_time: Duration,
     /// The domain and address overrides fused stages are built with too.
     scoped: ScopedOverrides,
 }
@@ -161,6 +167,15 @@ impl<'a> Worker<'a> {
                 .unwrap_or(1);
             batch_limit = batch_limit.max(limit);
         }
+        let mut round_time = DEFAULT_ROUND_TIME;
+        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+            if let Some(t) = cfg
+                .section(&format!("stage-{name}"))
+                .duration_opt("ROUND_TIME")?
+            {
+                round_time = round_time.min(t);
+            }
+        }
         let built = Built::from_stage(stage, cfg, &scoped)?;
         let fusion = cfg
             .section("pepsi")
@@ -175,6 +190,7 @@ impl<'a> Worker<'a> {
             registry,
             fusable: RefCell::new(HashMap::new()),
             batch_limit: batch_limit.min(1024),
+            round_time,
             scoped,
         })
     }
@@ -204,6 +220,19 @@ impl<'a> Worker<'a> {
     /// Passes over every id of `batch`: one SELECT for the batch, one statement for the
     /// deferred outcomes; one result per id, in order.
     pub async fn pass_batch(&self, batch: &[i64]) -> Vec<Result<PassReport, StageError>> {
+        self.pass_round(batch, None).await
+    }
+
+    /// As `pass_batch`, stopping before the next pass once `until` has passed: the answers
+    /// cover the first ids only (at least one), the rest are for another round. A batch of
+    /// slow passes (a delivery waiting on its peer) is thus committed and answered every
+    /// ROUND_TIME, never held back until its slowest pass, and the dispatcher hears from
+    /// the worker long before MAX_RUNTIME.
+    pub async fn pass_round(
+        &self,
+        batch: &[i64],
+        until: Option<Instant>,
+    ) -> Vec<Result<PassReport, StageError>> {
         let load = self.own.load();
         let sql = match load {
             Load::Metadata => SELECT_METADATA_MANY,
@@ -227,6 +256,9 @@ impl<'a> Worker<'a> {
         let mut deferred: Vec<(usize, PassReport)> = Vec::new();
         let mut rows: Vec<Deferred> = Vec::new();
         for &id in batch {
+            if !results.is_empty() && until.is_some_and(|t| Instant::now() >= t) {
+                break;
+            }
             let result = async {
                 let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
                 let mut ctx = self.context(id, rec, load)?;
@@ -317,32 +349,46 @@ impl<'a> Worker<'a> {
                 .map(|l| l.trim().to_owned())
                 .filter(|l| !l.is_empty())
                 .collect();
-            let ids: Vec<i64> = round.iter().filter_map(|l| l.parse().ok()).collect();
-            let mut answers = if batching && ids.len() > 1 {
-                self.pass_batch(&ids).await.into_iter()
-            } else {
-                let mut one = Vec::with_capacity(ids.len());
-                for &id in &ids {
-                    one.push(self.pass(id).await);
-                }
-                one.into_iter()
-            };
-            for line in &round {
-                let result = match line.parse::<i64>() {
-                    Ok(_) => answers.next().expect("one answer per id"),
-                    Err(_) => Err(StageError::BadId(line.clone())),
+            // A round is answered in order; when ROUND_TIME cuts it, the answers so far go out
+            // (and are committed) before the rest of its ids run.
+            let mut lines_left: &[String] = &round;
+            while !lines_left.is_empty() {
+                let ids: Vec<i64> = lines_left.iter().filter_map(|l| l.parse().ok()).collect();
+                let answers = if batching && ids.len() > 1 {
+                    let until = Instant::now() + self.round_time;
+                    self.pass_round(&ids, Some(until)).await
+                } else {
+                    let mut one = Vec::with_capacity(ids.len());
+                    for &id in &ids {
+                        one.push(self.pass(id).await);
+                    }
+                    one
                 };
-                if let Err(e) = &result {
-                    tracing::warn!(
-                        program = self.own.program(),
-                        id = line.as_str(),
-                        "message not handled: {e}"
-                    );
+                let mut answers = answers.into_iter();
+                let mut taken = 0;
+                for line in lines_left {
+                    let result = match line.parse::<i64>() {
+                        Ok(_) => match answers.next() {
+                            Some(answer) => answer,
+                            // Cut by ROUND_TIME: this id and those after it run next.
+                            None => break,
+                        },
+                        Err(_) => Err(StageError::BadId(line.clone())),
+                    };
+                    if let Err(e) = &result {
+                        tracing::warn!(
+                            program = self.own.program(),
+                            id = line.as_str(),
+                            "message not handled: {e}"
+                        );
+                    }
+                    output.write_all(status_line(&result).as_bytes()).await?;
+                    handled += 1;
+                    taken += 1;
                 }
-                output.write_all(status_line(&result).as_bytes()).await?;
-                handled += 1;
+                output.flush().await?;
+                lines_left = &lines_left[taken..];
             }
-            output.flush().await?;
         }
         Ok(handled)
     }
