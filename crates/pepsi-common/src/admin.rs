@@ -5,6 +5,10 @@
 //! row (`audit::record`), so the log is complete whichever surface acted (pepsi-httpd's API
 //! today, an operator tool tomorrow).
 //!
+//! It is also the one definition the operator tools and pepsi-httpd share for reading these
+//! back and for the input of overrides: `applied_settings` (what applies to an address, as
+//! its readers look it up), `override_scope` and `override_names`.
+//!
 //! Inputs are validated here, where they enter the database: addresses and domains are
 //! normalized (`local::normalize_domain`: lower-case, IDN as punycode) and bounded in length.
 //! Password hashing is the caller's (`password::hash_password`, on the blocking pool): this
@@ -17,7 +21,9 @@ use serde_json::{Value, json};
 use sqlx::{PgPool, Row as _};
 
 use crate::audit::{self, Actor};
+use crate::config::Scope;
 use crate::local::{LOCAL_DOMAIN_SETTING, normalize_domain};
+use crate::settings::{self, Setting, SettingSource};
 
 /// The longest address accepted (RFC 5321's path limit).
 pub const MAX_ADDRESS_LEN: usize = 254;
@@ -506,6 +512,143 @@ pub async fn delete_setting(
     Ok(())
 }
 
+/// One setting that applies to an address, and the row it comes from.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Applied {
+    pub name: String,
+    pub value: Value,
+    /// The key of the row: the address itself or `@domain` (`configuration` for a value of
+    /// the configuration file).
+    pub from: String,
+}
+
+impl Applied {
+    pub fn new(name: &str, s: Setting) -> Self {
+        let from = match s.source {
+            SettingSource::Address(a) => a,
+            SettingSource::Domain(d) => format!("@{d}"),
+            SettingSource::Global => "configuration".into(),
+        };
+        Applied {
+            name: name.into(),
+            value: s.value,
+            from,
+        }
+    }
+}
+
+/// What applies to one address or `@domain`: its mailbox and each known setting.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AddressSettings {
+    /// The address (or `@domain`) as stored.
+    pub address: String,
+    /// The mailbox account, when the address has one.
+    pub account: Option<Account>,
+    /// The known settings that apply, in `KNOWN_SETTINGS` order.
+    pub settings: Vec<Applied>,
+}
+
+/// What applies to `text` (an address or `@domain`, normalized here; `Invalid` otherwise):
+/// each known setting looked up the way its reader does — an address's own row for an
+/// `Address` setting, the domain's row for a `Domain` one, the address's row else its
+/// domain's for `Either` — with the row it comes from. One query for the settings.
+pub async fn applied_settings(pool: &PgPool, text: &str) -> Result<AddressSettings, AdminError> {
+    let text = text.trim();
+    let address = match text.strip_prefix('@') {
+        Some(d) => format!("@{}", domain(d, "address")?),
+        None => address(text, "address")?,
+    };
+    let account = if address.starts_with('@') {
+        None
+    } else {
+        list_accounts(pool, Some(&address), 100)
+            .await?
+            .into_iter()
+            .find(|acc| acc.address == address)
+    };
+    let names: Vec<&str> = KNOWN_SETTINGS.iter().map(|k| k.name).collect();
+    let table = settings::fetch(pool, &settings::lookup_keys(&address), &names).await?;
+    let domain_key = address.rsplit_once('@').map(|(_, d)| format!("@{d}"));
+    let applied = KNOWN_SETTINGS
+        .iter()
+        .filter_map(|k| {
+            let exact = |key: &str| {
+                table.exact(key, k.name).map(|value| Setting {
+                    value: value.clone(),
+                    source: match key.strip_prefix('@') {
+                        Some(d) => SettingSource::Domain(d.to_owned()),
+                        None => SettingSource::Address(key.to_owned()),
+                    },
+                })
+            };
+            let s = match k.key {
+                KeyKind::Address => exact(&address),
+                KeyKind::Domain => exact(domain_key.as_deref()?),
+                KeyKind::Either => table.resolve(&address, k.name),
+            }?;
+            Some(Applied::new(k.name, s))
+        })
+        .collect();
+    Ok(AddressSettings {
+        address,
+        account,
+        settings: applied,
+    })
+}
+
+/// An override's scope as stored: `global`, `domain:DOMAIN` or `address:ADDRESS`, the
+/// name normalized (lower case, IDN as punycode); `Invalid` naming the text otherwise.
+pub fn override_scope(text: &str) -> Result<Scope, AdminError> {
+    let t = text.trim();
+    if t.eq_ignore_ascii_case("global") {
+        return Ok(Scope::Global);
+    }
+    match t.split_once(':') {
+        Some((kind, name)) if kind.eq_ignore_ascii_case("domain") => {
+            Ok(Scope::Domain(domain(name, "scope")?))
+        }
+        Some((kind, name)) if kind.eq_ignore_ascii_case("address") => {
+            Ok(Scope::Address(address(name, "scope")?))
+        }
+        _ => Err(AdminError::Invalid(format!(
+            "scope {t:?} is not global, domain:DOMAIN or address:ADDRESS"
+        ))),
+    }
+}
+
+/// An override's section and option as stored: the section lower-case, the option
+/// upper-case, both 1 to 100 letters, digits, `-`, `_` and `.`.
+pub fn override_names(section: &str, option: &str) -> Result<(String, String), AdminError> {
+    let ok = |t: &str| {
+        !t.is_empty()
+            && t.len() <= 100
+            && t.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+    };
+    let (s, o) = (section.trim(), option.trim());
+    if !ok(s) {
+        return Err(AdminError::Invalid(format!(
+            "section {section:?} is not a section name (letters, digits, -, _ and .)"
+        )));
+    }
+    if !ok(o) {
+        return Err(AdminError::Invalid(format!(
+            "option {option:?} is not an option name (letters, digits, -, _ and .)"
+        )));
+    }
+    Ok((s.to_ascii_lowercase(), o.to_ascii_uppercase()))
+}
+
+/// An override's value: one line, as in the file.
+pub fn override_value(value: &str) -> Result<&str, AdminError> {
+    if value.contains(['\n', '\r', '\0']) {
+        return Err(AdminError::Invalid(
+            "the value holds a line break or NUL: a configuration value is one line".into(),
+        ));
+    }
+    Ok(value)
+}
+
 /// A row of `pepsi.config_override` as listed.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct OverrideListing {
@@ -655,6 +798,48 @@ mod tests {
         }
         let long = format!("{}@example.org", "a".repeat(250));
         assert!(address(&long, "address").is_err());
+    }
+
+    #[test]
+    fn override_scopes_and_names_are_normalized_or_refused_naming_the_text() {
+        let scopes = [
+            ("global", Ok("global")),
+            (" GLOBAL ", Ok("global")),
+            ("domain:Example.ORG", Ok("domain:example.org")),
+            (
+                "address:Alice@Bücher.example",
+                Ok("address:alice@xn--bcher-kva.example"),
+            ),
+            (
+                "domain:localhost",
+                Err("scope \"localhost\" is not a domain name"),
+            ),
+            ("address:alice", Err("scope \"alice\" is not an address")),
+            (
+                "site:x.example",
+                Err("\"site:x.example\" is not global, domain:DOMAIN"),
+            ),
+        ];
+        for (text, want) in scopes {
+            let got = override_scope(text)
+                .map(|s| s.to_db_string())
+                .map_err(|e| e.to_string());
+            match (got, want) {
+                (Ok(g), Ok(w)) => assert_eq!(g, w, "{text}"),
+                (Err(g), Err(w)) => assert!(g.contains(w), "{text}: {g}"),
+                (g, w) => panic!("{text}: got {g:?}, want {w:?}"),
+            }
+        }
+        assert_eq!(
+            override_names(" Stage-Relay ", "parallelism").unwrap(),
+            ("stage-relay".into(), "PARALLELISM".into())
+        );
+        let e = override_names("stage relay", "X").unwrap_err().to_string();
+        assert!(e.starts_with("section \"stage relay\""), "{e}");
+        let e = override_names("pepsi", "").unwrap_err().to_string();
+        assert!(e.starts_with("option \"\""), "{e}");
+        assert!(override_value("4").is_ok());
+        assert!(override_value("4\nX = 5").is_err());
     }
 
     #[test]

@@ -18,12 +18,11 @@ use pepsi_common::admin::{self, AdminError};
 use pepsi_common::audit::Actor;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::{
-    Config, OverrideRow, ProgramCheck, Refusal, Scope, check_all, check_override, load_overrides,
+    Config, OverrideRow, ProgramCheck, Refusal, Scope, ValueRow, check_all, check_override,
+    load_overrides, program_check, shown_values,
 };
 use serde::Serialize;
 use sqlx::PgPool;
-
-use crate::render::ValueRow;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -269,23 +268,9 @@ impl From<Refusal> for Failure {
 
 type Done = Result<ExitCode, Failure>;
 
-/// `global`, `domain:DOMAIN` or `address:ADDRESS`, normalized.
+/// `global`, `domain:DOMAIN` or `address:ADDRESS`, normalized (`admin::override_scope`).
 fn parse_scope(text: &str) -> Result<Scope, Failure> {
-    let t = text.trim();
-    if t.eq_ignore_ascii_case("global") {
-        return Ok(Scope::Global);
-    }
-    match t.split_once(':') {
-        Some((kind, name)) if kind.eq_ignore_ascii_case("domain") => {
-            Ok(Scope::Domain(admin::domain(name, "scope")?))
-        }
-        Some((kind, name)) if kind.eq_ignore_ascii_case("address") => {
-            Ok(Scope::Address(admin::address(name, "scope")?))
-        }
-        _ => Err(Failure::usage(format!(
-            "scope {t:?} is not global, domain:DOMAIN or address:ADDRESS"
-        ))),
-    }
+    Ok(admin::override_scope(text)?)
 }
 
 fn print_json<T: Serialize>(v: &T) -> Result<(), Failure> {
@@ -312,46 +297,22 @@ impl Tool {
     }
 
     fn program(&self, name: &str) -> Result<&'static ProgramCheck, Failure> {
-        self.checks
-            .iter()
-            .find(|c| c.program == name)
-            .ok_or_else(|| {
-                let names: Vec<&str> = self.checks.iter().map(|c| c.program).collect();
-                Failure::usage(format!(
-                    "{name:?} is not a Pepsi program whose configuration is known (known: {})",
-                    names.join(", ")
-                ))
-            })
+        program_check(self.checks, name).map_err(Failure::usage)
     }
 
     async fn show(&self, a: ShowArgs) -> Done {
         let scope = parse_scope(&a.scope.scope)?;
         let cfg = self.effective(&scope).await?;
-        let wanted = |section: &str| {
-            a.sections.is_empty() || a.sections.iter().any(|s| s.eq_ignore_ascii_case(section))
-        };
-        let mut rows: Vec<ValueRow> = Vec::new();
-        if a.programs.is_empty() {
-            for section in cfg.sections().filter(|s| wanted(s)) {
-                for option in cfg.section(section).options() {
-                    rows.push(ValueRow::of(&cfg, section, option));
-                }
-            }
-        } else {
-            for name in &a.programs {
-                let check = self.program(name)?;
-                let verdict = check_all(&cfg, std::slice::from_ref(check));
-                if let Some((_, error)) = verdict.errors.first() {
-                    eprintln!("{name}: {error}");
-                }
-                for (section, option) in verdict.reads.all() {
-                    let shown = cfg.section(&section).name().to_owned();
-                    if wanted(&shown) && !rows.iter().any(|r| r.is(&shown, &option)) {
-                        rows.push(ValueRow::of(&cfg, &shown, &option));
-                    }
-                }
-            }
+        let programs = a
+            .programs
+            .iter()
+            .map(|name| self.program(name))
+            .collect::<Result<Vec<_>, _>>()?;
+        let shown = shown_values(&cfg, &programs, &a.sections);
+        for (program, error) in &shown.problems {
+            eprintln!("{program}: {error}");
         }
+        let rows = shown.values;
         if a.json {
             print_json(&render::Shown {
                 scope: scope.to_db_string(),
@@ -365,12 +326,8 @@ impl Tool {
 
     async fn set(&self, a: SetArgs) -> Done {
         let scope = parse_scope(&a.scope.scope)?;
-        let (section, option) = names(&a.section, &a.option)?;
-        if a.value.contains(['\n', '\r', '\0']) {
-            return Err(Failure::usage(
-                "the value holds a line break or NUL: a configuration value is one line",
-            ));
-        }
+        let (section, option) = admin::override_names(&a.section, &a.option)?;
+        admin::override_value(&a.value)?;
         let base = self.effective(&scope).await?;
         let row = OverrideRow {
             scope: scope.to_db_string(),
@@ -401,7 +358,7 @@ impl Tool {
 
     async fn unset(&self, a: UnsetArgs) -> Done {
         let scope = parse_scope(&a.scope.scope)?;
-        let (section, option) = names(&a.section, &a.option)?;
+        let (section, option) = admin::override_names(&a.section, &a.option)?;
         let previous = admin::delete_override(
             &self.pool,
             &self.actor,
@@ -471,27 +428,4 @@ impl Tool {
             ExitCode::from(1)
         })
     }
-}
-
-/// A section and option name as stored: the section lower-case, the option upper-case,
-/// both non-empty words of letters, digits, `-`, `_` and `.`.
-fn names(section: &str, option: &str) -> Result<(String, String), Failure> {
-    let ok = |t: &str| {
-        !t.is_empty()
-            && t.len() <= 100
-            && t.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
-    };
-    let (s, o) = (section.trim(), option.trim());
-    if !ok(s) {
-        return Err(Failure::usage(format!(
-            "section {section:?} is not a section name (letters, digits, -, _ and .)"
-        )));
-    }
-    if !ok(o) {
-        return Err(Failure::usage(format!(
-            "option {option:?} is not an option name (letters, digits, -, _ and .)"
-        )));
-    }
-    Ok((s.to_ascii_lowercase(), o.to_ascii_uppercase()))
 }

@@ -2,48 +2,10 @@
 //! serde shapes of `--json` and the tables. Pure functions, no I/O.
 
 use pepsi_common::admin::OverrideListing;
-use pepsi_common::config::Config;
+use pepsi_common::config::ValueRow;
 use pepsi_common::queue::json::ts;
 use pepsi_common::text::{clip, table};
 use serde::Serialize;
-
-/// One option as the configuration holds it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ValueRow {
-    pub section: String,
-    pub option: String,
-    /// Whether the files or an override set it (else the program's default applies).
-    pub set: bool,
-    /// The value as written, unexpanded; `None` when unset or secret.
-    pub value: Option<String>,
-    /// The value comes from `secrets.d/` and is not shown.
-    pub secret: bool,
-    /// `file:line`, or `database override scope=...`.
-    pub origin: Option<String>,
-}
-
-impl ValueRow {
-    pub fn of(cfg: &Config, section: &str, option: &str) -> ValueRow {
-        let s = cfg.section(section);
-        let name = s
-            .options()
-            .find(|o| o.eq_ignore_ascii_case(option))
-            .unwrap_or(option)
-            .to_owned();
-        ValueRow {
-            section: s.name().to_owned(),
-            option: name,
-            set: s.has(option),
-            value: cfg.raw_value(section, option).map(str::to_owned),
-            secret: cfg.is_secret(section, option),
-            origin: s.origin(option).map(ToString::to_string),
-        }
-    }
-
-    pub fn is(&self, section: &str, option: &str) -> bool {
-        self.section.eq_ignore_ascii_case(section) && self.option.eq_ignore_ascii_case(option)
-    }
-}
 
 /// `show --json`.
 #[derive(Debug, Serialize)]
@@ -110,6 +72,7 @@ pub fn overrides(rows: &[OverrideListing]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pepsi_common::config::Config;
 
     #[test]
     fn values_show_their_origin_and_hide_secrets() {

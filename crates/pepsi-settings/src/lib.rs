@@ -20,7 +20,6 @@ use pepsi_common::admin::{self, AdminError, KNOWN_SETTINGS};
 use pepsi_common::audit::Actor;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
-use pepsi_common::settings;
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -622,59 +621,9 @@ async fn list(pool: &PgPool, a: ListArgs) -> Done {
     Ok(())
 }
 
-/// What applies to one address, as `show` reports it.
-#[derive(Debug, Serialize)]
-struct Shown {
-    address: String,
-    /// The mailbox account, when the address has one.
-    account: Option<admin::Account>,
-    settings: Vec<render::Applied>,
-}
-
 async fn show(pool: &PgPool, a: ShowArgs) -> Done {
-    let text = a.address.trim();
-    let address = match text.strip_prefix('@') {
-        Some(d) => format!("@{}", admin::domain(d, "address")?),
-        None => admin::address(text, "address")?,
-    };
-    let account = if address.starts_with('@') {
-        None
-    } else {
-        admin::list_accounts(pool, Some(&address), 100)
-            .await?
-            .into_iter()
-            .find(|acc| acc.address == address)
-    };
-    let names: Vec<&str> = KNOWN_SETTINGS.iter().map(|k| k.name).collect();
-    let table = settings::fetch(pool, &settings::lookup_keys(&address), &names).await?;
-    // Each setting is looked up the way its reader does: an address's own row, a domain's
-    // row, or (for one that may be either) the address's row, else its domain's.
-    let domain_key = address.rsplit_once('@').map(|(_, d)| format!("@{d}"));
-    let applied: Vec<render::Applied> = KNOWN_SETTINGS
-        .iter()
-        .filter_map(|k| {
-            let exact = |key: &str| {
-                table.exact(key, k.name).map(|value| settings::Setting {
-                    value: value.clone(),
-                    source: match key.strip_prefix('@') {
-                        Some(d) => settings::SettingSource::Domain(d.to_owned()),
-                        None => settings::SettingSource::Address(key.to_owned()),
-                    },
-                })
-            };
-            let s = match k.key {
-                admin::KeyKind::Address => exact(&address),
-                admin::KeyKind::Domain => exact(domain_key.as_deref()?),
-                admin::KeyKind::Either => table.resolve(&address, k.name),
-            }?;
-            Some(render::Applied::new(k.name, s))
-        })
-        .collect();
-    let shown = Shown {
-        address,
-        account,
-        settings: applied,
-    };
+    // The lookup is pepsi_common's, shared with pepsi-httpd's GET /api/settings/{address}.
+    let shown = admin::applied_settings(pool, &a.address).await?;
     if a.out.json {
         return print_json(&shown);
     }

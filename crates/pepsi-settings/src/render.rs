@@ -2,9 +2,9 @@
 //! `--json` and the tables. Pure functions, no I/O.
 
 use chrono::{DateTime, Utc};
-use pepsi_common::admin::{Account, KNOWN_SETTINGS, KeyKind, SettingRow, ValueKind};
+use pepsi_common::admin::{Account, Applied, KNOWN_SETTINGS, KeyKind, SettingRow, ValueKind};
 use pepsi_common::queue::json::ts;
-use pepsi_common::settings::{Setting, SettingSource, address_list};
+use pepsi_common::settings::address_list;
 use pepsi_common::text::{clip, table};
 use serde::Serialize;
 use serde_json::Value;
@@ -136,30 +136,6 @@ pub fn settings(rows: &[SettingRow]) -> String {
     table(&["KEY", "NAME", "VALUE", "UPDATED"], &[false; 4], &cells)
 }
 
-/// One setting that applies to an address, and the row it comes from.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Applied {
-    pub name: String,
-    pub value: Value,
-    /// The key of the row: the address itself or `@domain`.
-    pub from: String,
-}
-
-impl Applied {
-    pub fn new(name: &str, s: Setting) -> Self {
-        let from = match s.source {
-            SettingSource::Address(a) => a,
-            SettingSource::Domain(d) => format!("@{d}"),
-            SettingSource::Global => "configuration".into(),
-        };
-        Applied {
-            name: name.into(),
-            value: s.value,
-            from,
-        }
-    }
-}
-
 pub fn shown(address: &str, account: Option<&Account>, applied: &[Applied]) -> String {
     let mut out = format!("{address}\n");
     match account {
@@ -207,6 +183,7 @@ pub fn names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pepsi_common::settings::{Setting, SettingSource};
     use serde_json::json;
 
     #[test]

@@ -15,6 +15,7 @@ mod error;
 mod expand;
 mod overlay;
 mod parse;
+mod shown;
 mod value;
 
 use std::collections::BTreeMap;
@@ -30,6 +31,7 @@ pub use overlay::{
     is_file_only_option, is_protected_section, listen_config_changed, load_all_overrides,
     load_overrides,
 };
+pub use shown::{ShownValues, ValueRow, program_check, shown_values};
 
 use expand::{Expander, Trust};
 use parse::Loader;
