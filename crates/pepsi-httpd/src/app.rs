@@ -79,6 +79,20 @@ pub fn router(state: AppState) -> Router {
             "/api/domains/{domain}",
             put(api::settings::put_domain).delete(api::settings::delete_domain),
         )
+        .route("/api/settings", get(api::settings::list_settings))
+        .route("/api/settings/names", get(api::settings::setting_names))
+        .route("/api/settings/{address}", get(api::settings::show_address))
+        .route(
+            "/api/settings/{key}/{name}",
+            put(api::settings::put_setting).delete(api::settings::delete_setting),
+        )
+        .route(
+            "/api/config/overrides",
+            get(api::config::list)
+                .put(api::config::set)
+                .delete(api::config::unset),
+        )
+        .route("/api/config/effective", get(api::config::effective_values))
         .route("/api/mail-log", get(api::logs::mail_log))
         .route("/api/events", get(api::logs::events))
         .route("/api/pipeline", get(api::pipeline::pipeline))

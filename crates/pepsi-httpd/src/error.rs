@@ -73,6 +73,18 @@ impl From<pepsi_common::admin::AdminError> for ApiError {
     }
 }
 
+impl From<pepsi_common::config::Refusal> for ApiError {
+    /// An override a program would refuse is 422 (the request was understood, its value is
+    /// wrong); one the files own, nothing reads or that cannot be scoped is 400.
+    fn from(e: pepsi_common::config::Refusal) -> Self {
+        use pepsi_common::config::Refusal as R;
+        match e {
+            R::Breaks(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m),
+            R::FileOnly(m) | R::Unread(m) | R::Unscoped(m) => ApiError::bad_request(m),
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut r = (self.status, axum::Json(json!({"error": self.message}))).into_response();

@@ -15,7 +15,7 @@ use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode, header};
 use pepsi_common::audit::Actor;
-use pepsi_common::config::Config;
+use pepsi_common::config::{Config, ProgramCheck};
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 
@@ -37,6 +37,12 @@ pub struct AppState {
     pub throttle: Arc<Mutex<Throttles>>,
     /// Earlier readings of the stage counters, for the pipeline's throughput.
     pub samples: Arc<Mutex<crate::pipeline::Samples>>,
+    /// Every program's configuration parser (the root package's `pepsi::checks`), which an
+    /// override must pass before it is stored.
+    pub checks: &'static [ProgramCheck],
+    /// The pool of `CONFIG_DATABASE_URL` (the pepsi-config role), the only one that writes
+    /// `pepsi.config_override`; `None` when the option is not set.
+    pub config_pool: Option<PgPool>,
 }
 
 /// Failed-login counters per client address and per account.

@@ -1,6 +1,8 @@
 //! pepsi-httpd: the administrative surface of Pepsi over HTTP — a JSON API for the queue
 //! (list, show, retry, hold, release, delete, bounce, one by one or in bulk by filter),
-//! mailbox accounts, aliases and local domains, the mail log and the audit log, the live
+//! mailbox accounts, aliases and local domains, every per-address setting, the
+//! configuration's overrides (checked by every program's parser, which the binary passes
+//! in, before they are stored), the mail log and the audit log, the live
 //! pipeline (the stage graph with its queue, throughput and failures, as JSON and as a page
 //! a browser logs in to), and `/metrics` in the Prometheus text format.
 //!
@@ -44,6 +46,7 @@ use anyhow::Context as _;
 use clap::{Parser, Subcommand};
 use pepsi_common::audit::Actor;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_common::config::ProgramCheck;
 
 use crate::settings::HttpdSettings;
 
@@ -142,14 +145,16 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     pepsi_common::config::parse_duration(text)
 }
 
-/// Entry point of the `pepsi-httpd` binary.
-pub fn run() -> ExitCode {
+/// Entry point of the `pepsi-httpd` binary; `checks` is every program's configuration
+/// parser (`pepsi::checks::CONFIG_CHECKS`), which the configuration API runs over an
+/// override before storing it.
+pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
         match cli.command.unwrap_or(Command::Serve) {
-            Command::Serve => serve(cfg).await,
+            Command::Serve => serve(cfg, checks).await,
             Command::AdminAdd(a) => admin_add(&cfg, a).await,
             Command::TokenAdd(a) => token_add(&cfg, a).await,
         }
@@ -265,11 +270,33 @@ async fn token_add(
     Ok(ExitCode::SUCCESS)
 }
 
-async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
+/// The pool of `CONFIG_DATABASE_URL`, connected on first use: pepsi-httpd serves while the
+/// pepsi-config role cannot connect, and only an override write finds out.
+fn config_pool(settings: &HttpdSettings) -> anyhow::Result<Option<sqlx::PgPool>> {
+    let Some(url) = &settings.config_database_url else {
+        return Ok(None);
+    };
+    let options: sqlx::postgres::PgConnectOptions = url
+        .0
+        .parse()
+        .context("[pepsi-httpd] CONFIG_DATABASE_URL is not a PostgreSQL URL")?;
+    Ok(Some(
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .acquire_timeout(std::time::Duration::from_secs(10))
+            .connect_lazy_with(options.application_name("pepsi-httpd")),
+    ))
+}
+
+async fn serve(
+    cfg: pepsi_common::config::Config,
+    checks: &'static [ProgramCheck],
+) -> anyhow::Result<ExitCode> {
     let settings = HttpdSettings::from_config(&cfg)?;
     let bound = server::bind(&settings)?;
     server::drop_privileges(&settings)?;
     let pool = pepsi_common::db::connect(&cfg).await?;
+    let config_pool = config_pool(&settings)?;
     let scheme = if settings.tls.is_some() {
         "https"
     } else {
@@ -283,6 +310,8 @@ async fn serve(cfg: pepsi_common::config::Config) -> anyhow::Result<ExitCode> {
         throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
         settings: Arc::new(settings.clone()),
         samples: Arc::default(),
+        checks,
+        config_pool,
     };
     // Sessions past their limits are never honoured; this only keeps the table small.
     let purge_pool = pool.clone();

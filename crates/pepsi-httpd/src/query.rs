@@ -221,6 +221,69 @@ pub fn limit_only(pairs: &[(String, String)]) -> Result<i64, String> {
     Ok(lim)
 }
 
+/// A comma-separated list parameter: its items trimmed, none empty.
+fn list(field: &str, value: &str) -> Result<Vec<String>, String> {
+    let items: Vec<String> = text(field, value)?
+        .split(',')
+        .map(|t| t.trim().to_owned())
+        .collect();
+    if items.iter().any(String::is_empty) {
+        return Err(format!("{field}: an empty item in {value:?}"));
+    }
+    Ok(items)
+}
+
+/// `GET /api/config/overrides`: the scope, as written (checked by `admin::override_scope`).
+pub fn overrides_query(pairs: &[(String, String)]) -> Result<Option<String>, String> {
+    let mut scope = None;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "scope" => scope = Some(text(k, v)?),
+            other => return Err(unknown(other, &["scope"])),
+        }
+    }
+    Ok(scope)
+}
+
+/// `GET /api/config/effective`: which configuration and which of its options.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EffectiveQuery {
+    /// As written (checked by `admin::override_scope`); `None` is global.
+    pub scope: Option<String>,
+    /// Programs whose options to show; empty: every option set.
+    pub programs: Vec<String>,
+    /// Only these sections; empty: all.
+    pub sections: Vec<String>,
+}
+
+pub fn effective_query(pairs: &[(String, String)]) -> Result<EffectiveQuery, String> {
+    let mut q = EffectiveQuery::default();
+    for (k, v) in pairs {
+        match k.as_str() {
+            "scope" => q.scope = Some(text(k, v)?),
+            "program" => q.programs = list(k, v)?,
+            "section" => q.sections = list(k, v)?,
+            other => return Err(unknown(other, &["program", "section", "scope"])),
+        }
+    }
+    Ok(q)
+}
+
+/// `GET /api/settings`: the setting names (comma-separated; checked against
+/// `KNOWN_SETTINGS` by the caller) and the limit.
+pub fn settings_query(pairs: &[(String, String)]) -> Result<(Vec<String>, i64), String> {
+    let mut names = Vec::new();
+    let mut lim = DEFAULT_LIMIT;
+    for (k, v) in pairs {
+        match k.as_str() {
+            "name" => names = list(k, v)?,
+            "limit" => lim = limit(v)?,
+            other => return Err(unknown(other, &["name", "limit"])),
+        }
+    }
+    Ok((names, lim))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -336,6 +399,54 @@ mod tests {
         for ((k, v), want) in cases {
             let e = events_query(&pairs(&[(k, v)])).unwrap_err();
             assert!(e.contains(want), "{k}={v}: {e}");
+        }
+    }
+
+    #[test]
+    fn configuration_and_settings_queries_read_and_refuse() {
+        let q = effective_query(&pairs(&[
+            ("program", "pepsi-ingress, pepsi-httpd"),
+            ("section", "pepsi-ingress"),
+            ("scope", "domain:x.example"),
+        ]))
+        .unwrap();
+        assert_eq!(q.programs, ["pepsi-ingress", "pepsi-httpd"]);
+        assert_eq!(q.sections, ["pepsi-ingress"]);
+        assert_eq!(q.scope.as_deref(), Some("domain:x.example"));
+        assert_eq!(effective_query(&[]).unwrap(), EffectiveQuery::default());
+        assert_eq!(
+            overrides_query(&pairs(&[("scope", "global")])).unwrap(),
+            Some("global".into())
+        );
+        assert_eq!(
+            settings_query(&pairs(&[("name", "alias,send_as"), ("limit", "5")])).unwrap(),
+            (vec!["alias".to_owned(), "send_as".to_owned()], 5)
+        );
+        let errors = [
+            (
+                effective_query(&pairs(&[("programs", "x")])).map(drop),
+                "\"programs\"",
+            ),
+            (
+                effective_query(&pairs(&[("program", "a,,b")])).map(drop),
+                "program: an empty item",
+            ),
+            (
+                overrides_query(&pairs(&[("scope", "")])).map(drop),
+                "scope: empty",
+            ),
+            (
+                overrides_query(&pairs(&[("section", "x")])).map(drop),
+                "\"section\"",
+            ),
+            (
+                settings_query(&pairs(&[("limit", "0")])).map(drop),
+                "limit: \"0\"",
+            ),
+        ];
+        for (got, want) in errors {
+            let e = got.unwrap_err();
+            assert!(e.contains(want), "{want}: {e}");
         }
     }
 }

@@ -65,6 +65,16 @@ impl Cidr {
     }
 }
 
+/// A database URL that may hold a password: kept out of `Debug` output.
+#[derive(Clone, PartialEq, Eq)]
+pub struct DatabaseUrl(pub String);
+
+impl std::fmt::Debug for DatabaseUrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DatabaseUrl(..)")
+    }
+}
+
 /// Everything pepsi-httpd needs to know before it serves.
 #[derive(Debug, Clone, PartialEq)]
 pub struct HttpdSettings {
@@ -106,6 +116,10 @@ pub struct HttpdSettings {
     /// `COOKIE_SECURE`: mark the session cookie Secure (default: when TLS is on). Set it
     /// behind a TLS-terminating proxy.
     pub secure_cookie: bool,
+    /// `CONFIG_DATABASE_URL`: where the configuration API writes `pepsi.config_override`,
+    /// as the pepsi-config role (the httpd role may only read the table). Without it the
+    /// API's override writes answer 409.
+    pub config_database_url: Option<DatabaseUrl>,
 }
 
 impl HttpdSettings {
@@ -152,7 +166,30 @@ impl HttpdSettings {
         if session_idle.is_zero() || session_max_age.is_zero() {
             bail!("[{SECTION}] SESSION_IDLE_TIMEOUT and SESSION_MAX_AGE must be longer than 0");
         }
+        let config_database_url = match s.string_opt("CONFIG_DATABASE_URL")? {
+            Some(url) => {
+                // The value is not quoted: it may hold a password.
+                let scheme_ok = ["postgres://", "postgresql://"].iter().any(|p| {
+                    url.get(..p.len())
+                        .is_some_and(|h| h.eq_ignore_ascii_case(p))
+                });
+                if !scheme_ok {
+                    bail!(
+                        "[{SECTION}] CONFIG_DATABASE_URL is not a PostgreSQL URL: expected postgres://..."
+                    );
+                }
+                url.parse::<sqlx::postgres::PgConnectOptions>()
+                    .map_err(|e| {
+                        anyhow::anyhow!(
+                            "[{SECTION}] CONFIG_DATABASE_URL is not a PostgreSQL URL: {e}"
+                        )
+                    })?;
+                Some(DatabaseUrl(url))
+            }
+            None => None,
+        };
         Ok(Self {
+            config_database_url,
             address,
             secure_cookie: s.bool_opt("COOKIE_SECURE")?.unwrap_or(tls.is_some()),
             tls,
@@ -201,6 +238,13 @@ mod tests {
         assert_eq!(d.session_idle, Duration::from_secs(1800));
         let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
         assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
+        assert_eq!(d.config_database_url, None);
+        let url = settings("[pepsi-httpd]\nCONFIG_DATABASE_URL = postgres://cfg:pw@db/pepsi\n")
+            .unwrap()
+            .config_database_url
+            .unwrap();
+        assert_eq!(url.0, "postgres://cfg:pw@db/pepsi");
+        assert!(!format!("{url:?}").contains("pw"), "Debug hides the URL");
         let cases = [
             ("ADDRESS = localhost:80", "ADDRESS = \"localhost:80\""),
             ("CERT_FILE = c.pem", "CERT_FILE and KEY_FILE go together"),
@@ -211,6 +255,10 @@ mod tests {
             ),
             ("MAX_BODY_SIZE = 10", "MAX_BODY_SIZE = 10"),
             ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
+            (
+                "CONFIG_DATABASE_URL = mysql://u:pw@h/db",
+                "CONFIG_DATABASE_URL is not a PostgreSQL URL",
+            ),
         ];
         for (line, want) in cases {
             let e = format!(

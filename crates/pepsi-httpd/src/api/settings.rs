@@ -2,12 +2,14 @@
 //! (`alias` rows of an address), catch-alls (`catchall` rows of `@domain`, reached through
 //! the same routes with `@domain` as the address) and local domains (`local_domain` rows of
 //! `@domain`). Domains of `[pepsi] LOCAL_DOMAINS` are listed too, marked as coming from the
-//! configuration file, and cannot be deleted here.
+//! configuration file, and cannot be deleted here. And every setting Pepsi reads
+//! (`admin::KNOWN_SETTINGS`) with the semantics of `pepsi-settings` set, unset, list, show
+//! and names: the checks of key and value and the lookup are `pepsi_common::admin`'s.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use pepsi_common::admin::{self, MAX_ALIAS_TARGETS};
+use pepsi_common::admin::{self, KNOWN_SETTINGS, MAX_ALIAS_TARGETS};
 use pepsi_common::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
 use pepsi_common::settings::address_list;
 use serde::Deserialize;
@@ -144,5 +146,99 @@ pub async fn delete_domain(
     }
     let (key, name) = admin::local_domain_key(&d);
     admin::delete_setting(&state.pool, &who.actor(), &key, name).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// `GET /api/settings[?name=&limit=]`: the stored rows of every known setting, or of those
+/// named (`pepsi-settings list --json`).
+pub async fn list_settings(
+    State(state): State<AppState>,
+    _who: Principal,
+    Pairs(pairs): Pairs,
+) -> ApiResult<Json<Value>> {
+    let (wanted, limit) = query::settings_query(&pairs).map_err(ApiError::bad_request)?;
+    let names: Vec<&str> = if wanted.is_empty() {
+        KNOWN_SETTINGS.iter().map(|k| k.name).collect()
+    } else {
+        wanted
+            .iter()
+            .map(|n| admin::known_setting(n).map(|k| k.name))
+            .collect::<Result<_, _>>()?
+    };
+    let rows = admin::list_settings(&state.pool, &names, limit).await?;
+    Ok(Json(json!({"settings": rows, "limit": limit})))
+}
+
+/// `GET /api/settings/names`: the settings Pepsi reads, with the shape of their rows.
+pub async fn setting_names(_who: Principal) -> Json<Value> {
+    Json(json!({ "settings": KNOWN_SETTINGS }))
+}
+
+/// `GET /api/settings/{address}`: the mailbox and what applies to the address, each value
+/// with the row it comes from (`pepsi-settings show --json`).
+pub async fn show_address(
+    State(state): State<AppState>,
+    _who: Principal,
+    Path(address): Path<String>,
+) -> ApiResult<Json<admin::AddressSettings>> {
+    Ok(Json(admin::applied_settings(&state.pool, &address).await?))
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SettingValue {
+    /// `true`, a list of addresses, or one string of comma-separated addresses.
+    value: Value,
+}
+
+/// The operator's words `admin::setting_value` reads, from a JSON value.
+fn words(value: &Value) -> ApiResult<Vec<String>> {
+    let bad = || {
+        ApiError::bad_request(
+            "value: expected true, a list of addresses, or a string of comma-separated addresses",
+        )
+    };
+    match value {
+        Value::Bool(b) => Ok(vec![b.to_string()]),
+        Value::String(s) => Ok(vec![s.clone()]),
+        Value::Array(items) => items
+            .iter()
+            .map(|v| v.as_str().map(str::to_owned).ok_or_else(bad))
+            .collect(),
+        _ => Err(bad()),
+    }
+}
+
+/// `PUT /api/settings/{key}/{name}`: `pepsi-settings set` (201 new, 200 replaced).
+pub async fn put_setting(
+    State(state): State<AppState>,
+    who: Principal,
+    Path((key, name)): Path<(String, String)>,
+    Body(req): Body<SettingValue>,
+) -> ApiResult<(StatusCode, Json<Value>)> {
+    let known = admin::known_setting(&name)?;
+    let key = admin::setting_key(known, &key)?;
+    let value = admin::setting_value(known, &words(&req.value)?)?;
+    let created = admin::put_setting(&state.pool, &who.actor(), &key, known.name, &value).await?;
+    let status = if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(json!({"address": key, "name": known.name, "value": value})),
+    ))
+}
+
+/// `DELETE /api/settings/{key}/{name}`: `pepsi-settings unset`; 404 when there is no row.
+pub async fn delete_setting(
+    State(state): State<AppState>,
+    who: Principal,
+    Path((key, name)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    let known = admin::known_setting(&name)?;
+    let key = admin::setting_key(known, &key)?;
+    admin::delete_setting(&state.pool, &who.actor(), &key, known.name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
