@@ -100,13 +100,13 @@ fn error_of(a: &Answer) -> &str {
 
 /// (method, path, body) of every new route.
 fn routes() -> Vec<(Method, &'static str, Option<Value>)> {
-    let set = json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"});
-    let unset = json!({"section": "pepsi-httpd", "option": "BULK_LIMIT"});
+    let set = json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5"});
+    let unset = json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS"});
     vec![
         (Method::GET, "/api/config/overrides", None),
         (
             Method::GET,
-            "/api/config/effective?program=pepsi-httpd",
+            "/api/config/effective?program=pepsi-ingress",
             None,
         ),
         (Method::PUT, "/api/config/overrides", Some(set)),
@@ -167,7 +167,7 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
     let f = fixture(true).await;
     let cases = [
         (
-            json!({"scope": "planet:mars", "section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"}),
+            json!({"scope": "planet:mars", "section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5"}),
             400,
             "scope \"planet:mars\" is not global, domain:DOMAIN or address:ADDRESS",
         ),
@@ -177,17 +177,17 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
             "scope \"localhost\" is not a domain name",
         ),
         (
-            json!({"section": "pepsi httpd", "option": "BULK_LIMIT", "value": "5"}),
+            json!({"section": "pepsi httpd", "option": "MAX_RECIPIENTS", "value": "5"}),
             400,
             "section \"pepsi httpd\" is not a section name",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK/LIMIT", "value": "5"}),
+            json!({"section": "pepsi-ingress", "option": "MAX/RECIPIENTS", "value": "5"}),
             400,
-            "option \"BULK/LIMIT\" is not an option name",
+            "option \"MAX/RECIPIENTS\" is not an option name",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5\nUSER = root"}),
+            json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5\nUSER = root"}),
             400,
             "a configuration value is one line",
         ),
@@ -202,32 +202,32 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
             "PROGRAM names a program, file, key or trust anchor",
         ),
         (
-            json!({"scope": "domain:example.org", "section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"}),
+            json!({"scope": "domain:example.org", "section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5"}),
             400,
-            "[pepsi-httpd] is read once for the whole deployment",
+            "[pepsi-ingress] is read once for the whole deployment",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMT", "value": "5"}),
+            json!({"section": "pepsi-ingress", "option": "MAX_RECIPENTS", "value": "5"}),
             400,
-            "no Pepsi program reads [pepsi-httpd] BULK_LIMT (the options read from [pepsi-httpd]: ",
+            "no Pepsi program reads [pepsi-ingress] MAX_RECIPENTS (the options read from [pepsi-ingress]: ",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "lots"}),
+            json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "lots"}),
             422,
-            "[pepsi-httpd] BULK_LIMIT = \"lots\" would stop pepsi-httpd: ",
+            "[pepsi-ingress] MAX_RECIPIENTS = \"lots\" would stop pepsi-ingress: ",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "0"}),
-            422,
-            "BULK_LIMIT = 0: expected at least 1",
+            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"}),
+            400,
+            "[pepsi-httpd] is read from the configuration file only",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT"}),
+            json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS"}),
             400,
             "missing field `value`",
         ),
         (
-            json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5", "colour": 1}),
+            json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5", "colour": 1}),
             400,
             "unknown field `colour`",
         ),
@@ -239,11 +239,11 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
     }
     // The refusal of an unread option names the options that are read.
     let a = f
-        .put_override(json!({"section": "pepsi-httpd", "option": "BULK_LIMT", "value": "5"}))
+        .put_override(json!({"section": "pepsi-ingress", "option": "MAX_RECIPENTS", "value": "5"}))
         .await;
     let e = error_of(&a);
     assert!(
-        e.contains("BULK_LIMIT") && e.contains("MAX_BODY_SIZE"),
+        e.contains("MAX_RECIPIENTS") && e.contains("MAX_MESSAGE_SIZE"),
         "{e}"
     );
     assert!(f.override_rows().await.is_empty(), "nothing was stored");
@@ -254,16 +254,18 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
 async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_events() {
     let f = fixture(true).await;
     let set = f
-        .put_override(json!({"section": "Pepsi-HTTPD", "option": "bulk_limit", "value": "50"}))
+        .put_override(
+            json!({"section": "Pepsi-Ingress", "option": "max_recipients", "value": "50"}),
+        )
         .await;
     assert_eq!(set.status, 200, "{set:?}");
     assert_eq!(
         set.json,
-        json!({"scope": "global", "section": "pepsi-httpd", "option": "BULK_LIMIT",
+        json!({"scope": "global", "section": "pepsi-ingress", "option": "MAX_RECIPIENTS",
                "value": "50", "previous": null})
     );
     let again = f
-        .put_override(json!({"scope": "GLOBAL", "section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "60"}))
+        .put_override(json!({"scope": "GLOBAL", "section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "60"}))
         .await;
     assert_eq!((again.status, &again.json["previous"]), (200, &json!("50")));
     // An option read only per message needs force; a stage section takes a domain scope.
@@ -289,8 +291,8 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
             ),
             (
                 "global".into(),
-                "pepsi-httpd".into(),
-                "BULK_LIMIT".into(),
+                "pepsi-ingress".into(),
+                "MAX_RECIPIENTS".into(),
                 "60".into()
             ),
         ]
@@ -303,7 +305,7 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
     assert_eq!(rows.len(), 2, "{all:?}");
     assert_eq!(
         (&rows[1]["scope"], &rows[1]["option"], &rows[1]["value"]),
-        (&json!("global"), &json!("BULK_LIMIT"), &json!("60"))
+        (&json!("global"), &json!("MAX_RECIPIENTS"), &json!("60"))
     );
     assert!(rows[1]["updated_at"].is_string() && rows[1]["updated_by"].is_string());
     let global = f
@@ -341,20 +343,21 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
     assert_eq!(detail["tool"], "pepsi-httpd");
     assert_eq!(
         (&detail["option"], &detail["value"], &detail["previous"]),
-        (&json!("BULK_LIMIT"), &json!("60"), &json!("50"))
+        (&json!("MAX_RECIPIENTS"), &json!("60"), &json!("50"))
     );
 
     // The effective values: as written, with their origin, the secret never shown.
     let eff = f
         .call(
             Method::GET,
-            "/api/config/effective?program=pepsi-httpd",
+            "/api/config/effective?program=pepsi-ingress",
             None,
         )
         .await;
     assert_eq!(eff.status, 200, "{eff:?}");
     assert_eq!(eff.json["scope"], "global");
-    assert_eq!(eff.json["problems"], json!([]));
+    // This configuration has no listener: the ingress's own parser says so.
+    assert_eq!(eff.json["problems"][0]["program"], "pepsi-ingress");
     let value = |doc: &Value, option: &str| -> Value {
         doc["values"]
             .as_array()
@@ -364,9 +367,18 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
             .cloned()
             .unwrap_or_else(|| panic!("no {option} in {doc}"))
     };
-    let bulk = value(&eff.json, "BULK_LIMIT");
+    let bulk = value(&eff.json, "MAX_RECIPIENTS");
     assert_eq!(bulk["value"], "60");
     assert_eq!(bulk["origin"], "database override scope=global");
+    let eff = f
+        .call(
+            Method::GET,
+            "/api/config/effective?program=pepsi-httpd",
+            None,
+        )
+        .await;
+    assert_eq!(eff.status, 200, "{eff:?}");
+    assert_eq!(eff.json["problems"], json!([]));
     let address = value(&eff.json, "ADDRESS");
     assert!(
         address["origin"]
@@ -425,7 +437,7 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
     }
 
     // DELETE: 204 with its config.unset row, then 404.
-    let body = json!({"section": "pepsi-httpd", "option": "bulk_limit"});
+    let body = json!({"section": "pepsi-ingress", "option": "max_recipients"});
     let gone = f
         .call(Method::DELETE, "/api/config/overrides", Some(body.clone()))
         .await;
@@ -436,7 +448,7 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
     assert_eq!(twice.status, 404, "{twice:?}");
     assert!(
         error_of(&twice)
-            .contains("there is no override of [pepsi-httpd] BULK_LIMIT for scope global"),
+            .contains("there is no override of [pepsi-ingress] MAX_RECIPIENTS for scope global"),
         "{twice:?}"
     );
     let unset = f.events("config.unset").await;
@@ -452,7 +464,7 @@ async fn an_override_is_stored_listed_shown_as_effective_and_deleted_with_its_ev
 async fn without_config_database_url_override_writes_answer_409_naming_it() {
     let f = fixture(false).await;
     let set = f
-        .put_override(json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"}))
+        .put_override(json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "5"}))
         .await;
     assert_eq!(set.status, 409, "{set:?}");
     assert!(
@@ -463,7 +475,7 @@ async fn without_config_database_url_override_writes_answer_409_naming_it() {
         .call(
             Method::DELETE,
             "/api/config/overrides",
-            Some(json!({"section": "pepsi-httpd", "option": "BULK_LIMIT"})),
+            Some(json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS"})),
         )
         .await;
     assert_eq!(unset.status, 409, "{unset:?}");
@@ -471,7 +483,7 @@ async fn without_config_database_url_override_writes_answer_409_naming_it() {
     // Reading needs only the httpd pool.
     sqlx::query(
         "INSERT INTO pepsi.config_override (scope, section, option, value) \
-         VALUES ('global', 'pepsi-httpd', 'BULK_LIMIT', '7')",
+         VALUES ('global', 'pepsi-ingress', 'MAX_RECIPIENTS', '7')",
     )
     .execute(&f.db.pool)
     .await

@@ -26,6 +26,12 @@ pub const GLOBAL_ONLY_OPTIONS: &[&str] = &[
     "MAIL_LOG_RETENTION",
 ];
 
+/// Sections whose program reads them from the configuration file only, never with the
+/// database overlay: an override there would be stored and have no effect.
+/// (pepsi-httpd builds its settings before it connects: it listens, drops privileges and
+/// decides who may scrape `/metrics` from the file alone.)
+pub const FILE_READ_SECTIONS: &[&str] = &["pepsi-httpd"];
+
 /// One program's configuration parser: what it builds from the configuration at start,
 /// without I/O beyond reading files the configuration names.
 #[derive(Clone, Copy)]
@@ -96,6 +102,15 @@ pub fn check_override(
         return Err(Refusal::FileOnly(format!(
             "[{section}] is read from the configuration file only ([PATHS], [database] and the \
              listener sections are never taken from the database)"
+        )));
+    }
+    if FILE_READ_SECTIONS
+        .iter()
+        .any(|f| f.eq_ignore_ascii_case(section))
+    {
+        return Err(Refusal::FileOnly(format!(
+            "[{section}] is read from the configuration file only (its program reads no \
+             database override)"
         )));
     }
     if is_file_only_option(option) {

@@ -24,7 +24,10 @@ use std::path::{Path, PathBuf};
 use std::str::FromStr;
 use std::time::Duration;
 
-pub use check::{GLOBAL_ONLY_OPTIONS, ProgramCheck, Refusal, Verdict, check_all, check_override};
+pub use check::{
+    FILE_READ_SECTIONS, GLOBAL_ONLY_OPTIONS, ProgramCheck, Refusal, Verdict, check_all,
+    check_override,
+};
 pub use error::{ConfigError, ExpandProblem, ValueAt};
 pub use overlay::{
     CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, MAX_OVERRIDE_ROWS, OverrideRow, Scope,
