@@ -338,6 +338,56 @@ async fn a_session_survives_a_restart_of_pepsi_httpd() {
 }
 
 #[tokio::test]
+async fn a_revoked_token_is_refused_and_token_list_shows_no_secret() {
+    let f = fixture("").await;
+    let token = f.httpd.token_add("root", &["--label", "backup script"]);
+    let id = token
+        .strip_prefix("pepsi_")
+        .and_then(|t| t.split_once('_'))
+        .map(|(id, _)| id.to_owned())
+        .expect("pepsi_<id>_<secret>");
+    let bearer = Auth::Bearer(token.clone());
+    assert_eq!(f.httpd.get("/api/session", &bearer).await.status, 200);
+    let (code, out, err) = f.httpd.cli(&["token-list", "--json"]);
+    assert_eq!(code, 0, "{out} {err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["tokens"][0]["token_id"], id.as_str());
+    assert_eq!(listed["tokens"][0]["label"], "backup script");
+    assert!(listed["tokens"][0]["last_used_at"].is_string(), "{listed}");
+    assert!(
+        !out.contains(token.rsplit('_').next().unwrap()),
+        "a secret is listed"
+    );
+    let (code, table, _) = f.httpd.cli(&["token-list"]);
+    assert_eq!(code, 0);
+    assert!(table.starts_with("ID") && table.contains(&id), "{table}");
+
+    // Revoked by the whole token (or its id): refused from the next request on.
+    let (code, out, err) = f.httpd.cli(&["token-revoke", &token]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("API token {id} revoked").as_str()),
+        "{err}"
+    );
+    assert_eq!(f.httpd.get("/api/session", &bearer).await.status, 401);
+    let (code, _, err) = f.httpd.cli(&["token-revoke", &id]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("there is no API token {id}")),
+        "{err}"
+    );
+    let (code, _, err) = f.httpd.cli(&["token-revoke", "xyz"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not a token id"), "{err}");
+    let revoked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pepsi.event_log WHERE action = 'token.revoke'")
+            .fetch_one(&f.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(revoked, 1);
+}
+
+#[tokio::test]
 async fn api_tokens_work_without_csrf_and_only_their_digest_is_stored() {
     let f = fixture("").await;
     let token = f.httpd.token_add("root", &["--label", "ci"]);

@@ -85,10 +85,7 @@ mod tests {
             ValueRow::of(&cfg, "stage-relay", "parallelism"),
             ValueRow::of(&cfg, "stage-relay", "QUEUE_LIMIT"),
         ];
-        assert_eq!(rows[0].option, "PARALLELISM");
-        assert_eq!(rows[0].value.as_deref(), Some("4"));
-        assert_eq!(rows[0].origin.as_deref(), Some("t.conf:2"));
-        assert!(!rows[1].set);
+        // What a row holds is pepsi_common::config::shown's to test; this is its table.
         let text = values(&rows);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1], "[stage-relay]  PARALLELISM  4          t.conf:2");

@@ -115,6 +115,25 @@ enum Command {
     /// of its secret half is stored. Send it as `Authorization: Bearer <token>`.
     #[command(long_about)]
     TokenAdd(TokenAddArgs),
+    /// List the API tokens: id, administrator, label, created, expires, last used (never a
+    /// secret: none is stored).
+    TokenList(TokenListArgs),
+    /// Revoke an API token: it is refused from the next request on (`token.revoke` in the
+    /// event log). ID is the 16 hex digits after `pepsi_`, or the whole token.
+    TokenRevoke(TokenRevokeArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct TokenListArgs {
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct TokenRevokeArgs {
+    /// The token's id (or the token)
+    id: String,
 }
 
 #[derive(Debug, clap::Args)]
@@ -157,6 +176,8 @@ pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
             Command::Serve => serve(cfg, checks).await,
             Command::AdminAdd(a) => admin_add(&cfg, a).await,
             Command::TokenAdd(a) => token_add(&cfg, a).await,
+            Command::TokenList(a) => token_list(&cfg, a).await,
+            Command::TokenRevoke(a) => token_revoke(&cfg, a).await,
         }
     })
 }
@@ -268,6 +289,79 @@ async fn token_add(
     }
     println!("{text}");
     Ok(ExitCode::SUCCESS)
+}
+
+async fn token_list(
+    cfg: &pepsi_common::config::Config,
+    a: TokenListArgs,
+) -> anyhow::Result<ExitCode> {
+    let pool = pepsi_common::db::connect(cfg).await?;
+    let tokens = store::list_tokens(&pool).await?;
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&serde_json::json!({ "tokens": tokens }))?
+        );
+        return Ok(ExitCode::SUCCESS);
+    }
+    if tokens.is_empty() {
+        println!("no API tokens");
+        return Ok(ExitCode::SUCCESS);
+    }
+    let when = |t: Option<chrono::DateTime<chrono::Utc>>, none: &str| {
+        t.map_or_else(|| none.to_owned(), pepsi_common::queue::json::ts)
+    };
+    let rows: Vec<Vec<String>> = tokens
+        .iter()
+        .map(|t| {
+            vec![
+                t.token_id.clone(),
+                t.admin.clone(),
+                pepsi_common::text::clip(&t.label, 40),
+                pepsi_common::queue::json::ts(t.created_at),
+                when(t.expires_at, "never"),
+                when(t.last_used_at, "never"),
+            ]
+        })
+        .collect();
+    print!(
+        "{}",
+        pepsi_common::text::table(
+            &["ID", "ADMIN", "LABEL", "CREATED", "EXPIRES", "LAST USED"],
+            &[false; 6],
+            &rows
+        )
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn token_revoke(
+    cfg: &pepsi_common::config::Config,
+    a: TokenRevokeArgs,
+) -> anyhow::Result<ExitCode> {
+    // The whole token names its id too; its secret is never sent anywhere.
+    let id = credentials::parse_token(a.id.trim())
+        .map(|(id, _)| id.to_owned())
+        .unwrap_or_else(|| a.id.trim().to_owned());
+    if id.len() != 16 || !id.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
+        eprintln!(
+            "pepsi-httpd: {:?} is not a token id (16 hex digits, as token-list shows)",
+            a.id
+        );
+        return Ok(ExitCode::from(2));
+    }
+    let pool = pepsi_common::db::connect(cfg).await?;
+    match store::revoke_token(&pool, &local_actor(), &id).await {
+        Ok(()) => {
+            println!("API token {id} revoked");
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(store::StoreError::NotFound(m)) => {
+            eprintln!("pepsi-httpd: {m}");
+            Ok(ExitCode::from(1))
+        }
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// The pool of `CONFIG_DATABASE_URL`, connected on first use: pepsi-httpd serves while the

@@ -201,6 +201,64 @@ pub async fn create_token(
     Ok(())
 }
 
+/// An API token as listed: never its secret or digest.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct TokenListing {
+    pub token_id: String,
+    pub admin: String,
+    pub label: String,
+    pub created_at: DateTime<Utc>,
+    pub expires_at: Option<DateTime<Utc>>,
+    pub last_used_at: Option<DateTime<Utc>>,
+}
+
+/// Every API token, oldest first.
+pub async fn list_tokens(pool: &PgPool) -> Result<Vec<TokenListing>, sqlx::Error> {
+    use sqlx::Row as _;
+    let rows = sqlx::query(
+        "SELECT token_id, admin, label, created_at, expires_at, last_used_at \
+         FROM pepsi.api_token ORDER BY created_at, token_id",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(TokenListing {
+                token_id: r.try_get("token_id")?,
+                admin: r.try_get("admin")?,
+                label: r.try_get("label")?,
+                created_at: r.try_get("created_at")?,
+                expires_at: r.try_get("expires_at")?,
+                last_used_at: r.try_get("last_used_at")?,
+            })
+        })
+        .collect()
+}
+
+/// Deletes the API token `id` (the part after `pepsi_`, or the whole token); `token.revoke`.
+/// A request with it is refused from then on.
+pub async fn revoke_token(pool: &PgPool, actor: &Actor, id: &str) -> Result<(), StoreError> {
+    let mut tx = pool.begin().await?;
+    let gone: Option<String> =
+        sqlx::query_scalar("DELETE FROM pepsi.api_token WHERE token_id = $1 RETURNING admin")
+            .bind(id)
+            .fetch_optional(&mut *tx)
+            .await?;
+    let Some(admin) = gone else {
+        return Err(StoreError::NotFound(format!("there is no API token {id}")));
+    };
+    audit::record(
+        &mut tx,
+        actor,
+        "token.revoke",
+        None,
+        json!({"token_id": id, "admin": admin}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
 /// The administrator a live token (`id`, secret `digest`) belongs to, marking it used.
 pub async fn check_token(
     pool: &PgPool,

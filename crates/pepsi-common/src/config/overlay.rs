@@ -219,15 +219,19 @@ pub async fn load_overrides(pool: &PgPool, scope: &Scope) -> Result<Vec<Override
     .bind(scope.db_scopes())
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(scope, section, option, value)| OverrideRow {
+    Ok(rows.into_iter().map(OverrideRow::from).collect())
+}
+
+impl From<(String, String, String, String)> for OverrideRow {
+    /// A row as selected: scope, section, option, value.
+    fn from((scope, section, option, value): (String, String, String, String)) -> Self {
+        OverrideRow {
             scope,
             section,
             option,
             value,
-        })
-        .collect())
+        }
+    }
 }
 
 /// The most override rows a stage worker reads at start (`load_all_overrides`).
@@ -244,15 +248,7 @@ pub async fn load_all_overrides(pool: &PgPool) -> Result<Vec<OverrideRow>, Confi
     .bind(MAX_OVERRIDE_ROWS)
     .fetch_all(pool)
     .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(scope, section, option, value)| OverrideRow {
-            scope,
-            section,
-            option,
-            value,
-        })
-        .collect())
+    Ok(rows.into_iter().map(OverrideRow::from).collect())
 }
 
 /// A listener subscribed to [`CONFIG_CHANGED_CHANNEL`]; a notification means the overrides
