@@ -50,6 +50,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0007",
         sql: include_str!("../db/pepsi-0007.sql"),
     },
+    Patch {
+        name: "pepsi-0008",
+        sql: include_str!("../db/pepsi-0008.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

@@ -118,7 +118,7 @@ pub fn is_protected_section(name: &str) -> bool {
 /// or a privilege of the setuid Maildir writer (`ALLOW_ROOT_OWNER`, `CREATE_MAILDIR`).
 /// Whoever could write a `config_override` row could otherwise make the system execute a
 /// binary or forge verification verdicts. The table's `config_override_file_only` CHECK
-/// (pepsi-0004.sql) holds the same list; a test compares the two.
+/// (pepsi-0004.sql, replaced by pepsi-0008.sql) holds the same list; a test compares the two.
 pub const FILE_ONLY_OPTIONS: &[&str] = &[
     "PROGRAM",
     "HELPER",
@@ -140,6 +140,7 @@ pub const FILE_ONLY_OPTIONS: &[&str] = &[
     "SECRETS_DIR",
     "ALLOW_ROOT_OWNER",
     "CREATE_MAILDIR",
+    "CONFIG_DATABASE_URL",
 ];
 
 /// Whether `option` may come from the configuration file only ([`FILE_ONLY_OPTIONS`]).
