@@ -55,8 +55,17 @@ fn wait_until(what: &str, limit: Duration, script: &mut Child, mut ok: impl FnMu
     }
 }
 
+/// Where the script's output is kept: the build's target directory (CARGO_TARGET_DIR may
+/// put it outside the checkout), which exists whenever this test runs.
+fn log_path() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+        .join("make-run-test.log")
+}
+
 fn log() -> String {
-    std::fs::read_to_string(root().join("target/make-run-test.log")).unwrap_or_default()
+    std::fs::read_to_string(log_path()).unwrap_or_default()
 }
 
 fn delivered() -> usize {
@@ -84,7 +93,7 @@ fn send(subject: &str) -> bool {
 
 #[test]
 fn after_kill_9_of_the_dispatcher_and_the_ingress_make_run_serves_again_and_loses_nothing() {
-    let out = std::fs::File::create(root().join("target/make-run-test.log")).unwrap();
+    let out = std::fs::File::create(log_path()).unwrap();
     let mut script = Command::new(root().join("scripts/run.sh"))
         .current_dir(root())
         .stdin(Stdio::null())
