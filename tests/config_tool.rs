@@ -3,31 +3,19 @@
 //! a program would refuse or an option nothing reads is refused before anything is stored,
 //! `show` names where each value comes from, and `check` finds a broken configuration.
 
+mod common;
 mod ingress_common;
 
 use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+use common::Run;
 use ingress_common::{Client, Ingress};
 use serde_json::Value;
 
 const CONFIG: &str = env!("CARGO_BIN_EXE_pepsi-config");
 const MX: &str = "ROLE = mx\nVERIFY = no\n";
-
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-}
 
 fn config_tool(config: &Path, args: &[&str]) -> Run {
     let out = Command::new(CONFIG)
@@ -36,11 +24,7 @@ fn config_tool(config: &Path, args: &[&str]) -> Run {
         .args(args)
         .output()
         .expect("run pepsi-config");
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(out)
 }
 
 fn ok(config: &Path, args: &[&str]) -> Run {

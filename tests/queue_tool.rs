@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::test_stage;
+use common::{Run, test_stage};
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 use sqlx::postgres::PgListener;
@@ -26,21 +26,6 @@ struct Harness {
     db: TestDb,
     dir: tempfile::TempDir,
     config: PathBuf,
-}
-
-/// What a pepsi-queue run printed and how it ended.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
 }
 
 impl Harness {
@@ -71,11 +56,7 @@ impl Harness {
             .stdin(Stdio::null())
             .output()
             .unwrap();
-        Run {
-            code: out.status.code().unwrap_or(-1),
-            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-        }
+        Run::of(out)
     }
 
     fn run(&self, args: &[&str]) -> Run {

@@ -4,12 +4,14 @@
 //! change leaves its event_log row without the password, bad input is refused naming what
 //! was wrong and writes nothing, and the listings come as tables and as JSON.
 
+mod common;
 mod ingress_common;
 
 use std::io::Write as _;
 use std::path::Path;
 use std::process::{Command, Stdio};
 
+use common::Run;
 use ingress_common::{Client, Ingress};
 use serde_json::Value;
 
@@ -17,21 +19,6 @@ const SETTINGS: &str = env!("CARGO_BIN_EXE_pepsi-settings");
 
 const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
 const MX: &str = "ROLE = mx\nVERIFY = no\n";
-
-/// What a pepsi-settings run printed and how it ended.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
-impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-}
 
 /// Runs pepsi-settings with `args` on `config`, `stdin` as its standard input.
 fn settings(config: &Path, args: &[&str], stdin: &str) -> Run {
@@ -51,11 +38,7 @@ fn settings(config: &Path, args: &[&str], stdin: &str) -> Run {
         .write_all(stdin.as_bytes())
         .unwrap();
     let out = child.wait_with_output().unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(out)
 }
 
 fn ok(config: &Path, args: &[&str], stdin: &str) -> Run {

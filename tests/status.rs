@@ -5,6 +5,7 @@
 //! run as, usage errors, and — through the whole system — a delivered message found with
 //! `pepsi-status log`.
 
+mod common;
 mod httpd_common;
 mod ingress_common;
 mod system_common;
@@ -13,6 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::Run;
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 use system_common::System;
@@ -23,20 +25,7 @@ fn status_bin() -> PathBuf {
     pepsi_testkit::programs::program("pepsi-status", env!("CARGO_BIN_EXE_pepsi-status"))
 }
 
-/// What a run printed and how it ended.
-#[derive(Debug)]
-struct Run {
-    code: i32,
-    stdout: String,
-    stderr: String,
-}
-
 impl Run {
-    fn json(&self) -> Value {
-        serde_json::from_str(&self.stdout)
-            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
-    }
-
     /// The screen's line that starts with `first` (a service, a stage, an event).
     fn line(&self, first: &str) -> &str {
         self.stdout
@@ -59,11 +48,7 @@ fn run(config: &Path, args: &[&str], env: &[(&str, &Path)]) -> Run {
         cmd.env(k, v);
     }
     let out = cmd.output().unwrap();
-    Run {
-        code: out.status.code().unwrap_or(-1),
-        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
-    }
+    Run::of(out)
 }
 
 /// The environment the whole system's programs run with (`System::command`).

@@ -5,6 +5,32 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
+/// What an operator tool's run printed and how it ended (pepsi-queue, pepsi-settings,
+/// pepsi-config, pepsi-status as processes).
+#[derive(Debug)]
+pub struct Run {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    /// The finished process's exit code (-1 for a signal) and its output as text.
+    pub fn of(out: std::process::Output) -> Run {
+        Run {
+            code: out.status.code().unwrap_or(-1),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Standard output as JSON; the panic shows the run when it is not.
+    pub fn json(&self) -> serde_json::Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {self:?}"))
+    }
+}
+
 /// Runs `program worker -c config`, feeds it `input` and returns its stdout lines; the
 /// worker must exit 0 at end of input.
 pub fn stage_worker(program: &str, config: &Path, input: &str) -> Vec<String> {
