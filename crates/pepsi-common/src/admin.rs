@@ -688,6 +688,27 @@ pub async fn list_overrides(
         .collect()
 }
 
+/// Deletes the rows of `option` of `section` in `scope` in any letter case, returning the
+/// value of one: what `put_override` replaces and `delete_override` removes.
+async fn take_override(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    scope: &str,
+    section: &str,
+    option: &str,
+) -> Result<Option<String>, sqlx::Error> {
+    let values: Vec<String> = sqlx::query_scalar(
+        "DELETE FROM pepsi.config_override \
+         WHERE lower(scope) = lower($1) AND lower(section) = lower($2) AND upper(option) = upper($3) \
+         RETURNING value",
+    )
+    .bind(scope)
+    .bind(section)
+    .bind(option)
+    .fetch_all(&mut **tx)
+    .await?;
+    Ok(values.into_iter().next())
+}
+
 /// Stores `value` for `option` of `section` in `scope` (already validated by the caller:
 /// `config::check_override`), replacing any row that differs only in letter case, so one
 /// option has one row; `config.set` with the previous value. The table's trigger
@@ -702,18 +723,7 @@ pub async fn put_override(
     value: &str,
 ) -> Result<Option<String>, AdminError> {
     let mut tx = pool.begin().await?;
-    let previous: Option<String> = sqlx::query_scalar(
-        "DELETE FROM pepsi.config_override \
-         WHERE lower(scope) = lower($1) AND lower(section) = lower($2) AND upper(option) = upper($3) \
-         RETURNING value",
-    )
-    .bind(scope)
-    .bind(section)
-    .bind(option)
-    .fetch_all(&mut *tx)
-    .await?
-    .into_iter()
-    .next();
+    let previous = take_override(&mut tx, scope, section, option).await?;
     sqlx::query(
         "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ($1, $2, $3, $4)",
     )
@@ -740,17 +750,7 @@ pub async fn delete_override(
     option: &str,
 ) -> Result<String, AdminError> {
     let mut tx = pool.begin().await?;
-    let previous: Vec<String> = sqlx::query_scalar(
-        "DELETE FROM pepsi.config_override \
-         WHERE lower(scope) = lower($1) AND lower(section) = lower($2) AND upper(option) = upper($3) \
-         RETURNING value",
-    )
-    .bind(scope)
-    .bind(section)
-    .bind(option)
-    .fetch_all(&mut *tx)
-    .await?;
-    let Some(previous) = previous.into_iter().next() else {
+    let Some(previous) = take_override(&mut tx, scope, section, option).await? else {
         return Err(AdminError::NotFound(format!(
             "there is no override of [{section}] {option} for scope {scope}"
         )));

@@ -336,7 +336,7 @@ pub fn run() -> ExitCode {
             Command::Unset(a) => unset(&pool, &actor, a).await,
             Command::List(a) => list(&pool, a).await,
             Command::Show(a) => show(&pool, a).await,
-            Command::Names(a) => names(&a),
+            Command::Names(_) => unreachable!("`names` is answered before connecting"),
         };
         Ok(exit(result))
     })
