@@ -48,6 +48,11 @@ struct Args {
 /// A usage or runtime failure: message for stderr, exit 1.
 struct Fail(String);
 
+/// The command line of `counterctl` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Args as clap::CommandFactory>::command()
+}
+
 pub fn run() -> ExitCode {
     let argv = crate::normalize_args(
         std::env::args(),

@@ -49,6 +49,11 @@ struct Args {
     version: bool,
 }
 
+/// The command line of `migadu_counters` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Args as clap::CommandFactory>::command()
+}
+
 pub fn run() -> ExitCode {
     let argv = crate::normalize_args(std::env::args(), &["config", "version", "help"]);
     let args = match Args::try_parse_from(argv) {

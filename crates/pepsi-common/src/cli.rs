@@ -8,6 +8,10 @@ use std::process::ExitCode;
 
 use crate::config::{Config, ConfigSource};
 
+/// A program's command line as clap defines it: what each crate's `command()` returns for
+/// its manual page (`pepsi::manual`), so a crate need not depend on clap itself.
+pub use clap::Command;
+
 /// Options every program accepts; flatten into the program's clap parser.
 #[derive(Debug, Clone, clap::Args)]
 pub struct CommonArgs {

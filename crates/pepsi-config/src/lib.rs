@@ -179,6 +179,11 @@ struct CheckArgs {
     json: bool,
 }
 
+/// The command line of `pepsi-config` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Runs `pepsi-config` with the process's arguments, checking overrides against `checks`.
 pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
     let cli = Cli::parse();

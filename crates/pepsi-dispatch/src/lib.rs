@@ -88,6 +88,11 @@ pub fn check_config(cfg: &pepsi_common::config::Config) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The command line of `pepsi-dispatch` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 pub fn run() -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);

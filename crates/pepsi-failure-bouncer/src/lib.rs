@@ -159,6 +159,11 @@ pub struct Pass {
     pub errors: usize,
 }
 
+/// The command line of `pepsi-failure-bouncer` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-failure-bouncer` binary.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

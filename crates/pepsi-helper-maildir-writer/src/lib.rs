@@ -100,6 +100,11 @@ struct Cli {
     log_level: String,
 }
 
+/// The command line of `pepsi-helper-maildir-writer` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-helper-maildir-writer` binary.
 pub fn run() -> ExitCode {
     let setuid = privilege::is_setuid_invocation();

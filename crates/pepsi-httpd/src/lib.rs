@@ -164,6 +164,11 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     pepsi_common::config::parse_duration(text)
 }
 
+/// The command line of `pepsi-httpd` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-httpd` binary; `checks` is every program's configuration
 /// parser (`pepsi::checks::CONFIG_CHECKS`), which the configuration API runs over an
 /// override before storing it.

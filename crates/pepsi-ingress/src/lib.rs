@@ -102,6 +102,11 @@ struct Cli {
     check_config: bool,
 }
 
+/// The command line of `pepsi-ingress` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-ingress` binary.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

@@ -262,6 +262,11 @@ fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
     pepsi_common::config::parse_duration(text)
 }
 
+/// The command line of `pepsi-queue` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-queue` binary.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

@@ -306,6 +306,11 @@ struct ShowArgs {
     out: JsonFlag,
 }
 
+/// The command line of `pepsi-settings` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Runs `pepsi-settings` with the process's arguments.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

@@ -122,6 +122,11 @@ struct DbArgs {
     json: bool,
 }
 
+/// The command line of `pepsi-setup` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-setup` binary.
 pub fn run() -> ExitCode {
     let cli = Cli::parse();

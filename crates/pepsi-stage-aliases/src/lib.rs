@@ -174,11 +174,15 @@ impl Stage for Aliases {
     }
 }
 
+const ABOUT: &str =
+    "Pepsi stage that expands aliases and catch-alls (alias file and settings layer)";
+
+/// The command line of `pepsi-stage-aliases`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-aliases` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Aliases>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that expands aliases and catch-alls (alias file and settings layer)",
-        "",
-    )
+    pepsi_common::stage::main::<Aliases>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

@@ -255,13 +255,16 @@ impl Stage for Arc {
     }
 }
 
+const ABOUT: &str = "Pepsi stage that ARC-seals mail leaving the server (RFC 8617)";
+
+/// The command line of `pepsi-stage-arc`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+}
+
 /// Entry point of the `pepsi-stage-arc` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Arc>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that ARC-seals mail leaving the server (RFC 8617)",
-        LONG_ABOUT,
-    )
+    pepsi_common::stage::main::<Arc>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 const LONG_ABOUT: &str = "\

@@ -293,12 +293,15 @@ Options of the stage's [stage-<name>] section:
 
 See docs/bounce.md.";
 
+const ABOUT: &str = "Pepsi stage that turns a failed, delayed or delivered message into an RFC 3464 \
+     delivery status notification to its sender";
+
+/// The command line of `pepsi-stage-bounce`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+}
+
 /// Entry point of the `pepsi-stage-bounce` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Bounce>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that turns a failed, delayed or delivered message into an RFC 3464 \
-         delivery status notification to its sender",
-        LONG_ABOUT,
-    )
+    pepsi_common::stage::main::<Bounce>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }

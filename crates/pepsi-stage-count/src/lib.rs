@@ -152,13 +152,16 @@ impl Stage for Count {
     }
 }
 
+const ABOUT: &str = "Pepsi stage that reports every recipient to migadu_counters";
+
+/// The command line of `pepsi-stage-count`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-count` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Count>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that reports every recipient to migadu_counters",
-        "",
-    )
+    pepsi_common::stage::main::<Count>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -102,14 +102,17 @@ impl Stage for Discard {
     }
 }
 
+const ABOUT: &str = "Pepsi stage that drops every message it is given, or with RETURN_STATUS set returns it \
+     to the sender through BOUNCE_STAGE";
+
+/// The command line of `pepsi-stage-discard`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-discard` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Discard>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that drops every message it is given, or with RETURN_STATUS set returns it \
-         to the sender through BOUNCE_STAGE",
-        "",
-    )
+    pepsi_common::stage::main::<Discard>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -447,13 +447,16 @@ fn seven_bit_form(ctx: &mut StageContext<'_>) -> Result<(), StageError> {
     Ok(())
 }
 
+const ABOUT: &str = "Pepsi stage that DKIM-signs outgoing mail with the keys of its From domain";
+
+/// The command line of `pepsi-stage-dkim-sign`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+}
+
 /// Entry point of the `pepsi-stage-dkim-sign` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<DkimSign>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that DKIM-signs outgoing mail with the keys of its From domain",
-        LONG_ABOUT,
-    )
+    pepsi_common::stage::main::<DkimSign>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 const LONG_ABOUT: &str = "\

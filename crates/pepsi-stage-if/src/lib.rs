@@ -191,22 +191,30 @@ impl Stage for IfHeaders {
     }
 }
 
+const ABOUT: &str =
+    "Pepsi stage that sends a message to THEN or ELSE by a CONDITION on envelope and state";
+
+const HEADERS_ABOUT: &str =
+    "Pepsi stage that sends a message to THEN or ELSE by a CONDITION that may read header fields";
+
+/// The command line of `pepsi-stage-if`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-if` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<If>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that sends a message to THEN or ELSE by a CONDITION on envelope and state",
-        "",
-    )
+    pepsi_common::stage::main::<If>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// The command line of `pepsi-stage-if-headers`: its `--help` and its manual page.
+pub fn command_headers() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-if-headers` binary.
 pub fn run_headers() -> ExitCode {
-    pepsi_common::stage::main::<IfHeaders>(
-        &constants::HEADERS_CONFIG_SOURCE,
-        "Pepsi stage that sends a message to THEN or ELSE by a CONDITION that may read header fields",
-        "",
-    )
+    pepsi_common::stage::main::<IfHeaders>(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
 }
 
 #[cfg(test)]

@@ -181,6 +181,11 @@ Options of [stage-<name>]:
 
 See docs/relay-internet.md.";
 
+/// The command line of `pepsi-stage-relay-to-internet`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+}
+
 /// Entry point of the `pepsi-stage-relay-to-internet` binary.
 pub fn run() -> ExitCode {
     pepsi_common::stage::main::<RelayToInternet>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)

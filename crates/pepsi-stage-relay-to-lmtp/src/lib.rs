@@ -131,6 +131,11 @@ Options of [stage-<name>]:
 
 See docs/lmtp.md.";
 
+/// The command line of `pepsi-stage-relay-to-lmtp`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-relay-to-lmtp` binary.
 pub fn run() -> ExitCode {
     pepsi_common::stage::main::<RelayToLmtp>(&constants::CONFIG_SOURCE, ABOUT, "")

@@ -265,13 +265,16 @@ impl Stage for RelayToMaildir {
     }
 }
 
+const ABOUT: &str = "Pepsi stage that delivers local recipients into their Maildirs";
+
+/// The command line of `pepsi-stage-relay-to-maildir`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-relay-to-maildir` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<RelayToMaildir>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that delivers local recipients into their Maildirs",
-        "",
-    )
+    pepsi_common::stage::main::<RelayToMaildir>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -207,6 +207,11 @@ Options of [stage-<name>]:
 
 See docs/relay-smarthost.md.";
 
+/// The command line of `pepsi-stage-relay-to-smarthost`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-relay-to-smarthost` binary.
 pub fn run() -> ExitCode {
     pepsi_common::stage::main::<RelayToSmarthost>(&constants::CONFIG_SOURCE, ABOUT, "")

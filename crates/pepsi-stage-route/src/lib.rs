@@ -224,13 +224,16 @@ impl Stage for Route {
     }
 }
 
+const ABOUT: &str = "Pepsi stage that routes recipients by domain (local, remote, per-domain), splitting the message";
+
+/// The command line of `pepsi-stage-route`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-route` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Route>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage that routes recipients by domain (local, remote, per-domain), splitting the message",
-        "",
-    )
+    pepsi_common::stage::main::<Route>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -267,17 +267,20 @@ impl Stage for SrsProgram {
     }
 }
 
+const ABOUT: &str = "Pepsi stage for the Sender Rewriting Scheme: MODE=forward rewrites a forwarded \
+     message's foreign envelope sender to an SRS address at SRS_DOMAIN; MODE=reverse turns \
+     SRS recipients at SRS_DOMAIN (returning bounces) back into the original addresses and \
+     bounces forged or expired ones. Needs SECRETS (in a secrets.d/ fragment). See \
+     docs/srs.md";
+
+/// The command line of `pepsi-stage-srs`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
 /// Entry point of the `pepsi-stage-srs` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<SrsProgram>(
-        &constants::CONFIG_SOURCE,
-        "Pepsi stage for the Sender Rewriting Scheme: MODE=forward rewrites a forwarded \
-         message's foreign envelope sender to an SRS address at SRS_DOMAIN; MODE=reverse turns \
-         SRS recipients at SRS_DOMAIN (returning bounces) back into the original addresses and \
-         bounces forged or expired ones. Needs SECRETS (in a secrets.d/ fragment). See \
-         docs/srs.md",
-        "",
-    )
+    pepsi_common::stage::main::<SrsProgram>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -233,6 +233,11 @@ fn parse() -> Cli {
     cli
 }
 
+/// The command line of `pepsi-status` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
 /// Entry point of the `pepsi-status` binary.
 pub fn run() -> ExitCode {
     let cli = parse();

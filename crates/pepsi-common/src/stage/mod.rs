@@ -28,7 +28,7 @@ use std::future::Future;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext, Terminal};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use worker::{FusedHop, PassReport, Worker, main, run_worker};
+pub use worker::{FusedHop, PassReport, Worker, command, main, run_worker};
 
 use crate::config::{Config, ConfigError};
 

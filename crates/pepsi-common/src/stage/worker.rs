@@ -602,6 +602,26 @@ enum StageCommand {
     Worker,
 }
 
+/// A stage program's command line, `PROGRAM worker [-c FILE] [-L LEVEL]`, as `--help` shows
+/// it and its manual page documents it. `long_about` is the `--help` text (`-h` shows
+/// `about`); empty: `about`.
+pub fn command(
+    source: &ConfigSource,
+    about: &'static str,
+    long_about: &'static str,
+) -> clap::Command {
+    let long_about = if long_about.is_empty() {
+        about
+    } else {
+        long_about
+    };
+    <StageCli as clap::CommandFactory>::command()
+        .name(source.exec)
+        .about(about)
+        .long_about(long_about)
+        .version(env!("CARGO_PKG_VERSION"))
+}
+
 /// The whole `main` of a stage program: parses `PROGRAM worker [-c FILE] [-L LEVEL]`, loads
 /// the configuration (the file plus the database's global overlay), connects, builds `S`
 /// and its sections (a bad one stops here, naming it) and runs the worker loop on
@@ -611,17 +631,7 @@ pub fn main<S: Stage>(
     about: &'static str,
     long_about: &'static str,
 ) -> ExitCode {
-    let long_about = if long_about.is_empty() {
-        about
-    } else {
-        long_about
-    };
-    let command = <StageCli as clap::CommandFactory>::command()
-        .name(source.exec)
-        .about(about)
-        .long_about(long_about)
-        .version(env!("CARGO_PKG_VERSION"));
-    let matches = command.get_matches();
+    let matches = command(source, about, long_about).get_matches();
     let cli = match <StageCli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
         Err(e) => e.exit(),
