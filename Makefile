@@ -1,6 +1,6 @@
 # Pepsi: the two commands of the README, and a few conveniences.
 
-.PHONY: fuzz run test build unibin clippy fmt
+.PHONY: fuzz run test build unibin clippy fmt man install deb
 
 # The unified binary (spec 22.2, docs/unibin.md). These two lists are authoritative: every
 # `[[bin]]` of Cargo.toml except `pepsi` itself is in exactly one of them, the folded ones
@@ -88,6 +88,41 @@ unibin:
 	done
 	@for b in $(FOLDED_BINARIES); do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
 	@echo "unified layout: $(UNIBIN_DIR)"
+
+# The manual page of every program, rendered from its clap command line, and the
+# hand-written ones of man/ (pepsi.state.7), into $(MAN_DIR)/man{1,7,8} (src/manual.rs).
+MAN_DIR := $(TARGET_DIR)/$(PROFILE_DIR)/man
+man:
+	cargo run --quiet --profile $(PROFILE) --example pepsi-man -- $(MAN_DIR)
+
+# `make install [PREFIX=/usr/local] [DESTDIR=] [PROFILE=release] [INSTALL_SENDMAIL=no]`:
+# the unified layout in $(PREFIX)/libexec/pepsi (`pepsi`, a symlink per folded program, the
+# standalone programs), a $(PREFIX)/bin symlink per program (spec 22.2: every name in bin,
+# docs/install.md says why), the manual pages, /etc/pepsi/pepsi.conf and secrets.d/ (never
+# overwritten), and, run as root without DESTDIR, the accounts, owners and bits of
+# packaging/privileges.txt (otherwise printed, not applied). packaging/install.sh does it.
+PREFIX ?= /usr/local
+DESTDIR ?=
+INSTALL_SENDMAIL ?= no
+SENDMAIL_PATH ?= /usr/sbin/sendmail
+INSTALL_CONFIG ?= yes
+install: unibin man
+	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' UNIBIN_DIR='$(UNIBIN_DIR)' MAN_DIR='$(MAN_DIR)' \
+	  FOLDED='$(FOLDED_BINARIES)' STANDALONE='$(STANDALONE_BINARIES)' \
+	  INSTALL_SENDMAIL='$(INSTALL_SENDMAIL)' SENDMAIL_PATH='$(SENDMAIL_PATH)' \
+	  INSTALL_CONFIG='$(INSTALL_CONFIG)' packaging/install.sh
+
+# `make deb [PROFILE=release] [DEB_DIR=...] [INSTALL_SENDMAIL=no]`: the Debian packages
+# `pepsi` and `migadu-counters` in $(DEB_DIR), built with dpkg-deb from `make install
+# PREFIX=/usr` into a staging tree plus debian/ (control, postinst, units); the bits are
+# applied by the postinst from the same privileges list (packaging/deb.sh).
+DEB_DIR ?= $(TARGET_DIR)/$(PROFILE_DIR)/deb
+deb: unibin man
+	rm -rf $(DEB_DIR)/stage
+	$(MAKE) --no-print-directory install PREFIX=/usr DESTDIR=$(abspath $(DEB_DIR))/stage/pepsi \
+	  INSTALL_CONFIG=no PROFILE=$(PROFILE) INSTALL_SENDMAIL=$(INSTALL_SENDMAIL) >/dev/null
+	DEB_DIR='$(abspath $(DEB_DIR))' UNIBIN_DIR='$(UNIBIN_DIR)' MAN_DIR='$(MAN_DIR)' \
+	  INSTALL_SENDMAIL='$(INSTALL_SENDMAIL)' packaging/deb.sh
 
 # pepsi/unibin beside the default multibin: every [[bin]], the unified `pepsi` too.
 clippy:
