@@ -1,13 +1,15 @@
 //! The Debian packages of `make deb` (packaging/deb.sh, debian/): what they contain and with
 //! which modes (dpkg-deb --info / --contents), that the privileges list names exactly the
-//! bits and groups of spec 22.2, and then a real installation: both packages installed with
-//! `dpkg -i` into a throwaway root (an overlay of this machine's root in a private mount and
-//! PID namespace, so nothing outside the test's directory changes), where the postinst makes
-//! the accounts, sets the bits through dpkg-statoverride, installs the configuration and,
-//! with no PostgreSQL on the host's socket, prints the next step; `systemd-analyze verify`
-//! checks the installed units; `pepsi-setup db` from the tree sets up a private database;
-//! and one message sent to the installed ingress is delivered by the installed dispatcher
-//! through the setgid stage and the setuid writer into a Maildir, as its owner.
+//! bits and groups of spec 22.2, `make install` into a DESTDIR, and then a real
+//! installation: both packages installed with `dpkg -i` into a throwaway root (an overlay of
+//! this machine's root in a private mount and PID namespace, so nothing outside the test's
+//! directory changes), where the postinst makes the accounts, sets the bits through
+//! dpkg-statoverride, installs the configuration and, with no PostgreSQL on the socket,
+//! prints the next step; `systemd-analyze verify` passes the installed units without a word;
+//! with a private PostgreSQL of that root's own (peer authentication, as on Debian) the
+//! postinst runs `pepsi-setup db` from the tree; and one message sent to the installed
+//! ingress (as pepsi-ingress) is delivered by the installed dispatcher (as pepsi) through the
+//! setgid stage and the setuid writer into a Maildir, written as the mailbox's owner.
 //!
 //! The packages are built from the development profile (`make deb PROFILE=dev`: only the
 //! root package compiles again for the unified layout, as scripts/test.sh's `make unibin
@@ -330,43 +332,6 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// The test server's URL for database `name` as this process reaches it and as the
-/// throwaway root does, and the directory of the server's socket when the URL names one (the
-/// throwaway root sees it at /tmp/pgsock).
-fn database_url(name: &str) -> (String, String, Option<PathBuf>) {
-    let base = pepsi_testkit::server_url();
-    let (head, query) = base.split_once('?').unwrap_or((&base, ""));
-    let authority = head.find("://").expect("a PostgreSQL URL") + 3;
-    let head = match head[authority..].find('/') {
-        Some(path) => &head[..authority + path],
-        None => head,
-    };
-    let mut socket = None;
-    let inside: Vec<String> = query
-        .split('&')
-        .filter(|p| !p.is_empty())
-        .map(|p| match p.strip_prefix("host=") {
-            Some(dir) if dir.starts_with('/') => {
-                socket = Some(PathBuf::from(dir));
-                "host=/tmp/pgsock".to_owned()
-            }
-            _ => p.to_owned(),
-        })
-        .collect();
-    let q = |params: String| {
-        if params.is_empty() {
-            params
-        } else {
-            format!("?{params}")
-        }
-    };
-    (
-        format!("{head}/{name}{}", q(query.to_owned())),
-        format!("{head}/{name}{}", q(inside.join("&"))),
-        socket,
-    )
-}
-
 /// What runs inside the throwaway root, as root: install, check, set up, deliver.
 const INSIDE: &str = r#"
 set -eu
@@ -380,11 +345,23 @@ say "systemd-analyze verify"
 systemd-analyze verify --man=yes /usr/lib/systemd/system/pepsi.target \
   /usr/lib/systemd/system/pepsi-*.service /usr/lib/systemd/system/migadu_counters.service
 say "verified"
+
+# A PostgreSQL of this root's own, on its socket (peer authentication, as Debian's), and
+# the postinst once more: now it sets the database up itself.
+say "PostgreSQL"
+bin="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")"
+install -d -o postgres -g postgres -m 2775 /run/postgresql
+install -d -o postgres -g postgres -m 0700 /tmp/pgdata
+runuser -u postgres -- "$bin/initdb" -D /tmp/pgdata --auth=peer -U postgres >/dev/null
+runuser -u postgres -- "$bin/pg_ctl" -D /tmp/pgdata -w -l /tmp/pg.log \
+  -o "-c listen_addresses= -k /run/postgresql -c fsync=off" start >/dev/null
+say "postinst configure"
+/var/lib/dpkg/info/pepsi.postinst configure 0.1.0
+
+# The services as their accounts, each its own database role by peer authentication.
 conf=/etc/pepsi/pepsi.conf
 sed -i "s/^ADDRESS = 127.0.0.1:2525\$/ADDRESS = 127.0.0.1:$SMTP_PORT/" "$conf"
-say "pepsi-setup db"
-pepsi-setup db -c "$conf"
-pepsi-settings -c "$conf" account add alice@example.test --no-password
+runuser -u pepsi-httpd -- pepsi-settings -c "$conf" account add alice@example.test --no-password
 useradd --no-create-home --home-dir /nonexistent alice
 install -d -o alice -g alice -m 0700 /var/lib/pepsi/mail/alice \
   /var/lib/pepsi/mail/alice/Maildir /var/lib/pepsi/mail/alice/Maildir/tmp \
@@ -392,7 +369,7 @@ install -d -o alice -g alice -m 0700 /var/lib/pepsi/mail/alice \
 mkdir -p /tmp/logs
 runuser -u pepsi -- pepsi-dispatch -c "$conf" >/tmp/logs/dispatch.log 2>&1 &
 runuser -u pepsi-ingress -- pepsi-ingress -c "$conf" >/tmp/logs/ingress.log 2>&1 &
-logs() { for f in /tmp/logs/*.log; do echo "--- $f"; tail -n 40 "$f"; done; }
+logs() { for f in /tmp/logs/*.log /tmp/pg.log; do echo "--- $f"; tail -n 40 "$f"; done; }
 say "send"
 python3 - "$SMTP_PORT" <<'EOP' || { logs; exit 1; }
 import smtplib, sys, time
@@ -426,18 +403,11 @@ exit 1
 /// Mounts the throwaway root (an overlay of / whose changes land in `dir/upper`) in a
 /// private mount and PID namespace and runs INSIDE there; every process it started ends
 /// with the namespace.
-fn install_and_deliver(dir: &Path, debs: &Path, url: &str, socket: Option<&Path>) -> String {
+fn install_and_deliver(dir: &Path, debs: &Path) -> String {
     let merged = dir.join("root");
     for d in ["upper", "work", "root"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
-    let sock_mount = match socket {
-        Some(s) => format!(
-            "mkdir -p \"$m/tmp/pgsock\" && mount --bind '{}' \"$m/tmp/pgsock\"",
-            s.display()
-        ),
-        None => String::new(),
-    };
     let outer = format!(
         r#"set -eu
 m='{m}'
@@ -445,12 +415,11 @@ mount -t overlay overlay -o lowerdir=/,upperdir='{d}/upper',workdir='{d}/work' "
 mount -t proc proc "$m/proc"
 mount --rbind /dev "$m/dev"
 mount -t tmpfs tmpfs "$m/tmp"
-# No PostgreSQL socket of the host: the postinst's branch for a host without one.
+# No PostgreSQL socket of the host's: the postinst first finds no server.
 mount -t tmpfs tmpfs "$m/run"
 mkdir -p "$m/debs" && mount --bind '{debs}' "$m/debs"
-{sock_mount}
 exec chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-  DATABASE_URL='{url}' SMTP_PORT='{port}' /bin/sh -c "$INSIDE"
+  SMTP_PORT='{port}' /bin/sh -c "$INSIDE"
 "#,
         m = merged.display(),
         d = dir.display(),
@@ -506,17 +475,24 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         Some("/usr/libexec/pepsi/pepsi-sendmail")
     );
 
-    let name = format!("pepsi_pkg_{}", std::process::id());
-    let (outside, inside, socket) = database_url(&name);
-    let _drop = DropDatabase(name.clone());
     let tree = dir.path().join("tree");
-    let log = install_and_deliver(&tree, &debs, &inside, socket.as_deref());
+    let log = install_and_deliver(&tree, &debs);
 
-    // The postinst: no PostgreSQL on the host's socket, so it says what to do next.
+    // The postinst: first no PostgreSQL on the socket, so it says what to do next; run
+    // again with one, it sets the database up (pepsi-setup db from the tree).
+    let (first, second) = log
+        .split_once("== postinst configure\n")
+        .unwrap_or_else(|| panic!("{log}"));
     assert!(
-        log.contains("no PostgreSQL answers on this host")
-            && log.contains("runuser -u postgres -g postgres -G pepsi -- pepsi-setup db"),
-        "{log}"
+        first.contains("no PostgreSQL answers on this host")
+            && first.contains("runuser -u postgres -g postgres -G pepsi -- pepsi-setup db"),
+        "{first}"
+    );
+    assert!(
+        second.contains("created the database")
+            && second.contains("applied patch: pepsi-0001")
+            && second.contains("pepsi: the database is set up (pepsi-setup db)."),
+        "{second}"
     );
     // systemd-analyze verify exits 0 and has nothing to say about any unit.
     let verify = log
@@ -599,7 +575,19 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         "{text}"
     );
     assert!(text.contains("Hello from the throwaway root."), "{text}");
-    drop(outside);
+}
+
+/// The packaged configuration's `postgres:///pepsi` relies on this for peer authentication.
+#[test]
+fn a_database_url_without_a_user_means_the_account_the_program_runs_as() {
+    let account = run(Command::new("id").arg("-un"));
+    let options: sqlx::postgres::PgConnectOptions = "postgres:///pepsi".parse().unwrap();
+    if std::env::var_os("PGUSER").is_none() {
+        assert_eq!(options.get_username(), account.trim());
+    }
+    let options: sqlx::postgres::PgConnectOptions =
+        "postgres://someone@localhost/pepsi".parse().unwrap();
+    assert_eq!(options.get_username(), "someone");
 }
 
 #[test]
@@ -673,20 +661,4 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
     let out = make(&["install", "PROFILE=dev", "PREFIX=/opt/pepsi", &destdir]);
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "# mine\n");
     assert!(out.contains("kept"), "{out}");
-}
-
-/// Drops the test's database at the end, even when the test failed.
-struct DropDatabase(String);
-
-impl Drop for DropDatabase {
-    fn drop(&mut self) {
-        let base = pepsi_testkit::server_url();
-        let _ = Command::new("psql")
-            .arg(&base)
-            .args([
-                "-qc",
-                &format!("DROP DATABASE IF EXISTS \"{}\" WITH (FORCE)", self.0),
-            ])
-            .output();
-    }
 }
