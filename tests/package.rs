@@ -400,10 +400,24 @@ logs
 exit 1
 "#;
 
-/// Mounts the throwaway root (an overlay of / whose changes land in `dir/upper`) in a
-/// private mount and PID namespace and runs INSIDE there; every process it started ends
-/// with the namespace.
-fn install_and_deliver(dir: &Path, debs: &Path) -> String {
+/// Purges both packages from the throwaway root: what `apt purge` leaves is the operator's.
+const PURGE: &str = r#"
+set -eu
+exec 2>&1
+dpkg --purge pepsi migadu-counters
+echo "== overrides left:"
+dpkg-statoverride --list '/usr/libexec/pepsi/*' || true
+echo "== end"
+[ -e /etc/pepsi ] || echo "/etc/pepsi removed"
+[ -e /usr/libexec/pepsi ] || echo "/usr/libexec/pepsi removed"
+[ -e /var/lib/pepsi/mail/alice/Maildir/new ] && echo "the Maildirs kept"
+getent passwd pepsi >/dev/null && echo "the accounts kept"
+"#;
+
+/// Mounts the throwaway root (an overlay of / whose changes land in `dir/upper`, kept from
+/// one call to the next) in a private mount and PID namespace and runs `script` there;
+/// every process it started ends with the namespace.
+fn in_throwaway_root(dir: &Path, debs: &Path, script: &str) -> String {
     let merged = dir.join("root");
     for d in ["upper", "work", "root"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -429,12 +443,12 @@ exec chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8
     let out = Command::new("unshare")
         .args(["--mount", "--pid", "--fork", "--propagation", "private"])
         .args(["/bin/sh", "-c", &outer])
-        .env("INSIDE", INSIDE)
+        .env("INSIDE", script)
         .output()
         .unwrap();
     let text =
         String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the installation failed:\n{text}");
+    assert!(out.status.success(), "in the throwaway root:\n{text}");
     println!("{text}");
     text
 }
@@ -476,7 +490,7 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
     );
 
     let tree = dir.path().join("tree");
-    let log = install_and_deliver(&tree, &debs);
+    let log = in_throwaway_root(&tree, &debs, INSIDE);
 
     // The postinst: first no PostgreSQL on the socket, so it says what to do next; run
     // again with one, it sets the database up (pepsi-setup db from the tree).
@@ -575,6 +589,27 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         "{text}"
     );
     assert!(text.contains("Hello from the throwaway root."), "{text}");
+
+    // Purged: the programs, the configuration and the statoverrides go; mail and accounts
+    // stay.
+    let purge = in_throwaway_root(&tree, &debs, PURGE);
+    let left = purge
+        .split_once("== overrides left:\n")
+        .and_then(|(_, rest)| rest.split_once("== end"))
+        .map(|(left, _)| left)
+        .unwrap_or_else(|| panic!("{purge}"));
+    assert!(
+        left.trim().is_empty(),
+        "statoverrides left after purge: {left}"
+    );
+    for said in [
+        "/etc/pepsi removed",
+        "/usr/libexec/pepsi removed",
+        "the Maildirs kept",
+        "the accounts kept",
+    ] {
+        assert!(purge.contains(said), "{said}: {purge}");
+    }
 }
 
 /// The packaged configuration's `postgres:///pepsi` relies on this for peer authentication.
