@@ -418,10 +418,26 @@ getent passwd pepsi >/dev/null && echo "the accounts kept"
 /// one call to the next) in a private mount and PID namespace and runs `script` there;
 /// every process it started ends with the namespace.
 fn in_throwaway_root(dir: &Path, debs: &Path, script: &str) -> String {
+    in_root_with(dir, &[(debs, "/debs")], &[], script)
+}
+
+/// `in_throwaway_root` with directories of this machine bound into it (`binds`: host path,
+/// path inside) and extra environment variables for the script.
+fn in_root_with(dir: &Path, binds: &[(&Path, &str)], env: &[(&str, &str)], script: &str) -> String {
     let merged = dir.join("root");
     for d in ["upper", "work", "root"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
     }
+    let binds: String = binds
+        .iter()
+        .map(|(host, inside)| {
+            format!(
+                "mkdir -p \"$m{inside}\" && mount --bind '{}' \"$m{inside}\"\n",
+                host.display()
+            )
+        })
+        .collect();
+    let env: String = env.iter().map(|(k, v)| format!(" {k}='{v}'")).collect();
     let outer = format!(
         r#"set -eu
 m='{m}'
@@ -431,13 +447,11 @@ mount --rbind /dev "$m/dev"
 mount -t tmpfs tmpfs "$m/tmp"
 # No PostgreSQL socket of the host's: the postinst first finds no server.
 mount -t tmpfs tmpfs "$m/run"
-mkdir -p "$m/debs" && mount --bind '{debs}' "$m/debs"
-exec chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
-  SMTP_PORT='{port}' /bin/sh -c "$INSIDE"
+{binds}exec chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+  SMTP_PORT='{port}'{env} /bin/sh -c "$INSIDE"
 "#,
         m = merged.display(),
         d = dir.display(),
-        debs = debs.display(),
         port = free_port(),
     );
     let out = Command::new("unshare")
@@ -696,4 +710,52 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
     let out = make(&["install", "PROFILE=dev", "PREFIX=/opt/pepsi", &destdir]);
     assert_eq!(std::fs::read_to_string(&conf).unwrap(), "# mine\n");
     assert!(out.contains("kept"), "{out}");
+
+    // As root without DESTDIR (in a throwaway root): the accounts of the list are made and
+    // its owners, groups and bits applied with chown and chmod.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let folded = makefile_list("FOLDED_BINARIES").join(" ");
+    let standalone = makefile_list("STANDALONE_BINARIES").join(" ");
+    let tree = dir.path().join("tree");
+    // The layout of `make unibin` is rebuilt by the other tests' make: hold their lock
+    // (flock(2), as flock(1) takes it) while it is read.
+    let lock = std::fs::File::create(target.join("package-test.lock")).unwrap();
+    // SAFETY: flock on a file descriptor this function owns; released when `lock` closes.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "flock: {}", std::io::Error::last_os_error());
+    let log = in_root_with(
+        &tree,
+        &[
+            (root(), "/src"),
+            (&target.join("debug/unibin"), "/unibin"),
+            (&target.join("debug/man"), "/man"),
+        ],
+        &[
+            ("PREFIX", "/usr/local"),
+            ("UNIBIN_DIR", "/unibin"),
+            ("MAN_DIR", "/man"),
+            ("FOLDED", &folded),
+            ("STANDALONE", &standalone),
+        ],
+        "set -eu; exec 2>&1; /src/packaging/install.sh; /usr/local/bin/pepsi --list | head -n 1",
+    );
+    assert!(!log.contains("installed without owners and bits"), "{log}");
+    assert!(log.contains("pepsi-dispatch"), "pepsi --list: {log}");
+    let upper = tree.join("upper");
+    for p in privileges() {
+        let path = match p.kind.as_str() {
+            "program" => upper.join("usr/local/libexec/pepsi").join(&p.path),
+            _ => upper.join(p.path.trim_start_matches('/')),
+        };
+        let meta = std::fs::metadata(&path)
+            .unwrap_or_else(|e| panic!("{} not installed: {e}", path.display()));
+        assert_eq!(meta.mode() & 0o7777, p.mode, "{}", path.display());
+        assert_eq!(meta.uid(), id_in(&upper, "passwd", &p.owner), "{}", p.path);
+        assert_eq!(meta.gid(), id_in(&upper, "group", &p.group), "{}", p.path);
+    }
+    let conf = std::fs::metadata(upper.join("etc/pepsi/pepsi.conf")).unwrap();
+    assert_eq!(conf.gid(), id_in(&upper, "group", "pepsi"));
+    drop(lock);
 }
