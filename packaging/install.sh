@@ -10,7 +10,8 @@
 #                                           a folded one, ../libexec/pepsi/<program> else
 #   $PREFIX/share/man/man{1,7,8}/           the manual pages (make man)
 #   $PREFIX/share/pepsi/                    privileges.txt, pepsi.conf (the default)
-#   /etc/pepsi/pepsi.conf, secrets.d/       the configuration, never overwritten
+#   $SYSCONFDIR/pepsi/pepsi.conf, secrets.d/ the configuration, never overwritten (SYSCONFDIR
+#                                           /etc: where the programs look without -c)
 #   $SENDMAIL_PATH                          -> pepsi-sendmail, with INSTALL_SENDMAIL=yes
 #
 # The bits, owners and groups are those of packaging/privileges.txt, the one list the
@@ -114,9 +115,10 @@ fi
 # The configuration: installed when absent, never overwritten (the package leaves it to its
 # postinst, INSTALL_CONFIG=no).
 [ "${INSTALL_CONFIG:-yes}" = yes ] || { echo "installed under $DESTDIR$PREFIX"; exit 0; }
-conf="$d/etc/pepsi/pepsi.conf"
-install -d -m 0755 "$d/etc/pepsi"
-install -d -m 0750 "$d/etc/pepsi/secrets.d"
+etc="${SYSCONFDIR:-/etc}/pepsi"
+conf="$d$etc/pepsi.conf"
+install -d -m 0755 "$d$etc"
+install -d -m 0750 "$d$etc/secrets.d"
 if [ -e "$conf" ]; then
   echo "make install: kept $conf (the default is $datadir/pepsi.conf)"
 else
