@@ -345,14 +345,28 @@ impl Writer {
     }
 
     fn send(&mut self, mailbox: &Path, message: &[u8]) -> String {
+        self.send_with(mailbox, "now", message)
+    }
+
+    fn send_with(&mut self, mailbox: &Path, dir_sync: &str, message: &[u8]) -> String {
         write!(
             self.stdin,
-            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\nsize {}\n",
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\n\
+             dir-sync {dir_sync}\nsize {}\n",
             mailbox.display(),
             message.len()
         )
         .unwrap();
         self.stdin.write_all(message).unwrap();
+        self.answer()
+    }
+
+    fn sync(&mut self) -> String {
+        self.stdin.write_all(b"sync\n").unwrap();
+        self.answer()
+    }
+
+    fn answer(&mut self) -> String {
         self.stdin.flush().unwrap();
         let mut line = String::new();
         self.stdout.read_line(&mut line).unwrap();
@@ -492,6 +506,97 @@ fn the_writer_writes_as_the_mailbox_owner_and_refuses_root_owned_mailboxes() {
         (owner, if uid == 0 { 65534 } else { meta.gid() })
     );
     assert_eq!(w.finish(), Some(0));
+}
+
+/// `dir-sync later` deliveries are in new/ when answered; `sync` then syncs each Maildir's
+/// new/ once however many copies went into it, and says how many it synced.
+#[test]
+fn deliveries_with_a_later_sync_are_synced_once_per_maildir_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    for u in ["alice", "bob"] {
+        maildir(&root.join(u).join("Maildir"));
+    }
+    let mut w = Writer::start(&root, &["--allow-root-owner"]);
+    for u in ["alice", "bob", "alice"] {
+        let reply = w.send_with(&root.join(u).join("Maildir"), "later", b"x\r\n");
+        assert!(reply.starts_with("ok "), "{reply}");
+    }
+    assert_eq!(files(&root.join("alice/Maildir/new")).len(), 2);
+    assert_eq!(files(&root.join("bob/Maildir/new")).len(), 1);
+    assert_eq!(w.sync(), "ok synced 2\n");
+    assert_eq!(w.sync(), "ok synced 0\n", "nothing waits any more");
+    // A `now` delivery leaves nothing for the next sync.
+    assert!(w.send(&root.join("bob/Maildir"), b"y\r\n").starts_with("ok "));
+    assert_eq!(w.sync(), "ok synced 0\n");
+    assert_eq!(w.finish(), Some(0));
+}
+
+/// A helper that stops between answering deliveries and syncing their Maildirs: the
+/// worker records none of that round's deliveries (each row answers a temporary error and
+/// stays running for the dispatcher to retry), though the copies are in new/.
+#[tokio::test]
+async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    // Passes deliveries through to the real writer, and exits when asked to sync.
+    let proxy = s.root.parent().unwrap().join("sync-loser.py");
+    std::fs::write(
+        &proxy,
+        format!(
+            "#!/usr/bin/env python3\n\
+             import subprocess, sys\n\
+             w = subprocess.Popen([{WRITER:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
+             inp, out = sys.stdin.buffer, sys.stdout.buffer\n\
+             while True:\n\
+             \x20   first = inp.readline()\n\
+             \x20   if not first or first == b'sync\\n':\n\
+             \x20       sys.exit(0)\n\
+             \x20   head = [first] + [inp.readline() for _ in range(5)]\n\
+             \x20   size = int(head[-1].split()[1])\n\
+             \x20   w.stdin.write(b''.join(head) + inp.read(size))\n\
+             \x20   w.stdin.flush()\n\
+             \x20   out.write(w.stdout.readline())\n\
+             \x20   out.flush()\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &proxy,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let config = std::fs::read_to_string(&s.config).unwrap().replace(
+        "[stage-small]",
+        &format!(
+            "[stage-lossy]\nPROGRAM = pepsi-stage-relay-to-maildir\nHELPER = {}\n\
+             ALLOW_ROOT_OWNER = yes\nBOUNCE_STAGE = bounce\nQUEUE_LIMIT = 8\n\n[stage-small]",
+            proxy.display()
+        ),
+    );
+    std::fs::write(&s.config, config).unwrap();
+    let a = message(&db, "lossy", &["alice@example.test"]).await;
+    let b = message(&db, "lossy", &["alice@example.test"]).await;
+    let lines = worker(&s, &[a, b]).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line.starts_with("1 ")
+                && line.contains("\"temporary\":true")
+                && line.contains("could not sync the Maildirs written"),
+            "{line}"
+        );
+    }
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 2, "both rows are still queued: {left:?}");
+    for (_, stage, status, _, _) in &left {
+        assert_eq!((stage.as_str(), status.as_str()), ("lossy", "running"));
+    }
+    assert_eq!(
+        files(&s.root.join("alice/Maildir/new")).len(),
+        2,
+        "the copies were written; only their recording waits"
+    );
 }
 
 #[test]

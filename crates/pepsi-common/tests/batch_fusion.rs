@@ -4,6 +4,7 @@
 //! that needs more than is loaded is not fused; the worker's stdin loop answers a batch in
 //! order.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use pepsi_common::config::Config;
@@ -142,6 +143,7 @@ async fn setup(fusion: bool) -> (TestDb, Config) {
          [stage-b]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n\
          [stage-c]\nPROGRAM = test-whole\n\
          [stage-d]\nPROGRAM = test-deliver\nQUEUE_LIMIT = 8\n\
+         [stage-e]\nPROGRAM = test-settle\nQUEUE_LIMIT = 8\n\
          [stage-x]\nPROGRAM = {ACT}\nNEXT_STAGE = y\n\
          [stage-y]\nPROGRAM = {ACT}\n\
          [stage-other]\nPROGRAM = {ACT}\nNEXT_STAGE = c\n",
@@ -579,4 +581,153 @@ async fn a_round_cut_by_round_time_answers_what_is_done_before_the_slow_pass_end
     };
     let (handled, ()) = tokio::join!(run, test);
     assert_eq!(handled.unwrap(), 3);
+}
+
+/// A batching stage that does something outside the database in each pass (it notes the
+/// row as "written") and makes it durable in `before_commit`, which checks that none of the
+/// rows it settles has been committed yet and can be told to fail.
+struct Settle {
+    pool: PgPool,
+    written: std::sync::Mutex<Vec<i64>>,
+    /// Each call of `before_commit`: the rows it settled.
+    calls: Arc<std::sync::Mutex<Vec<Vec<i64>>>>,
+    fail: bool,
+}
+
+impl Settle {
+    fn new(pool: &PgPool, fail: bool) -> (Settle, Arc<std::sync::Mutex<Vec<Vec<i64>>>>) {
+        let calls = Arc::default();
+        let stage = Settle {
+            pool: pool.clone(),
+            written: Default::default(),
+            calls: Arc::clone(&calls),
+            fail,
+        };
+        (stage, calls)
+    }
+}
+
+impl Stage for Settle {
+    const PROGRAM: &'static str = "test-settle";
+    const LOAD: Load = Load::Full;
+    const BATCH: bool = true;
+    type Section = ();
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        anyhow::bail!("made by the test")
+    }
+
+    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+        Ok(())
+    }
+
+    async fn process(&self, _: &(), ctx: &mut StageContext<'_>) -> Result<Terminal, StageError> {
+        self.written.lock().unwrap().push(ctx.id());
+        match ctx.state().get("do").and_then(Value::as_str) {
+            // A body change is committed on its own, not in the round's statement.
+            Some("rewrite") => {
+                ctx.set_body(b"new body".to_vec());
+                ctx.advance_to("c")
+            }
+            _ => ctx.finish(),
+        }
+    }
+
+    async fn before_commit(&self) -> Result<(), StageError> {
+        let rows = std::mem::take(&mut *self.written.lock().unwrap());
+        let committed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM unnest($1::int8[]) AS i(id) WHERE NOT EXISTS \
+             (SELECT 1 FROM pepsi.workqueue w WHERE w.workqueue_id = i.id \
+              AND w.status = 'running' AND w.rcpt_to[1] = 'r0@example.test')",
+        )
+        .bind(&rows)
+        .fetch_one(&self.pool)
+        .await
+        .unwrap();
+        assert_eq!(committed, 0, "rows {rows:?} committed before they were settled");
+        self.calls.lock().unwrap().push(rows);
+        if self.fail {
+            return Err(StageError::Temporary("the disk refused the sync".into()));
+        }
+        Ok(())
+    }
+}
+
+/// `before_commit` runs before every commit of a pass: once for a batch round's shared
+/// statement, once before a pass committed on its own, once for a single pass; nothing is
+/// committed before it, and when it fails nothing it would have covered is committed.
+#[tokio::test]
+async fn what_a_round_did_outside_the_database_is_settled_before_its_commit() {
+    let (db, cfg) = setup(false).await;
+    let pool = &db.pool;
+    let mut batch = Vec::new();
+    for state in [json!({}), json!({}), json!({"do": "rewrite"}), json!({})] {
+        batch.push(running(pool, "e", state).await);
+    }
+    let (stage, calls) = Settle::new(pool, false);
+    let worker = Worker::with_stage(stage, pool, &cfg, &[]).unwrap();
+    let answers = worker.pass_batch(&batch).await;
+    assert_eq!(
+        answers.iter().map(outcome).collect::<Vec<_>>(),
+        [
+            "ok finished=true fused=0",
+            "ok finished=true fused=0",
+            "ok finished=false fused=0",
+            "ok finished=true fused=0"
+        ]
+    );
+    for id in [batch[0], batch[1], batch[3]] {
+        assert_eq!(view(pool, id).await, json!([]), "row {id} finished");
+    }
+    let rewritten = view(pool, batch[2]).await;
+    assert_eq!(
+        (&rewritten[0]["stage"], &rewritten[0]["status"]),
+        (&json!("c"), &json!("pending"))
+    );
+    let single = running(pool, "e", json!({})).await;
+    assert!(worker.pass(single).await.is_ok());
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [
+            vec![batch[0], batch[1], batch[2]],
+            vec![batch[3]],
+            vec![single]
+        ],
+        "before the pass committed alone (the two before it waiting), before the round's \
+         statement, before a single pass"
+    );
+    drop(worker);
+
+    // The same with a failing sync: every pass of the round is answered with its error
+    // and left running as it was; the round stops at the pass committed on its own.
+    let (stage, calls) = Settle::new(pool, true);
+    let mut failing = Vec::new();
+    for state in [json!({}), json!({}), json!({"do": "rewrite"}), json!({})] {
+        failing.push(running(pool, "e", state).await);
+    }
+    let worker = Worker::with_stage(stage, pool, &cfg, &[]).unwrap();
+    let answers = worker.pass_batch(&failing).await;
+    assert_eq!(answers.len(), 3, "the round stops at the failed sync");
+    for (i, a) in answers.iter().enumerate() {
+        let e = a.as_ref().expect_err("nothing is done");
+        assert!(
+            e.is_temporary() && e.to_string().contains("the disk refused the sync"),
+            "pass {i}: {e}"
+        );
+    }
+    for &id in &failing {
+        let row = view(pool, id).await;
+        assert_eq!(
+            (&row[0]["status"], &row[0]["rcpt_to"][0]),
+            (&json!("running"), &json!("r0@example.test")),
+            "row {id} left as it was"
+        );
+    }
+    let single = running(pool, "e", json!({})).await;
+    assert!(worker.pass(single).await.is_err());
+    assert_eq!(view(pool, single).await[0]["status"], "running");
+    assert_eq!(
+        *calls.lock().unwrap(),
+        [vec![failing[0], failing[1], failing[2]], vec![single]]
+    );
 }

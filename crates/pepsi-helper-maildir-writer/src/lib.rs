@@ -40,12 +40,13 @@ pub mod constants {
 
 const LONG_ABOUT: &str = "\
 Writes messages into Maildirs on behalf of pepsi-stage-relay-to-maildir, which starts it once \
-and keeps it as a co-process. Each request on standard input is five lines and the message:
+and keeps it as a co-process. Each delivery on standard input is six lines and the message:
 
     mailbox <absolute path of the Maildir>
     return-path <envelope sender, empty for the null sender>
     delivered-to <envelope recipient>
     quota <bytes, 0 for none>
+    dir-sync <now or later>
     size <message length in bytes>
     <exactly that many bytes>
 
@@ -53,8 +54,13 @@ and each is answered with one line on standard output: `ok <file name in new/>`,
 `perm <5.x.y> <text>` (will not succeed on retry: no such mailbox 5.1.1, mailbox full 5.2.2) \
 or `temp <4.x.y> <text>` (try later: I/O errors, permissions, a refused path). The stored \
 copy is `Return-Path: <sender>` and `Delivered-To: <recipient>` followed by the message, \
-written to tmp/, synced, renamed into new/ and the directory synced. A request that does not \
-follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program exits 2.
+written to tmp/, synced, renamed into new/ and, with `dir-sync now`, the directory synced \
+before the answer. With `dir-sync later` the directory is synced at the next request `sync` \
+(one line), answered `ok synced <n>` once every new/ written since the previous one is synced \
+(or `temp 4.3.0 <text>` naming the directory that failed): the stage sends it before it \
+records a round of deliveries, so a round costs one directory sync per Maildir. A request that \
+does not follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program \
+exits 2.
 
 Every mailbox must resolve, symlinks followed, to a path under --root; `.` and `..` \
 components are refused, and so is a symbolic link inside the root's tree that neither root \
@@ -185,9 +191,23 @@ pub fn serve<R: BufRead, W: Write>(
     mut output: W,
 ) -> ExitCode {
     loop {
-        let (reply, stop) = match protocol::read_request(&mut input) {
-            Ok(None) => return ExitCode::SUCCESS,
-            Ok(Some(req)) => {
+        let (reply, stop) = match protocol::read_command(&mut input) {
+            Ok(None) => {
+                // Nothing waits on a sync the stage did not ask for, but nothing is lost by
+                // making the renames durable on the way out either.
+                if writer.unsynced() > 0 {
+                    let _ = writer.sync();
+                }
+                return ExitCode::SUCCESS;
+            }
+            Ok(Some(protocol::Command::Sync)) => {
+                let reply = writer.sync();
+                if !matches!(reply, protocol::Reply::Ok(_)) {
+                    tracing::error!("{}", reply.to_line().trim_end());
+                }
+                (reply, false)
+            }
+            Ok(Some(protocol::Command::Deliver(req))) => {
                 let reply = writer.deliver(&req);
                 match &reply {
                     protocol::Reply::Ok(name) => {

@@ -1,5 +1,8 @@
 //! One delivery into a Maildir: confine the path under the root, find the owner, switch to
-//! it, check the quota, write `tmp/<unique>`, fsync, rename into `new/`, fsync `new/`.
+//! it, check the quota, write `tmp/<unique>`, fsync, rename into `new/`, fsync `new/` (now,
+//! or at the next [`Writer::sync`] for a `dir-sync later` delivery: the directory is kept
+//! open from the delivery, so the sync reaches the very directory written, whatever its
+//! path names by then).
 //!
 //! Every outcome is a [`Reply`]; this module never panics on input and never leaves a
 //! partial file in `new/` (the file reaches `new/` only by a rename after its data is
@@ -12,7 +15,11 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::privilege::{self, Identity};
-use crate::protocol::{Reply, Request};
+use crate::protocol::{DirSync, Reply, Request};
+
+/// At most this many `new/` directories wait for a sync; a delivery into one more syncs its
+/// directory at once.
+pub const MAX_UNSYNCED: usize = 256;
 
 /// What the writer may do, fixed at start.
 #[derive(Debug, Clone)]
@@ -33,6 +40,9 @@ pub struct Writer {
     host: String,
     pid: u32,
     counter: u64,
+    /// `new/` directories renamed into by `dir-sync later` deliveries since the last sync,
+    /// each open since its delivery.
+    unsynced: Vec<(PathBuf, File)>,
 }
 
 impl Writer {
@@ -52,6 +62,7 @@ impl Writer {
             host: maildir_host(&hostname()),
             pid: std::process::id(),
             counter: 0,
+            unsynced: Vec::new(),
         })
     }
 
@@ -140,10 +151,47 @@ impl Writer {
             }
         }
         let name = self.unique_name(size);
-        match write_into(&mailbox, &name, &headers, &req.message) {
-            Ok(()) => Reply::Ok(name),
+        let new_dir = mailbox.join("new");
+        let known = self.unsynced.iter().any(|(p, _)| *p == new_dir);
+        let dir_sync = match req.dir_sync {
+            DirSync::Later if !known && self.unsynced.len() >= MAX_UNSYNCED => DirSync::Now,
+            other => other,
+        };
+        match write_into(&mailbox, &name, &headers, &req.message, dir_sync) {
+            Ok(None) => Reply::Ok(name),
+            Ok(Some(dir)) => {
+                if !known {
+                    self.unsynced.push((new_dir, dir));
+                }
+                Reply::Ok(name)
+            }
             Err((op, path, e)) => io_reply(op, &path, e, who),
         }
+    }
+
+    /// Syncs every `new/` that `dir-sync later` deliveries renamed into since the last sync:
+    /// `ok synced <n>`, or `temp 4.3.0` naming the first directory that failed (the others
+    /// are synced all the same; none is tried again).
+    pub fn sync(&mut self) -> Reply {
+        let dirs = std::mem::take(&mut self.unsynced);
+        let n = dirs.len();
+        let mut failed = None;
+        for (path, dir) in dirs {
+            if let Err(e) = dir.sync_all()
+                && failed.is_none()
+            {
+                failed = Some(Reply::temp(
+                    "4.3.0",
+                    format!("syncing {}: {e}", path.display()),
+                ));
+            }
+        }
+        failed.unwrap_or_else(|| Reply::Ok(format!("synced {n}")))
+    }
+
+    /// How many `new/` directories wait for a sync.
+    pub fn unsynced(&self) -> usize {
+        self.unsynced.len()
     }
 
     /// `<secs>.M<usecs>P<pid>Q<n>.<host>,S=<size>`: unique per the Maildir convention
@@ -348,8 +396,15 @@ fn size_from_name(name: &str) -> Option<u64> {
 
 type Failed = (&'static str, PathBuf, io::Error);
 
-/// tmp/ → fsync → new/ → fsync new/. On failure the tmp/ file is removed.
-fn write_into(mailbox: &Path, name: &str, headers: &[u8], message: &[u8]) -> Result<(), Failed> {
+/// tmp/ → fsync → new/ → fsync new/ (`DirSync::Now`), or new/ opened and returned for a later
+/// sync (`DirSync::Later`). On failure the tmp/ file is removed.
+fn write_into(
+    mailbox: &Path,
+    name: &str,
+    headers: &[u8],
+    message: &[u8],
+    dir_sync: DirSync,
+) -> Result<Option<File>, Failed> {
     let tmp = mailbox.join("tmp").join(name);
     let new_dir = mailbox.join("new");
     let new = new_dir.join(name);
@@ -375,9 +430,14 @@ fn write_into(mailbox: &Path, name: &str, headers: &[u8], message: &[u8]) -> Res
     // The rename is durable only once the directory is synced. The message is in new/
     // already; a failure here is reported as transient, and a retry may store a second
     // copy: better than losing the only one.
-    File::open(&new_dir)
-        .and_then(|d| d.sync_all())
-        .map_err(|e| ("syncing", new_dir.clone(), e))
+    let dir = File::open(&new_dir).map_err(|e| ("syncing", new_dir.clone(), e))?;
+    match dir_sync {
+        DirSync::Later => Ok(Some(dir)),
+        DirSync::Now => dir
+            .sync_all()
+            .map(|_| None)
+            .map_err(|e| ("syncing", new_dir.clone(), e)),
+    }
 }
 
 /// Maps an I/O failure to a reply: a full disk, I/O errors and permission problems are

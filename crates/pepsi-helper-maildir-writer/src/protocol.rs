@@ -1,21 +1,30 @@
 //! The co-process protocol between `pepsi-stage-relay-to-maildir` and the writer, both ends.
 //!
-//! A request is five lines, in this order, each ending with LF, then the message:
+//! A delivery is six lines, in this order, each ending with LF, then the message:
 //!
 //! ```text
 //! mailbox /var/mail/alice/Maildir
 //! return-path bob@example.org          (empty for the null sender)
 //! delivered-to alice@example.test
 //! quota 10485760                       (bytes; 0 = no quota)
+//! dir-sync now                         (or `later`: see below)
 //! size 1234
 //! <exactly `size` bytes of message>
 //! ```
 //!
 //! The answer is one line: `ok <file name in new/>`, `perm <x.y.z> <text>` or
-//! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). A request the writer cannot parse
-//! leaves the stream out of step, so it answers `temp 4.3.0 protocol error: ...` and exits;
-//! the stage starts a new one. This module does no I/O beyond the reader and writer it is
-//! given.
+//! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). With `dir-sync now` the copy is
+//! durable when `ok` comes (file synced, renamed into `new/`, `new/` synced). With
+//! `dir-sync later` the file is synced and renamed but `new/` is not: the rename is durable
+//! only after the next `sync` request, one line `sync`, answered `ok synced <n>` once every
+//! `new/` written since the last one (n of them) is synced, or `temp 4.3.0 <text>` naming
+//! the directory that failed. A round of deliveries thus costs one directory sync per
+//! mailbox instead of one per message; the caller sends `sync` before it records any of
+//! them as delivered.
+//!
+//! A request the writer cannot parse leaves the stream out of step, so it answers
+//! `temp 4.3.0 protocol error: ...` and exits; the stage starts a new one. This module does
+//! no I/O beyond the reader and writer it is given.
 
 use std::io::{self, BufRead, Read};
 use std::path::PathBuf;
@@ -36,9 +45,41 @@ pub struct Request {
     pub delivered_to: String,
     /// Mailbox quota in bytes; `None` for none.
     pub quota: Option<u64>,
+    /// When `new/` is synced after the rename.
+    pub dir_sync: DirSync,
     /// The message as stored (headers, CRLF, body).
     pub message: Vec<u8>,
 }
+
+/// When the writer syncs `new/` after renaming a delivery into it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirSync {
+    /// Before answering: the copy is durable when `ok` comes.
+    Now,
+    /// At the next `sync` request.
+    Later,
+}
+
+impl DirSync {
+    fn as_str(self) -> &'static str {
+        match self {
+            DirSync::Now => "now",
+            DirSync::Later => "later",
+        }
+    }
+}
+
+/// One request as the writer reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// Store one copy.
+    Deliver(Request),
+    /// Sync every `new/` written with `dir-sync later` since the last sync.
+    Sync,
+}
+
+/// The `sync` request, LF included.
+pub const SYNC_LINE: &[u8] = b"sync\n";
 
 /// Why a request could not be read.
 #[derive(Debug)]
@@ -64,7 +105,7 @@ impl From<io::Error> for ProtocolError {
 }
 
 impl Request {
-    /// The five header lines (everything before the message bytes).
+    /// The six header lines (everything before the message bytes).
     pub fn encode_head(&self) -> Result<Vec<u8>, String> {
         let mailbox = self
             .mailbox
@@ -78,10 +119,11 @@ impl Request {
             check_value(what, v)?;
         }
         Ok(format!(
-            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\nsize {}\n",
+            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\ndir-sync {}\nsize {}\n",
             self.return_path,
             self.delivered_to,
             self.quota.unwrap_or(0),
+            self.dir_sync.as_str(),
             self.message.len()
         )
         .into_bytes())
@@ -110,13 +152,27 @@ fn check_value(what: &str, v: &str) -> Result<(), String> {
 }
 
 /// Reads one request; `Ok(None)` at a clean end of input (before the first line).
-pub fn read_request<R: BufRead>(input: &mut R) -> Result<Option<Request>, ProtocolError> {
-    let Some(mailbox) = field(input, "mailbox", true)? else {
+pub fn read_command<R: BufRead>(input: &mut R) -> Result<Option<Command>, ProtocolError> {
+    let Some(first) = line(input, "mailbox or sync", true)? else {
         return Ok(None);
     };
+    if first == "sync" {
+        return Ok(Some(Command::Sync));
+    }
+    let mailbox = value_of(&first, "mailbox")?;
     let return_path = field(input, "return-path", false)?.unwrap_or_default();
     let delivered_to = field(input, "delivered-to", false)?.unwrap_or_default();
     let quota = number(&field(input, "quota", false)?.unwrap_or_default(), "quota")?;
+    let dir_sync = match field(input, "dir-sync", false)?.as_deref() {
+        Some("now") => DirSync::Now,
+        Some("later") => DirSync::Later,
+        other => {
+            return Err(ProtocolError::Malformed(format!(
+                "dir-sync {:?} is not `now` or `later`",
+                other.unwrap_or_default()
+            )));
+        }
+    };
     let size = number(&field(input, "size", false)?.unwrap_or_default(), "size")?;
     if size > MAX_MESSAGE {
         return Err(ProtocolError::Malformed(format!(
@@ -133,13 +189,14 @@ pub fn read_request<R: BufRead>(input: &mut R) -> Result<Option<Request>, Protoc
             "the message ended after {got} of {size} bytes"
         )));
     }
-    Ok(Some(Request {
+    Ok(Some(Command::Deliver(Request {
         mailbox: PathBuf::from(mailbox),
         return_path,
         delivered_to,
         quota: (quota > 0).then_some(quota),
+        dir_sync,
         message,
-    }))
+    })))
 }
 
 fn number(v: &str, what: &str) -> Result<u64, ProtocolError> {
@@ -153,26 +210,44 @@ fn field<R: BufRead>(
     name: &str,
     eof_ok: bool,
 ) -> Result<Option<String>, ProtocolError> {
+    match line(input, name, eof_ok)? {
+        Some(line) => value_of(&line, name).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// Reads one LF-terminated UTF-8 line (without its LF), `what` naming it in errors. At a
+/// clean end of input returns `None` when `eof_ok`.
+fn line<R: BufRead>(
+    input: &mut R,
+    what: &str,
+    eof_ok: bool,
+) -> Result<Option<String>, ProtocolError> {
     let mut line = Vec::new();
     let n = input
-        .take(MAX_LINE as u64 + name.len() as u64 + 2)
+        .take(MAX_LINE as u64 + 64)
         .read_until(b'\n', &mut line)?;
     if n == 0 {
         return if eof_ok {
             Ok(None)
         } else {
             Err(ProtocolError::Malformed(format!(
-                "input ended before the {name} line"
+                "input ended before the {what} line"
             )))
         };
     }
     if line.pop() != Some(b'\n') {
         return Err(ProtocolError::Malformed(format!(
-            "the {name} line is too long or unterminated"
+            "the {what} line is too long or unterminated"
         )));
     }
-    let line = String::from_utf8(line)
-        .map_err(|_| ProtocolError::Malformed(format!("the {name} line is not UTF-8")))?;
+    String::from_utf8(line)
+        .map(Some)
+        .map_err(|_| ProtocolError::Malformed(format!("the {what} line is not UTF-8")))
+}
+
+/// The value of `<name> <value>` (empty for a bare `<name>`), checked like every value.
+fn value_of(line: &str, name: &str) -> Result<String, ProtocolError> {
     let value = match line.split_once(' ') {
         Some((key, value)) if key == name => value,
         None if line == name => "",
@@ -183,7 +258,7 @@ fn field<R: BufRead>(
         }
     };
     check_value(name, value).map_err(ProtocolError::Malformed)?;
-    Ok(Some(value.to_owned()))
+    Ok(value.to_owned())
 }
 
 /// The writer's answer to one request.
@@ -325,7 +400,16 @@ mod tests {
             return_path: String::new(),
             delivered_to: "alice@example.test".into(),
             quota: Some(1000),
+            dir_sync: DirSync::Now,
             message: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
+        }
+    }
+
+    fn delivery(c: Option<Command>) -> Option<Request> {
+        match c {
+            Some(Command::Deliver(r)) => Some(r),
+            Some(Command::Sync) => panic!("a sync where a delivery was expected"),
+            None => None,
         }
     }
 
@@ -336,17 +420,26 @@ mod tests {
             request(),
             Request {
                 quota: None,
+                dir_sync: DirSync::Later,
                 ..request()
             },
         ] {
             wire.extend(r.encode_head().unwrap());
             wire.extend(&r.message);
         }
+        wire.extend(SYNC_LINE);
         let mut input = io::Cursor::new(wire);
-        assert_eq!(read_request(&mut input).unwrap(), Some(request()));
-        let second = read_request(&mut input).unwrap().unwrap();
-        assert_eq!(second.quota, None);
-        assert!(read_request(&mut input).unwrap().is_none());
+        assert_eq!(
+            delivery(read_command(&mut input).unwrap()),
+            Some(request())
+        );
+        let second = delivery(read_command(&mut input).unwrap()).unwrap();
+        assert_eq!(
+            (second.quota, second.dir_sync),
+            (None, DirSync::Later)
+        );
+        assert_eq!(read_command(&mut input).unwrap(), Some(Command::Sync));
+        assert!(read_command(&mut input).unwrap().is_none());
         assert_eq!(
             request().prepended_headers(),
             b"Return-Path: <>\r\nDelivered-To: alice@example.test\r\n"
@@ -358,25 +451,34 @@ mod tests {
         let cases: &[(&[u8], &str)] = &[
             (b"mailbox /m\n", "input ended before the return-path line"),
             (b"path /m\n", "expected a mailbox line"),
+            (b"sync now\n", "expected a mailbox line"),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\ndir-sync now\nsize 1\nz",
                 "quota \"x\" is not a whole number",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nsize 10\nshort",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nsize 1\nz",
+                "expected a dir-sync line",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync soon\nsize 1\nz",
+                "dir-sync \"soon\" is not `now` or `later`",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync now\nsize 10\nshort",
                 "ended after 5 of 10 bytes",
             ),
             (
-                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\nsize 0\n",
+                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\ndir-sync now\nsize 0\n",
                 "control character",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\nsize 0\n",
+                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\ndir-sync now\nsize 0\n",
                 "delivered-to is empty",
             ),
         ];
         for (wire, want) in cases {
-            let err = read_request(&mut io::Cursor::new(wire.to_vec()))
+            let err = read_command(&mut io::Cursor::new(wire.to_vec()))
                 .unwrap_err()
                 .to_string();
             assert!(

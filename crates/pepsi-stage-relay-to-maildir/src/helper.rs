@@ -1,13 +1,14 @@
 //! The stage's end of the co-process: starts `pepsi-helper-maildir-writer` once, sends it
-//! one request per recipient and reads the reply line. A helper that dies, answers garbage
-//! or does not answer within the timeout is killed and forgotten; the next request starts a
-//! new one.
+//! one request per recipient and reads the reply line, and asks it to sync the directories
+//! written since the last sync before the worker commits. A helper that dies, answers
+//! garbage or does not answer within the timeout is killed and forgotten; the next request
+//! starts a new one.
 
 use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use pepsi_helper_maildir_writer::protocol::{Reply, Request};
+use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request, SYNC_LINE};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -27,6 +28,8 @@ pub struct CoProcess {
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
+    /// A `dir-sync later` delivery was answered `ok` since the last sync.
+    pub unsynced: bool,
 }
 
 /// `HELPER` as configured: a path is used as is; a bare name is looked for next to this
@@ -68,15 +71,33 @@ impl CoProcess {
             child,
             stdin,
             stdout,
+            unsynced: false,
         })
     }
 
     /// One request, one reply. `Err` means the helper is no longer usable.
     pub async fn deliver(&mut self, req: &Request, timeout: Duration) -> Result<Reply, String> {
         let head = req.encode_head()?;
+        let reply = self.exchange(&[&head, &req.message], timeout).await?;
+        if req.dir_sync == DirSync::Later && matches!(reply, Reply::Ok(_)) {
+            self.unsynced = true;
+        }
+        Ok(reply)
+    }
+
+    /// Syncs the directories of the `dir-sync later` deliveries since the last sync. `Err`
+    /// means the helper is no longer usable; a `temp` reply names the directory that failed.
+    pub async fn sync(&mut self, timeout: Duration) -> Result<Reply, String> {
+        let reply = self.exchange(&[SYNC_LINE], timeout).await?;
+        self.unsynced = false;
+        Ok(reply)
+    }
+
+    async fn exchange(&mut self, parts: &[&[u8]], timeout: Duration) -> Result<Reply, String> {
         let exchange = async {
-            self.stdin.write_all(&head).await?;
-            self.stdin.write_all(&req.message).await?;
+            for part in parts {
+                self.stdin.write_all(part).await?;
+            }
             self.stdin.flush().await?;
             let mut line = String::new();
             self.stdout.read_line(&mut line).await?;

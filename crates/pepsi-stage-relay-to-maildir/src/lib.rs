@@ -21,7 +21,7 @@ use std::time::Duration;
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_helper_maildir_writer::protocol::{Reply, Request};
+use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request};
 
 use helper::{CoProcess, HelperArgs};
 use mailbox::Template;
@@ -125,19 +125,51 @@ pub fn result_of(reply: Reply, quota_full_temporary: bool) -> RcptResult {
 /// The stage: the helper co-process shared by its passes.
 #[derive(Default)]
 pub struct RelayToMaildir {
-    helper: tokio::sync::Mutex<Option<CoProcess>>,
+    helper: tokio::sync::Mutex<Helper>,
+}
+
+/// The running helper, and what was lost with one that stopped.
+#[derive(Default)]
+struct Helper {
+    process: Option<CoProcess>,
+    /// The timeout of the last delivery's section, for the sync that follows it.
+    timeout: Duration,
+    /// A helper stopped before it synced the directories of deliveries it had answered:
+    /// those copies may not survive a crash, so the commit that would record them fails.
+    unsynced_lost: Option<String>,
+}
+
+impl Helper {
+    /// Stops the helper, remembering whether it held unsynced deliveries.
+    async fn stop(&mut self, why: &str) {
+        if let Some(h) = self.process.take() {
+            if h.unsynced && self.unsynced_lost.is_none() {
+                self.unsynced_lost = Some(format!(
+                    "maildir writer {} stopped ({why}) before syncing the Maildirs it wrote; \
+                     those deliveries are tried again",
+                    h.args.program.display()
+                ));
+            }
+            h.kill().await;
+        }
+    }
 }
 
 impl RelayToMaildir {
     /// Delivers one copy through the helper, starting it when none runs (or when it runs
-    /// with other arguments); a helper that fails is stopped and the recipient waits.
+    /// with other arguments); a helper that fails is stopped and the recipient waits. The
+    /// copy's directory entry is synced by `before_commit`.
     async fn deliver(&self, s: &Settings, req: &Request) -> RcptResult {
-        let mut slot = self.helper.lock().await;
-        if slot.as_ref().is_some_and(|h| h.args != s.helper)
-            && let Some(old) = slot.take()
+        let mut helper = self.helper.lock().await;
+        if helper
+            .process
+            .as_ref()
+            .is_some_and(|h| h.args != s.helper)
         {
-            old.kill().await;
+            helper.stop("its arguments changed").await;
         }
+        helper.timeout = s.helper_timeout;
+        let slot = &mut helper.process;
         if slot.is_none() {
             match CoProcess::start(s.helper.clone()) {
                 Ok(h) => *slot = Some(h),
@@ -152,9 +184,7 @@ impl RelayToMaildir {
             Ok(reply) => result_of(reply, s.quota_full_temporary),
             Err(e) => {
                 let program = h.args.program.display().to_string();
-                if let Some(h) = slot.take() {
-                    h.kill().await;
-                }
+                helper.stop(&e).await;
                 tracing::error!("maildir writer {program} failed: {e}; it will be restarted");
                 result_of(
                     Reply::temp("4.3.0", format!("maildir writer {program} failed: {e}")),
@@ -179,6 +209,30 @@ impl Stage for RelayToMaildir {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
         Ok(Settings::from_config(cfg, name)?)
+    }
+
+    /// Syncs the Maildir directories the round's deliveries renamed into (once each).
+    async fn before_commit(&self) -> Result<(), StageError> {
+        let mut helper = self.helper.lock().await;
+        if let Some(why) = helper.unsynced_lost.take() {
+            return Err(StageError::Temporary(why));
+        }
+        let timeout = helper.timeout;
+        let Some(h) = helper.process.as_mut().filter(|h| h.unsynced) else {
+            return Ok(());
+        };
+        let program = h.args.program.display().to_string();
+        let failed = match h.sync(timeout).await {
+            Ok(Reply::Ok(_)) => return Ok(()),
+            Ok(reply) => reply.to_line().trim_end().to_owned(),
+            Err(e) => e,
+        };
+        helper.stop(&failed).await;
+        helper.unsynced_lost = None;
+        tracing::error!("maildir writer {program} could not sync: {failed}");
+        Err(StageError::Temporary(format!(
+            "maildir writer {program} could not sync the Maildirs written: {failed}"
+        )))
     }
 
     async fn process(
@@ -245,6 +299,8 @@ impl Stage for RelayToMaildir {
                 return_path: ctx.mail_from().to_owned(),
                 delivered_to: r.clone(),
                 quota: s.quota,
+                // Synced once for the round, before the worker commits (`before_commit`).
+                dir_sync: DirSync::Later,
                 message: message.clone(),
             };
             let mut result = self.deliver(s, &req).await;

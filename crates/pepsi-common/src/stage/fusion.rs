@@ -32,6 +32,8 @@ pub(crate) trait DynStage {
     ) -> Pin<Box<dyn Future<Output = Result<Terminal, StageError>> + 'a>>
     where
         'c: 'a;
+    /// `Stage::before_commit`.
+    fn before_commit(&self) -> Pin<Box<dyn Future<Output = Result<(), StageError>> + '_>>;
 }
 
 /// A stage built for this worker: the program-wide part, one parsed section per stage
@@ -121,6 +123,10 @@ impl<S: Stage> DynStage for Built<S> {
             let section = self.section_for(ctx.stage(), ctx)?;
             self.stage.process(section, ctx).await
         })
+    }
+
+    fn before_commit(&self) -> Pin<Box<dyn Future<Output = Result<(), StageError>> + '_>> {
+        Box::pin(self.stage.before_commit())
     }
 }
 

@@ -82,6 +82,15 @@ pub trait Stage: Sized + 'static {
         section: &Self::Section,
         ctx: &mut StageContext<'_>,
     ) -> impl Future<Output = Result<Terminal, StageError>>;
+
+    /// Makes durable what the passes since the last call did outside the database (a
+    /// Maildir's directory entries, written with their sync left for later). The worker
+    /// calls it before every commit, so no pass is committed as done before what it did is
+    /// durable; a batch round thus pays for one sync, not one per pass. An error fails
+    /// every pass the commit would have recorded, uncommitted, as a crash would.
+    fn before_commit(&self) -> impl Future<Output = Result<(), StageError>> {
+        async { Ok(()) }
+    }
 }
 
 /// The dispatcher's MAX_RUNTIME of a stage section that sets none.

@@ -213,8 +213,19 @@ impl<'a> Worker<'a> {
             .ok_or(StageError::NoSuchRow(id))?;
         let mut ctx = self.context(id, &rec, load)?;
         let (outcome, fused) = self.chain(&mut ctx).await?;
+        self.before_commit().await?;
         commit(&mut ctx, &outcome).await?;
         Ok(report(&outcome, fused))
+    }
+
+    /// `Stage::before_commit` of this worker's stage and of every stage fused into it so far.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.own.before_commit().await?;
+        let fused: Vec<Rc<dyn DynStage>> = self.fusable.borrow().values().flatten().cloned().collect();
+        for stage in fused {
+            stage.before_commit().await?;
+        }
+        Ok(())
     }
 
     /// Passes over every id of `batch`: one SELECT for the batch, one statement for the
@@ -255,6 +266,8 @@ impl<'a> Worker<'a> {
         let mut results: Vec<Option<Result<PassReport, StageError>>> = Vec::new();
         let mut deferred: Vec<(usize, PassReport)> = Vec::new();
         let mut rows: Vec<Deferred> = Vec::new();
+        // A failed `before_commit`: the round stops, and nothing it did is committed.
+        let mut unsettled: Option<StageError> = None;
         for &id in batch {
             if !results.is_empty() && until.is_some_and(|t| Instant::now() >= t) {
                 break;
@@ -264,13 +277,10 @@ impl<'a> Worker<'a> {
                 let mut ctx = self.context(id, rec, load)?;
                 let (outcome, fused) = self.chain(&mut ctx).await?;
                 let report = report(&outcome, fused);
-                match Deferred::of(&ctx, &outcome) {
-                    Some(row) => Ok(Pass::Deferred(Box::new(row), report)),
-                    None => {
-                        commit(&mut ctx, &outcome).await?;
-                        Ok(Pass::Committed(report))
-                    }
-                }
+                Ok(match Deferred::of(&ctx, &outcome) {
+                    Some(row) => Pass::Deferred(Box::new(row), report),
+                    None => Pass::Alone(Box::new((ctx, outcome)), report),
+                })
             }
             .await;
             match result {
@@ -279,8 +289,24 @@ impl<'a> Worker<'a> {
                     rows.push(*row);
                     results.push(None);
                 }
-                Ok(Pass::Committed(report)) => results.push(Some(Ok(report))),
+                Ok(Pass::Alone(pass, report)) => {
+                    let (mut ctx, outcome) = *pass;
+                    if let Err(e) = self.before_commit().await {
+                        results.push(Some(Err(shared_error(&e))));
+                        unsettled = Some(e);
+                        break;
+                    }
+                    results.push(Some(commit(&mut ctx, &outcome).await.map(|()| report)));
+                }
                 Err(e) => results.push(Some(Err(e))),
+            }
+        }
+        if !deferred.is_empty() && unsettled.is_none() {
+            unsettled = self.before_commit().await.err();
+        }
+        if let Some(e) = &unsettled {
+            for (slot, _) in deferred.drain(..) {
+                results[slot] = Some(Err(shared_error(e)));
             }
         }
         if !deferred.is_empty() {
@@ -460,6 +486,7 @@ impl<'a> Worker<'a> {
                     // Where the unfused pipeline would be: the earlier hops written, the
                     // row at this stage, and this stage's failure reported for it.
                     ctx.changes = Changes::default();
+                    self.before_commit().await?;
                     ctx.flush().await?;
                     return Err(e);
                 }
@@ -506,9 +533,9 @@ impl<'a> Worker<'a> {
     }
 }
 
-/// A pass of a batch: committed on its own, or waiting for the batch's UPDATE.
-enum Pass {
-    Committed(PassReport),
+/// A pass of a batch: to be committed on its own, or waiting for the batch's UPDATE.
+enum Pass<'a> {
+    Alone(Box<(StageContext<'a>, Outcome)>, PassReport),
     Deferred(Box<Deferred>, PassReport),
 }
 
