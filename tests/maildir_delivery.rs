@@ -527,7 +527,10 @@ fn deliveries_with_a_later_sync_are_synced_once_per_maildir_on_request() {
     assert_eq!(w.sync(), "ok synced 2\n");
     assert_eq!(w.sync(), "ok synced 0\n", "nothing waits any more");
     // A `now` delivery leaves nothing for the next sync.
-    assert!(w.send(&root.join("bob/Maildir"), b"y\r\n").starts_with("ok "));
+    assert!(
+        w.send(&root.join("bob/Maildir"), b"y\r\n")
+            .starts_with("ok ")
+    );
     assert_eq!(w.sync(), "ok synced 0\n");
     assert_eq!(w.finish(), Some(0));
 }
@@ -561,11 +564,7 @@ async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
         ),
     )
     .unwrap();
-    std::fs::set_permissions(
-        &proxy,
-        std::os::unix::fs::PermissionsExt::from_mode(0o755),
-    )
-    .unwrap();
+    std::fs::set_permissions(&proxy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
     let config = std::fs::read_to_string(&s.config).unwrap().replace(
         "[stage-small]",
         &format!(

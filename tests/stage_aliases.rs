@@ -219,3 +219,62 @@ async fn a_bad_alias_file_stops_the_worker_naming_the_line() {
     );
     assert!(out.stdout.is_empty());
 }
+
+/// A round of messages to the same alias is expanded alike (the stage keeps the round's
+/// answers until its commit), and what a round learnt is not kept: an alias changed after
+/// a round's commit applies to the very next message the same worker takes.
+#[tokio::test]
+async fn a_round_shares_its_lookups_and_the_next_round_reads_the_settings_afresh() {
+    use std::io::{BufRead, BufReader, Write};
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    sqlx::query(
+        "INSERT INTO pepsi.settings (address, name, value) \
+         VALUES ('sales@example.test', 'alias', '[\"x@example.org\"]')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let null = || json!(null);
+    let mut round = Vec::new();
+    for _ in 0..3 {
+        round.push(running(&db, &["sales@example.test"], &[null()]).await);
+    }
+    let later = running(&db, &["sales@example.test"], &[null()]).await;
+    let mut worker = std::process::Command::new(ALIASES)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = worker.stdin.take().unwrap();
+    let mut stdout = BufReader::new(worker.stdout.take().unwrap());
+    let ids: String = round.iter().map(|id| format!("{id}\n")).collect();
+    stdin.write_all(ids.as_bytes()).unwrap();
+    stdin.flush().unwrap();
+    for _ in &round {
+        let mut line = String::new();
+        stdout.read_line(&mut line).unwrap();
+        assert_eq!(line, "0\n");
+    }
+    for &id in &round {
+        assert_eq!(fetch(&db, id).await.2, ["x@example.org"]);
+    }
+    sqlx::query(
+        "UPDATE pepsi.settings SET value = '[\"y@example.org\"]' \
+         WHERE address = 'sales@example.test' AND name = 'alias'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    writeln!(stdin, "{later}").unwrap();
+    stdin.flush().unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert_eq!(line, "0\n");
+    assert_eq!(fetch(&db, later).await.2, ["y@example.org"]);
+    drop(stdin);
+    assert!(worker.wait().unwrap().success());
+}

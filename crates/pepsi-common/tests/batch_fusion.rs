@@ -644,7 +644,10 @@ impl Stage for Settle {
         .fetch_one(&self.pool)
         .await
         .unwrap();
-        assert_eq!(committed, 0, "rows {rows:?} committed before they were settled");
+        assert_eq!(
+            committed, 0,
+            "rows {rows:?} committed before they were settled"
+        );
         self.calls.lock().unwrap().push(rows);
         if self.fail {
             return Err(StageError::Temporary("the disk refused the sync".into()));

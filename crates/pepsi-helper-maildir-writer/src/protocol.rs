@@ -429,15 +429,9 @@ mod tests {
         }
         wire.extend(SYNC_LINE);
         let mut input = io::Cursor::new(wire);
-        assert_eq!(
-            delivery(read_command(&mut input).unwrap()),
-            Some(request())
-        );
+        assert_eq!(delivery(read_command(&mut input).unwrap()), Some(request()));
         let second = delivery(read_command(&mut input).unwrap()).unwrap();
-        assert_eq!(
-            (second.quota, second.dir_sync),
-            (None, DirSync::Later)
-        );
+        assert_eq!((second.quota, second.dir_sync), (None, DirSync::Later));
         assert_eq!(read_command(&mut input).unwrap(), Some(Command::Sync));
         assert!(read_command(&mut input).unwrap().is_none());
         assert_eq!(

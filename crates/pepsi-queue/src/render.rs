@@ -5,8 +5,8 @@ use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
 pub use pepsi_common::queue::json::{list_json, show_json, ts};
-pub use pepsi_common::text::{clip, human_duration, summary_table, table};
 use pepsi_common::queue::{Message, QueueRow};
+pub use pepsi_common::text::{clip, human_duration, summary_table, table};
 use serde_json::{Value, json};
 
 /// The NEXT RETRY cell: `held`, `due` (its time has passed), `in 4m10s`, or `-`.

@@ -9,8 +9,10 @@
 //!
 //! The expansion itself is pure (`expand`); this file is the I/O around it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use pepsi_common::config::Config;
 use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
@@ -67,9 +69,52 @@ impl AliasStage {
 
 /// The aliases program: `[pepsi]`'s local domains and recipient delimiter (each stage's
 /// `AliasStage` is its section).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Aliases {
     pub local: LocalRecipients,
+    /// What the passes since the last commit learnt: a round of messages to the same
+    /// recipients looks each up once. Forgotten at every commit (`before_commit`) and after
+    /// `ROUND_MEMORY` in any case, so an answer is never older than one batch round.
+    round: RefCell<Round>,
+}
+
+/// How long an answer of the round is used at most (a round without a commit: its passes
+/// failed).
+const ROUND_MEMORY: Duration = Duration::from_secs(1);
+
+/// Answers by (section, address key), and when the first was learnt.
+#[derive(Debug, Default)]
+struct Round {
+    since: Option<Instant>,
+    answers: HashMap<(usize, String), Answer>,
+}
+
+impl Round {
+    fn get(&mut self, section: usize, key: String) -> Option<Answer> {
+        if self.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
+            self.clear();
+        }
+        self.answers.get(&(section, key)).cloned()
+    }
+
+    fn insert(&mut self, section: usize, key: String, answer: Answer) {
+        self.since.get_or_insert_with(Instant::now);
+        self.answers.insert((section, key), answer);
+    }
+
+    fn clear(&mut self) {
+        self.since = None;
+        self.answers.clear();
+    }
+}
+
+impl Aliases {
+    pub fn new(local: LocalRecipients) -> Self {
+        Self {
+            local,
+            round: RefCell::default(),
+        }
+    }
 }
 
 impl Aliases {
@@ -118,9 +163,7 @@ impl Stage for Aliases {
     type Section = AliasStage;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
-        Ok(Self {
-            local: LocalRecipients::from_config(cfg)?,
-        })
+        Ok(Self::new(LocalRecipients::from_config(cfg)?))
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<AliasStage> {
@@ -133,9 +176,10 @@ impl Stage for Aliases {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let rcpts = ctx.rcpt_to().to_vec();
-        let mut answers: HashMap<String, Answer> = HashMap::new();
+        // A section (a scope's variant included) is one value for the worker's life.
+        let section = stage as *const AliasStage as usize;
         let expansion = loop {
-            let lookup = |a: &str| answers.get(&address_key(a)).cloned();
+            let lookup = |a: &str| self.round.borrow_mut().get(section, address_key(a));
             match expand::expand(&rcpts, stage.max_depth, &lookup) {
                 Ok(expansion) => break expansion,
                 Err(need) => {
@@ -143,9 +187,10 @@ impl Stage for Aliases {
                         .facts(ctx.pool(), stage, &need)
                         .await
                         .map_err(StageError::Database)?;
+                    let mut round = self.round.borrow_mut();
                     for key in need {
                         let answer = expand::resolve(&key, &stage.file, &self.local, &facts);
-                        answers.insert(key, answer);
+                        round.insert(section, key, answer);
                     }
                 }
             }
@@ -171,6 +216,12 @@ impl Stage for Aliases {
         let mut merge = Map::new();
         merge.insert("dsn".into(), dsn);
         ctx.rewrite_recipients(new, merge)
+    }
+
+    /// The round's answers are forgotten: the next round reads the settings afresh.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.round.borrow_mut().clear();
+        Ok(())
     }
 }
 

@@ -161,11 +161,7 @@ impl RelayToMaildir {
     /// copy's directory entry is synced by `before_commit`.
     async fn deliver(&self, s: &Settings, req: &Request) -> RcptResult {
         let mut helper = self.helper.lock().await;
-        if helper
-            .process
-            .as_ref()
-            .is_some_and(|h| h.args != s.helper)
-        {
+        if helper.process.as_ref().is_some_and(|h| h.args != s.helper) {
             helper.stop("its arguments changed").await;
         }
         helper.timeout = s.helper_timeout;

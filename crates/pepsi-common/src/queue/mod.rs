@@ -422,7 +422,15 @@ pub async fn apply(
                     .await?
             }
         };
-        conclude(tx, actor, action.name(), id, report, json!({"force": force})).await
+        conclude(
+            tx,
+            actor,
+            action.name(),
+            id,
+            report,
+            json!({"force": force}),
+        )
+        .await
     })
     .await;
     result.map_err(|e| match &e {

@@ -221,7 +221,8 @@ impl<'a> Worker<'a> {
     /// `Stage::before_commit` of this worker's stage and of every stage fused into it so far.
     async fn before_commit(&self) -> Result<(), StageError> {
         self.own.before_commit().await?;
-        let fused: Vec<Rc<dyn DynStage>> = self.fusable.borrow().values().flatten().cloned().collect();
+        let fused: Vec<Rc<dyn DynStage>> =
+            self.fusable.borrow().values().flatten().cloned().collect();
         for stage in fused {
             stage.before_commit().await?;
         }
