@@ -16,6 +16,8 @@
 //! PROFILE=dev` does). Installing needs root (dpkg, mount, chroot), which the test suite's
 //! machine has: it installs Debian packages with apt-get.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt as _;
 use std::path::{Path, PathBuf};
@@ -23,29 +25,6 @@ use std::process::Command;
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The words of the Makefile variable `name` (`NAME = a \ b \ c`).
-fn makefile_list(name: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(root().join("Makefile")).unwrap();
-    let mut words = Vec::new();
-    let mut lines = text.lines();
-    let first = lines
-        .by_ref()
-        .find(|l| l.split_once('=').is_some_and(|(n, _)| n.trim() == name))
-        .unwrap_or_else(|| panic!("the Makefile defines no {name}"));
-    let mut line = first.split_once('=').unwrap().1;
-    loop {
-        let (body, more) = match line.trim_end().strip_suffix('\\') {
-            Some(body) => (body, true),
-            None => (line, false),
-        };
-        words.extend(body.split_whitespace().map(str::to_owned));
-        if !more {
-            return words;
-        }
-        line = lines.next().unwrap_or_default();
-    }
 }
 
 /// A line of packaging/privileges.txt.
@@ -56,6 +35,20 @@ struct Privilege {
     owner: String,
     group: String,
     mode: u32,
+}
+
+/// The installed file of `p` under `upper` (a program under `libexec`, relative to it) has
+/// exactly the list's mode, owner and group, the accounts as that root's own files name them.
+fn assert_applied(upper: &Path, libexec: &str, p: &Privilege) {
+    let path = match p.kind.as_str() {
+        "program" => upper.join(libexec).join(&p.path),
+        _ => upper.join(p.path.trim_start_matches('/')),
+    };
+    let meta = std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("{} not installed: {e}", path.display()));
+    assert_eq!(meta.mode() & 0o7777, p.mode, "{}", path.display());
+    assert_eq!(meta.uid(), id_in(upper, "passwd", &p.owner), "{}", p.path);
+    assert_eq!(meta.gid(), id_in(upper, "group", &p.group), "{}", p.path);
 }
 
 fn privileges() -> Vec<Privilege> {
@@ -110,7 +103,7 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         .collect();
     assert_eq!(programs, want);
     // A bit on the shared `pepsi` would apply to every folded program.
-    let standalone = makefile_list("STANDALONE_BINARIES");
+    let standalone = common::makefile_list("STANDALONE_BINARIES");
     for (name, ..) in &programs {
         assert!(
             standalone.contains(name),
@@ -241,7 +234,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         (unified.mode.as_str(), unified.owner.as_str()),
         ("-rwxr-xr-x", "root/root")
     );
-    for name in makefile_list("FOLDED_BINARIES") {
+    for name in common::makefile_list("FOLDED_BINARIES") {
         assert_eq!(
             entry(&format!("/usr/libexec/pepsi/{name}")).link.as_deref(),
             Some("pepsi"),
@@ -253,7 +246,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
             "{name} in /usr/bin"
         );
     }
-    for name in makefile_list("STANDALONE_BINARIES") {
+    for name in common::makefile_list("STANDALONE_BINARIES") {
         let counting = ["migadu_counters", "counterctl"].contains(&name.as_str());
         let path = format!("/usr/libexec/pepsi/{name}");
         if counting {
@@ -535,15 +528,7 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
     // The bits of the list, on the installed files, with the groups the postinst made.
     let upper = tree.join("upper");
     for p in privileges() {
-        let path = match p.kind.as_str() {
-            "program" => upper.join("usr/libexec/pepsi").join(&p.path),
-            _ => upper.join(p.path.trim_start_matches('/')),
-        };
-        let meta = std::fs::metadata(&path)
-            .unwrap_or_else(|e| panic!("{} not installed: {e}", path.display()));
-        assert_eq!(meta.mode() & 0o7777, p.mode, "{}", path.display());
-        assert_eq!(meta.uid(), id_in(&upper, "passwd", &p.owner), "{}", p.path);
-        assert_eq!(meta.gid(), id_in(&upper, "group", &p.group), "{}", p.path);
+        assert_applied(&upper, "usr/libexec/pepsi", &p);
         if p.kind == "program" {
             let line = format!(
                 "{} {} {:o} /usr/libexec/pepsi/{}",
@@ -660,14 +645,14 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
             .into_owned()
     };
     assert!(std::fs::metadata(libexec.join("pepsi")).unwrap().is_file());
-    for name in makefile_list("FOLDED_BINARIES") {
+    for name in common::makefile_list("FOLDED_BINARIES") {
         assert_eq!(link(libexec.join(&name)), "pepsi");
         assert_eq!(
             link(prefix.join("bin").join(&name)),
             "../libexec/pepsi/pepsi"
         );
     }
-    for name in makefile_list("STANDALONE_BINARIES") {
+    for name in common::makefile_list("STANDALONE_BINARIES") {
         let meta = std::fs::symlink_metadata(libexec.join(&name)).unwrap();
         assert!(meta.is_file(), "{name} is its own file");
         // Not root's install (DESTDIR): plain modes, nothing set-id.
@@ -716,8 +701,8 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
-    let folded = makefile_list("FOLDED_BINARIES").join(" ");
-    let standalone = makefile_list("STANDALONE_BINARIES").join(" ");
+    let folded = common::makefile_list("FOLDED_BINARIES").join(" ");
+    let standalone = common::makefile_list("STANDALONE_BINARIES").join(" ");
     let tree = dir.path().join("tree");
     // The layout of `make unibin` is rebuilt by the other tests' make: hold their lock
     // (flock(2), as flock(1) takes it) while it is read.
@@ -745,15 +730,7 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
     assert!(log.contains("pepsi-dispatch"), "pepsi --list: {log}");
     let upper = tree.join("upper");
     for p in privileges() {
-        let path = match p.kind.as_str() {
-            "program" => upper.join("usr/local/libexec/pepsi").join(&p.path),
-            _ => upper.join(p.path.trim_start_matches('/')),
-        };
-        let meta = std::fs::metadata(&path)
-            .unwrap_or_else(|e| panic!("{} not installed: {e}", path.display()));
-        assert_eq!(meta.mode() & 0o7777, p.mode, "{}", path.display());
-        assert_eq!(meta.uid(), id_in(&upper, "passwd", &p.owner), "{}", p.path);
-        assert_eq!(meta.gid(), id_in(&upper, "group", &p.group), "{}", p.path);
+        assert_applied(&upper, "usr/local/libexec/pepsi", &p);
     }
     let conf = std::fs::metadata(upper.join("etc/pepsi/pepsi.conf")).unwrap();
     assert_eq!(conf.gid(), id_in(&upper, "group", "pepsi"));

@@ -6,6 +6,8 @@
 //! checked too: a symlink to `pepsi` per folded name, a real file per standalone one, and
 //! `pepsi` running the first and refusing the second.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -15,29 +17,6 @@ use pepsi::programs::{self, Invocation};
 
 fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
-}
-
-/// The words of the Makefile variable `name` (`NAME = a \ b \ c`).
-fn makefile_list(name: &str) -> Vec<String> {
-    let text = std::fs::read_to_string(root().join("Makefile")).unwrap();
-    let mut lines = text.lines();
-    let first = lines
-        .by_ref()
-        .find(|l| l.split_once('=').is_some_and(|(n, _)| n.trim() == name))
-        .unwrap_or_else(|| panic!("the Makefile defines no {name}"));
-    let mut words = Vec::new();
-    let mut line = first.split_once('=').unwrap().1;
-    loop {
-        let (body, more) = match line.trim_end().strip_suffix('\\') {
-            Some(body) => (body, true),
-            None => (line, false),
-        };
-        words.extend(body.split_whitespace().map(str::to_owned));
-        if !more {
-            return words;
-        }
-        line = lines.next().unwrap_or_default();
-    }
 }
 
 /// A `[[bin]]` target of the root Cargo.toml.
@@ -94,8 +73,8 @@ fn set(names: &[String]) -> BTreeSet<&str> {
 
 #[test]
 fn the_makefile_lists_match_the_cargo_targets() {
-    let folded = makefile_list("FOLDED_BINARIES");
-    let standalone = makefile_list("STANDALONE_BINARIES");
+    let folded = common::makefile_list("FOLDED_BINARIES");
+    let standalone = common::makefile_list("STANDALONE_BINARIES");
     let (f, s) = (set(&folded), set(&standalone));
     assert!(
         f.is_disjoint(&s),
@@ -137,8 +116,8 @@ fn the_makefile_lists_match_the_cargo_targets() {
 
 #[test]
 fn pepsi_runs_every_folded_name_and_refuses_every_standalone_one() {
-    let folded = makefile_list("FOLDED_BINARIES");
-    let standalone = makefile_list("STANDALONE_BINARIES");
+    let folded = common::makefile_list("FOLDED_BINARIES");
+    let standalone = common::makefile_list("STANDALONE_BINARIES");
     let table: Vec<&str> = programs::FOLDED.iter().map(|p| p.name).collect();
     assert_eq!(
         table, folded,
@@ -204,7 +183,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
     let pepsi: PathBuf = dir.join(programs::UNIFIED);
     assert!(pepsi.is_file(), "{} is missing", pepsi.display());
     let target = std::fs::canonicalize(&pepsi).unwrap();
-    for name in makefile_list("FOLDED_BINARIES") {
+    for name in common::makefile_list("FOLDED_BINARIES") {
         let path = dir.join(&name);
         let meta =
             std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -220,7 +199,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
         let via = run(&pepsi, None, &[&name, "--help"]);
         assert_eq!(via, direct, "pepsi {name} --help against {name} --help");
     }
-    for name in makefile_list("STANDALONE_BINARIES") {
+    for name in common::makefile_list("STANDALONE_BINARIES") {
         let path = dir.join(&name);
         let meta =
             std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -242,7 +221,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
     assert_eq!(code, Some(0));
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        makefile_list("FOLDED_BINARIES"),
+        common::makefile_list("FOLDED_BINARIES"),
         "pepsi --list"
     );
     let (code, _, err) = run(&pepsi, None, &[]);

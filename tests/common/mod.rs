@@ -221,3 +221,28 @@ pub fn dkimpy(script: &str, keys: &serde_json::Value, message: &[u8]) -> serde_j
         )
     })
 }
+
+/// The words of the Makefile variable `name` (`NAME = a \ b \ c`): the authoritative
+/// lists of programs (`FOLDED_BINARIES`, `STANDALONE_BINARIES`).
+pub fn makefile_list(name: &str) -> Vec<String> {
+    let makefile = Path::new(env!("CARGO_MANIFEST_DIR")).join("Makefile");
+    let text = std::fs::read_to_string(makefile).unwrap();
+    let mut words = Vec::new();
+    let mut lines = text.lines();
+    let first = lines
+        .by_ref()
+        .find(|l| l.split_once('=').is_some_and(|(n, _)| n.trim() == name))
+        .unwrap_or_else(|| panic!("the Makefile defines no {name}"));
+    let mut line = first.split_once('=').unwrap().1;
+    loop {
+        let (body, more) = match line.trim_end().strip_suffix('\\') {
+            Some(body) => (body, true),
+            None => (line, false),
+        };
+        words.extend(body.split_whitespace().map(str::to_owned));
+        if !more {
+            return words;
+        }
+        line = lines.next().unwrap_or_default();
+    }
+}
