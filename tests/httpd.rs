@@ -32,10 +32,7 @@ async fn fixture(extra: &str) -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = write_config(dir.path(), &db.url, port, &format!("{extra}\n{STAGES}"));
-    let mut httpd = Httpd::new(config, port);
-    let password = httpd.admin_add("root");
-    httpd.start().await;
-    let session = httpd.login("root", &password).await;
+    let (httpd, _, session) = httpd_common::started_as_root(config, port).await;
     Fixture {
         db,
         _dir: dir,
@@ -1546,10 +1543,7 @@ async fn a_message_through_the_system_leaves_mail_log_rows_the_api_finds() {
     sys.start().await;
     let port = free_port();
     let config = write_config(sys.dir.path(), &sys.db.url, port, STAGES);
-    let mut httpd = Httpd::new(config, port);
-    let password = httpd.admin_add("root");
-    httpd.start().await;
-    let session = httpd.login("root", &password).await;
+    let (httpd, _, session) = httpd_common::started_as_root(config, port).await;
     let auth = Auth::Session(session);
     let message = b"From: bob@example.test\r\nTo: alice@example.test, ghost@example.test\r\n\
                     Subject: logged\r\nMessage-ID: <log-1@example.test>\r\n\r\nhello\r\n";

@@ -44,10 +44,7 @@ async fn fixture(config_url: bool) -> Fixture {
         .unwrap();
         std::fs::set_permissions(&fragment, std::fs::Permissions::from_mode(0o600)).unwrap();
     }
-    let mut httpd = Httpd::new(config, port);
-    let password = httpd.admin_add("root");
-    httpd.start().await;
-    let session = httpd.login("root", &password).await;
+    let (httpd, _, session) = httpd_common::started_as_root(config, port).await;
     Fixture {
         db,
         _dir: dir,

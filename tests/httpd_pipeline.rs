@@ -52,10 +52,7 @@ async fn fixture() -> Fixture {
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
     let config = write_config(dir.path(), &db.url, port, STAGES);
-    let mut httpd = Httpd::new(config, port);
-    let password = httpd.admin_add("root");
-    httpd.start().await;
-    let session = httpd.login("root", &password).await;
+    let (httpd, password, session) = httpd_common::started_as_root(config, port).await;
     Fixture {
         db,
         _dir: dir,

@@ -320,3 +320,13 @@ pub fn sample(doc: &Value, family: &str, name: &str, labels: Value) -> Option<f6
         .find(|s| s[0] == name && s[1] == labels)
         .and_then(|s| s[2].as_f64())
 }
+
+/// pepsi-httpd started on `config` and `port` with administrator `root` added and logged in:
+/// the server, root's password and its session.
+pub async fn started_as_root(config: PathBuf, port: u16) -> (Httpd, String, Session) {
+    let mut httpd = Httpd::new(config, port);
+    let password = httpd.admin_add("root");
+    httpd.start().await;
+    let session = httpd.login("root", &password).await;
+    (httpd, password, session)
+}

@@ -73,11 +73,7 @@ pub async fn put_alias(
     }
     let created =
         admin::put_setting(&state.pool, &who.actor(), &key, name, &json!(targets)).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = put_status(created);
     Ok((
         status,
         Json(json!({"address": key, "kind": name, "targets": targets})),
@@ -124,11 +120,7 @@ pub async fn put_domain(
     let d = admin::domain(&domain, "domain")?;
     let (key, name) = admin::local_domain_key(&d);
     let created = admin::put_setting(&state.pool, &who.actor(), &key, name, &json!(true)).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = put_status(created);
     Ok((status, Json(json!({"domain": d, "source": "settings"}))))
 }
 
@@ -220,11 +212,7 @@ pub async fn put_setting(
     let key = admin::setting_key(known, &key)?;
     let value = admin::setting_value(known, &words(&req.value)?)?;
     let created = admin::put_setting(&state.pool, &who.actor(), &key, known.name, &value).await?;
-    let status = if created {
-        StatusCode::CREATED
-    } else {
-        StatusCode::OK
-    };
+    let status = put_status(created);
     Ok((
         status,
         Json(json!({"address": key, "name": known.name, "value": value})),
@@ -241,4 +229,13 @@ pub async fn delete_setting(
     let key = admin::setting_key(known, &key)?;
     admin::delete_setting(&state.pool, &who.actor(), &key, known.name).await?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// The status of a PUT of a setting: 201 when it made the row, 200 when it replaced one.
+fn put_status(created: bool) -> StatusCode {
+    if created {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    }
 }
