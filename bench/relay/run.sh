@@ -35,7 +35,8 @@
 # capacity); RELAY_OUT=DIR keeps the raw records there (default target/bench-relay/last);
 # RELAY_BUILD=no measures the release binaries already built; RELAY_LOG=info runs the Pepsi
 # programs at that log level (default warn); PEPSI_LAYOUT=multibin runs one release
-# executable per program instead of the unified layout.
+# executable per program instead of the unified layout; PEPSI_EXTRA_CONF=FILE appends that
+# file's lines to the Pepsi configuration (as bench/e2e/run.sh).
 #
 # Needs: postfix (smtp-sink, relay), PostgreSQL (DATABASE_URL, else the server on
 # 127.0.0.1:5432, else a private one under target/bench-relay/pg), python3, cargo. Run as root
@@ -142,6 +143,7 @@ HELO_NAME = pepsi.example.test
 PARALLELISM = 4
 QUEUE_LIMIT = 8
 CONF
+[ -n "${PEPSI_EXTRA_CONF:-}" ] && cat "$PEPSI_EXTRA_CONF" >>"$work/pepsi.conf"
 cp "$work/pepsi.conf" "$out/pepsi.conf"
 level="${RELAY_LOG:-warn}"
 # The graph's signing key (dkim and arc stages start only with one).

@@ -29,13 +29,65 @@ pub struct DbSettings {
     pub url: String,
     pub max_connections: u32,
     pub connect_timeout: Duration,
+    /// `PASS_SYNCHRONOUS_COMMIT`: the `synchronous_commit` of the sessions that move rows
+    /// along the queue (the dispatcher's and the stage workers'), `None` for the server's.
+    pub pass_synchronous_commit: Option<SynchronousCommit>,
+}
+
+/// A value of PostgreSQL's `synchronous_commit`, as `[database] PASS_SYNCHRONOUS_COMMIT`
+/// names it; `server` (no value) leaves the server's setting alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SynchronousCommit {
+    Off,
+    Local,
+    RemoteWrite,
+    On,
+    RemoteApply,
+}
+
+impl SynchronousCommit {
+    /// The default: a pass's commit does not wait for its WAL flush (docs/stage-contract.md,
+    /// "Durability of a pass").
+    pub const PASS_DEFAULT: Option<SynchronousCommit> = Some(SynchronousCommit::Off);
+
+    /// Parses an option value: one of PostgreSQL's names, or `server`.
+    pub fn parse(value: &str) -> Result<Option<SynchronousCommit>, String> {
+        Ok(Some(match value.trim().to_ascii_lowercase().as_str() {
+            "server" => return Ok(None),
+            "off" => Self::Off,
+            "local" => Self::Local,
+            "remote_write" => Self::RemoteWrite,
+            "on" => Self::On,
+            "remote_apply" => Self::RemoteApply,
+            other => {
+                return Err(format!(
+                    "{other:?} is not one of off, local, remote_write, on, remote_apply, server"
+                ));
+            }
+        }))
+    }
+
+    /// The name PostgreSQL takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Off => "off",
+            Self::Local => "local",
+            Self::RemoteWrite => "remote_write",
+            Self::On => "on",
+            Self::RemoteApply => "remote_apply",
+        }
+    }
 }
 
 impl DbSettings {
-    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4) and `CONNECT_TIMEOUT` (10 s).
+    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s) and
+    /// `PASS_SYNCHRONOUS_COMMIT` (`off`).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("database");
         Ok(Self {
+            pass_synchronous_commit: section
+                .parse_opt("PASS_SYNCHRONOUS_COMMIT", SynchronousCommit::parse)?
+                .unwrap_or(SynchronousCommit::PASS_DEFAULT),
             url: section.string("URL")?,
             max_connections: section.number_opt("MAX_CONNECTIONS")?.unwrap_or(4),
             connect_timeout: section
@@ -46,10 +98,27 @@ impl DbSettings {
 
     /// Opens a pool; sessions run READ COMMITTED (at most one writer touches a queue row).
     pub async fn connect(&self) -> anyhow::Result<PgPool> {
-        let options: PgConnectOptions = self
-            .url
+        self.connect_with(self.options()?).await
+    }
+
+    /// Opens the pool of a program that moves rows along the queue (the dispatcher, a stage
+    /// worker): its sessions commit with `PASS_SYNCHRONOUS_COMMIT`. Every other program's
+    /// writes (the ingress's admission above all) keep the server's setting.
+    pub async fn connect_for_passes(&self) -> anyhow::Result<PgPool> {
+        let mut options = self.options()?;
+        if let Some(level) = self.pass_synchronous_commit {
+            options = options.options([("synchronous_commit", level.as_str())]);
+        }
+        self.connect_with(options).await
+    }
+
+    fn options(&self) -> anyhow::Result<PgConnectOptions> {
+        self.url
             .parse()
-            .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))?;
+            .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))
+    }
+
+    async fn connect_with(&self, options: PgConnectOptions) -> anyhow::Result<PgPool> {
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections.max(1))
             .acquire_timeout(self.connect_timeout)
@@ -63,6 +132,12 @@ impl DbSettings {
 /// Connects with the `[database]` section of `cfg`.
 pub async fn connect(cfg: &Config) -> anyhow::Result<PgPool> {
     DbSettings::from_config(cfg)?.connect().await
+}
+
+/// Connects with the `[database]` section of `cfg` for a program that moves rows along the
+/// queue (`DbSettings::connect_for_passes`).
+pub async fn connect_for_passes(cfg: &Config) -> anyhow::Result<PgPool> {
+    DbSettings::from_config(cfg)?.connect_for_passes().await
 }
 
 /// Wakes the dispatcher. Call it after the transaction that made rows pending has committed,

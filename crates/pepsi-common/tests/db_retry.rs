@@ -1,5 +1,5 @@
-//! `with_retry` against a real PostgreSQL: serialization failures and deadlocks are retried,
-//! other errors are not.
+//! The database layer against a real PostgreSQL: `with_retry` (serialization failures and
+//! deadlocks are retried, other errors are not) and the sessions' `synchronous_commit`.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -72,5 +72,56 @@ async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
         calls.load(Ordering::SeqCst),
         5,
         "gives up after five attempts"
+    );
+}
+
+/// The sessions that move rows along the queue commit with `PASS_SYNCHRONOUS_COMMIT` (off
+/// unless configured); every other program's keep the server's setting.
+#[tokio::test]
+async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_the_servers() {
+    use pepsi_common::config::Config;
+    use pepsi_common::db::DbSettings;
+    let db = TestDb::new().await;
+    let server: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let cases = [
+        ("", "off"),
+        ("PASS_SYNCHRONOUS_COMMIT = remote_apply\n", "remote_apply"),
+        ("PASS_SYNCHRONOUS_COMMIT = On\n", "on"),
+        ("PASS_SYNCHRONOUS_COMMIT = server\n", server.as_str()),
+    ];
+    for (option, want) in cases {
+        let cfg = Config::from_str_named(
+            &format!("[database]\nURL = {}\n{option}", db.url),
+            "t.conf",
+        )
+        .unwrap();
+        let settings = DbSettings::from_config(&cfg).unwrap();
+        let passes = settings.connect_for_passes().await.unwrap();
+        let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&passes)
+            .await
+            .unwrap();
+        assert_eq!(got, want, "{option:?}");
+        let other = settings.connect().await.unwrap();
+        let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
+            .fetch_one(&other)
+            .await
+            .unwrap();
+        assert_eq!(got, server, "{option:?}: a program that admits mail");
+        passes.close().await;
+        other.close().await;
+    }
+    let cfg = Config::from_str_named(
+        &format!("[database]\nURL = {}\nPASS_SYNCHRONOUS_COMMIT = sometimes\n", db.url),
+        "t.conf",
+    )
+    .unwrap();
+    let err = format!("{:#}", DbSettings::from_config(&cfg).unwrap_err());
+    assert!(
+        err.contains("PASS_SYNCHRONOUS_COMMIT") && err.contains("sometimes") && err.contains("remote_apply"),
+        "{err}"
     );
 }

@@ -121,7 +121,7 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
     let db_settings = DbSettings::from_config(&file_cfg)?;
     let lock = take_lock(&db_settings.url).await?;
-    let db = db_settings.connect().await?;
+    let db = db_settings.connect_for_passes().await?;
     let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
     let every = settings::DispatchSettings::from_config(&cfg)?.lock_check_interval;
     tokio::spawn(keep_lock(lock, db_settings.url.clone(), every));

@@ -669,7 +669,7 @@ pub fn main<S: Stage>(
     run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
-        let pool = crate::db::connect(&file_cfg).await?;
+        let pool = crate::db::connect_for_passes(&file_cfg).await?;
         let rows = crate::config::load_all_overrides(&pool).await?;
         let cfg = file_cfg.with_overrides(&rows, &Scope::Global);
         let scoped = ScopedOverrides::new(file_cfg, rows);
