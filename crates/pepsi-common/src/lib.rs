@@ -8,7 +8,8 @@
 //! settings (`admin`), password hashes (`password`), the mail log (`mail_log`), server TLS
 //! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
 //! counters and queue shape as the operator surfaces show them (`status`), and the
-//! operator tools' tables and durations (`text`).
+//! operator tools' tables and durations (`text`), and the rules and shape of automatic
+//! replies (`autoreply`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -20,6 +21,7 @@ pub use pepsi_smtp::encoding;
 pub mod admin;
 pub mod alias_file;
 pub mod audit;
+pub mod autoreply;
 pub mod cli;
 pub mod config;
 pub mod db;

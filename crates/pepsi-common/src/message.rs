@@ -17,6 +17,21 @@ pub fn recipient_addresses(headers: &[u8]) -> Vec<String> {
     addresses_of(headers, &[HeaderName::To, HeaderName::Cc, HeaderName::Bcc])
 }
 
+/// The addresses of every To, Cc, Resent-To and Resent-Cc field: the recipients a message
+/// shows (an automatic reply answers only those, `autoreply`).
+pub fn visible_recipient_addresses(headers: &[u8]) -> Vec<String> {
+    use mail_parser::HeaderName;
+    addresses_of(
+        headers,
+        &[
+            HeaderName::To,
+            HeaderName::Cc,
+            HeaderName::ResentTo,
+            HeaderName::ResentCc,
+        ],
+    )
+}
+
 fn addresses_of(headers: &[u8], names: &[mail_parser::HeaderName<'static>]) -> Vec<String> {
     let mut block = headers.to_vec();
     block.extend_from_slice(b"\r\n");
@@ -38,6 +53,31 @@ fn addresses_of(headers: &[u8], names: &[mail_parser::HeaderName<'static>]) -> V
         }
     }
     out
+}
+
+/// The values of every field named `name` (any letter case), unfolded (continuation line
+/// breaks removed) and trimmed, in field order; bytes that are not UTF-8 are replaced.
+pub fn field_values(headers: &[u8], name: &str) -> Vec<String> {
+    fields(headers)
+        .filter(|f| field_name(f).is_some_and(|n| n.eq_ignore_ascii_case(name.as_bytes())))
+        .map(|f| {
+            let colon = f.iter().position(|&b| b == b':').expect("a named field");
+            let value: Vec<u8> = f[colon + 1..]
+                .iter()
+                .copied()
+                .filter(|&b| b != b'\r' && b != b'\n')
+                .collect();
+            String::from_utf8_lossy(&value).trim().to_owned()
+        })
+        .collect()
+}
+
+/// The names of the header block's fields, as written, in order.
+pub fn field_names(headers: &[u8]) -> Vec<String> {
+    fields(headers)
+        .filter_map(field_name)
+        .map(|n| String::from_utf8_lossy(n).into_owned())
+        .collect()
 }
 
 /// Whether the header block has a field named `name` (any letter case).
@@ -105,6 +145,15 @@ mod field_tests {
             b"From: a@x.test\r\nTo: B <b@y.test>, c@z.test\r\nSubject: s\r\nCc: team: d@x.test;\r\n"
         );
         assert_eq!(super::remove_fields(b"", "Bcc"), b"");
+        assert_eq!(
+            super::field_values(h, "bcc"),
+            ["Hidden <e@x.test>", "f@x.test"]
+        );
+        assert_eq!(super::field_values(h, "Date"), Vec::<String>::new());
+        assert_eq!(
+            super::field_names(h),
+            ["From", "To", "Subject", "Cc", "BCC", "bcc"]
+        );
         assert_eq!(
             super::recipient_addresses(b"Subject: none\r\n"),
             Vec::<String>::new()

@@ -93,11 +93,9 @@ async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_t
         ("PASS_SYNCHRONOUS_COMMIT = server\n", server.as_str()),
     ];
     for (option, want) in cases {
-        let cfg = Config::from_str_named(
-            &format!("[database]\nURL = {}\n{option}", db.url),
-            "t.conf",
-        )
-        .unwrap();
+        let cfg =
+            Config::from_str_named(&format!("[database]\nURL = {}\n{option}", db.url), "t.conf")
+                .unwrap();
         let settings = DbSettings::from_config(&cfg).unwrap();
         let passes = settings.connect_for_passes().await.unwrap();
         let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
@@ -115,13 +113,18 @@ async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_t
         other.close().await;
     }
     let cfg = Config::from_str_named(
-        &format!("[database]\nURL = {}\nPASS_SYNCHRONOUS_COMMIT = sometimes\n", db.url),
+        &format!(
+            "[database]\nURL = {}\nPASS_SYNCHRONOUS_COMMIT = sometimes\n",
+            db.url
+        ),
         "t.conf",
     )
     .unwrap();
     let err = format!("{:#}", DbSettings::from_config(&cfg).unwrap_err());
     assert!(
-        err.contains("PASS_SYNCHRONOUS_COMMIT") && err.contains("sometimes") && err.contains("remote_apply"),
+        err.contains("PASS_SYNCHRONOUS_COMMIT")
+            && err.contains("sometimes")
+            && err.contains("remote_apply"),
         "{err}"
     );
 }

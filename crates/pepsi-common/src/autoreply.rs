@@ -1,0 +1,532 @@
+//! Automatic replies (vacation, out of office): whether a message may be answered at all,
+//! after RFC 3834's rules, and the reply itself. Pure: no I/O. The once-per-sender-per-period
+//! rule needs the database and lives with the stage that sends replies; everything that can
+//! be decided from one message is here, tested as tables.
+//!
+//! A message is never answered when (`decide`, first reason wins):
+//! - its envelope sender is null, or its local part names a program rather than a person
+//!   (`MAILER-DAEMON`, `postmaster`, `owner-…`, `…-request`, `…-bounces`, `noreply`, …:
+//!   [`AUTOMATED_LOCAL_PARTS`], [`AUTOMATED_PREFIXES`], [`AUTOMATED_SUFFIXES`]);
+//! - the sender is the owner (one of the addresses answered for);
+//! - `Auto-Submitted` is present with any value but `no` (RFC 3834 §5);
+//! - `Precedence` is `bulk`, `junk` or `list`;
+//! - it carries a `List-*` field (RFC 2369, RFC 2919's `List-Id`): mailing-list traffic;
+//! - `X-Auto-Response-Suppress` asks for no automatic reply (`All`, `OOF`, `AutoReply`);
+//! - none of the owner's addresses is in To, Cc, Resent-To or Resent-Cc (the owner got it
+//!   as a Bcc, through a list, or by a forward: RFC 3834 §3.1.1).
+//!
+//! The reply (`compose`) goes from the owner to the envelope sender, carries
+//! `Auto-Submitted: auto-replied`, `In-Reply-To` and `References` from the original's
+//! Message-ID (RFC 3834 §3.1.5), the owner's subject (or `Auto: ` and the original's) and
+//! text as UTF-8 quoted-printable. It is sent with a null envelope sender (RFC 3834 §3.3), so
+//! a failure to deliver it is never answered in turn.
+
+use chrono::{DateTime, Utc};
+
+use crate::message::field_values;
+
+/// Local parts (any letter case) of senders that are programs.
+pub const AUTOMATED_LOCAL_PARTS: &[&str] = &[
+    "mailer-daemon",
+    "mailer",
+    "postmaster",
+    "listserv",
+    "majordomo",
+    "noreply",
+    "no-reply",
+    "donotreply",
+    "do-not-reply",
+    "bounce",
+    "bounces",
+];
+/// Local-part prefixes of senders that are programs (list owners, VERP bounce addresses).
+pub const AUTOMATED_PREFIXES: &[&str] = &["owner-", "bounce-", "bounces-"];
+/// Local-part suffixes of senders that are programs (list request and bounce addresses).
+pub const AUTOMATED_SUFFIXES: &[&str] = &["-request", "-owner", "-bounces", "-bounce"];
+
+/// Why a message gets no automatic reply.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Skip {
+    /// The envelope sender is `<>` (a bounce or another automatic message).
+    NullSender,
+    /// The envelope sender's local part names a program.
+    AutomatedSender(String),
+    /// The sender is one of the addresses answered for.
+    OwnAddress,
+    /// `Auto-Submitted` with this value (anything but `no`).
+    AutoSubmitted(String),
+    /// `Precedence: bulk`, `junk` or `list`.
+    Precedence(String),
+    /// A `List-*` field, named.
+    ListMessage(String),
+    /// `X-Auto-Response-Suppress` with this value.
+    Suppressed(String),
+    /// None of the owner's addresses is a visible recipient.
+    NotAddressed,
+}
+
+impl Skip {
+    /// A short reason for the log and `state`.
+    pub fn reason(&self) -> String {
+        match self {
+            Skip::NullSender => "null envelope sender".into(),
+            Skip::AutomatedSender(s) => format!("sender {s} is automated"),
+            Skip::OwnAddress => "sender is the owner".into(),
+            Skip::AutoSubmitted(v) => format!("Auto-Submitted: {v}"),
+            Skip::Precedence(v) => format!("Precedence: {v}"),
+            Skip::ListMessage(f) => format!("mailing-list message ({f})"),
+            Skip::Suppressed(v) => format!("X-Auto-Response-Suppress: {v}"),
+            Skip::NotAddressed => "owner not in To or Cc".into(),
+        }
+    }
+}
+
+/// The message as the rules see it.
+#[derive(Debug, Clone, Copy)]
+pub struct Incoming<'a> {
+    /// The envelope sender, `""` for `<>`.
+    pub mail_from: &'a str,
+    /// The header block (CRLF lines).
+    pub headers: &'a [u8],
+}
+
+/// Whether `message` may be answered on behalf of the owner of `addresses` (the recipient
+/// address and any others the owner configured as theirs; compared without letter case).
+pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> {
+    let sender = message.mail_from.trim();
+    if sender.is_empty() {
+        return Err(Skip::NullSender);
+    }
+    if is_automated(sender) {
+        return Err(Skip::AutomatedSender(sender.to_owned()));
+    }
+    if addresses.iter().any(|a| a.eq_ignore_ascii_case(sender)) {
+        return Err(Skip::OwnAddress);
+    }
+    let h = message.headers;
+    for value in field_values(h, "Auto-Submitted") {
+        let keyword = first_token(&value);
+        if !keyword.eq_ignore_ascii_case("no") {
+            return Err(Skip::AutoSubmitted(keyword));
+        }
+    }
+    for value in field_values(h, "Precedence") {
+        let keyword = first_token(&value).to_ascii_lowercase();
+        if matches!(keyword.as_str(), "bulk" | "junk" | "list") {
+            return Err(Skip::Precedence(keyword));
+        }
+    }
+    if let Some(name) = crate::message::field_names(h)
+        .into_iter()
+        .find(|n| n.len() > 5 && n[..5].eq_ignore_ascii_case("list-"))
+    {
+        return Err(Skip::ListMessage(name));
+    }
+    for value in field_values(h, "X-Auto-Response-Suppress") {
+        if value.split(',').map(str::trim).any(|v| {
+            ["all", "oof", "autoreply"]
+                .iter()
+                .any(|k| v.eq_ignore_ascii_case(k))
+        }) {
+            return Err(Skip::Suppressed(value));
+        }
+    }
+    let visible = crate::message::visible_recipient_addresses(h);
+    if !visible
+        .iter()
+        .any(|v| addresses.iter().any(|a| a.eq_ignore_ascii_case(v)))
+    {
+        return Err(Skip::NotAddressed);
+    }
+    Ok(())
+}
+
+/// Whether an address's local part names a program (see the module's list).
+pub fn is_automated(address: &str) -> bool {
+    let local = address.rsplit_once('@').map_or(address, |(l, _)| l);
+    let local = local.to_ascii_lowercase();
+    AUTOMATED_LOCAL_PARTS.contains(&local.as_str())
+        || AUTOMATED_PREFIXES.iter().any(|p| local.starts_with(p))
+        || AUTOMATED_SUFFIXES.iter().any(|s| local.ends_with(s))
+}
+
+/// The first token of a structured value: up to `;`, white space or a comment, trimmed.
+fn first_token(value: &str) -> String {
+    value
+        .split(|c: char| c == ';' || c == '(' || c.is_whitespace())
+        .find(|t| !t.is_empty())
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// What a reply is made of.
+#[derive(Debug, Clone)]
+pub struct Reply<'a> {
+    /// The owner's address: the reply's From.
+    pub from: &'a str,
+    /// The envelope sender of the original: the reply's To.
+    pub to: &'a str,
+    /// The owner's subject; `None` gives `Auto: ` and the original's subject.
+    pub subject: Option<&'a str>,
+    /// The owner's text (UTF-8; any line ends).
+    pub text: &'a str,
+    pub now: DateTime<Utc>,
+    /// The reply's Message-ID, without angle brackets.
+    pub message_id: &'a str,
+}
+
+/// The raw reply to a message with header block `original`: header block, empty line, body.
+pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
+    let original_subject = field_values(original, "Subject")
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let subject = match reply.subject {
+        Some(s) if !s.trim().is_empty() => one_line(s),
+        _ => format!("Auto: {}", one_line(&original_subject)),
+    };
+    let original_id = field_values(original, "Message-ID")
+        .into_iter()
+        .next()
+        .map(|v| one_line(&v))
+        .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '));
+    let mut h = String::new();
+    let mut field = |name: &str, value: &str| {
+        h.push_str(name);
+        h.push_str(": ");
+        h.push_str(value);
+        h.push_str("\r\n");
+    };
+    field("From", &format!("<{}>", reply.from));
+    field("To", &format!("<{}>", reply.to));
+    field("Subject", &encode_phrase(&subject));
+    field("Date", &reply.now.to_rfc2822());
+    field("Message-ID", &format!("<{}>", reply.message_id));
+    if let Some(id) = &original_id {
+        field("In-Reply-To", id);
+        let mut references: Vec<String> = field_values(original, "References")
+            .into_iter()
+            .next()
+            .map(|r| r.split_whitespace().map(str::to_owned).collect())
+            .unwrap_or_default();
+        if references.is_empty() {
+            // RFC 5322 §3.6.4: without References, the parent's In-Reply-To (one id) leads.
+            if let Some(parent) = field_values(original, "In-Reply-To")
+                .into_iter()
+                .next()
+                .map(|v| one_line(&v))
+                .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '))
+            {
+                references.push(parent);
+            }
+        }
+        references.push(id.clone());
+        field("References", &references.join("\r\n "));
+    }
+    field("Auto-Submitted", "auto-replied");
+    field("MIME-Version", "1.0");
+    field("Content-Type", "text/plain; charset=utf-8");
+    field("Content-Transfer-Encoding", "quoted-printable");
+    let mut text = reply.text.replace("\r\n", "\n");
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let body = crate::mime::quoted_printable(text.as_bytes());
+    crate::message::join(h.as_bytes(), &body)
+}
+
+/// A header value on one line: line ends and other controls become spaces, runs of space
+/// one.
+fn one_line(value: &str) -> String {
+    value
+        .split(|c: char| c.is_control() || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// `text` as a header value: itself when ASCII, else RFC 2047 encoded words (UTF-8, B) cut
+/// between characters, each on a line of its own within 76 characters, the first one
+/// after a field name of up to 14 characters as well.
+fn encode_phrase(text: &str) -> String {
+    if text.is_ascii() {
+        return text.to_owned();
+    }
+    // 36 bytes of UTF-8 are 48 base64 characters, a word of 60: with "Subject: " 69.
+    const MAX_BYTES: usize = 36;
+    let mut words = Vec::new();
+    let mut chunk = String::new();
+    for c in text.chars() {
+        if chunk.len() + c.len_utf8() > MAX_BYTES {
+            words.push(std::mem::take(&mut chunk));
+        }
+        chunk.push(c);
+    }
+    if !chunk.is_empty() {
+        words.push(chunk);
+    }
+    words
+        .iter()
+        .map(|w| {
+            format!(
+                "=?utf-8?B?{}?=",
+                crate::encoding::base64_encode(w.as_bytes())
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n ")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OWNER: &str = "alice@example.test";
+
+    fn headers(extra: &str) -> Vec<u8> {
+        format!(
+            "From: Bob <bob@remote.test>\r\nTo: Alice <Alice@Example.test>\r\nSubject: lunch\r\n\
+             Message-ID: <m1@remote.test>\r\n{extra}"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn what_is_answered_and_what_is_not() {
+        let owner = vec![OWNER.to_owned(), "a.smith@example.test".to_owned()];
+        // (what, envelope sender, header block, the decision)
+        type Case = (&'static str, &'static str, Vec<u8>, Result<(), Skip>);
+        let cases: Vec<Case> = vec![
+            ("a person to the owner", "bob@remote.test", headers(""), Ok(())),
+            ("null sender", "", headers(""), Err(Skip::NullSender)),
+            (
+                "mailer daemon",
+                "MAILER-DAEMON@remote.test",
+                headers(""),
+                Err(Skip::AutomatedSender("MAILER-DAEMON@remote.test".into())),
+            ),
+            (
+                "list request address",
+                "dev-request@lists.test",
+                headers(""),
+                Err(Skip::AutomatedSender("dev-request@lists.test".into())),
+            ),
+            (
+                "list owner",
+                "owner-dev@lists.test",
+                headers(""),
+                Err(Skip::AutomatedSender("owner-dev@lists.test".into())),
+            ),
+            (
+                "no-reply",
+                "No-Reply@shop.test",
+                headers(""),
+                Err(Skip::AutomatedSender("No-Reply@shop.test".into())),
+            ),
+            (
+                "the owner writing to themself",
+                "Alice@example.test",
+                headers(""),
+                Err(Skip::OwnAddress),
+            ),
+            (
+                "auto-generated",
+                "bob@remote.test",
+                headers("Auto-Submitted: auto-generated\r\n"),
+                Err(Skip::AutoSubmitted("auto-generated".into())),
+            ),
+            (
+                "auto-replied with a comment",
+                "bob@remote.test",
+                headers("Auto-Submitted: Auto-Replied (vacation)\r\n"),
+                Err(Skip::AutoSubmitted("Auto-Replied".into())),
+            ),
+            (
+                "Auto-Submitted: no is a person",
+                "bob@remote.test",
+                headers("Auto-Submitted: no\r\n"),
+                Ok(()),
+            ),
+            (
+                "bulk",
+                "bob@remote.test",
+                headers("Precedence: Bulk\r\n"),
+                Err(Skip::Precedence("bulk".into())),
+            ),
+            (
+                "junk",
+                "bob@remote.test",
+                headers("Precedence: junk\r\n"),
+                Err(Skip::Precedence("junk".into())),
+            ),
+            (
+                "Precedence: first-class is answered",
+                "bob@remote.test",
+                headers("Precedence: first-class\r\n"),
+                Ok(()),
+            ),
+            (
+                "List-Id",
+                "bob@remote.test",
+                headers("List-Id: Dev <dev.lists.test>\r\n"),
+                Err(Skip::ListMessage("List-Id".into())),
+            ),
+            (
+                "List-Unsubscribe alone",
+                "bob@remote.test",
+                headers("list-unsubscribe: <mailto:u@lists.test>\r\n"),
+                Err(Skip::ListMessage("list-unsubscribe".into())),
+            ),
+            (
+                "suppressed",
+                "bob@remote.test",
+                headers("X-Auto-Response-Suppress: DR, OOF\r\n"),
+                Err(Skip::Suppressed("DR, OOF".into())),
+            ),
+            (
+                "suppression of other kinds only",
+                "bob@remote.test",
+                headers("X-Auto-Response-Suppress: DR, RN\r\n"),
+                Ok(()),
+            ),
+            (
+                "owner as a Bcc",
+                "bob@remote.test",
+                b"From: bob@remote.test\r\nTo: carol@remote.test\r\nSubject: s\r\n".to_vec(),
+                Err(Skip::NotAddressed),
+            ),
+            (
+                "owner's other address in Cc",
+                "bob@remote.test",
+                b"From: bob@remote.test\r\nTo: carol@remote.test\r\nCc: A <a.smith@example.test>\r\n"
+                    .to_vec(),
+                Ok(()),
+            ),
+            (
+                "owner in Resent-To of a forward",
+                "bob@remote.test",
+                b"Resent-To: alice@example.test\r\nTo: carol@remote.test\r\n".to_vec(),
+                Ok(()),
+            ),
+            (
+                "owner in a group",
+                "bob@remote.test",
+                b"To: team: alice@example.test, carol@remote.test;\r\n".to_vec(),
+                Ok(()),
+            ),
+        ];
+        for (label, sender, h, want) in cases {
+            let got = decide(
+                &Incoming {
+                    mail_from: sender,
+                    headers: &h,
+                },
+                &owner,
+            );
+            assert_eq!(got, want, "{label}");
+        }
+    }
+
+    fn reply_to(original: &[u8], subject: Option<&str>, text: &str) -> String {
+        let now = DateTime::parse_from_rfc3339("2026-12-02T10:00:00Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let raw = compose(
+            &Reply {
+                from: OWNER,
+                to: "bob@remote.test",
+                subject,
+                text,
+                now,
+                message_id: "r1@mx.example.test",
+            },
+            original,
+        );
+        String::from_utf8(raw).unwrap()
+    }
+
+    #[test]
+    fn the_reply_threads_and_says_it_is_automatic() {
+        let original = headers("References: <m0@remote.test>\r\n");
+        let r = reply_to(
+            &original,
+            Some("Away until Monday"),
+            "I am away.\nBack soon.",
+        );
+        let (h, body) = r.split_once("\r\n\r\n").unwrap();
+        let fields: Vec<&str> = h.split("\r\n").collect();
+        for want in [
+            "From: <alice@example.test>",
+            "To: <bob@remote.test>",
+            "Subject: Away until Monday",
+            "Message-ID: <r1@mx.example.test>",
+            "In-Reply-To: <m1@remote.test>",
+            "References: <m0@remote.test>",
+            " <m1@remote.test>",
+            "Auto-Submitted: auto-replied",
+            "Content-Type: text/plain; charset=utf-8",
+            "Content-Transfer-Encoding: quoted-printable",
+        ] {
+            assert!(fields.contains(&want), "{want:?} in {h}");
+        }
+        assert!(h.contains("Date: Wed, 2 Dec 2026 10:00:00 +0000"), "{h}");
+        assert_eq!(body, "I am away.\r\nBack soon.\r\n");
+        // Parsed back by a real parser, the fields mean what they say.
+        let parsed = mail_parser::MessageParser::default()
+            .parse(r.as_bytes())
+            .unwrap();
+        assert_eq!(parsed.subject(), Some("Away until Monday"));
+        assert_eq!(parsed.in_reply_to().as_text(), Some("m1@remote.test"));
+        assert_eq!(
+            parsed.body_text(0).as_deref(),
+            Some("I am away.\r\nBack soon.\r\n")
+        );
+        // The reply itself is never answered.
+        assert_eq!(
+            decide(
+                &Incoming {
+                    mail_from: "alice@example.test",
+                    headers: h.as_bytes()
+                },
+                &["bob@remote.test".to_owned()]
+            ),
+            Err(Skip::AutoSubmitted("auto-replied".into()))
+        );
+    }
+
+    #[test]
+    fn subjects_and_text_beyond_ascii() {
+        let r = reply_to(&headers(""), None, "Grüße,\r\nAlice = A.");
+        assert!(r.contains("Subject: Auto: lunch\r\n"), "{r}");
+        assert!(r.contains("References: <m1@remote.test>\r\n"), "{r}");
+        let subject = "Abwesend bis Montag — Grüße aus dem Urlaub, mit einem langen Betreff";
+        let r = reply_to(&headers(""), Some(subject), "x");
+        let (h, _) = r.split_once("\r\n\r\n").unwrap();
+        assert!(h.is_ascii());
+        for line in h.split("\r\n") {
+            assert!(line.len() <= 76, "{line:?}");
+        }
+        let parsed = mail_parser::MessageParser::default()
+            .parse(r.as_bytes())
+            .unwrap();
+        assert_eq!(parsed.subject(), Some(subject));
+        let r = reply_to(&headers(""), None, "Grüße,\r\nAlice = A.");
+        let parsed = mail_parser::MessageParser::default()
+            .parse(r.as_bytes())
+            .unwrap();
+        assert_eq!(
+            parsed.body_text(0).as_deref(),
+            Some("Grüße,\r\nAlice = A.\r\n")
+        );
+        // A subject with a line break cannot add a field.
+        let r = reply_to(&headers(""), Some("away\r\nBcc: eve@evil.test"), "x");
+        assert!(!r.contains("\r\nBcc:"), "{r}");
+        assert!(r.contains("Subject: away Bcc: eve@evil.test\r\n"), "{r}");
+        // Without a Message-ID in the original, no threading fields.
+        let r = reply_to(b"From: bob@remote.test\r\nSubject: s\r\n", None, "x");
+        assert!(
+            !r.contains("In-Reply-To") && !r.contains("References"),
+            "{r}"
+        );
+    }
+}
