@@ -1151,6 +1151,23 @@ BEGIN
 END
 $$;
 
+-- AUTOMATIC REPLIES (pepsi-0009): whether `p_owner` may answer `p_sender` now, for queue row
+-- `p_workqueue_id`, at most once per `p_period`. True claims the reply: the row records this
+-- answer, so a concurrent claim for the same pair waits for the row and then finds it taken.
+-- A claim by the same queue row again (its pass run again after a crash) is granted again.
+-- NULL (no row) when the pair was answered within the period for another message. Both
+-- addresses compare without letter case.
+CREATE OR REPLACE FUNCTION pepsi.autoreply_claim(
+    p_owner text, p_sender text, p_workqueue_id bigint, p_period interval)
+RETURNS boolean LANGUAGE sql AS $$
+    INSERT INTO pepsi.autoreply_sent AS s (owner, sender, sent_at, workqueue_id)
+    VALUES (lower(p_owner), lower(p_sender), now(), p_workqueue_id)
+    ON CONFLICT (owner, sender) DO UPDATE
+        SET sent_at = now(), workqueue_id = EXCLUDED.workqueue_id
+        WHERE s.sent_at <= now() - p_period OR s.workqueue_id = EXCLUDED.workqueue_id
+    RETURNING true
+$$;
+
 -- THE MAIL LOG (pepsi.mail_log)
 --
 -- The stage scaffolding appends one row per final outcome of a message (delivered, bounced,

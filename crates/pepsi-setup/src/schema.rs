@@ -54,6 +54,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0008",
         sql: include_str!("../db/pepsi-0008.sql"),
     },
+    Patch {
+        name: "pepsi-0009",
+        sql: include_str!("../db/pepsi-0009.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

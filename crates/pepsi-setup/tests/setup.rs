@@ -683,3 +683,119 @@ async fn only_the_pipeline_role_expires_the_mail_log() {
         .unwrap();
     assert_eq!(left, 1);
 }
+
+/// `pepsi.autoreply_claim`: one reply per owner and sender per period, granted again to the
+/// same queue row (a pass run again), one winner among concurrent claims; the pipeline role
+/// may claim, the ingress may not.
+#[tokio::test]
+async fn an_automatic_reply_is_claimed_once_per_sender_and_period() {
+    let db = TestDb::new().await;
+    let claim = |owner: &'static str, sender: &'static str, id: i64, period: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, Option<bool>>(
+                "SELECT pepsi.autoreply_claim($1, $2, $3, $4::interval)",
+            )
+            .bind(owner)
+            .bind(sender)
+            .bind(id)
+            .bind(period)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+            .unwrap_or(false)
+        }
+    };
+    let a = "alice@example.test";
+    // (what, owner, sender, queue row, period, granted)
+    let steps = [
+        (
+            "first message from bob",
+            a,
+            "bob@remote.test",
+            1,
+            "7 days",
+            true,
+        ),
+        (
+            "bob again, another message",
+            a,
+            "bob@remote.test",
+            2,
+            "7 days",
+            false,
+        ),
+        (
+            "bob in other letter case",
+            "Alice@Example.test",
+            "BOB@remote.test",
+            3,
+            "7 days",
+            false,
+        ),
+        (
+            "the first message's pass run again",
+            a,
+            "bob@remote.test",
+            1,
+            "7 days",
+            true,
+        ),
+        ("another sender", a, "carol@remote.test", 4, "7 days", true),
+        (
+            "another owner, same sender",
+            "dave@example.test",
+            "bob@remote.test",
+            5,
+            "7 days",
+            true,
+        ),
+        (
+            "bob after a period of nothing",
+            a,
+            "bob@remote.test",
+            6,
+            "0 seconds",
+            true,
+        ),
+        (
+            "and the row is bob's newest",
+            a,
+            "bob@remote.test",
+            1,
+            "7 days",
+            false,
+        ),
+    ];
+    for (what, owner, sender, id, period, want) in steps {
+        assert_eq!(claim(owner, sender, id, period).await, want, "{what}");
+    }
+    let (owner, sender, id): (String, String, i64) = sqlx::query_as(
+        "SELECT owner, sender, workqueue_id FROM pepsi.autoreply_sent WHERE sender = 'bob@remote.test' AND owner = $1",
+    )
+    .bind(a)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (owner.as_str(), sender.as_str(), id),
+        (a, "bob@remote.test", 6)
+    );
+
+    // Eight messages from one sender claimed at once: one reply.
+    let racers: Vec<_> = (100..108)
+        .map(|id| tokio::spawn(claim(a, "erin@remote.test", id, "7 days")))
+        .collect();
+    let mut granted = 0;
+    for r in racers {
+        granted += usize::from(r.await.unwrap());
+    }
+    assert_eq!(granted, 1, "concurrent claims for one sender");
+
+    let call = "SELECT pepsi.autoreply_claim('a@example.test', 'b@remote.test', 1, '1 day')";
+    assert_eq!(as_role(&db, "pepsi", call).await, Ok(()));
+    assert_eq!(
+        as_role(&db, "pepsi-ingress", call).await,
+        Err("42501".into())
+    );
+}
