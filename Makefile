@@ -5,7 +5,7 @@
 # The unified binary (spec 22.2, docs/unibin.md). These two lists are authoritative: every
 # `[[bin]]` of Cargo.toml except `pepsi` itself is in exactly one of them, the folded ones
 # require the `multibin` feature, and `pepsi` runs exactly the folded names
-# (`pepsi::programs`); tests/unibin.rs checks all of it.
+# (`pepsi::programs`); tests/integration/unibin.rs checks all of it.
 #
 # Folded: linked into the one multi-call executable `pepsi`, installed as a symlink to it.
 FOLDED_BINARIES = \
@@ -72,11 +72,11 @@ test:
 build:
 	cargo build --bins
 
-# Every parser property of tests/parsers_fuzz.rs with FUZZ_CASES random inputs each (the
+# Every parser property of tests/integration/parsers_fuzz.rs with FUZZ_CASES random inputs each (the
 # test suite runs 256): about a minute at the default on two cores.
 FUZZ_CASES ?= 200000
 fuzz:
-	PROPTEST_CASES=$(FUZZ_CASES) cargo test --test parsers_fuzz
+	PROPTEST_CASES=$(FUZZ_CASES) cargo test -p pepsi --test integration -- parsers_fuzz::
 
 unibin:
 	cargo build --profile $(PROFILE) --no-default-features --features unibin --bins

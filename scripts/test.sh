@@ -38,13 +38,17 @@ fi
 say "== make unibin PROFILE=dev"
 make --no-print-directory unibin PROFILE=dev
 export PEPSI_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug/unibin"
-tests=(--test system_delivery --test system_remote --test dispatch --test unibin)
+# The modules of the one test harness (tests/integration/main.rs) that run again.
+modules=(system_delivery system_remote dispatch unibin)
 for fusion in yes no; do
   say "== the system and dispatcher tests on $PEPSI_BIN_DIR, ALLOW_FUSION = $fusion"
-  [ "$fusion" = no ] && tests=("${tests[@]:0:6}")  # the layout check once is enough
+  [ "$fusion" = no ] && modules=("${modules[@]:0:3}")  # the layout check once is enough
   if [ "$nextest" = yes ]; then
-    PEPSI_ALLOW_FUSION=$fusion cargo nextest run -p pepsi "${tests[@]}" --no-fail-fast "$@"
+    filter="test(/^($(IFS='|'; echo "${modules[*]}"))::/)"
+    PEPSI_ALLOW_FUSION=$fusion cargo nextest run -p pepsi --test integration -E "$filter" \
+      --no-fail-fast "$@"
   else
-    PEPSI_ALLOW_FUSION=$fusion cargo test -p pepsi "${tests[@]}" --no-fail-fast "$@"
+    PEPSI_ALLOW_FUSION=$fusion cargo test -p pepsi --test integration --no-fail-fast "$@" \
+      -- "${modules[@]/%/::}"
   fi
 done

@@ -6,7 +6,7 @@
 //! and options are a section of its program's page.
 //!
 //! `examples/pepsi-man.rs` writes them (`make man`, installed by `make install` and
-//! `make deb`); `tests/manual.rs` checks that every program has a page that names each of
+//! `make deb`); `tests/integration/manual.rs` checks that every program has a page that names each of
 //! its options. The hand-written `man/pepsi.state.7` (the message state) sits beside them.
 //!
 //! Nothing here runs in a program: no executable calls it, so none links it.

@@ -8,7 +8,7 @@
 //! nothing privileged (a setuid/setgid bit on the shared file would apply to every name
 //! linked to it) and nothing that drags a large dependency only it uses. Those are
 //! [`STANDALONE`]: `pepsi` refuses their names. `FOLDED_BINARIES` and `STANDALONE_BINARIES`
-//! in the Makefile are the authoritative lists; `tests/unibin.rs` keeps this module, the
+//! in the Makefile are the authoritative lists; `tests/integration/unibin.rs` keeps this module, the
 //! Makefile and the `[[bin]]` targets of Cargo.toml in agreement.
 //!
 //! Never write to stdout here: the name may be a stage worker's, whose stdout belongs to

@@ -266,7 +266,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("mc-domains-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join("d.cdb");
-        crate::testkit::write_cdb(
+        migadu_counters_testkit::write_cdb(
             &path,
             &[("example.com", "1234|A/o=2"), ("bad.example", "nope|A/o=1")],
         );
@@ -282,7 +282,7 @@ mod tests {
                 .limit(Level::A, Flow::Out, "x"),
             Some(2)
         );
-        crate::testkit::write_cdb(&dir.join("empty.cdb"), &[]);
+        migadu_counters_testkit::write_cdb(&dir.join("empty.cdb"), &[]);
         let empty = Domains::open(&dir.join("empty.cdb"), 10).unwrap();
         assert!(empty.is_empty() && empty.lookup("example.com").is_none());
         std::fs::write(dir.join("broken.cdb"), b"short").unwrap();

@@ -12,8 +12,6 @@ pub mod metrics;
 pub mod notify;
 pub mod server;
 pub mod store;
-#[doc(hidden)]
-pub mod testkit;
 pub mod txlog;
 pub mod validate;
 

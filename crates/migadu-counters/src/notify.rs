@@ -330,8 +330,8 @@ mod tests {
 
     #[tokio::test]
     async fn each_level_uses_its_url_and_failures_retry() {
-        let target = crate::testkit::HttpTarget::start(200).await;
-        let failing = crate::testkit::HttpTarget::start(500).await;
+        let target = migadu_counters_testkit::HttpTarget::start(200).await;
+        let failing = migadu_counters_testkit::HttpTarget::start(500).await;
         let cfg = NotifyConfig {
             org_url: format!("{}/org?id=$ID&by=$ADDRESS", target.base()),
             address_url: format!("{}/addr?id=$ID", failing.base()),

@@ -201,6 +201,8 @@ pub fn signed_headers(headers: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
+    use pepsi_testkit::keys::{self, openssl_key};
+
     use super::*;
 
     #[test]
@@ -269,34 +271,12 @@ mod tests {
         );
     }
 
-    fn openssl_key(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-        let path = dir.join(name);
-        let status = std::process::Command::new("openssl")
-            .arg("genpkey")
-            .args(args)
-            .arg("-out")
-            .arg(&path)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .unwrap();
-        assert!(status.success());
-        path
-    }
-
     #[test]
     fn key_files_load_or_are_named_in_the_error() {
         let dir = tempfile::tempdir().unwrap();
-        let rsa = openssl_key(
-            dir.path(),
-            "rsa.pem",
-            &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-        );
-        let ed = openssl_key(dir.path(), "ed.pem", &["-algorithm", "ED25519"]);
-        let ec = openssl_key(
-            dir.path(),
-            "ec.pem",
-            &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-        );
+        let rsa = openssl_key(dir.path(), "rsa.pem", keys::RSA);
+        let ed = openssl_key(dir.path(), "ed.pem", keys::ED25519);
+        let ec = openssl_key(dir.path(), "ec.pem", keys::EC_P256);
         assert!(matches!(load_key(&rsa).unwrap(), DkimKey::Rsa(_)));
         assert!(matches!(load_key(&ed).unwrap(), DkimKey::Ed25519(_)));
 

@@ -1,24 +1,12 @@
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use serde_json::json;
 
+use pepsi_testkit::keys::{self, openssl_key};
+
 use super::*;
 use crate::seal::{Cv, Field, fields};
-
-fn openssl_key(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let path = dir.join(name);
-    let status = std::process::Command::new("openssl")
-        .arg("genpkey")
-        .args(args)
-        .arg("-out")
-        .arg(&path)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    path
-}
 
 #[test]
 fn header_blocks_split_into_fields_or_name_the_bad_line() {
@@ -316,12 +304,8 @@ fn stage(dir: &Path, options: &str) -> anyhow::Result<HashMap<String, ArcStage>>
 #[test]
 fn configuration_errors_name_the_option() {
     let dir = tempfile::tempdir().unwrap();
-    let ed = openssl_key(dir.path(), "ed.pem", &["-algorithm", "ED25519"]);
-    let ec = openssl_key(
-        dir.path(),
-        "ec.pem",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-    );
+    let ed = openssl_key(dir.path(), "ed.pem", keys::ED25519);
+    let ec = openssl_key(dir.path(), "ec.pem", keys::EC_P256);
     let missing = dir.path().join("missing.pem");
     let key = |p: &Path| {
         format!(
@@ -414,11 +398,7 @@ fn tags(value: &[u8]) -> Vec<(String, String)> {
 #[test]
 fn a_sealed_set_has_the_right_instances_and_folds_under_78_columns() {
     let dir = tempfile::tempdir().unwrap();
-    let rsa = openssl_key(
-        dir.path(),
-        "rsa.pem",
-        &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"],
-    );
+    let rsa = openssl_key(dir.path(), "rsa.pem", keys::RSA);
     let arc = stage(
         dir.path(),
         &format!(

@@ -1,24 +1,10 @@
-use std::path::{Path, PathBuf};
+use pepsi_testkit::keys::{self, openssl_key};
 
 use super::*;
 
 /// The sections a worker builds at start.
 fn stages(cfg: &Config) -> anyhow::Result<HashMap<String, SignStage>> {
     pepsi_common::stage::sections(&DkimSign::default(), cfg)
-}
-
-fn openssl_key(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
-    let path = dir.join(name);
-    let status = std::process::Command::new("openssl")
-        .arg("genpkey")
-        .args(args)
-        .arg("-out")
-        .arg(&path)
-        .stderr(std::process::Stdio::null())
-        .status()
-        .unwrap();
-    assert!(status.success());
-    path
 }
 
 /// The key files themselves are pepsi_common::keys's test; here, through the
@@ -43,7 +29,7 @@ fn key_file_errors_name_the_section_and_the_file() {
 #[test]
 fn headers_and_domains() {
     let dir = tempfile::tempdir().unwrap();
-    let ed = openssl_key(dir.path(), "ed.pem", &["-algorithm", "ED25519"]);
+    let ed = openssl_key(dir.path(), "ed.pem", keys::ED25519);
     let cfg = Config::from_str_named(
         &format!(
             "[stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nKEYS = example.test:s1:{0}\n\
@@ -107,19 +93,9 @@ fn section_errors_name_the_option() {
 #[test]
 fn stored_keys_merge_with_the_key_files() {
     let dir = tempfile::tempdir().unwrap();
-    let file = openssl_key(dir.path(), "file.pem", &["-algorithm", "ED25519"]);
-    let ed = std::fs::read_to_string(openssl_key(
-        dir.path(),
-        "ed.pem",
-        &["-algorithm", "ED25519"],
-    ))
-    .unwrap();
-    let ec = std::fs::read_to_string(openssl_key(
-        dir.path(),
-        "ec.pem",
-        &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"],
-    ))
-    .unwrap();
+    let file = openssl_key(dir.path(), "file.pem", keys::ED25519);
+    let ed = std::fs::read_to_string(openssl_key(dir.path(), "ed.pem", keys::ED25519)).unwrap();
+    let ec = std::fs::read_to_string(openssl_key(dir.path(), "ec.pem", keys::EC_P256)).unwrap();
     let cfg = Config::from_str_named(
         &format!(
             "[stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nKEYS = example.test:file1:{}\n\

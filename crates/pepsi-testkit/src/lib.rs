@@ -6,8 +6,10 @@
 //! dropped when its `TestDb` is dropped, except after a panic: a failed test keeps its
 //! database for a post-mortem, and the panic message names it.
 //!
-//! `programs` says where a test finds the programs it executes (`PEPSI_BIN_DIR`).
+//! `programs` says where a test finds the programs it executes (`PEPSI_BIN_DIR`); `keys`
+//! makes private keys with `openssl`.
 
+pub mod keys;
 pub mod programs;
 
 use std::sync::atomic::{AtomicU32, Ordering};

@@ -1,0 +1,9 @@
+//! pepsi-common against a real PostgreSQL, in one test binary (one link instead of one per
+//! file): the stage contract, batching and fusion, the mail log, the configuration overlay
+//! and the retry of serialization failures, one module each.
+
+mod batch_fusion;
+mod config_overlay;
+mod db_retry;
+mod mail_log;
+mod stage_contract;

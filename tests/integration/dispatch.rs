@@ -1,0 +1,1072 @@
+//! pepsi-dispatch as a process, with real stage worker processes (the `pepsi-test-stage`
+//! example) against a real PostgreSQL: throughput without loss, pipelining, elastic pools,
+//! recycling, crash and hang recovery, kill -9 and restart, paused rows, fairness,
+//! statistics, configuration changes and the one-per-database lock.
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pepsi_testkit::TestDb;
+use serde_json::Value;
+
+use crate::support::{self, Running, test_stage};
+
+/// The dispatcher under test: the one cargo built, or `$PEPSI_BIN_DIR/pepsi-dispatch` (the
+/// unified layout's symlink to `pepsi`, which `scripts/test.sh` also runs these tests on).
+fn dispatch() -> PathBuf {
+    pepsi_testkit::programs::program("pepsi-dispatch", env!("CARGO_BIN_EXE_pepsi-dispatch"))
+}
+
+struct Harness {
+    db: TestDb,
+    dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+impl Harness {
+    /// `stages` holds the [stage-*] sections (PROGRAM = the test stage is filled in when
+    /// the section names none). Fusion is off: each stage runs in its own pool.
+    async fn new(stages: &str, dispatch: &str) -> Harness {
+        Harness::with_fusion(stages, dispatch, false).await
+    }
+
+    /// As `new`, with `[pepsi] ALLOW_FUSION` as given (the test stage registers itself, so
+    /// a chain of its stages runs fused in one worker when it is on).
+    async fn with_fusion(stages: &str, dispatch: &str, fusion: bool) -> Harness {
+        let fusion = if fusion { "yes" } else { "no" };
+        let db = TestDb::new().await;
+        let dir = tempfile::tempdir().unwrap();
+        let config = dir.path().join("pepsi.conf");
+        let program = test_stage();
+        let stages = stages.replace(
+            "PROGRAM = test",
+            &format!("PROGRAM = {}", program.display()),
+        );
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nURL = {}\n\n[pepsi]\nALLOW_FUSION = {fusion}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 200ms\nSTATS_INTERVAL = 1s\nSPAWN_COOLDOWN = 500ms\n{dispatch}\n\n{stages}\n",
+                db.url
+            ),
+        )
+        .unwrap();
+        Harness { db, dir, config }
+    }
+
+    fn start(&self, log: &str) -> Running {
+        let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
+        Running(
+            Command::new(dispatch())
+                .arg("-c")
+                .arg(&self.config)
+                .args(["-L", "debug"])
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(log)
+                .spawn()
+                .unwrap(),
+        )
+    }
+
+    fn log(&self, name: &str) -> String {
+        std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
+    }
+
+    async fn add(&self, n: i64, sender: &str, state: Value) {
+        sqlx::query(
+            "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, $2, $3) \
+             FROM generate_series(1, $1)",
+        )
+        .bind(n)
+        .bind(state)
+        .bind(sender)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// Polls `sql` (a count) until it reaches `want`, failing after `limit`.
+    async fn wait_for(&self, sql: &str, want: i64, limit: Duration, child: &mut Child) {
+        support::wait_for_count(&self.db.pool, sql, want, limit, child, String::new).await
+    }
+
+    async fn states(&self, sql: &str) -> Vec<Value> {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_all(&self.db.pool)
+            .await
+            .unwrap()
+    }
+}
+
+fn signal(child: &Child, sig: &str) {
+    let ok = Command::new("kill")
+        .args([sig, &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(ok.success());
+}
+
+fn stop(mut child: Running) -> std::process::ExitStatus {
+    signal(&child, "-TERM");
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        assert!(
+            Instant::now() < until,
+            "dispatcher did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Processes whose parent is `pid`.
+fn children(pid: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
+        // Fields after the parenthesised command name: state, ppid, ...
+        let after = &stat[stat.rfind(')').unwrap() + 2..];
+        let ppid: u32 = after.split(' ').nth(1).unwrap().parse().unwrap();
+        if ppid == pid {
+            out.push(p);
+        }
+    }
+    out
+}
+
+const CHAIN: &str = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                     [stage-b]\nPROGRAM = test\nNEXT_STAGE = c\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                     [stage-c]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n";
+
+/// Every row at `done` passed each stage exactly once.
+async fn assert_each_stage_once(h: &Harness, n: i64) {
+    let states = h
+        .states("SELECT state FROM pepsi.workqueue WHERE stage = 'done'")
+        .await;
+    assert_eq!(states.len() as i64, n);
+    for s in states {
+        assert_eq!(
+            s["passes"],
+            serde_json::json!({"init": 1, "b": 1, "c": 1}),
+            "{s}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_chain_of_three_stages_moves_10000_rows_and_statistics_add_up_after_sigterm() {
+    let h = Harness::new(CHAIN, "").await;
+    h.add(10_000, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        10_000,
+        Duration::from_secs(300),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_each_stage_once(&h, 10_000).await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage <> 'done'")
+            .await,
+        0
+    );
+    let stats: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+        "SELECT stage, messages, kills, crashes FROM pepsi.stage_stats ORDER BY stage",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stats,
+        vec![
+            ("b".into(), 10_000, 0, 0),
+            ("c".into(), 10_000, 0, 0),
+            ("init".into(), 10_000, 0, 0)
+        ]
+    );
+    let (stages_total, failed): (i64, i64) =
+        sqlx::query_as("SELECT stages_total, messages_failed FROM pepsi.dispatch_stats")
+            .fetch_one(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!((stages_total, failed), (30_000, 0));
+}
+
+#[tokio::test]
+async fn kill_9_during_a_run_then_a_restart_loses_nothing() {
+    let h = Harness::new(CHAIN, "").await;
+    h.add(10_000, "sender", serde_json::json!({})).await;
+    let mut d = h.start("first.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1_000,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    // Killed while rows are running (a claim in flight or every worker between batches
+    // would leave none: the kill then tests less).
+    let until = Instant::now() + Duration::from_secs(30);
+    while h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+        .await
+        == 0
+        && Instant::now() < until
+    {}
+    let workers = children(d.id());
+    signal(&d, "-KILL");
+    d.wait().unwrap();
+    // The workers die with their dispatcher (parent-death signal). Once it is dead they
+    // are no longer its children, so each is waited for by its own pid.
+    let until = Instant::now() + Duration::from_secs(10);
+    while workers
+        .iter()
+        .any(|w| std::path::Path::new(&format!("/proc/{w}")).exists())
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // A statement a process sent just before it died still runs to its end in its
+    // server backend (a worker's commit moves rows out of `running`); only once no other
+    // session is busy is the count of rows left running final.
+    let until = Instant::now() + Duration::from_secs(10);
+    while h
+        .count(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+             AND pid <> pg_backend_pid() AND state <> 'idle'",
+        )
+        .await
+        > 0
+        && Instant::now() < until
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+        .await;
+    let mut d = h.start("second.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        10_000,
+        Duration::from_secs(300),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    assert_eq!(
+        h.log("second.log")
+            .contains("rows left running by a previous dispatcher are pending again"),
+        left > 0,
+        "the restart reports the {left} rows the kill left running"
+    );
+    assert_each_stage_once(&h, 10_000).await;
+}
+
+#[tokio::test]
+async fn a_worker_holds_several_ids_at_once_up_to_queue_limit() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 300ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(8, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'",
+        4,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    // The claim commits before the worker it is for has been started.
+    let until = Instant::now() + Duration::from_secs(10);
+    while children(d.id()).is_empty() && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(
+        children(d.id()).len(),
+        1,
+        "one worker holds the four running rows"
+    );
+    assert!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+            .await
+            <= 4
+    );
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        8,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let pids = h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await;
+    assert_eq!(pids.iter().collect::<HashSet<_>>().len(), 1);
+    assert!(stop(d).success());
+}
+
+/// A row left `running` while the dispatcher lives, held by none of its workers (a hand-back
+/// it could not write, a claim whose reply was lost), returns to pending on a heartbeat once
+/// ORPHAN_GRACE has passed, and flows on; a running row changed more recently is left alone.
+#[tokio::test]
+async fn a_running_row_no_worker_holds_is_returned_and_flows_on() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "ORPHAN_GRACE = 30s\n").await;
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    // Running in one transaction, so no claim ever sees them pending: one unchanged for an
+    // hour, one just now (within the grace).
+    for age_secs in [3600.0_f64, 0.0] {
+        let mut tx = h.db.pool.begin().await.unwrap();
+        let id: i64 = sqlx::query_scalar(
+            "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], \
+               'Subject: x\r\n'::bytea, 'y\r\n'::bytea, '{}', 'orphan')",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query(
+            "UPDATE pepsi.workqueue SET status = 'running', \
+               updated_at = now() - make_interval(secs => $2) WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .bind(age_secs)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        tx.commit().await.unwrap();
+    }
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    // Several heartbeats later the fresh one is still running, as nothing may have been
+    // done with it yet.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running' AND stage = 'init'")
+            .await,
+        1
+    );
+    assert!(stop(d).success());
+    assert!(
+        h.log("dispatch.log").contains("returned to pending"),
+        "{}",
+        h.log("dispatch.log")
+    );
+}
+
+/// Under a backlog a busy worker is refilled once half its queue has drained, a claim's
+/// worth at once, not one claim per answered id.
+#[tokio::test]
+async fn a_busy_worker_is_refilled_at_half_its_queue_not_per_message() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 100ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(16, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        16,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    let claims: Vec<usize> = h
+        .log("dispatch.log")
+        .lines()
+        .filter(|l| l.contains("claimed") && l.contains("stage=init"))
+        .filter_map(|l| {
+            l.split("rows=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse()
+                .ok()
+        })
+        .collect();
+    assert_eq!(
+        claims.iter().sum::<usize>(),
+        16,
+        "every row claimed once: {claims:?}"
+    );
+    assert_eq!(claims[0], 4, "an idle pool is filled at once: {claims:?}");
+    // The last claim may take fewer: only what was left.
+    assert!(
+        claims.len() <= 7 && claims[1..claims.len() - 1].iter().all(|&n| n >= 2),
+        "refills of half a queue, not one id each: {claims:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_pool_grows_to_parallelism_under_load_and_shrinks_when_idle() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 3\nQUEUE_LIMIT = 2\n\
+                  DELAY = 50ms\nWORKER_IDLE_TIMEOUT = 1s\n";
+    let h = Harness::new(stages, "").await;
+    h.add(60, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    let mut most = 0;
+    let until = Instant::now() + Duration::from_secs(60);
+    while h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'")
+        .await
+        < 60
+    {
+        most = most.max(children(d.id()).len());
+        assert!(Instant::now() < until, "rows did not complete");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(most, 3, "the pool grew to PARALLELISM and no further");
+    let pids = h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await;
+    assert_eq!(pids.iter().collect::<HashSet<_>>().len(), 3);
+    let until = Instant::now() + Duration::from_secs(10);
+    while !children(d.id()).is_empty() {
+        assert!(Instant::now() < until, "idle workers were not reaped");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(d.try_wait().unwrap().is_none());
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn max_messages_recycles_a_worker() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 1\nMAX_MESSAGES = 5\n";
+    let h = Harness::new(stages, "").await;
+    h.add(20, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    let mut per_pid: HashMap<String, usize> = HashMap::new();
+    for p in h
+        .states("SELECT state->'pid'->'init' FROM pepsi.workqueue")
+        .await
+    {
+        *per_pid.entry(p.to_string()).or_default() += 1;
+    }
+    assert_eq!(per_pid.len(), 4, "{per_pid:?}");
+    assert!(per_pid.values().all(|&n| n == 5), "{per_pid:?}");
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_crashing_and_a_hanging_stage_fail_their_message_and_the_rest_flows() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = crash\nONLY_IF_STATE = crash\nQUEUE_LIMIT = 4\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = hang\nONLY_IF_STATE = hang\nMAX_RUNTIME = 1s\nQUEUE_LIMIT = 4\n";
+    let h = Harness::new(stages, "").await;
+    h.add(10, "s", serde_json::json!({})).await;
+    h.add(1, "s", serde_json::json!({"crash": true})).await;
+    h.add(1, "s", serde_json::json!({"hang": true})).await;
+    h.add(10, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let crashed = h.states("SELECT state || jsonb_build_object('status', status) FROM pepsi.workqueue WHERE state ? 'crash'").await;
+    assert_eq!(crashed[0]["status"], "failed");
+    let why = crashed[0]["dispatch_error"].as_str().unwrap();
+    assert!(
+        why.contains("killed by signal 6") && why.contains("stage init"),
+        "{why}"
+    );
+    let hung = h.states("SELECT state || jsonb_build_object('status', status) FROM pepsi.workqueue WHERE state ? 'hang'").await;
+    assert_eq!(hung[0]["status"], "timeout");
+    assert!(
+        hung[0]["dispatch_error"]
+            .as_str()
+            .unwrap()
+            .contains("MAX_RUNTIME"),
+        "{}",
+        hung[0]
+    );
+    // Later rows still went through, on replacement workers.
+    h.add(5, "s", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        25,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+    let (crashes, kills): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT crashes FROM pepsi.stage_stats WHERE stage = 'init'), (SELECT kills FROM pepsi.stage_stats WHERE stage = 'b')",
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    // A worker that died holding several ids (they batch) ran each again alone before the
+    // culprit was named: one or two deaths each, and only the culprits failed.
+    assert!((1..=2).contains(&crashes), "crashes at init: {crashes}");
+    assert!((1..=2).contains(&kills), "kills at b: {kills}");
+    let failed: i64 = h
+        .count("SELECT messages_failed FROM pepsi.dispatch_stats")
+        .await;
+    assert_eq!(failed, 2);
+}
+
+#[tokio::test]
+async fn a_stage_error_fails_the_message_with_the_reason() {
+    let stages =
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = error\nONLY_IF_STATE = bad\n";
+    let h = Harness::new(stages, "").await;
+    h.add(1, "s", serde_json::json!({"bad": 1})).await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'failed'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let s = h
+        .states("SELECT state FROM pepsi.workqueue WHERE status = 'failed'")
+        .await;
+    assert!(
+        s[0]["dispatch_error"]
+            .as_str()
+            .unwrap()
+            .contains("refuses message"),
+        "{}",
+        s[0]
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn paused_rows_run_again_when_due_and_not_before() {
+    let stages =
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = pause-once\nPAUSE_FOR = 2s\n";
+    let h = Harness::new(stages, "").await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status = 'paused'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    for s in h.states("SELECT state FROM pepsi.workqueue").await {
+        let paused = s["paused_once"].as_i64().unwrap();
+        let resumed = s["at"]["init"].as_i64().unwrap();
+        assert!(
+            resumed - paused >= 2_000_000,
+            "ran again after {} µs: {s}",
+            resumed - paused
+        );
+    }
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_late_sender_is_not_stuck_behind_another_senders_backlog() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 1\nDELAY = 2ms\n";
+    let h = Harness::new(stages, "").await;
+    h.add(2_000, "bulk", serde_json::json!({"sender": "bulk"}))
+        .await;
+    h.add(10, "late", serde_json::json!({"sender": "late"}))
+        .await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND auth_user = 'late'",
+        10,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    let bulk_done = h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' AND auth_user = 'bulk'")
+        .await;
+    assert!(
+        bulk_done < 1_000,
+        "the late sender waited for {bulk_done} of the bulk sender's messages"
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_configuration_change_retires_workers_and_replacements_use_it() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'stage-init', 'ACTION', 'finish')")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !h
+        .log("dispatch.log")
+        .contains("configuration changed: workers retired")
+    {
+        assert!(
+            Instant::now() < until,
+            "no reaction to config_changed: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    h.add(4, "s", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT 7 - count(*) FROM pepsi.workqueue",
+        4,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'")
+            .await,
+        3
+    );
+    assert!(stop(d).success());
+}
+
+#[tokio::test]
+async fn a_second_dispatcher_refuses_to_start_and_names_the_first() {
+    let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "").await;
+    let d = h.start("first.log");
+    let until = Instant::now() + Duration::from_secs(20);
+    while !h.log("first.log").contains("dispatching") {
+        assert!(Instant::now() < until, "{}", h.log("first.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let out = Command::new(dispatch())
+        .arg("-c")
+        .arg(&h.config)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("another dispatcher is already running"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&format!("pepsi-dispatch {} pid {}", hostname(), d.id())),
+        "{err}"
+    );
+    assert!(stop(d).success());
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .unwrap()
+        .trim()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn a_program_that_cannot_start_is_held_off_and_logged_once() {
+    let stages = "[stage-init]\nPROGRAM = /nonexistent/pepsi-stage-missing\n[stage-ok]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(2, "s", serde_json::json!({})).await;
+    sqlx::query("UPDATE pepsi.workqueue SET stage = 'ok' WHERE workqueue_id = (SELECT min(workqueue_id) FROM pepsi.workqueue)")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let log = h.log("dispatch.log");
+    assert_eq!(
+        log.matches("cannot start the stage program").count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'init' AND status = 'pending'")
+            .await,
+        1
+    );
+    assert!(stop(d).success());
+}
+
+#[test]
+fn help_documents_the_options() {
+    let out = Command::new(dispatch()).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for option in [
+        "POLL_INTERVAL",
+        "FAIR_HALF_LIFE",
+        "FAIR_FIFO_PERCENT",
+        "PARALLELISM",
+        "QUEUE_LIMIT",
+        "MAX_MESSAGES",
+        "WORKER_IDLE_TIMEOUT",
+        "MAX_RUNTIME",
+        "--config",
+    ] {
+        assert!(help.contains(option), "--help lacks {option}: {help}");
+    }
+}
+
+#[tokio::test]
+async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatcher_again() {
+    let h = Harness::new(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n",
+        "POLL_INTERVAL = 1h\n",
+    )
+    .await;
+    let mut d = h.start("dispatch.log");
+    h.add(1, "s", serde_json::json!({})).await;
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    let killed: i64 = h
+        .count("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%') t")
+        .await;
+    assert_eq!(killed, 1, "one LISTEN connection");
+    let until = Instant::now() + Duration::from_secs(20);
+    while !h.log("dispatch.log").contains("reconnecting") {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Wait for the new LISTEN, then a notification must wake it (the heartbeat is an hour).
+    h.wait_for(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+        1,
+        Duration::from_secs(20),
+        &mut d,
+    )
+    .await;
+    h.add(1, "s", serde_json::json!({})).await;
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        2,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+}
+
+/// Fusion (§22.5): with ALLOW_FUSION on, a chain of stages of one registered program runs in
+/// the worker of its first stage, every hop of it counted in stage_stats from the status
+/// line, and each message passes each stage once.
+#[tokio::test]
+async fn a_fused_chain_runs_in_one_worker_and_stage_stats_count_every_hop() {
+    let h = Harness::with_fusion(CHAIN, "", true).await;
+    h.add(500, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        500,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_each_stage_once(&h, 500).await;
+    for s in h
+        .states("SELECT state FROM pepsi.workqueue WHERE stage = 'done'")
+        .await
+    {
+        assert_eq!(s["pid"]["init"], s["pid"]["b"], "b fused into init: {s}");
+        assert_eq!(s["pid"]["init"], s["pid"]["c"], "c fused into init: {s}");
+    }
+    let stats: Vec<(String, i64)> =
+        sqlx::query_as("SELECT stage, messages FROM pepsi.stage_stats ORDER BY stage")
+            .fetch_all(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stats,
+        vec![("b".into(), 500), ("c".into(), 500), ("init".into(), 500)]
+    );
+    let stages_total: i64 = h
+        .count("SELECT stages_total FROM pepsi.dispatch_stats")
+        .await;
+    assert_eq!(stages_total, 1500, "fused hops count as stage passes");
+}
+
+/// The rows a chain leaves when its second stage fails or its worker dies there, with
+/// fusion `on` or off, as (stage, status, passes, has dispatch_error).
+async fn chain_outcome(b_action: &str, fusion: bool) -> Vec<(String, String, Value, bool)> {
+    // A short MAX_RUNTIME only where a hang is wanted: a worker's start counts against it.
+    let limit = if b_action == "hang" { "2s" } else { "5m" };
+    let stages = format!(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n\
+         [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = {b_action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n"
+    );
+    let h = Harness::with_fusion(&stages, "", fusion).await;
+    h.add(1, "s", serde_json::json!({"bad": true})).await;
+    let mut d = h.start("dispatch.log");
+
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    sqlx::query_as(
+        "SELECT stage, status::text, COALESCE(state->'passes', 'null'::jsonb), state ? 'dispatch_error' \
+         FROM pepsi.workqueue",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap()
+}
+
+/// A fused hop that fails leaves the row exactly where the unfused pipeline does: the
+/// earlier hops written, failed at the failing stage.
+#[tokio::test]
+async fn a_fused_chain_failing_half_way_leaves_the_row_where_the_unfused_pipeline_does() {
+    let unfused = chain_outcome("error", false).await;
+    let fused = chain_outcome("error", true).await;
+    assert_eq!(
+        unfused,
+        vec![(
+            "b".to_owned(),
+            "failed".to_owned(),
+            serde_json::json!({"init": 1}),
+            true
+        )]
+    );
+    assert_eq!(fused, unfused);
+}
+
+/// A worker killed in the middle of a fused chain (a crash in its second stage, or a hang
+/// there past MAX_RUNTIME, which for a fused pass is that of the worker's own stage) leaves the row as a worker killed during the chain's first
+/// stage leaves it unfused: failed (or timed out) at that stage with none of the chain's
+/// writes, never half a chain.
+#[tokio::test]
+async fn a_worker_killed_in_the_middle_of_a_fused_chain_leaves_no_half_written_row() {
+    for (action, status) in [("crash", "failed"), ("hang", "timeout")] {
+        let fused = chain_outcome(action, true).await;
+        assert_eq!(
+            fused,
+            vec![("init".to_owned(), status.to_owned(), Value::Null, true)],
+            "{action}"
+        );
+        // The same kill in the unfused first stage: the same row.
+        let limit = if action == "hang" { "2s" } else { "5m" };
+        let stages = format!(
+            "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = {action}\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\nMAX_RUNTIME = {limit}\n\
+             [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\n"
+        );
+        let h = Harness::new(&stages, "").await;
+        h.add(1, "s", serde_json::json!({"bad": true})).await;
+        let mut d = h.start("dispatch.log");
+        h.wait_for(
+            "SELECT count(*) FROM pepsi.workqueue WHERE status IN ('failed', 'timeout')",
+            1,
+            Duration::from_secs(30),
+            &mut d,
+        )
+        .await;
+        assert!(stop(d).success());
+        let unfused: Vec<(String, String, Value, bool)> = sqlx::query_as(
+            "SELECT stage, status::text, COALESCE(state->'passes', 'null'::jsonb), state ? 'dispatch_error' \
+             FROM pepsi.workqueue",
+        )
+        .fetch_all(&h.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(fused, unfused, "{action}");
+    }
+}
+
+/// How many times pepsi.workqueue was vacuumed by hand (not by autovacuum) in `h`'s database.
+async fn vacuums(h: &Harness) -> i64 {
+    h.count(
+        "SELECT vacuum_count FROM pg_stat_user_tables WHERE relid = 'pepsi.workqueue'::regclass",
+    )
+    .await
+}
+
+#[tokio::test]
+async fn the_dispatcher_vacuums_the_queue_while_rows_move_unless_told_not_to() {
+    let h = Harness::new(CHAIN, "VACUUM_INTERVAL = 500ms").await;
+    h.add(600, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        600,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    // The claims of the run (1,800 rows) are more than enough to start one.
+    let until = Instant::now() + Duration::from_secs(30);
+    while vacuums(&h).await == 0 {
+        assert!(
+            Instant::now() < until,
+            "no VACUUM of pepsi.workqueue within 30 s; log:\n{}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(stop(d).success());
+    assert!(h.log("dispatch.log").contains("queue tables vacuumed"));
+
+    let off = Harness::new(CHAIN, "VACUUM_INTERVAL = 0").await;
+    off.add(600, "sender", serde_json::json!({})).await;
+    let mut d = off.start("dispatch.log");
+    off.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        600,
+        Duration::from_secs(120),
+        &mut d,
+    )
+    .await;
+    // Several heartbeats (200 ms) after the last row moved: any VACUUM would have started.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(stop(d).success());
+    assert_eq!(
+        vacuums(&off).await,
+        0,
+        "VACUUM_INTERVAL = 0 vacuums nothing"
+    );
+    assert!(!off.log("dispatch.log").contains("queue tables vacuumed"));
+}
+
+#[tokio::test]
+async fn a_lost_lock_is_taken_again_and_lost_for_good_to_another_dispatcher_it_exits() {
+    use sqlx::Connection as _;
+    const TERMINATE: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+        WHERE datname = current_database() AND application_name LIKE 'pepsi-dispatch %'";
+    let h = Harness::new(CHAIN, "LOCK_CHECK_INTERVAL = 200ms").await;
+    let mut d = h.start("dispatch.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    while !h.log("dispatch.log").contains("dispatching") {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The session holding the lock ends (as in a PostgreSQL restart): taken again, and the
+    // dispatcher goes on working.
+    assert_eq!(h.count(TERMINATE).await, 1);
+    let until = Instant::now() + Duration::from_secs(30);
+    while !h
+        .log("dispatch.log")
+        .contains("dispatcher lock taken again")
+    {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    h.add(20, "sender", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        20,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+
+    // Ended again, and another session takes the lock first: this dispatcher exits.
+    let mut other = sqlx::PgConnection::connect(&h.db.url).await.unwrap();
+    let ended: i64 = sqlx::query_scalar(TERMINATE)
+        .fetch_one(&mut other)
+        .await
+        .unwrap();
+    assert_eq!(ended, 1);
+    sqlx::query("SELECT pg_advisory_lock(1885696115, 1)")
+        .execute(&mut other)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "still running: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(!status.success());
+    assert!(
+        h.log("dispatch.log")
+            .contains("lost the dispatcher lock to another dispatcher"),
+        "{}",
+        h.log("dispatch.log")
+    );
+}

@@ -1,0 +1,1604 @@
+//! pepsi-httpd as a process against a real PostgreSQL, over HTTP with reqwest: logins,
+//! sessions (rows that survive a restart, idle and absolute expiry, forged cookies), CSRF,
+//! API tokens stored as digests only, login throttling, TLS, privilege dropping, every API
+//! route with its errors, a bulk retry by filter, /metrics read by Prometheus's own parser,
+//! and a message through the whole system whose mail log row the API finds.
+
+use pepsi_testkit::TestDb;
+use reqwest::Method;
+use serde_json::{Value, json};
+use sha2::{Digest as _, Sha256};
+
+use crate::support;
+use crate::support::free_port;
+use crate::support::httpd::{Auth, Httpd, prometheus_parse, sample, write_config};
+
+/// The stage graph the queue tests act on: init has no BOUNCE_STAGE, relay bounces to bounce.
+const STAGES: &str = "[pepsi]\nLOCAL_DOMAINS = example.test\n\n\
+                      [stage-init]\nPROGRAM = x\nNEXT_STAGE = relay\n\
+                      [stage-relay]\nPROGRAM = x\nBOUNCE_STAGE = bounce\n\
+                      [stage-bounce]\nPROGRAM = x\n";
+
+struct Fixture {
+    db: TestDb,
+    _dir: tempfile::TempDir,
+    httpd: Httpd,
+    session: support::httpd::Session,
+}
+
+/// A database, pepsi-httpd on it with `extra` configuration, administrator `root` logged in.
+async fn fixture(extra: &str) -> Fixture {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &db.url, port, &format!("{extra}\n{STAGES}"));
+    let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
+    Fixture {
+        db,
+        _dir: dir,
+        httpd,
+        session,
+    }
+}
+
+impl Fixture {
+    fn auth(&self) -> Auth {
+        Auth::Session(self.session.clone())
+    }
+
+    /// A queue row at `stage` with `status`, `age_secs` old.
+    async fn add(
+        &self,
+        stage: &str,
+        status: &str,
+        from: &str,
+        rcpt: &[&str],
+        age_secs: f64,
+    ) -> i64 {
+        let id: i64 = sqlx::query_scalar(
+            "SELECT pepsi.workqueue_add($1, $2, 'Subject: hello\r\n'::bytea, 'body\r\n'::bytea, '{}'::jsonb)",
+        )
+        .bind(from)
+        .bind(rcpt.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .fetch_one(&self.db.pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "UPDATE pepsi.workqueue SET stage = $2, status = $3::pepsi.workqueue_status, \
+             received_at = now() - make_interval(secs => $4) WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .bind(stage)
+        .bind(status)
+        .bind(age_secs)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        id
+    }
+
+    async fn status_of(&self, id: i64) -> Option<(String, String)> {
+        sqlx::query_as("SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = $1")
+            .bind(id)
+            .fetch_optional(&self.db.pool)
+            .await
+            .unwrap()
+    }
+
+    /// (action, actor, workqueue_id, detail) of every event_log row, oldest first.
+    async fn events(&self) -> Vec<(String, String, Option<i64>, Value)> {
+        sqlx::query_as(
+            "SELECT action, actor, workqueue_id, detail FROM pepsi.event_log ORDER BY event_id",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+}
+
+fn sha256(text: &str) -> Vec<u8> {
+    Sha256::digest(text.as_bytes()).to_vec()
+}
+
+// ----- authentication -------------------------------------------------------------------
+
+#[tokio::test]
+async fn without_a_session_every_api_route_answers_401_in_json() {
+    let f = fixture("").await;
+    let routes = [
+        (Method::GET, "/api/queue"),
+        (Method::GET, "/api/queue/1"),
+        (Method::POST, "/api/queue/1/retry"),
+        (Method::POST, "/api/queue/bulk/retry"),
+        (Method::GET, "/api/accounts"),
+        (Method::POST, "/api/accounts"),
+        (Method::DELETE, "/api/accounts/a@example.test"),
+        (Method::PUT, "/api/accounts/a@example.test/password"),
+        (Method::GET, "/api/aliases"),
+        (Method::PUT, "/api/aliases/a@example.test"),
+        (Method::DELETE, "/api/aliases/a@example.test"),
+        (Method::GET, "/api/domains"),
+        (Method::PUT, "/api/domains/example.org"),
+        (Method::DELETE, "/api/domains/example.org"),
+        (Method::GET, "/api/mail-log"),
+        (Method::GET, "/api/events"),
+        (Method::GET, "/api/session"),
+        (Method::POST, "/api/logout"),
+        (Method::GET, "/metrics"),
+    ];
+    for (method, path) in routes {
+        let a = f.httpd.call(method.clone(), path, &Auth::None, None).await;
+        assert_eq!(a.status, 401, "{method} {path}: {a:?}");
+        assert!(
+            a.json["error"]
+                .as_str()
+                .unwrap()
+                .contains("authentication required")
+                || path == "/metrics",
+            "{method} {path}: {a:?}"
+        );
+    }
+    assert_eq!(
+        f.httpd.get("/healthz", &Auth::None).await.json["status"],
+        "ok"
+    );
+}
+
+#[tokio::test]
+async fn login_sets_a_session_whose_digest_alone_is_stored_and_csrf_guards_changes() {
+    let f = fixture("").await;
+    let me = f.httpd.get("/api/session", &f.auth()).await;
+    assert_eq!(me.status, 200, "{me:?}");
+    assert_eq!(me.json["name"], "root");
+    assert_eq!(me.json["via"], "session");
+    // Only the SHA-256 of the cookie is in the table.
+    let digests: Vec<Vec<u8>> = sqlx::query_scalar("SELECT digest FROM pepsi.admin_session")
+        .fetch_all(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(digests, vec![sha256(&f.session.cookie)]);
+    let dump: String =
+        sqlx::query_scalar("SELECT string_agg(s::text, ' ') FROM pepsi.admin_session s")
+            .fetch_one(&f.db.pool)
+            .await
+            .unwrap();
+    assert!(
+        !dump.contains(&f.session.cookie),
+        "the cookie itself is stored: {dump}"
+    );
+    // A mutating call with the cookie but without the CSRF token: 403, nothing done.
+    let domain = f
+        .httpd
+        .call(
+            Method::PUT,
+            "/api/domains/example.org",
+            &Auth::CookieOnly(f.session.clone()),
+            None,
+        )
+        .await;
+    assert_eq!(domain.status, 403, "{domain:?}");
+    assert!(
+        domain.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("X-CSRF-Token")
+    );
+    let wrong = support::httpd::Session {
+        cookie: f.session.cookie.clone(),
+        csrf: "0".repeat(64),
+    };
+    let a = f
+        .httpd
+        .call(
+            Method::PUT,
+            "/api/domains/example.org",
+            &Auth::Session(wrong),
+            None,
+        )
+        .await;
+    assert_eq!(a.status, 403);
+    let a = f
+        .httpd
+        .call(Method::PUT, "/api/domains/example.org", &f.auth(), None)
+        .await;
+    assert_eq!(a.status, 201, "{a:?}");
+    // The wrong password: 401 and an audit row; a login row for the right one.
+    let bad = f
+        .httpd
+        .post(
+            "/api/login",
+            &Auth::None,
+            &json!({"name": "root", "password": "nope"}),
+        )
+        .await;
+    assert_eq!(bad.status, 401);
+    assert_eq!(bad.json["error"], "wrong name or password");
+    let unknown = f
+        .httpd
+        .post(
+            "/api/login",
+            &Auth::None,
+            &json!({"name": "nobody", "password": "x"}),
+        )
+        .await;
+    assert_eq!(unknown.status, 401);
+    assert_eq!(
+        unknown.json, bad.json,
+        "an unknown name looks like a wrong password"
+    );
+    let events = f.events().await;
+    let actions: Vec<&str> = events.iter().map(|e| e.0.as_str()).collect();
+    assert_eq!(
+        actions,
+        [
+            "admin.create",
+            "admin.login",
+            "settings.set",
+            "admin.login_failed",
+            "admin.login_failed"
+        ]
+    );
+    assert_eq!(events[1].1, "root");
+    assert_eq!(events[1].3["tool"], "pepsi-httpd");
+    // Logout ends the session; the cookie no longer works and its row is gone.
+    let out = f
+        .httpd
+        .call(Method::POST, "/api/logout", &f.auth(), None)
+        .await;
+    assert_eq!(out.status, 204, "{out:?}");
+    assert!(
+        out.headers["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("Max-Age=0")
+    );
+    assert_eq!(f.httpd.get("/api/session", &f.auth()).await.status, 401);
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.admin_session")
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, 0);
+}
+
+#[tokio::test]
+async fn forged_malformed_and_expired_cookies_are_refused() {
+    let f = fixture("[pepsi-httpd]\nSESSION_IDLE_TIMEOUT = 10m\nSESSION_MAX_AGE = 1h\n").await;
+    let forged = support::httpd::Session {
+        cookie: "ab".repeat(32),
+        csrf: String::new(),
+    };
+    let a = f.httpd.get("/api/queue", &Auth::Session(forged)).await;
+    assert_eq!(a.status, 401);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("expired or is unknown"),
+        "{a:?}"
+    );
+    let a = f
+        .httpd
+        .get(
+            "/api/queue",
+            &Auth::RawCookie("pepsi_session=not-a-secret".into()),
+        )
+        .await;
+    assert_eq!(a.status, 401);
+    assert!(
+        a.json["error"].as_str().unwrap().contains("malformed"),
+        "{a:?}"
+    );
+    assert_eq!(f.httpd.get("/api/queue", &f.auth()).await.status, 200);
+    // Idle past SESSION_IDLE_TIMEOUT.
+    sqlx::query("UPDATE pepsi.admin_session SET last_seen_at = now() - interval '11 minutes'")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(f.httpd.get("/api/queue", &f.auth()).await.status, 401);
+    // Used a moment ago, but older than SESSION_MAX_AGE.
+    sqlx::query("UPDATE pepsi.admin_session SET last_seen_at = now(), created_at = now() - interval '61 minutes'")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(f.httpd.get("/api/queue", &f.auth()).await.status, 401);
+    sqlx::query("UPDATE pepsi.admin_session SET created_at = now()")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.httpd.get("/api/queue", &f.auth()).await.status,
+        200,
+        "the same row, live again"
+    );
+    // A disabled administrator's session is dead too.
+    sqlx::query("UPDATE pepsi.admin_account SET enabled = false")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(f.httpd.get("/api/queue", &f.auth()).await.status, 401);
+}
+
+#[tokio::test]
+async fn a_session_survives_a_restart_of_pepsi_httpd() {
+    let mut f = fixture("").await;
+    assert_eq!(f.httpd.get("/api/session", &f.auth()).await.status, 200);
+    f.httpd.stop();
+    f.httpd.start().await;
+    let a = f.httpd.get("/api/session", &f.auth()).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert_eq!(a.json["name"], "root");
+    let a = f
+        .httpd
+        .call(Method::PUT, "/api/domains/example.org", &f.auth(), None)
+        .await;
+    assert_eq!(a.status, 201, "the CSRF token is still good: {a:?}");
+}
+
+#[tokio::test]
+async fn a_revoked_token_is_refused_and_token_list_shows_no_secret() {
+    let f = fixture("").await;
+    let token = f.httpd.token_add("root", &["--label", "backup script"]);
+    let id = token
+        .strip_prefix("pepsi_")
+        .and_then(|t| t.split_once('_'))
+        .map(|(id, _)| id.to_owned())
+        .expect("pepsi_<id>_<secret>");
+    let bearer = Auth::Bearer(token.clone());
+    assert_eq!(f.httpd.get("/api/session", &bearer).await.status, 200);
+    let (code, out, err) = f.httpd.cli(&["token-list", "--json"]);
+    assert_eq!(code, 0, "{out} {err}");
+    let listed: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(listed["tokens"][0]["token_id"], id.as_str());
+    assert_eq!(listed["tokens"][0]["label"], "backup script");
+    assert!(listed["tokens"][0]["last_used_at"].is_string(), "{listed}");
+    assert!(
+        !out.contains(token.rsplit('_').next().unwrap()),
+        "a secret is listed"
+    );
+    let (code, table, _) = f.httpd.cli(&["token-list"]);
+    assert_eq!(code, 0);
+    assert!(table.starts_with("ID") && table.contains(&id), "{table}");
+
+    // Revoked by the whole token (or its id): refused from the next request on.
+    let (code, out, err) = f.httpd.cli(&["token-revoke", &token]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("API token {id} revoked").as_str()),
+        "{err}"
+    );
+    assert_eq!(f.httpd.get("/api/session", &bearer).await.status, 401);
+    let (code, _, err) = f.httpd.cli(&["token-revoke", &id]);
+    assert_eq!(code, 1);
+    assert!(
+        err.contains(&format!("there is no API token {id}")),
+        "{err}"
+    );
+    let (code, _, err) = f.httpd.cli(&["token-revoke", "xyz"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("is not a token id"), "{err}");
+    let revoked: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pepsi.event_log WHERE action = 'token.revoke'")
+            .fetch_one(&f.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(revoked, 1);
+}
+
+#[tokio::test]
+async fn api_tokens_work_without_csrf_and_only_their_digest_is_stored() {
+    let f = fixture("").await;
+    let token = f.httpd.token_add("root", &["--label", "ci"]);
+    let (id, secret) = token
+        .strip_prefix("pepsi_")
+        .and_then(|t| t.split_once('_'))
+        .expect("pepsi_<id>_<secret>");
+    let rows: Vec<(String, Vec<u8>, String, String)> =
+        sqlx::query_as("SELECT token_id, digest, admin, label FROM pepsi.api_token")
+            .fetch_all(&f.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![(id.to_owned(), sha256(secret), "root".into(), "ci".into())]
+    );
+    let dump: String = sqlx::query_scalar("SELECT string_agg(t::text, ' ') FROM pepsi.api_token t")
+        .fetch_one(&f.db.pool)
+        .await
+        .unwrap();
+    assert!(!dump.contains(secret), "the secret is stored: {dump}");
+    let bearer = Auth::Bearer(token.clone());
+    let me = f.httpd.get("/api/session", &bearer).await;
+    assert_eq!(me.json["via"], "token");
+    let a = f
+        .httpd
+        .call(Method::PUT, "/api/domains/example.org", &bearer, None)
+        .await;
+    assert_eq!(a.status, 201, "no CSRF token needed: {a:?}");
+    for bad in [
+        format!("pepsi_{id}_{}", "0".repeat(64)),
+        "pepsi_short".to_owned(),
+        token.to_uppercase(),
+    ] {
+        assert_eq!(
+            f.httpd
+                .get("/api/queue", &Auth::Bearer(bad.clone()))
+                .await
+                .status,
+            401,
+            "{bad}"
+        );
+    }
+    let a = f
+        .httpd
+        .get("/api/queue", &Auth::RawCookie(String::new()))
+        .await;
+    assert_eq!(a.status, 401);
+    sqlx::query("UPDATE pepsi.api_token SET expires_at = now() - interval '1 second'")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        f.httpd.get("/api/queue", &bearer).await.status,
+        401,
+        "expired"
+    );
+    let (code, _, err) = f.httpd.cli(&["token-add", "nobody"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("there is no administrator nobody"), "{err}");
+    let (code, _, err) = f.httpd.cli(&["admin-add", "Bad Name"]);
+    assert_eq!(code, 2, "{err}");
+    let (code, _, err) = f.httpd.cli(&["admin-add", "root"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("administrator root exists already"), "{err}");
+    let (code, out, _) = f.httpd.cli(&["admin-add", "second", "--if-none"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("nothing created"), "{out}");
+}
+
+#[tokio::test]
+async fn failed_logins_are_throttled_per_account_and_per_address() {
+    let f = fixture(
+        "[pepsi-httpd]\nLOGIN_MAX_FAILURES_PER_ACCOUNT = 2\nLOGIN_MAX_FAILURES_PER_ADDRESS = 4\n",
+    )
+    .await;
+    let password = f.httpd.admin_add("ops");
+    let login = |name: &'static str, pw: String| {
+        let h = &f.httpd;
+        async move {
+            h.post(
+                "/api/login",
+                &Auth::None,
+                &json!({"name": name, "password": pw}),
+            )
+            .await
+        }
+    };
+    assert_eq!(login("ops", "wrong".into()).await.status, 401);
+    assert_eq!(login("ops", "wrong".into()).await.status, 401);
+    let a = login("ops", password.clone()).await;
+    assert_eq!(a.status, 429, "even the right password waits: {a:?}");
+    assert!(a.headers.contains_key("retry-after"));
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("too many failed logins")
+    );
+    // Another account from the same address still logs in, until the address's limit.
+    assert_eq!(login("ghost", "x".into()).await.status, 401);
+    assert_eq!(login("ghost2", "x".into()).await.status, 401);
+    assert_eq!(
+        login("ghost3", "x".into()).await.status,
+        429,
+        "the address reached 4"
+    );
+}
+
+// ----- errors of every kind are JSON ------------------------------------------------------
+
+#[tokio::test]
+async fn errors_are_json_with_the_right_status() {
+    let f = fixture("[pepsi-httpd]\nMAX_BODY_SIZE = 2k\n").await;
+    let a = f.httpd.get("/api/nothing", &f.auth()).await;
+    assert_eq!(
+        (a.status, a.json["error"].is_string()),
+        (404, true),
+        "{a:?}"
+    );
+    let a = f
+        .httpd
+        .call(Method::DELETE, "/api/queue", &f.auth(), None)
+        .await;
+    assert_eq!(
+        (a.status, a.json["error"].is_string()),
+        (405, true),
+        "{a:?}"
+    );
+    let big = json!({"address": "a@example.test", "password": "x".repeat(4000)});
+    let a = f.httpd.post("/api/accounts", &f.auth(), &big).await;
+    assert_eq!(a.status, 413, "{a:?}");
+    assert!(a.json["error"].as_str().unwrap().contains("MAX_BODY_SIZE"));
+    let a = f
+        .httpd
+        .post(
+            "/api/accounts",
+            &f.auth(),
+            &json!({"address": "a@example.test", "colour": 1}),
+        )
+        .await;
+    assert_eq!(a.status, 400);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown field `colour`"),
+        "{a:?}"
+    );
+    let a = f
+        .httpd
+        .post("/api/accounts", &f.auth(), &json!({"password": "12345678"}))
+        .await;
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("missing field `address`"),
+        "{a:?}"
+    );
+    let r = reqwest::Client::new()
+        .post(f.httpd.url("/api/accounts"))
+        .header("Cookie", format!("pepsi_session={}", f.session.cookie))
+        .header("X-CSRF-Token", &f.session.csrf)
+        .header("Content-Type", "text/plain")
+        .body("address=a@example.test")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 415);
+    let a = f.httpd.get("/api/queue?status=lost", &f.auth()).await;
+    assert_eq!(a.status, 400);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .starts_with("status: \"lost\""),
+        "{a:?}"
+    );
+    let a = f.httpd.get("/api/queue?limit=1&limit=2", &f.auth()).await;
+    assert_eq!(a.status, 400);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("\"limit\" is given more than once")
+    );
+}
+
+// ----- the queue --------------------------------------------------------------------------
+
+#[tokio::test]
+async fn queue_listing_filters_show_and_their_errors() {
+    let f = fixture("").await;
+    let a = f
+        .add(
+            "relay",
+            "failed",
+            "a@example.test",
+            &["x@example.org", "y@Other.NET"],
+            7200.0,
+        )
+        .await;
+    let b = f
+        .add(
+            "relay",
+            "paused",
+            "b@example.test",
+            &["z@example.org"],
+            60.0,
+        )
+        .await;
+    let c = f
+        .add(
+            "init",
+            "pending",
+            "c@elsewhere.test",
+            &["q@example.test"],
+            10.0,
+        )
+        .await;
+    let ids = |doc: &Value| -> Vec<i64> {
+        doc["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["id"].as_i64().unwrap())
+            .collect()
+    };
+    let cases: [(&str, Vec<i64>); 8] = [
+        ("", vec![a, b, c]),
+        ("?stage=relay", vec![a, b]),
+        ("?status=failed", vec![a]),
+        ("?sender=ELSEWHERE", vec![c]),
+        ("?recipient=@example.org", vec![a, b]),
+        ("?domain=other.net", vec![a]),
+        ("?min_age=1h", vec![a]),
+        ("?stage=relay&limit=1", vec![a]),
+    ];
+    for (q, want) in cases {
+        let r = f.httpd.get(&format!("/api/queue{q}"), &f.auth()).await;
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        assert_eq!(ids(&r.json), want, "{q}");
+    }
+    let r = f
+        .httpd
+        .get("/api/queue?stage=relay&limit=1", &f.auth())
+        .await;
+    assert_eq!(r.json["summary"]["total"], 2);
+    assert_eq!(r.json["summary"]["stages"]["relay"]["paused"], 1);
+    assert_eq!(r.json["truncated"], true);
+    for (q, field) in [
+        ("?domain=x", "domain"),
+        ("?min_age=soon", "min_age"),
+        ("?limit=0", "limit"),
+        ("?stage=a%20b", "stage"),
+        ("?size=3", "unknown parameter \"size\""),
+    ] {
+        let r = f.httpd.get(&format!("/api/queue{q}"), &f.auth()).await;
+        assert_eq!(r.status, 400, "{q}");
+        assert!(
+            r.json["error"].as_str().unwrap().contains(field),
+            "{q}: {r:?}"
+        );
+    }
+    let show = f
+        .httpd
+        .get(&format!("/api/queue/{a}?body=yes"), &f.auth())
+        .await;
+    assert_eq!(show.status, 200);
+    assert_eq!(show.json["id"], a);
+    assert_eq!(show.json["headers"], "Subject: hello\r\n");
+    assert_eq!(show.json["body"], "body\r\n");
+    assert_eq!(
+        show.json["rcpt_to"],
+        json!(["x@example.org", "y@Other.NET"])
+    );
+    assert_eq!(
+        f.httpd.get("/api/queue/999999", &f.auth()).await.status,
+        404
+    );
+    let r = f.httpd.get("/api/queue/abc", &f.auth()).await;
+    assert_eq!(r.status, 400);
+    assert!(r.json["error"].as_str().unwrap().starts_with("id:"));
+    assert_eq!(
+        f.httpd
+            .get(&format!("/api/queue/{a}?body=maybe"), &f.auth())
+            .await
+            .status,
+        400
+    );
+}
+
+#[tokio::test]
+async fn each_queue_action_acts_like_pepsi_queue_and_writes_its_event() {
+    let f = fixture("").await;
+    let failed = f
+        .add(
+            "relay",
+            "failed",
+            "a@example.test",
+            &["x@example.org"],
+            60.0,
+        )
+        .await;
+    let running = f
+        .add(
+            "relay",
+            "running",
+            "a@example.test",
+            &["x@example.org"],
+            60.0,
+        )
+        .await;
+    let held = f
+        .add(
+            "relay",
+            "pending",
+            "a@example.test",
+            &["x@example.org"],
+            60.0,
+        )
+        .await;
+    let to_bounce = f
+        .add(
+            "relay",
+            "paused",
+            "a@example.test",
+            &["x@example.org"],
+            60.0,
+        )
+        .await;
+    let null_sender = f.add("relay", "failed", "", &["x@example.org"], 60.0).await;
+    let at_init = f
+        .add("init", "failed", "a@example.test", &["x@example.org"], 60.0)
+        .await;
+    let act = |id: i64, action: &str, body: Value| {
+        let h = &f.httpd;
+        let auth = f.auth();
+        let path = format!("/api/queue/{id}/{action}");
+        async move { h.post(&path, &auth, &body).await }
+    };
+    let r = act(failed, "retry", json!({})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json["action"], "queue.retry");
+    assert_eq!(r.json["results"][0]["outcome"], "changed");
+    assert_eq!(r.json["results"][0]["detail"]["from_status"], "failed");
+    assert_eq!(
+        f.status_of(failed).await,
+        Some(("relay".into(), "pending".into()))
+    );
+    let again = act(failed, "retry", json!({})).await;
+    assert_eq!(
+        again.json["results"][0]["outcome"], "unchanged",
+        "{again:?}"
+    );
+    let r = act(running, "hold", json!({})).await;
+    assert_eq!(r.status, 409, "a running row is refused: {r:?}");
+    assert_eq!(r.json["results"][0]["outcome"], "running");
+    assert!(r.json["error"].as_str().unwrap().contains("is running"));
+    let r = act(running, "hold", json!({"force": true, "reason": "abuse"})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    let r = act(held, "hold", json!({"reason": "look first"})).await;
+    assert_eq!(r.json["results"][0]["detail"]["reason"], "look first");
+    let listed = f.httpd.get("/api/queue?status=held", &f.auth()).await;
+    assert_eq!(listed.json["rows"].as_array().unwrap().len(), 2);
+    let r = act(held, "retry", json!({})).await;
+    assert_eq!(r.status, 409, "a held row is released, not retried: {r:?}");
+    let r = act(held, "release", json!({})).await;
+    assert_eq!(r.json["results"][0]["detail"]["to_status"], "pending");
+    let r = act(to_bounce, "bounce", json!({"reason": "mailbox retired"})).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(
+        f.status_of(to_bounce).await,
+        Some(("bounce".into(), "pending".into()))
+    );
+    let r = act(null_sender, "bounce", json!({})).await;
+    assert_eq!(r.status, 409);
+    assert!(
+        r.json["error"].as_str().unwrap().contains("null sender"),
+        "{r:?}"
+    );
+    let r = act(at_init, "bounce", json!({})).await;
+    assert_eq!(r.status, 409);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("has no BOUNCE_STAGE"),
+        "{r:?}"
+    );
+    let r = act(null_sender, "delete", json!({})).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(f.status_of(null_sender).await, None);
+    assert_eq!(act(null_sender, "delete", json!({})).await.status, 404);
+    let r = act(failed, "explode", json!({})).await;
+    assert_eq!(r.status, 404);
+    assert!(
+        r.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("no queue action \"explode\"")
+    );
+    let r = act(failed, "hold", json!({"reason": "x".repeat(600)})).await;
+    assert_eq!(r.status, 400);
+    let r = act(failed, "retry", json!({"forcefully": true})).await;
+    assert_eq!(r.status, 400);
+    // One event per change, by the administrator through pepsi-httpd, as pepsi-queue writes.
+    let events: Vec<_> = f
+        .events()
+        .await
+        .into_iter()
+        .filter(|e| e.0.starts_with("queue."))
+        .collect();
+    let got: Vec<(&str, Option<i64>)> = events.iter().map(|e| (e.0.as_str(), e.2)).collect();
+    assert_eq!(
+        got,
+        [
+            ("queue.retry", Some(failed)),
+            ("queue.hold", Some(running)),
+            ("queue.hold", Some(held)),
+            ("queue.release", Some(held)),
+            ("queue.bounce", Some(to_bounce)),
+            ("queue.delete", Some(null_sender)),
+        ]
+    );
+    for e in &events {
+        assert_eq!(e.1, "root");
+        assert_eq!(e.3["tool"], "pepsi-httpd");
+    }
+    assert_eq!(events[1].3["force"], true);
+}
+
+#[tokio::test]
+async fn a_bulk_retry_by_filter_takes_exactly_the_matching_rows() {
+    let f = fixture("[pepsi-httpd]\nBULK_LIMIT = 50\n").await;
+    let mut mine = Vec::new();
+    for i in 0..3 {
+        mine.push(
+            f.add(
+                "relay",
+                "failed",
+                "a@example.test",
+                &[&format!("u{i}@example.org")],
+                100.0,
+            )
+            .await,
+        );
+    }
+    let other_domain = f
+        .add(
+            "relay",
+            "failed",
+            "a@example.test",
+            &["u@example.net"],
+            100.0,
+        )
+        .await;
+    let paused = f
+        .add(
+            "relay",
+            "paused",
+            "a@example.test",
+            &["v@example.org"],
+            100.0,
+        )
+        .await;
+    let body = json!({"filter": {"domain": "example.org", "status": "failed"}});
+    let r = f
+        .httpd
+        .post("/api/queue/bulk/retry", &f.auth(), &body)
+        .await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert_eq!(r.json["matched"], 3);
+    assert_eq!(r.json["changed"], 3);
+    assert_eq!(r.json["truncated"], false);
+    for id in &mine {
+        assert_eq!(f.status_of(*id).await.unwrap().1, "pending");
+    }
+    assert_eq!(f.status_of(other_domain).await.unwrap().1, "failed");
+    assert_eq!(f.status_of(paused).await.unwrap().1, "paused");
+    let events = f.events().await;
+    assert_eq!(events.iter().filter(|e| e.0 == "queue.retry").count(), 3);
+    // A bulk hold with a limit takes the oldest rows only, and says so.
+    let r = f
+        .httpd
+        .post(
+            "/api/queue/bulk/hold",
+            &f.auth(),
+            &json!({"filter": {"stage": "relay"}, "limit": 2, "reason": "maintenance"}),
+        )
+        .await;
+    assert_eq!(r.json["selected"], 2);
+    assert_eq!(r.json["matched"], 5);
+    assert_eq!(r.json["truncated"], true);
+    for (body, want) in [
+        (json!({"filter": {}}), "at least one condition"),
+        (
+            json!({"filter": {"colour": "red"}}),
+            "filter.unknown parameter \"colour\"",
+        ),
+        (json!({"filter": {"status": "gone"}}), "filter.status"),
+        (
+            json!({"filter": {"stage": "relay"}, "limit": 51}),
+            "BULK_LIMIT",
+        ),
+        (json!({"stage": "relay"}), "unknown field `stage`"),
+    ] {
+        let r = f
+            .httpd
+            .post("/api/queue/bulk/retry", &f.auth(), &body)
+            .await;
+        assert_eq!(r.status, 400, "{body}: {r:?}");
+        assert!(
+            r.json["error"].as_str().unwrap().contains(want),
+            "{body}: {r:?}"
+        );
+    }
+}
+
+// ----- accounts, aliases, domains, logs -------------------------------------------------
+
+#[tokio::test]
+async fn mailbox_accounts_are_created_listed_given_passwords_and_deleted() {
+    let f = fixture("").await;
+    let r = f
+        .httpd
+        .post(
+            "/api/accounts",
+            &f.auth(),
+            &json!({"address": "Alice@Example.TEST", "password": "correct horse"}),
+        )
+        .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    assert_eq!(r.json["address"], "alice@example.test");
+    let hash: String = sqlx::query_scalar(
+        "SELECT password_hash FROM pepsi.mailbox_password WHERE address = 'alice@example.test'",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert!(pepsi_common::password::check_hash(&hash, b"correct horse"));
+    let r = f
+        .httpd
+        .post(
+            "/api/accounts",
+            &f.auth(),
+            &json!({"address": "alice@example.test"}),
+        )
+        .await;
+    assert_eq!(r.status, 409, "{r:?}");
+    for (body, want) in [
+        (
+            json!({"address": "alice"}),
+            "address \"alice\" is not an address",
+        ),
+        (
+            json!({"address": "b@example.test", "password": "short"}),
+            "password: 8 to 1024 bytes",
+        ),
+    ] {
+        let r = f.httpd.post("/api/accounts", &f.auth(), &body).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert!(r.json["error"].as_str().unwrap().contains(want), "{r:?}");
+    }
+    let r = f
+        .httpd
+        .post(
+            "/api/accounts",
+            &f.auth(),
+            &json!({"address": "bob@example.test", "enabled": false}),
+        )
+        .await;
+    assert_eq!(r.status, 201);
+    let list = f.httpd.get("/api/accounts?search=ALI", &f.auth()).await;
+    assert_eq!(list.json["accounts"].as_array().unwrap().len(), 1);
+    assert_eq!(list.json["accounts"][0]["has_password"], true);
+    let all = f.httpd.get("/api/accounts", &f.auth()).await;
+    assert_eq!(all.json["accounts"][1]["address"], "bob@example.test");
+    assert_eq!(all.json["accounts"][1]["enabled"], false);
+    let r = f
+        .httpd
+        .call(
+            Method::PUT,
+            "/api/accounts/bob@example.test/password",
+            &f.auth(),
+            Some(&json!({"password": "another secret"})),
+        )
+        .await;
+    assert_eq!(r.status, 204, "{r:?}");
+    let r = f
+        .httpd
+        .call(
+            Method::PUT,
+            "/api/accounts/carol@example.test/password",
+            &f.auth(),
+            Some(&json!({"password": "another secret"})),
+        )
+        .await;
+    assert_eq!(r.status, 404);
+    let r = f
+        .httpd
+        .call(
+            Method::DELETE,
+            "/api/accounts/alice@example.test",
+            &f.auth(),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        f.httpd
+            .call(
+                Method::DELETE,
+                "/api/accounts/alice@example.test",
+                &f.auth(),
+                None
+            )
+            .await
+            .status,
+        404
+    );
+    let actions: Vec<String> = f
+        .events()
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .filter(|a| a.starts_with("account."))
+        .collect();
+    assert_eq!(
+        actions,
+        [
+            "account.create",
+            "account.create",
+            "account.password",
+            "account.delete"
+        ]
+    );
+    let dump: String =
+        sqlx::query_scalar("SELECT string_agg(detail::text, ' ') FROM pepsi.event_log")
+            .fetch_one(&f.db.pool)
+            .await
+            .unwrap();
+    assert!(
+        !dump.contains("another secret") && !dump.contains("$argon2id$"),
+        "{dump}"
+    );
+}
+
+#[tokio::test]
+async fn aliases_catch_alls_and_local_domains_are_settings_rows() {
+    let f = fixture("").await;
+    let put = |path: &str, body: Option<Value>| {
+        let h = &f.httpd;
+        let auth = f.auth();
+        let path = path.to_owned();
+        async move { h.call(Method::PUT, &path, &auth, body.as_ref()).await }
+    };
+    let r = put(
+        "/api/aliases/Sales@example.test",
+        Some(json!({"targets": ["dave@example.net", "Erin@Example.test"]})),
+    )
+    .await;
+    assert_eq!(r.status, 201, "{r:?}");
+    let r = put(
+        "/api/aliases/sales@example.test",
+        Some(json!({"targets": ["dave@example.net"]})),
+    )
+    .await;
+    assert_eq!(r.status, 200, "replaced");
+    let r = put(
+        "/api/aliases/@example.test",
+        Some(json!({"targets": ["postmaster@example.test"]})),
+    )
+    .await;
+    assert_eq!((r.status, r.json["kind"].as_str()), (201, Some("catchall")));
+    let stored: Vec<(String, String, Value)> =
+        sqlx::query_as("SELECT address, name, value FROM pepsi.settings ORDER BY 1")
+            .fetch_all(&f.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        vec![
+            (
+                "@example.test".into(),
+                "catchall".into(),
+                json!(["postmaster@example.test"])
+            ),
+            (
+                "sales@example.test".into(),
+                "alias".into(),
+                json!(["dave@example.net"])
+            ),
+        ]
+    );
+    let list = f.httpd.get("/api/aliases", &f.auth()).await;
+    assert_eq!(list.json["aliases"].as_array().unwrap().len(), 2);
+    for (body, want) in [
+        (json!({"targets": []}), "targets: 1 to"),
+        (json!({"targets": ["not an address"]}), "targets[0]"),
+    ] {
+        let r = put("/api/aliases/x@example.test", Some(body.clone())).await;
+        assert_eq!(r.status, 400, "{body}");
+        assert!(r.json["error"].as_str().unwrap().contains(want), "{r:?}");
+    }
+    let r = f
+        .httpd
+        .call(
+            Method::DELETE,
+            "/api/aliases/sales@example.test",
+            &f.auth(),
+            None,
+        )
+        .await;
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        f.httpd
+            .call(
+                Method::DELETE,
+                "/api/aliases/sales@example.test",
+                &f.auth(),
+                None
+            )
+            .await
+            .status,
+        404
+    );
+    // Local domains: the file's and the settings layer's.
+    let r = put("/api/domains/Bücher.example", None).await;
+    assert_eq!(
+        (r.status, r.json["domain"].as_str()),
+        (201, Some("xn--bcher-kva.example"))
+    );
+    assert_eq!(
+        put("/api/domains/xn--bcher-kva.example", None).await.status,
+        200
+    );
+    let list = f.httpd.get("/api/domains", &f.auth()).await;
+    assert_eq!(
+        list.json["domains"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|d| (d["domain"].as_str().unwrap(), d["source"].as_str().unwrap()))
+            .collect::<Vec<_>>(),
+        [
+            ("example.test", "config"),
+            ("xn--bcher-kva.example", "settings")
+        ]
+    );
+    let local = pepsi_common::local::LocalRecipients::new(Vec::<String>::new(), "");
+    assert!(
+        local
+            .is_local_domain(&f.db.pool, "xn--bcher-kva.example")
+            .await
+            .unwrap(),
+        "the stages see it"
+    );
+    let r = f
+        .httpd
+        .call(Method::DELETE, "/api/domains/example.test", &f.auth(), None)
+        .await;
+    assert_eq!(r.status, 409);
+    assert!(r.json["error"].as_str().unwrap().contains("LOCAL_DOMAINS"));
+    assert_eq!(
+        f.httpd
+            .call(
+                Method::DELETE,
+                "/api/domains/xn--bcher-kva.example",
+                &f.auth(),
+                None
+            )
+            .await
+            .status,
+        204
+    );
+    assert_eq!(
+        f.httpd
+            .call(
+                Method::DELETE,
+                "/api/domains/nowhere.example",
+                &f.auth(),
+                None
+            )
+            .await
+            .status,
+        404
+    );
+    assert_eq!(put("/api/domains/no_such", None).await.status, 400);
+    let actions: Vec<String> = f
+        .events()
+        .await
+        .into_iter()
+        .map(|e| e.0)
+        .filter(|a| a.starts_with("settings."))
+        .collect();
+    assert_eq!(actions.iter().filter(|a| *a == "settings.set").count(), 5);
+    assert_eq!(
+        actions.iter().filter(|a| *a == "settings.delete").count(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn the_logs_are_searchable_and_their_filters_checked() {
+    let f = fixture("").await;
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.mail_log (at, workqueue_id, stage, event, mail_from, rcpt_to, detail) VALUES \
+         (now() - interval '2 hours', 7, 'local', 'delivered', 'a@example.test', ARRAY['bob@example.test'], '{\"mailbox\": \"bob\"}'), \
+         (now() - interval '1 hour', 8, 'bounce', 'bounced', 'a@example.test', ARRAY['nobody@example.test'], '{\"status\": \"5.1.1\"}'), \
+         (now(), 9, 'local', 'delivered', 'c@example.net', ARRAY['carol@example.test'], '{}')",
+    )
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    let ids = |doc: &Value| -> Vec<i64> {
+        doc["entries"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["workqueue_id"].as_i64().unwrap())
+            .collect()
+    };
+    let since = (chrono::Utc::now() - chrono::Duration::minutes(90))
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let cases = [
+        (String::new(), vec![9, 8, 7]),
+        ("?sender=example.test".into(), vec![8, 7]),
+        ("?recipient=BOB".into(), vec![7]),
+        ("?event=bounced".into(), vec![8]),
+        ("?workqueue_id=9".into(), vec![9]),
+        (format!("?since={since}"), vec![9, 8]),
+        ("?limit=1".into(), vec![9]),
+    ];
+    for (q, want) in cases {
+        let r = f.httpd.get(&format!("/api/mail-log{q}"), &f.auth()).await;
+        assert_eq!(r.status, 200, "{q}: {r:?}");
+        assert_eq!(ids(&r.json), want, "{q}");
+    }
+    let r = f.httpd.get("/api/mail-log?event=bounced", &f.auth()).await;
+    assert_eq!(r.json["entries"][0]["detail"]["status"], "5.1.1");
+    for (q, field) in [
+        ("?event=lost", "event"),
+        ("?since=yesterday", "since"),
+        ("?who=x", "who"),
+    ] {
+        let r = f.httpd.get(&format!("/api/mail-log{q}"), &f.auth()).await;
+        assert_eq!(r.status, 400, "{q}");
+        assert!(
+            r.json["error"].as_str().unwrap().contains(field),
+            "{q}: {r:?}"
+        );
+    }
+    let ev = f
+        .httpd
+        .get("/api/events?action=admin.login", &f.auth())
+        .await;
+    assert_eq!(ev.json["events"].as_array().unwrap().len(), 1);
+    assert_eq!(ev.json["events"][0]["actor"], "root");
+    assert_eq!(
+        f.httpd.get("/api/events?limit=x", &f.auth()).await.status,
+        400
+    );
+}
+
+// ----- TLS and privileges -----------------------------------------------------------------
+
+#[tokio::test]
+async fn with_a_certificate_it_serves_https_and_marks_the_cookie_secure() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("cert.pem"), dir.path().join("key.pem"));
+    let ok = std::process::Command::new("openssl")
+        .args([
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-days",
+            "1",
+            "-subj",
+            "/CN=127.0.0.1",
+            "-addext",
+            "subjectAltName=IP:127.0.0.1",
+            "-addext",
+            "basicConstraints=critical,CA:FALSE",
+            "-addext",
+            "extendedKeyUsage=serverAuth",
+            "-keyout",
+        ])
+        .arg(&key)
+        .arg("-out")
+        .arg(&cert)
+        .stderr(std::process::Stdio::null())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "openssl req");
+    let port = free_port();
+    let config = write_config(
+        dir.path(),
+        &db.url,
+        port,
+        &format!(
+            "[pepsi-httpd]\nCERT_FILE = {}\nKEY_FILE = {}\n",
+            cert.display(),
+            key.display()
+        ),
+    );
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let pem = std::fs::read(&cert).unwrap();
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&pem).unwrap())
+        .build()
+        .unwrap();
+    let mut httpd = Httpd::new(config, port).with_client(client, "https");
+    let password = httpd.admin_add("root");
+    httpd.start().await;
+    let a = httpd
+        .post(
+            "/api/login",
+            &Auth::None,
+            &json!({"name": "root", "password": password}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(
+        a.headers["set-cookie"]
+            .to_str()
+            .unwrap()
+            .contains("; Secure")
+    );
+    // Plain HTTP on the TLS port gets no answer.
+    let plain = support::httpd::client()
+        .get(format!("http://127.0.0.1:{port}/healthz"))
+        .send()
+        .await;
+    assert!(plain.is_err() || plain.unwrap().status() != 200);
+}
+
+#[tokio::test]
+async fn it_drops_to_user_before_serving_and_refuses_root_without_one() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &db.url, port, "[pepsi-httpd]\nUSER = nobody\n");
+    // SAFETY: a plain getter.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mut httpd = Httpd::new(config.clone(), port);
+    if root {
+        httpd.start().await;
+        let status = std::fs::read_to_string(format!("/proc/{}/status", httpd.pid())).unwrap();
+        let uid_line = status.lines().find(|l| l.starts_with("Uid:")).unwrap();
+        let uids: Vec<&str> = uid_line.split_whitespace().skip(1).collect();
+        assert!(uids.iter().all(|u| *u != "0"), "still root: {uid_line}");
+        assert_eq!(httpd.get("/healthz", &Auth::None).await.status, 200);
+        httpd.stop();
+        // As root without USER and without ALLOW_ROOT it will not serve.
+        std::fs::write(
+            &config,
+            format!(
+                "[database]\nURL = {}\n[pepsi-httpd]\nADDRESS = 127.0.0.1:{port}\n",
+                db.url
+            ),
+        )
+        .unwrap();
+        let (code, _, err) = httpd.cli(&["serve"]);
+        assert_eq!(code, 1);
+        assert!(err.contains("will not serve as root"), "{err}");
+    } else {
+        let (code, _, err) = httpd.cli(&["serve"]);
+        assert_eq!(code, 1);
+        assert!(
+            err.contains("USER = nobody: switching to it needs root"),
+            "{err}"
+        );
+    }
+}
+
+// ----- /metrics -----------------------------------------------------------------------------
+
+#[tokio::test]
+async fn metrics_parse_with_prometheus_and_need_a_credential_unless_allowed() {
+    let f = fixture("").await;
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.stage_stats (stage, messages, processing_ms, kills, crashes) VALUES ('relay', 12, 3500, 1, 2); \
+         UPDATE pepsi.dispatch_stats SET stages_total = 30, messages_total = 11, messages_failed = 1; \
+         INSERT INTO pepsi.mail_log (stage, event) VALUES ('local', 'delivered'), ('local', 'delivered'), ('bounce', 'bounced'); \
+         INSERT INTO pepsi.mail_log (at, stage, event) VALUES (now() - interval '2 hours', 'local', 'delivered')",
+    )
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    f.add(
+        "relay",
+        "failed",
+        "a@example.test",
+        &["x@example.org"],
+        600.0,
+    )
+    .await;
+    f.add(
+        "relay",
+        "pending",
+        "a@example.test",
+        &["x@example.org"],
+        30.0,
+    )
+    .await;
+    let held = f
+        .add("init", "pending", "a@example.test", &["x@example.org"], 5.0)
+        .await;
+    f.httpd
+        .post(&format!("/api/queue/{held}/hold"), &f.auth(), &json!({}))
+        .await;
+    let denied = f.httpd.get("/metrics", &Auth::None).await;
+    assert_eq!(denied.status, 401, "{denied:?}");
+    let r = f.httpd.get("/metrics", &f.auth()).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(
+        r.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain; version=0.0.4")
+    );
+    let doc = prometheus_parse(&r.text);
+    // The parser names a counter family without its _total suffix.
+    assert_eq!(doc["pepsi_stage_messages"]["type"], "counter");
+    assert_eq!(
+        sample(
+            &doc,
+            "pepsi_stage_messages",
+            "pepsi_stage_messages_total",
+            json!({"stage": "relay"})
+        ),
+        Some(12.0)
+    );
+    assert_eq!(
+        sample(
+            &doc,
+            "pepsi_stage_processing_seconds",
+            "pepsi_stage_processing_seconds_total",
+            json!({"stage": "relay"})
+        ),
+        Some(3.5)
+    );
+    assert_eq!(
+        sample(
+            &doc,
+            "pepsi_stage_crashes",
+            "pepsi_stage_crashes_total",
+            json!({"stage": "relay"})
+        ),
+        Some(2.0)
+    );
+    assert_eq!(
+        sample(
+            &doc,
+            "pepsi_dispatch_messages",
+            "pepsi_dispatch_messages_total",
+            json!({})
+        ),
+        Some(11.0)
+    );
+    assert_eq!(
+        sample(
+            &doc,
+            "pepsi_dispatch_messages_failed",
+            "pepsi_dispatch_messages_failed_total",
+            json!({})
+        ),
+        Some(1.0)
+    );
+    assert_eq!(doc["pepsi_queue_messages"]["type"], "gauge");
+    let q = |stage: &str, status: &str| {
+        sample(
+            &doc,
+            "pepsi_queue_messages",
+            "pepsi_queue_messages",
+            json!({"stage": stage, "status": status}),
+        )
+    };
+    assert_eq!(q("relay", "failed"), Some(1.0));
+    assert_eq!(q("relay", "pending"), Some(1.0));
+    assert_eq!(q("relay", "held"), Some(0.0));
+    assert_eq!(q("init", "held"), Some(1.0));
+    assert_eq!(
+        q("init", "paused"),
+        Some(0.0),
+        "a held row is not counted as paused"
+    );
+    let oldest = sample(
+        &doc,
+        "pepsi_queue_oldest_message_age_seconds",
+        "pepsi_queue_oldest_message_age_seconds",
+        json!({"stage": "relay"}),
+    )
+    .unwrap();
+    assert!((600.0..3600.0).contains(&oldest), "{oldest}");
+    let o = |stage: &str, event: &str| {
+        sample(
+            &doc,
+            "pepsi_mail_outcomes_last_hour",
+            "pepsi_mail_outcomes_last_hour",
+            json!({"stage": stage, "event": event}),
+        )
+    };
+    assert_eq!(
+        o("local", "delivered"),
+        Some(2.0),
+        "the row two hours old is not counted"
+    );
+    assert_eq!(o("bounce", "bounced"), Some(1.0));
+    // A token reads it too; with METRICS_ALLOW covering the client, nothing is needed.
+    let token = f.httpd.token_add("root", &[]);
+    assert_eq!(
+        f.httpd.get("/metrics", &Auth::Bearer(token)).await.status,
+        200
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(
+        dir.path(),
+        &f.db.url,
+        port,
+        "[pepsi-httpd]\nMETRICS_ALLOW = 10.0.0.0/8, 127.0.0.0/8\n",
+    );
+    let mut open = Httpd::new(config, port);
+    open.start().await;
+    let r = open.get("/metrics", &Auth::None).await;
+    assert_eq!(r.status, 200, "{r:?}");
+    assert!(prometheus_parse(&r.text)["pepsi_queue_messages"].is_object());
+    assert_eq!(
+        open.get("/api/queue", &Auth::None).await.status,
+        401,
+        "only /metrics is open"
+    );
+}
+
+// ----- the mail log, end to end -------------------------------------------------------------
+
+/// A message through the whole shipped graph (ingress, dispatcher, stages): one recipient
+/// delivered to its Maildir, one a mailbox without a Maildir (5.1.1, returned to the
+/// sender), and the DSN delivered to the sender — each final outcome is a mail_log row
+/// found through the API.
+#[tokio::test]
+async fn a_message_through_the_system_leaves_mail_log_rows_the_api_finds() {
+    let mut sys = support::system::System::new("", &["alice", "bob"]).await;
+    sqlx::query("INSERT INTO pepsi.mailbox_account (address) VALUES ('ghost@example.test')")
+        .execute(&sys.db.pool)
+        .await
+        .unwrap();
+    sys.start().await;
+    let port = free_port();
+    let config = write_config(sys.dir.path(), &sys.db.url, port, STAGES);
+    let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
+    let auth = Auth::Session(session);
+    let message = b"From: bob@example.test\r\nTo: alice@example.test, ghost@example.test\r\n\
+                    Subject: logged\r\nMessage-ID: <log-1@example.test>\r\n\r\nhello\r\n";
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &["alice@example.test", "ghost@example.test"],
+            message,
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 1, std::time::Duration::from_secs(30))
+        .await;
+    sys.wait_messages("bob", 1, std::time::Duration::from_secs(30))
+        .await;
+    sys.wait_empty(std::time::Duration::from_secs(30)).await;
+    let delivered = httpd
+        .get("/api/mail-log?recipient=alice@example.test", &auth)
+        .await;
+    assert_eq!(delivered.status, 200, "{delivered:?}");
+    let entries = delivered.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(entries[0]["event"], "delivered");
+    assert_eq!(entries[0]["stage"], "local");
+    assert_eq!(entries[0]["mail_from"], "bob@example.test");
+    assert!(
+        entries[0]["detail"]["mailbox"]
+            .as_str()
+            .unwrap()
+            .ends_with("alice/Maildir"),
+        "{entries:?}"
+    );
+    let bounced = httpd.get("/api/mail-log?event=bounced", &auth).await;
+    let entries = bounced.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{bounced:?}");
+    assert_eq!(entries[0]["rcpt_to"], json!(["ghost@example.test"]));
+    assert_eq!(entries[0]["mail_from"], "bob@example.test");
+    assert_eq!(entries[0]["detail"]["status"], "5.1.1");
+    assert_eq!(entries[0]["detail"]["failed_at"], "local");
+    // The DSN itself, from the null sender, delivered to bob.
+    let dsn = httpd
+        .get("/api/mail-log?recipient=bob@example.test", &auth)
+        .await;
+    let entries = dsn.json["entries"].as_array().unwrap();
+    assert_eq!(entries.len(), 1, "{dsn:?}");
+    assert_eq!(
+        (
+            entries[0]["event"].as_str(),
+            entries[0]["mail_from"].as_str()
+        ),
+        (Some("delivered"), Some(""))
+    );
+    let all: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.mail_log")
+        .fetch_one(&sys.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(all, 3, "one row per final outcome");
+}

@@ -1,0 +1,837 @@
+//! The live pipeline of pepsi-httpd against a real PostgreSQL: `GET /api/pipeline` over
+//! HTTP (the graph of a configuration with `if` and `route` branches and a database
+//! override, the queue by status, failures and throughput per stage), the pages and their
+//! refusal without a session, and the page itself in headless Chromium driven over
+//! WebDriver (chromedriver): log in, read the graph, watch a depth change without a
+//! reload, open a stage's rows and a row's history, and keep a screenshot.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pepsi_testkit::TestDb;
+use serde_json::{Value, json};
+
+use crate::support;
+use crate::support::free_port;
+use crate::support::httpd::{Auth, Httpd, Session, write_config};
+
+/// A graph with every kind of edge: an `if-headers` branch, a route with a per-domain
+/// route, BOUNCE_STAGE from the delivery stages and a bounce stage leading back to init.
+/// The database overrides dkim's NEXT_STAGE to arc.
+const STAGES: &str = "[pepsi]\nLOCAL_DOMAINS = example.test\n\n\
+    [stage-init]\nPROGRAM = pepsi-stage-srs\nNEXT_STAGE = spam\nBOUNCE_STAGE = bounce\n\
+    [stage-spam]\nPROGRAM = pepsi-stage-if-headers\nCONDITION = header:X-Spam-Flag == \"YES\"\n\
+    THEN = quarantine\nELSE = route\n\
+    [stage-quarantine]\nPROGRAM = pepsi-stage-relay-to-maildir\nBOUNCE_STAGE = bounce\n\
+    [stage-route]\nPROGRAM = pepsi-stage-route\nROUTE_LOCAL = local\nROUTE_REMOTE = dkim\n\
+    ROUTES = partner.example:smarthost\n\
+    [stage-local]\nPROGRAM = pepsi-stage-relay-to-maildir\nBOUNCE_STAGE = bounce\n\
+    [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+    [stage-arc]\nPROGRAM = pepsi-stage-arc\nNEXT_STAGE = relay\n\
+    [stage-relay]\nPROGRAM = pepsi-stage-relay-to-internet\nBOUNCE_STAGE = bounce\n\
+    [stage-smarthost]\nPROGRAM = pepsi-stage-relay-to-smarthost\nBOUNCE_STAGE = bounce\n\
+    [stage-bounce]\nPROGRAM = pepsi-stage-bounce\nNEXT_STAGE = init\n";
+
+struct Fixture {
+    db: TestDb,
+    _dir: tempfile::TempDir,
+    httpd: Httpd,
+    password: String,
+    session: Session,
+}
+
+async fn fixture() -> Fixture {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) \
+         VALUES ('global', 'stage-dkim', 'NEXT_STAGE', 'arc')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(dir.path(), &db.url, port, STAGES);
+    let (httpd, password, session) = support::httpd::started_as_root(config, port).await;
+    Fixture {
+        db,
+        _dir: dir,
+        httpd,
+        password,
+        session,
+    }
+}
+
+impl Fixture {
+    fn auth(&self) -> Auth {
+        Auth::Session(self.session.clone())
+    }
+
+    /// `n` queue rows at `stage` in `status` (`held`: paused with state.held); their ids.
+    async fn add(&self, stage: &str, status: &str, n: usize) -> Vec<i64> {
+        let mut ids = Vec::new();
+        for i in 0..n {
+            let id: i64 = sqlx::query_scalar(
+                "SELECT pepsi.workqueue_add($1, $2, 'Subject: hello\r\n'::bytea, 'body\r\n'::bytea, '{}'::jsonb)",
+            )
+            .bind(format!("sender{i}@example.org"))
+            .bind(vec![format!("rcpt{i}@example.test")])
+            .fetch_one(&self.db.pool)
+            .await
+            .unwrap();
+            let (column, held) = match status {
+                "held" => ("paused", true),
+                s => (s, false),
+            };
+            sqlx::query(
+                "UPDATE pepsi.workqueue SET stage = $2, status = $3::pepsi.workqueue_status, \
+                 state = CASE WHEN $4 THEN '{\"held\": {\"reason\": \"test\"}}'::jsonb ELSE state END \
+                 WHERE workqueue_id = $1",
+            )
+            .bind(id)
+            .bind(stage)
+            .bind(column)
+            .bind(held)
+            .execute(&self.db.pool)
+            .await
+            .unwrap();
+            ids.push(id);
+        }
+        ids
+    }
+
+    async fn stage_stats(&self, stage: &str, messages: i64, kills: i64, crashes: i64) {
+        sqlx::query(
+            "INSERT INTO pepsi.stage_stats (stage, messages, kills, crashes) VALUES ($1, $2, $3, $4) \
+             ON CONFLICT (stage) DO UPDATE SET messages = $2, kills = $3, crashes = $4",
+        )
+        .bind(stage)
+        .bind(messages)
+        .bind(kills)
+        .bind(crashes)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+    }
+}
+
+fn stage<'a>(doc: &'a Value, name: &str) -> &'a Value {
+    doc["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == name)
+        .unwrap_or_else(|| panic!("no stage {name} in {doc:#}"))
+}
+
+fn edges(doc: &Value) -> Vec<String> {
+    doc["edges"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| match e["label"].as_str() {
+            Some(l) => format!(
+                "{} -{}[{l}]-> {}",
+                e["from"].as_str().unwrap(),
+                e["kind"].as_str().unwrap(),
+                e["to"].as_str().unwrap()
+            ),
+            None => format!(
+                "{} -{}-> {}",
+                e["from"].as_str().unwrap(),
+                e["kind"].as_str().unwrap(),
+                e["to"].as_str().unwrap()
+            ),
+        })
+        .collect()
+}
+
+// ----- the JSON endpoint ---------------------------------------------------------------
+
+#[tokio::test]
+async fn the_pipeline_document_draws_the_configured_graph_with_its_queue_and_counters() {
+    let f = fixture().await;
+    f.add("init", "pending", 2).await;
+    f.add("relay", "failed", 1).await;
+    f.add("relay", "timeout", 1).await;
+    f.add("relay", "held", 1).await;
+    f.add("relay", "paused", 2).await;
+    f.add("local", "running", 1).await;
+    f.add("retired", "pending", 1).await;
+    f.stage_stats("relay", 10, 1, 2).await;
+
+    let a = f.httpd.get("/api/pipeline", &f.auth()).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let doc = a.json;
+    assert_eq!(doc["first_stage"], "init");
+    // Columns by distance from init; bounce, reached only through BOUNCE_STAGE, right of
+    // the furthest stage that bounces; a stage that only rows name, apart at column 0.
+    let places: Vec<String> = doc["stages"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{}@{}.{}",
+                s["name"].as_str().unwrap(),
+                s["column"],
+                s["row"]
+            )
+        })
+        .collect();
+    assert_eq!(
+        places.join(" "),
+        "init@0.0 retired@0.1 spam@1.0 quarantine@2.0 route@2.1 dkim@3.0 local@3.1 \
+         smarthost@3.2 arc@4.0 relay@5.0 bounce@6.0"
+    );
+    assert_eq!(
+        edges(&doc),
+        [
+            "arc -next-> relay",
+            "bounce -next-> init",
+            "dkim -next-> arc",
+            "init -next-> spam",
+            "init -bounce-> bounce",
+            "local -bounce-> bounce",
+            "quarantine -bounce-> bounce",
+            "relay -bounce-> bounce",
+            "route -branch[remote]-> dkim",
+            "route -branch[local]-> local",
+            "route -branch[partner.example]-> smarthost",
+            "smarthost -bounce-> bounce",
+            "spam -branch[then]-> quarantine",
+            "spam -branch[else]-> route",
+        ],
+        "dkim -next-> arc comes from the database override"
+    );
+    assert_eq!(
+        stage(&doc, "spam")["condition"],
+        "header:X-Spam-Flag == \"YES\""
+    );
+    assert_eq!(stage(&doc, "spam")["program"], "pepsi-stage-if-headers");
+
+    let relay = stage(&doc, "relay");
+    assert_eq!(
+        relay["queue"],
+        json!({"pending": 0, "running": 0, "paused": 2, "held": 1, "failed": 1, "timeout": 1, "total": 5})
+    );
+    assert_eq!(
+        relay["failures"],
+        json!({"rows": 2, "kills": 1, "crashes": 2})
+    );
+    assert_eq!(relay["counters"]["messages"], 10);
+    assert_eq!(stage(&doc, "init")["queue"]["pending"], 2);
+    assert_eq!(stage(&doc, "local")["queue"]["running"], 1);
+    assert_eq!(stage(&doc, "bounce")["queue"]["total"], 0);
+    let retired = stage(&doc, "retired");
+    assert_eq!(retired["configured"], false);
+    assert_eq!(retired["queue"]["pending"], 1);
+    let problems = doc["problems"].as_array().unwrap();
+    assert_eq!(problems.len(), 1, "{problems:?}");
+    assert!(
+        problems[0]
+            .as_str()
+            .unwrap()
+            .contains("rows wait at stage retired, which has no [stage-retired] section")
+    );
+    assert_eq!(doc["totals"], json!({"rows": 9, "failed_rows": 2}));
+    assert_eq!(
+        relay["throughput"]["messages"], 0,
+        "nothing to compare with yet"
+    );
+
+    // Throughput: the change of the counters since the earlier reading.
+    f.stage_stats("relay", 17, 1, 3).await;
+    let doc = f.httpd.get("/api/pipeline", &f.auth()).await.json;
+    let relay = stage(&doc, "relay");
+    assert_eq!(
+        relay["throughput"],
+        json!({"messages": 7, "kills": 0, "crashes": 1})
+    );
+    assert_eq!(relay["failures"]["crashes"], 3);
+    assert!(doc["throughput_seconds"].as_f64().unwrap() >= 0.0);
+    assert_eq!(doc["window_seconds"], 60);
+
+    // A bearer token reads it too; a parameter is refused by name.
+    let token = f.httpd.token_add("root", &[]);
+    let a = f.httpd.get("/api/pipeline", &Auth::Bearer(token)).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let a = f.httpd.get("/api/pipeline?stage=relay", &f.auth()).await;
+    assert_eq!(a.status, 400);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("unknown parameter \"stage\""),
+        "{a:?}"
+    );
+}
+
+#[tokio::test]
+async fn without_a_session_the_pipeline_answers_401_and_its_page_the_login_form() {
+    let f = fixture().await;
+    for path in ["/api/pipeline", "/pipeline/graph"] {
+        let a = f.httpd.get(path, &Auth::None).await;
+        assert_eq!(a.status, 401, "{path}: {a:?}");
+        assert!(
+            a.json["error"]
+                .as_str()
+                .unwrap()
+                .contains("authentication required"),
+            "{path}: {a:?}"
+        );
+        let a = f
+            .httpd
+            .get(
+                path,
+                &Auth::RawCookie(format!("pepsi_session={}", "a".repeat(64))),
+            )
+            .await;
+        assert_eq!(a.status, 401, "{path} with a forged cookie: {a:?}");
+    }
+    let page = f.httpd.get("/pipeline", &Auth::None).await;
+    assert_eq!(page.status, 401);
+    assert!(
+        page.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/html")
+    );
+    assert!(page.text.contains("id=\"login-form\""), "{}", page.text);
+    assert!(
+        !page.text.contains("stage-init"),
+        "no graph without a session"
+    );
+    let forged = f
+        .httpd
+        .get(
+            "/pipeline",
+            &Auth::RawCookie(format!("pepsi_session={}", "b".repeat(64))),
+        )
+        .await;
+    assert_eq!(forged.status, 401);
+    assert!(
+        forged
+            .text
+            .contains("the session has expired or is unknown"),
+        "{}",
+        forged.text
+    );
+
+    let login = f.httpd.get("/login", &Auth::None).await;
+    assert_eq!(login.status, 200);
+    assert!(login.text.contains("src=\"/ui/login.js\""));
+    let csp = login.headers["content-security-policy"].to_str().unwrap();
+    assert!(
+        csp.contains("script-src 'self'") && csp.contains("frame-ancestors 'none'"),
+        "{csp}"
+    );
+    let no_redirects = reqwest::Client::builder()
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .unwrap();
+    let root = no_redirects.get(f.httpd.url("/")).send().await.unwrap();
+    assert_eq!(root.status(), 303);
+    assert_eq!(root.headers()["location"], "/pipeline");
+    for (file, kind) in [
+        ("pipeline.js", "text/javascript"),
+        ("login.js", "text/javascript"),
+        ("pepsi.css", "text/css"),
+    ] {
+        let a = f.httpd.get(&format!("/ui/{file}"), &Auth::None).await;
+        assert_eq!(a.status, 200, "{file}");
+        assert!(
+            a.headers["content-type"]
+                .to_str()
+                .unwrap()
+                .starts_with(kind),
+            "{file}"
+        );
+    }
+    let a = f.httpd.get("/ui/secret.txt", &Auth::None).await;
+    assert_eq!(a.status, 404);
+    assert!(a.json["error"].as_str().unwrap().contains("secret.txt"));
+
+    // With the session: the page with its graph, and the graph alone.
+    let page = f.httpd.get("/pipeline", &f.auth()).await;
+    assert_eq!(page.status, 200, "{}", page.text);
+    for name in ["init", "spam", "route", "relay", "bounce"] {
+        assert!(
+            page.text.contains(&format!("id=\"stage-{name}\"")),
+            "{name}"
+        );
+    }
+    assert!(
+        page.text
+            .contains(&format!("data-csrf=\"{}\"", f.session.csrf))
+    );
+    let graph = f.httpd.get("/pipeline/graph", &f.auth()).await;
+    assert_eq!(graph.status, 200);
+    assert!(graph.text.starts_with("<svg"), "{}", graph.text);
+}
+
+#[tokio::test]
+async fn the_event_log_lists_one_rows_history() {
+    let f = fixture().await;
+    let ids = f.add("relay", "failed", 2).await;
+    for id in &ids {
+        let a = f
+            .httpd
+            .post(
+                &format!("/api/queue/{id}/hold"),
+                &f.auth(),
+                &json!({"reason": "look"}),
+            )
+            .await;
+        assert_eq!(a.status, 200, "{a:?}");
+    }
+    let a = f
+        .httpd
+        .get(&format!("/api/events?workqueue_id={}", ids[1]), &f.auth())
+        .await;
+    assert_eq!(a.status, 200, "{a:?}");
+    let events = a.json["events"].as_array().unwrap();
+    assert_eq!(events.len(), 1, "{events:?}");
+    assert_eq!(events[0]["workqueue_id"], ids[1]);
+    assert_eq!(events[0]["action"], "queue.hold");
+    let a = f.httpd.get("/api/events?workqueue_id=0", &f.auth()).await;
+    assert_eq!(a.status, 400);
+    assert!(
+        a.json["error"]
+            .as_str()
+            .unwrap()
+            .contains("workqueue_id: \"0\"")
+    );
+}
+
+// ----- the page in Chromium ------------------------------------------------------------
+
+/// The browser: Debian's chromium. Missing is a failure, not a skip: scripts/test.sh
+/// installs it (scripts/apt-packages.txt).
+fn chromium() -> PathBuf {
+    for p in ["/usr/lib/chromium/chromium", "/usr/bin/chromium"] {
+        if Path::new(p).exists() {
+            return PathBuf::from(p);
+        }
+    }
+    panic!(
+        "chromium is not installed: the pipeline page test needs Debian's chromium and \
+         chromium-driver (apt-get install chromium chromium-driver; scripts/apt-packages.txt)"
+    );
+}
+
+fn chromedriver() -> PathBuf {
+    let p = Path::new("/usr/bin/chromedriver");
+    assert!(
+        p.exists(),
+        "chromedriver is not installed: apt-get install chromium-driver (scripts/apt-packages.txt)"
+    );
+    p.to_path_buf()
+}
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A WebDriver session on a chromedriver of its own (both ended when dropped).
+struct Browser {
+    driver: Child,
+    base: String,
+    client: reqwest::Client,
+    _profile: tempfile::TempDir,
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+impl Browser {
+    async fn start() -> Browser {
+        let browser = chromium();
+        let port = free_port();
+        let driver = Command::new(chromedriver())
+            .arg(format!("--port={port}"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start chromedriver");
+        let client = support::httpd::client();
+        let root = format!("http://127.0.0.1:{port}");
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(r) = client.get(format!("{root}/status")).send().await
+                && let Ok(text) = r.text().await
+                && let Ok(v) = serde_json::from_str::<Value>(&text)
+                && v["value"]["ready"] == true
+            {
+                break;
+            }
+            assert!(Instant::now() < until, "chromedriver did not become ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let profile = tempfile::tempdir().unwrap();
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {
+                "binary": browser,
+                "args": [
+                    "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                    "--hide-scrollbars", "--window-size=2000,1250",
+                    format!("--user-data-dir={}", profile.path().display()),
+                ],
+            },
+        }}});
+        let text = client
+            .post(format!("{root}/session"))
+            .header("Content-Type", "application/json")
+            .body(caps.to_string())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        let r: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text:?}: {e}"));
+        let id = r["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("chromedriver made no session: {r}"))
+            .to_owned();
+        Browser {
+            driver,
+            base: format!("{root}/session/{id}"),
+            client,
+            _profile: profile,
+        }
+    }
+
+    /// One WebDriver command: its value, or the error WebDriver answered.
+    async fn try_cmd(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+        body: Value,
+    ) -> Result<Value, Value> {
+        let mut req = self
+            .client
+            .request(method.clone(), format!("{}{path}", self.base));
+        if method != reqwest::Method::GET {
+            req = req
+                .header("Content-Type", "application/json")
+                .body(body.to_string());
+        }
+        let text = req.send().await.unwrap().text().await.unwrap();
+        let v: Value = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("WebDriver {method} {path} answered {text:?}: {e}"));
+        if v["value"].get("error").is_some() {
+            Err(v["value"].clone())
+        } else {
+            Ok(v["value"].clone())
+        }
+    }
+
+    async fn cmd(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        self.try_cmd(method.clone(), path, body)
+            .await
+            .unwrap_or_else(|e| panic!("WebDriver {method} {path}: {e}"))
+    }
+
+    async fn go(&self, url: &str) {
+        self.cmd(reqwest::Method::POST, "/url", json!({"url": url}))
+            .await;
+    }
+
+    async fn try_find(&self, css: &str) -> Result<String, Value> {
+        let v = self
+            .try_cmd(
+                reqwest::Method::POST,
+                "/element",
+                json!({"using": "css selector", "value": css}),
+            )
+            .await?;
+        Ok(v[ELEMENT].as_str().unwrap().to_owned())
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let el = self
+            .try_find(css)
+            .await
+            .unwrap_or_else(|e| panic!("{css}: {e}"));
+        self.cmd(
+            reqwest::Method::POST,
+            &format!("/element/{el}/value"),
+            json!({"text": text}),
+        )
+        .await;
+    }
+
+    /// Clicks the element `css` selects; again when the page replaced it in between (the
+    /// row list is redrawn on every poll).
+    async fn click(&self, css: &str) {
+        let mut last = Value::Null;
+        for _ in 0..5 {
+            let result = match self.try_find(css).await {
+                Ok(el) => {
+                    self.try_cmd(
+                        reqwest::Method::POST,
+                        &format!("/element/{el}/click"),
+                        json!({}),
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
+            match result {
+                Ok(_) => return,
+                Err(e) => last = e,
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        panic!("cannot click {css}: {last}");
+    }
+
+    /// Runs `script` (a function body) in the page and returns its value.
+    async fn js(&self, script: &str) -> Value {
+        self.cmd(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    /// Waits up to 20 s for `script` to return something other than null or false (an
+    /// error, as while a page loads, counts as not yet).
+    async fn until(&self, what: &str, script: &str) -> Value {
+        let end = Instant::now() + Duration::from_secs(20);
+        loop {
+            let v = self
+                .try_cmd(
+                    reqwest::Method::POST,
+                    "/execute/sync",
+                    json!({"script": script, "args": []}),
+                )
+                .await
+                .unwrap_or(Value::Null);
+            if !v.is_null() && v != json!(false) {
+                return v;
+            }
+            if Instant::now() > end {
+                let dom = self
+                    .js("return document.body ? document.body.innerText : ''")
+                    .await;
+                panic!("the page never showed {what}; it reads:\n{dom}");
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn screenshot(&self) -> Vec<u8> {
+        let v = self
+            .cmd(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let dir = tempfile::tempdir().unwrap();
+        let b64 = dir.path().join("shot.b64");
+        std::fs::write(&b64, v.as_str().unwrap()).unwrap();
+        let out = Command::new("base64").arg("-d").arg(&b64).output().unwrap();
+        assert!(out.status.success(), "base64 -d failed");
+        out.stdout
+    }
+}
+
+fn depth_of(stage: &str) -> String {
+    format!(
+        "const el = document.querySelector('#stage-{stage} [data-field=\"queue.total\"]'); \
+         return el ? el.textContent : null;"
+    )
+}
+
+#[tokio::test]
+async fn the_pipeline_page_logs_in_updates_live_and_opens_rows_in_chromium() {
+    let f = fixture().await;
+    f.add("init", "pending", 2).await;
+    let relay = f.add("relay", "failed", 2).await;
+    f.add("relay", "paused", 1).await;
+    f.add("local", "running", 1).await;
+    f.add("dkim", "pending", 3).await;
+    f.stage_stats("relay", 120, 0, 1).await;
+    let a = f
+        .httpd
+        .post(
+            &format!("/api/queue/{}/hold", relay[0]),
+            &f.auth(),
+            &json!({"reason": "checking the peer"}),
+        )
+        .await;
+    assert_eq!(a.status, 200, "{a:?}");
+
+    let b = Browser::start().await;
+    // No session: the login form stands in for the page.
+    b.go(&f.httpd.url("/pipeline")).await;
+    b.until(
+        "the login form",
+        "return document.getElementById('login-form') !== null",
+    )
+    .await;
+    b.type_into("#login-name", "root").await;
+    b.type_into("#login-password", "not the password").await;
+    b.click("#login-submit").await;
+    let refused = b
+        .until(
+            "the refusal",
+            "const m = document.getElementById('login-message'); return m && m.textContent || null;",
+        )
+        .await;
+    assert_eq!(refused, "wrong name or password");
+    b.js("document.getElementById('login-password').value = ''; return true")
+        .await;
+    b.type_into("#login-password", &f.password).await;
+    b.click("#login-submit").await;
+    b.until(
+        "the graph",
+        "return document.getElementById('pipeline-graph') !== null",
+    )
+    .await;
+
+    // Every configured stage is a node; the depths are the rows.
+    let names = b
+        .js("return Array.from(document.querySelectorAll('g.stage')).map(g => g.dataset.stage).sort()")
+        .await;
+    assert_eq!(
+        names,
+        json!([
+            "arc",
+            "bounce",
+            "dkim",
+            "init",
+            "local",
+            "quarantine",
+            "relay",
+            "route",
+            "smarthost",
+            "spam"
+        ])
+    );
+    assert_eq!(b.js(&depth_of("relay")).await, "3");
+    assert_eq!(b.js(&depth_of("dkim")).await, "3");
+    assert_eq!(b.js(&depth_of("init")).await, "2");
+    assert_eq!(
+        b.js("return document.querySelector('#stage-relay [data-field=\"queue.failed\"]').textContent").await,
+        "1",
+        "one failed row, one held"
+    );
+    assert_eq!(
+        b.js("return document.querySelector('#stage-relay').classList.contains('failing')")
+            .await,
+        true
+    );
+    let edges = b
+        .js("return document.querySelectorAll('#pipeline-graph g.edge').length")
+        .await;
+    assert_eq!(edges, 14);
+
+    // New rows show without a reload: a mark left in the page survives the change.
+    b.js("window.pepsiTestMark = 'still here'; return true")
+        .await;
+    f.add("relay", "pending", 4).await;
+    b.until(
+        "relay's depth 7",
+        &format!("return (function () {{ {} }})() === '7'", depth_of("relay")),
+    )
+    .await;
+    assert_eq!(
+        b.js("return window.pepsiTestMark || null").await,
+        "still here"
+    );
+    assert_eq!(
+        b.js("return document.getElementById('total-rows').textContent")
+            .await,
+        "13"
+    );
+
+    // A stage opens its rows.
+    b.click("#stage-relay").await;
+    b.until(
+        "relay's rows",
+        "return document.querySelectorAll('#rows-table tbody tr.row').length === 7",
+    )
+    .await;
+    assert_eq!(
+        b.js("return document.getElementById('rows-stage').textContent")
+            .await,
+        "relay"
+    );
+    let listed = b
+        .js("return Array.from(document.querySelectorAll('#rows-table tbody tr.row')).map(tr => Number(tr.dataset.id))")
+        .await;
+    for id in &relay {
+        assert!(
+            listed.as_array().unwrap().contains(&json!(id)),
+            "{id} in {listed}"
+        );
+    }
+
+    // A row opens its state and its event history.
+    b.click(&format!("#rows-table tr.row[data-id=\"{}\"]", relay[0]))
+        .await;
+    let history = b
+        .until(
+            "the row's events",
+            "const t = document.querySelector('#detail-events tbody'); \
+             return t && t.rows.length > 0 ? t.innerText : null;",
+        )
+        .await;
+    assert!(
+        history.as_str().unwrap().contains("queue.hold"),
+        "{history}"
+    );
+    let state = b
+        .js("return document.getElementById('detail-state').textContent")
+        .await;
+    assert!(
+        state.as_str().unwrap().contains("checking the peer"),
+        "{state}"
+    );
+    let facts = b
+        .js("return document.getElementById('detail-facts').innerText")
+        .await;
+    assert!(facts.as_str().unwrap().contains("held"), "{facts}");
+
+    // The picture, kept beside the docs when asked (PEPSI_UPDATE_DOCS=1).
+    b.js("window.scrollTo(0, 0); return true").await;
+    let png = b.screenshot().await;
+    assert!(png.starts_with(b"\x89PNG\r\n\x1a\n"), "a PNG");
+    assert!(
+        png.len() > 10_000,
+        "a screenshot of something ({} bytes)",
+        png.len()
+    );
+    std::fs::write(
+        Path::new(env!("CARGO_TARGET_TMPDIR")).join("pipeline.png"),
+        &png,
+    )
+    .unwrap();
+    if std::env::var_os("PEPSI_UPDATE_DOCS").is_some() {
+        std::fs::write(
+            concat!(env!("CARGO_MANIFEST_DIR"), "/docs/pipeline.png"),
+            &png,
+        )
+        .unwrap();
+    }
+
+    // Logging out ends the session: the page is the login form again.
+    b.click("#logout").await;
+    b.until(
+        "the login page",
+        "return document.getElementById('login-form') !== null",
+    )
+    .await;
+    b.go(&f.httpd.url("/pipeline")).await;
+    b.until(
+        "the login form",
+        "return document.getElementById('login-form') !== null",
+    )
+    .await;
+}

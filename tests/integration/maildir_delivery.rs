@@ -1,0 +1,629 @@
+//! Local delivery as programs: `pepsi-stage-relay-to-maildir worker` over its stdin/stdout
+//! protocol against a real database, writing through the real `pepsi-helper-maildir-writer`
+//! into real Maildirs; and the writer alone over its own protocol.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+use pepsi_testkit::TestDb;
+use serde_json::{Value, json};
+
+use crate::support;
+
+const STAGE: &str = env!("CARGO_BIN_EXE_pepsi-stage-relay-to-maildir");
+const WRITER: &str = env!("CARGO_BIN_EXE_pepsi-helper-maildir-writer");
+
+const HEADERS: &str = "From: bob@remote.test\r\nTo: alice@example.test\r\nSubject: hi\r\n";
+const BODY: &str = "Hello,\r\n\r\nthis is the body.\r\n";
+
+/// A mail root with Maildirs for `users`, and a configuration whose stages deliver into it.
+struct Setup {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    config: PathBuf,
+}
+
+fn setup(db: &TestDb, users: &[&str]) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    for u in users {
+        maildir(&root.join(u).join("Maildir"));
+    }
+    let config = dir.path().join("pepsi.conf");
+    // Tests may run as root, where the writer refuses root-owned mailboxes unless allowed.
+    let common = format!(
+        "PROGRAM = pepsi-stage-relay-to-maildir\nHELPER = {WRITER}\nBOUNCE_STAGE = bounce\n\
+         NONLOCAL_STAGE = remote\nALLOW_ROOT_OWNER = yes\nRETRY_INITIAL = 10m\n"
+    );
+    std::fs::write(
+        &config,
+        format!(
+            "[PATHS]\nMAIL_ROOT = {root}\n\n[database]\nURL = {url}\n\n\
+             [pepsi]\nLOCAL_DOMAINS = example.test\n\n\
+             [stage-local]\n{common}MAILDIR = %u/Maildir\n\n\
+             [stage-small]\n{common}QUOTA = 1k\n\n\
+             [stage-soft]\n{common}QUOTA = 1k\nQUOTA_FULL_TEMPORARY = yes\n\n\
+             [stage-broken]\n{common}HELPER = /bin/false\n\n\
+             [stage-remote]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-bounce]\nPROGRAM = pepsi-stage-discard\n",
+            root = root.display(),
+            url = db.url,
+        ),
+    )
+    .unwrap();
+    Setup {
+        _dir: dir,
+        root,
+        config,
+    }
+}
+
+fn maildir(path: &Path) {
+    for sub in ["tmp", "new", "cur"] {
+        std::fs::create_dir_all(path.join(sub)).unwrap();
+    }
+}
+
+/// A message from bob@remote.test to `rcpt`, running at `stage`; `dsn.rcpt[i].orcpt` names
+/// each recipient so the tests can follow the entries.
+async fn message(db: &TestDb, stage: &str, rcpt: &[&str]) -> i64 {
+    let dsn: Vec<Value> = rcpt
+        .iter()
+        .map(|r| json!({"notify": null, "orcpt": format!("rfc822;{r}")}))
+        .collect();
+    let state = json!({"dsn": {"ret": null, "envid": "env-1", "rcpt": dsn}});
+    let rcpt: Vec<String> = rcpt.iter().map(|s| s.to_string()).collect();
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind("bob@remote.test")
+        .bind(&rcpt)
+        .bind(HEADERS.as_bytes())
+        .bind(BODY.as_bytes())
+        .bind(&state)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, id, stage).await;
+    id
+}
+
+async fn worker(s: &Setup, ids: &[i64]) -> Vec<String> {
+    support::run_ids(STAGE, &s.config, ids).await
+}
+
+/// (stage, status, rcpt_to, state) of every row, oldest first.
+async fn rows(db: &TestDb) -> Vec<(i64, String, String, Vec<String>, Value)> {
+    support::rows(&db.pool).await
+}
+
+fn files(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    v.sort();
+    v
+}
+
+fn expected_copy(rcpt: &str) -> Vec<u8> {
+    format!("Return-Path: <bob@remote.test>\r\nDelivered-To: {rcpt}\r\n{HEADERS}\r\n{BODY}")
+        .into_bytes()
+}
+
+/// One file in `user`'s new/, byte for byte the expected copy, and nothing left in tmp/.
+fn assert_delivered(s: &Setup, user: &str, rcpt: &str) {
+    let md = s.root.join(user).join("Maildir");
+    let new = files(&md.join("new"));
+    assert_eq!(new.len(), 1, "{user}: {new:?}");
+    let stored = std::fs::read(&new[0]).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&stored),
+        String::from_utf8_lossy(&expected_copy(rcpt))
+    );
+    let name = new[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert!(name.ends_with(&format!(",S={}", stored.len())), "{name}");
+    assert_eq!(
+        files(&md.join("tmp")),
+        Vec::<PathBuf>::new(),
+        "tmp/ of {user}"
+    );
+}
+
+#[tokio::test]
+async fn a_message_to_two_local_recipients_lands_in_both_maildirs() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice", "bob"]);
+    let id = message(
+        &db,
+        "local",
+        &["alice@example.test", "Bob+news@Example.Test"],
+    )
+    .await;
+    assert_eq!(worker(&s, &[id]).await, vec![r#"0 {"finished":true}"#]);
+    assert_delivered(&s, "alice", "alice@example.test");
+    assert_delivered(&s, "bob", "Bob+news@Example.Test");
+    assert!(rows(&db).await.is_empty(), "the row is finished");
+}
+
+#[tokio::test]
+async fn mixed_recipients_are_split_and_the_remote_ones_go_on() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    let id = message(
+        &db,
+        "local",
+        &[
+            "carol@remote.test",
+            "alice@example.test",
+            "dave@remote.test",
+        ],
+    )
+    .await;
+    assert_eq!(worker(&s, &[id]).await, vec![r#"0 {"finished":true}"#]);
+    assert_delivered(&s, "alice", "alice@example.test");
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 1, "{left:?}");
+    let (sibling, stage, status, rcpt, state) = &left[0];
+    assert_ne!(*sibling, id);
+    assert_eq!((stage.as_str(), status.as_str()), ("remote", "pending"));
+    assert_eq!(rcpt, &["carol@remote.test", "dave@remote.test"]);
+    let orcpt: Vec<&str> = state["dsn"]["rcpt"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["orcpt"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        orcpt,
+        ["rfc822;carol@remote.test", "rfc822;dave@remote.test"]
+    );
+    assert_eq!(state["dsn"]["envid"], "env-1");
+}
+
+#[tokio::test]
+async fn an_unknown_user_is_bounced_alone_and_the_other_recipient_delivered() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    let id = message(&db, "local", &["nobody@example.test", "alice@example.test"]).await;
+    assert_eq!(worker(&s, &[id]).await, vec![r#"0 {"finished":true}"#]);
+    assert_delivered(&s, "alice", "alice@example.test");
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 1, "only the bounce clone: {left:?}");
+    let (_, stage, status, rcpt, state) = &left[0];
+    assert_eq!((stage.as_str(), status.as_str()), ("bounce", "pending"));
+    assert_eq!(rcpt, &["nobody@example.test"]);
+    let bounce = &state["bounce"];
+    assert_eq!(bounce["kind"], "permanent");
+    assert_eq!(bounce["enhanced_status"], "5.1.1");
+    assert_eq!(bounce["stage"], "local");
+    let per = bounce["recipients"].as_object().unwrap();
+    assert_eq!(per.keys().collect::<Vec<_>>(), ["nobody@example.test"]);
+    assert!(
+        per["nobody@example.test"]["diagnostic"]
+            .as_str()
+            .unwrap()
+            .contains("no such mailbox"),
+        "{bounce}"
+    );
+    assert_eq!(
+        state["dsn"]["rcpt"][0]["orcpt"],
+        "rfc822;nobody@example.test"
+    );
+    assert!(
+        !s.root.join("nobody").exists(),
+        "nothing created for an unknown user"
+    );
+}
+
+/// A 1000-byte message already in cur/ (sized by stat: its name has no S=).
+fn fill(s: &Setup, user: &str) {
+    std::fs::write(
+        s.root.join(user).join("Maildir/cur/1.M1P1Q1.host:2,S"),
+        vec![b'x'; 1000],
+    )
+    .unwrap();
+}
+
+#[tokio::test]
+async fn over_quota_is_a_5_2_2_bounce_or_a_4_2_2_wait_when_configured() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice", "bob"]);
+    fill(&s, "alice");
+    fill(&s, "bob");
+    let hard = message(&db, "small", &["alice@example.test"]).await;
+    let soft = message(&db, "soft", &["bob@example.test"]).await;
+    let lines = worker(&s, &[hard, soft]).await;
+    assert_eq!(lines, vec![r#"0 {"finished":true}"#, "0"]);
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 2, "{left:?}");
+    let (soft_id, stage, status, _, state) = &left[0];
+    assert_eq!(
+        (*soft_id, stage.as_str(), status.as_str()),
+        (soft, "soft", "paused")
+    );
+    assert_eq!(state["attempts"], 1);
+    assert!(
+        state["last_error"]
+            .as_str()
+            .unwrap()
+            .starts_with("4.2.2 mailbox full"),
+        "{state}"
+    );
+    let (_, stage, _, rcpt, state) = &left[1];
+    assert_eq!(
+        (stage.as_str(), rcpt.as_slice()),
+        ("bounce", &["alice@example.test".to_owned()][..])
+    );
+    assert_eq!(state["bounce"]["enhanced_status"], "5.2.2");
+    for u in ["alice", "bob"] {
+        let md = s.root.join(u).join("Maildir");
+        assert!(
+            files(&md.join("new")).is_empty() && files(&md.join("tmp")).is_empty(),
+            "{u}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_broken_maildir_pauses_the_row_with_a_transient_error() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    // new/ is a regular file: the rename into it fails whatever our privileges.
+    let md = s.root.join("alice/Maildir");
+    std::fs::remove_dir(md.join("new")).unwrap();
+    std::fs::write(md.join("new"), b"").unwrap();
+    let id = message(&db, "local", &["alice@example.test"]).await;
+    assert_eq!(worker(&s, &[id]).await, vec!["0"]);
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 1);
+    let (row, stage, status, _, state) = &left[0];
+    assert_eq!(
+        (*row, stage.as_str(), status.as_str()),
+        (id, "local", "paused")
+    );
+    assert_eq!(state["attempts"], 1);
+    let err = state["last_error"].as_str().unwrap();
+    assert!(err.starts_with("4.3.0 ") && err.contains("new"), "{err}");
+    let due: bool = sqlx::query_scalar(
+        "SELECT timeout > now() + interval '9 minutes' FROM pepsi.workqueue WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(due, "paused for RETRY_INITIAL");
+    assert!(
+        files(&md.join("tmp")).is_empty(),
+        "the failed write left nothing in tmp/"
+    );
+}
+
+#[tokio::test]
+async fn a_helper_that_dies_makes_the_recipient_wait_and_is_restarted() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    let broken = message(&db, "broken", &["alice@example.test"]).await;
+    let good = message(&db, "local", &["alice@example.test"]).await;
+    // Same worker: the dead helper is replaced for the next message.
+    let lines = worker(&s, &[broken, good]).await;
+    assert_eq!(lines, vec!["0", r#"0 {"finished":true}"#]);
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 1);
+    let (_, _, status, _, state) = &left[0];
+    assert_eq!(status, "paused");
+    let err = state["last_error"].as_str().unwrap();
+    assert!(err.contains("4.3.0") && err.contains("/bin/false"), "{err}");
+    assert_delivered(&s, "alice", "alice@example.test");
+}
+
+// ----- the writer alone, over its own protocol -----
+
+struct Writer {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Writer {
+    fn start(root: &Path, extra: &[&str]) -> Writer {
+        let mut child = Command::new(WRITER)
+            .arg("--root")
+            .arg(root)
+            .args(extra)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        Writer {
+            child,
+            stdin,
+            stdout,
+        }
+    }
+
+    fn send(&mut self, mailbox: &Path, message: &[u8]) -> String {
+        self.send_with(mailbox, "now", message)
+    }
+
+    fn send_with(&mut self, mailbox: &Path, dir_sync: &str, message: &[u8]) -> String {
+        write!(
+            self.stdin,
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\n\
+             dir-sync {dir_sync}\nsize {}\n",
+            mailbox.display(),
+            message.len()
+        )
+        .unwrap();
+        self.stdin.write_all(message).unwrap();
+        self.answer()
+    }
+
+    fn sync(&mut self) -> String {
+        self.stdin.write_all(b"sync\n").unwrap();
+        self.answer()
+    }
+
+    fn answer(&mut self) -> String {
+        self.stdin.flush().unwrap();
+        let mut line = String::new();
+        self.stdout.read_line(&mut line).unwrap();
+        line
+    }
+
+    fn finish(mut self) -> Option<i32> {
+        drop(self.stdin);
+        self.child.wait().unwrap().code()
+    }
+}
+
+/// The effective uid the tests run as.
+fn my_uid() -> u32 {
+    std::fs::metadata("/proc/self").unwrap().uid()
+}
+
+#[test]
+fn the_writer_refuses_paths_that_escape_its_root_and_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    maildir(&root.join("alice/Maildir"));
+    let outside = dir.path().join("outside/Maildir");
+    maildir(&outside);
+    std::os::unix::fs::symlink(dir.path().join("outside"), root.join("mallory")).unwrap();
+    let mut w = Writer::start(&root, &["--allow-root-owner", "--create"]);
+    for escape in [
+        root.join("alice/../../outside/Maildir"),
+        root.join("mallory/Maildir"),
+        outside.clone(),
+        PathBuf::from("relative/Maildir"),
+    ] {
+        let reply = w.send(&escape, b"x\r\n");
+        assert!(
+            reply.starts_with("temp 4.3.5 mailbox path") && reply.contains("refused"),
+            "{escape:?}: {reply}"
+        );
+    }
+    assert!(files(&outside.join("new")).is_empty() && files(&outside.join("tmp")).is_empty());
+    // The session goes on: a good request after the refusals is delivered.
+    let reply = w.send(&root.join("alice/Maildir"), b"Subject: ok\r\n\r\nbody\r\n");
+    let name = reply
+        .strip_prefix("ok ")
+        .expect(&reply)
+        .trim_end()
+        .to_owned();
+    let stored = std::fs::read(root.join("alice/Maildir/new").join(&name)).unwrap();
+    assert_eq!(
+        stored,
+        b"Return-Path: <a@b.test>\r\nDelivered-To: c@d.test\r\nSubject: ok\r\n\r\nbody\r\n"
+    );
+    assert!(files(&root.join("alice/Maildir/tmp")).is_empty());
+    // --create makes a missing Maildir (and the directory above it) under the root.
+    let reply = w.send(&root.join("newcomer/Maildir"), b"x\r\n");
+    assert!(reply.starts_with("ok "), "{reply}");
+    for sub in ["cur", "tmp"] {
+        assert!(root.join("newcomer/Maildir").join(sub).is_dir());
+    }
+    assert_eq!(files(&root.join("newcomer/Maildir/new")).len(), 1);
+    assert_eq!(w.finish(), Some(0));
+}
+
+/// A symbolic link below the root that a mailbox owner planted (owned by another user than
+/// root or the writer's own) is not followed: it would pick another owner's Maildir and the
+/// identity the write runs as. Root's links are followed.
+#[test]
+fn a_symbolic_link_planted_by_a_mailbox_owner_is_not_followed() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    maildir(&root.join("alice/Maildir"));
+    std::fs::create_dir_all(root.join("mallory")).unwrap();
+    let planted = root.join("mallory/Maildir");
+    std::os::unix::fs::symlink(root.join("alice/Maildir"), &planted).unwrap();
+    // Run as root (as in CI), the test can give the link to another user, as a mailbox
+    // owner's own link would be; run as anyone else, the link is the writer's user's own.
+    let as_root = my_uid() == 0;
+    if as_root {
+        std::os::unix::fs::lchown(&planted, Some(65534), Some(65534)).unwrap();
+    }
+    let mut w = Writer::start(&root, &["--allow-root-owner"]);
+    let reply = w.send(&planted, b"Subject: planted\r\n\r\nx\r\n");
+    if as_root {
+        assert!(
+            reply.starts_with("temp 4.3.5 mailbox path")
+                && reply.contains("symbolic link owned by uid 65534"),
+            "{reply}"
+        );
+        assert!(files(&root.join("alice/Maildir/new")).is_empty());
+    } else {
+        assert!(reply.starts_with("ok "), "the writer's own link: {reply}");
+    }
+    // A link of the writer's own user (root's, run as root) is followed.
+    std::os::unix::fs::symlink(root.join("alice"), root.join("alias")).unwrap();
+    let reply = w.send(&root.join("alias/Maildir"), b"Subject: alias\r\n\r\nx\r\n");
+    assert!(reply.starts_with("ok "), "{reply}");
+    assert_eq!(
+        files(&root.join("alice/Maildir/new")).len(),
+        if as_root { 1 } else { 2 }
+    );
+    assert_eq!(w.finish(), Some(0));
+}
+
+#[test]
+fn the_writer_writes_as_the_mailbox_owner_and_refuses_root_owned_mailboxes() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    let md = root.join("user/Maildir");
+    maildir(&md);
+    let uid = my_uid();
+    let mut w = Writer::start(&root, &[]);
+    if uid == 0 {
+        // Root-owned: refused without --allow-root-owner.
+        let reply = w.send(&md, b"x\r\n");
+        assert!(
+            reply.starts_with("temp 4.3.5 mailbox") && reply.contains("owned by root"),
+            "{reply}"
+        );
+        // Owned by nobody (65534): the file is written as nobody.
+        for p in [dir.path(), root.as_path()] {
+            std::fs::set_permissions(p, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+                .unwrap();
+        }
+        for p in [md.clone(), md.join("tmp"), md.join("new"), md.join("cur")] {
+            std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+        }
+    }
+    let reply = w.send(&md, b"x\r\n");
+    let name = reply
+        .strip_prefix("ok ")
+        .expect(&reply)
+        .trim_end()
+        .to_owned();
+    let meta = std::fs::metadata(md.join("new").join(&name)).unwrap();
+    let owner = if uid == 0 { 65534 } else { uid };
+    assert_eq!(
+        (meta.uid(), meta.gid()),
+        (owner, if uid == 0 { 65534 } else { meta.gid() })
+    );
+    assert_eq!(w.finish(), Some(0));
+}
+
+/// `dir-sync later` deliveries are in new/ when answered; `sync` then syncs each Maildir's
+/// new/ once however many copies went into it, and says how many it synced.
+#[test]
+fn deliveries_with_a_later_sync_are_synced_once_per_maildir_on_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("mail");
+    for u in ["alice", "bob"] {
+        maildir(&root.join(u).join("Maildir"));
+    }
+    let mut w = Writer::start(&root, &["--allow-root-owner"]);
+    for u in ["alice", "bob", "alice"] {
+        let reply = w.send_with(&root.join(u).join("Maildir"), "later", b"x\r\n");
+        assert!(reply.starts_with("ok "), "{reply}");
+    }
+    assert_eq!(files(&root.join("alice/Maildir/new")).len(), 2);
+    assert_eq!(files(&root.join("bob/Maildir/new")).len(), 1);
+    assert_eq!(w.sync(), "ok synced 2\n");
+    assert_eq!(w.sync(), "ok synced 0\n", "nothing waits any more");
+    // A `now` delivery leaves nothing for the next sync.
+    assert!(
+        w.send(&root.join("bob/Maildir"), b"y\r\n")
+            .starts_with("ok ")
+    );
+    assert_eq!(w.sync(), "ok synced 0\n");
+    assert_eq!(w.finish(), Some(0));
+}
+
+/// A helper that stops between answering deliveries and syncing their Maildirs: the
+/// worker records none of that round's deliveries (each row answers a temporary error and
+/// stays running for the dispatcher to retry), though the copies are in new/.
+#[tokio::test]
+async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    // Passes deliveries through to the real writer, and exits when asked to sync.
+    let proxy = s.root.parent().unwrap().join("sync-loser.py");
+    std::fs::write(
+        &proxy,
+        format!(
+            "#!/usr/bin/env python3\n\
+             import subprocess, sys\n\
+             w = subprocess.Popen([{WRITER:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
+             inp, out = sys.stdin.buffer, sys.stdout.buffer\n\
+             while True:\n\
+             \x20   first = inp.readline()\n\
+             \x20   if not first or first == b'sync\\n':\n\
+             \x20       sys.exit(0)\n\
+             \x20   head = [first] + [inp.readline() for _ in range(5)]\n\
+             \x20   size = int(head[-1].split()[1])\n\
+             \x20   w.stdin.write(b''.join(head) + inp.read(size))\n\
+             \x20   w.stdin.flush()\n\
+             \x20   out.write(w.stdout.readline())\n\
+             \x20   out.flush()\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&proxy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let config = std::fs::read_to_string(&s.config).unwrap().replace(
+        "[stage-small]",
+        &format!(
+            "[stage-lossy]\nPROGRAM = pepsi-stage-relay-to-maildir\nHELPER = {}\n\
+             ALLOW_ROOT_OWNER = yes\nBOUNCE_STAGE = bounce\nQUEUE_LIMIT = 8\n\n[stage-small]",
+            proxy.display()
+        ),
+    );
+    std::fs::write(&s.config, config).unwrap();
+    let a = message(&db, "lossy", &["alice@example.test"]).await;
+    let b = message(&db, "lossy", &["alice@example.test"]).await;
+    let lines = worker(&s, &[a, b]).await;
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    for line in &lines {
+        assert!(
+            line.starts_with("1 ")
+                && line.contains("\"temporary\":true")
+                && line.contains("could not sync the Maildirs written"),
+            "{line}"
+        );
+    }
+    let left = rows(&db).await;
+    assert_eq!(left.len(), 2, "both rows are still queued: {left:?}");
+    for (_, stage, status, _, _) in &left {
+        assert_eq!((stage.as_str(), status.as_str()), ("lossy", "running"));
+    }
+    assert_eq!(
+        files(&s.root.join("alice/Maildir/new")).len(),
+        2,
+        "the copies were written; only their recording waits"
+    );
+}
+
+#[test]
+fn the_writer_answers_a_broken_request_and_exits_2() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = Writer::start(dir.path(), &[]);
+    w.stdin.write_all(b"mailbox /x\nsize 3\n").unwrap();
+    w.stdin.flush().unwrap();
+    let mut line = String::new();
+    w.stdout.read_line(&mut line).unwrap();
+    assert!(
+        line.starts_with("temp 4.3.0 protocol error: expected a return-path line"),
+        "{line}"
+    );
+    assert_eq!(w.finish(), Some(2));
+}
+
+#[test]
+fn the_writer_help_documents_the_protocol_and_the_privilege_model() {
+    let out = Command::new(WRITER).arg("--help").output().unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    for want in [
+        "delivered-to <envelope recipient>",
+        "perm <5.x.y>",
+        "setuid",
+        "--root",
+    ] {
+        assert!(help.contains(want), "{want}: {help}");
+    }
+}

@@ -1,0 +1,54 @@
+//! Every integration test of the root package, in one test binary: one module per area,
+//! each a former `tests/<area>.rs` of its own, and `support` for what they share.
+//!
+//! One binary links the whole stack once instead of once per area (`docs/perf.md`, "test
+//! suite build and run time"). Tests are named
+//! `<area>::<test>` (`cargo nextest run -E 'test(/^system_delivery::/)'`, or `cargo test
+//! --test integration system_delivery::`). nextest runs each test in a process of its
+//! own; `cargo test` runs them on threads of one process, so no test may rely on
+//! process-wide state (environment, working directory, umask): each gets what it needs
+//! through the programs' arguments and environment.
+
+mod support;
+
+mod config_tool;
+mod counters_api;
+mod counters_ctl;
+mod counters_notify;
+mod counters_ops;
+mod counters_redis_modes;
+mod dispatch;
+mod failure_bouncer;
+mod harness;
+mod httpd;
+mod httpd_config;
+mod httpd_pipeline;
+mod ingress_local;
+mod ingress_metrics;
+mod ingress_msgauth;
+mod ingress_smtp;
+mod ingress_tls;
+mod lmtp_delivery;
+mod maildir_delivery;
+mod make_run;
+mod manual;
+mod package;
+mod parsers_fuzz;
+mod queue_tool;
+mod relay_internet;
+mod relay_smarthost;
+mod sendmail;
+mod settings;
+mod smtp_client;
+mod stage_aliases;
+mod stage_arc;
+mod stage_bounce;
+mod stage_count;
+mod stage_dkim_sign;
+mod stage_routing;
+mod stage_srs;
+mod stage_worker;
+mod status;
+mod system_delivery;
+mod system_remote;
+mod unibin;

@@ -1,0 +1,726 @@
+//! The Debian packages of `make deb` (packaging/deb.sh, debian/): what they contain and with
+//! which modes (dpkg-deb --info / --contents), that the privileges list names exactly the
+//! bits and groups of spec 22.2, `make install` into a DESTDIR, and then a real
+//! installation: both packages installed with `dpkg -i` into a throwaway root (an overlay of
+//! this machine's root in a private mount and PID namespace, so nothing outside the test's
+//! directory changes), where the postinst makes the accounts, sets the bits through
+//! dpkg-statoverride, installs the configuration and, with no PostgreSQL on the socket,
+//! prints the next step; `systemd-analyze verify` passes the installed units without a word;
+//! with a private PostgreSQL of that root's own (peer authentication, as on Debian) the
+//! postinst runs `pepsi-setup db` from the tree; and one message sent to the installed
+//! ingress (as pepsi-ingress) is delivered by the installed dispatcher (as pepsi) through the
+//! setgid stage and the setuid writer into a Maildir, written as the mailbox's owner.
+//!
+//! The packages are built from the development profile (`make deb PROFILE=dev`: only the
+//! root package compiles again for the unified layout, as scripts/test.sh's `make unibin
+//! PROFILE=dev` does). Installing needs root (dpkg, mount, chroot), which the test suite's
+//! machine has: it installs Debian packages with apt-get.
+
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::support::{self, root};
+
+/// A line of packaging/privileges.txt.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Privilege {
+    kind: String,
+    path: String,
+    owner: String,
+    group: String,
+    mode: u32,
+}
+
+/// The installed file of `p` under `upper` (a program under `libexec`, relative to it) has
+/// exactly the list's mode, owner and group, the accounts as that root's own files name them.
+fn assert_applied(upper: &Path, libexec: &str, p: &Privilege) {
+    let path = match p.kind.as_str() {
+        "program" => upper.join(libexec).join(&p.path),
+        _ => upper.join(p.path.trim_start_matches('/')),
+    };
+    let meta = std::fs::metadata(&path)
+        .unwrap_or_else(|e| panic!("{} not installed: {e}", path.display()));
+    assert_eq!(meta.mode() & 0o7777, p.mode, "{}", path.display());
+    assert_eq!(meta.uid(), id_in(upper, "passwd", &p.owner), "{}", p.path);
+    assert_eq!(meta.gid(), id_in(upper, "group", &p.group), "{}", p.path);
+}
+
+fn privileges() -> Vec<Privilege> {
+    let text = std::fs::read_to_string(root().join("packaging/privileges.txt")).unwrap();
+    text.lines()
+        .filter(|l| l.starts_with("program") || l.starts_with("dir"))
+        .map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            assert_eq!(f.len(), 5, "privileges.txt: {l:?}");
+            Privilege {
+                kind: f[0].into(),
+                path: f[1].into(),
+                owner: f[2].into(),
+                group: f[3].into(),
+                mode: u32::from_str_radix(f[4], 8).unwrap(),
+            }
+        })
+        .collect()
+}
+
+#[test]
+fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
+    let programs: Vec<(String, String, String, u32)> = privileges()
+        .into_iter()
+        .filter(|p| p.kind == "program")
+        .map(|p| (p.path, p.owner, p.group, p.mode))
+        .collect();
+    let want = [
+        (
+            "pepsi-helper-maildir-writer",
+            "root",
+            "pepsi-maildir",
+            0o4750,
+        ),
+        (
+            "pepsi-stage-relay-to-maildir",
+            "root",
+            "pepsi-maildir",
+            0o2755,
+        ),
+        (
+            "pepsi-stage-relay-to-smarthost",
+            "root",
+            "pepsi-token",
+            0o2755,
+        ),
+        ("pepsi-sendmail", "root", "pepsi-sendmail", 0o2755),
+    ];
+    let want: Vec<(String, String, String, u32)> = want
+        .iter()
+        .map(|(a, b, c, d)| (a.to_string(), b.to_string(), c.to_string(), *d))
+        .collect();
+    assert_eq!(programs, want);
+    // A bit on the shared `pepsi` would apply to every folded program.
+    let standalone = support::makefile_list("STANDALONE_BINARIES");
+    for (name, ..) in &programs {
+        assert!(
+            standalone.contains(name),
+            "{name} carries a bit but is not in STANDALONE_BINARIES"
+        );
+    }
+    // The writer's group is the one its caller is set-group-id to, and no one else's.
+    let text = std::fs::read_to_string(root().join("packaging/privileges.txt")).unwrap();
+    for group in ["pepsi-maildir", "pepsi-token", "pepsi-sendmail"] {
+        assert!(
+            text.lines()
+                .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["group", group]),
+            "privileges.txt does not create the group {group}"
+        );
+    }
+}
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed ({}):\n{stdout}\n{stderr}",
+        out.status
+    );
+    stdout
+}
+
+/// An entry of `dpkg-deb --contents`.
+#[derive(Debug)]
+struct Entry {
+    mode: String,
+    owner: String,
+    link: Option<String>,
+}
+
+fn contents(deb: &Path) -> BTreeMap<String, Entry> {
+    let listing = run(Command::new("dpkg-deb").arg("--contents").arg(deb));
+    let mut entries = BTreeMap::new();
+    for line in listing.lines() {
+        // -rwxr-xr-x root/root   1234 2026-12-01 21:00 ./usr/bin/x -> y
+        let f: Vec<&str> = line.split_whitespace().collect();
+        assert!(f.len() >= 6, "dpkg-deb --contents: {line:?}");
+        let path = f[5]
+            .trim_start_matches('.')
+            .trim_end_matches('/')
+            .to_owned();
+        let link = (f.len() == 8 && f[6] == "->").then(|| f[7].to_owned());
+        entries.insert(
+            path,
+            Entry {
+                mode: f[0].into(),
+                owner: f[1].into(),
+                link,
+            },
+        );
+    }
+    entries
+}
+
+/// `make ARGS` in the checkout, one at a time: `make unibin` and `make man`, which `install`
+/// and `deb` run first, rebuild one shared directory of the build (flock(1) on a file
+/// beside it keeps this binary's tests from doing that at once).
+fn make(args: &[&str]) -> String {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    std::fs::create_dir_all(&target).unwrap();
+    run(Command::new("flock")
+        .arg(target.join("package-test.lock"))
+        .args(["make", "--no-print-directory"])
+        .args(args)
+        .current_dir(root()))
+}
+
+/// Builds both packages with `make deb PROFILE=dev` into `dir`.
+fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+    let deb_dir = format!("DEB_DIR={}", dir.display());
+    let mut args = vec!["deb", "PROFILE=dev", deb_dir.as_str()];
+    args.extend_from_slice(extra);
+    let out = make(&args);
+    let debs: Vec<PathBuf> = out
+        .lines()
+        .filter(|l| l.ends_with(".deb"))
+        .map(PathBuf::from)
+        .collect();
+    let find = |name: &str| {
+        debs.iter()
+            .find(|d| {
+                d.file_name()
+                    .unwrap()
+                    .to_string_lossy()
+                    .starts_with(&format!("{name}_"))
+            })
+            .unwrap_or_else(|| panic!("make deb made no {name} package: {out}"))
+            .clone()
+    };
+    (find("pepsi"), find("migadu-counters"))
+}
+
+fn check_contents(pepsi: &Path, counters: &Path) {
+    let info = run(Command::new("dpkg-deb").arg("--info").arg(pepsi));
+    for want in [
+        "Package: pepsi",
+        "Version: 0.1.0",
+        "Depends: libc6 (>= 2.36), libgcc-s1, passwd, openssl",
+        " postinst",
+        " prerm",
+        " postrm",
+    ] {
+        assert!(
+            info.contains(want),
+            "pepsi's control lacks {want:?}:\n{info}"
+        );
+    }
+    assert!(
+        !info.contains("mail-transport-agent"),
+        "the default package claims the MTA role: {info}"
+    );
+    let c = contents(pepsi);
+    let entry = |path: &str| {
+        c.get(path)
+            .unwrap_or_else(|| panic!("pepsi has no {path}: {:?}", c.keys().collect::<Vec<_>>()))
+    };
+    let unified = entry("/usr/libexec/pepsi/pepsi");
+    assert_eq!(
+        (unified.mode.as_str(), unified.owner.as_str()),
+        ("-rwxr-xr-x", "root/root")
+    );
+    for name in support::makefile_list("FOLDED_BINARIES") {
+        assert_eq!(
+            entry(&format!("/usr/libexec/pepsi/{name}")).link.as_deref(),
+            Some("pepsi"),
+            "{name} beside pepsi"
+        );
+        assert_eq!(
+            entry(&format!("/usr/bin/{name}")).link.as_deref(),
+            Some("../libexec/pepsi/pepsi"),
+            "{name} in /usr/bin"
+        );
+    }
+    for name in support::makefile_list("STANDALONE_BINARIES") {
+        let counting = ["migadu_counters", "counterctl"].contains(&name.as_str());
+        let path = format!("/usr/libexec/pepsi/{name}");
+        if counting {
+            assert!(
+                !c.contains_key(&path),
+                "{name} is migadu-counters', not pepsi's"
+            );
+            continue;
+        }
+        // Shipped without a bit: the postinst sets it once the group exists.
+        let e = entry(&path);
+        assert_eq!(
+            (e.mode.as_str(), e.owner.as_str()),
+            ("-rwxr-xr-x", "root/root"),
+            "{name}"
+        );
+        assert_eq!(
+            entry(&format!("/usr/bin/{name}")).link.as_deref(),
+            Some(format!("../libexec/pepsi/{name}").as_str())
+        );
+    }
+    for (path, e) in &c {
+        let special = e.mode.contains('s') || e.mode.contains('S');
+        assert!(!special, "{path} is set-id in the archive: {}", e.mode);
+        assert_eq!(e.owner, "root/root", "{path}");
+    }
+    for page in pepsi::manual::pages() {
+        let path = format!("/usr/share/man/man{}/{}", page.section, page.file_name());
+        let counting = ["migadu_counters", "counterctl"].contains(&page.name);
+        assert_eq!(c.contains_key(&path), !counting, "{path}");
+    }
+    entry("/usr/share/man/man7/pepsi.state.7");
+    for unit in [
+        "pepsi.target",
+        "pepsi-dispatch.service",
+        "pepsi-ingress.service",
+        "pepsi-httpd.service",
+        "pepsi-failure-bouncer.service",
+        "pepsi-sendmail-pickup.service",
+    ] {
+        assert_eq!(
+            entry(&format!("/usr/lib/systemd/system/{unit}")).mode,
+            "-rw-r--r--"
+        );
+    }
+    entry("/usr/share/pepsi/privileges.txt");
+    entry("/usr/share/pepsi/pepsi.conf");
+    entry("/usr/share/doc/pepsi/install.md");
+    // The configuration is the postinst's to install (never overwritten); sendmail is
+    // optional (INSTALL_SENDMAIL=yes).
+    assert!(!c.keys().any(|p| p.starts_with("/etc/pepsi")), "{c:?}");
+    assert!(!c.contains_key("/usr/sbin/sendmail"));
+
+    let info = run(Command::new("dpkg-deb").arg("--info").arg(counters));
+    assert!(info.contains("Package: migadu-counters"), "{info}");
+    let c = contents(counters);
+    for path in [
+        "/usr/bin/migadu_counters",
+        "/usr/bin/counterctl",
+        "/usr/lib/systemd/system/migadu_counters.service",
+        "/etc/logrotate.d/migadu-counters",
+        "/usr/share/man/man8/migadu_counters.8",
+        "/usr/share/man/man1/counterctl.1",
+        "/usr/share/doc/migadu-counters/config.toml.example",
+    ] {
+        assert!(c.contains_key(path), "migadu-counters has no {path}");
+    }
+    assert!(!c.keys().any(|p| p.contains("libexec/pepsi")));
+}
+
+/// What runs inside the throwaway root, as root: install, check, set up, deliver.
+const INSIDE: &str = r#"
+set -eu
+exec 2>&1
+say() { echo "== $*"; }
+say "dpkg -i"
+dpkg -i /debs/pepsi_*.deb /debs/migadu-counters_*.deb
+say "statoverrides"
+dpkg-statoverride --list '/usr/libexec/pepsi/*' | sort
+say "systemd-analyze verify"
+systemd-analyze verify --man=yes /usr/lib/systemd/system/pepsi.target \
+  /usr/lib/systemd/system/pepsi-*.service /usr/lib/systemd/system/migadu_counters.service
+say "verified"
+
+# A PostgreSQL of this root's own, on its socket (peer authentication, as Debian's), and
+# the postinst once more: now it sets the database up itself.
+say "PostgreSQL"
+bin="$(dirname "$(ls /usr/lib/postgresql/*/bin/initdb | sort -V | tail -n 1)")"
+install -d -o postgres -g postgres -m 2775 /run/postgresql
+install -d -o postgres -g postgres -m 0700 /tmp/pgdata
+runuser -u postgres -- "$bin/initdb" -D /tmp/pgdata --auth=peer -U postgres >/dev/null
+runuser -u postgres -- "$bin/pg_ctl" -D /tmp/pgdata -w -l /tmp/pg.log \
+  -o "-c listen_addresses= -k /run/postgresql -c fsync=off" start >/dev/null
+say "postinst configure"
+/var/lib/dpkg/info/pepsi.postinst configure 0.1.0
+
+# The services as their accounts, each its own database role by peer authentication.
+conf=/etc/pepsi/pepsi.conf
+sed -i "s/^ADDRESS = 127.0.0.1:2525\$/ADDRESS = 127.0.0.1:$SMTP_PORT/" "$conf"
+runuser -u pepsi-httpd -- pepsi-settings -c "$conf" account add alice@example.test --no-password
+useradd --no-create-home --home-dir /nonexistent alice
+install -d -o alice -g alice -m 0700 /var/lib/pepsi/mail/alice \
+  /var/lib/pepsi/mail/alice/Maildir /var/lib/pepsi/mail/alice/Maildir/tmp \
+  /var/lib/pepsi/mail/alice/Maildir/new /var/lib/pepsi/mail/alice/Maildir/cur
+mkdir -p /tmp/logs
+runuser -u pepsi -- pepsi-dispatch -c "$conf" >/tmp/logs/dispatch.log 2>&1 &
+runuser -u pepsi-ingress -- pepsi-ingress -c "$conf" >/tmp/logs/ingress.log 2>&1 &
+logs() { for f in /tmp/logs/*.log /tmp/pg.log; do echo "--- $f"; tail -n 40 "$f"; done; }
+say "send"
+python3 - "$SMTP_PORT" <<'EOP' || { logs; exit 1; }
+import smtplib, sys, time
+port = int(sys.argv[1])
+for _ in range(300):
+    try:
+        s = smtplib.SMTP("127.0.0.1", port, timeout=10)
+        break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("the installed pepsi-ingress does not answer")
+s.sendmail("bob@example.test", ["alice@example.test"],
+           b"From: bob@example.test\r\nTo: alice@example.test\r\n"
+           b"Subject: installed from the package\r\n\r\nHello from the throwaway root.\r\n")
+s.quit()
+EOP
+for _ in $(seq 1 600); do
+  if [ -n "$(ls -A /var/lib/pepsi/mail/alice/Maildir/new)" ]; then
+    say "delivered"
+    ls -ln /var/lib/pepsi/mail/alice/Maildir/new
+    exit 0
+  fi
+  sleep 0.1
+done
+say "not delivered"
+logs
+exit 1
+"#;
+
+/// Purges both packages from the throwaway root: what `apt purge` leaves is the operator's.
+const PURGE: &str = r#"
+set -eu
+exec 2>&1
+dpkg --purge pepsi migadu-counters
+echo "== overrides left:"
+dpkg-statoverride --list '/usr/libexec/pepsi/*' || true
+echo "== end"
+[ -e /etc/pepsi ] || echo "/etc/pepsi removed"
+[ -e /usr/libexec/pepsi ] || echo "/usr/libexec/pepsi removed"
+[ -e /var/lib/pepsi/mail/alice/Maildir/new ] && echo "the Maildirs kept"
+getent passwd pepsi >/dev/null && echo "the accounts kept"
+"#;
+
+/// Mounts the throwaway root (an overlay of / whose changes land in `dir/upper`, kept from
+/// one call to the next) in a private mount and PID namespace and runs `script` there;
+/// every process it started ends with the namespace.
+fn in_throwaway_root(dir: &Path, debs: &Path, script: &str) -> String {
+    in_root_with(dir, &[(debs, "/debs")], &[], script)
+}
+
+/// `in_throwaway_root` with directories of this machine bound into it (`binds`: host path,
+/// path inside) and extra environment variables for the script.
+fn in_root_with(dir: &Path, binds: &[(&Path, &str)], env: &[(&str, &str)], script: &str) -> String {
+    let merged = dir.join("root");
+    for d in ["upper", "work", "root"] {
+        std::fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let binds: String = binds
+        .iter()
+        .map(|(host, inside)| {
+            format!(
+                "mkdir -p \"$m{inside}\" && mount --bind '{}' \"$m{inside}\"\n",
+                host.display()
+            )
+        })
+        .collect();
+    let env: String = env.iter().map(|(k, v)| format!(" {k}='{v}'")).collect();
+    let outer = format!(
+        r#"set -eu
+m='{m}'
+mount -t overlay overlay -o lowerdir=/,upperdir='{d}/upper',workdir='{d}/work' "$m"
+mount -t proc proc "$m/proc"
+mount --rbind /dev "$m/dev"
+mount -t tmpfs tmpfs "$m/tmp"
+# No PostgreSQL socket of the host's: the postinst first finds no server.
+mount -t tmpfs tmpfs "$m/run"
+{binds}exec chroot "$m" /usr/bin/env -i PATH=/usr/sbin:/usr/bin:/sbin:/bin LANG=C.UTF-8 \
+  SMTP_PORT='{port}'{env} /bin/sh -c "$INSIDE"
+"#,
+        m = merged.display(),
+        d = dir.display(),
+        port = support::free_port(),
+    );
+    let out = Command::new("unshare")
+        .args(["--mount", "--pid", "--fork", "--propagation", "private"])
+        .args(["/bin/sh", "-c", &outer])
+        .env("INSIDE", script)
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "in the throwaway root:\n{text}");
+    println!("{text}");
+    text
+}
+
+/// The numeric id of `name` in the throwaway root's passwd or group file.
+fn id_in(upper: &Path, file: &str, name: &str) -> u32 {
+    let text = std::fs::read_to_string(upper.join("etc").join(file)).unwrap();
+    text.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split(':').collect();
+            (f[0] == name).then(|| f[2].parse().unwrap())
+        })
+        .unwrap_or_else(|| panic!("no {name} in the installed /etc/{file}"))
+}
+
+#[test]
+fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
+    let dir = tempfile::Builder::new()
+        .prefix("pepsi-package-")
+        .tempdir()
+        .unwrap();
+    let debs = dir.path().join("deb");
+    let (pepsi, counters) = build_debs(&debs, &[]);
+    check_contents(&pepsi, &counters);
+
+    // INSTALL_SENDMAIL=yes: a package that is this host's MTA.
+    let (mta, _) = build_debs(&dir.path().join("deb-mta"), &["INSTALL_SENDMAIL=yes"]);
+    let info = run(Command::new("dpkg-deb").arg("--info").arg(&mta));
+    for want in [
+        "Provides: mail-transport-agent",
+        "Conflicts: mail-transport-agent",
+        "Replaces: mail-transport-agent",
+    ] {
+        assert!(info.contains(want), "{want}: {info}");
+    }
+    assert_eq!(
+        contents(&mta)["/usr/sbin/sendmail"].link.as_deref(),
+        Some("/usr/libexec/pepsi/pepsi-sendmail")
+    );
+
+    let tree = dir.path().join("tree");
+    let log = in_throwaway_root(&tree, &debs, INSIDE);
+
+    // The postinst: first no PostgreSQL on the socket, so it says what to do next; run
+    // again with one, it sets the database up (pepsi-setup db from the tree).
+    let (first, second) = log
+        .split_once("== postinst configure\n")
+        .unwrap_or_else(|| panic!("{log}"));
+    assert!(
+        first.contains("no PostgreSQL answers on this host")
+            && first.contains("runuser -u postgres -g postgres -G pepsi -- pepsi-setup db"),
+        "{first}"
+    );
+    assert!(
+        second.contains("created the database")
+            && second.contains("applied patch: pepsi-0001")
+            && second.contains("pepsi: the database is set up (pepsi-setup db)."),
+        "{second}"
+    );
+    // systemd-analyze verify exits 0 and has nothing to say about any unit.
+    let verify = log
+        .split("== systemd-analyze verify\n")
+        .nth(1)
+        .and_then(|rest| rest.split_once("== verified"))
+        .map(|(said, _)| said)
+        .unwrap_or_else(|| panic!("systemd-analyze verify did not pass:\n{log}"));
+    assert!(verify.trim().is_empty(), "systemd-analyze verify: {verify}");
+    assert!(log.contains("== delivered"), "{log}");
+
+    // The bits of the list, on the installed files, with the groups the postinst made.
+    let upper = tree.join("upper");
+    for p in privileges() {
+        assert_applied(&upper, "usr/libexec/pepsi", &p);
+        if p.kind == "program" {
+            let line = format!(
+                "{} {} {:o} /usr/libexec/pepsi/{}",
+                p.owner, p.group, p.mode, p.path
+            );
+            assert!(log.contains(&line), "no statoverride {line:?}:\n{log}");
+        }
+    }
+    // The configuration: installed once, readable by all, secrets by group pepsi only.
+    let pepsi_gid = id_in(&upper, "group", "pepsi");
+    for (path, mode) in [
+        ("etc/pepsi/pepsi.conf", 0o644),
+        ("etc/pepsi/secrets.d/20-srs.conf", 0o640),
+        ("etc/pepsi/keys/example.test.pepsi.pem", 0o640),
+    ] {
+        let meta = std::fs::metadata(upper.join(path)).unwrap();
+        assert_eq!(
+            (meta.mode() & 0o7777, meta.uid(), meta.gid()),
+            (mode, 0, pepsi_gid),
+            "{path}"
+        );
+    }
+    // The service accounts, in group pepsi where they read secrets.d/.
+    let group = std::fs::read_to_string(upper.join("etc/group")).unwrap();
+    let members = group
+        .lines()
+        .find(|l| l.starts_with("pepsi:"))
+        .unwrap()
+        .rsplit(':')
+        .next()
+        .unwrap()
+        .to_owned();
+    for user in ["pepsi-ingress", "pepsi-httpd", "pepsi-config"] {
+        assert!(
+            members.split(',').any(|m| m == user),
+            "{user} not in pepsi: {members}"
+        );
+    }
+    id_in(&upper, "passwd", "migadu_counters");
+
+    // The message, written by the setuid writer as the mailbox's owner.
+    let new = upper.join("var/lib/pepsi/mail/alice/Maildir/new");
+    let files: Vec<PathBuf> = std::fs::read_dir(&new)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 1, "{files:?}");
+    let meta = std::fs::metadata(&files[0]).unwrap();
+    assert_eq!(
+        meta.uid(),
+        id_in(&upper, "passwd", "alice"),
+        "owner of the delivered file"
+    );
+    let text = std::fs::read_to_string(&files[0]).unwrap();
+    assert!(
+        text.contains("Subject: installed from the package"),
+        "{text}"
+    );
+    assert!(text.contains("Hello from the throwaway root."), "{text}");
+
+    // Purged: the programs, the configuration and the statoverrides go; mail and accounts
+    // stay.
+    let purge = in_throwaway_root(&tree, &debs, PURGE);
+    let left = purge
+        .split_once("== overrides left:\n")
+        .and_then(|(_, rest)| rest.split_once("== end"))
+        .map(|(left, _)| left)
+        .unwrap_or_else(|| panic!("{purge}"));
+    assert!(
+        left.trim().is_empty(),
+        "statoverrides left after purge: {left}"
+    );
+    for said in [
+        "/etc/pepsi removed",
+        "/usr/libexec/pepsi removed",
+        "the Maildirs kept",
+        "the accounts kept",
+    ] {
+        assert!(purge.contains(said), "{said}: {purge}");
+    }
+}
+
+/// The packaged configuration's `postgres:///pepsi` relies on this for peer authentication.
+#[test]
+fn a_database_url_without_a_user_means_the_account_the_program_runs_as() {
+    let account = run(Command::new("id").arg("-un"));
+    let options: sqlx::postgres::PgConnectOptions = "postgres:///pepsi".parse().unwrap();
+    if std::env::var_os("PGUSER").is_none() {
+        assert_eq!(options.get_username(), account.trim());
+    }
+    let options: sqlx::postgres::PgConnectOptions =
+        "postgres://someone@localhost/pepsi".parse().unwrap();
+    assert_eq!(options.get_username(), "someone");
+}
+
+#[test]
+fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leaves() {
+    let dir = tempfile::tempdir().unwrap();
+    let dest = dir.path().join("dest");
+    let destdir = format!("DESTDIR={}", dest.display());
+    let out = make(&[
+        "install",
+        "PROFILE=dev",
+        "PREFIX=/opt/pepsi",
+        "INSTALL_SENDMAIL=yes",
+        &destdir,
+    ]);
+    let prefix = dest.join("opt/pepsi");
+    let libexec = prefix.join("libexec/pepsi");
+    let link = |p: PathBuf| {
+        std::fs::read_link(&p)
+            .unwrap_or_else(|e| panic!("{}: {e}", p.display()))
+            .to_string_lossy()
+            .into_owned()
+    };
+    assert!(std::fs::metadata(libexec.join("pepsi")).unwrap().is_file());
+    for name in support::makefile_list("FOLDED_BINARIES") {
+        assert_eq!(link(libexec.join(&name)), "pepsi");
+        assert_eq!(
+            link(prefix.join("bin").join(&name)),
+            "../libexec/pepsi/pepsi"
+        );
+    }
+    for name in support::makefile_list("STANDALONE_BINARIES") {
+        let meta = std::fs::symlink_metadata(libexec.join(&name)).unwrap();
+        assert!(meta.is_file(), "{name} is its own file");
+        // Not root's install (DESTDIR): plain modes, nothing set-id.
+        assert_eq!(meta.mode() & 0o7777, 0o755, "{name}");
+        assert_eq!(
+            link(prefix.join("bin").join(&name)),
+            format!("../libexec/pepsi/{name}")
+        );
+    }
+    assert_eq!(
+        link(dest.join("usr/sbin/sendmail")),
+        "/opt/pepsi/libexec/pepsi/pepsi-sendmail"
+    );
+    // What a root install would set, from the list, printed rather than applied.
+    assert!(out.contains("installed without owners and bits"), "{out}");
+    for p in privileges() {
+        let path = match p.kind.as_str() {
+            "program" => format!("/opt/pepsi/libexec/pepsi/{}", p.path),
+            _ => p.path.clone(),
+        };
+        let line = format!("{:04o} {}:{} {} {}", p.mode, p.owner, p.group, p.kind, path);
+        assert!(
+            out.contains(&line),
+            "make install does not print {line:?}:\n{out}"
+        );
+    }
+    // The configuration, and the pages.
+    let conf = dest.join("etc/pepsi/pepsi.conf");
+    assert_eq!(
+        std::fs::read_to_string(&conf).unwrap(),
+        std::fs::read_to_string(root().join("etc/pepsi.conf")).unwrap()
+    );
+    assert!(dest.join("etc/pepsi/secrets.d").is_dir());
+    assert!(prefix.join("share/man/man8/pepsi-dispatch.8").is_file());
+    assert!(prefix.join("share/man/man7/pepsi.state.7").is_file());
+    assert!(prefix.join("share/pepsi/privileges.txt").is_file());
+
+    // A second install keeps a configuration the operator changed.
+    std::fs::write(&conf, "# mine\n").unwrap();
+    let out = make(&["install", "PROFILE=dev", "PREFIX=/opt/pepsi", &destdir]);
+    assert_eq!(std::fs::read_to_string(&conf).unwrap(), "# mine\n");
+    assert!(out.contains("kept"), "{out}");
+
+    // As root without DESTDIR (in a throwaway root): the accounts of the list are made and
+    // its owners, groups and bits applied with chown and chmod.
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"));
+    let folded = support::makefile_list("FOLDED_BINARIES").join(" ");
+    let standalone = support::makefile_list("STANDALONE_BINARIES").join(" ");
+    let tree = dir.path().join("tree");
+    // The layout of `make unibin` is rebuilt by the other tests' make: hold their lock
+    // (flock(2), as flock(1) takes it) while it is read.
+    let lock = std::fs::File::create(target.join("package-test.lock")).unwrap();
+    // SAFETY: flock on a file descriptor this function owns; released when `lock` closes.
+    let locked = unsafe { libc::flock(std::os::fd::AsRawFd::as_raw_fd(&lock), libc::LOCK_EX) };
+    assert_eq!(locked, 0, "flock: {}", std::io::Error::last_os_error());
+    let log = in_root_with(
+        &tree,
+        &[
+            (root(), "/src"),
+            (&target.join("debug/unibin"), "/unibin"),
+            (&target.join("debug/man"), "/man"),
+        ],
+        &[
+            ("PREFIX", "/usr/local"),
+            ("UNIBIN_DIR", "/unibin"),
+            ("MAN_DIR", "/man"),
+            ("FOLDED", &folded),
+            ("STANDALONE", &standalone),
+        ],
+        "set -eu; exec 2>&1; /src/packaging/install.sh; /usr/local/bin/pepsi --list | head -n 1",
+    );
+    assert!(!log.contains("installed without owners and bits"), "{log}");
+    assert!(log.contains("pepsi-dispatch"), "pepsi --list: {log}");
+    let upper = tree.join("upper");
+    for p in privileges() {
+        assert_applied(&upper, "usr/local/libexec/pepsi", &p);
+    }
+    let conf = std::fs::metadata(upper.join("etc/pepsi/pepsi.conf")).unwrap();
+    assert_eq!(conf.gid(), id_in(&upper, "group", "pepsi"));
+    drop(lock);
+}

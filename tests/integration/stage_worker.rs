@@ -1,0 +1,477 @@
+//! Stage programs as programs: `pepsi-stage-discard worker` over its real stdin/stdout
+//! protocol against a real database, and `pepsi-setup db` as an operator runs it.
+
+use std::process::{Command, Stdio};
+
+use pepsi_testkit::TestDb;
+
+use crate::support;
+
+const DISCARD: &str = env!("CARGO_BIN_EXE_pepsi-stage-discard");
+const SETUP: &str = env!("CARGO_BIN_EXE_pepsi-setup");
+
+fn config(db: &TestDb, dir: &tempfile::TempDir) -> std::path::PathBuf {
+    let path = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &path,
+        format!(
+            "[database]\nURL = {}\n\n[stage-discard]\nPROGRAM = pepsi-stage-discard\n\n[stage-relay]\nPROGRAM = pepsi-stage-relay-to-lmtp\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    path
+}
+
+/// A message running at `stage`, or left pending when `stage` is None.
+async fn message(db: &TestDb, stage: Option<&str>) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea)",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    if let Some(stage) = stage {
+        sqlx::query(
+            "UPDATE pepsi.workqueue SET status = 'running', stage = $2 WHERE workqueue_id = $1",
+        )
+        .bind(id)
+        .bind(stage)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    id
+}
+
+/// Feeds `input` to a discard worker and returns its stdout lines.
+fn worker(cfg: &std::path::Path, input: String) -> Vec<String> {
+    support::stage_worker(DISCARD, cfg, &input)
+}
+
+async fn exists(db: &TestDb, id: i64) -> Option<(String, String)> {
+    sqlx::query_as("SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = $1")
+        .bind(id)
+        .fetch_optional(&db.pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test]
+async fn echo_id_to_the_discard_worker_finishes_the_message() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let id = message(&db, Some("discard")).await;
+    let lines = tokio::task::spawn_blocking(move || worker(&cfg, format!("{id}\n")))
+        .await
+        .unwrap();
+    assert_eq!(lines, vec![r#"0 {"finished":true}"#]);
+    assert_eq!(exists(&db, id).await, None);
+    let bodies: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.workqueue_body")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(bodies, 0);
+}
+
+#[tokio::test]
+async fn bad_ids_get_a_nonzero_status_the_row_stays_and_the_worker_goes_on() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let pending = message(&db, None).await;
+    let foreign = message(&db, Some("relay")).await;
+    let good = message(&db, Some("discard")).await;
+    let input = format!("abc\n{pending}\n{foreign}\n987654321\n{good}\n");
+    let lines = tokio::task::spawn_blocking(move || worker(&cfg, input))
+        .await
+        .unwrap();
+    assert_eq!(lines.len(), 5, "{lines:?}");
+    let expect = [
+        "workqueue id \\\"abc\\\" is not a number",
+        "is pending, not running",
+        "whose PROGRAM is \\\"pepsi-stage-relay-to-lmtp\\\", not pepsi-stage-discard",
+        "does not exist",
+    ];
+    for (line, want) in lines.iter().zip(expect) {
+        assert!(line.starts_with("1 {"), "non-zero status: {line}");
+        assert!(line.contains(want), "{line:?} should mention {want:?}");
+        let json: serde_json::Value = serde_json::from_str(&line[2..]).unwrap();
+        assert_eq!(json["temporary"], false);
+    }
+    assert_eq!(lines[4], r#"0 {"finished":true}"#);
+    assert_eq!(
+        exists(&db, pending).await,
+        Some(("init".into(), "pending".into()))
+    );
+    assert_eq!(
+        exists(&db, foreign).await,
+        Some(("relay".into(), "running".into()))
+    );
+    assert_eq!(exists(&db, good).await, None);
+}
+
+#[tokio::test]
+async fn two_workers_on_different_rows_at_once_do_not_interfere() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let mut ids = Vec::new();
+    for _ in 0..60 {
+        ids.push(message(&db, Some("discard")).await);
+    }
+    let keep = message(&db, Some("relay")).await;
+    let (a, b) = ids.split_at(30);
+    let input = |ids: &[i64]| ids.iter().map(|i| format!("{i}\n")).collect::<String>();
+    let (ia, ib) = (input(a), input(b));
+    let (ca, cb) = (cfg.clone(), cfg.clone());
+    let ta = tokio::task::spawn_blocking(move || worker(&ca, ia));
+    let tb = tokio::task::spawn_blocking(move || worker(&cb, ib));
+    let (la, lb) = (ta.await.unwrap(), tb.await.unwrap());
+    assert_eq!(la, vec![r#"0 {"finished":true}"#; 30]);
+    assert_eq!(lb, vec![r#"0 {"finished":true}"#; 30]);
+    let left: Vec<i64> = sqlx::query_scalar("SELECT workqueue_id FROM pepsi.workqueue")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![keep]);
+}
+
+#[test]
+fn a_malformed_configuration_stops_the_worker_with_file_and_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("broken.conf");
+    std::fs::write(
+        &path,
+        "[database]\nURL = postgres://x/y\nthis line is not an option\n",
+    )
+    .unwrap();
+    let out = Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(&path)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        out.stdout.is_empty(),
+        "stdout belongs to the status protocol"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&format!("{}:3", path.display())), "{err}");
+}
+
+#[test]
+fn worker_help_documents_the_protocol() {
+    let out = Command::new(DISCARD)
+        .args(["worker", "--help"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let help = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        help.contains("echo <workqueue_id> | PROGRAM worker"),
+        "{help}"
+    );
+    assert!(help.contains("--config"), "{help}");
+}
+
+fn setup_db(url: &str, extra: &[&str]) -> (i32, String, String) {
+    let out = Command::new(SETUP)
+        .args(["db", "--database-url", url])
+        .args(extra)
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn pepsi_setup_db_is_idempotent_and_check_exits_2_when_work_remains() {
+    let db = TestDb::new().await;
+    let url = db.url.clone();
+    let (code, out, err) = tokio::task::spawn_blocking(move || setup_db(&url, &[]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0, "{err}");
+    let level = pepsi_setup::schema::PATCHES.last().unwrap().name;
+    assert!(
+        out.starts_with(&format!("patch level: {level} (current, grants verified)")),
+        "{out}"
+    );
+    assert!(out.contains("nothing to change"), "{out}");
+
+    sqlx::raw_sql("REVOKE SELECT ON pepsi.settings FROM \"pepsi-config\"")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let url = db.url.clone();
+    let (code, out, _) =
+        tokio::task::spawn_blocking(move || setup_db(&url, &["--check", "--json"]))
+            .await
+            .unwrap();
+    assert_eq!(code, 2, "{out}");
+    let report: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(report["current"], false);
+    assert_eq!(
+        report["privileges_wrong"][0],
+        "pepsi-config lacks SELECT on pepsi.settings"
+    );
+
+    let url = db.url.clone();
+    let (code, out, _) = tokio::task::spawn_blocking(move || setup_db(&url, &[]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("changed: GRANT SELECT ON pepsi.\"settings\" TO \"pepsi-config\""),
+        "{out}"
+    );
+}
+
+/// `pepsi-setup dns` without --key-file stores the key as a row the signing stage reads,
+/// and never replaces one: the same selector again is refused, naming it.
+#[tokio::test]
+async fn pepsi_setup_dns_stores_the_key_in_the_database_and_never_replaces_it() {
+    let db = TestDb::new().await;
+    let dns = |url: String| {
+        tokio::task::spawn_blocking(move || {
+            let out = Command::new(SETUP)
+                .args(["dns", "example.test", "--mx", "mx.example.test"])
+                .args([
+                    "--selector",
+                    "s1",
+                    "--algorithm",
+                    "ed25519",
+                    "--mta-sts",
+                    "off",
+                ])
+                .args(["--database-url", &url])
+                .output()
+                .unwrap();
+            (
+                out.status.code().unwrap_or(-1),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            )
+        })
+    };
+    let (code, out, err) = dns(db.url.clone()).await.unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("s1._domainkey.example.test. 3600 IN TXT \"v=DKIM1; k=ed25519; p="),
+        "{out}"
+    );
+    assert!(!out.contains("_mta-sts"), "MTA-STS off: {out}");
+    assert!(
+        out.contains("DKIM private key: pepsi.signing_key (example.test, s1)"),
+        "{out}"
+    );
+    let pem: String = sqlx::query_scalar(
+        "SELECT private_key FROM pepsi.signing_key WHERE domain = 'example.test' AND selector = 's1'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(pepsi_common::keys::parse_private_key(pem.as_bytes()).is_ok());
+
+    let (code, out, err) = dns(db.url.clone()).await.unwrap();
+    assert_eq!(code, 1, "{out}");
+    assert!(
+        err.contains("already has a key for example.test under selector s1"),
+        "{err}"
+    );
+    let still: String = sqlx::query_scalar("SELECT private_key FROM pepsi.signing_key")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(still, pem, "the stored key is unchanged");
+}
+
+#[test]
+fn pepsi_setup_without_a_database_names_the_missing_option() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("pepsi.conf");
+    std::fs::write(&path, "[pepsi]\n").unwrap();
+    let out = Command::new(SETUP)
+        .args(["db", "-c"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("URL") && err.to_lowercase().contains("database"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn with_return_status_the_discard_stage_sends_mail_back_through_the_bounce_stage() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\n\
+             BOUNCE_STAGE = bounce\nRETURN_STATUS = 5.4.4\nRETURN_TEXT = no relay configured\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let id = message(&db, Some("remote")).await;
+    assert_eq!(worker(&cfg, format!("{id}\n")), vec!["0"]);
+    let (stage, status, bounce): (String, String, serde_json::Value) = sqlx::query_as(
+        "SELECT stage, status::text, state->'bounce' FROM pepsi.workqueue WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((stage.as_str(), status.as_str()), ("bounce", "pending"));
+    assert_eq!(bounce["kind"], "permanent");
+    assert_eq!(bounce["enhanced_status"], "5.4.4");
+    assert_eq!(bounce["diagnostic"], "no relay configured");
+    assert_eq!(bounce["stage"], "remote");
+}
+
+/// Every section is parsed when the worker starts (stage contract v2): a transient
+/// RETURN_STATUS in any discard section stops the worker before it reads an id, with an
+/// error naming the section and the option, and the message is left as it was.
+#[tokio::test]
+async fn a_bad_option_in_any_section_stops_the_worker_before_its_first_id() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-odd]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\nRETURN_STATUS = 4.4.4\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let id = message(&db, Some("remote")).await;
+    let mut child = Command::new(DISCARD)
+        .arg("worker")
+        .arg("-c")
+        .arg(&cfg)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().unwrap();
+        let _ = writeln!(stdin, "{id}");
+    }
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(out.stdout.is_empty(), "no status line: {:?}", out.stdout);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("[stage-odd]") && err.contains("RETURN_STATUS"),
+        "{err}"
+    );
+    assert_eq!(
+        exists(&db, id).await,
+        Some(("remote".to_owned(), "running".to_owned()))
+    );
+}
+
+/// A message with `rcpt_to`, running at `stage`.
+async fn message_to(db: &TestDb, stage: &str, rcpt_to: &[&str]) -> i64 {
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@example.test', $1, 'Subject: x\r\n'::bytea, 'y\r\n'::bytea)",
+    )
+    .bind(rcpt_to)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    support::claim(&db.pool, id, stage).await;
+    id
+}
+
+#[tokio::test]
+async fn domain_and_address_overrides_apply_to_the_messages_they_are_for() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-remote]\nPROGRAM = pepsi-stage-discard\nBOUNCE_STAGE = bounce\n\n\
+             [stage-bounce]\nPROGRAM = pepsi-stage-discard\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    // Globally the stage drops; mail for blocked.example is returned instead, except to one
+    // address of it whose own row says something else again.
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES \
+         ('domain:blocked.example', 'stage-remote', 'RETURN_STATUS', '5.7.1'), \
+         ('domain:blocked.example', 'stage-remote', 'RETURN_TEXT', 'blocked by policy'), \
+         ('address:vip@blocked.example', 'stage-remote', 'RETURN_STATUS', '5.2.1')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let one = message_to(&db, "remote", &["X@Blocked.Example"]).await;
+    let two = message_to(&db, "remote", &["a@blocked.example", "b@blocked.example"]).await;
+    let vip = message_to(&db, "remote", &["vip@blocked.example"]).await;
+    let mixed = message_to(&db, "remote", &["a@blocked.example", "c@ok.example"]).await;
+    let ok = message_to(&db, "remote", &["c@ok.example"]).await;
+    let answers = support::run_ids(DISCARD, &cfg, &[one, two, vip, mixed, ok]).await;
+    assert_eq!(answers.len(), 5, "{answers:?}");
+    assert!(answers.iter().all(|a| a.starts_with('0')), "{answers:?}");
+    let left = support::rows(&db.pool).await;
+    let status_of = |id: i64| {
+        left.iter()
+            .find(|r| r.0 == id)
+            .map(|r| (r.1.clone(), r.4["bounce"]["enhanced_status"].clone()))
+    };
+    let returned = |code: &str| Some(("bounce".to_owned(), serde_json::json!(code)));
+    assert_eq!(
+        status_of(one),
+        returned("5.7.1"),
+        "one recipient of the domain"
+    );
+    assert_eq!(
+        status_of(two),
+        returned("5.7.1"),
+        "recipients all of the domain"
+    );
+    assert_eq!(
+        status_of(vip),
+        returned("5.2.1"),
+        "the address's own row wins"
+    );
+    // Recipients of two domains have no one scope: the global section (drop) applies.
+    assert_eq!(status_of(mixed), None, "{left:?}");
+    assert_eq!(status_of(ok), None, "{left:?}");
+    let text = left.iter().find(|r| r.0 == one).unwrap().4["bounce"]["diagnostic"].clone();
+    assert_eq!(text, "blocked by policy");
+
+    // A scoped row that the stage cannot read stops the worker at start, naming the scope.
+    sqlx::query(
+        "INSERT INTO pepsi.config_override (scope, section, option, value) VALUES \
+         ('domain:broken.example', 'stage-remote', 'RETURN_STATUS', '2.0.0')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let err = support::worker_start_error(DISCARD, &cfg);
+    assert!(
+        err.contains("[stage-remote] for scope domain:broken.example")
+            && err.contains("RETURN_STATUS"),
+        "{err}"
+    );
+}

@@ -1,0 +1,393 @@
+//! The whole system on the shipped default graph: real `pepsi-ingress`, `pepsi-dispatch` and
+//! the stage programs it starts, a real PostgreSQL, real Maildirs. Mail in over SMTP, files
+//! out in Maildir; what cannot be delivered comes back to the sender as a DSN.
+
+use std::time::Duration;
+
+use crate::support;
+use crate::support::system::{System, send_smtp, split};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+fn dsn_text(msg: &[u8]) -> String {
+    String::from_utf8_lossy(msg).into_owned()
+}
+
+#[tokio::test]
+async fn smtp_in_lands_in_maildir_with_the_body_byte_identical() {
+    let mut sys = System::new("", &["alice", "bob"]).await;
+    sys.start().await;
+    // dot-stuffing, 8-bit text, a long line, a trailing space and no final blank line
+    let headers = "From: bob@example.test\r\nTo: alice@example.test\r\nSubject: byte for byte\r\n\
+                   Message-ID: <e2e-1@example.test>\r\n";
+    let body = ".a line that starts with a dot\r\n..two dots\r\n\
+                Gr\u{fc}\u{df}e aus K\u{f6}ln \r\n\r\n"
+        .to_string()
+        + &"x".repeat(900)
+        + "\r\nlast line\r\n";
+    let sent = format!("{headers}\r\n{body}");
+    let reply = sys
+        .send("bob@example.test", &["alice@example.test"], sent.as_bytes())
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+
+    let got = sys.wait_messages("alice", 1, WAIT).await;
+    let (stored_headers, stored_body) = split(&got[0]);
+    assert_eq!(
+        stored_body,
+        body.as_bytes(),
+        "the body must be byte-identical"
+    );
+    let stored_headers = String::from_utf8(stored_headers.to_vec()).unwrap();
+    // the prepended trace: Return-Path and Delivered-To from delivery, Received from the ingress
+    let lines: Vec<&str> = stored_headers.split("\r\n").collect();
+    assert_eq!(lines[0], "Return-Path: <bob@example.test>");
+    assert_eq!(lines[1], "Delivered-To: alice@example.test");
+    assert!(
+        stored_headers.contains("\r\nReceived: from client.example.test"),
+        "{stored_headers}"
+    );
+    assert!(
+        stored_headers.ends_with(headers),
+        "the sent headers must follow the prepended ones unchanged:\n{stored_headers}"
+    );
+    assert!(sys.messages("bob").is_empty());
+    sys.wait_empty(WAIT).await;
+}
+
+#[tokio::test]
+async fn mail_to_an_unknown_local_user_comes_back_to_the_sender_as_a_dsn() {
+    // With the MX's recipient check off (with it on, nobody@ is refused at RCPT, as
+    // ingress_local tests), the unknown user is found at delivery: no Maildir.
+    let mut sys = System::new(
+        "[pepsi-ingress]\nCHECK_RECIPIENTS = no\n",
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nTo: nobody@example.test\r\nSubject: to nobody\r\n\
+                Message-ID: <e2e-2@example.test>\r\n\r\nIs anybody there?\r\n";
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &["nobody@example.test", "alice@example.test"],
+            msg,
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    // alice gets the message, bob gets the DSN for nobody
+    sys.wait_messages("alice", 1, WAIT).await;
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&dsn[0]);
+    assert!(text.starts_with("Return-Path: <>\r\n"), "{text}");
+    assert!(
+        text.contains("multipart/report") && text.contains("report-type=delivery-status"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Final-Recipient: rfc822; nobody@example.test"),
+        "{text}"
+    );
+    assert!(text.contains("Action: failed"), "{text}");
+    assert!(text.contains("Status: 5.1.1"), "{text}");
+    assert!(
+        !text.contains("Final-Recipient: rfc822; alice@example.test"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Subject: to nobody"),
+        "the DSN returns the headers: {text}"
+    );
+    sys.wait_empty(WAIT).await;
+    assert_eq!(sys.messages("bob").len(), 1, "exactly one DSN");
+}
+
+#[tokio::test]
+async fn notify_success_gets_a_success_dsn_never_and_the_null_sender_get_none() {
+    // The unknown user must reach delivery (its DSN is what NOTIFY decides): the MX's
+    // recipient check is off.
+    let mut sys = System::new(
+        "[pepsi]\nORIGINATE_SUCCESS_DSN = yes\n\n[pepsi-ingress]\nCHECK_RECIPIENTS = no\n",
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = |subject: &str| {
+        format!("From: bob@example.test\r\nSubject: {subject}\r\n\r\nbody\r\n").into_bytes()
+    };
+    // NOTIFY=SUCCESS to alice: delivered, and bob hears of it
+    let r = send_smtp(
+        sys.port,
+        "bob@example.test",
+        &["alice@example.test NOTIFY=SUCCESS ORCPT=rfc822;alice@example.test"],
+        &msg("success please"),
+        " ENVID=env-42",
+    )
+    .await;
+    assert!(r.starts_with("250"), "{r}");
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&dsn[0]);
+    assert!(text.contains("Action: delivered"), "{text}");
+    assert!(text.contains("Status: 2."), "{text}");
+    assert!(text.contains("Original-Envelope-Id: env-42"), "{text}");
+    assert!(
+        text.contains("Original-Recipient: rfc822; alice@example.test"),
+        "{text}"
+    );
+    sys.wait_empty(WAIT).await;
+
+    // NOTIFY=NEVER to an unknown user: nothing comes back
+    let r = send_smtp(
+        sys.port,
+        "bob@example.test",
+        &["nobody@example.test NOTIFY=NEVER", "alice@example.test"],
+        &msg("never tell me"),
+        "",
+    )
+    .await;
+    assert!(r.starts_with("250"), "{r}");
+    // the null sender to an unknown user: nothing comes back either (and nothing loops)
+    let r = send_smtp(
+        sys.port,
+        "",
+        &["nobody@example.test", "alice@example.test"],
+        &msg("from nobody"),
+        "",
+    )
+    .await;
+    assert!(r.starts_with("250"), "{r}");
+    sys.wait_messages("alice", 3, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    assert_eq!(sys.messages("bob").len(), 1, "only the success DSN");
+}
+
+/// `X-Seq` values of the messages in `user`'s Maildir.
+fn seqs(sys: &System, user: &str) -> Vec<u32> {
+    sys.messages(user)
+        .iter()
+        .map(|m| {
+            let text = String::from_utf8_lossy(m);
+            let at = text.find("X-Seq: ").expect("an X-Seq header") + 7;
+            text[at..].split("\r\n").next().unwrap().parse().unwrap()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn kill_9_of_a_delivery_worker_loses_nothing_and_pepsi_queue_retry_finishes_the_rest() {
+    const N: u32 = 150;
+    let mut sys = System::new(
+        "[stage-local]\nPARALLELISM = 1\nQUEUE_LIMIT = 4\n",
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    // 5 clients at once, so the ingress keeps the queue fed while the worker is killed
+    let mut tasks = Vec::new();
+    for client in 0..5u32 {
+        let port = sys.port;
+        tasks.push(tokio::spawn(async move {
+            for n in (client..N).step_by(5) {
+                let msg = format!(
+                    "From: bob@example.test\r\nX-Seq: {n}\r\nSubject: kill test\r\n\r\nmessage {n}\r\n"
+                );
+                let r = send_smtp(port, "bob@example.test", &["alice@example.test"], msg.as_bytes(), "").await;
+                assert!(r.starts_with("250"), "{r}");
+            }
+        }));
+    }
+    // once delivery is under way, kill -9 the Maildir worker
+    let until = std::time::Instant::now() + WAIT;
+    let victim = loop {
+        let delivered = sys.messages("alice").len();
+        let worker = support::system::children(sys.dispatcher_pid())
+            .into_iter()
+            .find(|&pid| support::system::cmdline(pid).contains("pepsi-stage-relay-to-maildir"));
+        if let (true, Some(pid)) = (delivered >= 10, worker) {
+            break pid;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no delivery under way\n{}",
+            sys.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    };
+    support::system::signal(victim, "KILL");
+    for t in tasks {
+        t.await.unwrap();
+    }
+    // everything is delivered, or failed with its reason and waiting for the operator
+    let until = std::time::Instant::now() + WAIT;
+    let failed = loop {
+        let q = sys.queue().await;
+        if q.iter().all(|(_, _, status, _, _)| status == "failed") {
+            break q;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "queue still moving: {q:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for (id, _, _, _, state) in &failed {
+        let reason = state["dispatch_error"].as_str().unwrap_or_default();
+        assert!(
+            !reason.is_empty(),
+            "row {id} failed without a reason: {state}"
+        );
+    }
+    if !failed.is_empty() {
+        let out = std::process::Command::new(support::system::queue_tool())
+            .arg("-c")
+            .arg(&sys.config)
+            .args(["retry", "--all-failed"])
+            .env("PEPSI_HOME", &sys.home)
+            .env("DATABASE_URL", &sys.db.url)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    sys.wait_empty(WAIT).await;
+    let got = seqs(&sys, "alice");
+    let mut distinct = got.clone();
+    distinct.sort();
+    distinct.dedup();
+    assert_eq!(
+        distinct,
+        (0..N).collect::<Vec<_>>(),
+        "every message delivered"
+    );
+    // a duplicate is only possible for what the killed worker held: at most QUEUE_LIMIT
+    assert!(
+        got.len() - distinct.len() <= 4,
+        "{} duplicates",
+        got.len() - distinct.len()
+    );
+}
+
+#[tokio::test]
+async fn a_deferred_message_sends_one_delay_dsn_then_a_failure_dsn_when_it_expires() {
+    // later.test is ours but delivered over LMTP to a server that is down, so every
+    // attempt is a transient failure
+    let dead = support::free_port();
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test later.test\n\n\
+             [pepsi-ingress]\nCHECK_RECIPIENTS = no\n\n\
+             [stage-route]\nROUTES = later.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = 127.0.0.1:{dead}\n\
+             BOUNCE_STAGE = bounce\nCONNECT_TIMEOUT = 2s\nRETRY_INITIAL = 1s\nRETRY_FACTOR = 1\n\
+             DELAY_WARNING = 2s\nMAX_LIFETIME = 6s\n"
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: will be late\r\n\r\nslow mail\r\n";
+    let r = sys
+        .send("bob@example.test", &["carol@later.test"], msg)
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+
+    // first the delay notice, while the message is still being retried
+    let first = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&first[0]);
+    assert!(text.contains("Action: delayed"), "{text}");
+    assert!(
+        text.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{text}"
+    );
+    assert!(text.contains("Will-Retry-Until:"), "{text}");
+    let queued = sys.queue().await;
+    assert!(
+        queued
+            .iter()
+            .any(|(_, stage, status, _, state)| stage == "lmtp"
+                // paused between attempts, or in the middle of one (RETRY_INITIAL is 1s)
+                && (status == "paused" || status == "running")
+                && state["delay_sent"] == true),
+        "the message is still retried after its delay notice: {queued:#?}"
+    );
+
+    // then, past MAX_LIFETIME, the failure notice; no second delay notice
+    let both = sys.wait_messages("bob", 2, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let all = sys.messages("bob");
+    assert_eq!(
+        all.len(),
+        2,
+        "one delay and one failure notice: {}",
+        all.len()
+    );
+    let failure = both
+        .iter()
+        .map(|m| dsn_text(m))
+        .find(|t| t.contains("Action: failed"))
+        .expect("a failure notice");
+    assert!(failure.contains("Status: 5.4.7"), "{failure}");
+    assert!(
+        failure.contains("Final-Recipient: rfc822; carol@later.test"),
+        "{failure}"
+    );
+    assert!(failure.contains("delivery time expired"), "{failure}");
+}
+
+#[tokio::test]
+async fn an_lmtp_server_rejecting_one_of_two_recipients_gets_one_delivered_and_one_dsn() {
+    let lmtp = support::lmtp::TestLmtp::tcp(
+        &[(
+            "dave@lmtp.test",
+            "550 5.1.1 <dave@lmtp.test> no such user here",
+        )],
+        &[],
+    )
+    .await;
+    let mut sys = System::new(
+        &format!(
+            "[pepsi]\nLOCAL_DOMAINS = example.test lmtp.test\n\n\
+             [pepsi-ingress]\nCHECK_RECIPIENTS = no\n\n\
+             [stage-route]\nROUTES = lmtp.test:lmtp\n\n\
+             [stage-lmtp]\nPROGRAM = pepsi-stage-relay-to-lmtp\nLMTP = {}\nBOUNCE_STAGE = bounce\n",
+            lmtp.target
+        ),
+        &["alice", "bob"],
+    )
+    .await;
+    sys.start().await;
+    let msg = b"From: bob@example.test\r\nSubject: two at the LMTP server\r\n\r\nhello\r\n";
+    let r = sys
+        .send(
+            "bob@example.test",
+            &["carol@lmtp.test", "dave@lmtp.test"],
+            msg,
+        )
+        .await;
+    assert!(r.starts_with("250"), "{r}");
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let delivered = lmtp.messages();
+    assert_eq!(delivered.len(), 1, "one LMTP transaction");
+    assert_eq!(delivered[0].rcpt, vec!["carol@lmtp.test"]);
+    assert!(delivered[0].data.ends_with(b"\r\n\r\nhello\r\n"));
+    let text = dsn_text(&dsn[0]);
+    assert!(
+        text.contains("Final-Recipient: rfc822; dave@lmtp.test"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("Final-Recipient: rfc822; carol@lmtp.test"),
+        "{text}"
+    );
+    assert!(text.contains("Action: failed"), "{text}");
+    assert!(text.contains("Status: 5.1.1"), "{text}");
+    assert!(
+        text.contains("Diagnostic-Code: smtp; 550") && text.contains("no such user here"),
+        "the server's reply is quoted: {text}"
+    );
+    assert_eq!(sys.messages("bob").len(), 1);
+}
