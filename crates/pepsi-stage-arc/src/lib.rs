@@ -204,6 +204,8 @@ fn seal_message(
 impl Stage for Arc {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    // Sealing is local work (a hash and a signature): its passes batch.
+    const BATCH: bool = true;
     type Section = ArcStage;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {

@@ -69,6 +69,8 @@ fn give_up(ctx: &StageContext<'_>, reason: String) -> Result<Terminal, StageErro
 impl Stage for Bounce {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Headers;
+    // A notice is composed here and queued as a new row: local work, so its passes batch.
+    const BATCH: bool = true;
     type Section = Settings;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {

@@ -356,6 +356,8 @@ impl DkimSign {
 impl Stage for DkimSign {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
+    // Signing is local work (a hash and a signature): its passes batch.
+    const BATCH: bool = true;
     type Section = SignStage;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {

@@ -172,6 +172,8 @@ pub struct IfHeaders(pub Conditions);
 impl Stage for IfHeaders {
     const PROGRAM: &'static str = constants::HEADERS_PROGRAM;
     const LOAD: Load = Load::Headers;
+    // A header test is local work, as the body-free variant's: its passes batch.
+    const BATCH: bool = true;
     type Section = Branch;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {

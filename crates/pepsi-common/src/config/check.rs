@@ -22,6 +22,7 @@ pub const GLOBAL_ONLY_OPTIONS: &[&str] = &[
     "IDLE_TIMEOUT",
     "MAX_RUNTIME",
     "ROUND_TIME",
+    "LOAD",
     "ALLOW_FUSION",
     "MAIL_LOG_RETENTION",
 ];

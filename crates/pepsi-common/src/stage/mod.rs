@@ -44,6 +44,40 @@ pub enum Load {
     Full,
 }
 
+impl Load {
+    /// The names `[stage-*] LOAD` takes, in order.
+    pub const NAMES: [&'static str; 3] = ["metadata", "headers", "full"];
+
+    /// The lower-case name (`metadata`, `headers`, `full`).
+    pub fn name(self) -> &'static str {
+        Self::NAMES[self as usize]
+    }
+
+    /// `[stage-<stage>] LOAD`: what a worker of the section loads at least, so that a fused
+    /// chain can go on into successors that need more than the stage itself (the chain
+    /// from `init` into the Maildir delivery or the signing stages loads the body once).
+    /// It may not be less than `needs`, the stage's own Load; the error names the section.
+    pub fn configured(cfg: &Config, stage: &str, needs: Load) -> Result<Option<Load>, ConfigError> {
+        cfg.section(&format!("stage-{stage}"))
+            .parse_opt("LOAD", |v| {
+                let v = v.trim().to_ascii_lowercase();
+                let load = match v.as_str() {
+                    "metadata" => Load::Metadata,
+                    "headers" => Load::Headers,
+                    "full" => Load::Full,
+                    _ => return Err("metadata, headers or full".to_owned()),
+                };
+                if load < needs {
+                    return Err(format!(
+                        "at least {}, what the stage's program needs",
+                        needs.name()
+                    ));
+                }
+                Ok(load)
+            })
+    }
+}
+
 /// A stage program: its name in `[stage-*] PROGRAM`, what it loads, what it builds once at
 /// worker start, and what it does with one message.
 ///
@@ -59,8 +93,9 @@ pub trait Stage: Sized + 'static {
     /// (up to QUEUE_LIMIT), loads them with one SELECT and commits their advances, pauses,
     /// fails and finishes with one statement, answering after the whole round. On by default
     /// for body-free stages (§22.5); a stage that loads more opts in when its passes are
-    /// short and local (a Maildir delivery), never when one pass may wait on the network,
-    /// since every answer of a round waits for its slowest pass.
+    /// short and local (a Maildir delivery, signing, a notice), never when one pass may wait
+    /// on the network, since every answer of a round waits for its slowest pass. A batching
+    /// worker fuses only successors that batch too.
     const BATCH: bool = matches!(Self::LOAD, Load::Metadata);
     /// What one `[stage-<name>]` section running this program configures, parsed once.
     type Section: 'static;
@@ -195,6 +230,7 @@ pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
         let section = cfg.section(&format!("stage-{name}"));
         section.number_opt::<usize>("QUEUE_LIMIT")?;
         section.duration_opt("ROUND_TIME")?;
+        Load::configured(cfg, name, S::LOAD)?;
     }
     let stage = S::build(cfg)?;
     sections(&stage, cfg)?;

@@ -114,6 +114,9 @@ pub struct Worker<'a> {
     pool: &'a PgPool,
     cfg: &'a Config,
     own: Rc<dyn DynStage>,
+    /// What a pass loads: the stage's own Load, or more where a section's `LOAD` asks for
+    /// it (with fusion on), so its chain can fuse successors that need more.
+    load: Load,
     settings: HashMap<String, StageSettings>,
     fusion: bool,
     registry: &'a [Registration],
@@ -181,10 +184,20 @@ impl<'a> Worker<'a> {
             .section("pepsi")
             .bool_opt("ALLOW_FUSION")?
             .unwrap_or(true);
+        // LOAD is for fusion only: without it a pass loads what its stage needs.
+        let mut load = S::LOAD;
+        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+            if let Some(more) = Load::configured(cfg, &name, S::LOAD)?
+                && fusion
+            {
+                load = load.max(more);
+            }
+        }
         Ok(Self {
             pool,
             cfg,
             own: Rc::new(built),
+            load,
             settings: StageSettings::all(cfg),
             fusion,
             registry,
@@ -200,7 +213,7 @@ impl<'a> Worker<'a> {
     /// their siblings; a fused hop that fails leaves the earlier hops written, as the
     /// unfused pipeline would).
     pub async fn pass(&self, id: i64) -> Result<PassReport, StageError> {
-        let load = self.own.load();
+        let load = self.load;
         let sql = match load {
             Load::Metadata => SELECT_METADATA,
             Load::Headers => SELECT_HEADERS,
@@ -245,7 +258,7 @@ impl<'a> Worker<'a> {
         batch: &[i64],
         until: Option<Instant>,
     ) -> Vec<Result<PassReport, StageError>> {
-        let load = self.own.load();
+        let load = self.load;
         let sql = match load {
             Load::Metadata => SELECT_METADATA_MANY,
             Load::Headers => SELECT_HEADERS_MANY,
@@ -496,7 +509,9 @@ impl<'a> Worker<'a> {
     }
 
     /// The stage `stage` as a fused successor of the pass in `ctx`, when fusion is on, its
-    /// program is this one or registered, it needs no more than is loaded and agrees.
+    /// program is this one or registered, it needs no more than is loaded and agrees. A
+    /// batching worker fuses only stages that batch too: a delivery that waits on the
+    /// network runs in its own pool, never holding a round's other answers.
     fn successor(
         &self,
         stage: &str,
@@ -530,7 +545,10 @@ impl<'a> Worker<'a> {
                 })
                 .clone()?
         };
-        (next.load() <= ctx.load && next.can_fuse(stage, ctx)).then(|| (next, settings.clone()))
+        (next.load() <= ctx.load
+            && (next.batches() || !self.own.batches())
+            && next.can_fuse(stage, ctx))
+        .then(|| (next, settings.clone()))
     }
 }
 

@@ -734,3 +734,108 @@ async fn what_a_round_did_outside_the_database_is_settled_before_its_commit() {
         [vec![failing[0], failing[1], failing[2]], vec![single]]
     );
 }
+
+/// `[stage-*] LOAD`: a body-free first stage that loads the whole row fuses the delivery
+/// that needs it (one SELECT and one statement for a round of such chains, rows finished);
+/// without LOAD, or with fusion off, the chain stops where the delivery's Load begins. A
+/// batching worker never fuses a stage that does not batch (`test-whole`), loaded or not,
+/// and a LOAD that is no Load or less than the program needs stops the worker at start.
+#[tokio::test]
+async fn a_chain_loading_the_body_up_front_fuses_the_delivery_that_needs_it() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let conf = |fusion: &str, load: &str, b_next: &str| {
+        let text = format!(
+            "[database]\nURL = {}\n[pepsi]\nALLOW_FUSION = {fusion}\n\
+             [stage-a]\nPROGRAM = {ACT}\nNEXT_STAGE = b\nQUEUE_LIMIT = 8\n{load}\n\
+             [stage-b]\nPROGRAM = {ACT}\nNEXT_STAGE = {b_next}\n\
+             [stage-c]\nPROGRAM = test-whole\n\
+             [stage-d]\nPROGRAM = test-deliver\n",
+            db.url
+        );
+        Config::from_str_named(&text, "load.conf").unwrap()
+    };
+    let reg = vec![
+        register::<Act>(),
+        register::<Whole>(),
+        register::<Deliver>(),
+    ];
+    let stages = |r: &Result<PassReport, StageError>| -> Vec<String> {
+        r.as_ref()
+            .map(|p| p.fused.iter().map(|h| h.stage.clone()).collect())
+            .unwrap_or_else(|e| vec![format!("error {e}")])
+    };
+
+    // Loaded up front: a → b → d in one pass, for a round of three rows as for one.
+    let cfg = conf("yes", "LOAD = full", "d");
+    let worker = Worker::with_stage(Act, pool, &cfg, &reg).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..3 {
+        ids.push(running(pool, "a", json!({})).await);
+    }
+    let round = worker.pass_batch(&ids).await;
+    for (r, &id) in round.iter().zip(&ids) {
+        assert_eq!(stages(r), ["b", "d"], "{}", outcome(r));
+        assert!(r.as_ref().unwrap().finished, "d finished the row");
+        assert_eq!(view(pool, id).await, json!([]), "the row is gone");
+    }
+    let one = running(pool, "a", json!({})).await;
+    assert_eq!(stages(&worker.pass(one).await), ["b", "d"]);
+    assert_eq!(view(pool, one).await, json!([]));
+
+    // Not loaded, or not fused: the chain stops before d, the row pending there.
+    for (fusion, load, fused) in [("yes", "", vec!["b"]), ("no", "LOAD = full", vec![])] {
+        let cfg = conf(fusion, load, "d");
+        let worker = Worker::with_stage(Act, pool, &cfg, &reg).unwrap();
+        let id = running(pool, "a", json!({})).await;
+        let r = worker.pass(id).await;
+        assert_eq!(stages(&r), fused, "fusion {fusion}, {load:?}");
+        let row = view(pool, id).await;
+        let at = if fused.is_empty() { "b" } else { "d" };
+        assert_eq!(
+            (row[0]["stage"].as_str(), row[0]["status"].as_str()),
+            (Some(at), Some("pending")),
+            "fusion {fusion}, {load:?}"
+        );
+    }
+
+    // Loaded, but c does not batch: a batching worker stops before it.
+    let cfg = conf("yes", "LOAD = full", "c");
+    let worker = Worker::with_stage(Act, pool, &cfg, &reg).unwrap();
+    let id = running(pool, "a", json!({})).await;
+    assert_eq!(stages(&worker.pass(id).await), ["b"]);
+    assert_eq!(view(pool, id).await[0]["stage"], "c");
+
+    // Bad values stop the worker (and pepsi-config's check) naming the option.
+    let err = |cfg: &Config| match Worker::with_stage(Act, pool, cfg, &reg) {
+        Ok(_) => panic!("a worker started with a bad LOAD"),
+        Err(e) => format!("{e:#}"),
+    };
+    let bad = conf("yes", "LOAD = everything", "d");
+    let e = err(&bad);
+    assert!(
+        e.contains("load.conf:") && e.contains("LOAD") && e.contains("metadata, headers or full"),
+        "{e}"
+    );
+    let e = format!(
+        "{:#}",
+        pepsi_common::stage::check_config::<Act>(&bad).unwrap_err()
+    );
+    assert!(e.contains("metadata, headers or full"), "{e}");
+    let less = Config::from_str_named(
+        &format!(
+            "[database]\nURL = {}\n[stage-d]\nPROGRAM = test-deliver\nLOAD = headers\n",
+            db.url
+        ),
+        "less.conf",
+    )
+    .unwrap();
+    let e = match Worker::with_stage(Deliver, pool, &less, &reg) {
+        Ok(_) => panic!("a worker started loading less than its stage needs"),
+        Err(e) => format!("{e:#}"),
+    };
+    assert!(
+        e.contains("less.conf:") && e.contains("at least full"),
+        "{e}"
+    );
+}
