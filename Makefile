@@ -26,6 +26,7 @@ FOLDED_BINARIES = \
 	pepsi-stage-relay-to-lmtp \
 	pepsi-stage-route \
 	pepsi-stage-srs \
+	pepsi-stage-vacation \
 	pepsi-status
 
 # Standalone: their own executables in both builds.

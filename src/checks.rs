@@ -104,4 +104,8 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         program: "pepsi-stage-srs",
         check: stage::<pepsi_stage_srs::SrsProgram>,
     },
+    ProgramCheck {
+        program: "pepsi-stage-vacation",
+        check: stage::<pepsi_stage_vacation::VacationStage>,
+    },
 ];

@@ -64,6 +64,7 @@ folded! {
     "pepsi-stage-relay-to-lmtp" => pepsi_stage_relay_to_lmtp: ::pepsi_stage_relay_to_lmtp::run;
     "pepsi-stage-route" => pepsi_stage_route: ::pepsi_stage_route::run;
     "pepsi-stage-srs" => pepsi_stage_srs: ::pepsi_stage_srs::run;
+    "pepsi-stage-vacation" => pepsi_stage_vacation: ::pepsi_stage_vacation::run;
     "pepsi-status" => pepsi_status: ::pepsi_status::run;
 }
 
@@ -109,6 +110,7 @@ pub fn install_fusion() {
         register::<::pepsi_stage_relay_to_lmtp::RelayToLmtp>(),
         register::<::pepsi_stage_route::Route>(),
         register::<::pepsi_stage_srs::SrsProgram>(),
+        register::<::pepsi_stage_vacation::VacationStage>(),
     ]);
 }
 

@@ -573,6 +573,22 @@ async fn settings_are_set_listed_shown_with_their_row_and_deleted_like_pepsi_set
             json!(["a@example.net"]),
             "key \"alice\" is not an address",
         ),
+        // An automatic reply's object reaches the same checks as pepsi-settings's.
+        (
+            "/api/settings/alice@example.test/vacation",
+            json!({"text": "Away.", "days": 0}),
+            "vacation setting: days must be 1 to 365, not 0",
+        ),
+        (
+            "/api/settings/alice@example.test/vacation",
+            json!({"text": "Away.", "until": "Monday"}),
+            "unknown field `until`",
+        ),
+        (
+            "/api/settings/@example.test/vacation",
+            json!({"text": "Away."}),
+            "belongs to an address, not to a domain",
+        ),
     ] {
         let a = put(path, value.clone()).await;
         assert_eq!(a.status, 400, "{path} {value}: {a:?}");

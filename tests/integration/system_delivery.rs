@@ -391,3 +391,115 @@ async fn an_lmtp_server_rejecting_one_of_two_recipients_gets_one_delivered_and_o
     );
     assert_eq!(sys.messages("bob").len(), 1);
 }
+
+/// An automatic reply set with `pepsi-settings` goes to the sender of mail addressed to the
+/// owner, once per sender per period, with RFC 3834's fields; mail a reply must never answer
+/// (bulk, the owner only in Bcc, the reply itself coming back) gets none.
+#[tokio::test]
+async fn a_vacation_reply_answers_each_sender_once_and_never_bulk_mail() {
+    let mut sys = System::new("", &["alice", "bob", "carol"]).await;
+    let settings =
+        pepsi_testkit::programs::program("pepsi-settings", env!("CARGO_BIN_EXE_pepsi-settings"));
+    let set = sys
+        .command(&settings)
+        .args([
+            "set",
+            "alice@example.test",
+            "vacation",
+            r#"{"text": "I am away until Monday.\nUrgent: bob.", "subject": "Out of office"}"#,
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        set.status.success(),
+        "{}",
+        String::from_utf8_lossy(&set.stderr)
+    );
+    // A setting the stage could not read is refused where it enters.
+    let bad = sys
+        .command(&settings)
+        .args([
+            "set",
+            "alice@example.test",
+            "vacation",
+            r#"{"subject": "no text"}"#,
+        ])
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("missing field `text`"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    sys.start().await;
+
+    let mail = |from: &str, to: &str, id: &str, extra: &str| {
+        format!(
+            "From: {from}\r\nTo: {to}\r\nSubject: lunch?\r\nMessage-ID: <{id}@example.test>\r\n\
+             {extra}\r\nAre you free?\r\n"
+        )
+        .into_bytes()
+    };
+    let rcpt = ["alice@example.test"];
+    // bob twice (one reply), carol in bulk and with alice in Bcc only (no reply), then as a
+    // person (a reply).
+    for (from, to, id, extra) in [
+        ("bob@example.test", "alice@example.test", "v1", ""),
+        ("bob@example.test", "Alice <alice@example.test>", "v2", ""),
+        (
+            "carol@example.test",
+            "alice@example.test",
+            "v3",
+            "Precedence: bulk\r\n",
+        ),
+        ("carol@example.test", "team@example.test", "v4", ""),
+        ("carol@example.test", "alice@example.test", "v5", ""),
+    ] {
+        let reply = sys.send(from, &rcpt, &mail(from, to, id, extra)).await;
+        assert!(reply.starts_with("250"), "{id}: {reply}");
+    }
+    sys.wait_messages("alice", 5, WAIT).await;
+    let to_bob = sys.wait_messages("bob", 1, WAIT).await;
+    let to_carol = sys.wait_messages("carol", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    assert_eq!(sys.messages("bob").len(), 1, "bob is answered once");
+    assert_eq!(sys.messages("carol").len(), 1, "carol only for v5");
+    let text = String::from_utf8_lossy(&to_bob[0]).into_owned();
+    for wanted in [
+        "Return-Path: <>\r\n",
+        "From: <alice@example.test>\r\n",
+        "To: <bob@example.test>\r\n",
+        "Subject: Out of office\r\n",
+        "In-Reply-To: <v1@example.test>\r\n",
+        "References: <v1@example.test>\r\n",
+        "Auto-Submitted: auto-replied\r\n",
+        "I am away until Monday.",
+    ] {
+        assert!(text.contains(wanted), "{wanted:?} in\n{text}");
+    }
+    let carol = String::from_utf8_lossy(&to_carol[0]).into_owned();
+    assert!(carol.contains("In-Reply-To: <v5@example.test>"), "{carol}");
+    // The durable record: one row per sender answered.
+    let sent: Vec<(String, String)> =
+        sqlx::query_as("SELECT owner, sender FROM pepsi.autoreply_sent ORDER BY sender")
+            .fetch_all(&sys.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        sent,
+        [
+            (
+                "alice@example.test".to_owned(),
+                "bob@example.test".to_owned()
+            ),
+            (
+                "alice@example.test".to_owned(),
+                "carol@example.test".to_owned()
+            )
+        ]
+    );
+}

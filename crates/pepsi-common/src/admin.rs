@@ -294,6 +294,8 @@ pub enum ValueKind {
     Addresses,
     /// A list of addresses and `@domain`s.
     AddressesOrDomains,
+    /// An automatic reply: a JSON object (`autoreply::Vacation`).
+    Vacation,
 }
 
 /// A settings name the software reads, with the shape of its rows.
@@ -337,6 +339,13 @@ pub const KNOWN_SETTINGS: &[KnownSetting] = &[
         value: ValueKind::AddressesOrDomains,
         read_by: "pepsi-ingress (SENDER_LOGIN_BINDING)",
         what: "the login may also send as these addresses and every address of these @domains",
+    },
+    KnownSetting {
+        name: crate::autoreply::VACATION_SETTING,
+        key: KeyKind::Address,
+        value: ValueKind::Vacation,
+        read_by: "pepsi-stage-vacation",
+        what: "answer mail to the address automatically: a JSON object with text and, optionally, subject, start and end (YYYY-MM-DD), days between replies to one sender (default 7) and further addresses of the owner",
     },
 ];
 
@@ -389,6 +398,22 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
                 words.join(" ")
             ))),
         },
+        ValueKind::Vacation => {
+            let text = words.join(" ");
+            let value: Value = serde_json::from_str(&text).map_err(|e| {
+                AdminError::Invalid(format!(
+                    "setting {name} takes a JSON object such as {{\"text\": \"I am away\"}}: {e}"
+                ))
+            })?;
+            let mut v =
+                crate::autoreply::Vacation::from_value(&value).map_err(AdminError::Invalid)?;
+            let mut addresses = Vec::with_capacity(v.addresses.len());
+            for (i, a) in v.addresses.iter().enumerate() {
+                addresses.push(address(a, &format!("{name} address {}", i + 1))?);
+            }
+            v.addresses = addresses;
+            Ok(serde_json::to_value(&v).expect("a plain struct"))
+        }
         ValueKind::Addresses | ValueKind::AddressesOrDomains => {
             let items: Vec<&str> = words
                 .iter()

@@ -21,7 +21,9 @@
 //! text as UTF-8 quoted-printable. It is sent with a null envelope sender (RFC 3834 §3.3), so
 //! a failure to deliver it is never answered in turn.
 
-use chrono::{DateTime, Utc};
+use chrono::{DateTime, NaiveDate, Utc};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use crate::message::field_values;
 
@@ -185,11 +187,7 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
         Some(s) if !s.trim().is_empty() => one_line(s),
         _ => format!("Auto: {}", one_line(&original_subject)),
     };
-    let original_id = field_values(original, "Message-ID")
-        .into_iter()
-        .next()
-        .map(|v| one_line(&v))
-        .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '));
+    let original_id = single_id(original, "Message-ID");
     let mut h = String::new();
     let mut field = |name: &str, value: &str| {
         h.push_str(name);
@@ -211,12 +209,7 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
             .unwrap_or_default();
         if references.is_empty() {
             // RFC 5322 §3.6.4: without References, the parent's In-Reply-To (one id) leads.
-            if let Some(parent) = field_values(original, "In-Reply-To")
-                .into_iter()
-                .next()
-                .map(|v| one_line(&v))
-                .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '))
-            {
+            if let Some(parent) = single_id(original, "In-Reply-To") {
                 references.push(parent);
             }
         }
@@ -233,6 +226,15 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
     }
     let body = crate::mime::quoted_printable(text.as_bytes());
     crate::message::join(h.as_bytes(), &body)
+}
+
+/// The first `name` field of `headers` when it holds exactly one `<id>`, on one line.
+fn single_id(headers: &[u8], name: &str) -> Option<String> {
+    field_values(headers, name)
+        .into_iter()
+        .next()
+        .map(|v| one_line(&v))
+        .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '))
 }
 
 /// A header value on one line: line ends and other controls become spaces, runs of space
@@ -277,11 +279,176 @@ fn encode_phrase(text: &str) -> String {
         .join("\r\n ")
 }
 
+/// The settings name of an address's automatic reply (`pepsi.settings`).
+pub const VACATION_SETTING: &str = "vacation";
+/// The longest reply text, in bytes.
+pub const MAX_TEXT_BYTES: usize = 16 * 1024;
+/// The longest subject, in characters.
+pub const MAX_SUBJECT_CHARS: usize = 200;
+/// The longest period between two replies to one sender, in days.
+pub const MAX_DAYS: u32 = 365;
+/// The most further addresses one reply setting may answer for.
+pub const MAX_ADDRESSES: usize = 32;
+/// `days` when the setting gives none: a sender hears at most once a week.
+pub const DEFAULT_DAYS: u32 = 7;
+
+/// An address's `vacation` setting, as stored (a JSON object; unknown fields refused).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vacation {
+    /// The reply's text (UTF-8).
+    pub text: String,
+    /// The reply's subject; without it, `Auto: ` and the original's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub subject: Option<String>,
+    /// The first day answered (UTC), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start: Option<NaiveDate>,
+    /// The last day answered (UTC), when set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub end: Option<NaiveDate>,
+    /// Days before the same sender is answered again.
+    #[serde(default = "default_days")]
+    pub days: u32,
+    /// Further addresses of the owner that count as addressed in To or Cc (the address
+    /// the setting belongs to always does).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<String>,
+}
+
+fn default_days() -> u32 {
+    DEFAULT_DAYS
+}
+
+impl Vacation {
+    /// The setting in `value`, checked: the error names the field and what it must be.
+    pub fn from_value(value: &Value) -> Result<Vacation, String> {
+        let v: Vacation =
+            serde_json::from_value(value.clone()).map_err(|e| format!("vacation setting: {e}"))?;
+        if v.text.trim().is_empty() || v.text.len() > MAX_TEXT_BYTES {
+            return Err(format!(
+                "vacation setting: text must have 1 to {MAX_TEXT_BYTES} bytes, not {}",
+                v.text.len()
+            ));
+        }
+        if v.text.contains('\0') {
+            return Err("vacation setting: text must not contain NUL".into());
+        }
+        if let Some(subject) = &v.subject
+            && (subject.chars().count() > MAX_SUBJECT_CHARS
+                || subject.chars().any(char::is_control))
+        {
+            return Err(format!(
+                "vacation setting: subject must be one line of at most {MAX_SUBJECT_CHARS} characters"
+            ));
+        }
+        if !(1..=MAX_DAYS).contains(&v.days) {
+            return Err(format!(
+                "vacation setting: days must be 1 to {MAX_DAYS}, not {}",
+                v.days
+            ));
+        }
+        if let (Some(start), Some(end)) = (v.start, v.end)
+            && end < start
+        {
+            return Err(format!(
+                "vacation setting: end {end} is before start {start}"
+            ));
+        }
+        if v.addresses.len() > MAX_ADDRESSES {
+            return Err(format!(
+                "vacation setting: at most {MAX_ADDRESSES} addresses, not {}",
+                v.addresses.len()
+            ));
+        }
+        Ok(v)
+    }
+
+    /// Whether replies go out on `day` (UTC): from `start` through `end`, each when set.
+    pub fn active_on(&self, day: NaiveDate) -> bool {
+        self.start.is_none_or(|s| s <= day) && self.end.is_none_or(|e| day <= e)
+    }
+
+    /// The addresses answered for: `owner` and the setting's own.
+    pub fn owner_addresses(&self, owner: &str) -> Vec<String> {
+        let mut all = vec![owner.to_ascii_lowercase()];
+        for a in &self.addresses {
+            let a = a.to_ascii_lowercase();
+            if !all.contains(&a) {
+                all.push(a);
+            }
+        }
+        all
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     const OWNER: &str = "alice@example.test";
+
+    #[test]
+    fn vacation_settings_are_checked_where_they_enter() {
+        use serde_json::json;
+        let day = |s: &str| s.parse::<NaiveDate>().unwrap();
+        let v = Vacation::from_value(&json!({"text": "Away."})).unwrap();
+        assert_eq!(
+            (v.days, v.subject.clone(), v.start, v.end),
+            (7, None, None, None)
+        );
+        assert!(v.active_on(day("2026-12-02")));
+        let v = Vacation::from_value(&json!({
+            "text": "Away.", "subject": "Out", "start": "2026-12-20", "end": "2026-12-31",
+            "days": 1, "addresses": ["A.Smith@Example.test"]
+        }))
+        .unwrap();
+        for (d, active) in [
+            ("2026-12-19", false),
+            ("2026-12-20", true),
+            ("2026-12-31", true),
+            ("2027-01-01", false),
+        ] {
+            assert_eq!(v.active_on(day(d)), active, "{d}");
+        }
+        assert_eq!(
+            v.owner_addresses("Alice@example.test"),
+            ["alice@example.test", "a.smith@example.test"]
+        );
+        // Stored as it was given, defaults filled in.
+        assert_eq!(serde_json::to_value(&v).unwrap()["days"], 1);
+        let bad = [
+            (json!({"subject": "x"}), "missing field `text`"),
+            (json!({"text": "  "}), "text must have 1 to"),
+            (
+                json!({"text": "x", "colour": "red"}),
+                "unknown field `colour`",
+            ),
+            (
+                json!({"text": "x", "subject": "a\r\nBcc: e@x"}),
+                "subject must be one line",
+            ),
+            (json!({"text": "x", "days": 0}), "days must be 1 to 365"),
+            (json!({"text": "x", "days": 400}), "days must be 1 to 365"),
+            (
+                json!({"text": "x", "start": "2026-12-31", "end": "2026-12-01"}),
+                "is before start",
+            ),
+            (
+                json!({"text": "x", "start": "tomorrow"}),
+                "vacation setting:",
+            ),
+            (
+                json!({"text": "x", "addresses": vec!["a@b.test"; 33]}),
+                "at most 32 addresses",
+            ),
+            (json!("away"), "vacation setting:"),
+        ];
+        for (value, wanted) in bad {
+            let e = Vacation::from_value(&value).unwrap_err();
+            assert!(e.contains(wanted), "{value}: {e}");
+        }
+    }
 
     fn headers(extra: &str) -> Vec<u8> {
         format!(

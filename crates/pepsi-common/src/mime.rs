@@ -427,21 +427,9 @@ fn field_name_is(line: &[u8], name: &str) -> bool {
 
 /// The unfolded value of the first field called `name`.
 fn find_field(headers: &[u8], name: &str) -> Option<String> {
-    let mut value: Option<Vec<u8>> = None;
-    for (start, content_end, _) in lines(headers) {
-        let line = &headers[start..content_end];
-        let continuation = line.first().is_some_and(|b| *b == b' ' || *b == b'\t');
-        match &mut value {
-            Some(v) if continuation => v.extend_from_slice(line),
-            Some(_) => break,
-            None if !continuation && field_name_is(line, name) => {
-                let colon = line.iter().position(|b| *b == b':').expect("checked");
-                value = Some(line[colon + 1..].to_vec());
-            }
-            None => {}
-        }
-    }
-    value.map(|v| String::from_utf8_lossy(&v).trim().to_owned())
+    crate::message::field_values(headers, name)
+        .into_iter()
+        .next()
 }
 
 /// The parts of a Content-Type value this module needs.

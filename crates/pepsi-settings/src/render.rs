@@ -34,6 +34,7 @@ pub fn value_kind(v: ValueKind) -> &'static str {
         ValueKind::True => "yes",
         ValueKind::Addresses => "addresses",
         ValueKind::AddressesOrDomains => "addresses and @domains",
+        ValueKind::Vacation => "a JSON object (text, subject, start, end, days, addresses)",
     }
 }
 

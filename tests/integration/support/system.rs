@@ -124,7 +124,8 @@ impl System {
         }
     }
 
-    fn command(&self, program: &Path) -> Command {
+    /// `program -c <config> -L debug` with the system's environment (database, home, keys).
+    pub fn command(&self, program: &Path) -> Command {
         let dispatch = dispatch();
         let bin = dispatch.parent().unwrap();
         let path = format!(

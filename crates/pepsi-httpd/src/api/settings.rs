@@ -179,7 +179,8 @@ pub async fn show_address(
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SettingValue {
-    /// `true`, a list of addresses, or one string of comma-separated addresses.
+    /// `true`, a list of addresses, one string of comma-separated addresses, or the
+    /// object of a `vacation` setting.
     value: Value,
 }
 
@@ -187,11 +188,13 @@ pub struct SettingValue {
 fn words(value: &Value) -> ApiResult<Vec<String>> {
     let bad = || {
         ApiError::bad_request(
-            "value: expected true, a list of addresses, or a string of comma-separated addresses",
+            "value: expected true, a list of addresses, a string of comma-separated addresses, or an object (vacation)",
         )
     };
     match value {
         Value::Bool(b) => Ok(vec![b.to_string()]),
+        // An automatic reply's object, checked by `admin::setting_value` as the CLI's is.
+        Value::Object(_) => Ok(vec![value.to_string()]),
         Value::String(s) => Ok(vec![s.clone()]),
         Value::Array(items) => items
             .iter()

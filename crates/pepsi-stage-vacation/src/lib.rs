@@ -1,0 +1,318 @@
+//! pepsi-stage-vacation: answers mail for addresses whose owner set an automatic reply
+//! (`vacation` in the settings layer), once per sender per period, after RFC 3834.
+//!
+//! Reads: the envelope, the header block (`Load::Headers`) and the `vacation` settings rows
+//! of the message's recipients (one lookup per recipient per round: the answers are shared
+//! by a round's passes and forgotten at its commit). Writes: `state.vacation.replied`, the
+//! owners answered for. Side effects: `pepsi.autoreply_claim` (the durable once-per-sender
+//! record) and `enqueue_new` of the reply, with a null envelope sender, at `REPLY_STAGE`
+//! (default `init`), so it is routed, signed and relayed like any mail from here. Terminal
+//! helper: `advance`; the message itself always goes on.
+//!
+//! The decisions (who is never answered, the reply's fields) are `pepsi_common::autoreply`'s;
+//! this file is the I/O around them. A worker killed between the claim and the enqueue runs
+//! the pass again as the same row: the claim is granted again to the same row and the token
+//! `vacation:<id>:<owner>` keeps the reply single.
+
+use std::cell::RefCell;
+use std::collections::HashMap;
+use std::process::ExitCode;
+
+use chrono::Utc;
+use pepsi_common::autoreply::{self, Incoming, Reply, Skip, VACATION_SETTING, Vacation};
+use pepsi_common::config::Config;
+use pepsi_common::settings;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use serde_json::{Map, Value, json};
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-vacation",
+        exec: "pepsi-stage-vacation",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-vacation";
+}
+
+/// Where replies enter the graph unless `REPLY_STAGE` says otherwise.
+pub const DEFAULT_REPLY_STAGE: &str = "init";
+
+/// One `[stage-<name>]` section, read at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `REPLY_STAGE`: the stage a reply starts at.
+    pub reply_stage: String,
+    /// `HOSTNAME` (else `[pepsi] HOSTNAME`, else the system's): the domain of replies'
+    /// Message-IDs.
+    pub hostname: String,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        let reply_stage = s
+            .string_opt("REPLY_STAGE")?
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| DEFAULT_REPLY_STAGE.to_owned());
+        if !cfg.has_section(&format!("stage-{reply_stage}")) {
+            anyhow::bail!(
+                "{}: [stage-{stage}] REPLY_STAGE = {reply_stage}: there is no [stage-{reply_stage}]",
+                cfg.file().display()
+            );
+        }
+        Ok(Settings {
+            reply_stage,
+            hostname: cfg.name_option(&s, "HOSTNAME")?,
+        })
+    }
+}
+
+/// The stage: the round's settings answers, per lower-case recipient (`None`: no reply set,
+/// or a row that is not a valid setting).
+#[derive(Default)]
+pub struct VacationStage {
+    round: RefCell<HashMap<String, Option<Vacation>>>,
+}
+
+impl VacationStage {
+    /// The `vacation` settings of `owners` not yet known this round, in one query.
+    async fn learn(&self, ctx: &StageContext<'_>, owners: &[String]) -> Result<(), StageError> {
+        let missing: Vec<String> = {
+            let round = self.round.borrow();
+            owners
+                .iter()
+                .filter(|o| !round.contains_key(*o))
+                .cloned()
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let table = settings::fetch(ctx.pool(), &missing, &[VACATION_SETTING])
+            .await
+            .map_err(StageError::Database)?;
+        let mut round = self.round.borrow_mut();
+        for owner in missing {
+            let setting = table.exact(&owner, VACATION_SETTING).and_then(|value| {
+                Vacation::from_value(value)
+                    .inspect_err(|e| {
+                        tracing::warn!(%owner, "vacation setting not used: {e}");
+                    })
+                    .ok()
+            });
+            round.insert(owner, setting);
+        }
+        Ok(())
+    }
+}
+
+/// The recipients of a message, lower-case, each once.
+fn owners(rcpt_to: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(rcpt_to.len());
+    for r in rcpt_to {
+        let r = r.to_ascii_lowercase();
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+impl Stage for VacationStage {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Headers;
+    // Local work (a lookup, a claim, a queued reply): its passes batch.
+    const BATCH: bool = true;
+    type Section = Settings;
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let sender = ctx.mail_from().to_owned();
+        let headers = ctx.headers()?.to_vec();
+        let incoming = Incoming {
+            mail_from: &sender,
+            headers: &headers,
+        };
+        // What rules out a reply whoever the owner is costs no lookup (bounces, lists, bulk).
+        if let Err(skip) = autoreply::decide(&incoming, &[])
+            && skip != Skip::NotAddressed
+        {
+            return ctx.advance();
+        }
+        let owners = owners(ctx.rcpt_to());
+        self.learn(ctx, &owners).await?;
+        let today = Utc::now().date_naive();
+        let id = ctx.id();
+        let mut replied = Vec::new();
+        for owner in owners {
+            let Some(vacation) = self.round.borrow().get(&owner).cloned().flatten() else {
+                continue;
+            };
+            if !vacation.active_on(today) {
+                continue;
+            }
+            if let Err(skip) = autoreply::decide(&incoming, &vacation.owner_addresses(&owner)) {
+                tracing::debug!(id, %owner, "no automatic reply: {}", skip.reason());
+                continue;
+            }
+            let granted: Option<bool> = sqlx::query_scalar(
+                "SELECT pepsi.autoreply_claim($1, $2, $3, make_interval(days => $4))",
+            )
+            .bind(&owner)
+            .bind(&sender)
+            .bind(id)
+            .bind(vacation.days as i32)
+            .fetch_one(ctx.pool())
+            .await?;
+            if granted != Some(true) {
+                tracing::debug!(id, %owner, %sender, "already answered within {} days", vacation.days);
+                continue;
+            }
+            let now = Utc::now();
+            let message_id = format!(
+                "{}.{id}.vacation@{}",
+                now.timestamp_micros(),
+                settings.hostname
+            );
+            let raw = autoreply::compose(
+                &Reply {
+                    from: &owner,
+                    to: &sender,
+                    subject: vacation.subject.as_deref(),
+                    text: &vacation.text,
+                    now,
+                    message_id: &message_id,
+                },
+                &headers,
+            );
+            let token = format!("vacation:{id}:{owner}");
+            let reply = ctx
+                .enqueue_new(
+                    &settings.reply_stage,
+                    "",
+                    std::slice::from_ref(&sender),
+                    &raw,
+                    Map::new(),
+                    Some(&token),
+                )
+                .await?;
+            tracing::info!(id, %owner, to = %sender, reply = ?reply, "automatic reply queued");
+            replied.push(Value::String(owner));
+        }
+        if !replied.is_empty() {
+            let mut merge = Map::new();
+            merge.insert("vacation".into(), json!({ "replied": replied }));
+            ctx.merge_state(merge);
+        }
+        ctx.advance()
+    }
+
+    /// The round's answers are forgotten: the next round reads the settings afresh.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.round.borrow_mut().clear();
+        Ok(())
+    }
+}
+
+const ABOUT: &str = "\
+Pepsi stage that answers mail automatically for addresses whose owner set a reply (vacation)
+
+For each recipient with a `vacation` setting (pepsi-settings set ADDRESS vacation JSON) that \
+is active today, the stage replies to the envelope sender unless RFC 3834 says not to: never \
+to a null sender, a program's address (MAILER-DAEMON, owner-..., ...-request, noreply, ...), \
+the owner, a message with Auto-Submitted other than no, Precedence bulk, junk or list, a \
+List-* field or X-Auto-Response-Suppress, nor when no address of the owner is in To, Cc, \
+Resent-To or Resent-Cc. A sender hears at most once per `days` of the setting (default 7), \
+recorded in pepsi.autoreply_sent, so a restart or a second worker never answers twice. The \
+reply carries Auto-Submitted: auto-replied, In-Reply-To and References, the owner's subject \
+(or Auto: and the original's) and text, and is queued with a null envelope sender at \
+REPLY_STAGE, where it is routed, signed and relayed like any mail. The message itself goes on \
+to NEXT_STAGE unchanged.
+
+Options of [stage-<name>]:
+  REPLY_STAGE   init     the stage replies start at
+  HOSTNAME      the domain of replies' Message-IDs (default [pepsi] HOSTNAME, else the
+                system host name)
+  NEXT_STAGE    as for every stage
+
+The setting, a JSON object: {\"text\": \"...\", \"subject\": \"...\", \"start\": \"YYYY-MM-DD\", \
+\"end\": \"YYYY-MM-DD\", \"days\": 7, \"addresses\": [\"other@example.org\"]}; only text is \
+required. See docs/vacation.md.";
+
+/// The command line of `pepsi-stage-vacation`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-vacation` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main::<VacationStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_table() {
+        let cfg = |t: &str| Config::from_str_named(t, "v.conf").unwrap();
+        let s = Settings::from_config(
+            &cfg("[pepsi]\nHOSTNAME = mx.example.test\n[stage-init]\nPROGRAM = x\n[stage-vacation]\n"),
+            "vacation",
+        )
+        .unwrap();
+        assert_eq!(
+            s,
+            Settings {
+                reply_stage: "init".into(),
+                hostname: "mx.example.test".into()
+            }
+        );
+        let s = Settings::from_config(
+            &cfg("[stage-in]\nPROGRAM = x\n[stage-vacation]\nREPLY_STAGE = in\nHOSTNAME = v.example.test\n"),
+            "vacation",
+        )
+        .unwrap();
+        assert_eq!(
+            (s.reply_stage.as_str(), s.hostname.as_str()),
+            ("in", "v.example.test")
+        );
+        let e = Settings::from_config(
+            &cfg("[stage-vacation]\nREPLY_STAGE = nowhere\n"),
+            "vacation",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            e.contains("v.conf")
+                && e.contains("REPLY_STAGE = nowhere")
+                && e.contains("no [stage-nowhere]"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn owners_are_each_recipient_once_in_lower_case() {
+        assert_eq!(
+            owners(&[
+                "Alice@Example.test".into(),
+                "bob@example.test".into(),
+                "alice@example.test".into()
+            ]),
+            ["alice@example.test", "bob@example.test"]
+        );
+    }
+}
