@@ -205,14 +205,17 @@ pub async fn force(
 }
 
 /// Sweeps orphaned bodies and old clone tokens.
-pub async fn gc(pool: &PgPool) -> Result<(i32, i32), sqlx::Error> {
+pub async fn gc(pool: &PgPool) -> Result<(i32, i32, i32), sqlx::Error> {
     let bodies: i32 = sqlx::query_scalar("SELECT pepsi.workqueue_body_gc()")
         .fetch_one(pool)
         .await?;
     let tokens: i32 = sqlx::query_scalar("SELECT pepsi.clone_token_gc()")
         .fetch_one(pool)
         .await?;
-    Ok((bodies, tokens))
+    let replies: i32 = sqlx::query_scalar("SELECT pepsi.autoreply_gc()")
+        .fetch_one(pool)
+        .await?;
+    Ok((bodies, tokens, replies))
 }
 
 /// Deletes mail log rows older than `keep` (the retention of `[pepsi] MAIL_LOG_RETENTION`)

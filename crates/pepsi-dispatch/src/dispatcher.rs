@@ -546,11 +546,12 @@ impl Dispatcher {
         if now >= self.last_gc + self.settings.gc_interval {
             self.last_gc = now;
             match claim::gc(&self.db).await {
-                Ok((bodies, tokens)) if bodies + tokens > 0 => {
+                Ok((bodies, tokens, replies)) if bodies + tokens + replies > 0 => {
                     tracing::info!(
                         bodies,
                         tokens,
-                        "swept orphaned bodies and expired clone tokens"
+                        replies,
+                        "swept orphaned bodies, expired clone tokens and automatic-reply records"
                     )
                 }
                 Ok(_) => {}

@@ -1168,6 +1168,20 @@ RETURNS boolean LANGUAGE sql AS $$
     RETURNING true
 $$;
 
+-- Forgets replies older than the longest period a setting may ask for (365 days,
+-- pepsi_common::autoreply::MAX_DAYS): such a row can no longer refuse a claim. The
+-- dispatcher's GC calls it; returns how many rows went.
+CREATE OR REPLACE FUNCTION pepsi.autoreply_gc(p_age interval DEFAULT '366 days')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pepsi.autoreply_sent WHERE sent_at < now() - p_age;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
 -- THE MAIL LOG (pepsi.mail_log)
 --
 -- The stage scaffolding appends one row per final outcome of a message (delivered, bounced,

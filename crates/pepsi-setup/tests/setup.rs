@@ -798,4 +798,31 @@ async fn an_automatic_reply_is_claimed_once_per_sender_and_period() {
         as_role(&db, "pepsi-ingress", call).await,
         Err("42501".into())
     );
+
+    // The dispatcher's GC forgets what no period can still refuse: older than 366 days.
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.autoreply_sent (owner, sender, sent_at, workqueue_id) VALUES \
+         ('old@example.test', 'x@remote.test', now() - interval '367 days', 1), \
+         ('old@example.test', 'y@remote.test', now() - interval '365 days', 2)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let before: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.autoreply_sent")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(as_role(&db, "pepsi", "SELECT pepsi.autoreply_gc()").await, Ok(()));
+    let senders: Vec<String> = sqlx::query_scalar(
+        "SELECT sender FROM pepsi.autoreply_sent WHERE owner = 'old@example.test' ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(senders, ["y@remote.test"], "only the row past 366 days goes");
+    let after: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.autoreply_sent")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(after, before - 1);
 }
