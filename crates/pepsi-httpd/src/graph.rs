@@ -516,8 +516,8 @@ mod tests {
         check(
             &text,
             &[],
-            "init@0.0 discard!@0.1 aliases@1.0 route@2.0 local@3.0 remote@3.1 dkim@4.0 \
-             arc@5.0 relay@6.0 bounce@7.0",
+            "init@0.0 discard!@0.1 aliases@1.0 route@2.0 remote@3.0 vacation@3.1 dkim@4.0 \
+             local@4.1 arc@5.0 relay@6.0 bounce@7.0",
             &[
                 "aliases -next-> route",
                 "aliases -bounce-> bounce",
@@ -530,8 +530,9 @@ mod tests {
                 "local -bounce-> bounce",
                 "relay -bounce-> bounce",
                 "remote -next-> dkim",
-                "route -branch[local]-> local",
                 "route -branch[remote]-> remote",
+                "route -branch[local]-> vacation",
+                "vacation -next-> local",
             ],
             &[],
         );
