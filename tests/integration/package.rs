@@ -503,6 +503,14 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
             && second.contains("pepsi: the database is set up (pepsi-setup db)."),
         "{second}"
     );
+    // That PostgreSQL has peer authentication only, so the postinst says how to let local
+    // submission in, with the exact lines of docs/sendmail.md.
+    assert!(
+        second.contains("local submission (sendmail) cannot reach the database yet")
+            && second.contains("local  pepsi  pepsi-sendmail  peer map=pepsi-sendmail")
+            && second.contains("pepsi-sendmail  /^(.*)$  pepsi-sendmail"),
+        "{second}"
+    );
     // systemd-analyze verify exits 0 and has nothing to say about any unit.
     let verify = log
         .split("== systemd-analyze verify\n")
