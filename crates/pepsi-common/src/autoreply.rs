@@ -185,7 +185,13 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
         .unwrap_or_default();
     let subject = match reply.subject {
         Some(s) if !s.trim().is_empty() => one_line(s),
-        _ => format!("Auto: {}", one_line(&original_subject)),
+        _ => format!(
+            "Auto: {}",
+            one_line(&original_subject)
+                .chars()
+                .take(MAX_SUBJECT_CHARS)
+                .collect::<String>()
+        ),
     };
     let original_id = single_id(original, "Message-ID");
     let mut h = String::new();
@@ -202,11 +208,27 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
     field("Message-ID", &format!("<{}>", reply.message_id));
     if let Some(id) = &original_id {
         field("In-Reply-To", id);
-        let mut references: Vec<String> = field_values(original, "References")
+        // Only well-formed ids, each at most 250 characters; of a long thread the first
+        // and the latest (RFC 5322 §3.6.4 lets a responder shorten the list so).
+        let ids: Vec<String> = field_values(original, "References")
             .into_iter()
             .next()
-            .map(|r| r.split_whitespace().map(str::to_owned).collect())
+            .map(|r| {
+                r.split_whitespace()
+                    .filter(|t| {
+                        t.len() <= 250 && t.starts_with('<') && t.ends_with('>') && t.is_ascii()
+                    })
+                    .map(str::to_owned)
+                    .collect()
+            })
             .unwrap_or_default();
+        let mut references: Vec<String> = if ids.len() > MAX_REFERENCES {
+            let mut kept = vec![ids[0].clone()];
+            kept.extend_from_slice(&ids[ids.len() - (MAX_REFERENCES - 1)..]);
+            kept
+        } else {
+            ids
+        };
         if references.is_empty() {
             // RFC 5322 §3.6.4: without References, the parent's In-Reply-To (one id) leads.
             if let Some(parent) = single_id(original, "In-Reply-To") {
@@ -291,6 +313,12 @@ pub const MAX_DAYS: u32 = 365;
 pub const MAX_ADDRESSES: usize = 32;
 /// `days` when the setting gives none: a sender hears at most once a week.
 pub const DEFAULT_DAYS: u32 = 7;
+/// The most ids a reply's References carries over from the original (with its own
+/// Message-ID, one more): the thread's first and the latest.
+pub const MAX_REFERENCES: usize = 20;
+/// The most owners one message is answered for (a message to many recipients with replies
+/// set): the others are logged and skipped.
+pub const MAX_REPLIES_PER_MESSAGE: usize = 32;
 
 /// An address's `vacation` setting, as stored (a JSON object; unknown fields refused).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -610,6 +638,42 @@ mod tests {
             original,
         );
         String::from_utf8(raw).unwrap()
+    }
+
+    #[test]
+    fn a_long_thread_and_a_long_subject_stay_within_bounds() {
+        let ids: Vec<String> = (0..30).map(|i| format!("<t{i}@remote.test>")).collect();
+        let original = format!(
+            "From: bob@remote.test\r\nTo: alice@example.test\r\nSubject: {}\r\n\
+             Message-ID: <m1@remote.test>\r\nReferences: {} not-an-id <{}@x>\r\n",
+            "s".repeat(3000),
+            ids.join(" "),
+            "y".repeat(300)
+        );
+        let r = reply_to(original.as_bytes(), None, "Away.");
+        let (h, _) = r.split_once("\r\n\r\n").unwrap();
+        assert!(h.split("\r\n").all(|l| l.len() <= 998), "{h}");
+        let subject = h
+            .split("\r\n")
+            .find(|l| l.starts_with("Subject: "))
+            .unwrap();
+        assert_eq!(
+            subject,
+            format!("Subject: Auto: {}", "s".repeat(MAX_SUBJECT_CHARS))
+        );
+        let refs: Vec<&str> = h
+            .split("\r\nReferences: ")
+            .nth(1)
+            .unwrap()
+            .split("\r\n")
+            .take_while(|l| !l.contains(':'))
+            .map(str::trim)
+            .collect();
+        // The thread's first id, its latest 19, then the original's own.
+        let mut want: Vec<String> = vec![ids[0].clone()];
+        want.extend(ids[11..].iter().cloned());
+        want.push("<m1@remote.test>".into());
+        assert_eq!(refs, want);
     }
 
     #[test]

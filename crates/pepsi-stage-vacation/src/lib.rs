@@ -17,6 +17,7 @@
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use pepsi_common::autoreply::{self, Incoming, Reply, Skip, VACATION_SETTING, Vacation};
@@ -69,21 +70,36 @@ impl Settings {
     }
 }
 
-/// The stage: the round's settings answers, per lower-case recipient (`None`: no reply set,
-/// or a row that is not a valid setting).
+/// How long a learnt setting is used at most: a round whose passes all failed never
+/// reaches the commit that forgets them, so they also expire by age.
+const ROUND_MEMORY: Duration = Duration::from_secs(1);
+
+/// What the passes since the last commit learnt, and since when.
+#[derive(Default)]
+struct Round {
+    since: Option<Instant>,
+    /// Per lower-case recipient (`None`: no reply set, or a row that is not a valid setting).
+    settings: HashMap<String, Option<Vacation>>,
+}
+
+/// The stage: the round's settings answers.
 #[derive(Default)]
 pub struct VacationStage {
-    round: RefCell<HashMap<String, Option<Vacation>>>,
+    round: RefCell<Round>,
 }
 
 impl VacationStage {
     /// The `vacation` settings of `owners` not yet known this round, in one query.
     async fn learn(&self, ctx: &StageContext<'_>, owners: &[String]) -> Result<(), StageError> {
         let missing: Vec<String> = {
-            let round = self.round.borrow();
+            let mut round = self.round.borrow_mut();
+            if round.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
+                *round = Round::default();
+            }
+            round.since.get_or_insert_with(Instant::now);
             owners
                 .iter()
-                .filter(|o| !round.contains_key(*o))
+                .filter(|o| !round.settings.contains_key(*o))
                 .cloned()
                 .collect()
         };
@@ -102,7 +118,7 @@ impl VacationStage {
                     })
                     .ok()
             });
-            round.insert(owner, setting);
+            round.settings.insert(owner, setting);
         }
         Ok(())
     }
@@ -158,9 +174,13 @@ impl Stage for VacationStage {
         let id = ctx.id();
         let mut replied = Vec::new();
         for owner in owners {
-            let Some(vacation) = self.round.borrow().get(&owner).cloned().flatten() else {
+            let Some(vacation) = self.round.borrow().settings.get(&owner).cloned().flatten() else {
                 continue;
             };
+            if replied.len() >= autoreply::MAX_REPLIES_PER_MESSAGE {
+                tracing::warn!(id, %owner, "no automatic reply: {} owners answered for this message already", replied.len());
+                continue;
+            }
             if !vacation.active_on(today) {
                 continue;
             }
@@ -222,7 +242,7 @@ impl Stage for VacationStage {
 
     /// The round's answers are forgotten: the next round reads the settings afresh.
     async fn before_commit(&self) -> Result<(), StageError> {
-        self.round.borrow_mut().clear();
+        *self.round.borrow_mut() = Round::default();
         Ok(())
     }
 }

@@ -55,7 +55,7 @@ impl Load {
 
     /// `[stage-<stage>] LOAD`: what a worker of the section loads at least, so that a fused
     /// chain can go on into successors that need more than the stage itself (the chain
-    /// from `init` into the Maildir delivery or the signing stages loads the body once).
+    /// from `init` into the signing stages loads the body once).
     /// It may not be less than `needs`, the stage's own Load; the error names the section.
     pub fn configured(cfg: &Config, stage: &str, needs: Load) -> Result<Option<Load>, ConfigError> {
         cfg.section(&format!("stage-{stage}"))

@@ -184,11 +184,13 @@ impl<'a> Worker<'a> {
             .section("pepsi")
             .bool_opt("ALLOW_FUSION")?
             .unwrap_or(true);
-        // LOAD is for fusion only: without it a pass loads what its stage needs.
+        // LOAD is for fusion only: without it (or without a registry, in a per-program
+        // build) a pass loads what its stage needs.
         let mut load = S::LOAD;
         for name in StageSettings::stages_of(cfg, S::PROGRAM) {
             if let Some(more) = Load::configured(cfg, &name, S::LOAD)?
                 && fusion
+                && !registry.is_empty()
             {
                 load = load.max(more);
             }
