@@ -34,7 +34,8 @@ FOLDED_BINARIES = \
 #   to it): pepsi-helper-maildir-writer (setuid root), its caller
 #   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
 #   pepsi-token, reads the OAuth token files), pepsi-sendmail (setgid pepsi-sendmail, the
-#   group that may write the drop directory; run by every local user as /usr/sbin/sendmail).
+#   group that may write the drop directory; run by every local user as /usr/sbin/sendmail),
+#   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer).
 # - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
 #   code used by nothing else); pepsi-config (links every program's configuration parser,
 #   pepsi::checks, to check an override before it is stored: code no running service needs); pepsi-httpd (the administrative web surface: started as root
@@ -48,6 +49,7 @@ STANDALONE_BINARIES = \
 	pepsi-stage-relay-to-maildir \
 	pepsi-stage-relay-to-smarthost \
 	pepsi-sendmail \
+	pepsi-quota \
 	pepsi-config \
 	pepsi-httpd \
 	migadu_counters \

@@ -112,6 +112,7 @@ pub fn pages() -> Vec<Page> {
         clap("pepsi-queue", 8, pepsi_queue::command),
         clap("pepsi-status", 8, pepsi_status::command),
         clap("pepsi-settings", 8, pepsi_settings::command),
+        clap("pepsi-quota", 8, pepsi_quota::command),
         clap("pepsi-stage-aliases", 8, pepsi_stage_aliases::command),
         clap("pepsi-stage-srs", 8, pepsi_stage_srs::command),
         clap("pepsi-stage-vacation", 8, pepsi_stage_vacation::command),

@@ -77,6 +77,7 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-stage-relay-to-maildir",
     "pepsi-stage-relay-to-smarthost",
     "pepsi-sendmail",
+    "pepsi-quota",
     "pepsi-config",
     "pepsi-httpd",
     "migadu_counters",

@@ -1249,3 +1249,231 @@ async fn open_relay_matrix() {
     c.ok("RCPT TO:<postmaster@[192.0.2.1]>", 250).await;
     assert_eq!(ingress.rows().await, 0);
 }
+
+/// Group admission through the real server: messages whose DATA ends while the one admission
+/// lane is busy are stored together (one transaction: their rows share an `xmin`), each
+/// session hearing its own id after that commit; a batch holding a message the database
+/// refuses is stored again message by message, so only that session gets 451.
+#[tokio::test]
+async fn messages_ending_while_the_lane_is_busy_are_stored_together_and_a_refused_one_fails_alone()
+{
+    let ingress = Ingress::start("ADMISSION_LANES = 1\n", &[("mx", MX)]).await;
+    // The test holds the lane inside the first message's statement until it opens the gate,
+    // and the database refuses any row from refused@example.org.
+    sqlx::raw_sql(
+        "CREATE TABLE public.admission_gate (open boolean);
+         GRANT SELECT ON public.admission_gate TO PUBLIC;
+         CREATE FUNCTION public.admission_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF NEW.mail_from LIKE 'slow%' THEN
+                 WHILE NOT EXISTS (SELECT 1 FROM public.admission_gate) LOOP
+                     PERFORM pg_sleep(0.01);
+                 END LOOP;
+             END IF;
+             IF NEW.mail_from = 'refused@example.org' THEN
+                 RAISE EXCEPTION 'refused by the test' USING ERRCODE = '23514';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER admission_hold BEFORE INSERT ON pepsi.workqueue
+             FOR EACH ROW EXECUTE FUNCTION public.admission_hold();",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    let port = ingress.port("mx");
+
+    async fn round(
+        ingress: &Ingress,
+        port: u16,
+        round: usize,
+        senders: &[&'static str],
+    ) -> Vec<(&'static str, u16, String)> {
+        sqlx::query("DELETE FROM public.admission_gate")
+            .execute(&ingress.db.pool)
+            .await
+            .unwrap();
+        let mut slow = Client::connect(port).await;
+        slow.ok("EHLO client.example", 250).await;
+        let slow_task = tokio::spawn(async move {
+            let message = format!("Subject: slow {round}\r\n\r\nslow\r\n");
+            slow.deliver(
+                &format!("slow{round}@example.org"),
+                &["alice@example.test"],
+                message.as_bytes(),
+            )
+            .await
+        });
+        // The lane is inside the slow message's statement once its row is being inserted.
+        let until = Instant::now() + Duration::from_secs(30);
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%workqueue_add%' \
+                 AND state = 'active' AND pid <> pg_backend_pid()",
+            )
+            .fetch_one(&ingress.db.pool)
+            .await
+            .unwrap();
+            if waiting > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < until,
+                "the slow message never reached the database"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let before = ingress.log();
+        let (sent_tx, mut sent) = tokio::sync::mpsc::channel(senders.len());
+        let mut tasks = Vec::new();
+        for (i, &from) in senders.iter().enumerate() {
+            let sent_tx = sent_tx.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(port).await;
+                c.ok("EHLO client.example", 250).await;
+                c.ok(&format!("MAIL FROM:<{from}>"), 250).await;
+                c.ok("RCPT TO:<alice@example.test>", 250).await;
+                c.ok("DATA", 354).await;
+                c.send(
+                    format!("Subject: round {round} message {i}\r\n\r\nbody {i}\r\n.\r\n")
+                        .as_bytes(),
+                )
+                .await;
+                sent_tx.send(()).await.unwrap();
+                let (code, text) = c.read().await;
+                (from, code, text)
+            }));
+        }
+        for _ in senders {
+            sent.recv().await.unwrap();
+        }
+        // Every session has ended its DATA: wait until the server has queued them all.
+        let queued = |log: &str| log.matches("message queued for admission").count();
+        let want = queued(&before) + senders.len();
+        let until = Instant::now() + Duration::from_secs(30);
+        while queued(&ingress.log()) < want {
+            assert!(
+                Instant::now() < until,
+                "messages not queued: {}",
+                ingress.log()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        sqlx::query("INSERT INTO public.admission_gate VALUES (true)")
+            .execute(&ingress.db.pool)
+            .await
+            .unwrap();
+        slow_task.await.unwrap();
+        let mut answers = Vec::new();
+        for t in tasks {
+            answers.push(t.await.unwrap());
+        }
+        answers
+    }
+
+    let senders = [
+        "ok1@example.org",
+        "ok2@example.org",
+        "ok3@example.org",
+        "ok4@example.org",
+        "ok5@example.org",
+    ];
+    let answers = round(&ingress, port, 1, &senders).await;
+    let mut ids = Vec::new();
+    for (from, code, text) in &answers {
+        assert_eq!(*code, 250, "{from}: {text}");
+        ids.push(queued_id(text));
+    }
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), senders.len(), "one id per message: {answers:?}");
+    for (i, (from, _, text)) in answers.iter().enumerate() {
+        let r = row(&ingress.db, queued_id(text)).await;
+        assert_eq!(
+            r.mail_from, *from,
+            "the id answered is the session's own row"
+        );
+        assert_eq!(r.body, format!("body {i}\r\n").as_bytes());
+    }
+    let transactions: i64 = sqlx::query_scalar(
+        "SELECT count(DISTINCT xmin::text) FROM pepsi.workqueue WHERE mail_from LIKE 'ok%'",
+    )
+    .fetch_one(&ingress.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        transactions, 1,
+        "the waiting messages were stored in one transaction"
+    );
+
+    let senders = [
+        "ok6@example.org",
+        "refused@example.org",
+        "ok7@example.org",
+        "ok8@example.org",
+    ];
+    let answers = round(&ingress, port, 2, &senders).await;
+    for (from, code, text) in &answers {
+        if *from == "refused@example.org" {
+            assert_eq!(*code, 451, "{text}");
+            assert!(text.starts_with("4.3.0"), "{text}");
+        } else {
+            assert_eq!(*code, 250, "{from}: {text}");
+            assert_eq!(row(&ingress.db, queued_id(text)).await.mail_from, *from);
+        }
+    }
+    assert_eq!(
+        ingress.rows().await,
+        2 + 5 + 3,
+        "two slow, five, and three of four"
+    );
+    assert!(
+        ingress.log().contains("storing each alone"),
+        "the refused batch was stored again message by message: {}",
+        ingress.log()
+    );
+}
+
+/// Messages that do not fit a group (ADMISSION_BATCH = 1; a BATCH_SIZE smaller than any
+/// message) are each stored alone, however many sessions end their DATA at once: none waits
+/// behind another for ever.
+#[tokio::test]
+async fn messages_that_do_not_fit_a_group_are_each_stored_while_many_sessions_wait() {
+    for options in [
+        "ADMISSION_BATCH = 1\nADMISSION_LANES = 2\nMAX_CONNECTIONS_PER_CLIENT = 100\n",
+        "ADMISSION_BATCH_SIZE = 1\nADMISSION_LANES = 1\nMAX_CONNECTIONS_PER_CLIENT = 100\n",
+    ] {
+        let ingress = Ingress::start(options, &[("mx", MX)]).await;
+        let port = ingress.port("mx");
+        let mut tasks = Vec::new();
+        for i in 0..24 {
+            tasks.push(tokio::spawn(async move {
+                let mut c = Client::connect(port).await;
+                c.ok("EHLO client.example", 250).await;
+                let mut ids = Vec::new();
+                for j in 0..3 {
+                    let m = format!("Subject: {i}.{j}\r\n\r\nbody\r\n");
+                    ids.push(
+                        c.deliver("bob@example.org", &["alice@example.test"], m.as_bytes())
+                            .await,
+                    );
+                }
+                ids
+            }));
+        }
+        let all = tokio::time::timeout(Duration::from_secs(120), async {
+            let mut ids = Vec::new();
+            for t in tasks {
+                ids.extend(t.await.unwrap());
+            }
+            ids
+        })
+        .await
+        .unwrap_or_else(|_| panic!("{options:?}: sessions still waiting for their 250"));
+        let mut unique = all.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), 72, "{options:?}");
+        assert_eq!(ingress.rows().await, 72, "{options:?}");
+    }
+}

@@ -43,7 +43,7 @@ fn setup(db: &TestDb, users: &[&str]) -> Setup {
             "[PATHS]\nMAIL_ROOT = {root}\n\n[database]\nURL = {url}\n\n\
              [pepsi]\nLOCAL_DOMAINS = example.test\n\n\
              [stage-local]\n{common}MAILDIR = %u/Maildir\n\n\
-             [stage-small]\n{common}QUOTA = 1k\n\n\
+             [stage-small]\n{common}QUOTA = 1k\nQUOTA_GRACE = 0\n\n\
              [stage-soft]\n{common}QUOTA = 1k\nQUOTA_FULL_TEMPORARY = yes\n\n\
              [stage-broken]\n{common}HELPER = /bin/false\n\n\
              [stage-remote]\nPROGRAM = pepsi-stage-discard\n\n\
@@ -351,7 +351,7 @@ impl Writer {
     fn send_with(&mut self, mailbox: &Path, dir_sync: &str, message: &[u8]) -> String {
         write!(
             self.stdin,
-            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\n\
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\nquota-messages 0\n\
              dir-sync {dir_sync}\nsize {}\n",
             mailbox.display(),
             message.len()
@@ -363,6 +363,31 @@ impl Writer {
 
     fn sync(&mut self) -> String {
         self.stdin.write_all(b"sync\n").unwrap();
+        self.answer()
+    }
+
+    /// A `dir-sync now` delivery under a quota of `bytes` and `messages` (0: none).
+    fn send_quota(&mut self, mailbox: &Path, bytes: u64, messages: u64, message: &[u8]) -> String {
+        write!(
+            self.stdin,
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota {bytes}\n\
+             quota-messages {messages}\ndir-sync now\nsize {}\n",
+            mailbox.display(),
+            message.len()
+        )
+        .unwrap();
+        self.stdin.write_all(message).unwrap();
+        self.answer()
+    }
+
+    fn usage(&mut self, mailbox: &Path, bytes: u64, messages: u64, rebuild: bool) -> String {
+        write!(
+            self.stdin,
+            "usage {}\nquota {bytes}\nquota-messages {messages}\nrebuild {}\n",
+            mailbox.display(),
+            if rebuild { "yes" } else { "no" }
+        )
+        .unwrap();
         self.answer()
     }
 
@@ -555,7 +580,7 @@ async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
              \x20   first = inp.readline()\n\
              \x20   if not first or first == b'sync\\n':\n\
              \x20       sys.exit(0)\n\
-             \x20   head = [first] + [inp.readline() for _ in range(5)]\n\
+             \x20   head = [first] + [inp.readline() for _ in range(6)]\n\
              \x20   size = int(head[-1].split()[1])\n\
              \x20   w.stdin.write(b''.join(head) + inp.read(size))\n\
              \x20   w.stdin.flush()\n\
@@ -626,4 +651,196 @@ fn the_writer_help_documents_the_protocol_and_the_privilege_model() {
     ] {
         assert!(help.contains(want), "{want}: {help}");
     }
+}
+
+/// Quotas through the writer and Dovecot on one Maildir: the writer keeps `maildirsize`
+/// (answering each delivery with the usage, refusing what does not fit with `full`), Dovecot's
+/// maildir quota reads the same usage from it, a message Dovecot expunges frees its room for
+/// the writer (Dovecot's negative line), and `usage … rebuild yes` counts the directory again.
+#[test]
+fn the_writer_and_dovecot_agree_on_a_maildir_quota() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path();
+    // Dovecot's mail processes and the writer work as the mailbox's owner, nobody.
+    std::fs::set_permissions(root, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let home = root.join("mail/alice");
+    let md = home.join("Maildir");
+    maildir(&md);
+    for p in [
+        home.clone(),
+        md.clone(),
+        md.join("new"),
+        md.join("cur"),
+        md.join("tmp"),
+    ] {
+        std::os::unix::fs::chown(&p, Some(65534), Some(65534)).unwrap();
+    }
+    let (bytes, messages) = (10240u64, 3u64);
+    let mut w = Writer::start(&root.join("mail"), &[]);
+    let body = |n: usize| format!("Subject: {n}\r\n\r\n{}\r\n", "x".repeat(3000)).into_bytes();
+    let mut sizes = Vec::new();
+    for n in 0..2 {
+        let reply = w.send_quota(&md, bytes, messages, &body(n));
+        let fields: Vec<&str> = reply.trim_end().split(' ').collect();
+        assert_eq!((fields[0], fields.len()), ("ok", 4), "{reply}");
+        sizes.push(
+            fields[1]
+                .rsplit("S=")
+                .next()
+                .unwrap()
+                .parse::<u64>()
+                .unwrap(),
+        );
+        assert_eq!(fields[3], (n + 1).to_string(), "{reply}");
+        assert_eq!(
+            fields[2].parse::<u64>().unwrap(),
+            sizes.iter().sum::<u64>(),
+            "{reply}"
+        );
+    }
+    let used: u64 = sizes.iter().sum();
+    assert_eq!(
+        std::fs::read_to_string(md.join("maildirsize")).unwrap(),
+        format!("10240S,3C\n0 0\n{} 1\n{} 1\n", sizes[0], sizes[1]),
+        "rebuilt on the first delivery (an empty Maildir), then a line per delivery"
+    );
+    assert_eq!(
+        std::fs::metadata(md.join("maildirsize")).unwrap().uid(),
+        65534,
+        "written as the mailbox's owner"
+    );
+    // 2 × ~3 KiB used: a third message of ~6 KiB does not fit the 10 KiB.
+    let big = format!("Subject: big\r\n\r\n{}\r\n", "y".repeat(6000));
+    let reply = w.send_quota(&md, bytes, messages, big.as_bytes());
+    assert!(
+        reply.starts_with(&format!("full {used} 2 mailbox full")),
+        "{reply}"
+    );
+    assert_eq!(files(&md.join("new")).len(), 2, "nothing stored");
+
+    // Dovecot, with the same limits, reads the same usage.
+    std::fs::write(
+        root.join("passwd"),
+        format!("alice:{{PLAIN}}x:65534:65534::{}::\n", home.display()),
+    )
+    .unwrap();
+    let conf = root.join("dovecot.conf");
+    let r = root.display();
+    std::fs::write(
+        &conf,
+        format!(
+            "protocols =\nbase_dir = {r}/run\nstate_dir = {r}/state\nlog_path = {r}/dovecot.log\n\
+             ssl = no\ndefault_internal_user = nobody\ndefault_internal_group = nogroup\n\
+             default_login_user = nobody\nmail_location = maildir:~/Maildir\nmail_plugins = quota\n\
+             passdb {{\n  driver = passwd-file\n  args = {r}/passwd\n}}\n\
+             userdb {{\n  driver = passwd-file\n  args = {r}/passwd\n}}\n\
+             plugin {{\n  quota = maildir:User quota\n  quota_rule = *:storage=10k:messages=3\n}}\n"
+        ),
+    )
+    .unwrap();
+    // doveadm finds users through Dovecot's auth service: run one (no mail protocol).
+    let dovecot = Command::new("dovecot")
+        .arg("-F")
+        .arg("-c")
+        .arg(&conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("dovecot (Debian's dovecot-core, scripts/apt-packages.txt)");
+    let socket = root.join("run/auth-userdb");
+    let start = std::time::Instant::now();
+    while std::os::unix::net::UnixStream::connect(&socket).is_err() {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "dovecot did not open {}: {}",
+            socket.display(),
+            std::fs::read_to_string(root.join("dovecot.log")).unwrap_or_default()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    struct Stop(Child);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let _dovecot = Stop(dovecot);
+    let doveadm = |args: &[&str]| {
+        let out = Command::new("doveadm")
+            .arg("-c")
+            .arg(&conf)
+            .args(args)
+            .output()
+            .expect("doveadm (Debian's dovecot-core, scripts/apt-packages.txt)");
+        assert!(
+            out.status.success(),
+            "doveadm {args:?}: {}{}",
+            String::from_utf8_lossy(&out.stderr),
+            std::fs::read_to_string(root.join("dovecot.log")).unwrap_or_default()
+        );
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let quota = |field: &str| -> (u64, u64) {
+        let table = doveadm(&["-f", "tab", "quota", "get", "-u", "alice"]);
+        let row = table
+            .lines()
+            .map(|l| l.split('\t').collect::<Vec<_>>())
+            .find(|f| f.get(1) == Some(&field))
+            .unwrap_or_else(|| panic!("no {field} row: {table}"));
+        (row[2].parse().unwrap(), row[3].parse().unwrap())
+    };
+    assert_eq!(
+        quota("MESSAGE"),
+        (2, 3),
+        "Dovecot counts what the writer counted"
+    );
+    let (kib, limit) = quota("STORAGE");
+    assert_eq!(limit, 10, "in KiB, as Dovecot reports it");
+    assert_eq!(kib, used.div_ceil(1024), "{used} bytes, in KiB rounded up");
+
+    // Dovecot expunges the first message: its negative line frees the room for the writer.
+    doveadm(&["expunge", "-u", "alice", "mailbox", "INBOX", "uid", "1"]);
+    let left = sizes[1];
+    assert_eq!(
+        w.usage(&md, bytes, messages, false),
+        format!("usage {left} 1\n"),
+        "the writer reads Dovecot's change"
+    );
+    let reply = w.send_quota(&md, bytes, messages, big.as_bytes());
+    assert!(reply.starts_with("ok "), "{reply}");
+    assert_eq!(quota("MESSAGE").0, 2);
+
+    // A file removed behind both: only a recount from the directory notices.
+    let victim = files(&md.join("new"))
+        .into_iter()
+        .chain(files(&md.join("cur")))
+        .next()
+        .unwrap();
+    let gone = std::fs::metadata(&victim).unwrap().len();
+    std::fs::remove_file(&victim).unwrap();
+    let before = w.usage(&md, bytes, messages, false);
+    let after = w.usage(&md, bytes, messages, true);
+    assert_ne!(before, after);
+    let count = |line: &str| -> (u64, u64) {
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .map(|v| v.parse().unwrap())
+            .collect();
+        (f[0], f[1])
+    };
+    assert_eq!(count(&after).1, 1, "{after}");
+    assert!(
+        count(&before).0 - count(&after).0 >= gone.min(1),
+        "{before} → {after}"
+    );
+    assert_eq!(quota("MESSAGE").0, 1, "Dovecot reads the rebuilt file");
+    assert!(
+        w.usage(&md, 10, 0, false).starts_with("usage "),
+        "other limits: rebuilt, answered all the same"
+    );
+    assert_eq!(w.finish(), Some(0));
 }

@@ -85,6 +85,7 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
             "pepsi-maildir",
             0o2755,
         ),
+        ("pepsi-quota", "root", "pepsi-maildir", 0o2750),
         (
             "pepsi-stage-relay-to-smarthost",
             "root",

@@ -503,3 +503,249 @@ async fn a_vacation_reply_answers_each_sender_once_and_never_bulk_mail() {
         ]
     );
 }
+
+/// The reply to `RCPT TO:<rcpt>` in a fresh session from bob.
+async fn rcpt_reply(port: u16, rcpt: &str) -> String {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let (r, mut w) = stream.into_split();
+    let mut r = tokio::io::BufReader::new(r);
+    let mut last = String::new();
+    for line in [
+        "",
+        "EHLO client.example.test",
+        "MAIL FROM:<bob@example.test>",
+        &format!("RCPT TO:<{rcpt}>"),
+    ] {
+        if !line.is_empty() {
+            w.write_all(format!("{line}\r\n").as_bytes()).await.unwrap();
+        }
+        loop {
+            last.clear();
+            assert!(
+                r.read_line(&mut last).await.unwrap() > 0,
+                "connection closed"
+            );
+            if last.as_bytes().get(3) != Some(&b'-') {
+                break;
+            }
+        }
+    }
+    w.write_all(b"QUIT\r\n").await.unwrap();
+    last.trim_end().to_owned()
+}
+
+/// Quotas through the whole system: limits set with the real pepsi-quota; a message that
+/// does not fit is deferred (4.2.2) and, past QUOTA_GRACE, returned to its sender (5.2.2);
+/// once the mailbox is full by its record, RCPT is refused with 452 4.2.2; a recount from
+/// disk after mail was removed opens it again; a domain limit counts all its mailboxes.
+#[tokio::test]
+async fn a_mailbox_over_quota_defers_then_bounces_and_a_full_one_is_refused_at_rcpt() {
+    let mut sys = System::new(
+        "[stage-local]\nQUOTA_GRACE = 3s\nRETRY_INITIAL = 1s\nRETRY_MAX_INTERVAL = 1s\n\
+         QUOTA_LOOKUP_TTL = 0\n\n[pepsi-ingress]\nQUOTA_CACHE_TTL = 0\n",
+        &["alice", "bob"],
+    )
+    .await;
+    let tool = pepsi_testkit::programs::program("pepsi-quota", env!("CARGO_BIN_EXE_pepsi-quota"));
+    let quota_in = |sys: &System, args: &[&str]| {
+        let out = sys
+            .command(&tool)
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let quota = |args: &[&str]| quota_in(&sys, args);
+    let (code, out, err) = quota(&[
+        "set",
+        "Alice@example.test",
+        "--storage",
+        "10k",
+        "--messages",
+        "2",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.contains("alice@example.test: 10.0 KiB (10240 bytes), 2 messages"),
+        "{out}"
+    );
+    for (args, want) in [
+        (
+            &["set", "alice", "--storage", "1G"][..],
+            "is neither an address",
+        ),
+        (
+            &["set", "alice@example.test", "--storage", "big"][..],
+            "--storage \"big\"",
+        ),
+        (
+            &["set", "alice@example.test"][..],
+            "give --storage, --messages or both",
+        ),
+    ] {
+        let (code, _, err) = quota(args);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    sys.start().await;
+    let quota = |args: &[&str]| quota_in(&sys, args);
+    let mail = |subject: &str, size: usize| {
+        format!(
+            "From: bob@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\r\n{}",
+            format!("{}\r\n", "q".repeat(99)).repeat(size.div_ceil(100))
+        )
+    };
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &["alice@example.test"],
+            mail("first", 3000).as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 1, WAIT).await;
+
+    // 3 KB held of 10 KiB: the RCPT is taken, the 8 KB message does not fit.
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &["alice@example.test"],
+            mail("too big", 8000).as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let until = std::time::Instant::now() + WAIT;
+    loop {
+        let q = sys.queue().await;
+        if q.iter().any(|(_, stage, status, _, state)| {
+            stage == "local"
+                && status == "paused"
+                && state["last_error"]
+                    .as_str()
+                    .is_some_and(|e| e.starts_with("4.2.2 mailbox full"))
+        }) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "no deferral: {q:#?}\n{}",
+            sys.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Past the grace period the next attempt returns it to bob.
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    let text = dsn_text(&dsn[0]);
+    assert!(
+        text.contains("5.2.2") && text.contains("mailbox full"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Subject: too big"),
+        "the DSN returns the message: {text}"
+    );
+    assert_eq!(sys.messages("alice").len(), 1);
+
+    // A small one fits: two messages now, which the count allows and no more.
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &["alice@example.test"],
+            mail("small", 100).as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 2, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let refused = rcpt_reply(sys.port, "alice@example.test").await;
+    assert!(refused.starts_with("452 4.2.2"), "{refused}");
+    assert!(refused.contains("is full"), "{refused}");
+    assert!(
+        rcpt_reply(sys.port, "alice+tag@example.test")
+            .await
+            .starts_with("452 4.2.2"),
+        "an extension is the same mailbox"
+    );
+    assert!(
+        rcpt_reply(sys.port, "bob@example.test")
+            .await
+            .starts_with("250"),
+        "bob has no limit"
+    );
+
+    let (code, out, err) = quota(&["show", "alice@example.test"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(out.contains("in 2 messages"), "{out}");
+    let (_, json, _) = quota(&["show", "--json"]);
+    let shown: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(shown[0]["scope"], "alice@example.test", "{json}");
+    assert_eq!(shown[0]["recorded"]["usage"]["messages"], 2, "{json}");
+    assert_eq!(shown[0]["limits"]["bytes"], 10240, "{json}");
+
+    // Mail removed from disk (not through an IMAP server): a recount opens the mailbox.
+    let first = std::fs::read_dir(sys.maildir("alice").join("new"))
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap()
+        .path();
+    std::fs::remove_file(first).unwrap();
+    let (code, out, err) = quota(&["recalc", "alice@example.test"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        out.starts_with("alice@example.test: ") && out.contains(" in 1 messages"),
+        "{out}"
+    );
+    assert!(
+        rcpt_reply(sys.port, "alice@example.test")
+            .await
+            .starts_with("250")
+    );
+
+    // A domain limit of 3 messages: alice's 1, and bob's DSN plus one more message (bob has
+    // no limits of his own, so his mailbox is counted under the domain's) fill it for both.
+    let (code, _, err) = quota(&["set", "@example.test", "--messages", "3"]);
+    assert_eq!(code, Some(0), "{err}");
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["bob@example.test"],
+            mail("to bob", 10).as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("bob", 2, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    for rcpt in ["alice@example.test", "bob@example.test"] {
+        let refused = rcpt_reply(sys.port, rcpt).await;
+        assert!(refused.starts_with("452 4.2.2"), "{rcpt}: {refused}");
+    }
+    let (code, out, _) = quota(&["show", "@example.test"]);
+    assert_eq!(code, Some(0));
+    assert!(out.contains("in 3 messages"), "{out}");
+    let (code, _, err) = quota(&["unset", "@example.test"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        rcpt_reply(sys.port, "bob@example.test")
+            .await
+            .starts_with("250")
+    );
+    let (code, _, err) = quota(&["unset", "@example.test"]);
+    assert_eq!(code, Some(1), "nothing to remove: {err}");
+    let events: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.event_log WHERE action IN ('quota.set', 'quota.unset')",
+    )
+    .fetch_one(&sys.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(events, 3, "each change audited");
+}

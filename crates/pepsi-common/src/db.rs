@@ -238,6 +238,41 @@ pub async fn admit(pool: &PgPool, msg: &Admission<'_>) -> Result<i64, sqlx::Erro
     .await
 }
 
+/// Stores several messages with one `pepsi.workqueue_add_batch` call, in one transaction,
+/// and returns their ids in order, after commit: all of them or (on an error) none.
+pub async fn admit_batch(pool: &PgPool, msgs: &[Admission<'_>]) -> Result<Vec<i64>, sqlx::Error> {
+    let mail_from: Vec<&str> = msgs.iter().map(|m| m.mail_from).collect();
+    let rcpt_to: Vec<&str> = msgs
+        .iter()
+        .flat_map(|m| m.rcpt_to.iter().map(String::as_str))
+        .collect();
+    let rcpt_count: Vec<i32> = msgs
+        .iter()
+        .map(|m| i32::try_from(m.rcpt_to.len()).unwrap_or(i32::MAX))
+        .collect();
+    let headers: Vec<&[u8]> = msgs.iter().map(|m| m.headers).collect();
+    let body: Vec<&[u8]> = msgs.iter().map(|m| m.body).collect();
+    let state: Vec<serde_json::Value> = msgs.iter().map(|m| m.state.clone()).collect();
+    let auth_user: Vec<Option<&str>> = msgs.iter().map(|m| m.auth_user).collect();
+    let client_addr: Vec<String> = msgs.iter().map(|m| m.client_addr.to_string()).collect();
+    with_retry(|| async {
+        sqlx::query_scalar(
+            "SELECT pepsi.workqueue_add_batch($1, $2, $3, $4, $5, $6, $7, $8::inet[])",
+        )
+        .bind(&mail_from)
+        .bind(&rcpt_to)
+        .bind(&rcpt_count)
+        .bind(&headers)
+        .bind(&body)
+        .bind(&state)
+        .bind(&auth_user)
+        .bind(&client_addr)
+        .fetch_one(pool)
+        .await
+    })
+    .await
+}
+
 // ----- local submission ----------------------------------------------------------------
 // pepsi-sendmail's one statement: `pepsi.sendmail_submit`, the SECURITY DEFINER function the
 // sendmail role may execute and nothing else (procedures.sql, LOCAL SUBMISSION). The

@@ -33,6 +33,7 @@ pub mod message;
 pub mod mime;
 pub mod password;
 pub mod queue;
+pub mod quota;
 pub mod relay;
 pub mod server_tls;
 pub mod settings;

@@ -16,6 +16,7 @@
 pub mod maildir;
 pub mod privilege;
 pub mod protocol;
+pub mod quota;
 
 use std::io::{BufRead, Write};
 use std::path::{Path, PathBuf};
@@ -46,13 +47,21 @@ and keeps it as a co-process. Each delivery on standard input is six lines and t
     return-path <envelope sender, empty for the null sender>
     delivered-to <envelope recipient>
     quota <bytes, 0 for none>
+    quota-messages <messages, 0 for none>
     dir-sync <now or later>
     size <message length in bytes>
     <exactly that many bytes>
 
 and each is answered with one line on standard output: `ok <file name in new/>`, \
 `perm <5.x.y> <text>` (will not succeed on retry: no such mailbox 5.1.1, mailbox full 5.2.2) \
-or `temp <4.x.y> <text>` (try later: I/O errors, permissions, a refused path). The stored \
+or `temp <4.x.y> <text>` (try later: I/O errors, permissions, a refused path). With a quota \
+(either limit) the Maildir++ file maildirsize is kept, as Dovecot's maildir quota reads it: \
+rebuilt from cur/ and new/ of the inbox and every .Folder when missing, defining other limits, \
+longer than 5120 octets or, before refusing, older than 15 minutes, and one line appended per \
+delivery; the answer is then `ok <name> <bytes> <messages>` (the usage after it) or `full \
+<bytes> <messages> <text>` when the message does not fit. The request `usage <Maildir>`, \
+`quota <bytes>`, `quota-messages <n>`, `rebuild yes|no` (four lines) is answered `usage \
+<bytes> <messages>`. The stored \
 copy is `Return-Path: <sender>` and `Delivered-To: <recipient>` followed by the message, \
 written to tmp/, synced, renamed into new/ and, with `dir-sync now`, the directory synced \
 before the answer. With `dir-sync later` the directory is synced at the next request `sync` \
@@ -207,10 +216,15 @@ pub fn serve<R: BufRead, W: Write>(
                 }
                 (reply, false)
             }
+            Ok(Some(protocol::Command::Usage(req))) => {
+                let reply = writer.usage(&req);
+                tracing::debug!(mailbox = %req.mailbox.display(), "usage: {}", reply.to_line().trim_end());
+                (reply, false)
+            }
             Ok(Some(protocol::Command::Deliver(req))) => {
                 let reply = writer.deliver(&req);
                 match &reply {
-                    protocol::Reply::Ok(name) => {
+                    protocol::Reply::Ok(name) | protocol::Reply::Stored { name, .. } => {
                         tracing::debug!(mailbox = %req.mailbox.display(), name, "delivered")
                     }
                     other => {

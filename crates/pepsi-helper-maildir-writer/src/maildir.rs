@@ -1,5 +1,5 @@
 //! One delivery into a Maildir: confine the path under the root, find the owner, switch to
-//! it, check the quota, write `tmp/<unique>`, fsync, rename into `new/`, fsync `new/` (now,
+//! it, check the quota (Maildir++ `maildirsize`, [`quota`]), write `tmp/<unique>`, fsync, rename into `new/`, fsync `new/` (now,
 //! or at the next [`Writer::sync`] for a `dir-sync later` delivery: the directory is kept
 //! open from the delivery, so the sync reaches the very directory written, whatever its
 //! path names by then).
@@ -15,7 +15,8 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::privilege::{self, Identity};
-use crate::protocol::{DirSync, Reply, Request};
+use crate::protocol::{DirSync, Reply, Request, UsageRequest};
+use crate::quota;
 
 /// At most this many `new/` directories wait for a sync; a delivery into one more syncs its
 /// directory at once.
@@ -136,18 +137,25 @@ impl Writer {
         }
         let headers = req.prepended_headers();
         let size = (headers.len() + req.message.len()) as u64;
-        if let Some(quota) = req.quota {
-            match usage(&mailbox) {
-                Ok(used) if used + size > quota => {
-                    return Reply::perm(
-                        "5.2.2",
-                        format!(
-                            "mailbox full: {used} bytes used + {size} for this message > quota {quota}"
+        let limits = req.limits();
+        let mut used = None;
+        if limits.any() {
+            let unique = self.unique_name(0);
+            match quota::current(&mailbox, limits, size, false, &unique) {
+                Ok((usage, _)) if !limits.fits(usage, size) => {
+                    return Reply::Full {
+                        usage,
+                        text: format!(
+                            "mailbox full: {} bytes in {} messages used, {size} more for this \
+                             message; the quota is {}",
+                            usage.bytes,
+                            usage.messages,
+                            quota::definition(limits)
                         ),
-                    );
+                    };
                 }
-                Ok(_) => {}
-                Err((path, e)) => return io_reply("measuring", &path, e, who),
+                Ok((usage, _)) => used = Some(usage),
+                Err(e) => return io_reply("measuring", &mailbox, e, who),
             }
         }
         let name = self.unique_name(size);
@@ -157,15 +165,89 @@ impl Writer {
             DirSync::Later if !known && self.unsynced.len() >= MAX_UNSYNCED => DirSync::Now,
             other => other,
         };
-        match write_into(&mailbox, &name, &headers, &req.message, dir_sync) {
-            Ok(None) => Reply::Ok(name),
+        let stored = match write_into(&mailbox, &name, &headers, &req.message, dir_sync) {
+            Ok(None) => name,
             Ok(Some(dir)) => {
                 if !known {
                     self.unsynced.push((new_dir, dir));
                 }
-                Reply::Ok(name)
+                name
             }
-            Err((op, path, e)) => io_reply(op, &path, e, who),
+            Err((op, path, e)) => return io_reply(op, &path, e, who),
+        };
+        let Some(before) = used else {
+            return Reply::Ok(stored);
+        };
+        // The message is in new/: a change line that cannot be written only leaves the file
+        // behind the directory until its next rebuild, so the delivery still counts.
+        if let Err(e) = quota::record(&mailbox, size as i64, 1) {
+            tracing::warn!(mailbox = %mailbox.display(), "cannot update {}: {e}", quota::FILE);
+        }
+        Reply::Stored {
+            name: stored,
+            usage: quota::Usage {
+                bytes: before.bytes.saturating_add(size),
+                messages: before.messages + 1,
+            },
+        }
+    }
+
+    /// Answers `usage`: the mailbox's usage under the request's limits, as its owner.
+    pub fn usage(&mut self, req: &UsageRequest) -> Reply {
+        let mailbox = match confine(&self.root, &req.mailbox) {
+            Ok(p) => p,
+            Err(reply) => return reply,
+        };
+        let owner = match fs::metadata(&mailbox) {
+            Ok(m) if m.is_dir() => m,
+            Ok(_) => {
+                return Reply::temp(
+                    "4.3.0",
+                    format!("mailbox {} is not a directory", mailbox.display()),
+                );
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Reply::perm(
+                    "5.1.1",
+                    format!("no such mailbox: {} does not exist", mailbox.display()),
+                );
+            }
+            Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
+        };
+        let who = if privilege::is_root() {
+            Identity {
+                uid: owner.uid(),
+                gid: owner.gid(),
+            }
+        } else {
+            privilege::current()
+        };
+        if who.uid == 0 && !self.opts.allow_root_owner {
+            return Reply::temp(
+                "4.3.5",
+                format!(
+                    "mailbox {} owned by root; refusing to work as root (allow it with ALLOW_ROOT_OWNER)",
+                    mailbox.display()
+                ),
+            );
+        }
+        let _switched = if privilege::is_root() && who.uid != 0 {
+            match privilege::switch_to(who) {
+                Ok(g) => Some(g),
+                Err(e) => {
+                    return Reply::temp(
+                        "4.3.0",
+                        format!("cannot switch to the mailbox owner ({who}): {e}"),
+                    );
+                }
+            }
+        } else {
+            None
+        };
+        let unique = self.unique_name(0);
+        match quota::current(&mailbox, req.limits, 0, req.rebuild, &unique) {
+            Ok((usage, _)) => Reply::Usage(usage),
+            Err(e) => io_reply("measuring", &mailbox, e, who),
         }
     }
 
@@ -355,45 +437,6 @@ fn create_maildir(root: &Path, mailbox: &Path) -> io::Result<()> {
     Ok(())
 }
 
-/// Bytes held in cur/ and new/: from a file name's `,S=<size>` when present (no stat),
-/// otherwise from its metadata. A missing subdirectory counts as empty.
-pub fn usage(mailbox: &Path) -> Result<u64, (PathBuf, io::Error)> {
-    let mut total = 0u64;
-    for sub in ["cur", "new"] {
-        let dir = mailbox.join(sub);
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err((dir, e)),
-        };
-        for entry in entries {
-            let entry = entry.map_err(|e| (dir.clone(), e))?;
-            let name = entry.file_name();
-            let size = match size_from_name(&name.to_string_lossy()) {
-                Some(s) => s,
-                None => match entry.metadata() {
-                    Ok(m) if m.is_file() => m.len(),
-                    Ok(_) => 0,
-                    // Moved or expunged meanwhile by a reader: it no longer counts.
-                    Err(e) if e.kind() == io::ErrorKind::NotFound => 0,
-                    Err(e) => return Err((entry.path(), e)),
-                },
-            };
-            total = total.saturating_add(size);
-        }
-    }
-    Ok(total)
-}
-
-/// `,S=<n>` in the base name (before any `:2,` flags).
-fn size_from_name(name: &str) -> Option<u64> {
-    let base = name.split(':').next().unwrap_or(name);
-    base.split(',')
-        .skip(1)
-        .find_map(|f| f.strip_prefix("S="))
-        .and_then(|s| s.parse().ok())
-}
-
 type Failed = (&'static str, PathBuf, io::Error);
 
 /// tmp/ → fsync → new/ → fsync new/ (`DirSync::Now`), or new/ opened and returned for a later
@@ -495,20 +538,6 @@ pub fn maildir_host(host: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn size_from_names() {
-        let cases = [
-            ("1.M2P3Q4.h,S=120", Some(120)),
-            ("1.M2P3Q4.h,S=120,W=124:2,S", Some(120)),
-            ("1.M2P3Q4.h:2,S", None),
-            ("1.M2P3Q4.h,S=x", None),
-            ("1.M2P3.h,W=5,S=7", Some(7)),
-        ];
-        for (name, want) in cases {
-            assert_eq!(size_from_name(name), want, "{name}");
-        }
-    }
 
     #[test]
     fn hosts_are_escaped() {

@@ -1,19 +1,27 @@
 //! The co-process protocol between `pepsi-stage-relay-to-maildir` and the writer, both ends.
 //!
-//! A delivery is six lines, in this order, each ending with LF, then the message:
+//! A delivery is seven lines, in this order, each ending with LF, then the message:
 //!
 //! ```text
 //! mailbox /var/mail/alice/Maildir
 //! return-path bob@example.org          (empty for the null sender)
 //! delivered-to alice@example.test
-//! quota 10485760                       (bytes; 0 = no quota)
+//! quota 10485760                       (bytes; 0 = no limit)
+//! quota-messages 1000                  (messages; 0 = no limit)
 //! dir-sync now                         (or `later`: see below)
 //! size 1234
 //! <exactly `size` bytes of message>
 //! ```
 //!
 //! The answer is one line: `ok <file name in new/>`, `perm <x.y.z> <text>` or
-//! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). With `dir-sync now` the copy is
+//! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). With a quota (either limit), the
+//! writer keeps the Maildir++ `maildirsize` file (`quota`) and answers `ok <name> <bytes>
+//! <messages>` with the mailbox's usage after the delivery, or `full <bytes> <messages>
+//! <text>` when the message does not fit (a 5.2.2 for the stage to decide on).
+//!
+//! `usage <mailbox>`, `quota <bytes>`, `quota-messages <n>`, `rebuild yes|no` (four lines)
+//! asks for a mailbox's usage under those limits, from `maildirsize` (rebuilt from the
+//! directory when needed, or always with `rebuild yes`): `usage <bytes> <messages>`. With `dir-sync now` the copy is
 //! durable when `ok` comes (file synced, renamed into `new/`, `new/` synced). With
 //! `dir-sync later` the file is synced and renamed but `new/` is not: the rename is durable
 //! only after the next `sync` request, one line `sync`, answered `ok synced <n>` once every
@@ -28,6 +36,8 @@
 
 use std::io::{self, BufRead, Read};
 use std::path::PathBuf;
+
+pub use crate::quota::{Limits, Usage};
 
 /// The longest header line accepted (a path or an address).
 pub const MAX_LINE: usize = 4096;
@@ -45,6 +55,8 @@ pub struct Request {
     pub delivered_to: String,
     /// Mailbox quota in bytes; `None` for none.
     pub quota: Option<u64>,
+    /// Mailbox quota in messages; `None` for none.
+    pub quota_messages: Option<u64>,
     /// When `new/` is synced after the rename.
     pub dir_sync: DirSync,
     /// The message as stored (headers, CRLF, body).
@@ -76,6 +88,35 @@ pub enum Command {
     Deliver(Request),
     /// Sync every `new/` written with `dir-sync later` since the last sync.
     Sync,
+    /// Report a mailbox's usage.
+    Usage(UsageRequest),
+}
+
+/// `usage`: what a mailbox holds under `limits`, from `maildirsize` or, with `rebuild`,
+/// counted from the directory again.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageRequest {
+    pub mailbox: PathBuf,
+    pub limits: Limits,
+    pub rebuild: bool,
+}
+
+impl UsageRequest {
+    /// The request's four lines.
+    pub fn encode(&self) -> Result<Vec<u8>, String> {
+        let mailbox = self
+            .mailbox
+            .to_str()
+            .ok_or_else(|| format!("mailbox path {:?} is not UTF-8", self.mailbox))?;
+        check_value("mailbox", mailbox)?;
+        Ok(format!(
+            "usage {mailbox}\nquota {}\nquota-messages {}\nrebuild {}\n",
+            self.limits.bytes.unwrap_or(0),
+            self.limits.messages.unwrap_or(0),
+            if self.rebuild { "yes" } else { "no" }
+        )
+        .into_bytes())
+    }
 }
 
 /// The `sync` request, LF included.
@@ -119,14 +160,29 @@ impl Request {
             check_value(what, v)?;
         }
         Ok(format!(
-            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\ndir-sync {}\nsize {}\n",
+            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\nquota-messages {}\ndir-sync {}\nsize {}\n",
             self.return_path,
             self.delivered_to,
             self.quota.unwrap_or(0),
+            self.quota_messages.unwrap_or(0),
             self.dir_sync.as_str(),
             self.message.len()
         )
         .into_bytes())
+    }
+
+    /// The request's limits.
+    pub fn limits(&self) -> Limits {
+        Limits {
+            bytes: self.quota,
+            messages: self.quota_messages,
+        }
+    }
+
+    /// The length of [`Request::prepended_headers`] for this sender and recipient: what the
+    /// stored copy adds to the message, which counts against a quota.
+    pub fn prepended_len(return_path: &str, delivered_to: &str) -> usize {
+        "Return-Path: <>\r\nDelivered-To: \r\n".len() + return_path.len() + delivered_to.len()
     }
 
     /// The header lines the writer puts in front of the stored copy.
@@ -153,16 +209,35 @@ fn check_value(what: &str, v: &str) -> Result<(), String> {
 
 /// Reads one request; `Ok(None)` at a clean end of input (before the first line).
 pub fn read_command<R: BufRead>(input: &mut R) -> Result<Option<Command>, ProtocolError> {
-    let Some(first) = line(input, "mailbox or sync", true)? else {
+    let Some(first) = line(input, "mailbox, usage or sync", true)? else {
         return Ok(None);
     };
     if first == "sync" {
         return Ok(Some(Command::Sync));
     }
+    if first.starts_with("usage ") {
+        let mailbox = value_of(&first, "usage")?;
+        let limits = read_limits(input)?;
+        let rebuild = match field(input, "rebuild", false)?.as_deref() {
+            Some("yes") => true,
+            Some("no") => false,
+            other => {
+                return Err(ProtocolError::Malformed(format!(
+                    "rebuild {:?} is not `yes` or `no`",
+                    other.unwrap_or_default()
+                )));
+            }
+        };
+        return Ok(Some(Command::Usage(UsageRequest {
+            mailbox: PathBuf::from(mailbox),
+            limits,
+            rebuild,
+        })));
+    }
     let mailbox = value_of(&first, "mailbox")?;
     let return_path = field(input, "return-path", false)?.unwrap_or_default();
     let delivered_to = field(input, "delivered-to", false)?.unwrap_or_default();
-    let quota = number(&field(input, "quota", false)?.unwrap_or_default(), "quota")?;
+    let limits = read_limits(input)?;
     let dir_sync = match field(input, "dir-sync", false)?.as_deref() {
         Some("now") => DirSync::Now,
         Some("later") => DirSync::Later,
@@ -193,10 +268,24 @@ pub fn read_command<R: BufRead>(input: &mut R) -> Result<Option<Command>, Protoc
         mailbox: PathBuf::from(mailbox),
         return_path,
         delivered_to,
-        quota: (quota > 0).then_some(quota),
+        quota: limits.bytes,
+        quota_messages: limits.messages,
         dir_sync,
         message,
     })))
+}
+
+/// The `quota` and `quota-messages` lines (0: no limit).
+fn read_limits<R: BufRead>(input: &mut R) -> Result<Limits, ProtocolError> {
+    let quota = number(&field(input, "quota", false)?.unwrap_or_default(), "quota")?;
+    let messages = number(
+        &field(input, "quota-messages", false)?.unwrap_or_default(),
+        "quota-messages",
+    )?;
+    Ok(Limits {
+        bytes: (quota > 0).then_some(quota),
+        messages: (messages > 0).then_some(messages),
+    })
 }
 
 fn number(v: &str, what: &str) -> Result<u64, ProtocolError> {
@@ -264,8 +353,14 @@ fn value_of(line: &str, name: &str) -> Result<String, ProtocolError> {
 /// The writer's answer to one request.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reply {
-    /// Delivered: the file name in new/.
+    /// Delivered: the file name in new/ (or, for `sync`, `synced <n>`).
     Ok(String),
+    /// Delivered under a quota: the file name and the mailbox's usage after it.
+    Stored { name: String, usage: Usage },
+    /// Not delivered: the message does not fit the mailbox's quota (5.2.2).
+    Full { usage: Usage, text: String },
+    /// The answer to `usage`.
+    Usage(Usage),
     /// Will not succeed on retry: status `5.x.y` and a text.
     Perm { status: String, text: String },
     /// May succeed later: status `4.x.y` and a text.
@@ -297,6 +392,13 @@ impl Reply {
         };
         match self {
             Reply::Ok(name) => format!("ok {}\n", clean(name)),
+            Reply::Stored { name, usage } => {
+                format!("ok {} {} {}\n", clean(name), usage.bytes, usage.messages)
+            }
+            Reply::Full { usage, text } => {
+                format!("full {} {} {}\n", usage.bytes, usage.messages, clean(text))
+            }
+            Reply::Usage(usage) => format!("usage {} {}\n", usage.bytes, usage.messages),
             Reply::Perm { status, text } => format!("perm {status} {}\n", clean(text)),
             Reply::Temp { status, text } => format!("temp {status} {}\n", clean(text)),
         }
@@ -307,8 +409,41 @@ impl Reply {
     pub fn parse(line: &str) -> Result<Reply, String> {
         let line = line.strip_suffix('\n').unwrap_or(line);
         let (word, rest) = line.split_once(' ').unwrap_or((line, ""));
+        let usage = |b: &str, c: &str| -> Option<Usage> {
+            Some(Usage {
+                bytes: b.parse().ok()?,
+                messages: c.parse().ok()?,
+            })
+        };
         match word {
-            "ok" if !rest.is_empty() => Ok(Reply::Ok(rest.to_owned())),
+            "ok" if !rest.is_empty() => {
+                let fields: Vec<&str> = rest.split(' ').collect();
+                match fields[..] {
+                    [name, b, c] if !name.starts_with("synced") => match usage(b, c) {
+                        Some(usage) => Ok(Reply::Stored {
+                            name: name.to_owned(),
+                            usage,
+                        }),
+                        None => Err(format!("reply {line:?}: the usage is not two numbers")),
+                    },
+                    _ => Ok(Reply::Ok(rest.to_owned())),
+                }
+            }
+            "full" | "usage" => {
+                let mut fields = rest.splitn(3, ' ');
+                let (b, c) = (fields.next().unwrap_or(""), fields.next().unwrap_or(""));
+                let Some(usage) = usage(b, c) else {
+                    return Err(format!("reply {line:?}: {word} needs two numbers"));
+                };
+                Ok(if word == "usage" {
+                    Reply::Usage(usage)
+                } else {
+                    Reply::Full {
+                        usage,
+                        text: fields.next().unwrap_or("mailbox full").to_owned(),
+                    }
+                })
+            }
             "perm" | "temp" => {
                 let (status, text) = rest.split_once(' ').unwrap_or((rest, ""));
                 let class = if word == "perm" { "5" } else { "4" };
@@ -331,7 +466,7 @@ impl Reply {
                 })
             }
             _ => Err(format!(
-                "reply {line:?} is not `ok <name>`, `perm <x.y.z> <text>` or `temp <x.y.z> <text>`"
+                "reply {line:?} is not `ok <name>`, `full`, `usage`, `perm <x.y.z> <text>` or `temp <x.y.z> <text>`"
             )),
         }
     }
@@ -370,6 +505,36 @@ mod tests {
             ("perm 5.1 short", Err("enhanced status")),
             ("perm 5.1.1234 long", Err("enhanced status")),
             ("ok", Err("is not `ok <name>`")),
+            (
+                "ok 1.M2P3Q4.host,S=9 120 3",
+                Ok(Reply::Stored {
+                    name: "1.M2P3Q4.host,S=9".into(),
+                    usage: Usage {
+                        bytes: 120,
+                        messages: 3,
+                    },
+                }),
+            ),
+            ("ok synced 2", Ok(Reply::Ok("synced 2".into()))),
+            ("ok name 12 x", Err("the usage is not two numbers")),
+            (
+                "full 990 4 mailbox full: 990 + 20 > 1000",
+                Ok(Reply::Full {
+                    usage: Usage {
+                        bytes: 990,
+                        messages: 4,
+                    },
+                    text: "mailbox full: 990 + 20 > 1000".into(),
+                }),
+            ),
+            ("full x 4 y", Err("full needs two numbers")),
+            (
+                "usage 5 1",
+                Ok(Reply::Usage(Usage {
+                    bytes: 5,
+                    messages: 1,
+                })),
+            ),
             ("", Err("is not")),
             ("maybe 4.0.0 x", Err("is not")),
         ];
@@ -380,15 +545,29 @@ mod tests {
 
     #[test]
     fn replies_round_trip_and_stay_one_line() {
+        let usage = Usage {
+            bytes: 7,
+            messages: 1,
+        };
         for r in [
             Reply::Ok("x".into()),
+            Reply::Stored {
+                name: "n".into(),
+                usage,
+            },
+            Reply::Full {
+                usage,
+                text: "over\nquota".into(),
+            },
+            Reply::Usage(usage),
             Reply::perm("5.2.2", "mailbox full"),
             Reply::temp("4.3.0", "two\nlines"),
         ] {
             let line = r.to_line();
             assert_eq!(line.matches('\n').count(), 1, "{line:?}");
             let back = Reply::parse(&line).unwrap();
-            if !matches!(&r, Reply::Temp { text, .. } if text.contains('\n')) {
+            if !matches!(&r, Reply::Temp { text, .. } | Reply::Full { text, .. } if text.contains('\n'))
+            {
                 assert_eq!(back, r);
             }
         }
@@ -400,6 +579,7 @@ mod tests {
             return_path: String::new(),
             delivered_to: "alice@example.test".into(),
             quota: Some(1000),
+            quota_messages: None,
             dir_sync: DirSync::Now,
             message: b"Subject: x\r\n\r\nbody\r\n".to_vec(),
         }
@@ -408,7 +588,9 @@ mod tests {
     fn delivery(c: Option<Command>) -> Option<Request> {
         match c {
             Some(Command::Deliver(r)) => Some(r),
-            Some(Command::Sync) => panic!("a sync where a delivery was expected"),
+            Some(Command::Sync | Command::Usage(_)) => {
+                panic!("another request where a delivery was expected")
+            }
             None => None,
         }
     }
@@ -420,6 +602,7 @@ mod tests {
             request(),
             Request {
                 quota: None,
+                quota_messages: Some(50),
                 dir_sync: DirSync::Later,
                 ..request()
             },
@@ -427,16 +610,40 @@ mod tests {
             wire.extend(r.encode_head().unwrap());
             wire.extend(&r.message);
         }
+        let usage = UsageRequest {
+            mailbox: "/srv/mail/bob/Maildir".into(),
+            limits: Limits {
+                bytes: Some(10),
+                messages: None,
+            },
+            rebuild: true,
+        };
+        wire.extend(usage.encode().unwrap());
         wire.extend(SYNC_LINE);
         let mut input = io::Cursor::new(wire);
         assert_eq!(delivery(read_command(&mut input).unwrap()), Some(request()));
         let second = delivery(read_command(&mut input).unwrap()).unwrap();
-        assert_eq!((second.quota, second.dir_sync), (None, DirSync::Later));
+        assert_eq!(
+            (second.quota, second.quota_messages, second.dir_sync),
+            (None, Some(50), DirSync::Later)
+        );
+        assert_eq!(
+            read_command(&mut input).unwrap(),
+            Some(Command::Usage(usage))
+        );
         assert_eq!(read_command(&mut input).unwrap(), Some(Command::Sync));
         assert!(read_command(&mut input).unwrap().is_none());
         assert_eq!(
             request().prepended_headers(),
             b"Return-Path: <>\r\nDelivered-To: alice@example.test\r\n"
+        );
+        let r = Request {
+            return_path: "bob@example.org".into(),
+            ..request()
+        };
+        assert_eq!(
+            Request::prepended_len(&r.return_path, &r.delivered_to),
+            r.prepended_headers().len()
         );
     }
 
@@ -447,27 +654,35 @@ mod tests {
             (b"path /m\n", "expected a mailbox line"),
             (b"sync now\n", "expected a mailbox line"),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\ndir-sync now\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync now\nsize 1\nz",
+                "expected a quota-messages line",
+            ),
+            (
+                b"usage /m\nquota 1\nquota-messages 0\nrebuild maybe\n",
+                "rebuild \"maybe\" is not `yes` or `no`",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\nquota-messages 0\ndir-sync now\nsize 1\nz",
                 "quota \"x\" is not a whole number",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\nsize 1\nz",
                 "expected a dir-sync line",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync soon\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync soon\nsize 1\nz",
                 "dir-sync \"soon\" is not `now` or `later`",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync now\nsize 10\nshort",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync now\nsize 10\nshort",
                 "ended after 5 of 10 bytes",
             ),
             (
-                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\ndir-sync now\nsize 0\n",
+                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
                 "control character",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\ndir-sync now\nsize 0\n",
+                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
                 "delivered-to is empty",
             ),
         ];

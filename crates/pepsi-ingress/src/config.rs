@@ -122,6 +122,12 @@ pub struct Settings {
     pub domain_cache_ttl: Duration,
     /// How long CHECK_RECIPIENTS reuses the finding that a recipient exists.
     pub recipient_cache_ttl: Duration,
+    /// `CHECK_QUOTA`: refuse RCPT to a local mailbox the quota record shows full.
+    pub check_quota: bool,
+    /// How long a recorded usage counts for that check.
+    pub quota_usage_ttl: Duration,
+    /// How long the check's answer for a mailbox is reused.
+    pub quota_cache_ttl: Duration,
     /// How often the counters are added to `pepsi.ingress_stats`.
     pub stats_interval: Duration,
     /// Failed logins a client network may make per AUTH_FAILURE_WINDOW (0: no limit).
@@ -135,6 +141,8 @@ pub struct Settings {
     pub max_connections: usize,
     pub max_connections_per_client: u32,
     pub dispatch_wake_interval: Duration,
+    /// How accepted messages are grouped into admission statements (`ADMISSION_*`).
+    pub admission: crate::admission::Limits,
     pub shutdown_grace: Duration,
     pub dns: DnsSettings,
     pub listeners: Vec<ListenerConfig>,
@@ -209,6 +217,13 @@ impl Settings {
             recipient_cache_ttl: s
                 .duration_opt("RECIPIENT_CACHE_TTL")?
                 .unwrap_or(Duration::from_secs(10)),
+            check_quota: s.bool_opt("CHECK_QUOTA")?.unwrap_or(true),
+            quota_usage_ttl: s
+                .duration_opt("QUOTA_USAGE_TTL")?
+                .unwrap_or(Duration::from_secs(15 * 60)),
+            quota_cache_ttl: s
+                .duration_opt("QUOTA_CACHE_TTL")?
+                .unwrap_or(Duration::from_secs(10)),
             stats_interval: s
                 .duration_opt("STATS_INTERVAL")?
                 .unwrap_or(Duration::from_secs(10))
@@ -227,6 +242,11 @@ impl Settings {
             dispatch_wake_interval: s
                 .duration_opt("DISPATCH_WAKE_INTERVAL")?
                 .unwrap_or(Duration::ZERO),
+            admission: crate::admission::Limits {
+                batch: s.number_opt("ADMISSION_BATCH")?.unwrap_or(32),
+                batch_size: s.size_opt("ADMISSION_BATCH_SIZE")?.unwrap_or(4 << 20),
+                lanes: s.number_opt("ADMISSION_LANES")?.unwrap_or(2),
+            },
             shutdown_grace: s
                 .duration_opt("SHUTDOWN_GRACE")?
                 .unwrap_or(Duration::from_secs(30)),
@@ -292,6 +312,19 @@ impl Settings {
             if d.is_zero() {
                 bail!("[{SECTION}] {name} = 0: a session needs a time limit");
             }
+        }
+        let a = &self.admission;
+        if a.batch == 0 || a.batch > 1000 {
+            bail!(
+                "[{SECTION}] ADMISSION_BATCH = {}: from 1 (every message alone) to 1000",
+                a.batch
+            );
+        }
+        if a.lanes == 0 || a.lanes > 64 {
+            bail!("[{SECTION}] ADMISSION_LANES = {}: from 1 to 64", a.lanes);
+        }
+        if a.batch_size == 0 {
+            bail!("[{SECTION}] ADMISSION_BATCH_SIZE must be larger than 0");
         }
         if self.auth_concurrency == 0 {
             bail!("[{SECTION}] AUTH_CONCURRENCY must be at least 1");

@@ -2,18 +2,21 @@
 //!
 //! Reads: the `[pepsi-ingress]` and `[listener-<name>]` sections (listeners from the file
 //! only), `pepsi.mailbox_account` / `pepsi.mailbox_password` for AUTH and the recipient
-//! check. Writes: one `pepsi.workqueue_add` call per accepted message (stage `init`,
-//! status `pending`) and, after commit, a coalesced `workqueue` notification.
+//! check. Writes: each accepted message through `pepsi.workqueue_add`, or with the messages
+//! of other sessions that finished meanwhile through one `pepsi.workqueue_add_batch`
+//! (`admission`; stage `init`, status `pending`), and, after commit, a coalesced
+//! `workqueue` notification.
 //! It must never reply 250 to a message before its row has committed, and never notify
 //! inside the admission transaction.
 //!
 //! Layout: the protocol itself (parsing, replies, the data scanner) is `pepsi_smtp`'s;
 //! here `session` (the state machine,
 //! one file per verb), `server` (listeners, limits, signals), `verify` (SPF, DKIM, DMARC,
-//! ARC, iprev), `headers` (Received, forged Authentication-Results), `wake` (admission itself is `pepsi_common::db::admit`),
+//! ARC, iprev), `headers` (Received, forged Authentication-Results), `admission` (group admission over `pepsi_common::db::admit`), `wake`,
 //! `accounts`, `relay`, `tls`, `limits`, `config`.
 
 pub mod accounts;
+pub mod admission;
 pub mod config;
 pub mod headers;
 pub mod limits;

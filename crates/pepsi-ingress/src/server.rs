@@ -33,6 +33,8 @@ pub struct Shared {
     /// a session keeps the ones it started with ([`Shared::settings`]).
     live: std::sync::RwLock<Arc<Settings>>,
     pub pool: PgPool,
+    /// Stores accepted messages, grouping concurrent ones (`admission`).
+    pub admitter: crate::admission::Admitter,
     pub waker: Waker,
     pub verifier: Option<Verifier>,
     pub limiter: Arc<ClientLimiter>,
@@ -40,6 +42,8 @@ pub struct Shared {
     pub domains: crate::limits::DomainCache,
     /// Recipients found to exist (RECIPIENT_CACHE_TTL).
     pub recipients: crate::limits::RecipientCache,
+    /// Mailboxes found full or not (QUOTA_CACHE_TTL).
+    pub quota_full: crate::limits::DomainCache,
     /// What is counted for `pepsi.ingress_stats`.
     pub stats: crate::stats::Stats,
     /// The aliases stages' alias files, for CHECK_RECIPIENTS.
@@ -86,6 +90,18 @@ pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str>
     );
     check(old.message_memory != new.message_memory, "MESSAGE_MEMORY");
     check(
+        old.admission.batch != new.admission.batch,
+        "ADMISSION_BATCH",
+    );
+    check(
+        old.admission.batch_size != new.admission.batch_size,
+        "ADMISSION_BATCH_SIZE",
+    );
+    check(
+        old.admission.lanes != new.admission.lanes,
+        "ADMISSION_LANES",
+    );
+    check(
         old.domain_cache_ttl != new.domain_cache_ttl,
         "DOMAIN_CACHE_TTL",
     );
@@ -94,6 +110,10 @@ pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str>
         "RECIPIENT_CACHE_TTL",
     );
     check(old.stats_interval != new.stats_interval, "STATS_INTERVAL");
+    check(
+        old.quota_cache_ttl != new.quota_cache_ttl,
+        "QUOTA_CACHE_TTL",
+    );
     check(
         old.auth_failures_per_client != new.auth_failures_per_client,
         "AUTH_FAILURES_PER_CLIENT",
@@ -243,11 +263,15 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     let (wake_stop, wake_stopped) = watch::channel(false);
     let (waker, wake_task) =
         wake::spawn(pool.clone(), settings.dispatch_wake_interval, wake_stopped);
+    let admitter =
+        crate::admission::spawn(pool.clone(), settings.admission, settings.max_connections);
     let shared = Arc::new(Shared {
+        admitter,
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         memory: crate::limits::MemoryBudget::new(settings.message_memory),
         domains: crate::limits::DomainCache::new(settings.domain_cache_ttl),
         recipients: crate::limits::RecipientCache::new(settings.recipient_cache_ttl),
+        quota_full: crate::limits::DomainCache::new(settings.quota_cache_ttl),
         stats: crate::stats::Stats::default(),
         alias_files,
         auth_client_failures: crate::limits::FailureCounter::new(

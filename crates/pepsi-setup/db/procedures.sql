@@ -110,6 +110,39 @@ BEGIN
 END
 $$;
 
+-- Admission of several messages in one statement and one transaction (the ingress's group
+-- admission): message i is p_mail_from[i], the next p_rcpt_count[i] entries of the flat
+-- p_rcpt_to, p_headers[i], p_body[i], p_state[i], p_auth_user[i], p_client_addr[i]. Returns
+-- the new ids in the order given; all commit together or none does. Never notifies.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_add_batch(
+    p_mail_from text[], p_rcpt_to text[], p_rcpt_count integer[], p_headers bytea[],
+    p_body bytea[], p_state jsonb[], p_auth_user text[], p_client_addr inet[])
+RETURNS bigint[] LANGUAGE plpgsql AS $$
+DECLARE
+    n integer := coalesce(cardinality(p_mail_from), 0);
+    v_ids bigint[] := '{}';
+    v_at integer := 0;
+BEGIN
+    IF coalesce(cardinality(p_rcpt_count), 0) <> n OR coalesce(cardinality(p_headers), 0) <> n
+       OR coalesce(cardinality(p_body), 0) <> n OR coalesce(cardinality(p_state), 0) <> n
+       OR coalesce(cardinality(p_auth_user), 0) <> n OR coalesce(cardinality(p_client_addr), 0) <> n THEN
+        RAISE EXCEPTION 'workqueue_add_batch: the arrays describe different numbers of messages'
+            USING ERRCODE = '22023';
+    END IF;
+    IF (SELECT coalesce(sum(c), 0) FROM unnest(p_rcpt_count) c) <> coalesce(cardinality(p_rcpt_to), 0)
+       OR EXISTS (SELECT 1 FROM unnest(p_rcpt_count) c WHERE c IS NULL OR c < 0) THEN
+        RAISE EXCEPTION 'workqueue_add_batch: p_rcpt_count does not partition p_rcpt_to'
+            USING ERRCODE = '22023';
+    END IF;
+    FOR i IN 1 .. n LOOP
+        v_ids := v_ids || pepsi.workqueue_add(p_mail_from[i], p_rcpt_to[v_at + 1 : v_at + p_rcpt_count[i]],
+            p_headers[i], p_body[i], p_state[i], p_auth_user[i], p_client_addr[i]);
+        v_at := v_at + p_rcpt_count[i];
+    END LOOP;
+    RETURN v_ids;
+END
+$$;
+
 -- A brand-new side message (an auto-reply, a notice) at a named stage, pending. With a
 -- token, at most once: a token already used returns NULL and creates nothing.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_inject(

@@ -58,6 +58,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0009",
         sql: include_str!("../db/pepsi-0009.sql"),
     },
+    Patch {
+        name: "pepsi-0010",
+        sql: include_str!("../db/pepsi-0010.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -189,9 +193,13 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Ingress, "mailbox_account" | "mailbox_password") => READ,
         // Its own counters: added to (an upsert reads the row it adds to), never deleted.
         (RoleKind::Ingress, "ingress_stats") => COUNT,
+        // A full mailbox is refused at RCPT.
+        (RoleKind::Ingress, "quota_limit" | "quota_usage") => READ,
         (RoleKind::Ingress, _) => NONE,
         (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
+        // pepsi-quota sets limits and records what it recounts from disk.
+        (RoleKind::Config, "quota_limit" | "quota_usage") => ALL,
         (RoleKind::Config, _) => NONE,
         // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
         // DELETE through the stored functions; a deleted row's body goes by the trigger).
@@ -202,7 +210,8 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
         (
             RoleKind::Httpd,
-            "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats",
+            "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"
+            | "quota_usage",
         ) => READ,
         (RoleKind::Httpd, _) => NONE,
     }

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::time::Duration;
 
-use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request, SYNC_LINE};
+use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request, SYNC_LINE, UsageRequest};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -79,10 +79,16 @@ impl CoProcess {
     pub async fn deliver(&mut self, req: &Request, timeout: Duration) -> Result<Reply, String> {
         let head = req.encode_head()?;
         let reply = self.exchange(&[&head, &req.message], timeout).await?;
-        if req.dir_sync == DirSync::Later && matches!(reply, Reply::Ok(_)) {
+        if req.dir_sync == DirSync::Later && matches!(reply, Reply::Ok(_) | Reply::Stored { .. }) {
             self.unsynced = true;
         }
         Ok(reply)
+    }
+
+    /// Asks for a mailbox's usage (`usage`). `Err` means the helper is no longer usable.
+    pub async fn usage(&mut self, req: &UsageRequest, timeout: Duration) -> Result<Reply, String> {
+        let line = req.encode()?;
+        self.exchange(&[&line], timeout).await
     }
 
     /// Syncs the directories of the `dir-sync later` deliveries since the last sync. `Err`

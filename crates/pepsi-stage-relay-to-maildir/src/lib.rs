@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
+use pepsi_common::quota::{self, Limits};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request};
 
@@ -48,8 +49,13 @@ pub struct Settings {
     /// Local domains (configured, or marked in the settings layer).
     pub local: pepsi_common::local::LocalRecipients,
     pub nonlocal_stage: Option<String>,
+    /// The limits of a mailbox without a `pepsi.quota_limit` row of its own.
     pub quota: Option<u64>,
-    pub quota_full_temporary: bool,
+    pub quota_messages: Option<u64>,
+    /// How a full mailbox is answered.
+    pub over_quota: OverQuota,
+    /// How long a mailbox's and its domain's limit rows are reused (0: read every time).
+    pub quota_lookup_ttl: Duration,
     pub helper: HelperArgs,
     pub helper_timeout: Duration,
     pub retry: RetryPolicy,
@@ -86,7 +92,16 @@ impl Settings {
             local: pepsi_common::local::LocalRecipients::from_config(cfg)?,
             nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
             quota: s.size_opt("QUOTA")?.filter(|&q| q > 0),
-            quota_full_temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
+            quota_messages: s.number_opt::<u64>("QUOTA_MESSAGES")?.filter(|&q| q > 0),
+            over_quota: OverQuota {
+                temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
+                grace: s
+                    .duration_opt("QUOTA_GRACE")?
+                    .unwrap_or(Duration::from_secs(24 * 3600)),
+            },
+            quota_lookup_ttl: s
+                .duration_opt("QUOTA_LOOKUP_TTL")?
+                .unwrap_or(Duration::from_secs(10)),
             helper: HelperArgs {
                 program: helper::locate(&helper),
                 root: root.clone(),
@@ -104,29 +119,63 @@ impl Settings {
     }
 }
 
-/// What a helper reply means for the recipient. A full mailbox (5.2.2) becomes a transient
-/// 4.2.2 when `quota_full_temporary`.
-pub fn result_of(reply: Reply, quota_full_temporary: bool) -> RcptResult {
+/// What a full mailbox (over its quota, its domain's, or the filesystem's) means.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OverQuota {
+    /// `QUOTA_FULL_TEMPORARY`: always 4.2.2, retried until MAX_LIFETIME.
+    pub temporary: bool,
+    /// `QUOTA_GRACE`: 4.2.2 while the message is younger than this, then 5.2.2.
+    pub grace: Duration,
+}
+
+impl OverQuota {
+    /// The status for a message received `age` ago: deferred (4.2.2) within the grace
+    /// period, bounced (5.2.2) after it.
+    pub fn status(&self, age: Duration) -> &'static str {
+        if self.temporary || age < self.grace {
+            "4.2.2"
+        } else {
+            "5.2.2"
+        }
+    }
+}
+
+/// What a helper reply means for a recipient of a message received `age` ago.
+pub fn result_of(reply: Reply, over_quota: &OverQuota, age: Duration) -> RcptResult {
     let failure = |text: String, status: &str| {
         let mut f = Failure::new(text, status);
         f.phase = Some("delivery".into());
         f
     };
+    let full = |text: String| match over_quota.status(age) {
+        "5.2.2" => RcptResult::Permanent(failure(text, "5.2.2")),
+        status => RcptResult::Transient(failure(text, status)),
+    };
     match reply {
-        Reply::Ok(_) => RcptResult::Delivered(Delivery::default()),
-        Reply::Perm { status, text } if status == "5.2.2" && quota_full_temporary => {
-            RcptResult::Transient(failure(text, "4.2.2"))
-        }
+        Reply::Ok(_) | Reply::Stored { .. } => RcptResult::Delivered(Delivery::default()),
+        Reply::Full { text, .. } => full(text),
+        Reply::Perm { status, text } if status == "5.2.2" => full(text),
         Reply::Perm { status, text } => RcptResult::Permanent(failure(text, &status)),
         Reply::Temp { status, text } => RcptResult::Transient(failure(text, &status)),
+        Reply::Usage(_) => RcptResult::Transient(failure(
+            "the maildir writer answered a delivery with a usage".into(),
+            "4.3.0",
+        )),
     }
 }
 
-/// The stage: the helper co-process shared by its passes.
+/// The stage: the helper co-process shared by its passes, and the quota limits read.
 #[derive(Default)]
 pub struct RelayToMaildir {
     helper: tokio::sync::Mutex<Helper>,
+    /// Mailbox key → (its own limits, its domain's), when read.
+    limits: std::sync::Mutex<std::collections::HashMap<String, (CachedLimits, std::time::Instant)>>,
 }
+
+type CachedLimits = (Option<Limits>, Option<Limits>);
+
+/// Most mailboxes whose limits a worker remembers.
+const LIMITS_REMEMBERED: usize = 10_000;
 
 /// The running helper, and what was lost with one that stopped.
 #[derive(Default)]
@@ -156,10 +205,44 @@ impl Helper {
 }
 
 impl RelayToMaildir {
+    /// A mailbox's own and its domain's limit rows, reused for `QUOTA_LOOKUP_TTL`.
+    async fn limits_of(
+        &self,
+        s: &Settings,
+        pool: &sqlx::PgPool,
+        mailbox: &str,
+    ) -> Result<CachedLimits, StageError> {
+        let now = std::time::Instant::now();
+        if let Ok(cache) = self.limits.lock()
+            && let Some((limits, at)) = cache.get(mailbox)
+            && now.duration_since(*at) < s.quota_lookup_ttl
+        {
+            return Ok(*limits);
+        }
+        let limits = quota::limits_of(pool, mailbox).await?;
+        if !s.quota_lookup_ttl.is_zero()
+            && let Ok(mut cache) = self.limits.lock()
+        {
+            if cache.len() >= LIMITS_REMEMBERED {
+                cache.retain(|_, (_, at)| now.duration_since(*at) < s.quota_lookup_ttl);
+                if cache.len() >= LIMITS_REMEMBERED {
+                    cache.clear();
+                }
+            }
+            cache.insert(mailbox.to_owned(), (limits, now));
+        }
+        Ok(limits)
+    }
+
     /// Delivers one copy through the helper, starting it when none runs (or when it runs
     /// with other arguments); a helper that fails is stopped and the recipient waits. The
     /// copy's directory entry is synced by `before_commit`.
-    async fn deliver(&self, s: &Settings, req: &Request) -> RcptResult {
+    async fn deliver(
+        &self,
+        s: &Settings,
+        req: &Request,
+        age: Duration,
+    ) -> (RcptResult, Option<Reply>) {
         let mut helper = self.helper.lock().await;
         if helper.process.as_ref().is_some_and(|h| h.args != s.helper) {
             helper.stop("its arguments changed").await;
@@ -171,21 +254,20 @@ impl RelayToMaildir {
                 Ok(h) => *slot = Some(h),
                 Err(e) => {
                     tracing::error!("maildir writer: {e}");
-                    return result_of(Reply::temp("4.3.0", format!("maildir writer: {e}")), false);
+                    let reply = Reply::temp("4.3.0", format!("maildir writer: {e}"));
+                    return (result_of(reply, &s.over_quota, age), None);
                 }
             }
         }
         let h = slot.as_mut().expect("started above");
         match h.deliver(req, s.helper_timeout).await {
-            Ok(reply) => result_of(reply, s.quota_full_temporary),
+            Ok(reply) => (result_of(reply.clone(), &s.over_quota, age), Some(reply)),
             Err(e) => {
                 let program = h.args.program.display().to_string();
                 helper.stop(&e).await;
                 tracing::error!("maildir writer {program} failed: {e}; it will be restarted");
-                result_of(
-                    Reply::temp("4.3.0", format!("maildir writer {program} failed: {e}")),
-                    false,
-                )
+                let reply = Reply::temp("4.3.0", format!("maildir writer {program} failed: {e}"));
+                (result_of(reply, &s.over_quota, age), None)
             }
         }
     }
@@ -269,6 +351,9 @@ impl Stage for RelayToMaildir {
         }
         let message = ctx.raw_message()?;
         let rcpt = ctx.rcpt_to().to_vec();
+        let age = (chrono::Utc::now() - ctx.received_at())
+            .to_std()
+            .unwrap_or_default();
         let mut results = Vec::with_capacity(rcpt.len());
         for (i, r) in rcpt.iter().enumerate() {
             if stranded.contains(&i) {
@@ -290,16 +375,56 @@ impl Stage for RelayToMaildir {
                     continue;
                 }
             };
+            let key = s.local.mailbox_key(r);
+            let (own, domain) = self.limits_of(s, ctx.pool(), &key).await?;
+            // A mailbox is limited by its own row, else the stage's QUOTA, else (it can hold
+            // no more than its domain) the domain's limits, so that the writer keeps its
+            // count for the domain's total too.
+            let limits = own
+                .unwrap_or(Limits {
+                    bytes: s.quota,
+                    messages: s.quota_messages,
+                })
+                .or(domain.unwrap_or_default());
+            let size = (message.len() + Request::prepended_len(ctx.mail_from(), r)) as u64;
+            if let Some(domain_limits) = domain.filter(Limits::any) {
+                let used = quota::domain_usage(ctx.pool(), quota::domain_of(&key)).await?;
+                if !domain_limits.fits(used, size) {
+                    let text = format!(
+                        "domain {} full: its mailboxes hold {} bytes in {} messages, {size} more \
+                         for this message; the domain's quota is {}",
+                        quota::domain_of(&key),
+                        used.bytes,
+                        used.messages,
+                        pepsi_helper_maildir_writer::quota::definition(domain_limits)
+                    );
+                    tracing::info!(id = ctx.id(), rcpt = %r, "not delivered: {text}");
+                    results.push(result_of(
+                        Reply::Full { usage: used, text },
+                        &s.over_quota,
+                        age,
+                    ));
+                    continue;
+                }
+            }
             let req = Request {
                 mailbox,
                 return_path: ctx.mail_from().to_owned(),
                 delivered_to: r.clone(),
-                quota: s.quota,
+                quota: limits.bytes,
+                quota_messages: limits.messages,
                 // Synced once for the round, before the worker commits (`before_commit`).
                 dir_sync: DirSync::Later,
                 message: message.clone(),
             };
-            let mut result = self.deliver(s, &req).await;
+            let (mut result, reply) = self.deliver(s, &req, age).await;
+            if let Some(Reply::Stored { usage, .. } | Reply::Full { usage, .. }) = reply {
+                // What the domain limit and the ingress read; a failure only leaves the
+                // recorded usage behind the Maildir's own until the next delivery.
+                if let Err(e) = quota::record(ctx.pool(), &key, usage, limits).await {
+                    tracing::warn!(rcpt = %r, "cannot record the mailbox's usage: {e}");
+                }
+            }
             if let RcptResult::Delivered(d) = &mut result {
                 d.mailbox = Some(req.mailbox.display().to_string());
             }
@@ -335,42 +460,84 @@ mod tests {
 
     #[test]
     fn replies_become_results() {
-        let cases: Vec<(Reply, bool, &str, Option<&str>)> = vec![
-            (Reply::Ok("n".into()), false, "delivered", None),
+        let usage = pepsi_common::quota::Usage {
+            bytes: 10,
+            messages: 1,
+        };
+        let bounce = OverQuota {
+            temporary: false,
+            grace: Duration::ZERO,
+        };
+        let grace = OverQuota {
+            temporary: false,
+            grace: Duration::from_secs(3600),
+        };
+        let wait = OverQuota {
+            temporary: true,
+            grace: Duration::ZERO,
+        };
+        let young = Duration::from_secs(60);
+        let old = Duration::from_secs(7200);
+        let full = || Reply::Full {
+            usage,
+            text: "mailbox full".into(),
+        };
+        let cases: Vec<(Reply, OverQuota, Duration, &str, Option<&str>)> = vec![
+            (Reply::Ok("n".into()), bounce, young, "delivered", None),
+            (
+                Reply::Stored {
+                    name: "n".into(),
+                    usage,
+                },
+                bounce,
+                young,
+                "delivered",
+                None,
+            ),
             (
                 Reply::perm("5.1.1", "no such mailbox"),
-                false,
+                bounce,
+                young,
                 "permanent",
                 Some("5.1.1"),
             ),
             (
                 Reply::perm("5.2.2", "mailbox full"),
-                false,
+                bounce,
+                young,
                 "permanent",
                 Some("5.2.2"),
             ),
+            (full(), bounce, young, "permanent", Some("5.2.2")),
+            // Within the grace period a full mailbox defers; past it, it bounces.
+            (full(), grace, young, "transient", Some("4.2.2")),
+            (full(), grace, old, "permanent", Some("5.2.2")),
             (
-                Reply::perm("5.2.2", "mailbox full"),
-                true,
+                Reply::perm("5.2.2", "filesystem quota"),
+                grace,
+                young,
                 "transient",
                 Some("4.2.2"),
             ),
+            (full(), wait, old, "transient", Some("4.2.2")),
             (
                 Reply::perm("5.1.1", "no such mailbox"),
-                true,
+                wait,
+                young,
                 "permanent",
                 Some("5.1.1"),
             ),
             (
                 Reply::temp("4.3.0", "rename failed"),
-                false,
+                bounce,
+                young,
                 "transient",
                 Some("4.3.0"),
             ),
         ];
-        for (reply, temporary, kind, status) in cases {
-            let label = format!("{reply:?} {temporary}");
-            let (got_kind, f) = match result_of(reply, temporary) {
+        for (reply, policy, age, kind, status) in cases {
+            let label = format!("{reply:?} {policy:?} {age:?}");
+            let (got_kind, f) = match result_of(reply, &policy, age) {
                 RcptResult::Delivered(_) => ("delivered", None),
                 RcptResult::Permanent(f) => ("permanent", Some(f)),
                 RcptResult::Transient(f) => ("transient", Some(f)),
@@ -402,7 +569,12 @@ mod tests {
             s.local.configured_domains().collect::<Vec<_>>(),
             vec!["a.test", "b.test"]
         );
-        assert!(!s.quota_full_temporary && !s.helper.create);
+        assert!(!s.over_quota.temporary && !s.helper.create);
+        assert_eq!(s.over_quota.grace, Duration::from_secs(24 * 3600));
+        assert_eq!(
+            (s.quota_messages, s.quota_lookup_ttl),
+            (None, Duration::from_secs(10))
+        );
         let o = Settings::from_config(&cfg, "other").unwrap();
         assert_eq!(
             o.template

@@ -17,6 +17,7 @@ mod overlay;
 mod parse;
 mod shown;
 mod value;
+pub use value::parse_size;
 
 use std::collections::BTreeMap;
 use std::fmt;

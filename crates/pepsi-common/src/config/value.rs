@@ -105,7 +105,8 @@ pub(super) fn parse_duration(text: &str) -> Result<Duration, String> {
     Ok(total)
 }
 
-pub(super) fn parse_size(text: &str) -> Result<u64, String> {
+/// A size as the configuration writes it (`10M`, `1GiB`, `512k`, `4096`): binary multiples.
+pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let fail = || SIZE_EXPECTED.to_owned();
     let digits_end = text

@@ -3,8 +3,8 @@
 
 use super::conn::End;
 use super::{Session, State, Transaction};
+use crate::admission::{Accepted, AdmitError};
 use crate::headers::{Trace, received, strip_forged_results};
-use pepsi_common::db::{Admission, admit};
 use pepsi_common::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
 use pepsi_smtp::Reply;
 use pepsi_smtp::data::{DataDecoder, DataProblem, Feed};
@@ -161,10 +161,11 @@ impl Session {
         if let Some(reply) = self.not_owned(&authors, 550).await {
             return reply;
         }
-        match self.store(&tx, &message).await {
+        let size = message.len();
+        match self.store(&tx, message).await {
             Ok(id) => {
                 self.shared.waker.request();
-                tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size = message.len(), "queued");
+                tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size, "queued");
                 Reply::new(250, "2.0.0", format!("queued as {id}"))
             }
             Err(e) => {
@@ -178,7 +179,7 @@ impl Session {
         }
     }
 
-    async fn store(&mut self, tx: &Transaction, message: &[u8]) -> Result<i64, sqlx::Error> {
+    async fn store(&mut self, tx: &Transaction, message: Vec<u8>) -> Result<i64, AdmitError> {
         let s = &self.settings;
         let ip = self.peer.ip();
         let helo = self.helo.clone().unwrap_or_default();
@@ -189,13 +190,14 @@ impl Session {
                     self.iprev = Some(verifier.iprev(ip).await);
                 }
                 let iprev = self.iprev.as_ref().expect("set above");
-                Some(verifier.check(ip, &helo, &mail_from, iprev, message).await)
+                Some(verifier.check(ip, &helo, &mail_from, iprev, &message).await)
             }
             _ => None,
         };
         let iprev = self.iprev.as_ref().map(crate::verify::iprev_state);
         let ptr = iprev.as_ref().and_then(|v| v.name.clone());
-        let (headers, body) = pepsi_common::message::split(message);
+        let (headers, body) = pepsi_common::message::split(&message);
+        let body_at = message.len() - body.len();
         let date = chrono::Local::now().to_rfc2822();
         let trace = received(&Trace {
             helo: &helo,
@@ -262,18 +264,18 @@ impl Session {
             state.insert("auth".into(), v.state);
         }
         let state = serde_json::Value::Object(state);
-        admit(
-            &self.shared.pool,
-            &Admission {
-                mail_from: &mail_from,
-                rcpt_to: &tx.rcpts,
-                headers: &stored_headers,
-                body,
-                state: &state,
-                auth_user: self.auth_user.as_deref(),
+        self.shared
+            .admitter
+            .admit(Accepted {
+                mail_from,
+                rcpt_to: tx.rcpts.clone(),
+                headers: stored_headers,
+                message,
+                body_at,
+                state,
+                auth_user: self.auth_user.clone(),
                 client_addr: ip,
-            },
-        )
-        .await
+            })
+            .await
     }
 }

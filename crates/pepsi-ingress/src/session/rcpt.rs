@@ -1,5 +1,6 @@
-//! RCPT TO: relay control, the recipient limit, the optional mailbox check, and the
-//! RFC 3461 parameters kept for `state.dsn`.
+//! RCPT TO: relay control, the recipient limit, the optional mailbox check, the quota
+//! check (a local mailbox found full is refused with 452 4.2.2), and the RFC 3461
+//! parameters kept for `state.dsn`.
 
 use super::{Session, State};
 use crate::relay::{RcptDecision, decide};
@@ -118,6 +119,38 @@ impl Session {
                 }
             }
             RcptDecision::Local | RcptDecision::Relay => {}
+        }
+        if decision == RcptDecision::Local && s.check_quota && domain.is_some() {
+            let mailbox = s.local.mailbox_key(&address);
+            let full = match self.shared.quota_full.get(&mailbox) {
+                Some(full) => Ok(full),
+                None => {
+                    let fresh_since = chrono::Utc::now()
+                        - chrono::Duration::from_std(s.quota_usage_ttl)
+                            .unwrap_or(chrono::Duration::MAX);
+                    let answer =
+                        pepsi_common::quota::is_full(&self.shared.pool, &mailbox, fresh_since)
+                            .await;
+                    if let Ok(full) = answer {
+                        self.shared.quota_full.put(&mailbox, full);
+                    }
+                    answer
+                }
+            };
+            match full {
+                Ok(true) => {
+                    tracing::info!(peer = %self.peer, rcpt = ?address, "mailbox full: refused");
+                    return Reply::new(
+                        452,
+                        "4.2.2",
+                        format!("mailbox <{address}> is full; try again later"),
+                    );
+                }
+                Ok(false) => {}
+                // The delivery enforces the quota itself: a check that cannot be made
+                // accepts the recipient rather than turning mail away.
+                Err(e) => tracing::warn!(rcpt = ?address, "quota check failed: {e}"),
+            }
         }
         tx.rcpts.push(address);
         tx.rcpt_params.push(params);
