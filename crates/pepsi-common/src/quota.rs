@@ -206,9 +206,12 @@ pub async fn record(
     Ok(())
 }
 
+/// A `quota_usage` row: storage, messages, the limits it was measured under, when.
+type UsageRow = (i64, i64, Option<i64>, Option<i64>, DateTime<Utc>);
+
 /// A mailbox's recorded usage, if any.
 pub async fn recorded(pool: &PgPool, mailbox: &str) -> Result<Option<Recorded>, sqlx::Error> {
-    let row: Option<(i64, i64, Option<i64>, Option<i64>, DateTime<Utc>)> = sqlx::query_as(
+    let row: Option<UsageRow> = sqlx::query_as(
         "SELECT storage, messages, storage_limit, messages_limit, measured_at \
          FROM pepsi.quota_usage WHERE mailbox = $1",
     )
@@ -264,7 +267,7 @@ pub async fn set_limit(
     .execute(&mut *tx)
     .await?;
     crate::audit::record(
-        &mut *tx,
+        &mut tx,
         actor,
         "quota.set",
         None,
@@ -289,7 +292,7 @@ pub async fn unset_limit(
         > 0;
     if gone {
         crate::audit::record(
-            &mut *tx,
+            &mut tx,
             actor,
             "quota.unset",
             None,
@@ -315,6 +318,7 @@ pub async fn all_limits(pool: &PgPool) -> Result<Vec<(String, Limits)>, sqlx::Er
 
 /// Every recorded usage, by mailbox.
 pub async fn all_recorded(pool: &PgPool) -> Result<Vec<(String, Recorded)>, sqlx::Error> {
+    #[allow(clippy::type_complexity)]
     let rows: Vec<(String, i64, i64, Option<i64>, Option<i64>, DateTime<Utc>)> = sqlx::query_as(
         "SELECT mailbox, storage, messages, storage_limit, messages_limit, measured_at \
          FROM pepsi.quota_usage ORDER BY mailbox",
