@@ -97,40 +97,14 @@ impl Writer {
             }
             Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
         };
-        let who = if privilege::is_root() {
-            Identity {
-                uid: owner_of.uid(),
-                gid: owner_of.gid(),
-            }
+        let what = if exists {
+            "mailbox"
         } else {
-            privilege::current()
+            "the directory above mailbox"
         };
-        if who.uid == 0 && !self.opts.allow_root_owner {
-            return Reply::temp(
-                "4.3.5",
-                format!(
-                    "{} {} owned by root; refusing to write as root (allow it with ALLOW_ROOT_OWNER)",
-                    if exists {
-                        "mailbox"
-                    } else {
-                        "the directory above mailbox"
-                    },
-                    mailbox.display()
-                ),
-            );
-        }
-        let _switched = if privilege::is_root() && who.uid != 0 {
-            match privilege::switch_to(who) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    return Reply::temp(
-                        "4.3.0",
-                        format!("cannot switch to the mailbox owner ({who}): {e}"),
-                    );
-                }
-            }
-        } else {
-            None
+        let (who, _switched) = match self.become_owner(&mailbox, &owner_of, what) {
+            Ok(switched) => switched,
+            Err(reply) => return reply,
         };
         if !exists && let Err(e) = create_maildir(&self.root, &mailbox) {
             return io_reply("creating", &mailbox, e, who);
@@ -214,40 +188,52 @@ impl Writer {
             }
             Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
         };
-        let who = if privilege::is_root() {
-            Identity {
-                uid: owner.uid(),
-                gid: owner.gid(),
-            }
-        } else {
-            privilege::current()
-        };
-        if who.uid == 0 && !self.opts.allow_root_owner {
-            return Reply::temp(
-                "4.3.5",
-                format!(
-                    "mailbox {} owned by root; refusing to work as root (allow it with ALLOW_ROOT_OWNER)",
-                    mailbox.display()
-                ),
-            );
-        }
-        let _switched = if privilege::is_root() && who.uid != 0 {
-            match privilege::switch_to(who) {
-                Ok(g) => Some(g),
-                Err(e) => {
-                    return Reply::temp(
-                        "4.3.0",
-                        format!("cannot switch to the mailbox owner ({who}): {e}"),
-                    );
-                }
-            }
-        } else {
-            None
+        let (who, _switched) = match self.become_owner(&mailbox, &owner, "mailbox") {
+            Ok(switched) => switched,
+            Err(reply) => return reply,
         };
         let unique = self.unique_name(0);
         match quota::current(&mailbox, req.limits, 0, req.rebuild, &unique) {
             Ok((usage, _)) => Reply::Usage(usage),
             Err(e) => io_reply("measuring", &mailbox, e, who),
+        }
+    }
+
+    /// Who works on `mailbox`: the owner of `owner_of` (the mailbox, or the directory above
+    /// it, `what`) when running as root, switched to until the guard drops; otherwise this
+    /// process's own user. A root owner is refused unless ALLOW_ROOT_OWNER.
+    fn become_owner(
+        &self,
+        mailbox: &Path,
+        owner_of: &fs::Metadata,
+        what: &str,
+    ) -> Result<(Identity, Option<privilege::Switched>), Reply> {
+        let who = if privilege::is_root() {
+            Identity {
+                uid: owner_of.uid(),
+                gid: owner_of.gid(),
+            }
+        } else {
+            privilege::current()
+        };
+        if who.uid == 0 && !self.opts.allow_root_owner {
+            return Err(Reply::temp(
+                "4.3.5",
+                format!(
+                    "{what} {} owned by root; refusing to write as root (allow it with ALLOW_ROOT_OWNER)",
+                    mailbox.display()
+                ),
+            ));
+        }
+        if !privilege::is_root() || who.uid == 0 {
+            return Ok((who, None));
+        }
+        match privilege::switch_to(who) {
+            Ok(g) => Ok((who, Some(g))),
+            Err(e) => Err(Reply::temp(
+                "4.3.0",
+                format!("cannot switch to the mailbox owner ({who}): {e}"),
+            )),
         }
     }
 
