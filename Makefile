@@ -35,7 +35,9 @@ FOLDED_BINARIES = \
 #   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
 #   pepsi-token, reads the OAuth token files), pepsi-sendmail (setgid pepsi-sendmail, the
 #   group that may write the drop directory; run by every local user as /usr/sbin/sendmail),
-#   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer).
+#   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer),
+#   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller
+#   pepsi-stage-dot-forward (setgid pepsi-forward).
 # - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
 #   code used by nothing else); pepsi-config (links every program's configuration parser,
 #   pepsi::checks, to check an override before it is stored: code no running service needs); pepsi-httpd (the administrative web surface: started as root
@@ -47,6 +49,8 @@ STANDALONE_BINARIES = \
 	pepsi-setup \
 	pepsi-helper-maildir-writer \
 	pepsi-stage-relay-to-maildir \
+	pepsi-helper-dot-forward \
+	pepsi-stage-dot-forward \
 	pepsi-stage-relay-to-smarthost \
 	pepsi-sendmail \
 	pepsi-quota \

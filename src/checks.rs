@@ -77,6 +77,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         check: stage::<pepsi_stage_if::If>,
     },
     ProgramCheck {
+        program: "pepsi-stage-dot-forward",
+        check: stage::<pepsi_stage_dot_forward::DotForwardStage>,
+    },
+    ProgramCheck {
         program: "pepsi-stage-if-headers",
         check: stage::<pepsi_stage_if::IfHeaders>,
     },

@@ -97,6 +97,16 @@ pub fn pages() -> Vec<Page> {
             8,
             pepsi_helper_maildir_writer::command,
         ),
+        clap(
+            "pepsi-stage-dot-forward",
+            8,
+            pepsi_stage_dot_forward::command,
+        ),
+        clap(
+            "pepsi-helper-dot-forward",
+            8,
+            pepsi_helper_dot_forward::command,
+        ),
         clap("pepsi-stage-bounce", 8, pepsi_stage_bounce::command),
         clap("pepsi-stage-discard", 8, pepsi_stage_discard::command),
         clap(

@@ -75,6 +75,8 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-setup",
     "pepsi-helper-maildir-writer",
     "pepsi-stage-relay-to-maildir",
+    "pepsi-helper-dot-forward",
+    "pepsi-stage-dot-forward",
     "pepsi-stage-relay-to-smarthost",
     "pepsi-sendmail",
     "pepsi-quota",

@@ -86,6 +86,8 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
             0o2755,
         ),
         ("pepsi-quota", "root", "pepsi-maildir", 0o2750),
+        ("pepsi-helper-dot-forward", "root", "pepsi-forward", 0o4750),
+        ("pepsi-stage-dot-forward", "root", "pepsi-forward", 0o2755),
         (
             "pepsi-stage-relay-to-smarthost",
             "root",
@@ -109,7 +111,12 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
     }
     // The writer's group is the one its caller is set-group-id to, and no one else's.
     let text = std::fs::read_to_string(root().join("packaging/privileges.txt")).unwrap();
-    for group in ["pepsi-maildir", "pepsi-token", "pepsi-sendmail"] {
+    for group in [
+        "pepsi-maildir",
+        "pepsi-token",
+        "pepsi-forward",
+        "pepsi-sendmail",
+    ] {
         assert!(
             text.lines()
                 .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["group", group]),

@@ -468,3 +468,199 @@ async fn a_refusal_by_the_remote_mx_comes_back_to_the_original_sender() {
     sys.wait_empty(WAIT).await;
     assert_eq!(world.origin.messages().len(), 1, "exactly one DSN");
 }
+
+/// System accounts made for one test (useradd, as root) with their home directories under
+/// `dir`, removed again when dropped. Their names are this process's own, so two test runs
+/// on one machine do not meet.
+struct Accounts {
+    names: Vec<String>,
+    _dir: tempfile::TempDir,
+    homes: Vec<PathBuf>,
+}
+
+impl Accounts {
+    fn create(letters: &[&str]) -> Accounts {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(
+            dir.path(),
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
+        let mut names = Vec::new();
+        let mut homes = Vec::new();
+        for letter in letters {
+            let name = format!("pfw{}{letter}", std::process::id());
+            let home = dir.path().join(&name);
+            let _ = Command::new("userdel").arg(&name).output();
+            let out = Command::new("useradd")
+                .args([
+                    "--no-create-home",
+                    "--shell",
+                    "/usr/sbin/nologin",
+                    "--home-dir",
+                ])
+                .arg(&home)
+                .arg(&name)
+                .output()
+                .expect("useradd (the .forward test makes system accounts: run it as root)");
+            assert!(
+                out.status.success(),
+                "useradd {name} (the .forward test makes system accounts: run it as root): {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::fs::create_dir(&home).unwrap();
+            let chown = Command::new("chown")
+                .arg(format!("{name}:"))
+                .arg(&home)
+                .status()
+                .unwrap();
+            assert!(chown.success());
+            names.push(name);
+            homes.push(home);
+        }
+        Accounts {
+            names,
+            _dir: dir,
+            homes,
+        }
+    }
+
+    /// Writes account `i`'s `.forward`, owned by the account, with `mode`.
+    fn forward(&self, i: usize, text: &str, mode: u32) {
+        let path = self.homes[i].join(".forward");
+        std::fs::write(&path, text).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
+            .unwrap();
+        let chown = Command::new("chown")
+            .arg(format!("{}:", self.names[i]))
+            .arg(&path)
+            .status()
+            .unwrap();
+        assert!(chown.success());
+    }
+}
+
+impl Drop for Accounts {
+    fn drop(&mut self) {
+        for name in &self.names {
+            let _ = Command::new("userdel").arg(name).output();
+        }
+    }
+}
+
+/// ~/.forward through the whole system (pepsi-stage-dot-forward spliced in before the
+/// Maildir delivery, its setuid reader run as root reading each file as its account): a
+/// forward to a remote address leaves with an SRS sender and the loop guard while `\name`
+/// keeps a local copy; two accounts forwarding to each other are a loop, returned to the
+/// sender with 5.4.6; a file others may write is ignored and the mail delivered here.
+#[tokio::test]
+async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop() {
+    let world = World::start().await;
+    let acc = Accounts::create(&["a", "b", "c", "d", "e"]);
+    let [a, b, c, d, e] = [0, 1, 2, 3, 4].map(|i| acc.names[i].clone());
+    acc.forward(
+        0,
+        &format!("# keep one, send one on\n\\{a}, dest@remote.test\n\"|/bin/false\"\n"),
+        0o644,
+    );
+    acc.forward(1, &format!("{c}\n"), 0o600);
+    acc.forward(2, &format!("{b}@example.test\n"), 0o644);
+    acc.forward(3, "dest@remote.test\n", 0o664);
+    // e's file is root's and only root may read it: the reader, reading as e, cannot.
+    acc.forward(4, "dest@remote.test\n", 0o600);
+    let chown = Command::new("chown")
+        .arg("root:")
+        .arg(acc.homes[4].join(".forward"))
+        .status()
+        .unwrap();
+    assert!(chown.success());
+    let extra = format!(
+        "{}\n[stage-vacation]\nNEXT_STAGE = dot-forward\n\n\
+         [stage-dot-forward]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = local\n\
+         BOUNCE_STAGE = bounce\nFORWARD_STAGE = aliases\n",
+        world.extra()
+    );
+    let users = [
+        a.as_str(),
+        b.as_str(),
+        c.as_str(),
+        d.as_str(),
+        e.as_str(),
+        "bob",
+    ];
+    let mut sys = System::new(&extra, &users).await;
+    sys.start().await;
+
+    // a: one copy kept, one to remote.test with an SRS sender and a's loop guard.
+    let to_a = format!(
+        "From: sender@origin.test\r\nTo: {a}@example.test\r\nSubject: for a\r\n\
+         Message-ID: <dotfwd-a@origin.test>\r\n\r\nhello a\r\n"
+    );
+    let reply = sys
+        .send(
+            "sender@origin.test",
+            &[&format!("{a}@example.test")],
+            to_a.as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let out = wait_received(&sys, &world.remote, 1).await;
+    assert_eq!(out[0].rcpt, vec!["dest@remote.test"]);
+    let (_, _, domain, local) = srs0_parts(&out[0].mail_from);
+    assert_eq!((domain.as_str(), local.as_str()), ("origin.test", "sender"));
+    assert_eq!(
+        named(&out[0].data, "Delivered-To"),
+        [format!("Delivered-To: {a}@example.test")],
+        "the forwarded copy carries the loop guard"
+    );
+    assert!(String::from_utf8_lossy(&out[0].data).contains("hello a"));
+    let kept = sys.wait_messages(&a, 1, WAIT).await;
+    assert!(String::from_utf8_lossy(&kept[0]).contains("Subject: for a"));
+    sys.wait_empty(WAIT).await;
+
+    // b -> c -> b: the second visit to b finds b in a Delivered-To field; bob gets a DSN.
+    let to_b = format!(
+        "From: bob@example.test\r\nTo: {b}@example.test\r\nSubject: round and round\r\n\
+         Message-ID: <dotfwd-b@example.test>\r\n\r\nloop?\r\n"
+    );
+    let reply = sys
+        .send(
+            "bob@example.test",
+            &[&format!("{b}@example.test")],
+            to_b.as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let dsn = sys.wait_messages("bob", 1, WAIT).await;
+    let text = String::from_utf8_lossy(&dsn[0]).into_owned();
+    assert!(text.contains("report-type=delivery-status"), "{text}");
+    assert!(text.contains("Status: 5.4.6"), "{text}");
+    assert!(
+        text.contains(&format!("mail forwarding loop for {b}@example.test")),
+        "{text}"
+    );
+    sys.wait_empty(WAIT).await;
+    assert!(sys.messages(&b).is_empty() && sys.messages(&c).is_empty());
+
+    // d's .forward is group-writable, e's unreadable by e: both ignored, the mail stays.
+    for user in [&d, &e] {
+        let reply = sys
+            .send(
+                "sender@origin.test",
+                &[&format!("{user}@example.test")],
+                b"From: sender@origin.test\r\nSubject: stay\r\n\r\nhello\r\n",
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+        sys.wait_messages(user, 1, WAIT).await;
+    }
+    sys.wait_empty(WAIT).await;
+    assert_eq!(world.remote.messages().len(), 1, "only a's copy left");
+    let logs = sys.logs();
+    assert!(logs.contains("is writable by its group"), "{logs}");
+    assert!(logs.contains("is not readable by its account"), "{logs}");
+    assert!(
+        logs.contains("program delivery (|command) is not supported"),
+        "{logs}"
+    );
+}

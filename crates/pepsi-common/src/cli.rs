@@ -90,3 +90,17 @@ where
         }
     }
 }
+
+/// A helper program as configured (`HELPER`): a path is used as is; a bare name is looked for
+/// next to this program's own executable (an installed system's directory of programs),
+/// then on PATH.
+pub fn locate_program(configured: &str) -> std::path::PathBuf {
+    if configured.contains('/') {
+        return std::path::PathBuf::from(configured);
+    }
+    std::env::current_exe()
+        .ok()
+        .and_then(|exe| exe.parent().map(|d| d.join(configured)))
+        .filter(|p| p.is_file())
+        .unwrap_or_else(|| std::path::PathBuf::from(configured))
+}

@@ -9,7 +9,8 @@
 //! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
 //! counters and queue shape as the operator surfaces show them (`status`), and the
 //! operator tools' tables and durations (`text`), and the rules and shape of automatic
-//! replies (`autoreply`).
+//! replies (`autoreply`), and the effective-identity switch of the setuid helpers
+//! (`privilege`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -32,6 +33,7 @@ pub mod mail_log;
 pub mod message;
 pub mod mime;
 pub mod password;
+pub mod privilege;
 pub mod queue;
 pub mod quota;
 pub mod relay;

@@ -325,6 +325,23 @@ impl<'de> Deserialize<'de> for Ret {
 }
 
 // ---------------------------------------------------------------------------------------------
+// dot_forward
+
+/// `state.dot_forward`: what recipients' `.forward` files did to this message, written by
+/// pepsi-stage-dot-forward. Both lists hold addresses as the recipients were written.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DotForward {
+    /// The recipients whose `.forward` sent this copy on, in order.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub forwarded: Vec<String>,
+    /// Addresses a `\name` entry kept a copy for: delivered where they are, never forwarded
+    /// again.
+    #[serde(default, deserialize_with = "null_as_default")]
+    pub kept: Vec<String>,
+}
+state_key!(DotForward, "dot_forward");
+
+// ---------------------------------------------------------------------------------------------
 // bounce
 
 /// `state.bounce`: what the bounce stage is asked to report. Only `kind` is required; a field

@@ -14,7 +14,8 @@
 //! into `new/`.
 
 pub mod maildir;
-pub mod privilege;
+/// The owner switch, shared with the `.forward` reader.
+pub use pepsi_common::privilege;
 pub mod protocol;
 pub mod quota;
 

@@ -34,16 +34,7 @@ pub struct CoProcess {
 
 /// `HELPER` as configured: a path is used as is; a bare name is looked for next to this
 /// program's own executable, then on PATH.
-pub fn locate(configured: &str) -> PathBuf {
-    if configured.contains('/') {
-        return PathBuf::from(configured);
-    }
-    std::env::current_exe()
-        .ok()
-        .and_then(|exe| exe.parent().map(|d| d.join(configured)))
-        .filter(|p| p.is_file())
-        .unwrap_or_else(|| PathBuf::from(configured))
-}
+pub use pepsi_common::cli::locate_program as locate;
 
 impl CoProcess {
     pub fn start(args: HelperArgs) -> Result<CoProcess, String> {

@@ -588,6 +588,25 @@ impl<'a> StageContext<'a> {
         Ok(t)
     }
 
+    /// Replaces the recipients, merges `state` (with the rebuilt `dsn.rcpt`) and moves the
+    /// message to `stage`, pending there: one commit. A forward's end, where the new
+    /// recipients start again at an earlier stage of the graph.
+    pub fn reroute_recipients(
+        &self,
+        stage: &str,
+        rcpt_to: Vec<String>,
+        state: Map<String, Value>,
+    ) -> Result<Terminal, StageError> {
+        if rcpt_to.is_empty() {
+            return Err(StageError::Invalid(
+                "reroute_recipients needs at least one recipient".into(),
+            ));
+        }
+        let mut t = self.reroute(stage, state)?;
+        t.rcpt_to = Some(rcpt_to);
+        Ok(t)
+    }
+
     // ----- the scaffolding's side: applying an outcome, entering a fused hop -----
 
     /// Folds what `terminal` writes into this pass's changes; returns the transition.

@@ -1,7 +1,9 @@
-//! Writing as the mailbox owner: a scoped switch of the effective uid, gid and supplementary
-//! groups, taken only when the process runs with effective uid 0.
+//! Acting as another account: a scoped switch of the effective uid, gid and supplementary
+//! groups, taken only when the process runs with effective uid 0. The setuid-root helpers
+//! (the Maildir writer, which writes as the mailbox owner, and the `.forward` reader, which
+//! reads as the account) use it; nothing else may.
 //!
-//! The writer is single-threaded, so the effective ids are the whole process's. Root stays
+//! Its callers are single-threaded, so the effective ids are the whole process's. Root stays
 //! the saved uid during a switch (that is what lets the guard switch back); the owner cannot
 //! signal or trace the process meanwhile, because its real uid is the caller's and a setuid
 //! process is not dumpable. If switching back fails the process aborts: it must never go on
@@ -9,7 +11,7 @@
 
 use std::io;
 
-/// Who a write runs as.
+/// Who an access runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Identity {
     pub uid: u32,
@@ -33,7 +35,7 @@ pub fn current() -> Identity {
     }
 }
 
-/// True when the effective uid is root: writes then switch to the mailbox owner.
+/// True when the effective uid is root: accesses then switch to the account concerned.
 pub fn is_root() -> bool {
     // SAFETY: no arguments, cannot fail.
     unsafe { libc::geteuid() == 0 }
@@ -95,7 +97,8 @@ impl Drop for Switched {
         };
         if !ok {
             eprintln!(
-                "pepsi-helper-maildir-writer: cannot switch back to root: {}; aborting",
+                "{}: cannot switch back to root: {}; aborting",
+                std::env::args().next().unwrap_or_default(),
                 io::Error::last_os_error()
             );
             std::process::abort();

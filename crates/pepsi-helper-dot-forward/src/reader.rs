@@ -1,0 +1,307 @@
+//! Reading one account's `~/.forward` as that account.
+//!
+//! The account comes from the system's password database (`getpwnam_r`); one whose uid is
+//! below the minimum (root and the system accounts, by default under 1000) has no
+//! `.forward` here. Running as root, the read runs as the account (its uid, its primary
+//! group only), so it sees exactly what the account may see; never as root. The file is
+//! opened without following a symbolic link and trusted only when it is a regular file
+//! owned by the account (or root), writable by no one else, and at most
+//! `protocol::MAX_FILE` bytes; anything else is answered `unsafe` and ignored by the stage,
+//! as Postfix's local(8) and sendmail ignore a `.forward` they cannot trust.
+
+use std::ffi::{CStr, CString};
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::PathBuf;
+
+use pepsi_common::privilege::{self, Identity};
+
+use crate::protocol::{MAX_FILE, Reply};
+
+/// The lowest uid whose `.forward` is read unless configured otherwise.
+pub const DEFAULT_MIN_UID: u32 = 1000;
+
+/// What the reader is allowed to do, fixed at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Options {
+    /// Accounts with a lower uid have no `.forward` (root never has).
+    pub min_uid: u32,
+}
+
+/// One account as the password database has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// Looks `name` up in the password database; `Ok(None)` when there is no such account.
+pub fn account(name: &str) -> io::Result<Option<Account>> {
+    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: every pointer is valid for the call; `pwd` points into `buf`'s memory only
+        // after a successful return, and is read before `buf` changes.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = unsafe {
+            libc::getpwnam_r(
+                c_name.as_ptr(),
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: on success pw_dir is a NUL-terminated string inside `buf`.
+        let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+        use std::os::unix::ffi::OsStrExt;
+        return Ok(Some(Account {
+            uid: pwd.pw_uid,
+            gid: pwd.pw_gid,
+            home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+        }));
+    }
+}
+
+/// The answer for `name`'s `.forward`.
+pub fn read_forward(opts: &Options, name: &str) -> Reply {
+    let account = match account(name) {
+        Ok(Some(a)) => a,
+        Ok(None) => return Reply::None(format!("no account {name}")),
+        Err(e) => return Reply::temp("4.3.0", format!("looking up account {name}: {e}")),
+    };
+    if account.uid == 0 || account.uid < opts.min_uid {
+        return Reply::None(format!(
+            "account {name} has uid {}, below MIN_UID {}",
+            account.uid, opts.min_uid
+        ));
+    }
+    if !account.home.is_absolute() {
+        return Reply::None(format!("account {name} has no absolute home directory"));
+    }
+    let path = account.home.join(".forward");
+    // Only as the account: root's view of the file system is never what decides.
+    let _as_account = if privilege::is_root() {
+        match privilege::switch_to(Identity {
+            uid: account.uid,
+            gid: account.gid,
+        }) {
+            Ok(g) => Some(g),
+            Err(e) => {
+                return Reply::temp(
+                    "4.3.0",
+                    format!("cannot switch to account {name} (uid {}): {e}", account.uid),
+                );
+            }
+        }
+    } else {
+        None
+    };
+    read_file(&path, account.uid)
+}
+
+/// Opens and checks `path` for the account `uid`, as the current identity.
+pub fn read_file(path: &std::path::Path, uid: u32) -> Reply {
+    let shown = path.display();
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        // A FIFO must not hold the reader; a symbolic link is not followed (ELOOP).
+        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
+        .open(path);
+    let mut file: File = match file {
+        Ok(f) => f,
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => Reply::None(format!("no {shown}")),
+                Some(libc::ELOOP) => Reply::Unsafe(format!("{shown} is a symbolic link")),
+                Some(libc::EACCES) | Some(libc::EPERM) => {
+                    Reply::Unsafe(format!("{shown} is not readable by its account: {e}"))
+                }
+                _ => Reply::temp("4.3.0", format!("opening {shown}: {e}")),
+            };
+        }
+    };
+    let meta = match file.metadata() {
+        Ok(m) => m,
+        Err(e) => return Reply::temp("4.3.0", format!("{shown}: {e}")),
+    };
+    if let Some(why) = distrust(&meta_facts(&meta), uid) {
+        return Reply::Unsafe(format!("{shown} {why}"));
+    }
+    let mut bytes = Vec::with_capacity(meta.len() as usize);
+    if let Err(e) = (&mut file).take(MAX_FILE + 1).read_to_end(&mut bytes) {
+        return Reply::temp("4.3.0", format!("reading {shown}: {e}"));
+    }
+    if bytes.len() as u64 > MAX_FILE {
+        return Reply::Unsafe(format!("{shown} grew past {MAX_FILE} bytes while read"));
+    }
+    Reply::File(bytes)
+}
+
+/// What the trust rule looks at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Facts {
+    pub regular: bool,
+    pub owner: u32,
+    pub mode: u32,
+    pub len: u64,
+}
+
+fn meta_facts(meta: &std::fs::Metadata) -> Facts {
+    Facts {
+        regular: meta.file_type().is_file(),
+        owner: meta.uid(),
+        mode: meta.mode(),
+        len: meta.len(),
+    }
+}
+
+/// Why a file with these facts is not trusted as account `uid`'s `.forward`, or `None`.
+pub fn distrust(f: &Facts, uid: u32) -> Option<String> {
+    if !f.regular {
+        return Some("is not a regular file".into());
+    }
+    if f.owner != uid && f.owner != 0 {
+        return Some(format!(
+            "is owned by uid {}, not the account's {uid}",
+            f.owner
+        ));
+    }
+    if f.mode & 0o022 != 0 {
+        return Some(format!(
+            "is writable by {} (mode {:o})",
+            if f.mode & 0o002 != 0 {
+                "anyone"
+            } else {
+                "its group"
+            },
+            f.mode & 0o7777
+        ));
+    }
+    if f.len > MAX_FILE {
+        return Some(format!("is {} bytes, more than {MAX_FILE}", f.len));
+    }
+    None
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn trust_rule_table() {
+        let ok = Facts {
+            regular: true,
+            owner: 1001,
+            mode: 0o100644,
+            len: 40,
+        };
+        let cases: &[(Facts, Option<&str>)] = &[
+            (ok, None),
+            (Facts { owner: 0, ..ok }, None),
+            (
+                Facts {
+                    mode: 0o100600,
+                    ..ok
+                },
+                None,
+            ),
+            (
+                Facts {
+                    regular: false,
+                    ..ok
+                },
+                Some("not a regular file"),
+            ),
+            (Facts { owner: 1002, ..ok }, Some("owned by uid 1002")),
+            (
+                Facts {
+                    mode: 0o100664,
+                    ..ok
+                },
+                Some("writable by its group"),
+            ),
+            (
+                Facts {
+                    mode: 0o100646,
+                    ..ok
+                },
+                Some("writable by anyone"),
+            ),
+            (
+                Facts {
+                    len: MAX_FILE + 1,
+                    ..ok
+                },
+                Some("more than"),
+            ),
+            (
+                Facts {
+                    len: MAX_FILE,
+                    ..ok
+                },
+                None,
+            ),
+        ];
+        for (facts, want) in cases {
+            let got = distrust(facts, 1001);
+            match want {
+                None => assert_eq!(got, None, "{facts:?}"),
+                Some(w) => assert!(
+                    got.as_deref().is_some_and(|g| g.contains(w)),
+                    "{facts:?}: {got:?}"
+                ),
+            }
+        }
+    }
+
+    /// The reader's answers for what a home directory may hold, as the current user.
+    #[test]
+    fn files_are_read_only_when_trusted() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let me = privilege::current().uid;
+        let path = dir.path().join(".forward");
+        assert!(matches!(read_file(&path, me), Reply::None(_)));
+        std::fs::write(&path, "bob@example.org\n").unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        assert_eq!(
+            read_file(&path, me),
+            Reply::File(b"bob@example.org\n".to_vec())
+        );
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
+        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("anyone")));
+        std::fs::remove_file(&path).unwrap();
+        let target = dir.path().join("elsewhere");
+        std::fs::write(&target, "x@example.org\n").unwrap();
+        std::os::unix::fs::symlink(&target, &path).unwrap();
+        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("symbolic link")));
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir(&path).unwrap();
+        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("regular")));
+    }
+
+    #[test]
+    fn accounts_come_from_the_password_database() {
+        let root = account("root").unwrap().unwrap();
+        assert_eq!(root.uid, 0);
+        assert!(root.home.is_absolute());
+        assert_eq!(account("no-such-account-here").unwrap(), None);
+        // root's .forward is never read, whatever MIN_UID says.
+        let opts = Options { min_uid: 0 };
+        assert!(matches!(read_forward(&opts, "root"), Reply::None(w) if w.contains("uid 0")));
+    }
+}
