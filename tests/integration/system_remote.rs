@@ -551,20 +551,22 @@ impl Drop for Accounts {
 /// ~/.forward through the whole system (pepsi-stage-dot-forward spliced in before the
 /// Maildir delivery, its setuid reader run as root reading each file as its account): a
 /// forward to a remote address leaves with an SRS sender and the loop guard while `\name`
-/// keeps a local copy; two accounts forwarding to each other are a loop, returned to the
-/// sender with 5.4.6; a file others may write is ignored and the mail delivered here.
+/// (and the account's own address with an extension) keeps one local copy; two accounts
+/// forwarding to each other are a loop, found through an extension too and returned to the
+/// sender with 5.4.6; a kept copy forwarded back to its account is a loop, not a second
+/// copy; a file others may write, or one the account cannot read, is ignored.
 #[tokio::test]
 async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop() {
     let world = World::start().await;
-    let acc = Accounts::create(&["a", "b", "c", "d", "e"]);
-    let [a, b, c, d, e] = [0, 1, 2, 3, 4].map(|i| acc.names[i].clone());
+    let acc = Accounts::create(&["a", "b", "c", "d", "e", "f", "g"]);
+    let [a, b, c, d, e, f, g] = [0, 1, 2, 3, 4, 5, 6].map(|i| acc.names[i].clone());
     acc.forward(
         0,
-        &format!("# keep one, send one on\n\\{a}, dest@remote.test\n\"|/bin/false\"\n"),
+        &format!("# keep one, send one on\n\\{a}, dest@remote.test\n{a}+copy\n\"|/bin/false\"\n"),
         0o644,
     );
     acc.forward(1, &format!("{c}\n"), 0o600);
-    acc.forward(2, &format!("{b}@example.test\n"), 0o644);
+    acc.forward(2, &format!("{b}+loop@example.test\n"), 0o644);
     acc.forward(3, "dest@remote.test\n", 0o664);
     // e's file is root's and only root may read it: the reader, reading as e, cannot.
     acc.forward(4, "dest@remote.test\n", 0o600);
@@ -574,36 +576,32 @@ async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop
         .status()
         .unwrap();
     assert!(chown.success());
+    acc.forward(5, &format!("\\{f}, {g}\n"), 0o644);
+    acc.forward(6, &format!("{f}\n"), 0o644);
     let extra = format!(
         "{}\n[stage-vacation]\nNEXT_STAGE = dot-forward\n\n\
          [stage-dot-forward]\nPROGRAM = pepsi-stage-dot-forward\nNEXT_STAGE = local\n\
-         BOUNCE_STAGE = bounce\nFORWARD_STAGE = aliases\n",
+         BOUNCE_STAGE = bounce\nFORWARD_STAGE = aliases\nDOMAINS = example.test\n",
         world.extra()
     );
-    let users = [
-        a.as_str(),
-        b.as_str(),
-        c.as_str(),
-        d.as_str(),
-        e.as_str(),
-        "bob",
-    ];
+    let mut users: Vec<&str> = acc.names.iter().map(String::as_str).collect();
+    users.extend(["bob", "carol"]);
     let mut sys = System::new(&extra, &users).await;
     sys.start().await;
+    let send = |from: &'static str, to: String, subject: &'static str| {
+        let body = format!(
+            "From: {from}\r\nTo: {to}\r\nSubject: {subject}\r\n\
+             Message-ID: <{subject}@example.test>\r\n\r\nhello\r\n"
+        );
+        let sys = &sys;
+        async move {
+            let reply = sys.send(from, &[&to], body.as_bytes()).await;
+            assert!(reply.starts_with("250"), "{subject}: {reply}");
+        }
+    };
 
     // a: one copy kept, one to remote.test with an SRS sender and a's loop guard.
-    let to_a = format!(
-        "From: sender@origin.test\r\nTo: {a}@example.test\r\nSubject: for a\r\n\
-         Message-ID: <dotfwd-a@origin.test>\r\n\r\nhello a\r\n"
-    );
-    let reply = sys
-        .send(
-            "sender@origin.test",
-            &[&format!("{a}@example.test")],
-            to_a.as_bytes(),
-        )
-        .await;
-    assert!(reply.starts_with("250"), "{reply}");
+    send("sender@origin.test", format!("{a}@example.test"), "for-a").await;
     let out = wait_received(&sys, &world.remote, 1).await;
     assert_eq!(out[0].rcpt, vec!["dest@remote.test"]);
     let (_, _, domain, local) = srs0_parts(&out[0].mail_from);
@@ -613,45 +611,47 @@ async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop
         [format!("Delivered-To: {a}@example.test")],
         "the forwarded copy carries the loop guard"
     );
-    assert!(String::from_utf8_lossy(&out[0].data).contains("hello a"));
-    let kept = sys.wait_messages(&a, 1, WAIT).await;
-    assert!(String::from_utf8_lossy(&kept[0]).contains("Subject: for a"));
+    sys.wait_messages(&a, 1, WAIT).await;
     sys.wait_empty(WAIT).await;
+    assert_eq!(sys.messages(&a).len(), 1, "\\a and a+copy keep one copy");
 
-    // b -> c -> b: the second visit to b finds b in a Delivered-To field; bob gets a DSN.
-    let to_b = format!(
-        "From: bob@example.test\r\nTo: {b}@example.test\r\nSubject: round and round\r\n\
-         Message-ID: <dotfwd-b@example.test>\r\n\r\nloop?\r\n"
-    );
-    let reply = sys
-        .send(
-            "bob@example.test",
-            &[&format!("{b}@example.test")],
-            to_b.as_bytes(),
-        )
-        .await;
-    assert!(reply.starts_with("250"), "{reply}");
+    // b -> c -> b+loop: b's account is in a Delivered-To field; bob gets a DSN.
+    send(
+        "bob@example.test",
+        format!("{b}@example.test"),
+        "round-and-round",
+    )
+    .await;
     let dsn = sys.wait_messages("bob", 1, WAIT).await;
     let text = String::from_utf8_lossy(&dsn[0]).into_owned();
     assert!(text.contains("report-type=delivery-status"), "{text}");
     assert!(text.contains("Status: 5.4.6"), "{text}");
     assert!(
-        text.contains(&format!("mail forwarding loop for {b}@example.test")),
+        text.contains(&format!("mail forwarding loop for {b}+loop@example.test")),
         "{text}"
     );
     sys.wait_empty(WAIT).await;
     assert!(sys.messages(&b).is_empty() && sys.messages(&c).is_empty());
+    assert_eq!(sys.messages("bob").len(), 1);
+
+    // f keeps a copy and forwards to g, who forwards back to f: f's kept copy is delivered
+    // once, and the copy coming back is a loop.
+    send(
+        "carol@example.test",
+        format!("{f}@example.test"),
+        "kept-then-back",
+    )
+    .await;
+    let dsn = sys.wait_messages("carol", 1, WAIT).await;
+    assert!(String::from_utf8_lossy(&dsn[0]).contains("Status: 5.4.6"));
+    sys.wait_empty(WAIT).await;
+    assert_eq!(sys.messages(&f).len(), 1, "one kept copy, no second");
+    assert!(sys.messages(&g).is_empty());
+    assert_eq!(sys.messages("carol").len(), 1);
 
     // d's .forward is group-writable, e's unreadable by e: both ignored, the mail stays.
     for user in [&d, &e] {
-        let reply = sys
-            .send(
-                "sender@origin.test",
-                &[&format!("{user}@example.test")],
-                b"From: sender@origin.test\r\nSubject: stay\r\n\r\nhello\r\n",
-            )
-            .await;
-        assert!(reply.starts_with("250"), "{reply}");
+        send("sender@origin.test", format!("{user}@example.test"), "stay").await;
         sys.wait_messages(user, 1, WAIT).await;
     }
     sys.wait_empty(WAIT).await;

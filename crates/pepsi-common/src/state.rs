@@ -328,18 +328,28 @@ impl<'de> Deserialize<'de> for Ret {
 // dot_forward
 
 /// `state.dot_forward`: what recipients' `.forward` files did to this message, written by
-/// pepsi-stage-dot-forward. Both lists hold addresses as the recipients were written.
+/// pepsi-stage-dot-forward.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DotForward {
-    /// The recipients whose `.forward` sent this copy on, in order.
+    /// The recipients whose `.forward` sent this copy on, in order, as they were written.
     #[serde(default, deserialize_with = "null_as_default")]
     pub forwarded: Vec<String>,
-    /// Addresses a `\name` entry kept a copy for: delivered where they are, never forwarded
-    /// again.
+    /// The copies a `\name` entry kept: delivered where they are, not forwarded again while
+    /// the message has come no further.
     #[serde(default, deserialize_with = "null_as_default")]
-    pub kept: Vec<String>,
+    pub kept: Vec<KeptCopy>,
 }
 state_key!(DotForward, "dot_forward");
+
+/// One entry of `state.dot_forward.kept`.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KeptCopy {
+    /// The address the copy was kept for.
+    pub address: String,
+    /// How many `Delivered-To` fields the message had once it was kept: a copy that comes
+    /// back with more has been forwarded on since, and is checked for a loop like any other.
+    pub hops: usize,
+}
 
 // ---------------------------------------------------------------------------------------------
 // bounce

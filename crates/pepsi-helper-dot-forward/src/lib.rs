@@ -6,8 +6,11 @@
 //! because a `.forward` in a home directory is readable by its account, not by Pepsi. It
 //! reads each file as the account it belongs to ([`reader`]), never as root, and passes the
 //! bytes on unparsed: what the lines mean is the stage's to decide. Started through its setuid
-//! bit by another user, it reads MIN_UID from `[helper-dot-forward]` in the system
-//! configuration with an empty environment, and the caller's `--min-uid` may only raise it.
+//! bit by another user, it reads `[helper-dot-forward]` from the system configuration with
+//! an empty environment: it serves only the account named by CALLER (the dispatcher's,
+//! whose stage workers run it), and the caller's `--min-uid` may only raise MIN_UID. The
+//! stage that runs it is setgid, so any local user could start that with a configuration
+//! of their own; the CALLER check is what keeps them from the files.
 //!
 //! It must never write anything but answers to stdout.
 
@@ -53,8 +56,10 @@ The account is looked up in the system's password database and the file read is 
 <home>/.forward. Running as root (the production install is setuid root, mode 4750, group of \
 the stage), the file is opened as the account (its uid and primary group only), so the \
 reader sees exactly what the account may read. Not running as root, it reads as itself. \
-Started through its setuid bit by another user, it reads MIN_UID from [helper-dot-forward] in \
-/etc/pepsi/pepsi.conf with an empty environment, and --min-uid counts only when it is higher. \
+Started through its setuid bit by another user, it reads [helper-dot-forward] from \
+/etc/pepsi/pepsi.conf with an empty environment: it refuses to start unless its real user is \
+CALLER (default pepsi, the account the dispatcher and its stage workers run as) or root, and \
+--min-uid counts only when it is higher than MIN_UID (default 1000). \
 A request that does not follow the protocol is answered `temp 4.3.0 protocol error: ...` and \
 the program exits 2.
 
@@ -93,11 +98,8 @@ pub fn run() -> ExitCode {
     let setuid = privilege::is_setuid_invocation();
     if setuid {
         // Nothing from the caller's environment may reach logging or the configuration.
-        let names: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
-        for k in names {
-            // SAFETY: single-threaded, before anything else runs.
-            unsafe { std::env::remove_var(k) };
-        }
+        // SAFETY: single-threaded, before anything else runs or reads the environment.
+        unsafe { libc::clearenv() };
     }
     let cli = Cli::parse();
     pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
@@ -109,7 +111,9 @@ pub fn run() -> ExitCode {
             Ok(c) => c,
             Err(e) => return fail(&format!("{e}")),
         };
-        match narrow(&cfg, opts) {
+        // SAFETY: no arguments, cannot fail.
+        let real_uid = unsafe { libc::getuid() };
+        match narrow(&cfg, opts, real_uid) {
             Ok(o) => opts = o,
             Err(e) => return fail(&e),
         }
@@ -122,10 +126,38 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// Applies the system configuration's floor to the caller's options (setuid invocation):
-/// `MIN_UID` (default 1000) unless the caller asked for a higher one.
-pub fn narrow(cfg: &Config, opts: reader::Options) -> Result<reader::Options, String> {
+/// The account allowed to use the reader unless `CALLER` names another.
+pub const DEFAULT_CALLER: &str = "pepsi";
+
+/// Applies the system configuration to a setuid invocation by the real uid `real_uid`: only
+/// `CALLER` (default `pepsi`) or root may use the reader, and `MIN_UID` (default 1000) holds
+/// unless the caller asked for a higher one.
+pub fn narrow(
+    cfg: &Config,
+    opts: reader::Options,
+    real_uid: u32,
+) -> Result<reader::Options, String> {
     let section = cfg.section(constants::SECTION);
+    let caller = section
+        .string_opt("CALLER")
+        .map_err(|e| e.to_string())?
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_CALLER.to_owned());
+    let allowed = reader::account(caller.trim())
+        .map_err(|e| format!("[{}] CALLER {caller}: {e}", constants::SECTION))?
+        .ok_or_else(|| {
+            format!(
+                "[{}] CALLER {caller}: no such account in the password database",
+                constants::SECTION
+            )
+        })?;
+    if real_uid != 0 && real_uid != allowed.uid {
+        return Err(format!(
+            "started by uid {real_uid}: only [{}] CALLER {caller} (uid {}) may use this reader",
+            constants::SECTION,
+            allowed.uid
+        ));
+    }
     let floor = section
         .parse_opt("MIN_UID", |v| {
             v.trim()
@@ -190,16 +222,52 @@ mod tests {
     /// A setuid invocation never goes below the system configuration's MIN_UID.
     #[test]
     fn the_caller_may_only_raise_min_uid() {
-        let cfg = |t: &str| Config::from_str_named(t, "pepsi.conf").unwrap();
+        let cfg = |t: &str| {
+            Config::from_str_named(
+                &format!("[helper-dot-forward]\nCALLER = root\n{t}"),
+                "pepsi.conf",
+            )
+            .unwrap()
+        };
         let asked = |min_uid| reader::Options { min_uid };
-        assert_eq!(narrow(&cfg("[pepsi]\n"), asked(0)).unwrap(), asked(1000));
-        assert_eq!(narrow(&cfg("[pepsi]\n"), asked(5000)).unwrap(), asked(5000));
+        assert_eq!(narrow(&cfg(""), asked(0), 0).unwrap(), asked(1000));
+        assert_eq!(narrow(&cfg(""), asked(5000), 0).unwrap(), asked(5000));
         assert_eq!(
-            narrow(&cfg("[helper-dot-forward]\nMIN_UID = 2000\n"), asked(100)).unwrap(),
+            narrow(&cfg("MIN_UID = 2000\n"), asked(100), 0).unwrap(),
             asked(2000)
         );
-        let e = narrow(&cfg("[helper-dot-forward]\nMIN_UID = many\n"), asked(0)).unwrap_err();
+        let e = narrow(&cfg("MIN_UID = many\n"), asked(0), 0).unwrap_err();
         assert!(e.contains("MIN_UID") && e.contains("many"), "{e}");
+    }
+
+    /// Only CALLER (or root) may use a setuid reader: any other user who starts the setgid
+    /// stage with a configuration of their own is refused.
+    #[test]
+    fn only_the_caller_account_may_use_the_reader() {
+        let cfg = |t: &str| Config::from_str_named(t, "pepsi.conf").unwrap();
+        let opts = reader::Options { min_uid: 1000 };
+        let nobody = reader::account("nobody")
+            .unwrap()
+            .expect("the nobody account");
+        let as_nobody = cfg("[helper-dot-forward]\nCALLER = nobody\n");
+        assert!(narrow(&as_nobody, opts.clone(), nobody.uid).is_ok());
+        assert!(narrow(&as_nobody, opts.clone(), 0).is_ok(), "root may");
+        let e = narrow(&as_nobody, opts.clone(), nobody.uid + 1).unwrap_err();
+        assert!(
+            e.contains(&format!("started by uid {}", nobody.uid + 1))
+                && e.contains("CALLER nobody"),
+            "{e}"
+        );
+        let e = narrow(
+            &cfg("[helper-dot-forward]\nCALLER = no-such-caller-x\n"),
+            opts,
+            0,
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("no-such-caller-x") && e.contains("no such account"),
+            "{e}"
+        );
     }
 
     /// A garbled request ends the conversation after a temp answer.

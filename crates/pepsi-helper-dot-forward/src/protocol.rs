@@ -27,6 +27,12 @@ pub const MAX_LINE: usize = 256;
 /// lines; anything larger is refused as unsafe rather than read.
 pub const MAX_FILE: u64 = 64 * 1024;
 
+/// The longest text an answer carries: what the stage accepts with room to spare, whatever
+/// the length of a home directory's path.
+pub const MAX_TEXT: usize = 512;
+/// The longest answer line, LF included: the word, a status and the text.
+pub const MAX_ANSWER_LINE: usize = MAX_TEXT + 64;
+
 /// The longest account name (the system's LOGIN_NAME_MAX is larger; useradd's limit is 32).
 pub const MAX_ACCOUNT: usize = 32;
 
@@ -132,9 +138,20 @@ impl Reply {
         }
     }
 
-    /// The answer as written on the wire. Texts are kept to one line.
+    /// The answer as written on the wire. Texts are kept to one line of at most `MAX_TEXT`
+    /// bytes.
     pub fn encode(&self) -> Vec<u8> {
-        let one_line = |t: &str| t.replace(['\r', '\n'], " ");
+        let one_line = |t: &str| {
+            let mut t = t.replace(['\r', '\n'], " ");
+            if t.len() > MAX_TEXT {
+                let mut end = MAX_TEXT;
+                while !t.is_char_boundary(end) {
+                    end -= 1;
+                }
+                t.truncate(end);
+            }
+            t
+        };
         match self {
             Reply::File(bytes) => {
                 let mut out = format!("file {}\n", bytes.len()).into_bytes();
@@ -151,7 +168,7 @@ impl Reply {
 
     /// Reads one answer (the stage's end). An error means the stream is out of step.
     pub fn read<R: BufRead>(input: &mut R) -> Result<Reply, String> {
-        let line = match read_line(input, MAX_LINE + 1024) {
+        let line = match read_line(input, MAX_ANSWER_LINE) {
             Ok(Some(line)) => line,
             Ok(None) => return Err("it exited".into()),
             Err(e) => return Err(e.to_string()),
@@ -218,9 +235,12 @@ mod tests {
         assert_eq!(read_request(&mut &b""[..]).unwrap(), None);
     }
 
-    /// Texts cannot break the framing.
+    /// Texts cannot break the framing, nor outgrow what the stage reads.
     #[test]
     fn a_text_with_line_breaks_stays_one_line() {
+        let long = Reply::None(format!("no {}/.forward", "/ü".repeat(2000))).encode();
+        assert!(long.len() <= MAX_TEXT + 6, "{}", long.len());
+        assert!(matches!(Reply::read(&mut &long[..]), Ok(Reply::None(_))));
         let wire = Reply::Unsafe("a\nfile 3\nabc".into()).encode();
         let mut input = &wire[..];
         assert_eq!(
@@ -266,8 +286,15 @@ mod tests {
         ] {
             assert!(read_request(&mut &bad[..]).is_err(), "{bad:?}");
         }
-        let long = format!("forward {}\n", "a".repeat(MAX_LINE));
-        assert!(read_request(&mut long.as_bytes()).is_err());
+        let long = format!("{}\n", "x".repeat(20));
+        let e = read_line(&mut long.as_bytes(), 10).unwrap_err().to_string();
+        assert!(e.contains("longer than 9 bytes"), "{e}");
+        assert_eq!(
+            read_line(&mut "123456789\n".as_bytes(), 10)
+                .unwrap()
+                .as_deref(),
+            Some("123456789")
+        );
         for bad in [
             &b"file 5\nabc"[..],
             b"file x\n",

@@ -3,17 +3,22 @@
 //! The account comes from the system's password database (`getpwnam_r`); one whose uid is
 //! below the minimum (root and the system accounts, by default under 1000) has no
 //! `.forward` here. Running as root, the read runs as the account (its uid, its primary
-//! group only), so it sees exactly what the account may see; never as root. The file is
-//! opened without following a symbolic link and trusted only when it is a regular file
-//! owned by the account (or root), writable by no one else, and at most
-//! `protocol::MAX_FILE` bytes; anything else is answered `unsafe` and ignored by the stage,
-//! as Postfix's local(8) and sendmail ignore a `.forward` they cannot trust.
+//! group only), so it sees exactly what the account may see; never as root. The home
+//! directory is opened first and trusted only when it is owned by the account (or root) and
+//! writable by no one else (otherwise another user could put a file of the account's under
+//! the name `.forward`); the file is then opened inside it without following a symbolic link
+//! and trusted only when it is a regular file owned by the account (or root), writable by no
+//! one else, and at most `protocol::MAX_FILE` bytes. Anything else is answered `unsafe` and
+//! ignored by the stage, as Postfix's local(8) and sendmail ignore a `.forward` they cannot
+//! trust.
 
 use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Read};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use pepsi_common::privilege::{self, Identity};
 
@@ -59,6 +64,10 @@ pub fn account(name: &str) -> io::Result<Option<Account>> {
             buf.resize(buf.len() * 2, 0);
             continue;
         }
+        // Some NSS modules say "no such account" with an error number (getpwnam(3), NOTES).
+        if matches!(rc, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
+            return Ok(None);
+        }
         if rc != 0 {
             return Err(io::Error::from_raw_os_error(rc));
         }
@@ -67,7 +76,6 @@ pub fn account(name: &str) -> io::Result<Option<Account>> {
         }
         // SAFETY: on success pw_dir is a NUL-terminated string inside `buf`.
         let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
-        use std::os::unix::ffi::OsStrExt;
         return Ok(Some(Account {
             uid: pwd.pw_uid,
             gid: pwd.pw_gid,
@@ -92,7 +100,6 @@ pub fn read_forward(opts: &Options, name: &str) -> Reply {
     if !account.home.is_absolute() {
         return Reply::None(format!("account {name} has no absolute home directory"));
     }
-    let path = account.home.join(".forward");
     // Only as the account: root's view of the file system is never what decides.
     let _as_account = if privilege::is_root() {
         match privilege::switch_to(Identity {
@@ -110,17 +117,57 @@ pub fn read_forward(opts: &Options, name: &str) -> Reply {
     } else {
         None
     };
-    read_file(&path, account.uid)
+    read_in_home(&account.home, account.uid)
 }
 
-/// Opens and checks `path` for the account `uid`, as the current identity.
-pub fn read_file(path: &std::path::Path, uid: u32) -> Reply {
-    let shown = path.display();
-    let file = std::fs::OpenOptions::new()
+/// Opens and checks `home` and its `.forward` for the account `uid`, as the current
+/// identity.
+pub fn read_in_home(home: &Path, uid: u32) -> Reply {
+    let dir = std::fs::OpenOptions::new()
         .read(true)
-        // A FIFO must not hold the reader; a symbolic link is not followed (ELOOP).
-        .custom_flags(libc::O_NOFOLLOW | libc::O_NONBLOCK)
-        .open(path);
+        .custom_flags(libc::O_DIRECTORY | libc::O_NOCTTY)
+        .open(home);
+    let dir = match dir {
+        Ok(d) => d,
+        Err(e) => {
+            return match e.raw_os_error() {
+                Some(libc::ENOENT) | Some(libc::ENOTDIR) => {
+                    Reply::None(format!("no home directory {}", home.display()))
+                }
+                Some(libc::EACCES) | Some(libc::EPERM) => Reply::Unsafe(format!(
+                    "home directory {} is not readable by its account: {e}",
+                    home.display()
+                )),
+                _ => Reply::temp("4.3.0", format!("opening {}: {e}", home.display())),
+            };
+        }
+    };
+    match dir.metadata() {
+        Ok(meta) => {
+            if let Some(why) = distrust_home(&meta_facts(&meta), uid) {
+                return Reply::Unsafe(format!("home directory {} {why}", home.display()));
+            }
+        }
+        Err(e) => return Reply::temp("4.3.0", format!("{}: {e}", home.display())),
+    }
+    let path = home.join(".forward");
+    let shown = path.display();
+    // SAFETY: a plain openat on a descriptor we own and a NUL-terminated name; the result is
+    // checked before it becomes a File, which then owns it. A FIFO must not hold the
+    // reader; a symbolic link is not followed (ELOOP).
+    let fd = unsafe {
+        libc::openat(
+            dir.as_raw_fd(),
+            c".forward".as_ptr(),
+            libc::O_RDONLY | libc::O_NOFOLLOW | libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC,
+        )
+    };
+    let file = if fd < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        // SAFETY: fd is a fresh descriptor nothing else owns.
+        Ok(unsafe { File::from_raw_fd(fd) })
+    };
     let mut file: File = match file {
         Ok(f) => f,
         Err(e) => {
@@ -169,11 +216,9 @@ fn meta_facts(meta: &std::fs::Metadata) -> Facts {
     }
 }
 
-/// Why a file with these facts is not trusted as account `uid`'s `.forward`, or `None`.
-pub fn distrust(f: &Facts, uid: u32) -> Option<String> {
-    if !f.regular {
-        return Some("is not a regular file".into());
-    }
+/// Why a home directory (or a file in it) with these facts is not trusted for account `uid`,
+/// or `None`: owned by someone else than the account or root, or writable by others.
+pub fn distrust_home(f: &Facts, uid: u32) -> Option<String> {
     if f.owner != uid && f.owner != 0 {
         return Some(format!(
             "is owned by uid {}, not the account's {uid}",
@@ -190,6 +235,17 @@ pub fn distrust(f: &Facts, uid: u32) -> Option<String> {
             },
             f.mode & 0o7777
         ));
+    }
+    None
+}
+
+/// Why a file with these facts is not trusted as account `uid`'s `.forward`, or `None`.
+pub fn distrust(f: &Facts, uid: u32) -> Option<String> {
+    if !f.regular {
+        return Some("is not a regular file".into());
+    }
+    if let Some(why) = distrust_home(f, uid) {
+        return Some(why);
     }
     if f.len > MAX_FILE {
         return Some(format!("is {} bytes, more than {MAX_FILE}", f.len));
@@ -257,6 +313,17 @@ mod tests {
             ),
         ];
         for (facts, want) in cases {
+            // The home directory's rule is the file's on owner and mode, and only those.
+            let home = distrust_home(facts, 1001);
+            match want {
+                Some(w) if w.contains("owned") || w.contains("writable") => {
+                    assert!(
+                        home.as_deref().is_some_and(|h| h.contains(w)),
+                        "home {facts:?}"
+                    )
+                }
+                _ => assert_eq!(home, None, "home {facts:?}"),
+            }
             let got = distrust(facts, 1001);
             match want {
                 None => assert_eq!(got, None, "{facts:?}"),
@@ -273,25 +340,47 @@ mod tests {
     fn files_are_read_only_when_trusted() {
         use std::os::unix::fs::PermissionsExt;
         let dir = tempfile::tempdir().unwrap();
+        let home = dir.path();
+        let mode = |p: &Path, m: u32| {
+            std::fs::set_permissions(p, std::fs::Permissions::from_mode(m)).unwrap()
+        };
+        mode(home, 0o755);
         let me = privilege::current().uid;
-        let path = dir.path().join(".forward");
-        assert!(matches!(read_file(&path, me), Reply::None(_)));
+        let path = home.join(".forward");
+        assert!(matches!(read_in_home(home, me), Reply::None(_)));
+        let gone = read_in_home(&home.join("gone"), me);
+        assert!(
+            matches!(&gone, Reply::None(w) if w.contains("no home")),
+            "{gone:?}"
+        );
         std::fs::write(&path, "bob@example.org\n").unwrap();
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        mode(&path, 0o644);
         assert_eq!(
-            read_file(&path, me),
+            read_in_home(home, me),
             Reply::File(b"bob@example.org\n".to_vec())
         );
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).unwrap();
-        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("anyone")));
+        // A home others may write is not trusted, whatever the file looks like.
+        mode(home, 0o775);
+        let shared = read_in_home(home, me);
+        assert!(
+            matches!(&shared, Reply::Unsafe(w) if w.contains("home directory") && w.contains("its group")),
+            "{shared:?}"
+        );
+        mode(home, 0o755);
+        mode(&path, 0o666);
+        assert!(matches!(read_in_home(home, me), Reply::Unsafe(w) if w.contains("anyone")));
         std::fs::remove_file(&path).unwrap();
-        let target = dir.path().join("elsewhere");
+        let target = home.join("elsewhere");
         std::fs::write(&target, "x@example.org\n").unwrap();
         std::os::unix::fs::symlink(&target, &path).unwrap();
-        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("symbolic link")));
+        let link = read_in_home(home, me);
+        assert!(
+            matches!(&link, Reply::Unsafe(w) if w.contains("symbolic link")),
+            "{link:?}"
+        );
         std::fs::remove_file(&path).unwrap();
         std::fs::create_dir(&path).unwrap();
-        assert!(matches!(read_file(&path, me), Reply::Unsafe(w) if w.contains("regular")));
+        assert!(matches!(read_in_home(home, me), Reply::Unsafe(w) if w.contains("regular")));
     }
 
     #[test]

@@ -25,18 +25,6 @@ pub struct Forward {
     pub ignored: Vec<(String, String)>,
 }
 
-impl Forward {
-    /// True when the file changes nothing: no target, and no kept copy for another address
-    /// than the recipient's own.
-    pub fn is_noop(&self, recipient: &str) -> bool {
-        self.targets.is_empty()
-            && self
-                .keep
-                .iter()
-                .all(|k| address_key(k) == address_key(recipient))
-    }
-}
-
 /// Parses `bytes` for `recipient` (whose domain completes bare names), taking at most
 /// `max_addresses` targets and kept copies together.
 pub fn parse(bytes: &[u8], recipient: &str, max_addresses: usize) -> Forward {
@@ -260,15 +248,5 @@ mod tests {
         let f = parse(long.as_bytes(), "alice@example.test", 5);
         assert!(f.targets.is_empty());
         assert!(f.ignored[0].1.contains("longer than"), "{:?}", f.ignored);
-    }
-
-    #[test]
-    fn a_file_keeping_only_the_own_copy_changes_nothing() {
-        let r = "alice@example.test";
-        assert!(parse(b"\\alice\n", r, 5).is_noop(r));
-        assert!(parse(b"# nothing\n", r, 5).is_noop(r));
-        assert!(parse(b"|/bin/true\n", r, 5).is_noop(r));
-        assert!(!parse(b"bob\n", r, 5).is_noop(r));
-        assert!(!parse(b"\\carol\n", r, 5).is_noop(r));
     }
 }

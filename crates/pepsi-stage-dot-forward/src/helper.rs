@@ -57,7 +57,7 @@ impl CoProcess {
             // let the protocol module parse the lot.
             let mut wire = Vec::new();
             (&mut self.stdout)
-                .take(protocol::MAX_LINE as u64 + 1024)
+                .take(protocol::MAX_ANSWER_LINE as u64)
                 .read_until(b'\n', &mut wire)
                 .await?;
             if let Some(len) = wire

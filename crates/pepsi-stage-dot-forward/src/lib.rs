@@ -1,15 +1,17 @@
 //! pepsi-stage-dot-forward: sends mail for system accounts where their `~/.forward` says.
 //!
 //! Reads: the envelope, the header block (`Load::Headers`: its `Delivered-To` fields are the
-//! loop guard), `state.dsn` and `state.dot_forward`, and each local recipient's `.forward`
+//! loop guard), `state.dsn` and `state.dot_forward`, and the `.forward` of each recipient in
+//! `DOMAINS`
 //! through `pepsi-helper-dot-forward`, the setuid-root co-process that reads it as the
 //! account (this program is setgid to the one group that may run it). Writes: the header
 //! block (one `Delivered-To: <recipient>` in front), `rcpt_to`, `state.dsn` (each new
 //! recipient's ORCPT names the original one) and `state.dot_forward`. Terminal helpers:
-//! `advance` when nobody forwards; `fan_out` first when several recipients share a row and
-//! some forward (each forwarding one gets a row of its own, as its `Delivered-To` must be
-//! in its copies only); `reroute_recipients` to `FORWARD_STAGE` for a forward; `reroute` to
-//! `BOUNCE_STAGE` with 5.4.6 for a loop (the recipient is already in a `Delivered-To`).
+//! `advance` when nobody forwards; `split_off_each` first when several recipients share a
+//! row and some forward (each forwarding one gets a row of its own, as its `Delivered-To`
+//! must be in its copies only); `reroute_recipients` to `FORWARD_STAGE` for a forward;
+//! `reroute` to `BOUNCE_STAGE` with 5.4.6 for a loop (the recipient's account is already in
+//! a `Delivered-To`) or a message forwarded `MAX_HOPS` times.
 //!
 //! The file's grammar is `forward_file`'s and the decision `plan`'s, both pure; this file is
 //! the I/O around them. The forwarded copy keeps its envelope sender; the `remote` stage of
@@ -23,12 +25,10 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pepsi_common::config::Config;
-use pepsi_common::local::{LocalRecipients, address_key, normalize_domain, split_address};
+use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
 use pepsi_common::message;
-use pepsi_common::stage::{
-    FanGroup, FanRecipients, Load, Stage, StageContext, StageError, Terminal,
-};
-use pepsi_common::state::{Bounce, BounceKind, DotForward, Dsn};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::state::{Bounce, BounceKind, DotForward, Dsn, KeptCopy};
 use pepsi_helper_dot_forward::protocol::{Reply, valid_account};
 use serde_json::Map;
 
@@ -54,6 +54,8 @@ pub mod constants {
 pub const DEFAULT_FORWARD_STAGE: &str = "aliases";
 /// How many targets and kept copies one `.forward` may name unless `MAX_ADDRESSES` says.
 pub const DEFAULT_MAX_ADDRESSES: usize = 64;
+/// How many forwards (`Delivered-To` fields) a message may take unless `MAX_HOPS` says.
+pub const DEFAULT_MAX_HOPS: usize = 20;
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -62,9 +64,10 @@ pub struct Settings {
     pub forward_stage: String,
     /// `MAX_ADDRESSES`: targets and kept copies per file.
     pub max_addresses: usize,
-    /// `DOMAINS`: the local domains whose addresses are system accounts; `None`: every
-    /// local domain.
-    pub domains: Option<Vec<String>>,
+    /// `MAX_HOPS`: a message with this many `Delivered-To` fields is not forwarded again.
+    pub max_hops: usize,
+    /// `DOMAINS` (required): the domains whose addresses are system accounts.
+    pub domains: Vec<String>,
     /// `HELPER`, `MIN_UID`.
     pub helper: HelperArgs,
     /// `HELPER_TIMEOUT`.
@@ -90,21 +93,34 @@ impl Settings {
                 _ => Err("a whole number from 1 to 1000".to_owned()),
             })?
             .unwrap_or(DEFAULT_MAX_ADDRESSES);
-        let domains = match s.list_opt("DOMAINS")? {
-            None => None,
-            Some(list) => Some(
-                list.iter()
-                    .map(|d| {
-                        normalize_domain(d).ok_or_else(|| {
-                            anyhow::anyhow!(
-                                "{}: [stage-{stage}] DOMAINS: {d:?} is not a domain name",
-                                cfg.file().display()
-                            )
-                        })
-                    })
-                    .collect::<anyhow::Result<Vec<_>>>()?,
-            ),
-        };
+        let max_hops = s
+            .parse_opt("MAX_HOPS", |v| match v.trim().parse::<usize>() {
+                Ok(n) if (1..=100).contains(&n) => Ok(n),
+                _ => Err("a whole number from 1 to 100".to_owned()),
+            })?
+            .unwrap_or(DEFAULT_MAX_HOPS);
+        // Required: on a host with several domains a system account must not receive (and
+        // forward) the mail of every one of them by default.
+        let domains = s
+            .list_opt("DOMAINS")?
+            .filter(|l| !l.is_empty())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "{}: [stage-{stage}] DOMAINS is missing: the domains whose addresses are \
+                     system accounts (e.g. DOMAINS = example.org)",
+                    cfg.file().display()
+                )
+            })?
+            .iter()
+            .map(|d| {
+                normalize_domain(d).ok_or_else(|| {
+                    anyhow::anyhow!(
+                        "{}: [stage-{stage}] DOMAINS: {d:?} is not a domain name",
+                        cfg.file().display()
+                    )
+                })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
         let min_uid = s
             .parse_opt("MIN_UID", |v| {
                 v.trim()
@@ -118,6 +134,7 @@ impl Settings {
         Ok(Settings {
             forward_stage,
             max_addresses,
+            max_hops,
             domains,
             helper: HelperArgs {
                 program: pepsi_common::cli::locate_program(&program),
@@ -138,29 +155,19 @@ pub struct DotForwardStage {
 }
 
 impl DotForwardStage {
-    /// Each recipient's account name, or `None` when its address is not a system account
-    /// here (not local, not in `DOMAINS`, or not a name the reader takes).
-    async fn accounts(
-        &self,
-        s: &Settings,
-        pool: &sqlx::PgPool,
-        rcpts: &[String],
-    ) -> Result<Vec<Option<String>>, StageError> {
-        let local = self
-            .local
-            .recipients_local(pool, rcpts)
-            .await
-            .map_err(StageError::Database)?;
-        Ok(rcpts
-            .iter()
-            .zip(local)
-            .map(|(r, is_local)| {
-                let (user, domain) = split_address(&self.local.mailbox_key(r))?;
-                let wanted =
-                    is_local && s.domains.as_ref().is_none_or(|list| list.contains(&domain));
-                (wanted && valid_account(&user)).then_some(user)
-            })
-            .collect())
+    /// The system account `address` reaches: its local part, extension removed and lower
+    /// case, when its domain is one of `DOMAINS` and the name is one the reader takes.
+    fn account(&self, s: &Settings, address: &str) -> Option<String> {
+        let (user, domain) = split_address(&self.local.mailbox_key(address))?;
+        (s.domains.contains(&domain) && valid_account(&user)).then_some(user)
+    }
+
+    /// What loops are found by: the account an address reaches, else its mailbox (an
+    /// account name has no `@`, so the two never meet).
+    fn key(&self, s: &Settings, address: &str) -> String {
+        let address = address.trim().trim_start_matches('<').trim_end_matches('>');
+        self.account(s, address)
+            .unwrap_or_else(|| self.local.mailbox_key(address))
     }
 
     /// `account`'s `.forward`, as stored; `None` when there is none to use.
@@ -204,23 +211,27 @@ impl DotForwardStage {
         }
     }
 
-    /// Each recipient's effective `.forward`: `None` for a recipient that is no account, has
-    /// none, or was kept here by an earlier `\name`.
+    /// Each recipient's effective `.forward`: `None` for a recipient that is no account here,
+    /// has none (or one that changes nothing), or is a copy an earlier `\name` kept that has
+    /// not been forwarded on since (`hops`: the message's `Delivered-To` count now).
     async fn forwards(
         &self,
         s: &Settings,
         ctx: &StageContext<'_>,
-        kept: &[String],
+        kept: &[KeptCopy],
+        hops: usize,
     ) -> Result<Vec<Option<Forward>>, StageError> {
         let rcpts = ctx.rcpt_to();
-        let accounts = self.accounts(s, ctx.pool(), rcpts).await?;
         let mut out = Vec::with_capacity(rcpts.len());
-        for (r, account) in rcpts.iter().zip(accounts) {
-            let Some(account) = account else {
+        for r in rcpts {
+            let Some(account) = self.account(s, r) else {
                 out.push(None);
                 continue;
             };
-            if kept.iter().any(|k| address_key(k) == address_key(r)) {
+            if kept
+                .iter()
+                .any(|k| k.hops == hops && self.key(s, &k.address) == account)
+            {
                 out.push(None);
                 continue;
             }
@@ -232,9 +243,27 @@ impl DotForwardStage {
             for (entry, why) in &f.ignored {
                 tracing::warn!(id = ctx.id(), %account, %entry, ".forward entry ignored: {why}");
             }
-            out.push((!f.is_noop(r)).then_some(f));
+            out.push(plan::effective(f, &account, &|a| self.key(s, a)));
         }
         Ok(out)
+    }
+
+    /// Returns the message to its sender through BOUNCE_STAGE with 5.4.6 and `diagnostic`.
+    fn bounce(ctx: &StageContext<'_>, diagnostic: String) -> Result<Terminal, StageError> {
+        let target = ctx
+            .settings()
+            .bounce_stage
+            .clone()
+            .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
+        tracing::warn!(id = ctx.id(), rcpt = ?ctx.rcpt_to(), "{diagnostic}: returned to sender");
+        let mut merge = Map::new();
+        Bounce {
+            diagnostic: Some(diagnostic),
+            enhanced_status: Some("5.4.6".into()),
+            ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+        }
+        .insert_into(&mut merge);
+        ctx.reroute(&target, merge)
     }
 }
 
@@ -263,19 +292,24 @@ impl Stage for DotForwardStage {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let mut record = DotForward::from_state(ctx.state())?.unwrap_or_default();
-        let mut forwards = self.forwards(s, ctx, &record.kept).await?;
-        let delivered_to = message::field_values(ctx.headers()?, "Delivered-To");
-        let mut decision = plan::plan(ctx.rcpt_to(), &forwards, &delivered_to);
-        if let Plan::Split { keep, alone } = &decision {
-            let stage = ctx.stage().to_owned();
-            let groups: Vec<FanGroup> = alone
-                .iter()
-                .map(|&i| FanGroup::new(FanRecipients::Indices(vec![i]), stage.clone()))
-                .collect();
-            let ids = ctx.fan_out(keep, &groups).await?;
+        let delivered: Vec<String> = message::field_values(ctx.headers()?, "Delivered-To")
+            .iter()
+            .map(|d| self.key(s, d))
+            .collect();
+        let hops = delivered.len();
+        let mut forwards = self.forwards(s, ctx, &record.kept, hops).await?;
+        let keys = |ctx: &StageContext<'_>| -> Vec<String> {
+            ctx.rcpt_to().iter().map(|r| self.key(s, r)).collect()
+        };
+        let mut decision = plan::plan(&keys(ctx), &forwards, &delivered, s.max_hops);
+        if let Plan::Split { alone } = &decision {
+            let ids = ctx.split_off_each(alone).await?;
             tracing::info!(id = ctx.id(), rows = ?ids, "forwarding recipients moved to rows of their own");
-            forwards = keep.iter().map(|&i| forwards[i].take()).collect();
-            decision = plan::plan(ctx.rcpt_to(), &forwards, &delivered_to);
+            forwards = (0..forwards.len())
+                .filter(|i| !alone.contains(i))
+                .map(|i| forwards[i].take())
+                .collect();
+            decision = plan::plan(&keys(ctx), &forwards, &delivered, s.max_hops);
         }
         match decision {
             Plan::Advance => ctx.advance(),
@@ -284,21 +318,12 @@ impl Stage for DotForwardStage {
             )),
             Plan::Loop => {
                 let rcpt = ctx.rcpt_to()[0].clone();
-                let target = ctx
-                    .settings()
-                    .bounce_stage
-                    .clone()
-                    .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
-                tracing::warn!(id = ctx.id(), %rcpt, "mail forwarding loop: returned to sender");
-                let mut merge = Map::new();
-                Bounce {
-                    diagnostic: Some(format!("mail forwarding loop for {rcpt}")),
-                    enhanced_status: Some("5.4.6".into()),
-                    ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
-                }
-                .insert_into(&mut merge);
-                ctx.reroute(&target, merge)
+                Self::bounce(ctx, format!("mail forwarding loop for {rcpt}"))
             }
+            Plan::TooManyHops => Self::bounce(
+                ctx,
+                format!("too many forwarding hops ({hops}, MAX_HOPS {})", s.max_hops),
+            ),
             Plan::Forward { rcpt_to, kept } => {
                 let source = ctx.rcpt_to()[0].clone();
                 let dsn =
@@ -306,15 +331,12 @@ impl Stage for DotForwardStage {
                 let headers = plan::with_delivered_to(ctx.headers()?, &source);
                 ctx.set_headers(headers);
                 record.forwarded.push(source.clone());
-                for k in kept {
-                    if !record
-                        .kept
-                        .iter()
-                        .any(|x| address_key(x) == address_key(&k))
-                    {
-                        record.kept.push(k);
-                    }
-                }
+                // The copy now has one Delivered-To more: that is the count a kept copy
+                // comes back with while nobody forwarded it on.
+                record.kept.extend(kept.into_iter().map(|address| KeptCopy {
+                    address,
+                    hops: hops + 1,
+                }));
                 let mut merge = Map::new();
                 dsn.insert_into(&mut merge);
                 record.insert_into(&mut merge);
@@ -328,8 +350,8 @@ impl Stage for DotForwardStage {
 const ABOUT: &str = "\
 Pepsi stage that forwards mail for system accounts as their ~/.forward says
 
-For each recipient in a local domain (or in DOMAINS) whose local part, extension removed, is \
-a system account with a uid of at least MIN_UID, the stage asks pepsi-helper-dot-forward (its \
+For each recipient in one of DOMAINS whose local part, extension removed, is a system account \
+with a uid of at least MIN_UID, the stage asks pepsi-helper-dot-forward (its \
 setuid-root co-process, which reads the file as the account and ignores one that is a \
 symbolic link, not a regular file, owned by someone else or writable by others) for \
 ~/.forward. Entries are separated by commas or line breaks, `#` starts a comment line: an \
@@ -341,16 +363,20 @@ leaves the recipient as it is.
 A forwarded copy gets `Delivered-To: <recipient>` in front of its header and starts again at \
 FORWARD_STAGE with the new recipients (each new recipient's DSN ORCPT names the original \
 one); its envelope sender is kept, and the graph's remote stage rewrites it with SRS on its \
-way out. A recipient already named in a Delivered-To field is a forwarding loop: the \
-message is returned to its sender through BOUNCE_STAGE with 5.4.6. Several recipients of \
-one message, some forwarding, are first split onto rows of their own.
+way out. A recipient whose account is already named in a Delivered-To field (with any \
+extension, in any of DOMAINS) is a forwarding loop, and a message with MAX_HOPS Delivered-To \
+fields goes no further: either is returned to its sender through BOUNCE_STAGE with 5.4.6. A \
+file naming its own account (alice+lists, say) keeps a copy rather than forwarding to \
+itself. Several recipients of one message, some forwarding, are first split onto rows of \
+their own.
 
 Options of [stage-<name>]:
+  DOMAINS         (required) the domains whose addresses are system accounts
   FORWARD_STAGE   aliases   where forwarded copies start (must be a stage)
-  DOMAINS         (all local domains) the domains whose addresses are system accounts
   MIN_UID         1000      accounts below it have no .forward (root never has); the
                             reader's system configuration may only raise it
   MAX_ADDRESSES   64        targets and kept copies one file may name (1-1000)
+  MAX_HOPS        20        forwards one message may take (1-100)
   HELPER          pepsi-helper-dot-forward, beside this program
   HELPER_TIMEOUT  10s       how long one answer of the reader may take
   NEXT_STAGE, BOUNCE_STAGE  as for every stage
@@ -371,41 +397,87 @@ pub fn run() -> ExitCode {
 mod tests {
     use super::*;
 
+    fn cfg(t: &str) -> Config {
+        Config::from_str_named(t, "f.conf").unwrap()
+    }
+
     #[test]
     fn settings_table() {
-        let cfg = |t: &str| Config::from_str_named(t, "f.conf").unwrap();
-        let s = Settings::from_config(&cfg("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\n"), "fwd")
-            .unwrap();
+        let s = Settings::from_config(
+            &cfg("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\nDOMAINS = example.test\n"),
+            "fwd",
+        )
+        .unwrap();
         assert_eq!(s.forward_stage, "aliases");
         assert_eq!(s.max_addresses, DEFAULT_MAX_ADDRESSES);
-        assert_eq!(s.domains, None);
+        assert_eq!(s.max_hops, DEFAULT_MAX_HOPS);
+        assert_eq!(s.domains, ["example.test"]);
         assert_eq!(s.helper.min_uid, 1000);
         assert_eq!(s.helper_timeout, Duration::from_secs(10));
         let s = Settings::from_config(
-            &cfg("[stage-in]\nPROGRAM = x\n[stage-fwd]\nFORWARD_STAGE = in\nDOMAINS = Example.TEST, b.test\nMIN_UID = 500\nMAX_ADDRESSES = 3\nHELPER = /opt/reader\n"),
+            &cfg("[stage-in]\nPROGRAM = x\n[stage-fwd]\nFORWARD_STAGE = in\n\
+                  DOMAINS = Example.TEST, b.test\nMIN_UID = 500\nMAX_ADDRESSES = 3\n\
+                  MAX_HOPS = 5\nHELPER = /opt/reader\n"),
             "fwd",
         )
         .unwrap();
         assert_eq!(s.forward_stage, "in");
-        assert_eq!(
-            s.domains,
-            Some(vec!["example.test".into(), "b.test".into()])
-        );
+        assert_eq!(s.domains, ["example.test", "b.test"]);
         assert_eq!(s.helper.min_uid, 500);
-        assert_eq!(s.max_addresses, 3);
+        assert_eq!((s.max_addresses, s.max_hops), (3, 5));
         assert_eq!(s.helper.program, std::path::PathBuf::from("/opt/reader"));
         for (bad, says) in [
             ("FORWARD_STAGE = nowhere\n", "no [stage-nowhere]"),
             ("MAX_ADDRESSES = 0\n", "MAX_ADDRESSES"),
+            ("MAX_HOPS = 101\n", "MAX_HOPS"),
             ("MIN_UID = -1\n", "MIN_UID"),
+            ("DOMAINS = \n", "DOMAINS is missing"),
         ] {
+            let domains = if bad.starts_with("DOMAINS") {
+                ""
+            } else {
+                "DOMAINS = example.test\n"
+            };
             let e = Settings::from_config(
-                &cfg(&format!("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\n{bad}")),
+                &cfg(&format!(
+                    "[stage-aliases]\nPROGRAM = x\n[stage-fwd]\n{domains}{bad}"
+                )),
                 "fwd",
             )
             .unwrap_err()
             .to_string();
             assert!(e.contains(says) && e.contains("f.conf"), "{bad}: {e}");
         }
+    }
+
+    /// Loops are found per account: an extension, another of DOMAINS or angle brackets
+    /// change nothing; an address outside DOMAINS is its mailbox.
+    #[test]
+    fn keys_name_the_account() {
+        let stage = DotForwardStage::build(&cfg(
+            "[pepsi]\nLOCAL_DOMAINS = a.test, b.test, c.test\nRECIPIENT_DELIMITER = +\n",
+        ))
+        .unwrap();
+        let s = Settings::from_config(
+            &cfg("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\nDOMAINS = a.test, b.test\n"),
+            "fwd",
+        )
+        .unwrap();
+        for (address, key) in [
+            ("alice@a.test", "alice"),
+            ("Alice+lists@A.TEST", "alice"),
+            ("<alice@b.test>", "alice"),
+            (" alice+x@b.test ", "alice"),
+            ("alice@c.test", "alice@c.test"),
+            ("Bob+x@example.org", "bob@example.org"),
+            ("-rf@a.test", "-rf@a.test"),
+        ] {
+            assert_eq!(stage.key(&s, address), key, "{address}");
+        }
+        assert_eq!(
+            stage.account(&s, "alice+x@a.test").as_deref(),
+            Some("alice")
+        );
+        assert_eq!(stage.account(&s, "alice@c.test"), None);
     }
 }

@@ -4,8 +4,12 @@
 //! `Delivered-To` field (the loop guard every forwarding hop adds) must be in that
 //! recipient's copies only: a row with several recipients of which some forward is split
 //! first, each forwarding recipient onto its own row at this stage.
+//!
+//! Loops are found by *key*, not by address: the stage gives every address the name of the
+//! system account it reaches (extension and domain aside), so `alice+1@` and `alice@other`
+//! are the same recipient here, a file naming its own account keeps a copy instead of
+//! forwarding to itself, and no set of addresses of one account can multiply a message.
 
-use pepsi_common::local::address_key;
 use pepsi_common::state::{Dsn, DsnRcpt};
 
 use crate::forward_file::Forward;
@@ -16,11 +20,14 @@ pub enum Plan {
     /// No recipient forwards: the message goes on unchanged.
     Advance,
     /// Several recipients, some forwarding: each of `alone` moves to a row of its own at this
-    /// stage (decided there), this row keeps `keep` and is planned again.
-    Split { keep: Vec<usize>, alone: Vec<usize> },
-    /// The one recipient forwards, but this message was delivered to it before (its
-    /// address is in a `Delivered-To` field): a forwarding loop, bounced with 5.4.6.
+    /// stage (decided there), this row keeps the others and is planned again.
+    Split { alone: Vec<usize> },
+    /// The one recipient forwards, but this message was forwarded on its behalf before (its
+    /// key is a `Delivered-To` field's): a forwarding loop, bounced with 5.4.6.
     Loop,
+    /// The one recipient forwards, but the message has been forwarded `MAX_HOPS` times
+    /// already: bounced with 5.4.6 too.
+    TooManyHops,
     /// The one recipient forwards: the message goes to `rcpt_to` instead, of which `kept`
     /// are the `\name` copies that stay here and are not forwarded again.
     Forward {
@@ -29,45 +36,76 @@ pub enum Plan {
     },
 }
 
-/// The plan for a row with `rcpts`, where `forwards[i]` is recipient i's effective
-/// `.forward` (`None`: none, not read, or one that changes nothing), and `delivered_to` the
-/// message's `Delivered-To` values.
-pub fn plan(rcpts: &[String], forwards: &[Option<Forward>], delivered_to: &[String]) -> Plan {
-    let forwarding: Vec<usize> = (0..rcpts.len())
+/// The file `f` of the recipient whose key is `source` as it applies: a target of the same
+/// key (the account's own address, with or without an extension) is a kept copy, not a
+/// forward to itself; kept copies count once per key. `None` when nothing changes (no
+/// target, and no kept copy for another key than the source's).
+pub fn effective(f: Forward, source: &str, key: &dyn Fn(&str) -> String) -> Option<Forward> {
+    let mut targets = Vec::new();
+    let mut keep: Vec<String> = Vec::new();
+    let mut kept_keys: Vec<String> = Vec::new();
+    let mut add_keep = |a: String, keep: &mut Vec<String>| {
+        let k = key(&a);
+        if !kept_keys.contains(&k) {
+            kept_keys.push(k);
+            keep.push(a);
+        }
+    };
+    for a in f.keep {
+        add_keep(a, &mut keep);
+    }
+    for t in f.targets {
+        if key(&t) == source {
+            add_keep(t, &mut keep);
+        } else {
+            targets.push(t);
+        }
+    }
+    if targets.is_empty() && keep.iter().all(|k| key(k) == source) {
+        return None;
+    }
+    Some(Forward {
+        targets,
+        keep,
+        ignored: f.ignored,
+    })
+}
+
+/// The plan for a row whose recipients have the keys `keys`, where `forwards[i]` is
+/// recipient i's effective `.forward` (`None`: none, not read, or one that changes nothing),
+/// `delivered` the keys of the message's `Delivered-To` fields and `max_hops` the most
+/// forwards one message may take.
+pub fn plan(
+    keys: &[String],
+    forwards: &[Option<Forward>],
+    delivered: &[String],
+    max_hops: usize,
+) -> Plan {
+    let forwarding: Vec<usize> = (0..keys.len())
         .filter(|&i| forwards.get(i).is_some_and(Option::is_some))
         .collect();
     let Some(&first) = forwarding.first() else {
         return Plan::Advance;
     };
-    if rcpts.len() > 1 {
-        let others: Vec<usize> = (0..rcpts.len())
-            .filter(|i| !forwarding.contains(i))
-            .collect();
-        return if others.is_empty() {
-            Plan::Split {
-                keep: vec![first],
-                alone: forwarding[1..].to_vec(),
-            }
+    if keys.len() > 1 {
+        // The row keeps the recipients that do not forward, or else the first that does.
+        let alone = if forwarding.len() == keys.len() {
+            forwarding[1..].to_vec()
         } else {
-            Plan::Split {
-                keep: others,
-                alone: forwarding,
-            }
+            forwarding
         };
+        return Plan::Split { alone };
     }
-    let me = address_key(&rcpts[0]);
-    if delivered_to.iter().any(|d| address_key(d) == me) {
+    debug_assert_eq!(first, 0);
+    if delivered.contains(&keys[0]) {
         return Plan::Loop;
     }
-    let f = forwards[0].as_ref().expect("forwarding[0] is 0");
-    let mut rcpt_to: Vec<String> = Vec::new();
-    for a in f.targets.iter().chain(&f.keep) {
-        if !rcpt_to.iter().any(|r| address_key(r) == address_key(a)) {
-            rcpt_to.push(a.clone());
-        }
+    if delivered.len() >= max_hops {
+        return Plan::TooManyHops;
     }
+    let f = forwards[0].as_ref().expect("forwarding[0] is 0");
     Plan::Forward {
-        rcpt_to,
+        rcpt_to: f.targets.iter().chain(&f.keep).cloned().collect(),
         kept: f.keep.clone(),
     }
 }
@@ -107,8 +145,8 @@ mod tests {
 
     fn fwd(targets: &[&str], keep: &[&str]) -> Option<Forward> {
         Some(Forward {
-            targets: targets.iter().map(|s| s.to_string()).collect(),
-            keep: keep.iter().map(|s| s.to_string()).collect(),
+            targets: s(targets),
+            keep: s(keep),
             ignored: Vec::new(),
         })
     }
@@ -117,75 +155,104 @@ mod tests {
         v.iter().map(|x| x.to_string()).collect()
     }
 
-    /// Recipients, their forwards, the Delivered-To values, and the plan wanted.
+    /// The test's key: the local part before `+`, lower case (every domain one host's).
+    fn key(a: &str) -> String {
+        let local = a.split('@').next().unwrap_or(a);
+        local.split('+').next().unwrap_or(local).to_lowercase()
+    }
+
+    #[test]
+    fn effective_files_table() {
+        let cases: Vec<(Option<Forward>, Option<Forward>)> = vec![
+            (fwd(&["x@o.org"], &[]), fwd(&["x@o.org"], &[])),
+            // Naming its own account keeps a copy: with an extension, another domain, or
+            // twice, it is still one.
+            (
+                fwd(&["alice+1@d", "x@o.org", "Alice@e"], &["alice@d"]),
+                fwd(&["x@o.org"], &["alice@d"]),
+            ),
+            (fwd(&["alice+1@d", "alice+2@d"], &[]), None),
+            (fwd(&[], &["alice@d"]), None),
+            (fwd(&[], &["carol@d"]), fwd(&[], &["carol@d"])),
+        ];
+        for (file, want) in cases {
+            let got = effective(file.clone().unwrap(), "alice", &key);
+            assert_eq!(got, want, "{file:?}");
+        }
+    }
+
+    /// Recipients' keys, their forwards, the Delivered-To keys, and the plan wanted.
     type Case = (Vec<String>, Vec<Option<Forward>>, Vec<String>, Plan);
 
     #[test]
     fn plans_table() {
-        let a = "alice@example.test";
-        let b = "bob@example.test";
         let cases: Vec<Case> = vec![
-            (s(&[a]), vec![None], s(&[]), Plan::Advance),
-            (s(&[a, b]), vec![None, None], s(&[]), Plan::Advance),
+            (s(&["alice"]), vec![None], s(&[]), Plan::Advance),
             (
-                s(&[a]),
-                vec![fwd(&["x@example.org"], &[])],
+                s(&["alice", "bob"]),
+                vec![None, None],
+                s(&[]),
+                Plan::Advance,
+            ),
+            (
+                s(&["alice"]),
+                vec![fwd(&["x@o.org"], &[])],
                 s(&[]),
                 Plan::Forward {
-                    rcpt_to: s(&["x@example.org"]),
+                    rcpt_to: s(&["x@o.org"]),
                     kept: s(&[]),
                 },
             ),
             (
-                s(&[a]),
-                vec![fwd(&["x@example.org", "y@example.org"], &[a])],
-                s(&["carol@example.net"]),
+                s(&["alice"]),
+                vec![fwd(&["x@o.org", "y@o.org"], &["alice@d"])],
+                s(&["x@o.org"]),
                 Plan::Forward {
-                    rcpt_to: s(&["x@example.org", "y@example.org", a]),
-                    kept: s(&[a]),
+                    rcpt_to: s(&["x@o.org", "y@o.org", "alice@d"]),
+                    kept: s(&["alice@d"]),
                 },
             ),
-            // Delivered to alice before, in any letter case: a loop.
+            // Forwarded on alice's behalf before: a loop.
             (
-                s(&[a]),
-                vec![fwd(&["x@example.org"], &[])],
-                s(&["Alice@Example.TEST"]),
+                s(&["alice"]),
+                vec![fwd(&["x@o.org"], &[])],
+                s(&["bob", "alice"]),
                 Plan::Loop,
             ),
-            // Another recipient's Delivered-To is no loop for alice.
+            // Another account's Delivered-To is no loop for alice, below the hop limit.
             (
-                s(&[a]),
-                vec![fwd(&["x@example.org"], &[])],
-                s(&[b]),
+                s(&["alice"]),
+                vec![fwd(&["x@o.org"], &[])],
+                s(&["bob", "carol"]),
                 Plan::Forward {
-                    rcpt_to: s(&["x@example.org"]),
+                    rcpt_to: s(&["x@o.org"]),
                     kept: s(&[]),
                 },
             ),
             (
-                s(&[a, b, "c@example.test"]),
-                vec![None, fwd(&["x@example.org"], &[]), None],
-                s(&[]),
-                Plan::Split {
-                    keep: vec![0, 2],
-                    alone: vec![1],
-                },
+                s(&["alice"]),
+                vec![fwd(&["x@o.org"], &[])],
+                s(&["b", "c", "d"]),
+                Plan::TooManyHops,
             ),
             (
-                s(&[a, b]),
-                vec![fwd(&["x@example.org"], &[]), fwd(&["y@example.org"], &[])],
+                s(&["alice", "bob", "carol"]),
+                vec![None, fwd(&["x@o.org"], &[]), None],
                 s(&[]),
-                Plan::Split {
-                    keep: vec![0],
-                    alone: vec![1],
-                },
+                Plan::Split { alone: vec![1] },
+            ),
+            (
+                s(&["alice", "bob"]),
+                vec![fwd(&["x@o.org"], &[]), fwd(&["y@o.org"], &[])],
+                s(&[]),
+                Plan::Split { alone: vec![1] },
             ),
         ];
-        for (rcpts, forwards, delivered, want) in cases {
+        for (keys, forwards, delivered, want) in cases {
             assert_eq!(
-                plan(&rcpts, &forwards, &delivered),
+                plan(&keys, &forwards, &delivered, 3),
                 want,
-                "{rcpts:?} {forwards:?} {delivered:?}"
+                "{keys:?} {forwards:?} {delivered:?}"
             );
         }
     }

@@ -108,6 +108,19 @@ impl StageContext<'_> {
         Ok(ids[0])
     }
 
+    /// Moves each recipient of `indices` onto a row of its own, pending at this stage and
+    /// keeping the message's `received_at`; this row keeps the others (at least one).
+    /// Returns the new rows' ids in the order of `indices`.
+    pub async fn split_off_each(&mut self, indices: &[usize]) -> Result<Vec<i64>, StageError> {
+        let keep = self.complement(indices)?;
+        let stage = self.row.stage.clone();
+        let groups: Vec<FanGroup> = indices
+            .iter()
+            .map(|&i| FanGroup::new(FanRecipients::Indices(vec![i]), stage.clone()))
+            .collect();
+        self.split(&keep, &groups, true, "split_off_each").await
+    }
+
     /// Moves recipients 1.. each onto a row of its own at this stage; this row keeps
     /// recipient 0. Returns the new rows' ids in recipient order.
     pub async fn split_to_one_per_row(&mut self) -> Result<Vec<i64>, StageError> {
