@@ -380,6 +380,17 @@ for _ in $(seq 1 600); do
   if [ -n "$(ls -A /var/lib/pepsi/mail/alice/Maildir/new)" ]; then
     say "delivered"
     ls -ln /var/lib/pepsi/mail/alice/Maildir/new
+    # The setuid helpers serve their caller only. A user who runs a setgid stage with a
+    # HELPER of their own lends that program the stage's group as its effective gid only:
+    # refused. The dispatcher's account, pepsi, is served.
+    lib=/usr/libexec/pepsi
+    as_nobody() { g="$1"; shift; setpriv --reuid=nobody --rgid=nogroup --egid="$g" --clear-groups "$@"; }
+    rc=0; out="$(as_nobody pepsi-forward $lib/pepsi-helper-dot-forward </dev/null 2>&1)" || rc=$?
+    say "reader as nobody: $rc $out"
+    rc=0; out="$(as_nobody pepsi-maildir $lib/pepsi-helper-maildir-writer --root /var/lib/pepsi/mail </dev/null 2>&1)" || rc=$?
+    say "writer as nobody: $rc $out"
+    rc=0; out="$(echo 'forward alice' | setpriv --reuid=pepsi --rgid=pepsi --egid=pepsi-forward --clear-groups $lib/pepsi-helper-dot-forward 2>/dev/null)" || rc=$?
+    say "reader as pepsi: $rc $out"
     exit 0
   fi
   sleep 0.1
@@ -528,6 +539,26 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         .unwrap_or_else(|| panic!("systemd-analyze verify did not pass:\n{log}"));
     assert!(verify.trim().is_empty(), "systemd-analyze verify: {verify}");
     assert!(log.contains("== delivered"), "{log}");
+    // The setuid helpers refuse a user who only borrows their group, and serve pepsi.
+    for (who, helper) in [
+        ("reader", "pepsi-helper-dot-forward"),
+        ("writer", "pepsi-helper-maildir-writer"),
+    ] {
+        let line = log
+            .lines()
+            .find(|l| l.starts_with(&format!("== {who} as nobody: ")))
+            .unwrap_or_else(|| panic!("no {who} probe:\n{log}"));
+        assert!(
+            line.starts_with(&format!(
+                "== {who} as nobody: 1 {helper}: started by uid 65534"
+            )) && line.contains("CALLER pepsi"),
+            "{line}"
+        );
+    }
+    assert!(
+        log.contains("== reader as pepsi: 0 none no home directory /nonexistent"),
+        "{log}"
+    );
 
     // The bits of the list, on the installed files, with the groups the postinst made.
     let upper = tree.join("upper");

@@ -9,7 +9,10 @@
 //! process is not dumpable. If switching back fails the process aborts: it must never go on
 //! with an identity it did not choose.
 
+use std::ffi::{CStr, CString};
 use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::PathBuf;
 
 /// Who an access runs as.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -103,5 +106,171 @@ impl Drop for Switched {
             );
             std::process::abort();
         }
+    }
+}
+
+/// One account as the password database has it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Account {
+    pub uid: u32,
+    pub gid: u32,
+    pub home: PathBuf,
+}
+
+/// Looks `name` up in the password database (`getpwnam_r`, so NSS modules count); `Ok(None)`
+/// when there is no such account.
+pub fn account(name: &str) -> io::Result<Option<Account>> {
+    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: every pointer is valid for the call; `pwd` points into `buf`'s memory only
+        // after a successful return, and is read before `buf` changes.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = unsafe {
+            libc::getpwnam_r(
+                c_name.as_ptr(),
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        // Some NSS modules say "no such account" with an error number (getpwnam(3), NOTES).
+        if matches!(rc, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
+            return Ok(None);
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: on success pw_dir is a NUL-terminated string inside `buf`.
+        let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+        return Ok(Some(Account {
+            uid: pwd.pw_uid,
+            gid: pwd.pw_gid,
+            home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+        }));
+    }
+}
+
+/// The real identity of the process: who started it, whatever set-id bits say.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RealIds {
+    pub uid: u32,
+    pub gid: u32,
+    /// Supplementary groups (inherited from the caller; a set-group-id bit adds none).
+    pub groups: Vec<u32>,
+}
+
+impl RealIds {
+    pub fn current() -> RealIds {
+        // SAFETY: plain getters; the buffer is sized by the first getgroups call.
+        unsafe {
+            let n = libc::getgroups(0, std::ptr::null_mut());
+            let mut groups = vec![0; n.max(0) as usize];
+            if n > 0 {
+                let got = libc::getgroups(n, groups.as_mut_ptr());
+                groups.truncate(got.max(0) as usize);
+            }
+            RealIds {
+                uid: libc::getuid(),
+                gid: libc::getgid(),
+                groups,
+            }
+        }
+    }
+}
+
+/// Whether a setuid helper may serve the user who started it: root, the account `caller`
+/// (the one whose stage workers run it), or a real member of `group` (the helper's own group,
+/// which an operator's account may belong to). A set-group-id program run by anyone (a stage
+/// started with a configuration of the user's own, whose HELPER is a program of theirs)
+/// gives that program the group as its *effective* gid only, so it does not pass. `Err` says
+/// who was refused, for the helper's one line on stderr.
+pub fn check_caller(
+    ids: &RealIds,
+    caller: &str,
+    group: Option<u32>,
+    section: &str,
+) -> Result<(), String> {
+    if ids.uid == 0 {
+        return Ok(());
+    }
+    let allowed = account(caller)
+        .map_err(|e| format!("[{section}] CALLER {caller}: {e}"))?
+        .ok_or_else(|| format!("[{section}] CALLER {caller}: no such account"))?;
+    if ids.uid == allowed.uid {
+        return Ok(());
+    }
+    if let Some(g) = group
+        && (ids.gid == g || ids.groups.contains(&g))
+    {
+        return Ok(());
+    }
+    Err(format!(
+        "started by uid {}: only root, [{section}] CALLER {caller} (uid {}){} may use this program",
+        ids.uid,
+        allowed.uid,
+        match group {
+            Some(g) => format!(" or a member of group {g}"),
+            None => String::new(),
+        }
+    ))
+}
+
+/// The group owning this program's executable: the group a set-group-id caller of it is
+/// installed with.
+pub fn own_group() -> Option<u32> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(std::env::current_exe().ok()?)
+        .ok()
+        .map(|m| m.gid())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn callers_table() {
+        let nobody = account("nobody").unwrap().expect("the nobody account");
+        let ids = |uid, gid, groups: &[u32]| RealIds {
+            uid,
+            gid,
+            groups: groups.to_vec(),
+        };
+        let other = nobody.uid + 1;
+        let cases = [
+            (ids(0, 0, &[]), None, true),
+            (ids(nobody.uid, 5, &[]), None, true),
+            (ids(other, 5, &[]), None, false),
+            (ids(other, 4242, &[]), Some(4242), true),
+            (ids(other, 5, &[7, 4242]), Some(4242), true),
+            (ids(other, 5, &[7]), Some(4242), false),
+        ];
+        for (who, group, ok) in cases {
+            let got = check_caller(&who, "nobody", group, "helper-x");
+            assert_eq!(got.is_ok(), ok, "{who:?} {group:?}: {got:?}");
+            if let Err(e) = got {
+                assert!(
+                    e.contains(&format!("started by uid {other}")) && e.contains("CALLER nobody"),
+                    "{e}"
+                );
+            }
+        }
+        let e =
+            check_caller(&ids(other, 5, &[]), "no-such-caller-x", None, "helper-x").unwrap_err();
+        assert!(
+            e.contains("no-such-caller-x") && e.contains("no such account"),
+            "{e}"
+        );
+        assert_eq!(account("no-such-account-here").unwrap(), None);
     }
 }

@@ -58,7 +58,8 @@ the stage), the file is opened as the account (its uid and primary group only), 
 reader sees exactly what the account may read. Not running as root, it reads as itself. \
 Started through its setuid bit by another user, it reads [helper-dot-forward] from \
 /etc/pepsi/pepsi.conf with an empty environment: it refuses to start unless its real user is \
-CALLER (default pepsi, the account the dispatcher and its stage workers run as) or root, and \
+root, CALLER (default pepsi, the account the dispatcher and its stage workers run as) or a \
+real member of its group, and \
 --min-uid counts only when it is higher than MIN_UID (default 1000). \
 A request that does not follow the protocol is answered `temp 4.3.0 protocol error: ...` and \
 the program exits 2.
@@ -111,9 +112,12 @@ pub fn run() -> ExitCode {
             Ok(c) => c,
             Err(e) => return fail(&format!("{e}")),
         };
-        // SAFETY: no arguments, cannot fail.
-        let real_uid = unsafe { libc::getuid() };
-        match narrow(&cfg, opts, real_uid) {
+        match narrow(
+            &cfg,
+            opts,
+            &privilege::RealIds::current(),
+            privilege::own_group(),
+        ) {
             Ok(o) => opts = o,
             Err(e) => return fail(&e),
         }
@@ -129,13 +133,14 @@ fn fail(msg: &str) -> ExitCode {
 /// The account allowed to use the reader unless `CALLER` names another.
 pub const DEFAULT_CALLER: &str = "pepsi";
 
-/// Applies the system configuration to a setuid invocation by the real uid `real_uid`: only
-/// `CALLER` (default `pepsi`) or root may use the reader, and `MIN_UID` (default 1000) holds
-/// unless the caller asked for a higher one.
+/// Applies the system configuration to a setuid invocation by `ids`: only root, `CALLER`
+/// (default `pepsi`) or a real member of the reader's group may use it, and `MIN_UID`
+/// (default 1000) holds unless the caller asked for a higher one.
 pub fn narrow(
     cfg: &Config,
     opts: reader::Options,
-    real_uid: u32,
+    ids: &privilege::RealIds,
+    group: Option<u32>,
 ) -> Result<reader::Options, String> {
     let section = cfg.section(constants::SECTION);
     let caller = section
@@ -143,21 +148,7 @@ pub fn narrow(
         .map_err(|e| e.to_string())?
         .filter(|c| !c.trim().is_empty())
         .unwrap_or_else(|| DEFAULT_CALLER.to_owned());
-    let allowed = reader::account(caller.trim())
-        .map_err(|e| format!("[{}] CALLER {caller}: {e}", constants::SECTION))?
-        .ok_or_else(|| {
-            format!(
-                "[{}] CALLER {caller}: no such account in the password database",
-                constants::SECTION
-            )
-        })?;
-    if real_uid != 0 && real_uid != allowed.uid {
-        return Err(format!(
-            "started by uid {real_uid}: only [{}] CALLER {caller} (uid {}) may use this reader",
-            constants::SECTION,
-            allowed.uid
-        ));
-    }
+    privilege::check_caller(ids, caller.trim(), group, constants::SECTION)?;
     let floor = section
         .parse_opt("MIN_UID", |v| {
             v.trim()
@@ -219,55 +210,61 @@ pub fn serve<R: BufRead, W: Write>(
 mod tests {
     use super::*;
 
+    fn root() -> privilege::RealIds {
+        privilege::RealIds {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        }
+    }
+
     /// A setuid invocation never goes below the system configuration's MIN_UID.
     #[test]
     fn the_caller_may_only_raise_min_uid() {
-        let cfg = |t: &str| {
-            Config::from_str_named(
-                &format!("[helper-dot-forward]\nCALLER = root\n{t}"),
-                "pepsi.conf",
-            )
-            .unwrap()
-        };
+        let cfg = |t: &str| Config::from_str_named(t, "pepsi.conf").unwrap();
         let asked = |min_uid| reader::Options { min_uid };
-        assert_eq!(narrow(&cfg(""), asked(0), 0).unwrap(), asked(1000));
-        assert_eq!(narrow(&cfg(""), asked(5000), 0).unwrap(), asked(5000));
+        let s = "[helper-dot-forward]\n";
         assert_eq!(
-            narrow(&cfg("MIN_UID = 2000\n"), asked(100), 0).unwrap(),
+            narrow(&cfg(s), asked(0), &root(), None).unwrap(),
+            asked(1000)
+        );
+        assert_eq!(
+            narrow(&cfg(s), asked(5000), &root(), None).unwrap(),
+            asked(5000)
+        );
+        let two = cfg("[helper-dot-forward]\nMIN_UID = 2000\n");
+        assert_eq!(
+            narrow(&two, asked(100), &root(), None).unwrap(),
             asked(2000)
         );
-        let e = narrow(&cfg("MIN_UID = many\n"), asked(0), 0).unwrap_err();
+        let bad = cfg("[helper-dot-forward]\nMIN_UID = many\n");
+        let e = narrow(&bad, asked(0), &root(), None).unwrap_err();
         assert!(e.contains("MIN_UID") && e.contains("many"), "{e}");
     }
 
-    /// Only CALLER (or root) may use a setuid reader: any other user who starts the setgid
-    /// stage with a configuration of their own is refused.
+    /// Only CALLER (or root, or a real member of the reader's group) may use a setuid
+    /// reader: another user who starts the setgid stage with a configuration of their own
+    /// is refused.
     #[test]
     fn only_the_caller_account_may_use_the_reader() {
-        let cfg = |t: &str| Config::from_str_named(t, "pepsi.conf").unwrap();
+        let cfg = Config::from_str_named("[helper-dot-forward]\nCALLER = nobody\n", "pepsi.conf")
+            .unwrap();
         let opts = reader::Options { min_uid: 1000 };
         let nobody = reader::account("nobody")
             .unwrap()
             .expect("the nobody account");
-        let as_nobody = cfg("[helper-dot-forward]\nCALLER = nobody\n");
-        assert!(narrow(&as_nobody, opts.clone(), nobody.uid).is_ok());
-        assert!(narrow(&as_nobody, opts.clone(), 0).is_ok(), "root may");
-        let e = narrow(&as_nobody, opts.clone(), nobody.uid + 1).unwrap_err();
-        assert!(
-            e.contains(&format!("started by uid {}", nobody.uid + 1))
-                && e.contains("CALLER nobody"),
-            "{e}"
-        );
-        let e = narrow(
-            &cfg("[helper-dot-forward]\nCALLER = no-such-caller-x\n"),
-            opts,
-            0,
-        )
-        .unwrap_err();
-        assert!(
-            e.contains("no-such-caller-x") && e.contains("no such account"),
-            "{e}"
-        );
+        let ids = |uid| privilege::RealIds {
+            uid,
+            gid: 4242,
+            groups: Vec::new(),
+        };
+        assert!(narrow(&cfg, opts.clone(), &ids(nobody.uid), None).is_ok());
+        let e = narrow(&cfg, opts.clone(), &ids(nobody.uid + 1), None).unwrap_err();
+        assert!(e.contains("CALLER nobody"), "{e}");
+        // The default CALLER is pepsi, which need not exist here: an error either way.
+        let none = Config::from_str_named("[pepsi]\n", "pepsi.conf").unwrap();
+        let e = narrow(&none, opts, &ids(nobody.uid + 1), None).unwrap_err();
+        assert!(e.contains("CALLER pepsi"), "{e}");
     }
 
     /// A garbled request ends the conversation after a temp answer.

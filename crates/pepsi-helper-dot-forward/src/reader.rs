@@ -12,13 +12,11 @@
 //! ignored by the stage, as Postfix's local(8) and sendmail ignore a `.forward` they cannot
 //! trust.
 
-use std::ffi::{CStr, CString};
 use std::fs::File;
 use std::io::{self, Read};
 use std::os::fd::{AsRawFd, FromRawFd};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use pepsi_common::privilege::{self, Identity};
 
@@ -34,55 +32,7 @@ pub struct Options {
     pub min_uid: u32,
 }
 
-/// One account as the password database has it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Account {
-    pub uid: u32,
-    pub gid: u32,
-    pub home: PathBuf,
-}
-
-/// Looks `name` up in the password database; `Ok(None)` when there is no such account.
-pub fn account(name: &str) -> io::Result<Option<Account>> {
-    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
-    let mut buf = vec![0u8; 4096];
-    loop {
-        // SAFETY: every pointer is valid for the call; `pwd` points into `buf`'s memory only
-        // after a successful return, and is read before `buf` changes.
-        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getpwnam_r(
-                c_name.as_ptr(),
-                &mut pwd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if rc == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        // Some NSS modules say "no such account" with an error number (getpwnam(3), NOTES).
-        if matches!(rc, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
-            return Ok(None);
-        }
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        if result.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: on success pw_dir is a NUL-terminated string inside `buf`.
-        let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
-        return Ok(Some(Account {
-            uid: pwd.pw_uid,
-            gid: pwd.pw_gid,
-            home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
-        }));
-    }
-}
+pub use pepsi_common::privilege::{Account, account};
 
 /// The answer for `name`'s `.forward`.
 pub fn read_forward(opts: &Options, name: &str) -> Reply {

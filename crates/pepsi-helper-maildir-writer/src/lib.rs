@@ -79,9 +79,11 @@ Maildir). Directories made under --create are fsynced into their parents. Runnin
 group of the stage), each write runs as the owner of the Maildir (seteuid/setegid with that \
 owner's group only), and a Maildir owned by root is refused unless --allow-root-owner. Not \
 running as root, it writes as itself. Started through its setuid bit by another user, it \
-reads ROOT, CREATE_MAILDIR and ALLOW_ROOT_OWNER from [helper-maildir-writer] in \
-/etc/pepsi/pepsi.conf with an empty environment: --root must lie inside ROOT, and --create \
-and --allow-root-owner count only when the file allows them.
+reads ROOT, CREATE_MAILDIR, ALLOW_ROOT_OWNER and CALLER from [helper-maildir-writer] in \
+/etc/pepsi/pepsi.conf with an empty environment: it refuses to start unless its real user is \
+root, CALLER (default pepsi, the account the dispatcher and its stage workers run as) or a \
+real member of its group; --root must lie inside ROOT, and --create and --allow-root-owner \
+count only when the file allows them.
 
 Exit status: 0 at end of input, 1 on a start-up error, 2 after a protocol error.";
 
@@ -144,7 +146,12 @@ pub fn run() -> ExitCode {
             Ok(c) => c,
             Err(e) => return fail(&format!("{e}")),
         };
-        match narrow(&cfg, opts) {
+        match narrow(
+            &cfg,
+            opts,
+            &privilege::RealIds::current(),
+            privilege::own_group(),
+        ) {
             Ok(o) => opts = o,
             Err(e) => return fail(&e),
         }
@@ -165,10 +172,27 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// Applies the system configuration's limits to the caller's options (setuid invocation).
-pub fn narrow(cfg: &Config, mut opts: maildir::Options) -> Result<maildir::Options, String> {
+/// The account allowed to use the writer unless `CALLER` names another: the one the
+/// dispatcher and its stage workers run as.
+pub const DEFAULT_CALLER: &str = "pepsi";
+
+/// Applies the system configuration's limits to a setuid invocation by `ids`: only root,
+/// `CALLER` (default `pepsi`) or a real member of the writer's group (an operator running
+/// pepsi-quota) may use it, and the caller's options may only narrow what the file allows.
+pub fn narrow(
+    cfg: &Config,
+    mut opts: maildir::Options,
+    ids: &privilege::RealIds,
+    group: Option<u32>,
+) -> Result<maildir::Options, String> {
     let section = cfg.section(constants::SECTION);
     let err = |e: pepsi_common::config::ConfigError| e.to_string();
+    let caller = section
+        .string_opt("CALLER")
+        .map_err(err)?
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or_else(|| DEFAULT_CALLER.to_owned());
+    privilege::check_caller(ids, caller.trim(), group, constants::SECTION)?;
     let trusted = section.path("ROOT").map_err(err)?;
     let trusted = std::fs::canonicalize(&trusted)
         .map_err(|e| format!("[{}] ROOT {}: {e}", constants::SECTION, trusted.display()))?;
@@ -263,6 +287,11 @@ mod tests {
     /// A setuid invocation's options are cut down to what the system configuration allows.
     #[test]
     fn caller_options_only_narrow_the_system_configuration() {
+        let root = privilege::RealIds {
+            uid: 0,
+            gid: 0,
+            groups: Vec::new(),
+        };
         let dir = tempfile::tempdir().unwrap();
         let trusted = dir.path().join("mail");
         std::fs::create_dir_all(trusted.join("domain")).unwrap();
@@ -281,17 +310,57 @@ mod tests {
             create: true,
             allow_root_owner: true,
         };
-        let o = narrow(&cfg(""), asked(trusted.join("domain"))).unwrap();
+        let o = narrow(&cfg(""), asked(trusted.join("domain")), &root, None).unwrap();
         assert!(!o.create && !o.allow_root_owner);
-        let o = narrow(&cfg("CREATE_MAILDIR = yes\n"), asked(trusted.clone())).unwrap();
+        let o = narrow(
+            &cfg("CREATE_MAILDIR = yes\n"),
+            asked(trusted.clone()),
+            &root,
+            None,
+        )
+        .unwrap();
         assert!(o.create && !o.allow_root_owner);
-        let err = narrow(&cfg(""), asked(dir.path().to_path_buf())).unwrap_err();
+        let err = narrow(&cfg(""), asked(dir.path().to_path_buf()), &root, None).unwrap_err();
         assert!(
             err.contains("is outside [helper-maildir-writer] ROOT"),
             "{err}"
         );
         let none = Config::from_str_named("[pepsi]\n", "pepsi.conf").unwrap();
-        let err = narrow(&none, asked(trusted.clone())).unwrap_err();
+        let err = narrow(&none, asked(trusted.clone()), &root, None).unwrap_err();
         assert!(err.contains("ROOT"), "{err}");
+    }
+
+    /// Only CALLER, root or a real member of the writer's group may use a setuid writer: a
+    /// user who runs the setgid stage with a HELPER of their own gains the group as the
+    /// effective one only, and is refused before any path is looked at.
+    #[test]
+    fn a_user_borrowing_the_stage_group_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let cfg = Config::from_str_named(
+            &format!(
+                "[helper-maildir-writer]\nROOT = {}\nCALLER = nobody\n",
+                dir.path().display()
+            ),
+            "pepsi.conf",
+        )
+        .unwrap();
+        let nobody = privilege::account("nobody").unwrap().expect("nobody");
+        let opts = || maildir::Options {
+            root: dir.path().to_path_buf(),
+            create: false,
+            allow_root_owner: false,
+        };
+        let ids = |uid, groups: &[u32]| privilege::RealIds {
+            uid,
+            gid: 4242,
+            groups: groups.to_vec(),
+        };
+        assert!(narrow(&cfg, opts(), &ids(nobody.uid, &[]), Some(777)).is_ok());
+        assert!(narrow(&cfg, opts(), &ids(nobody.uid + 1, &[777]), Some(777)).is_ok());
+        let e = narrow(&cfg, opts(), &ids(nobody.uid + 1, &[]), Some(777)).unwrap_err();
+        assert!(
+            e.contains("CALLER nobody") && e.contains("group 777"),
+            "{e}"
+        );
     }
 }
