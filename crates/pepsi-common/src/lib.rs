@@ -9,8 +9,8 @@
 //! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
 //! counters and queue shape as the operator surfaces show them (`status`), and the
 //! operator tools' tables and durations (`text`), and the rules and shape of automatic
-//! replies (`autoreply`), and the effective-identity switch of the setuid helpers
-//! (`privilege`).
+//! replies (`autoreply`), the effective-identity switch of the setuid helpers
+//! (`privilege`), and what a stage and its co-process helper share (`coprocess`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -25,6 +25,7 @@ pub mod audit;
 pub mod autoreply;
 pub mod cli;
 pub mod config;
+pub mod coprocess;
 pub mod db;
 pub mod delivery;
 pub mod keys;

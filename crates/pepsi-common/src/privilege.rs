@@ -51,6 +51,18 @@ pub fn is_setuid_invocation() -> bool {
     unsafe { libc::getuid() != libc::geteuid() }
 }
 
+/// True when started through a setuid bit by another user; the environment, which that
+/// user chose, is then emptied before anything reads it (logging, configuration paths).
+/// Call first thing in `main`, while the process has one thread.
+pub fn scrub_if_setuid() -> bool {
+    let setuid = is_setuid_invocation();
+    if setuid {
+        // SAFETY: single-threaded, before anything else runs or reads the environment.
+        unsafe { libc::clearenv() };
+    }
+    setuid
+}
+
 /// While alive, the process's effective ids are `to`'s; dropping it restores root.
 pub struct Switched {
     saved_gid: u32,

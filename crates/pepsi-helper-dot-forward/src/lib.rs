@@ -96,12 +96,8 @@ pub fn command() -> clap::Command {
 
 /// Entry point of the `pepsi-helper-dot-forward` binary.
 pub fn run() -> ExitCode {
-    let setuid = privilege::is_setuid_invocation();
-    if setuid {
-        // Nothing from the caller's environment may reach logging or the configuration.
-        // SAFETY: single-threaded, before anything else runs or reads the environment.
-        unsafe { libc::clearenv() };
-    }
+    // Nothing from the caller's environment may reach logging or the configuration.
+    let setuid = privilege::scrub_if_setuid();
     let cli = Cli::parse();
     pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
     let mut opts = reader::Options {

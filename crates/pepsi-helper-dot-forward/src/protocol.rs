@@ -19,7 +19,7 @@
 //! `temp 4.3.0 protocol error: ...` and exits; the stage starts a new one. This module does
 //! no I/O beyond the reader and writer it is given.
 
-use std::io::{self, BufRead, Read};
+use std::io::{BufRead, Read};
 
 /// The longest request line accepted, LF included.
 pub const MAX_LINE: usize = 256;
@@ -57,49 +57,8 @@ pub fn encode_request(account: &str) -> Result<Vec<u8>, String> {
     Ok(format!("forward {account}\n").into_bytes())
 }
 
-/// Why a request could not be read.
-#[derive(Debug)]
-pub enum ProtocolError {
-    Io(io::Error),
-    /// The stream does not follow the protocol; the text says where.
-    Malformed(String),
-}
-
-impl std::fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProtocolError::Io(e) => write!(f, "reading the request: {e}"),
-            ProtocolError::Malformed(s) => write!(f, "{s}"),
-        }
-    }
-}
-
-impl From<io::Error> for ProtocolError {
-    fn from(e: io::Error) -> Self {
-        ProtocolError::Io(e)
-    }
-}
-
-/// Reads one line of at most `limit` bytes (LF included), without the LF; `None` at a clean
-/// end of input.
-fn read_line<R: BufRead>(input: &mut R, limit: usize) -> Result<Option<String>, ProtocolError> {
-    let mut buf = Vec::new();
-    let n = input.take(limit as u64).read_until(b'\n', &mut buf)?;
-    if n == 0 {
-        return Ok(None);
-    }
-    if buf.last() != Some(&b'\n') {
-        return Err(ProtocolError::Malformed(if n >= limit {
-            format!("a line longer than {} bytes", limit - 1)
-        } else {
-            "the input ended inside a line".into()
-        }));
-    }
-    buf.pop();
-    String::from_utf8(buf)
-        .map(Some)
-        .map_err(|_| ProtocolError::Malformed("a line that is not UTF-8".into()))
-}
+pub use pepsi_common::coprocess::ProtocolError;
+use pepsi_common::coprocess::read_line;
 
 /// Reads one request: the account name, or `None` at a clean end of input.
 pub fn read_request<R: BufRead>(input: &mut R) -> Result<Option<String>, ProtocolError> {
@@ -286,15 +245,10 @@ mod tests {
         ] {
             assert!(read_request(&mut &bad[..]).is_err(), "{bad:?}");
         }
-        let long = format!("{}\n", "x".repeat(20));
-        let e = read_line(&mut long.as_bytes(), 10).unwrap_err().to_string();
-        assert!(e.contains("longer than 9 bytes"), "{e}");
-        assert_eq!(
-            read_line(&mut "123456789\n".as_bytes(), 10)
-                .unwrap()
-                .as_deref(),
-            Some("123456789")
-        );
+        // A request line is bounded whatever it holds.
+        let long = format!("forward {}\n", "a".repeat(MAX_LINE));
+        let e = read_request(&mut long.as_bytes()).unwrap_err().to_string();
+        assert!(e.contains("longer than"), "{e}");
         for bad in [
             &b"file 5\nabc"[..],
             b"file x\n",

@@ -125,15 +125,8 @@ pub fn command() -> clap::Command {
 
 /// Entry point of the `pepsi-helper-maildir-writer` binary.
 pub fn run() -> ExitCode {
-    let setuid = privilege::is_setuid_invocation();
-    if setuid {
-        // Nothing from the caller's environment may reach path expansion or logging.
-        let names: Vec<_> = std::env::vars_os().map(|(k, _)| k).collect();
-        for k in names {
-            // SAFETY: single-threaded, before anything else runs.
-            unsafe { std::env::remove_var(k) };
-        }
-    }
+    // Nothing from the caller's environment may reach path expansion or logging.
+    let setuid = privilege::scrub_if_setuid();
     let cli = Cli::parse();
     pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
     let mut opts = maildir::Options {

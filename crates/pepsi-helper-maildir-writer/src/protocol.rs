@@ -34,7 +34,7 @@
 //! `temp 4.3.0 protocol error: ...` and exits; the stage starts a new one. This module does
 //! no I/O beyond the reader and writer it is given.
 
-use std::io::{self, BufRead, Read};
+use std::io::{BufRead, Read};
 use std::path::PathBuf;
 
 pub use crate::quota::{Limits, Usage};
@@ -122,28 +122,7 @@ impl UsageRequest {
 /// The `sync` request, LF included.
 pub const SYNC_LINE: &[u8] = b"sync\n";
 
-/// Why a request could not be read.
-#[derive(Debug)]
-pub enum ProtocolError {
-    Io(io::Error),
-    /// The stream does not follow the protocol; the text says where.
-    Malformed(String),
-}
-
-impl std::fmt::Display for ProtocolError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            ProtocolError::Io(e) => write!(f, "reading the request: {e}"),
-            ProtocolError::Malformed(s) => write!(f, "{s}"),
-        }
-    }
-}
-
-impl From<io::Error> for ProtocolError {
-    fn from(e: io::Error) -> Self {
-        ProtocolError::Io(e)
-    }
-}
+pub use pepsi_common::coprocess::ProtocolError;
 
 impl Request {
     /// The six header lines (everything before the message bytes).
@@ -620,7 +599,7 @@ mod tests {
         };
         wire.extend(usage.encode().unwrap());
         wire.extend(SYNC_LINE);
-        let mut input = io::Cursor::new(wire);
+        let mut input = std::io::Cursor::new(wire);
         assert_eq!(delivery(read_command(&mut input).unwrap()), Some(request()));
         let second = delivery(read_command(&mut input).unwrap()).unwrap();
         assert_eq!(
@@ -687,7 +666,7 @@ mod tests {
             ),
         ];
         for (wire, want) in cases {
-            let err = read_command(&mut io::Cursor::new(wire.to_vec()))
+            let err = read_command(&mut std::io::Cursor::new(wire.to_vec()))
                 .unwrap_err()
                 .to_string();
             assert!(

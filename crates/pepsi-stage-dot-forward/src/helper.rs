@@ -3,7 +3,6 @@
 //! answer within the timeout is killed and forgotten; the next request starts a new one.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use pepsi_helper_dot_forward::protocol::{self, Reply};
@@ -27,23 +26,16 @@ pub struct CoProcess {
 
 impl CoProcess {
     pub fn start(args: HelperArgs) -> Result<CoProcess, String> {
-        let mut child = Command::new(&args.program)
-            .arg("--min-uid")
+        let mut cmd = Command::new(&args.program);
+        cmd.arg("--min-uid")
             .arg(args.min_uid.to_string())
-            .args(["-L", "info"])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", args.program.display()))?;
-        let stdin = child.stdin.take().ok_or("reader without stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("reader without stdout")?);
+            .args(["-L", "info"]);
+        let pipes = pepsi_common::coprocess::spawn(cmd)?;
         Ok(CoProcess {
             args,
-            child,
-            stdin,
-            stdout,
+            child: pipes.child,
+            stdin: pipes.stdin,
+            stdout: pipes.stdout,
         })
     }
 

@@ -5,7 +5,6 @@
 //! starts a new one.
 
 use std::path::PathBuf;
-use std::process::Stdio;
 use std::time::Duration;
 
 use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request, SYNC_LINE, UsageRequest};
@@ -48,20 +47,12 @@ impl CoProcess {
         if args.allow_root_owner {
             cmd.arg("--allow-root-owner");
         }
-        let mut child = cmd
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .kill_on_drop(true)
-            .spawn()
-            .map_err(|e| format!("cannot start {}: {e}", args.program.display()))?;
-        let stdin = child.stdin.take().ok_or("helper without stdin")?;
-        let stdout = BufReader::new(child.stdout.take().ok_or("helper without stdout")?);
+        let pipes = pepsi_common::coprocess::spawn(cmd)?;
         Ok(CoProcess {
             args,
-            child,
-            stdin,
-            stdout,
+            child: pipes.child,
+            stdin: pipes.stdin,
+            stdout: pipes.stdout,
             unsynced: false,
         })
     }
