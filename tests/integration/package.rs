@@ -391,6 +391,10 @@ for _ in $(seq 1 600); do
     say "writer as nobody: $rc $out"
     rc=0; out="$(echo 'forward alice' | setpriv --reuid=pepsi --rgid=pepsi --egid=pepsi-forward --clear-groups $lib/pepsi-helper-dot-forward 2>/dev/null)" || rc=$?
     say "reader as pepsi: $rc $out"
+    # A setgid stage serves the service account only: nobody running it (the bit gives it
+    # the group pepsi-token, whose token files it reads) is refused before any option.
+    rc=0; out="$(setpriv --reuid=nobody --rgid=nogroup --clear-groups $lib/pepsi-stage-relay-to-smarthost worker </dev/null 2>&1)" || rc=$?
+    say "smarthost stage as nobody: $rc $out"
     exit 0
   fi
   sleep 0.1
@@ -557,6 +561,13 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
     }
     assert!(
         log.contains("== reader as pepsi: 0 none no home directory /nonexistent"),
+        "{log}"
+    );
+    assert!(
+        log.contains(
+            "== smarthost stage as nobody: 1 pepsi-stage-relay-to-smarthost: started by uid \
+             65534: only root, the service account pepsi"
+        ),
         "{log}"
     );
 

@@ -212,12 +212,22 @@ pub fn check_caller(
     group: Option<u32>,
     section: &str,
 ) -> Result<(), String> {
+    check_account(ids, caller, &format!("[{section}] CALLER {caller}"), group)
+}
+
+/// `check_caller` with the allowed account described by `label` in the messages.
+fn check_account(
+    ids: &RealIds,
+    caller: &str,
+    label: &str,
+    group: Option<u32>,
+) -> Result<(), String> {
     if ids.uid == 0 {
         return Ok(());
     }
     let allowed = account(caller)
-        .map_err(|e| format!("[{section}] CALLER {caller}: {e}"))?
-        .ok_or_else(|| format!("[{section}] CALLER {caller}: no such account"))?;
+        .map_err(|e| format!("{label}: {e}"))?
+        .ok_or_else(|| format!("{label}: no such account"))?;
     if ids.uid == allowed.uid {
         return Ok(());
     }
@@ -227,7 +237,7 @@ pub fn check_caller(
         return Ok(());
     }
     Err(format!(
-        "started by uid {}: only root, [{section}] CALLER {caller} (uid {}){} may use this program",
+        "started by uid {}: only root, {label} (uid {}){} may use this program",
         ids.uid,
         allowed.uid,
         match group {
@@ -235,6 +245,35 @@ pub fn check_caller(
             None => String::new(),
         }
     ))
+}
+
+/// The account the dispatcher and its stage workers run as in an installed system
+/// (packaging/privileges.txt).
+pub const SERVICE_ACCOUNT: &str = "pepsi";
+
+/// True when started through a set-group-id bit by a user outside that group.
+pub fn is_setgid_invocation() -> bool {
+    // SAFETY: no arguments, cannot fail.
+    unsafe { libc::getgid() != libc::getegid() }
+}
+
+/// For a set-group-id stage (its group reads token files or runs a setuid helper): started
+/// through its bit, it serves only root, the service account `pepsi` and real members of the
+/// group. Anyone else could otherwise run it with a configuration of their own (its token
+/// file paths, its HELPER, its smarthost) and so use the group's files through it. Call first
+/// thing; `Err` is the one line to print before exiting.
+pub fn refuse_borrowed_group() -> Result<(), String> {
+    if !is_setgid_invocation() {
+        return Ok(());
+    }
+    // SAFETY: no arguments, cannot fail.
+    let group = unsafe { libc::getegid() };
+    check_account(
+        &RealIds::current(),
+        SERVICE_ACCOUNT,
+        &format!("the service account {SERVICE_ACCOUNT}"),
+        Some(group),
+    )
 }
 
 /// The group owning this program's executable: the group a set-group-id caller of it is
@@ -277,6 +316,18 @@ mod tests {
                 );
             }
         }
+        // A setgid program started by someone outside its group, through its bit.
+        let e = check_account(
+            &ids(other, 5, &[]),
+            "nobody",
+            "the service account nobody",
+            Some(9),
+        )
+        .unwrap_err();
+        assert!(
+            e.contains("only root, the service account nobody") && e.contains("group 9"),
+            "{e}"
+        );
         let e =
             check_caller(&ids(other, 5, &[]), "no-such-caller-x", None, "helper-x").unwrap_err();
         assert!(

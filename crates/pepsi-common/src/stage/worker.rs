@@ -679,6 +679,12 @@ pub fn main<S: Stage>(
     about: &'static str,
     long_about: &'static str,
 ) -> ExitCode {
+    // A set-group-id stage (the Maildir delivery, the smarthost relay, .forward) serves its
+    // service account only, before it reads any option the caller chose.
+    if let Err(e) = crate::privilege::refuse_borrowed_group() {
+        eprintln!("{}: {e}", source.exec);
+        return ExitCode::from(1);
+    }
     let matches = command(source, about, long_about).get_matches();
     let cli = match <StageCli as clap::FromArgMatches>::from_arg_matches(&matches) {
         Ok(cli) => cli,
