@@ -215,6 +215,23 @@ pub fn check_caller(
     check_account(ids, caller, &format!("[{section}] CALLER {caller}"), group)
 }
 
+/// `check_caller` for a setuid helper whose allowed account is its `[section] CALLER` in
+/// `cfg` (the system configuration), by default the service account `pepsi`.
+pub fn check_configured_caller(
+    cfg: &crate::config::Config,
+    section: &str,
+    ids: &RealIds,
+    group: Option<u32>,
+) -> Result<(), String> {
+    let caller = cfg
+        .section(section)
+        .string_opt("CALLER")
+        .map_err(|e| e.to_string())?
+        .filter(|c| !c.trim().is_empty())
+        .unwrap_or_else(|| SERVICE_ACCOUNT.to_owned());
+    check_caller(ids, caller.trim(), group, section)
+}
+
 /// `check_caller` with the allowed account described by `label` in the messages.
 fn check_account(
     ids: &RealIds,

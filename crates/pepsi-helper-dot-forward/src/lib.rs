@@ -126,9 +126,6 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// The account allowed to use the reader unless `CALLER` names another.
-pub const DEFAULT_CALLER: &str = "pepsi";
-
 /// Applies the system configuration to a setuid invocation by `ids`: only root, `CALLER`
 /// (default `pepsi`) or a real member of the reader's group may use it, and `MIN_UID`
 /// (default 1000) holds unless the caller asked for a higher one.
@@ -139,12 +136,7 @@ pub fn narrow(
     group: Option<u32>,
 ) -> Result<reader::Options, String> {
     let section = cfg.section(constants::SECTION);
-    let caller = section
-        .string_opt("CALLER")
-        .map_err(|e| e.to_string())?
-        .filter(|c| !c.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_CALLER.to_owned());
-    privilege::check_caller(ids, caller.trim(), group, constants::SECTION)?;
+    privilege::check_configured_caller(cfg, constants::SECTION, ids, group)?;
     let floor = section
         .parse_opt("MIN_UID", |v| {
             v.trim()

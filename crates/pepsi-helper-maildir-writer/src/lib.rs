@@ -165,10 +165,6 @@ fn fail(msg: &str) -> ExitCode {
     ExitCode::from(1)
 }
 
-/// The account allowed to use the writer unless `CALLER` names another: the one the
-/// dispatcher and its stage workers run as.
-pub const DEFAULT_CALLER: &str = "pepsi";
-
 /// Applies the system configuration's limits to a setuid invocation by `ids`: only root,
 /// `CALLER` (default `pepsi`) or a real member of the writer's group (an operator running
 /// pepsi-quota) may use it, and the caller's options may only narrow what the file allows.
@@ -180,12 +176,7 @@ pub fn narrow(
 ) -> Result<maildir::Options, String> {
     let section = cfg.section(constants::SECTION);
     let err = |e: pepsi_common::config::ConfigError| e.to_string();
-    let caller = section
-        .string_opt("CALLER")
-        .map_err(err)?
-        .filter(|c| !c.trim().is_empty())
-        .unwrap_or_else(|| DEFAULT_CALLER.to_owned());
-    privilege::check_caller(ids, caller.trim(), group, constants::SECTION)?;
+    privilege::check_configured_caller(cfg, constants::SECTION, ids, group)?;
     let trusted = section.path("ROOT").map_err(err)?;
     let trusted = std::fs::canonicalize(&trusted)
         .map_err(|e| format!("[{}] ROOT {}: {e}", constants::SECTION, trusted.display()))?;
