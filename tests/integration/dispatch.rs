@@ -769,6 +769,7 @@ fn help_documents_the_options() {
         "MAX_MESSAGES",
         "WORKER_IDLE_TIMEOUT",
         "MAX_RUNTIME",
+        "HAND_FORWARD",
         "--config",
     ] {
         assert!(help.contains(option), "--help lacks {option}: {help}");
@@ -1069,4 +1070,105 @@ async fn a_lost_lock_is_taken_again_and_lost_for_good_to_another_dispatcher_it_e
         "{}",
         h.log("dispatch.log")
     );
+}
+
+/// The rows of each stage the dispatcher's claims took, summed from its debug log.
+fn claimed_at(h: &Harness, log: &str, stage: &str) -> usize {
+    let tag = format!("stage={stage} ");
+    h.log(log)
+        .lines()
+        .filter(|l| l.contains(" claimed ") && l.contains(&tag))
+        .filter_map(|l| {
+            l.split("rows=")
+                .nth(1)?
+                .split_whitespace()
+                .next()?
+                .parse::<usize>()
+                .ok()
+        })
+        .sum()
+}
+
+/// HAND_FORWARD (the default): a worker's advance leaves the row running at the next stage
+/// and says so on its status line, and the dispatcher gives it to that stage's pool without
+/// a claim. Only the first stage is ever claimed; every row passes each stage once and
+/// stage_stats count every pass. With HAND_FORWARD = no every stage is claimed again.
+#[tokio::test]
+async fn an_advanced_row_is_handed_to_the_next_stage_without_a_claim() {
+    for (hand_forward, claims_later) in [("yes", false), ("no", true)] {
+        let h = Harness::new(CHAIN, &format!("HAND_FORWARD = {hand_forward}")).await;
+        // Fewer rows than b and c can hold (PARALLELISM 2 x QUEUE_LIMIT 8): none waits.
+        h.add(12, "sender", serde_json::json!({})).await;
+        let mut d = h.start("dispatch.log");
+        h.wait_for(
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+            12,
+            Duration::from_secs(60),
+            &mut d,
+        )
+        .await;
+        assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+        assert_each_stage_once(&h, 12).await;
+        assert_eq!(claimed_at(&h, "dispatch.log", "init"), 12, "{hand_forward}");
+        for stage in ["b", "c"] {
+            let claimed = claimed_at(&h, "dispatch.log", stage);
+            if claims_later {
+                assert_eq!(claimed, 12, "HAND_FORWARD = no claims at {stage}");
+            } else {
+                assert_eq!(claimed, 0, "rows were handed to {stage}, not claimed");
+            }
+        }
+        // `done` has no pool: the last advance leaves its rows pending, as before.
+        assert_eq!(
+            h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'pending'")
+                .await,
+            12
+        );
+        let stats: Vec<(String, i64)> =
+            sqlx::query_as("SELECT stage, messages FROM pepsi.stage_stats ORDER BY stage")
+                .fetch_all(&h.db.pool)
+                .await
+                .unwrap();
+        assert_eq!(
+            stats,
+            vec![("b".into(), 12), ("c".into(), 12), ("init".into(), 12)]
+        );
+    }
+}
+
+/// Rows handed forward to a stage that already holds all its workers can take go back to
+/// pending, and so do the ones after them until the backlog has been claimed: none waits
+/// behind later arrivals, none is lost or run twice.
+#[tokio::test]
+async fn rows_handed_to_a_full_stage_wait_their_turn_as_pending_and_none_is_lost() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = c\nPARALLELISM = 1\nQUEUE_LIMIT = 2\nDELAY = 20ms\n\
+                  [stage-c]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n";
+    let h = Harness::new(stages, "").await;
+    h.add(60, "sender", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        60,
+        Duration::from_secs(60),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_each_stage_once(&h, 60).await;
+    let log = h.log("dispatch.log");
+    let overflowed = log
+        .lines()
+        .filter(|l| l.contains("handed forward to a stage with a backlog"))
+        .count();
+    assert!(
+        overflowed > 0,
+        "b (2 ids at most) cannot hold 60 rows at once"
+    );
+    assert_eq!(
+        claimed_at(&h, "dispatch.log", "b"),
+        overflowed,
+        "every row that went back to pending at b was claimed once"
+    );
+    assert_eq!(claimed_at(&h, "dispatch.log", "c"), 0);
 }

@@ -1,10 +1,12 @@
 //! The coordinator's loop: wake on notifications, status lines and timers; requeue paused
-//! rows that are due; claim for every stage with spare capacity in one statement; pack the
-//! claimed ids onto the fewest workers; recover from crashes and hangs; keep statistics.
+//! rows that are due; claim for every stage that may have pending rows and has spare
+//! capacity, in one statement; pack the claimed ids onto the fewest workers; pass a row a
+//! worker advanced and handed forward (`HAND_FORWARD`) straight to its next stage's pool;
+//! recover from crashes and hangs; keep statistics.
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -37,6 +39,19 @@ struct Pool {
     /// The start failure was logged; not again until a start succeeds.
     failure_logged: bool,
     fair: FairShare,
+    /// Pending rows may wait at this stage: claim for it when it has room. Set by whatever
+    /// may make rows pending (a wake-up, a status line that does not say it left none, a
+    /// hand-back, a due requeue, the heartbeat) and by a claim that filled what it asked;
+    /// cleared by a claim that found fewer rows than it asked for.
+    maybe_pending: bool,
+    /// Rows handed forward to this stage (running, no claim needed), waiting for room on
+    /// one of its workers; served before any claim.
+    held: VecDeque<Assigned>,
+    /// Rows handed forward found `held` full and went back to pending: until a claim finds
+    /// the stage's pending rows exhausted, every row handed forward goes the same way, so
+    /// none overtakes the rows already waiting (and they are claimed as soon as `held` has
+    /// drained).
+    backlog: bool,
 }
 
 /// Fewer rows claimed than this since the last VACUUM leave too little behind to start one.
@@ -54,8 +69,6 @@ pub struct Dispatcher {
     next_key: u64,
     events: UnboundedSender<Event>,
     stats: Stats,
-    /// Something may be pending: claim on the next round.
-    dirty: bool,
     last_heartbeat: Instant,
     last_flush: Instant,
     last_gc: Instant,
@@ -70,6 +83,9 @@ pub struct Dispatcher {
     stopping: bool,
     /// Ids whose worker died while holding several: each is sent alone until answered.
     suspects: HashSet<i64>,
+    /// Rows handed forward to a stage that already held all it can take: back to pending,
+    /// together, before the next claim.
+    overflow: Vec<i64>,
 }
 
 impl Dispatcher {
@@ -99,7 +115,6 @@ impl Dispatcher {
             next_key: 1,
             events,
             stats: Stats::default(),
-            dirty: true,
             last_heartbeat: now,
             last_flush: now,
             last_gc: now,
@@ -110,8 +125,10 @@ impl Dispatcher {
             next_due: Some(now),
             stopping: false,
             suspects: HashSet::new(),
+            overflow: Vec::new(),
         };
         d.apply_pools(cfg)?;
+        d.wake_all();
         if d.pools.is_empty() {
             anyhow::bail!(
                 "{}: no [stage-*] section names a PROGRAM: nothing to dispatch",
@@ -121,7 +138,9 @@ impl Dispatcher {
         Ok(d)
     }
 
-    fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<()> {
+    /// Builds the pools from `cfg`; returns the rows held for stages that no longer have one
+    /// (to go back to pending).
+    fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<Vec<i64>> {
         let now = Instant::now();
         let mut pools = BTreeMap::new();
         for settings in PoolSettings::all(cfg)? {
@@ -130,9 +149,12 @@ impl Dispatcher {
                 self.settings.libexec_dir.as_deref(),
                 self.own_dir.as_deref(),
             );
-            let fair = match self.pools.remove(&settings.stage) {
-                Some(old) => old.fair,
-                None => FairShare::new(self.settings.fair_half_life, now),
+            let (fair, held) = match self.pools.remove(&settings.stage) {
+                Some(old) => (old.fair, old.held),
+                None => (
+                    FairShare::new(self.settings.fair_half_life, now),
+                    VecDeque::new(),
+                ),
             };
             pools.insert(
                 settings.stage.clone(),
@@ -142,11 +164,28 @@ impl Dispatcher {
                     cooldown_until: None,
                     failure_logged: false,
                     fair,
+                    maybe_pending: true,
+                    held,
+                    backlog: true,
                 },
             );
         }
-        self.pools = pools;
-        Ok(())
+        let orphaned = std::mem::replace(&mut self.pools, pools)
+            .into_values()
+            .flat_map(|p| p.held.into_iter().map(|a| a.id))
+            .collect();
+        Ok(orphaned)
+    }
+
+    /// Something may have made rows pending at any stage.
+    fn wake_all(&mut self) {
+        for pool in self.pools.values_mut() {
+            pool.maybe_pending = true;
+        }
+    }
+
+    fn wants_claim(&self) -> bool {
+        self.pools.values().any(|p| p.maybe_pending)
     }
 
     /// Runs until SIGINT/SIGTERM.
@@ -178,7 +217,12 @@ impl Dispatcher {
                 _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
             }
             self.housekeeping().await;
-            if self.dirty {
+            if !self.overflow.is_empty() {
+                let back = std::mem::take(&mut self.overflow);
+                self.hand_back("", &back).await;
+            }
+            self.serve_held().await;
+            if self.wants_claim() {
                 self.claim_round().await;
             }
             // After the claim, so that a status line or a wake-up is answered by a claim
@@ -210,7 +254,7 @@ impl Dispatcher {
 
     async fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Wake => self.dirty = true,
+            Event::Wake => self.wake_all(),
             Event::ConfigChanged => self.reload().await,
             Event::Line { worker, line } => self.answered(worker, &line).await,
             Event::Eof { worker } => self.exited(worker).await,
@@ -244,7 +288,8 @@ impl Dispatcher {
                 self.settings = s;
                 self.apply_pools(&cfg)
             }) {
-            Ok(()) => {
+            Ok(orphaned) => {
+                self.hand_back("", &orphaned).await;
                 self.file_cfg = fresh;
                 for w in self.workers.values_mut() {
                     w.retire();
@@ -253,7 +298,7 @@ impl Dispatcher {
                     workers = self.workers.len(),
                     "configuration changed: workers retired"
                 );
-                self.dirty = true;
+                self.wake_all();
             }
             Err(e) => {
                 tracing::error!("configuration changed but is invalid, keeping the old one: {e:#}")
@@ -296,10 +341,28 @@ impl Dispatcher {
             pool.fair.charge(&row.sender, took, now);
         }
         match status::parse(line) {
-            Status::Done { finished, fused } => {
+            Status::Done {
+                finished,
+                fused,
+                handed,
+                settled,
+            } => {
                 self.stats.pass(&stage, took, finished);
                 for (s, ms) in fused {
                     self.stats.fused(&s, ms);
+                }
+                if let Some(next) = handed {
+                    self.forward(
+                        &next,
+                        Assigned {
+                            id: row.id,
+                            sender: row.sender,
+                        },
+                    )
+                    .await;
+                }
+                if !settled {
+                    self.wake_all();
                 }
             }
             Status::Failed { error, temporary } => {
@@ -311,9 +374,73 @@ impl Dispatcher {
                 };
                 tracing::warn!(id = row.id, stage = %stage, temporary, "message not handled: {error}");
                 self.force(row.id, &stage, forced, &reason).await;
+                self.wake_all();
             }
         }
-        self.dirty = true;
+    }
+
+    /// A row a worker advanced and left running at `stage`: to a worker of that stage when
+    /// one has room, otherwise held for the next that has. While stopping, or for a stage
+    /// without a pool, it goes back to pending.
+    /// At most as many rows as the stage's workers can hold are held; beyond that (a stage
+    /// with a backlog) a row goes back to pending, to be claimed in its turn, and so do the
+    /// rows handed forward after it until the backlog is claimed.
+    async fn forward(&mut self, stage: &str, row: Assigned) {
+        match self.pools.get_mut(stage) {
+            Some(pool)
+                if !self.stopping
+                    && !pool.backlog
+                    && pool.held.len() < pool.settings.parallelism * pool.settings.queue_limit =>
+            {
+                tracing::trace!(stage, id = row.id, "handed forward");
+                pool.held.push_back(row)
+            }
+            Some(pool) if !self.stopping => {
+                tracing::debug!(
+                    stage,
+                    id = row.id,
+                    "handed forward to a stage with a backlog: pending"
+                );
+                pool.maybe_pending = true;
+                pool.backlog = true;
+                self.overflow.push(row.id);
+                return;
+            }
+            _ => {
+                self.hand_back(stage, &[row.id]).await;
+                return;
+            }
+        }
+        self.serve_stage(stage).await;
+    }
+
+    /// Hands the held rows of every stage that has some to its workers, as room allows.
+    async fn serve_held(&mut self) {
+        let stages: Vec<String> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| !p.held.is_empty())
+            .map(|(s, _)| s.clone())
+            .collect();
+        for stage in stages {
+            self.serve_stage(&stage).await;
+        }
+    }
+
+    async fn serve_stage(&mut self, stage: &str) {
+        let now = Instant::now();
+        loop {
+            let Some(row) = self.pools.get(stage).and_then(|p| p.held.front().cloned()) else {
+                return;
+            };
+            let Some(key) = self.place(stage, false) else {
+                return;
+            };
+            if let Some(pool) = self.pools.get_mut(stage) {
+                pool.held.pop_front();
+            }
+            self.give(key, stage, row, now).await;
+        }
     }
 
     /// The stage a repair must still find the rows at: only when another worker holds one
@@ -371,7 +498,7 @@ impl Dispatcher {
             } else {
                 tracing::debug!(stage = %stage, pid = w.pid, "worker stopped");
             }
-            self.dirty = true;
+            self.wake_all();
             return;
         }
         let could_not_start = w.answered == 0 && status.is_some_and(|s| s.code() == Some(1));
@@ -428,7 +555,7 @@ impl Dispatcher {
                 ids.len()
             );
         }
-        self.dirty = true;
+        self.wake_all();
     }
 
     async fn housekeeping(&mut self) {
@@ -486,13 +613,13 @@ impl Dispatcher {
         }
         if now >= self.last_heartbeat + self.settings.poll_interval {
             self.last_heartbeat = now;
-            self.dirty = true;
+            self.wake_all();
             self.next_due = Some(now);
             self.reconcile().await;
         }
         if self.next_due.is_some_and(|d| now >= d) {
             match claim::requeue_due(&self.db).await {
-                Ok(n) if n > 0 => self.dirty = true,
+                Ok(n) if n > 0 => self.wake_all(),
                 Ok(_) => {}
                 Err(e) => tracing::warn!("cannot requeue paused messages: {e}"),
             }
@@ -517,6 +644,11 @@ impl Dispatcher {
             .workers
             .values()
             .flat_map(|w| w.inflight.iter().map(|a| a.id))
+            .chain(
+                self.pools
+                    .values()
+                    .flat_map(|p| p.held.iter().map(|a| a.id)),
+            )
             .collect();
         match claim::reconcile(&self.db, &held, self.settings.orphan_grace).await {
             Ok(0) => {}
@@ -526,7 +658,7 @@ impl Dispatcher {
                     "running rows no worker held returned to pending (a write the dispatcher \
                      could not make, or a claim whose reply was lost)"
                 );
-                self.dirty = true;
+                self.wake_all();
             }
             Err(e) => tracing::warn!("cannot reconcile running rows: {e}"),
         }
@@ -644,12 +776,14 @@ impl Dispatcher {
         if spawnable == 0 && active.iter().all(|w| w.inflight.len() > low_water) {
             return 0;
         }
-        room + spawnable
-            * s.queue_limit.min(if s.max_messages == 0 {
-                usize::MAX
-            } else {
-                s.max_messages as usize
-            })
+        (room
+            + spawnable
+                * s.queue_limit.min(if s.max_messages == 0 {
+                    usize::MAX
+                } else {
+                    s.max_messages as usize
+                }))
+        .saturating_sub(pool.held.len())
     }
 
     async fn claim_round(&mut self) {
@@ -661,6 +795,9 @@ impl Dispatcher {
         let mut leads = Vec::new();
         let stages: Vec<String> = self.pools.keys().cloned().collect();
         for stage in &stages {
+            if !self.pools[stage].maybe_pending {
+                continue;
+            }
             let capacity = self.capacity(stage, &self.pools[stage], now);
             let percent = self.settings.fair_fifo_percent;
             let pool = self.pools.get_mut(stage).expect("stage exists");
@@ -681,7 +818,6 @@ impl Dispatcher {
                 cost: pool.fair.cost(),
             });
         }
-        self.dirty = false;
         if wants.is_empty() {
             return;
         }
@@ -696,7 +832,6 @@ impl Dispatcher {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!("claim failed: {e}");
-                self.dirty = true;
                 return;
             }
         };
@@ -707,14 +842,17 @@ impl Dispatcher {
         }
         let claimed = result.rows;
         self.claimed_since_vacuum += claimed.len() as u64;
-        let asked: usize = wants.iter().map(|w| (w.n_fifo + w.n_fair) as usize).sum();
-        if claimed.len() >= asked {
-            // Full claim: more may be waiting.
-            self.dirty = true;
-        }
         let mut by_stage: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
         for c in claimed {
             by_stage.entry(c.stage.clone()).or_default().push(c);
+        }
+        for want in &wants {
+            let got = by_stage.get(&want.stage).map_or(0, Vec::len);
+            if let Some(pool) = self.pools.get_mut(&want.stage) {
+                // A full claim: more may be waiting. Otherwise the stage had no more.
+                pool.maybe_pending = got >= (want.n_fifo + want.n_fair) as usize;
+                pool.backlog &= pool.maybe_pending;
+            }
         }
         for (stage, rows) in by_stage {
             tracing::debug!(stage = %stage, rows = rows.len(), "claimed");
@@ -731,50 +869,56 @@ impl Dispatcher {
         rows.reverse();
         let now = Instant::now();
         while let Some(row) = rows.pop() {
-            let settings = self.pools[stage].settings.clone();
-            // A suspect (its worker died holding several ids) goes to a worker holding
-            // nothing, and nothing joins it there.
             let alone = self.suspects.contains(&row.workqueue_id);
-            let suspects = &self.suspects;
-            let target = self
-                .workers
-                .values()
-                .filter(|w| w.stage == stage && !w.retiring && room(w, &settings) > 0)
-                .filter(|w| {
-                    if alone {
-                        w.inflight.is_empty()
-                    } else {
-                        !w.inflight.iter().any(|a| suspects.contains(&a.id))
-                    }
-                })
-                .max_by_key(|w| (w.inflight.len(), std::cmp::Reverse(w.key)))
-                .map(|w| w.key);
-            let key = match target {
-                Some(k) => k,
-                None => match self.start_worker(stage) {
-                    Some(k) => k,
-                    None => {
-                        let mut back: Vec<i64> = rows.iter().map(|r| r.workqueue_id).collect();
-                        back.push(row.workqueue_id);
-                        self.hand_back(stage, &back).await;
-                        return;
-                    }
-                },
+            let Some(key) = self.place(stage, alone) else {
+                let mut back: Vec<i64> = rows.iter().map(|r| r.workqueue_id).collect();
+                back.push(row.workqueue_id);
+                self.hand_back(stage, &back).await;
+                return;
             };
-            let w = self.workers.get_mut(&key).expect("worker exists");
             let assigned = Assigned {
                 id: row.workqueue_id,
                 sender: row.sender_key.clone(),
             };
-            if let Err(e) = w.hand(assigned, now).await {
-                tracing::warn!(
-                    stage,
-                    pid = w.pid,
-                    "cannot write to worker: {e}; returning the message"
-                );
-                w.retire();
-                self.hand_back(stage, &[row.workqueue_id]).await;
-            }
+            self.give(key, stage, assigned, now).await;
+        }
+    }
+
+    /// The worker of `stage` the next id goes to: the busiest with room, or a new one;
+    /// `None` when the stage has no room. A suspect (`alone`: its worker died holding several
+    /// ids) goes to a worker holding nothing, and nothing joins it there.
+    fn place(&mut self, stage: &str, alone: bool) -> Option<u64> {
+        let settings = &self.pools.get(stage)?.settings;
+        let suspects = &self.suspects;
+        let target = self
+            .workers
+            .values()
+            .filter(|w| w.stage == stage && !w.retiring && room(w, settings) > 0)
+            .filter(|w| {
+                if alone {
+                    w.inflight.is_empty()
+                } else {
+                    !w.inflight.iter().any(|a| suspects.contains(&a.id))
+                }
+            })
+            .max_by_key(|w| (w.inflight.len(), std::cmp::Reverse(w.key)))
+            .map(|w| w.key);
+        target.or_else(|| self.start_worker(stage))
+    }
+
+    /// Writes `row` to worker `key`; a worker that cannot take it is retired and the row
+    /// goes back to pending.
+    async fn give(&mut self, key: u64, stage: &str, row: Assigned, now: Instant) {
+        let w = self.workers.get_mut(&key).expect("worker exists");
+        let id = row.id;
+        if let Err(e) = w.hand(row, now).await {
+            tracing::warn!(
+                stage,
+                pid = w.pid,
+                "cannot write to worker: {e}; returning the message"
+            );
+            w.retire();
+            self.hand_back(stage, &[id]).await;
         }
     }
 
@@ -793,6 +937,7 @@ impl Dispatcher {
             &pool.program,
             &self.config_path,
             &self.log_level,
+            self.settings.hand_forward,
             self.events.clone(),
         ) {
             Ok(w) => {
@@ -828,6 +973,18 @@ impl Dispatcher {
                 Ok(Some(_)) => {}
                 Ok(None) | Err(_) => break,
             }
+        }
+        let held: Vec<i64> = self
+            .pools
+            .values_mut()
+            .flat_map(|p| std::mem::take(&mut p.held).into_iter().map(|a| a.id))
+            .collect();
+        if !held.is_empty() {
+            tracing::info!(
+                rows = held.len(),
+                "rows handed forward and not started: pending again"
+            );
+            self.hand_back("", &held).await;
         }
         let left: Vec<u64> = self.workers.keys().copied().collect();
         for key in left {

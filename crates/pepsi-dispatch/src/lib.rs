@@ -62,7 +62,9 @@ pub enum Event {
 ///
 /// [pepsi-dispatch] options: POLL_INTERVAL (heartbeat, 5s), FAIR_HALF_LIFE (60s),
 /// FAIR_FIFO_PERCENT (20), FAIR_MAX_SENDERS (256), STATS_INTERVAL (60s), SPAWN_COOLDOWN (10s),
-/// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), LIBEXEC_DIR.
+/// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), LOCK_CHECK_INTERVAL (1s),
+/// VACUUM_INTERVAL (10s), HAND_FORWARD (yes: a row a worker advances stays running and is
+/// handed to the next stage's pool without a claim), LIBEXEC_DIR.
 /// [stage-NAME] options: PROGRAM, PARALLELISM (1), QUEUE_LIMIT (1), MAX_MESSAGES (10000,
 /// 0 = never recycle), WORKER_IDLE_TIMEOUT (60s), MAX_RUNTIME (5m).
 /// See docs/dispatch.md for what each does.

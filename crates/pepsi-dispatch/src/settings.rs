@@ -40,6 +40,9 @@ pub struct DispatchSettings {
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
+    /// Workers leave an advanced row running at its next stage and name the stage on their
+    /// status line; the dispatcher hands it to that stage's pool without a claim.
+    pub hand_forward: bool,
     /// `[pepsi] MAIL_LOG_RETENTION`: mail log rows older than this are deleted at each
     /// garbage collection (default 30 days, at least an hour).
     pub mail_log_retention: Duration,
@@ -83,6 +86,7 @@ impl DispatchSettings {
                 .unwrap_or(Duration::from_secs(1))
                 .max(Duration::from_millis(100)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
+            hand_forward: s.bool_opt("HAND_FORWARD")?.unwrap_or(true),
             mail_log_retention: cfg
                 .section("pepsi")
                 .parse_opt("MAIL_LOG_RETENTION", |v| {

@@ -10,6 +10,12 @@ pub enum Status {
         finished: bool,
         /// Stages fused into this pass: (stage, milliseconds).
         fused: Vec<(String, f64)>,
+        /// The row advanced and is running at this stage, waiting to be handed to its pool
+        /// (`"handed"`, from workers started with `PEPSI_HAND_FORWARD`).
+        handed: Option<String>,
+        /// The pass left no pending row anywhere (`"settled":true`): no claim is needed on
+        /// its account.
+        settled: bool,
     },
     /// Non-zero: not handled; the row is as the worker found it.
     Failed { error: String, temporary: bool },
@@ -47,7 +53,23 @@ pub fn parse(line: &str) -> Status {
                     .collect()
             })
             .unwrap_or_default();
-        return Status::Done { finished, fused };
+        let handed = json
+            .as_ref()
+            .and_then(|j| j.get("handed"))
+            .and_then(Value::as_str)
+            .filter(|s| !s.is_empty())
+            .map(str::to_owned);
+        let settled = json
+            .as_ref()
+            .and_then(|j| j.get("settled"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        return Status::Done {
+            finished,
+            fused,
+            handed,
+            settled,
+        };
     }
     let error = match json
         .as_ref()
@@ -78,6 +100,8 @@ mod tests {
         Status::Done {
             finished,
             fused: vec![],
+            handed: None,
+            settled: false,
         }
     }
 
@@ -91,8 +115,29 @@ mod tests {
             Status::Done {
                 finished: false,
                 fused: vec![("srs".into(), 1.5), ("dkim".into(), 0.0)],
+                handed: None,
+                settled: false,
             },
         );
+        check(
+            "0 {\"fused\":[{\"stage\":\"route\",\"ms\":0.2}],\"handed\":\"local\",\"settled\":true}",
+            Status::Done {
+                finished: false,
+                fused: vec![("route".into(), 0.2)],
+                handed: Some("local".into()),
+                settled: true,
+            },
+        );
+        check(
+            "0 {\"finished\":true,\"settled\":true}",
+            Status::Done {
+                finished: true,
+                fused: vec![],
+                handed: None,
+                settled: true,
+            },
+        );
+        check("0 {\"handed\":\"\"}", done(false));
         check(
             "1 {\"error\":\"boom\",\"temporary\":true}",
             Status::Failed {

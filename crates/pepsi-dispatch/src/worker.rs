@@ -43,15 +43,22 @@ pub struct Worker {
 
 impl Worker {
     /// Starts `program worker -c <config>`; its stdout feeds `events`, its stderr is ours.
+    /// With `hand_forward` it runs with `PEPSI_HAND_FORWARD=1`.
     pub fn spawn(
         key: u64,
         stage: &str,
         program: &Path,
         config: &Path,
         log_level: &str,
+        hand_forward: bool,
         events: UnboundedSender<Event>,
     ) -> std::io::Result<Worker> {
         let mut cmd = Command::new(program);
+        if hand_forward {
+            cmd.env(pepsi_common::stage::HAND_FORWARD_ENV, "1");
+        } else {
+            cmd.env_remove(pepsi_common::stage::HAND_FORWARD_ENV);
+        }
         cmd.arg("worker")
             .arg("-c")
             .arg(config)

@@ -131,7 +131,7 @@ pub(crate) async fn commit(
                 pool,
                 &ctx.row,
                 &changes,
-                "pending",
+                ctx.advanced_status(stage),
                 Some(stage),
                 None,
                 log.as_ref(),
@@ -212,7 +212,7 @@ impl Deferred {
     /// clone-spawning terminal, a new body).
     pub fn of(ctx: &StageContext<'_>, outcome: &Outcome) -> Option<Deferred> {
         let (status, stage, pause_secs) = match outcome {
-            Outcome::Advance { stage } => ("pending", Some(stage.clone()), None),
+            Outcome::Advance { stage } => (ctx.advanced_status(stage), Some(stage.clone()), None),
             Outcome::Pause { secs } => ("paused", None, Some(secs.max(0.0))),
             Outcome::Fail => ("failed", None, None),
             // As `commit`: a finish writes nothing of the chain, it deletes the row.

@@ -153,7 +153,8 @@ impl CloneSpec {
 /// The transition a terminal helper recorded.
 #[derive(Debug, Clone)]
 pub(crate) enum Outcome {
-    /// pending at `stage` (advance, advance_to, reroute, rewrite_recipients).
+    /// pending (or, handed forward, running) at `stage` (advance, advance_to, reroute,
+    /// rewrite_recipients).
     Advance { stage: String },
     /// paused until now + secs.
     Pause { secs: f64 },
@@ -253,9 +254,30 @@ pub struct StageContext<'a> {
     pub(crate) stored_stage: String,
     /// Mail log entries of the chain's terminals, written with the commit.
     pub(crate) mail_log: Vec<Entry>,
+    /// The pass made rows of its own (siblings split off, a new message enqueued): the
+    /// dispatcher must look for pending rows after it.
+    pub(crate) created: std::cell::Cell<bool>,
+    /// The stages an advance hands its row forward to (lower-cased; empty unless the
+    /// dispatcher asked for it, see `HAND_FORWARD_ENV`).
+    pub(crate) handable: std::rc::Rc<std::collections::HashSet<String>>,
 }
 
 impl<'a> StageContext<'a> {
+    /// Whether an advance to `stage` leaves the row running there for the dispatcher to
+    /// hand on, rather than pending for its next claim.
+    pub(crate) fn hands_to(&self, stage: &str) -> bool {
+        !self.handable.is_empty() && self.handable.contains(&stage.to_ascii_lowercase())
+    }
+
+    /// The status an advance to `stage` leaves the row in.
+    pub(crate) fn advanced_status(&self, stage: &str) -> &'static str {
+        if self.hands_to(stage) {
+            "running"
+        } else {
+            "pending"
+        }
+    }
+
     // ----- reading -----
 
     pub fn id(&self) -> i64 {

@@ -200,6 +200,7 @@ impl StageContext<'_> {
                 .fetch_one(pool)
         })
         .await?;
+        self.created.set(true);
         // Mirror what workqueue_split did to the stored row.
         self.row.rcpt_to = keep.iter().map(|&i| self.row.rcpt_to[i].clone()).collect();
         if let Some(dsn) = subset_dsn(&self.row.state, keep) {
@@ -227,7 +228,7 @@ impl StageContext<'_> {
         let (headers, body) = crate::message::split(raw_message);
         let state = Value::Object(state);
         let pool = self.pool;
-        Ok(with_retry(|| {
+        let id: Option<i64> = with_retry(|| {
             sqlx::query_scalar(INJECT)
                 .bind(stage)
                 .bind(mail_from)
@@ -238,6 +239,10 @@ impl StageContext<'_> {
                 .bind(token)
                 .fetch_one(pool)
         })
-        .await?)
+        .await?;
+        if id.is_some() {
+            self.created.set(true);
+        }
+        Ok(id)
     }
 }

@@ -4,8 +4,10 @@
 //! A worker reads workqueue ids from stdin (pipelined by the dispatcher, processed strictly
 //! in order) and writes one status line per id to stdout: `0` on success, optionally with a
 //! JSON report (`{"finished":true}` when the pass ended the message, `"fused"` listing the
-//! stages fused into the pass), or `1 {"error": "...", "temporary": bool}` when the message
-//! could not be handled. Nothing else may ever be written to stdout; logs go to stderr.
+//! stages fused into the pass, `"handed"` naming the stage an advanced row was left running
+//! at for the dispatcher to pass on, `"settled":true` when the pass left no pending row
+//! anywhere), or `1 {"error": "...", "temporary": bool}` when the message could not be
+//! handled. Nothing else may ever be written to stdout; logs go to stderr.
 //!
 //! A stage is a [`Stage`]: built once at worker start from the configuration, with one typed
 //! [`Stage::Section`] per `[stage-<name>]` section that runs it, and a `process` that returns
@@ -28,6 +30,20 @@ use std::future::Future;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext, Terminal};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
+/// Set to `1` by a dispatcher on the workers it starts when it takes advanced rows straight
+/// from their status lines (`[pepsi-dispatch] HAND_FORWARD`): an advance then leaves the row
+/// `running` at its next stage, already claimed for that stage's pool, and the status line
+/// names the stage (`"handed"`). Without it (a worker run by hand, an older dispatcher) an
+/// advance leaves the row `pending` for the next claim.
+pub const HAND_FORWARD_ENV: &str = "PEPSI_HAND_FORWARD";
+
+/// Whether this worker hands advanced rows forward (read once). Only to stages whose
+/// section names a PROGRAM, the stages the dispatcher has a pool for.
+pub(crate) fn hands_forward() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var(HAND_FORWARD_ENV).is_ok_and(|v| v == "1"))
+}
+
 pub use worker::{FusedHop, PassReport, Worker, command, main, run_worker};
 
 use crate::config::{Config, ConfigError};

@@ -64,6 +64,12 @@ pub struct PassReport {
     pub finished: bool,
     /// The stages fused into the pass, in order.
     pub fused: Vec<FusedHop>,
+    /// The row advanced and was left running at this stage, for the dispatcher to pass on
+    /// (`PEPSI_HAND_FORWARD`).
+    pub handed: Option<String>,
+    /// The pass left no pending row anywhere: it finished, paused, failed or handed the row
+    /// forward, and made no rows of its own (reported only with `PEPSI_HAND_FORWARD`).
+    pub settled: bool,
 }
 
 #[derive(Serialize)]
@@ -72,6 +78,10 @@ struct DoneReport<'r> {
     finished: bool,
     #[serde(skip_serializing_if = "<[FusedHop]>::is_empty")]
     fused: &'r [FusedHop],
+    #[serde(skip_serializing_if = "Option::is_none")]
+    handed: Option<&'r str>,
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    settled: bool,
 }
 
 #[derive(Serialize)]
@@ -80,15 +90,25 @@ struct FailedReport {
     temporary: bool,
 }
 
-/// The status line for one pass: `0`, `0 {"finished":true,"fused":[...]}`, or
+/// The status line for one pass: `0`, `0 {"finished":true,"fused":[...],"handed":...,
+/// "settled":true}`, or
 /// `1 {"error": ..., "temporary": ...}`.
 pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
     match result {
-        Ok(report) if !report.finished && report.fused.is_empty() => "0\n".to_owned(),
+        Ok(report)
+            if !report.finished
+                && report.fused.is_empty()
+                && report.handed.is_none()
+                && !report.settled =>
+        {
+            "0\n".to_owned()
+        }
         Ok(report) => {
             let json = serde_json::to_string(&DoneReport {
                 finished: report.finished,
                 fused: &report.fused,
+                handed: report.handed.as_deref(),
+                settled: report.settled,
             })
             .unwrap_or_default();
             format!("0 {json}\n")
@@ -118,6 +138,8 @@ pub struct Worker<'a> {
     /// it (with fusion on), so its chain can fuse successors that need more.
     load: Load,
     settings: HashMap<String, StageSettings>,
+    /// The stages an advance hands its row forward to (see `HAND_FORWARD_ENV`).
+    handable: Rc<std::collections::HashSet<String>>,
     fusion: bool,
     registry: &'a [Registration],
     /// Registered stages built on first use (`None`: building failed; not fused into).
@@ -195,12 +217,19 @@ impl<'a> Worker<'a> {
                 load = load.max(more);
             }
         }
+        let settings = StageSettings::all(cfg);
+        let handable = if super::hands_forward() {
+            settings.keys().cloned().collect()
+        } else {
+            Default::default()
+        };
         Ok(Self {
             pool,
             cfg,
             own: Rc::new(built),
             load,
-            settings: StageSettings::all(cfg),
+            settings,
+            handable: Rc::new(handable),
             fusion,
             registry,
             fusable: RefCell::new(HashMap::new()),
@@ -230,7 +259,7 @@ impl<'a> Worker<'a> {
         let (outcome, fused) = self.chain(&mut ctx).await?;
         self.before_commit().await?;
         commit(&mut ctx, &outcome).await?;
-        Ok(report(&outcome, fused))
+        Ok(report(&ctx, &outcome, fused))
     }
 
     /// `Stage::before_commit` of this worker's stage and of every stage fused into it so far.
@@ -292,7 +321,7 @@ impl<'a> Worker<'a> {
                 let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
                 let mut ctx = self.context(id, rec, load)?;
                 let (outcome, fused) = self.chain(&mut ctx).await?;
-                let report = report(&outcome, fused);
+                let report = report(&ctx, &outcome, fused);
                 Ok(match Deferred::of(&ctx, &outcome) {
                     Some(row) => Pass::Deferred(Box::new(row), report),
                     None => Pass::Alone(Box::new((ctx, outcome)), report),
@@ -466,6 +495,8 @@ impl<'a> Worker<'a> {
             changes: Changes::default(),
             carried: Changes::default(),
             mail_log: Vec::new(),
+            created: std::cell::Cell::new(false),
+            handable: self.handable.clone(),
         })
     }
 
@@ -560,10 +591,24 @@ enum Pass<'a> {
     Deferred(Box<Deferred>, PassReport),
 }
 
-fn report(outcome: &Outcome, fused: Vec<FusedHop>) -> PassReport {
+fn report(ctx: &StageContext<'_>, outcome: &Outcome, fused: Vec<FusedHop>) -> PassReport {
+    let handed = match outcome {
+        Outcome::Advance { stage } if ctx.hands_to(stage) => Some(stage.clone()),
+        _ => None,
+    };
+    // Told only to a dispatcher that hands forward: without it the line stays as it was.
+    let settled = super::hands_forward()
+        && !ctx.created.get()
+        && match outcome {
+            Outcome::Finish | Outcome::Pause { .. } | Outcome::Fail => true,
+            Outcome::Advance { .. } => handed.is_some(),
+            Outcome::PauseWith { .. } | Outcome::FinishWith { .. } => false,
+        };
     PassReport {
         finished: matches!(outcome, Outcome::Finish | Outcome::FinishWith { .. }),
         fused,
+        handed,
+        settled,
     }
 }
 
@@ -640,6 +685,11 @@ enum StageCommand {
     /// `0` when the message was handled (with a JSON report when the pass ended the message
     /// or ran further stages fused into it), `1 {"error": "...", "temporary": true|false}`
     /// when it was not. Logs go to standard error. Exits 0 at end of input.
+    ///
+    /// With PEPSI_HAND_FORWARD=1 in the environment (set by pepsi-dispatch under its
+    /// HAND_FORWARD option) a message advanced to a stage whose section names a PROGRAM is
+    /// left running there for the dispatcher to hand on, and the report says so
+    /// ("handed", "settled"); without it the message is left pending.
     ///
     /// Every [stage-NAME] section whose PROGRAM is this program is read once, at start; a
     /// bad option stops the worker before it reads an id. With [pepsi] ALLOW_FUSION on (the
