@@ -2,7 +2,9 @@
 //! `[stage-*]` section, and every pass leaves a trace in the row's state, committed with
 //! the transition, so a test can tell exactly how often each stage saw each message.
 //!
-//! Options: `ACTION` = advance (default) | finish | crash | hang | error | pause-once;
+//! Options: `ACTION` = advance (default) | finish | crash | hang | error | pause-once |
+//! crash-after-advance (writes the advance to NEXT_STAGE, left running as a worker that hands
+//! rows forward commits it, then dies before its status line);
 //! `DELAY` (a pause per message); `ONLY_IF_STATE` (apply ACTION only when state has that key,
 //! advance otherwise); `PAUSE_FOR` (pause-once). State written: `passes.<stage>` (count),
 //! `pid.<stage>`, `at.<stage>` (microseconds since the epoch when the pass ended).
@@ -62,7 +64,15 @@ impl Stage for TestStage {
         let action = section
             .choice_opt(
                 "ACTION",
-                &["advance", "finish", "crash", "hang", "error", "pause-once"],
+                &[
+                    "advance",
+                    "finish",
+                    "crash",
+                    "hang",
+                    "error",
+                    "pause-once",
+                    "crash-after-advance",
+                ],
             )?
             .unwrap_or_else(|| "advance".to_owned());
         Ok(Section {
@@ -104,6 +114,19 @@ impl Stage for TestStage {
         match action {
             "finish" => ctx.finish(),
             "crash" => std::process::abort(),
+            "crash-after-advance" => {
+                let next = ctx.settings().next_stage.clone().unwrap_or_default();
+                sqlx::query(
+                    "UPDATE pepsi.workqueue SET stage = $2, state = state || $3, updated_at = now() \
+                     WHERE workqueue_id = $1 AND status = 'running'",
+                )
+                .bind(ctx.id())
+                .bind(next)
+                .bind(Value::Object(merge))
+                .execute(ctx.pool())
+                .await?;
+                std::process::abort()
+            }
             "hang" => loop {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             },

@@ -1159,7 +1159,7 @@ async fn rows_handed_to_a_full_stage_wait_their_turn_as_pending_and_none_is_lost
     let log = h.log("dispatch.log");
     let overflowed = log
         .lines()
-        .filter(|l| l.contains("handed forward to a stage with a backlog"))
+        .filter(|l| l.contains("handed forward to a stage without room"))
         .count();
     assert!(
         overflowed > 0,
@@ -1171,4 +1171,46 @@ async fn rows_handed_to_a_full_stage_wait_their_turn_as_pending_and_none_is_lost
         "every row that went back to pending at b was claimed once"
     );
     assert_eq!(claimed_at(&h, "dispatch.log", "c"), 0);
+}
+
+/// A worker that dies after its commit handed its one row forward, before the status line
+/// saying so, does not fail the message: the dispatcher finds the row running at the next
+/// stage, returns it to pending there, and it flows on. A crash before any commit still
+/// fails it at the worker's own stage.
+#[tokio::test]
+async fn a_worker_dying_after_handing_its_row_forward_does_not_fail_the_message() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nACTION = crash-after-advance\nONLY_IF_STATE = bad\nQUEUE_LIMIT = 1\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nQUEUE_LIMIT = 1\n";
+    let h = Harness::new(stages, "").await;
+    h.add(1, "s", serde_json::json!({"bad": true})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
+        "SELECT stage, status::text, state->'passes', state ? 'dispatch_error' FROM pepsi.workqueue",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![(
+            "done".to_owned(),
+            "pending".to_owned(),
+            serde_json::json!({"init": 1, "b": 1}),
+            false
+        )]
+    );
+    assert!(
+        h.log("dispatch.log")
+            .contains("had moved on to its next stage before its worker ended"),
+        "{}",
+        h.log("dispatch.log")
+    );
 }

@@ -6,7 +6,7 @@
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
-use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -44,13 +44,10 @@ struct Pool {
     /// hand-back, a due requeue, the heartbeat) and by a claim that filled what it asked;
     /// cleared by a claim that found fewer rows than it asked for.
     maybe_pending: bool,
-    /// Rows handed forward to this stage (running, no claim needed), waiting for room on
-    /// one of its workers; served before any claim.
-    held: VecDeque<Assigned>,
-    /// Rows handed forward found `held` full and went back to pending: until a claim finds
-    /// the stage's pending rows exhausted, every row handed forward goes the same way, so
-    /// none overtakes the rows already waiting (and they are claimed as soon as `held` has
-    /// drained).
+    /// A row handed forward found no room here and went back to pending (or a claimed
+    /// suspect found no idle worker): until a claim finds the stage's pending rows
+    /// exhausted, every row handed forward goes back to pending too, so none overtakes the
+    /// rows already waiting and the workers' room goes to the claims.
     backlog: bool,
 }
 
@@ -83,8 +80,8 @@ pub struct Dispatcher {
     stopping: bool,
     /// Ids whose worker died while holding several: each is sent alone until answered.
     suspects: HashSet<i64>,
-    /// Rows handed forward to a stage that already held all it can take: back to pending,
-    /// together, before the next claim.
+    /// Rows handed forward to a stage without room: back to pending, together, before the
+    /// next claim.
     overflow: Vec<i64>,
 }
 
@@ -138,9 +135,7 @@ impl Dispatcher {
         Ok(d)
     }
 
-    /// Builds the pools from `cfg`; returns the rows held for stages that no longer have one
-    /// (to go back to pending).
-    fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<Vec<i64>> {
+    fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<()> {
         let now = Instant::now();
         let mut pools = BTreeMap::new();
         for settings in PoolSettings::all(cfg)? {
@@ -149,12 +144,9 @@ impl Dispatcher {
                 self.settings.libexec_dir.as_deref(),
                 self.own_dir.as_deref(),
             );
-            let (fair, held) = match self.pools.remove(&settings.stage) {
-                Some(old) => (old.fair, old.held),
-                None => (
-                    FairShare::new(self.settings.fair_half_life, now),
-                    VecDeque::new(),
-                ),
+            let fair = match self.pools.remove(&settings.stage) {
+                Some(old) => old.fair,
+                None => FairShare::new(self.settings.fair_half_life, now),
             };
             pools.insert(
                 settings.stage.clone(),
@@ -165,16 +157,12 @@ impl Dispatcher {
                     failure_logged: false,
                     fair,
                     maybe_pending: true,
-                    held,
                     backlog: true,
                 },
             );
         }
-        let orphaned = std::mem::replace(&mut self.pools, pools)
-            .into_values()
-            .flat_map(|p| p.held.into_iter().map(|a| a.id))
-            .collect();
-        Ok(orphaned)
+        self.pools = pools;
+        Ok(())
     }
 
     /// Something may have made rows pending at any stage.
@@ -221,7 +209,6 @@ impl Dispatcher {
                 let back = std::mem::take(&mut self.overflow);
                 self.hand_back("", &back).await;
             }
-            self.serve_held().await;
             if self.wants_claim() {
                 self.claim_round().await;
             }
@@ -288,8 +275,7 @@ impl Dispatcher {
                 self.settings = s;
                 self.apply_pools(&cfg)
             }) {
-            Ok(orphaned) => {
-                self.hand_back("", &orphaned).await;
+            Ok(()) => {
                 self.file_cfg = fresh;
                 for w in self.workers.values_mut() {
                     w.retire();
@@ -379,67 +365,31 @@ impl Dispatcher {
         }
     }
 
-    /// A row a worker advanced and left running at `stage`: to a worker of that stage when
-    /// one has room, otherwise held for the next that has. While stopping, or for a stage
-    /// without a pool, it goes back to pending.
-    /// At most as many rows as the stage's workers can hold are held; beyond that (a stage
-    /// with a backlog) a row goes back to pending, to be claimed in its turn, and so do the
-    /// rows handed forward after it until the backlog is claimed.
+    /// A row a worker advanced and left running at `stage`: to a worker of that stage with
+    /// room (starting one if the pool may). A stage without room, or with rows already
+    /// waiting there after such a row (`backlog`), gets it back as pending, to be claimed in
+    /// its turn; so does a stage without a pool, and every stage while stopping.
     async fn forward(&mut self, stage: &str, row: Assigned) {
-        match self.pools.get_mut(stage) {
-            Some(pool)
-                if !self.stopping
-                    && !pool.backlog
-                    && pool.held.len() < pool.settings.parallelism * pool.settings.queue_limit =>
-            {
+        let target = match self.pools.get(stage) {
+            Some(pool) if !self.stopping && !pool.backlog => self.place(stage, false),
+            _ => None,
+        };
+        match (target, self.pools.get_mut(stage)) {
+            (Some(key), _) => {
                 tracing::trace!(stage, id = row.id, "handed forward");
-                pool.held.push_back(row)
+                self.give(key, stage, row, Instant::now()).await;
             }
-            Some(pool) if !self.stopping => {
+            (None, Some(pool)) if !self.stopping => {
                 tracing::debug!(
                     stage,
                     id = row.id,
-                    "handed forward to a stage with a backlog: pending"
+                    "handed forward to a stage without room: pending"
                 );
                 pool.maybe_pending = true;
                 pool.backlog = true;
                 self.overflow.push(row.id);
-                return;
             }
-            _ => {
-                self.hand_back(stage, &[row.id]).await;
-                return;
-            }
-        }
-        self.serve_stage(stage).await;
-    }
-
-    /// Hands the held rows of every stage that has some to its workers, as room allows.
-    async fn serve_held(&mut self) {
-        let stages: Vec<String> = self
-            .pools
-            .iter()
-            .filter(|(_, p)| !p.held.is_empty())
-            .map(|(s, _)| s.clone())
-            .collect();
-        for stage in stages {
-            self.serve_stage(&stage).await;
-        }
-    }
-
-    async fn serve_stage(&mut self, stage: &str) {
-        let now = Instant::now();
-        loop {
-            let Some(row) = self.pools.get(stage).and_then(|p| p.held.front().cloned()) else {
-                return;
-            };
-            let Some(key) = self.place(stage, false) else {
-                return;
-            };
-            if let Some(pool) = self.pools.get_mut(stage) {
-                pool.held.pop_front();
-            }
-            self.give(key, stage, row, now).await;
+            (None, _) => self.hand_back(stage, &[row.id]).await,
         }
     }
 
@@ -467,6 +417,34 @@ impl Dispatcher {
             let due = Instant::now() + Duration::from_secs(u64::from(secs));
             self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
         }
+    }
+
+    /// Ends `id` as `forced` after its worker died, or was killed, holding it alone: unless
+    /// the pass had already moved it on. A row found running at a stage other than the
+    /// worker's (handed forward by a commit whose status line never came, or flushed there by
+    /// a fused chain) goes back to pending there, to run again from what was stored.
+    async fn end_lost_pass(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
+        if self.stage_guard(stage, &[id]).is_some() {
+            // Another worker holds it: it moved on and was taken again; nothing to end.
+            self.force(id, stage, forced, reason).await;
+            self.wake_all();
+            return;
+        }
+        self.suspects.remove(&id);
+        match claim::force(&self.db, id, Some(stage), forced, reason).await {
+            Ok(true) => self.stats.failed(),
+            Ok(false) => match claim::hand_back(&self.db, None, &[id]).await {
+                Ok(n) if n > 0 => tracing::info!(
+                    id,
+                    stage,
+                    "the message had moved on to its next stage before its worker ended: pending there"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!(id, "cannot return the message to pending: {e}"),
+            },
+            Err(e) => tracing::error!(id, stage, "cannot record the failure of the message: {e}"),
+        }
+        self.wake_all();
     }
 
     /// A worker's stdout closed: it exited, or is about to.
@@ -539,7 +517,8 @@ impl Dispatcher {
             w.pid
         );
         tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
-        self.force(head, &stage, Forced::Failed, &reason).await;
+        self.end_lost_pass(head, &stage, Forced::Failed, &reason)
+            .await;
         self.hand_back(&stage, &rest[1..]).await;
     }
 
@@ -609,7 +588,8 @@ impl Dispatcher {
             let reason = format!(
                 "no answer from stage {stage} (pid {pid}) within MAX_RUNTIME {limit:?}; worker killed"
             );
-            self.force(id, &stage, Forced::Timeout, &reason).await;
+            self.end_lost_pass(id, &stage, Forced::Timeout, &reason)
+                .await;
         }
         if now >= self.last_heartbeat + self.settings.poll_interval {
             self.last_heartbeat = now;
@@ -644,11 +624,6 @@ impl Dispatcher {
             .workers
             .values()
             .flat_map(|w| w.inflight.iter().map(|a| a.id))
-            .chain(
-                self.pools
-                    .values()
-                    .flat_map(|p| p.held.iter().map(|a| a.id)),
-            )
             .collect();
         match claim::reconcile(&self.db, &held, self.settings.orphan_grace).await {
             Ok(0) => {}
@@ -776,14 +751,12 @@ impl Dispatcher {
         if spawnable == 0 && active.iter().all(|w| w.inflight.len() > low_water) {
             return 0;
         }
-        (room
-            + spawnable
-                * s.queue_limit.min(if s.max_messages == 0 {
-                    usize::MAX
-                } else {
-                    s.max_messages as usize
-                }))
-        .saturating_sub(pool.held.len())
+        room + spawnable
+            * s.queue_limit.min(if s.max_messages == 0 {
+                usize::MAX
+            } else {
+                s.max_messages as usize
+            })
     }
 
     async fn claim_round(&mut self) {
@@ -835,11 +808,19 @@ impl Dispatcher {
                 return;
             }
         };
+        let mut senders_seen: HashMap<&str, u32> = HashMap::new();
         for (stage, sender) in &result.waiting {
+            *senders_seen.entry(stage.as_str()).or_default() += 1;
             if let Some(pool) = self.pools.get_mut(stage) {
                 pool.fair.waiting(sender, now);
             }
         }
+        // A claim that ranked as many senders as it may can have left rows of the others.
+        let ranked_all: Vec<String> = senders_seen
+            .into_iter()
+            .filter(|(_, n)| *n >= self.settings.fair_max_senders)
+            .map(|(s, _)| s.to_owned())
+            .collect();
         let claimed = result.rows;
         self.claimed_since_vacuum += claimed.len() as u64;
         let mut by_stage: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
@@ -850,7 +831,8 @@ impl Dispatcher {
             let got = by_stage.get(&want.stage).map_or(0, Vec::len);
             if let Some(pool) = self.pools.get_mut(&want.stage) {
                 // A full claim: more may be waiting. Otherwise the stage had no more.
-                pool.maybe_pending = got >= (want.n_fifo + want.n_fair) as usize;
+                pool.maybe_pending =
+                    got >= (want.n_fifo + want.n_fair) as usize || ranked_all.contains(&want.stage);
                 pool.backlog &= pool.maybe_pending;
             }
         }
@@ -871,6 +853,10 @@ impl Dispatcher {
         while let Some(row) = rows.pop() {
             let alone = self.suspects.contains(&row.workqueue_id);
             let Some(key) = self.place(stage, alone) else {
+                if alone && let Some(pool) = self.pools.get_mut(stage) {
+                    // Let the workers drain: rows handed forward wait as pending meanwhile.
+                    pool.backlog = true;
+                }
                 let mut back: Vec<i64> = rows.iter().map(|r| r.workqueue_id).collect();
                 back.push(row.workqueue_id);
                 self.hand_back(stage, &back).await;
@@ -974,18 +960,8 @@ impl Dispatcher {
                 Ok(None) | Err(_) => break,
             }
         }
-        let held: Vec<i64> = self
-            .pools
-            .values_mut()
-            .flat_map(|p| std::mem::take(&mut p.held).into_iter().map(|a| a.id))
-            .collect();
-        if !held.is_empty() {
-            tracing::info!(
-                rows = held.len(),
-                "rows handed forward and not started: pending again"
-            );
-            self.hand_back("", &held).await;
-        }
+        let back = std::mem::take(&mut self.overflow);
+        self.hand_back("", &back).await;
         let left: Vec<u64> = self.workers.keys().copied().collect();
         for key in left {
             if let Some(mut w) = self.workers.remove(&key) {
