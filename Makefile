@@ -17,6 +17,7 @@ FOLDED_BINARIES = \
 	pepsi-stage-aliases \
 	pepsi-stage-arc \
 	pepsi-stage-bounce \
+	pepsi-stage-check-whitelist \
 	pepsi-stage-count \
 	pepsi-stage-discard \
 	pepsi-stage-dkim-sign \

@@ -61,6 +61,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         check: stage::<pepsi_stage_bounce::Bounce>,
     },
     ProgramCheck {
+        program: "pepsi-stage-check-whitelist",
+        check: stage::<pepsi_stage_check_whitelist::WhitelistStage>,
+    },
+    ProgramCheck {
         program: "pepsi-stage-count",
         check: stage::<pepsi_stage_count::Count>,
     },

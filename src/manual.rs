@@ -126,6 +126,11 @@ pub fn pages() -> Vec<Page> {
         clap("pepsi-stage-aliases", 8, pepsi_stage_aliases::command),
         clap("pepsi-stage-srs", 8, pepsi_stage_srs::command),
         clap("pepsi-stage-vacation", 8, pepsi_stage_vacation::command),
+        clap(
+            "pepsi-stage-check-whitelist",
+            8,
+            pepsi_stage_check_whitelist::command,
+        ),
         clap("pepsi-stage-if", 8, pepsi_stage_if::command),
         clap("pepsi-stage-if-headers", 8, pepsi_stage_if::command_headers),
         clap("pepsi-stage-route", 8, pepsi_stage_route::command),

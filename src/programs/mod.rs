@@ -54,6 +54,8 @@ folded! {
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;
     "pepsi-stage-arc" => pepsi_stage_arc: ::pepsi_stage_arc::run;
     "pepsi-stage-bounce" => pepsi_stage_bounce: ::pepsi_stage_bounce::run;
+    "pepsi-stage-check-whitelist" => pepsi_stage_check_whitelist:
+        ::pepsi_stage_check_whitelist::run;
     "pepsi-stage-count" => pepsi_stage_count: ::pepsi_stage_count::run;
     "pepsi-stage-discard" => pepsi_stage_discard: ::pepsi_stage_discard::run;
     "pepsi-stage-dkim-sign" => pepsi_stage_dkim_sign: ::pepsi_stage_dkim_sign::run;
@@ -104,6 +106,7 @@ pub fn install_fusion() {
         register::<::pepsi_stage_aliases::Aliases>(),
         register::<::pepsi_stage_arc::Arc>(),
         register::<::pepsi_stage_bounce::Bounce>(),
+        register::<::pepsi_stage_check_whitelist::WhitelistStage>(),
         register::<::pepsi_stage_count::Count>(),
         register::<::pepsi_stage_discard::Discard>(),
         register::<::pepsi_stage_dkim_sign::DkimSign>(),

@@ -47,6 +47,7 @@ mod stage_count;
 mod stage_dkim_sign;
 mod stage_routing;
 mod stage_srs;
+mod stage_whitelist;
 mod stage_worker;
 mod status;
 mod system_delivery;

@@ -62,6 +62,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0010",
         sql: include_str!("../db/pepsi-0010.sql"),
     },
+    Patch {
+        name: "pepsi-0011",
+        sql: include_str!("../db/pepsi-0011.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

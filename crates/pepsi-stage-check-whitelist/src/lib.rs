@@ -1,0 +1,152 @@
+//! pepsi-stage-check-whitelist: per-mailbox trusted senders. On arrival it records, for the
+//! message's recipients, which of them trust the sender the message shows (its `From:`
+//! address, or that address's domain); on authenticated mail it learns: the sending mailbox
+//! comes to trust each address it writes to.
+//!
+//! Reads: the envelope, `auth_user`, the header block (`Load::Headers`) and
+//! `pepsi.whitelist` (one query per message that has a `From:` address). Writes:
+//! `state.whitelist` (`docs/state.md`): `sender` (the `From:` address checked, lower case),
+//! `trusted` (the recipients whose list holds it), `all` (every recipient does, and there
+//! is one), and on learning `learned` (how many addresses the sender's list gained or
+//! confirmed). Side effect: the learning upsert, committed before the pass's own commit (a
+//! pass run again confirms the same entries). Terminal helper: `advance`, always: the
+//! verdict is for `if` and later stages to branch on.
+//!
+//! The decisions (what is checked, what is learnt, the verdict) are [`plan`]'s, pure; this
+//! file's stage is the I/O around them.
+
+use std::process::ExitCode;
+
+use pepsi_common::config::Config;
+use pepsi_common::message;
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use serde_json::{Map, Value, json};
+
+pub mod plan;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-check-whitelist",
+        exec: "pepsi-stage-check-whitelist",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-check-whitelist";
+}
+
+/// One `[stage-<name>]` section, read at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `LEARN` (default yes): authenticated mail teaches the sending mailbox its recipients.
+    pub learn: bool,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        Ok(Settings {
+            learn: s.bool_opt("LEARN")?.unwrap_or(true),
+        })
+    }
+}
+
+const LOOKUP: &str = "SELECT mailbox, sender FROM pepsi.whitelist \
+     WHERE mailbox = ANY($1) AND sender = ANY($2)";
+
+// Learning confirms an entry of either origin and never turns an owner's into a learnt one.
+const LEARN: &str = "INSERT INTO pepsi.whitelist (mailbox, sender, origin) \
+     SELECT $1, s, 'sent' FROM unnest($2::text[]) AS s \
+     ON CONFLICT (mailbox, sender) DO UPDATE SET seen_at = now()";
+
+/// The stage; it keeps nothing between passes.
+#[derive(Debug, Default)]
+pub struct WhitelistStage;
+
+impl Stage for WhitelistStage {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Headers;
+    // Local work (one lookup, one upsert): its passes batch.
+    const BATCH: bool = true;
+    type Section = Settings;
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let from = message::from_addresses(ctx.headers()?);
+        let mailboxes = plan::mailboxes(ctx.rcpt_to());
+        let mut record = Map::new();
+        if settings.learn
+            && let Some(learning) = plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to())
+        {
+            sqlx::query(LEARN)
+                .bind(&learning.mailbox)
+                .bind(&learning.senders)
+                .execute(ctx.pool())
+                .await?;
+            record.insert("learned".into(), json!(learning.senders.len()));
+        }
+        if let Some(check) = plan::check(from.first().map(String::as_str)) {
+            let found: Vec<(String, String)> = sqlx::query_as(LOOKUP)
+                .bind(&mailboxes)
+                .bind(check.keys())
+                .fetch_all(ctx.pool())
+                .await?;
+            let verdict = plan::verdict(&mailboxes, &found);
+            record.insert("sender".into(), Value::String(check.address));
+            record.insert("trusted".into(), json!(verdict.trusted));
+            record.insert("all".into(), Value::Bool(verdict.all));
+        }
+        let mut merge = Map::new();
+        merge.insert("whitelist".into(), Value::Object(record));
+        ctx.merge_state(merge);
+        ctx.advance()
+    }
+}
+
+const ABOUT: &str = "Record which recipients trust the message's sender (its From: address or \
+domain, in pepsi.whitelist) in state.whitelist, and teach an authenticated sender's mailbox \
+the addresses it writes to. Options of [stage-NAME]: NEXT_STAGE, LEARN (yes). See \
+docs/whitelist.md.";
+
+/// The command line of `pepsi-stage-check-whitelist`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-check-whitelist` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main::<WhitelistStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_table() {
+        let cfg = |t: &str| Config::from_str_named(t, "w.conf").unwrap();
+        for (text, learn) in [
+            ("[stage-w]\n", Some(true)),
+            ("[stage-w]\nLEARN = no\n", Some(false)),
+            ("[stage-w]\nLEARN = maybe\n", None),
+        ] {
+            let got = Settings::from_config(&cfg(text), "w").ok().map(|s| s.learn);
+            assert_eq!(got, learn, "{text}");
+        }
+        let e = Settings::from_config(&cfg("[stage-w]\nLEARN = maybe\n"), "w")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("LEARN"), "{e}");
+    }
+}

@@ -1,0 +1,203 @@
+//! The whitelist stage's decisions, apart from the database: what a message is checked
+//! against, what authenticated mail teaches, and the verdict from the entries found. Pure.
+
+/// At most this many recipients of one message are learnt (a message to a long list
+/// teaches nothing about whom its sender trusts).
+pub const MAX_LEARNED: usize = 50;
+
+/// The recipients of a message, lower case, each once, in order.
+pub fn mailboxes(rcpt_to: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(rcpt_to.len());
+    for r in rcpt_to {
+        let r = r.to_ascii_lowercase();
+        if !out.contains(&r) {
+            out.push(r);
+        }
+    }
+    out
+}
+
+/// What a message is checked against: its `From:` address and that address's domain.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Check {
+    /// The address, lower case.
+    pub address: String,
+    /// `@domain`.
+    pub domain: String,
+}
+
+impl Check {
+    /// The `sender` values of `pepsi.whitelist` that match.
+    pub fn keys(&self) -> Vec<String> {
+        vec![self.address.clone(), self.domain.clone()]
+    }
+}
+
+/// The check for a message whose first `From:` address is `from`; `None` when it has none
+/// usable (no `From:`, or no `@domain` in it).
+pub fn check(from: Option<&str>) -> Option<Check> {
+    let address = from?.trim().to_ascii_lowercase();
+    let (local, domain) = address.rsplit_once('@')?;
+    if local.is_empty() || domain.is_empty() || address.chars().any(char::is_whitespace) {
+        return None;
+    }
+    Some(Check {
+        domain: format!("@{domain}"),
+        address,
+    })
+}
+
+/// What an authenticated message teaches: `mailbox` (its envelope sender) trusts `senders`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Learning {
+    pub mailbox: String,
+    pub senders: Vec<String>,
+}
+
+/// Learning from a message: only authenticated mail (`auth_user`) with an envelope sender
+/// teaches, and its own address is never learnt; `None` when there is nothing to learn.
+pub fn learning(auth_user: Option<&str>, mail_from: &str, rcpt_to: &[String]) -> Option<Learning> {
+    auth_user.filter(|u| !u.is_empty())?;
+    let mailbox = check(Some(mail_from))?.address;
+    let senders: Vec<String> = mailboxes(rcpt_to)
+        .into_iter()
+        .filter(|r| *r != mailbox && check(Some(r)).is_some())
+        .take(MAX_LEARNED)
+        .collect();
+    (!senders.is_empty()).then_some(Learning { mailbox, senders })
+}
+
+/// The verdict for `mailboxes` from the `(mailbox, sender)` entries found for the check.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    /// The recipients that trust the sender, in recipient order.
+    pub trusted: Vec<String>,
+    /// Every recipient does (and there is at least one).
+    pub all: bool,
+}
+
+pub fn verdict(mailboxes: &[String], found: &[(String, String)]) -> Verdict {
+    let trusted: Vec<String> = mailboxes
+        .iter()
+        .filter(|m| found.iter().any(|(mailbox, _)| mailbox == *m))
+        .cloned()
+        .collect();
+    Verdict {
+        all: !mailboxes.is_empty() && trusted.len() == mailboxes.len(),
+        trusted,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(items: &[&str]) -> Vec<String> {
+        items.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn checks() {
+        for (from, expected) in [
+            (
+                Some("Bob@Example.ORG"),
+                Some(("bob@example.org", "@example.org")),
+            ),
+            (
+                Some(" bob@example.org "),
+                Some(("bob@example.org", "@example.org")),
+            ),
+            (Some("bob"), None),
+            (Some("@example.org"), None),
+            (Some("bob@"), None),
+            (Some("b ob@example.org"), None),
+            (None, None),
+        ] {
+            let got = check(from);
+            assert_eq!(
+                got.as_ref()
+                    .map(|c| (c.address.as_str(), c.domain.as_str())),
+                expected,
+                "{from:?}"
+            );
+        }
+        assert_eq!(
+            check(Some("bob@example.org")).unwrap().keys(),
+            ["bob@example.org", "@example.org"]
+        );
+    }
+
+    #[test]
+    fn learning_table() {
+        let rcpts = v(&[
+            "Carol@Example.net",
+            "alice@example.test",
+            "carol@example.net",
+            "x",
+        ]);
+        // Authenticated: the sender's mailbox learns each other valid recipient once.
+        assert_eq!(
+            learning(Some("alice"), "Alice@Example.test", &rcpts),
+            Some(Learning {
+                mailbox: "alice@example.test".into(),
+                senders: v(&["carol@example.net"])
+            })
+        );
+        // Not authenticated, or a null sender, or nothing but itself: nothing.
+        assert_eq!(learning(None, "alice@example.test", &rcpts), None);
+        assert_eq!(learning(Some(""), "alice@example.test", &rcpts), None);
+        assert_eq!(learning(Some("alice"), "", &rcpts), None);
+        assert_eq!(
+            learning(
+                Some("alice"),
+                "alice@example.test",
+                &v(&["alice@example.test"])
+            ),
+            None
+        );
+        // A long list teaches at most MAX_LEARNED.
+        let many: Vec<String> = (0..200).map(|i| format!("r{i}@example.net")).collect();
+        assert_eq!(
+            learning(Some("alice"), "alice@example.test", &many)
+                .unwrap()
+                .senders
+                .len(),
+            MAX_LEARNED
+        );
+    }
+
+    #[test]
+    fn verdicts() {
+        let boxes = v(&["a@example.test", "b@example.test"]);
+        let entry = |m: &str, s: &str| (m.to_owned(), s.to_owned());
+        for (found, trusted, all) in [
+            (vec![], vec![], false),
+            (
+                vec![entry("b@example.test", "@example.org")],
+                vec!["b@example.test"],
+                false,
+            ),
+            (
+                vec![
+                    entry("b@example.test", "bob@example.org"),
+                    entry("a@example.test", "@example.org"),
+                ],
+                vec!["a@example.test", "b@example.test"],
+                true,
+            ),
+        ] {
+            let got = verdict(&boxes, &found);
+            assert_eq!(got.trusted, v(&trusted), "{found:?}");
+            assert_eq!(got.all, all, "{found:?}");
+        }
+        assert!(!verdict(&[], &[]).all);
+    }
+
+    #[test]
+    fn mailboxes_are_each_recipient_once_in_lower_case() {
+        assert_eq!(
+            mailboxes(&v(&["A@x.test", "b@x.test", "a@x.test"])),
+            ["a@x.test", "b@x.test"]
+        );
+    }
+}
