@@ -749,3 +749,48 @@ async fn a_mailbox_over_quota_defers_then_bounces_and_a_full_one_is_refused_at_r
     .unwrap();
     assert_eq!(events, 3, "each change audited");
 }
+
+/// The whitelist stage spliced in between aliases and route, and an `if` on its verdict:
+/// mail from a sender alice's list trusts (its domain) lands in her inbox; a stranger's goes
+/// to her Junk folder; nothing is lost or left queued.
+#[tokio::test]
+async fn a_trusted_sender_reaches_the_inbox_and_a_stranger_the_junk_folder() {
+    let extra = "[stage-aliases]\nNEXT_STAGE = whitelist\n\n\
+                 [stage-whitelist]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = trusted\n\n\
+                 [stage-trusted]\nPROGRAM = pepsi-stage-if\nCONDITION = state.whitelist.all\nTHEN = route\nELSE = junk\n\n\
+                 [stage-junk]\nPROGRAM = pepsi-stage-relay-to-maildir\nBOUNCE_STAGE = bounce\n\
+                 MAILDIR_ROOT = $MAIL_ROOT\nMAILDIR = %u/Maildir/.Junk\nCREATE_MAILDIR = no\n\
+                 ALLOW_ROOT_OWNER = yes\nNONLOCAL_STAGE = remote\n";
+    let mut sys = System::new(extra, &["alice"]).await;
+    support::system::make_maildir(&sys.maildir("alice").join(".Junk"));
+    sqlx::query(
+        "INSERT INTO pepsi.whitelist (mailbox, sender, origin) \
+         VALUES ('alice@example.test', '@friends.test', 'owner')",
+    )
+    .execute(&sys.db.pool)
+    .await
+    .unwrap();
+    sys.start().await;
+    for (from, subject) in [
+        ("bob@friends.test", "trusted"),
+        ("eve@strangers.test", "stranger"),
+    ] {
+        let message = format!(
+            "From: {from}\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\r\nhello\r\n"
+        );
+        let reply = sys
+            .send(from, &["alice@example.test"], message.as_bytes())
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    let inbox = sys.wait_messages("alice", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    assert_eq!(inbox.len(), 1);
+    assert!(String::from_utf8_lossy(&inbox[0]).contains("Subject: trusted"));
+    let junk: Vec<Vec<u8>> = std::fs::read_dir(sys.maildir("alice").join(".Junk/new"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(junk.len(), 1);
+    assert!(String::from_utf8_lossy(&junk[0]).contains("Subject: stranger"));
+}
