@@ -1214,3 +1214,47 @@ async fn a_worker_dying_after_handing_its_row_forward_does_not_fail_the_message(
         h.log("dispatch.log")
     );
 }
+
+/// Going idle writes the statistics only once STATS_IDLE_INTERVAL has passed since the last
+/// write (a light load falls idle after nearly every message); they are all there at the
+/// next write, and at shutdown.
+#[tokio::test]
+async fn an_idle_pipeline_writes_its_statistics_at_most_once_per_stats_idle_interval() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    for (spacing, written_while_running) in [("1h", false), ("300ms", true)] {
+        // STATS_INTERVAL as long, so no write while busy gets in the way.
+        let h = Harness::new(
+            stages,
+            &format!("STATS_IDLE_INTERVAL = {spacing}\nSTATS_INTERVAL = {spacing}"),
+        )
+        .await;
+        let mut d = h.start("dispatch.log");
+        for n in 1..=3 {
+            h.add(1, "s", serde_json::json!({})).await;
+            h.wait_for(
+                "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+                n,
+                Duration::from_secs(30),
+                &mut d,
+            )
+            .await;
+        }
+        // Well past the 300ms spacing and the 200ms heartbeat, far short of an hour.
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let seen = h
+            .count("SELECT COALESCE(sum(messages), 0)::int8 FROM pepsi.stage_stats")
+            .await;
+        assert_eq!(
+            seen,
+            if written_while_running { 3 } else { 0 },
+            "STATS_IDLE_INTERVAL = {spacing}"
+        );
+        assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+        assert_eq!(
+            h.count("SELECT COALESCE(sum(messages), 0)::int8 FROM pepsi.stage_stats")
+                .await,
+            3,
+            "written at shutdown"
+        );
+    }
+}

@@ -221,6 +221,10 @@ impl Dispatcher {
 
     fn next_deadline(&self) -> Instant {
         let mut at = self.last_heartbeat + self.settings.poll_interval;
+        if !self.stats.is_empty() {
+            // An idle pipeline's statistics go out once STATS_IDLE_INTERVAL has passed.
+            at = at.min(self.last_flush + self.settings.stats_idle_interval);
+        }
         if let Some(due) = self.next_due {
             at = at.min(due);
         }
@@ -643,8 +647,12 @@ impl Dispatcher {
     async fn bookkeeping(&mut self) {
         let now = Instant::now();
         let idle = self.workers.values().all(|w| w.inflight.is_empty());
-        if !self.stats.is_empty() && (idle || now >= self.last_flush + self.settings.stats_interval)
-        {
+        let due = if idle {
+            self.settings.stats_idle_interval
+        } else {
+            self.settings.stats_interval
+        };
+        if !self.stats.is_empty() && now >= self.last_flush + due {
             match self.stats.flush(&self.db).await {
                 Ok(()) => self.last_flush = now,
                 Err(e) => tracing::warn!("cannot write statistics (kept for the next flush): {e}"),

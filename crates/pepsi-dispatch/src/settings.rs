@@ -19,6 +19,10 @@ pub struct DispatchSettings {
     pub fair_max_senders: u32,
     /// Statistics are flushed at least this often while work flows.
     pub stats_interval: Duration,
+    /// When the pipeline goes idle, statistics are flushed, but not sooner than this after
+    /// the last flush: at a light, steady load the workers fall idle after nearly every
+    /// message, and a flush each time would be a transaction per message.
+    pub stats_idle_interval: Duration,
     /// A stage whose PROGRAM cannot start is not tried again before this.
     pub spawn_cooldown: Duration,
     /// How long shutdown waits for workers to finish the messages they hold.
@@ -63,6 +67,9 @@ impl DispatchSettings {
                 .unwrap_or(20)
                 .min(100),
             fair_max_senders: s.number_opt("FAIR_MAX_SENDERS")?.unwrap_or(256),
+            stats_idle_interval: s
+                .duration_opt("STATS_IDLE_INTERVAL")?
+                .unwrap_or(Duration::from_secs(1)),
             stats_interval: s
                 .duration_opt("STATS_INTERVAL")?
                 .unwrap_or(Duration::from_secs(60)),
