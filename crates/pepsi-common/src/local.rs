@@ -62,6 +62,19 @@ pub fn address_key(address: &str) -> String {
     }
 }
 
+/// `addresses` ASCII-lower-cased, each once, in their first order: a message's recipients
+/// as the settings layer and per-mailbox tables key them.
+pub fn distinct_lowercase(addresses: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::with_capacity(addresses.len());
+    for a in addresses {
+        let a = a.to_ascii_lowercase();
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    out
+}
+
 /// Which domains are local and how recipient extensions are written.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct LocalRecipients {

@@ -7,14 +7,7 @@ pub const MAX_LEARNED: usize = 50;
 
 /// The recipients of a message, lower case, each once, in order.
 pub fn mailboxes(rcpt_to: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(rcpt_to.len());
-    for r in rcpt_to {
-        let r = r.to_ascii_lowercase();
-        if !out.contains(&r) {
-            out.push(r);
-        }
-    }
-    out
+    pepsi_common::local::distinct_lowercase(rcpt_to)
 }
 
 /// What a message is checked against: its `From:` address and that address's domain.

@@ -126,14 +126,7 @@ impl VacationStage {
 
 /// The recipients of a message, lower-case, each once.
 fn owners(rcpt_to: &[String]) -> Vec<String> {
-    let mut out: Vec<String> = Vec::with_capacity(rcpt_to.len());
-    for r in rcpt_to {
-        let r = r.to_ascii_lowercase();
-        if !out.contains(&r) {
-            out.push(r);
-        }
-    }
-    out
+    pepsi_common::local::distinct_lowercase(rcpt_to)
 }
 
 impl Stage for VacationStage {
