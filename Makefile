@@ -38,8 +38,11 @@ FOLDED_BINARIES = \
 #   group that may write the drop directory; run by every local user as /usr/sbin/sendmail),
 #   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer),
 #   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller
-#   pepsi-stage-dot-forward (setgid pepsi-forward).
-# - Deployed or invoked separately: pepsi-setup (one-off provisioning, run as root, its own
+#   pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid pepsi: any
+#   local user edits their own mailbox's list through the service account's database role).
+# - Deployed or invoked separately: pepsi-helper-mailbox-scan (no bit, but execed by name
+#   from pepsi-whitelist as the mailbox's owner, on a Maildir the owner controls: a small
+#   program of its own rather than the whole shared binary under a user's ids); pepsi-setup (one-off provisioning, run as root, its own
 #   code used by nothing else); pepsi-config (links every program's configuration parser,
 #   pepsi::checks, to check an override before it is stored: code no running service needs); pepsi-httpd (the administrative web surface: started as root
 #   to bind, then drops privileges, and links an HTTP server stack no other program uses); migadu_counters and counterctl, the counting service and
@@ -55,6 +58,8 @@ STANDALONE_BINARIES = \
 	pepsi-stage-relay-to-smarthost \
 	pepsi-sendmail \
 	pepsi-quota \
+	pepsi-whitelist \
+	pepsi-helper-mailbox-scan \
 	pepsi-config \
 	pepsi-httpd \
 	migadu_counters \

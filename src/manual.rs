@@ -123,6 +123,12 @@ pub fn pages() -> Vec<Page> {
         clap("pepsi-status", 8, pepsi_status::command),
         clap("pepsi-settings", 8, pepsi_settings::command),
         clap("pepsi-quota", 8, pepsi_quota::command),
+        clap("pepsi-whitelist", 1, pepsi_whitelist::command),
+        clap(
+            "pepsi-helper-mailbox-scan",
+            8,
+            pepsi_helper_mailbox_scan::command,
+        ),
         clap("pepsi-stage-aliases", 8, pepsi_stage_aliases::command),
         clap("pepsi-stage-srs", 8, pepsi_stage_srs::command),
         clap("pepsi-stage-vacation", 8, pepsi_stage_vacation::command),

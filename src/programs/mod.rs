@@ -82,6 +82,8 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-stage-relay-to-smarthost",
     "pepsi-sendmail",
     "pepsi-quota",
+    "pepsi-whitelist",
+    "pepsi-helper-mailbox-scan",
     "pepsi-config",
     "pepsi-httpd",
     "migadu_counters",

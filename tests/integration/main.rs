@@ -53,3 +53,4 @@ mod status;
 mod system_delivery;
 mod system_remote;
 mod unibin;
+mod whitelist_tool;

@@ -95,6 +95,7 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
             0o2755,
         ),
         ("pepsi-sendmail", "root", "pepsi-sendmail", 0o2755),
+        ("pepsi-whitelist", "pepsi", "root", 0o4755),
     ];
     let want: Vec<(String, String, String, u32)> = want
         .iter()
@@ -395,6 +396,23 @@ for _ in $(seq 1 600); do
     # the group pepsi-token, whose token files it reads) is refused before any option.
     rc=0; out="$(setpriv --reuid=nobody --rgid=nogroup --clear-groups $lib/pepsi-stage-relay-to-smarthost worker </dev/null 2>&1)" || rc=$?
     say "smarthost stage as nobody: $rc $out"
+    # pepsi-whitelist is setuid pepsi: alice edits her own list through the service
+    # account's role (peer authentication), only hers, and only by the system configuration;
+    # its scan reads her Maildir as her.
+    md=/var/lib/pepsi/mail/alice/Maildir
+    install -d -o alice -g alice -m 0700 $md/.Sent $md/.Sent/cur $md/.Sent/new $md/.Sent/tmp
+    printf 'From: alice@example.test\r\nTo: Carol <carol@example.net>\r\n\r\nhi\r\n' > "$md/.Sent/cur/1.a.host:2,S"
+    chown alice:alice "$md/.Sent/cur/1.a.host:2,S"; chmod 0600 "$md/.Sent/cur/1.a.host:2,S"
+    wl() {
+      label="$1"; shift; rc=0
+      out="$(runuser -u alice -- pepsi-whitelist "$@" 2>&1)" || rc=$?
+      say "whitelist $label: $rc $(printf '%s\n' "$out" | tr '\n' '|')"
+    }
+    wl add add bob@example.org
+    wl other --mailbox carol@example.test list
+    wl config -c /etc/pepsi/pepsi.conf list
+    wl learn learn
+    wl list list
     exit 0
   fi
   sleep 0.1
@@ -569,6 +587,26 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
              65534: only root, the service account pepsi"
         ),
         "{log}"
+    );
+
+    // pepsi-whitelist through its setuid bit, run by alice (docs/whitelist.md).
+    for want in [
+        "== whitelist add: 0 alice@example.test: bob@example.org added|",
+        "== whitelist other: 2 pepsi-whitelist: --mailbox carol@example.test: not a mailbox of alice's",
+        "== whitelist config: 2 pepsi-whitelist: -c/--config: started through its setuid bit",
+        "== whitelist learn: 0 alice@example.test: 1 learnt, 0 confirmed (1 messages read in \
+         /var/lib/pepsi/mail/alice/Maildir, 0 not read)",
+        "== whitelist list: 0 alice@example.test: 2 entries|",
+    ] {
+        assert!(log.contains(want), "{want}:\n{log}");
+    }
+    let list = log
+        .lines()
+        .find(|l| l.starts_with("== whitelist list: "))
+        .unwrap();
+    assert!(
+        list.contains("|bob@example.org    owner") && list.contains("|carol@example.net  sent"),
+        "{list}"
     );
 
     // The bits of the list, on the installed files, with the groups the postinst made.

@@ -36,7 +36,7 @@ fn config(db: &TestDb, dir: &tempfile::TempDir, extra: &str) -> std::path::PathB
     std::fs::write(
         &path,
         format!(
-            "[database]\nURL = {}\n[stage-whitelist]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = done\n{extra}",
+            "[database]\nURL = {}\n[pepsi]\nRECIPIENT_DELIMITER = +\n[stage-whitelist]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = done\n{extra}",
             db.url
         ),
     )
@@ -77,7 +77,7 @@ async fn recipients_trusting_the_sender_are_recorded_and_sent_mail_teaches_the_s
         &db,
         "bounces@lists.example.org",
         &[
-            "Alice@example.test",
+            "Alice+news@example.test",
             "carol@example.test",
             "dave@example.test",
         ],

@@ -750,13 +750,12 @@ async fn a_mailbox_over_quota_defers_then_bounces_and_a_full_one_is_refused_at_r
     assert_eq!(events, 3, "each change audited");
 }
 
-/// The whitelist stage spliced in between aliases and route, and an `if` on its verdict:
-/// mail from a sender alice's list trusts (its domain) lands in her inbox; a stranger's goes
-/// to her Junk folder; nothing is lost or left queued.
+/// The default graph's whitelist stage (between aliases and route) followed by an `if` on
+/// its verdict: mail from a sender alice's list trusts (its domain) lands in her inbox; a
+/// stranger's goes to her Junk folder; nothing is lost or left queued.
 #[tokio::test]
 async fn a_trusted_sender_reaches_the_inbox_and_a_stranger_the_junk_folder() {
-    let extra = "[stage-aliases]\nNEXT_STAGE = whitelist\n\n\
-                 [stage-whitelist]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = trusted\n\n\
+    let extra = "[stage-whitelist]\nNEXT_STAGE = trusted\n\n\
                  [stage-trusted]\nPROGRAM = pepsi-stage-if\nCONDITION = state.whitelist.all\nTHEN = route\nELSE = junk\n\n\
                  [stage-junk]\nPROGRAM = pepsi-stage-relay-to-maildir\nBOUNCE_STAGE = bounce\n\
                  MAILDIR_ROOT = $MAIL_ROOT\nMAILDIR = %u/Maildir/.Junk\nCREATE_MAILDIR = no\n\

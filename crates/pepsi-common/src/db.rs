@@ -101,6 +101,13 @@ impl DbSettings {
         self.connect_with(self.options()?).await
     }
 
+    /// Opens a pool as the database role `user`, whatever the URL names: for a setuid
+    /// program, which connects by peer authentication as the account its bit makes it
+    /// (a URL without a user would otherwise name the account that started it).
+    pub async fn connect_as(&self, user: &str) -> anyhow::Result<PgPool> {
+        self.connect_with(self.options()?.username(user)).await
+    }
+
     /// Opens the pool of a program that moves rows along the queue (the dispatcher, a stage
     /// worker): its sessions commit with `PASS_SYNCHRONOUS_COMMIT`. Every other program's
     /// writes (the ingress's admission above all) keep the server's setting.

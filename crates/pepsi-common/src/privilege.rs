@@ -172,6 +172,59 @@ pub fn account(name: &str) -> io::Result<Option<Account>> {
     }
 }
 
+/// The name of the account with `uid` in the password database (`getpwuid_r`); `Ok(None)`
+/// when there is none.
+pub fn account_name(uid: u32) -> io::Result<Option<String>> {
+    let mut buf = vec![0u8; 4096];
+    loop {
+        // SAFETY: as in `account`: `pwd` points into `buf` after a successful return and is
+        // read before `buf` changes.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        let mut result: *mut libc::passwd = std::ptr::null_mut();
+        let rc = unsafe {
+            libc::getpwuid_r(
+                uid,
+                &mut pwd,
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+                &mut result,
+            )
+        };
+        if rc == libc::ERANGE && buf.len() < 1 << 20 {
+            buf.resize(buf.len() * 2, 0);
+            continue;
+        }
+        if matches!(rc, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
+            return Ok(None);
+        }
+        if rc != 0 {
+            return Err(io::Error::from_raw_os_error(rc));
+        }
+        if result.is_null() {
+            return Ok(None);
+        }
+        // SAFETY: on success pw_name is a NUL-terminated string inside `buf`.
+        let name = unsafe { CStr::from_ptr(pwd.pw_name) };
+        return Ok(Some(name.to_string_lossy().into_owned()));
+    }
+}
+
+/// For a child of a setuid program, between fork and exec (`CommandExt::pre_exec`): makes
+/// the real, effective and saved uid and gid all the real ones of the process, so the
+/// program it runs is its caller's in every respect and cannot take the bit's identity
+/// back. Async-signal-safe: two system calls and no allocation.
+pub fn become_real_ids() -> io::Result<()> {
+    // SAFETY: plain system calls; setting every id to the real one is always permitted.
+    unsafe {
+        let (uid, gid) = (libc::getuid(), libc::getgid());
+        // No allocation here (the error path included): the parent may have other threads.
+        if libc::setresgid(gid, gid, gid) != 0 || libc::setresuid(uid, uid, uid) != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 /// The real identity of the process: who started it, whatever set-id bits say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RealIds {

@@ -18,6 +18,7 @@ use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
 use pepsi_common::quota::{self, Limits, Recorded, Scope, Usage};
 use pepsi_helper_maildir_writer::protocol::{Reply, UsageRequest};
+use pepsi_stage_relay_to_maildir::NoStage;
 use pepsi_stage_relay_to_maildir::Settings as DeliverySettings;
 use pepsi_stage_relay_to_maildir::helper::CoProcess;
 use serde::Serialize;
@@ -31,8 +32,6 @@ pub mod constants {
         component: "quota",
         exec: "pepsi-quota",
     };
-    /// The program whose stage sections say where mailboxes are.
-    pub const DELIVERY_PROGRAM: &str = "pepsi-stage-relay-to-maildir";
 }
 
 /// Exit status of a command used wrongly or given input that is not valid.
@@ -432,31 +431,10 @@ async fn show(pool: &PgPool, a: ShowArgs) -> Done {
 
 /// The delivery stage whose settings say where mailboxes are.
 fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, Failure> {
-    let stages = pepsi_common::stage::StageSettings::stages_of(cfg, constants::DELIVERY_PROGRAM);
-    match asked {
-        Some(name) if stages.iter().any(|s| s.eq_ignore_ascii_case(name)) => Ok(name.to_owned()),
-        Some(name) => Err(Failure::Invalid(format!(
-            "--stage {name}: no [stage-{name}] runs {} (stages that do: {})",
-            constants::DELIVERY_PROGRAM,
-            if stages.is_empty() {
-                "none".into()
-            } else {
-                stages.join(", ")
-            }
-        ))),
-        None => match &stages[..] {
-            [one] => Ok(one.clone()),
-            [] => Err(Failure::Other(anyhow::anyhow!(
-                "no [stage-*] section runs {}: there is no Maildir to count",
-                constants::DELIVERY_PROGRAM
-            ))),
-            many => Err(Failure::Invalid(format!(
-                "several stages run {}: name one with --stage ({})",
-                constants::DELIVERY_PROGRAM,
-                many.join(", ")
-            ))),
-        },
-    }
+    pepsi_stage_relay_to_maildir::delivery_stage(cfg, asked).map_err(|e| match e {
+        NoStage::Unknown(t) | NoStage::Several(t) => Failure::Invalid(t),
+        NoStage::None(t) => Failure::Other(anyhow::anyhow!(t)),
+    })
 }
 
 async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {

@@ -66,6 +66,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0011",
         sql: include_str!("../db/pepsi-0011.sql"),
     },
+    Patch {
+        name: "pepsi-0012",
+        sql: include_str!("../db/pepsi-0012.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

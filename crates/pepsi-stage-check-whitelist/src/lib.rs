@@ -4,9 +4,10 @@
 //! comes to trust each address it writes to.
 //!
 //! Reads: the envelope, `auth_user`, the header block (`Load::Headers`) and
-//! `pepsi.whitelist` (one query per message that has a `From:` address). Writes:
+//! `pepsi.whitelist` (one query per message that has a `From:` address and pairs of mailbox
+//! and sender the round has not looked up yet). Writes:
 //! `state.whitelist` (`docs/state.md`): `sender` (the `From:` address checked, lower case),
-//! `trusted` (the recipients whose list holds it), `all` (every recipient does, and there
+//! `trusted` (the recipients' mailboxes whose list holds it: extension removed, lower case), `all` (every recipient does, and there
 //! is one), and on learning `learned` (how many addresses the sender's list gained or
 //! confirmed). Side effect: the learning upsert, committed before the pass's own commit (a
 //! pass run again confirms the same entries). Terminal helper: `advance`, always: the
@@ -15,9 +16,13 @@
 //! The decisions (what is checked, what is learnt, the verdict) are [`plan`]'s, pure; this
 //! file's stage is the I/O around them.
 
+use std::cell::RefCell;
+use std::collections::HashMap;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use pepsi_common::config::Config;
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::message;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
@@ -59,9 +64,61 @@ const LEARN: &str = "INSERT INTO pepsi.whitelist (mailbox, sender, origin) \
      SELECT $1, s, 'sent' FROM unnest($2::text[]) AS s \
      ON CONFLICT (mailbox, sender) DO UPDATE SET seen_at = now()";
 
-/// The stage; it keeps nothing between passes.
+/// The stage: the extension delimiters that make a recipient's mailbox (`[pepsi]
+/// RECIPIENT_DELIMITER`), and what the round's passes have looked up.
+#[derive(Debug)]
+pub struct WhitelistStage {
+    local: LocalRecipients,
+    /// Whether each (mailbox, sender key) pair looked up since the last commit is listed: a
+    /// round of messages between the same people looks each pair up once. Forgotten at every
+    /// commit (`before_commit`), after `ROUND_MEMORY` in any case, and when a pass learns.
+    round: RefCell<Round>,
+}
+
+/// How long an answer of the round is used at most (a round without a commit: its passes
+/// failed).
+const ROUND_MEMORY: Duration = Duration::from_secs(1);
+
+/// Answers by (mailbox, sender key), and when the first was learnt.
 #[derive(Debug, Default)]
-pub struct WhitelistStage;
+struct Round {
+    since: Option<Instant>,
+    listed: HashMap<(String, String), bool>,
+}
+
+impl Round {
+    /// The listed pairs among `mailboxes` × `keys`, or `None` when one of them is not known.
+    fn answer(&mut self, mailboxes: &[String], keys: &[String]) -> Option<Vec<(String, String)>> {
+        if self.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
+            self.clear();
+        }
+        let mut found = Vec::new();
+        for m in mailboxes {
+            for k in keys {
+                if *self.listed.get(&(m.clone(), k.clone()))? {
+                    found.push((m.clone(), k.clone()));
+                }
+            }
+        }
+        Some(found)
+    }
+
+    /// Records the answer of a lookup of `mailboxes` × `keys` that found `found`.
+    fn learn(&mut self, mailboxes: &[String], keys: &[String], found: &[(String, String)]) {
+        self.since.get_or_insert_with(Instant::now);
+        for m in mailboxes {
+            for k in keys {
+                let listed = found.iter().any(|(fm, fk)| fm == m && fk == k);
+                self.listed.insert((m.clone(), k.clone()), listed);
+            }
+        }
+    }
+
+    fn clear(&mut self) {
+        self.since = None;
+        self.listed.clear();
+    }
+}
 
 impl Stage for WhitelistStage {
     const PROGRAM: &'static str = constants::PROGRAM;
@@ -70,8 +127,11 @@ impl Stage for WhitelistStage {
     const BATCH: bool = true;
     type Section = Settings;
 
-    fn build(_cfg: &Config) -> anyhow::Result<Self> {
-        Ok(Self)
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+            round: RefCell::default(),
+        })
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
@@ -84,10 +144,11 @@ impl Stage for WhitelistStage {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let from = message::from_addresses(ctx.headers()?);
-        let mailboxes = plan::mailboxes(ctx.rcpt_to());
+        let mailboxes = plan::mailboxes(ctx.rcpt_to(), &self.local);
         let mut record = Map::new();
         if settings.learn
-            && let Some(learning) = plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to())
+            && let Some(learning) =
+                plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to(), &self.local)
         {
             sqlx::query(LEARN)
                 .bind(&learning.mailbox)
@@ -95,13 +156,24 @@ impl Stage for WhitelistStage {
                 .execute(ctx.pool())
                 .await?;
             record.insert("learned".into(), json!(learning.senders.len()));
+            // What the round knew may have changed.
+            self.round.borrow_mut().clear();
         }
         if let Some(check) = plan::check(from.first().map(String::as_str)) {
-            let found: Vec<(String, String)> = sqlx::query_as(LOOKUP)
-                .bind(&mailboxes)
-                .bind(check.keys())
-                .fetch_all(ctx.pool())
-                .await?;
+            let keys = check.keys();
+            let known = self.round.borrow_mut().answer(&mailboxes, &keys);
+            let found = match known {
+                Some(found) => found,
+                None => {
+                    let found: Vec<(String, String)> = sqlx::query_as(LOOKUP)
+                        .bind(&mailboxes)
+                        .bind(&keys)
+                        .fetch_all(ctx.pool())
+                        .await?;
+                    self.round.borrow_mut().learn(&mailboxes, &keys, &found);
+                    found
+                }
+            };
             let verdict = plan::verdict(&mailboxes, &found);
             record.insert("sender".into(), Value::String(check.address));
             record.insert("trusted".into(), json!(verdict.trusted));
@@ -111,6 +183,12 @@ impl Stage for WhitelistStage {
         merge.insert("whitelist".into(), Value::Object(record));
         ctx.merge_state(merge);
         ctx.advance()
+    }
+
+    /// The round's answers are forgotten: the next round reads the lists afresh.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.round.borrow_mut().clear();
+        Ok(())
     }
 }
 
@@ -132,6 +210,26 @@ pub fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_round_answers_only_what_it_looked_up() {
+        let v = |x: &[&str]| x.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let mut r = Round::default();
+        let (a, b) = (v(&["a@x.test"]), v(&["a@x.test", "b@x.test"]));
+        let keys = v(&["bob@y.org", "@y.org"]);
+        assert_eq!(r.answer(&a, &keys), None);
+        r.learn(&a, &keys, &[("a@x.test".into(), "@y.org".into())]);
+        assert_eq!(
+            r.answer(&a, &keys),
+            Some(vec![("a@x.test".into(), "@y.org".into())])
+        );
+        // b was never asked about: not known, so the pass looks it up.
+        assert_eq!(r.answer(&b, &keys), None);
+        r.learn(&b, &keys, &[]);
+        assert_eq!(r.answer(&a, &keys), Some(vec![]));
+        r.clear();
+        assert_eq!(r.answer(&a, &keys), None);
+    }
 
     #[test]
     fn settings_table() {

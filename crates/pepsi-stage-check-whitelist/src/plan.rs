@@ -1,13 +1,18 @@
 //! The whitelist stage's decisions, apart from the database: what a message is checked
 //! against, what authenticated mail teaches, and the verdict from the entries found. Pure.
 
+use pepsi_common::local::LocalRecipients;
+
 /// At most this many recipients of one message are learnt (a message to a long list
 /// teaches nothing about whom its sender trusts).
 pub const MAX_LEARNED: usize = 50;
 
-/// The recipients of a message, lower case, each once, in order.
-pub fn mailboxes(rcpt_to: &[String]) -> Vec<String> {
-    pepsi_common::local::distinct_lowercase(rcpt_to)
+/// The mailboxes of a message's recipients, the form the lists are keyed by (extension
+/// removed, lower case: `Alice+news@example.test` → `alice@example.test`), each once, in
+/// order.
+pub fn mailboxes(rcpt_to: &[String], local: &LocalRecipients) -> Vec<String> {
+    let keys: Vec<String> = rcpt_to.iter().map(|r| local.mailbox_key(r)).collect();
+    pepsi_common::local::distinct_lowercase(&keys)
 }
 
 /// What a message is checked against: its `From:` address and that address's domain.
@@ -40,6 +45,28 @@ pub fn check(from: Option<&str>) -> Option<Check> {
     })
 }
 
+/// The longest entry accepted (the longest address, RFC 5321 4.5.3.1.3).
+pub const MAX_ENTRY: usize = 254;
+
+/// A list entry as an owner writes it: an address (`bob@example.org`) or a whole domain
+/// (`@example.org`), in the lower case it is stored in. The error says what is wrong.
+pub fn entry(text: &str) -> Result<String, String> {
+    let t = text.trim().to_lowercase();
+    let shape = "an address (bob@example.org) or a domain (@example.org)";
+    if t.len() > MAX_ENTRY {
+        return Err(format!("{text:?}: longer than {MAX_ENTRY} bytes"));
+    }
+    if t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{text:?}: a space or control character; give {shape}"
+        ));
+    }
+    match t.split_once('@') {
+        Some((_, domain)) if !domain.is_empty() && !domain.contains('@') => Ok(t),
+        _ => Err(format!("{text:?}: not {shape}")),
+    }
+}
+
 /// What an authenticated message teaches: `mailbox` (its envelope sender) trusts `senders`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Learning {
@@ -48,13 +75,19 @@ pub struct Learning {
 }
 
 /// Learning from a message: only authenticated mail (`auth_user`) with an envelope sender
-/// teaches, and its own address is never learnt; `None` when there is nothing to learn.
-pub fn learning(auth_user: Option<&str>, mail_from: &str, rcpt_to: &[String]) -> Option<Learning> {
+/// teaches, the sender's mailbox (its address without extension) learns the recipients as
+/// written (lower case), and never its own address; `None` when there is nothing to learn.
+pub fn learning(
+    auth_user: Option<&str>,
+    mail_from: &str,
+    rcpt_to: &[String],
+    local: &LocalRecipients,
+) -> Option<Learning> {
     auth_user.filter(|u| !u.is_empty())?;
-    let mailbox = check(Some(mail_from))?.address;
-    let senders: Vec<String> = mailboxes(rcpt_to)
+    let mailbox = check(Some(&local.mailbox_key(mail_from)))?.address;
+    let senders: Vec<String> = pepsi_common::local::distinct_lowercase(rcpt_to)
         .into_iter()
-        .filter(|r| *r != mailbox && check(Some(r)).is_some())
+        .filter(|r| local.mailbox_key(r) != mailbox && check(Some(r)).is_some())
         .take(MAX_LEARNED)
         .collect();
     (!senders.is_empty()).then_some(Learning { mailbox, senders })
@@ -87,6 +120,33 @@ mod tests {
 
     fn v(items: &[&str]) -> Vec<String> {
         items.iter().map(|s| s.to_string()).collect()
+    }
+
+    fn local() -> LocalRecipients {
+        LocalRecipients::new(["example.test".into()], "+")
+    }
+
+    #[test]
+    fn entries() {
+        for (text, expected) in [
+            ("Bob@Example.ORG", Ok("bob@example.org")),
+            (" @Example.org ", Ok("@example.org")),
+            ("@localhost", Ok("@localhost")),
+            ("bob", Err("not an address")),
+            ("bob@", Err("not an address")),
+            ("@", Err("not an address")),
+            ("a@b@c", Err("not an address")),
+            ("b ob@example.org", Err("a space")),
+            ("bob@exa\u{7}mple.org", Err("control")),
+        ] {
+            match (entry(text), expected) {
+                (Ok(got), Ok(want)) => assert_eq!(got, want, "{text}"),
+                (Err(e), Err(why)) => assert!(e.contains(why), "{text}: {e}"),
+                (got, want) => panic!("{text}: {got:?}, wanted {want:?}"),
+            }
+        }
+        let long = format!("{}@example.org", "a".repeat(250));
+        assert!(entry(&long).unwrap_err().contains("longer than 254"));
     }
 
     #[test]
@@ -130,28 +190,32 @@ mod tests {
         ]);
         // Authenticated: the sender's mailbox learns each other valid recipient once.
         assert_eq!(
-            learning(Some("alice"), "Alice@Example.test", &rcpts),
+            learning(Some("alice"), "Alice+out@Example.test", &rcpts, &local()),
             Some(Learning {
                 mailbox: "alice@example.test".into(),
                 senders: v(&["carol@example.net"])
             })
         );
         // Not authenticated, or a null sender, or nothing but itself: nothing.
-        assert_eq!(learning(None, "alice@example.test", &rcpts), None);
-        assert_eq!(learning(Some(""), "alice@example.test", &rcpts), None);
-        assert_eq!(learning(Some("alice"), "", &rcpts), None);
+        assert_eq!(learning(None, "alice@example.test", &rcpts, &local()), None);
+        assert_eq!(
+            learning(Some(""), "alice@example.test", &rcpts, &local()),
+            None
+        );
+        assert_eq!(learning(Some("alice"), "", &rcpts, &local()), None);
         assert_eq!(
             learning(
                 Some("alice"),
                 "alice@example.test",
-                &v(&["alice@example.test"])
+                &v(&["alice+self@example.test"]),
+                &local()
             ),
             None
         );
         // A long list teaches at most MAX_LEARNED.
         let many: Vec<String> = (0..200).map(|i| format!("r{i}@example.net")).collect();
         assert_eq!(
-            learning(Some("alice"), "alice@example.test", &many)
+            learning(Some("alice"), "alice@example.test", &many, &local())
                 .unwrap()
                 .senders
                 .len(),
@@ -187,9 +251,12 @@ mod tests {
     }
 
     #[test]
-    fn mailboxes_are_each_recipient_once_in_lower_case() {
+    fn mailboxes_are_each_recipient_once_in_lower_case_without_extension() {
         assert_eq!(
-            mailboxes(&v(&["A@x.test", "b@x.test", "a@x.test"])),
+            mailboxes(
+                &v(&["A@x.test", "b@x.test", "a+news@X.test", "a@x.test"]),
+                &local()
+            ),
             ["a@x.test", "b@x.test"]
         );
     }

@@ -140,6 +140,46 @@ impl OverQuota {
     }
 }
 
+/// Why no one delivery stage could be chosen ([`delivery_stage`]); each holds the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoStage {
+    /// The stage asked for does not run this program.
+    Unknown(String),
+    /// No stage runs it.
+    None(String),
+    /// Several do, and none was named.
+    Several(String),
+}
+
+/// The `[stage-<name>]` running this program whose settings say where mailboxes are, for a
+/// tool that reads Maildirs (`pepsi-quota recalc`, `pepsi-whitelist learn`): the one asked
+/// for (`--stage`), else the only one.
+pub fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, NoStage> {
+    let program = constants::PROGRAM;
+    let stages = pepsi_common::stage::StageSettings::stages_of(cfg, program);
+    match asked {
+        Some(name) if stages.iter().any(|s| s.eq_ignore_ascii_case(name)) => Ok(name.to_owned()),
+        Some(name) => Err(NoStage::Unknown(format!(
+            "--stage {name}: no [stage-{name}] runs {program} (stages that do: {})",
+            if stages.is_empty() {
+                "none".into()
+            } else {
+                stages.join(", ")
+            }
+        ))),
+        None => match &stages[..] {
+            [one] => Ok(one.clone()),
+            [] => Err(NoStage::None(format!(
+                "no [stage-*] section runs {program}: there is no Maildir to read"
+            ))),
+            many => Err(NoStage::Several(format!(
+                "several stages run {program}: name one with --stage ({})",
+                many.join(", ")
+            ))),
+        },
+    }
+}
+
 /// What a helper reply means for a recipient of a message received `age` ago.
 pub fn result_of(reply: Reply, over_quota: &OverQuota, age: Duration) -> RcptResult {
     let failure = |text: String, status: &str| {
