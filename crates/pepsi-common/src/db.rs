@@ -108,6 +108,26 @@ impl DbSettings {
         self.connect_with(self.options()?.username(user)).await
     }
 
+    /// `connect_as` for a command-line program any local user runs through a set-user-id
+    /// bit: one connection, and server-side limits on every statement, lock wait, and idle
+    /// time inside and outside a transaction, so a caller who stops the process (they may
+    /// signal it) can neither hold locks the pipeline waits on nor keep sessions open.
+    pub async fn connect_for_caller(&self, user: &str) -> anyhow::Result<PgPool> {
+        let options = self.options()?.username(user).options([
+            ("statement_timeout", "30s"),
+            ("lock_timeout", "5s"),
+            ("idle_in_transaction_session_timeout", "10s"),
+            ("idle_session_timeout", "60s"),
+        ]);
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .acquire_timeout(self.connect_timeout)
+            .connect_with(options.application_name("pepsi"))
+            .await
+            .map_err(|e| anyhow::anyhow!("cannot connect to the database: {e}"))?;
+        Ok(pool)
+    }
+
     /// Opens the pool of a program that moves rows along the queue (the dispatcher, a stage
     /// worker): its sessions commit with `PASS_SYNCHRONOUS_COMMIT`. Every other program's
     /// writes (the ingress's admission above all) keep the server's setting.

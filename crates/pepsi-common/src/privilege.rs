@@ -225,6 +225,23 @@ pub fn become_real_ids() -> io::Result<()> {
     }
 }
 
+/// For a child of a process running as root, between fork and exec: makes every uid and gid
+/// `uid` and `gid`, with `gid` as the only supplementary group, so the program it runs is
+/// that account's and cannot become root again. Async-signal-safe, no allocation.
+pub fn become_ids(uid: u32, gid: u32) -> io::Result<()> {
+    // SAFETY: plain system calls on values we own.
+    unsafe {
+        let groups = [gid as libc::gid_t];
+        if libc::setgroups(1, groups.as_ptr()) != 0
+            || libc::setresgid(gid, gid, gid) != 0
+            || libc::setresuid(uid, uid, uid) != 0
+        {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
 /// The real identity of the process: who started it, whatever set-id bits say.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RealIds {

@@ -59,7 +59,15 @@ pub fn mailbox(caller: &Caller, asked: Option<&str>, rules: &Rules) -> Result<St
             "no domain for an account's mailbox: set [pepsi-whitelist] DOMAIN or \
              [pepsi] LOCAL_DOMAINS",
         )?;
-        return valid(&format!("{account}@{domain}"), rules);
+        let key = valid(&format!("{account}@{domain}"), rules)?;
+        // `alice-x` with `-` a delimiter would otherwise be given alice's mailbox.
+        if !key.starts_with(&format!("{}@", account.to_lowercase())) {
+            return Err(format!(
+                "{account}: the name holds an address extension delimiter ([pepsi] \
+                 RECIPIENT_DELIMITER), so no mailbox is this account's own"
+            ));
+        }
+        return Ok(key);
     };
     let key = valid(asked, rules).map_err(|e| format!("--mailbox {e}"))?;
     if caller.operator {
@@ -145,6 +153,16 @@ mod tests {
             (&dev, None, Ok("dev@example.test")),
             (&dev, Some("carol@example.test"), Ok("carol@example.test")),
             (&caller(1200, None, false), None, Err("no account name")),
+            (
+                &caller(1300, Some("alice+x"), false),
+                None,
+                Err("extension delimiter"),
+            ),
+            (
+                &caller(1300, Some("alice+x"), false),
+                Some("alice@example.test"),
+                Err("not a mailbox of"),
+            ),
         ] {
             match (mailbox(who, asked, &rules()), expected) {
                 (Ok(got), Ok(want)) => assert_eq!(got, want, "{who:?} {asked:?}"),

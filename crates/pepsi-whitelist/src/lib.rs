@@ -248,6 +248,13 @@ struct Run {
 pub fn run() -> ExitCode {
     // Nothing from the caller's environment may reach logging or the configuration.
     let setuid = privilege::scrub_if_setuid();
+    if setuid {
+        // The database client reads $HOME/.pgpass, and without HOME the home directory of
+        // the *real* user: a file the caller could point anywhere, read as pepsi. HOME names
+        // a directory that does not exist (only root could make it).
+        // SAFETY: one thread yet, and nothing has read the environment.
+        unsafe { std::env::set_var("HOME", "/nonexistent") };
+    }
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     if setuid && cli.common.config.is_some() {
@@ -286,7 +293,7 @@ pub fn run() -> ExitCode {
             // Peer authentication knows the bit's account, not the caller's.
             let me = privilege::account_name(privilege::current().uid)?
                 .context("the effective uid has no account name")?;
-            db.connect_as(&me).await?
+            db.connect_for_caller(&me).await?
         } else {
             db.connect().await?
         };
@@ -407,19 +414,24 @@ async fn list(run: &Run, json: bool) -> Done {
     Ok(())
 }
 
-/// How many entries the list holds, counting those of `senders` it does not hold yet; the
-/// transaction locks the mailbox's rows, so two runs cannot both pass the check.
+/// How many entries the list holds, and those of `senders` it does not hold yet. The
+/// transaction first takes the mailbox's advisory lock, so two runs of the tool on one list
+/// count one after the other (the stage's learning does not take it, and is bounded per
+/// message instead).
 async fn after_adding(
     tx: &mut sqlx::PgConnection,
     mailbox: &str,
     senders: &[String],
 ) -> Result<(i64, Vec<String>), sqlx::Error> {
-    let held: Vec<String> = sqlx::query_scalar(
-        "SELECT sender FROM pepsi.whitelist WHERE mailbox = $1 ORDER BY sender FOR UPDATE",
-    )
-    .bind(mailbox)
-    .fetch_all(&mut *tx)
-    .await?;
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtext('pepsi.whitelist ' || $1))")
+        .bind(mailbox)
+        .execute(&mut *tx)
+        .await?;
+    let held: Vec<String> =
+        sqlx::query_scalar("SELECT sender FROM pepsi.whitelist WHERE mailbox = $1")
+            .bind(mailbox)
+            .fetch_all(&mut *tx)
+            .await?;
     let new: Vec<String> = senders
         .iter()
         .filter(|s| !held.contains(s))
@@ -432,7 +444,7 @@ async fn add(run: &Run, senders: &[String]) -> Done {
     let mut tx = run.pool.begin().await?;
     let (held, new) = after_adding(&mut tx, &run.mailbox, senders).await?;
     let total = held + new.len() as i64;
-    if total > run.settings.max_entries {
+    if !new.is_empty() && total > run.settings.max_entries {
         return Err(Failure::Other(anyhow::anyhow!(
             "{}: the list would hold {total} entries, more than [{}] MAX_ENTRIES {}; remove some first",
             run.mailbox,
@@ -592,9 +604,22 @@ async fn scan(run: &Run, maildir: &std::path::Path) -> Result<Vec<u8>, Failure> 
         .stderr(Stdio::inherit())
         .env_clear()
         .kill_on_drop(true);
-    // SAFETY: become_real_ids makes two system calls and allocates nothing.
+    // A user's scan runs as that user. Root's runs as the Maildir's owner, so that links
+    // the owner planted lead nowhere the owner could not read.
+    let owner = if privilege::RealIds::current().uid == 0 {
+        use std::os::unix::fs::MetadataExt as _;
+        let meta = std::fs::metadata(maildir)
+            .map_err(|e| anyhow::anyhow!("the Maildir {}: {e}", maildir.display()))?;
+        Some((meta.uid(), meta.gid()))
+    } else {
+        None
+    };
+    // SAFETY: both make three system calls at most and allocate nothing.
     unsafe {
-        cmd.pre_exec(privilege::become_real_ids);
+        match owner {
+            Some((uid, gid)) => cmd.pre_exec(move || privilege::become_ids(uid, gid)),
+            None => cmd.pre_exec(privilege::become_real_ids),
+        };
     }
     let mut child = cmd
         .spawn()
@@ -605,6 +630,10 @@ async fn scan(run: &Run, maildir: &std::path::Path) -> Result<Vec<u8>, Failure> 
     let work = async {
         let mut out = Vec::new();
         (&mut stdout).take(limit + 1).read_to_end(&mut out).await?;
+        if out.len() as u64 > limit {
+            // It would block on a full pipe: stop it now.
+            child.kill().await?;
+        }
         let status = child.wait().await?;
         Ok::<_, std::io::Error>((out, status))
     };
