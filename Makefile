@@ -16,6 +16,7 @@ FOLDED_BINARIES = \
 	pepsi-settings \
 	pepsi-stage-aliases \
 	pepsi-stage-arc \
+	pepsi-stage-block-language \
 	pepsi-stage-bounce \
 	pepsi-stage-check-whitelist \
 	pepsi-stage-count \
@@ -40,7 +41,9 @@ FOLDED_BINARIES = \
 #   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller
 #   pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid pepsi: any
 #   local user edits their own mailbox's list through the service account's database role).
-# - Deployed or invoked separately: pepsi-helper-mailbox-scan (no bit, but execed by name
+# - Deployed or invoked separately: pepsi-stage-detect-language (links lingua's language
+#   models, a large dependency nothing else uses; also the pepsi-detect-language(1) command,
+#   COMMAND_LINKS below); pepsi-helper-mailbox-scan (no bit, but execed by name
 #   from pepsi-whitelist as the mailbox's owner, on a Maildir the owner controls: a small
 #   program of its own rather than the whole shared binary under a user's ids); pepsi-setup (one-off provisioning, run as root, its own
 #   code used by nothing else); pepsi-config (links every program's configuration parser,
@@ -60,10 +63,15 @@ STANDALONE_BINARIES = \
 	pepsi-quota \
 	pepsi-whitelist \
 	pepsi-helper-mailbox-scan \
+	pepsi-stage-detect-language \
 	pepsi-config \
 	pepsi-httpd \
 	migadu_counters \
 	counterctl
+
+# Second names of a standalone program (name:program): a multi-call executable of its own,
+# which is a command under the first name (pepsi-detect-language(1)) and a stage under its own.
+COMMAND_LINKS = pepsi-detect-language:pepsi-stage-detect-language
 
 # `make unibin [PROFILE=release|dev]` builds with --no-default-features --features unibin
 # and lays out $(UNIBIN_DIR): `pepsi`, one symlink to it per folded program, and the
@@ -100,6 +108,7 @@ unibin:
 	  cp -f $(TARGET_DIR)/$(PROFILE_DIR)/$$b $(UNIBIN_DIR)/$$b || exit 1; \
 	done
 	@for b in $(FOLDED_BINARIES); do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
+	@for l in $(COMMAND_LINKS); do ln -s $${l#*:} $(UNIBIN_DIR)/$${l%%:*} || exit 1; done
 	@echo "unified layout: $(UNIBIN_DIR)"
 
 # The manual page of every program, rendered from its clap command line, and the
@@ -124,6 +133,7 @@ install: unibin man
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' UNIBIN_DIR='$(UNIBIN_DIR)' MAN_DIR='$(MAN_DIR)' \
 	  SYSCONFDIR='$(SYSCONFDIR)' \
 	  FOLDED='$(FOLDED_BINARIES)' STANDALONE='$(STANDALONE_BINARIES)' \
+	  COMMAND_LINKS='$(COMMAND_LINKS)' \
 	  INSTALL_SENDMAIL='$(INSTALL_SENDMAIL)' SENDMAIL_PATH='$(SENDMAIL_PATH)' \
 	  INSTALL_CONFIG='$(INSTALL_CONFIG)' packaging/install.sh
 

@@ -56,6 +56,11 @@ for b in $STANDALONE; do
   ln -sfn "../libexec/pepsi/$b" "$d$bindir/$b"
 done
 ln -sfn ../libexec/pepsi/pepsi "$d$bindir/pepsi"
+# Second names of standalone programs (name:program), in both directories.
+for l in ${COMMAND_LINKS:-}; do
+  ln -sfn "${l#*:}" "$d$libexec/${l%%:*}"
+  ln -sfn "../libexec/pepsi/${l#*:}" "$d$bindir/${l%%:*}"
+done
 if [ "$INSTALL_SENDMAIL" = yes ]; then
   install -d -m 0755 "$d$(dirname "$SENDMAIL_PATH")"
   ln -sfn "$libexec/pepsi-sendmail" "$d$SENDMAIL_PATH"

@@ -57,6 +57,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         check: stage::<pepsi_stage_arc::Arc>,
     },
     ProgramCheck {
+        program: "pepsi-stage-block-language",
+        check: stage::<pepsi_stage_block_language::BlockLanguage>,
+    },
+    ProgramCheck {
         program: "pepsi-stage-bounce",
         check: stage::<pepsi_stage_bounce::Bounce>,
     },
@@ -67,6 +71,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
     ProgramCheck {
         program: "pepsi-stage-count",
         check: stage::<pepsi_stage_count::Count>,
+    },
+    ProgramCheck {
+        program: "pepsi-stage-detect-language",
+        check: stage::<pepsi_stage_detect_language::DetectLanguage>,
     },
     ProgramCheck {
         program: "pepsi-stage-discard",

@@ -129,6 +129,16 @@ pub fn pages() -> Vec<Page> {
             8,
             pepsi_helper_mailbox_scan::command,
         ),
+        clap(
+            "pepsi-stage-detect-language",
+            8,
+            pepsi_stage_detect_language::command,
+        ),
+        clap(
+            "pepsi-detect-language",
+            1,
+            pepsi_stage_detect_language::command_cli,
+        ),
         clap("pepsi-stage-aliases", 8, pepsi_stage_aliases::command),
         clap("pepsi-stage-srs", 8, pepsi_stage_srs::command),
         clap("pepsi-stage-vacation", 8, pepsi_stage_vacation::command),
@@ -136,6 +146,11 @@ pub fn pages() -> Vec<Page> {
             "pepsi-stage-check-whitelist",
             8,
             pepsi_stage_check_whitelist::command,
+        ),
+        clap(
+            "pepsi-stage-block-language",
+            8,
+            pepsi_stage_block_language::command,
         ),
         clap("pepsi-stage-if", 8, pepsi_stage_if::command),
         clap("pepsi-stage-if-headers", 8, pepsi_stage_if::command_headers),

@@ -53,6 +53,8 @@ folded! {
     "pepsi-settings" => pepsi_settings: ::pepsi_settings::run;
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;
     "pepsi-stage-arc" => pepsi_stage_arc: ::pepsi_stage_arc::run;
+    "pepsi-stage-block-language" => pepsi_stage_block_language:
+        ::pepsi_stage_block_language::run;
     "pepsi-stage-bounce" => pepsi_stage_bounce: ::pepsi_stage_bounce::run;
     "pepsi-stage-check-whitelist" => pepsi_stage_check_whitelist:
         ::pepsi_stage_check_whitelist::run;
@@ -84,6 +86,7 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-quota",
     "pepsi-whitelist",
     "pepsi-helper-mailbox-scan",
+    "pepsi-stage-detect-language",
     "pepsi-config",
     "pepsi-httpd",
     "migadu_counters",
@@ -107,6 +110,7 @@ pub fn install_fusion() {
     install(vec![
         register::<::pepsi_stage_aliases::Aliases>(),
         register::<::pepsi_stage_arc::Arc>(),
+        register::<::pepsi_stage_block_language::BlockLanguage>(),
         register::<::pepsi_stage_bounce::Bounce>(),
         register::<::pepsi_stage_check_whitelist::WhitelistStage>(),
         register::<::pepsi_stage_count::Count>(),

@@ -45,6 +45,7 @@ mod stage_arc;
 mod stage_bounce;
 mod stage_count;
 mod stage_dkim_sign;
+mod stage_language;
 mod stage_routing;
 mod stage_srs;
 mod stage_whitelist;

@@ -366,7 +366,7 @@ async fn bad_input_is_refused_naming_it_and_writes_nothing() {
             &["set", "alice@example.test", "colour", "blue"],
             "",
             2,
-            "setting \"colour\" is not one Pepsi reads (known: local_domain, alias, catchall, send_as, vacation)",
+            "setting \"colour\" is not one Pepsi reads (known: local_domain, alias, catchall, send_as, vacation, block_languages)",
         ),
         (
             &["set", "@example.test", "alias", "a@example.test"],
@@ -470,6 +470,11 @@ fn the_known_settings_are_listed_with_their_shape() {
                 "addresses_or_domains".into()
             ),
             ("vacation".into(), "address".into(), "vacation".into()),
+            (
+                "block_languages".into(),
+                "either".into(),
+                "language_block".into()
+            ),
         ]
     );
     let table = ok(&cfg, &["names"], "").stdout;

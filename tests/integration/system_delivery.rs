@@ -793,3 +793,117 @@ async fn a_trusted_sender_reaches_the_inbox_and_a_stranger_the_junk_folder() {
     assert_eq!(junk.len(), 1);
     assert!(String::from_utf8_lossy(&junk[0]).contains("Subject: stranger"));
 }
+
+/// The language block through the whole system: mail in Russian to alice (who refuses it),
+/// dave (who files it as junk) and erin (no block). A sender alice's whitelist trusts
+/// passes; a stranger's copy to alice is returned with a 5.7.1 DSN, dave's lands in his Junk
+/// folder and erin's in her inbox; German mail passes; nothing is left queued.
+#[tokio::test]
+async fn a_whitelisted_sender_passes_a_language_block_that_refuses_a_stranger() {
+    use crate::stage_language::{GERMAN, RUSSIAN};
+    let extra = "[stage-route]\nROUTE_LOCAL = language\n\n\
+                 [stage-language]\nPROGRAM = pepsi-stage-detect-language\nNEXT_STAGE = block\n\
+                 LANGUAGES = de, en, fr, ru\n\n\
+                 [stage-block]\nPROGRAM = pepsi-stage-block-language\nNEXT_STAGE = vacation\n\
+                 BOUNCE_STAGE = bounce\nJUNK_STAGE = junk\n\n\
+                 [stage-junk]\nPROGRAM = pepsi-stage-relay-to-maildir\nBOUNCE_STAGE = bounce\n\
+                 MAILDIR_ROOT = $MAIL_ROOT\nMAILDIR = %u/Maildir/.Junk\nCREATE_MAILDIR = no\n\
+                 ALLOW_ROOT_OWNER = yes\nNONLOCAL_STAGE = remote\n";
+    let mut sys = System::new(extra, &["alice", "bob", "carol", "dave", "erin"]).await;
+    support::system::make_maildir(&sys.maildir("dave").join(".Junk"));
+    let settings =
+        pepsi_testkit::programs::program("pepsi-settings", env!("CARGO_BIN_EXE_pepsi-settings"));
+    let set = |address: &str, value: &str| {
+        sys.command(&settings)
+            .args(["set", address, "block_languages", value])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    for (address, value) in [
+        ("alice@example.test", r#"{"languages": ["ru"]}"#),
+        (
+            "dave@example.test",
+            r#"{"languages": ["RU", "zh"], "action": "junk"}"#,
+        ),
+    ] {
+        let out = set(address, value);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // A value the stage could not use is refused where it enters.
+    let bad = set("erin@example.test", r#"{"languages": ["russian"]}"#);
+    assert_eq!(bad.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&bad.stderr).contains("not an ISO 639-1 code"),
+        "{}",
+        String::from_utf8_lossy(&bad.stderr)
+    );
+    sqlx::query(
+        "INSERT INTO pepsi.whitelist (mailbox, sender, origin) \
+         VALUES ('alice@example.test', 'bob@example.test', 'owner')",
+    )
+    .execute(&sys.db.pool)
+    .await
+    .unwrap();
+    sys.start().await;
+
+    let mail = |from: &str, subject: &str, text: &str| {
+        format!(
+            "From: {from}\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
+             MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\r\n{text}\r\n"
+        )
+        .into_bytes()
+    };
+    let everyone = [
+        "alice@example.test",
+        "dave@example.test",
+        "erin@example.test",
+    ];
+    for (from, rcpts, subject, text) in [
+        ("bob@example.test", &everyone[..1], "trusted", RUSSIAN),
+        ("carol@example.test", &everyone[..], "stranger", RUSSIAN),
+        ("carol@example.test", &everyone[..1], "german", GERMAN),
+    ] {
+        let reply = sys.send(from, rcpts, &mail(from, subject, text)).await;
+        assert!(reply.starts_with("250"), "{subject}: {reply}");
+    }
+    let alice = sys.wait_messages("alice", 2, WAIT).await;
+    let erin = sys.wait_messages("erin", 1, WAIT).await;
+    let carol = sys.wait_messages("carol", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let subjects = |msgs: &[Vec<u8>]| {
+        let mut s: Vec<String> = msgs
+            .iter()
+            .map(|m| {
+                let text = String::from_utf8_lossy(m);
+                text.lines()
+                    .find_map(|l| l.strip_prefix("Subject: ").map(str::to_owned))
+                    .unwrap_or_default()
+            })
+            .collect();
+        s.sort();
+        s
+    };
+    assert_eq!(subjects(&alice), ["german", "trusted"], "{}", sys.logs());
+    assert_eq!(subjects(&erin), ["stranger"]);
+    assert!(sys.messages("dave").is_empty(), "dave's copy is junk");
+    let junk: Vec<Vec<u8>> = std::fs::read_dir(sys.maildir("dave").join(".Junk/new"))
+        .unwrap()
+        .map(|e| std::fs::read(e.unwrap().path()).unwrap())
+        .collect();
+    assert_eq!(subjects(&junk), ["stranger"]);
+    // The DSN to the stranger names alice alone, with 5.7.1.
+    assert_eq!(carol.len(), 1);
+    let dsn = String::from_utf8_lossy(&carol[0]);
+    assert!(
+        dsn.contains("Final-Recipient: rfc822; alice@example.test")
+            && dsn.contains("Status: 5.7.1")
+            && !dsn.contains("Final-Recipient: rfc822; dave@"),
+        "{dsn}"
+    );
+}

@@ -213,6 +213,24 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
         let (code, _, err) = run(&pepsi, Some(&name), &[]);
         assert_eq!(code, Some(2), "pepsi as {name}: {err}");
     }
+    // A standalone program's second name links to it, and runs it as that name's command.
+    for link in support::makefile_list("COMMAND_LINKS") {
+        let (name, program) = link.split_once(':').unwrap();
+        let path = dir.join(name);
+        assert_eq!(
+            std::fs::read_link(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
+            std::path::Path::new(program)
+        );
+        let out = std::process::Command::new(&path)
+            .arg("--help")
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && help.contains(name),
+            "{name} --help: {help}"
+        );
+    }
     let (code, out, _) = run(&pepsi, None, &["--list"]);
     assert_eq!(code, Some(0));
     assert_eq!(

@@ -296,6 +296,8 @@ pub enum ValueKind {
     AddressesOrDomains,
     /// An automatic reply: a JSON object (`autoreply::Vacation`).
     Vacation,
+    /// Blocked languages: a JSON object (`language::LanguageBlock`).
+    LanguageBlock,
 }
 
 /// A settings name the software reads, with the shape of its rows.
@@ -346,6 +348,13 @@ pub const KNOWN_SETTINGS: &[KnownSetting] = &[
         value: ValueKind::Vacation,
         read_by: "pepsi-stage-vacation",
         what: "answer mail to the address automatically: a JSON object with text and, optionally, subject, start and end (YYYY-MM-DD), days between replies to one sender (default 7) and further addresses of the owner",
+    },
+    KnownSetting {
+        name: crate::language::BLOCK_SETTING,
+        key: KeyKind::Either,
+        value: ValueKind::LanguageBlock,
+        read_by: "pepsi-stage-block-language",
+        what: "mail in these languages is refused (a DSN) or delivered to the Junk folder: a JSON object with languages (ISO 639-1 codes) and action (refuse, the default, or junk); on @domain, for every address of the domain without a row of its own",
     },
 ];
 
@@ -413,6 +422,17 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
             }
             v.addresses = addresses;
             Ok(serde_json::to_value(&v).expect("a plain struct"))
+        }
+        ValueKind::LanguageBlock => {
+            let text = words.join(" ");
+            let value: Value = serde_json::from_str(&text).map_err(|e| {
+                AdminError::Invalid(format!(
+                    "setting {name} takes a JSON object such as {{\"languages\": [\"ru\"]}}: {e}"
+                ))
+            })?;
+            let block =
+                crate::language::LanguageBlock::from_value(&value).map_err(AdminError::Invalid)?;
+            Ok(serde_json::to_value(&block).expect("a plain struct"))
         }
         ValueKind::Addresses | ValueKind::AddressesOrDomains => {
             let items: Vec<&str> = words

@@ -29,6 +29,7 @@ pub mod coprocess;
 pub mod db;
 pub mod delivery;
 pub mod keys;
+pub mod language;
 pub mod local;
 pub mod mail_log;
 pub mod message;

@@ -516,10 +516,10 @@ mod tests {
         check(
             &text,
             &[],
-            "init@0.0 discard!@0.1 aliases@1.0 route@2.0 remote@3.0 vacation@3.1 dkim@4.0 \
-             local@4.1 arc@5.0 relay@6.0 bounce@7.0",
+            "init@0.0 discard!@0.1 aliases@1.0 whitelist@2.0 route@3.0 remote@4.0 vacation@4.1 \
+             dkim@5.0 local@5.1 arc@6.0 relay@7.0 bounce@8.0",
             &[
-                "aliases -next-> route",
+                "aliases -next-> whitelist",
                 "aliases -bounce-> bounce",
                 "arc -next-> relay",
                 "bounce -next-> init",
@@ -533,6 +533,7 @@ mod tests {
                 "route -branch[remote]-> remote",
                 "route -branch[local]-> vacation",
                 "vacation -next-> local",
+                "whitelist -next-> route",
             ],
             &[],
         );

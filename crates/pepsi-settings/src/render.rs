@@ -35,6 +35,7 @@ pub fn value_kind(v: ValueKind) -> &'static str {
         ValueKind::Addresses => "addresses",
         ValueKind::AddressesOrDomains => "addresses and @domains",
         ValueKind::Vacation => "a JSON object (text, subject, start, end, days, addresses)",
+        ValueKind::LanguageBlock => "a JSON object (languages, action: refuse or junk)",
     }
 }
 

@@ -10,14 +10,12 @@
 //! The expansion itself is pure (`expand`); this file is the I/O around it.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use pepsi_common::config::Config;
 use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
 use pepsi_common::settings::lookup_keys;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod expand;
@@ -74,39 +72,12 @@ pub struct Aliases {
     pub local: LocalRecipients,
     /// What the passes since the last commit learnt: a round of messages to the same
     /// recipients looks each up once. Forgotten at every commit (`before_commit`) and after
-    /// `ROUND_MEMORY` in any case, so an answer is never older than one batch round.
+    /// `RoundMemo::MEMORY` in any case, so an answer is never older than one batch round.
     round: RefCell<Round>,
 }
 
-/// How long an answer of the round is used at most (a round without a commit: its passes
-/// failed).
-const ROUND_MEMORY: Duration = Duration::from_secs(1);
-
-/// Answers by (section, address key), and when the first was learnt.
-#[derive(Debug, Default)]
-struct Round {
-    since: Option<Instant>,
-    answers: HashMap<(usize, String), Answer>,
-}
-
-impl Round {
-    fn get(&mut self, section: usize, key: String) -> Option<Answer> {
-        if self.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
-            self.clear();
-        }
-        self.answers.get(&(section, key)).cloned()
-    }
-
-    fn insert(&mut self, section: usize, key: String, answer: Answer) {
-        self.since.get_or_insert_with(Instant::now);
-        self.answers.insert((section, key), answer);
-    }
-
-    fn clear(&mut self) {
-        self.since = None;
-        self.answers.clear();
-    }
-}
+/// Answers by (section, address key).
+type Round = RoundMemo<(usize, String), Answer>;
 
 impl Aliases {
     pub fn new(local: LocalRecipients) -> Self {
@@ -179,7 +150,12 @@ impl Stage for Aliases {
         // A section (a scope's variant included) is one value for the worker's life.
         let section = stage as *const AliasStage as usize;
         let expansion = loop {
-            let lookup = |a: &str| self.round.borrow_mut().get(section, address_key(a));
+            let lookup = |a: &str| {
+                self.round
+                    .borrow_mut()
+                    .get(&(section, address_key(a)))
+                    .cloned()
+            };
             match expand::expand(&rcpts, stage.max_depth, &lookup) {
                 Ok(expansion) => break expansion,
                 Err(need) => {
@@ -190,7 +166,7 @@ impl Stage for Aliases {
                     let mut round = self.round.borrow_mut();
                     for key in need {
                         let answer = expand::resolve(&key, &stage.file, &self.local, &facts);
-                        round.insert(section, key, answer);
+                        round.insert((section, key), answer);
                     }
                 }
             }

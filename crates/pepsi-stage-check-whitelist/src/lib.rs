@@ -17,14 +17,12 @@
 //! file's stage is the I/O around them.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
 use pepsi_common::message;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
 pub mod plan;
@@ -71,52 +69,39 @@ pub struct WhitelistStage {
     local: LocalRecipients,
     /// Whether each (mailbox, sender key) pair looked up since the last commit is listed: a
     /// round of messages between the same people looks each pair up once. Forgotten at every
-    /// commit (`before_commit`), after `ROUND_MEMORY` in any case, and when a pass learns.
+    /// commit (`before_commit`), after `RoundMemo::MEMORY` in any case, and when a pass learns.
     round: RefCell<Round>,
 }
 
-/// How long an answer of the round is used at most (a round without a commit: its passes
-/// failed).
-const ROUND_MEMORY: Duration = Duration::from_secs(1);
+/// Whether each (mailbox, sender key) pair is listed, as the round looked it up.
+type Round = RoundMemo<(String, String), bool>;
 
-/// Answers by (mailbox, sender key), and when the first was learnt.
-#[derive(Debug, Default)]
-struct Round {
-    since: Option<Instant>,
-    listed: HashMap<(String, String), bool>,
+/// The listed pairs among `mailboxes` × `keys`, or `None` when the round does not know one
+/// of them.
+fn answer(
+    round: &mut Round,
+    mailboxes: &[String],
+    keys: &[String],
+) -> Option<Vec<(String, String)>> {
+    let mut found = Vec::new();
+    for m in mailboxes {
+        for k in keys {
+            let pair = (m.clone(), k.clone());
+            if *round.get(&pair)? {
+                found.push(pair);
+            }
+        }
+    }
+    Some(found)
 }
 
-impl Round {
-    /// The listed pairs among `mailboxes` × `keys`, or `None` when one of them is not known.
-    fn answer(&mut self, mailboxes: &[String], keys: &[String]) -> Option<Vec<(String, String)>> {
-        if self.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
-            self.clear();
+/// Records the answer of a lookup of `mailboxes` × `keys` that found `found`.
+fn remember(round: &mut Round, mailboxes: &[String], keys: &[String], found: &[(String, String)]) {
+    for m in mailboxes {
+        for k in keys {
+            let listed = found.iter().any(|(fm, fk)| fm == m && fk == k);
+            round.insert((m.clone(), k.clone()), listed);
         }
-        let mut found = Vec::new();
-        for m in mailboxes {
-            for k in keys {
-                if *self.listed.get(&(m.clone(), k.clone()))? {
-                    found.push((m.clone(), k.clone()));
-                }
-            }
-        }
-        Some(found)
-    }
-
-    /// Records the answer of a lookup of `mailboxes` × `keys` that found `found`.
-    fn learn(&mut self, mailboxes: &[String], keys: &[String], found: &[(String, String)]) {
-        self.since.get_or_insert_with(Instant::now);
-        for m in mailboxes {
-            for k in keys {
-                let listed = found.iter().any(|(fm, fk)| fm == m && fk == k);
-                self.listed.insert((m.clone(), k.clone()), listed);
-            }
-        }
-    }
-
-    fn clear(&mut self) {
-        self.since = None;
-        self.listed.clear();
     }
 }
 
@@ -161,7 +146,7 @@ impl Stage for WhitelistStage {
         }
         if let Some(check) = plan::check(from.first().map(String::as_str)) {
             let keys = check.keys();
-            let known = self.round.borrow_mut().answer(&mailboxes, &keys);
+            let known = answer(&mut self.round.borrow_mut(), &mailboxes, &keys);
             let found = match known {
                 Some(found) => found,
                 None => {
@@ -170,7 +155,7 @@ impl Stage for WhitelistStage {
                         .bind(&keys)
                         .fetch_all(ctx.pool())
                         .await?;
-                    self.round.borrow_mut().learn(&mailboxes, &keys, &found);
+                    remember(&mut self.round.borrow_mut(), &mailboxes, &keys, &found);
                     found
                 }
             };
@@ -217,18 +202,18 @@ mod tests {
         let mut r = Round::default();
         let (a, b) = (v(&["a@x.test"]), v(&["a@x.test", "b@x.test"]));
         let keys = v(&["bob@y.org", "@y.org"]);
-        assert_eq!(r.answer(&a, &keys), None);
-        r.learn(&a, &keys, &[("a@x.test".into(), "@y.org".into())]);
+        assert_eq!(answer(&mut r, &a, &keys), None);
+        remember(&mut r, &a, &keys, &[("a@x.test".into(), "@y.org".into())]);
         assert_eq!(
-            r.answer(&a, &keys),
+            answer(&mut r, &a, &keys),
             Some(vec![("a@x.test".into(), "@y.org".into())])
         );
         // b was never asked about: not known, so the pass looks it up.
-        assert_eq!(r.answer(&b, &keys), None);
-        r.learn(&b, &keys, &[]);
-        assert_eq!(r.answer(&a, &keys), Some(vec![]));
+        assert_eq!(answer(&mut r, &b, &keys), None);
+        remember(&mut r, &b, &keys, &[]);
+        assert_eq!(answer(&mut r, &a, &keys), Some(vec![]));
         r.clear();
-        assert_eq!(r.answer(&a, &keys), None);
+        assert_eq!(answer(&mut r, &a, &keys), None);
     }
 
     #[test]

@@ -15,15 +15,13 @@
 //! `vacation:<id>:<owner>` keeps the reply single.
 
 use std::cell::RefCell;
-use std::collections::HashMap;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use pepsi_common::autoreply::{self, Incoming, Reply, Skip, VACATION_SETTING, Vacation};
 use pepsi_common::config::Config;
 use pepsi_common::settings;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
 pub mod constants {
@@ -70,17 +68,9 @@ impl Settings {
     }
 }
 
-/// How long a learnt setting is used at most: a round whose passes all failed never
-/// reaches the commit that forgets them, so they also expire by age.
-const ROUND_MEMORY: Duration = Duration::from_secs(1);
-
-/// What the passes since the last commit learnt, and since when.
-#[derive(Default)]
-struct Round {
-    since: Option<Instant>,
-    /// Per lower-case recipient (`None`: no reply set, or a row that is not a valid setting).
-    settings: HashMap<String, Option<Vacation>>,
-}
+/// Per lower-case recipient, its setting as the round read it (`None`: no reply set, or a
+/// row that is not a valid setting).
+type Round = RoundMemo<String, Option<Vacation>>;
 
 /// The stage: the round's settings answers.
 #[derive(Default)]
@@ -93,13 +83,9 @@ impl VacationStage {
     async fn learn(&self, ctx: &StageContext<'_>, owners: &[String]) -> Result<(), StageError> {
         let missing: Vec<String> = {
             let mut round = self.round.borrow_mut();
-            if round.since.is_some_and(|t| t.elapsed() > ROUND_MEMORY) {
-                *round = Round::default();
-            }
-            round.since.get_or_insert_with(Instant::now);
             owners
                 .iter()
-                .filter(|o| !round.settings.contains_key(*o))
+                .filter(|o| !round.knows(o.as_str()))
                 .cloned()
                 .collect()
         };
@@ -118,7 +104,7 @@ impl VacationStage {
                     })
                     .ok()
             });
-            round.settings.insert(owner, setting);
+            round.insert(owner, setting);
         }
         Ok(())
     }
@@ -167,7 +153,7 @@ impl Stage for VacationStage {
         let id = ctx.id();
         let mut replied = Vec::new();
         for owner in owners {
-            let Some(vacation) = self.round.borrow().settings.get(&owner).cloned().flatten() else {
+            let Some(vacation) = self.round.borrow_mut().get(&owner).cloned().flatten() else {
                 continue;
             };
             if replied.len() >= autoreply::MAX_REPLIES_PER_MESSAGE {
@@ -235,7 +221,7 @@ impl Stage for VacationStage {
 
     /// The round's answers are forgotten: the next round reads the settings afresh.
     async fn before_commit(&self) -> Result<(), StageError> {
-        *self.round.borrow_mut() = Round::default();
+        self.round.borrow_mut().clear();
         Ok(())
     }
 }

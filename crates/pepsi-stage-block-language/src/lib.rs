@@ -1,0 +1,272 @@
+//! pepsi-stage-block-language: mail in a language a recipient blocks (the `block_languages`
+//! setting of the address, or of its domain) is returned to its sender with a DSN (5.7.1) or
+//! goes to the recipient's Junk folder, as the setting's `action` says; a sender the
+//! recipient's whitelist trusts is never blocked.
+//!
+//! Reads: `state.language.code` (`pepsi-stage-detect-language`), `state.whitelist.trusted`
+//! (`pepsi-stage-check-whitelist`, with `TRUST_WHITELIST`), the recipients' `block_languages`
+//! settings (one query per round for the mailboxes it has not seen), `Load::Metadata`. Writes:
+//! on a copy it blocks, `state.language_block` (`{"action", "language"}`). Terminal helpers:
+//! `advance` when nothing is blocked; otherwise a fan-out (`fan_out`): the passing
+//! recipients go on to NEXT_STAGE, the junk ones to JUNK_STAGE, the refused ones to
+//! BOUNCE_STAGE, each group a row of its own.
+//!
+//! The decisions are [`plan`]'s, pure; this file is the I/O around them.
+
+pub mod plan;
+
+use std::cell::RefCell;
+use std::process::ExitCode;
+
+use pepsi_common::config::Config;
+use pepsi_common::language::{BLOCK_SETTING, LanguageBlock};
+use pepsi_common::local::LocalRecipients;
+use pepsi_common::settings;
+use pepsi_common::stage::{
+    FanGroup, FanRecipients, Load, RoundMemo, Stage, StageContext, StageError, Terminal,
+};
+use pepsi_common::state::{Bounce, BounceKind};
+use serde_json::{Map, Value, json};
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-block-language",
+        exec: "pepsi-stage-block-language",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-block-language";
+}
+
+/// One `[stage-<name>]` section, read at start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Settings {
+    /// `JUNK_STAGE`: where a copy for the Junk folder goes (a Maildir delivery into
+    /// `.Junk`); without one, such copies go on as they are.
+    pub junk_stage: Option<String>,
+    /// `TRUST_WHITELIST` (default yes): a recipient whose whitelist trusts the sender is
+    /// never blocked.
+    pub trust_whitelist: bool,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        Ok(Settings {
+            junk_stage: s.string_opt("JUNK_STAGE")?.filter(|j| !j.trim().is_empty()),
+            trust_whitelist: s.bool_opt("TRUST_WHITELIST")?.unwrap_or(true),
+        })
+    }
+}
+
+/// The stage: the extension delimiters that make a recipient's mailbox, and the settings
+/// the round has read (per mailbox; `None`: no block, or a row that is not a valid setting).
+#[derive(Debug)]
+pub struct BlockLanguage {
+    local: LocalRecipients,
+    round: RefCell<RoundMemo<String, Option<LanguageBlock>>>,
+}
+
+impl BlockLanguage {
+    /// Reads the settings of the mailboxes the round has not seen, in one query.
+    async fn learn(&self, ctx: &StageContext<'_>, mailboxes: &[String]) -> Result<(), StageError> {
+        let missing: Vec<String> = {
+            let mut round = self.round.borrow_mut();
+            mailboxes
+                .iter()
+                .filter(|m| !round.knows(m.as_str()))
+                .cloned()
+                .collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let mut keys: Vec<String> = Vec::new();
+        for m in &missing {
+            for k in settings::lookup_keys(m) {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        let table = settings::fetch(ctx.pool(), &keys, &[BLOCK_SETTING])
+            .await
+            .map_err(StageError::Database)?;
+        let mut round = self.round.borrow_mut();
+        for m in missing {
+            let block = table.resolve(&m, BLOCK_SETTING).and_then(|s| {
+                LanguageBlock::from_value(&s.value)
+                    .inspect_err(|e| tracing::warn!(mailbox = %m, "{BLOCK_SETTING} not used: {e}"))
+                    .ok()
+            });
+            round.insert(m, block);
+        }
+        Ok(())
+    }
+}
+
+/// The detected language of the message, from `state.language.code`.
+fn language_of(state: &Map<String, Value>) -> Option<String> {
+    state
+        .get("language")
+        .and_then(|l| l.get("code"))
+        .and_then(Value::as_str)
+        .map(str::to_owned)
+}
+
+/// The mailboxes `state.whitelist.trusted` lists.
+fn trusted_of(state: &Map<String, Value>) -> Vec<String> {
+    state
+        .get("whitelist")
+        .and_then(|w| w.get("trusted"))
+        .and_then(Value::as_array)
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_owned)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl Stage for BlockLanguage {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Metadata;
+    type Section = Settings;
+
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self {
+            local: LocalRecipients::from_config(cfg)?,
+            round: RefCell::default(),
+        })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let Some(code) = language_of(ctx.state()) else {
+            return ctx.advance();
+        };
+        let mailboxes: Vec<String> = ctx
+            .rcpt_to()
+            .iter()
+            .map(|r| self.local.mailbox_key(r))
+            .collect();
+        self.learn(ctx, &mailboxes).await?;
+        let trusted = if settings.trust_whitelist {
+            trusted_of(ctx.state())
+        } else {
+            Vec::new()
+        };
+        let blocks: Vec<Option<LanguageBlock>> = {
+            let mut round = self.round.borrow_mut();
+            mailboxes
+                .iter()
+                .map(|m| round.get(m.as_str()).cloned().flatten())
+                .collect()
+        };
+        let lookup = |m: &str| {
+            mailboxes
+                .iter()
+                .position(|k| k == m)
+                .and_then(|i| blocks[i].clone())
+        };
+        let verdicts = plan::decide(Some(&code), &mailboxes, &trusted, &lookup);
+        let groups = plan::group(&verdicts, settings.junk_stage.is_some());
+        if groups.junk.is_empty() && groups.refuse.is_empty() {
+            return ctx.advance();
+        }
+        let id = ctx.id();
+        tracing::info!(
+            id,
+            language = %code,
+            refused = ?groups.refuse.iter().map(|&i| &ctx.rcpt_to()[i]).collect::<Vec<_>>(),
+            junk = ?groups.junk.iter().map(|&i| &ctx.rcpt_to()[i]).collect::<Vec<_>>(),
+            "language blocked"
+        );
+        let name = ctx.settings().name.clone();
+        let record = |action: &str| {
+            let mut state = Map::new();
+            state.insert(
+                "language_block".into(),
+                json!({ "action": action, "language": code }),
+            );
+            state
+        };
+        let mut refuse_state = record("refuse");
+        Bounce {
+            diagnostic: Some(format!(
+                "the recipient does not accept mail in this language ({code})"
+            )),
+            enhanced_status: Some("5.7.1".into()),
+            ..Bounce::new(BounceKind::Permanent).stage(&name)
+        }
+        .insert_into(&mut refuse_state);
+        let bounce_stage = || {
+            ctx.settings()
+                .bounce_stage
+                .clone()
+                .ok_or_else(|| StageError::NoBounceStage(name.clone()))
+        };
+        let next_stage = || {
+            ctx.settings()
+                .next_stage
+                .clone()
+                .ok_or_else(|| StageError::NoNextStage(name.clone()))
+        };
+        // Every group but the first becomes a sibling row; the row itself keeps the first.
+        let mut parts: Vec<(Vec<usize>, String, Map<String, Value>)> = Vec::new();
+        if !groups.pass.is_empty() {
+            parts.push((groups.pass.clone(), next_stage()?, Map::new()));
+        }
+        if let Some(junk) = &settings.junk_stage
+            && !groups.junk.is_empty()
+        {
+            parts.push((groups.junk.clone(), junk.clone(), record("junk")));
+        }
+        if !groups.refuse.is_empty() {
+            parts.push((groups.refuse.clone(), bounce_stage()?, refuse_state));
+        }
+        let (keep, keep_stage, keep_state) = parts.remove(0);
+        if !parts.is_empty() {
+            let siblings: Vec<FanGroup> = parts
+                .into_iter()
+                .map(|(indices, stage, state)| FanGroup {
+                    state,
+                    ..FanGroup::new(FanRecipients::Indices(indices), stage)
+                })
+                .collect();
+            ctx.fan_out(&keep, &siblings).await?;
+        }
+        ctx.reroute(&keep_stage, keep_state)
+    }
+
+    /// The round's settings are forgotten: the next round reads them afresh.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.round.borrow_mut().clear();
+        Ok(())
+    }
+}
+
+const ABOUT: &str = "Return to its sender (5.7.1), or send to the Junk folder, mail in a \
+language the recipient blocks (the block_languages setting; state.language from \
+pepsi-stage-detect-language); a sender the recipient's whitelist trusts passes. Options of \
+[stage-NAME]: NEXT_STAGE, BOUNCE_STAGE, JUNK_STAGE, TRUST_WHITELIST (yes). See \
+docs/language.md.";
+
+/// The command line of `pepsi-stage-block-language`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-block-language` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main::<BlockLanguage>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
