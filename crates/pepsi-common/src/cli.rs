@@ -104,3 +104,37 @@ pub fn locate_program(configured: &str) -> std::path::PathBuf {
         .filter(|p| p.is_file())
         .unwrap_or_else(|| std::path::PathBuf::from(configured))
 }
+
+/// Exit status of an operator tool used wrongly or given input that is not valid.
+pub const EXIT_USAGE: u8 = 2;
+
+/// Why an operator tool's command failed: input that is not valid (exit status 2, the
+/// message naming what was wrong) or anything else (status 1).
+#[derive(Debug)]
+pub enum ToolFailure {
+    Invalid(String),
+    Other(anyhow::Error),
+}
+
+impl From<anyhow::Error> for ToolFailure {
+    fn from(e: anyhow::Error) -> Self {
+        ToolFailure::Other(e)
+    }
+}
+
+impl From<sqlx::Error> for ToolFailure {
+    fn from(e: sqlx::Error) -> Self {
+        ToolFailure::Other(e.into())
+    }
+}
+
+/// The exit status of a tool command's result, its failure printed as `<program>: <text>`.
+pub fn tool_exit(source: &ConfigSource, result: Result<(), ToolFailure>) -> ExitCode {
+    let (code, text) = match result {
+        Ok(()) => return ExitCode::SUCCESS,
+        Err(ToolFailure::Invalid(e)) => (EXIT_USAGE, e),
+        Err(ToolFailure::Other(e)) => (1, format!("{e:#}")),
+    };
+    eprintln!("{}: {text}", source.exec);
+    ExitCode::from(code)
+}

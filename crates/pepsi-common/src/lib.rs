@@ -39,6 +39,7 @@ pub mod privilege;
 pub mod queue;
 pub mod quota;
 pub mod relay;
+pub mod round;
 pub mod server_tls;
 pub mod settings;
 pub mod srs;

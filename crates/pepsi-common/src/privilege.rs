@@ -129,25 +129,24 @@ pub struct Account {
     pub home: PathBuf,
 }
 
-/// Looks `name` up in the password database (`getpwnam_r`, so NSS modules count); `Ok(None)`
-/// when there is no such account.
-pub fn account(name: &str) -> io::Result<Option<Account>> {
-    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
+/// Runs a reentrant password-database lookup (`getpwnam_r`, `getpwuid_r`) with a buffer
+/// grown until it fits, and hands the entry found to `read`; `Ok(None)` when there is none.
+fn passwd_lookup<T>(
+    call: impl Fn(
+        *mut libc::passwd,
+        *mut libc::c_char,
+        libc::size_t,
+        *mut *mut libc::passwd,
+    ) -> libc::c_int,
+    read: impl FnOnce(&libc::passwd) -> T,
+) -> io::Result<Option<T>> {
     let mut buf = vec![0u8; 4096];
     loop {
-        // SAFETY: every pointer is valid for the call; `pwd` points into `buf`'s memory only
-        // after a successful return, and is read before `buf` changes.
+        // SAFETY: `pwd` is plain data; `call` gets pointers valid for its duration, and
+        // `pwd`'s strings point into `buf`, which is not changed before `read` has run.
         let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
         let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getpwnam_r(
-                c_name.as_ptr(),
-                &mut pwd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
+        let rc = call(&mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result);
         if rc == libc::ERANGE && buf.len() < 1 << 20 {
             buf.resize(buf.len() * 2, 0);
             continue;
@@ -162,51 +161,42 @@ pub fn account(name: &str) -> io::Result<Option<Account>> {
         if result.is_null() {
             return Ok(None);
         }
-        // SAFETY: on success pw_dir is a NUL-terminated string inside `buf`.
-        let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
-        return Ok(Some(Account {
-            uid: pwd.pw_uid,
-            gid: pwd.pw_gid,
-            home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
-        }));
+        return Ok(Some(read(&pwd)));
     }
+}
+
+/// Looks `name` up in the password database (`getpwnam_r`, so NSS modules count); `Ok(None)`
+/// when there is no such account.
+pub fn account(name: &str) -> io::Result<Option<Account>> {
+    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
+    passwd_lookup(
+        // SAFETY: the pointers come from passwd_lookup, valid for the call.
+        |pwd, buf, len, result| unsafe { libc::getpwnam_r(c_name.as_ptr(), pwd, buf, len, result) },
+        |pwd| {
+            // SAFETY: on success pw_dir is a NUL-terminated string inside the buffer.
+            let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+            Account {
+                uid: pwd.pw_uid,
+                gid: pwd.pw_gid,
+                home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+            }
+        },
+    )
 }
 
 /// The name of the account with `uid` in the password database (`getpwuid_r`); `Ok(None)`
 /// when there is none.
 pub fn account_name(uid: u32) -> io::Result<Option<String>> {
-    let mut buf = vec![0u8; 4096];
-    loop {
-        // SAFETY: as in `account`: `pwd` points into `buf` after a successful return and is
-        // read before `buf` changes.
-        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = unsafe {
-            libc::getpwuid_r(
-                uid,
-                &mut pwd,
-                buf.as_mut_ptr().cast(),
-                buf.len(),
-                &mut result,
-            )
-        };
-        if rc == libc::ERANGE && buf.len() < 1 << 20 {
-            buf.resize(buf.len() * 2, 0);
-            continue;
-        }
-        if matches!(rc, libc::ENOENT | libc::ESRCH | libc::EBADF | libc::EPERM) {
-            return Ok(None);
-        }
-        if rc != 0 {
-            return Err(io::Error::from_raw_os_error(rc));
-        }
-        if result.is_null() {
-            return Ok(None);
-        }
-        // SAFETY: on success pw_name is a NUL-terminated string inside `buf`.
-        let name = unsafe { CStr::from_ptr(pwd.pw_name) };
-        return Ok(Some(name.to_string_lossy().into_owned()));
-    }
+    passwd_lookup(
+        // SAFETY: the pointers come from passwd_lookup, valid for the call.
+        |pwd, buf, len, result| unsafe { libc::getpwuid_r(uid, pwd, buf, len, result) },
+        // SAFETY: on success pw_name is a NUL-terminated string inside the buffer.
+        |pwd| {
+            unsafe { CStr::from_ptr(pwd.pw_name) }
+                .to_string_lossy()
+                .into_owned()
+        },
+    )
 }
 
 /// For a child of a setuid program, between fork and exec (`CommandExt::pre_exec`): makes

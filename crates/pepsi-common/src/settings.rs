@@ -170,6 +170,59 @@ pub async fn fetch(
     Ok(SettingsTable::from_rows(triples))
 }
 
+/// Reads the setting `name` of the `addresses` a stage's round has not seen yet, in one
+/// query, into `round`: each address's own row, and with `domains` its `@domain` row where it
+/// has none. `parse` checks a row; one it refuses is logged and taken as no setting.
+pub async fn learn_round<T>(
+    pool: &PgPool,
+    round: &std::cell::RefCell<crate::round::RoundMemo<String, Option<T>>>,
+    addresses: &[String],
+    name: &str,
+    domains: bool,
+    parse: impl Fn(&Value) -> Result<T, String>,
+) -> Result<(), sqlx::Error> {
+    let missing: Vec<String> = {
+        let mut round = round.borrow_mut();
+        addresses
+            .iter()
+            .filter(|a| !round.knows(a.as_str()))
+            .cloned()
+            .collect()
+    };
+    if missing.is_empty() {
+        return Ok(());
+    }
+    let mut keys: Vec<String> = Vec::new();
+    for a in &missing {
+        let wanted = if domains {
+            lookup_keys(a)
+        } else {
+            vec![a.to_lowercase()]
+        };
+        for k in wanted {
+            if !keys.contains(&k) {
+                keys.push(k);
+            }
+        }
+    }
+    let table = fetch(pool, &keys, &[name]).await?;
+    let mut round = round.borrow_mut();
+    for a in missing {
+        let value = if domains {
+            table.resolve(&a, name).map(|s| s.value)
+        } else {
+            table.exact(&a, name).cloned()
+        };
+        let setting = value.and_then(|v| {
+            parse(&v)
+                .inspect_err(|e| tracing::warn!(address = %a, "{name} setting not used: {e}"))
+                .ok()
+        });
+        round.insert(a, setting);
+    }
+    Ok(())
+}
+
 /// One setting for one address: its own row, else its domain's, else `global`.
 pub async fn lookup(
     pool: &PgPool,

@@ -14,6 +14,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use pepsi_common::audit::Actor;
+use pepsi_common::cli::ToolFailure as Failure;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
 use pepsi_common::quota::{self, Limits, Recorded, Scope, Usage};
@@ -33,9 +34,6 @@ pub mod constants {
         exec: "pepsi-quota",
     };
 }
-
-/// Exit status of a command used wrongly or given input that is not valid.
-const EXIT_USAGE: u8 = 2;
 
 const LONG_ABOUT: &str = "\
 Show and set the quotas of Pepsi's Maildir mailboxes, and count a mailbox again from disk.
@@ -153,25 +151,6 @@ pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
 }
 
-/// Why a command failed: input that is not valid (status 2) or anything else (status 1).
-#[derive(Debug)]
-enum Failure {
-    Invalid(String),
-    Other(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure::Other(e)
-    }
-}
-
-impl From<sqlx::Error> for Failure {
-    fn from(e: sqlx::Error) -> Self {
-        Failure::Other(e.into())
-    }
-}
-
 type Done = Result<(), Failure>;
 
 /// Runs `pepsi-quota` with the process's arguments.
@@ -205,13 +184,7 @@ pub fn run() -> ExitCode {
 }
 
 fn exit(result: Done) -> ExitCode {
-    let (code, text) = match result {
-        Ok(()) => return ExitCode::SUCCESS,
-        Err(Failure::Invalid(e)) => (EXIT_USAGE, e),
-        Err(Failure::Other(e)) => (1, format!("{e:#}")),
-    };
-    eprintln!("{}: {text}", constants::CONFIG_SOURCE.exec);
-    ExitCode::from(code)
+    pepsi_common::cli::tool_exit(&constants::CONFIG_SOURCE, result)
 }
 
 fn scope(text: &str) -> Result<Scope, Failure> {

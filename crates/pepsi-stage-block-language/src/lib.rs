@@ -71,38 +71,16 @@ pub struct BlockLanguage {
 impl BlockLanguage {
     /// Reads the settings of the mailboxes the round has not seen, in one query.
     async fn learn(&self, ctx: &StageContext<'_>, mailboxes: &[String]) -> Result<(), StageError> {
-        let missing: Vec<String> = {
-            let mut round = self.round.borrow_mut();
-            mailboxes
-                .iter()
-                .filter(|m| !round.knows(m.as_str()))
-                .cloned()
-                .collect()
-        };
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let mut keys: Vec<String> = Vec::new();
-        for m in &missing {
-            for k in settings::lookup_keys(m) {
-                if !keys.contains(&k) {
-                    keys.push(k);
-                }
-            }
-        }
-        let table = settings::fetch(ctx.pool(), &keys, &[BLOCK_SETTING])
-            .await
-            .map_err(StageError::Database)?;
-        let mut round = self.round.borrow_mut();
-        for m in missing {
-            let block = table.resolve(&m, BLOCK_SETTING).and_then(|s| {
-                LanguageBlock::from_value(&s.value)
-                    .inspect_err(|e| tracing::warn!(mailbox = %m, "{BLOCK_SETTING} not used: {e}"))
-                    .ok()
-            });
-            round.insert(m, block);
-        }
-        Ok(())
+        settings::learn_round(
+            ctx.pool(),
+            &self.round,
+            mailboxes,
+            BLOCK_SETTING,
+            true,
+            LanguageBlock::from_value,
+        )
+        .await
+        .map_err(StageError::Database)
     }
 }
 

@@ -81,32 +81,16 @@ pub struct VacationStage {
 impl VacationStage {
     /// The `vacation` settings of `owners` not yet known this round, in one query.
     async fn learn(&self, ctx: &StageContext<'_>, owners: &[String]) -> Result<(), StageError> {
-        let missing: Vec<String> = {
-            let mut round = self.round.borrow_mut();
-            owners
-                .iter()
-                .filter(|o| !round.knows(o.as_str()))
-                .cloned()
-                .collect()
-        };
-        if missing.is_empty() {
-            return Ok(());
-        }
-        let table = settings::fetch(ctx.pool(), &missing, &[VACATION_SETTING])
-            .await
-            .map_err(StageError::Database)?;
-        let mut round = self.round.borrow_mut();
-        for owner in missing {
-            let setting = table.exact(&owner, VACATION_SETTING).and_then(|value| {
-                Vacation::from_value(value)
-                    .inspect_err(|e| {
-                        tracing::warn!(%owner, "vacation setting not used: {e}");
-                    })
-                    .ok()
-            });
-            round.insert(owner, setting);
-        }
-        Ok(())
+        settings::learn_round(
+            ctx.pool(),
+            &self.round,
+            owners,
+            VACATION_SETTING,
+            false,
+            Vacation::from_value,
+        )
+        .await
+        .map_err(StageError::Database)
     }
 }
 

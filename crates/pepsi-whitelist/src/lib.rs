@@ -19,6 +19,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
 use pepsi_common::audit::{self, Actor};
+use pepsi_common::cli::ToolFailure as Failure;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
@@ -45,9 +46,6 @@ pub mod constants {
     /// The scan it runs, by default.
     pub const HELPER: &str = "pepsi-helper-mailbox-scan";
 }
-
-/// Exit status of a command used wrongly or given input that is not valid.
-const EXIT_USAGE: u8 = 2;
 
 const LONG_ABOUT: &str = "\
 Show and edit the list of senders a mailbox trusts. Pepsi's whitelist stage \
@@ -214,25 +212,6 @@ impl Settings {
     }
 }
 
-/// Why a command failed: input that is not valid (status 2) or anything else (status 1).
-#[derive(Debug)]
-enum Failure {
-    Invalid(String),
-    Other(anyhow::Error),
-}
-
-impl From<anyhow::Error> for Failure {
-    fn from(e: anyhow::Error) -> Self {
-        Failure::Other(e)
-    }
-}
-
-impl From<sqlx::Error> for Failure {
-    fn from(e: sqlx::Error) -> Self {
-        Failure::Other(e.into())
-    }
-}
-
 type Done = Result<(), Failure>;
 
 /// What one run is: whose list, for whom, with what rules.
@@ -320,13 +299,7 @@ pub fn run() -> ExitCode {
 }
 
 fn exit(result: Done) -> ExitCode {
-    let (code, text) = match result {
-        Ok(()) => return ExitCode::SUCCESS,
-        Err(Failure::Invalid(e)) => (EXIT_USAGE, e),
-        Err(Failure::Other(e)) => (1, format!("{e:#}")),
-    };
-    eprintln!("{}: {text}", constants::CONFIG_SOURCE.exec);
-    ExitCode::from(code)
+    pepsi_common::cli::tool_exit(&constants::CONFIG_SOURCE, result)
 }
 
 /// The entries named, checked and in stored form, each once.

@@ -21,17 +21,16 @@ mod commit;
 mod context;
 mod fanout;
 pub mod fusion;
-mod round;
 pub mod scope;
 mod worker;
 
 use std::collections::HashMap;
 use std::future::Future;
 
+pub use crate::round::RoundMemo;
 pub(crate) use context::notify_includes;
 pub use context::{CloneSpec, StageContext, Terminal};
 pub use fanout::{FanGroup, FanRecipients, GroupStatus};
-pub use round::RoundMemo;
 /// Set to `1` by a dispatcher on the workers it starts when it takes advanced rows straight
 /// from their status lines (`[pepsi-dispatch] HAND_FORWARD`): an advance then leaves the row
 /// `running` at its next stage, already claimed for that stage's pool, and the status line
