@@ -101,11 +101,9 @@ async fn the_stage_records_the_language_and_its_confidence_in_state() {
         "{de}"
     );
     assert!(de["confidence"].as_f64().unwrap() >= 0.5, "{de}");
-    // The quoted English and the signature were not judged.
-    assert!(
-        de["letters"].as_u64().unwrap() < GERMAN.len() as u64,
-        "{de}"
-    );
+    // The quoted English and the signature were not judged: exactly the German letters.
+    let german_letters = GERMAN.chars().filter(|c| c.is_alphabetic()).count();
+    assert_eq!(de["letters"], german_letters, "{de}");
     let fr = state(french).await;
     assert_eq!(fr["code"], "fr", "{fr}");
     let und = state(short).await;
@@ -125,12 +123,8 @@ fn command(dir: &std::path::Path, args: &[&str], input: &str) -> Run {
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
-    child
-        .stdin
-        .take()
-        .unwrap()
-        .write_all(input.as_bytes())
-        .unwrap();
+    // A command that refuses its options exits before it reads: a broken pipe is its answer.
+    let _ = child.stdin.take().unwrap().write_all(input.as_bytes());
     Run::of(child.wait_with_output().unwrap())
 }
 
@@ -150,9 +144,19 @@ fn the_command_names_the_language_of_a_message_on_standard_input() {
     let r = command(dir.path(), &["--json"], &text(ENGLISH));
     let doc = r.json();
     assert_eq!(doc["code"], "en", "{doc}");
-    // Among the languages given only.
+    // Among the languages given only: English text judged between German and French is
+    // not English.
+    let r = command(dir.path(), &["--languages", "de,fr"], &text(ENGLISH));
+    assert!(!r.stdout.starts_with("en "), "{r:?}");
     let r = command(dir.path(), &["--languages", "de,fr"], &text(FRENCH));
     assert!(r.stdout.starts_with("fr "), "{r:?}");
+    // One language would call everything that language: refused.
+    let r = command(dir.path(), &["--languages", "de,DE"], &text(FRENCH));
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(r.stderr.contains("name at least two"), "{r:?}");
+    // A message all quotes still has its language judged.
+    let r = command(dir.path(), &[], &text(&format!("> {RUSSIAN}")));
+    assert!(r.stdout.starts_with("ru "), "{r:?}");
     // Too little text: und, exit 1.
     let r = command(dir.path(), &[], &text("Ok."));
     assert_eq!((r.code, r.stdout.as_str()), (1, "und 0.00\n"), "{r:?}");

@@ -2,7 +2,9 @@
 //! lookups that the next pass of the round may reuse, so that a round of messages between the
 //! same people asks the database once. The stage forgets them at every commit
 //! (`Stage::before_commit`); they also expire after [`RoundMemo::MEMORY`], since a round
-//! whose passes all failed never reaches the commit.
+//! whose passes all failed never reaches the commit. Expiry happens only when a pass asks for
+//! it (`expire`, at the start of its lookups), never between an answer's learning and its
+//! reading in one pass.
 
 use std::borrow::Borrow;
 use std::collections::HashMap;
@@ -30,8 +32,9 @@ impl<K: Eq + Hash, V> RoundMemo<K, V> {
     /// How long an answer is used at most.
     pub const MEMORY: Duration = Duration::from_secs(1);
 
-    /// Forgets everything once the first answer is older than [`Self::MEMORY`].
-    fn expire(&mut self) {
+    /// Forgets everything once the first answer is older than [`Self::MEMORY`]. Call it once
+    /// per pass, before its lookups.
+    pub fn expire(&mut self) {
         if self.since.is_some_and(|t| t.elapsed() > Self::MEMORY) {
             self.clear();
         }
@@ -43,7 +46,6 @@ impl<K: Eq + Hash, V> RoundMemo<K, V> {
         K: Borrow<Q>,
         Q: Eq + Hash + ?Sized,
     {
-        self.expire();
         self.answers.get(key)
     }
 
@@ -58,7 +60,6 @@ impl<K: Eq + Hash, V> RoundMemo<K, V> {
 
     /// Records the answer for `key`.
     pub fn insert(&mut self, key: K, answer: V) {
-        self.expire();
         self.since.get_or_insert_with(Instant::now);
         self.answers.insert(key, answer);
     }
@@ -85,6 +86,11 @@ mod tests {
         assert!(!m.knows("a"));
         m.insert("a".into(), false);
         m.since = Some(Instant::now() - RoundMemo::<String, bool>::MEMORY * 2);
+        assert!(
+            m.knows("a"),
+            "a pass's answers stay until it asks for expiry"
+        );
+        m.expire();
         assert!(!m.knows("a"), "an answer older than MEMORY is forgotten");
     }
 }

@@ -183,6 +183,7 @@ pub async fn learn_round<T>(
 ) -> Result<(), sqlx::Error> {
     let missing: Vec<String> = {
         let mut round = round.borrow_mut();
+        round.expire();
         addresses
             .iter()
             .filter(|a| !round.knows(a.as_str()))

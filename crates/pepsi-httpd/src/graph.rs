@@ -6,7 +6,8 @@
 //! The branch options of the routing stages are read here, by the rules their programs
 //! document (docs/routing.md: `ROUTES`, `ROUTE_LOCAL`, `ROUTE_REMOTE` of pepsi-stage-route;
 //! `THEN`, `ELSE` of pepsi-stage-if and pepsi-stage-if-headers; `NONLOCAL_STAGE` of
-//! pepsi-stage-relay-to-maildir), not by linking those crates: pepsi-httpd depends on no
+//! pepsi-stage-relay-to-maildir; `JUNK_STAGE` of pepsi-stage-block-language), not by linking
+//! those crates: pepsi-httpd depends on no
 //! stage crate. A value the stages would refuse is not an error here but a `problem` the
 //! page shows, since a graph with a dangling edge is exactly what an operator must see.
 
@@ -229,6 +230,17 @@ pub fn build(cfg: &Config, queued: &[String]) -> Graph {
                         t,
                         EdgeKind::Branch,
                         branch("non-local"),
+                    ));
+                }
+                if name == "pepsi-stage-block-language"
+                    && let Some(t) = option(cfg, stage, "JUNK_STAGE", &mut problems)
+                {
+                    raw.push((
+                        stage.clone(),
+                        "JUNK_STAGE",
+                        t,
+                        EdgeKind::Branch,
+                        branch("junk"),
                     ));
                 }
             }
@@ -535,6 +547,18 @@ mod tests {
                 "vacation -next-> local",
                 "whitelist -next-> route",
             ],
+            &[],
+        );
+    }
+
+    #[test]
+    fn a_language_block_branches_to_its_junk_stage() {
+        check(
+            "[stage-init]\nPROGRAM = pepsi-stage-block-language\nNEXT_STAGE = deliver\n\
+             JUNK_STAGE = junk\n[stage-deliver]\nPROGRAM = x\n[stage-junk]\nPROGRAM = x\n",
+            &[],
+            "init@0.0 deliver@1.0 junk@1.1",
+            &["init -next-> deliver", "init -branch[junk]-> junk"],
             &[],
         );
     }

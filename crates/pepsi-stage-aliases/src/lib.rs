@@ -149,6 +149,7 @@ impl Stage for Aliases {
         let rcpts = ctx.rcpt_to().to_vec();
         // A section (a scope's variant included) is one value for the worker's life.
         let section = stage as *const AliasStage as usize;
+        self.round.borrow_mut().expire();
         let expansion = loop {
             let lookup = |a: &str| {
                 self.round

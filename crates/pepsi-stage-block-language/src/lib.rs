@@ -7,7 +7,7 @@
 //! (`pepsi-stage-check-whitelist`, with `TRUST_WHITELIST`), the recipients' `block_languages`
 //! settings (one query per round for the mailboxes it has not seen), `Load::Metadata`. Writes:
 //! on a copy it blocks, `state.language_block` (`{"action", "language"}`). Terminal helpers:
-//! `advance` when nothing is blocked; otherwise a fan-out (`fan_out`): the passing
+//! `advance` when nothing is blocked; otherwise a fan-out (`fan_out_keeping_age`): the passing
 //! recipients go on to NEXT_STAGE, the junk ones to JUNK_STAGE, the refused ones to
 //! BOUNCE_STAGE, each group a row of its own.
 //!
@@ -221,7 +221,7 @@ impl Stage for BlockLanguage {
                     ..FanGroup::new(FanRecipients::Indices(indices), stage)
                 })
                 .collect();
-            ctx.fan_out(&keep, &siblings).await?;
+            ctx.fan_out_keeping_age(&keep, &siblings).await?;
         }
         ctx.reroute(&keep_stage, keep_state)
     }

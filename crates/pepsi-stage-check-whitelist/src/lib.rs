@@ -146,7 +146,11 @@ impl Stage for WhitelistStage {
         }
         if let Some(check) = plan::check(from.first().map(String::as_str)) {
             let keys = check.keys();
-            let known = answer(&mut self.round.borrow_mut(), &mailboxes, &keys);
+            let known = {
+                let mut round = self.round.borrow_mut();
+                round.expire();
+                answer(&mut round, &mailboxes, &keys)
+            };
             let found = match known {
                 Some(found) => found,
                 None => {

@@ -23,20 +23,31 @@ impl Accuracy {
     }
 }
 
-/// The languages given as ISO 639-1 codes (`de, en`), each known to this build; the error
-/// names the first that is not.
+/// The languages given as ISO 639-1 codes (`de, en`), each known to this build, each once:
+/// none (every language of the build) or at least two, since a detector of one language
+/// would call every text that language. The error names what is wrong.
 pub fn languages(codes: &[String]) -> Result<Vec<Language>, String> {
-    codes
-        .iter()
-        .map(|c| {
-            c.trim()
-                .parse::<IsoCode639_1>()
-                .map(|iso| Language::from_iso_code_639_1(&iso))
-                .map_err(|_| {
-                    format!("{c:?} is not an ISO 639-1 code of a language this build detects")
-                })
-        })
-        .collect()
+    let mut out: Vec<Language> = Vec::new();
+    for c in codes {
+        let language = c
+            .trim()
+            .parse::<IsoCode639_1>()
+            .map(|iso| Language::from_iso_code_639_1(&iso))
+            .map_err(|_| {
+                format!("{c:?} is not an ISO 639-1 code of a language this build detects")
+            })?;
+        if !out.contains(&language) {
+            out.push(language);
+        }
+    }
+    if out.len() == 1 {
+        return Err(format!(
+            "one language ({}) would make every text that language: name at least two, or none \
+             for all",
+            codes.join(", ")
+        ));
+    }
+    Ok(out)
 }
 
 /// What the detector says about one text.
@@ -71,7 +82,7 @@ impl Detector {
         min_letters: usize,
         min_confidence: f64,
     ) -> Detector {
-        let mut builder = if languages.len() >= 2 {
+        let mut builder = if !languages.is_empty() {
             LanguageDetectorBuilder::from_languages(languages)
         } else {
             LanguageDetectorBuilder::from_all_languages()
@@ -106,7 +117,8 @@ impl Detector {
         else {
             return none;
         };
-        if confidence < self.min_confidence {
+        // lingua answers 0 for every language when it cannot decide, in no useful order.
+        if confidence <= 0.0 || confidence < self.min_confidence {
             return Detection {
                 confidence: round(confidence),
                 ..none

@@ -111,7 +111,8 @@ pub struct DetectLanguage;
 impl Stage for DetectLanguage {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
-    // Local work (CPU only, bounded by MAX_CHARS): its passes batch.
+    // Local work (CPU only, bounded by MAX_PARSED bytes parsed and MAX_CHARS judged): its
+    // passes batch.
     const BATCH: bool = true;
     type Section = Settings;
 
@@ -128,7 +129,11 @@ impl Stage for DetectLanguage {
         settings: &Settings,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        let text = text::text_of(&ctx.raw_message()?, settings.max_chars);
+        let text = text::judged_text(
+            &ctx.raw_message()?,
+            settings.max_chars,
+            settings.min_letters,
+        );
         let detection = settings.detector().detect(&text);
         tracing::debug!(id = ctx.id(), ?detection, "language");
         let mut merge = Map::new();
@@ -165,7 +170,7 @@ no language reaches --min-confidence; with --json, the object the stage records.
 The models load on first use: the first message of a run takes longer than the next.
 
 Exit status: 0 when a language was found, 1 when none was (`und`), 2 on a usage error or \
-input that cannot be read.";
+input that cannot be read (or is larger than 64 MiB).";
 
 /// `pepsi-detect-language`: the language of a message on standard input.
 #[derive(Debug, Parser)]
@@ -232,7 +237,7 @@ fn run_command() -> ExitCode {
         cli.min_letters,
         cli.min_confidence,
     );
-    let d = detector.detect(&text::text_of(&message, cli.max_chars));
+    let d = detector.detect(&text::judged_text(&message, cli.max_chars, cli.min_letters));
     if cli.json {
         println!("{}", serde_json::to_string(&d).unwrap_or_default());
     } else {

@@ -152,6 +152,22 @@ impl StageContext<'_> {
         self.split(keep, groups, false, "fan_out").await
     }
 
+    /// As `fan_out`, for copies of the same message sent different ways (a language block's
+    /// junk and refused copies): every group keeps the message's `received_at`, so a DSN's
+    /// Arrival-Date and MAX_LIFETIME still count from its arrival.
+    pub async fn fan_out_keeping_age(
+        &mut self,
+        keep: &[usize],
+        groups: &[FanGroup],
+    ) -> Result<Vec<i64>, StageError> {
+        for g in groups {
+            if let FanRecipients::Indices(idx) = &g.recipients {
+                self.check_indices(idx)?;
+            }
+        }
+        self.split(keep, groups, true, "fan_out_keeping_age").await
+    }
+
     fn complement(&self, moved: &[usize]) -> Result<Vec<usize>, StageError> {
         self.check_indices(moved)?;
         Ok((0..self.row.rcpt_to.len())
