@@ -24,6 +24,7 @@ FOLDED_BINARIES = \
 	pepsi-stage-dkim-sign \
 	pepsi-stage-if \
 	pepsi-stage-if-headers \
+	pepsi-stage-milter \
 	pepsi-stage-relay-to-internet \
 	pepsi-stage-relay-to-lmtp \
 	pepsi-stage-route \

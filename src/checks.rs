@@ -61,6 +61,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         check: stage::<pepsi_stage_block_language::BlockLanguage>,
     },
     ProgramCheck {
+        program: "pepsi-stage-milter",
+        check: stage::<pepsi_stage_milter::Milter>,
+    },
+    ProgramCheck {
         program: "pepsi-stage-bounce",
         check: stage::<pepsi_stage_bounce::Bounce>,
     },

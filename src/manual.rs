@@ -154,6 +154,7 @@ pub fn pages() -> Vec<Page> {
         ),
         clap("pepsi-stage-if", 8, pepsi_stage_if::command),
         clap("pepsi-stage-if-headers", 8, pepsi_stage_if::command_headers),
+        clap("pepsi-stage-milter", 8, pepsi_stage_milter::command),
         clap("pepsi-stage-route", 8, pepsi_stage_route::command),
         Page {
             name: "pepsi-sendmail",

@@ -63,6 +63,7 @@ folded! {
     "pepsi-stage-dkim-sign" => pepsi_stage_dkim_sign: ::pepsi_stage_dkim_sign::run;
     "pepsi-stage-if" => pepsi_stage_if: ::pepsi_stage_if::run;
     "pepsi-stage-if-headers" => pepsi_stage_if_headers: ::pepsi_stage_if::run_headers;
+    "pepsi-stage-milter" => pepsi_stage_milter: ::pepsi_stage_milter::run;
     "pepsi-stage-relay-to-internet" => pepsi_stage_relay_to_internet:
         ::pepsi_stage_relay_to_internet::run;
     "pepsi-stage-relay-to-lmtp" => pepsi_stage_relay_to_lmtp: ::pepsi_stage_relay_to_lmtp::run;
@@ -118,6 +119,7 @@ pub fn install_fusion() {
         register::<::pepsi_stage_dkim_sign::DkimSign>(),
         register::<::pepsi_stage_if::If>(),
         register::<::pepsi_stage_if::IfHeaders>(),
+        register::<::pepsi_stage_milter::Milter>(),
         register::<::pepsi_stage_relay_to_internet::RelayToInternet>(),
         register::<::pepsi_stage_relay_to_lmtp::RelayToLmtp>(),
         register::<::pepsi_stage_route::Route>(),

@@ -32,6 +32,7 @@ mod lmtp_delivery;
 mod maildir_delivery;
 mod make_run;
 mod manual;
+mod milter;
 mod package;
 mod parsers_fuzz;
 mod queue_tool;

@@ -530,6 +530,24 @@ impl<'a> StageContext<'a> {
         Ok(Terminal::new(Outcome::Fail).merging(state))
     }
 
+    /// Failed, left for an operator, with its recipients replaced by `rcpt_to` and `state`
+    /// merged (which should carry the rebuilt `dsn.rcpt`): a filter's quarantine of a
+    /// message whose recipients it changed.
+    pub fn fail_with_recipients(
+        &self,
+        rcpt_to: Vec<String>,
+        state: Map<String, Value>,
+    ) -> Result<Terminal, StageError> {
+        if rcpt_to.is_empty() {
+            return Err(StageError::Invalid(
+                "fail_with_recipients needs at least one recipient".into(),
+            ));
+        }
+        let mut t = self.fail(state)?;
+        t.rcpt_to = Some(rcpt_to);
+        Ok(t)
+    }
+
     /// Deletes the row: delivered or dropped.
     pub fn finish(&self) -> Result<Terminal, StageError> {
         Ok(Terminal::new(Outcome::Finish))

@@ -1,0 +1,609 @@
+//! pepsi-stage-milter: asks a mail filter that speaks the Sendmail milter protocol
+//! (version 6: rspamd, OpenDKIM, spamass-milter, anything built on libmilter) about each
+//! message, replaying the SMTP session from the stored row, and carries out every answer.
+//!
+//! Reads: the envelope, the whole message (`Load::Full`), `state.origin` (the client, HELO,
+//! TLS and login the filter is told of as macros), `state.dsn`, and `state.milter.<stage>`.
+//! Writes: the filter's changes (header fields added, inserted, changed or deleted, the
+//! body replaced, the sender changed, recipients added or deleted, with `state.dsn` kept in
+//! step), and `state.milter.<stage>`: `{"attempts": n, "reason": reply}` while deferred, `{"quarantine":
+//! reason}` on a held message. Terminal helpers: `advance` (or `rewrite_recipients`) for
+//! what passes; `fail` for what the filter quarantined (held for an operator: pepsi-queue
+//! shows it, `pepsi-queue retry` releases it); `pause` when the whole message waits; a
+//! fan-out (`fan_out_keeping_age`) when the recipients part ways: deferred ones a Retry
+//! group at this stage, refused ones a row at BOUNCE_STAGE; `finish` when the filter
+//! discarded everything.
+//!
+//! The packets are `protocol`'s, the conversation `session`'s, the changes `edits`' and the
+//! decision `plan`'s; this file is the I/O around them. One connection per message.
+
+pub mod edits;
+pub mod plan;
+pub mod protocol;
+pub mod session;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use pepsi_common::config::Config;
+use pepsi_common::delivery::RetryPolicy;
+use pepsi_common::mail_log::Event;
+use pepsi_common::stage::{
+    FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError, Terminal,
+};
+use pepsi_common::state::{Bounce, BounceKind, Dsn, Origin};
+use serde_json::{Map, Value, json};
+
+use plan::{Decision, DownAction, Facts};
+use protocol::{Family, Step};
+use session::{Conversation, Message, Timeouts, Unavailable};
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-milter",
+        exec: "pepsi-stage-milter",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-milter";
+}
+
+/// Where the filter listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Address {
+    /// `inet:HOST:PORT`, `inet:PORT@HOST` (Sendmail's way), `inet6:…`, or `HOST:PORT`.
+    Tcp(String, u16),
+    /// `unix:/path` (or `local:/path`).
+    Unix(PathBuf),
+}
+
+impl Address {
+    pub fn parse(v: &str) -> Result<Address, String> {
+        let v = v.trim();
+        let want = "unix:/path, inet:HOST:PORT or inet:PORT@HOST";
+        if let Some(path) = v.strip_prefix("unix:").or_else(|| v.strip_prefix("local:")) {
+            if !path.starts_with('/') {
+                return Err(format!("{want} (a socket path is absolute)"));
+            }
+            return Ok(Address::Unix(PathBuf::from(path)));
+        }
+        let rest = v
+            .strip_prefix("inet6:")
+            .or_else(|| v.strip_prefix("inet:"))
+            .unwrap_or(v);
+        let (host, port) = match rest.split_once('@') {
+            Some((port, host)) => (host, port),
+            None => match rest.rsplit_once(':') {
+                Some((host, port)) => (host, port),
+                None => return Err(want.to_owned()),
+            },
+        };
+        let host = host.trim_start_matches('[').trim_end_matches(']');
+        match port.parse::<u16>() {
+            Ok(p) if p > 0 && !host.is_empty() => Ok(Address::Tcp(host.to_owned(), p)),
+            _ => Err(format!("{want} (a host and a port from 1 to 65535)")),
+        }
+    }
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Tcp(h, p) if h.contains(':') => write!(f, "inet:[{h}]:{p}"),
+            Address::Tcp(h, p) => write!(f, "inet:{h}:{p}"),
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// One `[stage-<name>]` section, read at start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Settings {
+    /// `MILTER` (required).
+    pub milter: Address,
+    /// `CONNECT_TIMEOUT` (10s), `COMMAND_TIMEOUT` (30s), `CONTENT_TIMEOUT` (2m),
+    /// `TOTAL_TIMEOUT` (4m, below the stage's MAX_RUNTIME).
+    pub timeouts: Timeouts,
+    /// `DOWN_ACTION` (tempfail).
+    pub down: DownAction,
+    /// RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, MAX_LIFETIME: the waits of deferred
+    /// recipients and when they are given up.
+    pub retry: RetryPolicy,
+    /// The `j` macro: `HOSTNAME`, else `[pepsi] HOSTNAME`, else the system's name.
+    pub hostname: String,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+        let s = cfg.section(&format!("stage-{stage}"));
+        let file = cfg.file().display().to_string();
+        let milter = s.parse_opt("MILTER", Address::parse)?.ok_or_else(|| {
+            anyhow::anyhow!(
+                "{file}: [stage-{stage}] MILTER is missing: where the filter listens \
+                     (e.g. MILTER = inet:127.0.0.1:11332 or unix:/run/opendkim/opendkim.sock)"
+            )
+        })?;
+        let at_least = |opt: &str, default: u64| -> anyhow::Result<Duration> {
+            Ok(s.duration_opt(opt)?
+                .unwrap_or(Duration::from_secs(default))
+                .max(Duration::from_secs(1)))
+        };
+        let timeouts = Timeouts {
+            connect: at_least("CONNECT_TIMEOUT", 10)?,
+            command: at_least("COMMAND_TIMEOUT", 30)?,
+            content: at_least("CONTENT_TIMEOUT", 120)?,
+            total: at_least("TOTAL_TIMEOUT", 240)?,
+        };
+        let (runtime, governs) = pepsi_common::stage::governing_max_runtime(cfg, stage)?;
+        if timeouts.total >= runtime {
+            anyhow::bail!(
+                "{file}: [stage-{stage}] TOTAL_TIMEOUT ({}s) must be below the MAX_RUNTIME \
+                 of {governs} ({}s): the dispatcher would stop the worker before the filter \
+                 is given up",
+                timeouts.total.as_secs(),
+                runtime.as_secs()
+            );
+        }
+        Ok(Settings {
+            milter,
+            timeouts,
+            down: s
+                .parse_opt("DOWN_ACTION", DownAction::parse)?
+                .unwrap_or(DownAction::Tempfail),
+            retry: RetryPolicy::from_config(cfg, stage)?,
+            hostname: cfg.name_option(&s, "HOSTNAME")?,
+        })
+    }
+}
+
+/// The stage: nothing kept between messages but the configuration.
+#[derive(Debug, Default)]
+pub struct Milter;
+
+/// A connection to a filter, over TCP or a Unix socket.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+async fn connect(address: &Address, wait: Duration) -> Result<Box<dyn Io>, Unavailable> {
+    let attempt = async {
+        Ok::<Box<dyn Io>, std::io::Error>(match address {
+            Address::Tcp(host, port) => {
+                let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
+                s.set_nodelay(true)?;
+                Box::new(s)
+            }
+            Address::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
+        })
+    };
+    match tokio::time::timeout(wait, attempt).await {
+        Ok(Ok(io)) => Ok(io),
+        Ok(Err(e)) => Err(Unavailable(format!("connecting to {address}: {e}"))),
+        Err(_) => Err(Unavailable(format!(
+            "connecting to {address}: no answer within {}s",
+            wait.as_secs()
+        ))),
+    }
+}
+
+/// The SMTP session the message arrived in, as the filter is told of it.
+fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message<'a>, StageError> {
+    let origin = Origin::from_state(ctx.state())?.unwrap_or_default();
+    let queue_id = ctx.id().to_string();
+    let (host, family) = match origin.client_addr {
+        Some(ip) => {
+            let name = origin
+                .iprev
+                .as_ref()
+                .and_then(|i| i.name.clone())
+                .unwrap_or_else(|| format!("[{ip}]"));
+            let addr = ip.to_string();
+            let family = if ip.is_ipv4() {
+                Family::Inet4 { port: 0, addr }
+            } else {
+                Family::Inet6 { port: 0, addr }
+            };
+            (name, family)
+        }
+        None => ("localhost".to_owned(), Family::Unknown),
+    };
+    let helo = origin
+        .helo
+        .clone()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| host.clone());
+    let mut mail = vec![format!("<{}>", ctx.mail_from())];
+    if let Some(body) = &origin.body {
+        mail.push(format!(
+            "BODY={}",
+            serde_json::to_value(body)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        ));
+    }
+    if origin.smtputf8 {
+        mail.push("SMTPUTF8".into());
+    }
+    let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
+    let mut connect = vec![
+        pair("j", &settings.hostname),
+        pair(
+            "{daemon_name}",
+            origin.listener.as_deref().unwrap_or("pepsi"),
+        ),
+        pair("{if_name}", &settings.hostname),
+        pair("{client_name}", &host),
+        pair("{client_ptr}", &host),
+    ];
+    if let Some(ip) = origin.client_addr {
+        connect.push(pair("_", &format!("{host} [{ip}]")));
+        connect.push(pair("{client_addr}", &ip.to_string()));
+    }
+    let mut helo_macros = Vec::new();
+    if let Some(tls) = &origin.tls {
+        helo_macros.push(pair("{tls_version}", &tls.version));
+        helo_macros.push(pair("{cipher}", &tls.cipher));
+    }
+    let mut mail_macros = vec![pair("i", &queue_id), pair("{mail_addr}", ctx.mail_from())];
+    if let Some(user) = &origin.auth_user {
+        mail_macros.push(pair("{auth_authen}", user));
+        mail_macros.push(pair("{auth_type}", "PLAIN"));
+    }
+    let id = vec![pair("i", &queue_id)];
+    let macros = HashMap::from([
+        (Step::Connect, connect),
+        (Step::Helo, helo_macros),
+        (Step::Mail, mail_macros),
+        (Step::Rcpt, Vec::new()),
+        (Step::Data, id.clone()),
+        (Step::EndOfHeaders, id.clone()),
+        (Step::EndOfMessage, id),
+    ]);
+    Ok(Message {
+        host,
+        family,
+        helo,
+        mail,
+        rcpt_to: ctx.rcpt_to(),
+        headers: ctx.headers()?,
+        body: ctx.body()?,
+        macros,
+    })
+}
+
+/// `state.milter` with this stage's entry set to `entry` (removed when `None`).
+fn milter_state(state: &Map<String, Value>, stage: &str, entry: Option<Value>) -> Value {
+    let mut all = state
+        .get("milter")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    match entry {
+        Some(e) => all.insert(stage.to_owned(), e),
+        None => all.remove(stage),
+    };
+    Value::Object(all)
+}
+
+/// How often this stage deferred the message before.
+fn attempts(state: &Map<String, Value>, stage: &str) -> u32 {
+    state
+        .get("milter")
+        .and_then(|m| m.get(stage))
+        .and_then(|s| s.get("attempts"))
+        .and_then(Value::as_u64)
+        .map_or(0, |n| n.min(u32::MAX as u64) as u32)
+}
+
+impl Stage for Milter {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Full;
+    type Section = Settings;
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Milter)
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let filter = settings.milter.to_string();
+        let conversation: Conversation = {
+            let m = message(settings, ctx)?;
+            let talked = match connect(&settings.milter, settings.timeouts.connect).await {
+                Ok(mut io) => session::converse(&mut io, &m, settings.timeouts).await,
+                Err(e) => Err(e),
+            };
+            match talked {
+                Ok(c) => c,
+                Err(why) => {
+                    tracing::warn!(id = ctx.id(), %filter, action = ?settings.down, "milter unavailable: {why}");
+                    plan::fallback(settings.down, ctx.rcpt_to().len(), &filter, &why)
+                }
+            }
+        };
+        let name = ctx.settings().name.clone();
+        let facts = Facts {
+            age: (chrono::Utc::now() - ctx.received_at())
+                .to_std()
+                .unwrap_or_default(),
+            attempts: attempts(ctx.state(), &name),
+        };
+        let decision = plan::decide(&conversation, facts, &settings.retry, &filter);
+        tracing::debug!(id = ctx.id(), ?decision, "milter decision");
+        carry_out(ctx, &name, decision, &conversation).await
+    }
+}
+
+/// One part of a message whose recipients part ways.
+enum Part {
+    Pass(Vec<usize>),
+    Defer(Vec<usize>),
+    Refuse(Vec<usize>, Map<String, Value>),
+}
+
+impl Part {
+    fn indices(&self) -> &[usize] {
+        match self {
+            Part::Pass(i) | Part::Defer(i) | Part::Refuse(i, _) => i,
+        }
+    }
+}
+
+/// Carries out `d` through the stage contract.
+async fn carry_out(
+    ctx: &mut StageContext<'_>,
+    stage: &str,
+    d: Decision,
+    conv: &Conversation,
+) -> Result<Terminal, StageError> {
+    let mut dropped: Vec<String> = d
+        .discard
+        .iter()
+        .map(|&i| ctx.rcpt_to()[i].clone())
+        .collect();
+    // What passes after the filter deleted and added recipients; nothing left is a discard.
+    let passing: Vec<String> = d.pass.iter().map(|&i| ctx.rcpt_to()[i].clone()).collect();
+    let after = edits::apply_recipients(&passing, &conv.edits);
+    let mut going_on = d.pass.clone();
+    if after.is_empty() && !going_on.is_empty() {
+        dropped.extend(passing);
+        going_on.clear();
+    }
+    let mut parts = Vec::new();
+    if !going_on.is_empty() {
+        parts.push(Part::Pass(going_on));
+    }
+    if !d.defer.is_empty() {
+        parts.push(Part::Defer(d.defer.iter().map(|(i, _)| *i).collect()));
+    }
+    if !d.refuse.is_empty() {
+        let mut bounce = Bounce::new(BounceKind::Permanent)
+            .stage(stage)
+            .with_detail(d.refuse[0].1.to_detail());
+        bounce.recipients = d
+            .refuse
+            .iter()
+            .map(|(i, f)| (ctx.rcpt_to()[*i].clone(), f.to_detail()))
+            .collect();
+        let mut state = Map::new();
+        bounce.insert_into(&mut state);
+        parts.push(Part::Refuse(
+            d.refuse.iter().map(|(i, _)| *i).collect(),
+            state,
+        ));
+    }
+    let log = if dropped.is_empty() {
+        Vec::new()
+    } else {
+        tracing::info!(id = ctx.id(), ?dropped, "discarded by the milter");
+        vec![ctx.log_entry(
+            Event::Dropped,
+            dropped,
+            json!({ "reason": "discarded by the content filter", "stage": stage }),
+        )]
+    };
+    if parts.is_empty() {
+        return Ok(ctx.finish()?.log(log));
+    }
+    let attempts = attempts(ctx.state(), stage) + 1;
+    let reason = d.defer.first().map(|(_, r)| r.to_string());
+    let waiting = |state: &Map<String, Value>| {
+        let mut m = Map::new();
+        m.insert(
+            "milter".into(),
+            milter_state(
+                state,
+                stage,
+                Some(json!({ "attempts": attempts, "reason": reason })),
+            ),
+        );
+        m
+    };
+    let configured_bounce = ctx.settings().bounce_stage.clone();
+    let bounce_stage = || {
+        configured_bounce
+            .clone()
+            .ok_or_else(|| StageError::NoBounceStage(stage.to_owned()))
+    };
+    let keep = parts.remove(0);
+    if !parts.is_empty() {
+        let mut siblings = Vec::with_capacity(parts.len());
+        for part in &parts {
+            let recipients = FanRecipients::Indices(part.indices().to_vec());
+            siblings.push(match part {
+                Part::Pass(_) => unreachable!("what passes is always the row's own part"),
+                Part::Defer(_) => FanGroup {
+                    status: GroupStatus::Retry {
+                        after: d.retry_after,
+                    },
+                    state: waiting(ctx.state()),
+                    ..FanGroup::new(recipients, stage)
+                },
+                Part::Refuse(_, state) => FanGroup {
+                    state: state.clone(),
+                    ..FanGroup::new(recipients, bounce_stage()?)
+                },
+            });
+        }
+        ctx.fan_out_keeping_age(keep.indices(), &siblings).await?;
+    }
+    let terminal = match keep {
+        Part::Defer(_) => {
+            tracing::info!(id = ctx.id(), after = ?d.retry_after, "deferred by the milter");
+            ctx.pause(waiting(ctx.state()), d.retry_after)?
+        }
+        Part::Refuse(_, state) => ctx.reroute(&bounce_stage()?, state)?,
+        Part::Pass(_) => pass(ctx, stage, &d, conv, after)?,
+    };
+    Ok(terminal.log(log))
+}
+
+/// The passing recipients' end: the filter's changes written, then on (or held).
+fn pass(
+    ctx: &mut StageContext<'_>,
+    stage: &str,
+    d: &Decision,
+    conv: &Conversation,
+    recipients: Vec<(String, Option<usize>)>,
+) -> Result<Terminal, StageError> {
+    let e = &conv.edits;
+    if !e.headers.is_empty() {
+        let headers = edits::apply_headers(ctx.headers()?, &e.headers, conv.leading_space);
+        ctx.set_headers(headers);
+    }
+    if let Some(body) = &e.body {
+        ctx.set_body(edits::crlf_body(body));
+    }
+    if let Some(from) = &e.mail_from {
+        ctx.set_mail_from(from.clone());
+    }
+    let mut state = Map::new();
+    let had_entry = ctx
+        .state()
+        .get("milter")
+        .and_then(|m| m.get(stage))
+        .is_some();
+    let entry = d.hold.as_ref().map(|r| json!({ "quarantine": r }));
+    if entry.is_some() || had_entry {
+        state.insert("milter".into(), milter_state(ctx.state(), stage, entry));
+    }
+    let changed_rcpts = e.add_rcpt.len() + e.delete_rcpt.len() > 0
+        && recipients
+            .iter()
+            .map(|(r, _)| r.as_str())
+            .ne(ctx.rcpt_to().iter().map(String::as_str));
+    if changed_rcpts {
+        let dsn = Dsn::from_state(ctx.state())?.unwrap_or_default();
+        let rows: Vec<usize> = recipients
+            .iter()
+            .map(|(_, i)| i.unwrap_or(usize::MAX))
+            .collect();
+        let dsn = dsn.subset(&rows);
+        dsn.insert_into(&mut state);
+    }
+    if let Some(reason) = &d.hold {
+        tracing::info!(id = ctx.id(), %reason, "quarantined by the milter");
+        if changed_rcpts {
+            return ctx
+                .fail_with_recipients(recipients.into_iter().map(|(r, _)| r).collect(), state);
+        }
+        return ctx.fail(state);
+    }
+    if changed_rcpts {
+        return ctx.rewrite_recipients(recipients.into_iter().map(|(r, _)| r).collect(), state);
+    }
+    if state.is_empty() {
+        ctx.advance()
+    } else {
+        ctx.reroute(
+            &ctx.settings()
+                .next_stage
+                .clone()
+                .ok_or_else(|| StageError::NoNextStage(stage.to_owned()))?,
+            state,
+        )
+    }
+}
+
+const ABOUT: &str = "Ask a mail filter that speaks the Sendmail milter protocol (version 6: \
+rspamd, OpenDKIM, spamass-milter, any libmilter filter) about each message and carry out its \
+answers: accept, reject (a DSN with the filter's reply), tempfail (the message or a recipient \
+waits and is asked about again), discard, quarantine (held for an operator), header fields \
+added, inserted, changed or deleted, the body replaced, the sender changed, recipients added \
+or deleted. Options of [stage-NAME]: MILTER (inet:HOST:PORT, inet:PORT@HOST or unix:/path; \
+required), NEXT_STAGE, BOUNCE_STAGE, DOWN_ACTION (tempfail or pass: what happens while the \
+filter cannot be asked), CONNECT_TIMEOUT (10s), COMMAND_TIMEOUT (30s), CONTENT_TIMEOUT (2m), \
+TOTAL_TIMEOUT (4m), RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, MAX_LIFETIME, HOSTNAME. \
+See docs/milter.md.";
+
+/// The command line of `pepsi-stage-milter`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-milter` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main::<Milter>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn filter_addresses_as_a_table() {
+        let ok = [
+            (
+                "inet:127.0.0.1:11332",
+                Address::Tcp("127.0.0.1".into(), 11332),
+            ),
+            (
+                "inet:8891@localhost",
+                Address::Tcp("localhost".into(), 8891),
+            ),
+            ("inet6:[::1]:8891", Address::Tcp("::1".into(), 8891)),
+            ("localhost:25", Address::Tcp("localhost".into(), 25)),
+            (
+                "unix:/run/opendkim/opendkim.sock",
+                Address::Unix("/run/opendkim/opendkim.sock".into()),
+            ),
+            ("local:/tmp/m.sock", Address::Unix("/tmp/m.sock".into())),
+        ];
+        for (text, want) in ok {
+            assert_eq!(Address::parse(text), Ok(want), "{text}");
+        }
+        for bad in [
+            "unix:relative.sock",
+            "inet:host",
+            "inet:host:0",
+            "inet::25",
+            "inet:h:99999",
+        ] {
+            assert!(Address::parse(bad).is_err(), "{bad}");
+        }
+        assert_eq!(Address::Tcp("::1".into(), 25).to_string(), "inet:[::1]:25");
+    }
+
+    #[test]
+    fn the_stage_entry_of_state_milter_is_set_and_removed_alone() {
+        let mut state = Map::new();
+        state.insert("milter".into(), json!({ "dkim": { "attempts": 2 } }));
+        assert_eq!(attempts(&state, "dkim"), 2);
+        assert_eq!(attempts(&state, "spam"), 0);
+        assert_eq!(
+            milter_state(&state, "spam", Some(json!({ "attempts": 1 }))),
+            json!({ "dkim": { "attempts": 2 }, "spam": { "attempts": 1 } })
+        );
+        assert_eq!(milter_state(&state, "dkim", None), json!({}));
+    }
+}

@@ -1,0 +1,379 @@
+//! pepsi-stage-milter through the whole system (SMTP in → the filter stage → Maildir, DSN
+//! or queue) against real filters: a libmilter filter (Sendmail's own library, through
+//! Debian's python3-milter: tests/integration/milter/actions.py) that takes every action
+//! of the protocol, rspamd in milter mode, and OpenDKIM signing and verifying.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::support;
+use crate::support::system::{Proc, System};
+
+const WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until something accepts connections on `port`, or panics with `log`'s text.
+async fn wait_listening(port: u16, what: &str, log: &Path) {
+    let until = Instant::now() + Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        assert!(
+            Instant::now() < until,
+            "{what} did not listen on {port}: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The libmilter filter of actions.py on a free port; its JSON log of what it was told.
+struct Actions {
+    _proc: Proc,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Actions {
+    async fn start(dir: &Path) -> Actions {
+        let port = support::free_port();
+        let log = dir.join("actions.jsonl");
+        let stderr = dir.join("actions.stderr");
+        let child = Command::new("/usr/bin/python3")
+            .arg(support::root().join("tests/integration/milter/actions.py"))
+            .arg(port.to_string())
+            .arg(&log)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&stderr).unwrap())
+            .spawn()
+            .expect("/usr/bin/python3 with python3-milter (scripts/apt-packages.txt)");
+        wait_listening(port, "actions.py", &stderr).await;
+        Actions {
+            _proc: Proc {
+                child,
+                name: "actions.py",
+            },
+            port,
+            log,
+        }
+    }
+
+    /// One JSON object per message the filter saw (to its end, or accepted at MAIL).
+    fn seen(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    }
+
+    fn seen_subject(&self, subject: &str) -> Value {
+        self.seen()
+            .into_iter()
+            .find(|s| {
+                s["headers"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .any(|h| h[0].as_str() == Some("Subject") && h[1].as_str() == Some(subject))
+            })
+            .unwrap_or_else(|| panic!("the filter saw no message {subject:?}: {:?}", self.seen()))
+    }
+}
+
+/// The filter stage spliced in front of alias expansion, so every message (DSNs too)
+/// passes through it.
+fn splice(milter: &str, options: &str) -> String {
+    format!(
+        "[stage-init]\nNEXT_STAGE = filter\n\n\
+         [stage-filter]\nPROGRAM = pepsi-stage-milter\nMILTER = {milter}\nNEXT_STAGE = aliases\n\
+         BOUNCE_STAGE = bounce\n{options}\n"
+    )
+}
+
+fn mail(from: &str, to: &str, subject: &str, extra: &str) -> Vec<u8> {
+    format!(
+        "From: {from}\r\nTo: {to}\r\nSubject: {subject}\r\n{extra}Message-ID: <{subject}.{}@example.test>\r\n\r\n\
+         original body\r\n",
+        std::process::id()
+    )
+    .into_bytes()
+}
+
+fn text(m: &[u8]) -> String {
+    String::from_utf8_lossy(m).into_owned()
+}
+
+/// The queued rows at stage `filter`, by status.
+async fn at_filter(sys: &System, status: &str) -> Vec<(i64, Vec<String>, Value)> {
+    sys.queue()
+        .await
+        .into_iter()
+        .filter(|(_, stage, st, _, _)| stage == "filter" && st == status)
+        .map(|(id, _, _, rcpt, state)| (id, rcpt, state))
+        .collect()
+}
+
+async fn wait_rows(sys: &System, status: &str, n: usize) -> Vec<(i64, Vec<String>, Value)> {
+    let until = Instant::now() + WAIT;
+    loop {
+        let rows = at_filter(sys, status).await;
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(
+            Instant::now() < until,
+            "{n} rows {status} at filter: {:#?}\n{}",
+            sys.queue().await,
+            sys.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn every_milter_action_is_carried_out_through_the_whole_system() {
+    let users = ["alice", "bob", "carol", "dave", "refuse", "defer", "accept"];
+    let dir = tempfile::tempdir().unwrap();
+    let actions = Actions::start(dir.path()).await;
+    let extra = splice(
+        &format!("inet:{}@127.0.0.1", actions.port),
+        "RETRY_INITIAL = 1h\nCOMMAND_TIMEOUT = 3s\nCONTENT_TIMEOUT = 3s\n",
+    );
+    let mut sys = System::new(&extra, &users).await;
+    sys.start().await;
+
+    // Every header, body and envelope change, with progress packets on the way.
+    let reply = sys
+        .send(
+            "dave@example.test",
+            &["alice@example.test", "carol@example.test"],
+            &mail(
+                "dave@example.test",
+                "alice@example.test",
+                "edit",
+                "X-Remove: this\r\n",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let edit_id = support::ingress::queued_id(reply.trim_end());
+    let alice = sys.wait_messages("alice", 1, WAIT).await;
+    let bob = sys.wait_messages("bob", 1, WAIT).await;
+    let got = text(&alice[0]);
+    let (headers, body) = support::system::split(&alice[0]);
+    let headers = text(headers);
+    assert!(
+        headers.starts_with(
+            "Return-Path: <changed@example.test>\r\nDelivered-To: alice@example.test\r\n\
+             X-Top: first\r\nReceived: "
+        ),
+        "the sender changed, a field inserted at the top of the stored message: {got}"
+    );
+    assert!(headers.contains("\r\nX-Filter: added\r\n"), "{got}");
+    assert!(
+        headers.contains("Subject: edited by the filter\r\n"),
+        "{got}"
+    );
+    assert!(!headers.contains("Subject: edit\r\n"), "{got}");
+    assert!(!headers.contains("X-Remove"), "deleted: {got}");
+    assert_eq!(body, b"replaced by the filter\r\n", "{got}");
+    assert_eq!(
+        text(&bob[0]).split_once("X-Top:").unwrap().1,
+        got.split_once("X-Top:").unwrap().1,
+        "the added recipient gets the same copy"
+    );
+    let delivered: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT mail_from, rcpt_to FROM pepsi.mail_log \
+         WHERE event = 'delivered' ORDER BY log_id",
+    )
+    .fetch_all(&sys.db.pool)
+    .await
+    .unwrap();
+    assert!(
+        delivered
+            .iter()
+            .all(|(from, _)| from == "changed@example.test"),
+        "the sender was changed: {delivered:?}"
+    );
+    let told = actions.seen_subject("edit");
+    assert_eq!(told["queue_id"], Value::String(edit_id.to_string()));
+    assert_eq!(told["client"]["client_addr"], "127.0.0.1");
+    assert_eq!(told["from"], "<dave@example.test>");
+    assert_eq!(
+        told["rcpt"],
+        serde_json::json!(["<alice@example.test>", "<carol@example.test>"])
+    );
+    assert!(
+        told["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|h| h[0] == "X-Remove" && h[1] == "this"),
+        "header values without their leading space: {told}"
+    );
+    assert_eq!(told["body"], "original body\r\n");
+
+    // Recipients part ways: one passes, one is refused (a DSN with the filter's reply),
+    // one waits at the stage as a Retry group of its own, keeping the message's age.
+    let reply = sys
+        .send(
+            "dave@example.test",
+            &[
+                "alice@example.test",
+                "refuse@example.test",
+                "defer@example.test",
+            ],
+            &mail("dave@example.test", "alice@example.test", "parting", ""),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 2, WAIT).await;
+    let dsn = sys.wait_messages("dave", 1, WAIT).await;
+    let dsn = text(&dsn[0]);
+    assert!(dsn.contains("refuse@example.test"), "{dsn}");
+    assert!(dsn.contains("5.1.1"), "{dsn}");
+    assert!(dsn.contains("no such user here"), "{dsn}");
+    assert!(!dsn.contains("defer@example.test"), "{dsn}");
+    let paused = wait_rows(&sys, "paused", 1).await;
+    assert_eq!(paused[0].1, vec!["defer@example.test"]);
+    assert_eq!(paused[0].2["milter"]["filter"]["attempts"], 1);
+    assert!(
+        paused[0].2["milter"]["filter"]["reason"]
+            .as_str()
+            .unwrap()
+            .contains("451 4.7.1 try this one later"),
+        "{:?}",
+        paused[0].2
+    );
+
+    // The message as a whole: rejected (a DSN), tempfailed (waits), quarantined (held for
+    // an operator), discarded (gone, in the mail log), accepted at MAIL (unfiltered).
+    for subject in ["reject", "tempfail", "quarantine", "discard"] {
+        let reply = sys
+            .send(
+                "dave@example.test",
+                &["carol@example.test"],
+                &mail("dave@example.test", "carol@example.test", subject, ""),
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{subject}: {reply}");
+    }
+    let reply = sys
+        .send(
+            "accept@example.test",
+            &["carol@example.test"],
+            &mail(
+                "accept@example.test",
+                "carol@example.test",
+                "unfiltered",
+                "",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let dsns = sys.wait_messages("dave", 2, WAIT).await;
+    let reject = dsns
+        .iter()
+        .map(|m| text(m))
+        .find(|m| m.contains("rejected as spam"))
+        .expect("a DSN for the rejected message");
+    assert!(reject.contains("5.7.1"), "{reject}");
+    let carol = sys.wait_messages("carol", 1, WAIT).await;
+    assert!(
+        text(&carol[0]).contains("Subject: unfiltered"),
+        "{}",
+        text(&carol[0])
+    );
+    let held = wait_rows(&sys, "failed", 1).await;
+    assert_eq!(
+        held[0].2["milter"]["filter"]["quarantine"],
+        "held for review"
+    );
+    let paused = wait_rows(&sys, "paused", 2).await;
+    assert!(
+        paused.iter().any(
+            |(_, rcpt, state)| rcpt == &vec!["carol@example.test".to_owned()]
+                && state["milter"]["filter"]["attempts"] == 1
+        ),
+        "{paused:?}"
+    );
+    let dropped: Vec<(Vec<String>, Value)> =
+        sqlx::query_as("SELECT rcpt_to, detail FROM pepsi.mail_log WHERE event = 'dropped'")
+            .fetch_all(&sys.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(dropped.len(), 1, "{dropped:?}");
+    assert_eq!(dropped[0].0, vec!["carol@example.test"]);
+    let unfiltered = actions
+        .seen()
+        .into_iter()
+        .find(|s| s["from"] == "<accept@example.test>")
+        .expect("the filter saw MAIL FROM:<accept@…>");
+    assert_eq!(
+        unfiltered["headers"],
+        serde_json::json!([]),
+        "accepted at MAIL: nothing more was sent"
+    );
+    // Carol got only the unfiltered message; alice two; nothing else was delivered.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sys.messages("carol").len(), 1);
+    assert_eq!(sys.messages("alice").len(), 2);
+    drop(actions);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_filter_that_is_down_or_too_slow_defers_or_passes_as_configured() {
+    let dir = tempfile::tempdir().unwrap();
+    let actions = Actions::start(dir.path()).await;
+    let dead = support::free_port();
+    // Two filter stages in a row: the first asks a port nobody listens on and lets mail
+    // pass; the second times out on a slow answer and defers.
+    let extra = format!(
+        "[stage-init]\nNEXT_STAGE = open\n\n\
+         [stage-open]\nPROGRAM = pepsi-stage-milter\nMILTER = inet:127.0.0.1:{dead}\n\
+         NEXT_STAGE = filter\nBOUNCE_STAGE = bounce\nDOWN_ACTION = pass\nCONNECT_TIMEOUT = 2s\n\n\
+         [stage-filter]\nPROGRAM = pepsi-stage-milter\nMILTER = inet:127.0.0.1:{port}\n\
+         NEXT_STAGE = aliases\nBOUNCE_STAGE = bounce\nDOWN_ACTION = tempfail\n\
+         CONTENT_TIMEOUT = 1s\nRETRY_INITIAL = 1h\n",
+        port = actions.port
+    );
+    let mut sys = System::new(&extra, &["alice"]).await;
+    sys.start().await;
+    for subject in ["fast", "slow"] {
+        let reply = sys
+            .send(
+                "dave@example.test",
+                &["alice@example.test"],
+                &mail("dave@example.test", "alice@example.test", subject, ""),
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    let alice = sys.wait_messages("alice", 1, WAIT).await;
+    assert!(text(&alice[0]).contains("Subject: fast"));
+    let paused = wait_rows(&sys, "paused", 1).await;
+    let reason = paused[0].2["milter"]["filter"]["reason"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        reason.starts_with("451 4.7.1 the content filter") && reason.contains("within 1s"),
+        "{reason}"
+    );
+    assert!(
+        paused[0].2["milter"].get("open").is_none(),
+        "the open stage passed it: {:?}",
+        paused[0].2
+    );
+    assert!(
+        sys.logs().contains("milter unavailable"),
+        "the refused connection is logged"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(sys.messages("alice").len(), 1, "the slow one waits");
+    drop(actions);
+}
