@@ -293,6 +293,7 @@ async fn every_milter_action_is_carried_out_through_the_whole_system() {
         held[0].2["milter"]["filter"]["quarantine"],
         "held for review"
     );
+    let seen_before = actions.seen().len();
     let paused = wait_rows(&sys, "paused", 2).await;
     assert!(
         paused.iter().any(
@@ -322,6 +323,31 @@ async fn every_milter_action_is_carried_out_through_the_whole_system() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sys.messages("carol").len(), 1);
     assert_eq!(sys.messages("alice").len(), 2);
+
+    // An operator releases the held message: it goes on without the filter asked again.
+    let out = sys
+        .command(&support::system::queue_tool())
+        .args(["retry", &held[0].0.to_string()])
+        .stderr(Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let carol = sys.wait_messages("carol", 2, WAIT).await;
+    assert!(
+        carol
+            .iter()
+            .any(|m| text(m).contains("Subject: quarantine\r\n")),
+        "the released message was delivered"
+    );
+    assert_eq!(
+        actions.seen().len(),
+        seen_before,
+        "the filter was not asked again"
+    );
     drop(actions);
 }
 
@@ -376,4 +402,179 @@ async fn a_filter_that_is_down_or_too_slow_defers_or_passes_as_configured() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(sys.messages("alice").len(), 1, "the slow one waits");
     drop(actions);
+}
+
+/// A filter from Debian started by one of the scripts beside actions.py, on a free port.
+struct Peer {
+    _proc: Proc,
+    port: u16,
+}
+
+impl Peer {
+    async fn start(script: &str, args: &[&str], dir: &Path) -> Peer {
+        let port = support::free_port();
+        std::fs::create_dir_all(dir).unwrap();
+        let log = dir.join(format!("{script}.stderr"));
+        let child = Command::new(
+            support::root()
+                .join("tests/integration/milter")
+                .join(script),
+        )
+        .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
+        .arg(dir)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+        wait_listening(port, script, &log).await;
+        Peer {
+            _proc: Proc {
+                child,
+                name: "filter",
+            },
+            port,
+        }
+    }
+}
+
+const GTUBE: &str = "XJS*C4JDBQADN1.NSBN3*2IDNEN*GTUBE-STANDARD-ANTI-UBE-TEST-EMAIL*C.34X";
+
+#[tokio::test(flavor = "multi_thread")]
+async fn rspamd_rejects_spam_and_marks_what_it_lets_through() {
+    let dir = tempfile::tempdir().unwrap();
+    let rspamd = Peer::start("rspamd.sh", &["{port}"], &dir.path().join("rspamd")).await;
+    let extra = splice(&format!("inet:127.0.0.1:{}", rspamd.port), "");
+    let mut sys = System::new(&extra, &["alice", "dave"]).await;
+    sys.start().await;
+    let message = |subject: &str, body: &str| {
+        format!(
+            "From: dave@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
+             Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@example.test>\r\n\
+             MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{body}\r\n"
+        )
+        .into_bytes()
+    };
+    let mut ids = Vec::new();
+    for (subject, body) in [
+        (
+            "hello",
+            "Hello Alice,\r\n\r\nsee you on Monday.\r\n\r\nDave".to_owned(),
+        ),
+        ("spam", format!("Buy now\r\n{GTUBE}")),
+        ("suspect", format!("Maybe\r\nY{}", &GTUBE[1..])),
+    ] {
+        let reply = sys
+            .send(
+                "dave@example.test",
+                &["alice@example.test"],
+                &message(subject, &body),
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{subject}: {reply}");
+        ids.push(support::ingress::queued_id(reply.trim_end()));
+    }
+    let alice = sys.wait_messages("alice", 2, WAIT).await;
+    let dsn = sys.wait_messages("dave", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let dsn = text(&dsn[0]);
+    assert!(dsn.contains("554 5.7.1 Gtube pattern"), "{dsn}");
+    assert!(dsn.contains("Status: 5.7.1"), "{dsn}");
+    let find = |subject: &str| {
+        alice
+            .iter()
+            .map(|m| text(m))
+            .find(|m| m.contains(&format!("Subject: {subject}\r\n")))
+            .unwrap_or_else(|| panic!("no {subject} for alice"))
+    };
+    let hello = find("hello");
+    assert!(
+        hello.contains("\r\nX-Spamd-Result: default: False ["),
+        "{hello}"
+    );
+    assert!(
+        hello.contains(&format!("\r\nX-Rspamd-Queue-Id: {}\r\n", ids[0])),
+        "the queue id macro reached rspamd: {hello}"
+    );
+    assert!(hello.contains("\r\nX-Spam-Status: No, score="), "{hello}");
+    assert!(!hello.contains("X-Spam: Yes"), "{hello}");
+    // Folded fields rspamd sends with LF are stored with CRLF.
+    assert!(
+        !hello.replace("\r\n", "").contains('\n'),
+        "bare LF: {hello:?}"
+    );
+    let suspect = find("suspect");
+    assert!(suspect.contains("\r\nX-Spam: Yes\r\n"), "{suspect}");
+    assert_eq!(sys.messages("alice").len(), 2, "the spam was not delivered");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn opendkim_signs_through_one_stage_and_verifies_through_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let keys = dir.path().join("dkim");
+    let sign = Peer::start("opendkim.sh", &["sign", "{port}"], &keys).await;
+    let verify = Peer::start("opendkim.sh", &["verify", "{port}"], &keys).await;
+    let extra = format!(
+        "[stage-init]\nNEXT_STAGE = sign\n\n\
+         [stage-sign]\nPROGRAM = pepsi-stage-milter\nMILTER = inet:{}@127.0.0.1\n\
+         NEXT_STAGE = verify\nBOUNCE_STAGE = bounce\n\n\
+         [stage-verify]\nPROGRAM = pepsi-stage-milter\nMILTER = inet:{}@127.0.0.1\n\
+         NEXT_STAGE = aliases\nBOUNCE_STAGE = bounce\n",
+        sign.port, verify.port
+    );
+    let mut sys = System::new(&extra, &["alice", "bob"]).await;
+    sys.start().await;
+    // Folded fields and a body over one 64 KiB chunk: what simple/simple signs byte for
+    // byte.
+    let long: String = (0..2000)
+        .map(|i| format!("line {i} of a long message body\r\n"))
+        .collect();
+    let message = format!(
+        "From: Alice <alice@example.test>\r\nTo: bob@example.test\r\n\
+         Subject: a signed message\r\n  with a folded subject\r\n\
+         Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <signed@example.test>\r\n\
+         MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{long}"
+    );
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["bob@example.test"],
+            message.as_bytes(),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let bob = sys.wait_messages("bob", 1, WAIT).await;
+    let got = text(&bob[0]);
+    let (headers, body) = support::system::split(&bob[0]);
+    let headers = text(headers);
+    assert!(
+        headers.contains("\r\nDKIM-Signature: v=1; a=rsa-sha256; c=simple/simple; d=example.test;"),
+        "{headers}"
+    );
+    assert!(
+        headers.contains("Authentication-Results: mx.example.test;")
+            && headers.contains("dkim=pass")
+            && headers.contains("header.d=example.test"),
+        "the verifier passed the signature the signer made: {headers}"
+    );
+    assert_eq!(body, long.as_bytes(), "{got:.300}");
+    // The stored message verifies on its own too (dkimpy, the signer's public key): the
+    // fields were written back byte for byte.
+    let der = keys.join("pepsi.pub.der");
+    let made = Command::new("openssl")
+        .args(["pkey", "-pubout", "-outform", "DER", "-in"])
+        .arg(keys.join("pepsi.private"))
+        .arg("-out")
+        .arg(&der)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let keyset = serde_json::json!({ "pepsi._domainkey.example.test": ["rsa", der] });
+    // The Delivered-To and Return-Path fields the Maildir delivery adds are above the
+    // signature and not signed.
+    let verified = support::dkimpy(
+        "print(json.dumps(dkim.verify(msg, dnsfunc=dnsfunc)))",
+        &keyset,
+        &bob[0],
+    );
+    assert_eq!(verified, Value::Bool(true), "{got:.2000}");
 }

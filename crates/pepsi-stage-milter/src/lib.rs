@@ -317,6 +317,26 @@ impl Stage for Milter {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let filter = settings.milter.to_string();
+        let name = ctx.settings().name.clone();
+        // A held message is only ever made pending again by an operator (`pepsi-queue
+        // retry`): that releases it, on without asking the filter again.
+        let released = ctx
+            .state()
+            .get("milter")
+            .and_then(|m| m.get(&name))
+            .and_then(|e| e.get("quarantine"))
+            .is_some();
+        if released {
+            tracing::info!(id = ctx.id(), "released from quarantine");
+            let mut state = Map::new();
+            state.insert("milter".into(), milter_state(ctx.state(), &name, None));
+            let next = ctx
+                .settings()
+                .next_stage
+                .clone()
+                .ok_or_else(|| StageError::NoNextStage(name.clone()))?;
+            return ctx.reroute(&next, state);
+        }
         let conversation: Conversation = {
             let m = message(settings, ctx)?;
             let talked = match connect(&settings.milter, settings.timeouts.connect).await {
@@ -331,7 +351,6 @@ impl Stage for Milter {
                 }
             }
         };
-        let name = ctx.settings().name.clone();
         let facts = Facts {
             age: (chrono::Utc::now() - ctx.received_at())
                 .to_std()
