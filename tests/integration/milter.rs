@@ -3,6 +3,7 @@
 //! Debian's python3-milter: tests/integration/milter/actions.py) that takes every action
 //! of the protocol, rspamd in milter mode, and OpenDKIM signing and verifying.
 
+use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -404,10 +405,22 @@ async fn a_filter_that_is_down_or_too_slow_defers_or_passes_as_configured() {
     drop(actions);
 }
 
-/// A filter from Debian started by one of the scripts beside actions.py, on a free port.
+/// A filter from Debian started by one of the scripts beside actions.py, on a free port,
+/// in a process group of its own: killed with all its workers when dropped (rspamd's
+/// would outlive their parent).
 struct Peer {
     _proc: Proc,
     port: u16,
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        let group = format!("-{}", self._proc.child.id());
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &group])
+            .stderr(Stdio::null())
+            .status();
+    }
 }
 
 impl Peer {
@@ -422,6 +435,7 @@ impl Peer {
         )
         .args(args.iter().map(|a| a.replace("{port}", &port.to_string())))
         .arg(dir)
+        .process_group(0)
         .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
@@ -577,4 +591,82 @@ async fn opendkim_signs_through_one_stage_and_verifies_through_the_next() {
         &bob[0],
     );
     assert_eq!(verified, Value::Bool(true), "{got:.2000}");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn spamass_milter_rejects_rewrites_and_marks() {
+    let dir = tempfile::tempdir().unwrap();
+    // spamd runs as nobody, under this directory.
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let spamass = Peer::start("spamass.sh", &["{port}"], &dir.path().join("spamass")).await;
+    let extra = splice(&format!("inet:{}@127.0.0.1", spamass.port), "");
+    let mut sys = System::new(&extra, &["alice", "dave"]).await;
+    sys.start().await;
+    let message = |subject: &str, body: &str| {
+        format!(
+            "From: dave@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
+             Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@example.test>\r\n\
+             MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{body}\r\n"
+        )
+        .into_bytes()
+    };
+    for (subject, body) in [
+        (
+            "notes",
+            "Hi Alice,\r\n\r\nthe notes from the meeting follow on Monday.\r\n",
+        ),
+        ("spam", &format!("Buy now\r\n{GTUBE}")[..]),
+        ("offer", "pepsi-test-spam-marker"),
+    ] {
+        let reply = sys
+            .send(
+                "dave@example.test",
+                &["alice@example.test"],
+                &message(subject, body),
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{subject}: {reply}");
+    }
+    let alice = sys.wait_messages("alice", 2, WAIT).await;
+    let dsn = sys.wait_messages("dave", 1, WAIT).await;
+    sys.wait_empty(WAIT).await;
+    let dsn = text(&dsn[0]);
+    assert!(dsn.contains("550 5.7.1 Blocked by SpamAssassin"), "{dsn}");
+    let find = |needle: &str| {
+        alice
+            .iter()
+            .map(|m| text(m))
+            .find(|m| m.contains(needle))
+            .unwrap_or_else(|| panic!("no message with {needle:?} for alice"))
+    };
+    let notes = find("Subject: notes\r\n");
+    assert!(notes.contains("\r\nX-Spam-Status: No, score="), "{notes}");
+    assert!(!notes.contains("X-Spam-Flag"), "{notes}");
+    // Spam under the reject score: fields added and changed, the body replaced by
+    // SpamAssassin's report with the original attached.
+    let offer = find("Subject: *****SPAM***** offer\r\n");
+    let (headers, body) = support::system::split(offer.as_bytes());
+    let (headers, body) = (text(headers), text(body));
+    assert!(headers.contains("\r\nX-Spam-Flag: YES\r\n"), "{offer}");
+    assert!(
+        headers.contains("Content-Type: multipart/mixed;"),
+        "{offer}"
+    );
+    assert!(!headers.contains("Content-Type: text/plain"), "{offer}");
+    assert!(body.contains("Spam: "), "{offer}");
+    assert!(body.contains("message/rfc822"), "{offer}");
+    assert!(body.contains("pepsi-test-spam-marker"), "{offer}");
+    assert!(
+        !body.replace("\r\n", "").contains('\n'),
+        "bare LF in {body:?}"
+    );
+    assert_eq!(
+        sys.messages("alice").len(),
+        2,
+        "the GTUBE message was not delivered"
+    );
 }

@@ -167,13 +167,56 @@ pub struct Milter;
 trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
 
+/// A TCP connection that acknowledges what it reads at once. A filter writes its changes
+/// and its verdict as separate packets; with Nagle's algorithm on its side, each waits for
+/// the acknowledgement of the one before, which this side would otherwise delay (40 ms on
+/// Linux) since it has nothing to send until the verdict: a conversation bound by timers,
+/// not work.
+struct QuickAck(tokio::net::TcpStream);
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        // Quick-ack mode lapses as the connection runs: set it again before each read.
+        let _ = socket2::SockRef::from(&self.0).set_tcp_quickack(true);
+        std::pin::Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::pin::Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
 async fn connect(address: &Address, wait: Duration) -> Result<Box<dyn Io>, Unavailable> {
     let attempt = async {
         Ok::<Box<dyn Io>, std::io::Error>(match address {
             Address::Tcp(host, port) => {
                 let s = tokio::net::TcpStream::connect((host.as_str(), *port)).await?;
                 s.set_nodelay(true)?;
-                Box::new(s)
+                Box::new(QuickAck(s))
             }
             Address::Unix(path) => Box::new(tokio::net::UnixStream::connect(path).await?),
         })

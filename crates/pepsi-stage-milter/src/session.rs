@@ -180,15 +180,24 @@ struct Agreed {
 struct Talk<'s, S> {
     io: &'s mut S,
     buf: Vec<u8>,
+    /// Packets not written yet: macros, and the steps the filter does not answer, go out
+    /// with the next packet that waits for an answer, in one write.
+    out: Vec<u8>,
     timeouts: Timeouts,
     deadline: Instant,
 }
 
 impl<S: AsyncRead + AsyncWrite + Unpin> Talk<'_, S> {
+    fn queue(&mut self, c: &Command) {
+        self.out.extend_from_slice(&c.encode());
+    }
+
+    /// Writes `c` after what is queued.
     async fn send(&mut self, c: &Command) -> Result<(), Unavailable> {
-        let packet = c.encode();
+        self.queue(c);
+        let packets = std::mem::take(&mut self.out);
         let wait = self.timeouts.command.min(self.left());
-        match tokio::time::timeout(wait, self.io.write_all(&packet)).await {
+        match tokio::time::timeout(wait, self.io.write_all(&packets)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Unavailable(format!("writing to the filter: {e}"))),
             Err(_) => Err(Unavailable(format!(
@@ -309,6 +318,7 @@ pub async fn converse<S: AsyncRead + AsyncWrite + Unpin>(
     let mut talk = Talk {
         io,
         buf: Vec::new(),
+        out: Vec::new(),
         timeouts,
         deadline: Instant::now() + timeouts.total,
     };
@@ -381,10 +391,10 @@ async fn macros<S: AsyncRead + AsyncWrite + Unpin>(
             .collect(),
         None => known.to_vec(),
     };
-    if pairs.is_empty() {
-        return Ok(());
+    if !pairs.is_empty() {
+        talk.queue(&Command::Macros { step, pairs });
     }
-    talk.send(&Command::Macros { step, pairs }).await
+    Ok(())
 }
 
 /// One step: its macros, its command, and its answer unless the filter said it sends none.
@@ -398,10 +408,11 @@ async fn step<S: AsyncRead + AsyncWrite + Unpin>(
     what: &str,
 ) -> Result<Next, Unavailable> {
     macros(talk, agreed, step, known).await?;
-    talk.send(&command).await?;
     if agreed.flags & no_reply != 0 {
+        talk.queue(&command);
         return Ok(Next::Go);
     }
+    talk.send(&command).await?;
     let wait = talk.timeouts.command;
     let r = talk.answer(wait).await?;
     step_answer(r, what)
@@ -477,11 +488,12 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
         pairs.push(("{rcpt_addr}".into(), rcpt.clone()));
         let command = Command::Rcpt(vec![format!("<{rcpt}>")]);
         macros(talk, agreed, Step::Rcpt, &pairs).await?;
-        talk.send(&command).await?;
         if agreed.flags & flag::NO_REPLY_RCPT != 0 {
+            talk.queue(&command);
             rcpts.push(RcptAnswer::Accepted);
             continue;
         }
+        talk.send(&command).await?;
         let wait = talk.timeouts.command;
         let answer = talk.answer(wait).await?;
         match step_answer(answer, "RCPT TO")? {
@@ -539,10 +551,12 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
     }
     if agreed.flags & flag::NO_HEADERS == 0 {
         for (name, value) in header_fields(message.headers, leading_space) {
-            talk.send(&Command::Header { name, value }).await?;
+            let header = Command::Header { name, value };
             if agreed.flags & flag::NO_REPLY_HEADER != 0 {
+                talk.queue(&header);
                 continue;
             }
+            talk.send(&header).await?;
             let wait = talk.timeouts.command;
             let r = talk.answer(wait).await?;
             if let Next::Stop(v) = step_answer(r, "a header field")? {
@@ -569,10 +583,12 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
     // The body, in chunks; a filter that negotiated SKIP may stop it early.
     if agreed.flags & flag::NO_BODY == 0 {
         for chunk in message.body.chunks(protocol::CHUNK) {
-            talk.send(&Command::Body(chunk.to_vec())).await?;
+            let body = Command::Body(chunk.to_vec());
             if agreed.flags & flag::NO_REPLY_BODY != 0 {
+                talk.queue(&body);
                 continue;
             }
+            talk.send(&body).await?;
             let wait = talk.timeouts.content;
             match talk.answer(wait).await? {
                 Reply::Skip if agreed.flags & flag::SKIP != 0 => break,
@@ -632,6 +648,9 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
                     action::ADD_RCPT | action::ADD_RCPT_ARGS
                 };
                 allowed(needed, "add a recipient")?;
+                if let Some(args) = &args {
+                    tracing::debug!(%rcpt, %args, "the ESMTP arguments of an added recipient are not used");
+                }
                 edits.add_rcpt.push(crate::edits::bare(&rcpt).to_owned());
             }
             Reply::DeleteRcpt(rcpt) => {
