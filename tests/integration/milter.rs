@@ -451,6 +451,16 @@ impl Peer {
     }
 }
 
+/// A plain-text message from dave to alice, as a scanner sees most mail.
+fn plain(subject: &str, body: &str) -> Vec<u8> {
+    format!(
+        "From: dave@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
+         Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@example.test>\r\n\
+         MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{body}\r\n"
+    )
+    .into_bytes()
+}
+
 const GTUBE: &str = "XJS*C4JDBQADN1.NSBN3*2IDNEN*GTUBE-STANDARD-ANTI-UBE-TEST-EMAIL*C.34X";
 
 #[tokio::test(flavor = "multi_thread")]
@@ -460,14 +470,7 @@ async fn rspamd_rejects_spam_and_marks_what_it_lets_through() {
     let extra = splice(&format!("inet:127.0.0.1:{}", rspamd.port), "");
     let mut sys = System::new(&extra, &["alice", "dave"]).await;
     sys.start().await;
-    let message = |subject: &str, body: &str| {
-        format!(
-            "From: dave@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
-             Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@example.test>\r\n\
-             MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{body}\r\n"
-        )
-        .into_bytes()
-    };
+    let message = plain;
     let mut ids = Vec::new();
     for (subject, body) in [
         (
@@ -606,14 +609,7 @@ async fn spamass_milter_rejects_rewrites_and_marks() {
     let extra = splice(&format!("inet:{}@127.0.0.1", spamass.port), "");
     let mut sys = System::new(&extra, &["alice", "dave"]).await;
     sys.start().await;
-    let message = |subject: &str, body: &str| {
-        format!(
-            "From: dave@example.test\r\nTo: alice@example.test\r\nSubject: {subject}\r\n\
-             Date: Thu, 03 Dec 2026 10:00:00 +0000\r\nMessage-ID: <{subject}@example.test>\r\n\
-             MIME-Version: 1.0\r\nContent-Type: text/plain; charset=us-ascii\r\n\r\n{body}\r\n"
-        )
-        .into_bytes()
-    };
+    let message = plain;
     for (subject, body) in [
         (
             "notes",

@@ -207,6 +207,22 @@ impl Terminal {
         }
     }
 
+    /// This outcome with the row's recipients replaced by `rcpt_to`, which may not be
+    /// empty (`helper` names the caller in the error).
+    fn replacing_recipients(
+        mut self,
+        rcpt_to: Vec<String>,
+        helper: &str,
+    ) -> Result<Self, StageError> {
+        if rcpt_to.is_empty() {
+            return Err(StageError::Invalid(format!(
+                "{helper} needs at least one recipient"
+            )));
+        }
+        self.rcpt_to = Some(rcpt_to);
+        Ok(self)
+    }
+
     /// Records `entries` (made by `StageContext::log_entry`) in the mail log, in the same
     /// statement that commits this outcome; dropped when the stage's MAIL_LOG is off.
     pub fn log(mut self, entries: impl IntoIterator<Item = Entry>) -> Self {
@@ -538,14 +554,8 @@ impl<'a> StageContext<'a> {
         rcpt_to: Vec<String>,
         state: Map<String, Value>,
     ) -> Result<Terminal, StageError> {
-        if rcpt_to.is_empty() {
-            return Err(StageError::Invalid(
-                "fail_with_recipients needs at least one recipient".into(),
-            ));
-        }
-        let mut t = self.fail(state)?;
-        t.rcpt_to = Some(rcpt_to);
-        Ok(t)
+        self.fail(state)?
+            .replacing_recipients(rcpt_to, "fail_with_recipients")
     }
 
     /// Deletes the row: delivered or dropped.
@@ -618,14 +628,9 @@ impl<'a> StageContext<'a> {
         rcpt_to: Vec<String>,
         state: Map<String, Value>,
     ) -> Result<Terminal, StageError> {
-        if rcpt_to.is_empty() {
-            return Err(StageError::Invalid(
-                "rewrite_recipients needs at least one recipient".into(),
-            ));
-        }
-        let mut t = self.advance()?.merging(state);
-        t.rcpt_to = Some(rcpt_to);
-        Ok(t)
+        self.advance()?
+            .merging(state)
+            .replacing_recipients(rcpt_to, "rewrite_recipients")
     }
 
     /// Replaces the recipients, merges `state` (with the rebuilt `dsn.rcpt`) and moves the
@@ -637,14 +642,8 @@ impl<'a> StageContext<'a> {
         rcpt_to: Vec<String>,
         state: Map<String, Value>,
     ) -> Result<Terminal, StageError> {
-        if rcpt_to.is_empty() {
-            return Err(StageError::Invalid(
-                "reroute_recipients needs at least one recipient".into(),
-            ));
-        }
-        let mut t = self.reroute(stage, state)?;
-        t.rcpt_to = Some(rcpt_to);
-        Ok(t)
+        self.reroute(stage, state)?
+            .replacing_recipients(rcpt_to, "reroute_recipients")
     }
 
     // ----- the scaffolding's side: applying an outcome, entering a fused hop -----
