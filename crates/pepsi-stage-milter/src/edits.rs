@@ -61,14 +61,16 @@ pub enum HeaderEdit {
     },
 }
 
-/// The fields of a header block, each with its folded lines and line end as stored.
-fn fields(headers: &[u8]) -> Vec<Vec<u8>> {
+/// The fields of a header block, each with its folded lines and line end as stored: the
+/// one split both what the filter is sent and where its changes go count by. A line that
+/// is neither a field (no colon) nor folded belongs to the field before it.
+pub fn fields(headers: &[u8]) -> Vec<Vec<u8>> {
     let mut out: Vec<Vec<u8>> = Vec::new();
     for line in headers.split_inclusive(|&b| b == b'\n') {
         if line == b"\r\n" || line == b"\n" {
             break;
         }
-        let continues = matches!(line.first(), Some(b' ' | b'\t'));
+        let continues = matches!(line.first(), Some(b' ' | b'\t')) || !line.contains(&b':');
         match out.last_mut() {
             Some(last) if continues => last.extend_from_slice(line),
             _ => out.push(line.to_vec()),
@@ -115,11 +117,24 @@ fn line_ends(text: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A header value with CRLF line ends and no line end after its last line.
+/// A header value as one field: CRLF line ends, every line after the first folded (a tab
+/// put in front of one that does not start with white space), empty lines and bare CRs
+/// dropped, no line end after the last line. A filter's value can neither end the header
+/// block nor start a field of its own.
 pub fn crlf(value: &[u8]) -> Vec<u8> {
-    let mut out = line_ends(value);
-    while out.ends_with(b"\r\n") {
-        out.truncate(out.len() - 2);
+    let mut out = Vec::with_capacity(value.len() + 8);
+    for (i, line) in value.split(|&b| b == b'\n').enumerate() {
+        let line: Vec<u8> = line.iter().copied().filter(|&b| b != b'\r').collect();
+        if i > 0 && line.iter().all(u8::is_ascii_whitespace) {
+            continue;
+        }
+        if i > 0 {
+            out.extend_from_slice(b"\r\n");
+            if !matches!(line.first(), Some(b' ' | b'\t')) {
+                out.push(b'\t');
+            }
+        }
+        out.extend_from_slice(&line);
     }
     out
 }
@@ -190,6 +205,21 @@ pub fn apply_recipients(rcpt_to: &[String], edits: &Edits) -> Vec<(String, Optio
         }
     }
     out
+}
+
+/// Whether a filter's sender or recipient can go into the envelope: at most 320 bytes,
+/// no white space or control characters, and for a recipient a local part and a domain
+/// (the sender may be empty: the null sender).
+pub fn valid_address(address: &str, sender: bool) -> bool {
+    if address.is_empty() {
+        return sender;
+    }
+    address.len() <= 320
+        && !address.chars().any(|c| c.is_whitespace() || c.is_control())
+        && !address.contains(['<', '>'])
+        && address
+            .rsplit_once('@')
+            .is_some_and(|(local, domain)| !local.is_empty() && !domain.is_empty())
 }
 
 /// An address without surrounding space and angle brackets.
@@ -280,6 +310,36 @@ Subject: one\r\nX-Tag: 1\r\nSubject: two\r\nX-Tag: 2\r\n\r\n";
     fn a_filter_that_sends_the_leading_space_keeps_its_own() {
         let got = apply_headers(b"A: 1\r\n\r\n", &[add("B", "  indented")], true);
         assert_eq!(got, b"A: 1\r\nB:  indented\r\n\r\n");
+    }
+
+    #[test]
+    fn a_filters_value_cannot_end_the_header_or_start_a_field() {
+        let got = apply_headers(
+            b"A: 1\r\n\r\n",
+            &[add("X-Info", "a\n\nBcc: x@example.org\r\n\tfolded\rcr")],
+            false,
+        );
+        assert_eq!(
+            String::from_utf8(got).unwrap(),
+            "A: 1\r\nX-Info: a\r\n\tBcc: x@example.org\r\n\tfoldedcr\r\n\r\n"
+        );
+        let fields = fields(b"A: 1\r\nno colon here\r\nB: 2\r\n\r\n");
+        assert_eq!(fields.len(), 2, "{fields:?}");
+    }
+
+    #[test]
+    fn filter_addresses_are_checked() {
+        for (a, sender, ok) in [
+            ("a@example.org", false, true),
+            ("", true, true),
+            ("", false, false),
+            ("a@", false, false),
+            ("nodomain", false, false),
+            ("a@b\r\nRCPT TO:<x@y>", true, false),
+            ("Foo <a@b>", false, false),
+        ] {
+            assert_eq!(valid_address(a, sender), ok, "{a:?}");
+        }
     }
 
     #[test]

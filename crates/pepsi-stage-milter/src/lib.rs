@@ -8,8 +8,9 @@
 //! body replaced, the sender changed, recipients added or deleted, with `state.dsn` kept in
 //! step), and `state.milter.<stage>`: `{"attempts": n, "reason": reply}` while deferred, `{"quarantine":
 //! reason}` on a held message. Terminal helpers: `advance` (or `rewrite_recipients`) for
-//! what passes; `fail` for what the filter quarantined (held for an operator: pepsi-queue
-//! shows it, `pepsi-queue retry` releases it); `pause` when the whole message waits; a
+//! what passes; `hold` for what the filter quarantined (held for an operator as
+//! `pepsi-queue hold` holds; `pepsi-queue release` sends it on without asking the filter
+//! again); `pause` when the whole message waits; a
 //! fan-out (`fan_out_keeping_age`) when the recipients part ways: deferred ones a Retry
 //! group at this stage, refused ones a row at BOUNCE_STAGE; `finish` when the filter
 //! discarded everything.
@@ -138,12 +139,12 @@ impl Settings {
             total: at_least("TOTAL_TIMEOUT", 240)?,
         };
         let (runtime, governs) = pepsi_common::stage::governing_max_runtime(cfg, stage)?;
-        if timeouts.total >= runtime {
+        if timeouts.connect + timeouts.total >= runtime {
             anyhow::bail!(
-                "{file}: [stage-{stage}] TOTAL_TIMEOUT ({}s) must be below the MAX_RUNTIME \
-                 of {governs} ({}s): the dispatcher would stop the worker before the filter \
-                 is given up",
-                timeouts.total.as_secs(),
+                "{file}: [stage-{stage}] CONNECT_TIMEOUT + TOTAL_TIMEOUT ({}s) must be below \
+                 the MAX_RUNTIME of {governs} ({}s): the dispatcher would stop the worker \
+                 before the filter is given up",
+                (timeouts.connect + timeouts.total).as_secs(),
                 runtime.as_secs()
             );
         }
@@ -305,14 +306,19 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
         (Step::EndOfHeaders, id.clone()),
         (Step::EndOfMessage, id),
     ]);
+    let headers = ctx.headers()?;
+    let body = ctx.body()?;
     Ok(Message {
+        // A filter may wrap the message (a scanner's report with the original attached),
+        // not make it grow without end.
+        max_body: 2 * (headers.len() + body.len()) + 1024 * 1024,
         host,
         family,
         helo,
         mail,
         rcpt_to: ctx.rcpt_to(),
-        headers: ctx.headers()?,
-        body: ctx.body()?,
+        headers,
+        body,
         macros,
     })
 }
@@ -362,7 +368,7 @@ impl Stage for Milter {
         let filter = settings.milter.to_string();
         let name = ctx.settings().name.clone();
         // A held message is only ever made pending again by an operator (`pepsi-queue
-        // retry`): that releases it, on without asking the filter again.
+        // release`): on without asking the filter again.
         let released = ctx
             .state()
             .get("milter")
@@ -384,13 +390,16 @@ impl Stage for Milter {
             let m = message(settings, ctx)?;
             let talked = match connect(&settings.milter, settings.timeouts.connect).await {
                 Ok(mut io) => session::converse(&mut io, &m, settings.timeouts).await,
-                Err(e) => Err(e),
+                Err(why) => Err(session::Failed {
+                    why,
+                    decided: vec![None; ctx.rcpt_to().len()],
+                }),
             };
             match talked {
                 Ok(c) => c,
-                Err(why) => {
-                    tracing::warn!(id = ctx.id(), %filter, action = ?settings.down, "milter unavailable: {why}");
-                    plan::fallback(settings.down, ctx.rcpt_to().len(), &filter, &why)
+                Err(f) => {
+                    tracing::warn!(id = ctx.id(), %filter, action = ?settings.down, "milter unavailable: {}", f.why);
+                    plan::fallback(settings.down, &f.decided, &filter, &f.why)
                 }
             }
         };
@@ -435,7 +444,16 @@ async fn carry_out(
         .collect();
     // What passes after the filter deleted and added recipients; nothing left is a discard.
     let passing: Vec<String> = d.pass.iter().map(|&i| ctx.rcpt_to()[i].clone()).collect();
-    let after = edits::apply_recipients(&passing, &conv.edits);
+    // An added recipient that the message already has (deferred, refused or discarded
+    // here) is not added: it would get the message twice, or get it and a bounce.
+    let original = ctx.rcpt_to().to_vec();
+    let mut after = edits::apply_recipients(&passing, &conv.edits);
+    after.retain(|(r, i)| {
+        i.is_some()
+            || !original
+                .iter()
+                .any(|o| edits::bare(o).eq_ignore_ascii_case(r))
+    });
     let mut going_on = d.pass.clone();
     if after.is_empty() && !going_on.is_empty() {
         dropped.extend(passing);
@@ -498,7 +516,9 @@ async fn carry_out(
             .ok_or_else(|| StageError::NoBounceStage(stage.to_owned()))
     };
     let keep = parts.remove(0);
-    if !parts.is_empty() {
+    // The row keeps only its own part: with no other part, the recipients dropped here
+    // (discarded, or deleted by the filter) still go, in a fan-out without groups.
+    if !parts.is_empty() || keep.indices().len() < ctx.rcpt_to().len() {
         let mut siblings = Vec::with_capacity(parts.len());
         for part in &parts {
             let recipients = FanRecipients::Indices(part.indices().to_vec());
@@ -575,11 +595,15 @@ fn pass(
     }
     if let Some(reason) = &d.hold {
         tracing::info!(id = ctx.id(), %reason, "quarantined by the milter");
+        let held = format!("quarantined by the content filter: {reason}");
         if changed_rcpts {
-            return ctx
-                .fail_with_recipients(recipients.into_iter().map(|(r, _)| r).collect(), state);
+            return ctx.hold_with_recipients(
+                &held,
+                recipients.into_iter().map(|(r, _)| r).collect(),
+                state,
+            );
         }
-        return ctx.fail(state);
+        return ctx.hold(&held, state);
     }
     if changed_rcpts {
         return ctx.rewrite_recipients(recipients.into_iter().map(|(r, _)| r).collect(), state);

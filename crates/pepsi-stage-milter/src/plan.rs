@@ -36,8 +36,15 @@ impl DownAction {
     }
 }
 
-/// The conversation that stands for a filter that could not be asked.
-pub fn fallback(action: DownAction, n: usize, filter: &str, why: &Unavailable) -> Conversation {
+/// The conversation that stands for a filter that could not be asked (to the end): the
+/// recipients it already refused or deferred (`decided`) keep that answer, the others get
+/// `action`'s.
+pub fn fallback(
+    action: DownAction,
+    decided: &[Option<RcptAnswer>],
+    filter: &str,
+    why: &Unavailable,
+) -> Conversation {
     let (answer, verdict) = match action {
         DownAction::Pass => (RcptAnswer::Accepted, Verdict::Accept),
         DownAction::Tempfail => {
@@ -53,7 +60,10 @@ pub fn fallback(action: DownAction, n: usize, filter: &str, why: &Unavailable) -
         }
     };
     Conversation {
-        rcpts: vec![answer; n],
+        rcpts: decided
+            .iter()
+            .map(|d| d.clone().unwrap_or_else(|| answer.clone()))
+            .collect(),
         verdict,
         edits: Edits::default(),
         leading_space: false,
@@ -292,7 +302,7 @@ mod tests {
     #[test]
     fn a_filter_that_is_down_defers_everyone_or_lets_everyone_pass() {
         let why = Unavailable("connection refused".into());
-        let down = fallback(DownAction::Tempfail, 2, "spamd", &why);
+        let down = fallback(DownAction::Tempfail, &[None, None], "spamd", &why);
         let d = decide(
             &down,
             Facts {
@@ -304,8 +314,18 @@ mod tests {
         );
         assert_eq!(d.defer.len(), 2);
         assert!(d.defer[0].1.text.contains("connection refused"));
-        let open = fallback(DownAction::Pass, 2, "spamd", &why);
-        assert_eq!(open.rcpts, vec![RcptAnswer::Accepted; 2]);
+        let refused = RcptAnswer::Refused(SmtpReply::rejected());
+        let open = fallback(
+            DownAction::Pass,
+            &[None, Some(refused.clone())],
+            "spamd",
+            &why,
+        );
+        assert_eq!(
+            open.rcpts,
+            vec![RcptAnswer::Accepted, refused],
+            "a recipient refused before the filter failed stays refused"
+        );
         assert_eq!(DownAction::parse(" Tempfail "), Ok(DownAction::Tempfail));
         assert!(DownAction::parse("reject").is_err());
     }

@@ -41,7 +41,15 @@ pub struct Message<'a> {
     pub body: &'a [u8],
     /// The macros this side knows, per step (`{rcpt_addr}` is added per recipient).
     pub macros: HashMap<Step, Vec<(String, String)>>,
+    /// The largest body the filter may put in place of this one.
+    pub max_body: usize,
 }
+
+/// The most header changes, and the most recipients added or deleted, one conversation
+/// takes; a filter that asks for more is treated as failing.
+pub const MAX_EDITS: usize = 1000;
+/// The longest reply text kept from a filter (libmilter itself sends at most 980 bytes).
+pub const MAX_REPLY_TEXT: usize = 512;
 
 /// A filter's reply to the SMTP client, as it would have been sent: `550 5.7.1 text`.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -71,19 +79,26 @@ impl SmtpReply {
     }
 
     /// Parses `550 5.7.1 text` (or a multi-line `550-5.7.1 a\r\n550 5.7.1 b`, whose text
-    /// lines are joined); the enhanced code defaults from the reply's class.
+    /// lines are joined). The class (temporary or permanent) is the first character's,
+    /// which the protocol checked; a code or enhanced code of another class, or none, is
+    /// replaced by the class's default. `%%` (a filter's escaped `%`) reads as `%`, and the
+    /// text is cut to [`MAX_REPLY_TEXT`] bytes.
     pub fn parse(reply: &str) -> SmtpReply {
-        let mut code = 0;
+        let temporary = reply.starts_with('4');
+        let class = if temporary { '4' } else { '5' };
+        let mut code = None;
         let mut enhanced = None;
         let mut texts = Vec::new();
         for line in reply.split(['\r', '\n']).filter(|l| !l.trim().is_empty()) {
-            let digits = line.get(..3).and_then(|d| d.parse::<u16>().ok());
-            let rest = match digits {
-                Some(n) => {
-                    code = n;
-                    line.get(4..).unwrap_or("")
-                }
-                None => line,
+            let b = line.as_bytes();
+            let coded = b.len() >= 3
+                && b[..3].iter().all(u8::is_ascii_digit)
+                && matches!(b.get(3), None | Some(b' ' | b'-'));
+            let rest = if coded {
+                code.get_or_insert_with(|| line[..3].parse::<u16>().unwrap_or(0));
+                line.get(4..).unwrap_or("")
+            } else {
+                line
             };
             let (first, after) = rest.split_once(' ').unwrap_or((rest, ""));
             let is_enhanced = first.split('.').count() == 3
@@ -97,18 +112,24 @@ impl SmtpReply {
                 texts.push(rest.trim().to_owned());
             }
         }
-        let temporary = (400..500).contains(&code);
-        if !(400..600).contains(&code) {
-            code = if temporary { 451 } else { 550 };
-        }
-        let class = if temporary { '4' } else { '5' };
+        let code = code
+            .filter(|c| (400..600).contains(c) && c.to_string().starts_with(class))
+            .unwrap_or(if temporary { 451 } else { 550 });
         let enhanced = enhanced
             .filter(|e| e.starts_with(class))
             .unwrap_or_else(|| format!("{class}.7.1"));
+        let mut text = texts.join(" ").replace("%%", "%");
+        if text.len() > MAX_REPLY_TEXT {
+            let mut cut = MAX_REPLY_TEXT;
+            while !text.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            text.truncate(cut);
+        }
         SmtpReply {
             code,
             enhanced,
-            text: texts.join(" "),
+            text,
         }
     }
 
@@ -157,6 +178,15 @@ pub struct Conversation {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Unavailable(pub String);
 
+/// A conversation that failed part of the way: why, and the recipients the filter had
+/// already refused or deferred at RCPT (by index; `None`: not decided), which keep that
+/// answer whatever `DOWN_ACTION` says.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failed {
+    pub why: Unavailable,
+    pub decided: Vec<Option<RcptAnswer>>,
+}
+
 impl std::fmt::Display for Unavailable {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(&self.0)
@@ -183,6 +213,8 @@ struct Talk<'s, S> {
     /// Packets not written yet: macros, and the steps the filter does not answer, go out
     /// with the next packet that waits for an answer, in one write.
     out: Vec<u8>,
+    /// Recipients refused or deferred at RCPT so far.
+    decided: Vec<Option<RcptAnswer>>,
     timeouts: Timeouts,
     deadline: Instant,
 }
@@ -196,7 +228,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> Talk<'_, S> {
     async fn send(&mut self, c: &Command) -> Result<(), Unavailable> {
         self.queue(c);
         let packets = std::mem::take(&mut self.out);
-        let wait = self.timeouts.command.min(self.left());
+        // A write that carries the content (the header and body a filter does not answer
+        // one by one) may take as long as content does.
+        let limit = if packets.len() > protocol::CHUNK {
+            self.timeouts.command.max(self.timeouts.content)
+        } else {
+            self.timeouts.command
+        };
+        let wait = limit.min(self.left());
         match tokio::time::timeout(wait, self.io.write_all(&packets)).await {
             Ok(Ok(())) => Ok(()),
             Ok(Err(e)) => Err(Unavailable(format!("writing to the filter: {e}"))),
@@ -314,20 +353,26 @@ pub async fn converse<S: AsyncRead + AsyncWrite + Unpin>(
     io: &mut S,
     message: &Message<'_>,
     timeouts: Timeouts,
-) -> Result<Conversation, Unavailable> {
+) -> Result<Conversation, Failed> {
     let mut talk = Talk {
         io,
         buf: Vec::new(),
         out: Vec::new(),
+        decided: vec![None; message.rcpt_to.len()],
         timeouts,
         deadline: Instant::now() + timeouts.total,
     };
-    let agreed = negotiate(&mut talk).await?;
-    let result = steps(&mut talk, &agreed, message).await;
+    let result = match negotiate(&mut talk).await {
+        Ok(agreed) => steps(&mut talk, &agreed, message).await,
+        Err(e) => Err(e),
+    };
     // The filter is told the conversation is over either way; a failure to say so changes
     // nothing of what it answered.
     let _ = talk.send(&Command::Quit).await;
-    result
+    result.map_err(|why| Failed {
+        why,
+        decided: std::mem::take(&mut talk.decided),
+    })
 }
 
 async fn negotiate<S: AsyncRead + AsyncWrite + Unpin>(
@@ -469,9 +514,21 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
     ];
     for (s, skip, no_reply, command, what) in session {
         if agreed.flags & skip != 0 {
+            // A step left out still has its macros sent, for the filter to read later.
+            macros(talk, agreed, s, &known(s)).await?;
             continue;
         }
-        if let Next::Stop(v) = step(talk, agreed, s, &known(s), command, no_reply, what).await? {
+        let next = step(talk, agreed, s, &known(s), command, no_reply, what).await?;
+        if let Next::Stop(Verdict::Discard) = next
+            && s != Step::Mail
+        {
+            // Discard is about a message, not a connection: as an MTA does, go on.
+            tracing::warn!(
+                "the filter answered {what} with discard, which is for messages: ignored"
+            );
+            continue;
+        }
+        if let Next::Stop(v) = next {
             talk.send(&Command::Abort).await.ok();
             return Ok(all(message, v));
         }
@@ -480,12 +537,17 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
     let mut rcpts = Vec::with_capacity(message.rcpt_to.len());
     let mut early: Option<Verdict> = None;
     for (i, rcpt) in message.rcpt_to.iter().enumerate() {
-        if early.is_some() || agreed.flags & flag::NO_RCPT != 0 {
+        if early.is_some() {
             rcpts.push(RcptAnswer::Accepted);
             continue;
         }
         let mut pairs = known(Step::Rcpt);
         pairs.push(("{rcpt_addr}".into(), rcpt.clone()));
+        if agreed.flags & flag::NO_RCPT != 0 {
+            macros(talk, agreed, Step::Rcpt, &pairs).await?;
+            rcpts.push(RcptAnswer::Accepted);
+            continue;
+        }
         let command = Command::Rcpt(vec![format!("<{rcpt}>")]);
         macros(talk, agreed, Step::Rcpt, &pairs).await?;
         if agreed.flags & flag::NO_REPLY_RCPT != 0 {
@@ -498,8 +560,14 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
         let answer = talk.answer(wait).await?;
         match step_answer(answer, "RCPT TO")? {
             Next::Go => rcpts.push(RcptAnswer::Accepted),
-            Next::Stop(Verdict::Reject(r)) => rcpts.push(RcptAnswer::Refused(r)),
-            Next::Stop(Verdict::Tempfail(r)) => rcpts.push(RcptAnswer::Deferred(r)),
+            Next::Stop(Verdict::Reject(r)) => {
+                talk.decided[i] = Some(RcptAnswer::Refused(r.clone()));
+                rcpts.push(RcptAnswer::Refused(r));
+            }
+            Next::Stop(Verdict::Tempfail(r)) => {
+                talk.decided[i] = Some(RcptAnswer::Deferred(r.clone()));
+                rcpts.push(RcptAnswer::Deferred(r));
+            }
             // Accept and discard are about the message: the other recipients go with it.
             Next::Stop(v) => {
                 rcpts.push(RcptAnswer::Accepted);
@@ -533,18 +601,19 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
         edits: Edits::default(),
         leading_space,
     };
-    // DATA, the header fields, their end.
-    if agreed.flags & flag::NO_DATA == 0
-        && let Next::Stop(v) = step(
-            talk,
-            agreed,
-            Step::Data,
-            &known(Step::Data),
-            Command::Data,
-            flag::NO_REPLY_DATA,
-            "DATA",
-        )
-        .await?
+    // DATA, the header fields, their end (a step left out still has its macros sent).
+    if agreed.flags & flag::NO_DATA != 0 {
+        macros(talk, agreed, Step::Data, &known(Step::Data)).await?;
+    } else if let Next::Stop(v) = step(
+        talk,
+        agreed,
+        Step::Data,
+        &known(Step::Data),
+        Command::Data,
+        flag::NO_REPLY_DATA,
+        "DATA",
+    )
+    .await?
     {
         talk.send(&Command::Abort).await.ok();
         return Ok(stop(rcpts, v));
@@ -565,17 +634,18 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
             }
         }
     }
-    if agreed.flags & flag::NO_EOH == 0
-        && let Next::Stop(v) = step(
-            talk,
-            agreed,
-            Step::EndOfHeaders,
-            &known(Step::EndOfHeaders),
-            Command::EndOfHeaders,
-            flag::NO_REPLY_EOH,
-            "the end of the header",
-        )
-        .await?
+    if agreed.flags & flag::NO_EOH != 0 {
+        macros(talk, agreed, Step::EndOfHeaders, &known(Step::EndOfHeaders)).await?;
+    } else if let Next::Stop(v) = step(
+        talk,
+        agreed,
+        Step::EndOfHeaders,
+        &known(Step::EndOfHeaders),
+        Command::EndOfHeaders,
+        flag::NO_REPLY_EOH,
+        "the end of the header",
+    )
+    .await?
     {
         talk.send(&Command::Abort).await.ok();
         return Ok(stop(rcpts, v));
@@ -591,7 +661,8 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
             talk.send(&body).await?;
             let wait = talk.timeouts.content;
             match talk.answer(wait).await? {
-                Reply::Skip if agreed.flags & flag::SKIP != 0 => break,
+                // Accepted even unnegotiated, as MTAs do: libmilter sends it regardless.
+                Reply::Skip => break,
                 r => {
                     if let Next::Stop(v) = step_answer(r, "a body chunk")? {
                         talk.send(&Command::Abort).await.ok();
@@ -605,10 +676,27 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
     macros(talk, agreed, Step::EndOfMessage, &known(Step::EndOfMessage)).await?;
     talk.send(&Command::EndOfMessage).await?;
     let mut edits = Edits::default();
+    // A change the filter did not negotiate is carried out with a warning, as MTAs do.
     let allowed = |needed: u32, what: &str| -> Result<(), Unavailable> {
         if agreed.actions & needed == 0 {
+            tracing::warn!("the filter asked to {what} without negotiating it: done anyway");
+        }
+        Ok(())
+    };
+    let bounded = |edits: &Edits| -> Result<(), Unavailable> {
+        let body = edits.body.as_ref().map_or(0, Vec::len);
+        if body > message.max_body {
             return Err(Unavailable(format!(
-                "the filter asked to {what} without negotiating it"
+                "the filter's new body is over {} bytes",
+                message.max_body
+            )));
+        }
+        if edits.headers.len() > MAX_EDITS
+            || edits.add_rcpt.len() > MAX_EDITS
+            || edits.delete_rcpt.len() > MAX_EDITS
+        {
+            return Err(Unavailable(format!(
+                "the filter asked for more than {MAX_EDITS} changes of one kind"
             )));
         }
         Ok(())
@@ -639,7 +727,12 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Reply::ChangeFrom { from, .. } => {
                 allowed(action::CHANGE_FROM, "change the sender")?;
-                edits.mail_from = Some(crate::edits::bare(&from).to_owned());
+                let from = crate::edits::bare(&from);
+                if crate::edits::valid_address(from, true) {
+                    edits.mail_from = Some(from.to_owned());
+                } else {
+                    tracing::warn!(?from, "the filter's new sender is not an address: ignored");
+                }
             }
             Reply::AddRcpt { rcpt, args } => {
                 let needed = if args.is_some() {
@@ -651,7 +744,15 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
                 if let Some(args) = &args {
                     tracing::debug!(%rcpt, %args, "the ESMTP arguments of an added recipient are not used");
                 }
-                edits.add_rcpt.push(crate::edits::bare(&rcpt).to_owned());
+                let rcpt = crate::edits::bare(&rcpt);
+                if crate::edits::valid_address(rcpt, false) {
+                    edits.add_rcpt.push(rcpt.to_owned());
+                } else {
+                    tracing::warn!(
+                        ?rcpt,
+                        "the filter's added recipient is not an address: ignored"
+                    );
+                }
             }
             Reply::DeleteRcpt(rcpt) => {
                 allowed(action::DELETE_RCPT, "delete a recipient")?;
@@ -666,6 +767,7 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
                 Next::Stop(v) => break v,
             },
         }
+        bounded(&edits)?;
     };
     Ok(Conversation {
         rcpts,
@@ -677,35 +779,30 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
 
 /// The stored header block as the filter sees it: each field's name and value, folded
 /// lines joined with LF as an MTA keeps them, without the value's leading space unless the
-/// filter asked for it.
+/// filter asked for it. The fields are `edits::fields`', so the indexes a filter's changes
+/// use count the same fields.
 pub fn header_fields(headers: &[u8], leading_space: bool) -> Vec<(String, Vec<u8>)> {
-    let mut out: Vec<(String, Vec<u8>)> = Vec::new();
-    for line in headers.split_inclusive(|&b| b == b'\n') {
-        if line == b"\r\n" || line == b"\n" {
-            break;
-        }
-        let text = line
-            .strip_suffix(b"\r\n")
-            .or_else(|| line.strip_suffix(b"\n"))
-            .unwrap_or(line);
-        if matches!(text.first(), Some(b' ' | b'\t')) {
-            if let Some((_, value)) = out.last_mut() {
-                value.push(b'\n');
-                value.extend_from_slice(text);
+    crate::edits::fields(headers)
+        .iter()
+        .map(|field| {
+            let text = field
+                .strip_suffix(b"\r\n")
+                .or_else(|| field.strip_suffix(b"\n"))
+                .unwrap_or(field);
+            let colon = text.iter().position(|&b| b == b':').unwrap_or(text.len());
+            let name = String::from_utf8_lossy(text[..colon].trim_ascii_end()).into_owned();
+            let mut value = text.get(colon + 1..).unwrap_or_default();
+            if !leading_space {
+                value = value.strip_prefix(b" ").unwrap_or(value);
             }
-            continue;
-        }
-        let Some(colon) = text.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let name = String::from_utf8_lossy(text[..colon].trim_ascii_end()).into_owned();
-        let mut value = &text[colon + 1..];
-        if !leading_space {
-            value = value.strip_prefix(b" ").unwrap_or(value);
-        }
-        out.push((name, value.to_vec()));
-    }
-    out
+            let lines: Vec<&[u8]> = value
+                .split(|&b| b == b'\n')
+                .map(|l| l.strip_suffix(b"\r").unwrap_or(l))
+                .collect();
+            let joined = lines.join(&b"\n"[..]);
+            (name, joined)
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -541,21 +541,50 @@ impl<'a> StageContext<'a> {
         .merging(state))
     }
 
+    /// Held for an operator, as `pepsi-queue hold` holds a row: paused until
+    /// `pepsi.workqueue_hold_until()` with `state.held` set (`by` this stage's program,
+    /// `reason`), so neither the dispatcher nor the failure bouncer takes it up again; only
+    /// `pepsi-queue release` (or delete, or bounce) does. Keeps the pass's content changes:
+    /// what is held is the message as the stage left it.
+    pub fn hold(
+        &self,
+        reason: &str,
+        mut state: Map<String, Value>,
+    ) -> Result<Terminal, StageError> {
+        let until = chrono::NaiveDate::from_ymd_opt(9999, 12, 31)
+            .and_then(|d| d.and_hms_opt(0, 0, 0))
+            .map(|d| d.and_utc())
+            .expect("a valid date");
+        let secs = (until - Utc::now()).num_seconds().max(0) as f64;
+        state.insert(
+            "held".into(),
+            serde_json::json!({
+                "at": Utc::now().to_rfc3339(),
+                "by": self.settings.program,
+                "reason": reason,
+                "status": "running",
+                "timeout": null,
+            }),
+        );
+        Ok(Terminal::new(Outcome::Pause { secs }).merging(state))
+    }
+
     /// Failed, left for an operator, with `state` merged.
     pub fn fail(&self, state: Map<String, Value>) -> Result<Terminal, StageError> {
         Ok(Terminal::new(Outcome::Fail).merging(state))
     }
 
-    /// Failed, left for an operator, with its recipients replaced by `rcpt_to` and `state`
-    /// merged (which should carry the rebuilt `dsn.rcpt`): a filter's quarantine of a
-    /// message whose recipients it changed.
-    pub fn fail_with_recipients(
+    /// As `hold`, with the recipients replaced by `rcpt_to` and `state` merged (which should
+    /// carry the rebuilt `dsn.rcpt`): a filter's quarantine of a message whose recipients
+    /// it changed.
+    pub fn hold_with_recipients(
         &self,
+        reason: &str,
         rcpt_to: Vec<String>,
         state: Map<String, Value>,
     ) -> Result<Terminal, StageError> {
-        self.fail(state)?
-            .replacing_recipients(rcpt_to, "fail_with_recipients")
+        self.hold(reason, state)?
+            .replacing_recipients(rcpt_to, "hold_with_recipients")
     }
 
     /// Deletes the row: delivered or dropped.
