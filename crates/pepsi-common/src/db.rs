@@ -112,8 +112,16 @@ impl DbSettings {
     /// bit: one connection, and server-side limits on every statement, lock wait, and idle
     /// time inside and outside a transaction, so a caller who stops the process (they may
     /// signal it) can neither hold locks the pipeline waits on nor keep sessions open.
+    ///
+    /// A URL that names no host is pinned to [`SOCKET_DIR`]: the client library would
+    /// otherwise look for a socket in `/tmp` too, where any local user can put one of their
+    /// own for this program to talk to.
     pub async fn connect_for_caller(&self, user: &str) -> anyhow::Result<PgPool> {
-        let options = self.options()?.username(user).options([
+        let mut options = self.options()?;
+        if !url_names_host(&self.url) {
+            options = options.host(SOCKET_DIR);
+        }
+        let options = options.username(user).options([
             ("statement_timeout", "30s"),
             ("lock_timeout", "5s"),
             ("idle_in_transaction_session_timeout", "10s"),
@@ -154,6 +162,29 @@ impl DbSettings {
             .map_err(|e| anyhow::anyhow!("cannot connect to the database: {e}"))?;
         Ok(pool)
     }
+}
+
+/// Where a program started through its set-user-id bit looks for the server's socket when
+/// the URL names no host: Debian's PostgreSQL socket directory, writable by root alone.
+pub const SOCKET_DIR: &str = "/var/run/postgresql";
+
+/// Whether a PostgreSQL URL names where the server is: a host in its authority, or a
+/// `host=` / `hostaddr=` parameter.
+pub fn url_names_host(url: &str) -> bool {
+    let rest = url.split_once("://").map_or(url, |(_, rest)| rest);
+    let (authority, query) = match rest.split_once('/') {
+        Some((a, path)) => (a, path.split_once('?').map_or("", |(_, q)| q)),
+        None => (
+            rest.split_once('?').map_or(rest, |(a, _)| a),
+            rest.split_once('?').map_or("", |(_, q)| q),
+        ),
+    };
+    let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+    let host = host.split(':').next().unwrap_or("");
+    !host.is_empty()
+        || query
+            .split('&')
+            .any(|p| p.starts_with("host=") || p.starts_with("hostaddr="))
 }
 
 /// Connects with the `[database]` section of `cfg`.
@@ -356,5 +387,25 @@ pub fn is_submission_refused(err: &sqlx::Error) -> bool {
     match err {
         sqlx::Error::Database(db) => matches!(db.code().as_deref(), Some("22023" | "54000")),
         _ => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_that_name_their_host_are_told_apart() {
+        for (url, named) in [
+            ("postgres:///pepsi", false),
+            ("postgresql://pepsi@/pepsi", false),
+            ("postgres:///pepsi?sslmode=disable", false),
+            ("postgres://localhost/pepsi", true),
+            ("postgres://pepsi@127.0.0.1:5432/pepsi", true),
+            ("postgres:///pepsi?host=/run/postgresql", true),
+            ("postgres://[::1]/pepsi", true),
+        ] {
+            assert_eq!(url_names_host(url), named, "{url}");
+        }
     }
 }
