@@ -379,12 +379,7 @@ impl Stage for Milter {
             tracing::info!(id = ctx.id(), "released from quarantine");
             let mut state = Map::new();
             state.insert("milter".into(), milter_state(ctx.state(), &name, None));
-            let next = ctx
-                .settings()
-                .next_stage
-                .clone()
-                .ok_or_else(|| StageError::NoNextStage(name.clone()))?;
-            return ctx.reroute(&next, state);
+            return ctx.advance_with(state);
         }
         let conversation: Conversation = {
             let m = message(settings, ctx)?;
@@ -608,17 +603,7 @@ fn pass(
     if changed_rcpts {
         return ctx.rewrite_recipients(recipients.into_iter().map(|(r, _)| r).collect(), state);
     }
-    if state.is_empty() {
-        ctx.advance()
-    } else {
-        ctx.reroute(
-            &ctx.settings()
-                .next_stage
-                .clone()
-                .ok_or_else(|| StageError::NoNextStage(stage.to_owned()))?,
-            state,
-        )
-    }
+    ctx.advance_with(state)
 }
 
 const ABOUT: &str = "Ask a mail filter that speaks the Sendmail milter protocol (version 6: \

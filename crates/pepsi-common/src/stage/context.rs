@@ -484,6 +484,11 @@ impl<'a> StageContext<'a> {
         Ok(Terminal::new(Outcome::Advance { stage: next }))
     }
 
+    /// Pending at NEXT_STAGE with `state` merged.
+    pub fn advance_with(&self, state: Map<String, Value>) -> Result<Terminal, StageError> {
+        Ok(self.advance()?.merging(state))
+    }
+
     /// Pending at `stage`.
     pub fn advance_to(&self, stage: &str) -> Result<Terminal, StageError> {
         Ok(Terminal::new(Outcome::Advance {

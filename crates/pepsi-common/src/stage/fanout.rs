@@ -144,11 +144,7 @@ impl StageContext<'_> {
         keep: &[usize],
         groups: &[FanGroup],
     ) -> Result<Vec<i64>, StageError> {
-        for g in groups {
-            if let FanRecipients::Indices(idx) = &g.recipients {
-                self.check_indices(idx)?;
-            }
-        }
+        self.check_groups(groups)?;
         self.split(keep, groups, false, "fan_out").await
     }
 
@@ -160,12 +156,18 @@ impl StageContext<'_> {
         keep: &[usize],
         groups: &[FanGroup],
     ) -> Result<Vec<i64>, StageError> {
+        self.check_groups(groups)?;
+        self.split(keep, groups, true, "fan_out_keeping_age").await
+    }
+
+    /// The groups that move recipients of this row name only recipients it has.
+    fn check_groups(&self, groups: &[FanGroup]) -> Result<(), StageError> {
         for g in groups {
             if let FanRecipients::Indices(idx) = &g.recipients {
                 self.check_indices(idx)?;
             }
         }
-        self.split(keep, groups, true, "fan_out_keeping_age").await
+        Ok(())
     }
 
     fn complement(&self, moved: &[usize]) -> Result<Vec<usize>, StageError> {
