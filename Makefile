@@ -16,6 +16,7 @@ FOLDED_BINARIES = \
 	pepsi-settings \
 	pepsi-stage-aliases \
 	pepsi-stage-arc \
+	pepsi-stage-autocrypt-learn \
 	pepsi-stage-block-language \
 	pepsi-stage-bounce \
 	pepsi-stage-check-whitelist \
@@ -41,7 +42,11 @@ FOLDED_BINARIES = \
 #   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer),
 #   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller
 #   pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid pepsi: any
-#   local user edits their own mailbox's list through the service account's database role).
+#   local user edits their own mailbox's list through the service account's database role);
+#   pepsi-stage-encrypt and pepsi-stage-decrypt (setuid pepsi-crypto: that database role
+#   alone reads the sealed private keys; docs/crypto.md). pepsi-keys has no bit but links
+#   the whole key store and its crypto libraries, which no running service but those two
+#   needs.
 # - Deployed or invoked separately: pepsi-stage-detect-language (links lingua's language
 #   models, a large dependency nothing else uses; also the pepsi-detect-language(1) command,
 #   COMMAND_LINKS below); pepsi-helper-mailbox-scan (no bit, but execed by name
@@ -63,6 +68,9 @@ STANDALONE_BINARIES = \
 	pepsi-sendmail \
 	pepsi-quota \
 	pepsi-whitelist \
+	pepsi-keys \
+	pepsi-stage-encrypt \
+	pepsi-stage-decrypt \
 	pepsi-helper-mailbox-scan \
 	pepsi-stage-detect-language \
 	pepsi-config \

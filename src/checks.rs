@@ -65,6 +65,18 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
         check: stage::<pepsi_stage_milter::Milter>,
     },
     ProgramCheck {
+        program: "pepsi-stage-encrypt",
+        check: stage::<pepsi_stage_encrypt::Encrypt>,
+    },
+    ProgramCheck {
+        program: "pepsi-stage-decrypt",
+        check: stage::<pepsi_stage_decrypt::Decrypt>,
+    },
+    ProgramCheck {
+        program: "pepsi-stage-autocrypt-learn",
+        check: stage::<pepsi_stage_autocrypt_learn::AutocryptLearn>,
+    },
+    ProgramCheck {
         program: "pepsi-stage-bounce",
         check: stage::<pepsi_stage_bounce::Bounce>,
     },

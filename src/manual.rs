@@ -124,6 +124,14 @@ pub fn pages() -> Vec<Page> {
         clap("pepsi-settings", 8, pepsi_settings::command),
         clap("pepsi-quota", 8, pepsi_quota::command),
         clap("pepsi-whitelist", 1, pepsi_whitelist::command),
+        clap("pepsi-keys", 8, pepsi_keys::command),
+        clap("pepsi-stage-encrypt", 8, pepsi_stage_encrypt::command),
+        clap("pepsi-stage-decrypt", 8, pepsi_stage_decrypt::command),
+        clap(
+            "pepsi-stage-autocrypt-learn",
+            8,
+            pepsi_stage_autocrypt_learn::command,
+        ),
         clap(
             "pepsi-helper-mailbox-scan",
             8,

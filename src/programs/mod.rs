@@ -53,6 +53,8 @@ folded! {
     "pepsi-settings" => pepsi_settings: ::pepsi_settings::run;
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;
     "pepsi-stage-arc" => pepsi_stage_arc: ::pepsi_stage_arc::run;
+    "pepsi-stage-autocrypt-learn" => pepsi_stage_autocrypt_learn:
+        ::pepsi_stage_autocrypt_learn::run;
     "pepsi-stage-block-language" => pepsi_stage_block_language:
         ::pepsi_stage_block_language::run;
     "pepsi-stage-bounce" => pepsi_stage_bounce: ::pepsi_stage_bounce::run;
@@ -86,6 +88,9 @@ pub const STANDALONE: &[&str] = &[
     "pepsi-sendmail",
     "pepsi-quota",
     "pepsi-whitelist",
+    "pepsi-keys",
+    "pepsi-stage-encrypt",
+    "pepsi-stage-decrypt",
     "pepsi-helper-mailbox-scan",
     "pepsi-stage-detect-language",
     "pepsi-config",
@@ -111,6 +116,7 @@ pub fn install_fusion() {
     install(vec![
         register::<::pepsi_stage_aliases::Aliases>(),
         register::<::pepsi_stage_arc::Arc>(),
+        register::<::pepsi_stage_autocrypt_learn::AutocryptLearn>(),
         register::<::pepsi_stage_block_language::BlockLanguage>(),
         register::<::pepsi_stage_bounce::Bounce>(),
         register::<::pepsi_stage_check_whitelist::WhitelistStage>(),

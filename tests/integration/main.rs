@@ -17,6 +17,7 @@ mod counters_ctl;
 mod counters_notify;
 mod counters_ops;
 mod counters_redis_modes;
+mod crypto;
 mod dispatch;
 mod failure_bouncer;
 mod harness;

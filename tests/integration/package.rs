@@ -96,6 +96,8 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         ),
         ("pepsi-sendmail", "root", "pepsi-sendmail", 0o2755),
         ("pepsi-whitelist", "pepsi", "root", 0o4755),
+        ("pepsi-stage-encrypt", "pepsi-crypto", "pepsi", 0o4750),
+        ("pepsi-stage-decrypt", "pepsi-crypto", "pepsi", 0o4750),
     ];
     let want: Vec<(String, String, String, u32)> = want
         .iter()

@@ -147,6 +147,19 @@ impl DbSettings {
         self.connect_with(options).await
     }
 
+    /// `connect_for_passes` as the database role `user` (a set-user-id stage worker), a URL
+    /// without a host pinned to [`SOCKET_DIR`] as for `connect_for_caller`.
+    pub async fn connect_for_passes_as(&self, user: &str) -> anyhow::Result<PgPool> {
+        let mut options = self.options()?.username(user);
+        if !url_names_host(&self.url) {
+            options = options.host(SOCKET_DIR);
+        }
+        if let Some(level) = self.pass_synchronous_commit {
+            options = options.options([("synchronous_commit", level.as_str())]);
+        }
+        self.connect_with(options).await
+    }
+
     fn options(&self) -> anyhow::Result<PgConnectOptions> {
         self.url
             .parse()

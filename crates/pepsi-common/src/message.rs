@@ -98,7 +98,7 @@ pub fn remove_fields(headers: &[u8], name: &str) -> Vec<u8> {
 }
 
 /// The whole fields of a CRLF header block, each with its continuation lines and CRLF.
-fn fields(headers: &[u8]) -> impl Iterator<Item = &[u8]> {
+pub fn fields(headers: &[u8]) -> impl Iterator<Item = &[u8]> {
     let mut rest = headers;
     std::iter::from_fn(move || {
         if rest.is_empty() {
@@ -121,7 +121,7 @@ fn fields(headers: &[u8]) -> impl Iterator<Item = &[u8]> {
 }
 
 /// The name of a field (the bytes before its colon), trimmed of trailing blanks.
-fn field_name(field: &[u8]) -> Option<&[u8]> {
+pub fn field_name(field: &[u8]) -> Option<&[u8]> {
     let colon = field.iter().position(|&b| b == b':')?;
     let name = &field[..colon];
     let trimmed = name.trim_ascii_end();

@@ -1239,3 +1239,55 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pepsi.mail_log_expire(interval) FROM PUBLIC;
+
+-- END-TO-END CRYPTOGRAPHY (pepsi-0013.sql, docs/crypto.md)
+--
+-- A message that must leave encrypted and lacks a recipient's key is parked by the encrypt
+-- stage: paused, with the addresses it waits for in state.keydisc.waiting, and a
+-- key_request row per address (crypto_request_key). pepsi-keydisc answers the requests and
+-- settles each one; keydisc_release then sends the rows waiting on the address back to
+-- their stage, which encrypts or bounces. Like every writer outside the dispatcher's loop,
+-- the caller notifies `workqueue` after its transaction commits.
+
+-- Ask for discovery of p_address's key unless a request is in flight or a negative answer
+-- is still cached. Returns the request's status: 'pending' (new or in flight), 'none'
+-- (settled without a key and negative_until not passed) or 'found'. A settled request
+-- whose negative cache has expired, or a found one asked again (the key was not usable after
+-- all), starts over.
+CREATE OR REPLACE FUNCTION pepsi.crypto_request_key(p_address text, p_methods text[])
+RETURNS text LANGUAGE plpgsql AS $$
+DECLARE
+    st text;
+BEGIN
+    INSERT INTO pepsi.key_request (address, methods_asked)
+    VALUES (lower(p_address), p_methods)
+    ON CONFLICT (address) DO UPDATE SET
+        methods_asked = EXCLUDED.methods_asked,
+        methods_replied = '{}',
+        status = 'pending',
+        requested_at = now(),
+        attempts = 0,
+        next_attempt_at = now(),
+        settled_at = NULL,
+        negative_until = NULL
+    WHERE pepsi.key_request.status = 'found'
+       OR (pepsi.key_request.status = 'none' AND pepsi.key_request.negative_until <= now());
+    SELECT status INTO st FROM pepsi.key_request WHERE address = lower(p_address);
+    RETURN st;
+END
+$$;
+
+-- Send the rows parked for p_address's key back to their stage. Returns how many.
+CREATE OR REPLACE FUNCTION pepsi.keydisc_release(p_address text)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now()
+    WHERE status = 'paused'
+      AND (state -> 'keydisc' -> 'waiting') ? lower(p_address)
+      AND NOT state ? 'held';
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;

@@ -70,6 +70,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0012",
         sql: include_str!("../db/pepsi-0012.sql"),
     },
+    Patch {
+        name: "pepsi-0013",
+        sql: include_str!("../db/pepsi-0013.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -98,6 +102,10 @@ pub struct Roles {
     /// pepsi-httpd, the administrative API: the only role that may touch the credential
     /// tables (`admin_account`, `admin_session`, `api_token`).
     pub httpd: String,
+    /// The crypto stages (setuid to the user of the same name, so peer authentication gives
+    /// them this role) and pepsi-keys: the pipeline's privileges plus the one column no
+    /// other role may read, `crypto_identity.private_wrapped`.
+    pub crypto: String,
 }
 
 impl Default for Roles {
@@ -108,13 +116,14 @@ impl Default for Roles {
             config: "pepsi-config".into(),
             sendmail: "pepsi-sendmail".into(),
             httpd: "pepsi-httpd".into(),
+            crypto: "pepsi-crypto".into(),
         }
     }
 }
 
 impl Roles {
-    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE`, `SENDMAIL_ROLE`
-    /// and `HTTPD_ROLE`.
+    /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE`, `SENDMAIL_ROLE`,
+    /// `HTTPD_ROLE` and `CRYPTO_ROLE`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("pepsi-setup");
         let default = Self::default();
@@ -130,16 +139,18 @@ impl Roles {
                 .string_opt("SENDMAIL_ROLE")?
                 .unwrap_or(default.sendmail),
             httpd: section.string_opt("HTTPD_ROLE")?.unwrap_or(default.httpd),
+            crypto: section.string_opt("CRYPTO_ROLE")?.unwrap_or(default.crypto),
         })
     }
 
-    fn all(&self) -> [(RoleKind, &str); 5] {
+    fn all(&self) -> [(RoleKind, &str); 6] {
         [
             (RoleKind::Pipeline, self.pipeline.as_str()),
             (RoleKind::Ingress, self.ingress.as_str()),
             (RoleKind::Config, self.config.as_str()),
             (RoleKind::Sendmail, self.sendmail.as_str()),
             (RoleKind::Httpd, self.httpd.as_str()),
+            (RoleKind::Crypto, self.crypto.as_str()),
         ]
     }
 }
@@ -152,7 +163,21 @@ pub enum RoleKind {
     Config,
     Sendmail,
     Httpd,
+    Crypto,
 }
+
+/// Columns no role but the crypto role may read, by table: every other role that reads the
+/// table gets a column-level SELECT on the rest instead of a table-level one.
+pub const SECRET_COLUMNS: &[(&str, &[&str])] = &[("crypto_identity", &["private_wrapped"])];
+
+/// The key store of end-to-end encryption (pepsi-0013.sql), which the crypto role writes.
+pub const KEY_STORE_TABLES: [&str; 5] = [
+    "crypto_identity",
+    "peer_key",
+    "peer_has_own_key",
+    "ca_trust",
+    "key_request",
+];
 
 /// The credential tables of the administrative surface: the httpd role's alone.
 pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api_token"];
@@ -173,6 +198,20 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
     const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
+    if kind == RoleKind::Crypto {
+        // The crypto stages are stage workers (the pipeline's queue privileges) that also
+        // unseal our private keys; pepsi-keys, under the same role, writes the key store.
+        return if KEY_STORE_TABLES.contains(&table) {
+            ALL
+        } else {
+            privilege_matrix(RoleKind::Pipeline, table)
+        };
+    }
+    if SECRET_COLUMNS.iter().any(|(t, _)| *t == table) {
+        // Read through a column grant without the secret columns (column_matrix); never
+        // written by anyone but the crypto role.
+        return NONE;
+    }
     if CREDENTIAL_TABLES.contains(&table) {
         // A component that could read admin_session could mint itself an administrative
         // session: the credential tables are the httpd role's alone.
@@ -222,7 +261,19 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
             | "quota_usage",
         ) => READ,
         (RoleKind::Httpd, _) => NONE,
+        (RoleKind::Crypto, _) => unreachable!("the crypto role is decided above"),
     }
+}
+
+/// The columns of `pepsi.<table>` `kind` may SELECT through a column-level grant (the tables
+/// of [`SECRET_COLUMNS`] only): every column but the secret ones for a role that reads the
+/// key store, none for the sendmail role. The crypto role reads the whole table.
+pub fn column_readers(kind: RoleKind, table: &str) -> bool {
+    SECRET_COLUMNS.iter().any(|(t, _)| *t == table)
+        && matches!(
+            kind,
+            RoleKind::Pipeline | RoleKind::Ingress | RoleKind::Httpd | RoleKind::Config
+        )
 }
 
 /// What a setup or check run found and did.
@@ -403,12 +454,20 @@ pub async fn setup(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Rep
             report.roles_created.push(role.to_owned());
         }
     }
-    for fix in privilege_diff(&mut tx, roles).await? {
-        sqlx::raw_sql(sqlx::AssertSqlSafe(fix.sql.clone()))
-            .execute(&mut *tx)
-            .await
-            .with_context(|| format!("cannot apply {}", fix.sql))?;
-        report.privileges_changed.push(fix.sql);
+    // Two rounds: revoking a table-level grant can take away column privileges a column
+    // grant must then give back (SECRET_COLUMNS).
+    for _ in 0..2 {
+        let fixes = privilege_diff(&mut tx, roles).await?;
+        if fixes.is_empty() {
+            break;
+        }
+        for fix in fixes {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(fix.sql.clone()))
+                .execute(&mut *tx)
+                .await
+                .with_context(|| format!("cannot apply {}", fix.sql))?;
+            report.privileges_changed.push(fix.sql);
+        }
     }
     let wrong = privilege_diff(&mut tx, roles).await?;
     if !wrong.is_empty() {
@@ -552,6 +611,7 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
                 });
             }
         }
+        fixes.extend(column_diff(conn, kind, role).await?);
         for (function, kinds) in FUNCTION_GRANTS {
             let has: bool =
                 sqlx::query_scalar("SELECT has_function_privilege($1, $2::text, 'EXECUTE')")
@@ -579,6 +639,64 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
             sql: format!("REVOKE EXECUTE ON FUNCTION {SENDMAIL_FUNCTION} FROM PUBLIC"),
             describe: format!("PUBLIC must not have EXECUTE on {SENDMAIL_FUNCTION}"),
         });
+    }
+    Ok(fixes)
+}
+
+/// Compares `role`'s column-level SELECT on the tables of [`SECRET_COLUMNS`] with
+/// [`column_readers`]: the public columns readable, the secret ones not (for every role but
+/// the crypto role, whose table-level grant the matrix checks).
+async fn column_diff(
+    conn: &mut PgConnection,
+    kind: RoleKind,
+    role: &str,
+) -> anyhow::Result<Vec<Fix>> {
+    let mut fixes = Vec::new();
+    if kind == RoleKind::Crypto {
+        return Ok(fixes);
+    }
+    let q = quote_ident(role);
+    for (table, secret) in SECRET_COLUMNS {
+        let columns: Vec<String> = sqlx::query_scalar(
+            "SELECT attname::text FROM pg_attribute \
+             WHERE attrelid = ('pepsi.' || quote_ident($1))::regclass AND attnum > 0 AND NOT attisdropped \
+             ORDER BY attnum",
+        )
+        .bind(table)
+        .fetch_all(&mut *conn)
+        .await?;
+        let readers = column_readers(kind, table);
+        for column in columns {
+            let has: bool = sqlx::query_scalar(
+                "SELECT has_column_privilege($1, ('pepsi.' || quote_ident($2))::regclass, $3, 'SELECT')",
+            )
+            .bind(role)
+            .bind(table)
+            .bind(&column)
+            .fetch_one(&mut *conn)
+            .await?;
+            let wanted = readers && !secret.contains(&column.as_str());
+            let target = format!("pepsi.{} ({})", quote_ident(table), quote_ident(&column));
+            if wanted && !has {
+                fixes.push(Fix {
+                    sql: format!(
+                        "GRANT SELECT ({}) ON pepsi.{} TO {q}",
+                        quote_ident(&column),
+                        quote_ident(table)
+                    ),
+                    describe: format!("{role} lacks SELECT on {target}"),
+                });
+            } else if has && !wanted {
+                fixes.push(Fix {
+                    sql: format!(
+                        "REVOKE SELECT ({}) ON pepsi.{} FROM {q}",
+                        quote_ident(&column),
+                        quote_ident(table)
+                    ),
+                    describe: format!("{role} must not have SELECT on {target}"),
+                });
+            }
+        }
     }
     Ok(fixes)
 }

@@ -839,3 +839,142 @@ async fn an_automatic_reply_is_claimed_once_per_sender_and_period() {
         .unwrap();
     assert_eq!(after, before - 1);
 }
+
+#[tokio::test]
+async fn only_the_crypto_role_reads_the_wrapped_private_keys() {
+    let db = TestDb::new().await;
+    let insert = "INSERT INTO pepsi.crypto_identity \
+                  (address, scheme, fingerprint, public_key, private_wrapped, kek_id) \
+                  VALUES ('alice@example.test', 'openpgp', 'ABCDEF0123456789', '\\x01', '\\x02', 'k1')";
+    for role in ["pepsi", "pepsi-ingress", "pepsi-httpd", "pepsi-config"] {
+        assert_eq!(
+            as_role(&db, role, insert).await,
+            Err("42501".into()),
+            "{role}"
+        );
+    }
+    assert_eq!(as_role(&db, "pepsi-crypto", insert).await, Ok(()));
+    sqlx::raw_sql(insert)
+        .execute(&mut conn(&db).await)
+        .await
+        .unwrap();
+    let public = "SELECT address, scheme, fingerprint, public_key, status, is_primary \
+                  FROM pepsi.crypto_identity";
+    let secret = "SELECT private_wrapped FROM pepsi.crypto_identity";
+    let everything = "SELECT * FROM pepsi.crypto_identity";
+    for role in ["pepsi", "pepsi-ingress", "pepsi-httpd", "pepsi-config"] {
+        assert_eq!(as_role(&db, role, public).await, Ok(()), "{role}");
+        assert_eq!(
+            as_role(&db, role, secret).await,
+            Err("42501".into()),
+            "{role}"
+        );
+        assert_eq!(
+            as_role(&db, role, everything).await,
+            Err("42501".into()),
+            "{role}"
+        );
+    }
+    assert_eq!(
+        as_role(&db, "pepsi-sendmail", public).await,
+        Err("42501".into())
+    );
+    assert_eq!(as_role(&db, "pepsi-crypto", secret).await, Ok(()));
+    // The crypto stages are stage workers too: the queue is theirs as the pipeline's.
+    assert_eq!(
+        as_role(
+            &db,
+            "pepsi-crypto",
+            "UPDATE pepsi.workqueue SET state = state"
+        )
+        .await,
+        Ok(())
+    );
+    // A hand-made table grant is reported and taken back by the next run.
+    sqlx::raw_sql("GRANT SELECT ON pepsi.crypto_identity TO pepsi")
+        .execute(&mut conn(&db).await)
+        .await
+        .unwrap();
+    let report = schema::check(&db.url, &Roles::default()).await.unwrap();
+    assert!(
+        report
+            .privileges_wrong
+            .iter()
+            .any(|w| w.contains("private_wrapped")),
+        "{:?}",
+        report.privileges_wrong
+    );
+    schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    assert_eq!(as_role(&db, "pepsi", secret).await, Err("42501".into()));
+    assert_eq!(as_role(&db, "pepsi", public).await, Ok(()));
+}
+
+#[tokio::test]
+async fn a_parked_message_is_released_when_its_key_request_settles() {
+    let db = TestDb::new().await;
+    let mut c = conn(&db).await;
+    let st: String =
+        sqlx::query_scalar("SELECT pepsi.crypto_request_key('Bob@Example.test', '{wkd}')")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(st, "pending");
+    // Settled without a key: answered from the negative cache until negative_until.
+    sqlx::raw_sql(
+        "UPDATE pepsi.key_request SET status = 'none', settled_at = now(), \
+         negative_until = now() + interval '1 hour' WHERE address = 'bob@example.test'",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let st: String =
+        sqlx::query_scalar("SELECT pepsi.crypto_request_key('bob@example.test', '{wkd}')")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(st, "none");
+    sqlx::raw_sql("UPDATE pepsi.key_request SET negative_until = now() - interval '1 second'")
+        .execute(&mut c)
+        .await
+        .unwrap();
+    let st: String =
+        sqlx::query_scalar("SELECT pepsi.crypto_request_key('bob@example.test', '{wkd}')")
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(
+        st, "pending",
+        "an expired negative answer starts a new lookup"
+    );
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@x.test', ARRAY['bob@example.test'], \
+         '\\x00'::bytea, '\\x00'::bytea, '{}'::jsonb)",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour', \
+         state = '{{\"keydisc\": {{\"waiting\": [\"bob@example.test\"]}}}}' WHERE workqueue_id = {id}"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let n: i32 = sqlx::query_scalar("SELECT pepsi.keydisc_release('carol@example.test')")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    let n: i32 = sqlx::query_scalar("SELECT pepsi.keydisc_release('BOB@example.test')")
+        .fetch_one(&mut c)
+        .await
+        .unwrap();
+    assert_eq!(n, 1);
+    let status: String =
+        sqlx::query_scalar("SELECT status::text FROM pepsi.workqueue WHERE workqueue_id = $1")
+            .bind(id)
+            .fetch_one(&mut c)
+            .await
+            .unwrap();
+    assert_eq!(status, "pending");
+}

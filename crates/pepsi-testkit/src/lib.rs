@@ -9,6 +9,7 @@
 //! `programs` says where a test finds the programs it executes (`PEPSI_BIN_DIR`); `keys`
 //! makes private keys with `openssl`.
 
+pub mod gpg;
 pub mod keys;
 pub mod programs;
 

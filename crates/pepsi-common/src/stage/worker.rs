@@ -729,6 +729,9 @@ pub fn main<S: Stage>(
     about: &'static str,
     long_about: &'static str,
 ) -> ExitCode {
+    // A set-user-id stage (the crypto stages) trusts nothing its caller chose: the
+    // environment is emptied first thing, and only the system configuration is read.
+    let setuid = crate::privilege::scrub_if_setuid();
     // A set-group-id stage (the Maildir delivery, the smarthost relay, .forward) serves its
     // service account only, before it reads any option the caller chose.
     if let Err(e) = crate::privilege::refuse_borrowed_group() {
@@ -740,12 +743,33 @@ pub fn main<S: Stage>(
         Ok(cli) => cli,
         Err(e) => e.exit(),
     };
+    let system = std::path::Path::new(crate::config::DEFAULT_CONFIG_PATH);
+    if setuid && cli.common.config.as_deref().is_some_and(|c| c != system) {
+        eprintln!(
+            "{}: -c/--config: started through its set-user-id bit, this program reads {} only",
+            source.exec,
+            system.display()
+        );
+        return ExitCode::from(2);
+    }
     init_logging(source, &cli.common.log_level);
     // A worker handles one message at a time: one thread is all it needs.
     run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
-        let pool = crate::db::connect_for_passes(&file_cfg).await?;
+        let db = crate::db::DbSettings::from_config(&file_cfg)?;
+        // A set-user-id stage (the crypto stages, set-uid pepsi-crypto) connects as the
+        // account its bit makes it, whose database role holds what the program needs; the
+        // URL names the server, and any user in it is not the one that counts.
+        let pool = if crate::privilege::is_setuid_invocation() {
+            // SAFETY: no arguments, cannot fail.
+            let euid = unsafe { libc::geteuid() };
+            let user = crate::privilege::account_name(euid)?
+                .ok_or_else(|| anyhow::anyhow!("the effective uid {euid} has no account name"))?;
+            db.connect_for_passes_as(&user).await?
+        } else {
+            db.connect_for_passes().await?
+        };
         let rows = crate::config::load_all_overrides(&pool).await?;
         let cfg = file_cfg.with_overrides(&rows, &Scope::Global);
         let scoped = ScopedOverrides::new(file_cfg, rows);

@@ -1,0 +1,397 @@
+//! The MIME framing both standards share: which header fields travel inside the protected
+//! entity (the `Content-*` fields) and which stay outside, the multipart bodies of RFC 1847
+//! (`multipart/signed`, `multipart/encrypted`), and reading them back.
+//!
+//! Pure and bounded: a multipart is read at one level only, and a message is never
+//! re-encoded except where a standard says so (line ends are CRLF throughout, as stored).
+
+use pepsi_common::message;
+
+use crate::{CryptoError, Result};
+
+/// The most parts a multipart read here may have before it is refused.
+pub const MAX_PARTS: usize = 1000;
+
+/// Whether a field name belongs to the MIME entity (and so goes inside the protection):
+/// every `Content-*` field.
+pub fn is_content_field(name: &str) -> bool {
+    name.len() > 8 && name[..8].eq_ignore_ascii_case("content-")
+}
+
+/// Splits a header block into the fields that stay outside (everything but the content
+/// fields and `MIME-Version`) and the content fields, each as whole fields with their
+/// continuation lines and CRLF.
+pub fn split_content(headers: &[u8]) -> (Vec<u8>, Vec<u8>) {
+    let mut outer = Vec::with_capacity(headers.len());
+    let mut content = Vec::new();
+    for field in message::fields(headers) {
+        match message::field_name(field).map(|n| String::from_utf8_lossy(n).into_owned()) {
+            Some(name) if is_content_field(&name) => content.extend_from_slice(field),
+            Some(name) if name.eq_ignore_ascii_case("mime-version") => {}
+            _ => outer.extend_from_slice(field),
+        }
+    }
+    (outer, content)
+}
+
+/// The MIME entity a message's content is: its content fields, an empty line, the body.
+/// A message without a `Content-Type` gets the RFC 2045 default spelled out, so the
+/// entity reads the same once it is inside another.
+pub fn inner_entity(headers: &[u8], body: &[u8]) -> Vec<u8> {
+    let (_, mut content) = split_content(headers);
+    if !message::has_field(&content, "Content-Type") {
+        let mut with_type = b"Content-Type: text/plain; charset=us-ascii\r\n".to_vec();
+        with_type.extend_from_slice(&content);
+        content = with_type;
+    }
+    let mut entity = Vec::with_capacity(content.len() + 2 + body.len());
+    entity.extend_from_slice(&content);
+    entity.extend_from_slice(b"\r\n");
+    entity.extend_from_slice(body);
+    entity
+}
+
+/// The outer header block of a protected message: the original's outer fields, then
+/// `MIME-Version: 1.0` and the given content fields (each `Name: value`, without CRLF).
+pub fn outer_headers(headers: &[u8], content_fields: &[String]) -> Vec<u8> {
+    let (mut outer, _) = split_content(headers);
+    outer.extend_from_slice(b"MIME-Version: 1.0\r\n");
+    for f in content_fields {
+        outer.extend_from_slice(f.as_bytes());
+        outer.extend_from_slice(b"\r\n");
+    }
+    outer
+}
+
+/// The header block after unwrapping: the outer fields (without the protected message's
+/// content fields) and the inner entity's content fields, under `MIME-Version: 1.0`.
+pub fn restore_headers(outer: &[u8], inner_entity_headers: &[u8]) -> Vec<u8> {
+    let (mut headers, _) = split_content(outer);
+    let (_, content) = split_content(inner_entity_headers);
+    headers.extend_from_slice(b"MIME-Version: 1.0\r\n");
+    headers.extend_from_slice(&content);
+    headers
+}
+
+/// A fresh multipart boundary: 24 random letters and digits after a fixed prefix, which
+/// cannot occur in base64 or armored content by chance.
+pub fn boundary() -> String {
+    const ALPHABET: &[u8] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789";
+    let mut bytes = [0u8; 24];
+    openssl::rand::rand_bytes(&mut bytes).expect("the system's random source");
+    let tail: String = bytes
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect();
+    format!("=_pepsi_{tail}")
+}
+
+/// A multipart body: each part (a whole entity: its fields, an empty line, its body)
+/// between `--boundary` lines, and the closing delimiter.
+pub fn multipart_body(boundary: &str, parts: &[&[u8]]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for part in parts {
+        out.extend_from_slice(b"--");
+        out.extend_from_slice(boundary.as_bytes());
+        out.extend_from_slice(b"\r\n");
+        out.extend_from_slice(part);
+        if !part.ends_with(b"\r\n") {
+            out.extend_from_slice(b"\r\n");
+        }
+    }
+    out.extend_from_slice(b"--");
+    out.extend_from_slice(boundary.as_bytes());
+    out.extend_from_slice(b"--\r\n");
+    out
+}
+
+/// A parsed `Content-Type`: the lower-case `type/subtype` and the parameters (names
+/// lower-case, values unquoted).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContentType {
+    pub mime: String,
+    pub params: Vec<(String, String)>,
+}
+
+impl ContentType {
+    pub fn param(&self, name: &str) -> Option<&str> {
+        self.params
+            .iter()
+            .find(|(n, _)| n.eq_ignore_ascii_case(name))
+            .map(|(_, v)| v.as_str())
+    }
+}
+
+/// The `Content-Type` of a header block, when it has one that parses.
+pub fn content_type(headers: &[u8]) -> Option<ContentType> {
+    let value = message::field_values(headers, "Content-Type")
+        .into_iter()
+        .next()?;
+    parse_content_type(&value)
+}
+
+/// Parses a `Content-Type` value (`type/subtype; name=value; name="quoted"`); comments are
+/// not supported and end the parse of the parameter they are in.
+pub fn parse_content_type(value: &str) -> Option<ContentType> {
+    let mut pieces = split_params(value).into_iter();
+    let mime = pieces.next()?.trim().to_ascii_lowercase();
+    let (kind, sub) = mime.split_once('/')?;
+    if kind.is_empty() || sub.is_empty() || mime.contains(char::is_whitespace) {
+        return None;
+    }
+    let mut params = Vec::new();
+    for p in pieces {
+        let Some((name, v)) = p.split_once('=') else {
+            continue;
+        };
+        let v = v.trim();
+        let v = match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
+            Some(inner) => inner.replace("\\\"", "\"").replace("\\\\", "\\"),
+            None => v.to_owned(),
+        };
+        params.push((name.trim().to_ascii_lowercase(), v));
+    }
+    Some(ContentType { mime, params })
+}
+
+/// Splits at semicolons outside double quotes.
+fn split_params(value: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut cur = String::new();
+    let mut quoted = false;
+    let mut escaped = false;
+    for c in value.chars() {
+        match c {
+            _ if escaped => {
+                cur.push(c);
+                escaped = false;
+            }
+            '\\' if quoted => {
+                cur.push(c);
+                escaped = true;
+            }
+            '"' => {
+                quoted = !quoted;
+                cur.push(c);
+            }
+            ';' if !quoted => out.push(std::mem::take(&mut cur)),
+            _ => cur.push(c),
+        }
+    }
+    out.push(cur);
+    out
+}
+
+/// The parts of a multipart body (each a whole entity, without the CRLF that precedes the
+/// next delimiter), read at this level only. The preamble and epilogue are dropped.
+pub fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8]>> {
+    let malformed = |why: String| CryptoError::Malformed {
+        what: "multipart",
+        why,
+    };
+    if boundary.is_empty() || boundary.len() > 70 {
+        return Err(malformed(format!(
+            "boundary {boundary:?} is not 1-70 characters"
+        )));
+    }
+    let delimiter = format!("--{boundary}");
+    let d = delimiter.as_bytes();
+    // The offsets of every line that is a delimiter (`--b` or `--b--`, blanks after it
+    // allowed), with whether it closes.
+    let mut marks: Vec<(usize, usize, bool)> = Vec::new();
+    let mut start = 0;
+    while start < body.len() {
+        let end = body[start..]
+            .iter()
+            .position(|&b| b == b'\n')
+            .map_or(body.len(), |p| start + p + 1);
+        let line = &body[start..end];
+        if let Some(rest) = line.strip_prefix(d) {
+            let rest = rest.trim_ascii_end();
+            if rest.is_empty() {
+                marks.push((start, end, false));
+            } else if rest == b"--" {
+                marks.push((start, end, true));
+                break;
+            }
+        }
+        start = end;
+    }
+    if !marks.last().is_some_and(|m| m.2) {
+        return Err(malformed(format!("no closing delimiter --{boundary}--")));
+    }
+    if marks.len() - 1 > MAX_PARTS {
+        return Err(malformed(format!("more than {MAX_PARTS} parts")));
+    }
+    let mut parts = Vec::with_capacity(marks.len() - 1);
+    for pair in marks.windows(2) {
+        let (from, to) = (pair[0].1, pair[1].0);
+        // The CRLF before a delimiter belongs to the delimiter (RFC 2046 §5.1.1).
+        let mut part = &body[from..to];
+        if let Some(p) = part.strip_suffix(b"\r\n") {
+            part = p;
+        } else if let Some(p) = part.strip_suffix(b"\n") {
+            part = p;
+        }
+        parts.push(part);
+    }
+    Ok(parts)
+}
+
+/// A body under its `Content-Transfer-Encoding`, decoded: base64 and quoted-printable are
+/// undone, 7bit, 8bit and binary (or none) returned as they are.
+pub fn decode_body(headers: &[u8], body: &[u8]) -> Result<Vec<u8>> {
+    let encoding = message::field_values(headers, "Content-Transfer-Encoding")
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    match encoding.as_str() {
+        "base64" => {
+            let text: String = body
+                .iter()
+                .filter(|b| !b.is_ascii_whitespace())
+                .map(|&b| b as char)
+                .collect();
+            pepsi_common::encoding::base64_decode(&text).ok_or_else(|| CryptoError::Malformed {
+                what: "base64 content",
+                why: "does not decode".into(),
+            })
+        }
+        "quoted-printable" => Ok(decode_quoted_printable(body)),
+        _ => Ok(body.to_vec()),
+    }
+}
+
+fn decode_quoted_printable(body: &[u8]) -> Vec<u8> {
+    let hex = |b: u8| (b as char).to_digit(16).map(|d| d as u8);
+    let mut out = Vec::with_capacity(body.len());
+    let mut i = 0;
+    while i < body.len() {
+        match body[i] {
+            b'=' if body[i + 1..].starts_with(b"\r\n") => i += 3,
+            b'=' if body[i + 1..].starts_with(b"\n") => i += 2,
+            b'=' if i + 2 < body.len() => match (hex(body[i + 1]), hex(body[i + 2])) {
+                (Some(h), Some(l)) => {
+                    out.push(h << 4 | l);
+                    i += 3;
+                }
+                _ => {
+                    out.push(b'=');
+                    i += 1;
+                }
+            },
+            b => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    out
+}
+
+/// Converts bare LF line ends to CRLF (content a library handed back with Unix line ends);
+/// CRLF stays as it is.
+pub fn to_crlf(data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(data.len() + data.len() / 32);
+    let mut prev = 0u8;
+    for &b in data {
+        if b == b'\n' && prev != b'\r' {
+            out.push(b'\r');
+        }
+        out.push(b);
+        prev = b;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn content_fields_go_inside_and_the_rest_stays_out() {
+        let h = b"From: a@x.test\r\nContent-Type: text/plain;\r\n charset=utf-8\r\nMIME-Version: 1.0\r\n\
+                  Subject: s\r\nContent-Transfer-Encoding: 8bit\r\n";
+        let (outer, content) = split_content(h);
+        assert_eq!(outer, b"From: a@x.test\r\nSubject: s\r\n");
+        assert_eq!(
+            content,
+            b"Content-Type: text/plain;\r\n charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n"
+        );
+        assert_eq!(
+            inner_entity(b"From: a@x.test\r\n", b"hi\r\n"),
+            b"Content-Type: text/plain; charset=us-ascii\r\n\r\nhi\r\n"
+        );
+        let outer = outer_headers(h, &["Content-Type: multipart/encrypted".into()]);
+        assert_eq!(
+            outer,
+            b"From: a@x.test\r\nSubject: s\r\nMIME-Version: 1.0\r\nContent-Type: multipart/encrypted\r\n"
+        );
+        assert_eq!(
+            restore_headers(&outer, b"Content-Type: text/html\r\n"),
+            b"From: a@x.test\r\nSubject: s\r\nMIME-Version: 1.0\r\nContent-Type: text/html\r\n"
+        );
+    }
+
+    #[test]
+    fn content_types_parse() {
+        let check = |v: &str, mime: &str, params: &[(&str, &str)]| {
+            let ct = parse_content_type(v).unwrap_or_else(|| panic!("{v:?} does not parse"));
+            assert_eq!(ct.mime, mime, "{v}");
+            let want: Vec<(String, String)> = params
+                .iter()
+                .map(|(a, b)| (a.to_string(), b.to_string()))
+                .collect();
+            assert_eq!(ct.params, want, "{v}");
+        };
+        check("text/plain", "text/plain", &[]);
+        check(
+            "Multipart/Encrypted; protocol=\"application/pgp-encrypted\"; boundary=\"a;b\"",
+            "multipart/encrypted",
+            &[
+                ("protocol", "application/pgp-encrypted"),
+                ("boundary", "a;b"),
+            ],
+        );
+        check(
+            "application/pkcs7-mime; smime-type=enveloped-data; name=smime.p7m",
+            "application/pkcs7-mime",
+            &[("smime-type", "enveloped-data"), ("name", "smime.p7m")],
+        );
+        check("x/y; q=\"a \\\"b\\\"\"", "x/y", &[("q", "a \"b\"")]);
+        assert_eq!(parse_content_type("text"), None);
+        assert_eq!(parse_content_type(""), None);
+    }
+
+    #[test]
+    fn multiparts_round_trip_and_bad_ones_are_refused() {
+        let b = boundary();
+        assert!(b.len() < 70);
+        let body = multipart_body(&b, &[b"A: 1\r\n\r\none", b"\r\ntwo\r\n"]);
+        let parts = multipart_parts(&body, &b).unwrap();
+        assert_eq!(parts, [&b"A: 1\r\n\r\none"[..], &b"\r\ntwo"[..]]);
+        let with_preamble = "pre\r\n--x\r\n\r\np1\r\n--x \r\n\r\np2\r\n--x--\r\nepilogue";
+        assert_eq!(
+            multipart_parts(with_preamble.as_bytes(), "x").unwrap(),
+            [&b"\r\np1"[..], &b"\r\np2"[..]]
+        );
+        let open = b"--x\r\n\r\np1\r\n";
+        assert!(matches!(
+            multipart_parts(open, "x"),
+            Err(CryptoError::Malformed { .. })
+        ));
+        assert!(multipart_parts(b"--\r\n", "").is_err());
+    }
+
+    #[test]
+    fn transfer_encodings_decode() {
+        let h = b"Content-Transfer-Encoding: BASE64\r\n";
+        assert_eq!(decode_body(h, b"aGVs\r\nbG8=\r\n").unwrap(), b"hello");
+        let q = b"Content-Transfer-Encoding: quoted-printable\r\n";
+        assert_eq!(decode_body(q, b"a=3Db=\r\nc\r\n").unwrap(), b"a=bc\r\n");
+        assert_eq!(decode_body(b"", b"as is").unwrap(), b"as is");
+        assert!(decode_body(h, b"!!!").is_err());
+        assert_eq!(to_crlf(b"a\nb\r\nc\n"), b"a\r\nb\r\nc\r\n");
+    }
+}

@@ -1,0 +1,296 @@
+//! pepsi-stage-decrypt: decrypts inbound mail for local identities that opted in (the
+//! `decrypt` setting of the recipient, else its domain's, else `DEFAULT`), verifies the
+//! signature inside, and records the result in `state.crypto.decrypted` and in a header
+//! field of our own (`RESULT_HEADER`), which is removed from every message first so that
+//! nobody outside can forge it. Mail that cannot be decrypted goes on untouched.
+//!
+//! Reads: the whole message (`Load::Full`), `pepsi.settings` (`decrypt`), the recipients'
+//! identities with their private halves (pepsi-keymat, the crypto role's column), peer keys
+//! of the From address and the trusted CAs. Writes: the header block and body (decrypted;
+//! the result header), `state.crypto.decrypted`. Terminal helpers: `advance_with`, and
+//! `fan_out_keeping_age` to NEXT_STAGE for the recipients that did not opt in (they keep the
+//! encrypted message). Standalone and set-user-id `pepsi-crypto` in a package.
+
+pub mod verdict;
+
+use std::process::ExitCode;
+
+use pepsi_common::config::Config;
+use pepsi_common::message;
+use pepsi_common::settings;
+use pepsi_common::stage::{FanGroup, FanRecipients};
+use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_crypto::{Decrypted, Scheme, openpgp, smime};
+use pepsi_keymat::Keyring;
+use pepsi_keymat::store;
+use serde_json::{Map, Value, json};
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-decrypt",
+        exec: "pepsi-stage-decrypt",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-decrypt";
+
+    /// The settings name of the opt-in.
+    pub const SETTING: &str = "decrypt";
+    /// The header field carrying the result, unless `RESULT_HEADER` names another.
+    pub const RESULT_HEADER: &str = "X-Pepsi-Decrypted";
+}
+
+/// One `[stage-<name>]` running this program.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    /// `DEFAULT` (no): whether an address without a `decrypt` setting has opted in.
+    pub default: bool,
+    /// `RESULT_HEADER`: the field recording the result.
+    pub result_header: String,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config, name: &str) -> anyhow::Result<Self> {
+        let section_name = format!("stage-{name}");
+        let s = cfg.section(&section_name);
+        let result_header = s
+            .string_opt("RESULT_HEADER")?
+            .unwrap_or_else(|| constants::RESULT_HEADER.to_owned());
+        let valid = !result_header.is_empty()
+            && result_header
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b':');
+        if !valid {
+            anyhow::bail!(
+                "[{section_name}] RESULT_HEADER {result_header:?} is not a header field name"
+            );
+        }
+        Ok(Settings {
+            default: s.bool_opt("DEFAULT")?.unwrap_or(false),
+            result_header,
+        })
+    }
+}
+
+/// The program: the keyring, loaded once.
+pub struct Decrypt {
+    keyring: Keyring,
+}
+
+impl Stage for Decrypt {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Full;
+    type Section = Settings;
+
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        let keyring = Keyring::from_config(cfg)
+            .map_err(|e| anyhow::anyhow!("pepsi-stage-decrypt opens private keys: {e}"))?;
+        Ok(Decrypt { keyring })
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
+        Settings::from_config(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        settings: &Settings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let original = ctx.headers()?.to_vec();
+        // Nobody outside may hand us a result: the field is ours alone.
+        let headers = message::remove_fields(&original, &settings.result_header);
+        let scheme = if openpgp::is_encrypted(&headers) {
+            Some(Scheme::OpenPgp)
+        } else if smime::is_encrypted(&headers) {
+            Some(Scheme::Smime)
+        } else {
+            None
+        };
+        let Some(scheme) = scheme else {
+            if headers != original {
+                ctx.set_headers(headers);
+            }
+            return ctx.advance();
+        };
+        let rcpts: Vec<String> = ctx.rcpt_to().iter().map(|r| r.to_lowercase()).collect();
+        let pool = ctx.pool();
+        let mut keys = Vec::new();
+        for r in &rcpts {
+            for k in settings::lookup_keys(r) {
+                if !keys.contains(&k) {
+                    keys.push(k);
+                }
+            }
+        }
+        let table = settings::fetch(pool, &keys, &[constants::SETTING]).await?;
+        let opted: Vec<usize> = (0..rcpts.len())
+            .filter(|&i| {
+                table
+                    .resolve(&rcpts[i], constants::SETTING)
+                    .map_or(settings.default, |s| truthy(&s.value))
+            })
+            .collect();
+        let opted_addresses: Vec<String> = opted.iter().map(|&i| rcpts[i].clone()).collect();
+        let identities = if opted.is_empty() {
+            Vec::new()
+        } else {
+            store::unsealed_identities(pool, &self.keyring, &opted_addresses)
+                .await
+                .map_err(|e| match e {
+                    pepsi_keymat::KeymatError::Database(db) => StageError::Database(db),
+                    other => StageError::Temporary(other.to_string()),
+                })?
+                .into_iter()
+                .filter(|u| u.identity.scheme == scheme && u.identity.capability.decrypts())
+                .collect()
+        };
+        let name = ctx.settings().name.clone();
+        if identities.is_empty() {
+            let mut state = Map::new();
+            if !opted.is_empty() {
+                state = crypto_state(
+                    ctx.state(),
+                    json!({ "stage": name, "scheme": scheme.as_str(), "result": "no-key",
+                            "why": "no opted-in recipient has a private key of this scheme" }),
+                );
+            }
+            if headers != original {
+                ctx.set_headers(headers);
+            }
+            return ctx.advance_with(state);
+        }
+        let from = message::from_addresses(&headers)
+            .into_iter()
+            .next()
+            .map(|a| a.to_lowercase());
+        let body = ctx.body()?.to_vec();
+        let result = match scheme {
+            Scheme::OpenPgp => {
+                let peers = match &from {
+                    Some(f) => store::peer_keys(pool, std::slice::from_ref(f))
+                        .await
+                        .map_err(|e| StageError::Temporary(e.to_string()))?
+                        .into_iter()
+                        .filter(|p| p.scheme == Scheme::OpenPgp)
+                        .map(|p| p.public_key)
+                        .collect(),
+                    None => Vec::new(),
+                };
+                let secrets: Vec<&[u8]> = identities.iter().map(|u| u.secret.as_slice()).collect();
+                let peers: Vec<&[u8]> = peers.iter().map(Vec::as_slice).collect();
+                openpgp::decrypt(&headers, &body, &secrets, &peers)
+            }
+            Scheme::Smime => {
+                let cas = store::trusted_cas(pool)
+                    .await
+                    .map_err(|e| StageError::Temporary(e.to_string()))?;
+                let cas: Vec<&[u8]> = cas.iter().map(Vec::as_slice).collect();
+                let ids: Vec<(&[u8], &[u8])> = identities
+                    .iter()
+                    .map(|u| (u.identity.public_key.as_slice(), u.secret.as_slice()))
+                    .collect();
+                smime::decrypt(&headers, &body, &ids, &cas)
+            }
+        };
+        let decrypted: Decrypted = match result {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::info!(id = ctx.id(), %scheme, "left encrypted: {e}");
+                let state = crypto_state(
+                    ctx.state(),
+                    json!({ "stage": name, "scheme": scheme.as_str(), "result": "failed",
+                            "why": e.to_string() }),
+                );
+                if headers != original {
+                    ctx.set_headers(headers);
+                }
+                return ctx.advance_with(state);
+            }
+        };
+        let verdict = verdict::of(&decrypted.verification, from.as_deref());
+        // Recipients who did not opt in keep the encrypted message, on a row of their own.
+        if opted.len() < rcpts.len() {
+            let others: Vec<usize> = (0..rcpts.len()).filter(|i| !opted.contains(i)).collect();
+            let next = ctx
+                .settings()
+                .next_stage
+                .clone()
+                .ok_or_else(|| StageError::NoNextStage(name.clone()))?;
+            ctx.fan_out_keeping_age(
+                &opted,
+                &[FanGroup::new(FanRecipients::Indices(others), next)],
+            )
+            .await?;
+        }
+        let field = format!(
+            "{}: {}\r\n",
+            settings.result_header,
+            verdict::header_value(scheme, &decrypted.decrypted_with, &verdict)
+        );
+        let mut new_headers = message::remove_fields(&decrypted.headers, &settings.result_header);
+        new_headers.extend_from_slice(field.as_bytes());
+        ctx.set_headers(new_headers);
+        ctx.set_body(decrypted.body);
+        tracing::info!(id = ctx.id(), %scheme, signature = verdict.word, "decrypted");
+        let state = crypto_state(
+            ctx.state(),
+            json!({
+                "stage": name,
+                "scheme": scheme.as_str(),
+                "result": "decrypted",
+                "key": decrypted.decrypted_with,
+                "signature": verdict.word,
+                "signer": decrypted.verification.signer,
+                "signer_addresses": decrypted.verification.signer_addresses,
+                "detail": verdict.detail,
+            }),
+        );
+        ctx.advance_with(state)
+    }
+}
+
+fn truthy(v: &Value) -> bool {
+    match v {
+        Value::Bool(b) => *b,
+        Value::String(s) => matches!(
+            s.trim().to_ascii_lowercase().as_str(),
+            "yes" | "true" | "on" | "1"
+        ),
+        Value::Number(n) => n.as_i64() == Some(1),
+        _ => false,
+    }
+}
+
+/// `state.crypto` with `decrypted` set.
+fn crypto_state(state: &Map<String, Value>, value: Value) -> Map<String, Value> {
+    let mut crypto = state
+        .get("crypto")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    crypto.insert("decrypted".into(), value);
+    let mut m = Map::new();
+    m.insert("crypto".into(), Value::Object(crypto));
+    m
+}
+
+const ABOUT: &str = "Decrypt inbound OpenPGP/MIME and S/MIME mail for local identities that \
+opted in (the `decrypt` setting of the recipient, else of its domain, else DEFAULT), verify the \
+signature inside against the sender's stored keys (OpenPGP) or the trusted CAs (S/MIME), and \
+record the result in state.crypto.decrypted and a header field (X-Pepsi-Decrypted), which is \
+removed from every message that passes so nobody can forge it. Mail that cannot be decrypted \
+goes on as it came; recipients who did not opt in keep the encrypted message. Options of \
+[stage-NAME]: NEXT_STAGE (required), DEFAULT (no), RESULT_HEADER (X-Pepsi-Decrypted); needs \
+[crypto] KEK. See docs/crypto.md.";
+
+/// The command line of `pepsi-stage-decrypt`: its `--help` and its manual page.
+pub fn command() -> pepsi_common::cli::Command {
+    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-decrypt` binary.
+pub fn run() -> ExitCode {
+    pepsi_common::stage::main::<Decrypt>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
