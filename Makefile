@@ -12,6 +12,7 @@ FOLDED_BINARIES = \
 	pepsi-dispatch \
 	pepsi-failure-bouncer \
 	pepsi-ingress \
+	pepsi-keydisc \
 	pepsi-queue \
 	pepsi-settings \
 	pepsi-stage-aliases \

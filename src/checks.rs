@@ -22,6 +22,10 @@ fn failure_bouncer(cfg: &Config) -> anyhow::Result<()> {
     pepsi_failure_bouncer::Settings::from_config(cfg).map(drop)
 }
 
+fn keydisc(cfg: &Config) -> anyhow::Result<()> {
+    pepsi_keydisc::Settings::from_config(cfg).map(drop)
+}
+
 fn sendmail(cfg: &Config) -> anyhow::Result<()> {
     pepsi_sendmail::settings::Settings::from_config(cfg).map(drop)
 }
@@ -63,6 +67,10 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
     ProgramCheck {
         program: "pepsi-stage-milter",
         check: stage::<pepsi_stage_milter::Milter>,
+    },
+    ProgramCheck {
+        program: "pepsi-keydisc",
+        check: keydisc,
     },
     ProgramCheck {
         program: "pepsi-stage-encrypt",

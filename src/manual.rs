@@ -125,6 +125,7 @@ pub fn pages() -> Vec<Page> {
         clap("pepsi-quota", 8, pepsi_quota::command),
         clap("pepsi-whitelist", 1, pepsi_whitelist::command),
         clap("pepsi-keys", 8, pepsi_keys::command),
+        clap("pepsi-keydisc", 8, pepsi_keydisc::command),
         clap("pepsi-stage-encrypt", 8, pepsi_stage_encrypt::command),
         clap("pepsi-stage-decrypt", 8, pepsi_stage_decrypt::command),
         clap(

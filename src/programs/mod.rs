@@ -49,6 +49,7 @@ folded! {
     "pepsi-dispatch" => pepsi_dispatch: ::pepsi_dispatch::run;
     "pepsi-failure-bouncer" => pepsi_failure_bouncer: ::pepsi_failure_bouncer::run;
     "pepsi-ingress" => pepsi_ingress: ::pepsi_ingress::run;
+    "pepsi-keydisc" => pepsi_keydisc: ::pepsi_keydisc::run;
     "pepsi-queue" => pepsi_queue: ::pepsi_queue::run;
     "pepsi-settings" => pepsi_settings: ::pepsi_settings::run;
     "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;

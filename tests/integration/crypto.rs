@@ -716,6 +716,69 @@ async fn mail_to_an_opted_in_identity_arrives_decrypted_with_its_verification() 
         "{result}"
     );
 
+    // Regression: the plaintext goes only to a recipient the message was encrypted to. carol
+    // opts in too, but this one is for bob alone; her copy stays encrypted, and the result
+    // field a sender forged is gone from it as from bob's.
+    set_setting(&sys, "carol@example.test", "decrypt", Value::Bool(true)).await;
+    gpg.run(&[
+        "--armor",
+        "--encrypt",
+        "--sign",
+        "-u",
+        &dave,
+        "-r",
+        "bob@example.test",
+        "--output",
+        gpg.path("bob-only.asc").to_str().unwrap(),
+        plaintext.to_str().unwrap(),
+    ]);
+    let armored = std::fs::read_to_string(gpg.path("bob-only.asc")).unwrap();
+    let message = pgp_message("dave@remote.test", "bob@example.test", "bob-only", &armored);
+    let message = text(&message)
+        .replacen(
+            "Subject:",
+            "X-Pepsi-Decrypted: openpgp; key=X; signature=good\r\nSubject:",
+            1,
+        )
+        .into_bytes();
+    let reply = sys
+        .send(
+            "dave@remote.test",
+            &["bob@example.test", "carol@example.test"],
+            &message,
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let bob = sys.wait_messages("bob", 4, WAIT).await;
+    let carol = sys.wait_messages("carol", 2, WAIT).await;
+    let bobs = bob
+        .iter()
+        .find(|m| text(m).contains("Subject: bob-only"))
+        .unwrap();
+    let carols = carol
+        .iter()
+        .find(|m| text(m).contains("Subject: bob-only"))
+        .unwrap();
+    assert!(
+        text(bobs).contains("meet at the usual place"),
+        "{}",
+        text(bobs)
+    );
+    assert!(
+        field(bobs, "X-Pepsi-Decrypted")
+            .unwrap()
+            .starts_with(&format!("openpgp; key={bob_pgp}")),
+        "{}",
+        text(bobs)
+    );
+    assert!(
+        !text(carols).contains("meet at the usual place"),
+        "{}",
+        text(carols)
+    );
+    assert!(text(carols).contains("-----BEGIN PGP MESSAGE-----"));
+    assert_eq!(field(carols, "X-Pepsi-Decrypted"), None, "{}", text(carols));
+
     // Mail nobody here can decrypt goes on untouched.
     let stranger = gpg.generate("Stranger <stranger@elsewhere.test>", true);
     gpg.run(&[
@@ -738,7 +801,7 @@ async fn mail_to_an_opted_in_identity_arrives_decrypted_with_its_verification() 
         .send("dave@remote.test", &["bob@example.test"], &message)
         .await;
     assert!(reply.starts_with("250"), "{reply}");
-    let bob = sys.wait_messages("bob", 4, WAIT).await;
+    let bob = sys.wait_messages("bob", 5, WAIT).await;
     let untouched = bob
         .iter()
         .find(|m| text(m).contains("Subject: unreadable"))
@@ -872,6 +935,39 @@ async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_u
     );
     let inner = std::fs::read_to_string(gpg.path("reply.txt")).unwrap();
     assert!(inner.contains("the answer is 42"), "{inner}");
+
+    // The same From through the MX, without AUTH, is not alice's to sign:
+    // encrypted to erin, unsigned, without alice's Autocrypt header.
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["erin@example.test"],
+            &plain(
+                "alice@example.test",
+                "erin@example.test",
+                "forged",
+                "",
+                "who wrote this\r\n",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let got = sys.wait_messages("erin", 2, WAIT).await;
+    let forged = got
+        .iter()
+        .find(|m| text(m).contains("Subject: forged"))
+        .unwrap();
+    assert_eq!(field(forged, "Autocrypt"), None, "{}", text(forged));
+    let payload = gpg.write("forged.asc", armored_payload(&text(forged)).as_bytes());
+    let out = gpg.run(&[
+        "--decrypt",
+        "--output",
+        gpg.path("forged.txt").to_str().unwrap(),
+        payload.to_str().unwrap(),
+    ]);
+    let status = text(&out.stdout);
+    assert!(status.contains("DECRYPTION_OKAY"), "{status}");
+    assert!(!status.contains("SIG"), "not signed: {status}");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1126,9 +1222,306 @@ async fn required_encryption_parks_for_discovery_then_leaves_encrypted_or_bounce
     .await
     .unwrap();
     assert_eq!((status.as_str(), again), ("none", asked), "no new request");
+
+    // Regression: a plaintext labelled as encrypted is not let through as encrypted.
+    let labelled = plain(
+        "alice@example.test",
+        "hank@example.test",
+        "labelled",
+        "MIME-Version: 1.0\r\nContent-Type: multipart/encrypted; protocol=\"application/pgp-encrypted\"; boundary=x\r\n",
+        "--x\r\n\r\nVersion: 1\r\n--x\r\n\r\nnot a PGP message at all\r\n--x--\r\n",
+    );
+    let reply = sys
+        .send("alice@example.test", &["hank@example.test"], &labelled)
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    let dsns = sys.wait_messages("alice", 3, WAIT).await;
+    assert!(
+        dsns.iter().any(|m| text(m).contains("labelled")),
+        "returned, not delivered"
+    );
+    assert!(sys.messages("hank").is_empty());
     assert!(
         queue_at(&sys, "encrypt").await.is_empty(),
         "{:?}",
         sys.queue().await
+    );
+}
+
+/// The WKD server of wkd_server.py on a free port, serving `root` with `cert`/`key`.
+struct Wkd {
+    _proc: support::system::Proc,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Wkd {
+    async fn start(dir: &Path, root: &Path) -> Wkd {
+        let port = support::free_port();
+        let log = dir.join("wkd.log");
+        let child = Command::new("/usr/bin/python3")
+            .arg(support::root().join("tests/integration/crypto/wkd_server.py"))
+            .arg(port.to_string())
+            .arg(dir.join("wkd.pem"))
+            .arg(dir.join("wkd.key"))
+            .arg(root)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("/usr/bin/python3");
+        let until = Instant::now() + WAIT;
+        while tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .is_err()
+        {
+            assert!(
+                Instant::now() < until,
+                "the WKD server did not listen: {}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        Wkd {
+            _proc: support::system::Proc {
+                child,
+                name: "wkd_server.py",
+            },
+            port,
+            log,
+        }
+    }
+
+    fn requests(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+fn keydisc(sys: &System) -> Value {
+    let tool =
+        pepsi_testkit::programs::program("pepsi-keydisc", env!("CARGO_BIN_EXE_pepsi-keydisc"));
+    let out = sys
+        .command(&tool)
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .args(["--once", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "pepsi-keydisc: {}{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {}", text(&out.stdout)))
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_its_cache() {
+    let work = tempfile::tempdir().unwrap();
+    let dir = work.path();
+    // The WKD host's certificate, from a test CA pepsi-keydisc is told to trust.
+    issue_certificate(dir, "wkd", "postmaster@example.test");
+    std::fs::write(
+        dir.join("wkd.ext"),
+        "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test\n",
+    )
+    .unwrap();
+    openssl(
+        dir,
+        &[
+            "x509",
+            "-req",
+            "-in",
+            "wkd.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "wkd.pem",
+            "-days",
+            "30",
+            "-extfile",
+            "wkd.ext",
+        ],
+    );
+    // gina publishes her key in the domain's WKD, ivan his in DNS; hank nowhere.
+    let gpg = Gpg::new();
+    let gina = gpg.generate("Gina <gina@example.test>", true);
+    let ivan = gpg.generate("Ivan <ivan@example.test>", true);
+    let [advanced, _] = pepsi_keydisc::names::wkd_urls("gina", "example.test", 443);
+    let hashed = advanced
+        .split("/hu/")
+        .nth(1)
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let hu = dir.join("root/.well-known/openpgpkey/example.test/hu");
+    std::fs::create_dir_all(&hu).unwrap();
+    std::fs::write(hu.join(&hashed), gpg.export("--export", &gina)).unwrap();
+    let wkd = Wkd::start(dir, &dir.join("root")).await;
+    let ivan_name = pepsi_keydisc::names::dane_name("ivan", "example.test", "_openpgpkey");
+    let ivan_hex: String = gpg
+        .export("--export", &ivan)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let hank_name = pepsi_keydisc::names::dane_name("hank", "example.test", "_openpgpkey");
+    let dns = support::ingress::Dns::start_logged(&[
+        "--host-record=openpgpkey.example.test,127.0.0.1".to_owned(),
+        format!("--dns-rr={ivan_name},61,{ivan_hex}"),
+    ]);
+    let graph = format!(
+        "[stage-init]\nNEXT_STAGE = encrypt\n\n\
+         [stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = aliases\nBOUNCE_STAGE = bounce\n\
+         SIGN = no\nPOLICY = required\nDISCOVERY_METHODS = wkd, openpgpkey\n\n\
+         [pepsi-keydisc]\nDNS_SERVERS = 127.0.0.1:{}\nWKD_PORT = {}\nTLS_CA_FILE = {}\nMETHOD_TIMEOUT = 5s\n",
+        dns.port,
+        wkd.port,
+        dir.join("ca.pem").display()
+    );
+    let mut sys = System::new(&graph, &["alice", "gina", "ivan", "hank"]).await;
+    sys.start().await;
+
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["gina@example.test", "ivan@example.test"],
+            &plain(
+                "alice@example.test",
+                "gina@example.test, ivan@example.test",
+                "found",
+                "",
+                "sealed\r\n",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    wait_parked(&sys, 1).await;
+    let pass = keydisc(&sys);
+    assert_eq!(
+        (pass["asked"].clone(), pass["found"].clone()),
+        (2.into(), 2.into()),
+        "{pass}"
+    );
+    assert!(
+        wkd.requests().contains(&format!(
+            "/.well-known/openpgpkey/example.test/hu/{hashed}?l=gina host=openpgpkey.example.test"
+        )),
+        "{}",
+        wkd.requests()
+    );
+    let sources: Vec<(String, String, String)> =
+        sqlx::query_as("SELECT address, source, fingerprint FROM pepsi.peer_key ORDER BY address")
+            .fetch_all(&sys.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        sources,
+        [
+            (
+                "gina@example.test".to_owned(),
+                "wkd".to_owned(),
+                gina.clone()
+            ),
+            (
+                "ivan@example.test".to_owned(),
+                "openpgpkey".to_owned(),
+                ivan.clone()
+            ),
+        ]
+    );
+    for user in ["gina", "ivan"] {
+        let got = sys.wait_messages(user, 1, WAIT).await;
+        let stored = text(&got[0]);
+        assert!(
+            field(&got[0], "Content-Type")
+                .unwrap()
+                .starts_with("multipart/encrypted"),
+            "{stored}"
+        );
+        let payload = gpg.write(&format!("{user}.asc"), armored_payload(&stored).as_bytes());
+        let out = gpg.run(&[
+            "--decrypt",
+            "--output",
+            gpg.path(&format!("{user}.txt")).to_str().unwrap(),
+            payload.to_str().unwrap(),
+        ]);
+        assert!(
+            text(&out.stdout).contains("DECRYPTION_OKAY"),
+            "{user}: {}",
+            text(&out.stdout)
+        );
+    }
+
+    // hank: nothing anywhere. The request settles without a key, the message comes back.
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["hank@example.test"],
+            &plain(
+                "alice@example.test",
+                "hank@example.test",
+                "missing",
+                "",
+                "sealed\r\n",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    wait_parked(&sys, 1).await;
+    let pass = keydisc(&sys);
+    assert_eq!(
+        (pass["none"].clone(), pass["released"].clone()),
+        (1.into(), 1.into()),
+        "{pass}"
+    );
+    let dsn = sys.wait_messages("alice", 1, WAIT).await;
+    assert!(text(&dsn[0]).contains("5.7.5"), "{}", text(&dsn[0]));
+    let replied: Value = sqlx::query_scalar(
+        "SELECT methods_replied FROM pepsi.key_request WHERE address = 'hank@example.test'",
+    )
+    .fetch_one(&sys.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            replied["wkd"]["result"].clone(),
+            replied["openpgpkey"]["result"].clone()
+        ),
+        ("none".into(), "none".into()),
+        "{replied}"
+    );
+    let asked = dns.queries(&hank_name);
+    assert_eq!(asked, 1, "one OPENPGPKEY lookup for hank");
+
+    // A second message for hank: returned from the negative cache, nothing asked again.
+    let reply = sys
+        .send(
+            "alice@example.test",
+            &["hank@example.test"],
+            &plain(
+                "alice@example.test",
+                "hank@example.test",
+                "missing-again",
+                "",
+                "sealed\r\n",
+            ),
+        )
+        .await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 2, WAIT).await;
+    let pass = keydisc(&sys);
+    assert_eq!(pass["asked"], 0, "{pass}");
+    assert_eq!(dns.queries(&hank_name), asked, "no new lookup");
+    assert_eq!(
+        wkd.requests().matches("l=hank").count(),
+        1,
+        "{}",
+        wkd.requests()
     );
 }

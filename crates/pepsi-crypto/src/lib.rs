@@ -35,6 +35,37 @@ pub enum CryptoError {
 
 pub type Result<T> = std::result::Result<T, CryptoError>;
 
+/// Whether a message is encrypted already, by its content and not only its label: an RFC
+/// 3156 message whose body holds an armored OpenPGP message, or an S/MIME one whose body
+/// decodes to CMS enveloped (or authenticated-enveloped) data. A plaintext message labelled
+/// as encrypted is not.
+pub fn carries_ciphertext(headers: &[u8], body: &[u8]) -> bool {
+    if openpgp::is_encrypted(headers) {
+        return body
+            .windows(27)
+            .any(|w| w == b"-----BEGIN PGP MESSAGE-----");
+    }
+    if smime::is_encrypted(headers) {
+        // id-envelopedData (1.2.840.113549.1.7.3) and id-ct-authEnvelopedData
+        // (1.2.840.113549.1.9.16.1.23), as their DER object identifiers.
+        const ENVELOPED: &[u8] = &[
+            0x06, 0x09, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x07, 0x03,
+        ];
+        const AUTH_ENVELOPED: &[u8] = &[
+            0x06, 0x0b, 0x2a, 0x86, 0x48, 0x86, 0xf7, 0x0d, 0x01, 0x09, 0x10, 0x01, 0x17,
+        ];
+        let Ok(der) = mime::decode_body(headers, body) else {
+            return false;
+        };
+        let head = &der[..der.len().min(32)];
+        return head.windows(ENVELOPED.len()).any(|w| w == ENVELOPED)
+            || head
+                .windows(AUTH_ENVELOPED.len())
+                .any(|w| w == AUTH_ENVELOPED);
+    }
+    false
+}
+
 /// The two standards a key or message belongs to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Scheme {

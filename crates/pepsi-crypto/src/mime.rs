@@ -15,7 +15,8 @@ pub const MAX_PARTS: usize = 1000;
 /// Whether a field name belongs to the MIME entity (and so goes inside the protection):
 /// every `Content-*` field.
 pub fn is_content_field(name: &str) -> bool {
-    name.len() > 8 && name[..8].eq_ignore_ascii_case("content-")
+    // Bytes, not characters: a name that is not ASCII must not split a character.
+    name.len() > 8 && name.as_bytes()[..8].eq_ignore_ascii_case(b"content-")
 }
 
 /// Splits a header block into the fields that stay outside (everything but the content
@@ -315,6 +316,9 @@ mod tests {
                   Subject: s\r\nContent-Transfer-Encoding: 8bit\r\n";
         let (outer, content) = split_content(h);
         assert_eq!(outer, b"From: a@x.test\r\nSubject: s\r\n");
+        // A field name that is not ASCII is an outer field, not a panic.
+        let odd = "Conten\u{e9}t-X: 1\r\nContent\u{e9}: 2\r\n".as_bytes();
+        assert_eq!(split_content(odd).0, odd);
         assert_eq!(
             content,
             b"Content-Type: text/plain;\r\n charset=utf-8\r\nContent-Transfer-Encoding: 8bit\r\n"

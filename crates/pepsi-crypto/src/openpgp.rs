@@ -750,6 +750,12 @@ fn read_all(data: &[&[u8]]) -> Result<Vec<Cert>> {
     Ok(out)
 }
 
+/// The most plaintext an encrypted payload of `len` bytes may decrypt to: sixteen times its
+/// size and a mebibyte, room for honest compression of text and not for a bomb.
+pub fn max_plaintext(len: usize) -> u64 {
+    (len as u64).saturating_mul(16).saturating_add(1 << 20)
+}
+
 /// Decrypts an is_encrypted message with whichever of `secrets` (TSKs) fits and checks a
 /// signature inside against `peers` (RFC 3156 §6.2), or a multipart/signed entity inside
 /// (§6.1), which is unwrapped to its signed content.
@@ -787,10 +793,18 @@ pub fn decrypt(
             outcome: &mut outcome,
         };
         let mut plaintext = Vec::new();
+        // A message may be compressed: a small one must not decompress without bound.
+        let limit = max_plaintext(payload.len());
         let result = DecryptorBuilder::from_bytes(&payload)
             .and_then(|b| b.with_policy(&p, None, helper))
-            .and_then(|mut d| {
-                std::io::copy(&mut d, &mut plaintext)?;
+            .and_then(|d| {
+                std::io::copy(&mut std::io::Read::take(d, limit + 1), &mut plaintext)?;
+                if plaintext.len() as u64 > limit {
+                    return Err(pgp::Error::InvalidOperation(format!(
+                        "the message decompresses to more than {limit} bytes"
+                    ))
+                    .into());
+                }
                 Ok(())
             });
         result.map(|()| plaintext)

@@ -230,3 +230,47 @@ fn we_verify_a_gpg_detached_signature() {
     let v = openpgp::verify(headers, &build(&altered), &[&dave_public]).unwrap();
     assert!(matches!(v.status, SigStatus::Bad(_)), "{v:?}");
 }
+
+/// Guards against a compression bomb: a small message that decompresses far beyond its size
+/// is refused, not read into memory.
+#[test]
+fn a_message_that_decompresses_without_bound_is_refused() {
+    let gpg = Gpg::new();
+    let carol = openpgp::generate("carol@example.test", None, None).unwrap();
+    gpg.import("carol.pub", &carol.public);
+    // 64 MiB of one byte, which zlib shrinks to about 64 KiB.
+    let mut entity = b"Content-Type: text/plain\r\n\r\n".to_vec();
+    entity.resize(64 << 20, b'a');
+    let file = gpg.write("big", &entity);
+    let armored_path = gpg.path("big.asc");
+    gpg.run(&[
+        "--encrypt",
+        "--armor",
+        "--compress-algo",
+        "zlib",
+        "--compress-level",
+        "9",
+        "-r",
+        "carol@example.test",
+        "--output",
+        path_str(&armored_path),
+        path_str(&file),
+    ]);
+    let armored = mime::to_crlf(&std::fs::read(&armored_path).unwrap());
+    assert!(
+        armored.len() < 1 << 20,
+        "gpg compressed it: {}",
+        armored.len()
+    );
+    let headers =
+        b"From: x@example.test\r\nMIME-Version: 1.0\r\nContent-Type: multipart/encrypted;\r\n \
+        protocol=\"application/pgp-encrypted\"; boundary=\"b\"\r\n";
+    let mut body = b"--b\r\nContent-Type: application/pgp-encrypted\r\n\r\nVersion: 1\r\n\r\n\
+        --b\r\nContent-Type: application/octet-stream\r\n\r\n"
+        .to_vec();
+    body.extend_from_slice(&armored);
+    body.extend_from_slice(b"\r\n--b--\r\n");
+    let refused = openpgp::decrypt(headers, &body, &[&carol.secret], &[]);
+    let err = refused.expect_err("refused").to_string();
+    assert!(err.contains("decompresses to more than"), "{err}");
+}

@@ -574,6 +574,27 @@ async fn import(pool: &PgPool, keyring: &Keyring, actor: &Actor, a: ImportArgs) 
     if pair.info.revoked {
         return Err(invalid(format!("{}: the key is revoked", a.file.display())));
     }
+    // The stages sign unattended: a key behind a passphrase, or one that cannot sign at
+    // all, is refused here rather than found out on every message.
+    let probe = match pair.info.scheme {
+        Scheme::OpenPgp => {
+            openpgp::sign(b"Subject: probe\r\n", b"probe\r\n", &pair.secret).map(drop)
+        }
+        Scheme::Smime => smime::sign(
+            b"Subject: probe\r\n",
+            b"probe\r\n",
+            &pair.public,
+            &pair.secret,
+        )
+        .map(drop),
+    };
+    if let (true, Err(e)) = (pair.info.can_sign, probe) {
+        return Err(invalid(format!(
+            "{}: the key cannot sign unattended (protected by a passphrase, or not a signing \
+             key): {e}; remove the passphrase before importing",
+            a.file.display()
+        )));
+    }
     let primary = store_identity(
         pool,
         keyring,

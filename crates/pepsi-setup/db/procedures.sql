@@ -1249,11 +1249,11 @@ REVOKE ALL ON FUNCTION pepsi.mail_log_expire(interval) FROM PUBLIC;
 -- their stage, which encrypts or bounces. Like every writer outside the dispatcher's loop,
 -- the caller notifies `workqueue` after its transaction commits.
 
--- Ask for discovery of p_address's key unless a request is in flight or a negative answer
--- is still cached. Returns the request's status: 'pending' (new or in flight), 'none'
--- (settled without a key and negative_until not passed) or 'found'. A settled request
--- whose negative cache has expired, or a found one asked again (the key was not usable after
--- all), starts over.
+-- Ask for discovery of p_address's key unless a request is in flight or settled recently.
+-- Returns the request's status: 'pending' (new or in flight), 'none' (settled without a key
+-- and the negative answer still cached) or 'found' (settled with a key that peer_key still
+-- holds within its cache time: the caller reads it again). A negative answer whose cache has
+-- run out (or that has none), or a found key since expired, starts a new lookup.
 CREATE OR REPLACE FUNCTION pepsi.crypto_request_key(p_address text, p_methods text[])
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -1270,14 +1270,21 @@ BEGIN
         next_attempt_at = now(),
         settled_at = NULL,
         negative_until = NULL
-    WHERE pepsi.key_request.status = 'found'
-       OR (pepsi.key_request.status = 'none' AND pepsi.key_request.negative_until <= now());
+    WHERE (pepsi.key_request.status = 'none'
+           AND (pepsi.key_request.negative_until IS NULL
+                OR pepsi.key_request.negative_until <= now()))
+       OR (pepsi.key_request.status = 'found'
+           AND NOT EXISTS (SELECT 1 FROM pepsi.peer_key k
+                           WHERE k.address = lower(p_address)
+                             AND (k.cache_until IS NULL OR k.cache_until > now())));
     SELECT status INTO st FROM pepsi.key_request WHERE address = lower(p_address);
     RETURN st;
 END
 $$;
 
--- Send the rows parked for p_address's key back to their stage. Returns how many.
+-- Send the rows parked at their stage for p_address's key back to that stage. Returns how
+-- many. A row that parks after this ran is not missed for long: the stage parks for at most
+-- DISCOVERY_RECHECK before it looks again.
 CREATE OR REPLACE FUNCTION pepsi.keydisc_release(p_address text)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -1286,6 +1293,7 @@ BEGIN
     UPDATE pepsi.workqueue SET status = 'pending', timeout = NULL, updated_at = now()
     WHERE status = 'paused'
       AND (state -> 'keydisc' -> 'waiting') ? lower(p_address)
+      AND stage = state -> 'keydisc' ->> 'stage'
       AND NOT state ? 'held';
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;

@@ -234,6 +234,9 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Pipeline, "mailbox_password") => NONE,
         // The signing stages read the keys; nothing that processes mail may plant or swap one.
         (RoleKind::Pipeline, "signing_key") => READ,
+        // Trust anchors of S/MIME signatures are the crypto role's (pepsi-keys) to set; a
+        // stage that could add one could make any signature pass.
+        (RoleKind::Pipeline, "ca_trust") => READ,
         (RoleKind::Pipeline, _) => ALL,
         (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
         (RoleKind::Ingress, "config_override" | "settings") => READ,
@@ -667,34 +670,39 @@ async fn column_diff(
         .await?;
         let readers = column_readers(kind, table);
         for column in columns {
-            let has: bool = sqlx::query_scalar(
-                "SELECT has_column_privilege($1, ('pepsi.' || quote_ident($2))::regclass, $3, 'SELECT')",
-            )
-            .bind(role)
-            .bind(table)
-            .bind(&column)
-            .fetch_one(&mut *conn)
-            .await?;
-            let wanted = readers && !secret.contains(&column.as_str());
-            let target = format!("pepsi.{} ({})", quote_ident(table), quote_ident(&column));
-            if wanted && !has {
-                fixes.push(Fix {
-                    sql: format!(
-                        "GRANT SELECT ({}) ON pepsi.{} TO {q}",
-                        quote_ident(&column),
-                        quote_ident(table)
-                    ),
-                    describe: format!("{role} lacks SELECT on {target}"),
-                });
-            } else if has && !wanted {
-                fixes.push(Fix {
-                    sql: format!(
-                        "REVOKE SELECT ({}) ON pepsi.{} FROM {q}",
-                        quote_ident(&column),
-                        quote_ident(table)
-                    ),
-                    describe: format!("{role} must not have SELECT on {target}"),
-                });
+            // SELECT on the public columns for the readers; nothing else, column by column
+            // (a column grant is invisible to the table-level matrix).
+            for privilege in ["SELECT", "INSERT", "UPDATE", "REFERENCES"] {
+                let has: bool = sqlx::query_scalar(
+                    "SELECT has_column_privilege($1, ('pepsi.' || quote_ident($2))::regclass, $3, $4)",
+                )
+                .bind(role)
+                .bind(table)
+                .bind(&column)
+                .bind(privilege)
+                .fetch_one(&mut *conn)
+                .await?;
+                let wanted = privilege == "SELECT" && readers && !secret.contains(&column.as_str());
+                let target = format!("pepsi.{} ({})", quote_ident(table), quote_ident(&column));
+                if wanted && !has {
+                    fixes.push(Fix {
+                        sql: format!(
+                            "GRANT {privilege} ({}) ON pepsi.{} TO {q}",
+                            quote_ident(&column),
+                            quote_ident(table)
+                        ),
+                        describe: format!("{role} lacks {privilege} on {target}"),
+                    });
+                } else if has && !wanted {
+                    fixes.push(Fix {
+                        sql: format!(
+                            "REVOKE {privilege} ({}) ON pepsi.{} FROM {q}",
+                            quote_ident(&column),
+                            quote_ident(table)
+                        ),
+                        describe: format!("{role} must not have {privilege} on {target}"),
+                    });
+                }
             }
         }
     }

@@ -907,6 +907,32 @@ async fn only_the_crypto_role_reads_the_wrapped_private_keys() {
     schema::setup_url(&db.url, &Roles::default()).await.unwrap();
     assert_eq!(as_role(&db, "pepsi", secret).await, Err("42501".into()));
     assert_eq!(as_role(&db, "pepsi", public).await, Ok(()));
+    // A column grant of another kind is found and taken back too.
+    sqlx::raw_sql("GRANT UPDATE (address) ON pepsi.crypto_identity TO pepsi")
+        .execute(&mut conn(&db).await)
+        .await
+        .unwrap();
+    let report = schema::check(&db.url, &Roles::default()).await.unwrap();
+    assert!(
+        report
+            .privileges_wrong
+            .iter()
+            .any(|w| w.contains("UPDATE") && w.contains("address")),
+        "{:?}",
+        report.privileges_wrong
+    );
+    schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    let rename = "UPDATE pepsi.crypto_identity SET address = 'mallory@example.test'";
+    assert_eq!(as_role(&db, "pepsi", rename).await, Err("42501".into()));
+    // Trust anchors are the crypto role's to set; stages only read them.
+    let anchor = "INSERT INTO pepsi.ca_trust (fingerprint, subject, certificate) \
+                  VALUES (repeat('A', 64), 'CN=x', '\\x00')";
+    assert_eq!(as_role(&db, "pepsi", anchor).await, Err("42501".into()));
+    assert_eq!(as_role(&db, "pepsi-crypto", anchor).await, Ok(()));
+    assert_eq!(
+        as_role(&db, "pepsi", "SELECT * FROM pepsi.ca_trust").await,
+        Ok(())
+    );
 }
 
 #[tokio::test]
@@ -955,7 +981,27 @@ async fn a_parked_message_is_released_when_its_key_request_settles() {
     .unwrap();
     sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour', \
-         state = '{{\"keydisc\": {{\"waiting\": [\"bob@example.test\"]}}}}' WHERE workqueue_id = {id}"
+         stage = 'encrypt', \
+         state = '{{\"keydisc\": {{\"waiting\": [\"bob@example.test\"], \"stage\": \"encrypt\"}}}}' \
+         WHERE workqueue_id = {id}"
+    )))
+    .execute(&mut c)
+    .await
+    .unwrap();
+    // A row that waits at another stage (it left encrypt with its keydisc state) is not
+    // woken.
+    let elsewhere: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('a@x.test', ARRAY['bob@example.test'], \
+         '\\x00'::bytea, '\\x00'::bytea, '{}'::jsonb)",
+    )
+    .fetch_one(&mut c)
+    .await
+    .unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour', \
+         stage = 'relay', \
+         state = '{{\"keydisc\": {{\"waiting\": [\"bob@example.test\"], \"stage\": \"encrypt\"}}}}' \
+         WHERE workqueue_id = {elsewhere}"
     )))
     .execute(&mut c)
     .await

@@ -166,61 +166,83 @@ impl Stage for Decrypt {
             .next()
             .map(|a| a.to_lowercase());
         let body = ctx.body()?.to_vec();
-        let result = match scheme {
-            Scheme::OpenPgp => {
-                let peers = match &from {
-                    Some(f) => store::peer_keys(pool, std::slice::from_ref(f))
-                        .await
-                        .map_err(|e| StageError::Temporary(e.to_string()))?
-                        .into_iter()
-                        .filter(|p| p.scheme == Scheme::OpenPgp)
-                        .map(|p| p.public_key)
-                        .collect(),
-                    None => Vec::new(),
-                };
-                let secrets: Vec<&[u8]> = identities.iter().map(|u| u.secret.as_slice()).collect();
-                let peers: Vec<&[u8]> = peers.iter().map(Vec::as_slice).collect();
-                openpgp::decrypt(&headers, &body, &secrets, &peers)
-            }
-            Scheme::Smime => {
-                let cas = store::trusted_cas(pool)
-                    .await
-                    .map_err(|e| StageError::Temporary(e.to_string()))?;
-                let cas: Vec<&[u8]> = cas.iter().map(Vec::as_slice).collect();
-                let ids: Vec<(&[u8], &[u8])> = identities
-                    .iter()
-                    .map(|u| (u.identity.public_key.as_slice(), u.secret.as_slice()))
-                    .collect();
-                smime::decrypt(&headers, &body, &ids, &cas)
-            }
+        let peers: Vec<Vec<u8>> = match (&from, scheme) {
+            (Some(f), Scheme::OpenPgp) => store::peer_keys(pool, std::slice::from_ref(f))
+                .await
+                .map_err(|e| StageError::Temporary(e.to_string()))?
+                .into_iter()
+                .filter(|p| p.scheme == Scheme::OpenPgp && vouches(p))
+                .map(|p| p.public_key)
+                .collect(),
+            _ => Vec::new(),
         };
-        let decrypted: Decrypted = match result {
-            Ok(d) => d,
-            Err(e) => {
-                tracing::info!(id = ctx.id(), %scheme, "left encrypted: {e}");
-                let state = crypto_state(
-                    ctx.state(),
-                    json!({ "stage": name, "scheme": scheme.as_str(), "result": "failed",
-                            "why": e.to_string() }),
-                );
-                if headers != original {
-                    ctx.set_headers(headers);
-                }
-                return ctx.advance_with(state);
+        let cas: Vec<Vec<u8>> = match scheme {
+            Scheme::Smime => store::trusted_cas(pool)
+                .await
+                .map_err(|e| StageError::Temporary(e.to_string()))?,
+            Scheme::OpenPgp => Vec::new(),
+        };
+        // Each opted-in recipient with its own keys only: the plaintext goes to those the
+        // message was encrypted to, never to another recipient who merely opted in.
+        let mut decrypted: Option<Decrypted> = None;
+        let mut opened_for: Vec<usize> = Vec::new();
+        let mut last_error = None;
+        for &i in &opted {
+            let own: Vec<&pepsi_keymat::store::Unsealed> = identities
+                .iter()
+                .filter(|u| u.identity.address == rcpts[i])
+                .collect();
+            if own.is_empty() {
+                continue;
             }
+            let result = match scheme {
+                Scheme::OpenPgp => {
+                    let secrets: Vec<&[u8]> = own.iter().map(|u| u.secret.as_slice()).collect();
+                    let peers: Vec<&[u8]> = peers.iter().map(Vec::as_slice).collect();
+                    openpgp::decrypt(&headers, &body, &secrets, &peers)
+                }
+                Scheme::Smime => {
+                    let cas: Vec<&[u8]> = cas.iter().map(Vec::as_slice).collect();
+                    let ids: Vec<(&[u8], &[u8])> = own
+                        .iter()
+                        .map(|u| (u.identity.public_key.as_slice(), u.secret.as_slice()))
+                        .collect();
+                    smime::decrypt(&headers, &body, &ids, &cas)
+                }
+            };
+            match result {
+                Ok(d) => {
+                    opened_for.push(i);
+                    decrypted.get_or_insert(d);
+                }
+                Err(e) => last_error = Some(e),
+            }
+        }
+        let Some(decrypted) = decrypted else {
+            let why = last_error.map_or_else(
+                || "no opted-in recipient has a private key of this scheme".to_owned(),
+                |e| e.to_string(),
+            );
+            tracing::info!(id = ctx.id(), %scheme, "left encrypted: {why}");
+            let state = crypto_state(
+                ctx.state(),
+                json!({ "stage": name, "scheme": scheme.as_str(), "result": "failed", "why": why }),
+            );
+            if headers != original {
+                ctx.set_headers(headers);
+            }
+            return ctx.advance_with(state);
         };
         let verdict = verdict::of(&decrypted.verification, from.as_deref());
-        // Recipients who did not opt in keep the encrypted message, on a row of their own.
-        if opted.len() < rcpts.len() {
-            let others: Vec<usize> = (0..rcpts.len()).filter(|i| !opted.contains(i)).collect();
-            let next = ctx
-                .settings()
-                .next_stage
-                .clone()
-                .ok_or_else(|| StageError::NoNextStage(name.clone()))?;
+        // The other recipients keep the encrypted message, on a row of their own that comes
+        // back to this stage: their copy loses a forged result field there too.
+        if opened_for.len() < rcpts.len() {
+            let others: Vec<usize> = (0..rcpts.len())
+                .filter(|i| !opened_for.contains(i))
+                .collect();
             ctx.fan_out_keeping_age(
-                &opted,
-                &[FanGroup::new(FanRecipients::Indices(others), next)],
+                &opened_for,
+                &[FanGroup::new(FanRecipients::Indices(others), name.clone())],
             )
             .await?;
         }
@@ -248,6 +270,17 @@ impl Stage for Decrypt {
             }),
         );
         ctx.advance_with(state)
+    }
+}
+
+/// Whether a peer key may vouch for a signature: one an operator imported, or one the
+/// sender's own domain published (WKD, a keyserver that verified the address, DNS when the
+/// answer was validated). A key from an Autocrypt header or gossip anyone could have sent.
+fn vouches(p: &pepsi_keymat::store::PeerKey) -> bool {
+    match p.source.as_str() {
+        "import" | "wkd" | "keyserver" => true,
+        "openpgpkey" | "smimea" => p.dnssec_validated,
+        _ => false,
     }
 }
 

@@ -57,9 +57,17 @@ pub fn of(v: &Verification, from: Option<&str>) -> Verdict {
 pub fn header_value(scheme: Scheme, key: &str, verdict: &Verdict) -> String {
     let mut out = format!("{}; key={key}; signature={}", scheme.as_str(), verdict.word);
     if let Some(detail) = &verdict.detail {
+        // The detail carries what a certificate or key says of itself: only characters that
+        // cannot close the comment or start another parameter pass.
         let clean: String = detail
             .chars()
-            .map(|c| if c.is_control() { ' ' } else { c })
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || " @.,:<>_+-/".contains(c) {
+                    c
+                } else {
+                    '_'
+                }
+            })
             .take(300)
             .collect();
         out.push_str(&format!(" ({clean})"));
@@ -120,6 +128,18 @@ mod tests {
                 detail: Some("line\r\nInjected: yes".into()),
             },
         );
-        assert_eq!(value, "smime; key=FF; signature=bad (line  Injected: yes)");
+        assert_eq!(value, "smime; key=FF; signature=bad (line__Injected: yes)");
+        let forged = header_value(
+            Scheme::Smime,
+            "FF",
+            &Verdict {
+                word: "mismatch",
+                detail: Some("x@y); signature=good; (".into()),
+            },
+        );
+        assert_eq!(
+            forged,
+            "smime; key=FF; signature=mismatch (x@y__ signature_good_ _)"
+        );
     }
 }

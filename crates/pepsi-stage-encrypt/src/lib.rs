@@ -71,6 +71,9 @@ pub struct Settings {
     pub methods: Vec<String>,
     /// `DISCOVERY_TIMEOUT` (default 1h): how long a message waits for discovery to settle.
     pub discovery_timeout: Duration,
+    /// `DISCOVERY_RECHECK` (default 1m): the longest a parked message waits before it looks
+    /// again by itself.
+    pub discovery_recheck: Duration,
 }
 
 impl Settings {
@@ -130,6 +133,9 @@ impl Settings {
             discovery_timeout: s
                 .duration_opt("DISCOVERY_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(3600)),
+            discovery_recheck: s
+                .duration_opt("DISCOVERY_RECHECK")?
+                .unwrap_or(Duration::from_secs(60)),
         })
     }
 }
@@ -166,14 +172,23 @@ impl Stage for Encrypt {
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let headers = ctx.headers()?.to_vec();
-        if openpgp::is_encrypted(&headers) || smime::is_encrypted(&headers) {
-            // Encrypted by the sender's own client: nothing to add.
-            return ctx.advance();
+        if pepsi_crypto::carries_ciphertext(&headers, ctx.body()?) {
+            // Encrypted by the sender's own client: nothing to add. A label alone is not
+            // enough: the body must hold an OpenPGP message or CMS enveloped data.
+            return ctx.advance_with(clear_keydisc(ctx.state()));
         }
         let now = Utc::now();
-        let sender = message::from_addresses(&headers)
+        // Whose policy applies: the authenticated mailbox, else the envelope sender (which
+        // the ingress checked), never a From field anyone can write.
+        let origin = Origin::from_state(ctx.state())?;
+        let author = message::from_addresses(&headers)
             .into_iter()
             .next()
+            .unwrap_or_default()
+            .to_lowercase();
+        let sender = origin
+            .as_ref()
+            .and_then(|o| o.auth_user.clone())
             .unwrap_or_else(|| ctx.mail_from().to_owned())
             .to_lowercase();
         let rcpts: Vec<String> = ctx.rcpt_to().iter().map(|r| r.to_lowercase()).collect();
@@ -214,9 +229,9 @@ impl Stage for Encrypt {
             policy = Policy::Opportunistic;
         }
 
-        // The sender's identities, when the message is theirs to sign.
-        let own: Vec<Identity> = if may_speak_for(ctx, &sender)? {
-            store::identities(pool, std::slice::from_ref(&sender))
+        // The author's identities, when the message is theirs to sign.
+        let own: Vec<Identity> = if may_speak_for(origin.as_ref(), &author) {
+            store::identities(pool, std::slice::from_ref(&author))
                 .await
                 .map_err(keymat)?
                 .into_iter()
@@ -226,29 +241,53 @@ impl Stage for Encrypt {
             Vec::new()
         };
         let prefer_mutual = table
-            .resolve(&sender, constants::PREFER_SETTING)
+            .resolve(&author, constants::PREFER_SETTING)
             .is_some_and(|s| s.value.as_str() == Some("mutual"));
-        let with_autocrypt = autocrypt_header(settings, &headers, &sender, &own, prefer_mutual);
+        let with_autocrypt = autocrypt_header(settings, &headers, &author, &own, prefer_mutual);
 
         if policy == Policy::Off {
-            return finish_plain(ctx, headers, with_autocrypt);
+            return finish_plain(ctx, with_autocrypt);
         }
 
-        let chosen = recipient_keys(pool, &rcpts, &settings.prefer, now).await?;
-        let mut facts = Vec::with_capacity(rcpts.len());
-        for (r, c) in rcpts.iter().zip(&chosen) {
-            let discovery = match (c, policy) {
-                (None, Policy::Required) if settings.discovery => {
-                    Some(request_key(pool, r, &settings.methods).await?)
+        let mut chosen = recipient_keys(pool, &rcpts, &settings.prefer, now).await?;
+        let mut discovery: Vec<Option<Discovery>> = vec![None; rcpts.len()];
+        if policy == Policy::Required {
+            let mut reread = false;
+            for (i, r) in rcpts.iter().enumerate() {
+                if chosen[i].is_some() {
+                    continue;
                 }
-                (None, Policy::Required) => Some(Discovery::Off),
-                _ => None,
-            };
-            facts.push(plan::Recipient {
+                discovery[i] = Some(match settings.discovery {
+                    true => request_key(pool, r, &settings.methods).await?,
+                    false => Discovery::Off,
+                });
+                reread |= discovery[i] == Some(Discovery::Unusable);
+            }
+            if reread {
+                // Discovery settled with a key after the keys above were read: read again;
+                // a key that is still not usable is refused.
+                chosen = recipient_keys(pool, &rcpts, &settings.prefer, now).await?;
+                for (i, c) in chosen.iter().enumerate() {
+                    if c.is_some() {
+                        discovery[i] = None;
+                    }
+                }
+            }
+        }
+        let visible: Vec<String> = message::visible_recipient_addresses(&headers)
+            .into_iter()
+            .map(|a| a.to_lowercase())
+            .collect();
+        let facts: Vec<plan::Recipient> = rcpts
+            .iter()
+            .zip(&chosen)
+            .zip(discovery)
+            .map(|((r, c), discovery)| plan::Recipient {
                 scheme: c.as_ref().map(|c| c.scheme),
                 discovery,
-            });
-        }
+                hidden: !visible.contains(r),
+            })
+            .collect();
         let since = parked_since(ctx.state()).unwrap_or(now);
         let timed_out = now
             .signed_duration_since(since)
@@ -273,17 +312,24 @@ impl Stage for Encrypt {
     }
 }
 
-/// Whether the message may carry the sender's signature and Autocrypt header: mail made
-/// here (no origin), or submitted by the very mailbox of its From address. Anyone else
-/// (an MX delivery forwarded out, another mailbox writing someone's From) is not signed in
-/// that address's name.
-fn may_speak_for(ctx: &StageContext<'_>, sender: &str) -> Result<bool, StageError> {
-    Ok(match Origin::from_state(ctx.state())? {
-        None => true,
-        Some(origin) => origin
-            .auth_user
-            .is_some_and(|u| u.eq_ignore_ascii_case(sender)),
-    })
+/// Whether the message may carry the author's signature and Autocrypt header: only when
+/// the very mailbox of its From address submitted it after AUTH. Anyone else (an MX
+/// delivery forwarded out, another mailbox writing someone's From, a row made without an
+/// origin by whoever may write the queue) is not signed in that address's name.
+fn may_speak_for(origin: Option<&Origin>, author: &str) -> bool {
+    !author.is_empty()
+        && origin
+            .and_then(|o| o.auth_user.as_deref())
+            .is_some_and(|u| u.eq_ignore_ascii_case(author))
+}
+
+/// `state.keydisc` cleared, for every way out but a park.
+fn clear_keydisc(state: &Map<String, Value>) -> Map<String, Value> {
+    let mut m = Map::new();
+    if state.get("keydisc").is_some_and(|v| !v.is_null()) {
+        m.insert("keydisc".into(), Value::Null);
+    }
+    m
 }
 
 fn keymat(e: pepsi_keymat::KeymatError) -> StageError {
@@ -330,13 +376,12 @@ fn autocrypt_header(
 
 fn finish_plain(
     ctx: &mut StageContext<'_>,
-    _headers: Vec<u8>,
     with_autocrypt: Option<Vec<u8>>,
 ) -> Result<Terminal, StageError> {
     if let Some(h) = with_autocrypt {
         ctx.set_headers(h);
     }
-    ctx.advance()
+    ctx.advance_with(clear_keydisc(ctx.state()))
 }
 
 /// Each recipient's key, chosen by PREFER among the usable ones: a peer key (valid, within
@@ -347,7 +392,19 @@ async fn recipient_keys(
     prefer: &[Scheme],
     now: DateTime<Utc>,
 ) -> Result<Vec<Option<Chosen>>, StageError> {
-    let peers = store::peer_keys(pool, rcpts).await.map_err(keymat)?;
+    let mut peers = store::peer_keys(pool, rcpts).await.map_err(keymat)?;
+    // The most trustworthy source first: an operator's import, then what the recipient's
+    // domain publishes, then a signed message's certificate, and a key that arrived in a
+    // header anyone could have written last. Newest first within a source.
+    peers.sort_by_key(|p| {
+        let rank = match p.source.as_str() {
+            "import" => 0,
+            "wkd" | "openpgpkey" | "smimea" | "keyserver" => 1,
+            "signature" => 2,
+            _ => 3,
+        };
+        (rank, std::cmp::Reverse(p.updated_at))
+    });
     let locals = store::identities(pool, rcpts).await.map_err(keymat)?;
     let mut out = Vec::with_capacity(rcpts.len());
     for r in rcpts {
@@ -411,6 +468,8 @@ async fn request_key(
         .await?;
     Ok(match status.as_str() {
         "none" => Discovery::NoKey,
+        // Settled with a key the caller did not find usable (it reads again first).
+        "found" => Discovery::Unusable,
         _ => Discovery::Pending,
     })
 }
@@ -440,6 +499,10 @@ fn refusal_state(
                 "the sender's policy requires encryption and key discovery for {address} did \
                  not settle within {}s",
                 timeout.as_secs()
+            ),
+            Refusal::UnusableKey => format!(
+                "the sender's policy requires encryption and the key found for {address} \
+                 cannot be used (expired, revoked, or of a scheme this server does not use)"
             ),
         };
         BounceDetail {
@@ -496,7 +559,8 @@ async fn carry_out(
             .ok_or_else(|| StageError::NoBounceStage(name.clone()))
     };
     if matches!(plan.then, Then::Nothing) {
-        let state = refusal_state(&name, rcpts, &plan.refuse, settings.discovery_timeout);
+        let mut state = refusal_state(&name, rcpts, &plan.refuse, settings.discovery_timeout);
+        state.extend(clear_keydisc(ctx.state()));
         return ctx.reroute(&bounce_stage()?, state);
     }
     // The recipients this row keeps, and the rows split off.
@@ -525,7 +589,7 @@ async fn carry_out(
     }
     match plan.then {
         Then::Nothing => unreachable!("returned above"),
-        Then::Plain => finish_plain(ctx, headers, with_autocrypt),
+        Then::Plain => finish_plain(ctx, with_autocrypt),
         Then::Park(_) => {
             let waiting: Vec<&String> = keep
                 .iter()
@@ -544,8 +608,10 @@ async fn carry_out(
                 "keydisc".into(),
                 json!({ "waiting": waiting, "since": since.to_rfc3339(), "stage": name }),
             );
-            // Due once the timeout has passed (keydisc_release wakes it sooner).
-            ctx.pause(state, left + Duration::from_secs(1))
+            // Due again after DISCOVERY_RECHECK at the latest (keydisc_release wakes it
+            // sooner), so a settle that came just before this pause is not missed for long.
+            let wait = left.min(settings.discovery_recheck) + Duration::from_secs(1);
+            ctx.pause(state, wait)
         }
         Then::Encrypt(_) | Then::Split(_) => {
             let scheme = chosen[keep[0]]
@@ -564,27 +630,37 @@ async fn carry_out(
                 .collect();
             let base = with_autocrypt.unwrap_or(headers);
             let body = ctx.body()?.to_vec();
-            let signer = match settings.sign {
+            let mut signer = match settings.sign {
                 true => signer(stage, ctx, own, scheme).await?,
                 false => None,
             };
-            let protected = match scheme {
-                Scheme::OpenPgp => openpgp::encrypt(
-                    &base,
-                    &body,
-                    &keys,
-                    signer.as_ref().map(|s| s.secret.as_slice()),
-                ),
+            let encrypt = |signer: Option<&Signer>| match scheme {
+                Scheme::OpenPgp => {
+                    openpgp::encrypt(&base, &body, &keys, signer.map(|s| s.secret.as_slice()))
+                }
                 Scheme::Smime => smime::encrypt(
                     &base,
                     &body,
                     &keys,
-                    signer
-                        .as_ref()
-                        .map(|s| (s.public.as_slice(), s.secret.as_slice())),
+                    signer.map(|s| (s.public.as_slice(), s.secret.as_slice())),
                 ),
-            }
-            .map_err(|e| StageError::Permanent(format!("cannot encrypt ({scheme}): {e}")))?;
+            };
+            let failed = |e: pepsi_crypto::CryptoError| {
+                StageError::Permanent(format!("cannot encrypt ({scheme}): {e}"))
+            };
+            let mut sign_error = None;
+            let protected = match encrypt(signer.as_ref()) {
+                Ok(p) => p,
+                // A signing key that cannot sign (expired, protected) must not stop the
+                // author's mail: it leaves encrypted and unsigned, and the reason is kept.
+                Err(e) if signer.is_some() => {
+                    tracing::warn!(id = ctx.id(), "cannot sign, encrypting unsigned: {e}");
+                    sign_error = Some(e.to_string());
+                    signer = None;
+                    encrypt(None).map_err(failed)?
+                }
+                Err(e) => return Err(failed(e)),
+            };
             ctx.set_headers(protected.headers);
             ctx.set_body(protected.body);
             let mut state = crypto_state(
@@ -595,11 +671,10 @@ async fn carry_out(
                     "scheme": scheme.as_str(),
                     "recipients": keep.len(),
                     "signed_by": signer.as_ref().map(|s| s.fingerprint.clone()),
+                    "sign_error": sign_error,
                 }),
             );
-            if ctx.state().contains_key("keydisc") {
-                state.insert("keydisc".into(), Value::Null);
-            }
+            state.extend(clear_keydisc(ctx.state()));
             tracing::info!(id = ctx.id(), %scheme, recipients = keep.len(), signed = signer.is_some(), "encrypted");
             ctx.advance_with(state)
         }
@@ -651,7 +726,8 @@ waits for pepsi-keydisc and is returned with 5.7.5 when discovery settles withou
 delivery report, which cannot be returned, is never held to `required`). Options \
 of [stage-NAME]: NEXT_STAGE, BOUNCE_STAGE, POLICY (opportunistic), PREFER (openpgp, smime), \
 SIGN (yes; needs [crypto] KEK), AUTOCRYPT (yes), DISCOVERY (yes), DISCOVERY_METHODS (wkd, \
-openpgpkey, smimea, keyserver), DISCOVERY_TIMEOUT (1h). See docs/crypto.md.";
+openpgpkey, smimea, keyserver), DISCOVERY_TIMEOUT (1h), DISCOVERY_RECHECK (1m). See \
+docs/crypto.md.";
 
 /// The command line of `pepsi-stage-encrypt`: its `--help` and its manual page.
 pub fn command() -> pepsi_common::cli::Command {

@@ -55,6 +55,9 @@ pub enum Discovery {
     Pending,
     /// Settled without a key; the negative answer is still cached.
     NoKey,
+    /// Settled with a key that cannot be used (expired, revoked, of a scheme PREFER
+    /// leaves out).
+    Unusable,
     /// Discovery is not used (`DISCOVERY = no`).
     Off,
 }
@@ -66,6 +69,9 @@ pub struct Recipient {
     pub scheme: Option<Scheme>,
     /// For a recipient without a key under `required`: where discovery stands.
     pub discovery: Option<Discovery>,
+    /// Not named in To or Cc (a Bcc): encrypted on a row of its own, so that the key ids in
+    /// the ciphertext do not tell the others it received the message.
+    pub hidden: bool,
 }
 
 /// What to do.
@@ -84,6 +90,8 @@ pub enum Refusal {
     NoKey,
     /// Discovery did not settle within DISCOVERY_TIMEOUT.
     DiscoveryTimedOut,
+    /// Discovery found a key that cannot be used.
+    UnusableKey,
 }
 
 /// What happens to the recipients not refused.
@@ -95,8 +103,9 @@ pub enum Then {
     Plain,
     /// Encrypted to every remaining recipient with this scheme.
     Encrypt(Scheme),
-    /// The remaining recipients need different schemes: the first group stays on this row,
-    /// each other group becomes a row of its own at this stage (each then encrypts).
+    /// The remaining recipients need different schemes, or some are hidden: the first group
+    /// stays on this row, each other group becomes a row of its own at this stage (each
+    /// then encrypts).
     Split(Vec<Vec<usize>>),
     /// Parked until discovery settles for these addresses' recipients (indices).
     Park(Vec<usize>),
@@ -115,6 +124,7 @@ pub fn plan(policy: Policy, recipients: &[Recipient], timed_out: bool) -> Plan {
                 Discovery::Pending if timed_out => refuse.push((i, Refusal::DiscoveryTimedOut)),
                 Discovery::Pending => waiting.push(i),
                 Discovery::NoKey | Discovery::Off => refuse.push((i, Refusal::NoKey)),
+                Discovery::Unusable => refuse.push((i, Refusal::UnusableKey)),
             },
             (None, _) => waiting.push(i),
         }
@@ -137,12 +147,18 @@ pub fn plan(policy: Policy, recipients: &[Recipient], timed_out: bool) -> Plan {
         _ if keyed.is_empty() => Then::Nothing,
         _ => {
             let mut groups: Vec<(Scheme, Vec<usize>)> = Vec::new();
+            let mut hidden = Vec::new();
             for (i, s) in keyed {
+                if recipients[i].hidden {
+                    hidden.push((s, vec![i]));
+                    continue;
+                }
                 match groups.iter_mut().find(|(g, _)| *g == s) {
                     Some((_, v)) => v.push(i),
                     None => groups.push((s, vec![i])),
                 }
             }
+            groups.extend(hidden);
             if groups.len() == 1 {
                 Then::Encrypt(groups[0].0)
             } else {
@@ -166,7 +182,11 @@ mod tests {
     use Scheme::*;
 
     fn r(scheme: Option<Scheme>, discovery: Option<Discovery>) -> Recipient {
-        Recipient { scheme, discovery }
+        Recipient {
+            scheme,
+            discovery,
+            hidden: false,
+        }
     }
 
     #[test]
@@ -177,6 +197,11 @@ mod tests {
         let pending = r(None, Some(Pending));
         let nokey = r(None, Some(NoKey));
         let off = r(None, Some(Off));
+        let unusable = r(None, Some(Unusable));
+        let bcc = Recipient {
+            hidden: true,
+            ..pgp.clone()
+        };
         type Case = (Policy, Vec<Recipient>, bool, Vec<(usize, Refusal)>, Then);
         let cases: Vec<Case> = vec![
             (Policy::Off, vec![pgp.clone()], false, vec![], Then::Plain),
@@ -242,6 +267,28 @@ mod tests {
                 false,
                 vec![(0, Refusal::NoKey)],
                 Then::Nothing,
+            ),
+            (
+                Policy::Required,
+                vec![unusable.clone(), pgp.clone()],
+                false,
+                vec![(0, Refusal::UnusableKey)],
+                Then::Encrypt(OpenPgp),
+            ),
+            // A Bcc recipient gets a ciphertext of its own, even of the same scheme.
+            (
+                Policy::Opportunistic,
+                vec![pgp.clone(), bcc.clone(), pgp.clone(), bcc.clone()],
+                false,
+                vec![],
+                Then::Split(vec![vec![0, 2], vec![1], vec![3]]),
+            ),
+            (
+                Policy::Opportunistic,
+                vec![bcc.clone()],
+                false,
+                vec![],
+                Then::Encrypt(OpenPgp),
             ),
             (
                 Policy::Required,

@@ -171,6 +171,33 @@ impl Dns {
     }
 }
 
+impl Dns {
+    /// The records of type `kind` at `name`, whatever their type: the lookups of key
+    /// discovery (OPENPGPKEY, SMIMEA), which share this resolver's setup.
+    pub async fn records(
+        &self,
+        name: &str,
+        kind: hickory_resolver::proto::rr::RecordType,
+    ) -> Result<Vec<RData>, Lookup> {
+        match self.resolver.lookup(fqdn(name), kind).await {
+            Ok(lookup) => {
+                let records: Vec<RData> = lookup
+                    .answers()
+                    .iter()
+                    .filter(|r| r.data.record_type() == kind)
+                    .map(|r| r.data.clone())
+                    .collect();
+                if records.is_empty() {
+                    Err(Lookup::NoRecords)
+                } else {
+                    Ok(records)
+                }
+            }
+            Err(e) => Err(classify(&e)),
+        }
+    }
+}
+
 fn fqdn(name: &str) -> String {
     format!("{}.", name.trim_end_matches('.'))
 }

@@ -1,0 +1,612 @@
+//! pepsi-keydisc: answers the key requests of messages whose encryption is required
+//! (`pepsi.key_request`, written by pepsi-stage-encrypt through `crypto_request_key`). For
+//! each due request it asks the methods the stage named — WKD over HTTPS (advanced, then
+//! direct), DNS OPENPGPKEY (RFC 7929) and SMIMEA (RFC 8162), a VKS keyserver — records what
+//! each answered, stores a key found as a `peer_key` of that source, and settles the
+//! request: found, or none (a negative answer cached until `negative_until`). Settling calls
+//! `pepsi.keydisc_release`, which sends the parked messages back to their stage, and wakes the
+//! dispatcher. A method that failed (a timeout, a server error) is asked again later, up to
+//! MAX_ATTEMPTS, before the request settles without a key.
+//!
+//! Reads and writes `pepsi.key_request` and `pepsi.peer_key` only; every input from the
+//! network is bounded (MAX_RESPONSE bytes, METHOD_TIMEOUT) and a key is kept only when it
+//! names the address and can encrypt now.
+
+pub mod names;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use clap::Parser;
+use hickory_resolver::proto::rr::{RData, RecordType};
+use names::Method;
+use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_common::config::Config;
+use pepsi_crypto::{Scheme, openpgp, smime};
+use pepsi_stage_relay_to_internet::dns::{Dns, Lookup};
+use serde::Serialize;
+use serde_json::{Value, json};
+use sqlx::PgPool;
+
+pub mod constants {
+    use pepsi_common::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "keydisc",
+        exec: "pepsi-keydisc",
+    };
+}
+
+const LONG_ABOUT: &str = "\
+Find the keys of correspondents for mail whose encryption is required. pepsi-stage-encrypt \
+parks such a message and records a request in pepsi.key_request; pepsi-keydisc asks the methods \
+the stage named (wkd: Web Key Directory over HTTPS, the advanced then the direct method; \
+openpgpkey: the DNS OPENPGPKEY record of RFC 7929; smimea: the DNS SMIMEA record of RFC 8162; \
+keyserver: a VKS keyserver's by-email lookup), records each method's answer in \
+methods_replied, stores a key found (one that names the address and can encrypt) as a peer key \
+cached for POSITIVE_TTL, and settles the request. Settled without a key, the answer is cached \
+for NEGATIVE_TTL: a message for the address meanwhile is returned at once. Settling releases \
+the parked messages (pepsi.keydisc_release) and wakes the dispatcher. A method that failed \
+rather than answered is asked again after RETRY, up to MAX_ATTEMPTS times.
+
+Options of [pepsi-keydisc] (defaults in brackets): INTERVAL (2s) between passes, BATCH (20) \
+requests per pass, METHOD_TIMEOUT (10s), MAX_RESPONSE (1M), POSITIVE_TTL (7d), NEGATIVE_TTL \
+(1d), RETRY (5m), MAX_ATTEMPTS (3), KEYSERVER (https://keys.openpgp.org), WKD_PORT (443), \
+TLS_CA_FILE (extra trust anchors for WKD and the keyserver, PEM), DNS_SERVERS (ip or ip:port \
+list; [pepsi] DNS_SERVERS, else /etc/resolv.conf). See docs/crypto.md.
+
+Exit status: 0, or 1 when it cannot start (configuration, database).";
+
+/// Answer key-discovery requests.
+#[derive(Debug, Parser)]
+#[command(name = "pepsi-keydisc", version, about, long_about = LONG_ABOUT)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+    /// One pass over the due requests, then exit (prints what it did)
+    #[arg(long)]
+    once: bool,
+    /// With --once: the pass as JSON
+    #[arg(long, requires = "once")]
+    json: bool,
+}
+
+/// The command line of `pepsi-keydisc`: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+/// `[pepsi-keydisc]`, read once.
+#[derive(Debug, Clone)]
+pub struct Settings {
+    pub interval: Duration,
+    pub batch: i64,
+    pub method_timeout: Duration,
+    pub max_response: u64,
+    pub positive_ttl: Duration,
+    pub negative_ttl: Duration,
+    pub retry: Duration,
+    pub max_attempts: i32,
+    pub keyserver: String,
+    pub wkd_port: u16,
+    pub ca_file: Option<std::path::PathBuf>,
+    pub dns_servers: Vec<SocketAddr>,
+}
+
+impl Settings {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+        let s = cfg.section("pepsi-keydisc");
+        let dns = match s.list_opt("DNS_SERVERS")? {
+            Some(list) => Some(list),
+            None => cfg.section("pepsi").list_opt("DNS_SERVERS")?,
+        };
+        let dns_servers = dns
+            .unwrap_or_default()
+            .iter()
+            .map(|d| {
+                d.parse::<SocketAddr>()
+                    .or_else(|_| {
+                        d.parse::<std::net::IpAddr>()
+                            .map(|ip| SocketAddr::new(ip, 53))
+                    })
+                    .map_err(|_| {
+                        anyhow::anyhow!("[pepsi-keydisc] DNS_SERVERS: {d:?} is not ip or ip:port")
+                    })
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?;
+        let settings = Settings {
+            interval: s
+                .duration_opt("INTERVAL")?
+                .unwrap_or(Duration::from_secs(2)),
+            batch: s.number_opt("BATCH")?.unwrap_or(20),
+            method_timeout: s
+                .duration_opt("METHOD_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(10)),
+            max_response: s.size_opt("MAX_RESPONSE")?.unwrap_or(1 << 20),
+            positive_ttl: s
+                .duration_opt("POSITIVE_TTL")?
+                .unwrap_or(Duration::from_secs(7 * 86_400)),
+            negative_ttl: s
+                .duration_opt("NEGATIVE_TTL")?
+                .unwrap_or(Duration::from_secs(86_400)),
+            retry: s.duration_opt("RETRY")?.unwrap_or(Duration::from_secs(300)),
+            max_attempts: s.number_opt("MAX_ATTEMPTS")?.unwrap_or(3),
+            keyserver: s
+                .string_opt("KEYSERVER")?
+                .unwrap_or_else(|| "https://keys.openpgp.org".to_owned()),
+            wkd_port: s.number_opt("WKD_PORT")?.unwrap_or(443),
+            ca_file: s.path_opt("TLS_CA_FILE")?,
+            dns_servers,
+        };
+        if settings.interval.is_zero() || settings.batch < 1 || settings.max_attempts < 1 {
+            anyhow::bail!("[pepsi-keydisc] INTERVAL, BATCH and MAX_ATTEMPTS must be above zero");
+        }
+        if !settings.keyserver.starts_with("https://") {
+            anyhow::bail!(
+                "[pepsi-keydisc] KEYSERVER {:?}: a keyserver is asked over HTTPS only",
+                settings.keyserver
+            );
+        }
+        Ok(settings)
+    }
+}
+
+/// What one method answered.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    /// Keys that name the address and can encrypt, with their scheme.
+    Found(Vec<(Scheme, Vec<u8>)>, String),
+    /// The method answered: no key (or none usable).
+    None(String),
+    /// The method could not be asked; try again later.
+    Failed(String),
+}
+
+impl Answer {
+    fn to_json(&self) -> Value {
+        let (result, detail) = match self {
+            Answer::Found(_, d) => ("found", d),
+            Answer::None(d) => ("none", d),
+            Answer::Failed(d) => ("error", d),
+        };
+        json!({ "result": result, "detail": detail, "at": chrono::Utc::now().to_rfc3339() })
+    }
+}
+
+/// The network side of discovery: one resolver and one HTTPS client for a pass.
+pub struct Finder {
+    settings: Settings,
+    dns: Arc<Dns>,
+    http: reqwest::Client,
+}
+
+/// reqwest asks our resolver (the configured servers, never the hosts file), so WKD hosts
+/// resolve as the DNS says.
+struct Resolver(Arc<Dns>);
+
+impl reqwest::dns::Resolve for Resolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let dns = self.0.clone();
+        Box::pin(async move {
+            let found = dns.addresses(name.as_str(), true).await.map_err(
+                |e| -> Box<dyn std::error::Error + Send + Sync> { e.to_string().into() },
+            )?;
+            let addrs: Vec<SocketAddr> = found
+                .addresses
+                .into_iter()
+                .map(|ip| SocketAddr::new(ip, 0))
+                .collect();
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
+impl Finder {
+    pub fn new(settings: Settings) -> anyhow::Result<Finder> {
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        let dns = Arc::new(Dns::new(&settings.dns_servers, settings.method_timeout)?);
+        let mut builder = reqwest::Client::builder()
+            .timeout(settings.method_timeout)
+            .connect_timeout(settings.method_timeout)
+            .redirect(reqwest::redirect::Policy::limited(3))
+            .https_only(true)
+            .dns_resolver(Arc::new(Resolver(dns.clone())))
+            .user_agent(concat!("pepsi-keydisc/", env!("CARGO_PKG_VERSION")));
+        if let Some(path) = &settings.ca_file {
+            let pem = std::fs::read(path)
+                .with_context(|| format!("[pepsi-keydisc] TLS_CA_FILE {}", path.display()))?;
+            for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
+                format!("[pepsi-keydisc] TLS_CA_FILE {}: not PEM", path.display())
+            })? {
+                builder = builder.add_root_certificate(cert);
+            }
+        }
+        let http = builder.build().context("cannot set up the HTTPS client")?;
+        Ok(Finder {
+            settings,
+            dns,
+            http,
+        })
+    }
+
+    /// Asks one method about one address.
+    pub async fn ask(&self, method: Method, address: &str) -> Answer {
+        let Some((local, domain)) = address.rsplit_once('@') else {
+            return Answer::None(format!("{address:?} is not an address"));
+        };
+        let answer = match method {
+            Method::Wkd => self.wkd(local, domain, address).await,
+            Method::OpenPgpKey => {
+                self.dane(
+                    local,
+                    domain,
+                    address,
+                    "_openpgpkey",
+                    RecordType::OPENPGPKEY,
+                )
+                .await
+            }
+            Method::Smimea => {
+                self.dane(local, domain, address, "_smimecert", RecordType::SMIMEA)
+                    .await
+            }
+            Method::Keyserver => {
+                let url = names::vks_url(&self.settings.keyserver, address);
+                match self.fetch(&url).await {
+                    Ok(Some(body)) => keep_openpgp(&body, address, &format!("from {url}")),
+                    Ok(None) => Answer::None(format!("{url}: not found")),
+                    Err(e) => Answer::Failed(e),
+                }
+            }
+        };
+        tracing::debug!(address, method = method.as_str(), ?answer, "asked");
+        answer
+    }
+
+    async fn wkd(&self, local: &str, domain: &str, address: &str) -> Answer {
+        let [advanced, direct] = names::wkd_urls(local, domain, self.settings.wkd_port);
+        // The advanced method's host exists only where a domain set it up; without it the
+        // direct method applies (draft-koch-openpgp-webkey-service §3.1).
+        let host = format!("openpgpkey.{}", domain.to_ascii_lowercase());
+        let url = match self.dns.addresses(&host, true).await {
+            Ok(_) => advanced,
+            Err(Lookup::NoDomain | Lookup::NoRecords) => direct,
+            Err(Lookup::Failed(e)) => return Answer::Failed(format!("{host}: {e}")),
+        };
+        match self.fetch(&url).await {
+            Ok(Some(body)) => keep_openpgp(&body, address, &format!("from {url}")),
+            Ok(None) => Answer::None(format!("{url}: not found")),
+            Err(e) => Answer::Failed(e),
+        }
+    }
+
+    async fn dane(
+        &self,
+        local: &str,
+        domain: &str,
+        address: &str,
+        label: &str,
+        kind: RecordType,
+    ) -> Answer {
+        let name = names::dane_name(local, domain, label);
+        let records = match self.dns.records(&name, kind).await {
+            Ok(r) => r,
+            Err(Lookup::NoDomain | Lookup::NoRecords) => {
+                return Answer::None(format!("{name}: no {kind} record"));
+            }
+            Err(Lookup::Failed(e)) => return Answer::Failed(format!("{name}: {e}")),
+        };
+        let mut keys = Vec::new();
+        for r in records {
+            match r {
+                RData::OPENPGPKEY(k) => {
+                    if let Answer::Found(mut found, _) = keep_openpgp(&k.public_key, address, "") {
+                        keys.append(&mut found);
+                    }
+                }
+                RData::SMIMEA(s) => {
+                    // Only a whole certificate (selector 0, no hash) can be encrypted to.
+                    let t = s.0;
+                    let whole = u8::from(t.selector) == 0 && u8::from(t.matching) == 0;
+                    if whole && usable_certificate(&t.cert_data, address) {
+                        keys.push((Scheme::Smime, t.cert_data));
+                    }
+                }
+                _ => {}
+            }
+        }
+        if keys.is_empty() {
+            Answer::None(format!("{name}: no usable key for {address}"))
+        } else {
+            Answer::Found(keys, format!("{kind} at {name}"))
+        }
+    }
+
+    /// GET `url`: the body (at most MAX_RESPONSE bytes), None on 404/410, an error otherwise.
+    async fn fetch(&self, url: &str) -> Result<Option<Vec<u8>>, String> {
+        let mut response = self
+            .http
+            .get(url)
+            .send()
+            .await
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = response.status();
+        if status == reqwest::StatusCode::NOT_FOUND || status == reqwest::StatusCode::GONE {
+            return Ok(None);
+        }
+        if !status.is_success() {
+            return Err(format!("{url}: HTTP {status}"));
+        }
+        let mut body = Vec::new();
+        while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
+            body.extend_from_slice(&chunk);
+            if body.len() as u64 > self.settings.max_response {
+                return Err(format!(
+                    "{url}: larger than {} bytes",
+                    self.settings.max_response
+                ));
+            }
+        }
+        Ok(Some(body))
+    }
+}
+
+/// The OpenPGP certificates in `data` that name `address` and can encrypt.
+fn keep_openpgp(data: &[u8], address: &str, detail: &str) -> Answer {
+    let certs = match openpgp::split_keyring(data) {
+        Ok(c) => c,
+        Err(e) => return Answer::None(format!("not an OpenPGP key {detail}: {e}")),
+    };
+    let keys: Vec<(Scheme, Vec<u8>)> = certs
+        .into_iter()
+        .filter_map(|c| {
+            let info = openpgp::inspect(&c).ok()?.into_iter().next()?;
+            let ok = info.can_encrypt
+                && !info.revoked
+                && info
+                    .addresses
+                    .iter()
+                    .any(|a| a.eq_ignore_ascii_case(address));
+            ok.then(|| openpgp::public_part(&c).ok().map(|p| (Scheme::OpenPgp, p)))
+                .flatten()
+        })
+        .collect();
+    if keys.is_empty() {
+        Answer::None(format!("no key {detail} names {address} and can encrypt"))
+    } else {
+        Answer::Found(keys, detail.trim().to_owned())
+    }
+}
+
+fn usable_certificate(der: &[u8], address: &str) -> bool {
+    smime::inspect(der)
+        .ok()
+        .and_then(|i| i.into_iter().next())
+        .is_some_and(|i| {
+            i.can_encrypt && i.addresses.iter().any(|a| a.eq_ignore_ascii_case(address))
+        })
+}
+
+/// One due request, claimed.
+#[derive(Debug, Clone)]
+struct Request {
+    address: String,
+    methods: Vec<String>,
+    attempts: i32,
+}
+
+/// What a pass did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Pass {
+    pub asked: usize,
+    pub found: usize,
+    pub none: usize,
+    pub retry: usize,
+    pub released: i64,
+}
+
+/// Claims the due requests (a lease of four method timeouts, so a crashed pass is taken
+/// up again), asks their methods concurrently, and settles each.
+pub async fn pass(pool: &PgPool, finder: &Finder) -> anyhow::Result<Pass> {
+    let s = &finder.settings;
+    let lease = s.method_timeout.as_secs_f64() * 4.0 + 5.0;
+    let rows: Vec<(String, Vec<String>, i32)> = sqlx::query_as(
+        "UPDATE pepsi.key_request SET attempts = attempts + 1, \
+         next_attempt_at = now() + make_interval(secs => $2) \
+         WHERE address IN (SELECT address FROM pepsi.key_request \
+           WHERE status = 'pending' AND next_attempt_at <= now() \
+           ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
+         RETURNING address, methods_asked, attempts",
+    )
+    .bind(s.batch)
+    .bind(lease)
+    .fetch_all(pool)
+    .await?;
+    let requests: Vec<Request> = rows
+        .into_iter()
+        .map(|(address, methods, attempts)| Request {
+            address,
+            methods,
+            attempts,
+        })
+        .collect();
+    let mut done = Pass::default();
+    let answered = futures_answers(finder, &requests).await;
+    let mut settled = Vec::new();
+    for (request, answers) in requests.iter().zip(answered) {
+        done.asked += 1;
+        if settle(pool, s, request, &answers, &mut done).await? {
+            settled.push(request.address.clone());
+        }
+    }
+    // Released only once every request of the pass has settled: a message waiting for two
+    // addresses, woken by the first, would otherwise find the second still pending and park
+    // again until its recheck.
+    if !settled.is_empty() {
+        let mut tx = pool.begin().await?;
+        for address in &settled {
+            let n: i32 = sqlx::query_scalar("SELECT pepsi.keydisc_release($1)")
+                .bind(address)
+                .fetch_one(&mut *tx)
+                .await?;
+            done.released += i64::from(n);
+        }
+        tx.commit().await?;
+        pepsi_common::db::notify_workqueue(pool).await?;
+    }
+    Ok(done)
+}
+
+async fn futures_answers(finder: &Finder, requests: &[Request]) -> Vec<Vec<(Method, Answer)>> {
+    let mut tasks = Vec::with_capacity(requests.len());
+    for r in requests {
+        let methods: Vec<Method> = r.methods.iter().filter_map(|m| Method::parse(m)).collect();
+        tasks.push(async move {
+            let mut answers = Vec::with_capacity(methods.len());
+            let asked = methods.iter().map(|m| finder.ask(*m, &r.address));
+            let results = futures_util::future::join_all(asked).await;
+            for (m, a) in methods.into_iter().zip(results) {
+                answers.push((m, a));
+            }
+            answers
+        });
+    }
+    futures_util::future::join_all(tasks).await
+}
+
+/// Records the answers and settles the request: found (keys stored), none (the negative
+/// cache), or another attempt later. Returns whether it settled.
+async fn settle(
+    pool: &PgPool,
+    s: &Settings,
+    request: &Request,
+    answers: &[(Method, Answer)],
+    done: &mut Pass,
+) -> anyhow::Result<bool> {
+    let replied: BTreeMap<&str, Value> = answers
+        .iter()
+        .map(|(m, a)| (m.as_str(), a.to_json()))
+        .collect();
+    let replied = serde_json::to_value(&replied)?;
+    let found: Vec<(Method, &(Scheme, Vec<u8>))> = answers
+        .iter()
+        .flat_map(|(m, a)| match a {
+            Answer::Found(keys, _) => keys.iter().map(|k| (*m, k)).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    let failed = answers.iter().any(|(_, a)| matches!(a, Answer::Failed(_)));
+    let mut tx = pool.begin().await?;
+    if !found.is_empty() {
+        for (method, (scheme, key)) in &found {
+            let info = match scheme {
+                Scheme::OpenPgp => openpgp::inspect(key),
+                Scheme::Smime => smime::inspect(key),
+            };
+            let Some(info) = info.ok().and_then(|i| i.into_iter().next()) else {
+                continue;
+            };
+            sqlx::query(
+                "INSERT INTO pepsi.peer_key (address, scheme, fingerprint, public_key, source, \
+                 verdict, cache_until) VALUES ($1, $2, $3, $4, $5, 'valid', now() + make_interval(secs => $6)) \
+                 ON CONFLICT (address, scheme, source) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
+                 public_key = EXCLUDED.public_key, verdict = 'valid', verdict_at = now(), \
+                 cache_until = EXCLUDED.cache_until, updated_at = now()",
+            )
+            .bind(&request.address)
+            .bind(scheme.as_str())
+            .bind(&info.fingerprint)
+            .bind(key)
+            .bind(method.as_str())
+            .bind(s.positive_ttl.as_secs_f64())
+            .execute(&mut *tx)
+            .await?;
+        }
+        sqlx::query(
+            "UPDATE pepsi.key_request SET status = 'found', settled_at = now(), \
+             methods_replied = $2 WHERE address = $1",
+        )
+        .bind(&request.address)
+        .bind(&replied)
+        .execute(&mut *tx)
+        .await?;
+        done.found += 1;
+        tracing::info!(address = %request.address, keys = found.len(), "key found");
+    } else if failed && request.attempts < s.max_attempts {
+        sqlx::query(
+            "UPDATE pepsi.key_request SET methods_replied = $2, \
+             next_attempt_at = now() + make_interval(secs => $3) WHERE address = $1",
+        )
+        .bind(&request.address)
+        .bind(&replied)
+        .bind(s.retry.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        done.retry += 1;
+        tracing::info!(address = %request.address, attempt = request.attempts, "a method failed; asking again later");
+        return Ok(false);
+    } else {
+        sqlx::query(
+            "UPDATE pepsi.key_request SET status = 'none', settled_at = now(), \
+             negative_until = now() + make_interval(secs => $3), methods_replied = $2 \
+             WHERE address = $1",
+        )
+        .bind(&request.address)
+        .bind(&replied)
+        .bind(s.negative_ttl.as_secs_f64())
+        .execute(&mut *tx)
+        .await?;
+        done.none += 1;
+        tracing::info!(address = %request.address, "no key found");
+    }
+    tx.commit().await?;
+    Ok(true)
+}
+
+/// Runs `pepsi-keydisc` with the process's arguments.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
+    run_async(&constants::CONFIG_SOURCE, async move {
+        let cfg = cli.common.load_config()?;
+        let settings = Settings::from_config(&cfg)?;
+        let interval = settings.interval;
+        let finder = Finder::new(settings)?;
+        let pool = pepsi_common::db::connect(&cfg).await?;
+        if cli.once {
+            let p = pass(&pool, &finder).await?;
+            let mut out = std::io::stdout().lock();
+            if cli.json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&p)?)?;
+            } else {
+                writeln!(
+                    out,
+                    "asked {}, found {}, none {}, retry {}, released {} message(s)",
+                    p.asked, p.found, p.none, p.retry, p.released
+                )?;
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+        tracing::info!(?interval, "started");
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        loop {
+            match pass(&pool, &finder).await {
+                Ok(p) if p != Pass::default() => tracing::info!(?p, "pass done"),
+                Ok(_) => {}
+                Err(e) => tracing::warn!("pass failed: {e:#}"),
+            }
+            tokio::select! {
+                _ = tokio::time::sleep(interval) => {}
+                _ = term.recv() => return Ok(ExitCode::SUCCESS),
+                _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
+            }
+        }
+    })
+}

@@ -1,0 +1,5 @@
+//! `pepsi-keydisc` as its own executable (feature `multibin`); the unified `pepsi` runs the
+//! same entry point, `pepsi::programs::pepsi_keydisc`.
+fn main() -> std::process::ExitCode {
+    pepsi::programs::pepsi_keydisc::main()
+}
