@@ -5,10 +5,11 @@
 //! Autocrypt state learnt from inbound mail.
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use pepsi_testkit::gpg::Gpg;
+use pepsi_testkit::pki::{self, openssl};
 use serde_json::Value;
 
 use crate::support;
@@ -92,89 +93,6 @@ async fn set_password(sys: &System, address: &str) {
         .execute(&sys.db.pool)
         .await
         .unwrap();
-}
-
-fn openssl(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new("openssl")
-        .current_dir(dir)
-        .args(args)
-        .output()
-        .expect("the openssl command (scripts/apt-packages.txt)");
-    assert!(
-        out.status.success(),
-        "openssl {args:?}: {}{}",
-        text(&out.stdout),
-        text(&out.stderr)
-    );
-    out
-}
-
-/// A CA and a certificate it issued for `address` (emailProtection), in `dir`: ca.pem,
-/// `<name>.pem`, `<name>.key`.
-fn issue_certificate(dir: &Path, name: &str, address: &str) {
-    if !dir.join("ca.pem").exists() {
-        openssl(
-            dir,
-            &[
-                "req",
-                "-x509",
-                "-newkey",
-                "rsa:2048",
-                "-nodes",
-                "-keyout",
-                "ca.key",
-                "-out",
-                "ca.pem",
-                "-days",
-                "30",
-                "-subj",
-                "/CN=Pepsi Test CA",
-            ],
-        );
-    }
-    std::fs::write(
-        dir.join(format!("{name}.ext")),
-        format!(
-            "subjectAltName = email:{address}\nextendedKeyUsage = emailProtection\n\
-             keyUsage = digitalSignature, keyEncipherment\n"
-        ),
-    )
-    .unwrap();
-    openssl(
-        dir,
-        &[
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            &format!("{name}.key"),
-            "-out",
-            &format!("{name}.csr"),
-            "-subj",
-            &format!("/CN={address}"),
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            &format!("{name}.csr"),
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            &format!("{name}.pem"),
-            "-days",
-            "30",
-            "-extfile",
-            &format!("{name}.ext"),
-        ],
-    );
 }
 
 /// A MIME message around an RFC 3156 payload.
@@ -493,7 +411,7 @@ async fn pepsi_keys_keeps_private_keys_sealed_through_their_whole_lifecycle() {
     );
     let (code, _, err) = keys(&sys, &["peer", "import", mallory_path.to_str().unwrap()]);
     assert_eq!(code, 2, "a secret key is no peer key: {err}");
-    issue_certificate(work.path(), "dave", "dave@remote.test");
+    pki::issue_email(work.path(), "dave", "dave@remote.test");
     let out = keys_ok(
         &sys,
         &[
@@ -648,7 +566,7 @@ async fn mail_to_an_opted_in_identity_arrives_decrypted_with_its_verification() 
     );
 
     // S/MIME, from OpenSSL: signed by a certificate of a CA we trust, encrypted to bob's.
-    issue_certificate(work.path(), "dave", "dave@remote.test");
+    pki::issue_email(work.path(), "dave", "dave@remote.test");
     keys_ok(
         &sys,
         &["ca", "add", work.path().join("ca.pem").to_str().unwrap()],
@@ -989,7 +907,7 @@ async fn outbound_mail_is_encrypted_to_each_recipients_key_and_read_by_gnupg_and
             work.path().join("dave.pub").to_str().unwrap(),
         ],
     );
-    issue_certificate(work.path(), "erin", "erin@example.test");
+    pki::issue_email(work.path(), "erin", "erin@example.test");
     keys_ok(
         &sys,
         &[
@@ -1321,31 +1239,11 @@ async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_
     let work = tempfile::tempdir().unwrap();
     let dir = work.path();
     // The WKD host's certificate, from a test CA pepsi-keydisc is told to trust.
-    issue_certificate(dir, "wkd", "postmaster@example.test");
-    std::fs::write(
-        dir.join("wkd.ext"),
-        "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test\n",
-    )
-    .unwrap();
-    openssl(
+    pki::issue(
         dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "wkd.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            "wkd.pem",
-            "-days",
-            "30",
-            "-extfile",
-            "wkd.ext",
-        ],
+        "wkd",
+        "/CN=openpgpkey.example.test",
+        "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test\n",
     );
     // gina publishes her key in the domain's WKD, ivan his in DNS; hank nowhere.
     let gpg = Gpg::new();

@@ -239,6 +239,30 @@ pub fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8
     Ok(parts)
 }
 
+/// The two parts of an RFC 1847 multipart (`multipart/signed`, `multipart/encrypted`), by
+/// the `boundary` of `ct`: the first part as it is, and the second's body decoded.
+/// `what` names the form in errors.
+pub fn two_parts<'a>(
+    ct: &ContentType,
+    body: &'a [u8],
+    what: &'static str,
+) -> Result<(&'a [u8], Vec<u8>)> {
+    let malformed = |why: String| CryptoError::Malformed { what, why };
+    let boundary = ct
+        .param("boundary")
+        .ok_or_else(|| malformed("no boundary parameter".into()))?;
+    let parts = multipart_parts(body, boundary)?;
+    if parts.len() != 2 {
+        return Err(malformed(format!(
+            "{} parts where RFC 1847 has 2",
+            parts.len()
+        )));
+    }
+    let (headers, second) = message::split(parts[1]);
+    let decoded = decode_body(headers, second)?;
+    Ok((parts[0], decoded))
+}
+
 /// A body under its `Content-Transfer-Encoding`, decoded: base64 and quoted-printable are
 /// undone, 7bit, 8bit and binary (or none) returned as they are.
 pub fn decode_body(headers: &[u8], body: &[u8]) -> Result<Vec<u8>> {

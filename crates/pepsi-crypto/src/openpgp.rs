@@ -696,20 +696,9 @@ fn verify_signed<'b>(
     peers: &[Cert],
 ) -> Result<(Verification, &'b [u8])> {
     let ct = mime::content_type(headers).ok_or(CryptoError::NotProtected("OpenPGP-signed"))?;
-    let boundary = ct
-        .param("boundary")
-        .ok_or_else(|| malformed("multipart/signed", "no boundary parameter"))?;
-    let parts = mime::multipart_parts(body, boundary)?;
-    if parts.len() != 2 {
-        return Err(malformed(
-            "multipart/signed",
-            format!("{} parts where RFC 3156 has 2", parts.len()),
-        ));
-    }
-    let (sig_headers, sig_body) = message::split(parts[1]);
-    let signature = mime::decode_body(sig_headers, sig_body)?;
+    let (first, signature) = mime::two_parts(&ct, body, "multipart/signed")?;
     // The signature covers the entity in its canonical form, CRLF line ends.
-    let signed = mime::to_crlf(parts[0]);
+    let signed = mime::to_crlf(first);
 
     let p = policy();
     let mut outcome = Outcome::default();
@@ -739,7 +728,7 @@ fn verify_signed<'b>(
             signer_addresses: Vec::new(),
         },
     };
-    Ok((verification, parts[0]))
+    Ok((verification, first))
 }
 
 fn read_all(data: &[&[u8]]) -> Result<Vec<Cert>> {
@@ -769,18 +758,7 @@ pub fn decrypt(
         return Err(CryptoError::NotProtected("OpenPGP-encrypted"));
     }
     let ct = mime::content_type(headers).ok_or(CryptoError::NotProtected("OpenPGP-encrypted"))?;
-    let boundary = ct
-        .param("boundary")
-        .ok_or_else(|| malformed("multipart/encrypted", "no boundary parameter"))?;
-    let parts = mime::multipart_parts(body, boundary)?;
-    if parts.len() != 2 {
-        return Err(malformed(
-            "multipart/encrypted",
-            format!("{} parts where RFC 3156 has 2", parts.len()),
-        ));
-    }
-    let (payload_headers, payload_body) = message::split(parts[1]);
-    let payload = mime::decode_body(payload_headers, payload_body)?;
+    let (_, payload) = mime::two_parts(&ct, body, "multipart/encrypted")?;
     let secrets = read_all(secrets)?;
     let peers = read_all(peers)?;
 

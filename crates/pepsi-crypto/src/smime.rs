@@ -476,20 +476,10 @@ fn signed_form(headers: &[u8], body: &[u8]) -> Result<Option<Signed>> {
         {
             return Ok(None);
         }
-        let boundary = ct
-            .param("boundary")
-            .ok_or_else(|| malformed("multipart/signed", "no boundary parameter"))?;
-        let parts = mime::multipart_parts(body, boundary)?;
-        if parts.len() != 2 {
-            return Err(malformed(
-                "multipart/signed",
-                format!("{} parts where there must be 2", parts.len()),
-            ));
-        }
-        let (sig_headers, sig_body) = message::split(parts[1]);
+        let (first, der) = mime::two_parts(&ct, body, "multipart/signed")?;
         return Ok(Some(Signed {
-            der: mime::decode_body(sig_headers, sig_body)?,
-            detached: Some(parts[0].to_vec()),
+            der,
+            detached: Some(first.to_vec()),
         }));
     }
     if !is_pkcs7_mime(&ct.mime) {

@@ -6,11 +6,12 @@
 //! The openssl command is required: without it these tests fail, they never skip.
 
 use std::path::Path;
-use std::process::{Command, Output};
+use std::process::Command;
 
 use pepsi_common::message;
 use pepsi_crypto::smime;
 use pepsi_crypto::{KeyPair, SigStatus, Verification, mime};
+use pepsi_testkit::pki::{self, openssl};
 
 const HEADERS: &[u8] = b"From: alice@example.test\r\nTo: bob@example.test\r\nSubject: plans\r\n\
     MIME-Version: 1.0\r\nContent-Type: text/plain; charset=utf-8\r\n\
@@ -18,28 +19,6 @@ const HEADERS: &[u8] = b"From: alice@example.test\r\nTo: bob@example.test\r\nSub
 const BODY: &[u8] = b"Meet at noon.\r\nBring the keys.\r\n";
 const ENTITY: &[u8] =
     b"Content-Type: text/plain; charset=utf-8\r\n\r\nHello Bob,\r\nthe plan stands.\r\n";
-
-/// Runs openssl in `dir`; panics with its output when it fails.
-fn openssl(dir: &Path, args: &[&str]) -> Output {
-    let out = Command::new("openssl")
-        .args(args)
-        .current_dir(dir)
-        .output()
-        .unwrap_or_else(|e| {
-            panic!(
-                "these tests need the openssl command (OpenSSL 3) on PATH; running it failed: {e}"
-            )
-        });
-    assert!(
-        out.status.success(),
-        "openssl {} failed ({}):\n{}{}",
-        args.join(" "),
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    out
-}
 
 fn write(dir: &Path, name: &str, data: &[u8]) {
     std::fs::write(dir.join(name), data).unwrap();
@@ -60,67 +39,14 @@ fn stored(raw: &[u8]) -> (Vec<u8>, Vec<u8>) {
 /// email, emailProtection); alice.p12: her certificate, key and the CA, password
 /// "alice-pw".
 fn make_ca_and_alice(dir: &Path) {
-    openssl(
+    pki::issue(
         dir,
-        &[
-            "req",
-            "-x509",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "30",
-            "-subj",
-            "/CN=Pepsi Test CA",
-        ],
-    );
-    openssl(
-        dir,
-        &[
-            "req",
-            "-new",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            "alice.key",
-            "-out",
-            "alice.csr",
-            "-subj",
-            "/CN=Alice/emailAddress=alice@example.test",
-        ],
-    );
-    write(
-        dir,
-        "alice.ext",
-        b"subjectAltName=email:alice@example.test\n\
-          extendedKeyUsage=emailProtection\n\
-          keyUsage=critical,digitalSignature,keyEncipherment\n\
-          basicConstraints=CA:FALSE\n",
-    );
-    openssl(
-        dir,
-        &[
-            "x509",
-            "-req",
-            "-in",
-            "alice.csr",
-            "-CA",
-            "ca.pem",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-days",
-            "30",
-            "-extfile",
-            "alice.ext",
-            "-out",
-            "alice.pem",
-        ],
+        "alice",
+        "/CN=Alice/emailAddress=alice@example.test",
+        "subjectAltName=email:alice@example.test\n\
+         extendedKeyUsage=emailProtection\n\
+         keyUsage=critical,digitalSignature,keyEncipherment\n\
+         basicConstraints=CA:FALSE\n",
     );
     openssl(
         dir,

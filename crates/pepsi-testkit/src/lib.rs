@@ -11,6 +11,7 @@
 
 pub mod gpg;
 pub mod keys;
+pub mod pki;
 pub mod programs;
 
 use std::sync::atomic::{AtomicU32, Ordering};
