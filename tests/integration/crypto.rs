@@ -379,6 +379,12 @@ async fn pepsi_keys_keeps_private_keys_sealed_through_their_whole_lifecycle() {
         err.contains("names mallory@example.test, not bob@example.test"),
         "{err}"
     );
+    let (code, _, err) = keys(&sys, &["generate", "carol@elsewhere.test"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("elsewhere.test is not a local domain"),
+        "{err}"
+    );
     let (code, _, err) = keys(&sys, &["generate", "not-an-address"]);
     assert_eq!((code, err.contains("not an address")), (2, true), "{err}");
     let (code, _, err) = keys(&sys, &["generate", "a@example.test", "--scheme", "x509"]);

@@ -47,7 +47,9 @@ role may read the sealed column. The KEK lives in a secrets.d fragment readable 
 user alone; `kek-new` prints one. To rotate the KEK: put a new one in KEK, move the old one to \
 RETIRED_KEKS, run `rewrap`, then remove the old one.
 
-One identity per address and scheme is primary: the one the encrypt stage signs with and \
+Identities are for the addresses of local domains ([pepsi] LOCAL_DOMAINS or the settings \
+layer); a correspondent's key goes in with `peer import`. One identity per address and scheme \
+is primary: the one the encrypt stage signs with and \
 advertises in Autocrypt headers. Older identities stay and still decrypt mail sent to them \
 until they are purged. `rotate` makes a new primary and retires the old; `revoke` marks a key \
 revoked (an OpenPGP key gets its revocation signature, to publish); `purge` deletes a private \
@@ -298,11 +300,17 @@ pub fn run() -> ExitCode {
         let result = match cli.command {
             Command::KekNew(_) => unreachable!("handled above"),
             Command::Generate(a) => match keyring() {
-                Ok(k) => generate(&pool, &k, &actor, a).await,
+                Ok(k) => match local(&pool, &cfg, &a.address).await {
+                    Ok(()) => generate(&pool, &k, &actor, a).await,
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
             Command::Import(a) => match keyring() {
-                Ok(k) => import(&pool, &k, &actor, a).await,
+                Ok(k) => match local(&pool, &cfg, &a.address).await {
+                    Ok(()) => import(&pool, &k, &actor, a).await,
+                    Err(e) => Err(e),
+                },
                 Err(e) => Err(e),
             },
             Command::Export(a) => export(&pool, &cfg, &actor, a).await,
@@ -350,6 +358,24 @@ fn address(text: &str) -> Result<String, Failure> {
         _ => Err(invalid(format!(
             "{text:?} is not an address (local@domain)"
         ))),
+    }
+}
+
+/// An identity is for an address Pepsi serves: its domain is local (`[pepsi]
+/// LOCAL_DOMAINS` or the settings layer).
+async fn local(pool: &PgPool, cfg: &pepsi_common::config::Config, text: &str) -> Done {
+    let address = address(text)?;
+    let (_, domain) = address.rsplit_once('@').expect("checked by address()");
+    let locals = pepsi_common::local::LocalRecipients::from_config(cfg)
+        .map_err(|e| Failure::Other(e.into()))?;
+    if locals.is_local_domain(pool, domain).await? {
+        Ok(())
+    } else {
+        Err(invalid(format!(
+            "{address}: {domain} is not a local domain ([pepsi] LOCAL_DOMAINS or the settings \
+             layer); identities are for the addresses this server serves (a correspondent's \
+             key goes in with `peer import`)"
+        )))
     }
 }
 
