@@ -1249,12 +1249,26 @@ async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_
         dir,
         "wkd",
         "/CN=openpgpkey.example.test",
-        "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test\n",
+        "subjectAltName = DNS:openpgpkey.example.test, DNS:example.test, DNS:other.test\n",
     );
     // gina publishes her key in the domain's WKD, ivan his in DNS; hank nowhere.
     let gpg = Gpg::new();
     let gina = gpg.generate("Gina <gina@example.test>", true);
     let ivan = gpg.generate("Ivan <ivan@example.test>", true);
+    // jane's domain has no openpgpkey host: the direct method's URL on the domain itself.
+    let jane = gpg.generate("Jane <jane@other.test>", true);
+    let [_, jane_direct] = pepsi_keydisc::names::wkd_urls("jane", "other.test", 443);
+    let jane_hash = jane_direct
+        .split("/hu/")
+        .nth(1)
+        .unwrap()
+        .split('?')
+        .next()
+        .unwrap()
+        .to_owned();
+    let direct_hu = dir.join("root/.well-known/openpgpkey/hu");
+    std::fs::create_dir_all(&direct_hu).unwrap();
+    std::fs::write(direct_hu.join(&jane_hash), gpg.export("--export", &jane)).unwrap();
     let [advanced, _] = pepsi_keydisc::names::wkd_urls("gina", "example.test", 443);
     let hashed = advanced
         .split("/hu/")
@@ -1277,13 +1291,15 @@ async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_
     let hank_name = pepsi_keydisc::names::dane_name("hank", "example.test", "_openpgpkey");
     let dns = support::ingress::Dns::start_logged(&[
         "--host-record=openpgpkey.example.test,127.0.0.1".to_owned(),
+        "--host-record=other.test,127.0.0.1".to_owned(),
         format!("--dns-rr={ivan_name},61,{ivan_hex}"),
     ]);
     let graph = format!(
         "[stage-init]\nNEXT_STAGE = encrypt\n\n\
          [stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = aliases\nBOUNCE_STAGE = bounce\n\
          SIGN = no\nPOLICY = required\nDISCOVERY_METHODS = wkd, openpgpkey\n\n\
-         [pepsi-keydisc]\nDNS_SERVERS = 127.0.0.1:{}\nWKD_PORT = {}\nTLS_CA_FILE = {}\nMETHOD_TIMEOUT = 5s\n",
+         [pepsi-keydisc]\nDNS_SERVERS = 127.0.0.1:{}\nWKD_PORT = {}\nTLS_CA_FILE = {}\nMETHOD_TIMEOUT = 5s\n\
+         ALLOW_PRIVATE_ADDRESSES = yes\n",
         dns.port,
         wkd.port,
         dir.join("ca.pem").display()
@@ -1402,6 +1418,30 @@ async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_
     );
     let asked = dns.queries(&hank_name);
     assert_eq!(asked, 1, "one OPENPGPKEY lookup for hank");
+
+    // The direct method, for a domain without the advanced method's host.
+    let st: String =
+        sqlx::query_scalar("SELECT pepsi.crypto_request_key('jane@other.test', '{wkd}')")
+            .fetch_one(&sys.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(st, "pending");
+    let pass = keydisc(&sys);
+    assert_eq!(pass["found"], 1, "{pass}");
+    assert!(
+        wkd.requests().contains(&format!(
+            "GET /.well-known/openpgpkey/hu/{jane_hash}?l=jane host=other.test"
+        )),
+        "{}",
+        wkd.requests()
+    );
+    let fpr: String = sqlx::query_scalar(
+        "SELECT fingerprint FROM pepsi.peer_key WHERE address = 'jane@other.test' AND source = 'wkd'",
+    )
+    .fetch_one(&sys.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(fpr, jane);
 
     // A second message for hank: returned from the negative cache, nothing asked again.
     let reply = sys

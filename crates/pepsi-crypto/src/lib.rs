@@ -41,9 +41,15 @@ pub type Result<T> = std::result::Result<T, CryptoError>;
 /// as encrypted is not.
 pub fn carries_ciphertext(headers: &[u8], body: &[u8]) -> bool {
     if openpgp::is_encrypted(headers) {
-        return body
-            .windows(27)
-            .any(|w| w == b"-----BEGIN PGP MESSAGE-----");
+        // The second of exactly two parts must be the armored message itself.
+        let Some(ct) = mime::content_type(headers) else {
+            return false;
+        };
+        return mime::two_parts(&ct, body, "multipart/encrypted").is_ok_and(|(_, payload)| {
+            payload
+                .trim_ascii_start()
+                .starts_with(b"-----BEGIN PGP MESSAGE-----")
+        });
     }
     if smime::is_encrypted(headers) {
         // id-envelopedData (1.2.840.113549.1.7.3) and id-ct-authEnvelopedData

@@ -59,7 +59,10 @@ Options of [pepsi-keydisc] (defaults in brackets): INTERVAL (2s) between passes,
 requests per pass, METHOD_TIMEOUT (10s), MAX_RESPONSE (1M), POSITIVE_TTL (7d), NEGATIVE_TTL \
 (1d), RETRY (5m), MAX_ATTEMPTS (3), KEYSERVER (https://keys.openpgp.org), WKD_PORT (443), \
 TLS_CA_FILE (extra trust anchors for WKD and the keyserver, PEM), DNS_SERVERS (ip or ip:port \
-list; [pepsi] DNS_SERVERS, else /etc/resolv.conf). See docs/crypto.md.
+list; [pepsi] DNS_SERVERS, else /etc/resolv.conf), ALLOW_PRIVATE_ADDRESSES (no: only globally \
+routable addresses are connected to, so a recipient's domain cannot point at this host's or \
+its network's services). A method that failed MAX_ATTEMPTS times settles without a key for \
+RETRY only. See docs/crypto.md.
 
 Exit status: 0, or 1 when it cannot start (configuration, database).";
 
@@ -97,6 +100,9 @@ pub struct Settings {
     pub wkd_port: u16,
     pub ca_file: Option<std::path::PathBuf>,
     pub dns_servers: Vec<SocketAddr>,
+    /// `ALLOW_PRIVATE_ADDRESSES` (no): connect to loopback and private addresses too (a WKD
+    /// on the local network, tests).
+    pub allow_private: bool,
 }
 
 impl Settings {
@@ -143,6 +149,7 @@ impl Settings {
             wkd_port: s.number_opt("WKD_PORT")?.unwrap_or(443),
             ca_file: s.path_opt("TLS_CA_FILE")?,
             dns_servers,
+            allow_private: s.bool_opt("ALLOW_PRIVATE_ADDRESSES")?.unwrap_or(false),
         };
         if settings.interval.is_zero() || settings.batch < 1 || settings.max_attempts < 1 {
             anyhow::bail!("[pepsi-keydisc] INTERVAL, BATCH and MAX_ATTEMPTS must be above zero");
@@ -187,12 +194,45 @@ pub struct Finder {
 }
 
 /// reqwest asks our resolver (the configured servers, never the hosts file), so WKD hosts
-/// resolve as the DNS says.
-struct Resolver(Arc<Dns>);
+/// resolve as the DNS says; an address that is not globally routable (loopback, private,
+/// link-local …) is refused unless ALLOW_PRIVATE_ADDRESSES, so a recipient's domain cannot
+/// point the service at the host's own or its network's services. Checked at connect time,
+/// on every redirect too, which also closes DNS rebinding.
+struct Resolver {
+    dns: Arc<Dns>,
+    allow_private: bool,
+}
+
+/// Whether an address is one a public key server may have.
+pub fn is_global(ip: std::net::IpAddr) -> bool {
+    match ip {
+        std::net::IpAddr::V4(v4) => {
+            !(v4.is_private()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_broadcast()
+                || v4.is_documentation()
+                || v4.is_unspecified()
+                || v4.octets()[0] == 0
+                || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
+                || v4.octets()[0] >= 224)
+        }
+        std::net::IpAddr::V6(v6) => {
+            let seg = v6.segments();
+            !(v6.is_loopback()
+                || v6.is_unspecified()
+                || v6.is_multicast()
+                || (seg[0] & 0xfe00) == 0xfc00
+                || (seg[0] & 0xffc0) == 0xfe80
+                || v6.to_ipv4_mapped().is_some_and(|v4| !is_global(v4.into())))
+        }
+    }
+}
 
 impl reqwest::dns::Resolve for Resolver {
     fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let dns = self.0.clone();
+        let dns = self.dns.clone();
+        let allow_private = self.allow_private;
         Box::pin(async move {
             let found = dns.addresses(name.as_str(), true).await.map_err(
                 |e| -> Box<dyn std::error::Error + Send + Sync> { e.to_string().into() },
@@ -200,8 +240,16 @@ impl reqwest::dns::Resolve for Resolver {
             let addrs: Vec<SocketAddr> = found
                 .addresses
                 .into_iter()
+                .filter(|ip| allow_private || is_global(*ip))
                 .map(|ip| SocketAddr::new(ip, 0))
                 .collect();
+            if addrs.is_empty() {
+                return Err(format!(
+                    "{} has no globally routable address (ALLOW_PRIVATE_ADDRESSES)",
+                    name.as_str()
+                )
+                .into());
+            }
             Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
         })
     }
@@ -214,9 +262,24 @@ impl Finder {
         let mut builder = reqwest::Client::builder()
             .timeout(settings.method_timeout)
             .connect_timeout(settings.method_timeout)
-            .redirect(reqwest::redirect::Policy::limited(3))
+            // Redirects stay on HTTPS and on a host name (an address literal would skip the
+            // resolver's check), three at most.
+            .redirect(reqwest::redirect::Policy::custom(|attempt| {
+                let literal = attempt
+                    .url()
+                    .host_str()
+                    .is_none_or(|h| h.starts_with('[') || h.parse::<std::net::IpAddr>().is_ok());
+                if attempt.previous().len() >= 3 || literal {
+                    attempt.stop()
+                } else {
+                    attempt.follow()
+                }
+            }))
             .https_only(true)
-            .dns_resolver(Arc::new(Resolver(dns.clone())))
+            .dns_resolver(Arc::new(Resolver {
+                dns: dns.clone(),
+                allow_private: settings.allow_private,
+            }))
             .user_agent(concat!("pepsi-keydisc/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &settings.ca_file {
             let pem = std::fs::read(path)
@@ -240,6 +303,17 @@ impl Finder {
         let Some((local, domain)) = address.rsplit_once('@') else {
             return Answer::None(format!("{address:?} is not an address"));
         };
+        // A domain name, not an address literal or a bare host name: nothing a recipient
+        // writes may name a host the DNS did not.
+        let literal = domain.starts_with('[')
+            || domain.parse::<std::net::IpAddr>().is_ok()
+            || domain
+                .split('.')
+                .all(|l| l.chars().all(|c| c.is_ascii_digit()))
+            || !domain.contains('.');
+        if literal {
+            return Answer::None(format!("{domain:?} is not a domain name discovery asks"));
+        }
         let answer = match method {
             Method::Wkd => self.wkd(local, domain, address).await,
             Method::OpenPgpKey => {
@@ -276,13 +350,23 @@ impl Finder {
         let host = format!("openpgpkey.{}", domain.to_ascii_lowercase());
         let url = match self.dns.addresses(&host, true).await {
             Ok(_) => advanced,
-            Err(Lookup::NoDomain | Lookup::NoRecords) => direct,
+            Err(Lookup::NoDomain | Lookup::NoRecords) => direct.clone(),
             Err(Lookup::Failed(e)) => return Answer::Failed(format!("{host}: {e}")),
         };
-        match self.fetch(&url).await {
+        let answer = match self.fetch(&url).await {
             Ok(Some(body)) => keep_openpgp(&body, address, &format!("from {url}")),
             Ok(None) => Answer::None(format!("{url}: not found")),
             Err(e) => Answer::Failed(e),
+        };
+        // A domain whose advanced host answers nothing usable (a wildcard record, no
+        // certificate for it) may still serve the direct method.
+        match answer {
+            Answer::Failed(e) if url != direct => match self.fetch(&direct).await {
+                Ok(Some(body)) => keep_openpgp(&body, address, &format!("from {direct}")),
+                Ok(None) => Answer::None(format!("{direct}: not found (advanced: {e})")),
+                Err(e2) => Answer::Failed(format!("{e}; {e2}")),
+            },
+            other => other,
         }
     }
 
@@ -311,9 +395,13 @@ impl Finder {
                     }
                 }
                 RData::SMIMEA(s) => {
-                    // Only a whole certificate (selector 0, no hash) can be encrypted to.
+                    // Only a whole end-entity certificate the record itself vouches for
+                    // (DANE-EE: usage 3, selector 0, no hash) can be encrypted to without
+                    // a PKIX check of its own.
                     let t = s.0;
-                    let whole = u8::from(t.selector) == 0 && u8::from(t.matching) == 0;
+                    let whole = u8::from(t.cert_usage) == 3
+                        && u8::from(t.selector) == 0
+                        && u8::from(t.matching) == 0;
                     if whole && usable_certificate(&t.cert_data, address) {
                         keys.push((Scheme::Smime, t.cert_data));
                     }
@@ -415,14 +503,17 @@ pub struct Pass {
 /// up again), asks their methods concurrently, and settles each.
 pub async fn pass(pool: &PgPool, finder: &Finder) -> anyhow::Result<Pass> {
     let s = &finder.settings;
-    let lease = s.method_timeout.as_secs_f64() * 4.0 + 5.0;
+    // The longest a pass may take over one request: a DNS lookup (two tries) and two
+    // fetches per method, concurrently, and a margin.
+    let lease = s.method_timeout.as_secs_f64() * 6.0 + 10.0;
     let rows: Vec<(String, Vec<String>, i32)> = sqlx::query_as(
-        "UPDATE pepsi.key_request SET attempts = attempts + 1, \
-         next_attempt_at = now() + make_interval(secs => $2) \
-         WHERE address IN (SELECT address FROM pepsi.key_request \
+        "WITH due AS MATERIALIZED (SELECT address FROM pepsi.key_request \
            WHERE status = 'pending' AND next_attempt_at <= now() \
            ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) \
-         RETURNING address, methods_asked, attempts",
+         UPDATE pepsi.key_request k SET attempts = attempts + 1, \
+         next_attempt_at = now() + make_interval(secs => $2) \
+         FROM due WHERE k.address = due.address \
+         RETURNING k.address, k.methods_asked, k.attempts",
     )
     .bind(s.batch)
     .bind(lease)
@@ -502,71 +593,98 @@ async fn settle(
         })
         .collect();
     let failed = answers.iter().any(|(_, a)| matches!(a, Answer::Failed(_)));
-    let mut tx = pool.begin().await?;
-    if !found.is_empty() {
-        for (method, (scheme, key)) in &found {
-            let info = match scheme {
-                Scheme::OpenPgp => openpgp::inspect(key),
-                Scheme::Smime => smime::inspect(key),
-            };
-            let Some(info) = info.ok().and_then(|i| i.into_iter().next()) else {
-                continue;
-            };
-            sqlx::query(
-                "INSERT INTO pepsi.peer_key (address, scheme, fingerprint, public_key, source, \
-                 verdict, cache_until) VALUES ($1, $2, $3, $4, $5, 'valid', now() + make_interval(secs => $6)) \
-                 ON CONFLICT (address, scheme, source) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
-                 public_key = EXCLUDED.public_key, verdict = 'valid', verdict_at = now(), \
-                 cache_until = EXCLUDED.cache_until, updated_at = now()",
-            )
-            .bind(&request.address)
-            .bind(scheme.as_str())
-            .bind(&info.fingerprint)
-            .bind(key)
-            .bind(method.as_str())
-            .bind(s.positive_ttl.as_secs_f64())
-            .execute(&mut *tx)
-            .await?;
+    // One key per method and scheme: the one valid longest (a domain in a key rollover
+    // publishes two).
+    // (method, scheme) → (valid until, fingerprint, key)
+    type Best<'k> = BTreeMap<(&'static str, &'static str), (Option<i64>, String, &'k Vec<u8>)>;
+    let mut best: Best = BTreeMap::new();
+    for (method, (scheme, key)) in &found {
+        let info = match scheme {
+            Scheme::OpenPgp => openpgp::inspect(key),
+            Scheme::Smime => smime::inspect(key),
+        };
+        let Some(info) = info.ok().and_then(|i| i.into_iter().next()) else {
+            continue;
+        };
+        let lasts = info.expires_at.or(Some(i64::MAX));
+        let slot = (method.as_str(), scheme.as_str());
+        if best.get(&slot).is_none_or(|(l, _, _)| lasts > *l) {
+            best.insert(slot, (lasts, info.fingerprint, key));
         }
-        sqlx::query(
-            "UPDATE pepsi.key_request SET status = 'found', settled_at = now(), \
-             methods_replied = $2 WHERE address = $1",
-        )
-        .bind(&request.address)
-        .bind(&replied)
-        .execute(&mut *tx)
-        .await?;
-        done.found += 1;
-        tracing::info!(address = %request.address, keys = found.len(), "key found");
+    }
+    // Every statement is tied to this pass's claim: a request another pass claimed since
+    // (this one outlived its lease) or that a stage restarted is left to that one.
+    let mut tx = pool.begin().await?;
+    let (status, negative): (&str, Option<f64>) = if !best.is_empty() {
+        ("found", None)
     } else if failed && request.attempts < s.max_attempts {
-        sqlx::query(
+        let moved = sqlx::query(
             "UPDATE pepsi.key_request SET methods_replied = $2, \
-             next_attempt_at = now() + make_interval(secs => $3) WHERE address = $1",
+             next_attempt_at = now() + make_interval(secs => $3) \
+             WHERE address = $1 AND status = 'pending' AND attempts = $4",
         )
         .bind(&request.address)
         .bind(&replied)
         .bind(s.retry.as_secs_f64())
+        .bind(request.attempts)
         .execute(&mut *tx)
         .await?;
         tx.commit().await?;
-        done.retry += 1;
-        tracing::info!(address = %request.address, attempt = request.attempts, "a method failed; asking again later");
+        if moved.rows_affected() > 0 {
+            done.retry += 1;
+            tracing::info!(address = %request.address, attempt = request.attempts, "a method failed; asking again later");
+        }
         return Ok(false);
+    } else if failed {
+        // Methods that kept failing (an outage) are not a fact about the address: the
+        // answer is cached only until the next RETRY.
+        ("none", Some(s.retry.as_secs_f64()))
     } else {
+        ("none", Some(s.negative_ttl.as_secs_f64()))
+    };
+    let settled = sqlx::query(
+        "UPDATE pepsi.key_request SET status = $2, settled_at = now(), methods_replied = $3, \
+         negative_until = CASE WHEN $4::float8 IS NULL THEN NULL \
+                               ELSE now() + make_interval(secs => $4) END \
+         WHERE address = $1 AND status = 'pending' AND attempts = $5",
+    )
+    .bind(&request.address)
+    .bind(status)
+    .bind(&replied)
+    .bind(negative)
+    .bind(request.attempts)
+    .execute(&mut *tx)
+    .await?;
+    if settled.rows_affected() == 0 {
+        tx.rollback().await?;
+        tracing::info!(address = %request.address, "claimed again elsewhere; this answer is dropped");
+        return Ok(false);
+    }
+    for ((method, scheme), (_, fingerprint, key)) in &best {
         sqlx::query(
-            "UPDATE pepsi.key_request SET status = 'none', settled_at = now(), \
-             negative_until = now() + make_interval(secs => $3), methods_replied = $2 \
-             WHERE address = $1",
+            "INSERT INTO pepsi.peer_key (address, scheme, fingerprint, public_key, source, \
+             verdict, cache_until) VALUES ($1, $2, $3, $4, $5, 'valid', now() + make_interval(secs => $6)) \
+             ON CONFLICT (address, scheme, source) DO UPDATE SET fingerprint = EXCLUDED.fingerprint, \
+             public_key = EXCLUDED.public_key, verdict = 'valid', verdict_at = now(), \
+             cache_until = EXCLUDED.cache_until, updated_at = now()",
         )
         .bind(&request.address)
-        .bind(&replied)
-        .bind(s.negative_ttl.as_secs_f64())
+        .bind(scheme)
+        .bind(fingerprint)
+        .bind(*key)
+        .bind(method)
+        .bind(s.positive_ttl.as_secs_f64())
         .execute(&mut *tx)
         .await?;
+    }
+    tx.commit().await?;
+    if status == "found" {
+        done.found += 1;
+        tracing::info!(address = %request.address, keys = best.len(), "key found");
+    } else {
         done.none += 1;
         tracing::info!(address = %request.address, "no key found");
     }
-    tx.commit().await?;
     Ok(true)
 }
 
@@ -609,4 +727,32 @@ pub fn run() -> ExitCode {
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_globally_routable_addresses_are_connected_to() {
+        for (ip, global) in [
+            ("93.184.216.34", true),
+            ("2a00:1450:4001::1", true),
+            ("127.0.0.1", false),
+            ("10.1.2.3", false),
+            ("172.16.0.1", false),
+            ("192.168.1.1", false),
+            ("169.254.169.254", false),
+            ("100.64.0.1", false),
+            ("0.0.0.0", false),
+            ("224.0.0.1", false),
+            ("::1", false),
+            ("fd00::1", false),
+            ("fe80::1", false),
+            ("::ffff:127.0.0.1", false),
+            ("::ffff:93.184.216.34", true),
+        ] {
+            assert_eq!(is_global(ip.parse().unwrap()), global, "{ip}");
+        }
+    }
 }

@@ -59,7 +59,8 @@ pub fn zbase32(data: &[u8]) -> String {
 /// openpgpkey/<domain>/hu/<hash>?l=<local>` and `https://<domain>/.well-known/openpgpkey/
 /// hu/<hash>?l=<local>`. `port` is appended when it is not 443.
 pub fn wkd_urls(local: &str, domain: &str, port: u16) -> [String; 2] {
-    let hash = zbase32(&sha1::Sha1::digest(local.to_lowercase().as_bytes()));
+    // ASCII letters only, as the draft says: GnuPG hashes the same bytes.
+    let hash = zbase32(&sha1::Sha1::digest(local.to_ascii_lowercase().as_bytes()));
     let domain = domain.to_ascii_lowercase();
     let port = if port == 443 {
         String::new()

@@ -1251,9 +1251,11 @@ REVOKE ALL ON FUNCTION pepsi.mail_log_expire(interval) FROM PUBLIC;
 
 -- Ask for discovery of p_address's key unless a request is in flight or settled recently.
 -- Returns the request's status: 'pending' (new or in flight), 'none' (settled without a key
--- and the negative answer still cached) or 'found' (settled with a key that peer_key still
--- holds within its cache time: the caller reads it again). A negative answer whose cache has
--- run out (or that has none), or a found key since expired, starts a new lookup.
+-- and the negative answer still cached) or 'found' (settled with a discovered key that
+-- peer_key still holds, valid, within its cache time: the caller reads it again). A negative
+-- answer whose cache has run out (or that has none), or a found key since expired or judged
+-- unusable, starts a new lookup; keys from other sources (an import, Autocrypt) do not keep
+-- a request settled.
 CREATE OR REPLACE FUNCTION pepsi.crypto_request_key(p_address text, p_methods text[])
 RETURNS text LANGUAGE plpgsql AS $$
 DECLARE
@@ -1276,7 +1278,9 @@ BEGIN
        OR (pepsi.key_request.status = 'found'
            AND NOT EXISTS (SELECT 1 FROM pepsi.peer_key k
                            WHERE k.address = lower(p_address)
-                             AND (k.cache_until IS NULL OR k.cache_until > now())));
+                             AND k.source IN ('wkd', 'openpgpkey', 'smimea', 'keyserver')
+                             AND k.verdict = 'valid'
+                             AND k.cache_until > now()));
     SELECT status INTO st FROM pepsi.key_request WHERE address = lower(p_address);
     RETURN st;
 END

@@ -274,11 +274,12 @@ impl Stage for Decrypt {
 }
 
 /// Whether a peer key may vouch for a signature: one an operator imported, or one the
-/// sender's own domain published (WKD, a keyserver that verified the address, DNS when the
-/// answer was validated). A key from an Autocrypt header or gossip anyone could have sent.
+/// sender's own domain published (WKD over HTTPS; DNS only when the answer was validated).
+/// Not a keyserver's (whether it checked the address depends on the server), nor a key
+/// from an Autocrypt header or gossip, which anyone could have sent.
 fn vouches(p: &pepsi_keymat::store::PeerKey) -> bool {
     match p.source.as_str() {
-        "import" | "wkd" | "keyserver" => true,
+        "import" | "wkd" => true,
         "openpgpkey" | "smimea" => p.dnssec_validated,
         _ => false,
     }

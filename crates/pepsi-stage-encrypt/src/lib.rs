@@ -116,6 +116,11 @@ impl Settings {
             }
             None => METHODS.iter().map(|m| m.to_string()).collect(),
         };
+        if methods.is_empty() {
+            anyhow::bail!(
+                "[{section_name}] DISCOVERY_METHODS lists no method (DISCOVERY = no turns discovery off)"
+            );
+        }
         let sign = s.bool_opt("SIGN")?.unwrap_or(true);
         if sign && let Err(e) = keyring {
             anyhow::bail!(
@@ -399,9 +404,11 @@ async fn recipient_keys(
     peers.sort_by_key(|p| {
         let rank = match p.source.as_str() {
             "import" => 0,
-            "wkd" | "openpgpkey" | "smimea" | "keyserver" => 1,
-            "signature" => 2,
-            _ => 3,
+            "wkd" | "keyserver" => 1,
+            "openpgpkey" | "smimea" if p.dnssec_validated => 1,
+            "openpgpkey" | "smimea" => 2,
+            "signature" => 3,
+            _ => 4,
         };
         (rank, std::cmp::Reverse(p.updated_at))
     });
