@@ -761,7 +761,7 @@ pub fn main<S: Stage>(
         // A set-user-id stage (the crypto stages, set-uid pepsi-crypto) connects as the
         // account its bit makes it, whose database role holds what the program needs; the
         // URL names the server, and any user in it is not the one that counts.
-        let pool = if crate::privilege::is_setuid_invocation() {
+        let pool = if setuid {
             // SAFETY: no arguments, cannot fail.
             let euid = unsafe { libc::geteuid() };
             let user = crate::privilege::account_name(euid)?
