@@ -15,20 +15,20 @@ use crate::support::{self, Running, test_stage};
 
 /// The dispatcher under test: the one cargo built, or `$PEPSI_BIN_DIR/pepsi-dispatch` (the
 /// unified layout's symlink to `pepsi`, which `scripts/test.sh` also runs these tests on).
-fn dispatch() -> PathBuf {
+pub(crate) fn dispatch() -> PathBuf {
     pepsi_testkit::programs::program("pepsi-dispatch", env!("CARGO_BIN_EXE_pepsi-dispatch"))
 }
 
-struct Harness {
-    db: TestDb,
-    dir: tempfile::TempDir,
-    config: PathBuf,
+pub(crate) struct Harness {
+    pub(crate) db: TestDb,
+    pub(crate) dir: tempfile::TempDir,
+    pub(crate) config: PathBuf,
 }
 
 impl Harness {
     /// `stages` holds the [stage-*] sections (PROGRAM = the test stage is filled in when
     /// the section names none). Fusion is off: each stage runs in its own pool.
-    async fn new(stages: &str, dispatch: &str) -> Harness {
+    pub(crate) async fn new(stages: &str, dispatch: &str) -> Harness {
         Harness::with_fusion(stages, dispatch, false).await
     }
 
@@ -55,7 +55,7 @@ impl Harness {
         Harness { db, dir, config }
     }
 
-    fn start(&self, log: &str) -> Running {
+    pub(crate) fn start(&self, log: &str) -> Running {
         let log = std::fs::File::create(self.dir.path().join(log)).unwrap();
         Running(
             Command::new(dispatch())
@@ -70,11 +70,11 @@ impl Harness {
         )
     }
 
-    fn log(&self, name: &str) -> String {
+    pub(crate) fn log(&self, name: &str) -> String {
         std::fs::read_to_string(self.dir.path().join(name)).unwrap_or_default()
     }
 
-    async fn add(&self, n: i64, sender: &str, state: Value) {
+    pub(crate) async fn add(&self, n: i64, sender: &str, state: Value) {
         sqlx::query(
             "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, $2, $3) \
              FROM generate_series(1, $1)",
@@ -87,7 +87,7 @@ impl Harness {
         .unwrap();
     }
 
-    async fn count(&self, sql: &str) -> i64 {
+    pub(crate) async fn count(&self, sql: &str) -> i64 {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_one(&self.db.pool)
             .await
@@ -95,11 +95,11 @@ impl Harness {
     }
 
     /// Polls `sql` (a count) until it reaches `want`, failing after `limit`.
-    async fn wait_for(&self, sql: &str, want: i64, limit: Duration, child: &mut Child) {
+    pub(crate) async fn wait_for(&self, sql: &str, want: i64, limit: Duration, child: &mut Child) {
         support::wait_for_count(&self.db.pool, sql, want, limit, child, String::new).await
     }
 
-    async fn states(&self, sql: &str) -> Vec<Value> {
+    pub(crate) async fn states(&self, sql: &str) -> Vec<Value> {
         sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
             .fetch_all(&self.db.pool)
             .await
@@ -107,7 +107,7 @@ impl Harness {
     }
 }
 
-fn signal(child: &Child, sig: &str) {
+pub(crate) fn signal(child: &Child, sig: &str) {
     let ok = Command::new("kill")
         .args([sig, &child.id().to_string()])
         .status()
@@ -115,7 +115,7 @@ fn signal(child: &Child, sig: &str) {
     assert!(ok.success());
 }
 
-fn stop(mut child: Running) -> std::process::ExitStatus {
+pub(crate) fn stop(mut child: Running) -> std::process::ExitStatus {
     signal(&child, "-TERM");
     let until = Instant::now() + Duration::from_secs(30);
     loop {
@@ -131,7 +131,7 @@ fn stop(mut child: Running) -> std::process::ExitStatus {
 }
 
 /// Processes whose parent is `pid`.
-fn children(pid: u32) -> Vec<u32> {
+pub(crate) fn children(pid: u32) -> Vec<u32> {
     let mut out = Vec::new();
     for entry in std::fs::read_dir("/proc").unwrap().flatten() {
         let Ok(p) = entry.file_name().to_string_lossy().parse::<u32>() else {
@@ -689,34 +689,7 @@ async fn a_configuration_change_retires_workers_and_replacements_use_it() {
     assert!(stop(d).success());
 }
 
-#[tokio::test]
-async fn a_second_dispatcher_refuses_to_start_and_names_the_first() {
-    let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "").await;
-    let d = h.start("first.log");
-    let until = Instant::now() + Duration::from_secs(20);
-    while !h.log("first.log").contains("dispatching") {
-        assert!(Instant::now() < until, "{}", h.log("first.log"));
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let out = Command::new(dispatch())
-        .arg("-c")
-        .arg(&h.config)
-        .output()
-        .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        err.contains("another dispatcher is already running"),
-        "{err}"
-    );
-    assert!(
-        err.contains(&format!("pepsi-dispatch {} pid {}", hostname(), d.id())),
-        "{err}"
-    );
-    assert!(stop(d).success());
-}
-
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .unwrap()
         .trim()

@@ -20,6 +20,7 @@ mod counters_redis_modes;
 mod crypto;
 mod dispatch;
 mod failure_bouncer;
+mod ha;
 mod harness;
 mod httpd;
 mod httpd_config;

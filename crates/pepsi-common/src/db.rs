@@ -32,6 +32,9 @@ pub struct DbSettings {
     /// `PASS_SYNCHRONOUS_COMMIT`: the `synchronous_commit` of the sessions that move rows
     /// along the queue (the dispatcher's and the stage workers'), `None` for the server's.
     pub pass_synchronous_commit: Option<SynchronousCommit>,
+    /// The dispatcher epoch the passes' sessions name (`pepsi.epoch`, docs/ha.md): the one
+    /// this worker inherited, or the dispatcher's own.
+    pub epoch: Option<i64>,
 }
 
 /// A value of PostgreSQL's `synchronous_commit`, as `[database] PASS_SYNCHRONOUS_COMMIT`
@@ -93,7 +96,25 @@ impl DbSettings {
             connect_timeout: section
                 .duration_opt("CONNECT_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(10)),
+            epoch: crate::epoch::inherited().epoch,
         })
+    }
+
+    /// The same settings with the passes' sessions naming `epoch`.
+    pub fn with_epoch(mut self, epoch: i64) -> Self {
+        self.epoch = Some(epoch);
+        self
+    }
+
+    /// The server settings of a session that moves rows along the queue.
+    fn pass_options(&self, mut options: PgConnectOptions) -> PgConnectOptions {
+        if let Some(level) = self.pass_synchronous_commit {
+            options = options.options([("synchronous_commit", level.as_str())]);
+        }
+        if let Some(epoch) = self.epoch {
+            options = options.options([("pepsi.epoch", epoch.to_string())]);
+        }
+        options
     }
 
     /// Opens a pool; sessions run READ COMMITTED (at most one writer touches a queue row).
@@ -137,13 +158,11 @@ impl DbSettings {
     }
 
     /// Opens the pool of a program that moves rows along the queue (the dispatcher, a stage
-    /// worker): its sessions commit with `PASS_SYNCHRONOUS_COMMIT`. Every other program's
-    /// writes (the ingress's admission above all) keep the server's setting.
+    /// worker): its sessions commit with `PASS_SYNCHRONOUS_COMMIT` and name the dispatcher
+    /// epoch they act for. Every other program's writes (the ingress's admission above all)
+    /// keep the server's setting.
     pub async fn connect_for_passes(&self) -> anyhow::Result<PgPool> {
-        let mut options = self.options()?;
-        if let Some(level) = self.pass_synchronous_commit {
-            options = options.options([("synchronous_commit", level.as_str())]);
-        }
+        let options = self.pass_options(self.options()?);
         self.connect_with(options).await
     }
 
@@ -154,10 +173,7 @@ impl DbSettings {
         if !url_names_host(&self.url) {
             options = options.host(SOCKET_DIR);
         }
-        if let Some(level) = self.pass_synchronous_commit {
-            options = options.options([("synchronous_commit", level.as_str())]);
-        }
-        self.connect_with(options).await
+        self.connect_with(self.pass_options(options)).await
     }
 
     fn options(&self) -> anyhow::Result<PgConnectOptions> {

@@ -28,6 +28,7 @@ pub mod config;
 pub mod coprocess;
 pub mod db;
 pub mod delivery;
+pub mod epoch;
 pub mod keys;
 pub mod language;
 pub mod local;

@@ -114,25 +114,45 @@ fn clamp_due(secs: f64) -> f64 {
     }
 }
 
-/// At start-up, rows left `running` by a previous dispatcher go back to `pending`.
-pub async fn reset_orphans(pool: &PgPool) -> Result<u64, sqlx::Error> {
-    let n: i32 =
-        with_retry(|| sqlx::query_scalar("SELECT pepsi.dispatch_reset_orphans()").fetch_one(pool))
-            .await?;
-    Ok(count(n))
-}
-
-/// Running rows not among `held` and unchanged for `grace` become pending again; returns
-/// how many.
-pub async fn reconcile(pool: &PgPool, held: &[i64], grace: Duration) -> Result<u64, sqlx::Error> {
+/// At start-up, rows left `running` by the dispatchers of epochs `gone` (known dead, their
+/// workers with them) or by no epoch go back to `pending`; returns how many.
+pub async fn take_over(pool: &PgPool, gone: &[i64]) -> Result<u64, sqlx::Error> {
     let n: i32 = with_retry(|| {
-        sqlx::query_scalar("SELECT pepsi.dispatch_reconcile($1, $2)")
-            .bind(held)
-            .bind(grace.as_secs_f64())
+        sqlx::query_scalar("SELECT pepsi.dispatch_take_over($1)")
+            .bind(gone)
             .fetch_one(pool)
     })
     .await?;
     Ok(count(n))
+}
+
+/// Running rows not among `held` become pending: this dispatcher's own once unchanged for
+/// `grace`, those of a fenced or stopped earlier one once unchanged for `fenced_after`;
+/// returns how many.
+pub async fn reconcile(
+    pool: &PgPool,
+    held: &[i64],
+    grace: Duration,
+    fenced_after: Duration,
+) -> Result<u64, sqlx::Error> {
+    let n: i32 = with_retry(|| {
+        sqlx::query_scalar("SELECT pepsi.dispatch_reconcile($1, $2, $3)")
+            .bind(held)
+            .bind(grace.as_secs_f64())
+            .bind(fenced_after.as_secs_f64())
+            .fetch_one(pool)
+    })
+    .await?;
+    Ok(count(n))
+}
+
+/// This dispatcher stopped cleanly: no worker of its epoch is left.
+pub async fn stopped(pool: &PgPool, epoch: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pepsi.dispatch_stopped($1)")
+        .bind(epoch)
+        .execute(pool)
+        .await?;
+    Ok(())
 }
 
 /// Rows handed back untouched (never started, or held by a stopped worker) become pending

@@ -22,6 +22,7 @@ use pepsi_common::config::{Config, Scope};
 use crate::Event;
 use crate::claim::{self, Claimed, Forced, Want};
 use crate::fair::FairShare;
+use crate::lock::{self, Leadership, WorkerPids};
 use crate::settings::{DispatchSettings, PoolSettings, resolve_program};
 use crate::stats::Stats;
 use crate::status::{self, Status};
@@ -29,6 +30,11 @@ use crate::worker::{Assigned, Worker};
 
 /// Pause before a temporarily failed message is tried again.
 const TEMPORARY_RETRY_SECS: u32 = 60;
+
+/// How long a dispatcher taking over from one known dead waits before taking its rows back:
+/// a set-user-id worker, which the parent-death signal does not reach, notices within its
+/// watchdog's period (100 ms) that its dispatcher is gone and ends.
+const GONE_WORKERS_WAIT: Duration = Duration::from_millis(500);
 
 /// One stage's pool state beyond its settings.
 struct Pool {
@@ -83,6 +89,10 @@ pub struct Dispatcher {
     /// Rows handed forward to a stage without room: back to pending, together, before the
     /// next claim.
     overflow: Vec<i64>,
+    /// This dispatcher's epoch, and the earlier ones known gone.
+    leadership: Leadership,
+    /// The pids of live workers, for the lock thread to kill if the lock is lost.
+    worker_pids: WorkerPids,
 }
 
 impl Dispatcher {
@@ -92,6 +102,8 @@ impl Dispatcher {
         cfg: &Config,
         log_level: String,
         events: UnboundedSender<Event>,
+        leadership: Leadership,
+        worker_pids: WorkerPids,
     ) -> anyhow::Result<Self> {
         let settings = DispatchSettings::from_config(cfg)?;
         let own_dir = std::env::current_exe()
@@ -123,6 +135,8 @@ impl Dispatcher {
             stopping: false,
             suspects: HashSet::new(),
             overflow: Vec::new(),
+            leadership,
+            worker_pids,
         };
         d.apply_pools(cfg)?;
         d.wake_all();
@@ -181,7 +195,11 @@ impl Dispatcher {
         let mut sigterm =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
-        let orphans = claim::reset_orphans(&self.db).await?;
+        if !self.leadership.gone.is_empty() {
+            // Their workers end within a watchdog period of their dispatcher (docs/ha.md).
+            tokio::time::sleep(GONE_WORKERS_WAIT).await;
+        }
+        let orphans = claim::take_over(&self.db, &self.leadership.gone).await?;
         if orphans > 0 {
             tracing::info!(
                 rows = orphans,
@@ -453,6 +471,11 @@ impl Dispatcher {
 
     /// A worker's stdout closed: it exited, or is about to.
     async fn exited(&mut self, key: u64) {
+        if lock::lost() {
+            // The lock thread killed every worker and is ending the process: the rows they
+            // held are for the dispatcher that takes over.
+            return;
+        }
         let Some(mut w) = self.workers.remove(&key) else {
             return;
         };
@@ -463,6 +486,7 @@ impl Dispatcher {
                 None
             }
         };
+        self.forget_pid(w.pid);
         let described = match status {
             Some(s) => describe(s),
             None => "closed its output and did not exit".to_owned(),
@@ -629,13 +653,21 @@ impl Dispatcher {
             .values()
             .flat_map(|w| w.inflight.iter().map(|a| a.id))
             .collect();
-        match claim::reconcile(&self.db, &held, self.settings.orphan_grace).await {
+        let longest = self
+            .pools
+            .values()
+            .map(|p| p.settings.max_runtime)
+            .max()
+            .unwrap_or(pepsi_common::stage::DEFAULT_MAX_RUNTIME);
+        let fenced_after = longest + self.settings.takeover_margin;
+        match claim::reconcile(&self.db, &held, self.settings.orphan_grace, fenced_after).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(
                     rows = n,
                     "running rows no worker held returned to pending (a write the dispatcher \
-                     could not make, or a claim whose reply was lost)"
+                     could not make, a claim whose reply was lost, or rows of a dispatcher \
+                     this one took over from)"
                 );
                 self.wake_all();
             }
@@ -925,17 +957,25 @@ impl Dispatcher {
         }
         let key = self.next_key;
         self.next_key += 1;
-        match Worker::spawn(
+        let spawned = Worker::spawn(
             key,
             stage,
             &pool.program,
             &self.config_path,
             &self.log_level,
-            self.settings.hand_forward,
+            crate::worker::Inherit {
+                hand_forward: self.settings.hand_forward,
+                epoch: self.leadership.epoch,
+                pass_limit: pool.settings.max_runtime,
+            },
             self.events.clone(),
-        ) {
+        );
+        match spawned {
             Ok(w) => {
                 tracing::debug!(stage, pid = w.pid, workers = running + 1, "worker started");
+                if let Ok(mut pids) = self.worker_pids.lock() {
+                    pids.insert(w.pid);
+                }
                 pool.cooldown_until = None;
                 pool.failure_logged = false;
                 self.workers.insert(key, w);
@@ -974,6 +1014,7 @@ impl Dispatcher {
         for key in left {
             if let Some(mut w) = self.workers.remove(&key) {
                 let _ = w.child.kill().await;
+                self.forget_pid(w.pid);
                 let ids: Vec<i64> = w.inflight.iter().map(|a| a.id).collect();
                 tracing::warn!(stage = %w.stage, pid = w.pid, held = ids.len(), "worker killed at shutdown");
                 self.hand_back(&w.stage.clone(), &ids).await;
@@ -983,8 +1024,20 @@ impl Dispatcher {
             .flush(&self.db)
             .await
             .context("cannot write the final statistics")?;
+        if self.workers.is_empty()
+            && let Err(e) = claim::stopped(&self.db, self.leadership.epoch).await
+        {
+            tracing::warn!("cannot record that this dispatcher stopped: {e}");
+        }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// A worker was reaped: the lock thread must not signal its pid any more.
+    fn forget_pid(&self, pid: u32) {
+        if let Ok(mut pids) = self.worker_pids.lock() {
+            pids.remove(&pid);
+        }
     }
 }
 

@@ -5,12 +5,14 @@
 //! It never reads or changes message content: workers record their own outcomes. Its only
 //! forward-progress write is the claim (pending → running); it also requeues paused rows
 //! that are due, returns rows it could not hand out, and fails rows whose worker crashed or
-//! hung. One per database, enforced with an advisory lock.
+//! hung. One is active per database, enforced with an advisory lock; others stand by and
+//! take over, fencing the one before (docs/ha.md).
 
 mod claim;
 mod dispatcher;
 mod fair;
 mod listen;
+mod lock;
 mod settings;
 mod stats;
 mod status;
@@ -20,7 +22,6 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
-use sqlx::{ConnectOptions as _, Connection as _, PgConnection};
 
 use pepsi_common::cli::{CommonArgs, init_logging};
 use pepsi_common::config::Scope;
@@ -35,9 +36,6 @@ pub mod constants {
         exec: "pepsi-dispatch",
     };
 }
-
-/// The advisory lock key pair that makes the dispatcher one per database.
-const LOCK_KEY: (i32, i32) = (0x7065_7073, 1);
 
 /// What the loop reacts to.
 #[derive(Debug)]
@@ -63,9 +61,10 @@ pub enum Event {
 /// [pepsi-dispatch] options: POLL_INTERVAL (heartbeat, 5s), FAIR_HALF_LIFE (60s),
 /// FAIR_FIFO_PERCENT (20), FAIR_MAX_SENDERS (256), STATS_INTERVAL (60s),
 /// STATS_IDLE_INTERVAL (1s: the least spacing of the flushes made when idle), SPAWN_COOLDOWN (10s),
-/// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), LOCK_CHECK_INTERVAL (1s),
-/// VACUUM_INTERVAL (10s), HAND_FORWARD (yes: a row a worker advances stays running and is
-/// handed to the next stage's pool without a claim), LIBEXEC_DIR.
+/// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), VACUUM_INTERVAL (10s),
+/// HAND_FORWARD (yes: a row a worker advances stays running and is handed to the next stage's
+/// pool without a claim), LIBEXEC_DIR, STANDBY (yes), LOCK_SESSION_TIMEOUT (5s),
+/// LOCK_CHECK_INTERVAL (250ms), TAKEOVER_MARGIN (30s).
 /// [stage-NAME] options: PROGRAM, PARALLELISM (1), QUEUE_LIMIT (1), MAX_MESSAGES (10000,
 /// 0 = never recycle), WORKER_IDLE_TIMEOUT (60s), MAX_RUNTIME (5m).
 /// See docs/dispatch.md for what each does.
@@ -73,8 +72,15 @@ pub enum Event {
 /// A worker that crashes fails the message it held (state.dispatch_error says why); one that
 /// does not answer within MAX_RUNTIME is killed and the message ends as `timeout`. Messages a
 /// worker had not started return to pending. On SIGINT/SIGTERM workers finish what they hold
-/// (up to SHUTDOWN_GRACE), statistics are written and the dispatcher exits 0. Only one
-/// dispatcher may run per database: a second one exits with status 1 naming the first.
+/// (up to SHUTDOWN_GRACE), statistics are written and the dispatcher exits 0.
+///
+/// One dispatcher is active per database. Another one started meanwhile stands by (STANDBY =
+/// yes; with no it exits with status 1 naming the active one) and takes over once the active
+/// one's lock session ends: at once when that process dies, within LOCK_SESSION_TIMEOUT when
+/// it hangs, is stopped or is cut off. Taking over fences the earlier dispatcher: the database
+/// refuses whatever it or its workers still write. A dispatcher whose heartbeat fails for
+/// LOCK_SESSION_TIMEOUT, or which finds itself fenced, kills its workers and exits with
+/// status 1. See docs/ha.md.
 #[derive(Debug, Parser)]
 #[command(name = "pepsi-dispatch", version, verbatim_doc_comment)]
 struct Cli {
@@ -123,11 +129,42 @@ pub fn run() -> ExitCode {
 async fn main(cli: Cli) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
     let db_settings = DbSettings::from_config(&file_cfg)?;
-    let lock = take_lock(&db_settings.url).await?;
-    let db = db_settings.connect_for_passes().await?;
+    // Everything is checked before standing by: a standby with a broken configuration
+    // would only fail when it is needed.
+    let settings = {
+        let db = db_settings.connect().await?;
+        let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
+        check_config(&cfg)?;
+        db.close().await;
+        settings::DispatchSettings::from_config(&cfg)?
+    };
+    let workers = lock::WorkerPids::default();
+    let leadership = lock::spawn(
+        lock::LockSettings {
+            url: db_settings.url.clone(),
+            check: settings.lock_check_interval,
+            session_timeout: settings.lock_session_timeout,
+            standby: settings.standby,
+        },
+        workers.clone(),
+    )?;
+    let leadership = tokio::select! {
+        got = leadership => got.context("the lock thread ended")??,
+        _ = stop_signal() => {
+            tracing::info!("stopped while standing by");
+            return Ok(());
+        }
+    };
+    tracing::info!(
+        epoch = leadership.epoch,
+        gone = ?leadership.gone,
+        "dispatcher lock taken"
+    );
+    let db = db_settings
+        .with_epoch(leadership.epoch)
+        .connect_for_passes()
+        .await?;
     let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
-    let every = settings::DispatchSettings::from_config(&cfg)?.lock_check_interval;
-    tokio::spawn(keep_lock(lock, db_settings.url.clone(), every));
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
     let mut dispatcher = dispatcher::Dispatcher::new(
         db.clone(),
@@ -135,93 +172,24 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
         &cfg,
         cli.common.log_level.clone(),
         tx.clone(),
+        leadership,
+        workers,
     )?;
     tokio::spawn(listen::run(db.clone(), tx));
     dispatcher.run(rx).await
 }
 
-/// Checks the connection holding the dispatcher lock every `every`. The lock lives as long
-/// as that server session: when the session is gone (PostgreSQL restarted, the backend was
-/// terminated) the lock is taken again on a new connection. When another dispatcher holds
-/// it by then, this process exits at once: its workers die with it (parent-death signal),
-/// and the rows they held are returned by the other dispatcher (ORPHAN_GRACE).
-async fn keep_lock(mut conn: PgConnection, url: String, every: std::time::Duration) {
-    loop {
-        tokio::time::sleep(every).await;
-        let alive = sqlx::query("SELECT 1").execute(&mut conn).await;
-        let Err(e) = alive else { continue };
-        tracing::warn!(
-            "the connection holding the dispatcher lock is lost ({e}): taking the lock again"
-        );
-        loop {
-            match take_lock(&url).await {
-                Ok(fresh) => {
-                    tracing::info!("dispatcher lock taken again");
-                    conn = fresh;
-                    break;
-                }
-                Err(e) if e.to_string().contains("another dispatcher") => {
-                    tracing::error!(
-                        "lost the dispatcher lock to another dispatcher, exiting: {e:#}"
-                    );
-                    eprintln!("pepsi-dispatch: lost the dispatcher lock: {e:#}");
-                    std::process::exit(1);
-                }
-                Err(e) => {
-                    // The server is not back yet: nobody else can take the lock meanwhile
-                    // either, so keep trying.
-                    tracing::warn!("cannot take the dispatcher lock again yet: {e:#}");
-                    tokio::time::sleep(every).await;
-                }
-            }
-        }
-    }
-}
-
-/// Holds the dispatcher lock for the life of the process on a connection of its own, named
-/// so that a second dispatcher can say who holds it.
-async fn take_lock(url: &str) -> anyhow::Result<PgConnection> {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name = format!("pepsi-dispatch {} pid {}", host.trim(), std::process::id());
-    let options: sqlx::postgres::PgConnectOptions = url
-        .parse()
-        .context("[database] URL is not a PostgreSQL URL")?;
-    let mut conn = options
-        .application_name(&name)
-        .connect()
-        .await
-        .context("cannot connect to the database")?;
-    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
-        .bind(LOCK_KEY.0)
-        .bind(LOCK_KEY.1)
-        .fetch_one(&mut conn)
-        .await?;
-    if got {
-        return Ok(conn);
-    }
-    let holder: Option<(i32, String, Option<String>, String)> = sqlx::query_as(
-        "SELECT a.pid, a.application_name, a.client_addr::text, to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ') \
-         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
-           AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .bind(i64::from(LOCK_KEY.0))
-    .bind(i64::from(LOCK_KEY.1))
-    .fetch_optional(&mut conn)
-    .await?;
-    conn.close().await.ok();
-    match holder {
-        Some((pid, app, addr, since)) => anyhow::bail!(
-            "another dispatcher is already running on this database: {} (server backend pid {pid}{}, since {since}); run exactly one per system",
-            if app.is_empty() {
-                "unnamed client".to_owned()
-            } else {
-                app
-            },
-            addr.map(|a| format!(", from {a}")).unwrap_or_default()
-        ),
-        None => anyhow::bail!(
-            "another dispatcher is already running on this database; run exactly one per system"
-        ),
+/// SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
 }

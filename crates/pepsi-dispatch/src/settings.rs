@@ -37,10 +37,22 @@ pub struct DispatchSettings {
     /// alone). Every claim, advance and finish leaves a dead row version behind, and the
     /// claim's index probes walk them until a VACUUM removes them.
     pub vacuum_interval: Duration,
-    /// How often the connection holding the dispatcher lock is checked; a lost one (a
-    /// PostgreSQL restart, a killed backend) is taken again or, when another dispatcher has
-    /// it meanwhile, this one exits.
+    /// The heartbeat on the session holding the dispatcher lock (and how often a standby
+    /// tries the lock); a lost session (a PostgreSQL restart, a killed backend) is taken
+    /// again or, when another dispatcher has the lock meanwhile, this one kills its workers
+    /// and exits. At most a quarter of `lock_session_timeout`.
     pub lock_check_interval: Duration,
+    /// The server ends the lock session after this long without a heartbeat (a dispatcher
+    /// hung, stopped or cut off), which frees the lock for a standby; the dispatcher itself
+    /// kills its workers and exits once its heartbeat has failed for this long.
+    pub lock_session_timeout: Duration,
+    /// A second dispatcher waits for the lock and takes over (yes), or exits at once naming
+    /// the one that holds it (no).
+    pub standby: bool,
+    /// Rows an earlier dispatcher claimed wait its longest MAX_RUNTIME plus this before a
+    /// dispatcher that took over returns them to pending (unless that one is known dead on
+    /// this host: then at once). At least 5s.
+    pub takeover_margin: Duration,
     /// Where relative PROGRAM names are looked for first (default: the dispatcher's own
     /// directory, then PATH).
     pub libexec_dir: Option<PathBuf>,
@@ -55,6 +67,14 @@ pub struct DispatchSettings {
 impl DispatchSettings {
     pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
         let s = cfg.section("pepsi-dispatch");
+        let lock_session_timeout = s
+            .parse_opt("LOCK_SESSION_TIMEOUT", |v| {
+                pepsi_common::config::parse_duration(v)
+                    .ok()
+                    .filter(|d| *d >= Duration::from_secs(1) && *d <= Duration::from_secs(3600))
+                    .ok_or_else(|| "a duration from 1s to 1h".to_owned())
+            })?
+            .unwrap_or(Duration::from_secs(5));
         Ok(Self {
             poll_interval: s
                 .duration_opt("POLL_INTERVAL")?
@@ -88,10 +108,30 @@ impl DispatchSettings {
             vacuum_interval: s
                 .duration_opt("VACUUM_INTERVAL")?
                 .unwrap_or(Duration::from_secs(10)),
+            lock_session_timeout,
             lock_check_interval: s
-                .duration_opt("LOCK_CHECK_INTERVAL")?
-                .unwrap_or(Duration::from_secs(1))
-                .max(Duration::from_millis(100)),
+                .parse_opt("LOCK_CHECK_INTERVAL", |v| {
+                    pepsi_common::config::parse_duration(v)
+                        .ok()
+                        .filter(|d| {
+                            *d >= Duration::from_millis(50) && *d * 4 <= lock_session_timeout
+                        })
+                        .ok_or_else(|| {
+                            format!(
+                                "a duration from 50ms to a quarter of LOCK_SESSION_TIMEOUT ({lock_session_timeout:?})"
+                            )
+                        })
+                })?
+                .unwrap_or_else(|| Duration::from_millis(250).min(lock_session_timeout / 4)),
+            standby: s.bool_opt("STANDBY")?.unwrap_or(true),
+            takeover_margin: s
+                .parse_opt("TAKEOVER_MARGIN", |v| {
+                    pepsi_common::config::parse_duration(v)
+                        .ok()
+                        .filter(|d| *d >= Duration::from_secs(5))
+                        .ok_or_else(|| "a duration of at least 5s".to_owned())
+                })?
+                .unwrap_or(Duration::from_secs(30)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
             hand_forward: s.bool_opt("HAND_FORWARD")?.unwrap_or(true),
             mail_log_retention: cfg

@@ -41,20 +41,35 @@ pub struct Worker {
     pub killed: bool,
 }
 
+/// What a worker is told through its environment.
+#[derive(Debug, Clone, Copy)]
+pub struct Inherit {
+    /// `PEPSI_HAND_FORWARD=1`.
+    pub hand_forward: bool,
+    /// The dispatcher's epoch, which the worker's sessions name (fencing).
+    pub epoch: i64,
+    /// The stage's MAX_RUNTIME, which the worker enforces on itself when no dispatcher does.
+    pub pass_limit: std::time::Duration,
+}
+
 impl Worker {
     /// Starts `program worker -c <config>`; its stdout feeds `events`, its stderr is ours.
-    /// With `hand_forward` it runs with `PEPSI_HAND_FORWARD=1`.
     pub fn spawn(
         key: u64,
         stage: &str,
         program: &Path,
         config: &Path,
         log_level: &str,
-        hand_forward: bool,
+        inherit: Inherit,
         events: UnboundedSender<Event>,
     ) -> std::io::Result<Worker> {
         let mut cmd = Command::new(program);
-        if hand_forward {
+        cmd.env(pepsi_common::epoch::EPOCH_ENV, inherit.epoch.to_string())
+            .env(
+                pepsi_common::epoch::PASS_LIMIT_ENV,
+                inherit.pass_limit.as_millis().to_string(),
+            );
+        if inherit.hand_forward {
             cmd.env(pepsi_common::stage::HAND_FORWARD_ENV, "1");
         } else {
             cmd.env_remove(pepsi_common::stage::HAND_FORWARD_ENV);

@@ -25,7 +25,7 @@
 --   dispatcher round to the next claim, so advance/pause/split/inject from within a stage
 --   need no notification.
 -- * The dispatcher's own functions (dispatch_claim, dispatch_requeue_due,
---   dispatch_reset_orphans, dispatch_reconcile, dispatch_hand_back, dispatch_force, under THE
+--   dispatch_take_over, dispatch_reconcile, dispatch_hand_back, dispatch_force, under THE
 --   DISPATCHER below) never notify: the dispatcher is the listener and claims again after
 --   each of them.
 -- * No function in this file calls pg_notify on `workqueue`. The only NOTIFYs here are the
@@ -76,7 +76,39 @@ BEGIN
 END
 $$;
 
--- The running row p_id, locked; raises when it is missing or not running.
+-- FENCING (docs/ha.md)
+--
+-- A dispatcher and the workers it starts name its epoch on every session (the custom
+-- setting pepsi.epoch, given at connection time); the claim stamps it on the row
+-- (workqueue.claim_epoch). A running row may be changed only by a session of the epoch that
+-- claimed it, and only while that epoch is not fenced: a dispatcher that takes over fences
+-- every earlier one, so nothing a stale dispatcher or its workers send can change a row from
+-- then on. A session naming no epoch (a worker run by hand, a test) changes only rows no
+-- epoch claimed; rows claimed before pepsi-0014 carry none and are anyone's.
+
+-- This session's dispatcher epoch, NULL when it names none.
+CREATE OR REPLACE FUNCTION pepsi.session_epoch()
+RETURNS bigint LANGUAGE sql STABLE AS $$
+    SELECT NULLIF(current_setting('pepsi.epoch', true), '')::bigint
+$$;
+
+-- Whether epoch p_epoch has been fenced by a dispatcher that took over.
+CREATE OR REPLACE FUNCTION pepsi.epoch_fenced(p_epoch bigint)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM pepsi.dispatcher d WHERE d.epoch = p_epoch AND d.fenced_at IS NOT NULL)
+$$;
+
+-- Whether this session may change a running row that epoch p_claim claimed.
+CREATE OR REPLACE FUNCTION pepsi.claim_held(p_claim bigint)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_claim IS NULL THEN true
+        ELSE p_claim = pepsi.session_epoch() AND NOT pepsi.epoch_fenced(p_claim)
+    END
+$$;
+
+-- The running row p_id, locked; raises when it is missing, not running, or claimed by an
+-- epoch other than this session's or a fenced one.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_running_row(p_id bigint)
 RETURNS pepsi.workqueue LANGUAGE plpgsql AS $$
 DECLARE
@@ -88,6 +120,10 @@ BEGIN
     END IF;
     IF r.status <> 'running' THEN
         RAISE EXCEPTION 'workqueue row % is %, not running', p_id, r.status USING ERRCODE = '55000';
+    END IF;
+    IF NOT pepsi.claim_held(r.claim_epoch) THEN
+        RAISE EXCEPTION 'workqueue row % was claimed by dispatcher epoch %, not this session''s (%), or that epoch has been fenced',
+            p_id, r.claim_epoch, COALESCE(pepsi.session_epoch()::text, 'none') USING ERRCODE = '55000';
     END IF;
     RETURN r;
 END
@@ -534,6 +570,8 @@ $$;
 -- custom plan for this query, and planning it costs about three times running it (1.1 ms
 -- against 0.35 ms a claim, measured with pg_stat_statements; the dispatcher claims after
 -- nearly every status line). Every access path is an index probe per stage either way.
+--
+-- The claimed rows carry this session's epoch; a fenced epoch may claim nothing.
 CREATE OR REPLACE FUNCTION pepsi.dispatch_claim(
     p_stages text[], p_fifo integer[], p_fair integer[], p_cost double precision[],
     p_lead_stages text[], p_lead_senders text[], p_leads double precision[],
@@ -545,7 +583,12 @@ DECLARE
     v_ids bigint[];
     v_stages text[];
     v_senders text[];
+    v_epoch bigint := pepsi.session_epoch();
 BEGIN
+    IF v_epoch IS NOT NULL AND pepsi.epoch_fenced(v_epoch) THEN
+        RAISE EXCEPTION 'dispatcher epoch % has been fenced: another dispatcher took over', v_epoch
+            USING ERRCODE = '55000';
+    END IF;
     -- First the choice, into arrays; then the update, one statement of its own. Joined with
     -- the choice in one statement, the generic plan's guess of how many rows were chosen
     -- (the queue's size) turned the update into a hash join over a scan of the whole queue
@@ -606,7 +649,7 @@ BEGIN
 
     RETURN QUERY
     WITH claimed AS (
-        UPDATE pepsi.workqueue q SET status = 'running', updated_at = now()
+        UPDATE pepsi.workqueue q SET status = 'running', updated_at = now(), claim_epoch = v_epoch
         FROM unnest(v_ids) AS p(id)
         WHERE q.workqueue_id = p.id AND q.status = 'pending'
         RETURNING q.workqueue_id, q.stage, q.sender_key
@@ -642,34 +685,86 @@ BEGIN
 END
 $$;
 
--- At start-up, before any worker runs: rows left running by a previous dispatcher become
--- pending again; returns how many.
-CREATE OR REPLACE FUNCTION pepsi.dispatch_reset_orphans()
-RETURNS integer LANGUAGE plpgsql AS $$
-DECLARE
-    n integer;
-BEGIN
-    UPDATE pepsi.workqueue SET status = 'pending', updated_at = now() WHERE status = 'running';
-    GET DIAGNOSTICS n = ROW_COUNT;
-    RETURN n;
-END
-$$;
-
--- While the dispatcher runs, on every heartbeat: running rows that none of its workers holds
--- (p_held) and unchanged for p_grace_secs seconds become pending again; returns how many.
--- Nothing else would move them: a hand-back or failure report the dispatcher could not
--- write, a claim whose reply was lost across a PostgreSQL restart.
-CREATE OR REPLACE FUNCTION pepsi.dispatch_reconcile(p_held bigint[], p_grace_secs double precision)
+-- At start-up, before any worker runs: rows left running by dispatchers known to be gone
+-- (p_gone: the epochs of dispatchers on this host whose process no longer exists, so
+-- neither do their workers) or claimed with no epoch become pending again, and those
+-- dispatchers are marked stopped; returns how many rows. Rows of an earlier dispatcher that
+-- may still live (another host, a stopped process) wait for dispatch_reconcile.
+DROP FUNCTION IF EXISTS pepsi.dispatch_reset_orphans();
+CREATE OR REPLACE FUNCTION pepsi.dispatch_take_over(p_gone bigint[])
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
     UPDATE pepsi.workqueue SET status = 'pending', updated_at = now()
-    WHERE status = 'running' AND updated_at < now() - make_interval(secs => p_grace_secs)
-      AND workqueue_id <> ALL (p_held);
+    WHERE status = 'running' AND (claim_epoch IS NULL OR claim_epoch = ANY (p_gone));
+    GET DIAGNOSTICS n = ROW_COUNT;
+    UPDATE pepsi.dispatcher SET stopped_at = now()
+    WHERE epoch = ANY (p_gone) AND stopped_at IS NULL;
+    RETURN n;
+END
+$$;
+
+-- While the dispatcher runs, on every heartbeat, running rows become pending again when
+-- none of its workers holds them (p_held) and either
+--  * they are its own (or carry no epoch) and unchanged for p_grace_secs seconds: a
+--    hand-back or failure report the dispatcher could not write, a claim whose reply was
+--    lost across a PostgreSQL restart; or
+--  * an earlier, fenced or stopped, dispatcher claimed them and they are unchanged for
+--    p_fenced_secs seconds (the longest MAX_RUNTIME plus TAKEOVER_MARGIN): by then a worker
+--    of that dispatcher has ended its pass or killed itself (its own MAX_RUNTIME watch), so
+--    the message runs once more at most for a pass that never committed.
+-- Returns how many.
+DROP FUNCTION IF EXISTS pepsi.dispatch_reconcile(bigint[], double precision);
+CREATE OR REPLACE FUNCTION pepsi.dispatch_reconcile(
+    p_held bigint[], p_grace_secs double precision, p_fenced_secs double precision)
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    UPDATE pepsi.workqueue q SET status = 'pending', updated_at = now()
+    WHERE q.status = 'running' AND q.workqueue_id <> ALL (p_held)
+      AND ((pepsi.claim_held(q.claim_epoch)
+            AND q.updated_at < now() - make_interval(secs => p_grace_secs))
+        OR (q.claim_epoch IS DISTINCT FROM pepsi.session_epoch()
+            AND q.updated_at < now() - make_interval(secs => p_fenced_secs)
+            AND EXISTS (SELECT 1 FROM pepsi.dispatcher d WHERE d.epoch = q.claim_epoch
+                        AND (d.fenced_at IS NOT NULL OR d.stopped_at IS NOT NULL))));
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
+$$;
+
+-- A dispatcher that holds the dispatcher lock registers: a new epoch, recorded with where
+-- it runs, and every earlier epoch not yet fenced is fenced now. Returns the new epoch.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_register(
+    p_host text, p_boot_id text, p_pid integer, p_proc_start bigint)
+RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint;
+BEGIN
+    INSERT INTO pepsi.dispatcher (host, boot_id, pid, proc_start)
+    VALUES (p_host, p_boot_id, p_pid, p_proc_start)
+    RETURNING epoch INTO v_epoch;
+    UPDATE pepsi.dispatcher SET fenced_at = now()
+    WHERE epoch < v_epoch AND fenced_at IS NULL;
+    RETURN v_epoch;
+END
+$$;
+
+-- The heartbeat of epoch p_epoch on its lock session: false once it has been fenced.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_heartbeat(p_epoch bigint)
+RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE pepsi.dispatcher SET seen_at = now() WHERE epoch = p_epoch AND fenced_at IS NULL;
+    RETURN FOUND;
+END
+$$;
+
+-- Epoch p_epoch stopped cleanly: its workers are gone and its rows handed back.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_stopped(p_epoch bigint)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE pepsi.dispatcher SET stopped_at = now() WHERE epoch = p_epoch AND stopped_at IS NULL
 $$;
 
 -- Rows handed back untouched (never started by a worker, or held by one that stopped)
@@ -681,7 +776,8 @@ DECLARE
     n integer;
 BEGIN
     UPDATE pepsi.workqueue SET status = 'pending', updated_at = now()
-    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running';
+    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running'
+      AND pepsi.claim_held(claim_epoch);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END
@@ -707,7 +803,8 @@ BEGIN
         timeout = CASE WHEN p_status = 'paused' THEN now() + make_interval(secs => GREATEST(p_retry_secs, 0)) END,
         state = state || jsonb_build_object('dispatch_error', p_reason),
         updated_at = now()
-    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running';
+    WHERE workqueue_id = ANY (p_ids) AND (p_stage IS NULL OR stage = p_stage) AND status = 'running'
+      AND pepsi.claim_held(claim_epoch);
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
 END

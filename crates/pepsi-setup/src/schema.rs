@@ -74,6 +74,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0013",
         sql: include_str!("../db/pepsi-0013.sql"),
     },
+    Patch {
+        name: "pepsi-0014",
+        sql: include_str!("../db/pepsi-0014.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

@@ -180,7 +180,8 @@ async fn the_dispatcher_functions_serve_the_pipeline_role_and_not_the_ingress() 
     let writers = [
         "SELECT * FROM pepsi.dispatch_claim(ARRAY['init'], ARRAY[1], ARRAY[1], ARRAY[1.0]::float8[], '{}', '{}', '{}', 16)",
         "SELECT pepsi.dispatch_requeue_due()",
-        "SELECT pepsi.dispatch_reset_orphans()",
+        "SELECT pepsi.dispatch_take_over(ARRAY[1::bigint])",
+        "SELECT pepsi.dispatch_reconcile(ARRAY[1::bigint], 60, 60)",
         "SELECT pepsi.dispatch_hand_back(ARRAY[1::bigint], 'init')",
         "SELECT pepsi.dispatch_force(ARRAY[1::bigint], 'init', 'failed', 'stage crashed')",
     ];

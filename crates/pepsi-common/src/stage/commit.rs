@@ -17,7 +17,12 @@ use super::context::{Changes, CloneSpec, Outcome, Row};
 use super::{StageContext, StageError};
 use crate::db::with_retry;
 
-const DELETE: &str = "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running'";
+/// Why a pass's write found no row to change: taken back (by a dispatcher repair or an
+/// operator), or claimed by a dispatcher epoch that has since been fenced (docs/ha.md).
+pub(crate) const LOST_ROW: &str = "no longer running (taken back by the dispatcher or deleted), \
+     or its dispatcher was fenced: another one took over";
+
+const DELETE: &str = "DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch)";
 const FINISH_WITH: &str = "SELECT pepsi.workqueue_finish_with_clones($1, $2)";
 const PAUSE_WITH: &str = "SELECT pepsi.workqueue_pause($1, $2, $3, $4, $5)";
 
@@ -37,7 +42,7 @@ macro_rules! log_insert {
 }
 
 const DELETE_LOGGED: &str = concat!(
-    "WITH gone AS (DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' \
+    "WITH gone AS (DELETE FROM pepsi.workqueue WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch) \
      RETURNING workqueue_id), logged AS (",
     log_insert!("gone.workqueue_id", "gone CROSS JOIN", "$2"),
     ") SELECT count(*) FROM gone"
@@ -170,7 +175,7 @@ pub(crate) async fn commit(
     if affected != 1 {
         return Err(StageError::NotRunning {
             id,
-            status: "no longer running (taken back by the dispatcher or deleted)".into(),
+            status: LOST_ROW.into(),
         });
     }
     Ok(())
@@ -182,7 +187,7 @@ pub(crate) async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result
     if affected != 1 {
         return Err(StageError::NotRunning {
             id: row.id,
-            status: "no longer running (taken back by the dispatcher or deleted)".into(),
+            status: LOST_ROW.into(),
         });
     }
     Ok(())
@@ -273,7 +278,7 @@ const COMMIT_MANY: &str = concat!(
        AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to, log)), \
      gone AS ( \
        DELETE FROM pepsi.workqueue w USING u \
-       WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' \
+       WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' AND pepsi.claim_held(w.claim_epoch) \
        RETURNING w.workqueue_id), \
      moved AS ( \
        UPDATE pepsi.workqueue w SET \
@@ -286,7 +291,7 @@ const COMMIT_MANY: &str = concat!(
        mail_from = COALESCE(u.mail_from, w.mail_from), \
        rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
                       ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
-       FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' \
+       FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' AND pepsi.claim_held(w.claim_epoch) \
        RETURNING w.workqueue_id), \
      done AS (SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved), \
      logged AS (",
@@ -397,7 +402,7 @@ pub(crate) fn update_sql(changes: &Changes, stage: bool, pause: bool, log: bool)
         (String::new(), "")
     };
     let update = format!(
-        "UPDATE pepsi.workqueue SET {set}{body_set} WHERE workqueue_id = $1 AND status = 'running'"
+        "UPDATE pepsi.workqueue SET {set}{body_set} WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch)"
     );
     if log {
         // The log's parameter is the last; the row count comes back as the query's one value.
@@ -484,7 +489,8 @@ mod tests {
     fn update_names_exactly_the_touched_columns() {
         let base =
             "UPDATE pepsi.workqueue SET status = $2::pepsi.workqueue_status, updated_at = now()";
-        let tail = "WHERE workqueue_id = $1 AND status = 'running'";
+        let tail =
+            "WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch)";
         check(
             Changes::default(),
             false,
@@ -531,7 +537,7 @@ mod tests {
             "WITH fresh AS (INSERT INTO pepsi.workqueue_body (body) VALUES ($5) RETURNING body_id) \
              UPDATE pepsi.workqueue SET status = $2::pepsi.workqueue_status, updated_at = now(), stage = $3, \
              timeout = NULL, mail_from = $4, body_id = (SELECT body_id FROM fresh) \
-             WHERE workqueue_id = $1 AND status = 'running'",
+             WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch)",
         );
     }
 
@@ -539,7 +545,8 @@ mod tests {
     fn a_replaced_state_is_assigned_not_merged_even_when_empty() {
         let base =
             "UPDATE pepsi.workqueue SET status = $2::pepsi.workqueue_status, updated_at = now()";
-        let tail = "WHERE workqueue_id = $1 AND status = 'running'";
+        let tail =
+            "WHERE workqueue_id = $1 AND status = 'running' AND pepsi.claim_held(claim_epoch)";
         check(
             Changes {
                 state_replaced: true,

@@ -22,6 +22,7 @@ mod context;
 mod fanout;
 pub mod fusion;
 pub mod scope;
+mod watchdog;
 mod worker;
 
 use std::collections::HashMap;

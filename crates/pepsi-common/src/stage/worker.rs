@@ -363,9 +363,7 @@ impl<'a> Worker<'a> {
                         } else {
                             Err(StageError::NotRunning {
                                 id: row.id,
-                                status:
-                                    "no longer running (taken back by the dispatcher or deleted)"
-                                        .into(),
+                                status: super::commit::LOST_ROW.into(),
                             })
                         });
                     }
@@ -424,6 +422,7 @@ impl<'a> Worker<'a> {
             // (and are committed) before the rest of its ids run.
             let mut lines_left: &[String] = &round;
             while !lines_left.is_empty() {
+                super::watchdog::busy();
                 let ids: Vec<i64> = lines_left.iter().filter_map(|l| l.parse().ok()).collect();
                 let answers = if batching && ids.len() > 1 {
                     let until = Instant::now() + self.round_time;
@@ -460,6 +459,7 @@ impl<'a> Worker<'a> {
                 output.flush().await?;
                 lines_left = &lines_left[taken..];
             }
+            super::watchdog::idle();
         }
         Ok(handled)
     }
@@ -731,6 +731,9 @@ pub fn main<S: Stage>(
 ) -> ExitCode {
     // A set-user-id stage (the crypto stages) trusts nothing its caller chose: the
     // environment is emptied first thing, and only the system configuration is read.
+    // What the dispatcher passed in the environment is read before it is emptied.
+    let inherited = *crate::epoch::inherited();
+    super::hands_forward();
     let setuid = crate::privilege::scrub_if_setuid();
     // A set-group-id stage (the Maildir delivery, the smarthost relay, .forward) serves its
     // service account only, before it reads any option the caller chose.
@@ -753,6 +756,7 @@ pub fn main<S: Stage>(
         return ExitCode::from(2);
     }
     init_logging(source, &cli.common.log_level);
+    super::watchdog::start(source.exec, &inherited);
     // A worker handles one message at a time: one thread is all it needs.
     run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;

@@ -1,0 +1,433 @@
+//! The dispatcher lock, the epoch and the heartbeat (docs/ha.md).
+//!
+//! One dispatcher per database holds an advisory lock on a session of its own. Whoever takes
+//! the lock registers a new epoch (`pepsi.dispatch_register`), which fences every earlier
+//! one: the database then refuses anything an earlier dispatcher or its workers write to a
+//! running row. A second dispatcher stands by, trying the lock every LOCK_CHECK_INTERVAL.
+//!
+//! The lock session is set to die with its heartbeat: the server ends it after
+//! LOCK_SESSION_TIMEOUT without a statement (`idle_session_timeout`: a dispatcher hung,
+//! stopped or cut off) or when TCP says the peer is gone (keepalives, `tcp_user_timeout`).
+//! The holder beats every LOCK_CHECK_INTERVAL; once its heartbeat has failed for
+//! LOCK_SESSION_TIMEOUT, or it learns it was fenced or lost the lock, it kills its workers
+//! and exits. All of this runs on a thread of its own, so a busy dispatcher loop cannot
+//! starve the heartbeat.
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use sqlx::{ConnectOptions as _, PgConnection};
+
+/// The advisory lock key pair that makes the dispatcher one per database.
+pub const LOCK_KEY: (i32, i32) = (0x7065_7073, 1);
+
+/// The pids of this dispatcher's live workers, which the lock thread kills when the
+/// dispatcher loses its lock.
+pub type WorkerPids = Arc<Mutex<HashSet<u32>>>;
+
+/// Set once the lock is lost for good: the loop writes nothing more about its workers.
+static LOST: AtomicBool = AtomicBool::new(false);
+
+/// Whether this dispatcher has lost its lock (it is about to exit).
+pub fn lost() -> bool {
+    LOST.load(Ordering::Acquire)
+}
+
+/// What the lock thread needs.
+#[derive(Debug, Clone)]
+pub struct LockSettings {
+    pub url: String,
+    pub check: Duration,
+    pub session_timeout: Duration,
+    pub standby: bool,
+}
+
+/// What taking the lock gave this dispatcher.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Leadership {
+    pub epoch: i64,
+    /// Earlier epochs whose dispatcher is known to be gone: on this host, its process no
+    /// longer exists (so neither do its workers). Their running rows may be taken back now.
+    pub gone: Vec<i64>,
+}
+
+/// Where this process runs, as `pepsi.dispatcher` records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Whereabouts {
+    pub host: String,
+    pub boot_id: String,
+    pub pid: u32,
+    pub proc_start: u64,
+}
+
+impl Whereabouts {
+    pub fn here() -> Self {
+        let pid = std::process::id();
+        Self {
+            host: read_trimmed("/proc/sys/kernel/hostname"),
+            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            pid,
+            proc_start: proc_start(pid).unwrap_or(0),
+        }
+    }
+
+    /// Whether the dispatcher recorded as `other` is known to be dead: it ran on this boot
+    /// of this host, and its process is gone (or the pid now belongs to another process).
+    pub fn knows_dead(&self, boot_id: &str, pid: u32, start: u64) -> bool {
+        boot_id == self.boot_id && proc_start(pid) != Some(start)
+    }
+}
+
+fn read_trimmed(path: &str) -> String {
+    std::fs::read_to_string(path)
+        .map(|s| s.trim().to_owned())
+        .unwrap_or_default()
+}
+
+/// A live process's start time in clock ticks since boot (`None` when there is no such
+/// process, or only its zombie).
+fn proc_start(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_start(&stat)
+}
+
+/// The start time field of a `/proc/PID/stat` line; `None` for a zombie.
+fn parse_start(stat: &str) -> Option<u64> {
+    // The command name is parenthesised and may hold anything: fields follow the last ')'.
+    let after = stat.get(stat.rfind(')')? + 2..)?;
+    let fields: Vec<&str> = after.split(' ').collect();
+    if fields.first() == Some(&"Z") {
+        return None;
+    }
+    // Field 22 of the line, the 20th after the command name.
+    fields.get(19)?.parse().ok()
+}
+
+/// Starts the lock thread. The receiver gets the leadership once this dispatcher holds the
+/// lock (after standing by as long as another one holds it), or why it cannot.
+pub fn spawn(
+    settings: LockSettings,
+    workers: WorkerPids,
+) -> anyhow::Result<tokio::sync::oneshot::Receiver<anyhow::Result<Leadership>>> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("lock".into())
+        .spawn(move || {
+            let runtime = match tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                Ok(rt) => rt,
+                Err(e) => {
+                    let _ = tx.send(Err(anyhow::anyhow!(
+                        "cannot start the lock thread's runtime: {e}"
+                    )));
+                    return;
+                }
+            };
+            runtime.block_on(async move {
+                let (conn, leadership) = match acquire(&settings).await {
+                    Ok(got) => got,
+                    Err(e) => {
+                        let _ = tx.send(Err(e));
+                        return;
+                    }
+                };
+                let epoch = leadership.epoch;
+                if tx.send(Ok(leadership)).is_err() {
+                    return;
+                }
+                keep(conn, epoch, &settings, &workers).await
+            })
+        })
+        .context("cannot start the lock thread")?;
+    Ok(rx)
+}
+
+/// The outcome of one try of the lock.
+enum Attempt {
+    Taken(PgConnection),
+    /// Held by another session, described for people.
+    Held(String, PgConnection),
+}
+
+/// Takes the lock, standing by while another dispatcher holds it (unless `standby` is
+/// off), then registers this dispatcher's epoch.
+async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leadership)> {
+    let mut waiting: Option<PgConnection> = None;
+    let mut announced = String::new();
+    let mut conn = loop {
+        let tried = match waiting.take() {
+            Some(conn) => try_on(conn).await,
+            None => attempt(settings).await,
+        };
+        match tried {
+            Ok(Attempt::Taken(conn)) => break conn,
+            Ok(Attempt::Held(holder, _)) if !settings.standby => anyhow::bail!(
+                "another dispatcher is already running on this database: {holder}; run exactly \
+                 one per system, or set [pepsi-dispatch] STANDBY = yes to wait for it"
+            ),
+            Ok(Attempt::Held(holder, conn)) => {
+                if holder != announced {
+                    tracing::info!(
+                        "standing by: {holder} is dispatching; taking over when its lock is released"
+                    );
+                    announced = holder;
+                }
+                waiting = Some(conn);
+            }
+            Err(e) if !settings.standby => return Err(e),
+            Err(e) => tracing::warn!("standing by: cannot try the dispatcher lock: {e:#}"),
+        }
+        tokio::time::sleep(settings.check).await;
+    };
+    let here = Whereabouts::here();
+    sqlx::query("SET synchronous_commit = on")
+        .execute(&mut conn)
+        .await?;
+    let epoch: i64 = sqlx::query_scalar("SELECT pepsi.dispatch_register($1, $2, $3, $4)")
+        .bind(&here.host)
+        .bind(&here.boot_id)
+        .bind(i32::try_from(here.pid).unwrap_or(i32::MAX))
+        .bind(i64::try_from(here.proc_start).unwrap_or(0))
+        .fetch_one(&mut conn)
+        .await
+        .context("cannot register this dispatcher (is the schema current? run pepsi-setup db)")?;
+    sqlx::query("SET synchronous_commit = off")
+        .execute(&mut conn)
+        .await?;
+    let earlier: Vec<(i64, String, i32, i64)> = sqlx::query_as(
+        "SELECT epoch, boot_id, pid, proc_start FROM pepsi.dispatcher \
+         WHERE epoch < $1 AND stopped_at IS NULL ORDER BY epoch",
+    )
+    .bind(epoch)
+    .fetch_all(&mut conn)
+    .await?;
+    let gone = earlier
+        .into_iter()
+        .filter(|(_, boot, pid, start)| {
+            here.knows_dead(
+                boot,
+                u32::try_from(*pid).unwrap_or(0),
+                u64::try_from(*start).unwrap_or(0),
+            )
+        })
+        .map(|(e, ..)| e)
+        .collect();
+    Ok((conn, Leadership { epoch, gone }))
+}
+
+/// Connects a lock session and tries the lock once.
+async fn attempt(settings: &LockSettings) -> anyhow::Result<Attempt> {
+    try_on(connect(settings).await?).await
+}
+
+/// Tries the lock once on `conn`.
+async fn try_on(mut conn: PgConnection) -> anyhow::Result<Attempt> {
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1, $2)")
+        .bind(LOCK_KEY.0)
+        .bind(LOCK_KEY.1)
+        .fetch_one(&mut conn)
+        .await?;
+    if got {
+        return Ok(Attempt::Taken(conn));
+    }
+    let holder = holder(&mut conn).await?;
+    Ok(Attempt::Held(holder, conn))
+}
+
+/// A session whose server side dies with its heartbeat, named so that others can say who
+/// holds the lock.
+async fn connect(settings: &LockSettings) -> anyhow::Result<PgConnection> {
+    let here = Whereabouts::here();
+    let name = format!("pepsi-dispatch {} pid {}", here.host, here.pid);
+    let options: sqlx::postgres::PgConnectOptions = settings
+        .url
+        .parse()
+        .context("[database] URL is not a PostgreSQL URL")?;
+    let timeout_ms = settings.session_timeout.as_millis().to_string();
+    // Keepalives: a first probe after 1s of silence, then every second, 2 lost ones end it.
+    let options = options.application_name(&name).options([
+        ("idle_session_timeout", timeout_ms.as_str()),
+        ("tcp_user_timeout", timeout_ms.as_str()),
+        ("tcp_keepalives_idle", "1"),
+        ("tcp_keepalives_interval", "1"),
+        ("tcp_keepalives_count", "2"),
+        ("client_connection_check_interval", "1000"),
+        ("synchronous_commit", "off"),
+    ]);
+    tokio::time::timeout(settings.session_timeout, options.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no connection within {:?}", settings.session_timeout))?
+        .context("cannot connect to the database")
+}
+
+/// Who holds the lock, for people: the session's name, server pid, address and start.
+async fn holder(conn: &mut PgConnection) -> anyhow::Result<String> {
+    let holder: Option<(i32, String, Option<String>, String)> = sqlx::query_as(
+        "SELECT a.pid, a.application_name, a.client_addr::text, to_char(a.backend_start, 'YYYY-MM-DD HH24:MI:SS TZ') \
+         FROM pg_locks l JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = $1::int8::oid AND l.objid = $2::int8::oid \
+           AND l.objsubid = 2 AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(i64::from(LOCK_KEY.0))
+    .bind(i64::from(LOCK_KEY.1))
+    .fetch_optional(conn)
+    .await?;
+    Ok(match holder {
+        Some((pid, app, addr, since)) => format!(
+            "{} (server backend pid {pid}{}, since {since})",
+            if app.is_empty() {
+                "unnamed client".to_owned()
+            } else {
+                app
+            },
+            addr.map(|a| format!(", from {a}")).unwrap_or_default()
+        ),
+        None => "another session".to_owned(),
+    })
+}
+
+/// One heartbeat: false once this epoch has been fenced.
+async fn beat(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pepsi.dispatch_heartbeat($1)")
+        .bind(epoch)
+        .fetch_one(conn)
+        .await
+}
+
+/// Beats until the lock is lost for good, then kills the workers and exits the process.
+async fn keep(
+    mut conn: PgConnection,
+    epoch: i64,
+    settings: &LockSettings,
+    workers: &WorkerPids,
+) -> ! {
+    let mut last_ok = Instant::now();
+    loop {
+        tokio::time::sleep(settings.check).await;
+        let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
+        if left.is_zero() {
+            lose(
+                workers,
+                &format!(
+                    "no heartbeat for {:?} (the process was stopped or cut off): the server has \
+                     ended the lock session and another dispatcher may have taken over",
+                    settings.session_timeout
+                ),
+            );
+        }
+        match tokio::time::timeout(left, beat(&mut conn, epoch)).await {
+            Ok(Ok(true)) => {
+                last_ok = Instant::now();
+                continue;
+            }
+            Ok(Ok(false)) => lose(
+                workers,
+                &format!("epoch {epoch} was fenced: another dispatcher took over"),
+            ),
+            Ok(Err(e)) => tracing::warn!(
+                "the connection holding the dispatcher lock is lost ({e}): taking the lock again"
+            ),
+            Err(_) => tracing::warn!(
+                "the heartbeat on the dispatcher lock got no answer: taking the lock again"
+            ),
+        }
+        conn = retake(epoch, settings, workers, last_ok).await;
+        last_ok = Instant::now();
+    }
+}
+
+/// Takes the lock again on a new session before LOCK_SESSION_TIMEOUT has passed since the
+/// last heartbeat, as long as this epoch is not fenced; otherwise loses it.
+async fn retake(
+    epoch: i64,
+    settings: &LockSettings,
+    workers: &WorkerPids,
+    last_ok: Instant,
+) -> PgConnection {
+    loop {
+        let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
+        if left.is_zero() {
+            lose(
+                workers,
+                &format!(
+                    "the dispatcher lock could not be taken again within {:?}",
+                    settings.session_timeout
+                ),
+            );
+        }
+        match tokio::time::timeout(left, attempt(settings)).await {
+            Ok(Ok(Attempt::Taken(mut conn))) => match beat(&mut conn, epoch).await {
+                Ok(true) => {
+                    tracing::info!("dispatcher lock taken again");
+                    return conn;
+                }
+                Ok(false) => lose(
+                    workers,
+                    &format!(
+                        "lost the dispatcher lock to another dispatcher: epoch {epoch} was fenced"
+                    ),
+                ),
+                Err(e) => tracing::warn!("cannot take the dispatcher lock again yet: {e}"),
+            },
+            Ok(Ok(Attempt::Held(holder, _))) => lose(
+                workers,
+                &format!("lost the dispatcher lock to another dispatcher: {holder}"),
+            ),
+            Ok(Err(e)) => tracing::warn!("cannot take the dispatcher lock again yet: {e:#}"),
+            Err(_) => {}
+        }
+        tokio::time::sleep(settings.check).await;
+    }
+}
+
+/// Kills every worker at once and exits: nothing they still do may count, and a dispatcher
+/// that took over (or will) handles their rows.
+fn lose(workers: &WorkerPids, why: &str) -> ! {
+    LOST.store(true, Ordering::Release);
+    let pids: Vec<u32> = workers
+        .lock()
+        .map(|w| w.iter().copied().collect())
+        .unwrap_or_default();
+    for pid in &pids {
+        if let Ok(pid) = libc::pid_t::try_from(*pid) {
+            // SAFETY: a signal to a child this process started and has not reaped.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+    }
+    tracing::error!(workers = pids.len(), "{why}: workers killed, exiting");
+    eprintln!(
+        "pepsi-dispatch: {why}: {} workers killed, exiting",
+        pids.len()
+    );
+    std::process::exit(1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_start_time_is_read_after_the_command_name() {
+        let line =
+            "4242 (a) b (c)) S 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
+        assert_eq!(parse_start(line), Some(987_654));
+        let zombie = "4242 (x) Z 1 4242 4242 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 0 0";
+        assert_eq!(parse_start(zombie), None);
+        assert_eq!(parse_start("garbage"), None);
+    }
+
+    #[test]
+    fn this_process_is_alive_and_a_pid_with_another_start_is_not() {
+        let here = Whereabouts::here();
+        assert!(here.proc_start > 0);
+        assert!(!here.knows_dead(&here.boot_id, here.pid, here.proc_start));
+        assert!(here.knows_dead(&here.boot_id, here.pid, here.proc_start + 1));
+        // Another host's (or boot's) dispatcher is never known dead.
+        assert!(!here.knows_dead("another boot", 999_999_999, 1));
+    }
+}
