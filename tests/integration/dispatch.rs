@@ -743,6 +743,11 @@ fn help_documents_the_options() {
         "WORKER_IDLE_TIMEOUT",
         "MAX_RUNTIME",
         "HAND_FORWARD",
+        "STANDBY",
+        "LOCK_SESSION_TIMEOUT",
+        "TAKEOVER_MARGIN",
+        "MODE",
+        "PARALLELISM_SCOPE",
         "--config",
     ] {
         assert!(help.contains(option), "--help lacks {option}: {help}");

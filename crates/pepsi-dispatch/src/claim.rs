@@ -34,11 +34,14 @@ pub struct Claimed {
     pub sender_key: String,
 }
 
-/// What a claim returns: the rows, and the (stage, sender) pairs seen waiting.
+/// What a claim returns: the rows, the (stage, sender) pairs seen waiting, and the stages
+/// where rows it chose were being claimed by another dispatcher (MODE shared): more may be
+/// pending there than it got.
 #[derive(Debug, Default)]
 pub struct ClaimResult {
     pub rows: Vec<Claimed>,
     pub waiting: Vec<(String, String)>,
+    pub contended: Vec<String>,
 }
 
 /// Claims rows for every stage in `wants` in one statement.
@@ -56,7 +59,7 @@ pub async fn claim(
     let l_sender: Vec<&str> = leads.iter().map(|l| l.1.as_str()).collect();
     let l_lead: Vec<f64> = leads.iter().map(|l| l.2).collect();
     let rows = with_retry(|| {
-        sqlx::query_as::<_, (Option<i64>, String, String)>(CLAIM)
+        sqlx::query_as::<_, (Option<i64>, String, Option<String>)>(CLAIM)
             .bind(&stages)
             .bind(&fifo)
             .bind(&fair)
@@ -70,13 +73,14 @@ pub async fn claim(
     .await?;
     let mut result = ClaimResult::default();
     for (id, stage, sender_key) in rows {
-        match id {
-            Some(workqueue_id) => result.rows.push(Claimed {
+        match (id, sender_key) {
+            (Some(workqueue_id), sender_key) => result.rows.push(Claimed {
                 workqueue_id,
                 stage,
-                sender_key,
+                sender_key: sender_key.unwrap_or_default(),
             }),
-            None => result.waiting.push((stage, sender_key)),
+            (None, Some(sender_key)) => result.waiting.push((stage, sender_key)),
+            (None, None) => result.contended.push(stage),
         }
     }
     Ok(result)
@@ -127,19 +131,19 @@ pub async fn take_over(pool: &PgPool, gone: &[i64]) -> Result<u64, sqlx::Error> 
 }
 
 /// Running rows not among `held` become pending: this dispatcher's own once unchanged for
-/// `grace`, those of a fenced or stopped earlier one once unchanged for `fenced_after`;
-/// returns how many.
+/// `grace`, and (`fenced_after` given: the maintenance leader) those of a fenced or stopped
+/// earlier one once unchanged for `fenced_after`; returns how many.
 pub async fn reconcile(
     pool: &PgPool,
     held: &[i64],
     grace: Duration,
-    fenced_after: Duration,
+    fenced_after: Option<Duration>,
 ) -> Result<u64, sqlx::Error> {
     let n: i32 = with_retry(|| {
         sqlx::query_scalar("SELECT pepsi.dispatch_reconcile($1, $2, $3)")
             .bind(held)
             .bind(grace.as_secs_f64())
-            .bind(fenced_after.as_secs_f64())
+            .bind(fenced_after.map(|d| d.as_secs_f64()))
             .fetch_one(pool)
     })
     .await?;

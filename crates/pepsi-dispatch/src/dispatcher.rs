@@ -23,18 +23,13 @@ use crate::Event;
 use crate::claim::{self, Claimed, Forced, Want};
 use crate::fair::FairShare;
 use crate::lock::{self, Leadership, WorkerPids};
-use crate::settings::{DispatchSettings, PoolSettings, resolve_program};
+use crate::settings::{DispatchSettings, Mode, PoolSettings, local_parallelism, resolve_program};
 use crate::stats::Stats;
 use crate::status::{self, Status};
 use crate::worker::{Assigned, Worker};
 
 /// Pause before a temporarily failed message is tried again.
 const TEMPORARY_RETRY_SECS: u32 = 60;
-
-/// How long a dispatcher taking over from one known dead waits before taking its rows back:
-/// a set-user-id worker, which the parent-death signal does not reach, notices within its
-/// watchdog's period (100 ms) that its dispatcher is gone and ends.
-const GONE_WORKERS_WAIT: Duration = Duration::from_millis(500);
 
 /// One stage's pool state beyond its settings.
 struct Pool {
@@ -197,7 +192,7 @@ impl Dispatcher {
         let mut sigint = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         if !self.leadership.gone.is_empty() {
             // Their workers end within a watchdog period of their dispatcher (docs/ha.md).
-            tokio::time::sleep(GONE_WORKERS_WAIT).await;
+            tokio::time::sleep(lock::WORKERS_END_WAIT).await;
         }
         let orphans = claim::take_over(&self.db, &self.leadership.gone).await?;
         if orphans > 0 {
@@ -625,6 +620,10 @@ impl Dispatcher {
             self.next_due = Some(now);
             self.reconcile().await;
         }
+        if self.next_due.is_some_and(|d| now >= d) && !lock::is_leader() {
+            // MODE shared: the leader requeues what is due, for every dispatcher.
+            self.next_due = None;
+        }
         if self.next_due.is_some_and(|d| now >= d) {
             match claim::requeue_due(&self.db).await {
                 Ok(n) if n > 0 => self.wake_all(),
@@ -659,7 +658,7 @@ impl Dispatcher {
             .map(|p| p.settings.max_runtime)
             .max()
             .unwrap_or(pepsi_common::stage::DEFAULT_MAX_RUNTIME);
-        let fenced_after = longest + self.settings.takeover_margin;
+        let fenced_after = lock::is_leader().then_some(longest + self.settings.takeover_margin);
         match claim::reconcile(&self.db, &held, self.settings.orphan_grace, fenced_after).await {
             Ok(0) => {}
             Ok(n) => {
@@ -690,7 +689,7 @@ impl Dispatcher {
                 Err(e) => tracing::warn!("cannot write statistics (kept for the next flush): {e}"),
             }
         }
-        if now >= self.last_gc + self.settings.gc_interval {
+        if now >= self.last_gc + self.settings.gc_interval && lock::is_leader() {
             self.last_gc = now;
             match claim::gc(&self.db).await {
                 Ok((bodies, tokens, replies)) if bodies + tokens + replies > 0 => {
@@ -719,6 +718,7 @@ impl Dispatcher {
     async fn vacuum(&mut self, now: Instant) {
         let interval = self.settings.vacuum_interval;
         if interval.is_zero()
+            || !lock::is_leader()
             || self.stopping
             || now < self.last_vacuum + interval
             || self.claimed_since_vacuum < VACUUM_MIN_ROWS
@@ -783,7 +783,7 @@ impl Dispatcher {
         let room: usize = active.iter().map(|w| room(w, s)).sum();
         let may_start = pool.cooldown_until.is_none_or(|c| now >= c);
         let spawnable = if may_start {
-            s.parallelism.saturating_sub(mine.len())
+            self.parallelism(s).saturating_sub(mine.len())
         } else {
             0
         };
@@ -834,7 +834,7 @@ impl Dispatcher {
         if wants.is_empty() {
             return;
         }
-        let result = match claim::claim(
+        let mut result = match claim::claim(
             &self.db,
             &wants,
             &leads,
@@ -861,7 +861,7 @@ impl Dispatcher {
             .filter(|(_, n)| *n >= self.settings.fair_max_senders)
             .map(|(s, _)| s.to_owned())
             .collect();
-        let claimed = result.rows;
+        let claimed = std::mem::take(&mut result.rows);
         self.claimed_since_vacuum += claimed.len() as u64;
         let mut by_stage: BTreeMap<String, Vec<Claimed>> = BTreeMap::new();
         for c in claimed {
@@ -871,8 +871,9 @@ impl Dispatcher {
             let got = by_stage.get(&want.stage).map_or(0, Vec::len);
             if let Some(pool) = self.pools.get_mut(&want.stage) {
                 // A full claim: more may be waiting. Otherwise the stage had no more.
-                pool.maybe_pending =
-                    got >= (want.n_fifo + want.n_fair) as usize || ranked_all.contains(&want.stage);
+                pool.maybe_pending = got >= (want.n_fifo + want.n_fair) as usize
+                    || ranked_all.contains(&want.stage)
+                    || result.contended.contains(&want.stage);
                 pool.backlog &= pool.maybe_pending;
             }
         }
@@ -951,8 +952,9 @@ impl Dispatcher {
     fn start_worker(&mut self, stage: &str) -> Option<u64> {
         let now = Instant::now();
         let running = self.workers.values().filter(|w| w.stage == stage).count();
+        let parallelism = self.parallelism(&self.pools.get(stage)?.settings);
         let pool = self.pools.get_mut(stage)?;
-        if running >= pool.settings.parallelism || pool.cooldown_until.is_some_and(|c| now < c) {
+        if running >= parallelism || pool.cooldown_until.is_some_and(|c| now < c) {
             return None;
         }
         let key = self.next_key;
@@ -1031,6 +1033,15 @@ impl Dispatcher {
         }
         tracing::info!("stopped");
         Ok(())
+    }
+
+    /// The workers `pool` may run on this host (PARALLELISM_SCOPE in MODE shared).
+    fn parallelism(&self, pool: &PoolSettings) -> usize {
+        let members = match self.settings.mode {
+            Mode::Single => 1,
+            Mode::Shared => lock::members(),
+        };
+        local_parallelism(pool.parallelism, self.settings.parallelism_scope, members)
     }
 
     /// A worker was reaped: the lock thread must not signal its pid any more.

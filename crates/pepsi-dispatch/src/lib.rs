@@ -64,7 +64,8 @@ pub enum Event {
 /// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), VACUUM_INTERVAL (10s),
 /// HAND_FORWARD (yes: a row a worker advances stays running and is handed to the next stage's
 /// pool without a claim), LIBEXEC_DIR, STANDBY (yes), LOCK_SESSION_TIMEOUT (5s),
-/// LOCK_CHECK_INTERVAL (250ms), TAKEOVER_MARGIN (30s).
+/// LOCK_CHECK_INTERVAL (250ms), TAKEOVER_MARGIN (30s), MODE (single | shared),
+/// PARALLELISM_SCOPE (host | global, MODE shared).
 /// [stage-NAME] options: PROGRAM, PARALLELISM (1), QUEUE_LIMIT (1), MAX_MESSAGES (10000,
 /// 0 = never recycle), WORKER_IDLE_TIMEOUT (60s), MAX_RUNTIME (5m).
 /// See docs/dispatch.md for what each does.
@@ -80,7 +81,13 @@ pub enum Event {
 /// it hangs, is stopped or is cut off. Taking over fences the earlier dispatcher: the database
 /// refuses whatever it or its workers still write. A dispatcher whose heartbeat fails for
 /// LOCK_SESSION_TIMEOUT, or which finds itself fenced, kills its workers and exits with
-/// status 1. See docs/ha.md.
+/// status 1.
+///
+/// With MODE = shared, one dispatcher runs on each host and all of them claim, each its own
+/// rows, with their own workers (PARALLELISM per host, or shared among the live dispatchers
+/// with PARALLELISM_SCOPE = global); the one holding the lock does the maintenance (due
+/// requeues, garbage collection, VACUUM) and fences members whose session is gone. See
+/// docs/ha.md.
 #[derive(Debug, Parser)]
 #[command(name = "pepsi-dispatch", version, verbatim_doc_comment)]
 struct Cli {
@@ -145,6 +152,7 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
             check: settings.lock_check_interval,
             session_timeout: settings.lock_session_timeout,
             standby: settings.standby,
+            mode: settings.mode,
         },
         workers.clone(),
     )?;

@@ -12,14 +12,21 @@
 //! LOCK_SESSION_TIMEOUT, or it learns it was fenced or lost the lock, it kills its workers
 //! and exits. All of this runs on a thread of its own, so a busy dispatcher loop cannot
 //! starve the heartbeat.
+//!
+//! In MODE shared every dispatcher registers at once (nothing is fenced), holding an
+//! advisory lock of its own epoch on its heartbeat session; whichever holds the dispatcher
+//! lock is the maintenance leader, and on each heartbeat it fences the members whose lock
+//! nobody holds any more (their session is gone). A member whose session is lost exits.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use sqlx::{ConnectOptions as _, PgConnection};
+
+use crate::settings::Mode;
 
 /// The advisory lock key pair that makes the dispatcher one per database.
 pub const LOCK_KEY: (i32, i32) = (0x7065_7073, 1);
@@ -30,6 +37,21 @@ pub type WorkerPids = Arc<Mutex<HashSet<u32>>>;
 
 /// Set once the lock is lost for good: the loop writes nothing more about its workers.
 static LOST: AtomicBool = AtomicBool::new(false);
+/// This dispatcher does the maintenance (always in MODE single, once it holds the lock).
+static LEADER: AtomicBool = AtomicBool::new(false);
+/// Live dispatchers of this mode, as of the last heartbeat.
+static MEMBERS: AtomicUsize = AtomicUsize::new(1);
+
+/// Whether this dispatcher does the maintenance: due requeues, garbage collection, VACUUM,
+/// and returning the rows of fenced dispatchers.
+pub fn is_leader() -> bool {
+    LEADER.load(Ordering::Acquire)
+}
+
+/// How many dispatchers share the database (1 in MODE single).
+pub fn members() -> usize {
+    MEMBERS.load(Ordering::Acquire).max(1)
+}
 
 /// Whether this dispatcher has lost its lock (it is about to exit).
 pub fn lost() -> bool {
@@ -43,6 +65,7 @@ pub struct LockSettings {
     pub check: Duration,
     pub session_timeout: Duration,
     pub standby: bool,
+    pub mode: Mode,
 }
 
 /// What taking the lock gave this dispatcher.
@@ -129,7 +152,11 @@ pub fn spawn(
                 }
             };
             runtime.block_on(async move {
-                let (conn, leadership) = match acquire(&settings).await {
+                let acquired = match settings.mode {
+                    Mode::Single => acquire(&settings).await,
+                    Mode::Shared => join(&settings).await,
+                };
+                let (conn, leadership) = match acquired {
                     Ok(got) => got,
                     Err(e) => {
                         let _ = tx.send(Err(e));
@@ -184,29 +211,51 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
         }
         tokio::time::sleep(settings.check).await;
     };
+    LEADER.store(true, Ordering::Release);
+    let leadership = register(&mut conn, Mode::Single).await?;
+    Ok((conn, leadership))
+}
+
+/// MODE shared: registers at once on a session of its own.
+async fn join(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leadership)> {
+    let mut conn = connect(settings).await?;
+    let leadership = register(&mut conn, Mode::Shared).await?;
+    Ok((conn, leadership))
+}
+
+/// Registers this dispatcher's epoch on `conn` (durably: the fence it sets must survive a
+/// server crash) and finds the earlier ones known gone.
+async fn register(conn: &mut PgConnection, mode: Mode) -> anyhow::Result<Leadership> {
     let here = Whereabouts::here();
     sqlx::query("SET synchronous_commit = on")
-        .execute(&mut conn)
+        .execute(&mut *conn)
         .await?;
-    let epoch: i64 = sqlx::query_scalar("SELECT pepsi.dispatch_register($1, $2, $3, $4)")
+    let epoch: i64 = sqlx::query_scalar("SELECT pepsi.dispatch_register($1, $2, $3, $4, $5)")
         .bind(&here.host)
         .bind(&here.boot_id)
         .bind(i32::try_from(here.pid).unwrap_or(i32::MAX))
         .bind(i64::try_from(here.proc_start).unwrap_or(0))
-        .fetch_one(&mut conn)
+        .bind(mode.as_str())
+        .fetch_one(&mut *conn)
         .await
         .context("cannot register this dispatcher (is the schema current? run pepsi-setup db)")?;
     sqlx::query("SET synchronous_commit = off")
-        .execute(&mut conn)
+        .execute(&mut *conn)
         .await?;
     let earlier: Vec<(i64, String, i32, i64)> = sqlx::query_as(
         "SELECT epoch, boot_id, pid, proc_start FROM pepsi.dispatcher \
          WHERE epoch < $1 AND stopped_at IS NULL ORDER BY epoch",
     )
     .bind(epoch)
-    .fetch_all(&mut conn)
+    .fetch_all(&mut *conn)
     .await?;
-    let gone = earlier
+    let gone = known_dead(&here, earlier);
+    Ok(Leadership { epoch, gone })
+}
+
+/// The epochs among `recorded` (epoch, boot id, pid, start) whose process is known dead.
+fn known_dead(here: &Whereabouts, recorded: Vec<(i64, String, i32, i64)>) -> Vec<i64> {
+    recorded
         .into_iter()
         .filter(|(_, boot, pid, start)| {
             here.knows_dead(
@@ -216,8 +265,7 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
             )
         })
         .map(|(e, ..)| e)
-        .collect();
-    Ok((conn, Leadership { epoch, gone }))
+        .collect()
 }
 
 /// Connects a lock session and tries the lock once.
@@ -293,10 +341,14 @@ async fn holder(conn: &mut PgConnection) -> anyhow::Result<String> {
 
 /// One heartbeat: false once this epoch has been fenced.
 async fn beat(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> {
-    sqlx::query_scalar("SELECT pepsi.dispatch_heartbeat($1)")
+    let members: i32 = sqlx::query_scalar("SELECT pepsi.dispatch_heartbeat($1)")
         .bind(epoch)
         .fetch_one(conn)
-        .await
+        .await?;
+    if members > 0 {
+        MEMBERS.store(usize::try_from(members).unwrap_or(1), Ordering::Release);
+    }
+    Ok(members > 0)
 }
 
 /// Beats until the lock is lost for good, then kills the workers and exits the process.
@@ -307,6 +359,7 @@ async fn keep(
     workers: &WorkerPids,
 ) -> ! {
     let mut last_ok = Instant::now();
+    let mut takeovers = Takeovers::default();
     loop {
         tokio::time::sleep(settings.check).await;
         let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
@@ -323,11 +376,22 @@ async fn keep(
         match tokio::time::timeout(left, beat(&mut conn, epoch)).await {
             Ok(Ok(true)) => {
                 last_ok = Instant::now();
+                if settings.mode == Mode::Shared {
+                    lead(&mut conn, &mut takeovers).await;
+                }
                 continue;
             }
             Ok(Ok(false)) => lose(
                 workers,
                 &format!("epoch {epoch} was fenced: another dispatcher took over"),
+            ),
+            Ok(Err(e)) if settings.mode == Mode::Shared => lose(
+                workers,
+                &format!("the session of this dispatcher's membership is lost ({e})"),
+            ),
+            Err(_) if settings.mode == Mode::Shared => lose(
+                workers,
+                "the heartbeat of this dispatcher's membership got no answer",
             ),
             Ok(Err(e)) => tracing::warn!(
                 "the connection holding the dispatcher lock is lost ({e}): taking the lock again"
@@ -340,6 +404,89 @@ async fn keep(
         last_ok = Instant::now();
     }
 }
+
+/// Fenced members known dead whose rows are taken back once their workers have ended.
+#[derive(Default)]
+struct Takeovers {
+    due: Vec<(Instant, i64)>,
+}
+
+/// MODE shared, after a heartbeat: takes the dispatcher lock (maintenance leadership) when
+/// free; as leader, fences the members whose session is gone and takes back the rows of
+/// those known dead, waking every dispatcher.
+async fn lead(conn: &mut PgConnection, takeovers: &mut Takeovers) {
+    if !is_leader() {
+        match sqlx::query_scalar::<_, bool>("SELECT pg_try_advisory_lock($1, $2)")
+            .bind(LOCK_KEY.0)
+            .bind(LOCK_KEY.1)
+            .fetch_one(&mut *conn)
+            .await
+        {
+            Ok(true) => {
+                LEADER.store(true, Ordering::Release);
+                tracing::info!("this dispatcher leads the maintenance now");
+            }
+            Ok(false) => return,
+            Err(e) => {
+                tracing::warn!("cannot try the maintenance lock: {e}");
+                return;
+            }
+        }
+    }
+    let fenced: Vec<(i64, String, i32, i64)> = match sqlx::query_as(
+        "SELECT epoch, boot_id, pid, proc_start FROM pepsi.dispatch_fence_lost()",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!("cannot fence lost dispatchers: {e}");
+            return;
+        }
+    };
+    if !fenced.is_empty() {
+        let epochs: Vec<i64> = fenced.iter().map(|f| f.0).collect();
+        let dead = known_dead(&Whereabouts::here(), fenced);
+        tracing::warn!(
+            ?epochs,
+            known_dead = ?dead,
+            "fenced dispatchers whose session is gone; the rows of those known dead run again \
+             at once, the others' after MAX_RUNTIME and TAKEOVER_MARGIN"
+        );
+        let at = Instant::now() + WORKERS_END_WAIT;
+        takeovers.due.extend(dead.into_iter().map(|e| (at, e)));
+    }
+    let now = Instant::now();
+    let due: Vec<i64> = takeovers
+        .due
+        .iter()
+        .filter(|(at, _)| *at <= now)
+        .map(|(_, e)| *e)
+        .collect();
+    if due.is_empty() {
+        return;
+    }
+    let taken: Result<i32, _> = sqlx::query_scalar("SELECT pepsi.dispatch_take_over($1)")
+        .bind(&due)
+        .fetch_one(&mut *conn)
+        .await;
+    match taken {
+        Ok(n) => {
+            takeovers.due.retain(|(_, e)| !due.contains(e));
+            tracing::info!(rows = n, epochs = ?due, "rows of dead dispatchers are pending again");
+            let _ = sqlx::query("SELECT pg_notify('workqueue', '')")
+                .execute(&mut *conn)
+                .await;
+        }
+        Err(e) => tracing::warn!("cannot take back the rows of dead dispatchers: {e}"),
+    }
+}
+
+/// How long after a dispatcher is known dead its rows are taken back: a set-user-id
+/// worker, which the parent-death signal does not reach, notices within its watchdog's
+/// period (100 ms) that its dispatcher is gone and ends.
+pub const WORKERS_END_WAIT: Duration = Duration::from_millis(500);
 
 /// Takes the lock again on a new session before LOCK_SESSION_TIMEOUT has passed since the
 /// last heartbeat, as long as this epoch is not fenced; otherwise loses it.

@@ -47,8 +47,14 @@ pub struct DispatchSettings {
     /// kills its workers and exits once its heartbeat has failed for this long.
     pub lock_session_timeout: Duration,
     /// A second dispatcher waits for the lock and takes over (yes), or exits at once naming
-    /// the one that holds it (no).
+    /// the one that holds it (no). MODE single only.
     pub standby: bool,
+    /// single: one active dispatcher per database, others stand by; shared: one per host,
+    /// all claiming (docs/ha.md).
+    pub mode: Mode,
+    /// MODE shared: whether a pool's PARALLELISM counts per host or across all live
+    /// dispatchers (each then runs its share, rounded up).
+    pub parallelism_scope: Scope,
     /// Rows an earlier dispatcher claimed wait its longest MAX_RUNTIME plus this before a
     /// dispatcher that took over returns them to pending (unless that one is known dead on
     /// this host: then at once). At least 5s.
@@ -124,6 +130,14 @@ impl DispatchSettings {
                 })?
                 .unwrap_or_else(|| Duration::from_millis(250).min(lock_session_timeout / 4)),
             standby: s.bool_opt("STANDBY")?.unwrap_or(true),
+            mode: match s.choice_opt("MODE", &["single", "shared"])?.as_deref() {
+                Some("shared") => Mode::Shared,
+                _ => Mode::Single,
+            },
+            parallelism_scope: match s.choice_opt("PARALLELISM_SCOPE", &["host", "global"])?.as_deref() {
+                Some("global") => Scope::Global,
+                _ => Scope::Host,
+            },
             takeover_margin: s
                 .parse_opt("TAKEOVER_MARGIN", |v| {
                     pepsi_common::config::parse_duration(v)
@@ -144,6 +158,42 @@ impl DispatchSettings {
                 })?
                 .unwrap_or(Duration::from_secs(30 * 86400)),
         })
+    }
+}
+
+/// How dispatchers share a database.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// One active; a takeover fences the one before.
+    Single,
+    /// One per host, all claiming disjoint rows; a leader does the maintenance.
+    Shared,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Single => "single",
+            Mode::Shared => "shared",
+        }
+    }
+}
+
+/// What PARALLELISM counts in MODE shared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Scope {
+    /// Workers of this host.
+    Host,
+    /// Workers of all live dispatchers together.
+    Global,
+}
+
+/// A pool's PARALLELISM on this host: all of it, or (scope global) its share among
+/// `members` live dispatchers, rounded up, at least one.
+pub fn local_parallelism(parallelism: usize, scope: Scope, members: usize) -> usize {
+    match scope {
+        Scope::Host => parallelism,
+        Scope::Global => parallelism.div_ceil(members.max(1)).max(1),
     }
 }
 
@@ -225,6 +275,25 @@ mod tests {
 
     fn cfg(text: &str) -> Config {
         Config::from_str_named(text, "dispatch.conf").unwrap()
+    }
+
+    #[test]
+    fn a_global_parallelism_is_shared_among_the_live_dispatchers() {
+        let cases = [
+            (6, Scope::Host, 3, 6),
+            (6, Scope::Global, 3, 2),
+            (7, Scope::Global, 3, 3),
+            (1, Scope::Global, 3, 1),
+            (4, Scope::Global, 0, 4),
+            (4, Scope::Global, 1, 4),
+        ];
+        for (parallelism, scope, members, want) in cases {
+            assert_eq!(
+                local_parallelism(parallelism, scope, members),
+                want,
+                "{parallelism} {scope:?} {members}"
+            );
+        }
     }
 
     #[test]

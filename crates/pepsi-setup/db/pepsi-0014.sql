@@ -17,6 +17,9 @@ CREATE TABLE pepsi.dispatcher (
     boot_id     text NOT NULL,
     pid         integer NOT NULL,
     proc_start  bigint NOT NULL,
+    -- single: the one active dispatcher (a takeover fences every other); shared: one of
+    -- several, each on its own host, claiming disjoint rows (MODE in [pepsi-dispatch]).
+    mode        text NOT NULL DEFAULT 'single' CHECK (mode IN ('single', 'shared')),
     started_at  timestamptz NOT NULL DEFAULT now(),
     -- Its last heartbeat on the lock session.
     seen_at     timestamptz NOT NULL DEFAULT now(),

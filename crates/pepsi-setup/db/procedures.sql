@@ -581,6 +581,7 @@ SET plan_cache_mode = force_generic_plan AS $$
 #variable_conflict use_column
 DECLARE
     v_ids bigint[];
+    v_id_stages text[];
     v_stages text[];
     v_senders text[];
     v_epoch bigint := pepsi.session_epoch();
@@ -600,7 +601,7 @@ BEGIN
         SELECT * FROM unnest(p_lead_stages, p_lead_senders, p_leads) AS l(stage, sender_key, lead)
     ),
     fifo AS (
-        SELECT c.workqueue_id FROM want w CROSS JOIN LATERAL (
+        SELECT w.stage, c.workqueue_id FROM want w CROSS JOIN LATERAL (
             SELECT q.workqueue_id FROM pepsi.workqueue q
             WHERE q.stage = w.stage AND q.status = 'pending'
             ORDER BY q.workqueue_id LIMIT w.n_fifo) c
@@ -632,7 +633,7 @@ BEGIN
             ORDER BY q.workqueue_id LIMIT w.n_fair + w.n_fifo) c
     ),
     fair AS (
-        SELECT x.workqueue_id FROM (
+        SELECT x.stage, x.workqueue_id FROM (
             SELECT c.stage, c.workqueue_id,
                    row_number() OVER (PARTITION BY c.stage ORDER BY c.vkey, c.workqueue_id) AS r
             FROM cand c WHERE c.workqueue_id NOT IN (SELECT f.workqueue_id FROM fifo f)
@@ -640,23 +641,40 @@ BEGIN
         WHERE x.r <= w.n_fair
     ),
     chosen AS (
-        SELECT f.workqueue_id FROM fifo f UNION SELECT f.workqueue_id FROM fair f
+        SELECT f.stage, f.workqueue_id FROM fifo f UNION SELECT f.stage, f.workqueue_id FROM fair f
     )
-    SELECT ARRAY(SELECT c.workqueue_id FROM chosen c),
+    SELECT ARRAY(SELECT c.workqueue_id FROM chosen c ORDER BY c.workqueue_id),
+           ARRAY(SELECT c.stage FROM chosen c ORDER BY c.workqueue_id),
            ARRAY(SELECT s.stage FROM senders s),
            ARRAY(SELECT s.sender_key FROM senders s)
-    INTO v_ids, v_stages, v_senders;
+    INTO v_ids, v_id_stages, v_stages, v_senders;
 
+    -- Rows another dispatcher (MODE shared) is claiming at this moment are skipped, not
+    -- waited for; one that claimed them since this choice was made is seen by the re-check
+    -- of the status and stage under the row lock. Each stage where a chosen row was lost this way
+    -- comes back once more with no id and no sender: more may be pending there.
     RETURN QUERY
-    WITH claimed AS (
+    -- The stage is checked again too: another dispatcher may have claimed, run and advanced
+    -- a chosen row since, leaving it pending at its next stage.
+    WITH free AS (
+        SELECT f.workqueue_id FROM pepsi.workqueue f
+        WHERE f.workqueue_id = ANY (v_ids) AND f.status = 'pending'
+          AND f.stage = v_id_stages[array_position(v_ids, f.workqueue_id)]
+        FOR UPDATE SKIP LOCKED
+    ),
+    claimed AS (
         UPDATE pepsi.workqueue q SET status = 'running', updated_at = now(), claim_epoch = v_epoch
-        FROM unnest(v_ids) AS p(id)
-        WHERE q.workqueue_id = p.id AND q.status = 'pending'
+        FROM free p
+        WHERE q.workqueue_id = p.workqueue_id
         RETURNING q.workqueue_id, q.stage, q.sender_key
     )
     SELECT c.workqueue_id, c.stage, c.sender_key FROM claimed c
     UNION ALL
-    SELECT NULL::bigint, w.stage, w.sender_key FROM unnest(v_stages, v_senders) AS w(stage, sender_key);
+    SELECT NULL::bigint, w.stage, w.sender_key FROM unnest(v_stages, v_senders) AS w(stage, sender_key)
+    UNION ALL
+    SELECT DISTINCT NULL::bigint, x.stage, NULL::text
+    FROM unnest(v_ids, v_id_stages) AS x(id, stage)
+    WHERE x.id NOT IN (SELECT c.workqueue_id FROM claimed c);
 END
 $$;
 
@@ -735,29 +753,69 @@ BEGIN
 END
 $$;
 
--- A dispatcher that holds the dispatcher lock registers: a new epoch, recorded with where
--- it runs, and every earlier epoch not yet fenced is fenced now. Returns the new epoch.
+-- A dispatcher registers: a new epoch, recorded with where it runs, and a session-level
+-- advisory lock (class 1885696116, the epoch) taken on the calling session, whose presence
+-- tells the others it lives. MODE single (called while holding the dispatcher lock): every
+-- earlier epoch not yet fenced is fenced now. MODE shared: nothing is fenced; the leader
+-- fences members whose session is gone (dispatch_fence_lost). Returns the new epoch.
 CREATE OR REPLACE FUNCTION pepsi.dispatch_register(
-    p_host text, p_boot_id text, p_pid integer, p_proc_start bigint)
+    p_host text, p_boot_id text, p_pid integer, p_proc_start bigint, p_mode text DEFAULT 'single')
 RETURNS bigint LANGUAGE plpgsql AS $$
 DECLARE
     v_epoch bigint;
 BEGIN
-    INSERT INTO pepsi.dispatcher (host, boot_id, pid, proc_start)
-    VALUES (p_host, p_boot_id, p_pid, p_proc_start)
+    INSERT INTO pepsi.dispatcher (host, boot_id, pid, proc_start, mode)
+    VALUES (p_host, p_boot_id, p_pid, p_proc_start, p_mode)
     RETURNING epoch INTO v_epoch;
-    UPDATE pepsi.dispatcher SET fenced_at = now()
-    WHERE epoch < v_epoch AND fenced_at IS NULL;
+    PERFORM pg_advisory_lock(1885696116, v_epoch::integer);
+    IF p_mode = 'single' THEN
+        UPDATE pepsi.dispatcher SET fenced_at = now()
+        WHERE epoch < v_epoch AND fenced_at IS NULL;
+    END IF;
     RETURN v_epoch;
 END
 $$;
 
--- The heartbeat of epoch p_epoch on its lock session: false once it has been fenced.
+-- The heartbeat of epoch p_epoch on its own session: 0 once it has been fenced, else how
+-- many dispatchers of its mode are live (1 in MODE single).
+DROP FUNCTION IF EXISTS pepsi.dispatch_heartbeat(bigint);
 CREATE OR REPLACE FUNCTION pepsi.dispatch_heartbeat(p_epoch bigint)
-RETURNS boolean LANGUAGE plpgsql AS $$
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_mode text;
+    n integer;
 BEGIN
-    UPDATE pepsi.dispatcher SET seen_at = now() WHERE epoch = p_epoch AND fenced_at IS NULL;
-    RETURN FOUND;
+    UPDATE pepsi.dispatcher SET seen_at = now() WHERE epoch = p_epoch AND fenced_at IS NULL
+    RETURNING mode INTO v_mode;
+    IF NOT FOUND THEN
+        RETURN 0;
+    END IF;
+    IF v_mode = 'single' THEN
+        RETURN 1;
+    END IF;
+    SELECT count(*) INTO n FROM pepsi.dispatcher
+    WHERE mode = 'shared' AND fenced_at IS NULL AND stopped_at IS NULL;
+    RETURN n;
+END
+$$;
+
+-- MODE shared, on the leader's heartbeat: members whose session is gone (their advisory
+-- lock of dispatch_register is held by nobody: the process died, or the server ended its
+-- session after LOCK_SESSION_TIMEOUT without a heartbeat) are fenced; returns them, with
+-- where they ran, so the leader can tell which are known dead.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_fence_lost()
+RETURNS TABLE (epoch bigint, boot_id text, pid integer, proc_start bigint) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE pepsi.dispatcher d SET fenced_at = now()
+    WHERE d.fenced_at IS NULL AND d.stopped_at IS NULL AND d.mode = 'shared'
+      AND NOT EXISTS (
+        SELECT 1 FROM pg_locks l
+        WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1885696116::oid
+          AND l.objid = d.epoch::integer::oid AND l.objsubid = 2
+          AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
+    RETURNING d.epoch, d.boot_id, d.pid, d.proc_start;
 END
 $$;
 
