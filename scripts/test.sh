@@ -39,7 +39,7 @@ say "== make unibin PROFILE=dev"
 make --no-print-directory unibin PROFILE=dev
 export PEPSI_BIN_DIR="${CARGO_TARGET_DIR:-$root/target}/debug/unibin"
 # The modules of the one test harness (tests/integration/main.rs) that run again.
-modules=(system_delivery system_remote dispatch milter crypto unibin)
+modules=(system_delivery system_remote dispatch ha milter crypto unibin)
 for fusion in yes no; do
   say "== the system and dispatcher tests on $PEPSI_BIN_DIR, ALLOW_FUSION = $fusion"
   [ "$fusion" = no ] && modules=("${modules[@]:0:5}")  # the layout check once is enough

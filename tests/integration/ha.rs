@@ -94,12 +94,25 @@ async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes
         .await
         .unwrap();
     assert_eq!(handed, 0);
-    let err = sqlx::query("SELECT pepsi.workqueue_pause($1, '{}', 60)")
-        .bind(ids[1])
-        .execute(&mut a)
-        .await
-        .unwrap_err();
-    assert!(err.to_string().contains("fenced"), "{err}");
+    // Nor through the stored functions, from the fenced epoch or from a session naming none.
+    for conn in [&mut a, &mut plain] {
+        let err = sqlx::query("SELECT pepsi.workqueue_pause($1, '{}', 60)")
+            .bind(ids[1])
+            .execute(&mut *conn)
+            .await
+            .unwrap_err();
+        assert!(err.to_string().contains("fenced"), "{err}");
+    }
+    // A stage loads such a row as not running, so no pass starts on it.
+    let status: String = sqlx::query_scalar(
+        "SELECT CASE WHEN status = 'running' AND NOT COALESCE(pepsi.claim_held(claim_epoch), false) \
+         THEN 'refused' ELSE status::text END FROM pepsi.workqueue WHERE workqueue_id = $1",
+    )
+    .bind(ids[1])
+    .fetch_one(&mut a)
+    .await
+    .unwrap();
+    assert_eq!(status, "refused");
     let err = sqlx::query("SELECT * FROM pepsi.dispatch_claim(ARRAY['init'], ARRAY[1], ARRAY[0], ARRAY[1.0]::float8[], '{}', '{}', '{}', 16)")
         .execute(&mut a)
         .await
@@ -114,11 +127,26 @@ async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes
         .await
         .unwrap();
     assert_eq!(n, 0);
-    // ...and returns them once it has passed.
+    // ...and while the fence is younger than it, however old the rows (a pass that began
+    // just before the fence may run its whole MAX_RUNTIME)...
     sqlx::query("UPDATE pepsi.workqueue SET updated_at = now() - interval '2 minutes' WHERE status = 'running'")
         .execute(&h.db.pool)
         .await
         .unwrap();
+    let n: i32 = sqlx::query_scalar(reconcile)
+        .bind(60.0_f64)
+        .fetch_one(&mut b)
+        .await
+        .unwrap();
+    assert_eq!(n, 0);
+    // ...and returns them once both have passed.
+    sqlx::query(
+        "UPDATE pepsi.dispatcher SET fenced_at = now() - interval '2 minutes' WHERE epoch = $1",
+    )
+    .bind(one)
+    .execute(&h.db.pool)
+    .await
+    .unwrap();
     let n: i32 = sqlx::query_scalar(reconcile)
         .bind(60.0_f64)
         .fetch_one(&mut b)
@@ -295,7 +323,7 @@ fn alive(pid: u32) -> bool {
 /// MAX_RUNTIME and TAKEOVER_MARGIN have passed, each stage committed once.
 #[tokio::test]
 async fn a_stopped_dispatcher_is_fenced_and_nothing_of_its_epoch_lands_after_the_takeover() {
-    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nDELAY = 3s\nMAX_RUNTIME = 6s\n\
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 2\nDELAY = 3s\nMAX_RUNTIME = 6s\n\
                   [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nMAX_RUNTIME = 6s\n";
     let h = Harness::new(
         stages,
@@ -312,17 +340,25 @@ async fn a_stopped_dispatcher_is_fenced_and_nothing_of_its_epoch_lands_after_the
         .await
         .unwrap();
 
-    h.add(4, "sender", serde_json::json!({})).await;
-    // Both of the first one's init workers are in their 3s pass.
+    h.add(6, "sender", serde_json::json!({})).await;
+    // Both of the first one's init workers are in their 3s pass, each with a second id
+    // queued.
     h.wait_for(
         "SELECT count(*) FROM pepsi.workqueue WHERE status = 'running' AND stage = 'init'",
-        2,
+        4,
         Duration::from_secs(30),
         &mut a,
     )
     .await;
-    let workers = children(a.id());
-    assert_eq!(workers.len(), 2, "{workers:?}");
+    let until = Instant::now() + Duration::from_secs(10);
+    let workers = loop {
+        let workers = children(a.id());
+        if workers.len() == 2 {
+            break workers;
+        }
+        assert!(Instant::now() < until, "{workers:?}\n{}", h.log("a.log"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
     signal(&a, "-STOP");
     wait_log(
         &h,
@@ -337,8 +373,16 @@ async fn a_stopped_dispatcher_is_fenced_and_nothing_of_its_epoch_lands_after_the
         ))
         .await;
     assert_eq!(fenced, 1);
-    // The stopped one's workers end their passes after the fence and are refused.
+    // The stopped one's workers end their passes after the fence and are refused, and start
+    // no pass on the ids still queued to them.
     wait_log(&h, "a.log", "fenced", Duration::from_secs(30)).await;
+    wait_log(
+        &h,
+        "a.log",
+        "claimed by another dispatcher epoch",
+        Duration::from_secs(30),
+    )
+    .await;
     signal(&a, "-CONT");
     let until = Instant::now() + Duration::from_secs(30);
     let status = loop {
@@ -362,12 +406,12 @@ async fn a_stopped_dispatcher_is_fenced_and_nothing_of_its_epoch_lands_after_the
 
     h.wait_for(
         "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
-        4,
+        6,
         Duration::from_secs(90),
         &mut b,
     )
     .await;
-    each_stage_once(&h, 4, &["init", "b"]).await;
+    each_stage_once(&h, 6, &["init", "b"]).await;
     let late = h
         .count(&format!(
             "SELECT count(*) FROM public.transition t, pepsi.dispatcher d \

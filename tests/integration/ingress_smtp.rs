@@ -1477,3 +1477,45 @@ async fn messages_that_do_not_fit_a_group_are_each_stored_while_many_sessions_wa
         assert_eq!(ingress.rows().await, 72, "{options:?}");
     }
 }
+
+/// A database that accepts no writes (as while no primary does: here a lock the test holds
+/// on the queue) gets no session held past ADMISSION_TIMEOUT and never a 250: the client
+/// hears 451 4.3.0. Once writes pass again the statement that was waiting commits, so the
+/// row is there (the client's retry would queue it a second time, never lose it).
+#[tokio::test]
+async fn a_database_accepting_no_writes_gets_451_after_admission_timeout_never_250() {
+    let ingress = Ingress::start("ADMISSION_TIMEOUT = 2s\n", &[("mx", MX)]).await;
+    let mut blocker = ingress.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE pepsi.workqueue IN EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    c.ok("MAIL FROM:<a@example.org>", 250).await;
+    c.ok("RCPT TO:<alice@example.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.send(b"Subject: stuck\r\n\r\nbody\r\n.\r\n").await;
+    let (code, text) = c.read().await;
+    assert_eq!(code, 451, "{text}");
+    assert!(text.starts_with("4.3.0"), "{text}");
+    assert!(
+        ingress
+            .log()
+            .contains("not stored within ADMISSION_TIMEOUT"),
+        "{}",
+        ingress.log()
+    );
+    // The session goes on: RSET and QUIT are answered.
+    c.ok("RSET", 250).await;
+    blocker.rollback().await.unwrap();
+    let until = Instant::now() + Duration::from_secs(30);
+    while ingress.rows().await != 1 {
+        assert!(
+            Instant::now() < until,
+            "the waiting statement never committed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.ok("QUIT", 221).await;
+}

@@ -539,9 +539,16 @@ impl Dispatcher {
             "worker {program} (pid {}) of stage {stage} {described} while handling the message",
             w.pid
         );
+        let forced = if status.and_then(|s| s.code()) == Some(pepsi_common::epoch::PASS_LIMIT_EXIT)
+        {
+            // It ended the pass itself past MAX_RUNTIME (its watchdog): a timeout, as when
+            // this dispatcher kills it.
+            Forced::Timeout
+        } else {
+            Forced::Failed
+        };
         tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
-        self.end_lost_pass(head, &stage, Forced::Failed, &reason)
-            .await;
+        self.end_lost_pass(head, &stage, forced, &reason).await;
         self.hand_back(&stage, &rest[1..]).await;
     }
 
@@ -1038,7 +1045,7 @@ impl Dispatcher {
     /// The workers `pool` may run on this host (PARALLELISM_SCOPE in MODE shared).
     fn parallelism(&self, pool: &PoolSettings) -> usize {
         let members = match self.settings.mode {
-            Mode::Single => 1,
+            Mode::Single => (1, 0),
             Mode::Shared => lock::members(),
         };
         local_parallelism(pool.parallelism, self.settings.parallelism_scope, members)

@@ -41,6 +41,8 @@ static LOST: AtomicBool = AtomicBool::new(false);
 static LEADER: AtomicBool = AtomicBool::new(false);
 /// Live dispatchers of this mode, as of the last heartbeat.
 static MEMBERS: AtomicUsize = AtomicUsize::new(1);
+/// How many of them registered before this one.
+static RANK: AtomicUsize = AtomicUsize::new(0);
 
 /// Whether this dispatcher does the maintenance: due requeues, garbage collection, VACUUM,
 /// and returning the rows of fenced dispatchers.
@@ -48,9 +50,13 @@ pub fn is_leader() -> bool {
     LEADER.load(Ordering::Acquire)
 }
 
-/// How many dispatchers share the database (1 in MODE single).
-pub fn members() -> usize {
-    MEMBERS.load(Ordering::Acquire).max(1)
+/// How many dispatchers share the database (1 in MODE single), and how many of them
+/// registered before this one.
+pub fn members() -> (usize, usize) {
+    (
+        MEMBERS.load(Ordering::Acquire).max(1),
+        RANK.load(Ordering::Acquire),
+    )
 }
 
 /// Whether this dispatcher has lost its lock (it is about to exit).
@@ -91,16 +97,33 @@ impl Whereabouts {
         let pid = std::process::id();
         Self {
             host: read_trimmed("/proc/sys/kernel/hostname"),
-            boot_id: read_trimmed("/proc/sys/kernel/random/boot_id"),
+            boot_id: process_space(),
             pid,
             proc_start: proc_start(pid).unwrap_or(0),
         }
     }
 
     /// Whether the dispatcher recorded as `other` is known to be dead: it ran on this boot
-    /// of this host, and its process is gone (or the pid now belongs to another process).
+    /// of this host in the same pid namespace (so this process sees its pids), and its
+    /// process is gone (or the pid now belongs to another process). Where either space is
+    /// unknown, nothing is known dead.
     pub fn knows_dead(&self, boot_id: &str, pid: u32, start: u64) -> bool {
-        boot_id == self.boot_id && proc_start(pid) != Some(start)
+        !self.boot_id.is_empty() && boot_id == self.boot_id && proc_start(pid) != Some(start)
+    }
+}
+
+/// The space this process's pids live in: the kernel's boot id and the pid namespace (two
+/// containers on one host share the first, not the second); empty when either is unknown.
+/// Recorded as `pepsi.dispatcher.boot_id`.
+fn process_space() -> String {
+    let boot = read_trimmed("/proc/sys/kernel/random/boot_id");
+    let ns = std::fs::read_link("/proc/self/ns/pid")
+        .map(|p| p.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if boot.is_empty() || ns.is_empty() {
+        String::new()
+    } else {
+        format!("{boot} {ns}")
     }
 }
 
@@ -192,7 +215,27 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
             None => attempt(settings).await,
         };
         match tried {
-            Ok(Attempt::Taken(conn)) => break conn,
+            Ok(Attempt::Taken(mut conn)) => match active_elsewhere(&mut conn, settings).await {
+                Ok(None) => break conn,
+                Ok(Some(epoch)) => {
+                    // The holder's session ended (a PostgreSQL restart, a terminated
+                    // backend) but its heartbeat is fresh: it is alive and retaking the
+                    // lock. Give it back and go on waiting.
+                    tracing::debug!(
+                        epoch,
+                        "the active dispatcher lost its session but beats: waiting"
+                    );
+                    let _ = sqlx::query("SELECT pg_advisory_unlock($1, $2)")
+                        .bind(LOCK_KEY.0)
+                        .bind(LOCK_KEY.1)
+                        .execute(&mut conn)
+                        .await;
+                    waiting = Some(conn);
+                }
+                Err(e) => tracing::warn!(
+                    "standing by: cannot read the active dispatcher's heartbeat: {e}"
+                ),
+            },
             Ok(Attempt::Held(holder, _)) if !settings.standby => anyhow::bail!(
                 "another dispatcher is already running on this database: {holder}; run exactly \
                  one per system, or set [pepsi-dispatch] STANDBY = yes to wait for it"
@@ -216,10 +259,37 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
     Ok((conn, leadership))
 }
 
+/// An unfenced, running MODE single dispatcher whose heartbeat is younger than
+/// LOCK_SESSION_TIMEOUT and that is not known dead: one that may still retake its lock.
+async fn active_elsewhere(
+    conn: &mut PgConnection,
+    settings: &LockSettings,
+) -> anyhow::Result<Option<i64>> {
+    let fresh: Vec<(i64, String, i32, i64)> = sqlx::query_as(
+        "SELECT epoch, boot_id, pid, proc_start FROM pepsi.dispatcher \
+         WHERE mode = 'single' AND fenced_at IS NULL AND stopped_at IS NULL \
+           AND seen_at > now() - make_interval(secs => $1)",
+    )
+    .bind(settings.session_timeout.as_secs_f64())
+    .fetch_all(&mut *conn)
+    .await?;
+    let here = Whereabouts::here();
+    Ok(fresh.into_iter().find_map(|(epoch, boot, pid, start)| {
+        let dead = here.knows_dead(
+            &boot,
+            u32::try_from(pid).unwrap_or(0),
+            u64::try_from(start).unwrap_or(0),
+        );
+        (!dead).then_some(epoch)
+    }))
+}
+
 /// MODE shared: registers at once on a session of its own.
 async fn join(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leadership)> {
     let mut conn = connect(settings).await?;
     let leadership = register(&mut conn, Mode::Shared).await?;
+    // Know the other members before the first claim: PARALLELISM_SCOPE = global.
+    beat(&mut conn, leadership.epoch).await?;
     Ok((conn, leadership))
 }
 
@@ -290,8 +360,7 @@ async fn try_on(mut conn: PgConnection) -> anyhow::Result<Attempt> {
 /// A session whose server side dies with its heartbeat, named so that others can say who
 /// holds the lock.
 async fn connect(settings: &LockSettings) -> anyhow::Result<PgConnection> {
-    let here = Whereabouts::here();
-    let name = format!("pepsi-dispatch {} pid {}", here.host, here.pid);
+    let name = session_name();
     let options: sqlx::postgres::PgConnectOptions = settings
         .url
         .parse()
@@ -311,6 +380,12 @@ async fn connect(settings: &LockSettings) -> anyhow::Result<PgConnection> {
         .await
         .map_err(|_| anyhow::anyhow!("no connection within {:?}", settings.session_timeout))?
         .context("cannot connect to the database")
+}
+
+/// The name of this dispatcher's lock session, which a second one shows.
+fn session_name() -> String {
+    let here = Whereabouts::here();
+    format!("pepsi-dispatch {} pid {}", here.host, here.pid)
 }
 
 /// Who holds the lock, for people: the session's name, server pid, address and start.
@@ -341,11 +416,13 @@ async fn holder(conn: &mut PgConnection) -> anyhow::Result<String> {
 
 /// One heartbeat: false once this epoch has been fenced.
 async fn beat(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> {
-    let members: i32 = sqlx::query_scalar("SELECT pepsi.dispatch_heartbeat($1)")
-        .bind(epoch)
-        .fetch_one(conn)
-        .await?;
+    let (members, rank): (i32, i32) =
+        sqlx::query_as("SELECT members, rank FROM pepsi.dispatch_heartbeat($1)")
+            .bind(epoch)
+            .fetch_one(conn)
+            .await?;
     if members > 0 {
+        RANK.store(usize::try_from(rank).unwrap_or(0), Ordering::Release);
         MEMBERS.store(usize::try_from(members).unwrap_or(1), Ordering::Release);
     }
     Ok(members > 0)
@@ -360,6 +437,7 @@ async fn keep(
 ) -> ! {
     let mut last_ok = Instant::now();
     let mut takeovers = Takeovers::default();
+    let mut backend = backend_pid(&mut conn).await;
     loop {
         tokio::time::sleep(settings.check).await;
         let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
@@ -400,7 +478,10 @@ async fn keep(
                 "the heartbeat on the dispatcher lock got no answer: taking the lock again"
             ),
         }
-        conn = retake(epoch, settings, workers, last_ok).await;
+        // The old session may still hold the lock on the server: it is ended first.
+        drop(conn);
+        conn = retake(epoch, settings, workers, last_ok, backend).await;
+        backend = backend_pid(&mut conn).await;
         last_ok = Instant::now();
     }
 }
@@ -495,19 +576,42 @@ async fn retake(
     settings: &LockSettings,
     workers: &WorkerPids,
     last_ok: Instant,
+    old_backend: Option<i32>,
 ) -> PgConnection {
+    let mut held_by: Option<String> = None;
     loop {
         let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
         if left.is_zero() {
             lose(
                 workers,
-                &format!(
-                    "the dispatcher lock could not be taken again within {:?}",
-                    settings.session_timeout
-                ),
+                &match &held_by {
+                    Some(holder) => {
+                        format!("lost the dispatcher lock to another dispatcher: {holder}")
+                    }
+                    None => format!(
+                        "the dispatcher lock could not be taken again within {:?}",
+                        settings.session_timeout
+                    ),
+                },
             );
         }
-        match tokio::time::timeout(left, attempt(settings)).await {
+        let attempt = async {
+            let mut conn = connect(settings).await?;
+            if let Some(old) = old_backend {
+                // Our own old session, if the server still has it, holds the lock (checked
+                // by its name: the pid may belong to another session by now).
+                sqlx::query(
+                    "SELECT pg_terminate_backend(pid, 1000) FROM pg_stat_activity \
+                     WHERE pid = $1 AND application_name = $2",
+                )
+                .bind(old)
+                .bind(session_name())
+                .execute(&mut conn)
+                .await?;
+            }
+            try_on(conn).await
+        };
+        match tokio::time::timeout(left, attempt).await {
             Ok(Ok(Attempt::Taken(mut conn))) => match beat(&mut conn, epoch).await {
                 Ok(true) => {
                     tracing::info!("dispatcher lock taken again");
@@ -521,15 +625,39 @@ async fn retake(
                 ),
                 Err(e) => tracing::warn!("cannot take the dispatcher lock again yet: {e}"),
             },
-            Ok(Ok(Attempt::Held(holder, _))) => lose(
-                workers,
-                &format!("lost the dispatcher lock to another dispatcher: {holder}"),
-            ),
+            Ok(Ok(Attempt::Held(holder, mut conn))) => {
+                // Another session holds it: lost for good once this epoch is fenced (a
+                // standby took over); until the deadline it may be a session of ours
+                // that the server has not ended yet.
+                if fenced(&mut conn, epoch).await.unwrap_or(false) {
+                    lose(
+                        workers,
+                        &format!("lost the dispatcher lock to another dispatcher: {holder}"),
+                    );
+                }
+                held_by = Some(holder);
+            }
             Ok(Err(e)) => tracing::warn!("cannot take the dispatcher lock again yet: {e:#}"),
             Err(_) => {}
         }
         tokio::time::sleep(settings.check).await;
     }
+}
+
+/// The server process of `conn`'s session.
+async fn backend_pid(conn: &mut PgConnection) -> Option<i32> {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .ok()
+}
+
+/// Whether `epoch` has been fenced.
+async fn fenced(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> {
+    sqlx::query_scalar("SELECT pepsi.epoch_fenced($1)")
+        .bind(epoch)
+        .fetch_one(conn)
+        .await
 }
 
 /// Kills every worker at once and exits: nothing they still do may count, and a dispatcher

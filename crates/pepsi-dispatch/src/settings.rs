@@ -189,11 +189,20 @@ pub enum Scope {
 }
 
 /// A pool's PARALLELISM on this host: all of it, or (scope global) its share among
-/// `members` live dispatchers, rounded up, at least one.
-pub fn local_parallelism(parallelism: usize, scope: Scope, members: usize) -> usize {
+/// `members` live dispatchers, this one being the `rank`-th to have registered: an equal
+/// part each, the remainder one apiece to the earliest. The parts add up to PARALLELISM
+/// (a host may get none).
+pub fn local_parallelism(
+    parallelism: usize,
+    scope: Scope,
+    (members, rank): (usize, usize),
+) -> usize {
     match scope {
         Scope::Host => parallelism,
-        Scope::Global => parallelism.div_ceil(members.max(1)).max(1),
+        Scope::Global => {
+            let members = members.max(1);
+            parallelism / members + usize::from(rank < parallelism % members)
+        }
     }
 }
 
@@ -280,19 +289,32 @@ mod tests {
     #[test]
     fn a_global_parallelism_is_shared_among_the_live_dispatchers() {
         let cases = [
-            (6, Scope::Host, 3, 6),
-            (6, Scope::Global, 3, 2),
-            (7, Scope::Global, 3, 3),
-            (1, Scope::Global, 3, 1),
-            (4, Scope::Global, 0, 4),
-            (4, Scope::Global, 1, 4),
+            (6, Scope::Host, (3, 2), 6),
+            (6, Scope::Global, (3, 0), 2),
+            (6, Scope::Global, (3, 2), 2),
+            (7, Scope::Global, (3, 0), 3),
+            (7, Scope::Global, (3, 1), 2),
+            (7, Scope::Global, (3, 2), 2),
+            (1, Scope::Global, (3, 0), 1),
+            (1, Scope::Global, (3, 1), 0),
+            (4, Scope::Global, (0, 0), 4),
+            (4, Scope::Global, (1, 0), 4),
         ];
         for (parallelism, scope, members, want) in cases {
             assert_eq!(
                 local_parallelism(parallelism, scope, members),
                 want,
-                "{parallelism} {scope:?} {members}"
+                "{parallelism} {scope:?} {members:?}"
             );
+        }
+        // However many members, the parts add up to the whole.
+        for members in 1..6 {
+            for parallelism in 0..12 {
+                let sum: usize = (0..members)
+                    .map(|rank| local_parallelism(parallelism, Scope::Global, (members, rank)))
+                    .sum();
+                assert_eq!(sum, parallelism, "{parallelism} over {members}");
+            }
         }
     }
 

@@ -66,6 +66,10 @@ impl Worker {
         let mut cmd = Command::new(program);
         cmd.env(pepsi_common::epoch::EPOCH_ENV, inherit.epoch.to_string())
             .env(
+                pepsi_common::epoch::PARENT_ENV,
+                std::process::id().to_string(),
+            )
+            .env(
                 pepsi_common::epoch::PASS_LIMIT_ENV,
                 inherit.pass_limit.as_millis().to_string(),
             );

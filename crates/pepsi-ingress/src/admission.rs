@@ -29,6 +29,10 @@ pub struct Limits {
     pub batch_size: u64,
     /// Statements in flight at once.
     pub lanes: usize,
+    /// The longest a session waits for its message to be stored before it answers 451: a
+    /// primary that accepts no writes (a failover, a synchronous standby gone) must not
+    /// hold the client until its own timeout, nor ever get a 250.
+    pub timeout: std::time::Duration,
 }
 
 impl Limits {
@@ -224,6 +228,7 @@ mod tests {
             batch: 3,
             batch_size: 100,
             lanes: 1,
+            timeout: std::time::Duration::from_secs(60),
         };
         for (count, octets, len, joins) in [
             (0, 0, 10, true),

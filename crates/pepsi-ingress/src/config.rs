@@ -246,6 +246,9 @@ impl Settings {
                 batch: s.number_opt("ADMISSION_BATCH")?.unwrap_or(32),
                 batch_size: s.size_opt("ADMISSION_BATCH_SIZE")?.unwrap_or(4 << 20),
                 lanes: s.number_opt("ADMISSION_LANES")?.unwrap_or(2),
+                timeout: s
+                    .duration_opt("ADMISSION_TIMEOUT")?
+                    .unwrap_or(Duration::from_secs(60)),
             },
             shutdown_grace: s
                 .duration_opt("SHUTDOWN_GRACE")?
@@ -325,6 +328,12 @@ impl Settings {
         }
         if a.batch_size == 0 {
             bail!("[{SECTION}] ADMISSION_BATCH_SIZE must be larger than 0");
+        }
+        if a.timeout < Duration::from_secs(1) || a.timeout > Duration::from_secs(600) {
+            bail!(
+                "[{SECTION}] ADMISSION_TIMEOUT = {:?}: from 1s to 10m (clients wait 10 minutes for the reply to DATA)",
+                a.timeout
+            );
         }
         if self.auth_concurrency == 0 {
             bail!("[{SECTION}] AUTH_CONCURRENCY must be at least 1");

@@ -103,7 +103,7 @@ CREATE OR REPLACE FUNCTION pepsi.claim_held(p_claim bigint)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_claim IS NULL THEN true
-        ELSE p_claim = pepsi.session_epoch() AND NOT pepsi.epoch_fenced(p_claim)
+        ELSE p_claim IS NOT DISTINCT FROM pepsi.session_epoch() AND NOT pepsi.epoch_fenced(p_claim)
     END
 $$;
 
@@ -714,13 +714,35 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
+    PERFORM pepsi.dispatch_refuse_fenced();
+    UPDATE pepsi.dispatcher SET fenced_at = COALESCE(fenced_at, now()), stopped_at = now()
+    WHERE epoch = ANY (p_gone) AND stopped_at IS NULL;
     UPDATE pepsi.workqueue SET status = 'pending', updated_at = now()
     WHERE status = 'running' AND (claim_epoch IS NULL OR claim_epoch = ANY (p_gone));
     GET DIAGNOSTICS n = ROW_COUNT;
-    UPDATE pepsi.dispatcher SET stopped_at = now()
-    WHERE epoch = ANY (p_gone) AND stopped_at IS NULL;
     RETURN n;
 END
+$$;
+
+-- Raises when this session's epoch has been fenced: a dispatcher that was taken over from
+-- does no more repairs.
+CREATE OR REPLACE FUNCTION pepsi.dispatch_refuse_fenced()
+RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    v_epoch bigint := pepsi.session_epoch();
+BEGIN
+    IF v_epoch IS NOT NULL AND pepsi.epoch_fenced(v_epoch) THEN
+        RAISE EXCEPTION 'dispatcher epoch % has been fenced: another dispatcher took over', v_epoch
+            USING ERRCODE = '55000';
+    END IF;
+END
+$$;
+
+-- The advisory lock key of epoch p_epoch's membership (class 1885696116): the epoch folded
+-- into 31 bits.
+CREATE OR REPLACE FUNCTION pepsi.epoch_lock_key(p_epoch bigint)
+RETURNS integer LANGUAGE sql IMMUTABLE AS $$
+    SELECT (p_epoch & 2147483647)::integer
 $$;
 
 -- While the dispatcher runs, on every heartbeat, running rows become pending again when
@@ -728,11 +750,14 @@ $$;
 --  * they are its own (or carry no epoch) and unchanged for p_grace_secs seconds: a
 --    hand-back or failure report the dispatcher could not write, a claim whose reply was
 --    lost across a PostgreSQL restart; or
---  * an earlier, fenced or stopped, dispatcher claimed them and they are unchanged for
---    p_fenced_secs seconds (the longest MAX_RUNTIME plus TAKEOVER_MARGIN): by then a worker
---    of that dispatcher has ended its pass or killed itself (its own MAX_RUNTIME watch), so
---    the message runs once more at most for a pass that never committed.
--- Returns how many.
+--  * an earlier, fenced or stopped, dispatcher claimed them and p_fenced_secs seconds (the
+--    longest MAX_RUNTIME plus TAKEOVER_MARGIN) have passed since the later of their last
+--    change and that fence: a worker of that dispatcher starts no pass on such a row after
+--    the fence (the row loads as not running), so by then it has ended any pass it began or
+--    killed itself (its own MAX_RUNTIME watch), and the message runs once more at most for a
+--    pass that never committed. Fenced dispatchers with no running row left are then marked
+--    stopped.
+-- Returns how many rows.
 DROP FUNCTION IF EXISTS pepsi.dispatch_reconcile(bigint[], double precision);
 CREATE OR REPLACE FUNCTION pepsi.dispatch_reconcile(
     p_held bigint[], p_grace_secs double precision, p_fenced_secs double precision)
@@ -740,15 +765,23 @@ RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
+    PERFORM pepsi.dispatch_refuse_fenced();
     UPDATE pepsi.workqueue q SET status = 'pending', updated_at = now()
     WHERE q.status = 'running' AND q.workqueue_id <> ALL (p_held)
-      AND ((pepsi.claim_held(q.claim_epoch)
+      AND ((COALESCE(pepsi.claim_held(q.claim_epoch), false)
             AND q.updated_at < now() - make_interval(secs => p_grace_secs))
         OR (q.claim_epoch IS DISTINCT FROM pepsi.session_epoch()
-            AND q.updated_at < now() - make_interval(secs => p_fenced_secs)
             AND EXISTS (SELECT 1 FROM pepsi.dispatcher d WHERE d.epoch = q.claim_epoch
-                        AND (d.fenced_at IS NOT NULL OR d.stopped_at IS NOT NULL))));
+                        AND (d.fenced_at IS NOT NULL OR d.stopped_at IS NOT NULL)
+                        AND GREATEST(q.updated_at, d.fenced_at, d.stopped_at)
+                            < now() - make_interval(secs => p_fenced_secs))));
     GET DIAGNOSTICS n = ROW_COUNT;
+    IF p_fenced_secs IS NOT NULL THEN
+        UPDATE pepsi.dispatcher d SET stopped_at = now()
+        WHERE d.fenced_at IS NOT NULL AND d.stopped_at IS NULL
+          AND NOT EXISTS (SELECT 1 FROM pepsi.workqueue q
+                          WHERE q.status = 'running' AND q.claim_epoch = d.epoch);
+    END IF;
     RETURN n;
 END
 $$;
@@ -767,7 +800,7 @@ BEGIN
     INSERT INTO pepsi.dispatcher (host, boot_id, pid, proc_start, mode)
     VALUES (p_host, p_boot_id, p_pid, p_proc_start, p_mode)
     RETURNING epoch INTO v_epoch;
-    PERFORM pg_advisory_lock(1885696116, v_epoch::integer);
+    PERFORM pg_advisory_lock(1885696116, pepsi.epoch_lock_key(v_epoch));
     IF p_mode = 'single' THEN
         UPDATE pepsi.dispatcher SET fenced_at = now()
         WHERE epoch < v_epoch AND fenced_at IS NULL;
@@ -776,26 +809,29 @@ BEGIN
 END
 $$;
 
--- The heartbeat of epoch p_epoch on its own session: 0 once it has been fenced, else how
--- many dispatchers of its mode are live (1 in MODE single).
+-- The heartbeat of epoch p_epoch on its own session: members 0 once it has been fenced,
+-- else how many dispatchers of its mode are live (1 in MODE single), and rank, how many of
+-- those registered before it.
 DROP FUNCTION IF EXISTS pepsi.dispatch_heartbeat(bigint);
-CREATE OR REPLACE FUNCTION pepsi.dispatch_heartbeat(p_epoch bigint)
-RETURNS integer LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION pepsi.dispatch_heartbeat(p_epoch bigint, OUT members integer, OUT rank integer)
+LANGUAGE plpgsql AS $$
 DECLARE
     v_mode text;
-    n integer;
 BEGIN
+    members := 0;
+    rank := 0;
     UPDATE pepsi.dispatcher SET seen_at = now() WHERE epoch = p_epoch AND fenced_at IS NULL
     RETURNING mode INTO v_mode;
     IF NOT FOUND THEN
-        RETURN 0;
+        RETURN;
     END IF;
     IF v_mode = 'single' THEN
-        RETURN 1;
+        members := 1;
+        RETURN;
     END IF;
-    SELECT count(*) INTO n FROM pepsi.dispatcher
-    WHERE mode = 'shared' AND fenced_at IS NULL AND stopped_at IS NULL;
-    RETURN n;
+    SELECT count(*), count(*) FILTER (WHERE d.epoch < p_epoch) INTO members, rank
+    FROM pepsi.dispatcher d
+    WHERE d.mode = 'shared' AND d.fenced_at IS NULL AND d.stopped_at IS NULL;
 END
 $$;
 
@@ -813,7 +849,7 @@ BEGIN
       AND NOT EXISTS (
         SELECT 1 FROM pg_locks l
         WHERE l.locktype = 'advisory' AND l.granted AND l.classid = 1885696116::oid
-          AND l.objid = d.epoch::integer::oid AND l.objsubid = 2
+          AND l.objid = pepsi.epoch_lock_key(d.epoch)::oid AND l.objsubid = 2
           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))
     RETURNING d.epoch, d.boot_id, d.pid, d.proc_start;
 END

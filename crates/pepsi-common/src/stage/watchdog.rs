@@ -53,7 +53,7 @@ pub(crate) fn start(program: &'static str, inherited: &Inherited) {
                 std::thread::sleep(EVERY);
                 // SAFETY: no arguments, cannot fail.
                 if unsafe { libc::getppid() } != parent {
-                    end(program, "its dispatcher is gone");
+                    end(program, "its dispatcher is gone", 1);
                 }
                 let since = BUSY_SINCE.load(Ordering::Acquire);
                 if let Some(limit) = limit
@@ -63,6 +63,7 @@ pub(crate) fn start(program: &'static str, inherited: &Inherited) {
                     end(
                         program,
                         &format!("a pass ran past MAX_RUNTIME ({limit:?} with slack) and nobody stopped it"),
+                        crate::epoch::PASS_LIMIT_EXIT,
                     );
                 }
             }
@@ -73,8 +74,8 @@ pub(crate) fn start(program: &'static str, inherited: &Inherited) {
 }
 
 /// Ends the process at once, mid-pass if need be: nothing it would still commit may count.
-fn end(program: &str, why: &str) -> ! {
+fn end(program: &str, why: &str, status: i32) -> ! {
     eprintln!("{program}: ending: {why}");
     // SAFETY: terminates the process without running anything else.
-    unsafe { libc::_exit(1) }
+    unsafe { libc::_exit(status) }
 }

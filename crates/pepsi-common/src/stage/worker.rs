@@ -30,22 +30,56 @@ use super::{Load, Stage, StageContext, StageError, StageSettings, program_name};
 use crate::cli::{CommonArgs, init_logging, run_async_current_thread};
 use crate::config::{Config, ConfigSource, Scope};
 
-// One prepared statement per Load level, so a stage pulls only the big columns it needs.
-const SELECT_METADATA: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
-     received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = $1";
-const SELECT_HEADERS: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
-     received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = $1";
-const SELECT_FULL: &str = "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
-     w.state, w.received_at, w.auth_user, w.headers, b.body \
-     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1";
+// One prepared statement per Load level, so a stage pulls only the big columns it needs. A
+// running row this session may not change (claimed by another dispatcher epoch, or by one
+// since fenced: docs/ha.md) loads as not running, so no pass starts on it.
+macro_rules! status_col {
+    ($q:literal) => {
+        concat!(
+            "CASE WHEN ",
+            $q,
+            "status = 'running' AND NOT COALESCE(pepsi.claim_held(",
+            $q,
+            "claim_epoch), false) THEN 'claimed by another dispatcher epoch (or a fenced one)' \
+             ELSE ",
+            $q,
+            "status::text END AS status"
+        )
+    };
+}
+const SELECT_METADATA: &str = concat!(
+    "SELECT workqueue_id, stage, ",
+    status_col!(""),
+    ", mail_from, rcpt_to, state, received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = $1"
+);
+const SELECT_HEADERS: &str = concat!(
+    "SELECT workqueue_id, stage, ",
+    status_col!(""),
+    ", mail_from, rcpt_to, state, received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = $1"
+);
+const SELECT_FULL: &str = concat!(
+    "SELECT w.workqueue_id, w.stage, ",
+    status_col!("w."),
+    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.auth_user, w.headers, b.body \
+     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1"
+);
 // The same for a batch.
-const SELECT_METADATA_MANY: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
-     received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)";
-const SELECT_HEADERS_MANY: &str = "SELECT workqueue_id, stage, status::text AS status, mail_from, rcpt_to, state, \
-     received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = ANY($1)";
-const SELECT_FULL_MANY: &str = "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
-     w.state, w.received_at, w.auth_user, w.headers, b.body \
-     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = ANY($1)";
+const SELECT_METADATA_MANY: &str = concat!(
+    "SELECT workqueue_id, stage, ",
+    status_col!(""),
+    ", mail_from, rcpt_to, state, received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
+);
+const SELECT_HEADERS_MANY: &str = concat!(
+    "SELECT workqueue_id, stage, ",
+    status_col!(""),
+    ", mail_from, rcpt_to, state, received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
+);
+const SELECT_FULL_MANY: &str = concat!(
+    "SELECT w.workqueue_id, w.stage, ",
+    status_col!("w."),
+    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.auth_user, w.headers, b.body \
+     FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = ANY($1)"
+);
 
 /// A fused chain stops after this many hops and commits; the rest runs in later passes.
 const MAX_FUSED_HOPS: usize = 16;

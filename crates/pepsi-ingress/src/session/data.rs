@@ -162,7 +162,21 @@ impl Session {
             return reply;
         }
         let size = message.len();
-        match self.store(&tx, message).await {
+        let limit = self.settings.admission.timeout;
+        let stored = match tokio::time::timeout(limit, self.store(&tx, message)).await {
+            Ok(stored) => stored,
+            Err(_) => {
+                // The statement may still commit after this; the client's retry then
+                // queues the message twice, which is better than never.
+                tracing::warn!(peer = %self.peer, ?limit, "the message was not stored within ADMISSION_TIMEOUT");
+                return Reply::new(
+                    451,
+                    "4.3.0",
+                    "temporary failure storing the message, try again later",
+                );
+            }
+        };
+        match stored {
             Ok(id) => {
                 self.shared.waker.request();
                 tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size, "queued");
