@@ -310,6 +310,19 @@ async fn record_transitions(h: &Harness) {
     }
 }
 
+/// The worker processes of dispatcher `pid`, once there are `n` of them.
+async fn workers_of(h: &Harness, pid: u32, n: usize) -> Vec<u32> {
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let workers = children(pid);
+        if workers.len() == n {
+            return workers;
+        }
+        assert!(Instant::now() < until, "{workers:?}\n{}", h.log("a.log"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
@@ -350,15 +363,7 @@ async fn a_stopped_dispatcher_is_fenced_and_nothing_of_its_epoch_lands_after_the
         &mut a,
     )
     .await;
-    let until = Instant::now() + Duration::from_secs(10);
-    let workers = loop {
-        let workers = children(a.id());
-        if workers.len() == 2 {
-            break workers;
-        }
-        assert!(Instant::now() < until, "{workers:?}\n{}", h.log("a.log"));
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let workers = workers_of(&h, a.id(), 2).await;
     signal(&a, "-STOP");
     wait_log(
         &h,
@@ -446,14 +451,7 @@ async fn a_worker_ends_a_pass_past_max_runtime_itself_when_no_dispatcher_stops_i
         &mut a,
     )
     .await;
-    let until = Instant::now() + Duration::from_secs(10);
-    let worker = loop {
-        if let Some(w) = children(a.id()).first().copied() {
-            break w;
-        }
-        assert!(Instant::now() < until);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let worker = workers_of(&h, a.id(), 1).await[0];
     signal(&a, "-STOP");
     let until = Instant::now() + Duration::from_secs(20);
     while alive(worker) {

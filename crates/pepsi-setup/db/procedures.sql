@@ -549,6 +549,14 @@ BEGIN
 END
 $$;
 
+-- Signatures earlier releases had (a changed signature is a new function beside the old
+-- one): dropped, quietly when they are not there.
+SET client_min_messages = warning;
+DROP FUNCTION IF EXISTS pepsi.dispatch_reset_orphans();
+DROP FUNCTION IF EXISTS pepsi.dispatch_reconcile(bigint[], double precision);
+DROP FUNCTION IF EXISTS pepsi.dispatch_heartbeat(bigint);
+RESET client_min_messages;
+
 -- THE DISPATCHER (pepsi-dispatch, through its claim module)
 --
 -- The dispatcher's queue writes: the claim (its only forward-progress write, pending ->
@@ -586,10 +594,7 @@ DECLARE
     v_senders text[];
     v_epoch bigint := pepsi.session_epoch();
 BEGIN
-    IF v_epoch IS NOT NULL AND pepsi.epoch_fenced(v_epoch) THEN
-        RAISE EXCEPTION 'dispatcher epoch % has been fenced: another dispatcher took over', v_epoch
-            USING ERRCODE = '55000';
-    END IF;
+    PERFORM pepsi.dispatch_refuse_fenced();
     -- First the choice, into arrays; then the update, one statement of its own. Joined with
     -- the choice in one statement, the generic plan's guess of how many rows were chosen
     -- (the queue's size) turned the update into a hash join over a scan of the whole queue
@@ -708,7 +713,6 @@ $$;
 -- neither do their workers) or claimed with no epoch become pending again, and those
 -- dispatchers are marked stopped; returns how many rows. Rows of an earlier dispatcher that
 -- may still live (another host, a stopped process) wait for dispatch_reconcile.
-DROP FUNCTION IF EXISTS pepsi.dispatch_reset_orphans();
 CREATE OR REPLACE FUNCTION pepsi.dispatch_take_over(p_gone bigint[])
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
@@ -758,7 +762,6 @@ $$;
 --    pass that never committed. Fenced dispatchers with no running row left are then marked
 --    stopped.
 -- Returns how many rows.
-DROP FUNCTION IF EXISTS pepsi.dispatch_reconcile(bigint[], double precision);
 CREATE OR REPLACE FUNCTION pepsi.dispatch_reconcile(
     p_held bigint[], p_grace_secs double precision, p_fenced_secs double precision)
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -812,7 +815,6 @@ $$;
 -- The heartbeat of epoch p_epoch on its own session: members 0 once it has been fenced,
 -- else how many dispatchers of its mode are live (1 in MODE single), and rank, how many of
 -- those registered before it.
-DROP FUNCTION IF EXISTS pepsi.dispatch_heartbeat(bigint);
 CREATE OR REPLACE FUNCTION pepsi.dispatch_heartbeat(p_epoch bigint, OUT members integer, OUT rank integer)
 LANGUAGE plpgsql AS $$
 DECLARE
