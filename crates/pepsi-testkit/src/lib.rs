@@ -11,8 +11,10 @@
 
 pub mod gpg;
 pub mod keys;
+pub mod pg_cluster;
 pub mod pki;
 pub mod programs;
+pub mod proxy;
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -34,8 +36,15 @@ pub struct TestDb {
 }
 
 impl TestDb {
-    /// Creates the database and applies the schema, procedures, roles and grants.
+    /// Creates the database on the test server and applies the schema, procedures, roles
+    /// and grants.
     pub async fn new() -> TestDb {
+        TestDb::on(&server_url()).await
+    }
+
+    /// The same on the server at `server` (a URL naming any database there), e.g. a
+    /// [`pg_cluster::PgCluster`] behind a [`proxy::Proxy`].
+    pub async fn on(server: &str) -> TestDb {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -46,21 +55,19 @@ impl TestDb {
             std::process::id(),
             SEQ.fetch_add(1, Ordering::Relaxed)
         );
-        let admin: PgConnectOptions = server_url()
+        let admin: PgConnectOptions = server
             .parse()
             .expect("DATABASE_URL is not a PostgreSQL URL");
         let mut conn = PgConnection::connect_with(&admin)
             .await
-            .unwrap_or_else(|e| {
-                panic!("cannot connect to {} (set DATABASE_URL): {e}", server_url())
-            });
+            .unwrap_or_else(|e| panic!("cannot connect to {server} (set DATABASE_URL): {e}"));
         sqlx::raw_sql(sqlx::AssertSqlSafe(format!("CREATE DATABASE \"{name}\"")))
             .execute(&mut conn)
             .await
             .expect("create test database");
         conn.close().await.ok();
         let options = admin.clone().database(&name);
-        let url = database_url(&name);
+        let url = database_url(server, &name);
         let mut conn = PgConnection::connect_with(&options)
             .await
             .expect("connect to test database");
@@ -82,9 +89,8 @@ impl TestDb {
     }
 }
 
-/// The URL of database `name` on the test server.
-fn database_url(name: &str) -> String {
-    let base = server_url();
+/// The URL of database `name` on the server of URL `base`.
+fn database_url(base: &str, name: &str) -> String {
     match base.rfind('/') {
         Some(slash) if base[..slash].contains("//") && !base[slash..].contains('@') => {
             let query = base[slash..]

@@ -69,7 +69,12 @@ impl System {
     /// The shipped configuration plus `extra` (sections and options that override it), with
     /// Maildirs for `users` of example.test. Nothing runs until `start`.
     pub async fn new(extra: &str, users: &[&str]) -> System {
-        let db = TestDb::new().await;
+        System::with_db(TestDb::new().await, extra, users).await
+    }
+
+    /// The same on the database `db` (e.g. one behind a proxy in front of a replicated
+    /// pair, `pepsi_testkit::pg_cluster`).
+    pub async fn with_db(db: TestDb, extra: &str, users: &[&str]) -> System {
         let dir = tempfile::tempdir().unwrap();
         let home = dir.path().join("var");
         for user in users {
