@@ -323,7 +323,8 @@ async fn workers_of(h: &Harness, pid: u32, n: usize) -> Vec<u32> {
     }
 }
 
-fn alive(pid: u32) -> bool {
+/// Whether `pid` runs (a zombie does not).
+pub fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .is_ok_and(|s| !s[s.rfind(')').unwrap() + 2..].starts_with('Z'))
 }

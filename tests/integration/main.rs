@@ -21,6 +21,7 @@ mod crypto;
 mod dispatch;
 mod failure_bouncer;
 mod ha;
+mod ha_postgres;
 mod harness;
 mod httpd;
 mod httpd_config;

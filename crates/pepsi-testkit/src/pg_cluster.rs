@@ -160,10 +160,27 @@ impl PgCluster {
         .await;
     }
 
-    /// `pg_ctl promote -w`: the standby ends recovery and accepts writes.
+    /// `pg_ctl promote -w`: the standby ends recovery and accepts writes. It has no standby
+    /// of its own, so it stops waiting for one (`synchronous_standby_names = ''`, which its
+    /// base backup copied from the primary): as Patroni's `synchronous_mode` does when no
+    /// synchronous standby is left (`synchronous_mode_strict` off). Otherwise every commit
+    /// on it would wait until a new standby streams from it.
     pub async fn promote(&self) {
         self.run("pg_ctl", &["-D", path(&self.standby.data), "-w", "promote"])
             .await;
+        let mut conn = PgConnection::connect(&self.url(self.standby.port, "postgres"))
+            .await
+            .expect("connect to the promoted standby");
+        for sql in [
+            "ALTER SYSTEM SET synchronous_standby_names = ''",
+            "SELECT pg_reload_conf()",
+        ] {
+            sqlx::query(sql)
+                .execute(&mut conn)
+                .await
+                .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        }
+        conn.close().await.ok();
     }
 
     /// The server log of `node`, for a failing test's message.
@@ -205,6 +222,33 @@ impl PgCluster {
                 self.log(&self.standby)
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits until the standby has replayed everything the primary has written so far.
+    pub async fn wait_replayed(&self) {
+        let mut conn = PgConnection::connect(&self.url(self.primary.port, "postgres"))
+            .await
+            .expect("connect to the primary");
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let caught_up: Option<bool> = sqlx::query_scalar(
+                "SELECT replay_lsn >= pg_current_wal_lsn() FROM pg_stat_replication LIMIT 1",
+            )
+            .fetch_optional(&mut conn)
+            .await
+            .expect("read pg_stat_replication")
+            .flatten();
+            if caught_up == Some(true) {
+                conn.close().await.ok();
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the standby has not replayed the primary's WAL after 60 s:\n{}",
+                self.log(&self.standby)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -155,6 +155,11 @@ impl System {
     /// Starts the dispatcher and the ingress and waits until the ingress answers.
     pub async fn start(&mut self) {
         self.start_dispatcher();
+        self.start_ingress().await;
+    }
+
+    /// Starts the ingress alone and waits until it answers.
+    pub async fn start_ingress(&mut self) {
         let log = std::fs::File::create(self.dir.path().join("ingress.log")).unwrap();
         let child = self.command(&ingress()).stderr(log).spawn().unwrap();
         self.procs.push(Proc {
