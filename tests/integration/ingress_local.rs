@@ -139,3 +139,40 @@ async fn a_recipient_found_is_reused_for_recipient_cache_ttl_and_a_new_one_is_se
     let text = c.ok("RCPT TO:<dora@example.test>", 550).await;
     assert!(text.starts_with("5.1.1"), "{text}");
 }
+
+/// A database that takes a connection but never answers (here: the tables the lookups read
+/// locked by the test; in production a primary gone without closing its connections) holds
+/// no RCPT past LOOKUP_TIMEOUT: the recipient check and the local-domain lookup each answer
+/// 451 4.3.0 and say why in the log, and once the database answers again so does RCPT.
+#[tokio::test]
+async fn a_database_that_does_not_answer_gets_rcpt_451_after_lookup_timeout() {
+    let ingress = Ingress::start(
+        "CHECK_RECIPIENTS = yes\nLOOKUP_TIMEOUT = 1s\n",
+        &[("mx", "ROLE = mx\nVERIFY = no\n")],
+    )
+    .await;
+    ingress.add_account("dora@example.test", "pw").await;
+    let mut blocker = ingress.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE pepsi.mailbox_account, pepsi.settings IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO relay.example", 250).await;
+    c.ok("MAIL FROM:<carol@example.org>", 250).await;
+    // A configured domain: the recipient check waits on the locked account table.
+    let text = c.ok("RCPT TO:<dora@example.test>", 451).await;
+    assert!(text.starts_with("4.3.0"), "{text}");
+    // An unlisted domain: the settings layer is asked whether it is local.
+    let text = c.ok("RCPT TO:<alice@hosted.test>", 451).await;
+    assert!(text.starts_with("4.3.0"), "{text}");
+    let log = ingress.log();
+    assert_eq!(
+        log.matches("did not answer within LOOKUP_TIMEOUT").count(),
+        2,
+        "{log}"
+    );
+    blocker.rollback().await.unwrap();
+    c.ok("RCPT TO:<dora@example.test>", 250).await;
+    c.ok("QUIT", 221).await;
+}

@@ -16,6 +16,8 @@ pub enum AuthError {
     Invalid(String),
     #[error("account store unavailable: {0}")]
     Temporary(#[from] sqlx::Error),
+    #[error("the account store did not answer within LOOKUP_TIMEOUT ({0:?})")]
+    TimedOut(std::time::Duration),
 }
 
 /// Checks `password` for the mailbox `user` (an address, matched without regard to case).

@@ -104,6 +104,9 @@ pub struct Settings {
     pub max_bad_commands: u32,
     pub command_timeout: Duration,
     pub data_timeout: Duration,
+    /// The longest one database lookup of a session (RCPT, the sender check, AUTH) may take
+    /// before it counts as failed.
+    pub lookup_timeout: Duration,
     /// A reply the client does not take within this ends the session.
     pub write_timeout: Duration,
     /// A session is closed (421 4.4.2) once it has lasted this long.
@@ -200,6 +203,9 @@ impl Settings {
             data_timeout: s
                 .duration_opt("DATA_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(600)),
+            lookup_timeout: s
+                .duration_opt("LOOKUP_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(10)),
             write_timeout: s
                 .duration_opt("WRITE_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(300)),
@@ -315,6 +321,14 @@ impl Settings {
             if d.is_zero() {
                 bail!("[{SECTION}] {name} = 0: a session needs a time limit");
             }
+        }
+        if self.lookup_timeout < Duration::from_secs(1)
+            || self.lookup_timeout > Duration::from_secs(300)
+        {
+            bail!(
+                "[{SECTION}] LOOKUP_TIMEOUT = {:?}: from 1s to 5m (clients wait 5 minutes for the reply to RCPT)",
+                self.lookup_timeout
+            );
         }
         let a = &self.admission;
         if a.batch == 0 || a.batch > 1000 {
@@ -501,6 +515,10 @@ mod tests {
             (
                 &format!("{base}[pepsi-ingress]\nMAX_COMMAND_LENGTH = 100\n"),
                 "512",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nLOOKUP_TIMEOUT = 10m\n"),
+                "LOOKUP_TIMEOUT = 600s: from 1s to 5m",
             ),
         ];
         for (text, needle) in cases {

@@ -140,7 +140,15 @@ impl Session {
                 let Ok(_permit) = self.shared.auth_checks.acquire().await else {
                     return Ok(Reply::new(454, "4.7.0", "temporary authentication failure"));
                 };
-                let verdict = verify_password(&self.shared.pool, &user, &password).await;
+                let verdict = match tokio::time::timeout(
+                    self.settings.lookup_timeout,
+                    verify_password(&self.shared.pool, &user, &password),
+                )
+                .await
+                {
+                    Ok(verdict) => verdict,
+                    Err(_) => Err(AuthError::TimedOut(self.settings.lookup_timeout)),
+                };
                 if matches!(verdict, Err(AuthError::Invalid(_))) {
                     self.shared.auth_client_failures.fail(&client);
                     self.shared.auth_account_failures.fail(&account);
@@ -157,7 +165,7 @@ impl Session {
                         tracing::info!(peer = %self.peer, user = ?name, "authentication failed");
                         Reply::new(535, "5.7.8", "authentication credentials invalid")
                     }
-                    Err(AuthError::Temporary(e)) => {
+                    Err(e @ (AuthError::Temporary(_) | AuthError::TimedOut(_))) => {
                         tracing::warn!("account store: {e}");
                         Reply::new(454, "4.7.0", "temporary authentication failure")
                     }

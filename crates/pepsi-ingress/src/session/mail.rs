@@ -64,7 +64,8 @@ impl Session {
             return None;
         }
         let s = &self.settings;
-        match crate::sender::first_not_owned(&self.shared.pool, &s.local, login, addresses).await {
+        let lookup = crate::sender::first_not_owned(&self.shared.pool, &s.local, login, addresses);
+        match super::within(s.lookup_timeout, lookup).await {
             Ok(None) => None,
             Ok(Some(address)) => {
                 tracing::info!(peer = %self.peer, login, sender = ?address, "sender not owned by the login");

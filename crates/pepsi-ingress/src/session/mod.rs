@@ -327,6 +327,23 @@ impl Session {
     }
 }
 
+/// Runs one database lookup of a session (a recipient, a domain, a quota, a sender's
+/// ownership, a password) for at most `limit` (LOOKUP_TIMEOUT). A database that does not
+/// answer in time, such as a primary that vanished without closing its connections, fails
+/// the lookup as one that refused it does, so the client hears the command's temporary
+/// failure instead of waiting for the operating system to give up on the connection.
+async fn within<T, E: std::fmt::Display>(
+    limit: std::time::Duration,
+    lookup: impl std::future::Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(limit, lookup).await {
+        Ok(answer) => answer.map_err(|e| e.to_string()),
+        Err(_) => Err(format!(
+            "the database did not answer within LOOKUP_TIMEOUT ({limit:?})"
+        )),
+    }
+}
+
 /// What an accepted command adds to the ingress's counters.
 #[derive(Clone, Copy)]
 enum Counted {

@@ -2,7 +2,7 @@
 //! check (a local mailbox found full is refused with 452 4.2.2), and the RFC 3461
 //! parameters kept for `state.dsn`.
 
-use super::{Session, State};
+use super::{Session, State, within};
 use crate::relay::{RcptDecision, decide};
 use pepsi_smtp::Reply;
 use pepsi_smtp::address::Path;
@@ -60,7 +60,11 @@ impl Session {
             let answer = match self.shared.domains.get(&key) {
                 Some(local) => Ok(local),
                 None => {
-                    let answer = s.local.is_local_domain(&self.shared.pool, d).await;
+                    let answer = within(
+                        s.lookup_timeout,
+                        s.local.is_local_domain(&self.shared.pool, d),
+                    )
+                    .await;
                     if let Ok(local) = answer {
                         self.shared.domains.put(&key, local);
                     }
@@ -95,11 +99,14 @@ impl Session {
                 let known = if self.shared.recipients.known(&key) {
                     Ok(true)
                 } else {
-                    crate::recipients::is_known(
-                        &self.shared.pool,
-                        &s.local,
-                        &self.shared.alias_files,
-                        &address,
+                    within(
+                        s.lookup_timeout,
+                        crate::recipients::is_known(
+                            &self.shared.pool,
+                            &s.local,
+                            &self.shared.alias_files,
+                            &address,
+                        ),
                     )
                     .await
                 };
@@ -128,9 +135,11 @@ impl Session {
                     let fresh_since = chrono::Utc::now()
                         - chrono::Duration::from_std(s.quota_usage_ttl)
                             .unwrap_or(chrono::Duration::MAX);
-                    let answer =
-                        pepsi_common::quota::is_full(&self.shared.pool, &mailbox, fresh_since)
-                            .await;
+                    let answer = within(
+                        s.lookup_timeout,
+                        pepsi_common::quota::is_full(&self.shared.pool, &mailbox, fresh_since),
+                    )
+                    .await;
                     if let Ok(full) = answer {
                         self.shared.quota_full.put(&mailbox, full);
                     }
