@@ -1033,6 +1033,9 @@ impl Dispatcher {
             .flush(&self.db)
             .await
             .context("cannot write the final statistics")?;
+        if self.workers.is_empty() {
+            lock::stopping();
+        }
         if self.workers.is_empty()
             && let Err(e) = claim::stopped(&self.db, self.leadership.epoch).await
         {

@@ -37,6 +37,10 @@ pub type WorkerPids = Arc<Mutex<HashSet<u32>>>;
 
 /// Set once the lock is lost for good: the loop writes nothing more about its workers.
 static LOST: AtomicBool = AtomicBool::new(false);
+/// Set by a clean shutdown just before it records this epoch as stopped: from then on a
+/// heartbeat that finds the epoch gone from the members is this process's own doing, not a
+/// takeover, and the lock thread beats no more instead of exiting with status 1.
+static STOPPING: AtomicBool = AtomicBool::new(false);
 /// This dispatcher does the maintenance (always in MODE single, once it holds the lock).
 static LEADER: AtomicBool = AtomicBool::new(false);
 /// Live dispatchers of this mode, as of the last heartbeat.
@@ -62,6 +66,13 @@ pub fn members() -> (usize, usize) {
 /// Whether this dispatcher has lost its lock (it is about to exit).
 pub fn lost() -> bool {
     LOST.load(Ordering::Acquire)
+}
+
+/// Called by a clean shutdown before it records the epoch as stopped (`pepsi.dispatcher.
+/// stopped_at`), which ends its membership: the lock thread then stops beating, so the
+/// process exits with the shutdown's status and not as a dispatcher that lost its lock.
+pub fn stopping() {
+    STOPPING.store(true, Ordering::SeqCst);
 }
 
 /// What the lock thread needs.
@@ -428,6 +439,14 @@ async fn beat(conn: &mut PgConnection, epoch: i64) -> Result<bool, sqlx::Error> 
     Ok(members > 0)
 }
 
+/// Waits for ever: the lock thread of a dispatcher that is shutting down, whose process
+/// exits on its own.
+async fn idle() -> ! {
+    loop {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Beats until the lock is lost for good, then kills the workers and exits the process.
 async fn keep(
     mut conn: PgConnection,
@@ -440,6 +459,9 @@ async fn keep(
     let mut backend = backend_pid(&mut conn).await;
     loop {
         tokio::time::sleep(settings.check).await;
+        if STOPPING.load(Ordering::SeqCst) {
+            idle().await;
+        }
         let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
         if left.is_zero() {
             lose(
@@ -458,6 +480,10 @@ async fn keep(
                     lead(&mut conn, &mut takeovers).await;
                 }
                 continue;
+            }
+            // The shutdown recorded this epoch as stopped while the beat ran.
+            Ok(Ok(false)) if STOPPING.load(Ordering::SeqCst) => {
+                idle().await;
             }
             Ok(Ok(false)) => lose(
                 workers,
