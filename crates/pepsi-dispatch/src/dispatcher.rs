@@ -1035,11 +1035,9 @@ impl Dispatcher {
             .context("cannot write the final statistics")?;
         if self.workers.is_empty() {
             lock::stopping();
-        }
-        if self.workers.is_empty()
-            && let Err(e) = claim::stopped(&self.db, self.leadership.epoch).await
-        {
-            tracing::warn!("cannot record that this dispatcher stopped: {e}");
+            if let Err(e) = claim::stopped(&self.db, self.leadership.epoch).await {
+                tracing::warn!("cannot record that this dispatcher stopped: {e}");
+            }
         }
         tracing::info!("stopped");
         Ok(())
