@@ -92,9 +92,10 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),target)
 PROFILE_DIR := $(if $(filter dev test,$(PROFILE)),debug,$(PROFILE))
 UNIBIN_DIR := $(TARGET_DIR)/$(PROFILE_DIR)/unibin
 
-# Build and bring the system up on the embedded default configuration.
+# Build and bring the system up on the embedded default configuration; `make run
+# ARGS=--once` stops after the demonstration message (scripts/run.sh --once).
 run:
-	scripts/run.sh
+	scripts/run.sh $(ARGS)
 
 # Every test, against real PostgreSQL and Redis (started privately when none answers).
 test:

@@ -10,7 +10,8 @@
 # until Ctrl-C, which stops everything cleanly. The running pids are in var/run/*.pid.
 #
 #   scripts/run.sh          # run until Ctrl-C
-#   scripts/run.sh --once   # stop after the demonstration message (a smoke test)
+#   scripts/run.sh --once   # stop after the demonstration message (a smoke test);
+#                           # `make run ARGS=--once` is the same
 set -euo pipefail
 once=no
 [ "${1:-}" = "--once" ] && once=yes
@@ -33,15 +34,18 @@ shutdown() {
 trap shutdown EXIT
 trap 'exit 0' INT TERM
 
+# What compiling and running need (scripts/apt-packages.txt's [build] and [run] sections:
+# the C toolchain, libclang, Nettle, OpenSSL, PostgreSQL, swaks...), installed with apt when
+# missing; the Rust toolchain is rustup's (docs/install.md).
+install_listed_packages "$root" build run
+command -v cargo >/dev/null || { say "cargo is not on PATH: install the Rust toolchain (docs/install.md)"; exit 1; }
+
 say "== building"
 cargo build --quiet --bins
 bin="${CARGO_TARGET_DIR:-$root/target}/debug"
 export PATH="$bin:$PATH"
 
 mkdir -p var/log
-command -v openssl >/dev/null || apt_install openssl
-# The README's next steps use swaks.
-command -v swaks >/dev/null || apt_install swaks
 ensure_postgres "$root/var/pg" 55432 private
 # The default configuration reads these four.
 export PEPSI_HOME="$root/var"

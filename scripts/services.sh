@@ -27,14 +27,27 @@ apt_install() {
   as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
 }
 
-# The packages listed in scripts/apt-packages.txt (one per line, # comments).
-install_listed_packages() {
-  local list="$1/scripts/apt-packages.txt" pkgs=()
-  [ -f "$list" ] || return 0
-  while read -r line; do
+# listed_packages ROOT [SECTION...]: the packages of scripts/apt-packages.txt (one per line,
+# `#` comments) in the given sections ([build], [run], [test]), or in all of them.
+listed_packages() {
+  local list="$1/scripts/apt-packages.txt" section="" line want
+  shift
+  [ -f "$list" ] || { say "no $list"; return 1; }
+  while IFS= read -r line; do
     line="${line%%#*}"; line="${line//[[:space:]]/}"
-    [ -n "$line" ] && pkgs+=("$line")
+    [ -n "$line" ] || continue
+    case "$line" in \[*\]) section="${line#[}"; section="${section%]}"; continue ;; esac
+    if [ $# -eq 0 ]; then printf '%s\n' "$line"; continue; fi
+    for want in "$@"; do [ "$want" = "$section" ] && printf '%s\n' "$line"; done
   done < "$list"
+}
+
+# install_listed_packages ROOT [SECTION...]: installs the packages of those sections (all
+# when none is named) that are missing.
+install_listed_packages() {
+  local root="$1" pkgs
+  shift
+  mapfile -t pkgs < <(listed_packages "$root" "$@")
   [ ${#pkgs[@]} -eq 0 ] || apt_install "${pkgs[@]}"
 }
 
@@ -95,6 +108,14 @@ ensure_postgres() {
   mkdir -p "$dir"
   [ "$(id -u)" = 0 ] && chown postgres "$dir"
   chmod 700 "$dir"
+  if [ "$(id -u)" = 0 ] && ! runuser -u postgres -- test -w "$dir"; then
+    # A checkout the postgres account cannot reach (under root's 0700 home, say): the data
+    # go to a directory of their own, one per checkout directory.
+    local alt; alt="/var/lib/pepsi-dev/pg-$(printf '%s' "$dir" | md5sum | cut -c1-16)"
+    say "PostgreSQL: the postgres account cannot reach $dir (a closed parent directory); using $alt"
+    dir="$alt"
+    mkdir -p "$dir"; chown postgres "$dir"; chmod 700 "$dir"
+  fi
   if [ ! -f "$dir/PG_VERSION" ]; then
     say "PostgreSQL: initdb in $dir"
     "${run[@]}" "$bin/initdb" -D "$dir" -U "$user" -A trust -E UTF8 --no-locale >/dev/null
