@@ -3,7 +3,8 @@
 # builds and runs Pepsi with the README's commands, and times it cold.
 #
 # In DIR (default target/fresh-check of this checkout; emptied first) it makes a minimal
-# Debian root with `debootstrap --variant=minbase` (SUITE, default bookworm, from MIRROR,
+# Debian root with `debootstrap --variant=minbase --include=make` (make: the one package the
+# README asks for beside the Rust toolchain; SUITE, default bookworm, from MIRROR,
 # default the Debian mirror of this machine's apt sources), copies in this machine's Rust
 # toolchain (`rustc --print sysroot`, cargo-nextest beside it, as rustup lays them out:
 # /root/.cargo/bin on PATH) and the committed tree of HEAD (`git archive`, neither the work
@@ -99,9 +100,9 @@ fi
 rm -rf "$c"
 mkdir -p "$dir"
 say "checking commit $commit ($(git -C "$root" log -1 --format=%s "$commit" | cut -c1-80))"
-say "debootstrap --variant=minbase $suite $c $mirror"
+say "debootstrap --variant=minbase --include=make $suite $c $mirror"
 t0=$(date +%s)
-debootstrap --variant=minbase "$suite" "$c" "$mirror" >"$dir/debootstrap.log" 2>&1 ||
+debootstrap --variant=minbase --include=make "$suite" "$c" "$mirror" >"$dir/debootstrap.log" 2>&1 ||
   { tail -n 30 "$dir/debootstrap.log" >&2; say "debootstrap failed (log $dir/debootstrap.log)"; exit 1; }
 t_debootstrap=$(( $(date +%s) - t0 ))
 say "debootstrap: ${t_debootstrap}s"
