@@ -19,7 +19,8 @@
 #      and a clean stop looked for.
 # It prints the times of debootstrap, of the package installation, of the build, of the
 # first delivery and of the whole cold `make run`, writes them to DIR/summary.txt, and exits
-# non-zero on any failure. The chroot shares this machine's network (apt and crates.io), so
+# non-zero on any failure. The chroot shares this machine's network (apt and crates.io) and its
+# local certificate authorities (/usr/local/share/ca-certificates), so
 # 127.0.0.1:2525, :8080 and :55432 must be free while it runs. Needs root, debootstrap (it
 # installs it with apt-get when missing), unshare and chroot; takes 20-60 minutes on two cores.
 #
@@ -118,6 +119,13 @@ printf '#!/bin/sh\nexit 101\n' >"$c/usr/sbin/policy-rc.d"
 chmod 755 "$c/usr/sbin/policy-rc.d"
 cp -L /etc/resolv.conf "$c/etc/resolv.conf"
 cp -L /etc/hosts "$c/etc/hosts"
+# This machine's local certificate authorities (a site's TLS-inspecting proxy, say): the
+# ca-certificates package that `make run` installs adds them to the bundle cargo trusts, as
+# on any machine of this network.
+mkdir -p "$c/usr/local/share/ca-certificates"
+for ca in /usr/local/share/ca-certificates/*.crt; do
+  [ -f "$ca" ] && cp "$ca" "$c/usr/local/share/ca-certificates/" && say "local CA: $(basename "$ca")"
+done
 
 # The Rust toolchain, as rustup lays it out: the toolchain directory and /root/.cargo/bin.
 tc="/root/.rustup/toolchains/$(basename "$sysroot")"
