@@ -128,6 +128,108 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
     }
 }
 
+/// The packages of scripts/apt-packages.txt's sections as scripts/services.sh reads them
+/// (`listed_packages`, what `make run` and `make test` install), one per line.
+fn listed_packages(sections: &[&str]) -> Vec<String> {
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(r#". scripts/services.sh && listed_packages . "$@""#)
+        .arg("listed_packages")
+        .args(sections)
+        .current_dir(root())
+        .output()
+        .expect("bash");
+    assert!(
+        out.status.success(),
+        "listed_packages {sections:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Guards the one list of Debian packages: debian/control's Build-Depends is exactly the
+/// [build] section of scripts/apt-packages.txt, `make run` installs [build] and [run],
+/// `make test` every section, and no package is listed twice or outside a section.
+#[test]
+fn build_depends_is_the_build_section_of_the_one_package_list() {
+    let control = std::fs::read_to_string(root().join("debian/control")).unwrap();
+    // The field with its continuation lines (deb822: a line starting with a space).
+    let mut field = None::<String>;
+    for line in control.lines().filter(|l| !l.starts_with('#')) {
+        match (&mut field, line.strip_prefix("Build-Depends:")) {
+            (None, Some(v)) => field = Some(v.to_owned()),
+            (Some(f), None) if line.starts_with([' ', '\t']) => f.push_str(line),
+            (Some(_), _) => break,
+            _ => {}
+        }
+    }
+    let field = field.expect("debian/control has a Build-Depends field");
+    let build_depends: Vec<String> = field
+        .split(',')
+        .map(|d| d.trim().to_owned())
+        .filter(|d| !d.is_empty())
+        .collect();
+    let build = listed_packages(&["build"]);
+    assert!(
+        [
+            "libclang-dev",
+            "nettle-dev",
+            "libssl-dev",
+            "pkg-config",
+            "gcc"
+        ]
+        .iter()
+        .all(|p| build.iter().any(|b| b == p)),
+        "the [build] section lacks what the crypto crates compile against: {build:?}"
+    );
+    assert_eq!(
+        build_depends, build,
+        "debian/control's Build-Depends and scripts/apt-packages.txt's [build] differ"
+    );
+
+    let all = listed_packages(&[]);
+    let mut by_section: Vec<String> = ["build", "run", "test"]
+        .iter()
+        .flat_map(|s| listed_packages(&[s]))
+        .collect();
+    assert_eq!(
+        by_section, all,
+        "a package of scripts/apt-packages.txt is outside [build], [run] and [test]"
+    );
+    by_section.sort();
+    by_section.dedup();
+    assert_eq!(
+        by_section.len(),
+        all.len(),
+        "a package is listed twice: {all:?}"
+    );
+    for p in ["postgresql", "swaks", "openssl", "python3"] {
+        assert!(
+            listed_packages(&["run"]).iter().any(|r| r == p),
+            "{p} (used by scripts/run.sh) is not in the [run] section"
+        );
+    }
+
+    let run_sh = std::fs::read_to_string(root().join("scripts/run.sh")).unwrap();
+    assert!(
+        run_sh
+            .lines()
+            .any(|l| l.trim() == r#"install_listed_packages "$root" build run"#),
+        "scripts/run.sh does not install the [build] and [run] sections"
+    );
+    let test_sh = std::fs::read_to_string(root().join("scripts/test.sh")).unwrap();
+    assert!(
+        test_sh
+            .lines()
+            .any(|l| l.trim() == r#"install_listed_packages "$root""#),
+        "scripts/test.sh does not install every section"
+    );
+}
+
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
