@@ -3,7 +3,7 @@
 #
 # Uses DATABASE_URL / REDIS_URL when they answer, else the standard loopback ports, else
 # starts private servers under target/test-services (stopped again at exit). Installs the
-# Debian packages the tests need (scripts/apt-packages.txt) when missing. Then runs clippy
+# Debian packages of every section of scripts/apt-packages.txt when missing. Then runs clippy
 # with warnings denied and the whole test suite (cargo-nextest when installed), and last the
 # system, dispatcher and layout tests again on the unified binary (`make unibin PROFILE=dev`,
 # docs/unibin.md), once with fusion allowed and once without. UNIBIN=no skips that part.
