@@ -207,23 +207,33 @@ struct Resolver {
 pub fn is_global(ip: std::net::IpAddr) -> bool {
     match ip {
         std::net::IpAddr::V4(v4) => {
+            let o = v4.octets();
             !(v4.is_private()
                 || v4.is_loopback()
                 || v4.is_link_local()
                 || v4.is_broadcast()
                 || v4.is_documentation()
                 || v4.is_unspecified()
-                || v4.octets()[0] == 0
-                || (v4.octets()[0] == 100 && (v4.octets()[1] & 0xc0) == 64)
-                || v4.octets()[0] >= 224)
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+                // IETF protocol assignments (192.0.0.0/24) and benchmarking (198.18.0.0/15).
+                || (o[0] == 192 && o[1] == 0 && o[2] == 0)
+                || (o[0] == 198 && (o[1] & 0xfe) == 18)
+                || o[0] >= 224)
         }
         std::net::IpAddr::V6(v6) => {
             let seg = v6.segments();
+            // NAT64 (RFC 6052 well-known prefix 64:ff9b::/96): the IPv4 address it carries is
+            // the one reached. The local-use prefix 64:ff9b:1::/48 (RFC 8215) is never global.
+            let nat64 = (seg[..6] == [0x64, 0xff9b, 0, 0, 0, 0])
+                .then(|| std::net::Ipv4Addr::from(u128::from(v6) as u32));
             !(v6.is_loopback()
                 || v6.is_unspecified()
                 || v6.is_multicast()
                 || (seg[0] & 0xfe00) == 0xfc00
                 || (seg[0] & 0xffc0) == 0xfe80
+                || (seg[0] == 0x64 && seg[1] == 0xff9b && seg[2] == 1)
+                || nat64.is_some_and(|v4| !is_global(v4.into()))
                 || v6.to_ipv4_mapped().is_some_and(|v4| !is_global(v4.into())))
         }
     }
@@ -265,10 +275,7 @@ impl Finder {
             // Redirects stay on HTTPS and on a host name (an address literal would skip the
             // resolver's check), three at most.
             .redirect(reqwest::redirect::Policy::custom(|attempt| {
-                let literal = attempt
-                    .url()
-                    .host_str()
-                    .is_none_or(|h| h.starts_with('[') || h.parse::<std::net::IpAddr>().is_ok());
+                let literal = attempt.url().domain().is_none();
                 if attempt.previous().len() >= 3 || literal {
                     attempt.stop()
                 } else {
@@ -304,13 +311,15 @@ impl Finder {
             return Answer::None(format!("{address:?} is not an address"));
         };
         // A domain name, not an address literal or a bare host name: nothing a recipient
-        // writes may name a host the DNS did not.
+        // writes may name a host the DNS did not. Judged as the URL parser reads the host,
+        // which takes `0x7f.0.0.1` or full-width digits for an IPv4 address.
         let literal = domain.starts_with('[')
             || domain.parse::<std::net::IpAddr>().is_ok()
             || domain
                 .split('.')
                 .all(|l| l.chars().all(|c| c.is_ascii_digit()))
-            || !domain.contains('.');
+            || !domain.contains('.')
+            || url_domain(&format!("https://{domain}/")).is_err();
         if literal {
             return Answer::None(format!("{domain:?} is not a domain name discovery asks"));
         }
@@ -418,9 +427,12 @@ impl Finder {
 
     /// GET `url`: the body (at most MAX_RESPONSE bytes), None on 404/410, an error otherwise.
     async fn fetch(&self, url: &str) -> Result<Option<Vec<u8>>, String> {
+        // The HTTP client's connector skips the resolver, and with it the address check, for
+        // an address literal: only a URL whose host is a domain name is ever fetched.
+        let parsed = url_domain(url)?;
         let mut response = self
             .http
-            .get(url)
+            .get(parsed)
             .send()
             .await
             .map_err(|e| format!("{url}: {e}"))?;
@@ -443,6 +455,20 @@ impl Finder {
         }
         Ok(Some(body))
     }
+}
+
+/// `url` parsed, when its host is a domain name; an error naming it when the URL parser
+/// reads the host as an IP address (`0x7f.0.0.1`, `10.0.0.0x1`, full-width digits, `[::1]`)
+/// or there is none.
+pub fn url_domain(url: &str) -> Result<reqwest::Url, String> {
+    let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url}: {e}"))?;
+    if parsed.domain().is_none() {
+        return Err(format!(
+            "{url}: the host {:?} is not a domain name",
+            parsed.host_str().unwrap_or_default()
+        ));
+    }
+    Ok(parsed)
 }
 
 /// The OpenPGP certificates in `data` that name `address` and can encrypt.
@@ -751,8 +777,55 @@ mod tests {
             ("fe80::1", false),
             ("::ffff:127.0.0.1", false),
             ("::ffff:93.184.216.34", true),
+            // Security review #8: NAT64 carries the IPv4 address it reaches.
+            ("64:ff9b::7f00:1", false),
+            ("64:ff9b::a9fe:a9fe", false),
+            ("64:ff9b::a00:1", false),
+            ("64:ff9b::5db8:d822", true),
+            ("64:ff9b:1::5db8:d822", false),
+            ("192.0.0.8", false),
+            ("192.0.1.1", true),
+            ("198.18.0.1", false),
+            ("198.19.255.254", false),
+            ("198.20.0.1", true),
         ] {
             assert_eq!(is_global(ip.parse().unwrap()), global, "{ip}");
+        }
+    }
+
+    /// Security review #8: a host the URL parser reads as an IP address is never fetched.
+    #[test]
+    fn keydisc_ssrf_url_hosts_must_be_domain_names() {
+        for (url, ok) in [
+            (
+                "https://openpgpkey.example.test/.well-known/openpgpkey/x",
+                true,
+            ),
+            (
+                "https://example.test:8443/.well-known/openpgpkey/hu/x?l=a",
+                true,
+            ),
+            ("https://0x7f.0.0.1/", false),
+            ("https://10.0.0.0x1/", false),
+            ("https://0xa9.254.169.254/", false),
+            ("https://openpgpkey.0x7f.0.0.1/", false),
+            (
+                "https://\u{ff11}\u{ff12}\u{ff17}.\u{ff10}.\u{ff10}.\u{ff11}/",
+                false,
+            ),
+            ("https://127.1/", false),
+            ("https://[::1]/", false),
+            ("https://2130706433/", false),
+        ] {
+            assert_eq!(url_domain(url).is_ok(), ok, "{url}: {:?}", url_domain(url));
+        }
+        for domain in [
+            "0x7f.0.0.1",
+            "\u{ff11}\u{ff12}\u{ff17}.\u{ff10}.\u{ff10}.\u{ff11}",
+        ] {
+            for url in names::wkd_urls("a", domain, 443) {
+                assert!(url_domain(&url).is_err(), "{url}");
+            }
         }
     }
 }
