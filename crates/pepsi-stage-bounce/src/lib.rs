@@ -3,8 +3,10 @@
 //! and sends that on through the graph as a new null-sender message.
 //!
 //! Reads: the envelope, `state.bounce` (what to report), `state.dsn` (RFC 3461 NOTIFY, ORCPT,
-//! RET, ENVID), `state.last_error`, `received_at`, the header block (`Load::Headers`) and,
-//! only for a failure notice that returns the full message, the body.
+//! RET, ENVID), `state.last_error`, `state.crypto.decrypted` (a message decrypted here returns
+//! only the header block it arrived with, never the plaintext), `received_at`, the header
+//! block (`Load::Headers`) and, only for a failure notice that returns the full message, the
+//! body.
 //! Writes: the row becomes the DSN — headers and body replaced, `mail_from` = "" (null
 //! sender), `rcpt_to` = [original sender], `state` replaced by `{}`, `received_at` = now.
 //! Terminal helpers: `rewrite_recipients` (advance to NEXT_STAGE with the DSN), `finish`
@@ -146,10 +148,26 @@ impl Stage for Bounce {
             return Ok(ctx.finish()?.log(log));
         }
 
-        let headers = ctx.headers()?.to_vec();
+        let content = original::content(ctx.state());
+        let headers = match &content {
+            original::Content::Decrypted {
+                original_headers: Some(h),
+            } => h.clone(),
+            _ => ctx.headers()?.to_vec(),
+        };
+        if content != original::Content::AsReceived && request.ret == Some(Ret::Full) {
+            tracing::info!(
+                id,
+                "the message was decrypted here: only the header block it arrived with is returned"
+            );
+        }
         let ret = request.ret.unwrap_or(settings.default_return);
-        // RFC 3461 §4.3: only a notice of failure returns the full message.
-        let (body, too_large) = if kind == Kind::Permanent && ret == Ret::Full {
+        // RFC 3461 §4.3: only a notice of failure returns the full message; never the
+        // plaintext of a message decrypted here (a decryption oracle for the sender).
+        let (body, too_large) = if kind == Kind::Permanent
+            && ret == Ret::Full
+            && content == original::Content::AsReceived
+        {
             let room = settings
                 .max_return_size
                 .saturating_sub(headers.len() as u64 + 2);
@@ -275,7 +293,9 @@ A delivery stage routes a message here (its BOUNCE_STAGE) with state.bounce sayi
 the RFC 3461 NOTIFY decides whether it is reported. The row then becomes the DSN: a
 multipart/report with a human explanation, a message/delivery-status part and the original's
 headers (or the whole message for a failure with RET=FULL, up to MAX_RETURN_SIZE), sent with a
-null sender to the original sender, with state cleared, at NEXT_STAGE.
+null sender to the original sender, with state cleared, at NEXT_STAGE. A message that
+pepsi-stage-decrypt opened returns only the header block it arrived with, whatever RET says:
+its row holds the plaintext, which must not go to whoever set the envelope sender.
 
 No DSN is sent (the message is finished and the reason logged) for a null sender, for a message
 that is itself a delivery or disposition report or an Auto-Submitted: auto-replied answer, or

@@ -1,5 +1,5 @@
 //! What the original message's header block says about whether a notification may be sent
-//! at all, and how its content must be returned. Pure: no I/O.
+//! at all, and what its state says about how its content may be returned. Pure: no I/O.
 
 use mail_parser::MessageParser;
 
@@ -69,6 +69,36 @@ pub fn loop_reason(headers: &[u8]) -> Option<Loop> {
     (auto.as_deref() == Some("auto-replied")).then_some(Loop::AutoReplied)
 }
 
+/// What the bounce stage may return of a message, judged from its state.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Content {
+    /// The row holds the message as it came: return it as RET and the size allow.
+    AsReceived,
+    /// pepsi-stage-decrypt replaced the row's content with the plaintext
+    /// (`state.crypto.decrypted.result` = `decrypted`). Whoever set the envelope sender may
+    /// have captured the encrypted message and resent it to read it through a bounce, so only
+    /// a header block is returned: the one the message arrived with (`original_headers`),
+    /// else, for a row decrypted before that was recorded, the row's own.
+    Decrypted { original_headers: Option<Vec<u8>> },
+}
+
+/// What of the message may be returned, from `state.crypto.decrypted`.
+pub fn content(state: &serde_json::Map<String, serde_json::Value>) -> Content {
+    let decrypted = state
+        .get("crypto")
+        .and_then(|c| c.get("decrypted"))
+        .filter(|d| d.get("result").and_then(serde_json::Value::as_str) == Some("decrypted"));
+    match decrypted {
+        None => Content::AsReceived,
+        Some(d) => Content::Decrypted {
+            original_headers: d
+                .get("original_headers")
+                .and_then(serde_json::Value::as_str)
+                .map(|h| h.as_bytes().to_vec()),
+        },
+    }
+}
+
 /// True when the bytes are not all ASCII (8-bit content, UTF-8 header fields).
 pub fn is_8bit(bytes: &[u8]) -> bool {
     !bytes.is_ascii()
@@ -80,6 +110,39 @@ mod tests {
 
     fn check(headers: &str, want: Option<Loop>) {
         assert_eq!(loop_reason(headers.as_bytes()), want, "{headers:?}");
+    }
+
+    #[test]
+    fn content_table() {
+        let check = |state: serde_json::Value, want: Content| {
+            let state = state.as_object().cloned().unwrap_or_default();
+            assert_eq!(content(&state), want, "{state:?}");
+        };
+        use serde_json::json;
+        check(json!({}), Content::AsReceived);
+        check(
+            json!({"crypto": {"encrypted": {"scheme": "openpgp"}}}),
+            Content::AsReceived,
+        );
+        for result in ["failed", "no-key"] {
+            check(
+                json!({"crypto": {"decrypted": {"result": result}}}),
+                Content::AsReceived,
+            );
+        }
+        check(
+            json!({"crypto": {"decrypted": {"result": "decrypted"}}}),
+            Content::Decrypted {
+                original_headers: None,
+            },
+        );
+        check(
+            json!({"crypto": {"decrypted": {"result": "decrypted",
+                "original_headers": "Subject: x\r\n"}}}),
+            Content::Decrypted {
+                original_headers: Some(b"Subject: x\r\n".to_vec()),
+            },
+        );
     }
 
     #[test]

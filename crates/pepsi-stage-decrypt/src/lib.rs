@@ -7,9 +7,11 @@
 //! Reads: the whole message (`Load::Full`), `pepsi.settings` (`decrypt`), the recipients'
 //! identities with their private halves (pepsi-keymat, the crypto role's column), peer keys
 //! of the From address and the trusted CAs. Writes: the header block and body (decrypted;
-//! the result header), `state.crypto.decrypted`. Terminal helpers: `advance_with`, and
-//! `fan_out_keeping_age` to NEXT_STAGE for the recipients that did not opt in (they keep the
-//! encrypted message). Standalone and set-user-id `pepsi-crypto` in a package.
+//! the result header), `state.crypto.decrypted` (with `original_headers`, the encrypted
+//! message's header block, which pepsi-stage-bounce returns instead of the plaintext's).
+//! Terminal helpers: `advance_with`, and `fan_out_keeping_age` to NEXT_STAGE for the
+//! recipients that did not opt in (they keep the encrypted message). Standalone and
+//! set-user-id `pepsi-crypto` in a package.
 
 pub mod verdict;
 
@@ -267,6 +269,9 @@ impl Stage for Decrypt {
                 "signer": decrypted.verification.signer,
                 "signer_addresses": decrypted.verification.signer_addresses,
                 "detail": verdict.detail,
+                // The header block the message arrived with, for a notification about it:
+                // the row now holds the plaintext, which must never go back to the sender.
+                "original_headers": String::from_utf8_lossy(&headers),
             }),
         );
         ctx.advance_with(state)
