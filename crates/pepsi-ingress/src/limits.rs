@@ -35,7 +35,9 @@ pub fn client_network(ip: IpAddr, v4: u8, v6: u8) -> IpAddr {
 }
 
 /// A map from keys to values stamped with when they were set, forgotten `ttl` later, and
-/// bounded: once `max` keys are held, a new key first drops the expired ones, then all.
+/// bounded: once `max` keys are held, a new key first drops the expired ones, then the
+/// oldest tenth of those not pinned (never an entry the caller pins, such as a lockout);
+/// when every entry is pinned, the new key is not taken.
 #[derive(Debug)]
 struct Expiring<V> {
     ttl: Duration,
@@ -62,20 +64,53 @@ impl<V: Copy> Expiring<V> {
     }
 
     /// Sets `key` to what `f` makes of its unexpired entry, under one lock.
-    fn update(&self, key: &str, f: impl FnOnce(Option<(V, Instant)>) -> (V, Instant)) {
+    fn set(&self, key: &str, f: impl FnOnce(Option<(V, Instant)>) -> (V, Instant)) {
+        self.update(key, |_| false, |current| (Some(f(current)), ()));
+    }
+
+    /// Runs `f` on the unexpired entry of `key` under one lock and stores the entry it
+    /// returns (None: leaves the map as it is), giving back `f`'s answer. A new key in a full
+    /// map first makes room (see the type); None, and `f` not run, when there is none.
+    fn update<R>(
+        &self,
+        key: &str,
+        pinned: impl Fn(&V) -> bool,
+        f: impl FnOnce(Option<(V, Instant)>) -> (Option<(V, Instant)>, R),
+    ) -> Option<R> {
         let mut entries = self.entries.lock().unwrap_or_else(|e| e.into_inner());
         if entries.len() >= self.max && !entries.contains_key(key) {
             let ttl = self.ttl;
             entries.retain(|_, (_, at)| at.elapsed() < ttl);
             if entries.len() >= self.max {
-                entries.clear();
+                // The oldest tenth at once, so a full map costs one pass per max / 10 new
+                // keys rather than one per key.
+                let mut evictable: Vec<(Instant, String)> = entries
+                    .iter()
+                    .filter(|(_, (v, _))| !pinned(v))
+                    .map(|(k, (_, at))| (*at, k.clone()))
+                    .collect();
+                let n = (self.max / 10).clamp(1, evictable.len().max(1));
+                if evictable.len() > n {
+                    evictable.select_nth_unstable(n - 1);
+                    evictable.truncate(n);
+                }
+                for (_, k) in evictable {
+                    entries.remove(&k);
+                }
+                if entries.len() >= self.max {
+                    return None;
+                }
             }
         }
         let current = entries
             .get(key)
             .copied()
             .filter(|(_, at)| at.elapsed() < self.ttl);
-        entries.insert(key.to_owned(), f(current));
+        let (entry, answer) = f(current);
+        if let Some(entry) = entry {
+            entries.insert(key.to_owned(), entry);
+        }
+        Some(answer)
     }
 }
 
@@ -100,7 +135,7 @@ impl DomainCache {
 
     pub fn put(&self, domain: &str, local: bool) {
         if !self.0.ttl.is_zero() {
-            self.0.update(domain, |_| (local, Instant::now()));
+            self.0.set(domain, |_| (local, Instant::now()));
         }
     }
 }
@@ -128,7 +163,7 @@ impl RecipientCache {
 
     pub fn put(&self, address: &str) {
         if !self.0.ttl.is_zero() {
-            self.0.update(address, |_| ((), Instant::now()));
+            self.0.set(address, |_| ((), Instant::now()));
         }
     }
 }
@@ -157,7 +192,7 @@ impl DnsFailures {
 
     pub fn record(&self, key: &str) {
         if !self.0.ttl.is_zero() {
-            self.0.update(key, |_| ((), Instant::now()));
+            self.0.set(key, |_| ((), Instant::now()));
         }
     }
 }
@@ -165,6 +200,13 @@ impl DnsFailures {
 /// Failed logins counted per key (a client network, an account) over a fixed window that
 /// starts at the key's first failure: once a key has `limit` failures in its window, its
 /// logins are refused without a password check until the window ends.
+///
+/// An attempt is counted as a failure before its password is checked ([`reserve`]), under
+/// the same lock as the test against the limit, so sessions checking passwords at the same
+/// time cannot all pass the test together; a login that succeeds gives its count back.
+/// A key at its limit is never dropped to make room for another while its window lasts.
+///
+/// [`reserve`]: FailureCounter::reserve
 #[derive(Debug)]
 pub struct FailureCounter {
     limit: u32,
@@ -174,12 +216,30 @@ pub struct FailureCounter {
 /// Most keys a [`FailureCounter`] remembers.
 const FAILURE_KEYS: usize = 100_000;
 
+/// One attempt counted as a failure of its key until it is known not to be one: dropping
+/// it gives the count back (a login that succeeded, a lookup that failed); [`failed`]
+/// keeps it.
+///
+/// [`failed`]: Attempt::failed
+#[must_use = "dropping an attempt gives its count back"]
+#[derive(Debug)]
+pub struct Attempt<'a> {
+    counter: &'a FailureCounter,
+    key: String,
+    /// The start of the window the attempt was counted in (None: nothing was counted).
+    window: Option<Instant>,
+}
+
 impl FailureCounter {
     /// `limit` failures per `window` (a limit of 0 counts nothing and never refuses).
     pub fn new(limit: u32, window: Duration) -> FailureCounter {
+        FailureCounter::with_capacity(limit, window, FAILURE_KEYS)
+    }
+
+    fn with_capacity(limit: u32, window: Duration, keys: usize) -> FailureCounter {
         FailureCounter {
             limit,
-            counts: Expiring::new(window, FAILURE_KEYS),
+            counts: Expiring::new(window, keys),
         }
     }
 
@@ -188,14 +248,69 @@ impl FailureCounter {
         self.limit > 0 && self.counts.get(key).is_some_and(|(n, _)| n >= self.limit)
     }
 
-    /// Counts one failure for `key`.
-    pub fn fail(&self, key: &str) {
-        if self.limit > 0 {
-            self.counts.update(key, |current| match current {
-                Some((n, since)) => (n.saturating_add(1), since),
-                None => (1, Instant::now()),
+    /// Counts one attempt for `key` as a failure unless `key` has reached its limit (then
+    /// None: refuse it without checking a password). None too when the counter is full of
+    /// keys at their limit, so a flood of those cannot make room for guessing.
+    pub fn reserve(&self, key: &str) -> Option<Attempt<'_>> {
+        if self.limit == 0 {
+            return Some(Attempt {
+                counter: self,
+                key: key.to_owned(),
+                window: None,
             });
         }
+        let limit = self.limit;
+        let window = self
+            .counts
+            .update(
+                key,
+                |n| *n >= limit,
+                |current| match current {
+                    Some((n, _)) if n >= limit => (None, None),
+                    Some((n, since)) => (Some((n + 1, since)), Some(since)),
+                    None => {
+                        let now = Instant::now();
+                        (Some((1, now)), Some(now))
+                    }
+                },
+            )
+            .flatten()?;
+        Some(Attempt {
+            counter: self,
+            key: key.to_owned(),
+            window: Some(window),
+        })
+    }
+
+    /// Counts one failure for `key`.
+    pub fn fail(&self, key: &str) {
+        if let Some(attempt) = self.reserve(key) {
+            attempt.failed();
+        }
+    }
+}
+
+impl Attempt<'_> {
+    /// The attempt failed: its count stays.
+    pub fn failed(mut self) {
+        self.window = None;
+    }
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        let Some(window) = self.window else {
+            return;
+        };
+        // Only from the window it was counted in: a window that ended meanwhile took it.
+        self.counter.counts.update(
+            &self.key,
+            |_| true,
+            |current| match current {
+                Some((n, since)) if since == window => (Some((n.saturating_sub(1), since)), ()),
+                _ => (None, ()),
+            },
+        );
     }
 }
 
@@ -384,6 +499,67 @@ mod tests {
             off.fail("a");
         }
         assert!(!off.blocked("a"));
+    }
+
+    /// Security review #10: filling the counter with fresh keys (names a client typed)
+    /// makes room by dropping the oldest keys below their limit, never a lockout; the map
+    /// stays bounded, and when only lockouts are left a new key is refused, not counted.
+    #[test]
+    fn a_locked_key_survives_the_counter_filling_up() {
+        let c = FailureCounter::with_capacity(3, Duration::from_secs(600), 100);
+        for _ in 0..3 {
+            c.fail("victim@example.test");
+        }
+        assert!(c.blocked("victim@example.test"));
+        for i in 0..1000 {
+            c.fail(&format!("fresh{i}@example.test"));
+        }
+        assert!(
+            c.blocked("victim@example.test"),
+            "the lockout outlived 1000 fresh keys"
+        );
+        assert!(c.counts.entries.lock().unwrap().len() <= 100, "bounded");
+
+        // Only lockouts left: a new key gets no attempt (refused), the lockouts stay.
+        let full = FailureCounter::with_capacity(1, Duration::from_secs(600), 10);
+        for i in 0..10 {
+            full.fail(&format!("locked{i}"));
+        }
+        assert!(full.reserve("newcomer").is_none());
+        assert!((0..10).all(|i| full.blocked(&format!("locked{i}"))));
+    }
+
+    /// Security review #10: an attempt is counted before its password check, so attempts
+    /// under way together cannot pass the limit together; one that does not fail (a login
+    /// that succeeded) gives its count back.
+    #[test]
+    fn attempts_are_counted_before_the_password_check() {
+        let c = FailureCounter::new(2, Duration::from_secs(600));
+        let first = c.reserve("a").expect("first");
+        let second = c.reserve("a").expect("second");
+        assert!(c.reserve("a").is_none(), "two under way reach the limit");
+        drop(second);
+        let third = c.reserve("a").expect("a success gave its count back");
+        first.failed();
+        third.failed();
+        assert!(c.blocked("a"));
+        assert!(c.reserve("a").is_none());
+        let off = FailureCounter::new(0, Duration::from_secs(600));
+        let held: Vec<_> = (0..10).map(|_| off.reserve("a").unwrap()).collect();
+        assert_eq!(held.len(), 10, "a limit of 0 refuses nothing");
+    }
+
+    #[test]
+    fn caches_drop_their_oldest_entries_when_full() {
+        let cache = DomainCache(Expiring::new(Duration::from_secs(600), 10));
+        for i in 0..10 {
+            cache.put(&format!("d{i}.example"), true);
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        cache.put("new.example", true);
+        assert_eq!(cache.get("new.example"), Some(true));
+        assert_eq!(cache.get("d0.example"), None, "the oldest made room");
+        assert_eq!(cache.get("d9.example"), Some(true), "the rest stayed");
     }
 
     #[test]

@@ -126,16 +126,25 @@ impl Session {
                 )
                 .to_string();
                 let account = user.to_lowercase();
-                if self.shared.auth_client_failures.blocked(&client)
-                    || self.shared.auth_account_failures.blocked(&account)
-                {
+                // Each attempt counts as a failure of the client network and the account
+                // from here on, before the password is checked, so sessions trying at the
+                // same time cannot all pass the limit together; a login that does not
+                // fail gives the counts back when the attempts are dropped.
+                let shared = &self.shared;
+                let attempts = shared.auth_client_failures.reserve(&client).and_then(|c| {
+                    shared
+                        .auth_account_failures
+                        .reserve(&account)
+                        .map(|a| (c, a))
+                });
+                let Some((client_attempt, account_attempt)) = attempts else {
                     tracing::info!(peer = %self.peer, user = ?account, "login refused: too many failed logins (AUTH_FAILURES_PER_CLIENT / _PER_ACCOUNT)");
                     return Ok(Reply::new(
                         454,
                         "4.7.0",
                         "too many failed logins, try again later",
                     ));
-                }
+                };
                 // Argon2id is slow on purpose: at most AUTH_CONCURRENCY checks run at once.
                 let Ok(_permit) = self.shared.auth_checks.acquire().await else {
                     return Ok(Reply::new(454, "4.7.0", "temporary authentication failure"));
@@ -150,8 +159,10 @@ impl Session {
                     Err(_) => Err(AuthError::TimedOut(self.settings.lookup_timeout)),
                 };
                 if matches!(verdict, Err(AuthError::Invalid(_))) {
-                    self.shared.auth_client_failures.fail(&client);
-                    self.shared.auth_account_failures.fail(&account);
+                    client_attempt.failed();
+                    account_attempt.failed();
+                } else {
+                    drop((client_attempt, account_attempt));
                 }
                 match verdict {
                     Ok(account) => {
