@@ -494,6 +494,145 @@ async fn failed_logins_are_throttled_per_account_and_per_address() {
     );
 }
 
+/// `n` logins posted at once, each on a connection of its own: their statuses, in order.
+async fn logins_at_once(httpd: &Httpd, bodies: Vec<Value>) -> Vec<u16> {
+    let mut set = tokio::task::JoinSet::new();
+    let url = httpd.url("/api/login");
+    for (i, body) in bodies.into_iter().enumerate() {
+        // A client each: no connection is shared, so every login is in flight at once.
+        let client = support::httpd::client();
+        let url = url.clone();
+        set.spawn(async move {
+            let r = client
+                .post(url)
+                .header("Content-Type", "application/json")
+                .body(body.to_string())
+                .send()
+                .await
+                .unwrap();
+            let status = r.status().as_u16();
+            if matches!(status, 429 | 503) {
+                assert!(
+                    r.headers().contains_key("retry-after"),
+                    "{status} says when to come back"
+                );
+            }
+            let text = r.text().await.unwrap();
+            let v: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            assert!(
+                v["error"].is_string(),
+                "every refusal is the documented JSON error: {status} {text}"
+            );
+            (i, status)
+        });
+    }
+    let mut out = vec![0; set.len()];
+    while let Some(r) = set.join_next().await {
+        let (i, status) = r.unwrap();
+        out[i] = status;
+    }
+    out
+}
+
+/// Security review #7 (login throttle race): wrong-password logins sent at once for one
+/// account are counted before their passwords are checked, so no more of them are verified
+/// than LOGIN_MAX_FAILURES_PER_ACCOUNT; the rest are 429 without hashing, and the right
+/// password is refused while the account is locked.
+#[tokio::test]
+async fn login_throttle_race_verifies_no_more_concurrent_logins_than_the_limit() {
+    let f = fixture(
+        "[pepsi-httpd]\nLOGIN_MAX_FAILURES_PER_ACCOUNT = 3\nLOGIN_MAX_FAILURES_PER_ADDRESS = 1000\n\
+         LOGIN_QUEUE_TIMEOUT = 20s\n",
+    )
+    .await;
+    let password = f.httpd.admin_add("ops");
+    let bodies = (0..24)
+        .map(|i| json!({"name": "ops", "password": format!("wrong {i}")}))
+        .collect();
+    let statuses = logins_at_once(&f.httpd, bodies).await;
+    let verified = statuses.iter().filter(|&&s| s == 401).count();
+    let refused = statuses.iter().filter(|&&s| s == 429).count();
+    assert_eq!(
+        (verified, refused),
+        (3, 21),
+        "3 checked (401), the rest refused unchecked (429): {statuses:?}"
+    );
+    let failures: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.event_log \
+         WHERE action = 'admin.login_failed' AND detail->>'name' = 'ops'",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(failures, 3, "one admin.login_failed row per verified guess");
+    let a = f
+        .httpd
+        .post(
+            "/api/login",
+            &Auth::None,
+            &json!({"name": "ops", "password": password}),
+        )
+        .await;
+    assert_eq!(
+        a.status, 429,
+        "the right password waits while locked: {a:?}"
+    );
+}
+
+/// Security review #7 (unbounded Argon2id): at most LOGIN_CONCURRENCY password checks run
+/// at once; a login that finds no turn within LOGIN_QUEUE_TIMEOUT is answered 503 with
+/// Retry-After and the JSON error, unchecked and uncounted, and logins go on afterwards.
+#[tokio::test]
+async fn unbounded_argon2id_work_waits_for_login_concurrency_or_gets_503() {
+    let f = fixture(
+        "[pepsi-httpd]\nLOGIN_CONCURRENCY = 1\nLOGIN_QUEUE_TIMEOUT = 0s\n\
+         LOGIN_MAX_FAILURES_PER_ADDRESS = 1000\n",
+    )
+    .await;
+    let before: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.event_log WHERE action = 'admin.login_failed'",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    // Unknown names: each costs the dummy Argon2id check.
+    let bodies = (0..16)
+        .map(|i| json!({"name": format!("nobody{i}"), "password": "x"}))
+        .collect();
+    let statuses = logins_at_once(&f.httpd, bodies).await;
+    let checked = statuses.iter().filter(|&&s| s == 401).count();
+    let busy = statuses.iter().filter(|&&s| s == 503).count();
+    assert_eq!(checked + busy, 16, "only 401 or 503: {statuses:?}");
+    assert!(
+        checked >= 1,
+        "one turn at a time is still served: {statuses:?}"
+    );
+    assert!(
+        busy >= 1,
+        "the others found the one turn taken: {statuses:?}"
+    );
+    let after: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.event_log WHERE action = 'admin.login_failed'",
+    )
+    .fetch_one(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (after - before) as usize,
+        checked,
+        "a 503 was not checked, so it logged no failure"
+    );
+    let a = f
+        .httpd
+        .post(
+            "/api/login",
+            &Auth::None,
+            &json!({"name": "nobody", "password": "x"}),
+        )
+        .await;
+    assert_eq!(a.status, 401, "alone, a login gets its turn: {a:?}");
+}
+
 // ----- errors of every kind are JSON ------------------------------------------------------
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use serde_json::json;
 pub struct ApiError {
     pub status: StatusCode,
     pub message: String,
-    /// Seconds for `Retry-After` (429).
+    /// Seconds for `Retry-After` (429, 503).
     pub retry_after: Option<u64>,
 }
 
@@ -43,6 +43,14 @@ impl ApiError {
             status: StatusCode::TOO_MANY_REQUESTS,
             message: format!("too many failed logins: try again in {wait_secs} seconds"),
             retry_after: Some(wait_secs),
+        }
+    }
+    /// 503 with `Retry-After`: the server is saturated, the request was not acted on.
+    pub fn busy(message: impl Into<String>, retry_secs: u64) -> Self {
+        Self {
+            status: StatusCode::SERVICE_UNAVAILABLE,
+            message: message.into(),
+            retry_after: Some(retry_secs),
         }
     }
     /// Logs `cause` and answers 500 without it.

@@ -35,6 +35,8 @@ pub struct AppState {
     pub cfg: Arc<Config>,
     pub settings: Arc<HttpdSettings>,
     pub throttle: Arc<Mutex<Throttles>>,
+    /// LOGIN_CONCURRENCY permits: a password check holds one while it runs.
+    pub login_slots: Arc<tokio::sync::Semaphore>,
     /// Earlier readings of the stage counters, for the pipeline's throughput.
     pub samples: Arc<Mutex<crate::pipeline::Samples>>,
     /// Every program's configuration parser (the root package's `pepsi::checks`), which an

@@ -407,6 +407,7 @@ async fn serve(
         pool: pool.clone(),
         cfg: Arc::new(cfg),
         throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
+        login_slots: Arc::new(tokio::sync::Semaphore::new(settings.login_concurrency)),
         settings: Arc::new(settings.clone()),
         samples: Arc::default(),
         checks,

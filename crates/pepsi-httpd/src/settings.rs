@@ -99,6 +99,12 @@ pub struct HttpdSettings {
     pub login_max_per_address: u32,
     /// `LOGIN_MAX_FAILURES_PER_ACCOUNT`: the same per administrator name (5).
     pub login_max_per_account: u32,
+    /// `LOGIN_CONCURRENCY`: password checks (Argon2id, about 19 MiB and tens of
+    /// milliseconds of CPU each) running at once over all clients (2).
+    pub login_concurrency: usize,
+    /// `LOGIN_QUEUE_TIMEOUT`: how long a login waits for one of those; past it the login
+    /// is answered 503 without being checked or counted (5s).
+    pub login_queue_timeout: Duration,
     /// `MAX_BODY_SIZE`: the largest request body (1 MiB); larger ones get 413.
     pub max_body: usize,
     /// `REQUEST_TIMEOUT`: a request not answered within this gets 503 (30s).
@@ -166,6 +172,18 @@ impl HttpdSettings {
         if session_idle.is_zero() || session_max_age.is_zero() {
             bail!("[{SECTION}] SESSION_IDLE_TIMEOUT and SESSION_MAX_AGE must be longer than 0");
         }
+        let request_timeout = s
+            .duration_opt("REQUEST_TIMEOUT")?
+            .unwrap_or(Duration::from_secs(30))
+            .max(Duration::from_millis(100));
+        let login_queue_timeout = s
+            .duration_opt("LOGIN_QUEUE_TIMEOUT")?
+            .unwrap_or(Duration::from_secs(5));
+        if login_queue_timeout >= request_timeout {
+            bail!(
+                "[{SECTION}] LOGIN_QUEUE_TIMEOUT = {login_queue_timeout:?}: expected less than REQUEST_TIMEOUT ({request_timeout:?})"
+            );
+        }
         let config_database_url = match s.string_opt("CONFIG_DATABASE_URL")? {
             Some(url) => {
                 // The value is not quoted: it may hold a password.
@@ -204,11 +222,10 @@ impl HttpdSettings {
                 .max(Duration::from_secs(1)),
             login_max_per_address: count("LOGIN_MAX_FAILURES_PER_ADDRESS", 20)?,
             login_max_per_account: count("LOGIN_MAX_FAILURES_PER_ACCOUNT", 5)?,
+            login_concurrency: count("LOGIN_CONCURRENCY", 2)? as usize,
+            login_queue_timeout,
             max_body: usize::try_from(max_body).context("MAX_BODY_SIZE")?,
-            request_timeout: s
-                .duration_opt("REQUEST_TIMEOUT")?
-                .unwrap_or(Duration::from_secs(30))
-                .max(Duration::from_millis(100)),
+            request_timeout,
             header_timeout: s
                 .duration_opt("HEADER_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(10))
@@ -236,6 +253,8 @@ mod tests {
         assert_eq!(d.tls, None);
         assert!(!d.secure_cookie && !d.metrics_public);
         assert_eq!(d.session_idle, Duration::from_secs(1800));
+        assert_eq!(d.login_concurrency, 2);
+        assert_eq!(d.login_queue_timeout, Duration::from_secs(5));
         let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
         assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
         assert_eq!(d.config_database_url, None);
@@ -254,6 +273,8 @@ mod tests {
                 "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
             ),
             ("MAX_BODY_SIZE = 10", "MAX_BODY_SIZE = 10"),
+            ("LOGIN_CONCURRENCY = 0", "LOGIN_CONCURRENCY = 0"),
+            ("LOGIN_QUEUE_TIMEOUT = 1m", "LOGIN_QUEUE_TIMEOUT = 60s"),
             ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
             (
                 "CONFIG_DATABASE_URL = mysql://u:pw@h/db",

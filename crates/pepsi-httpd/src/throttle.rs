@@ -1,14 +1,24 @@
-//! Login throttling: failed logins counted per key (a client address, an administrator
+//! Login throttling: login attempts counted per key (a client address, an administrator
 //! name) in a fixed window; once a key reaches its limit, further attempts are refused
-//! until the window that began with its first failure has passed. Pure (the caller passes
-//! the clock) and bounded: at most `capacity` keys are remembered, the oldest forgotten
-//! first, so a flood of distinct addresses cannot grow it without end.
+//! until the window that began with its first counted attempt has passed. An attempt is
+//! counted (`reserve`) before its password is checked, in the same critical section as the
+//! check of the limit, so concurrent attempts cannot all pass the check; one that succeeds
+//! or is never checked gives its count back (`release`). Pure (the caller passes the clock)
+//! and bounded: at most `capacity` keys are remembered, the oldest forgotten first, so a
+//! flood of distinct addresses cannot grow it without end.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// Failed-login counters for one kind of key.
+/// An attempt `Throttle::reserve` counted: the window it was counted in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Reservation {
+    window: Instant,
+}
+
+/// Login-attempt counters for one kind of key.
 #[derive(Debug)]
 pub struct Throttle {
     window: Duration,
@@ -34,15 +44,16 @@ impl Throttle {
         (*n >= self.max && now < end).then(|| end - now)
     }
 
-    /// Counts one failure for `key`.
-    pub fn fail(&mut self, key: &str, now: Instant) {
+    /// Counts one attempt for `key` (before it is verified): what `release` needs to give
+    /// it back.
+    pub fn reserve(&mut self, key: &str, now: Instant) -> Reservation {
         if let Some((start, n)) = self.entries.get_mut(key) {
             if now >= *start + self.window {
                 *start = now;
                 *n = 0;
             }
             *n += 1;
-            return;
+            return Reservation { window: *start };
         }
         if self.entries.len() >= self.capacity {
             let window = self.window;
@@ -58,6 +69,20 @@ impl Throttle {
             }
         }
         self.entries.insert(key.to_owned(), (now, 1));
+        Reservation { window: now }
+    }
+
+    /// Gives back an attempt `reserve` counted (it succeeded, or was never verified); nothing
+    /// when its window has ended or the key was forgotten meanwhile.
+    pub fn release(&mut self, key: &str, r: Reservation) {
+        if let Some((start, n)) = self.entries.get_mut(key)
+            && *start == r.window
+        {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                self.entries.remove(key);
+            }
+        }
     }
 
     /// Forgets `key` (a successful login).
@@ -103,7 +128,9 @@ mod tests {
         for (at, action, want) in steps {
             let now = t0 + s(at);
             match action {
-                "fail" => t.fail("k", now),
+                "fail" => {
+                    let _ = t.reserve("k", now);
+                }
                 "clear" => t.clear("k"),
                 _ => {}
             }
@@ -116,12 +143,35 @@ mod tests {
     fn it_remembers_at_most_its_capacity() {
         let t0 = Instant::now();
         let mut t = Throttle::new(Duration::from_secs(60), 1, 2);
-        t.fail("a", t0);
-        t.fail("b", t0 + Duration::from_secs(1));
-        t.fail("c", t0 + Duration::from_secs(2));
+        let _ = t.reserve("a", t0);
+        let _ = t.reserve("b", t0 + Duration::from_secs(1));
+        let _ = t.reserve("c", t0 + Duration::from_secs(2));
         assert_eq!(t.entries.len(), 2);
         assert!(t.blocked("a", t0).is_none(), "the oldest was forgotten");
         assert!(t.blocked("c", t0 + Duration::from_secs(2)).is_some());
+    }
+
+    #[test]
+    fn a_released_attempt_is_given_back_only_in_its_own_window() {
+        let t0 = Instant::now();
+        let s = Duration::from_secs;
+        let mut t = Throttle::new(s(60), 2, 100);
+        let a = t.reserve("k", t0);
+        let b = t.reserve("k", t0 + s(1));
+        assert!(
+            t.blocked("k", t0 + s(1)).is_some(),
+            "two reserved: at the limit"
+        );
+        t.release("k", b);
+        assert_eq!(t.blocked("k", t0 + s(2)), None, "one given back");
+        t.release("k", a);
+        assert!(t.entries.is_empty(), "nothing counted: forgotten");
+        // A reservation of an ended window does not take from the next one.
+        let old = t.reserve("k", t0);
+        let _ = t.reserve("k", t0 + s(61));
+        let _ = t.reserve("k", t0 + s(62));
+        t.release("k", old);
+        assert!(t.blocked("k", t0 + s(62)).is_some());
     }
 
     #[test]

@@ -1,6 +1,8 @@
-//! Logging in and out. A login checks the Argon2id hash (on the blocking pool; an unknown
-//! name costs the same as a wrong password), counts failures per client address and per
-//! name (429 once either reaches its limit), and on success stores the digest of a fresh
+//! Logging in and out. A login counts itself per client address and per name before
+//! anything else (429 once either has reached its limit; a login that succeeds gives its
+//! count back, so failures are what is left), then waits for one of LOGIN_CONCURRENCY
+//! turns (503 past LOGIN_QUEUE_TIMEOUT, uncounted) and checks the Argon2id hash on the
+//! blocking pool (an unknown name costs the same as a wrong password), and on success stores the digest of a fresh
 //! secret as a session row and sets the secret as an HttpOnly, SameSite=Strict cookie. The
 //! answer carries the CSRF token the client sends back on every mutating request.
 
@@ -14,7 +16,7 @@ use serde_json::json;
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{AppState, Body, ClientAddr, Principal, Via, now};
-use crate::throttle::address_key;
+use crate::throttle::{Reservation, address_key};
 use crate::{credentials, store};
 
 #[derive(Deserialize)]
@@ -22,6 +24,12 @@ use crate::{credentials, store};
 pub struct Login {
     name: String,
     password: String,
+}
+
+/// The attempt a login counted before checking its password.
+struct Reserved {
+    address: Reservation,
+    account: Reservation,
 }
 
 fn cookie(state: &AppState, value: &str, max_age: u64) -> Result<HeaderValue, ApiError> {
@@ -49,8 +57,10 @@ pub async fn login(
     }
     let addr = address_key(client.ip());
     let name = req.name.trim().to_owned();
-    {
-        let t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
+    // The attempt is counted before its password is checked, under the same lock as the
+    // check of the limits: concurrent attempts cannot all pass it (security review #7).
+    let reserved = {
+        let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
         let wait = [
             t.by_address.blocked(&addr, now()),
             t.by_account.blocked(&name, now()),
@@ -61,26 +71,63 @@ pub async fn login(
         if let Some(wait) = wait {
             return Err(ApiError::throttled(wait.as_secs().max(1)));
         }
-    }
+        Reserved {
+            address: t.by_address.reserve(&addr, now()),
+            account: t.by_account.reserve(&name, now()),
+        }
+    };
+    let give_back = |state: &AppState, r: Reserved| {
+        let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
+        t.by_address.release(&addr, r.address);
+        t.by_account.release(&name, r.account);
+    };
+    // At most LOGIN_CONCURRENCY Argon2id checks run at once; a login that cannot get a turn
+    // within LOGIN_QUEUE_TIMEOUT is answered 503, not checked, and not counted.
+    let slot = match tokio::time::timeout(
+        state.settings.login_queue_timeout,
+        state.login_slots.clone().acquire_owned(),
+    )
+    .await
+    {
+        Ok(Ok(permit)) => permit,
+        Ok(Err(e)) => {
+            give_back(&state, reserved);
+            return Err(ApiError::internal(format!("the login semaphore: {e}")));
+        }
+        Err(_) => {
+            give_back(&state, reserved);
+            tracing::warn!(client = %client.ip(), "login refused: LOGIN_CONCURRENCY checks busy for LOGIN_QUEUE_TIMEOUT");
+            return Err(ApiError::busy(
+                "too many logins are being checked at once: try again in a moment",
+                1,
+            ));
+        }
+    };
     let hash = if credentials::valid_admin_name(&name) {
-        store::admin_hash(&state.pool, &name).await?
+        match store::admin_hash(&state.pool, &name).await {
+            Ok(h) => h,
+            Err(e) => {
+                give_back(&state, reserved);
+                return Err(e.into());
+            }
+        }
     } else {
         None
     };
     let known = hash.is_some();
     let hash = hash.unwrap_or_else(|| password::dummy_hash().to_owned());
     let pw = req.password.into_bytes();
-    let ok = tokio::task::spawn_blocking(move || password::check_hash(&hash, &pw))
-        .await
-        .unwrap_or(false)
+    // The permit goes with the check: a client that hangs up does not free its slot before
+    // the hashing it started has ended.
+    let ok = tokio::task::spawn_blocking(move || {
+        let _slot = slot;
+        password::check_hash(&hash, &pw)
+    })
+    .await
+    .unwrap_or(false)
         && known;
     let actor = crate::extract::actor_named(&name);
     if !ok {
-        {
-            let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
-            t.by_address.fail(&addr, now());
-            t.by_account.fail(&name, now());
-        }
         let why = if known {
             "wrong password"
         } else {
@@ -90,6 +137,7 @@ pub async fn login(
         tracing::info!(name = name.as_str(), client = %client.ip(), "login refused");
         return Err(ApiError::unauthorized("wrong name or password"));
     }
+    give_back(&state, reserved);
     state
         .throttle
         .lock()
