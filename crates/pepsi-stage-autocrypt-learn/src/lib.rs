@@ -4,11 +4,16 @@
 //! messages only); a message our decrypt stage opened, signed validly by its From address,
 //! proves that the sender holds our key (`peer_has_own_key`).
 //!
-//! Reads: the header block (`Load::Headers`), `state.crypto.decrypted`, the sender's
-//! `peer_key` row. Writes: `pepsi.peer_key`, `pepsi.peer_has_own_key`. Terminal helper:
+//! Only mail whose From address is authenticated is learnt from (`sender`: DMARC pass, a
+//! DKIM signature aligned with From, or the mailbox's own login): anyone can write an
+//! Autocrypt header under somebody else's From.
+//!
+//! Reads: the header block (`Load::Headers`), `state.auth`, `state.origin.auth_user`,
+//! `state.crypto.decrypted`, the sender's `peer_key` row. Writes: `pepsi.peer_key`, `pepsi.peer_has_own_key`. Terminal helper:
 //! `advance`; the message itself is never changed, and nothing here can stop it: a
 //! malformed header is ignored as Level 1 says.
 
+pub mod sender;
 pub mod state;
 
 use std::process::ExitCode;
@@ -81,7 +86,21 @@ impl Stage for AutocryptLearn {
             keydata: h.keydata,
             prefer_mutual: h.prefer_encrypt == autocrypt::PreferEncrypt::Mutual,
         });
-        learn(ctx, &from, date, seen.as_ref()).await?;
+        // Anyone can put a key into mail with somebody else's From: only a From that DMARC,
+        // an aligned DKIM signature or the sender's login vouches for changes the peer state.
+        match sender::authenticated(ctx.state(), &from) {
+            Some(how) => {
+                tracing::debug!(id = ctx.id(), from, ?how, "From authenticated");
+                learn(ctx, &from, date, seen.as_ref()).await?;
+            }
+            None if seen.is_some() => tracing::info!(
+                id = ctx.id(),
+                from,
+                "Autocrypt header ignored: the From address is not authenticated \
+                 (no DMARC pass, aligned DKIM signature or login)"
+            ),
+            None => {}
+        }
         prove_own_key(ctx, &from).await?;
         ctx.advance()
     }
@@ -192,8 +211,9 @@ async fn prove_own_key(ctx: &StageContext<'_>, from: &str) -> Result<(), StageEr
 }
 
 const ABOUT: &str = "Record what inbound mail tells about its sender's keys: a valid Autocrypt \
-header (Level 1) updates the sender's Autocrypt peer state in pepsi.peer_key (the key, \
-prefer-encrypt, last seen; older messages change nothing), and a message the decrypt stage \
+header (Level 1) in a message whose From is authenticated (DMARC pass, a DKIM signature aligned \
+with From, or the sender's own login) updates the sender's Autocrypt peer state in \
+pepsi.peer_key (the key, prefer-encrypt, last seen; older messages change nothing), and a message the decrypt stage \
 opened with one of our keys, validly signed by its From address, is recorded in \
 pepsi.peer_has_own_key. Never changes or stops the message. Options of [stage-NAME]: \
 NEXT_STAGE. Place it after pepsi-stage-decrypt. See docs/crypto.md.";

@@ -1,0 +1,115 @@
+//! Whether a message's From address is authenticated, from the verdicts the ingress recorded
+//! in `state.auth` (docs/state.md) and the submission's login in `state.origin.auth_user`.
+//! Only such a message may change what we store of its sender's key: anyone can write an
+//! Autocrypt header into mail with somebody else's From. Pure; tested as a table.
+
+use serde_json::{Map, Value};
+
+/// How the From address was authenticated, when it was.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Authenticated {
+    /// DMARC passed for the From domain.
+    Dmarc,
+    /// A valid DKIM signature of the From domain or a parent of it (relaxed alignment).
+    AlignedDkim,
+    /// Submitted here by the mailbox itself, logged in.
+    Login,
+}
+
+/// How `from` (lower case) is authenticated by `state`, or None.
+pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authenticated> {
+    let domain = from.rsplit_once('@')?.1.trim_end_matches('.');
+    let auth = state.get("auth");
+    let str_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_ascii_lowercase);
+    let dmarc = auth.and_then(|a| a.get("dmarc"));
+    if str_of(dmarc.and_then(|d| d.get("result"))).as_deref() == Some("pass")
+        && str_of(dmarc.and_then(|d| d.get("domain")))
+            .is_none_or(|d| d.trim_end_matches('.') == domain)
+    {
+        return Some(Authenticated::Dmarc);
+    }
+    let dkim = auth
+        .and_then(|a| a.get("dkim"))
+        .and_then(Value::as_array)
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let aligned = dkim.iter().any(|s| {
+        str_of(s.get("result")).as_deref() == Some("pass")
+            && str_of(s.get("domain")).is_some_and(|d| {
+                let d = d.trim_end_matches('.');
+                !d.is_empty()
+                    && (d == domain
+                        || domain
+                            .strip_suffix(d)
+                            .is_some_and(|rest| rest.ends_with('.')))
+            })
+    });
+    if aligned {
+        return Some(Authenticated::AlignedDkim);
+    }
+    let login = str_of(state.get("origin").and_then(|o| o.get("auth_user")));
+    (login.as_deref() == Some(from)).then_some(Authenticated::Login)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn check(state: Value, from: &str, want: Option<Authenticated>) {
+        let map = state.as_object().cloned().unwrap();
+        assert_eq!(authenticated(&map, from), want, "{from}: {state}");
+    }
+
+    #[test]
+    fn autocrypt_learns_only_from_an_authenticated_from() {
+        use Authenticated::*;
+        let a = "erin@example.org";
+        check(json!({}), a, None);
+        check(
+            json!({"auth": {"dmarc": {"result": "pass", "domain": "example.org"}}}),
+            a,
+            Some(Dmarc),
+        );
+        check(
+            json!({"auth": {"dmarc": {"result": "PASS", "domain": "Example.org"}}}),
+            a,
+            Some(Dmarc),
+        );
+        check(
+            json!({"auth": {"dmarc": {"result": "pass", "domain": "evil.test"}}}),
+            a,
+            None,
+        );
+        for result in ["fail", "none", "temperror", "permerror"] {
+            check(
+                json!({"auth": {"dmarc": {"result": result, "domain": "example.org"}}}),
+                a,
+                None,
+            );
+        }
+        let dkim = |result: &str, domain: &str| {
+            json!({"auth": {"dmarc": {"result": "none"}, "dkim": [
+                {"result": "fail", "domain": "example.org"},
+                {"result": result, "domain": domain}]}})
+        };
+        check(dkim("pass", "example.org"), a, Some(AlignedDkim));
+        check(
+            dkim("pass", "example.org"),
+            "x@mail.example.org",
+            Some(AlignedDkim),
+        );
+        check(dkim("pass", "mail.example.org"), a, None);
+        check(dkim("pass", "le.org"), a, None);
+        check(dkim("pass", "evil.test"), a, None);
+        check(dkim("fail", "example.org"), a, None);
+        check(json!({"origin": {"auth_user": a}}), a, Some(Login));
+        check(json!({"origin": {"auth_user": "bob@example.org"}}), a, None);
+        check(json!({"origin": {"auth_user": null}}), a, None);
+        check(
+            json!({"auth": {"dmarc": {"result": "pass"}}}),
+            "not-an-address",
+            None,
+        );
+    }
+}
