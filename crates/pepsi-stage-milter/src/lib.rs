@@ -115,6 +115,9 @@ pub struct Settings {
     pub retry: RetryPolicy,
     /// The `j` macro: `HOSTNAME`, else `[pepsi] HOSTNAME`, else the system's name.
     pub hostname: String,
+    /// `MAX_EDIT_SIZE` (1M): the most bytes of header and recipient changes one
+    /// conversation takes; a filter that asks for more is unavailable.
+    pub max_edit_size: usize,
 }
 
 impl Settings {
@@ -156,6 +159,8 @@ impl Settings {
                 .unwrap_or(DownAction::Tempfail),
             retry: RetryPolicy::from_config(cfg, stage)?,
             hostname: cfg.name_option(&s, "HOSTNAME")?,
+            max_edit_size: usize::try_from(s.size_opt("MAX_EDIT_SIZE")?.unwrap_or(1 << 20))
+                .unwrap_or(usize::MAX),
         })
     }
 }
@@ -312,6 +317,7 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
         // A filter may wrap the message (a scanner's report with the original attached),
         // not make it grow without end.
         max_body: 2 * (headers.len() + body.len()) + 1024 * 1024,
+        max_edit_size: settings.max_edit_size,
         host,
         family,
         helo,
@@ -614,8 +620,9 @@ added, inserted, changed or deleted, the body replaced, the sender changed, reci
 or deleted. Options of [stage-NAME]: MILTER (inet:HOST:PORT, inet:PORT@HOST or unix:/path; \
 required), NEXT_STAGE, BOUNCE_STAGE, DOWN_ACTION (tempfail or pass: what happens while the \
 filter cannot be asked), CONNECT_TIMEOUT (10s), COMMAND_TIMEOUT (30s), CONTENT_TIMEOUT (2m), \
-TOTAL_TIMEOUT (4m), RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, MAX_LIFETIME, HOSTNAME. \
-See docs/milter.md.";
+TOTAL_TIMEOUT (4m), RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, MAX_LIFETIME, HOSTNAME, \
+MAX_EDIT_SIZE (1M: the most bytes of header and recipient changes a filter may ask for in one \
+message; past it the filter counts as unavailable). See docs/milter.md.";
 
 /// The command line of `pepsi-stage-milter`: its `--help` and its manual page.
 pub fn command() -> pepsi_common::cli::Command {

@@ -43,6 +43,9 @@ pub struct Message<'a> {
     pub macros: HashMap<Step, Vec<(String, String)>>,
     /// The largest body the filter may put in place of this one.
     pub max_body: usize,
+    /// The most bytes of header edits (names and values) and recipient edits (added and
+    /// deleted addresses) together the filter may ask for: `MAX_EDIT_SIZE`.
+    pub max_edit_size: usize,
 }
 
 /// The most header changes, and the most recipients added or deleted, one conversation
@@ -683,7 +686,17 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
         }
         Ok(())
     };
-    let bounded = |edits: &Edits| -> Result<(), Unavailable> {
+    // The bytes of header and recipient edits so far: each is bounded by the packet size,
+    // their count by MAX_EDITS, and their sum by this, so a filter cannot make the worker
+    // hold (and write into the header block) a thousand values of a mebibyte each.
+    let mut edit_size = 0usize;
+    let bounded = |edits: &Edits, edit_size: usize| -> Result<(), Unavailable> {
+        if edit_size > message.max_edit_size {
+            return Err(Unavailable(format!(
+                "the filter's header and recipient changes are over {} bytes (MAX_EDIT_SIZE)",
+                message.max_edit_size
+            )));
+        }
         let body = edits.body.as_ref().map_or(0, Vec::len);
         if body > message.max_body {
             return Err(Unavailable(format!(
@@ -707,16 +720,19 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
         match r {
             Reply::AddHeader { name, value } => {
                 allowed(action::ADD_HEADERS, "add a header field")?;
+                edit_size += name.len() + value.len();
                 edits.headers.push(HeaderEdit::Add { name, value });
             }
             Reply::InsertHeader { index, name, value } => {
                 allowed(action::ADD_HEADERS, "insert a header field")?;
+                edit_size += name.len() + value.len();
                 edits
                     .headers
                     .push(HeaderEdit::Insert { index, name, value });
             }
             Reply::ChangeHeader { index, name, value } => {
                 allowed(action::CHANGE_HEADERS, "change a header field")?;
+                edit_size += name.len() + value.len();
                 edits
                     .headers
                     .push(HeaderEdit::Change { index, name, value });
@@ -746,6 +762,7 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
                 }
                 let rcpt = crate::edits::bare(&rcpt);
                 if crate::edits::valid_address(rcpt, false) {
+                    edit_size += rcpt.len();
                     edits.add_rcpt.push(rcpt.to_owned());
                 } else {
                     tracing::warn!(
@@ -756,7 +773,9 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
             }
             Reply::DeleteRcpt(rcpt) => {
                 allowed(action::DELETE_RCPT, "delete a recipient")?;
-                edits.delete_rcpt.push(crate::edits::bare(&rcpt).to_owned());
+                let rcpt = crate::edits::bare(&rcpt);
+                edit_size += rcpt.len();
+                edits.delete_rcpt.push(rcpt.to_owned());
             }
             Reply::Quarantine(reason) => {
                 allowed(action::QUARANTINE, "quarantine the message")?;
@@ -767,7 +786,7 @@ async fn steps<S: AsyncRead + AsyncWrite + Unpin>(
                 Next::Stop(v) => break v,
             },
         }
-        bounded(&edits)?;
+        bounded(&edits, edit_size)?;
     };
     Ok(Conversation {
         rcpts,
