@@ -351,7 +351,7 @@ impl Writer {
     fn send_with(&mut self, mailbox: &Path, dir_sync: &str, message: &[u8]) -> String {
         write!(
             self.stdin,
-            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota 0\nquota-messages 0\n\
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nkey\nquota 0\nquota-messages 0\n\
              dir-sync {dir_sync}\nsize {}\n",
             mailbox.display(),
             message.len()
@@ -370,7 +370,7 @@ impl Writer {
     fn send_quota(&mut self, mailbox: &Path, bytes: u64, messages: u64, message: &[u8]) -> String {
         write!(
             self.stdin,
-            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nquota {bytes}\n\
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nkey\nquota {bytes}\n\
              quota-messages {messages}\ndir-sync now\nsize {}\n",
             mailbox.display(),
             message.len()
@@ -567,29 +567,7 @@ fn deliveries_with_a_later_sync_are_synced_once_per_maildir_on_request() {
 async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
     let db = TestDb::new().await;
     let s = setup(&db, &["alice"]);
-    // Passes deliveries through to the real writer, and exits when asked to sync.
-    let proxy = s.root.parent().unwrap().join("sync-loser.py");
-    std::fs::write(
-        &proxy,
-        format!(
-            "#!/usr/bin/env python3\n\
-             import subprocess, sys\n\
-             w = subprocess.Popen([{WRITER:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
-             inp, out = sys.stdin.buffer, sys.stdout.buffer\n\
-             while True:\n\
-             \x20   first = inp.readline()\n\
-             \x20   if not first or first == b'sync\\n':\n\
-             \x20       sys.exit(0)\n\
-             \x20   head = [first] + [inp.readline() for _ in range(6)]\n\
-             \x20   size = int(head[-1].split()[1])\n\
-             \x20   w.stdin.write(b''.join(head) + inp.read(size))\n\
-             \x20   w.stdin.flush()\n\
-             \x20   out.write(w.stdout.readline())\n\
-             \x20   out.flush()\n"
-        ),
-    )
-    .unwrap();
-    std::fs::set_permissions(&proxy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    let proxy = sync_loser(&s);
     let config = std::fs::read_to_string(&s.config).unwrap().replace(
         "[stage-small]",
         &format!(
@@ -621,6 +599,34 @@ async fn deliveries_whose_maildir_sync_is_lost_are_not_recorded() {
         2,
         "the copies were written; only their recording waits"
     );
+}
+
+/// A writer that passes deliveries through to the real one and exits when asked to sync:
+/// the writer dying after it stored copies and before the worker could commit them.
+fn sync_loser(s: &Setup) -> PathBuf {
+    let proxy = s.root.parent().unwrap().join("sync-loser.py");
+    std::fs::write(
+        &proxy,
+        format!(
+            "#!/usr/bin/env python3\n\
+             import subprocess, sys\n\
+             w = subprocess.Popen([{WRITER:?}] + sys.argv[1:], stdin=subprocess.PIPE, stdout=subprocess.PIPE)\n\
+             inp, out = sys.stdin.buffer, sys.stdout.buffer\n\
+             while True:\n\
+             \x20   first = inp.readline()\n\
+             \x20   if not first or first == b'sync\\n':\n\
+             \x20       sys.exit(0)\n\
+             \x20   head = [first] + [inp.readline() for _ in range(7)]\n\
+             \x20   size = int(head[-1].split()[1])\n\
+             \x20   w.stdin.write(b''.join(head) + inp.read(size))\n\
+             \x20   w.stdin.flush()\n\
+             \x20   out.write(w.stdout.readline())\n\
+             \x20   out.flush()\n"
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&proxy, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    proxy
 }
 
 #[test]
@@ -843,4 +849,274 @@ fn the_writer_and_dovecot_agree_on_a_maildir_quota() {
         "other limits: rebuilt, answered all the same"
     );
     assert_eq!(w.finish(), Some(0));
+}
+
+// ----- exactly once: a delivery redone after a crash -----
+
+/// The `[stage-lossy]` section: QUOTA on, so `maildirsize` is kept, through `helper`.
+fn lossy_section(helper: &Path) -> String {
+    format!(
+        "\n[stage-lossy]\nPROGRAM = pepsi-stage-relay-to-maildir\nHELPER = {}\n\
+         ALLOW_ROOT_OWNER = yes\nBOUNCE_STAGE = bounce\nQUOTA = 1M\n",
+        helper.display()
+    )
+}
+
+/// Issue 34's chaos finding: the writer stored the copies and died before the worker
+/// committed them; redone with a writer that lives, each copy is in the Maildir once, and
+/// `maildirsize` counts it once.
+#[tokio::test]
+async fn a_delivery_redone_after_the_writer_died_before_the_commit_stores_one_copy() {
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice", "bob"]);
+    let base = std::fs::read_to_string(&s.config).unwrap();
+    let proxy = sync_loser(&s);
+    std::fs::write(&s.config, format!("{base}{}", lossy_section(&proxy))).unwrap();
+    let a = message(&db, "lossy", &["alice@example.test", "bob@example.test"]).await;
+    let b = message(&db, "lossy", &["alice@example.test"]).await;
+    let lines = worker(&s, &[a, b]).await;
+    assert!(
+        lines.len() == 2 && lines.iter().all(|l| l.starts_with("1 ")),
+        "nothing recorded: {lines:?}"
+    );
+    let new = |u: &str| files(&s.root.join(u).join("Maildir/new"));
+    assert_eq!((new("alice").len(), new("bob").len()), (2, 1));
+    let sizes = |u: &str| std::fs::read_to_string(s.root.join(u).join("Maildir/maildirsize"));
+    let before = (sizes("alice").unwrap(), sizes("bob").unwrap());
+    assert_eq!(before.0.lines().count(), 4, "{before:?}");
+
+    std::fs::write(
+        &s.config,
+        format!("{base}{}", lossy_section(Path::new(WRITER))),
+    )
+    .unwrap();
+    let lines = worker(&s, &[a, b]).await;
+    assert_eq!(
+        lines,
+        vec![r#"0 {"finished":true}"#, r#"0 {"finished":true}"#]
+    );
+    assert!(rows(&db).await.is_empty(), "both rows finished");
+    assert_eq!(
+        (new("alice").len(), new("bob").len()),
+        (2, 1),
+        "each copy once: {:?} {:?}",
+        new("alice"),
+        new("bob")
+    );
+    assert_delivered(&s, "bob", "bob@example.test");
+    assert_eq!(
+        (sizes("alice").unwrap(), sizes("bob").unwrap()),
+        before,
+        "maildirsize counts no copy twice"
+    );
+}
+
+/// The writer's host part of a file name, as it computes it.
+fn writer_host() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
+    pepsi_helper_maildir_writer::maildir::maildir_host(host.trim())
+}
+
+/// The file name the writer gives row `id`'s copy for `rcpt`, of `size` bytes, on `host`.
+async fn keyed_name(db: &TestDb, id: i64, rcpt: &str, host: &str, size: usize) -> String {
+    let incarnation: i64 = sqlx::query_scalar(
+        "SELECT (extract(epoch FROM received_at) * 1000000)::bigint FROM pepsi.workqueue \
+         WHERE workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let key = pepsi_helper_maildir_writer::protocol::DeliveryKey {
+        row: id,
+        incarnation,
+    };
+    format!(
+        "{}{host},S={size}",
+        pepsi_helper_maildir_writer::maildir::keyed_prefix(key, rcpt)
+    )
+}
+
+/// The states a crash leaves a keyed delivery in, redone through the stage and the writer:
+/// a complete copy in tmp/ is finished (the same file renamed into new/), a partial one
+/// (and one of another host) replaced by a whole copy, and a copy a reader already moved to
+/// cur/ makes the delivery count as done without a second copy.
+#[tokio::test]
+async fn a_redone_delivery_finishes_its_copy_in_tmp_and_writes_none_when_one_is_stored() {
+    use std::os::unix::fs::MetadataExt;
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice", "bob", "carol"]);
+    let host = writer_host();
+    let a = message(&db, "local", &["alice@example.test"]).await;
+    let b = message(&db, "local", &["bob@example.test"]).await;
+    let c = message(&db, "local", &["carol@example.test"]).await;
+    let md = |u: &str| s.root.join(u).join("Maildir");
+    let copy = |r: &str| expected_copy(r);
+
+    let whole = keyed_name(
+        &db,
+        a,
+        "alice@example.test",
+        &host,
+        copy("alice@example.test").len(),
+    )
+    .await;
+    std::fs::write(
+        md("alice").join("tmp").join(&whole),
+        copy("alice@example.test"),
+    )
+    .unwrap();
+    let inode = std::fs::metadata(md("alice").join("tmp").join(&whole))
+        .unwrap()
+        .ino();
+
+    let bob = copy("bob@example.test");
+    let partial = keyed_name(&db, b, "bob@example.test", &host, bob.len()).await;
+    std::fs::write(md("bob").join("tmp").join(&partial), &bob[..bob.len() / 2]).unwrap();
+    let elsewhere = keyed_name(&db, b, "bob@example.test", "other-host", bob.len()).await;
+    std::fs::write(md("bob").join("tmp").join(&elsewhere), &bob[..10]).unwrap();
+    let unrelated = md("bob").join("tmp/1.M1P1Q1.other-host,S=3");
+    std::fs::write(&unrelated, b"abc").unwrap();
+
+    let read = keyed_name(
+        &db,
+        c,
+        "carol@example.test",
+        &host,
+        copy("carol@example.test").len(),
+    )
+    .await;
+    let moved = md("carol").join("cur").join(format!("{read}:2,S"));
+    std::fs::write(&moved, copy("carol@example.test")).unwrap();
+
+    let lines = worker(&s, &[a, b, c]).await;
+    assert_eq!(lines, vec![r#"0 {"finished":true}"#; 3]);
+    assert!(rows(&db).await.is_empty());
+
+    assert_delivered(&s, "alice", "alice@example.test");
+    let done = md("alice").join("new").join(&whole);
+    assert_eq!(
+        std::fs::metadata(&done).unwrap().ino(),
+        inode,
+        "the copy in tmp/ was renamed, not written again"
+    );
+    assert_eq!(
+        files(&md("bob").join("new")),
+        vec![md("bob").join("new").join(&partial)]
+    );
+    assert_eq!(
+        std::fs::read(md("bob").join("new").join(&partial)).unwrap(),
+        bob
+    );
+    assert_eq!(
+        files(&md("bob").join("tmp")),
+        vec![unrelated],
+        "this delivery's partial copies are gone, another's file stays"
+    );
+    assert!(files(&md("carol").join("new")).is_empty(), "no second copy");
+    assert_eq!(files(&md("carol").join("cur")), vec![moved]);
+}
+
+/// Security review 2026-12-04 #6: a mailbox owner (nobody) who keeps swapping their Maildir
+/// for a link to another user's Maildir while deliveries run gets nothing written there
+/// (before the fix, the owner was looked up through the swapped path and the write went
+/// through it: the message landed in the victim's new/, written as the victim).
+#[test]
+fn a_maildir_swapped_for_a_symlink_after_the_check_cannot_redirect_the_write() {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    assert_eq!(
+        my_uid(),
+        0,
+        "the writer switches to mailbox owners only as root"
+    );
+    let (mallory, victim) = (65534, 65533);
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), PermissionsExt::from_mode(0o755)).unwrap();
+    let root = dir.path().join("mail");
+    let alice = root.join("alice/Maildir");
+    maildir(&alice);
+    let home = root.join("mallory");
+    let real = home.join("Maildir");
+    maildir(&real);
+    for (path, owner) in [
+        (root.join("alice"), victim),
+        (alice.clone(), victim),
+        (home.clone(), mallory),
+        (real.clone(), mallory),
+    ] {
+        std::os::unix::fs::chown(&path, Some(owner), Some(owner)).unwrap();
+        std::fs::set_permissions(&path, PermissionsExt::from_mode(0o700)).unwrap();
+        for sub in ["tmp", "new", "cur"] {
+            let p = path.join(sub);
+            if p.is_dir() {
+                std::os::unix::fs::chown(&p, Some(owner), Some(owner)).unwrap();
+            }
+        }
+    }
+    std::fs::set_permissions(&root, PermissionsExt::from_mode(0o755)).unwrap();
+    let swap = home.join("swap");
+    std::os::unix::fs::symlink(&alice, &swap).unwrap();
+    std::os::unix::fs::lchown(&swap, Some(mallory), Some(mallory)).unwrap();
+
+    // Mallory's side: exchange Maildir and the link, atomically, as fast as possible.
+    let stop = Arc::new(AtomicBool::new(false));
+    let swapper = {
+        let stop = stop.clone();
+        let a = std::ffi::CString::new(real.as_os_str().as_bytes()).unwrap();
+        let b = std::ffi::CString::new(swap.as_os_str().as_bytes()).unwrap();
+        std::thread::spawn(move || {
+            let mut swaps = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                // SAFETY: two valid C strings; renameat2 has no memory effects.
+                let rc = unsafe {
+                    libc::renameat2(
+                        libc::AT_FDCWD,
+                        a.as_ptr(),
+                        libc::AT_FDCWD,
+                        b.as_ptr(),
+                        libc::RENAME_EXCHANGE,
+                    )
+                };
+                assert_eq!(rc, 0, "{}", std::io::Error::last_os_error());
+                swaps += 1;
+            }
+            swaps
+        })
+    };
+    let mut w = Writer::start(&root, &[]);
+    let (mut stored, mut refused) = (0, 0);
+    for _ in 0..400 {
+        let reply = w.send_with(&real, "later", b"Subject: mallory\r\n\r\nx\r\n");
+        if reply.starts_with("ok ") {
+            stored += 1;
+        } else {
+            assert!(reply.starts_with("temp "), "{reply}");
+            refused += 1;
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let swaps = swapper.join().unwrap();
+    assert_eq!(w.sync().split(' ').next(), Some("ok"));
+    assert_eq!(w.finish(), Some(0));
+    assert!(
+        files(&alice.join("new")).is_empty() && files(&alice.join("tmp")).is_empty(),
+        "nothing of mallory's reached alice's Maildir ({stored} stored, {refused} refused, {swaps} swaps)"
+    );
+    assert!(
+        stored > 0 && refused > 0,
+        "{stored} stored, {refused} refused: the race ran"
+    );
+    // Whichever name holds mallory's directory now, every copy in it is mallory's own.
+    let theirs = [real, swap]
+        .into_iter()
+        .find(|p| std::fs::symlink_metadata(p).unwrap().is_dir())
+        .unwrap();
+    let copies = files(&theirs.join("new"));
+    assert_eq!(copies.len(), stored);
+    for f in copies {
+        assert_eq!(std::fs::metadata(&f).unwrap().uid(), mallory, "{f:?}");
+    }
 }

@@ -13,6 +13,7 @@
 //! It must never write anything but reply lines to stdout, and never write a partial file
 //! into `new/`.
 
+pub mod fsat;
 pub mod maildir;
 /// The owner switch, shared with the `.forward` reader.
 pub use pepsi_common::privilege;
@@ -42,11 +43,12 @@ pub mod constants {
 
 const LONG_ABOUT: &str = "\
 Writes messages into Maildirs on behalf of pepsi-stage-relay-to-maildir, which starts it once \
-and keeps it as a co-process. Each delivery on standard input is six lines and the message:
+and keeps it as a co-process. Each delivery on standard input is eight lines and the message:
 
     mailbox <absolute path of the Maildir>
     return-path <envelope sender, empty for the null sender>
     delivered-to <envelope recipient>
+    key <queue row> <its received_at in microseconds>, or empty
     quota <bytes, 0 for none>
     quota-messages <messages, 0 for none>
     dir-sync <now or later>
@@ -68,14 +70,21 @@ written to tmp/, synced, renamed into new/ and, with `dir-sync now`, the directo
 before the answer. With `dir-sync later` the directory is synced at the next request `sync` \
 (one line), answered `ok synced <n>` once every new/ written since the previous one is synced \
 (or `temp 4.3.0 <text>` naming the directory that failed): the stage sends it before it \
-records a round of deliveries, so a round costs one directory sync per Maildir. A request that \
+records a round of deliveries, so a round costs one directory sync per Maildir. With a key, \
+the file is named <secs>.M<usecs>W<row>K<hash of the recipient>.<host>,S=<size>: a delivery \
+asked again (after a crash before the stage recorded it) finds its copy in new/ or cur/ and \
+answers ok with its name without storing a second one (nor counting it again in maildirsize); \
+a complete copy left in tmp/ is synced and renamed, a partial one written again. A request that \
 does not follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program \
 exits 2.
 
 Every mailbox must resolve, symlinks followed, to a path under --root; `.` and `..` \
 components are refused, and so is a symbolic link inside the root's tree that neither root \
 nor this program's real user owns (a mailbox owner's link would pick another owner's \
-Maildir). Directories made under --create are fsynced into their parents. Running as root (the production install is setuid root, mode 4750, \
+Maildir). The path is walked one directory at a time from open descriptors (openat with \
+O_NOFOLLOW); the owner is read from the descriptor of the Maildir reached and every file is \
+opened, renamed and created relative to it, so swapping a directory for a link after the \
+check redirects nothing. Directories made under --create are fsynced into their parents. Running as root (the production install is setuid root, mode 4750, \
 group of the stage), each write runs as the owner of the Maildir (seteuid/setegid with that \
 owner's group only), and a Maildir owned by root is refused unless --allow-root-owner. Not \
 running as root, it writes as itself. Started through its setuid bit by another user, it \

@@ -4,23 +4,39 @@
 //! open from the delivery, so the sync reaches the very directory written, whatever its
 //! path names by then).
 //!
+//! The path is walked one component at a time from open directories ([`confine`],
+//! [`crate::fsat`]): the owner the write runs as is read from the descriptor of the very
+//! directory reached, and every later open, rename and `maildirsize` update is relative to
+//! it, so a Maildir swapped for a symbolic link after the check changes nothing (security
+//! review 2026-12-04, finding 6).
+//!
+//! A delivery with a key (the queue row and its incarnation, [`protocol::DeliveryKey`]) has
+//! a file name derived from the key and the recipient ([`keyed_prefix`]): asked again after
+//! a crash, it finds its own copy in `new/` or `cur/` and stores no second one, and finishes
+//! or replaces one left in `tmp/`.
+//!
 //! Every outcome is a [`Reply`]; this module never panics on input and never leaves a
 //! partial file in `new/` (the file reaches `new/` only by a rename after its data is
 //! synced; a failed write removes its `tmp/` file).
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
+use std::collections::VecDeque;
+use std::ffi::{OsStr, OsString};
+use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
+use crate::fsat::{Dir, Stat};
 use crate::privilege::{self, Identity};
-use crate::protocol::{DirSync, Reply, Request, UsageRequest};
+use crate::protocol::{self, DirSync, Reply, Request, UsageRequest};
 use crate::quota;
 
 /// At most this many `new/` directories wait for a sync; a delivery into one more syncs its
 /// directory at once.
 pub const MAX_UNSYNCED: usize = 256;
+
+/// At most this many symbolic links are followed for one mailbox path (as the kernel's
+/// own limit).
+const MAX_LINKS: usize = 40;
 
 /// What the writer may do, fixed at start.
 #[derive(Debug, Clone)]
@@ -43,13 +59,38 @@ pub struct Writer {
     counter: u64,
     /// `new/` directories renamed into by `dir-sync later` deliveries since the last sync,
     /// each open since its delivery.
-    unsynced: Vec<(PathBuf, File)>,
+    unsynced: Vec<(PathBuf, Dir)>,
+}
+
+/// A Maildir's directories, open, as the owner.
+struct Maildir {
+    /// The Maildir itself (readable: `maildirsize`, its folders).
+    top: Dir,
+    tmp: Dir,
+    new: Dir,
+}
+
+impl Maildir {
+    fn open(dir: &Dir, path: &Path) -> Result<Maildir, Failed> {
+        let top = dir
+            .reopen(libc::O_RDONLY)
+            .map_err(|e| ("opening", path.to_path_buf(), e))?;
+        let sub = |name: &str| {
+            top.open_dir(name)
+                .map_err(|e| ("opening", path.join(name), e))
+        };
+        Ok(Maildir {
+            tmp: sub("tmp")?,
+            new: sub("new")?,
+            top,
+        })
+    }
 }
 
 impl Writer {
     /// Fails when the root does not exist or is not a directory.
     pub fn new(opts: Options) -> io::Result<Writer> {
-        let root = fs::canonicalize(&opts.root)
+        let root = std::fs::canonicalize(&opts.root)
             .map_err(|e| io::Error::new(e.kind(), format!("root {}: {e}", opts.root.display())))?;
         if !root.is_dir() {
             return Err(io::Error::other(format!(
@@ -69,35 +110,31 @@ impl Writer {
 
     /// Delivers one request.
     pub fn deliver(&mut self, req: &Request) -> Reply {
-        let mailbox = match confine(&self.root, &req.mailbox) {
-            Ok(p) => p,
+        let found = match confine(&self.root, &req.mailbox) {
+            Ok(f) => f,
             Err(reply) => return reply,
         };
         // The mailbox itself, or (when creating) the nearest directory above it that exists:
-        // its owner is who the write runs as.
-        let (exists, owner_of) = match fs::metadata(&mailbox) {
-            Ok(m) if m.is_dir() => (true, m),
-            Ok(_) => {
-                return Reply::temp(
-                    "4.3.0",
-                    format!("mailbox {} is not a directory", mailbox.display()),
+        // its owner, read from the open directory, is who the write runs as.
+        let (mailbox, opened, missing) = match found {
+            Found::Exists { path, dir } => (path, dir, None),
+            Found::Missing { path, .. } if !self.opts.create => {
+                return Reply::perm(
+                    "5.1.1",
+                    format!("no such mailbox: {} does not exist", path.display()),
                 );
             }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                if !self.opts.create {
-                    return Reply::perm(
-                        "5.1.1",
-                        format!("no such mailbox: {} does not exist", mailbox.display()),
-                    );
-                }
-                match nearest_existing(&mailbox) {
-                    Ok(m) => (false, m),
-                    Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
-                }
-            }
+            Found::Missing {
+                path,
+                above,
+                missing,
+            } => (path, above, Some(missing)),
+        };
+        let owner_of = match opened.stat() {
+            Ok(s) => s,
             Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
         };
-        let what = if exists {
+        let what = if missing.is_none() {
             "mailbox"
         } else {
             "the directory above mailbox"
@@ -106,16 +143,55 @@ impl Writer {
             Ok(switched) => switched,
             Err(reply) => return reply,
         };
-        if !exists && let Err(e) = create_maildir(&self.root, &mailbox) {
-            return io_reply("creating", &mailbox, e, who);
-        }
+        let dir = match missing {
+            None => opened,
+            Some(missing) => match create_maildir(opened, &missing) {
+                Ok(d) => d,
+                Err(e) => return io_reply("creating", &mailbox, e, who),
+            },
+        };
+        let md = match Maildir::open(&dir, &mailbox) {
+            Ok(md) => md,
+            Err((op, path, e)) => return io_reply(op, &path, e, who),
+        };
         let headers = req.prepended_headers();
         let size = (headers.len() + req.message.len()) as u64;
         let limits = req.limits();
+        let new_dir = mailbox.join("new");
+        let known = self.unsynced.iter().any(|(p, _)| *p == new_dir);
+        let dir_sync = match req.dir_sync {
+            DirSync::Later if !known && self.unsynced.len() >= MAX_UNSYNCED => DirSync::Now,
+            other => other,
+        };
+        let keyed = req.key.map(|k| keyed_prefix(k, &req.delivered_to));
+        if let Some(prefix) = &keyed {
+            match stored_already(&md, prefix) {
+                Ok(None) => {}
+                Ok(Some((sub, name))) => {
+                    tracing::info!(mailbox = %mailbox.display(), "{sub}/{name} is this delivery's copy, stored before: not written again");
+                    if sub == "new" {
+                        // It may have been renamed by a writer that died before syncing new/.
+                        match self.after_rename(&md.new, new_dir, known, dir_sync) {
+                            Ok(()) => {}
+                            Err(e) => return io_reply("syncing", &mailbox.join("new"), e, who),
+                        }
+                    }
+                    if !limits.any() {
+                        return Reply::Ok(name);
+                    }
+                    let unique = self.unique_name(0);
+                    return match quota::current(&md.top, limits, 0, false, &unique) {
+                        Ok((usage, _)) => Reply::Stored { name, usage },
+                        Err(e) => io_reply("measuring", &mailbox, e, who),
+                    };
+                }
+                Err((op, path, e)) => return io_reply(op, &mailbox.join(path), e, who),
+            }
+        }
         let mut used = None;
         if limits.any() {
             let unique = self.unique_name(0);
-            match quota::current(&mailbox, limits, size, false, &unique) {
+            match quota::current(&md.top, limits, size, false, &unique) {
                 Ok((usage, _)) if !limits.fits(usage, size) => {
                     return Reply::Full {
                         usage,
@@ -132,33 +208,36 @@ impl Writer {
                 Err(e) => return io_reply("measuring", &mailbox, e, who),
             }
         }
-        let name = self.unique_name(size);
-        let new_dir = mailbox.join("new");
-        let known = self.unsynced.iter().any(|(p, _)| *p == new_dir);
-        let dir_sync = match req.dir_sync {
-            DirSync::Later if !known && self.unsynced.len() >= MAX_UNSYNCED => DirSync::Now,
-            other => other,
+        let name = match &keyed {
+            Some(prefix) => format!("{prefix}{},S={size}", self.host),
+            None => self.unique_name(size),
         };
-        let stored = match write_into(&mailbox, &name, &headers, &req.message, dir_sync) {
-            Ok(None) => name,
-            Ok(Some(dir)) => {
-                if !known {
-                    self.unsynced.push((new_dir, dir));
-                }
-                name
-            }
-            Err((op, path, e)) => return io_reply(op, &path, e, who),
-        };
+        let content = [headers.as_slice(), req.message.as_slice()];
+        let written = match &keyed {
+            Some(prefix) => finish_or_clear(&md.tmp, prefix, &name, &content),
+            None => Ok(false),
+        }
+        .map_err(|(op, path, e)| (op, mailbox.join("tmp").join(path), e))
+        .and_then(|complete| write_into(&md, &mailbox, &name, &content, complete));
+        if let Err((op, path, e)) = written {
+            return io_reply(op, &path, e, who);
+        }
+        if let Err(e) = self.after_rename(&md.new, new_dir, known, dir_sync) {
+            // The message is in new/ already; a failure here is reported as transient. A
+            // keyed retry finds the copy; an unkeyed one may store a second copy: better
+            // than losing the only one.
+            return io_reply("syncing", &mailbox.join("new"), e, who);
+        }
         let Some(before) = used else {
-            return Reply::Ok(stored);
+            return Reply::Ok(name);
         };
         // The message is in new/: a change line that cannot be written only leaves the file
         // behind the directory until its next rebuild, so the delivery still counts.
-        if let Err(e) = quota::record(&mailbox, size as i64, 1) {
+        if let Err(e) = quota::record(&md.top, size as i64, 1) {
             tracing::warn!(mailbox = %mailbox.display(), "cannot update {}: {e}", quota::FILE);
         }
         Reply::Stored {
-            name: stored,
+            name,
             usage: quota::Usage {
                 bytes: before.bytes.saturating_add(size),
                 messages: before.messages + 1,
@@ -166,52 +245,69 @@ impl Writer {
         }
     }
 
+    /// After a rename into `new`: syncs it now, or keeps it open for the next [`Writer::sync`].
+    fn after_rename(
+        &mut self,
+        new: &Dir,
+        path: PathBuf,
+        known: bool,
+        dir_sync: DirSync,
+    ) -> io::Result<()> {
+        match dir_sync {
+            DirSync::Now => new.sync(),
+            DirSync::Later if known => Ok(()),
+            DirSync::Later => {
+                self.unsynced.push((path, new.try_clone()?));
+                Ok(())
+            }
+        }
+    }
+
     /// Answers `usage`: the mailbox's usage under the request's limits, as its owner.
     pub fn usage(&mut self, req: &UsageRequest) -> Reply {
-        let mailbox = match confine(&self.root, &req.mailbox) {
-            Ok(p) => p,
-            Err(reply) => return reply,
-        };
-        let owner = match fs::metadata(&mailbox) {
-            Ok(m) if m.is_dir() => m,
-            Ok(_) => {
-                return Reply::temp(
-                    "4.3.0",
-                    format!("mailbox {} is not a directory", mailbox.display()),
-                );
-            }
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+        let (mailbox, dir) = match confine(&self.root, &req.mailbox) {
+            Ok(Found::Exists { path, dir }) => (path, dir),
+            Ok(Found::Missing { path, .. }) => {
                 return Reply::perm(
                     "5.1.1",
-                    format!("no such mailbox: {} does not exist", mailbox.display()),
+                    format!("no such mailbox: {} does not exist", path.display()),
                 );
             }
+            Err(reply) => return reply,
+        };
+        let owner = match dir.stat() {
+            Ok(s) => s,
             Err(e) => return io_reply("looking up", &mailbox, e, privilege::current()),
         };
         let (who, _switched) = match self.become_owner(&mailbox, &owner, "mailbox") {
             Ok(switched) => switched,
             Err(reply) => return reply,
         };
+        let top = match dir.reopen(libc::O_RDONLY) {
+            Ok(d) => d,
+            Err(e) => return io_reply("opening", &mailbox, e, who),
+        };
         let unique = self.unique_name(0);
-        match quota::current(&mailbox, req.limits, 0, req.rebuild, &unique) {
+        match quota::current(&top, req.limits, 0, req.rebuild, &unique) {
             Ok((usage, _)) => Reply::Usage(usage),
             Err(e) => io_reply("measuring", &mailbox, e, who),
         }
     }
 
     /// Who works on `mailbox`: the owner of `owner_of` (the mailbox, or the directory above
-    /// it, `what`) when running as root, switched to until the guard drops; otherwise this
-    /// process's own user. A root owner is refused unless ALLOW_ROOT_OWNER.
+    /// it, `what`, as fstat of its open descriptor says) when running as root, switched to
+    /// until the guard drops; otherwise this process's own user. A root owner is refused
+    /// unless ALLOW_ROOT_OWNER.
     fn become_owner(
         &self,
         mailbox: &Path,
-        owner_of: &fs::Metadata,
+        owner_of: &Stat,
         what: &str,
     ) -> Result<(Identity, Option<privilege::Switched>), Reply> {
         let who = if privilege::is_root() {
             Identity {
-                uid: owner_of.uid(),
-                gid: owner_of.gid(),
+                uid: owner_of.uid,
+                gid: owner_of.gid,
             }
         } else {
             privilege::current()
@@ -245,7 +341,7 @@ impl Writer {
         let n = dirs.len();
         let mut failed = None;
         for (path, dir) in dirs {
-            if let Err(e) = dir.sync_all()
+            if let Err(e) = dir.sync()
                 && failed.is_none()
             {
                 failed = Some(Reply::temp(
@@ -280,9 +376,125 @@ impl Writer {
     }
 }
 
+/// The start of the file name of a keyed delivery, everything before the host:
+/// `<secs>.M<usecs>W<row>K<hash>.`, where `secs.usecs` is the row's incarnation (its
+/// `received_at`), `row` the queue row and `hash` 16 hex digits of FNV-1a over the recipient
+/// exactly as the envelope has it. The file is `<prefix><host>,S=<size>`: a Maildir name
+/// (`time.unique.host`) whose unique part no other delivery shares, and which a retry finds
+/// whatever host it runs on and whatever flags a reader added in `cur/`.
+pub fn keyed_prefix(key: protocol::DeliveryKey, delivered_to: &str) -> String {
+    let secs = key.incarnation.div_euclid(1_000_000);
+    let usecs = key.incarnation.rem_euclid(1_000_000);
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in delivered_to.bytes() {
+        hash ^= u64::from(b);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{secs}.M{usecs}W{}K{hash:016x}.", key.row)
+}
+
+/// The copy of a keyed delivery already in `new/` or `cur/` (looked at in that order, so a
+/// reader moving it between them meanwhile is still seen): the directory and the name.
+fn stored_already(md: &Maildir, prefix: &str) -> Result<Option<(&'static str, String)>, Failed> {
+    let fail = |sub: &str, e| ("reading", PathBuf::from(sub), e);
+    if let Some(name) = find(&md.new, prefix).map_err(|e| fail("new", e))? {
+        return Ok(Some(("new", name)));
+    }
+    let cur = match md.top.open_dir("cur") {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(("opening", PathBuf::from("cur"), e)),
+    };
+    Ok(find(&cur, prefix)
+        .map_err(|e| fail("cur", e))?
+        .map(|name| ("cur", name)))
+}
+
+/// The first entry of `dir` whose name starts with `prefix`.
+fn find(dir: &Dir, prefix: &str) -> io::Result<Option<String>> {
+    Ok(dir
+        .entries()?
+        .into_iter()
+        .map(|(n, _)| n.to_string_lossy().into_owned())
+        .find(|n| n.starts_with(prefix)))
+}
+
+/// Before a keyed write: whether `tmp/<name>` holds the complete copy already (written by
+/// an attempt that died before its rename: it is then only synced and renamed). Every
+/// other file of this delivery in `tmp/` (partial, or another size or host) is removed.
+fn finish_or_clear(tmp: &Dir, prefix: &str, name: &str, content: &[&[u8]]) -> Result<bool, Failed> {
+    let mut complete = false;
+    let entries = tmp.entries().map_err(|e| ("reading", PathBuf::new(), e))?;
+    for (entry, _) in entries {
+        let entry = entry.to_string_lossy().into_owned();
+        if !entry.starts_with(prefix) {
+            continue;
+        }
+        if entry == name && same_content(tmp, name, content).unwrap_or(false) {
+            complete = true;
+            continue;
+        }
+        match tmp.unlink(&entry) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(e) => return Err(("removing", PathBuf::from(entry), e)),
+        }
+    }
+    Ok(complete)
+}
+
+/// Whether the file `name` in `dir` holds exactly the concatenation of `content`.
+fn same_content(dir: &Dir, name: &str, content: &[&[u8]]) -> io::Result<bool> {
+    let mut f = dir.open_file(name)?;
+    let want: u64 = content.iter().map(|c| c.len() as u64).sum();
+    if Stat::of_file(&f)?.size != want {
+        return Ok(false);
+    }
+    let mut buf = vec![0u8; 64 * 1024];
+    for part in content {
+        let mut rest = *part;
+        while !rest.is_empty() {
+            let n = rest.len().min(buf.len());
+            f.read_exact(&mut buf[..n])?;
+            if buf[..n] != rest[..n] {
+                return Ok(false);
+            }
+            rest = &rest[n..];
+        }
+    }
+    Ok(true)
+}
+
+/// Where a mailbox path leads.
+#[derive(Debug)]
+pub enum Found {
+    /// The Maildir exists: its path with every link resolved, and the directory itself, open.
+    Exists { path: PathBuf, dir: Dir },
+    /// It does not: its path as far as resolved, the nearest existing directory above it
+    /// (open), and the names below that one that are missing.
+    Missing {
+        path: PathBuf,
+        above: Dir,
+        missing: Vec<OsString>,
+    },
+}
+
+impl Found {
+    /// The mailbox's path, links resolved.
+    pub fn path(&self) -> &Path {
+        match self {
+            Found::Exists { path, .. } | Found::Missing { path, .. } => path,
+        }
+    }
+}
+
 /// Refuses a mailbox that is relative, has `.`/`..` components, or resolves (symlinks
-/// followed, as far as it exists) outside `root`. Returns the resolved path.
-pub fn confine(root: &Path, mailbox: &Path) -> Result<PathBuf, Reply> {
+/// followed, as far as it exists) outside `root` or to the root itself. The path is walked
+/// from `/` one component at a time, each opened relative to the directory before it without
+/// following links (`O_PATH|O_NOFOLLOW`); a symbolic link is read from the very link whose
+/// owner was checked and its target walked the same way. The directory returned is the one
+/// the walk reached, open: nothing is looked up by path again.
+pub fn confine(root: &Path, mailbox: &Path) -> Result<Found, Reply> {
     let escape = |why: &str| {
         Reply::temp(
             "4.3.5",
@@ -300,71 +512,108 @@ pub fn confine(root: &Path, mailbox: &Path) -> Result<PathBuf, Reply> {
     if raw.split(|&b| b == b'/').any(|c| c == b"." || c == b"..") {
         return Err(escape("it has a . or .. component"));
     }
-    // Resolve the longest existing prefix, then append the rest (which does not exist, so
-    // holds no symlink).
-    let mut existing = mailbox.to_path_buf();
-    let mut rest: Vec<std::ffi::OsString> = Vec::new();
-    let resolved = loop {
-        match fs::canonicalize(&existing) {
-            Ok(p) => break p,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                let Some(name) = existing.file_name() else {
-                    return Err(escape("no part of it exists"));
-                };
-                rest.push(name.to_owned());
-                existing.pop();
-            }
-            Err(e) => {
-                return Err(Reply::temp(
-                    "4.3.0",
-                    format!("resolving mailbox path {}: {e}", mailbox.display()),
-                ));
-            }
+    let looking_up = |p: &Path, e: io::Error| {
+        Reply::temp(
+            "4.3.0",
+            format!(
+                "resolving mailbox path {}: looking up {}: {e}",
+                mailbox.display(),
+                p.display()
+            ),
+        )
+    };
+    let inside = |p: &Path| -> Result<(), Reply> {
+        if !p.starts_with(root) {
+            return Err(escape(&format!("it resolves to {}", p.display())));
         }
+        if p == root {
+            return Err(escape("it is the root itself"));
+        }
+        Ok(())
     };
-    let mut full = resolved;
-    for part in rest.iter().rev() {
-        full.push(part);
-    }
-    if full.components().any(|c| matches!(c, Component::ParentDir)) || !full.starts_with(root) {
-        return Err(escape(&format!("it resolves to {}", full.display())));
-    }
-    // A symbolic link below the root is followed only when root or the helper's own user
-    // owns it: a link a mailbox owner planted would choose another owner's Maildir, and with
-    // it the identity the write runs as.
-    // Links outside the root's tree (the root itself given through a link, say) are the
-    // administrator's and not checked.
-    let inside = |link: &Path| {
-        link.parent()
-            .and_then(|p| fs::canonicalize(p).ok())
-            .is_some_and(|p| p.starts_with(root))
-    };
-    let mut walked = PathBuf::new();
-    for part in mailbox.components() {
-        walked.push(part);
-        match fs::symlink_metadata(&walked) {
-            Ok(m) if m.file_type().is_symlink() && !trusted_owner(m.uid()) && inside(&walked) => {
+    let top = Path::new("/");
+    let mut pending: VecDeque<OsString> = mailbox
+        .components()
+        .filter_map(|c| match c {
+            Component::Normal(n) => Some(n.to_owned()),
+            _ => None,
+        })
+        .collect();
+    // `at` is the path of `cur`, every link resolved.
+    let mut at = top.to_path_buf();
+    let mut cur = Dir::open(top).map_err(|e| looking_up(top, e))?;
+    let mut links = 0;
+    while let Some(name) = pending.pop_front() {
+        // Only a trusted link's target brings these.
+        if name == OsStr::new(".") {
+            continue;
+        }
+        if name == OsStr::new("..") {
+            cur = cur.parent().map_err(|e| looking_up(&at, e))?;
+            at.pop();
+            continue;
+        }
+        let here = at.join(&name);
+        let node = match cur.open_node(&name) {
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                let mut missing = vec![name];
+                missing.extend(pending);
+                let mut path = at.clone();
+                path.extend(&missing);
+                inside(&path)?;
+                return Ok(Found::Missing {
+                    path,
+                    above: cur,
+                    missing,
+                });
+            }
+            Err(e) => return Err(looking_up(&here, e)),
+        };
+        let st = node.stat().map_err(|e| looking_up(&here, e))?;
+        if st.is_symlink() {
+            // A symbolic link below the root is followed only when root or the helper's own
+            // user owns it: a link a mailbox owner planted would choose another owner's
+            // Maildir, and with it the identity the write runs as. Links outside the root's
+            // tree (the root itself given through a link, say) are the administrator's.
+            if at.starts_with(root) && !trusted_owner(st.uid) {
                 return Err(escape(&format!(
                     "{} is a symbolic link owned by uid {} (only links owned by root or by \
                      this helper's user are followed)",
-                    walked.display(),
-                    m.uid()
+                    here.display(),
+                    st.uid
                 )));
             }
-            Ok(_) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => break,
-            Err(e) => {
-                return Err(Reply::temp(
-                    "4.3.0",
-                    format!("looking up {}: {e}", walked.display()),
-                ));
+            links += 1;
+            if links > MAX_LINKS {
+                return Err(looking_up(&here, io::Error::from_raw_os_error(libc::ELOOP)));
             }
+            let target = PathBuf::from(node.readlink().map_err(|e| looking_up(&here, e))?);
+            if target.is_absolute() {
+                cur = Dir::open(top).map_err(|e| looking_up(top, e))?;
+                at = top.to_path_buf();
+            }
+            for c in target.components().rev() {
+                match c {
+                    Component::Normal(n) => pending.push_front(n.to_owned()),
+                    Component::ParentDir => pending.push_front("..".into()),
+                    _ => {}
+                }
+            }
+            continue;
         }
+        if pending.is_empty() && !st.is_dir() {
+            inside(&here)?;
+            return Err(Reply::temp(
+                "4.3.0",
+                format!("mailbox {} is not a directory", here.display()),
+            ));
+        }
+        cur = node.into_dir().map_err(|e| looking_up(&here, e))?;
+        at = here;
     }
-    if full == root {
-        return Err(escape("it is the root itself"));
-    }
-    Ok(full)
+    inside(&at)?;
+    Ok(Found::Exists { path: at, dir: cur })
 }
 
 /// Whether a symbolic link owned by `uid` may be followed: root's, or the real user's the
@@ -374,99 +623,85 @@ fn trusted_owner(uid: u32) -> bool {
     uid == 0 || uid == unsafe { libc::getuid() }
 }
 
-/// Metadata of the nearest existing directory above `path`.
-fn nearest_existing(path: &Path) -> io::Result<fs::Metadata> {
-    let mut p = path.to_path_buf();
-    while p.pop() {
-        match fs::metadata(&p) {
-            Ok(m) => return Ok(m),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Err(io::Error::new(
-        io::ErrorKind::NotFound,
-        "no directory above it exists",
-    ))
-}
-
-/// Creates the missing directories from under `root` down to `mailbox`, then tmp/ new/ cur/,
-/// mode 0700, as the current effective user. The directory holding each one it created is
-/// fsynced, so a new Maildir survives a crash like the message written into it.
-fn create_maildir(root: &Path, mailbox: &Path) -> io::Result<()> {
-    let mut builder = fs::DirBuilder::new();
-    builder.mode(0o700);
-    let mut parents: Vec<PathBuf> = Vec::new();
-    let mut create = |p: &Path| match builder.create(p) {
-        Ok(()) => {
-            if let Some(parent) = p.parent()
-                && !parents.iter().any(|q| q == parent)
-            {
-                parents.push(parent.to_path_buf());
+/// Creates the `missing` directories below `above`, then tmp/ new/ cur/, mode 0700, as the
+/// current effective user, each relative to the one before (a link put in the way is
+/// refused). The directory holding each one it created is fsynced, so a new Maildir
+/// survives a crash like the message written into it. Returns the Maildir, open.
+fn create_maildir(above: Dir, missing: &[OsString]) -> io::Result<Dir> {
+    let mut cur = above;
+    let mut changed: Vec<Dir> = Vec::new();
+    let make = |dir: &Dir, name: &OsStr, changed: &mut Vec<Dir>| -> io::Result<()> {
+        match dir.mkdir(name, 0o700) {
+            Ok(()) => {
+                changed.push(dir.reopen(libc::O_RDONLY)?);
+                Ok(())
             }
-            Ok(())
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            Err(e) => Err(e),
         }
-        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
-        Err(e) => Err(e),
     };
-    let mut p = root.to_path_buf();
-    for part in mailbox.strip_prefix(root).unwrap_or(mailbox).components() {
-        p.push(part);
-        create(&p)?;
+    for name in missing {
+        make(&cur, name, &mut changed)?;
+        let node = cur.open_node(name)?;
+        if !node.stat()?.is_dir() {
+            return Err(io::Error::other(format!(
+                "{} appeared as something else than a directory",
+                name.to_string_lossy()
+            )));
+        }
+        cur = node.into_dir()?;
     }
     for sub in ["tmp", "new", "cur"] {
-        create(&mailbox.join(sub))?;
+        make(&cur, OsStr::new(sub), &mut changed)?;
     }
-    for dir in parents.iter().rev() {
-        File::open(dir)?.sync_all()?;
+    for dir in changed.iter().rev() {
+        dir.sync()?;
     }
-    Ok(())
+    Ok(cur)
 }
 
 type Failed = (&'static str, PathBuf, io::Error);
 
-/// tmp/ → fsync → new/ → fsync new/ (`DirSync::Now`), or new/ opened and returned for a later
-/// sync (`DirSync::Later`). On failure the tmp/ file is removed.
+/// tmp/ → fsync → new/ (the caller syncs new/). `complete`: `tmp/<name>` holds the copy
+/// already, only synced and renamed. On failure the tmp/ file is removed.
 fn write_into(
+    md: &Maildir,
     mailbox: &Path,
     name: &str,
-    headers: &[u8],
-    message: &[u8],
-    dir_sync: DirSync,
-) -> Result<Option<File>, Failed> {
+    content: &[&[u8]],
+    complete: bool,
+) -> Result<(), Failed> {
     let tmp = mailbox.join("tmp").join(name);
-    let new_dir = mailbox.join("new");
-    let new = new_dir.join(name);
-    let mut file = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
-        .map_err(|e| ("creating", tmp.clone(), e))?;
-    let written = file
-        .write_all(headers)
-        .and_then(|_| file.write_all(message))
-        .and_then(|_| file.sync_all())
-        .map_err(|e| ("writing", tmp.clone(), e));
-    drop(file);
-    let moved = written
-        .and_then(|_| fs::rename(&tmp, &new).map_err(|e| ("renaming into", new_dir.clone(), e)));
+    let written = if complete {
+        md.tmp
+            .open_file(name)
+            .and_then(|f| f.sync_all())
+            .map_err(|e| ("syncing", tmp.clone(), e))
+    } else {
+        let created = md
+            .tmp
+            .create_file(name, 0o600)
+            .map_err(|e| ("creating", tmp.clone(), e));
+        created.and_then(|mut file| {
+            content
+                .iter()
+                .try_for_each(|part| file.write_all(part))
+                .and_then(|_| file.sync_all())
+                .map_err(|e| ("writing", tmp.clone(), e))
+        })
+    };
+    let moved = written.and_then(|_| {
+        md.tmp
+            .rename(name, &md.new, name)
+            .map_err(|e| ("renaming into", mailbox.join("new"), e))
+    });
     if let Err(e) = moved {
-        let _ = fs::remove_file(&tmp);
+        if e.0 != "creating" {
+            let _ = md.tmp.unlink(name);
+        }
         return Err(e);
     }
-    // The rename is durable only once the directory is synced. The message is in new/
-    // already; a failure here is reported as transient, and a retry may store a second
-    // copy: better than losing the only one.
-    let dir = File::open(&new_dir).map_err(|e| ("syncing", new_dir.clone(), e))?;
-    match dir_sync {
-        DirSync::Later => Ok(Some(dir)),
-        DirSync::Now => dir
-            .sync_all()
-            .map(|_| None)
-            .map_err(|e| ("syncing", new_dir.clone(), e)),
-    }
+    Ok(())
 }
 
 /// Maps an I/O failure to a reply: a full disk, I/O errors and permission problems are
@@ -532,11 +767,55 @@ mod tests {
         assert_eq!(maildir_host(""), "localhost");
     }
 
+    /// The name of a keyed delivery: the incarnation as the time, the row and a hash of the
+    /// recipient exactly as given in the unique part, the host and size after.
+    #[test]
+    fn keyed_names_as_a_table() {
+        let key = |row, incarnation| protocol::DeliveryKey { row, incarnation };
+        let cases = [
+            (
+                key(81723, 1_733_318_400_123_456),
+                "alice@example.test",
+                "1733318400.M123456W81723K",
+            ),
+            (key(1, 1_733_318_400_000_001), "a@b", "1733318400.M1W1K"),
+            (key(i64::MAX, 0), "a@b", "0.M0W9223372036854775807K"),
+        ];
+        let mut seen = std::collections::HashSet::new();
+        for (k, rcpt, start) in cases {
+            let p = keyed_prefix(k, rcpt);
+            assert!(p.starts_with(start), "{p}");
+            assert!(p.ends_with('.') && p.matches('.').count() == 2, "{p}");
+            let hash = &p[start.len()..p.len() - 1];
+            assert!(
+                hash.len() == 16 && hash.bytes().all(|b| b.is_ascii_hexdigit()),
+                "{p}"
+            );
+            assert_eq!(p, keyed_prefix(k, rcpt), "the same key, the same name");
+            assert!(seen.insert(p));
+        }
+        // Another recipient, row or incarnation: another name.
+        let base = keyed_prefix(key(5, 10), "alice@example.test");
+        for other in [
+            keyed_prefix(key(5, 10), "Alice@example.test"),
+            keyed_prefix(key(5, 10), "bob@example.test"),
+            keyed_prefix(key(6, 10), "alice@example.test"),
+            keyed_prefix(key(5, 11), "alice@example.test"),
+        ] {
+            assert_ne!(base, other);
+        }
+        // What readers see: `time.unique.host`, the info after a comma, no `/` or `:`.
+        let name = format!("{base}{},S=42", maildir_host("mx1.example.test"));
+        assert_eq!(name.split('.').next(), Some("0"));
+        assert!(!name.contains('/') && !name.contains(':'), "{name}");
+        assert_eq!(quota::size_from_name(&name), Some(42));
+    }
+
     #[test]
     fn confinement_table() {
         let dir = tempfile::tempdir().unwrap();
-        let root = fs::canonicalize(dir.path()).unwrap();
-        fs::create_dir_all(root.join("alice/Maildir")).unwrap();
+        let root = std::fs::canonicalize(dir.path()).unwrap();
+        std::fs::create_dir_all(root.join("alice/Maildir")).unwrap();
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("evil")).unwrap();
         std::os::unix::fs::symlink(root.join("alice"), root.join("alias")).unwrap();
@@ -554,7 +833,7 @@ mod tests {
         ];
         for (path, want) in cases {
             match (confine(&root, &path), want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, want, "{path:?}"),
+                (Ok(got), Ok(want)) => assert_eq!(got.path(), want, "{path:?}"),
                 (Err(Reply::Temp { status, text }), Err(want)) => {
                     assert_eq!(status, "4.3.5", "{path:?}");
                     assert!(text.contains(want), "{path:?}: {text}");

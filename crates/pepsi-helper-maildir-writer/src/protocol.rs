@@ -1,17 +1,24 @@
 //! The co-process protocol between `pepsi-stage-relay-to-maildir` and the writer, both ends.
 //!
-//! A delivery is seven lines, in this order, each ending with LF, then the message:
+//! A delivery is eight lines, in this order, each ending with LF, then the message:
 //!
 //! ```text
 //! mailbox /var/mail/alice/Maildir
 //! return-path bob@example.org          (empty for the null sender)
 //! delivered-to alice@example.test
+//! key 81723 1733318400123456           (queue row, its received_at in µs; empty: none)
 //! quota 10485760                       (bytes; 0 = no limit)
 //! quota-messages 1000                  (messages; 0 = no limit)
 //! dir-sync now                         (or `later`: see below)
 //! size 1234
 //! <exactly `size` bytes of message>
 //! ```
+//!
+//! With a `key`, the copy's file name is derived from the key and the recipient
+//! ([`crate::maildir::keyed_prefix`]): a delivery asked again after a crash (of the writer,
+//! the stage, the dispatcher or the database) finds the copy it already stored and answers
+//! `ok` with its name without storing a second one; a copy left complete in `tmp/` is
+//! finished (synced, renamed), a partial one written again. See `docs/delivery.md`.
 //!
 //! The answer is one line: `ok <file name in new/>`, `perm <x.y.z> <text>` or
 //! `temp <x.y.z> <text>` (RFC 3463 status, class 5 or 4). With a quota (either limit), the
@@ -53,6 +60,9 @@ pub struct Request {
     pub return_path: String,
     /// The envelope recipient this copy is for.
     pub delivered_to: String,
+    /// What makes the delivery the same one when it is asked again; `None`: a fresh name
+    /// every time.
+    pub key: Option<DeliveryKey>,
     /// Mailbox quota in bytes; `None` for none.
     pub quota: Option<u64>,
     /// Mailbox quota in messages; `None` for none.
@@ -61,6 +71,39 @@ pub struct Request {
     pub dir_sync: DirSync,
     /// The message as stored (headers, CRLF, body).
     pub message: Vec<u8>,
+}
+
+/// The identity of one delivery across its retries: the queue row and the row's
+/// incarnation (its `received_at`, in microseconds since the epoch), so that a row id used
+/// again (a database restored from a backup, a failover that lost the sequence's advance)
+/// never matches a copy stored for another message. With the recipient, it names the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeliveryKey {
+    pub row: i64,
+    pub incarnation: i64,
+}
+
+impl DeliveryKey {
+    /// `<row> <incarnation>`, the `key` line's value.
+    fn encode(&self) -> String {
+        format!("{} {}", self.row, self.incarnation)
+    }
+
+    fn parse(v: &str) -> Result<Option<DeliveryKey>, ProtocolError> {
+        if v.is_empty() {
+            return Ok(None);
+        }
+        let bad = || {
+            ProtocolError::Malformed(format!(
+                "key {v:?} is not `<row> <received_at in microseconds>`"
+            ))
+        };
+        let (row, incarnation) = v.split_once(' ').ok_or_else(bad)?;
+        Ok(Some(DeliveryKey {
+            row: row.parse().map_err(|_| bad())?,
+            incarnation: incarnation.parse().map_err(|_| bad())?,
+        }))
+    }
 }
 
 /// When the writer syncs `new/` after renaming a delivery into it.
@@ -125,7 +168,7 @@ pub const SYNC_LINE: &[u8] = b"sync\n";
 pub use pepsi_common::coprocess::ProtocolError;
 
 impl Request {
-    /// The six header lines (everything before the message bytes).
+    /// The eight header lines (everything before the message bytes).
     pub fn encode_head(&self) -> Result<Vec<u8>, String> {
         let mailbox = self
             .mailbox
@@ -139,9 +182,10 @@ impl Request {
             check_value(what, v)?;
         }
         Ok(format!(
-            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nquota {}\nquota-messages {}\ndir-sync {}\nsize {}\n",
+            "mailbox {mailbox}\nreturn-path {}\ndelivered-to {}\nkey {}\nquota {}\nquota-messages {}\ndir-sync {}\nsize {}\n",
             self.return_path,
             self.delivered_to,
+            self.key.map(|k| k.encode()).unwrap_or_default(),
             self.quota.unwrap_or(0),
             self.quota_messages.unwrap_or(0),
             self.dir_sync.as_str(),
@@ -216,6 +260,7 @@ pub fn read_command<R: BufRead>(input: &mut R) -> Result<Option<Command>, Protoc
     let mailbox = value_of(&first, "mailbox")?;
     let return_path = field(input, "return-path", false)?.unwrap_or_default();
     let delivered_to = field(input, "delivered-to", false)?.unwrap_or_default();
+    let key = DeliveryKey::parse(&field(input, "key", false)?.unwrap_or_default())?;
     let limits = read_limits(input)?;
     let dir_sync = match field(input, "dir-sync", false)?.as_deref() {
         Some("now") => DirSync::Now,
@@ -247,6 +292,7 @@ pub fn read_command<R: BufRead>(input: &mut R) -> Result<Option<Command>, Protoc
         mailbox: PathBuf::from(mailbox),
         return_path,
         delivered_to,
+        key,
         quota: limits.bytes,
         quota_messages: limits.messages,
         dir_sync,
@@ -557,6 +603,10 @@ mod tests {
             mailbox: "/srv/mail/alice/Maildir".into(),
             return_path: String::new(),
             delivered_to: "alice@example.test".into(),
+            key: Some(DeliveryKey {
+                row: 81723,
+                incarnation: 1733318400123456,
+            }),
             quota: Some(1000),
             quota_messages: None,
             dir_sync: DirSync::Now,
@@ -583,6 +633,7 @@ mod tests {
                 quota: None,
                 quota_messages: Some(50),
                 dir_sync: DirSync::Later,
+                key: None,
                 ..request()
             },
         ] {
@@ -603,8 +654,13 @@ mod tests {
         assert_eq!(delivery(read_command(&mut input).unwrap()), Some(request()));
         let second = delivery(read_command(&mut input).unwrap()).unwrap();
         assert_eq!(
-            (second.quota, second.quota_messages, second.dir_sync),
-            (None, Some(50), DirSync::Later)
+            (
+                second.quota,
+                second.quota_messages,
+                second.dir_sync,
+                second.key
+            ),
+            (None, Some(50), DirSync::Later, None)
         );
         assert_eq!(
             read_command(&mut input).unwrap(),
@@ -633,35 +689,47 @@ mod tests {
             (b"path /m\n", "expected a mailbox line"),
             (b"sync now\n", "expected a mailbox line"),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\ndir-sync now\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey\nquota 0\ndir-sync now\nsize 1\nz",
                 "expected a quota-messages line",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\n",
+                "expected a key line",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey 12\nquota 0\n",
+                "key \"12\" is not `<row> <received_at in microseconds>`",
+            ),
+            (
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey 12 x\nquota 0\n",
+                "key \"12 x\" is not",
             ),
             (
                 b"usage /m\nquota 1\nquota-messages 0\nrebuild maybe\n",
                 "rebuild \"maybe\" is not `yes` or `no`",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota x\nquota-messages 0\ndir-sync now\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey\nquota x\nquota-messages 0\ndir-sync now\nsize 1\nz",
                 "quota \"x\" is not a whole number",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey\nquota 0\nquota-messages 0\nsize 1\nz",
                 "expected a dir-sync line",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync soon\nsize 1\nz",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey\nquota 0\nquota-messages 0\ndir-sync soon\nsize 1\nz",
                 "dir-sync \"soon\" is not `now` or `later`",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync now\nsize 10\nshort",
+                b"mailbox /m\nreturn-path a\ndelivered-to b\nkey\nquota 0\nquota-messages 0\ndir-sync now\nsize 10\nshort",
                 "ended after 5 of 10 bytes",
             ),
             (
-                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
+                b"mailbox /m\nreturn-path a\r\ndelivered-to b\nkey\nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
                 "control character",
             ),
             (
-                b"mailbox /m\nreturn-path a\ndelivered-to \nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
+                b"mailbox /m\nreturn-path a\ndelivered-to \nkey\nquota 0\nquota-messages 0\ndir-sync now\nsize 0\n",
                 "delivered-to is empty",
             ),
         ];

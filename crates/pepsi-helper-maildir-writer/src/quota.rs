@@ -12,13 +12,13 @@
 //! first and renames over the old file, so a reader never sees half of one.
 //!
 //! [`parse`], [`definition`] and [`size_from_name`] are pure; the rest works on the
-//! directory as the caller's effective user (the mailbox owner).
+//! Maildir's open directory ([`crate::fsat`]) as the caller's effective user (the mailbox
+//! owner), never on a path looked up again.
 
-use std::fs::{self, OpenOptions};
-use std::io::{self, Write};
-use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
-use std::time::{Duration, SystemTime};
+use std::io::{self, Read, Write};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use crate::fsat::{Dir, Stat};
 
 /// The file's name in the Maildir.
 pub const FILE: &str = "maildirsize";
@@ -100,37 +100,50 @@ pub fn size_from_name(name: &str) -> Option<u64> {
 }
 
 /// Counts the message files of `cur/` and `new/` of the inbox and of every Maildir++ folder
-/// (a subdirectory whose name starts with `.`), sizes from `,S=` where names carry it.
-pub fn scan(maildir: &Path) -> io::Result<Usage> {
+/// (a subdirectory whose name starts with `.`), sizes from `,S=` where names carry it. `maildir`
+/// is the Maildir opened readable; nothing is looked up through a symbolic link.
+pub fn scan(maildir: &Dir) -> io::Result<Usage> {
     let mut usage = Usage::default();
-    let mut folders = vec![maildir.to_path_buf()];
-    for entry in fs::read_dir(maildir)? {
-        let entry = entry?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with('.') && name != "." && name != ".." && entry.file_type()?.is_dir() {
-            folders.push(entry.path());
+    let mut folders = vec![maildir.reopen(libc::O_RDONLY)?];
+    for (name, is_dir) in maildir.entries()? {
+        let text = name.to_string_lossy();
+        if !text.starts_with('.') {
+            continue;
+        }
+        let is_dir = match is_dir {
+            Some(d) => d,
+            None => maildir.stat_at(&name).is_ok_and(|s| s.is_dir()),
+        };
+        if !is_dir {
+            continue;
+        }
+        match maildir.open_dir(&text) {
+            Ok(d) => folders.push(d),
+            // Removed by a reader meanwhile, or a link: not part of this Maildir.
+            Err(e)
+                if matches!(
+                    e.raw_os_error(),
+                    Some(libc::ENOENT | libc::ELOOP | libc::ENOTDIR)
+                ) => {}
+            Err(e) => return Err(e),
         }
     }
     for folder in folders {
         for sub in ["cur", "new"] {
-            let dir = folder.join(sub);
-            let entries = match fs::read_dir(&dir) {
-                Ok(e) => e,
+            let dir = match folder.open_dir(sub) {
+                Ok(d) => d,
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(e),
             };
-            for entry in entries {
-                let entry = entry?;
-                let name = entry.file_name();
-                let name = name.to_string_lossy();
-                if name.starts_with('.') {
+            for (name, _) in dir.entries()? {
+                let name_text = name.to_string_lossy();
+                if name_text.starts_with('.') {
                     continue;
                 }
-                let size = match size_from_name(&name) {
+                let size = match size_from_name(&name_text) {
                     Some(s) => s,
-                    None => match entry.metadata() {
-                        Ok(m) if m.is_file() => m.len(),
+                    None => match dir.stat_at(&name) {
+                        Ok(m) if m.is_file() => m.size,
                         Ok(_) => continue,
                         // Moved or expunged meanwhile by a reader: it no longer counts.
                         Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
@@ -146,25 +159,22 @@ pub fn scan(maildir: &Path) -> io::Result<Usage> {
 }
 
 /// Rebuilds `maildirsize` from the directory for `limits` and returns the usage found.
-pub fn rebuild(maildir: &Path, limits: Limits, unique: &str) -> io::Result<Usage> {
+pub fn rebuild(maildir: &Dir, limits: Limits, unique: &str) -> io::Result<Usage> {
     let usage = scan(maildir)?;
-    let tmp = maildir.join("tmp").join(format!("{unique}.maildirsize"));
+    let tmp = maildir.open_dir("tmp")?;
+    let name = format!("{unique}.maildirsize");
     let text = format!(
         "{}\n{} {}\n",
         definition(limits),
         usage.bytes,
         usage.messages
     );
-    let written = OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(&tmp)
+    let written = tmp
+        .create_file(&name, 0o600)
         .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|_| f.sync_all()))
-        .and_then(|_| fs::rename(&tmp, maildir.join(FILE)));
+        .and_then(|_| tmp.rename(&name, maildir, FILE));
     if let Err(e) = written {
-        let _ = fs::remove_file(&tmp);
+        let _ = tmp.unlink(&name);
         return Err(e);
     }
     Ok(usage)
@@ -183,26 +193,23 @@ pub enum Source {
 /// malformed, defines other limits, is longer than [`MAX_FILE`], or (when a message of
 /// `size` would not fit) older than [`STALE_AFTER`]. `force` always rebuilds.
 pub fn current(
-    maildir: &Path,
+    maildir: &Dir,
     limits: Limits,
     size: u64,
     force: bool,
     unique: &str,
 ) -> io::Result<(Usage, Source)> {
-    let path = maildir.join(FILE);
     if !force {
-        match fs::read_to_string(&path) {
-            Ok(text) => {
-                let meta = fs::metadata(&path)?;
+        match read_file(maildir) {
+            Ok((text, meta)) => {
                 if let Some((defined, usage)) = parse(&text)
                     && defined == limits
-                    && meta.len() <= MAX_FILE
+                    && meta.size <= MAX_FILE
                 {
-                    let fresh = meta
-                        .modified()
-                        .ok()
-                        .and_then(|m| SystemTime::now().duration_since(m).ok())
-                        .is_some_and(|age| age < STALE_AFTER);
+                    let modified = UNIX_EPOCH + Duration::from_secs(meta.mtime.max(0) as u64);
+                    let fresh = SystemTime::now()
+                        .duration_since(modified)
+                        .is_ok_and(|age| age < STALE_AFTER);
                     if limits.fits(usage, size) || fresh {
                         return Ok((usage, Source::File));
                     }
@@ -216,19 +223,26 @@ pub fn current(
     rebuild(maildir, limits, unique).map(|u| (u, Source::Rebuilt))
 }
 
+/// The text of `maildirsize` and what fstat says of it.
+fn read_file(maildir: &Dir) -> io::Result<(String, Stat)> {
+    let mut f = maildir.open_file(FILE)?;
+    let meta = Stat::of_file(&f)?;
+    let mut text = String::new();
+    f.read_to_string(&mut text)?;
+    Ok((text, meta))
+}
+
 /// Appends one change (`<bytes> <messages>`) in a single write, so concurrent writers'
 /// lines never interleave.
-pub fn record(maildir: &Path, bytes: i64, messages: i64) -> io::Result<()> {
-    let mut f = OpenOptions::new()
-        .append(true)
-        .custom_flags(libc::O_NOFOLLOW)
-        .open(maildir.join(FILE))?;
+pub fn record(maildir: &Dir, bytes: i64, messages: i64) -> io::Result<()> {
+    let mut f = maildir.append_file(FILE)?;
     f.write_all(format!("{bytes} {messages}\n").as_bytes())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::fs;
 
     #[test]
     fn definitions_and_files_as_a_table() {
@@ -272,6 +286,7 @@ mod tests {
     fn the_file_is_rebuilt_from_every_folder_and_summed_after() {
         let dir = tempfile::tempdir().unwrap();
         let md = dir.path();
+        let d = Dir::open(md).unwrap();
         for sub in ["tmp", "new", "cur", ".Sent/cur", ".Sent/new", ".Sent/tmp"] {
             fs::create_dir_all(md.join(sub)).unwrap();
         }
@@ -283,7 +298,7 @@ mod tests {
             bytes: Some(1000),
             messages: Some(10),
         };
-        let (usage, source) = current(md, limits, 1, false, "u1").unwrap();
+        let (usage, source) = current(&d, limits, 1, false, "u1").unwrap();
         assert_eq!(source, Source::Rebuilt, "no file yet");
         assert_eq!(
             usage,
@@ -297,9 +312,9 @@ mod tests {
             fs::read_to_string(md.join(FILE)).unwrap(),
             "1000S,10C\n137 3\n"
         );
-        record(md, 50, 1).unwrap();
-        record(md, -30, -1).unwrap();
-        let (usage, source) = current(md, limits, 1, false, "u2").unwrap();
+        record(&d, 50, 1).unwrap();
+        record(&d, -30, -1).unwrap();
+        let (usage, source) = current(&d, limits, 1, false, "u2").unwrap();
         assert_eq!(
             (usage, source),
             (
@@ -315,7 +330,7 @@ mod tests {
             bytes: Some(2000),
             messages: None,
         };
-        let (usage, source) = current(md, other, 1, false, "u3").unwrap();
+        let (usage, source) = current(&d, other, 1, false, "u3").unwrap();
         assert_eq!(
             (usage, source),
             (
@@ -333,11 +348,11 @@ mod tests {
         );
         // A long file is rebuilt too.
         for _ in 0..2000 {
-            record(md, 1, 0).unwrap();
+            record(&d, 1, 0).unwrap();
         }
-        let (_, source) = current(md, other, 1, false, "u4").unwrap();
+        let (_, source) = current(&d, other, 1, false, "u4").unwrap();
         assert_eq!(source, Source::Rebuilt);
-        let (_, source) = current(md, other, 1, true, "u5").unwrap();
+        let (_, source) = current(&d, other, 1, true, "u5").unwrap();
         assert_eq!(source, Source::Rebuilt, "forced");
         assert_eq!(
             fs::read_dir(md.join("tmp")).unwrap().count(),

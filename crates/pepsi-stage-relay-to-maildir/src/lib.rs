@@ -22,7 +22,7 @@ use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use pepsi_common::quota::{self, Limits};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request};
+use pepsi_helper_maildir_writer::protocol::{DeliveryKey, DirSync, Reply, Request};
 
 use helper::{CoProcess, HelperArgs};
 use mailbox::Template;
@@ -451,6 +451,12 @@ impl Stage for RelayToMaildir {
                 mailbox,
                 return_path: ctx.mail_from().to_owned(),
                 delivered_to: r.clone(),
+                // The copy's name comes from the row, its incarnation and the recipient: a
+                // pass redone after a crash finds the copy it stored instead of a second one.
+                key: Some(DeliveryKey {
+                    row: ctx.id(),
+                    incarnation: ctx.received_at().timestamp_micros(),
+                }),
                 quota: limits.bytes,
                 quota_messages: limits.messages,
                 // Synced once for the round, before the worker commits (`before_commit`).

@@ -1,0 +1,335 @@
+//! Directory file descriptors and the `*at` calls on them: every file the writer touches is
+//! named relative to a directory it holds open, never by a path looked up again later, so a
+//! directory swapped for a symbolic link after it was checked cannot redirect a write
+//! (security review 2026-12-04, finding 6).
+//!
+//! Nothing here follows a symbolic link: every name is opened with `O_NOFOLLOW` (a link is a
+//! refusal, `ELOOP`), and the one way to read a link is [`Dir::open_node`] + [`Node::readlink`]
+//! on the very link whose owner was checked. This module makes no decisions.
+
+use std::ffi::{CString, OsStr, OsString};
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::{OsStrExt, OsStringExt};
+use std::path::Path;
+
+/// What `fstat` says about a node, the few fields the writer uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stat {
+    pub uid: u32,
+    pub gid: u32,
+    pub mode: u32,
+    pub size: u64,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+}
+
+impl Stat {
+    fn of(st: &libc::stat) -> Stat {
+        Stat {
+            uid: st.st_uid,
+            gid: st.st_gid,
+            mode: st.st_mode,
+            size: st.st_size as u64,
+            mtime: st.st_mtime,
+        }
+    }
+
+    /// fstat of an open file.
+    pub fn of_file(f: &File) -> io::Result<Stat> {
+        fstat(f.as_raw_fd())
+    }
+
+    fn kind(&self) -> u32 {
+        self.mode & libc::S_IFMT
+    }
+
+    pub fn is_dir(&self) -> bool {
+        self.kind() == libc::S_IFDIR
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.kind() == libc::S_IFLNK
+    }
+
+    pub fn is_file(&self) -> bool {
+        self.kind() == libc::S_IFREG
+    }
+}
+
+fn cstr(name: &OsStr) -> io::Result<CString> {
+    CString::new(name.as_bytes()).map_err(|_| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("the name {name:?} contains a NUL byte"),
+        )
+    })
+}
+
+fn cvt(rc: libc::c_int) -> io::Result<libc::c_int> {
+    if rc < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(rc)
+    }
+}
+
+fn fstat(fd: libc::c_int) -> io::Result<Stat> {
+    // SAFETY: an all-zero stat is a valid value; fstat fills it or fails.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open for the caller's lifetime; st is a valid out pointer.
+    cvt(unsafe { libc::fstat(fd, &mut st) })?;
+    Ok(Stat::of(&st))
+}
+
+/// Any node opened `O_PATH|O_NOFOLLOW`: a symbolic link itself, a directory, a file. Opening
+/// one has no side effect (a FIFO or a device is not opened for I/O).
+#[derive(Debug)]
+pub struct Node(OwnedFd);
+
+impl Node {
+    pub fn stat(&self) -> io::Result<Stat> {
+        fstat(self.0.as_raw_fd())
+    }
+
+    /// The target of this symbolic link (the very link opened, not one found again by name).
+    pub fn readlink(&self) -> io::Result<OsString> {
+        let mut buf = vec![0u8; libc::PATH_MAX as usize + 1];
+        // SAFETY: the empty path with an O_PATH fd reads that link; buf is valid for its length.
+        let n = unsafe {
+            libc::readlinkat(
+                self.0.as_raw_fd(),
+                c"".as_ptr(),
+                buf.as_mut_ptr().cast(),
+                buf.len(),
+            )
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        buf.truncate(n as usize);
+        Ok(OsString::from_vec(buf))
+    }
+
+    /// This node as a directory: `ENOTDIR` when it is not one. The directory is the one this
+    /// node refers to (opened through `.` relative to it, no name looked up again).
+    pub fn into_dir(self) -> io::Result<Dir> {
+        let dir = Dir(self.0);
+        dir.reopen(libc::O_PATH)
+    }
+}
+
+/// An open directory. Opened with `O_PATH` it can be walked through and named relative to
+/// ([`Dir::open_node`], [`Dir::mkdir`], ...); [`Dir::reopen`] gives one that can also be read
+/// and synced.
+#[derive(Debug)]
+pub struct Dir(OwnedFd);
+
+impl Dir {
+    /// Opens `path` (an absolute path the administrator chose: symbolic links are followed).
+    pub fn open(path: &Path) -> io::Result<Dir> {
+        let c = cstr(path.as_os_str())?;
+        // SAFETY: c is a valid C string; the returned fd is owned below.
+        let fd = cvt(unsafe {
+            libc::open(
+                c.as_ptr(),
+                libc::O_RDONLY | libc::O_DIRECTORY | libc::O_CLOEXEC,
+            )
+        })?;
+        // SAFETY: fd was just opened and is owned by nothing else.
+        Ok(Dir(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn openat(&self, name: &OsStr, flags: libc::c_int, mode: libc::mode_t) -> io::Result<OwnedFd> {
+        let c = cstr(name)?;
+        // SAFETY: self.0 is an open directory fd; c is a valid C string.
+        let fd = cvt(unsafe {
+            libc::openat(
+                self.0.as_raw_fd(),
+                c.as_ptr(),
+                flags | libc::O_CLOEXEC | libc::O_NOFOLLOW,
+                libc::c_uint::from(mode),
+            )
+        })?;
+        // SAFETY: fd was just opened and is owned by nothing else.
+        Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+    }
+
+    /// The same directory opened again with `flags` (`O_RDONLY` to read and sync it; the
+    /// check of read permission is the caller's current effective user's).
+    pub fn reopen(&self, flags: libc::c_int) -> io::Result<Dir> {
+        self.openat(OsStr::new("."), flags | libc::O_DIRECTORY, 0)
+            .map(Dir)
+    }
+
+    pub fn stat(&self) -> io::Result<Stat> {
+        fstat(self.0.as_raw_fd())
+    }
+
+    /// The entry `name`, whatever it is, without following it.
+    pub fn open_node(&self, name: &OsStr) -> io::Result<Node> {
+        self.openat(name, libc::O_PATH, 0).map(Node)
+    }
+
+    /// The subdirectory `name`, readable; a symbolic link is refused (`ELOOP`), a file too
+    /// (`ENOTDIR`).
+    pub fn open_dir(&self, name: &str) -> io::Result<Dir> {
+        self.openat(OsStr::new(name), libc::O_RDONLY | libc::O_DIRECTORY, 0)
+            .map(Dir)
+    }
+
+    /// The parent directory (`..`), for a trusted link's target that climbs.
+    pub fn parent(&self) -> io::Result<Dir> {
+        self.openat(OsStr::new(".."), libc::O_PATH | libc::O_DIRECTORY, 0)
+            .map(Dir)
+    }
+
+    /// Creates the file `name` (it must not exist), write-only.
+    pub fn create_file(&self, name: &str, mode: libc::mode_t) -> io::Result<File> {
+        self.openat(
+            OsStr::new(name),
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL,
+            mode,
+        )
+        .map(File::from)
+    }
+
+    /// Opens the regular file `name` for reading (`O_NONBLOCK`, so a FIFO planted under the
+    /// name cannot hang the writer; refused below).
+    pub fn open_file(&self, name: &str) -> io::Result<File> {
+        let f = File::from(self.openat(OsStr::new(name), libc::O_RDONLY | libc::O_NONBLOCK, 0)?);
+        if !fstat(f.as_raw_fd())?.is_file() {
+            return Err(io::Error::other(format!("{name} is not a regular file")));
+        }
+        Ok(f)
+    }
+
+    /// Opens the existing regular file `name` to append to it.
+    pub fn append_file(&self, name: &str) -> io::Result<File> {
+        let f = File::from(self.openat(
+            OsStr::new(name),
+            libc::O_WRONLY | libc::O_APPEND | libc::O_NONBLOCK,
+            0,
+        )?);
+        if !fstat(f.as_raw_fd())?.is_file() {
+            return Err(io::Error::other(format!("{name} is not a regular file")));
+        }
+        Ok(f)
+    }
+
+    /// `lstat` of the entry `name`.
+    pub fn stat_at(&self, name: &OsStr) -> io::Result<Stat> {
+        let c = cstr(name)?;
+        // SAFETY: see fstat.
+        let mut st: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: self.0 is an open directory fd; c is valid; st is a valid out pointer.
+        cvt(unsafe {
+            libc::fstatat(
+                self.0.as_raw_fd(),
+                c.as_ptr(),
+                &mut st,
+                libc::AT_SYMLINK_NOFOLLOW,
+            )
+        })?;
+        Ok(Stat::of(&st))
+    }
+
+    pub fn mkdir(&self, name: &OsStr, mode: libc::mode_t) -> io::Result<()> {
+        let c = cstr(name)?;
+        // SAFETY: self.0 is an open directory fd; c is valid.
+        cvt(unsafe { libc::mkdirat(self.0.as_raw_fd(), c.as_ptr(), mode) }).map(|_| ())
+    }
+
+    /// Renames `from` here to `to` in `dir` (replacing a file of that name there).
+    pub fn rename(&self, from: &str, dir: &Dir, to: &str) -> io::Result<()> {
+        let (a, b) = (cstr(OsStr::new(from))?, cstr(OsStr::new(to))?);
+        // SAFETY: both fds are open directories; both names are valid C strings.
+        cvt(unsafe {
+            libc::renameat(
+                self.0.as_raw_fd(),
+                a.as_ptr(),
+                dir.0.as_raw_fd(),
+                b.as_ptr(),
+            )
+        })
+        .map(|_| ())
+    }
+
+    pub fn unlink(&self, name: &str) -> io::Result<()> {
+        let c = cstr(OsStr::new(name))?;
+        // SAFETY: self.0 is an open directory fd; c is valid.
+        cvt(unsafe { libc::unlinkat(self.0.as_raw_fd(), c.as_ptr(), 0) }).map(|_| ())
+    }
+
+    /// fsync of the directory (it must have been opened readable, [`Dir::reopen`]).
+    pub fn sync(&self) -> io::Result<()> {
+        // SAFETY: self.0 is an open fd.
+        cvt(unsafe { libc::fsync(self.0.as_raw_fd()) }).map(|_| ())
+    }
+
+    /// A second descriptor of this directory, for keeping it past this value.
+    pub fn try_clone(&self) -> io::Result<Dir> {
+        self.0.try_clone().map(Dir)
+    }
+
+    /// The entries' names (without `.` and `..`) and whether each is known to be a
+    /// directory (`None`: the filesystem did not say, ask [`Dir::stat_at`]). The directory
+    /// must be readable ([`Dir::reopen`]).
+    pub fn entries(&self) -> io::Result<Vec<(OsString, Option<bool>)>> {
+        // fdopendir takes the descriptor over; give it a copy, rewound.
+        let fd = self.0.try_clone()?;
+        // SAFETY: fd is an open directory; lseek has no memory effects.
+        cvt(unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_SET) } as libc::c_int)?;
+        let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
+        // SAFETY: raw is an open directory fd that the DIR stream now owns.
+        let dirp = unsafe { libc::fdopendir(raw) };
+        if dirp.is_null() {
+            let e = io::Error::last_os_error();
+            // SAFETY: fdopendir failed, so raw is still ours to close.
+            unsafe { libc::close(raw) };
+            return Err(e);
+        }
+        let mut out = Vec::new();
+        let result = loop {
+            // SAFETY: errno is thread-local; clearing it tells end of stream from an error.
+            unsafe { *libc::__errno_location() = 0 };
+            // SAFETY: dirp is a valid open stream until closedir below.
+            let ent = unsafe { libc::readdir(dirp) };
+            if ent.is_null() {
+                let e = io::Error::last_os_error();
+                break if e.raw_os_error() == Some(0) {
+                    Ok(())
+                } else {
+                    Err(e)
+                };
+            }
+            // SAFETY: readdir returned a valid entry, its name NUL-terminated.
+            let (name, kind) = unsafe {
+                (
+                    std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()),
+                    (*ent).d_type,
+                )
+            };
+            let name = name.to_bytes();
+            if name == b"." || name == b".." {
+                continue;
+            }
+            let dir = match kind {
+                libc::DT_DIR => Some(true),
+                libc::DT_UNKNOWN => None,
+                _ => Some(false),
+            };
+            out.push((OsString::from_vec(name.to_vec()), dir));
+        };
+        // SAFETY: dirp is valid and closed once.
+        unsafe { libc::closedir(dirp) };
+        result.map(|_| out)
+    }
+}
+
+impl AsRawFd for Dir {
+    fn as_raw_fd(&self) -> libc::c_int {
+        self.0.as_raw_fd()
+    }
+}
