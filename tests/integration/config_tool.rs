@@ -327,3 +327,106 @@ async fn secrets_are_never_shown() {
     let json = ok(&cfg, &["show", "--section", "stage-relay", "--json"]);
     assert!(!json.stdout.contains("hunter2"), "{json:?}");
 }
+
+/// Security review 2026-12-04 #2: whoever may write the overlay cannot point the smarthost
+/// stage, whose AUTH_PASSWORD comes from secrets.d, at a host of their own or turn its TLS
+/// off: HOST, PORT, TLS and TLS_SERVER_NAME (and the count stage's URL) are refused by
+/// pepsi-config, --force and --scope included, and by the table's CHECK.
+#[tokio::test]
+async fn security_review_2_an_override_cannot_send_the_smarthost_password_elsewhere() {
+    let db = pepsi_testkit::TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    let secrets = dir.path().join("secrets.d");
+    std::fs::create_dir(&secrets).unwrap();
+    std::fs::write(
+        &cfg,
+        format!(
+            "[PATHS]\nSECRETS_DIR = {}\n[database]\nURL = {}\n[stage-smarthost]\n\
+             PROGRAM = pepsi-stage-relay-to-smarthost\nHOST = smarthost.example.net\n\
+             AUTH_USERNAME = pepsi\n[stage-count]\nPROGRAM = pepsi-stage-count\n\
+             URL = https://count.example.net\n",
+            secrets.display(),
+            db.url
+        ),
+    )
+    .unwrap();
+    let fragment = secrets.join("smarthost.conf");
+    std::fs::write(
+        &fragment,
+        "[stage-smarthost]\nAUTH_PASSWORD = hunter2-secret\n[stage-count]\nAUTH_TOKEN = t0ken\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fragment, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let attempts: &[&[&str]] = &[
+        &["set", "stage-smarthost", "HOST", "mx.attacker.example"],
+        &[
+            "set",
+            "stage-smarthost",
+            "HOST",
+            "mx.attacker.example",
+            "--force",
+        ],
+        &[
+            "set",
+            "stage-smarthost",
+            "host",
+            "mx.attacker.example",
+            "--scope",
+            "domain:example.test",
+        ],
+        &["set", "stage-smarthost", "PORT", "2525"],
+        &["set", "stage-smarthost", "TLS", "none"],
+        &[
+            "set",
+            "stage-smarthost",
+            "TLS_SERVER_NAME",
+            "mx.attacker.example",
+        ],
+        &[
+            "set",
+            "stage-count",
+            "URL",
+            "https://count.attacker.example",
+        ],
+    ];
+    for args in attempts {
+        let run = config_tool(&cfg, args);
+        assert_eq!(run.code, 2, "{args:?} was not refused: {run:?}");
+        assert!(
+            run.stderr
+                .contains("decides where a stage connects and sends its credentials"),
+            "{args:?}: {run:?}"
+        );
+    }
+    // The table refuses them too, whoever writes it (the configuration role, here the
+    // test's superuser).
+    for option in ["HOST", " port ", "TLS", "TLS_SERVER_NAME", "URL"] {
+        let r = sqlx::query(
+            "INSERT INTO pepsi.config_override (scope, section, option, value) \
+             VALUES ('global', 'stage-smarthost', $1, 'mx.attacker.example')",
+        )
+        .bind(option)
+        .execute(&db.pool)
+        .await;
+        match r {
+            Err(sqlx::Error::Database(d)) => {
+                assert_eq!(d.code().as_deref(), Some("23514"), "{option}: {d}")
+            }
+            other => panic!("[stage-smarthost] {option} was stored: {other:?}"),
+        }
+    }
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pepsi.config_override")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap(),
+        0
+    );
+    // An option that does not decide the destination is still accepted.
+    ok(
+        &cfg,
+        &["set", "stage-smarthost", "ATTEMPT_TIMEOUT", "2m", "--force"],
+    );
+}

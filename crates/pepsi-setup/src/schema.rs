@@ -78,6 +78,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0014",
         sql: include_str!("../db/pepsi-0014.sql"),
     },
+    Patch {
+        name: "pepsi-0015",
+        sql: include_str!("../db/pepsi-0015.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -110,6 +114,51 @@ pub struct Roles {
     /// them this role) and pepsi-keys: the pipeline's privileges plus the one column no
     /// other role may read, `crypto_identity.private_wrapped`.
     pub crypto: String,
+    /// The limits of the sendmail role, which every local user may connect as.
+    pub sendmail_limits: RoleLimits,
+}
+
+/// Server-side limits of a role that every local user can reach (the sendmail role, through
+/// `pg_ident.conf`): how many sessions it may hold at once and how long a statement, an
+/// idle session or an idle transaction may last, so that no local user can use up the
+/// server's connection slots or keep a session (and its locks) forever (security review
+/// 2026-12-04 #4). Set with `ALTER ROLE`; a value of 0 means no limit.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RoleLimits {
+    /// `CONNECTION LIMIT`; `None` for none (-1).
+    pub connection_limit: Option<u32>,
+    pub statement_timeout: std::time::Duration,
+    pub idle_session_timeout: std::time::Duration,
+    pub idle_in_transaction_session_timeout: std::time::Duration,
+}
+
+impl Default for RoleLimits {
+    /// 20 sessions (`max_connections` is 100 by default), 60 s per statement (a 100 MB
+    /// message takes a few), 60 s idle, 10 s idle in a transaction.
+    fn default() -> Self {
+        Self {
+            connection_limit: Some(20),
+            statement_timeout: std::time::Duration::from_secs(60),
+            idle_session_timeout: std::time::Duration::from_secs(60),
+            idle_in_transaction_session_timeout: std::time::Duration::from_secs(10),
+        }
+    }
+}
+
+impl RoleLimits {
+    /// The role settings, as `pg_db_role_setting` stores them after `ALTER ROLE .. SET`
+    /// (milliseconds).
+    pub fn settings(&self) -> [(&'static str, String); 3] {
+        let ms = |d: std::time::Duration| d.as_millis().to_string();
+        [
+            ("statement_timeout", ms(self.statement_timeout)),
+            ("idle_session_timeout", ms(self.idle_session_timeout)),
+            (
+                "idle_in_transaction_session_timeout",
+                ms(self.idle_in_transaction_session_timeout),
+            ),
+        ]
+    }
 }
 
 impl Default for Roles {
@@ -121,17 +170,38 @@ impl Default for Roles {
             sendmail: "pepsi-sendmail".into(),
             httpd: "pepsi-httpd".into(),
             crypto: "pepsi-crypto".into(),
+            sendmail_limits: RoleLimits::default(),
         }
     }
 }
 
 impl Roles {
     /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE`, `SENDMAIL_ROLE`,
-    /// `HTTPD_ROLE` and `CRYPTO_ROLE`.
+    /// `HTTPD_ROLE` and `CRYPTO_ROLE`, and the sendmail role's limits
+    /// `SENDMAIL_CONNECTION_LIMIT`, `SENDMAIL_STATEMENT_TIMEOUT`,
+    /// `SENDMAIL_IDLE_SESSION_TIMEOUT` and `SENDMAIL_IDLE_IN_TRANSACTION_TIMEOUT`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("pepsi-setup");
         let default = Self::default();
+        let limits = default.sendmail_limits.clone();
+        let sendmail_limits = RoleLimits {
+            connection_limit: match section.number_opt::<u32>("SENDMAIL_CONNECTION_LIMIT")? {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => limits.connection_limit,
+            },
+            statement_timeout: section
+                .duration_opt("SENDMAIL_STATEMENT_TIMEOUT")?
+                .unwrap_or(limits.statement_timeout),
+            idle_session_timeout: section
+                .duration_opt("SENDMAIL_IDLE_SESSION_TIMEOUT")?
+                .unwrap_or(limits.idle_session_timeout),
+            idle_in_transaction_session_timeout: section
+                .duration_opt("SENDMAIL_IDLE_IN_TRANSACTION_TIMEOUT")?
+                .unwrap_or(limits.idle_in_transaction_session_timeout),
+        };
         Ok(Self {
+            sendmail_limits,
             pipeline: section
                 .string_opt("PIPELINE_ROLE")?
                 .unwrap_or(default.pipeline),
@@ -461,6 +531,24 @@ pub async fn setup(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Rep
             report.roles_created.push(role.to_owned());
         }
     }
+    // Roles and their settings are shared by every database of the server, and two
+    // transactions altering one role collide ("tuple concurrently updated"): setups of
+    // other databases wait here for this one (the advisory lock above is per database).
+    if !role_limit_diff(&mut tx, roles).await?.is_empty() {
+        sqlx::raw_sql(
+            "LOCK TABLE pg_catalog.pg_authid, pg_catalog.pg_db_role_setting IN SHARE ROW EXCLUSIVE MODE",
+        )
+        .execute(&mut *tx)
+        .await
+        .context("cannot lock the role catalogs to set the sendmail role's limits (is pepsi-setup running as a superuser?)")?;
+        for fix in role_limit_diff(&mut tx, roles).await? {
+            sqlx::raw_sql(sqlx::AssertSqlSafe(fix.sql.clone()))
+                .execute(&mut *tx)
+                .await
+                .with_context(|| format!("cannot apply {}", fix.sql))?;
+            report.privileges_changed.push(fix.sql);
+        }
+    }
     // Two rounds: revoking a table-level grant can take away column privileges a column
     // grant must then give back (SECRET_COLUMNS).
     for _ in 0..2 {
@@ -641,6 +729,8 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
         }
         fixes.extend(definer_diff(conn, kind, role).await?);
     }
+    fixes.extend(advisory_diff(conn, roles).await?);
+    fixes.extend(role_limit_diff(conn, roles).await?);
     if public_executes_sendmail(conn).await? {
         fixes.push(Fix {
             sql: format!("REVOKE EXECUTE ON FUNCTION {SENDMAIL_FUNCTION} FROM PUBLIC"),
@@ -708,6 +798,114 @@ async fn column_diff(
                     });
                 }
             }
+        }
+    }
+    Ok(fixes)
+}
+
+/// The roles that may take advisory locks: the dispatcher's singleton lock and epoch
+/// membership, and pepsi-whitelist's per-list lock, are the pipeline role's; the crypto
+/// stages are stage workers of the same pipeline.
+pub const ADVISORY_LOCK_ROLES: &[RoleKind] = &[RoleKind::Pipeline, RoleKind::Crypto];
+
+/// EXECUTE on PostgreSQL's advisory lock functions (`pg_advisory_*`, `pg_try_advisory_*`)
+/// in this database: revoked from PUBLIC, granted to [`ADVISORY_LOCK_ROLES`] alone. Every
+/// local user reaches the sendmail role, and an advisory lock taken under the dispatcher's
+/// key would hold every dispatcher in standby, one under the next epoch's membership key
+/// would hang its registration (security review 2026-12-04 #4). Function privileges belong
+/// to the database, so this changes nothing elsewhere on the server; changing them needs a
+/// superuser, which pepsi-setup runs as.
+async fn advisory_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Vec<Fix>> {
+    let names: Vec<&str> = roles.all().iter().map(|(_, role)| *role).collect();
+    // Per function: whether PUBLIC may execute it, and which of our roles may.
+    let rows = sqlx::query(
+        "SELECT p.oid::regprocedure::text, \
+           EXISTS (SELECT 1 FROM aclexplode(COALESCE(p.proacl, acldefault('f', p.proowner))) a \
+                   WHERE a.grantee = 0 AND a.privilege_type = 'EXECUTE'), \
+           ARRAY(SELECT r FROM unnest($1::text[]) AS r \
+                 WHERE has_function_privilege(r, p.oid, 'EXECUTE')) \
+         FROM pg_proc p \
+         WHERE p.pronamespace = 'pg_catalog'::regnamespace \
+           AND p.proname ~ '^pg_(try_)?advisory_' ORDER BY 1",
+    )
+    .bind(&names)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut fixes = Vec::new();
+    for row in rows {
+        let function: String = row.get(0);
+        let public: bool = row.get(1);
+        let holders: Vec<String> = row.get(2);
+        if public {
+            fixes.push(Fix {
+                sql: format!("REVOKE EXECUTE ON FUNCTION {function} FROM PUBLIC"),
+                describe: format!("PUBLIC must not have EXECUTE on {function}"),
+            });
+        }
+        for (kind, role) in roles.all() {
+            let has = holders.iter().any(|h| h == role);
+            let wanted = ADVISORY_LOCK_ROLES.contains(&kind);
+            let q = quote_ident(role);
+            if wanted && !has {
+                fixes.push(Fix {
+                    sql: format!("GRANT EXECUTE ON FUNCTION {function} TO {q}"),
+                    describe: format!("{role} lacks EXECUTE on {function}"),
+                });
+            } else if has && !wanted && !public {
+                // While PUBLIC has it every role does; the revoke from PUBLIC comes first.
+                fixes.push(Fix {
+                    sql: format!("REVOKE EXECUTE ON FUNCTION {function} FROM {q}"),
+                    describe: format!("{role} must not have EXECUTE on {function}"),
+                });
+            }
+        }
+    }
+    Ok(fixes)
+}
+
+/// The sendmail role's connection limit and session settings against
+/// [`Roles::sendmail_limits`]. A role setting for every database (`ALTER ROLE .. SET`), so it
+/// holds whichever database the role connects to.
+async fn role_limit_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Vec<Fix>> {
+    let role = roles.sendmail.as_str();
+    let limits = &roles.sendmail_limits;
+    let row = sqlx::query(
+        "SELECT r.rolconnlimit, COALESCE(s.setconfig, '{}') FROM pg_roles r \
+         LEFT JOIN pg_db_role_setting s ON s.setrole = r.oid AND s.setdatabase = 0 \
+         WHERE r.rolname = $1",
+    )
+    .bind(role)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(row) = row else {
+        // A missing role is reported as such.
+        return Ok(Vec::new());
+    };
+    let limit: i32 = row.get(0);
+    let config: Vec<String> = row.get(1);
+    let q = quote_ident(role);
+    let mut fixes = Vec::new();
+    let wanted_limit = limits
+        .connection_limit
+        .map_or(-1, |n| i32::try_from(n).unwrap_or(i32::MAX));
+    if limit != wanted_limit {
+        fixes.push(Fix {
+            sql: format!("ALTER ROLE {q} CONNECTION LIMIT {wanted_limit}"),
+            describe: format!("{role} has CONNECTION LIMIT {limit}, not {wanted_limit}"),
+        });
+    }
+    for (name, value) in limits.settings() {
+        let want = format!("{name}={value}");
+        if !config.contains(&want) {
+            let now = config
+                .iter()
+                .find(|c| c.starts_with(&format!("{name}=")))
+                .map_or("unset", String::as_str);
+            fixes.push(Fix {
+                // Both are digits and a name of ours: nothing from input.
+                sql: format!("ALTER ROLE {q} SET {name} = {value}"),
+                describe: format!("{role} has {now}, not {want}"),
+            });
         }
     }
     Ok(fixes)

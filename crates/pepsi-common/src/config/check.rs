@@ -7,6 +7,7 @@
 //! Pure over the parsers it is given; the table of them is the root package's
 //! (`pepsi::programs::CONFIG_CHECKS`), since only it links every program.
 
+use super::overlay::is_connection_option;
 use super::{Config, OverrideRow, ReadLog, Scope, is_file_only_option, is_protected_section};
 
 /// Stage options read for the whole pipeline (by the dispatcher and the stage graph), never
@@ -112,6 +113,13 @@ pub fn check_override(
         return Err(Refusal::FileOnly(format!(
             "[{section}] is read from the configuration file only (its program reads no \
              database override)"
+        )));
+    }
+    if is_connection_option(option) {
+        return Err(Refusal::FileOnly(format!(
+            "{option} decides where a stage connects and sends its credentials (a smarthost's \
+             AUTH_PASSWORD, a count server's AUTH_TOKEN) and is read from the configuration \
+             file only"
         )));
     }
     if is_file_only_option(option) {

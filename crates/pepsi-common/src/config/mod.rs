@@ -31,8 +31,8 @@ pub use check::{
 };
 pub use error::{ConfigError, ExpandProblem, ValueAt};
 pub use overlay::{
-    CONFIG_CHANGED_CHANNEL, FILE_ONLY_OPTIONS, MAX_OVERRIDE_ROWS, OverrideRow, Scope,
-    is_file_only_option, is_protected_section, listen_config_changed, load_all_overrides,
+    CONFIG_CHANGED_CHANNEL, CONNECTION_OPTIONS, FILE_ONLY_OPTIONS, MAX_OVERRIDE_ROWS, OverrideRow,
+    Scope, is_file_only_option, is_protected_section, listen_config_changed, load_all_overrides,
     load_overrides,
 };
 pub use shown::{ShownValues, ValueRow, program_check, shown_values};

@@ -115,10 +115,11 @@ pub fn is_protected_section(name: &str) -> bool {
 /// Options the database overlay may never set, in any section: they name a program to run
 /// (`PROGRAM`, `HELPER`, `LIBEXEC_DIR`), key material or a trust anchor (`KEYS`,
 /// `TLS_CA_FILE`, `DNS_SERVERS` …), a file or directory (`ALIAS_FILE`, `MAILDIR_ROOT` …),
-/// or a privilege of the setuid Maildir writer (`ALLOW_ROOT_OWNER`, `CREATE_MAILDIR`).
+/// a privilege of the setuid Maildir writer (`ALLOW_ROOT_OWNER`, `CREATE_MAILDIR`), or where
+/// a stage connects and sends its credentials ([`CONNECTION_OPTIONS`]).
 /// Whoever could write a `config_override` row could otherwise make the system execute a
 /// binary or forge verification verdicts. The table's `config_override_file_only` CHECK
-/// (pepsi-0004.sql, replaced by pepsi-0008.sql) holds the same list; a test compares the two.
+/// (pepsi-0004.sql, replaced by pepsi-0008.sql and pepsi-0015.sql) holds the same list; a test compares the two.
 pub const FILE_ONLY_OPTIONS: &[&str] = &[
     "PROGRAM",
     "HELPER",
@@ -141,12 +142,31 @@ pub const FILE_ONLY_OPTIONS: &[&str] = &[
     "ALLOW_ROOT_OWNER",
     "CREATE_MAILDIR",
     "CONFIG_DATABASE_URL",
+    // Where a stage connects, and how: the destination of the credentials a stage sends
+    // (the smarthost relay's AUTH_PASSWORD, the count stage's AUTH_TOKEN). Set by the
+    // database, they would hand a secrets.d value to a host of the writer's choosing
+    // (pepsi-0015.sql, security review 2026-12-04 #2).
+    "HOST",
+    "PORT",
+    "URL",
+    "TLS",
+    "TLS_SERVER_NAME",
 ];
+
+/// The [`FILE_ONLY_OPTIONS`] that decide where a stage connects and how the connection is
+/// protected, and with it where the stage's credentials go.
+pub const CONNECTION_OPTIONS: &[&str] = &["HOST", "PORT", "URL", "TLS", "TLS_SERVER_NAME"];
 
 /// Whether `option` may come from the configuration file only ([`FILE_ONLY_OPTIONS`]).
 pub fn is_file_only_option(option: &str) -> bool {
     let upper = option.trim().to_ascii_uppercase();
     FILE_ONLY_OPTIONS.contains(&upper.as_str())
+}
+
+/// Whether `option` is one of the [`CONNECTION_OPTIONS`].
+pub fn is_connection_option(option: &str) -> bool {
+    let upper = option.trim().to_ascii_uppercase();
+    CONNECTION_OPTIONS.contains(&upper.as_str())
 }
 
 impl Config {
@@ -177,8 +197,8 @@ impl Config {
                     scope = %row.scope,
                     section = %row.section,
                     option = %row.option,
-                    "ignoring database override of an option that names a program, file, key or \
-                     trust anchor; set it in the configuration file"
+                    "ignoring database override of an option that names a program, file, key, \
+                     trust anchor or where a stage connects; set it in the configuration file"
                 );
                 continue;
             }
