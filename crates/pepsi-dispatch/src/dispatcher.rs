@@ -235,7 +235,8 @@ impl Dispatcher {
     fn next_deadline(&self) -> Instant {
         let mut at = self.last_heartbeat + self.settings.poll_interval;
         if !self.stats.is_empty() {
-            // An idle pipeline's statistics go out once STATS_IDLE_INTERVAL has passed.
+            // An idle pipeline's statistics (and a kill or crash) go out once
+            // STATS_IDLE_INTERVAL has passed.
             at = at.min(self.last_flush + self.settings.stats_idle_interval);
         }
         if let Some(due) = self.next_due {
@@ -493,16 +494,24 @@ impl Dispatcher {
             self.hand_back(&stage, &rest).await;
             return;
         }
+        let could_not_start = w.answered == 0 && status.is_some_and(|s| s.code() == Some(1));
+        let own_limit = status.and_then(|s| s.code()) == Some(pepsi_common::epoch::PASS_LIMIT_EXIT);
         if rest.is_empty() {
             if !w.retiring || !status.is_some_and(|s| s.success()) {
                 tracing::warn!(stage = %stage, pid = w.pid, "worker {described}");
+                // Between two messages too, a worker that dies unasked is a crash (a kill -9
+                // of an idle worker counted nowhere before).
+                if own_limit {
+                    self.stats.kill(&stage);
+                } else if !could_not_start {
+                    self.stats.crash(&stage);
+                }
             } else {
                 tracing::debug!(stage = %stage, pid = w.pid, "worker stopped");
             }
             self.wake_all();
             return;
         }
-        let could_not_start = w.answered == 0 && status.is_some_and(|s| s.code() == Some(1));
         if could_not_start {
             // It exited with the error status before answering anything: the program cannot
             // start (configuration, database). Hold the stage off and keep its messages.
@@ -518,7 +527,13 @@ impl Dispatcher {
             self.hand_back(&stage, &rest).await;
             return;
         }
-        self.stats.crash(&stage);
+        if own_limit {
+            // Its own watchdog ended the pass past MAX_RUNTIME: a kill, as when this
+            // dispatcher kills it.
+            self.stats.kill(&stage);
+        } else {
+            self.stats.crash(&stage);
+        }
         if rest.len() > 1 && !self.suspects.contains(&rest[0]) {
             // A worker may work on several of its ids at once (a body-free stage batches):
             // which one killed it is not known. None is failed; each runs again alone, so
@@ -539,8 +554,7 @@ impl Dispatcher {
             "worker {program} (pid {}) of stage {stage} {described} while handling the message",
             w.pid
         );
-        let forced = if status.and_then(|s| s.code()) == Some(pepsi_common::epoch::PASS_LIMIT_EXIT)
-        {
+        let forced = if own_limit {
             // It ended the pass itself past MAX_RUNTIME (its watchdog): a timeout, as when
             // this dispatcher kills it.
             Forced::Timeout
@@ -685,7 +699,9 @@ impl Dispatcher {
     async fn bookkeeping(&mut self) {
         let now = Instant::now();
         let idle = self.workers.values().all(|w| w.inflight.is_empty());
-        let due = if idle {
+        // A kill or a crash goes out as soon as an idle pipeline's would: the pipeline page
+        // and /metrics show it at once, and a dispatcher killed soon after does not lose it.
+        let due = if idle || self.stats.has_failures() {
             self.settings.stats_idle_interval
         } else {
             self.settings.stats_interval

@@ -98,7 +98,7 @@ impl DispatchSettings {
                 .unwrap_or(Duration::from_secs(1)),
             stats_interval: s
                 .duration_opt("STATS_INTERVAL")?
-                .unwrap_or(Duration::from_secs(60)),
+                .unwrap_or(Duration::from_secs(5)),
             spawn_cooldown: s
                 .duration_opt("SPAWN_COOLDOWN")?
                 .unwrap_or(Duration::from_secs(10)),

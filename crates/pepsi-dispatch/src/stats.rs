@@ -60,6 +60,11 @@ impl Stats {
         self.messages_failed += 1;
     }
 
+    /// A kill or a crash is waiting to be written.
+    pub fn has_failures(&self) -> bool {
+        self.stages.values().any(|d| d.kills > 0 || d.crashes > 0)
+    }
+
     pub fn is_empty(&self) -> bool {
         self.stages.is_empty()
             && self.messages_total == 0
