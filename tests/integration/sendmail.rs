@@ -444,3 +444,190 @@ fn the_drop_directory_must_exist_for_the_pickup() {
     assert_eq!(out.status.code(), Some(73), "{out:?}");
     assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/pepsi-spool"));
 }
+
+/// A port whose socket file is in none of the directories the client library searches
+/// (`/var/run/postgresql`, `/tmp`), for a fake server of this test's own in `/tmp`.
+fn unused_socket_port() -> u16 {
+    let base = 40000 + (std::process::id() % 10000) as u16;
+    (base..base + 5000)
+        .find(|p| {
+            !Path::new(&format!("/var/run/postgresql/.s.PGSQL.{p}")).exists()
+                && !Path::new(&format!("/tmp/.s.PGSQL.{p}")).exists()
+        })
+        .expect("a free socket port")
+}
+
+/// Security review 2026-12-04 #3: a database URL that names no host is pinned to
+/// `[database] SOCKET_DIR`: while the server's socket is gone (PostgreSQL stopped), every
+/// user's sendmail goes to the drop directory instead of to a listener some local user put
+/// in /tmp, which hears nothing ([pepsi-sendmail] DATABASE_URL and [database] URL alike).
+#[tokio::test]
+async fn security_review_3_sendmail_never_connects_to_a_socket_a_user_put_in_tmp() {
+    let h = Harness::new().await;
+    // The pinned directory holds no socket: the server is "down".
+    let run_dir = h.dir.path().join("run");
+    std::fs::create_dir(&run_dir).unwrap();
+    let port = unused_socket_port();
+    let fake_path = PathBuf::from(format!("/tmp/.s.PGSQL.{port}"));
+    let fake = std::os::unix::net::UnixListener::bind(&fake_path).unwrap();
+    fake.set_nonblocking(true).unwrap();
+    struct Remove(PathBuf);
+    impl Drop for Remove {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let _remove = Remove(fake_path.clone());
+    let common = format!(
+        "[pepsi]\nHOSTNAME = mail.example.test\n[pepsi-sendmail]\nDOMAIN = example.test\n\
+         SPOOL_DIR = {}\nCONNECT_TIMEOUT = 3s\n",
+        h.spool.display()
+    );
+    let configs = [
+        (
+            "own-url.conf",
+            format!(
+                "[database]\nURL = {}\nSOCKET_DIR = {}\n{common}DATABASE_URL = postgres:///x\n",
+                h.db.url,
+                run_dir.display()
+            ),
+        ),
+        (
+            "database-url.conf",
+            format!(
+                "[database]\nURL = postgres:///x\nSOCKET_DIR = {}\n{common}",
+                run_dir.display()
+            ),
+        ),
+    ];
+    for (i, (name, text)) in configs.iter().enumerate() {
+        std::fs::write(h.dir.path().join(name), text).unwrap();
+        // PGPORT makes the library's own search (the old behaviour) find the fake socket
+        // for this port in /tmp, as it finds /tmp/.s.PGSQL.5432 while the server is down.
+        let mut child = Command::new(SENDMAIL)
+            .arg("-C")
+            .arg(h.dir.path().join(name))
+            .args(["-v", "ops@example.org"])
+            .env_remove("PEPSI_CONFIG")
+            .env("PGPORT", port.to_string())
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b"Subject: secret\n\nfor ops only\n")
+            .unwrap();
+        let out = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{name}: {stderr}");
+        assert!(stderr.contains("drop directory"), "{name}: {stderr}");
+        assert_eq!(h.spool_files().len(), i + 1, "{name}: {stderr}");
+        match fake.accept() {
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            other => panic!("{name}: sendmail connected to the socket in /tmp: {other:?}"),
+        }
+    }
+    assert!(h.rows().await.is_empty());
+}
+
+/// Security review 2026-12-04 #4: the sendmail role, which every local user reaches, may
+/// not take advisory locks (the dispatcher's singleton lock and epoch membership keys) and
+/// has a connection limit and server-side statement and idle timeouts; the real
+/// `pepsi-setup db` sets all of it, and `--check` reports a grant that drifted.
+#[tokio::test]
+async fn security_review_4_the_sendmail_role_cannot_hold_the_dispatcher_lock() {
+    use sqlx::Connection as _;
+    const SETUP: &str = env!("CARGO_BIN_EXE_pepsi-setup");
+    let db = TestDb::new().await;
+    let setup = |args: &[&str]| {
+        let out = Command::new(SETUP)
+            .arg("db")
+            .args(["--database-url", &db.url])
+            .args(args)
+            .env_remove("PEPSI_CONFIG")
+            .output()
+            .unwrap();
+        (
+            out.status.code().unwrap_or(-1),
+            String::from_utf8_lossy(&out.stdout).into_owned()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    // The server's default, as before pepsi-setup took it away: a drifted grant is found.
+    sqlx::raw_sql("GRANT EXECUTE ON FUNCTION pg_advisory_lock(integer, integer) TO PUBLIC")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (code, out) = setup(&["--check"]);
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        out.contains("PUBLIC must not have EXECUTE on pg_advisory_lock(integer,integer)"),
+        "{out}"
+    );
+    let (code, out) = setup(&[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(
+        out.contains("REVOKE EXECUTE ON FUNCTION pg_advisory_lock(integer,integer) FROM PUBLIC"),
+        "{out}"
+    );
+    let (code, out) = setup(&["--check"]);
+    assert_eq!(code, 0, "{out}");
+
+    let options: sqlx::postgres::PgConnectOptions = db.url.parse().unwrap();
+    let mut sendmail =
+        sqlx::PgConnection::connect_with(&options.clone().username("pepsi-sendmail"))
+            .await
+            .unwrap();
+    for sql in [
+        "SELECT pg_advisory_lock(1885697139, 1)",
+        "SELECT pg_try_advisory_lock(1885697139, 1)",
+        "SELECT pg_advisory_lock(1885696116, 2)",
+        "SELECT pg_advisory_lock_shared(1885697139, 1)",
+        "SELECT pg_advisory_xact_lock(1885697139::bigint << 32 | 1)",
+    ] {
+        match sqlx::raw_sql(sql).execute(&mut sendmail).await {
+            Err(sqlx::Error::Database(d)) => {
+                assert_eq!(d.code().as_deref(), Some("42501"), "{sql}: {d}")
+            }
+            other => panic!("the sendmail role ran {sql}: {other:?}"),
+        }
+    }
+    for (setting, want) in [
+        ("statement_timeout", "1min"),
+        ("idle_session_timeout", "1min"),
+        ("idle_in_transaction_session_timeout", "10s"),
+    ] {
+        let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
+            .fetch_one(&mut sendmail)
+            .await
+            .unwrap();
+        assert_eq!(value, want, "{setting} of the sendmail role");
+    }
+    let limit: i32 =
+        sqlx::query_scalar("SELECT rolconnlimit FROM pg_roles WHERE rolname = 'pepsi-sendmail'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(limit, 20);
+    // Its one function still works.
+    sqlx::raw_sql(
+        "SELECT pepsi.sendmail_submit('alice@example.test', ARRAY['bob@example.org'], \
+         'Subject: x\r\n'::bytea, 'y'::bytea, '{}', 1000, 'alice', 'direct')",
+    )
+    .execute(&mut sendmail)
+    .await
+    .unwrap();
+    // The pipeline role (the dispatcher) still takes its lock.
+    let mut pipeline = sqlx::PgConnection::connect_with(&options.username("pepsi"))
+        .await
+        .unwrap();
+    let got: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock(1885697139, 77)")
+        .fetch_one(&mut pipeline)
+        .await
+        .unwrap();
+    assert!(got);
+}

@@ -35,6 +35,9 @@ pub struct DbSettings {
     /// The dispatcher epoch the passes' sessions name (`pepsi.epoch`, docs/ha.md): the one
     /// this worker inherited, or the dispatcher's own.
     pub epoch: Option<i64>,
+    /// `SOCKET_DIR`: where the server's Unix socket is when the URL names no host
+    /// ([`SOCKET_DIR`] by default), so the client library never looks in `/tmp`.
+    pub socket_dir: std::path::PathBuf,
 }
 
 /// A value of PostgreSQL's `synchronous_commit`, as `[database] PASS_SYNCHRONOUS_COMMIT`
@@ -83,8 +86,8 @@ impl SynchronousCommit {
 }
 
 impl DbSettings {
-    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s) and
-    /// `PASS_SYNCHRONOUS_COMMIT` (`off`).
+    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s),
+    /// `PASS_SYNCHRONOUS_COMMIT` (`off`) and `SOCKET_DIR` ([`SOCKET_DIR`]).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("database");
         Ok(Self {
@@ -97,6 +100,7 @@ impl DbSettings {
                 .duration_opt("CONNECT_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(10)),
             epoch: crate::epoch::inherited().epoch,
+            socket_dir: socket_dir(cfg)?,
         })
     }
 
@@ -134,15 +138,10 @@ impl DbSettings {
     /// time inside and outside a transaction, so a caller who stops the process (they may
     /// signal it) can neither hold locks the pipeline waits on nor keep sessions open.
     ///
-    /// A URL that names no host is pinned to [`SOCKET_DIR`]: the client library would
-    /// otherwise look for a socket in `/tmp` too, where any local user can put one of their
-    /// own for this program to talk to.
+    /// A URL that names no host is pinned to `SOCKET_DIR`, as for every program
+    /// ([`DbSettings::options`]).
     pub async fn connect_for_caller(&self, user: &str) -> anyhow::Result<PgPool> {
-        let mut options = self.options()?;
-        if !url_names_host(&self.url) {
-            options = options.host(SOCKET_DIR);
-        }
-        let options = options.username(user).options([
+        let options = self.options()?.username(user).options([
             ("statement_timeout", "30s"),
             ("lock_timeout", "5s"),
             ("idle_in_transaction_session_timeout", "10s"),
@@ -166,19 +165,18 @@ impl DbSettings {
         self.connect_with(options).await
     }
 
-    /// `connect_for_passes` as the database role `user` (a set-user-id stage worker), a URL
-    /// without a host pinned to [`SOCKET_DIR`] as for `connect_for_caller`.
+    /// `connect_for_passes` as the database role `user` (a set-user-id stage worker).
     pub async fn connect_for_passes_as(&self, user: &str) -> anyhow::Result<PgPool> {
-        let mut options = self.options()?.username(user);
-        if !url_names_host(&self.url) {
-            options = options.host(SOCKET_DIR);
-        }
+        let options = self.options()?.username(user);
         self.connect_with(self.pass_options(options)).await
     }
 
-    fn options(&self) -> anyhow::Result<PgConnectOptions> {
-        self.url
-            .parse()
+    /// The connection options of the URL, a URL that names no host pinned to `SOCKET_DIR`:
+    /// the client library would otherwise look for a socket in `/tmp` too, where any local
+    /// user can put one of their own while the server is down (its socket file gone), and
+    /// receive what this program sends (security review 2026-12-04 #3).
+    pub fn options(&self) -> anyhow::Result<PgConnectOptions> {
+        pinned_options(&self.url, &self.socket_dir)
             .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))
     }
 
@@ -193,9 +191,38 @@ impl DbSettings {
     }
 }
 
-/// Where a program started through its set-user-id bit looks for the server's socket when
-/// the URL names no host: Debian's PostgreSQL socket directory, writable by root alone.
+/// Where a program looks for the server's socket when the URL names no host and
+/// `[database] SOCKET_DIR` says nothing: Debian's PostgreSQL socket directory, writable by
+/// root and postgres alone.
 pub const SOCKET_DIR: &str = "/var/run/postgresql";
+
+/// `[database] SOCKET_DIR`, [`SOCKET_DIR`] by default; an absolute path.
+pub fn socket_dir(cfg: &Config) -> anyhow::Result<std::path::PathBuf> {
+    let dir = cfg
+        .section("database")
+        .path_opt("SOCKET_DIR")?
+        .unwrap_or_else(|| std::path::PathBuf::from(SOCKET_DIR));
+    if !dir.is_absolute() {
+        anyhow::bail!(
+            "[database] SOCKET_DIR = {}: must be an absolute path",
+            dir.display()
+        );
+    }
+    Ok(dir)
+}
+
+/// Parses `url`, pinning a URL that names no host ([`url_names_host`]) to `socket_dir`.
+pub fn pinned_options(
+    url: &str,
+    socket_dir: &std::path::Path,
+) -> Result<PgConnectOptions, sqlx::Error> {
+    let options: PgConnectOptions = url.parse()?;
+    Ok(if url_names_host(url) {
+        options
+    } else {
+        options.host(&socket_dir.to_string_lossy())
+    })
+}
 
 /// Whether a PostgreSQL URL names where the server is: a host in its authority, or a
 /// `host=` / `hostaddr=` parameter.

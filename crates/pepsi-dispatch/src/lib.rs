@@ -149,6 +149,7 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
     let leadership = lock::spawn(
         lock::LockSettings {
             url: db_settings.url.clone(),
+            socket_dir: db_settings.socket_dir.clone(),
             check: settings.lock_check_interval,
             session_timeout: settings.lock_session_timeout,
             standby: settings.standby,

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pepsi_common::config::Config;
+use pepsi_common::db::pinned_options;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::message::Limits;
@@ -34,8 +35,12 @@ impl Settings {
         let domain = cfg.name_option(&s, "DOMAIN")?;
         pepsi_smtp::address::check_domain(&domain)
             .map_err(|e| anyhow::anyhow!("[{SECTION}] DOMAIN = {domain}: {e}"))?;
+        // A URL without a host is pinned to [database] SOCKET_DIR: every user's sendmail
+        // would otherwise talk to whatever listens at /tmp/.s.PGSQL.5432 while the server
+        // is down (security review 2026-12-04 #3).
+        let socket_dir = pepsi_common::db::socket_dir(cfg)?;
         let database = match s.string_opt("DATABASE_URL")? {
-            Some(url) => url.parse::<PgConnectOptions>().map_err(|e| {
+            Some(url) => pinned_options(&url, &socket_dir).map_err(|e| {
                 anyhow::anyhow!("[{SECTION}] DATABASE_URL is not a PostgreSQL URL: {e}")
             })?,
             None => {
@@ -44,7 +49,7 @@ impl Settings {
                     .section("pepsi-setup")
                     .string_opt("SENDMAIL_ROLE")?
                     .unwrap_or_else(|| "pepsi-sendmail".into());
-                url.parse::<PgConnectOptions>()
+                pinned_options(&url, &socket_dir)
                     .map_err(|e| anyhow::anyhow!("[database] URL is not a PostgreSQL URL: {e}"))?
                     .username(&role)
             }
