@@ -159,10 +159,13 @@ echo "TIME install=$(t_at '== building') build_done=$(t_at '== pepsi-setup db') 
 
 echo "== 2. make run in the background, then the README's swaks line"
 before=$(ls var/mail/alice/Maildir/new | wc -l)
-# With job control on, the background job is a process group of its own that does not ignore
-# SIGINT (a non-interactive shell's background commands otherwise do): Ctrl-C's target.
+# With job control on, the background job is a process group of its own, Ctrl-C's target.
+# SIGINT back to its default first, as in a terminal: this script may have been started in the
+# background (nohup ... &), which leaves SIGINT ignored, and a shell cannot trap a signal
+# ignored when it started.
 set -m
-make run >/root/run-bg.log 2>&1 < /dev/null &
+perl -e '$SIG{INT} = "DEFAULT"; $SIG{QUIT} = "DEFAULT"; exec @ARGV or die "$ARGV[0]: $!"' \
+  make run >/root/run-bg.log 2>&1 < /dev/null &
 bg=$!
 set +m
 t1=$(date +%s)

@@ -103,7 +103,8 @@ ensure_postgres() {
   if [ "$(id -u)" = 0 ]; then
     # initdb and postgres refuse to run as root.
     id postgres >/dev/null 2>&1 || as_root useradd --system --home-dir /nonexistent postgres
-    user=postgres; run=(runuser -u postgres --)
+    # From / : the caller's directory may be closed to that account.
+    user=postgres; run=(runuser -u postgres -- env -C /)
   fi
   mkdir -p "$dir"
   [ "$(id -u)" = 0 ] && chown postgres "$dir"

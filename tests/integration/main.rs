@@ -52,6 +52,7 @@ mod stage_dkim_sign;
 mod stage_language;
 mod stage_routing;
 mod stage_srs;
+mod stage_vacation;
 mod stage_whitelist;
 mod stage_worker;
 mod status;
