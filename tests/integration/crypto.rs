@@ -738,6 +738,78 @@ async fn mail_to_an_opted_in_identity_arrives_decrypted_with_its_verification() 
     assert_eq!(field(untouched, "X-Pepsi-Decrypted"), None);
 }
 
+/// Security review #1: a failure notice about mail decrypted here never returns the
+/// plaintext to whoever set the envelope sender, whatever RET asks (decryption oracle).
+#[tokio::test(flavor = "multi_thread")]
+async fn decryption_oracle_a_dsn_of_decrypted_mail_returns_only_the_encrypted_headers() {
+    // bob's mailbox takes 1 KiB, and a message that does not fit is returned at once.
+    let graph = format!("{INBOUND}\n[stage-local]\nQUOTA_GRACE = 0\n");
+    let mut sys = System::new(&graph, &["bob", "eve"]).await;
+    let kek = new_kek(&sys, "k1");
+    set_kek(&sys, &kek, &[]);
+    keys_ok(&sys, &["generate", "bob@example.test"]);
+    set_setting(&sys, "bob@example.test", "decrypt", Value::Bool(true)).await;
+    sqlx::query("INSERT INTO pepsi.quota_limit (scope, storage) VALUES ('bob@example.test', 1024)")
+        .execute(&sys.db.pool)
+        .await
+        .unwrap();
+    sys.start().await;
+
+    // Someone wrote to bob, encrypted; eve captured the message and sends it to bob again
+    // with herself as the envelope sender and RET=FULL.
+    let gpg = Gpg::new();
+    gpg.import(
+        "bob.asc",
+        keys_ok(&sys, &["export", "bob@example.test", "--scheme", "openpgp"]).as_bytes(),
+    );
+    const SECRET: &str = "the vault opens with 4711-kumquat";
+    let entity = format!(
+        "Content-Type: text/plain; charset=utf-8\r\n\r\n{SECRET}\r\n{}\r\n",
+        "padding so that the plaintext does not fit into bob's mailbox. ".repeat(30)
+    );
+    let plaintext = gpg.write("entity", entity.as_bytes());
+    let encrypted = gpg.path("entity.asc");
+    gpg.run(&[
+        "--armor",
+        "--encrypt",
+        "-r",
+        "bob@example.test",
+        "--output",
+        encrypted.to_str().unwrap(),
+        plaintext.to_str().unwrap(),
+    ]);
+    let armored = std::fs::read_to_string(&encrypted).unwrap();
+    let message = pgp_message(
+        "alice@remote.test",
+        "bob@example.test",
+        "captured",
+        &armored,
+    );
+    let reply = support::system::send_smtp(
+        sys.port,
+        "eve@example.test",
+        &["bob@example.test"],
+        &message,
+        " RET=FULL",
+    )
+    .await;
+    assert!(reply.starts_with("250"), "{reply}");
+
+    let dsn = sys.wait_messages("eve", 1, WAIT).await;
+    let got = text(&dsn[0]);
+    assert!(got.contains("5.2.2"), "a failure notice: {got}");
+    assert!(
+        !got.contains("4711-kumquat") && !got.contains("padding so that"),
+        "the notice carries the plaintext: {got}"
+    );
+    // What comes back is the header block the message arrived with, not the plaintext's.
+    assert!(got.contains("text/rfc822-headers"), "{got}");
+    assert!(got.contains("Subject: captured"), "{got}");
+    assert!(got.contains("multipart/encrypted"), "{got}");
+    assert!(!got.contains("X-Pepsi-Decrypted"), "{got}");
+    assert!(sys.messages("bob").is_empty(), "bob's mailbox is full");
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_uses_them() {
     let sub_port = support::free_port();
@@ -773,11 +845,35 @@ async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_u
         &header,
         "hi\r\n",
     );
+    // Security review #15: through the MX, without AUTH and without a DMARC pass, anyone
+    // could have written it: the key is not learnt.
     let reply = sys
         .send("erin@example.test", &["alice@example.test"], &message)
         .await;
     assert!(reply.starts_with("250"), "{reply}");
     sys.wait_messages("alice", 1, WAIT).await;
+    let learnt: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.peer_key WHERE address = 'erin@example.test'",
+    )
+    .fetch_one(&sys.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(learnt, 0, "learnt from an unauthenticated From");
+    // erin herself, logged in on the submission listener.
+    let erin_sends = async |message: Vec<u8>| {
+        support::system::send_smtp_auth(
+            sub_port,
+            ("erin@example.test", "pw"),
+            "erin@example.test",
+            &["alice@example.test"],
+            &message,
+        )
+        .await
+    };
+    let message = text(&message).replace("hello", "hello2").into_bytes();
+    let reply = erin_sends(message).await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 2, WAIT).await;
     let (fpr, source, prefer): (String, String, Option<String>) = sqlx::query_as(
         "SELECT fingerprint, source, prefer_encrypt FROM pepsi.peer_key WHERE address = 'erin@example.test'",
     )
@@ -800,9 +896,9 @@ async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_u
     ))
     .replace("03 Dec 2026", "01 Dec 2026")
     .into_bytes();
-    sys.send("erin@example.test", &["alice@example.test"], &older)
-        .await;
-    sys.wait_messages("alice", 2, WAIT).await;
+    let reply = erin_sends(older).await;
+    assert!(reply.starts_with("250"), "{reply}");
+    sys.wait_messages("alice", 3, WAIT).await;
     let prefer: Option<String> = sqlx::query_scalar(
         "SELECT prefer_encrypt FROM pepsi.peer_key WHERE address = 'erin@example.test'",
     )
@@ -892,6 +988,93 @@ async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_u
     let status = text(&out.stdout);
     assert!(status.contains("DECRYPTION_OKAY"), "{status}");
     assert!(!status.contains("SIG"), "not signed: {status}");
+}
+
+/// Security review #15: the learn stage takes an Autocrypt key only from a From address
+/// the ingress authenticated; the same message with DMARC fail or none changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn autocrypt_learn_ignores_an_unauthenticated_from() {
+    let db = pepsi_testkit::TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\n[stage-learn]\nPROGRAM = pepsi-stage-autocrypt-learn\n\
+             NEXT_STAGE = aliases\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let gpg = Gpg::new();
+    let fpr = gpg.generate("Erin <erin@example.org>", true);
+    let keydata = pepsi_common::encoding::base64_encode(&gpg.export("--export", &fpr));
+    let folded: Vec<&str> = keydata
+        .as_bytes()
+        .chunks(72)
+        .map(|c| std::str::from_utf8(c).unwrap())
+        .collect();
+    let headers = format!(
+        "From: erin@example.org\r\nTo: alice@example.test\r\nSubject: hi\r\n\
+         Date: Thu, 03 Dec 2026 10:00:00 +0000\r\n\
+         Autocrypt: addr=erin@example.org; keydata=\r\n {}\r\n",
+        folded.join("\r\n ")
+    );
+    let learn = pepsi_testkit::programs::program(
+        "pepsi-stage-autocrypt-learn",
+        env!("CARGO_BIN_EXE_pepsi-stage-autocrypt-learn"),
+    );
+    let pass = |state: Value| {
+        let (db, headers, cfg, learn) = (&db, &headers, &cfg, &learn);
+        async move {
+            let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+                .bind("erin@example.org")
+                .bind(vec!["alice@example.test".to_owned()])
+                .bind(headers.as_bytes())
+                .bind(&b"hi\r\n"[..])
+                .bind(state)
+                .fetch_one(&db.pool)
+                .await
+                .unwrap();
+            support::claim(&db.pool, id, "learn").await;
+            let out = support::run_ids(learn.to_str().unwrap(), cfg, &[id]).await;
+            assert_eq!(out.len(), 1, "{out:?}");
+            let stage: String =
+                sqlx::query_scalar("SELECT stage FROM pepsi.workqueue WHERE workqueue_id = $1")
+                    .bind(id)
+                    .fetch_one(&db.pool)
+                    .await
+                    .unwrap();
+            assert_eq!(stage, "aliases", "the message goes on: {out:?}");
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pepsi.peer_key WHERE address = 'erin@example.org'",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+        }
+    };
+    let dmarc = |result: &str| {
+        serde_json::json!({"auth": {"dmarc": {"result": result, "domain": "example.org"},
+                                    "dkim": []}})
+    };
+    assert_eq!(pass(serde_json::json!({})).await, 0, "no verdict");
+    assert_eq!(pass(dmarc("none")).await, 0, "dmarc=none");
+    assert_eq!(pass(dmarc("fail")).await, 0, "dmarc=fail");
+    assert_eq!(
+        pass(serde_json::json!({"auth": {"dmarc": {"result": "none"},
+            "dkim": [{"result": "pass", "domain": "evil.test"}]}}))
+        .await,
+        0,
+        "a DKIM pass of another domain"
+    );
+    assert_eq!(pass(dmarc("pass")).await, 1, "dmarc=pass");
+    let source: String =
+        sqlx::query_scalar("SELECT source FROM pepsi.peer_key WHERE address = 'erin@example.org'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(source, "autocrypt");
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1170,6 +1353,66 @@ async fn required_encryption_parks_for_discovery_then_leaves_encrypted_or_bounce
         "{:?}",
         sys.queue().await
     );
+}
+
+/// Security review #8: a recipient domain the URL parser reads as an IPv4 address (hex
+/// labels, full-width digits) is refused before any connection, so it cannot aim key
+/// discovery at the host's own or its network's services.
+#[tokio::test(flavor = "multi_thread")]
+async fn keydisc_ssrf_address_literal_domains_are_refused_without_a_connection() {
+    // What the WKD port of 127.0.0.1 would answer: it counts the connections it accepts.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    // The DNS answers NXDOMAIN for the names under these top-level labels, so the WKD
+    // method goes on to its direct URL on the domain itself.
+    let dns = support::ingress::Dns::start_logged(&[
+        "--local=/1/".to_owned(),
+        "--local=/0x1/".to_owned(),
+    ]);
+    let graph = format!(
+        "[pepsi-keydisc]\nDNS_SERVERS = 127.0.0.1:{}\nWKD_PORT = {port}\nMETHOD_TIMEOUT = 3s\n",
+        dns.port
+    );
+    let sys = System::new(&graph, &[]).await;
+    let domains = [
+        "0x7f.0.0.1",
+        "0x7f.0.0.0x1",
+        "\u{ff11}\u{ff12}\u{ff17}.\u{ff10}.\u{ff10}.\u{ff11}",
+    ];
+    for d in domains {
+        let st: String = sqlx::query_scalar("SELECT pepsi.crypto_request_key($1, '{wkd}')")
+            .bind(format!("probe@{d}"))
+            .fetch_one(&sys.db.pool)
+            .await
+            .unwrap();
+        assert_eq!(st, "pending", "{d}");
+    }
+    let pass = keydisc(&sys);
+    assert_eq!(pass["asked"], domains.len(), "{pass}");
+    assert_eq!(pass["found"], 0, "{pass}");
+    let accepted = std::iter::from_fn(|| listener.accept().ok()).count();
+    assert_eq!(
+        accepted, 0,
+        "key discovery connected to 127.0.0.1:{port}: {pass}"
+    );
+    for d in domains {
+        let replied: Value = sqlx::query_scalar(
+            "SELECT methods_replied FROM pepsi.key_request WHERE address = lower($1)",
+        )
+        .bind(format!("probe@{d}"))
+        .fetch_one(&sys.db.pool)
+        .await
+        .unwrap();
+        assert_eq!(replied["wkd"]["result"], "none", "{d}: {replied}");
+        assert!(
+            replied["wkd"]["detail"]
+                .as_str()
+                .unwrap_or_default()
+                .contains("is not a domain name"),
+            "{d}: {replied}"
+        );
+    }
 }
 
 /// The WKD server of wkd_server.py on a free port, serving `root` with `cert`/`key`.

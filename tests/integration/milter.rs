@@ -440,6 +440,51 @@ async fn a_filter_that_is_down_or_too_slow_defers_or_passes_as_configured() {
     drop(actions);
 }
 
+/// Security review #14: the header and recipient changes of one conversation have a byte
+/// budget (MAX_EDIT_SIZE); a filter that asks for more is unavailable (DOWN_ACTION), and
+/// its changes are never written into the message.
+#[tokio::test(flavor = "multi_thread")]
+async fn milter_byte_budget_a_filter_adding_too_many_header_bytes_is_unavailable() {
+    let dir = tempfile::tempdir().unwrap();
+    let actions = Actions::start(dir.path()).await;
+    let extra = splice(
+        &format!("inet:127.0.0.1:{}", actions.port),
+        "DOWN_ACTION = tempfail\nRETRY_INITIAL = 1h\nMAX_EDIT_SIZE = 64k\n",
+    );
+    let mut sys = System::new(&extra, &["alice"]).await;
+    sys.start().await;
+    for subject in ["flood", "fine"] {
+        let reply = sys
+            .send(
+                "dave@example.test",
+                &["alice@example.test"],
+                &mail("dave@example.test", "alice@example.test", subject, ""),
+            )
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    let alice = sys.wait_messages("alice", 1, WAIT).await;
+    assert!(
+        text(&alice[0]).contains("Subject: fine"),
+        "{}",
+        text(&alice[0])
+    );
+    let paused = wait_rows(&sys, "paused", 1).await;
+    let reason = paused[0].2["milter"]["filter"]["reason"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    assert!(
+        reason.starts_with("451 4.7.1") && reason.contains("MAX_EDIT_SIZE"),
+        "{reason}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let alice = sys.messages("alice");
+    assert_eq!(alice.len(), 1, "the flooded one waits");
+    assert!(!text(&alice[0]).contains("X-Flood"));
+    drop(actions);
+}
+
 /// A filter from Debian started by one of the scripts beside actions.py, on a free port,
 /// in a process group of its own: killed with all its workers when dropped (rspamd's
 /// would outlive their parent).

@@ -9,7 +9,8 @@ message to LOG with what it was told (macros, client, sender, recipients, header
 Recipients: refuse@ is refused (550 5.1.1), defer@ deferred (451 4.7.1).
 Subjects: edit (every header, body and envelope change, with progress), quarantine,
 discard, reject (554 5.7.1), tempfail, accept-at-mail (the sender is accept@), slow
-(sleeps 5 s at the end of the message). Anything else passes unchanged.
+(sleeps 5 s at the end of the message), flood (adds 20 header fields of 8000 bytes).
+Anything else passes unchanged.
 """
 import json
 import sys
@@ -101,6 +102,12 @@ class Actions(Milter.Base):
             self.addrcpt("<bob@example.test>")
             self.delrcpt("<carol@example.test>")
             self.progress()
+            return Milter.ACCEPT
+        if subject == "flood":
+            # A misbehaving filter: 20 header fields of 8000 bytes each, every one within
+            # the bounds of a packet and of the count of changes.
+            for i in range(20):
+                self.addheader(f"X-Flood-{i}", "x" * 8000)
             return Milter.ACCEPT
         if subject == "quarantine":
             self.quarantine("held for review")
