@@ -160,6 +160,11 @@ impl Settings {
                 settings.keyserver
             );
         }
+        // Every URL fetched must name its host (the resolver checks the addresses of names
+        // only): say so at start rather than fail each request.
+        if let Err(e) = url_domain(&settings.keyserver) {
+            anyhow::bail!("[pepsi-keydisc] KEYSERVER {e}: name the keyserver by its host name");
+        }
         Ok(settings)
     }
 }
