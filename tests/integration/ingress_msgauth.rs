@@ -302,10 +302,113 @@ async fn a_resolver_that_never_answers_costs_a_message_dns_budget_and_gives_temp
     let log = ingress.log();
     // (iprev of the loopback address is answered by the resolver itself, not the DNS.)
     assert!(
-        log.contains("DNS_BUDGET spent: verdicts are temperror"),
+        log.contains("DNS_BUDGET spent: the unfinished checks are temperror")
+            && log.contains("DNS_BUDGET spent on DMARC: temperror"),
         "{log}"
     );
     drop(udp);
+}
+
+/// A name server that answers every query after `delay` with one TXT record,
+/// `v=spf1 include:<n>.tarpit.example -all` (a fresh `n` each time): each lookup succeeds
+/// within DNS_TIMEOUT, and SPF follows the chain until its ten-lookup limit. Runs until the
+/// test ends; returns its UDP port.
+fn tarpit(delay: std::time::Duration) -> u16 {
+    let udp = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    let port = udp.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        let mut n = 0u32;
+        let mut buf = [0u8; 1500];
+        while let Ok((len, peer)) = udp.recv_from(&mut buf) {
+            // The question: its name's labels from offset 12, then type and class.
+            let mut end = 12;
+            while end < len && buf[end] != 0 {
+                end += 1 + usize::from(buf[end]);
+            }
+            end += 5;
+            if end > len {
+                continue;
+            }
+            n += 1;
+            let text = format!("v=spf1 include:{n}.tarpit.example -all");
+            let mut answer = buf[..2].to_vec();
+            // QR AA RD RA, NOERROR; one question, one answer.
+            answer.extend_from_slice(&[0x85, 0x80, 0, 1, 0, 1, 0, 0, 0, 0]);
+            answer.extend_from_slice(&buf[12..end]);
+            // The question's name (a pointer), TXT, IN, TTL 60, the text as one string.
+            answer.extend_from_slice(&[0xc0, 0x0c, 0, 16, 0, 1, 0, 0, 0, 60]);
+            answer.extend_from_slice(&u16::try_from(text.len() + 1).unwrap().to_be_bytes());
+            answer.push(u8::try_from(text.len()).unwrap());
+            answer.extend_from_slice(text.as_bytes());
+            let udp = udp.try_clone().unwrap();
+            std::thread::spawn(move || {
+                std::thread::sleep(delay);
+                let _ = udp.send_to(&answer, peer);
+            });
+        }
+    });
+    port
+}
+
+/// Security review #5: the sender's own HELO and MAIL FROM domains answering slowly (a
+/// tarpit name server, each answer in time but the SPF chain longer than DNS_BUDGET) no
+/// longer turn the verdict on a spoofed From of a `p=reject` domain into
+/// `dmarc=temperror`: the unaligned checks that did not finish cannot make DMARC pass, so
+/// it is `fail`.
+#[tokio::test]
+async fn a_tarpit_for_the_senders_spf_domains_cannot_turn_a_spoofed_from_dmarc_fail_into_temperror()
+{
+    let tarpit = tarpit(std::time::Duration::from_millis(600));
+    let dns = Dns::start(&[
+        "--txt-record=_dmarc.bank.test,v=DMARC1; p=reject".into(),
+        format!("--server=/tarpit.example/127.0.0.1#{tarpit}"),
+    ]);
+    let ingress = Ingress::start(
+        &format!(
+            "DNS_SERVERS = 127.0.0.1:{}\nDNS_TIMEOUT = 5s\nDNS_BUDGET = 2s\n\
+             AUTHSERV_ID = auth.example.test\n",
+            dns.port
+        ),
+        &[("mx", "ROLE = mx\n")],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO mail.tarpit.example", 250).await;
+    let started = std::time::Instant::now();
+    let id = c
+        .deliver(
+            "a@tarpit.example",
+            &["alice@example.test"],
+            b"From: ceo@bank.test\r\nTo: alice@example.test\r\nSubject: wire\r\n\r\nbody\r\n",
+        )
+        .await;
+    let took = started.elapsed();
+    let r = row(&ingress.db, id).await;
+    let auth = &r.state["auth"];
+    assert_eq!(
+        auth["spf"]["result"], "temperror",
+        "the chain outlasted the budget: {auth}"
+    );
+    assert_eq!(auth["spf"]["helo"]["result"], "temperror", "{auth}");
+    assert_eq!(auth["dmarc"]["result"], "fail", "{auth}");
+    assert_eq!(auth["dmarc"]["domain"], "bank.test", "{auth}");
+    assert_eq!(auth["dmarc"]["policy"], "reject", "{auth}");
+    let headers = String::from_utf8(r.headers).unwrap();
+    assert!(
+        headers
+            .contains("dmarc=fail (policy not aligned) header.from=bank.test policy.dmarc=reject"),
+        "{headers}"
+    );
+    assert!(!headers.contains("dmarc=temperror"), "{headers}");
+    assert!(
+        took < std::time::Duration::from_secs(4),
+        "DNS_BUDGET bounds the unaligned checks: {took:?}"
+    );
+    let log = ingress.log();
+    assert!(
+        log.contains("DNS_BUDGET spent: the unfinished checks are temperror"),
+        "{log}"
+    );
 }
 
 /// Lookups that failed (here: a DNS server that never answers) are remembered for

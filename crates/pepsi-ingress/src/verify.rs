@@ -11,8 +11,8 @@ use mail_auth::hickory_resolver::config::{
     NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
 };
 use mail_auth::{
-    AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcOutput, DmarcResult,
-    IprevOutput, IprevResult, MessageAuthenticator, SpfOutput, SpfResult,
+    ArcOutput, AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcOutput,
+    DmarcResult, IprevOutput, IprevResult, MessageAuthenticator, SpfOutput, SpfResult,
     common::headers::HeaderWriter as _, dmarc::Policy, dmarc::verify::DmarcParameters,
     spf::verify::SpfParameters,
 };
@@ -117,9 +117,15 @@ impl Verifier {
         }
     }
 
-    /// Checks one message. `mail_from` is empty for the null sender. All its DNS work
-    /// together gets DNS_BUDGET; past it the verdicts are `temperror` (the message is taken,
-    /// not held while a resolver is slow).
+    /// Checks one message. `mail_from` is empty for the null sender.
+    ///
+    /// SPF of HELO and of MAIL FROM, each DKIM signature and ARC run at the same time, each
+    /// until DNS_BUDGET has passed; one that has not finished by then is `temperror`. DMARC
+    /// then has a budget of its own for the From domain's record and is computed from
+    /// what finished: a check that did not finish counts only when its domain is aligned
+    /// with From, so a sender whose own HELO or MAIL FROM domain answers slowly cannot
+    /// turn a spoofed From's `dmarc=fail` into `temperror` (the message is taken, not held
+    /// while a resolver is slow).
     pub async fn check(
         &self,
         ip: IpAddr,
@@ -128,54 +134,9 @@ impl Verifier {
         iprev: &IprevOutput,
         raw: &[u8],
     ) -> Verdict {
-        match tokio::time::timeout(self.budget, self.verdicts(ip, helo, mail_from, iprev, raw))
+        let deadline = tokio::time::Instant::now() + self.budget;
+        self.verdicts(ip, helo, mail_from, iprev, raw, deadline)
             .await
-        {
-            Ok(verdict) => verdict,
-            Err(_) => {
-                tracing::info!(%ip, budget = ?self.budget, "DNS_BUDGET spent: verdicts are temperror");
-                self.out_of_budget(ip, helo, mail_from, iprev)
-            }
-        }
-    }
-
-    /// The verdicts when the DNS budget ran out: SPF, DKIM, DMARC and ARC `temperror`.
-    fn out_of_budget(
-        &self,
-        ip: IpAddr,
-        helo: &str,
-        mail_from: &str,
-        iprev: &IprevOutput,
-    ) -> Verdict {
-        let mail_domain = sender_domain(mail_from, helo);
-        let spf_helo = SpfOutput::new(helo.to_owned()).with_result(SpfResult::TempError);
-        let spf_mail = SpfOutput::new(mail_domain.clone()).with_result(SpfResult::TempError);
-        let dkim = DkimOutput::temp_err(mail_auth::Error::Dns(mail_auth::DnsError::Resolver(
-            "DNS_BUDGET spent".into(),
-        )));
-        let results = AuthenticationResults::new(&self.authserv_id)
-            .with_iprev_result(iprev, ip)
-            .with_spf_ehlo_result(&spf_helo, ip, helo)
-            .with_spf_mailfrom_result(&spf_mail, ip, mail_from, helo)
-            .with_dkim_result(&dkim, "");
-        let temp = json!({"result": "temperror"});
-        let state = json!({
-            "spf": {
-                "result": "temperror",
-                "domain": mail_domain,
-                "helo": {"result": "temperror", "domain": helo},
-            },
-            "dkim": [temp],
-            "dmarc": temp,
-            "arc": temp,
-        });
-        let mut header = results.to_header();
-        // dmarc=temperror after the last verdict: the field ends with CRLF.
-        if header.ends_with("\r\n") {
-            header.truncate(header.len() - 2);
-            header.push_str(";\r\n\tdmarc=temperror\r\n");
-        }
-        Verdict { header, state }
     }
 
     /// An SPF check of `domain` unless its lookup failed lately (then `temperror` at once);
@@ -206,11 +167,12 @@ impl Verifier {
         mail_from: &str,
         iprev: &IprevOutput,
         raw: &[u8],
+        deadline: tokio::time::Instant,
     ) -> Verdict {
         // An address literal in HELO names no domain to check.
         let helo_is_domain = !helo.starts_with('[');
-        // The two SPF checks, and DKIM and ARC below, ask the DNS at the same time.
-        let spf_helo = async {
+        let mail_domain = sender_domain(mail_from, helo);
+        let spf_helo = tokio::time::timeout_at(deadline, async {
             if helo_is_domain {
                 self.remembering(format!("spf:{}", helo.to_ascii_lowercase()), helo, || {
                     self.auth
@@ -220,14 +182,13 @@ impl Verifier {
             } else {
                 SpfOutput::new(helo.to_owned())
             }
-        };
-        let spf_mail = async {
+        });
+        let spf_mail = tokio::time::timeout_at(deadline, async {
             if mail_from.is_empty() {
                 None
             } else {
-                let domain = sender_domain(mail_from, helo);
                 Some(
-                    self.remembering(format!("spf:{domain}"), &domain, || {
+                    self.remembering(format!("spf:{mail_domain}"), &mail_domain, || {
                         self.auth.verify_spf(SpfParameters::verify_mail_from(
                             ip,
                             helo,
@@ -238,7 +199,7 @@ impl Verifier {
                     .await,
                 )
             }
-        };
+        });
         let mut message = AuthenticatedMessage::parse(raw);
         if let Some(m) = message.as_mut()
             && m.dkim_headers.len() > self.max_dkim_signatures
@@ -251,18 +212,45 @@ impl Verifier {
             );
             m.dkim_headers.truncate(self.max_dkim_signatures);
         }
-        let signatures = async {
+        // One copy of the message per signature, verified on its own: a signature whose
+        // key lookup is slow keeps no other signature (an aligned one) waiting.
+        let singles: Vec<AuthenticatedMessage<'_>> = message
+            .iter()
+            .flat_map(|m| {
+                m.dkim_headers.iter().map(|h| {
+                    let mut one = m.clone();
+                    one.dkim_headers = vec![h.clone()];
+                    one.errors.clear();
+                    one
+                })
+            })
+            .collect();
+        let dkim = join_all(
+            singles
+                .iter()
+                .map(|one| tokio::time::timeout_at(deadline, self.auth.verify_dkim(one)))
+                .collect(),
+        );
+        let arc = tokio::time::timeout_at(deadline, async {
             match &message {
-                Some(m) => Some(tokio::join!(
-                    self.auth.verify_dkim(m),
-                    self.auth.verify_arc(m)
-                )),
+                Some(m) => Some(self.auth.verify_arc(m).await),
                 None => None,
             }
+        });
+        let (spf_helo, spf_mail, dkim, arc) = tokio::join!(spf_helo, spf_mail, dkim, arc);
+
+        let mut unfinished = Vec::new();
+        let spf_helo = spf_helo.unwrap_or_else(|_| {
+            unfinished.push("SPF of HELO");
+            SpfOutput::new(helo.to_owned()).with_result(SpfResult::TempError)
+        });
+        let spf_mail = match spf_mail {
+            Ok(out) => out.unwrap_or_else(|| spf_helo.clone()),
+            Err(_) => {
+                unfinished.push("SPF of MAIL FROM");
+                SpfOutput::new(mail_domain.clone()).with_result(SpfResult::TempError)
+            }
         };
-        let (spf_helo, spf_mail, signatures) = tokio::join!(spf_helo, spf_mail, signatures);
-        let spf_mail = spf_mail.unwrap_or_else(|| spf_helo.clone());
-        let mail_domain = sender_domain(mail_from, helo);
         let mut results = AuthenticationResults::new(&self.authserv_id)
             .with_iprev_result(iprev, ip)
             .with_spf_ehlo_result(&spf_helo, ip, helo)
@@ -277,47 +265,129 @@ impl Verifier {
             "dmarc": {"result": "none"},
             "arc": {"result": "none"},
         });
-        if let (Some(message), Some((dkim, arc))) = (&message, signatures) {
-            let from_domain = message
-                .from()
-                .rsplit_once('@')
-                .map_or(String::new(), |(_, d)| d.to_ascii_lowercase());
-            let key = format!("dmarc:{from_domain}");
-            let dmarc = if self.failures.recent(&key) {
-                DmarcOutput::new(from_domain.clone())
-                    .with_spf_result(DmarcResult::TempError(recent_failure()))
-                    .with_dkim_result(DmarcResult::TempError(recent_failure()))
-            } else {
-                let dmarc = self
-                    .auth
-                    .verify_dmarc(DmarcParameters::new(
-                        message,
-                        &dkim,
-                        &mail_domain,
-                        &spf_mail,
-                    ))
-                    .await;
-                if matches!(dmarc.spf_result(), DmarcResult::TempError(_))
-                    && matches!(dmarc.dkim_result(), DmarcResult::TempError(_))
-                {
-                    self.failures.record(&key);
+        if let Some(message) = &message {
+            // Malformed signatures first, as verify_dkim lists them.
+            let mut dkim_outputs: Vec<DkimOutput<'_>> = message
+                .errors
+                .iter()
+                .filter(|e| matches!(e.header, mail_auth::Error::Dkim(_)))
+                .map(|e| DkimOutput::neutral(e.header.clone()))
+                .collect();
+            for (one, verified) in message.dkim_headers.iter().zip(dkim) {
+                match verified {
+                    Ok(outputs) => dkim_outputs.extend(outputs),
+                    // With its signature, so DMARC counts it only when its d= is aligned.
+                    Err(_) => {
+                        unfinished.push("DKIM");
+                        dkim_outputs
+                            .push(DkimOutput::temp_err(budget_spent()).with_signature(&one.header));
+                    }
                 }
-                dmarc
+            }
+            let arc = match arc {
+                Ok(arc) => arc.unwrap_or_default(),
+                Err(_) => {
+                    unfinished.push("ARC");
+                    ArcOutput::default().with_result(DkimResult::TempError(budget_spent()))
+                }
             };
+            let dmarc = self
+                .dmarc(message, &dkim_outputs, &mail_domain, &spf_mail)
+                .await;
             let header_from = message.from();
             results = results
-                .with_dkim_results(&dkim, header_from)
+                .with_dkim_results(&dkim_outputs, header_from)
                 .with_arc_result(&arc, ip)
                 .with_dmarc_result(&dmarc);
-            state["dkim"] = dkim.iter().map(dkim_json).collect();
+            state["dkim"] = dkim_outputs.iter().map(dkim_json).collect();
             state["arc"] = dkim_result_json(arc.result());
             state["dmarc"] = dmarc_json(&dmarc.result(), dmarc.domain(), dmarc.policy());
+        }
+        if !unfinished.is_empty() {
+            unfinished.dedup();
+            tracing::info!(
+                %ip,
+                budget = ?self.budget,
+                unfinished = %unfinished.join(", "),
+                "DNS_BUDGET spent: the unfinished checks are temperror"
+            );
         }
         Verdict {
             header: results.to_header(),
             state,
         }
     }
+
+    /// DMARC of the From domain from the SPF and DKIM outputs at hand, under a DNS_BUDGET
+    /// of its own: the lookups it makes are the From domain's record and, for alignment,
+    /// the organizational domains of aligned candidates, none of which the other checks'
+    /// slowness may use up. Past it, `temperror`.
+    async fn dmarc(
+        &self,
+        message: &AuthenticatedMessage<'_>,
+        dkim: &[DkimOutput<'_>],
+        mail_domain: &str,
+        spf_mail: &SpfOutput,
+    ) -> DmarcOutput {
+        let from_domain = message
+            .from()
+            .rsplit_once('@')
+            .map_or(String::new(), |(_, d)| d.to_ascii_lowercase());
+        let key = format!("dmarc:{from_domain}");
+        if self.failures.recent(&key) {
+            return DmarcOutput::new(from_domain)
+                .with_spf_result(DmarcResult::TempError(recent_failure()))
+                .with_dkim_result(DmarcResult::TempError(recent_failure()));
+        }
+        let verify =
+            self.auth
+                .verify_dmarc(DmarcParameters::new(message, dkim, mail_domain, spf_mail));
+        match tokio::time::timeout(self.budget, verify).await {
+            Ok(dmarc) => {
+                if matches!(dmarc.spf_result(), DmarcResult::TempError(_))
+                    && matches!(dmarc.dkim_result(), DmarcResult::TempError(_))
+                {
+                    self.failures.record(&key);
+                }
+                dmarc
+            }
+            Err(_) => {
+                tracing::info!(domain = %from_domain, budget = ?self.budget, "DNS_BUDGET spent on DMARC: temperror");
+                DmarcOutput::new(from_domain)
+                    .with_spf_result(DmarcResult::TempError(budget_spent()))
+                    .with_dkim_result(DmarcResult::TempError(budget_spent()))
+            }
+        }
+    }
+}
+
+/// The error of a check that had not finished when DNS_BUDGET was spent.
+fn budget_spent() -> mail_auth::Error {
+    mail_auth::Error::Dns(mail_auth::DnsError::Resolver("DNS_BUDGET spent".into()))
+}
+
+/// Runs `futures` at the same time; their outputs in the same order.
+async fn join_all<F: std::future::Future>(futures: Vec<F>) -> Vec<F::Output> {
+    let mut futures: Vec<std::pin::Pin<Box<F>>> = futures.into_iter().map(Box::pin).collect();
+    let mut outputs: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (future, output) in futures.iter_mut().zip(outputs.iter_mut()) {
+            if output.is_none() {
+                match future.as_mut().poll(cx) {
+                    std::task::Poll::Ready(v) => *output = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(())
+        }
+    })
+    .await;
+    outputs.into_iter().flatten().collect()
 }
 
 /// The error a verdict carries when the same lookup failed lately (DNS_FAILURE_TTL).
