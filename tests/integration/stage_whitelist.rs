@@ -114,7 +114,7 @@ async fn recipients_trusting_the_sender_are_recorded_and_sent_mail_teaches_the_s
         "alice@example.test",
         &["zed@example.net", "Bob@Example.org", "alice@example.test"],
         "From: alice@example.test\r\n",
-        Some("alice"),
+        Some("alice@example.test"),
     )
     .await;
     let cfg = config(&db, &dir, "");
@@ -173,7 +173,7 @@ async fn recipients_trusting_the_sender_are_recorded_and_sent_mail_teaches_the_s
         "alice@example.test",
         &["zed@example.net"],
         "From: alice@example.test\r\n",
-        Some("alice"),
+        Some("alice@example.test"),
     )
     .await;
     let cfg = config(&db2, &dir2, "LEARN = no\n");
@@ -183,4 +183,34 @@ async fn recipients_trusting_the_sender_are_recorded_and_sent_mail_teaches_the_s
         done(json!({"sender": "alice@example.test", "trusted": [], "all": false}))
     );
     assert!(entries(&db2).await.is_empty());
+}
+
+/// Security review #11: learning is keyed on the login, not the envelope sender: a logged-in
+/// user writing with another user's address in MAIL FROM (a listener with
+/// `SENDER_LOGIN_BINDING = no`) adds the recipients to its own list, never to the other's.
+#[tokio::test]
+async fn a_login_sending_as_another_user_teaches_only_its_own_whitelist() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let forged = running(
+        &db,
+        "Alice+x@example.test",
+        &["evil@evil.test"],
+        "From: alice@example.test\r\n",
+        Some("mallory@example.test"),
+    )
+    .await;
+    let cfg = config(&db, &dir, "");
+    assert_eq!(support::run_ids(STAGE, &cfg, &[forged]).await, ["0"]);
+    assert_eq!(
+        entries(&db).await,
+        [(
+            "mallory@example.test".into(),
+            "evil@evil.test".into(),
+            "sent".into()
+        )],
+        "alice's list is untouched"
+    );
+    let (_, _, record) = state(&db, forged).await;
+    assert_eq!(record["learned"], 1, "{record}");
 }

@@ -1,7 +1,7 @@
 //! pepsi-stage-check-whitelist: per-mailbox trusted senders. On arrival it records, for the
 //! message's recipients, which of them trust the sender the message shows (its `From:`
-//! address, or that address's domain); on authenticated mail it learns: the sending mailbox
-//! comes to trust each address it writes to.
+//! address, or that address's domain); on authenticated mail it learns: the login that sent
+//! it (never the envelope sender) comes to trust each address it writes to.
 //!
 //! Reads: the envelope, `auth_user`, the header block (`Load::Headers`) and
 //! `pepsi.whitelist` (one query per message that has a `From:` address and pairs of mailbox

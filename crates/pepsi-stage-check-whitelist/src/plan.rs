@@ -67,7 +67,8 @@ pub fn entry(text: &str) -> Result<String, String> {
     }
 }
 
-/// What an authenticated message teaches: `mailbox` (its envelope sender) trusts `senders`.
+/// What an authenticated message teaches: `mailbox` (the login that sent it) trusts
+/// `senders`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Learning {
     pub mailbox: String,
@@ -75,16 +76,22 @@ pub struct Learning {
 }
 
 /// Learning from a message: only authenticated mail (`auth_user`) with an envelope sender
-/// teaches, the sender's mailbox (its address without extension) learns the recipients as
-/// written (lower case), and never its own address; `None` when there is nothing to learn.
+/// teaches, and what it teaches is the login's: the login's mailbox (its address without
+/// extension) learns the recipients as written (lower case), never its own address. The
+/// envelope sender names no mailbox here: where SENDER_LOGIN_BINDING is off, a login may
+/// send as anyone, and must not add entries to another user's list. `None` when there is
+/// nothing to learn (also for a login that is not an address).
 pub fn learning(
     auth_user: Option<&str>,
     mail_from: &str,
     rcpt_to: &[String],
     local: &LocalRecipients,
 ) -> Option<Learning> {
-    auth_user.filter(|u| !u.is_empty())?;
-    let mailbox = check(Some(&local.mailbox_key(mail_from)))?.address;
+    let login = auth_user.filter(|u| !u.is_empty())?;
+    if mail_from.is_empty() {
+        return None;
+    }
+    let mailbox = check(Some(&local.mailbox_key(login)))?.address;
     let senders: Vec<String> = pepsi_common::local::distinct_lowercase(rcpt_to)
         .into_iter()
         .filter(|r| local.mailbox_key(r) != mailbox && check(Some(r)).is_some())
@@ -188,24 +195,50 @@ mod tests {
             "carol@example.net",
             "x",
         ]);
-        // Authenticated: the sender's mailbox learns each other valid recipient once.
+        // Authenticated: the login's mailbox learns each other valid recipient once.
         assert_eq!(
-            learning(Some("alice"), "Alice+out@Example.test", &rcpts, &local()),
+            learning(
+                Some("alice@example.test"),
+                "Alice+out@Example.test",
+                &rcpts,
+                &local()
+            ),
             Some(Learning {
                 mailbox: "alice@example.test".into(),
                 senders: v(&["carol@example.net"])
             })
         );
-        // Not authenticated, or a null sender, or nothing but itself: nothing.
+        // Security review #11: the login learns, whatever the envelope sender says.
+        assert_eq!(
+            learning(
+                Some("Mallory@Example.test"),
+                "alice@example.test",
+                &v(&["evil@evil.test"]),
+                &local()
+            ),
+            Some(Learning {
+                mailbox: "mallory@example.test".into(),
+                senders: v(&["evil@evil.test"])
+            })
+        );
+        // Not authenticated, a login that is no address, a null sender, or nothing but
+        // itself: nothing.
         assert_eq!(learning(None, "alice@example.test", &rcpts, &local()), None);
         assert_eq!(
             learning(Some(""), "alice@example.test", &rcpts, &local()),
             None
         );
-        assert_eq!(learning(Some("alice"), "", &rcpts, &local()), None);
+        assert_eq!(
+            learning(Some("alice"), "alice@example.test", &rcpts, &local()),
+            None
+        );
+        assert_eq!(
+            learning(Some("alice@example.test"), "", &rcpts, &local()),
+            None
+        );
         assert_eq!(
             learning(
-                Some("alice"),
+                Some("alice@example.test"),
                 "alice@example.test",
                 &v(&["alice+self@example.test"]),
                 &local()
@@ -215,10 +248,15 @@ mod tests {
         // A long list teaches at most MAX_LEARNED.
         let many: Vec<String> = (0..200).map(|i| format!("r{i}@example.net")).collect();
         assert_eq!(
-            learning(Some("alice"), "alice@example.test", &many, &local())
-                .unwrap()
-                .senders
-                .len(),
+            learning(
+                Some("alice@example.test"),
+                "alice@example.test",
+                &many,
+                &local()
+            )
+            .unwrap()
+            .senders
+            .len(),
             MAX_LEARNED
         );
     }
