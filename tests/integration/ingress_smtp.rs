@@ -1120,6 +1120,60 @@ async fn an_authenticated_client_sends_only_as_addresses_its_login_owns() {
     assert_eq!(ingress.rows().await, 2);
 }
 
+/// Security review #11: under SENDER_LOGIN_BINDING an authenticated message must name one
+/// author the login owns; a missing From, a group-only From, one without an address and
+/// a second From field are refused with 550 5.7.1 saying so (they used to pass with no
+/// address to check), nothing is stored, and the session goes on.
+#[tokio::test]
+async fn an_authenticated_message_without_one_parseable_from_address_is_refused() {
+    const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
+    let ingress = Ingress::start("", &[("sub", SUB)]).await;
+    ingress.add_account("alice@example.test", "pw").await;
+    let plain = pepsi_smtp::encoding::base64_encode(b"\0alice@example.test\0pw");
+    let mut c = Client::connect(ingress.port("sub")).await;
+    c.ok("EHLO laptop.example", 250).await;
+    c.ok(&format!("AUTH PLAIN {plain}"), 235).await;
+    let cases = [
+        ("To: dest@remote.test\r\nSubject: s\r\n", "no From field"),
+        (
+            "From: undisclosed-recipients:;\r\nTo: dest@remote.test\r\n",
+            "is a group",
+        ),
+        (
+            "From: The CEO\r\nTo: dest@remote.test\r\n",
+            "names no address",
+        ),
+        ("From: <>\r\nTo: dest@remote.test\r\n", "names no address"),
+        (
+            "From: alice@example.test\r\nFrom: ceo@example.test\r\n",
+            "2 From fields",
+        ),
+    ];
+    for (headers, why) in cases {
+        c.ok("MAIL FROM:<alice@example.test>", 250).await;
+        c.ok("RCPT TO:<dest@remote.test>", 250).await;
+        c.ok("DATA", 354).await;
+        let text = c.ok(&format!("{headers}\r\nbody\r\n."), 550).await;
+        assert!(
+            text.starts_with("5.7.1")
+                && text.contains(why)
+                && text.contains("SENDER_LOGIN_BINDING"),
+            "{headers:?}: {text}"
+        );
+    }
+    assert_eq!(ingress.rows().await, 0);
+    // Its own address, once: taken.
+    c.ok("MAIL FROM:<alice@example.test>", 250).await;
+    c.ok("RCPT TO:<dest@remote.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.ok(
+        "From: Alice <alice@example.test>\r\nTo: dest@remote.test\r\n\r\nbody\r\n.",
+        250,
+    )
+    .await;
+    assert_eq!(ingress.rows().await, 1);
+}
+
 #[tokio::test]
 async fn failed_logins_are_throttled_per_client_network_and_per_account() {
     const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";

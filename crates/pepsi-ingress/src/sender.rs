@@ -7,6 +7,11 @@
 //! alias the account is a target of). The null sender is always allowed (a client's own
 //! bounce or receipt). `owns` is the pure rule, tested as a table; `check` is the one query
 //! around it.
+//!
+//! The From field must name the author unambiguously for the rule to mean anything: under
+//! the binding, an authenticated message has exactly one From field naming exactly one
+//! address (`sole_author`); a missing, repeated, group or unparsable From is refused
+//! rather than passed with nothing to check.
 
 use pepsi_common::local::{LocalRecipients, split_address};
 use pepsi_common::settings::{self, SettingsTable, address_list};
@@ -52,6 +57,53 @@ pub fn owns(login: &str, address: &str, local: &LocalRecipients, table: &Setting
         .any(|target| local.mailbox_key(&target) == login)
 }
 
+/// The one author address of a header block, as SENDER_LOGIN_BINDING needs it: exactly one
+/// From field, naming exactly one mailbox with an address. The error says what is wrong
+/// (for the client's reply: ASCII, the field's text shortened). Pure.
+pub fn sole_author(headers: &[u8]) -> Result<String, String> {
+    let fields = pepsi_common::message::field_values(headers, "From");
+    let value = match fields.as_slice() {
+        [] => return Err("the message has no From field".into()),
+        [one] => one,
+        many => return Err(format!("the message has {} From fields", many.len())),
+    };
+    let shown: String = value
+        .chars()
+        .take(80)
+        .collect::<String>()
+        .escape_default()
+        .to_string();
+    let unparsable = || format!("the From field \"{shown}\" names no address");
+    let mut block = headers.to_vec();
+    block.extend_from_slice(b"\r\n");
+    let parsed = mail_parser::MessageParser::default().parse_headers(&block);
+    match parsed.as_ref().and_then(|m| m.from()) {
+        Some(mail_parser::Address::List(list)) => match list.as_slice() {
+            [one] => one
+                .address()
+                .filter(|a| {
+                    a.rsplit_once('@')
+                        .is_some_and(|(l, d)| !l.is_empty() && !d.is_empty())
+                })
+                .map(str::to_owned)
+                .ok_or_else(unparsable),
+            [] => Err(unparsable()),
+            many => Err(format!(
+                "the From field names {} addresses ({}), not one",
+                many.len(),
+                many.iter()
+                    .map(|a| a.address().unwrap_or("?").escape_default().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        },
+        Some(mail_parser::Address::Group(_)) => Err(format!(
+            "the From field \"{shown}\" is a group, not one address"
+        )),
+        None => Err(unparsable()),
+    }
+}
+
 /// The settings keys `owns` reads for `login` and `addresses`.
 fn keys(login: &str, addresses: &[String], local: &LocalRecipients) -> Vec<String> {
     let mut keys = vec![login.to_lowercase()];
@@ -93,6 +145,45 @@ pub async fn first_not_owned(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn sole_author_table() {
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            ("From: alice@example.test\r\n", Ok("alice@example.test")),
+            (
+                "Subject: s\r\nFrom: Alice <Alice@Example.test>\r\nTo: b@x.test\r\n",
+                Ok("Alice@Example.test"),
+            ),
+            (
+                "From: \"Alice\"\r\n <alice@example.test>\r\n",
+                Ok("alice@example.test"),
+            ),
+            ("Subject: s\r\n", Err("the message has no From field")),
+            (
+                "From: a@example.test\r\nfrom: b@example.test\r\n",
+                Err("the message has 2 From fields"),
+            ),
+            ("From: undisclosed:;\r\n", Err("is a group")),
+            ("From: team: alice@example.test;\r\n", Err("is a group")),
+            ("From: Alice\r\n", Err("names no address")),
+            ("From: <>\r\n", Err("names no address")),
+            ("From: \r\n", Err("names no address")),
+            ("From: @example.test\r\n", Err("names no address")),
+            (
+                "From: a@example.test, ceo@example.test\r\n",
+                Err("names 2 addresses (a@example.test, ceo@example.test)"),
+            ),
+        ];
+        for (headers, want) in cases {
+            match (sole_author(headers.as_bytes()), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{headers:?}"),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{headers:?}: {got}"),
+                (got, want) => panic!("{headers:?}: {got:?}, wanted {want:?}"),
+            }
+        }
+        let odd = sole_author("From: Ärger\u{7}\r\n".as_bytes()).unwrap_err();
+        assert!(odd.is_ascii() && odd.contains("\\u{c4}rger\\u{7}"), "{odd}");
+    }
 
     #[test]
     fn ownership_table() {

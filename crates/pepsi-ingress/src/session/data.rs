@@ -156,9 +156,10 @@ impl Session {
                  header field",
             );
         }
-        let authors =
-            pepsi_common::message::from_addresses(pepsi_common::message::split(&message).0);
-        if let Some(reply) = self.not_owned(&authors, 550).await {
+        if let Some(reply) = self
+            .author_not_owned(pepsi_common::message::split(&message).0)
+            .await
+        {
             return reply;
         }
         let size = message.len();

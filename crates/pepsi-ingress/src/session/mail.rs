@@ -88,4 +88,28 @@ impl Session {
             }
         }
     }
+
+    /// Under SENDER_LOGIN_BINDING, for an authenticated session: the header block must name
+    /// one author (`sender::sole_author`), one the login owns; a 550 5.7.1 saying what is
+    /// wrong otherwise (451 4.3.0 when ownership cannot be looked up).
+    pub(super) async fn author_not_owned(&self, headers: &[u8]) -> Option<Reply> {
+        let login = self.auth_user.as_deref()?;
+        if !self.listener.config.sender_login_binding {
+            return None;
+        }
+        match crate::sender::sole_author(headers) {
+            Ok(author) => self.not_owned(&[author], 550).await,
+            Err(problem) => {
+                tracing::info!(peer = %self.peer, login, problem, "message refused: no single From address to check");
+                Some(Reply::new(
+                    550,
+                    "5.7.1",
+                    format!(
+                        "{problem} (SENDER_LOGIN_BINDING: an authenticated message has one \
+                         From field naming one address of yours)"
+                    ),
+                ))
+            }
+        }
+    }
 }
