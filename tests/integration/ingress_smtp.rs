@@ -1225,6 +1225,87 @@ async fn failed_logins_are_throttled_per_client_network_and_per_account() {
     assert!(ingress.log().contains("too many failed logins"));
 }
 
+/// Security review #10: wrong passwords sent for one account from six sessions at once
+/// (their checks queued behind AUTH_CONCURRENCY = 1) are not all checked: each attempt
+/// counts before its check, so two (AUTH_FAILURES_PER_ACCOUNT) get 535 and the rest 454
+/// 4.7.0 at once, where all six used to pass the limit test together.
+#[tokio::test]
+async fn concurrent_logins_beyond_the_failure_limit_are_refused_before_their_check() {
+    const SUB: &str = "ROLE = submission\nALLOW_PLAINTEXT_AUTH = yes\n";
+    let ingress = Ingress::start(
+        "AUTH_FAILURES_PER_CLIENT = 0\nAUTH_FAILURES_PER_ACCOUNT = 2\nAUTH_CONCURRENCY = 1\n",
+        &[("sub", SUB)],
+    )
+    .await;
+    ingress.add_account("alice@example.test", "right").await;
+    let guess = format!(
+        "AUTH PLAIN {}\r\n",
+        pepsi_smtp::encoding::base64_encode(b"\0alice@example.test\0guess")
+    );
+    let mut sessions = Vec::new();
+    for _ in 0..6 {
+        let mut c = Client::connect(ingress.port("sub")).await;
+        c.ok("EHLO laptop.example", 250).await;
+        sessions.push(c);
+    }
+    for c in &mut sessions {
+        c.send(guess.as_bytes()).await;
+    }
+    let mut codes = Vec::new();
+    for c in &mut sessions {
+        codes.push(c.read().await.0);
+    }
+    codes.sort_unstable();
+    assert_eq!(codes, [454, 454, 454, 454, 535, 535]);
+    // The two failures stay counted: the right password is refused too until the window ends.
+    let right = pepsi_smtp::encoding::base64_encode(b"\0alice@example.test\0right");
+    sessions[0].ok(&format!("AUTH PLAIN {right}"), 454).await;
+}
+
+/// Security review #12: a sender-written `X-Pepsi-Decrypted` (the decrypt stage's result
+/// field, which MUA rules may trust) is removed at admission, in any letter case and the
+/// obsolete form, and so is the field a decrypt stage's RESULT_HEADER renames it to:
+/// neither reaches the queue, whether or not the message later passes that stage.
+#[tokio::test]
+async fn a_forged_decryption_result_field_is_removed_at_admission() {
+    let ingress = Ingress::start(
+        "\n[stage-decrypt]\nPROGRAM = pepsi-stage-decrypt\nNEXT_STAGE = done\n\
+         RESULT_HEADER = X-Site-Decrypted\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    let message = "X-Pepsi-Decrypted: openpgp; decrypted-with=alice; signature=good\r\n\
+                   From: ceo@example.org\r\n\
+                   x-pepsi-decrypted :\r\n\tsmime; signature=good\r\n\
+                   X-Site-Decrypted: openpgp; signature=good\r\n\
+                   To: alice@example.test\r\nSubject: trust me\r\n\r\n\
+                   X-Pepsi-Decrypted: in the body stays\r\n";
+    let id = c
+        .deliver(
+            "ceo@example.org",
+            &["alice@example.test"],
+            message.as_bytes(),
+        )
+        .await;
+    let r = row(&ingress.db, id).await;
+    assert!(
+        String::from_utf8_lossy(&r.body).contains("X-Pepsi-Decrypted: in the body stays"),
+        "the body is not touched"
+    );
+    let headers = String::from_utf8(r.headers).unwrap();
+    assert!(
+        !headers.to_ascii_lowercase().contains("decrypted"),
+        "{headers}"
+    );
+    assert!(
+        headers
+            .contains("From: ceo@example.org\r\nTo: alice@example.test\r\nSubject: trust me\r\n"),
+        "the other fields are kept: {headers}"
+    );
+}
+
 #[tokio::test]
 async fn no_line_break_can_be_smuggled_through_esmtp_parameters() {
     let ingress = Ingress::start("", &[("mx", MX)]).await;

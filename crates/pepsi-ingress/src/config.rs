@@ -16,6 +16,9 @@ use pepsi_common::config::{Config, Section};
 pub const SECTION: &str = "pepsi-ingress";
 /// Prefix of listener sections.
 pub const LISTENER_PREFIX: &str = "listener-";
+/// The result field of pepsi-stage-decrypt unless its RESULT_HEADER names another (that
+/// stage's `constants::RESULT_HEADER`; the ingress does not link the stage).
+pub const DECRYPT_RESULT_HEADER: &str = "X-Pepsi-Decrypted";
 
 /// What a listener is for, which sets its defaults.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -148,6 +151,10 @@ pub struct Settings {
     pub admission: crate::admission::Limits,
     pub shutdown_grace: Duration,
     pub dns: DnsSettings,
+    /// Header fields removed from every message at admission, whoever sent it: fields
+    /// only our own stages may write (`STRIP_FIELDS`, and the RESULT_HEADER of every
+    /// decrypt stage section).
+    pub strip_fields: Vec<String>,
     pub listeners: Vec<ListenerConfig>,
 }
 
@@ -157,6 +164,53 @@ fn parse_server(item: &str) -> Option<SocketAddr> {
             .ok()
             .map(|ip| SocketAddr::new(ip, 53))
     })
+}
+
+/// `STRIP_FIELDS` (default: the decrypt stage's default result field), then the
+/// `RESULT_HEADER` of every `[stage-*]` section running pepsi-stage-decrypt, each once
+/// (names compare without regard to case). A name that is no header field name is an error
+/// naming it.
+fn strip_fields(cfg: &Config, s: &Section<'_>) -> anyhow::Result<Vec<String>> {
+    let mut names = s
+        .list_opt("STRIP_FIELDS")?
+        .unwrap_or_else(|| vec![DECRYPT_RESULT_HEADER.to_owned()]);
+    for name in &names {
+        if !is_field_name(name) {
+            bail!("[{SECTION}] STRIP_FIELDS: {name:?} is not a header field name");
+        }
+    }
+    for section in cfg.sections() {
+        if !section.starts_with("stage-") {
+            continue;
+        }
+        let stage = cfg.section(section);
+        let program = stage.string_opt("PROGRAM")?.unwrap_or_default();
+        let runs_decrypt = std::path::Path::new(program.trim())
+            .file_name()
+            .is_some_and(|f| f == "pepsi-stage-decrypt");
+        if !runs_decrypt {
+            continue;
+        }
+        let name = stage
+            .string_opt("RESULT_HEADER")?
+            .unwrap_or_else(|| DECRYPT_RESULT_HEADER.to_owned());
+        if is_field_name(&name) {
+            names.push(name);
+        }
+    }
+    let mut seen = Vec::<String>::new();
+    names.retain(|n| {
+        let lower = n.to_ascii_lowercase();
+        let new = !seen.contains(&lower);
+        seen.push(lower);
+        new
+    });
+    Ok(names)
+}
+
+/// RFC 5322 §3.6.8: printable ASCII but the colon, at least one.
+fn is_field_name(name: &str) -> bool {
+    !name.is_empty() && name.bytes().all(|b| (33..=126).contains(&b) && b != b':')
 }
 
 impl Settings {
@@ -275,6 +329,7 @@ impl Settings {
                     .duration_opt("DNS_FAILURE_TTL")?
                     .unwrap_or(Duration::from_secs(30)),
             },
+            strip_fields: strip_fields(cfg, &s)?,
             listeners: listeners(cfg)?,
         };
         settings.validate()?;
@@ -472,6 +527,27 @@ mod tests {
         assert!(!mx.auth && !mx.require_auth && mx.verify && mx.tls.is_none());
         let sub = s.listeners.iter().find(|l| l.name == "sub").unwrap();
         assert!(sub.auth && sub.require_auth && !sub.verify && !sub.plaintext_auth);
+    }
+
+    #[test]
+    fn strip_fields_hold_the_decrypt_result_fields() {
+        let base = "[listener-a]\nROLE = mx\nADDRESS = 127.0.0.1:1\n";
+        assert_eq!(load(base).unwrap().strip_fields, ["X-Pepsi-Decrypted"]);
+        let s = load(&format!(
+            "{base}[stage-decrypt]\nPROGRAM = /usr/lib/pepsi/pepsi-stage-decrypt\n\
+             RESULT_HEADER = X-Our-Decrypted\n\
+             [stage-other]\nPROGRAM = pepsi-stage-decrypt\n\
+             [stage-arc]\nPROGRAM = pepsi-stage-arc\nRESULT_HEADER = X-Not-Ours\n"
+        ))
+        .unwrap();
+        assert_eq!(s.strip_fields, ["X-Pepsi-Decrypted", "X-Our-Decrypted"]);
+        let s = load(&format!("{base}[pepsi-ingress]\nSTRIP_FIELDS = X-A, x-b\n")).unwrap();
+        assert_eq!(s.strip_fields, ["X-A", "x-b"]);
+        let e = load(&format!("{base}[pepsi-ingress]\nSTRIP_FIELDS = X:A\n")).unwrap_err();
+        assert!(
+            format!("{e:#}").contains("\"X:A\" is not a header field name"),
+            "{e:#}"
+        );
     }
 
     #[test]

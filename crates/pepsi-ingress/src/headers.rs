@@ -1,6 +1,7 @@
 //! The trace headers the ingress prepends (`Received`, RFC 5321 §4.4 with RFC 3848 and
 //! RFC 6531 protocol names) and the removal of forged `Authentication-Results` that claim
-//! our own authserv-id (RFC 8601 §5). Pure: the caller supplies the clock's reading.
+//! our own authserv-id (RFC 8601 §5) and of fields only our own stages may write
+//! (`STRIP_FIELDS`: `X-Pepsi-Decrypted`). Pure: the caller supplies the clock's reading.
 
 /// What the `Received` field records about the session.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -83,11 +84,14 @@ pub fn begins_with_continuation(message: &[u8]) -> bool {
 }
 
 /// The header block with every `Authentication-Results` field whose authserv-id is
-/// `authserv_id` removed; other fields are kept byte for byte.
-pub fn strip_forged_results(headers: &[u8], authserv_id: &str) -> Vec<u8> {
+/// `authserv_id` removed, and every field named as one of `ours` (any letter case, the
+/// obsolete white space before the colon too); other fields are kept byte for byte.
+pub fn strip_forged_results(headers: &[u8], authserv_id: &str, ours: &[String]) -> Vec<u8> {
     let mut out = Vec::with_capacity(headers.len());
     for field in fields(headers) {
-        if !is_our_results(field, authserv_id) {
+        let named_ours = pepsi_common::message::field_name(field)
+            .is_some_and(|n| ours.iter().any(|o| n.eq_ignore_ascii_case(o.as_bytes())));
+        if !named_ours && !is_our_results(field, authserv_id) {
             out.extend_from_slice(field);
         }
     }
@@ -230,11 +234,29 @@ mod tests {
                 "Authentication-Results-X: mx.example.test; dkim=pass\r\n",
                 "Authentication-Results-X: mx.example.test; dkim=pass\r\n",
             ),
+            // Fields only our stages write, in any case and the obsolete form.
+            (
+                "X-Pepsi-Decrypted: openpgp; signature=good\r\nA: 1\r\n",
+                "A: 1\r\n",
+            ),
+            (
+                "A: 1\r\nx-pepsi-decrypted :\r\n\topenpgp; signature=good\r\nB: 2\r\n",
+                "A: 1\r\nB: 2\r\n",
+            ),
+            (
+                "X-Pepsi-Decrypted-Not: x\r\n",
+                "X-Pepsi-Decrypted-Not: x\r\n",
+            ),
         ];
+        let ours = ["X-Pepsi-Decrypted".to_owned()];
         for (input, expected) in cases {
             assert_eq!(
-                String::from_utf8(strip_forged_results(input.as_bytes(), "mx.example.test"))
-                    .unwrap(),
+                String::from_utf8(strip_forged_results(
+                    input.as_bytes(),
+                    "mx.example.test",
+                    &ours
+                ))
+                .unwrap(),
                 *expected,
                 "{input:?}"
             );

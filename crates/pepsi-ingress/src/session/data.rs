@@ -229,7 +229,7 @@ impl Session {
             single_rcpt: (tx.rcpts.len() == 1).then(|| tx.rcpts[0].as_str()),
             date: &date,
         });
-        let kept = strip_forged_results(headers, &s.authserv_id);
+        let kept = strip_forged_results(headers, &s.authserv_id, &s.strip_fields);
         let mut stored_headers = Vec::with_capacity(trace.len() + 512 + kept.len());
         stored_headers.extend_from_slice(trace.as_bytes());
         if let Some(v) = &verdict {
