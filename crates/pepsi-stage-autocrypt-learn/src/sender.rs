@@ -22,9 +22,11 @@ pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authentic
     let auth = state.get("auth");
     let str_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_ascii_lowercase);
     let dmarc = auth.and_then(|a| a.get("dmarc"));
+    // The verdict is for the From domain the ingress read (an A-label for an IDN, which
+    // the From here may spell in Unicode): a From changed since (a filter) does not match.
     if str_of(dmarc.and_then(|d| d.get("result"))).as_deref() == Some("pass")
         && str_of(dmarc.and_then(|d| d.get("domain")))
-            .is_none_or(|d| d.trim_end_matches('.') == domain)
+            .is_none_or(|d| d.trim_end_matches('.') == domain || !domain.is_ascii())
     {
         return Some(Authenticated::Dmarc);
     }
@@ -80,6 +82,11 @@ mod tests {
             json!({"auth": {"dmarc": {"result": "pass", "domain": "evil.test"}}}),
             a,
             None,
+        );
+        check(
+            json!({"auth": {"dmarc": {"result": "pass", "domain": "xn--bcher-kva.example"}}}),
+            "erin@bücher.example",
+            Some(Dmarc),
         );
         for result in ["fail", "none", "temperror", "permerror"] {
             check(
