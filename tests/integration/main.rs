@@ -11,6 +11,7 @@
 
 mod support;
 
+mod chaos;
 mod config_tool;
 mod counters_api;
 mod counters_ctl;
