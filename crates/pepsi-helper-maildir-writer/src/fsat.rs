@@ -277,10 +277,38 @@ impl Dir {
     /// directory (`None`: the filesystem did not say, ask [`Dir::stat_at`]). The directory
     /// must be readable ([`Dir::reopen`]).
     pub fn entries(&self) -> io::Result<Vec<(OsString, Option<bool>)>> {
+        let mut out = Vec::new();
+        self.each_entry(|name, dir| {
+            out.push((OsString::from_vec(name.to_vec()), dir));
+            false
+        })?;
+        Ok(out)
+    }
+
+    /// The first entry whose name starts with `prefix`, read without copying the others'
+    /// names (a `cur/` may hold a hundred thousand).
+    pub fn find_prefix(&self, prefix: &[u8]) -> io::Result<Option<OsString>> {
+        let mut found = None;
+        self.each_entry(|name, _| {
+            if name.starts_with(prefix) {
+                found = Some(OsString::from_vec(name.to_vec()));
+                true
+            } else {
+                false
+            }
+        })?;
+        Ok(found)
+    }
+
+    /// Calls `f` with each entry's name and kind (see [`Dir::entries`]) until it returns
+    /// true.
+    fn each_entry(&self, mut f: impl FnMut(&[u8], Option<bool>) -> bool) -> io::Result<()> {
         // fdopendir takes the descriptor over; give it a copy, rewound.
         let fd = self.0.try_clone()?;
         // SAFETY: fd is an open directory; lseek has no memory effects.
-        cvt(unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_SET) } as libc::c_int)?;
+        if unsafe { libc::lseek(fd.as_raw_fd(), 0, libc::SEEK_SET) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let raw = std::os::fd::IntoRawFd::into_raw_fd(fd);
         // SAFETY: raw is an open directory fd that the DIR stream now owns.
         let dirp = unsafe { libc::fdopendir(raw) };
@@ -290,7 +318,6 @@ impl Dir {
             unsafe { libc::close(raw) };
             return Err(e);
         }
-        let mut out = Vec::new();
         let result = loop {
             // SAFETY: errno is thread-local; clearing it tells end of stream from an error.
             unsafe { *libc::__errno_location() = 0 };
@@ -304,7 +331,8 @@ impl Dir {
                     Err(e)
                 };
             }
-            // SAFETY: readdir returned a valid entry, its name NUL-terminated.
+            // SAFETY: readdir returned a valid entry, its name NUL-terminated, valid until
+            // the next readdir on this stream.
             let (name, kind) = unsafe {
                 (
                     std::ffi::CStr::from_ptr((*ent).d_name.as_ptr()),
@@ -320,11 +348,13 @@ impl Dir {
                 libc::DT_UNKNOWN => None,
                 _ => Some(false),
             };
-            out.push((OsString::from_vec(name.to_vec()), dir));
+            if f(name, dir) {
+                break Ok(());
+            }
         };
         // SAFETY: dirp is valid and closed once.
         unsafe { libc::closedir(dirp) };
-        result.map(|_| out)
+        result
     }
 }
 

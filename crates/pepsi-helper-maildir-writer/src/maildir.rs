@@ -413,10 +413,8 @@ fn stored_already(md: &Maildir, prefix: &str) -> Result<Option<(&'static str, St
 /// The first entry of `dir` whose name starts with `prefix`.
 fn find(dir: &Dir, prefix: &str) -> io::Result<Option<String>> {
     Ok(dir
-        .entries()?
-        .into_iter()
-        .map(|(n, _)| n.to_string_lossy().into_owned())
-        .find(|n| n.starts_with(prefix)))
+        .find_prefix(prefix.as_bytes())?
+        .map(|n| n.to_string_lossy().into_owned()))
 }
 
 /// Before a keyed write: whether `tmp/<name>` holds the complete copy already (written by
