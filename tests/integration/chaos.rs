@@ -23,7 +23,7 @@ use pepsi_testkit::pg_cluster::{PgCluster, Replication};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 
-use crate::support::system::{Proc, System, children, cmdline, queue_tool, signal};
+use crate::support::system::{Proc, System, children, cmdline, queue_tool};
 
 /// Messages sent when `PEPSI_CHAOS_MESSAGES` does not say.
 const MESSAGES: u64 = 5_000;
@@ -303,10 +303,16 @@ fn descendants(pid: u32) -> Vec<u32> {
     all
 }
 
-/// A pid below the dispatcher whose command line `pick` accepts.
+/// A live pid below the dispatcher whose command line `pick` accepts.
 fn find(dispatcher: u32, pick: impl Fn(&str) -> bool) -> Option<(u32, String)> {
     descendants(dispatcher)
         .into_iter()
+        .filter(|p| {
+            // not a zombie: one that died already and waits to be reaped
+            let stat = std::fs::read_to_string(format!("/proc/{p}/stat")).unwrap_or_default();
+            stat.rsplit_once(") ")
+                .is_some_and(|(_, rest)| !rest.starts_with('Z'))
+        })
         .map(|p| (p, cmdline(p)))
         .find(|(_, c)| pick(c))
 }
@@ -367,6 +373,16 @@ impl Supervisor {
     }
 }
 
+/// `kill -9 pid`; false when the process was gone already (a writer or worker that ended
+/// between being found and the signal: the event is tried again).
+fn kill9(pid: u32) -> bool {
+    std::process::Command::new("kill")
+        .args(["-KILL", &pid.to_string()])
+        .stderr(std::process::Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
 /// Injects `kind`; returns what it did, or None when there was nothing to kill just now.
 async fn inject(kind: Kind, cluster: &PgCluster, supervisor: &mut Supervisor) -> Option<String> {
     let dispatcher = supervisor.pid()?;
@@ -381,12 +397,13 @@ async fn inject(kind: Kind, cluster: &PgCluster, supervisor: &mut Supervisor) ->
                     name.contains("pepsi-stage-") && !name.ends_with("pepsi-stage-relay-to-maildir")
                 }
             })?;
-            signal(pid, "KILL");
-            Some(format!("kill -9 {pid} ({cmd})"))
+            kill9(pid).then(|| format!("kill -9 {pid} ({cmd})"))
         }
         Kind::Dispatcher => {
             let p = supervisor.current.as_mut()?;
-            signal(dispatcher, "KILL");
+            if !kill9(dispatcher) {
+                return None;
+            }
             let _ = p.child.wait();
             supervisor.current = None;
             supervisor.died_at = Some(Instant::now());
