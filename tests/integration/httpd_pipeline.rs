@@ -835,3 +835,183 @@ async fn the_pipeline_page_logs_in_updates_live_and_opens_rows_in_chromium() {
     )
     .await;
 }
+
+// ----- the counters of real traffic ------------------------------------------------------
+
+/// The figure `field` (`counters.messages`, `throughput.messages`, `failures.kills`,
+/// `failures.crashes`) of stage `stage` as the page shows it.
+fn shown(stage: &str, field: &str) -> String {
+    format!(
+        "const el = document.querySelector('#stage-{stage} [data-field=\"{field}\"]'); \
+         return el ? Number(el.textContent) : null;"
+    )
+}
+
+/// Waits until the page shows `field` of `stage` at `want` or more; returns what it shows.
+async fn until_shown(b: &Browser, stage: &str, field: &str, want: i64) -> i64 {
+    let v = b
+        .until(
+            &format!("{stage}'s {field} at {want} or more"),
+            &format!(
+                "const v = (function () {{ {} }})(); return v !== null && v >= {want} ? v : null;",
+                shown(stage, field)
+            ),
+        )
+        .await;
+    v.as_i64().unwrap()
+}
+
+/// Issue 34 item 5: after mail went through the real ingress and dispatcher and workers were
+/// killed, every box of the pipeline page said `done 0 kills 0 crashes 0`: "done" was the
+/// last minute's growth only, and a stage worker killed between two messages counted
+/// nowhere. The page now shows what the dispatcher counted (`pepsi.stage_stats`): the
+/// figures move under load, a kill -9 of a stage worker is a crash, a worker over MAX_RUNTIME
+/// a kill, they stay across a restart of the dispatcher, and /metrics says the same.
+#[tokio::test]
+async fn the_pipeline_page_counts_real_traffic_crashes_and_kills_across_a_dispatcher_restart() {
+    // The shipped graph, plus a stage whose worker hangs on the rows marked for it.
+    let extra = format!(
+        "[stage-slow]\nPROGRAM = {}\nACTION = hang\nONLY_IF_STATE = hang\nMAX_RUNTIME = 1s\n\
+         NEXT_STAGE = local\n\n[pepsi-dispatch]\nSTATS_IDLE_INTERVAL = 1s\n",
+        support::test_stage().display()
+    );
+    let mut sys = support::system::System::new(&extra, &["alice"]).await;
+    sys.start().await;
+    let port = free_port();
+    let config = sys.dir.path().join("pepsi-httpd.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "@inline@ {}\n\n[database]\nURL = {}\nMAX_CONNECTIONS = 4\n\n\
+             [pepsi-httpd]\nADDRESS = 127.0.0.1:{port}\nALLOW_ROOT = yes\n",
+            sys.config.display(),
+            sys.db.url
+        ),
+    )
+    .unwrap();
+    let (httpd, password, session) = support::httpd::started_as_root(config, port).await;
+
+    let b = Browser::start().await;
+    b.go(&httpd.url("/pipeline")).await;
+    b.until(
+        "the login form",
+        "return document.getElementById('login-form') !== null",
+    )
+    .await;
+    b.type_into("#login-name", "root").await;
+    b.type_into("#login-password", &password).await;
+    b.click("#login-submit").await;
+    b.until(
+        "the graph",
+        "return document.getElementById('pipeline-graph') !== null",
+    )
+    .await;
+    assert_eq!(b.js(&shown("local", "counters.messages")).await, 0);
+
+    // Under load: 20 messages through the ingress, every stage on their path counts them.
+    let message =
+        b"From: bob@example.test\r\nTo: alice@example.test\r\nSubject: count me\r\n\r\nhello\r\n";
+    for _ in 0..20 {
+        let reply = sys
+            .send("bob@example.test", &["alice@example.test"], message)
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    sys.wait_messages("alice", 20, Duration::from_secs(60))
+        .await;
+    for stage in ["init", "aliases", "route", "local"] {
+        assert_eq!(
+            until_shown(&b, stage, "counters.messages", 20).await,
+            20,
+            "{stage} handled each message once"
+        );
+    }
+    assert_eq!(
+        until_shown(&b, "local", "throughput.messages", 20).await,
+        20,
+        "all of them within the last minute"
+    );
+
+    // A kill -9 of a stage worker between two messages is a crash.
+    let local = support::system::children(sys.dispatcher_pid())
+        .into_iter()
+        .find(|&pid| support::system::cmdline(pid).contains("pepsi-stage-relay-to-maildir"))
+        .expect("a worker of the local stage still runs (WORKER_IDLE_TIMEOUT 60s)");
+    support::system::signal(local, "KILL");
+    assert_eq!(until_shown(&b, "local", "failures.crashes", 1).await, 1);
+
+    // A row that hangs its worker past MAX_RUNTIME: the worker is killed, the row times out.
+    let mut tx = sys.db.pool.begin().await.unwrap();
+    let id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add('bob@example.test', ARRAY['alice@example.test'], \
+         'Subject: hang\r\n'::bytea, 'x\r\n'::bytea, '{\"hang\": true}'::jsonb)",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE pepsi.workqueue SET stage = 'slow' WHERE workqueue_id = $1")
+        .bind(id)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(until_shown(&b, "slow", "failures.kills", 1).await, 1);
+    assert_eq!(b.js(&shown("slow", "failures.crashes")).await, 0);
+
+    // The figures are the dispatcher's, kept in the database: a restart changes none, and
+    // what the new dispatcher counts adds to them.
+    sys.stop_dispatcher();
+    sys.start_dispatcher();
+    b.go(&httpd.url("/pipeline")).await;
+    b.until(
+        "the graph again",
+        "return document.getElementById('pipeline-graph') !== null",
+    )
+    .await;
+    assert_eq!(b.js(&shown("local", "counters.messages")).await, 20);
+    assert_eq!(b.js(&shown("local", "failures.crashes")).await, 1);
+    assert_eq!(b.js(&shown("slow", "failures.kills")).await, 1);
+    for _ in 0..5 {
+        let reply = sys
+            .send("bob@example.test", &["alice@example.test"], message)
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+    }
+    sys.wait_messages("alice", 25, Duration::from_secs(60))
+        .await;
+    assert_eq!(until_shown(&b, "local", "counters.messages", 25).await, 25);
+    assert_eq!(b.js(&shown("local", "failures.crashes")).await, 1);
+
+    // /metrics agrees with the page.
+    let text = httpd
+        .get("/metrics", &Auth::Session(session.clone()))
+        .await
+        .text;
+    let m = support::httpd::prometheus_parse(&text);
+    let family = |f: &str, stage: &str| {
+        support::httpd::sample(&m, f, &format!("{f}_total"), json!({ "stage": stage }))
+            .unwrap_or_else(|| panic!("no {f} of {stage} in\n{text}"))
+    };
+    for stage in ["init", "route", "local", "slow"] {
+        let on_page = |field: &str| {
+            let b = &b;
+            let script = shown(stage, field);
+            async move { b.js(&script).await.as_f64().unwrap() }
+        };
+        assert_eq!(
+            family("pepsi_stage_messages", stage),
+            on_page("counters.messages").await,
+            "{stage}"
+        );
+        assert_eq!(
+            family("pepsi_stage_crashes", stage),
+            on_page("failures.crashes").await,
+            "{stage}"
+        );
+        assert_eq!(
+            family("pepsi_stage_kills", stage),
+            on_page("failures.kills").await,
+            "{stage}"
+        );
+    }
+}

@@ -163,9 +163,9 @@ pub async fn pipeline_page(State(state): State<AppState>, Viewer(who): Viewer) -
                 p.summary {
                     "Rows in the queue: " b #total-rows { (figure(&doc["totals"]["rows"])) }
                     " · failed or timed out: " b #failed-rows { (figure(&doc["totals"]["failed_rows"])) }
-                    " · “done” is what each stage finished in the last "
+                    " · “done”, “kills” and “crashes” count since the counters began (the dispatcher's, kept across its restarts); “last min” is what each stage finished in the last "
                     span #window { (figure(&doc["window_seconds"])) } " s (measured over "
-                    span #span { (doc["throughput_seconds"].as_f64().unwrap_or(0.0).round()) } " s); kills and crashes since the counters began."
+                    span #span { (doc["throughput_seconds"].as_f64().unwrap_or(0.0).round()) } " s)."
                 }
                 ul #problems {
                     @for p in doc["problems"].as_array().into_iter().flatten() {

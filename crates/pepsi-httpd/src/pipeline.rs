@@ -6,9 +6,10 @@
 //! last minute: this process keeps the counters it read on earlier requests (`Samples`, at
 //! most one a second, none older than needed) and answers the difference to the newest
 //! sample at least `WINDOW` old, or to the oldest it has, with the span in seconds. The
-//! dispatcher flushes those counters about once a minute, so a minute is the finest span
-//! the figure means anything over; the mail log is not used, because it is off by default
-//! and records only final outcomes.
+//! dispatcher writes those counters every STATS_INTERVAL (5s) under load, so the figure is
+//! what a stage finished in the last minute, not a rate; the mail log is not used, because
+//! it is off by default and records only final outcomes. The cumulative counters themselves
+//! (`counters`: what the page calls "done", kills, crashes) go out as they are.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};

@@ -16,7 +16,7 @@ use serde_json::Value;
 use crate::graph::{EdgeKind, Graph, Node};
 
 pub const BOX_W: f64 = 210.0;
-pub const BOX_H: f64 = 104.0;
+pub const BOX_H: f64 = 120.0;
 const COL_GAP: f64 = 70.0;
 const ROW_GAP: f64 = 46.0;
 const MARGIN: f64 = 24.0;
@@ -283,8 +283,11 @@ fn node(n: &Node, s: Option<&Value>, x: f64, y: f64) -> Markup {
                 "  timeout " tspan.n.bad data-field="queue.timeout" { (f(&["queue", "timeout"])) }
             }
             text.rates x=(px(x + 12.0)) y=(px(y + 94.0)) {
-                "done " tspan.n data-field="throughput.messages" { (f(&["throughput", "messages"])) }
-                "  kills " tspan.n.bad data-field="failures.kills" { (f(&["failures", "kills"])) }
+                "done " tspan.n data-field="counters.messages" { (f(&["counters", "messages"])) }
+                "  last min " tspan.n data-field="throughput.messages" { (f(&["throughput", "messages"])) }
+            }
+            text.rates x=(px(x + 12.0)) y=(px(y + 110.0)) {
+                "kills " tspan.n.bad data-field="failures.kills" { (f(&["failures", "kills"])) }
                 "  crashes " tspan.n.bad data-field="failures.crashes" { (f(&["failures", "crashes"])) }
             }
         }
