@@ -45,7 +45,7 @@ async fn starttls_then_auth_plain_and_login_submit_to_any_domain() {
         .deliver(
             "alice@example.test",
             &["friend@elsewhere.example"],
-            b"Subject: out\r\n\r\nhi\r\n",
+            b"From: alice@example.test\r\nSubject: out\r\n\r\nhi\r\n",
         )
         .await;
     let r = row(&ingress.db, id).await;
@@ -103,7 +103,7 @@ async fn implicit_tls_and_an_mx_listener_offering_starttls() {
         .deliver(
             "alice@example.test",
             &["bob@example.test"],
-            b"Subject: 465\r\n\r\nx\r\n",
+            b"From: alice@example.test\r\nSubject: 465\r\n\r\nx\r\n",
         )
         .await;
     assert_eq!(
