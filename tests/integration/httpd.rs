@@ -633,6 +633,86 @@ async fn unbounded_argon2id_work_waits_for_login_concurrency_or_gets_503() {
     assert_eq!(a.status, 401, "alone, a login gets its turn: {a:?}");
 }
 
+/// A connection to pepsi-httpd on `port` from the loopback address `source` (127.0.0.2...:
+/// another client, as the server sees it).
+async fn connect_from(source: &str, port: u16) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    socket
+        .connect(format!("127.0.0.1:{port}").parse().unwrap())
+        .await
+        .unwrap()
+}
+
+/// Sends `request` on `stream` (nothing when empty) and reads the answer until the server
+/// closes, for at most 5 s: what came.
+async fn exchange(stream: &mut tokio::net::TcpStream, request: &str) -> String {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    if !request.is_empty() {
+        stream.write_all(request.as_bytes()).await.unwrap();
+    }
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        stream.read_to_end(&mut out),
+    )
+    .await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+const HEALTHZ: &str = "GET /healthz HTTP/1.1\r\nHost: pepsi\r\nConnection: close\r\n\r\n";
+
+/// Security review #13 (connection slots): one client address holds at most
+/// MAX_CONNECTIONS_PER_CLIENT connections, the next is answered 503 with the JSON error at
+/// once, and other clients are served meanwhile; a closed connection frees its place.
+#[tokio::test]
+async fn connection_slots_one_client_holds_at_most_max_connections_per_client() {
+    let f = fixture(
+        "[pepsi-httpd]\nMAX_CONNECTIONS = 6\nMAX_CONNECTIONS_PER_CLIENT = 3\nHEADER_TIMEOUT = 30s\n",
+    )
+    .await;
+    let port = f.httpd.port;
+    // Three connections that send nothing, as a slow client holds them.
+    let mut held = Vec::new();
+    for _ in 0..3 {
+        held.push(connect_from("127.0.0.2", port).await);
+    }
+    let mut fourth = connect_from("127.0.0.2", port).await;
+    let answer = exchange(&mut fourth, "").await;
+    assert!(
+        answer.starts_with("HTTP/1.1 503"),
+        "the fourth connection of one client is refused at once: {answer:?}"
+    );
+    assert!(
+        answer.contains("\"error\"") && answer.contains("MAX_CONNECTIONS_PER_CLIENT = 3"),
+        "{answer}"
+    );
+    assert!(
+        answer.to_ascii_lowercase().contains("retry-after: 1"),
+        "{answer}"
+    );
+    // Another client is served while the first holds its three.
+    let mut other = connect_from("127.0.0.3", port).await;
+    let answer = exchange(&mut other, HEALTHZ).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer:?}");
+    // One closed: the client may open one again.
+    drop(held.pop());
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let mut again = connect_from("127.0.0.2", port).await;
+        let answer = exchange(&mut again, HEALTHZ).await;
+        if answer.starts_with("HTTP/1.1 200") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "a freed place is not given again: {answer:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    drop(held);
+}
+
 // ----- errors of every kind are JSON ------------------------------------------------------
 
 #[tokio::test]

@@ -2,25 +2,96 @@
 //! be root, then privileges are dropped (`USER`, `GROUP`) before the database is reached
 //! and before the first connection is accepted. Each connection is HTTP/1.1 (over TLS when
 //! CERT_FILE and KEY_FILE are set), its request head bounded by HEADER_TIMEOUT, at most
-//! MAX_CONNECTIONS at once.
+//! MAX_CONNECTIONS at once and at most MAX_CONNECTIONS_PER_CLIENT from one client address
+//! (an IPv6 /64), so that one client cannot hold every slot (security review #13).
 
+use std::collections::HashMap;
 use std::ffi::CString;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::net::TcpListener;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use crate::extract::ClientAddr;
 use crate::settings::HttpdSettings;
+use crate::throttle::address_key;
 
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long the answer to a connection over MAX_CONNECTIONS_PER_CLIENT may take.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Refusals being written at once; past this a refused connection is closed unanswered.
+const REFUSALS_AT_ONCE: usize = 64;
+
+/// The connections each client key (`throttle::address_key`) holds open.
+#[derive(Default)]
+struct PerClient(Mutex<HashMap<String, usize>>);
+
+/// One connection counted for its client; uncounted when dropped.
+struct Counted {
+    map: Arc<PerClient>,
+    key: String,
+}
+
+impl PerClient {
+    /// Counts a connection of `key`, unless it holds `max` already.
+    fn take(self: &Arc<Self>, key: String, max: usize) -> Option<Counted> {
+        let mut m = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        let n = m.entry(key.clone()).or_insert(0);
+        if *n >= max {
+            return None;
+        }
+        *n += 1;
+        Some(Counted {
+            map: self.clone(),
+            key,
+        })
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        let mut m = self.map.0.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(n) = m.get_mut(&self.key) {
+            *n = n.saturating_sub(1);
+            if *n == 0 {
+                m.remove(&self.key);
+            }
+        }
+    }
+}
+
+/// Answers a connection over MAX_CONNECTIONS_PER_CLIENT with 503 and the JSON error, then
+/// closes it after reading what the client sent meanwhile (so that the close does not
+/// reset the connection before the client has read the answer).
+async fn refuse(mut stream: TcpStream, max: usize) {
+    let body = serde_json::json!({"error": format!(
+        "too many connections from this client address (MAX_CONNECTIONS_PER_CLIENT = {max}): close one and try again"
+    )})
+    .to_string();
+    let answer = format!(
+        "HTTP/1.1 503 Service Unavailable\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nretry-after: 1\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        stream.write_all(answer.as_bytes()).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 4096];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    })
+    .await;
+}
 
 /// The uid and gid of `user` (and of `group`, which overrides the user's primary group).
 fn lookup(user: &str, group: Option<&str>) -> anyhow::Result<(libc::uid_t, libc::gid_t)> {
@@ -122,6 +193,8 @@ pub async fn serve(
 ) -> anyhow::Result<()> {
     let listener = TcpListener::from_std(bound.listener)?;
     let slots = Arc::new(Semaphore::new(s.max_connections));
+    let per_client = Arc::new(PerClient::default());
+    let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let header_timeout = s.header_timeout;
     tokio::pin!(shutdown);
     loop {
@@ -140,10 +213,27 @@ pub async fn serve(
                 }
             },
         };
+        let Some(counted) = per_client.take(address_key(peer.ip()), s.max_connections_per_client)
+        else {
+            drop(permit);
+            tracing::info!(client = %peer, "connection refused: MAX_CONNECTIONS_PER_CLIENT");
+            // Over TLS the answer would need a handshake: the connection is just closed.
+            if bound.tls.is_none()
+                && let Ok(turn) = refusals.clone().try_acquire_owned()
+            {
+                let max = s.max_connections_per_client;
+                tokio::spawn(async move {
+                    let _turn = turn;
+                    refuse(stream, max).await;
+                });
+            }
+            continue;
+        };
         let app = app.clone();
         let tls = bound.tls.clone();
         tokio::spawn(async move {
             let _permit = permit;
+            let _counted = counted;
             let service = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
                     req.extensions_mut().insert(ClientAddr(peer));

@@ -113,6 +113,10 @@ pub struct HttpdSettings {
     pub header_timeout: Duration,
     /// `MAX_CONNECTIONS`: connections served at once; further ones wait (256).
     pub max_connections: usize,
+    /// `MAX_CONNECTIONS_PER_CLIENT`: connections one client address (an IPv6 /64) may hold
+    /// at once; one more is answered 503 and closed (16). A `TRUSTED_PROXIES` peer is not
+    /// limited by it.
+    pub max_connections_per_client: usize,
     /// `METRICS_PUBLIC`: /metrics needs no credential (no).
     pub metrics_public: bool,
     /// `METRICS_ALLOW`: client address blocks that read /metrics without a credential.
@@ -231,6 +235,7 @@ impl HttpdSettings {
                 .unwrap_or(Duration::from_secs(10))
                 .max(Duration::from_millis(100)),
             max_connections: count("MAX_CONNECTIONS", 256)? as usize,
+            max_connections_per_client: count("MAX_CONNECTIONS_PER_CLIENT", 16)? as usize,
             metrics_public: s.bool_opt("METRICS_PUBLIC")?.unwrap_or(false),
             metrics_allow,
             bulk_limit,
@@ -254,6 +259,7 @@ mod tests {
         assert!(!d.secure_cookie && !d.metrics_public);
         assert_eq!(d.session_idle, Duration::from_secs(1800));
         assert_eq!(d.login_concurrency, 2);
+        assert_eq!(d.max_connections_per_client, 16);
         assert_eq!(d.login_queue_timeout, Duration::from_secs(5));
         let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
         assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
@@ -274,6 +280,10 @@ mod tests {
             ),
             ("MAX_BODY_SIZE = 10", "MAX_BODY_SIZE = 10"),
             ("LOGIN_CONCURRENCY = 0", "LOGIN_CONCURRENCY = 0"),
+            (
+                "MAX_CONNECTIONS_PER_CLIENT = 0",
+                "MAX_CONNECTIONS_PER_CLIENT = 0",
+            ),
             ("LOGIN_QUEUE_TIMEOUT = 1m", "LOGIN_QUEUE_TIMEOUT = 60s"),
             ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
             (
