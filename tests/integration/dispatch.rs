@@ -1236,3 +1236,72 @@ async fn an_idle_pipeline_writes_its_statistics_at_most_once_per_stats_idle_inte
         );
     }
 }
+
+/// Issue 34 item 4: `[database] STATEMENT_TIMEOUT` bounds the dispatcher's claim: while a
+/// session holds a lock on the queue (as a primary that stops answering would hold it), the
+/// claim gives up after the timeout and the dispatcher goes on; once the lock is released
+/// the waiting row is claimed and moves on.
+#[tokio::test]
+async fn a_claim_held_by_a_lock_on_the_queue_gives_up_after_statement_timeout_and_recovers() {
+    let h = Harness::new(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n",
+        "POLL_INTERVAL = 1h\n",
+    )
+    .await;
+    let text = std::fs::read_to_string(&h.config).unwrap();
+    std::fs::write(
+        &h.config,
+        text.replacen("[database]\n", "[database]\nSTATEMENT_TIMEOUT = 2s\n", 1),
+    )
+    .unwrap();
+    let mut d = h.start("dispatch.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    // Its first claim (of an empty queue) is over.
+    while !h.log("dispatch.log").contains("pepsi.dispatch_claim(") {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A row the dispatcher hears of only by notification (the heartbeat is an hour).
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut locker = h.db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE pepsi.workqueue IN EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let started = Instant::now();
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while !h.log("dispatch.log").contains("claim failed") {
+        assert!(
+            Instant::now() < until,
+            "the claim never gave up: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert!(
+        h.log("dispatch.log").contains("statement timeout"),
+        "{}",
+        h.log("dispatch.log")
+    );
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'pending'")
+            .await,
+        1
+    );
+    locker.rollback().await.unwrap();
+    pepsi_common::db::notify_workqueue(&h.db.pool)
+        .await
+        .unwrap();
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+}

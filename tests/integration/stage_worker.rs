@@ -475,3 +475,98 @@ async fn domain_and_address_overrides_apply_to_the_messages_they_are_for() {
         "{err}"
     );
 }
+
+/// Issue 34 item 4: a pass whose load waits on a lock (or on a database that stops
+/// answering) gives up after `[database] STATEMENT_TIMEOUT` as a temporary failure, so the
+/// row is retried rather than failed and the worker is not held; the same row passes once the
+/// lock is gone.
+#[tokio::test]
+async fn a_pass_held_by_a_lock_on_the_queue_is_a_temporary_failure_after_statement_timeout() {
+    use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _};
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    std::fs::write(
+        &cfg,
+        text.replacen("[database]\n", "[database]\nSTATEMENT_TIMEOUT = 2s\n", 1),
+    )
+    .unwrap();
+    let id = message(&db, Some("discard")).await;
+    let mut child = tokio::process::Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    // The worker is up (its first pass answered) before the queue is locked.
+    let other = message(&db, Some("discard")).await;
+    stdin
+        .write_all(format!("{other}\n").as_bytes())
+        .await
+        .unwrap();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line())
+        .await
+        .expect("the worker answered")
+        .unwrap()
+        .unwrap();
+    assert!(first.starts_with('0'), "{first}");
+
+    let mut locker = db.pool.begin().await.unwrap();
+    sqlx::query("LOCK TABLE pepsi.workqueue IN ACCESS EXCLUSIVE MODE")
+        .execute(&mut *locker)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    stdin.write_all(format!("{id}\n").as_bytes()).await.unwrap();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the pass gave up after STATEMENT_TIMEOUT")
+        .unwrap()
+        .unwrap();
+    let waited = started.elapsed();
+    assert!(
+        waited >= std::time::Duration::from_millis(1500),
+        "answered after {waited:?}: {line}"
+    );
+    let (code, json) = line.split_once(' ').expect("a failure with its reason");
+    assert_eq!(code, "1", "{line}");
+    let report: serde_json::Value = serde_json::from_str(json).unwrap();
+    assert_eq!(report["temporary"], true, "{line}");
+    assert!(
+        report["error"]
+            .as_str()
+            .unwrap()
+            .contains("statement timeout"),
+        "{line}"
+    );
+    locker.rollback().await.unwrap();
+    assert_eq!(
+        exists(&db, id).await,
+        Some(("discard".into(), "running".into()))
+    );
+
+    stdin.write_all(format!("{id}\n").as_bytes()).await.unwrap();
+    let line = tokio::time::timeout(std::time::Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("the worker answered")
+        .unwrap()
+        .unwrap();
+    assert!(line.starts_with('0'), "{line}");
+    assert_eq!(
+        exists(&db, id).await,
+        None,
+        "discarded once the lock is gone"
+    );
+    drop(stdin);
+    let status = tokio::time::timeout(std::time::Duration::from_secs(20), child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(status.success());
+}

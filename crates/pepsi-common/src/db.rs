@@ -35,6 +35,9 @@ pub struct DbSettings {
     /// The dispatcher epoch the passes' sessions name (`pepsi.epoch`, docs/ha.md): the one
     /// this worker inherited, or the dispatcher's own.
     pub epoch: Option<i64>,
+    /// `STATEMENT_TIMEOUT`: how long one statement of a session that moves rows along the
+    /// queue (a pass's load and commit, the dispatcher's claim) may run, `None` for no limit.
+    pub statement_timeout: Option<Duration>,
     /// `SOCKET_DIR`: where the server's Unix socket is when the URL names no host
     /// ([`SOCKET_DIR`] by default), so the client library never looks in `/tmp`.
     pub socket_dir: std::path::PathBuf,
@@ -87,7 +90,8 @@ impl SynchronousCommit {
 
 impl DbSettings {
     /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s),
-    /// `PASS_SYNCHRONOUS_COMMIT` (`off`) and `SOCKET_DIR` ([`SOCKET_DIR`]).
+    /// `PASS_SYNCHRONOUS_COMMIT` (`off`), `STATEMENT_TIMEOUT` (60 s) and `SOCKET_DIR`
+    /// ([`SOCKET_DIR`]).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("database");
         Ok(Self {
@@ -101,6 +105,7 @@ impl DbSettings {
                 .unwrap_or(Duration::from_secs(10)),
             epoch: crate::epoch::inherited().epoch,
             socket_dir: socket_dir(cfg)?,
+            statement_timeout: statement_timeout(cfg)?,
         })
     }
 
@@ -117,6 +122,9 @@ impl DbSettings {
         }
         if let Some(epoch) = self.epoch {
             options = options.options([("pepsi.epoch", epoch.to_string())]);
+        }
+        if let Some(limit) = self.statement_timeout {
+            options = options.options([("statement_timeout", limit.as_millis().to_string())]);
         }
         options
     }
@@ -209,6 +217,48 @@ pub fn socket_dir(cfg: &Config) -> anyhow::Result<std::path::PathBuf> {
         );
     }
     Ok(dir)
+}
+
+/// `[database] STATEMENT_TIMEOUT` when nothing sets it.
+pub const DEFAULT_STATEMENT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How much longer than `STATEMENT_TIMEOUT` the client waits for an answer before it gives
+/// up on its own: the server cancels the statement first when it still answers at all.
+pub const CLIENT_TIMEOUT_GRACE: Duration = Duration::from_secs(5);
+
+/// `[database] STATEMENT_TIMEOUT` ([`DEFAULT_STATEMENT_TIMEOUT`]; `0`: no limit): how long
+/// a statement of the dispatcher or of a stage worker's pass may run. A primary that stops
+/// answering without closing the connection, or a lock a stray session holds, would
+/// otherwise hold a worker (and its row) or the dispatcher's claim forever.
+pub fn statement_timeout(cfg: &Config) -> anyhow::Result<Option<Duration>> {
+    let limit = cfg
+        .section("database")
+        .duration_opt("STATEMENT_TIMEOUT")?
+        .unwrap_or(DEFAULT_STATEMENT_TIMEOUT);
+    Ok((!limit.is_zero()).then_some(limit))
+}
+
+/// Runs `op` (database work that the server bounds with `statement_timeout`), giving up on
+/// the client side `CLIENT_TIMEOUT_GRACE` after `limit`: a server that never answers (a
+/// primary gone silent, a network that drops everything) cannot hold the caller. The error is
+/// an I/O timeout, which every caller treats as a temporary failure.
+pub async fn bounded<T, F>(limit: Option<Duration>, op: F) -> Result<T, sqlx::Error>
+where
+    F: Future<Output = Result<T, sqlx::Error>>,
+{
+    let Some(limit) = limit else {
+        return op.await;
+    };
+    let total = limit + CLIENT_TIMEOUT_GRACE;
+    match tokio::time::timeout(total, op).await {
+        Ok(result) => result,
+        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+            std::io::ErrorKind::TimedOut,
+            format!(
+                "the database did not answer within {total:?} ([database] STATEMENT_TIMEOUT {limit:?} and {CLIENT_TIMEOUT_GRACE:?})"
+            ),
+        ))),
+    }
 }
 
 /// Parses `url`, pinning a URL that names no host ([`url_names_host`]) to `socket_dir`.

@@ -266,10 +266,21 @@ pub async fn can_vacuum(pool: &PgPool) -> Result<bool, sqlx::Error> {
 
 /// Vacuums the queue and its bodies: the dead row versions every claim, advance and finish
 /// leaves are removed from the table and from the claim's indexes.
+/// VACUUM is not bounded by `[database] STATEMENT_TIMEOUT` (a large queue may take longer,
+/// and it holds no lock a claim or a pass waits for): its session lifts the limit, then
+/// resets it before the connection goes back to the pool.
 pub async fn vacuum(pool: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("VACUUM pepsi.workqueue, pepsi.workqueue_body")
-        .execute(pool)
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = 0")
+        .execute(&mut *conn)
         .await?;
+    let vacuumed = sqlx::query("VACUUM pepsi.workqueue, pepsi.workqueue_body")
+        .execute(&mut *conn)
+        .await;
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await?;
+    vacuumed?;
     Ok(())
 }
 

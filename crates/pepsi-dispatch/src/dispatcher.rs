@@ -857,14 +857,21 @@ impl Dispatcher {
         if wants.is_empty() {
             return;
         }
-        let mut result = match claim::claim(
-            &self.db,
-            &wants,
-            &leads,
-            i64::from(self.settings.fair_max_senders),
+        // STATEMENT_TIMEOUT bounds the claim on the server (a connection option) and, a
+        // little later, here: a primary that stops answering cannot hold the claim forever.
+        let limit = pepsi_common::db::statement_timeout(&self.file_cfg)
+            .unwrap_or(Some(pepsi_common::db::DEFAULT_STATEMENT_TIMEOUT));
+        let claimed = pepsi_common::db::bounded(
+            limit,
+            claim::claim(
+                &self.db,
+                &wants,
+                &leads,
+                i64::from(self.settings.fair_max_senders),
+            ),
         )
-        .await
-        {
+        .await;
+        let mut result = match claimed {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!("claim failed: {e}");

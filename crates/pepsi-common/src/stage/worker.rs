@@ -183,6 +183,9 @@ pub struct Worker<'a> {
     round_time: Duration,
     /// The domain and address overrides fused stages are built with too.
     scoped: ScopedOverrides,
+    /// `[database] STATEMENT_TIMEOUT`: a pass's load and commit give up on the client side
+    /// shortly after it, as a temporary failure (`crate::db::bounded`).
+    statement_timeout: Option<Duration>,
 }
 
 impl<'a> Worker<'a> {
@@ -251,6 +254,7 @@ impl<'a> Worker<'a> {
                 load = load.max(more);
             }
         }
+        let statement_timeout = crate::db::statement_timeout(cfg)?;
         let settings = StageSettings::all(cfg);
         let handable = if super::hands_forward() {
             settings.keys().cloned().collect()
@@ -270,6 +274,28 @@ impl<'a> Worker<'a> {
             batch_limit: batch_limit.min(1024),
             round_time,
             scoped,
+            statement_timeout,
+        })
+    }
+
+    /// `op`, given up on the client side `CLIENT_TIMEOUT_GRACE` after STATEMENT_TIMEOUT: a
+    /// database that never answers makes the pass a temporary failure (the row is retried),
+    /// not a worker held forever. The server cancels a statement at STATEMENT_TIMEOUT itself
+    /// when it still answers (a connection option of every pass's session).
+    async fn bounded<T>(
+        &self,
+        op: impl std::future::Future<Output = Result<T, StageError>>,
+    ) -> Result<T, StageError> {
+        let Some(limit) = self.statement_timeout else {
+            return op.await;
+        };
+        let total = limit + crate::db::CLIENT_TIMEOUT_GRACE;
+        tokio::time::timeout(total, op).await.unwrap_or_else(|_| {
+            Err(StageError::Temporary(format!(
+                "the database did not answer within {total:?} ([database] STATEMENT_TIMEOUT \
+                 {limit:?} and {:?})",
+                crate::db::CLIENT_TIMEOUT_GRACE
+            )))
         })
     }
 
@@ -284,15 +310,14 @@ impl<'a> Worker<'a> {
             Load::Headers => SELECT_HEADERS,
             Load::Full => SELECT_FULL,
         };
-        let rec = sqlx::query(sql)
-            .bind(id)
-            .fetch_optional(self.pool)
+        let rec = self
+            .bounded(async { Ok(sqlx::query(sql).bind(id).fetch_optional(self.pool).await?) })
             .await?
             .ok_or(StageError::NoSuchRow(id))?;
         let mut ctx = self.context(id, &rec, load)?;
         let (outcome, fused) = self.chain(&mut ctx).await?;
         self.before_commit().await?;
-        commit(&mut ctx, &outcome).await?;
+        self.bounded(commit(&mut ctx, &outcome)).await?;
         Ok(report(&ctx, &outcome, fused))
     }
 
@@ -329,10 +354,12 @@ impl<'a> Worker<'a> {
             Load::Headers => SELECT_HEADERS_MANY,
             Load::Full => SELECT_FULL_MANY,
         };
-        let rows = match sqlx::query(sql).bind(batch).fetch_all(self.pool).await {
+        let loaded = self
+            .bounded(async { Ok(sqlx::query(sql).bind(batch).fetch_all(self.pool).await?) })
+            .await;
+        let rows = match loaded {
             Ok(rows) => rows,
             Err(e) => {
-                let e = StageError::from(e);
                 return batch.iter().map(|_| Err(shared_error(&e))).collect();
             }
         };
@@ -375,7 +402,11 @@ impl<'a> Worker<'a> {
                         unsettled = Some(e);
                         break;
                     }
-                    results.push(Some(commit(&mut ctx, &outcome).await.map(|()| report)));
+                    results.push(Some(
+                        self.bounded(commit(&mut ctx, &outcome))
+                            .await
+                            .map(|()| report),
+                    ));
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
@@ -389,7 +420,7 @@ impl<'a> Worker<'a> {
             }
         }
         if !deferred.is_empty() {
-            match commit_many(self.pool, &rows).await {
+            match self.bounded(commit_many(self.pool, &rows)).await {
                 Ok(written) => {
                     for ((slot, report), row) in deferred.into_iter().zip(&rows) {
                         results[slot] = Some(if written.contains(&row.id) {
