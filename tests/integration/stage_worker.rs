@@ -570,3 +570,59 @@ async fn a_pass_held_by_a_lock_on_the_queue_is_a_temporary_failure_after_stateme
         .unwrap();
     assert!(status.success());
 }
+
+/// Runs the stage worker `program` as root in a private mount namespace where
+/// /etc/pepsi/pepsi.conf names `url` (no password) and root's home holds a `.pgpass` of user
+/// nobody (mode 0600) with a line without colons; the copy runs with `mode` (04755: through
+/// a set-user-id bit, as nobody). Returns its stderr.
+fn run_beside_a_pgpass(program: &str, url: &str, mode: &str) -> String {
+    const SCRIPT: &str = r#"set -e
+T=$1; BIN=$2; URL=$3; MODE=$4
+mount -t tmpfs tmpfs "$T"
+mkdir -p "$T/up/pepsi" "$T/work" "$T/home" "$T/bin"
+printf '[database]\nURL = %s\n[stage-discard]\nPROGRAM = pepsi-stage-discard\n' "$URL" > "$T/up/pepsi/pepsi.conf"
+mount -t overlay overlay -o lowerdir=/etc,upperdir="$T/up",workdir="$T/work" /etc
+printf 'leaked-pgpass-line-without-colons\n' > "$T/home/.pgpass"
+chown 65534 "$T/home/.pgpass"
+chmod 600 "$T/home/.pgpass"
+mount --bind "$T/home" /root
+cp "$BIN" "$T/bin/stage"
+chown 65534 "$T/bin/stage"
+chmod "$MODE" "$T/bin/stage"
+unset HOME
+exec "$T/bin/stage" worker -L debug < /dev/null
+"#;
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("unshare")
+        .args(["-m", "--propagation", "private", "sh", "-c", SCRIPT, "sh"])
+        .arg(dir.path())
+        .args([program, url, mode])
+        .output()
+        .expect("run unshare");
+    String::from_utf8_lossy(&out.stderr).into_owned()
+}
+
+/// Security review 2026-12-04 #9: a stage started through its set-user-id bit (the crypto
+/// stages) pins HOME to /nonexistent, so the database client never reads the caller's
+/// `~/.pgpass` with the bit's identity and never logs its lines to the caller.
+#[tokio::test]
+async fn security_review_9_a_setuid_stage_never_reads_the_callers_pgpass() {
+    let db = TestDb::new().await;
+    let url = db.url.replacen("postgres@", "", 1);
+    assert!(!url.contains('@'), "{url}");
+    // Without the bit, the client reads root's .pgpass (HOME is unset): the fixture works.
+    let plain = run_beside_a_pgpass(DISCARD, &url, "0755");
+    assert!(
+        plain.contains("leaked-pgpass-line-without-colons"),
+        "{plain}"
+    );
+    // Through the bit, as nobody: the URL is parsed and the connection made as nobody, but
+    // no .pgpass of the caller is read.
+    let setuid = run_beside_a_pgpass(DISCARD, &url, "4755");
+    assert!(setuid.contains("nobody"), "{setuid}");
+    assert!(
+        !setuid.contains("leaked-pgpass-line-without-colons"),
+        "{setuid}"
+    );
+    assert!(setuid.contains("/nonexistent/.pgpass"), "{setuid}");
+}

@@ -51,14 +51,29 @@ pub fn is_setuid_invocation() -> bool {
     unsafe { libc::getuid() != libc::geteuid() }
 }
 
+/// What `HOME` is for a program started through its setuid bit: a directory that does not
+/// exist (only root could make it).
+pub const SETUID_HOME: &str = "/nonexistent";
+
 /// True when started through a setuid bit by another user; the environment, which that
-/// user chose, is then emptied before anything reads it (logging, configuration paths).
-/// Call first thing in `main`, while the process has one thread.
+/// user chose, is then emptied before anything reads it (logging, configuration paths), and
+/// `HOME` is set to [`SETUID_HOME`]. Call first thing in `main`, while the process has one
+/// thread.
+///
+/// Without HOME the database client looks for `~/.pgpass` in the home directory of the
+/// *real* user (`getpwuid(getuid())`), a file the caller controls, opened with the bit's
+/// identity, and logs every line of it that holds no `:` to the caller's stderr (security
+/// review 2026-12-04 #9). `PGPASSFILE` stays unset (cleared here): the client reads it in
+/// addition to `~/.pgpass`, not instead, so `/dev/null` would only add a warning about its
+/// permissions to every connection.
 pub fn scrub_if_setuid() -> bool {
     let setuid = is_setuid_invocation();
     if setuid {
         // SAFETY: single-threaded, before anything else runs or reads the environment.
-        unsafe { libc::clearenv() };
+        unsafe {
+            libc::clearenv();
+            std::env::set_var("HOME", SETUID_HOME);
+        }
     }
     setuid
 }
