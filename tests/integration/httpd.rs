@@ -713,6 +713,98 @@ async fn connection_slots_one_client_holds_at_most_max_connections_per_client() 
     drop(held);
 }
 
+/// `POST /api/login` as `name` / `password` on `client` (from its own source address), with
+/// `X-Forwarded-For: forwarded` when given: the status.
+async fn login_via(
+    client: &reqwest::Client,
+    httpd: &Httpd,
+    forwarded: Option<&str>,
+    name: &str,
+    password: &str,
+) -> u16 {
+    let mut req = client
+        .post(httpd.url("/api/login"))
+        .header("Content-Type", "application/json")
+        .body(json!({"name": name, "password": password}).to_string());
+    if let Some(f) = forwarded {
+        req = req.header("X-Forwarded-For", f);
+    }
+    req.send().await.unwrap().status().as_u16()
+}
+
+/// Security review #13 (reverse proxy): behind a TRUSTED_PROXIES proxy the login throttle
+/// keys on the client the proxy forwards (the last X-Forwarded-For hop), so one client's
+/// failures do not lock every login out, a hop the client wrote itself changes nothing,
+/// and a peer that is not a trusted proxy is keyed by its own address whatever it sends.
+#[tokio::test]
+async fn reverse_proxy_logins_are_throttled_per_forwarded_client() {
+    let f =
+        fixture("[pepsi-httpd]\nTRUSTED_PROXIES = 127.0.0.1\nLOGIN_MAX_FAILURES_PER_ADDRESS = 3\n")
+            .await;
+    let password = f.httpd.admin_add("ops");
+    let proxy = support::httpd::client();
+    let attacker = Some("203.0.113.7");
+    for i in 0..3 {
+        let s = login_via(&proxy, &f.httpd, attacker, &format!("ghost{i}"), "x").await;
+        assert_eq!(s, 401, "failure {i}");
+    }
+    assert_eq!(
+        login_via(&proxy, &f.httpd, attacker, "ghost9", "x").await,
+        429,
+        "the forwarded client reached its limit"
+    );
+    assert_eq!(
+        login_via(
+            &proxy,
+            &f.httpd,
+            Some("198.51.100.9, 203.0.113.7"),
+            "ghost9",
+            "x"
+        )
+        .await,
+        429,
+        "a hop the client put before the proxy's is not read"
+    );
+    assert_eq!(
+        login_via(&proxy, &f.httpd, Some("198.51.100.9"), "ops", &password).await,
+        200,
+        "another client behind the same proxy still logs in"
+    );
+    let logged: Vec<String> = sqlx::query_scalar(
+        "SELECT detail->>'client_addr' FROM pepsi.event_log \
+         WHERE action IN ('admin.login_failed', 'admin.login') ORDER BY event_id",
+    )
+    .fetch_all(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        logged[logged.len() - 4..],
+        ["203.0.113.7", "203.0.113.7", "203.0.113.7", "198.51.100.9"],
+        "the event log names the forwarded client: {logged:?}"
+    );
+    // Not a trusted proxy: its X-Forwarded-For is ignored.
+    let direct = reqwest::Client::builder()
+        .local_address("127.0.0.2".parse::<std::net::IpAddr>().unwrap())
+        .build()
+        .unwrap();
+    for i in 0..3 {
+        let s = login_via(
+            &direct,
+            &f.httpd,
+            Some(&format!("192.0.2.{i}")),
+            "ghost",
+            "x",
+        )
+        .await;
+        assert_eq!(s, 401, "failure {i} from 127.0.0.2");
+    }
+    assert_eq!(
+        login_via(&direct, &f.httpd, Some("192.0.2.200"), "ghost", "x").await,
+        429,
+        "counted under 127.0.0.2, whatever it forwards"
+    );
+}
+
 // ----- errors of every kind are JSON ------------------------------------------------------
 
 #[tokio::test]

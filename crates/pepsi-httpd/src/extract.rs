@@ -68,9 +68,52 @@ impl FromRef<AppState> for PgPool {
     }
 }
 
-/// The client's address, set by the accept loop on every request.
+/// The client's address, set by the accept loop on every request: the TCP peer, or behind
+/// a trusted proxy the address it forwarded (`client_ip`).
 #[derive(Debug, Clone, Copy)]
 pub struct ClientAddr(pub SocketAddr);
+
+/// The client a request is from: `peer` itself, unless `peer` is inside `trusted` (a
+/// reverse proxy, TRUSTED_PROXIES): then the last hop of the `X-Forwarded-For` values
+/// (`forwarded`, header lines in order) that is not itself a trusted proxy. Hops are read
+/// from the right, where each proxy appends the address it saw, so whatever a client put
+/// in the header itself is never reached; a hop that is not an address ends the walk at
+/// the hop before it (the proxy's own view), and no header means the peer.
+pub fn client_ip<'h>(
+    peer: IpAddr,
+    forwarded: impl Iterator<Item = &'h str>,
+    trusted: &[crate::settings::Cidr],
+) -> IpAddr {
+    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    if !is_trusted(peer) {
+        return peer;
+    }
+    let hops: Vec<&str> = forwarded.flat_map(|v| v.split(',')).collect();
+    let mut client = peer;
+    for hop in hops.iter().rev() {
+        let Some(ip) = parse_hop(hop.trim()) else {
+            return client;
+        };
+        client = ip;
+        if !is_trusted(ip) {
+            return ip;
+        }
+    }
+    client
+}
+
+/// One `X-Forwarded-For` hop: an address, maybe with a port (`192.0.2.1:443`,
+/// `[2001:db8::1]:443`); IPv4-mapped IPv6 as IPv4.
+fn parse_hop(hop: &str) -> Option<IpAddr> {
+    let ip = hop
+        .parse::<IpAddr>()
+        .ok()
+        .or_else(|| hop.parse::<SocketAddr>().ok().map(|s| s.ip()))?;
+    Some(match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    })
+}
 
 impl ClientAddr {
     pub fn ip(&self) -> IpAddr {
@@ -295,4 +338,43 @@ fn serde_urlencoded_pairs(q: &str) -> Result<Vec<(String, String)>, String> {
 /// The clock the throttles run on.
 pub fn now() -> Instant {
     Instant::now()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::settings::Cidr;
+
+    #[test]
+    fn the_client_behind_a_trusted_proxy_is_the_last_untrusted_forwarded_hop() {
+        let trusted: Vec<Cidr> = ["127.0.0.1", "10.0.0.0/8"]
+            .iter()
+            .map(|c| Cidr::parse(c).unwrap())
+            .collect();
+        // (peer, X-Forwarded-For lines, the client)
+        let cases: [(&str, &[&str], &str); 10] = [
+            ("192.0.2.1", &["203.0.113.9"], "192.0.2.1"),
+            ("127.0.0.1", &[], "127.0.0.1"),
+            ("127.0.0.1", &["203.0.113.9"], "203.0.113.9"),
+            ("127.0.0.1", &["1.1.1.1, 203.0.113.9"], "203.0.113.9"),
+            ("127.0.0.1", &["203.0.113.9, 10.1.2.3"], "203.0.113.9"),
+            (
+                "127.0.0.1",
+                &["198.51.100.1", "203.0.113.9, 10.1.2.3"],
+                "203.0.113.9",
+            ),
+            ("127.0.0.1", &["10.0.0.5, 10.1.2.3"], "10.0.0.5"),
+            ("127.0.0.1", &["spoofed, 203.0.113.9:5000"], "203.0.113.9"),
+            ("127.0.0.1", &["203.0.113.9, unknown"], "127.0.0.1"),
+            (
+                "127.0.0.1",
+                &["[2001:db8::7]:443, ::ffff:10.0.0.1"],
+                "2001:db8::7",
+            ),
+        ];
+        for (peer, lines, want) in cases {
+            let got = client_ip(peer.parse().unwrap(), lines.iter().copied(), &trusted);
+            assert_eq!(got, want.parse::<IpAddr>().unwrap(), "{peer} {lines:?}");
+        }
+    }
 }

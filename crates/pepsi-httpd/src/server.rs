@@ -7,6 +7,7 @@
 
 use std::collections::HashMap;
 use std::ffi::CString;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -19,7 +20,7 @@ use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
-use crate::extract::ClientAddr;
+use crate::extract::{ClientAddr, client_ip};
 use crate::settings::HttpdSettings;
 use crate::throttle::address_key;
 
@@ -194,6 +195,7 @@ pub async fn serve(
     let listener = TcpListener::from_std(bound.listener)?;
     let slots = Arc::new(Semaphore::new(s.max_connections));
     let per_client = Arc::new(PerClient::default());
+    let trusted = Arc::new(s.trusted_proxies.clone());
     let refusals = Arc::new(Semaphore::new(REFUSALS_AT_ONCE));
     let header_timeout = s.header_timeout;
     tokio::pin!(shutdown);
@@ -213,8 +215,15 @@ pub async fn serve(
                 }
             },
         };
-        let Some(counted) = per_client.take(address_key(peer.ip()), s.max_connections_per_client)
-        else {
+        // A trusted proxy carries many clients: its connections are limited by
+        // MAX_CONNECTIONS alone.
+        let proxied = s.trusted_proxies.iter().any(|c| c.contains(peer.ip()));
+        let counted = if proxied {
+            None
+        } else {
+            per_client.take(address_key(peer.ip()), s.max_connections_per_client)
+        };
+        if counted.is_none() && !proxied {
             drop(permit);
             tracing::info!(client = %peer, "connection refused: MAX_CONNECTIONS_PER_CLIENT");
             // Over TLS the answer would need a handshake: the connection is just closed.
@@ -228,15 +237,25 @@ pub async fn serve(
                 });
             }
             continue;
-        };
+        }
         let app = app.clone();
         let tls = bound.tls.clone();
+        let trusted = trusted.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _counted = counted;
             let service = hyper::service::service_fn(
                 move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(ClientAddr(peer));
+                    let ip = client_ip(
+                        peer.ip(),
+                        req.headers()
+                            .get_all("x-forwarded-for")
+                            .iter()
+                            .filter_map(|v| v.to_str().ok()),
+                        &trusted,
+                    );
+                    req.extensions_mut()
+                        .insert(ClientAddr(SocketAddr::new(ip, peer.port())));
                     app.clone().oneshot(req.map(axum::body::Body::new))
                 },
             );

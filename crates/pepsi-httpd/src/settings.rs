@@ -121,6 +121,11 @@ pub struct HttpdSettings {
     pub metrics_public: bool,
     /// `METRICS_ALLOW`: client address blocks that read /metrics without a credential.
     pub metrics_allow: Vec<Cidr>,
+    /// `TRUSTED_PROXIES`: address blocks of reverse proxies in front of pepsi-httpd. A
+    /// request from one of them is the client's that the last `X-Forwarded-For` hop not
+    /// itself a trusted proxy names: that address is throttled, logged, and matched against
+    /// METRICS_ALLOW. Their connections are not limited by MAX_CONNECTIONS_PER_CLIENT.
+    pub trusted_proxies: Vec<Cidr>,
     /// `BULK_LIMIT`: the most rows one bulk queue action takes (10000).
     pub bulk_limit: i64,
     /// `COOKIE_SECURE`: mark the session cookie Secure (default: when TLS is on). Set it
@@ -162,6 +167,13 @@ impl HttpdSettings {
             .map(|c| Cidr::parse(c))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("[{SECTION}] METRICS_ALLOW: {e}"))?;
+        let trusted_proxies = s
+            .list_opt("TRUSTED_PROXIES")?
+            .unwrap_or_default()
+            .iter()
+            .map(|c| Cidr::parse(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| anyhow::anyhow!("[{SECTION}] TRUSTED_PROXIES: {e}"))?;
         let max_body = s.size_opt("MAX_BODY_SIZE")?.unwrap_or(1 << 20);
         if !(1024..=64 << 20).contains(&max_body) {
             bail!("[{SECTION}] MAX_BODY_SIZE = {max_body}: expected 1k to 64M");
@@ -238,6 +250,7 @@ impl HttpdSettings {
             max_connections_per_client: count("MAX_CONNECTIONS_PER_CLIENT", 16)? as usize,
             metrics_public: s.bool_opt("METRICS_PUBLIC")?.unwrap_or(false),
             metrics_allow,
+            trusted_proxies,
             bulk_limit,
         })
     }
@@ -274,6 +287,10 @@ mod tests {
             ("ADDRESS = localhost:80", "ADDRESS = \"localhost:80\""),
             ("CERT_FILE = c.pem", "CERT_FILE and KEY_FILE go together"),
             ("METRICS_ALLOW = 10.0.0.0/33", "METRICS_ALLOW"),
+            (
+                "TRUSTED_PROXIES = proxy.example",
+                "TRUSTED_PROXIES: \"proxy.example\"",
+            ),
             (
                 "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
                 "LOGIN_MAX_FAILURES_PER_ACCOUNT = 0",
