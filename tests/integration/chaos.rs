@@ -93,7 +93,7 @@ impl End {
         !matches!(self, End::Before(..))
     }
 
-    /// What a refused or lost attempt was told, without its numbers (queue ids, times), to
+    /// What a refused or lost attempt was told, without its long numbers (ids, times), to
     /// group the refusals in the summary.
     fn reason(&self) -> Option<String> {
         let text = match self {
@@ -102,12 +102,19 @@ impl End {
             End::RefusedAtDot(code, text) => format!("at the end of data, {code}: {text}"),
             End::LostAtDot(text) => format!("at the end of data, lost: {text}"),
         };
-        Some(
-            text.chars()
-                .filter(|c| !c.is_ascii_digit())
-                .take(120)
-                .collect(),
-        )
+        // Runs of 4 or more digits (ids, ports, times) become N; reply codes stay.
+        let mut out = String::new();
+        let mut digits = String::new();
+        for c in text.chars().chain(std::iter::once(' ')) {
+            if c.is_ascii_digit() {
+                digits.push(c);
+                continue;
+            }
+            out.push_str(if digits.len() >= 4 { "N" } else { &digits });
+            digits.clear();
+            out.push(c);
+        }
+        Some(out.trim_end().chars().take(160).collect())
     }
 
     /// A 5xx: the client gives the message up.
@@ -496,6 +503,7 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     let mut events: Vec<Event> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
     let mut retries: Vec<String> = Vec::new();
+    let mut retried: BTreeMap<&str, usize> = BTreeMap::new();
     let mut next = 0usize;
     let mut pending_since: Option<Instant> = None;
     let mut drain_until: Option<Instant> = None;
@@ -557,6 +565,16 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
                 // Rows a killed worker held end failed, waiting for the operator: retry them
                 // as the operator would, once nothing else moves.
                 if all > 0 && stuck.len() as i64 == all && supervisor.pid().is_some() {
+                    for (_, _, reason) in &stuck {
+                        // a kill of the worker that held it alone fails a row by design
+                        // (docs/dispatch.md, "Recovery"); anything else is worth a look
+                        let kind = if reason.contains("killed by signal") {
+                            "held by a killed worker"
+                        } else {
+                            "other"
+                        };
+                        *retried.entry(kind).or_default() += 1;
+                    }
                     retries.push(format!("{stuck:?}: {}", operator_retry(&sys)));
                 }
             }
@@ -672,7 +690,7 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
          attempts: {} in all; {before} refused or cut before the end of data, \
          {at_dot_refused} refused at the end of data, {at_dot_lost} without a reply to it\n\
          events: {} ({by_kind:?}); skipped: {skipped:?}\n\
-         dispatcher: {:?}\noperator retries: {}\n\
+         dispatcher: {:?}\noperator retries: {} ({retried:?})\n\
          delivered copies: {copies}; missing: {}; duplicates explained by a resend: {}; \
          duplicates NOT explained: {} (extra copies by the event that cut their delivery \
          short: {causes:?}); copies of unknown messages: {}; tmp/ leftovers: \
