@@ -37,8 +37,8 @@ FOLDED_BINARIES = \
 # Standalone: their own executables in both builds.
 # - Privileged (a setuid/setgid bit on the shared file would apply to every program linked
 #   to it): pepsi-helper-maildir-writer (setuid root), its caller
-#   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
-#   pepsi-token, reads the OAuth token files), pepsi-sendmail (setgid pepsi-sendmail, the
+#   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (no bit since it
+#   reads no token file; kept standalone), pepsi-sendmail (setgid pepsi-sendmail, the
 #   group that may write the drop directory; run by every local user as /usr/sbin/sendmail),
 #   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer),
 #   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller

@@ -52,6 +52,9 @@ export PEPSI_HOME="$root/var"
 export DATABASE_URL="${DATABASE_URL%/*}/pepsi"
 export PEPSI_KEY_DIR="$root/var/keys"
 export PEPSI_SECRETS_DIR="$root/var/secrets.d"
+# pepsi-httpd serves as whoever runs this, root included ([pepsi-httpd] ALLOW_ROOT of
+# etc/pepsi.conf, "no" in an installed system).
+export PEPSI_ALLOW_ROOT=yes
 cfg="$root/etc/pepsi.conf"
 
 # The signing key of example.test (DKIM and ARC of the remote branch) and the SRS secret,
