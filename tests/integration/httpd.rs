@@ -542,7 +542,7 @@ async fn logins_at_once(httpd: &Httpd, bodies: Vec<Value>) -> Vec<u16> {
 async fn login_throttle_race_verifies_no_more_concurrent_logins_than_the_limit() {
     let f = fixture(
         "[pepsi-httpd]\nLOGIN_MAX_FAILURES_PER_ACCOUNT = 3\nLOGIN_MAX_FAILURES_PER_ADDRESS = 1000\n\
-         LOGIN_QUEUE_TIMEOUT = 20s\n",
+         LOGIN_QUEUE_TIMEOUT = 20s\nMAX_CONNECTIONS_PER_CLIENT = 64\n",
     )
     .await;
     let password = f.httpd.admin_add("ops");
@@ -586,7 +586,7 @@ async fn login_throttle_race_verifies_no_more_concurrent_logins_than_the_limit()
 async fn unbounded_argon2id_work_waits_for_login_concurrency_or_gets_503() {
     let f = fixture(
         "[pepsi-httpd]\nLOGIN_CONCURRENCY = 1\nLOGIN_QUEUE_TIMEOUT = 0s\n\
-         LOGIN_MAX_FAILURES_PER_ADDRESS = 1000\n",
+         LOGIN_MAX_FAILURES_PER_ADDRESS = 1000\nMAX_CONNECTIONS_PER_CLIENT = 64\n",
     )
     .await;
     let before: i64 = sqlx::query_scalar(
@@ -678,7 +678,7 @@ async fn connection_slots_one_client_holds_at_most_max_connections_per_client() 
         held.push(connect_from("127.0.0.2", port).await);
     }
     let mut fourth = connect_from("127.0.0.2", port).await;
-    let answer = exchange(&mut fourth, "").await;
+    let answer = exchange(&mut fourth, HEALTHZ).await;
     assert!(
         answer.starts_with("HTTP/1.1 503"),
         "the fourth connection of one client is refused at once: {answer:?}"

@@ -27,8 +27,10 @@ use crate::throttle::address_key;
 /// How long a TLS handshake may take.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How long the answer to a connection over MAX_CONNECTIONS_PER_CLIENT may take.
-const REFUSAL_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long the answer to a connection over MAX_CONNECTIONS_PER_CLIENT may take, and how
+/// long of that it waits for the client's request head.
+const REFUSAL_TIMEOUT: Duration = Duration::from_secs(3);
+const REFUSAL_HEAD_WAIT: Duration = Duration::from_secs(1);
 
 /// Refusals being written at once; past this a refused connection is closed unanswered.
 const REFUSALS_AT_ONCE: usize = 64;
@@ -72,8 +74,9 @@ impl Drop for Counted {
 }
 
 /// Answers a connection over MAX_CONNECTIONS_PER_CLIENT with 503 and the JSON error, then
-/// closes it after reading what the client sent meanwhile (so that the close does not
-/// reset the connection before the client has read the answer).
+/// closes it. The client's request head is read first (what comes within a second), so
+/// that an HTTP client takes the 503 as the answer to its request, and what it sends after
+/// is read too, so that the close does not reset the connection before the answer is read.
 async fn refuse(mut stream: TcpStream, max: usize) {
     let body = serde_json::json!({"error": format!(
         "too many connections from this client address (MAX_CONNECTIONS_PER_CLIENT = {max}): close one and try again"
@@ -85,6 +88,19 @@ async fn refuse(mut stream: TcpStream, max: usize) {
         body.len()
     );
     let _ = tokio::time::timeout(REFUSAL_TIMEOUT, async {
+        let mut head = Vec::new();
+        let mut chunk = [0u8; 4096];
+        let _ = tokio::time::timeout(REFUSAL_HEAD_WAIT, async {
+            while head.len() < 16 * 1024 && !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                let n = stream.read(&mut chunk).await?;
+                if n == 0 {
+                    break;
+                }
+                head.extend_from_slice(&chunk[..n]);
+            }
+            Ok::<(), std::io::Error>(())
+        })
+        .await;
         stream.write_all(answer.as_bytes()).await?;
         stream.shutdown().await?;
         let mut sink = [0u8; 4096];
