@@ -805,6 +805,46 @@ async fn reverse_proxy_logins_are_throttled_per_forwarded_client() {
     );
 }
 
+/// Security review #13 (account lockout): failed logins lock an administrator name out only
+/// for the client network they came from (IPv4 /24, IPv6 /48), so an anonymous client cannot
+/// keep an administrator out everywhere; its own network stays locked, right password or not.
+#[tokio::test]
+async fn account_lockout_holds_only_for_the_client_network_it_came_from() {
+    let f = fixture("[pepsi-httpd]\nLOGIN_MAX_FAILURES_PER_ACCOUNT = 2\n").await;
+    let password = f.httpd.admin_add("ops");
+    let from = |source: &str| {
+        reqwest::Client::builder()
+            .local_address(source.parse::<std::net::IpAddr>().unwrap())
+            .build()
+            .unwrap()
+    };
+    let (attacker, neighbour, elsewhere) =
+        (from("127.0.0.2"), from("127.0.0.3"), from("127.1.0.1"));
+    assert_eq!(
+        login_via(&attacker, &f.httpd, None, "ops", "wrong").await,
+        401
+    );
+    assert_eq!(
+        login_via(&attacker, &f.httpd, None, "ops", "wrong").await,
+        401
+    );
+    assert_eq!(
+        login_via(&attacker, &f.httpd, None, "ops", &password).await,
+        429,
+        "locked for the network the failures came from"
+    );
+    assert_eq!(
+        login_via(&neighbour, &f.httpd, None, "ops", &password).await,
+        429,
+        "the same /24"
+    );
+    assert_eq!(
+        login_via(&elsewhere, &f.httpd, None, "ops", &password).await,
+        200,
+        "another network logs in"
+    );
+}
+
 // ----- errors of every kind are JSON ------------------------------------------------------
 
 #[tokio::test]

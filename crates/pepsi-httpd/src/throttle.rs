@@ -106,6 +106,26 @@ pub fn address_key(ip: IpAddr) -> String {
     }
 }
 
+/// The key an administrator name's failures count under: the name and the client's
+/// network (IPv4 /24, IPv6 /48), so that a client locks the name out only for its own
+/// network, not for every administrator everywhere (security review #13).
+pub fn account_key(name: &str, ip: IpAddr) -> String {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            format!("{name} from {}.{}.{}.0/24", o[0], o[1], o[2])
+        }
+        IpAddr::V6(v6) => {
+            let s = v6.segments();
+            format!("{name} from {:x}:{:x}:{:x}::/48", s[0], s[1], s[2])
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -172,6 +192,21 @@ mod tests {
         let _ = t.reserve("k", t0 + s(62));
         t.release("k", old);
         assert!(t.blocked("k", t0 + s(62)).is_some());
+    }
+
+    #[test]
+    fn an_account_counts_per_client_network() {
+        let cases = [
+            ("ops", "192.0.2.1", "ops from 192.0.2.0/24"),
+            ("ops", "192.0.2.250", "ops from 192.0.2.0/24"),
+            ("ops", "192.0.3.1", "ops from 192.0.3.0/24"),
+            ("ops", "::ffff:192.0.2.9", "ops from 192.0.2.0/24"),
+            ("ops", "2001:db8:1:2:3::1", "ops from 2001:db8:1::/48"),
+            ("ops", "2001:db8:1:ffff::1", "ops from 2001:db8:1::/48"),
+        ];
+        for (name, ip, want) in cases {
+            assert_eq!(account_key(name, ip.parse().unwrap()), want);
+        }
     }
 
     #[test]

@@ -1,10 +1,11 @@
-//! Logging in and out. A login counts itself per client address and per name before
-//! anything else (429 once either has reached its limit; a login that succeeds gives its
-//! count back, so failures are what is left), then waits for one of LOGIN_CONCURRENCY
-//! turns (503 past LOGIN_QUEUE_TIMEOUT, uncounted) and checks the Argon2id hash on the
-//! blocking pool (an unknown name costs the same as a wrong password), and on success stores the digest of a fresh
-//! secret as a session row and sets the secret as an HttpOnly, SameSite=Strict cookie. The
-//! answer carries the CSRF token the client sends back on every mutating request.
+//! Logging in and out. A login counts itself per client address and per name (from the
+//! client's network: `throttle::account_key`) before anything else (429 once either has
+//! reached its limit; a login that succeeds gives its count back, so failures are what is
+//! left), then waits for one of LOGIN_CONCURRENCY turns (503 past LOGIN_QUEUE_TIMEOUT,
+//! uncounted) and checks the Argon2id hash on the blocking pool (an unknown name costs the
+//! same as a wrong password), and on success stores the digest of a fresh secret as a
+//! session row and sets the secret as an HttpOnly, SameSite=Strict cookie. The answer
+//! carries the CSRF token the client sends back on every mutating request.
 
 use axum::Json;
 use axum::extract::State;
@@ -16,7 +17,7 @@ use serde_json::json;
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{AppState, Body, ClientAddr, Principal, Via, now};
-use crate::throttle::{Reservation, address_key};
+use crate::throttle::{Reservation, account_key, address_key};
 use crate::{credentials, store};
 
 #[derive(Deserialize)]
@@ -57,13 +58,14 @@ pub async fn login(
     }
     let addr = address_key(client.ip());
     let name = req.name.trim().to_owned();
+    let account = account_key(&name, client.ip());
     // The attempt is counted before its password is checked, under the same lock as the
     // check of the limits: concurrent attempts cannot all pass it (security review #7).
     let reserved = {
         let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
         let wait = [
             t.by_address.blocked(&addr, now()),
-            t.by_account.blocked(&name, now()),
+            t.by_account.blocked(&account, now()),
         ]
         .into_iter()
         .flatten()
@@ -73,13 +75,13 @@ pub async fn login(
         }
         Reserved {
             address: t.by_address.reserve(&addr, now()),
-            account: t.by_account.reserve(&name, now()),
+            account: t.by_account.reserve(&account, now()),
         }
     };
     let give_back = |state: &AppState, r: Reserved| {
         let mut t = state.throttle.lock().unwrap_or_else(|e| e.into_inner());
         t.by_address.release(&addr, r.address);
-        t.by_account.release(&name, r.account);
+        t.by_account.release(&account, r.account);
     };
     // At most LOGIN_CONCURRENCY Argon2id checks run at once; a login that cannot get a turn
     // within LOGIN_QUEUE_TIMEOUT is answered 503, not checked, and not counted.
@@ -143,7 +145,7 @@ pub async fn login(
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .by_account
-        .clear(&name);
+        .clear(&account);
     let secret = credentials::new_secret();
     store::create_session(
         &state.pool,
