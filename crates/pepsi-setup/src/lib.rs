@@ -293,7 +293,7 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
 /// Inserts the key; an existing (domain, selector) is an error, never replaced.
 async fn store_key(url: &str, domain: &str, selector: &str, pem: &str) -> anyhow::Result<()> {
     use sqlx::Connection as _;
-    let mut conn = sqlx::PgConnection::connect(url)
+    let mut conn = sqlx::PgConnection::connect_with(&schema::connect_options(url)?)
         .await
         .map_err(|e| anyhow::anyhow!("cannot connect to the database to store the key: {e}"))?;
     let inserted = sqlx::query(

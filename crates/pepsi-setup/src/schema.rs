@@ -445,12 +445,18 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
+/// The options of `url`, a URL that names no host pinned to `pepsi_common::db::SOCKET_DIR`:
+/// never a socket some local user put in /tmp while the server is down (security review
+/// 2026-12-04 #3). A server whose socket is elsewhere is named in the URL (`host=`).
+pub fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
+    pepsi_common::db::pinned_options(url, std::path::Path::new(pepsi_common::db::SOCKET_DIR))
+        .with_context(|| format!("not a PostgreSQL URL: {url}"))
+}
+
 /// Creates the database named in `url` when it does not exist yet (connecting to the
 /// `postgres` maintenance database to do so); returns whether it did.
 pub async fn ensure_database(url: &str) -> anyhow::Result<bool> {
-    let options: PgConnectOptions = url
-        .parse()
-        .with_context(|| format!("not a PostgreSQL URL: {url}"))?;
+    let options = connect_options(url)?;
     match PgConnection::connect_with(&options).await {
         Ok(conn) => {
             conn.close().await.ok();
@@ -483,7 +489,7 @@ pub async fn ensure_database(url: &str) -> anyhow::Result<bool> {
 /// Brings the database at `url` up to date (creating it if needed).
 pub async fn setup_url(url: &str, roles: &Roles) -> anyhow::Result<Report> {
     let created = ensure_database(url).await?;
-    let mut conn = PgConnection::connect(url)
+    let mut conn = PgConnection::connect_with(&connect_options(url)?)
         .await
         .context("cannot connect to the database")?;
     let mut report = setup(&mut conn, roles).await?;
@@ -579,7 +585,7 @@ pub async fn setup(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Rep
 
 /// Reports pending patches, missing roles and wrong privileges without changing anything.
 pub async fn check(url: &str, roles: &Roles) -> anyhow::Result<Report> {
-    let mut conn = PgConnection::connect(url)
+    let mut conn = PgConnection::connect_with(&connect_options(url)?)
         .await
         .context("cannot connect to the database")?;
     let mut report = Report {
