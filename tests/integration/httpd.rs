@@ -1878,6 +1878,59 @@ async fn metrics_parse_with_prometheus_and_need_a_credential_unless_allowed() {
     );
 }
 
+/// Security review #13 (public metrics): with METRICS_PUBLIC an open scrape is answered
+/// from the last open scrape's rendering while it is younger than METRICS_CACHE, so anyone
+/// scraping cannot make the database run the aggregates at will; with METRICS_CACHE = 0s
+/// every open scrape reads the database.
+#[tokio::test]
+async fn public_metrics_are_answered_from_metrics_cache() {
+    let f = fixture("[pepsi-httpd]\nMETRICS_PUBLIC = yes\nMETRICS_CACHE = 1h\n").await;
+    let relay = |text: &str| {
+        sample(
+            &prometheus_parse(text),
+            "pepsi_stage_messages",
+            "pepsi_stage_messages_total",
+            json!({"stage": "relay"}),
+        )
+    };
+    let first = f.httpd.get("/metrics", &Auth::None).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    assert_eq!(relay(&first.text), None);
+    sqlx::query("INSERT INTO pepsi.stage_stats (stage, messages) VALUES ('relay', 12)")
+        .execute(&f.db.pool)
+        .await
+        .unwrap();
+    for _ in 0..5 {
+        let again = f.httpd.get("/metrics", &Auth::None).await;
+        assert_eq!(again.status, 200);
+        assert_eq!(
+            again.text, first.text,
+            "open scrapes within METRICS_CACHE are one"
+        );
+    }
+    let token = f.httpd.token_add("root", &[]);
+    let fresh = f.httpd.get("/metrics", &Auth::Bearer(token)).await;
+    assert_eq!(fresh.status, 200);
+    assert_eq!(
+        relay(&fresh.text),
+        None,
+        "a credential on an open /metrics is not looked at: still the cached figures"
+    );
+    // Without the cache every open scrape reads the database.
+    let dir = tempfile::tempdir().unwrap();
+    let port = free_port();
+    let config = write_config(
+        dir.path(),
+        &f.db.url,
+        port,
+        "[pepsi-httpd]\nMETRICS_PUBLIC = yes\nMETRICS_CACHE = 0s\n",
+    );
+    let mut uncached = Httpd::new(config, port);
+    uncached.start().await;
+    let r = uncached.get("/metrics", &Auth::None).await;
+    assert_eq!(relay(&r.text), Some(12.0));
+}
+
 // ----- the mail log, end to end -------------------------------------------------------------
 
 /// A message through the whole shipped graph (ingress, dispatcher, stages): one recipient

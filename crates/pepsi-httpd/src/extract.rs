@@ -37,6 +37,9 @@ pub struct AppState {
     pub throttle: Arc<Mutex<Throttles>>,
     /// LOGIN_CONCURRENCY permits: a password check holds one while it runs.
     pub login_slots: Arc<tokio::sync::Semaphore>,
+    /// The last /metrics rendering served without a credential and when it was built
+    /// (METRICS_CACHE); the lock also makes such scrapes build one at a time.
+    pub metrics_cache: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
     /// Earlier readings of the stage counters, for the pipeline's throughput.
     pub samples: Arc<Mutex<crate::pipeline::Samples>>,
     /// Every program's configuration parser (the root package's `pepsi::checks`), which an

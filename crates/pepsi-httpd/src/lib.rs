@@ -408,6 +408,7 @@ async fn serve(
         cfg: Arc::new(cfg),
         throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
         login_slots: Arc::new(tokio::sync::Semaphore::new(settings.login_concurrency)),
+        metrics_cache: Arc::default(),
         settings: Arc::new(settings.clone()),
         samples: Arc::default(),
         checks,

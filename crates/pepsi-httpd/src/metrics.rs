@@ -6,7 +6,9 @@
 //!
 //! Access: open when `METRICS_PUBLIC = yes` or the client is inside `METRICS_ALLOW`;
 //! otherwise a session or an API token, as for the API (a scrape is a GET, so it needs no
-//! CSRF token).
+//! CSRF token). An open scrape is answered from the last open scrape's rendering while it
+//! is younger than METRICS_CACHE, and open scrapes build one at a time, so that anyone who
+//! may scrape cannot make the database run the aggregates at will (security review #13).
 
 use axum::extract::{Request, State};
 use axum::http::header;
@@ -205,8 +207,19 @@ pub async fn metrics(State(state): State<AppState>, req: Request) -> ApiResult<R
             "/metrics needs a session or an API token (or METRICS_PUBLIC / METRICS_ALLOW)",
         ));
     }
-    let snap = snapshot(&state.pool).await?;
-    let text = render(&snap).map_err(ApiError::internal)?;
+    let text = if open && !s.metrics_cache.is_zero() {
+        let mut cached = state.metrics_cache.lock().await;
+        match &*cached {
+            Some((at, text)) if at.elapsed() < s.metrics_cache => text.clone(),
+            _ => {
+                let text = render(&snapshot(&state.pool).await?).map_err(ApiError::internal)?;
+                *cached = Some((std::time::Instant::now(), text.clone()));
+                text
+            }
+        }
+    } else {
+        render(&snapshot(&state.pool).await?).map_err(ApiError::internal)?
+    };
     Ok((
         [(
             header::CONTENT_TYPE,

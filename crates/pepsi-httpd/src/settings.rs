@@ -121,6 +121,10 @@ pub struct HttpdSettings {
     pub metrics_public: bool,
     /// `METRICS_ALLOW`: client address blocks that read /metrics without a credential.
     pub metrics_allow: Vec<Cidr>,
+    /// `METRICS_CACHE`: a scrape let in without a credential (METRICS_PUBLIC, METRICS_ALLOW)
+    /// is answered from the rendering of the last such scrape while it is younger than
+    /// this, and such scrapes build one at a time (5s; 0 = every scrape reads the database).
+    pub metrics_cache: Duration,
     /// `TRUSTED_PROXIES`: address blocks of reverse proxies in front of pepsi-httpd. A
     /// request from one of them is the client's that the last `X-Forwarded-For` hop not
     /// itself a trusted proxy names: that address is throttled, logged, and matched against
@@ -250,6 +254,9 @@ impl HttpdSettings {
             max_connections_per_client: count("MAX_CONNECTIONS_PER_CLIENT", 16)? as usize,
             metrics_public: s.bool_opt("METRICS_PUBLIC")?.unwrap_or(false),
             metrics_allow,
+            metrics_cache: s
+                .duration_opt("METRICS_CACHE")?
+                .unwrap_or(Duration::from_secs(5)),
             trusted_proxies,
             bulk_limit,
         })
@@ -273,6 +280,7 @@ mod tests {
         assert_eq!(d.session_idle, Duration::from_secs(1800));
         assert_eq!(d.login_concurrency, 2);
         assert_eq!(d.max_connections_per_client, 16);
+        assert_eq!(d.metrics_cache, Duration::from_secs(5));
         assert_eq!(d.login_queue_timeout, Duration::from_secs(5));
         let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
         assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
