@@ -59,7 +59,7 @@ pub enum Event {
 /// to the workers' stdin.
 ///
 /// [pepsi-dispatch] options: POLL_INTERVAL (heartbeat, 5s), FAIR_HALF_LIFE (60s),
-/// FAIR_FIFO_PERCENT (20), FAIR_MAX_SENDERS (256), STATS_INTERVAL (60s),
+/// FAIR_FIFO_PERCENT (20), FAIR_MAX_SENDERS (256), STATS_INTERVAL (5s),
 /// STATS_IDLE_INTERVAL (1s: the least spacing of the flushes made when idle), SPAWN_COOLDOWN (10s),
 /// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), VACUUM_INTERVAL (10s),
 /// HAND_FORWARD (yes: a row a worker advances stays running and is handed to the next stage's
