@@ -308,7 +308,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
     for want in [
         "Package: pepsi",
         "Version: 0.1.0",
-        "Depends: libc6 (>= 2.36), libgcc-s1, passwd, openssl",
+        "Depends: libc6 (>= 2.36), libgcc-s1, libssl3, libnettle8, libhogweed6, libgmp10, passwd, openssl",
         " postinst",
         " prerm",
         " postrm",
