@@ -73,7 +73,10 @@ failures, updated every few seconds; a browser logs in at /login).
 Administrators log in with POST /api/login and get a session cookie (a row in
 pepsi.admin_session holding only its SHA-256) and a CSRF token every mutating request must
 send back in X-CSRF-Token. Scripts send `Authorization: Bearer <token>` instead. Failed logins
-are throttled per client address and per name. Every change is recorded in pepsi.event_log
+are throttled per client address and per name from one client network, at most
+LOGIN_CONCURRENCY passwords are checked at once, and one client address holds at most
+MAX_CONNECTIONS_PER_CLIENT connections (behind a reverse proxy listed in TRUSTED_PROXIES,
+the client is the address it forwards). Every change is recorded in pepsi.event_log
 with the administrator as actor.
 
 `admin-add NAME` creates an administrator with a generated password, printed once (or
