@@ -64,8 +64,8 @@ LEFT THE PIPELINE: the final outcomes the mail log (pepsi.mail_log) recorded in 
 5 minutes and the last hour — delivered, bounced, expired, dropped — with the rate per
 minute over each. The mail log is written in the same commit that decides an outcome, so
 these are exact; with [pepsi] MAIL_LOG = no they stay at zero. (pepsi.stage_stats is not
-sampled for rates: the dispatcher flushes it only about once a minute; its cumulative
-counters are shown as they are.)
+sampled for rates: the dispatcher flushes it every STATS_INTERVAL, 5 s by default; its
+cumulative counters are shown as they are.)
 
 RECENT FAILURES: how many rows are failed or timed out, and the --limit most recently
 changed with state.dispatch_error (else state.last_error). RECENT BOUNCES: the --limit

@@ -75,7 +75,7 @@ pub struct Window {
     pub per_minute: f64,
 }
 
-/// The dispatcher's cumulative counters (flushed by it about once a minute).
+/// The dispatcher's cumulative counters (flushed by it every `STATS_INTERVAL`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Counters {
     pub dispatch: DispatchCounters,
