@@ -4,10 +4,16 @@
 //!
 //! Options: `ACTION` = advance (default) | finish | crash | hang | error | pause-once |
 //! crash-after-advance (writes the advance to NEXT_STAGE, left running as a worker that hands
-//! rows forward commits it, then dies before its status line);
+//! rows forward commits it, then dies before its status line) | lose-claim-once (the first
+//! pass of a message sets its row pending, as PostgreSQL losing the claim's asynchronous
+//! commit in a crash does, waits until the dispatcher has claimed it again for another
+//! worker, and answers what a worker whose commit then found the row not running answers);
 //! `DELAY` (a pause per message); `ONLY_IF_STATE` (apply ACTION only when state has that key,
 //! advance otherwise); `PAUSE_FOR` (pause-once). State written: `passes.<stage>` (count),
 //! `pid.<stage>`, `at.<stage>` (microseconds since the epoch when the pass ended).
+//!
+//! Run as `pepsi-test-stage-other` (a link of that name) it is the same stage under that
+//! PROGRAM name: a second program for the tests that need two.
 //!
 //! It installs itself as a fusion registry, so with `[pepsi] ALLOW_FUSION` on (the default)
 //! a chain of its stages runs fused in one pass, as in the unified binary.
@@ -72,6 +78,7 @@ impl Stage for TestStage {
                     "error",
                     "pause-once",
                     "crash-after-advance",
+                    "lose-claim-once",
                 ],
             )?
             .unwrap_or_else(|| "advance".to_owned());
@@ -127,6 +134,35 @@ impl Stage for TestStage {
                 .await?;
                 std::process::abort()
             }
+            "lose-claim-once" if !ctx.state().contains_key("claim_lost") => {
+                let id = ctx.id();
+                sqlx::query(
+                    "UPDATE pepsi.workqueue SET status = 'pending', \
+                     state = state || jsonb_build_object('claim_lost', $2::bigint), updated_at = now() \
+                     WHERE workqueue_id = $1 AND status = 'running'",
+                )
+                .bind(id)
+                .bind(i64::from(std::process::id()))
+                .execute(ctx.pool())
+                .await?;
+                let until = std::time::Instant::now() + Duration::from_secs(30);
+                loop {
+                    let status: Option<String> = sqlx::query_scalar(
+                        "SELECT status::text FROM pepsi.workqueue WHERE workqueue_id = $1",
+                    )
+                    .bind(id)
+                    .fetch_optional(ctx.pool())
+                    .await?;
+                    if status.as_deref() != Some("pending") || std::time::Instant::now() > until {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Err(StageError::NotRunning {
+                    id,
+                    status: "no longer running (taken back by the dispatcher or deleted)".into(),
+                })
+            }
             "hang" => loop {
                 tokio::time::sleep(Duration::from_secs(3600)).await;
             },
@@ -146,11 +182,53 @@ impl Stage for TestStage {
     }
 }
 
+/// The test stage under a second PROGRAM name (`pepsi-test-stage-other`).
+struct OtherStage(TestStage);
+
+impl Stage for OtherStage {
+    const PROGRAM: &'static str = "pepsi-test-stage-other";
+    const LOAD: Load = Load::Metadata;
+    type Section = Section;
+
+    fn build(cfg: &Config) -> anyhow::Result<Self> {
+        Ok(OtherStage(TestStage::build(cfg)?))
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Section> {
+        self.0.section(cfg, name)
+    }
+
+    async fn process(
+        &self,
+        section: &Section,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        self.0.process(section, ctx).await
+    }
+}
+
 fn main() -> ExitCode {
     // This program is its own multi-call executable: with [pepsi] ALLOW_FUSION on, a pass
     // advancing to another stage of it runs that stage in the same process.
-    pepsi_common::stage::fusion::install(
-        vec![pepsi_common::stage::fusion::register::<TestStage>()],
-    );
+    pepsi_common::stage::fusion::install(vec![
+        pepsi_common::stage::fusion::register::<TestStage>(),
+        pepsi_common::stage::fusion::register::<OtherStage>(),
+    ]);
+    let called = std::env::args_os().next().unwrap_or_default();
+    if std::path::Path::new(&called)
+        .file_name()
+        .is_some_and(|n| n == OtherStage::PROGRAM)
+    {
+        const OTHER: ConfigSource = ConfigSource {
+            project: "pepsi",
+            component: "test-stage-other",
+            exec: "pepsi-test-stage-other",
+        };
+        return pepsi_common::stage::main::<OtherStage>(
+            &OTHER,
+            "test stage for the dispatcher's tests (second program)",
+            "",
+        );
+    }
     pepsi_common::stage::main::<TestStage>(&SOURCE, "test stage for the dispatcher's tests", "")
 }

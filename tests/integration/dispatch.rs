@@ -1305,3 +1305,136 @@ async fn a_claim_held_by_a_lock_on_the_queue_gives_up_after_statement_timeout_an
     .await;
     assert!(stop(d).success());
 }
+
+/// A worker whose claim PostgreSQL lost in a crash answers that its row is no longer running
+/// while the dispatcher has already claimed the row again for another worker: that answer
+/// must not fail the row the other worker holds (the chaos run's "no longer running" rows
+/// failed at `local`).
+#[tokio::test]
+async fn a_lost_claims_answer_does_not_fail_the_row_another_worker_holds() {
+    // b's first pass of the message loses its claim; DELAY keeps the second worker's pass
+    // going while the first one's answer is read.
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = lose-claim-once\nDELAY = 1s\nPARALLELISM = 2\nQUEUE_LIMIT = 1\n";
+    let h = Harness::new(stages, "").await;
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' OR status IN ('failed', 'timeout')",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    let rows: Vec<(String, String, Value, bool, bool)> = sqlx::query_as(
+        "SELECT stage, status::text, state->'passes', state ? 'claim_lost', state ? 'dispatch_error' \
+         FROM pepsi.workqueue",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![(
+            "done".to_owned(),
+            "pending".to_owned(),
+            serde_json::json!({"init": 1, "b": 1}),
+            true,
+            false
+        )],
+        "{}",
+        h.log("dispatch.log")
+    );
+    assert!(
+        h.log("dispatch.log")
+            .contains("another worker holds the message: left to it"),
+        "{}",
+        h.log("dispatch.log")
+    );
+}
+
+/// A row handed forward whose advance PostgreSQL then lost (an asynchronous commit, gone in
+/// a crash: the row is back at the stage before, running) reaches a worker of a program that
+/// does not run that stage: the row goes back to pending at the stage the database has and
+/// runs again from there, never failed (the chaos run's rows failed at `init` "whose PROGRAM
+/// is pepsi-stage-srs, not pepsi-stage-aliases").
+#[tokio::test]
+async fn a_row_whose_handed_advance_was_lost_runs_again_at_its_stored_stage_not_failed() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let tools = tempfile::tempdir().unwrap();
+    // The test stage under a second PROGRAM name, and b's PROGRAM: a wrapper that, on the
+    // first id of each message, sets the row back to `init` (what the database holds after
+    // losing the advance) before the real worker loads it.
+    let bin = tools.path().join("bin");
+    let wrap = tools.path().join("wrap");
+    let marks = tools.path().join("marks");
+    for dir in [&bin, &wrap, &marks] {
+        std::fs::create_dir(dir).unwrap();
+    }
+    let real = bin.join("pepsi-test-stage-other");
+    std::os::unix::fs::symlink(test_stage(), &real).unwrap();
+    let wrapper = wrap.join("pepsi-test-stage-other");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/bash\n\
+             # worker -c CONFIG -L LEVEL, one id at a time, each to a worker of its own\n\
+             unset PEPSI_DISPATCH_PID\n\
+             url=$(sed -n 's/^URL = //p' \"$3\" | head -n 1)\n\
+             while IFS= read -r id; do\n\
+               if mkdir '{marks}'/\"$id\" 2>/dev/null; then\n\
+                 psql -qAtX \"$url\" -c \"UPDATE pepsi.workqueue SET stage = 'init' WHERE workqueue_id = $id\" >/dev/null || exit 1\n\
+               fi\n\
+               echo \"$id\" | '{real}' \"$@\" || exit 1\n\
+             done\n",
+            marks = marks.display(),
+            real = real.display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let stages = format!(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nQUEUE_LIMIT = 1\n\
+         [stage-b]\nPROGRAM = {}\nNEXT_STAGE = done\nQUEUE_LIMIT = 1\n",
+        wrapper.display()
+    );
+    let h = Harness::new(&stages, "").await;
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' OR status IN ('failed', 'timeout')",
+        1,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
+        "SELECT stage, status::text, state->'passes', state ? 'dispatch_error' FROM pepsi.workqueue",
+    )
+    .fetch_all(&h.db.pool)
+    .await
+    .unwrap();
+    // init ran twice: once before the lost advance, once from the stage the database had.
+    assert_eq!(
+        rows,
+        vec![(
+            "done".to_owned(),
+            "pending".to_owned(),
+            serde_json::json!({"init": 2, "b": 1}),
+            false
+        )],
+        "{}",
+        h.log("dispatch.log")
+    );
+    let log = h.log("dispatch.log");
+    assert!(
+        log.contains("whose PROGRAM is") && log.contains("not pepsi-test-stage-other"),
+        "b's worker saw the row at init: {log}"
+    );
+    assert!(
+        log.contains("the message was not where its worker was handed it"),
+        "{log}"
+    );
+}

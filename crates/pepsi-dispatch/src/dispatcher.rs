@@ -369,15 +369,33 @@ impl Dispatcher {
                     self.wake_all();
                 }
             }
-            Status::Failed { error, temporary } => {
+            Status::Failed {
+                error,
+                temporary,
+                misplaced,
+            } => {
                 let reason = format!("stage {stage} (pid {pid}): {error}");
                 let forced = if temporary {
                     Forced::Retry(TEMPORARY_RETRY_SECS)
                 } else {
                     Forced::Failed
                 };
-                tracing::warn!(id = row.id, stage = %stage, temporary, "message not handled: {error}");
-                self.force(row.id, &stage, forced, &reason).await;
+                tracing::warn!(id = row.id, stage = %stage, temporary, misplaced, "message not handled: {error}");
+                if self.held_elsewhere(row.id) {
+                    // Claimed again and given to another worker while this one ran (its
+                    // claim lost with an asynchronous commit when PostgreSQL restarted):
+                    // that worker's pass concludes the row, this one's failure is not its.
+                    self.suspects.remove(&row.id);
+                    tracing::info!(
+                        id = row.id,
+                        stage = %stage,
+                        "another worker holds the message: left to it"
+                    );
+                } else if misplaced {
+                    self.return_misplaced(row.id, &stage, forced, &reason).await;
+                } else {
+                    self.force(row.id, &stage, forced, &reason).await;
+                }
                 self.wake_all();
             }
         }
@@ -423,6 +441,46 @@ impl Dispatcher {
         held.then_some(stage)
     }
 
+    /// Whether a worker holds `id` (in its queue, the one that answered for it excluded, as
+    /// its answer has been taken off), or it waits to go back to pending (`overflow`).
+    fn held_elsewhere(&self, id: i64) -> bool {
+        self.overflow.contains(&id)
+            || self
+                .workers
+                .values()
+                .any(|w| w.inflight.iter().any(|a| a.id == id))
+    }
+
+    /// A row whose worker answered that it was not as handed (`misplaced`: gone, not
+    /// running for this epoch, or at a stage of another program), held by no other worker.
+    /// Still running at the worker's own stage it ends as `forced` (the worker's
+    /// configuration names another program for that stage: a real error). Running anywhere
+    /// else it goes back to pending there, to run again from what was stored: PostgreSQL
+    /// lost, in a crash, the asynchronous commit of the advance that handed it to this
+    /// stage, or answered a commit it had made only after restarting. Not running, it is
+    /// left as it is.
+    async fn return_misplaced(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
+        self.suspects.remove(&id);
+        match claim::force(&self.db, id, Some(stage), forced, reason).await {
+            Ok(true) if forced != Forced::Retry(TEMPORARY_RETRY_SECS) => self.stats.failed(),
+            Ok(true) => {}
+            Ok(false) => match claim::hand_back(&self.db, None, &[id]).await {
+                Ok(n) if n > 0 => tracing::info!(
+                    id,
+                    stage,
+                    "the message was not where its worker was handed it: pending at the stage the database has"
+                ),
+                Ok(_) => {}
+                Err(e) => tracing::error!(id, "cannot return the message to pending: {e}"),
+            },
+            Err(e) => tracing::error!(id, stage, "cannot record the failure of the message: {e}"),
+        }
+        if let Forced::Retry(secs) = forced {
+            let due = Instant::now() + Duration::from_secs(u64::from(secs));
+            self.next_due = Some(self.next_due.map_or(due, |d| d.min(due)));
+        }
+    }
+
     async fn force(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
         self.suspects.remove(&id);
         let guard = self.stage_guard(stage, &[id]);
@@ -442,9 +500,10 @@ impl Dispatcher {
     /// worker's (handed forward by a commit whose status line never came, or flushed there by
     /// a fused chain) goes back to pending there, to run again from what was stored.
     async fn end_lost_pass(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
-        if self.stage_guard(stage, &[id]).is_some() {
-            // Another worker holds it: it moved on and was taken again; nothing to end.
-            self.force(id, stage, forced, reason).await;
+        if self.held_elsewhere(id) {
+            // Another worker holds it: it moved on and was taken again (or claimed again
+            // after PostgreSQL lost this worker's claim in a crash); nothing to end.
+            self.suspects.remove(&id);
             self.wake_all();
             return;
         }

@@ -17,8 +17,14 @@ pub enum Status {
         /// its account.
         settled: bool,
     },
-    /// Non-zero: not handled; the row is as the worker found it.
-    Failed { error: String, temporary: bool },
+    /// Non-zero: not handled; the row is as the worker found it. `misplaced`: it was not as
+    /// the worker was handed it (gone, not running for this epoch, or at a stage of another
+    /// program; `"misplaced":true`), so the database's row stands.
+    Failed {
+        error: String,
+        temporary: bool,
+        misplaced: bool,
+    },
 }
 
 /// Parses `line` (without its newline).
@@ -85,7 +91,16 @@ pub fn parse(line: &str) -> Status {
         .and_then(|j| j.get("temporary"))
         .and_then(Value::as_bool)
         .unwrap_or(false);
-    Status::Failed { error, temporary }
+    let misplaced = json
+        .as_ref()
+        .and_then(|j| j.get("misplaced"))
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    Status::Failed {
+        error,
+        temporary,
+        misplaced,
+    }
 }
 
 #[cfg(test)]
@@ -143,6 +158,15 @@ mod tests {
             Status::Failed {
                 error: "boom".into(),
                 temporary: true,
+                misplaced: false,
+            },
+        );
+        check(
+            "1 {\"error\":\"workqueue row 7 is pending, not running\",\"temporary\":false,\"misplaced\":true}",
+            Status::Failed {
+                error: "workqueue row 7 is pending, not running".into(),
+                temporary: false,
+                misplaced: true,
             },
         );
         check(
@@ -150,6 +174,7 @@ mod tests {
             Status::Failed {
                 error: "worker answered status \"2\"".into(),
                 temporary: false,
+                misplaced: false,
             },
         );
         check(
@@ -157,6 +182,7 @@ mod tests {
             Status::Failed {
                 error: "worker answered status \"x\": y".into(),
                 temporary: false,
+                misplaced: false,
             },
         );
     }

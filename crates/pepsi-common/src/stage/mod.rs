@@ -7,7 +7,8 @@
 //! stages fused into the pass, `"handed"` naming the stage an advanced row was left running
 //! at for the dispatcher to pass on, `"settled":true` when the pass left no pending row
 //! anywhere), or `1 {"error": "...", "temporary": bool}` when the message could not be
-//! handled. Nothing else may ever be written to stdout; logs go to stderr.
+//! handled (with `"misplaced":true` when the row was not as handed: gone, not running for
+//! the worker, or at a stage of another program; the pass wrote nothing). Nothing else may ever be written to stdout; logs go to stderr.
 //!
 //! A stage is a [`Stage`]: built once at worker start from the configuration, with one typed
 //! [`Stage::Section`] per `[stage-<name>]` section that runs it, and a `process` that returns
@@ -412,5 +413,19 @@ impl StageError {
             }
             _ => false,
         }
+    }
+
+    /// True when the row was not as the worker was handed it: gone, not running for this
+    /// worker's dispatcher epoch (when it loaded, or when its commit found no row to
+    /// change), or at a stage whose PROGRAM is another. The pass wrote nothing of its own:
+    /// what the database holds stands (an asynchronous commit PostgreSQL lost in a crash,
+    /// a claim taken back), and the dispatcher returns the row rather than fail it.
+    pub fn is_misplaced(&self) -> bool {
+        matches!(
+            self,
+            StageError::NoSuchRow(_)
+                | StageError::NotRunning { .. }
+                | StageError::WrongProgram { .. }
+        )
     }
 }

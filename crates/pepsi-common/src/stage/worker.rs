@@ -122,11 +122,14 @@ struct DoneReport<'r> {
 struct FailedReport {
     error: String,
     temporary: bool,
+    /// `StageError::is_misplaced`: the dispatcher returns the row rather than fail it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    misplaced: bool,
 }
 
 /// The status line for one pass: `0`, `0 {"finished":true,"fused":[...],"handed":...,
 /// "settled":true}`, or
-/// `1 {"error": ..., "temporary": ...}`.
+/// `1 {"error": ..., "temporary": ..., "misplaced": true}` (`misplaced` only when true).
 pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
     match result {
         Ok(report)
@@ -151,6 +154,7 @@ pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
             let json = serde_json::to_string(&FailedReport {
                 error: e.to_string(),
                 temporary: e.is_temporary(),
+                misplaced: e.is_misplaced(),
             })
             .unwrap_or_default();
             format!("1 {json}\n")
