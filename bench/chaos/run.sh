@@ -20,5 +20,5 @@ echo "commit $(git rev-parse --short HEAD), $messages messages, log in $log"
 status=0
 PEPSI_CHAOS_MESSAGES="$messages" cargo test --quiet -p pepsi --test integration chaos:: \
   -- --nocapture >"$log" 2>&1 || status=$?
-grep -E '^(chaos|attempts|events|dispatcher|operator retries|delivered)|^  (event|refused|operator retry|duplicate)|^test |panicked|test result' "$log" || true
+grep -E '^(chaos|attempts|events|dispatcher|failure bouncer|delivered)|^  (event|refused|failure bouncer|duplicate)|^test |panicked|test result' "$log" || true
 exit "$status"

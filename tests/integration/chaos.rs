@@ -7,7 +7,10 @@
 //! empty, every message a client got a 250 for is in its Maildirs exactly once; a second
 //! copy is allowed only for a message the client sent again after an attempt whose end of
 //! data got no 250 (no reply at all, or a 4xx: the ingress could not tell whether its commit
-//! landed, docs/ingress.md `ADMISSION_TIMEOUT`).
+//! landed, docs/ingress.md `ADMISSION_TIMEOUT`). `pepsi-failure-bouncer` runs beside them as
+//! `make run` runs it (with a short GRACE): a row a killed worker held alone ends `failed` by
+//! design and the bouncer retries it; no operator acts, and no row fails for any other reason
+//! (a PostgreSQL restart fails none by itself).
 //!
 //! The size comes from `PEPSI_CHAOS_MESSAGES` when set (`bench/chaos/run.sh` runs a larger
 //! one), else 5,000 messages.
@@ -23,7 +26,7 @@ use pepsi_testkit::pg_cluster::{PgCluster, Replication};
 use tokio::io::{AsyncBufReadExt as _, AsyncWriteExt as _, BufReader};
 use tokio::net::TcpStream;
 
-use crate::support::system::{Proc, System, children, cmdline, queue_tool};
+use crate::support::system::{Proc, System, children, cmdline};
 
 /// Messages sent when `PEPSI_CHAOS_MESSAGES` does not say.
 const MESSAGES: u64 = 5_000;
@@ -446,29 +449,65 @@ async fn queue_state(sys: &System) -> Option<(i64, Vec<(i64, String, String)>)> 
     Some((all, stuck))
 }
 
-/// `pepsi-queue retry --all-failed`, as the operator does for rows a killed worker held.
-fn operator_retry(sys: &System) -> String {
-    let out = std::process::Command::new(queue_tool())
-        .arg("-c")
-        .arg(&sys.config)
-        .args(["retry", "--all-failed"])
-        .env("PEPSI_HOME", &sys.home)
-        .env("DATABASE_URL", &sys.db.url)
-        .output()
-        .unwrap();
-    format!(
-        "exit {:?}: {}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).trim(),
-        String::from_utf8_lossy(&out.stderr).trim()
+/// `pepsi-failure-bouncer`, from `PEPSI_BIN_DIR` when set.
+fn failure_bouncer() -> PathBuf {
+    pepsi_testkit::programs::program(
+        "pepsi-failure-bouncer",
+        env!("CARGO_BIN_EXE_pepsi-failure-bouncer"),
     )
+}
+
+/// `pepsi-failure-bouncer` as `make run` supervises it (scripts/run.sh): started again
+/// when it exits.
+struct Bouncer {
+    child: std::process::Child,
+    restarts: usize,
+}
+
+impl Bouncer {
+    fn start(sys: &System) -> std::process::Child {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(sys.dir.path().join("failure-bouncer.log"))
+            .unwrap();
+        sys.command(&failure_bouncer()).stderr(log).spawn().unwrap()
+    }
+
+    fn tend(&mut self, sys: &System) {
+        if let Ok(Some(_)) = self.child.try_wait() {
+            self.child = Bouncer::start(sys);
+            self.restarts += 1;
+        }
+    }
+}
+
+impl Drop for Bouncer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// What the failure bouncer did (`pepsi.event_log`): (action, queue id, stage, the
+/// dispatcher's reason for the failure).
+async fn bouncer_steps(sys: &System) -> Vec<(String, i64, String, String)> {
+    sqlx::query_as(
+        "SELECT action, COALESCE(workqueue_id, 0), COALESCE(detail->>'stage', ''), \
+         COALESCE(detail->>'dispatch_error', '') \
+         FROM pepsi.event_log WHERE action LIKE 'failure.%' ORDER BY event_id",
+    )
+    .fetch_all(&sys.db.pool)
+    .await
+    .unwrap()
 }
 
 /// Issue 34's acceptance: 5,000 messages from concurrent clients while stage workers, the
 /// Maildir writer and the dispatcher are killed with SIGKILL and PostgreSQL restarts
 /// immediately (12 events over sending and draining): every accepted message is delivered
 /// exactly once to each recipient, a second copy only for one the client resent after its
-/// end of data got no 250, and nothing the clients did not send.
+/// end of data got no 250, and nothing the clients did not send; with no operator action,
+/// the failure bouncer retrying the rows killed workers held, and no row failed otherwise.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_postgres_restart() {
     let total = message_count();
@@ -478,13 +517,15 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     cluster.stop_immediately(&cluster.standby).await;
     let db = TestDb::on(&cluster.url(cluster.primary.port, "postgres")).await;
     // Short retries, so a delivery a kill made fail temporarily comes back within the run; a
-    // short ORPHAN_GRACE, so a row whose hand-back a restart lost runs again soon.
+    // short ORPHAN_GRACE, so a row whose hand-back a restart lost runs again soon; the
+    // failure bouncer retries a failed row a second after its failure (GRACE).
     let mut sys = System::with_db(
         db,
         &format!(
             "[pepsi]\nRETRY_INITIAL = 1s\nRETRY_MAX_INTERVAL = 5s\n\n\
              [pepsi-ingress]\nADMISSION_TIMEOUT = {}s\n\n\
-             [pepsi-dispatch]\nORPHAN_GRACE = 3s\n",
+             [pepsi-dispatch]\nORPHAN_GRACE = 3s\n\n\
+             [pepsi-failure-bouncer]\nGRACE = 1s\nINTERVAL = 1s\n",
             ADMISSION.as_secs()
         ),
         &["alice", "bob", "carol"],
@@ -492,6 +533,10 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     .await;
     sys.start().await;
     let mut supervisor = Supervisor::take(&mut sys);
+    let mut bouncer = Bouncer {
+        child: Bouncer::start(&sys),
+        restarts: 0,
+    };
 
     let ledger = Arc::new(Ledger::default());
     let clients: Vec<_> = (0..CLIENTS)
@@ -502,14 +547,13 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     // k fires at k / (EVENTS + 1) of it, so they spread over sending and draining.
     let mut events: Vec<Event> = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
-    let mut retries: Vec<String> = Vec::new();
-    let mut retried: BTreeMap<&str, usize> = BTreeMap::new();
     let mut next = 0usize;
     let mut pending_since: Option<Instant> = None;
     let mut drain_until: Option<Instant> = None;
     let send_until = Instant::now() + SEND_LIMIT;
     loop {
         supervisor.tend(&mut sys);
+        bouncer.tend(&sys);
         let accepted = ledger.accepted.load(Ordering::Relaxed);
         let md = sys.maildir("alice");
         let in_alice = (files(&md.join("new")).len() + files(&md.join("cur")).len()) as u64;
@@ -556,27 +600,13 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
             );
         } else {
             let until = *drain_until.get_or_insert_with(|| Instant::now() + DRAIN_LIMIT);
-            if let Some((all, stuck)) = queue_state(&sys).await {
-                // Done once the queue is empty and no event is due (an event not yet due
-                // then never will be: what is missing from the Maildirs is reported below).
-                if all == 0 && !due {
-                    break;
-                }
-                // Rows a killed worker held end failed, waiting for the operator: retry them
-                // as the operator would, once nothing else moves.
-                if all > 0 && stuck.len() as i64 == all && supervisor.pid().is_some() {
-                    for (_, _, reason) in &stuck {
-                        // a kill of the worker that held it alone fails a row by design
-                        // (docs/dispatch.md, "Recovery"); anything else is worth a look
-                        let kind = if reason.contains("killed by signal") {
-                            "held by a killed worker"
-                        } else {
-                            "other"
-                        };
-                        *retried.entry(kind).or_default() += 1;
-                    }
-                    retries.push(format!("{stuck:?}: {}", operator_retry(&sys)));
-                }
+            // Done once the queue is empty and no event is due (an event not yet due then
+            // never will be: what is missing from the Maildirs is reported below). Rows a
+            // killed worker held end failed: the failure bouncer retries them.
+            if let Some((0, _)) = queue_state(&sys).await
+                && !due
+            {
+                break;
             }
             assert!(
                 Instant::now() < until,
@@ -593,6 +623,20 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
         c.await.expect("a client failed");
     }
     let elapsed = started.elapsed();
+    let steps = bouncer_steps(&sys).await;
+    let mut retried: BTreeMap<String, usize> = BTreeMap::new();
+    for (action, _, stage, reason) in &steps {
+        // a kill of the worker that held it alone fails a row by design (docs/dispatch.md,
+        // "Recovery"); anything else is a failure the system should not have made
+        let kind = if reason.contains("killed by signal") {
+            "held by a killed worker"
+        } else {
+            "other"
+        };
+        *retried
+            .entry(format!("{action} at {stage}, {kind}"))
+            .or_default() += 1;
+    }
 
     // What the clients saw.
     let attempts = std::mem::take(&mut *ledger.attempts.lock().unwrap());
@@ -690,7 +734,7 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
          attempts: {} in all; {before} refused or cut before the end of data, \
          {at_dot_refused} refused at the end of data, {at_dot_lost} without a reply to it\n\
          events: {} ({by_kind:?}); skipped: {skipped:?}\n\
-         dispatcher: {:?}\noperator retries: {} ({retried:?})\n\
+         dispatcher: {:?}\nfailure bouncer: {} steps ({retried:?}), restarted {} times\n\
          delivered copies: {copies}; missing: {}; duplicates explained by a resend: {}; \
          duplicates NOT explained: {} (extra copies by the event that cut their delivery \
          short: {causes:?}); copies of unknown messages: {}; tmp/ leftovers: \
@@ -699,7 +743,8 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
         attempts.values().map(Vec::len).sum::<usize>(),
         events.len(),
         supervisor.restarts,
-        retries.len(),
+        steps.len(),
+        bouncer.restarts,
         missing.len(),
         explained.len(),
         unexplained.len(),
@@ -712,8 +757,8 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     for (reason, n) in &reasons {
         eprintln!("  refused x{n}: {reason}");
     }
-    for r in &retries {
-        eprintln!("  operator retry: {r}");
+    for (action, id, stage, reason) in &steps {
+        eprintln!("  failure bouncer: {action} #{id} at {stage}: {reason}");
     }
     for line in explained.iter().chain(&unexplained) {
         eprintln!("  duplicate: {line}");
@@ -745,6 +790,17 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     assert!(
         strangers.is_empty(),
         "copies nobody sent there: {strangers:?}"
+    );
+    let unexpected: Vec<_> = steps
+        .iter()
+        .filter(|(action, _, _, reason)| {
+            action != "failure.retry" || !reason.contains("killed by signal")
+        })
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "rows failed other than by a killed worker, or not simply retried: {unexpected:?}\n{}",
+        sys.log("failure-bouncer.log")
     );
     assert!(
         dsns.is_empty(),
