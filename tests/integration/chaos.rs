@@ -624,6 +624,17 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     }
     let elapsed = started.elapsed();
     let steps = bouncer_steps(&sys).await;
+    let bouncer_log = sys.log("failure-bouncer.log");
+    let bouncer_started = bouncer_log.contains("started");
+    let bouncer_failed_passes = bouncer_log.matches("pass failed").count();
+    // Answers the dispatcher no longer fails a row for (docs/dispatch.md, "Recovery").
+    let dispatch_log = sys.log("dispatch.log");
+    let left_to_holder = dispatch_log
+        .matches("another worker holds the message: left to it")
+        .count();
+    let misplaced_returned = dispatch_log
+        .matches("the message was not where its worker was handed it")
+        .count();
     let mut retried: BTreeMap<String, usize> = BTreeMap::new();
     for (action, _, stage, reason) in &steps {
         // a kill of the worker that held it alone fails a row by design (docs/dispatch.md,
@@ -734,7 +745,10 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
          attempts: {} in all; {before} refused or cut before the end of data, \
          {at_dot_refused} refused at the end of data, {at_dot_lost} without a reply to it\n\
          events: {} ({by_kind:?}); skipped: {skipped:?}\n\
-         dispatcher: {:?}\nfailure bouncer: {} steps ({retried:?}), restarted {} times\n\
+         dispatcher: {:?}\nfailure bouncer: {} steps ({retried:?}), restarted {} times, passes failed (database \
+         down) {bouncer_failed_passes}\n\
+         rows not failed for an answer not theirs: {left_to_holder} left to the worker holding \
+         them, {misplaced_returned} misplaced ones returned to pending\n\
          delivered copies: {copies}; missing: {}; duplicates explained by a resend: {}; \
          duplicates NOT explained: {} (extra copies by the event that cut their delivery \
          short: {causes:?}); copies of unknown messages: {}; tmp/ leftovers: \
@@ -790,6 +804,10 @@ async fn every_accepted_message_is_delivered_exactly_once_through_kills_and_a_po
     assert!(
         strangers.is_empty(),
         "copies nobody sent there: {strangers:?}"
+    );
+    assert!(
+        bouncer_started,
+        "the failure bouncer did not start: {bouncer_log}"
     );
     let unexpected: Vec<_> = steps
         .iter()
