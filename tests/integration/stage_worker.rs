@@ -112,6 +112,37 @@ async fn bad_ids_get_a_nonzero_status_the_row_stays_and_the_worker_goes_on() {
     assert_eq!(exists(&db, good).await, None);
 }
 
+/// A row not as the dispatcher handed it (pending, at a stage of another program: what a
+/// PostgreSQL crash that lost a claim or a handed-forward advance leaves; or gone) is
+/// answered `"misplaced":true`, so the dispatcher returns it rather than failing it; a bad
+/// id is not.
+#[tokio::test]
+async fn a_row_not_as_handed_is_answered_misplaced_and_a_bad_id_is_not() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let pending = message(&db, None).await;
+    let foreign = message(&db, Some("relay")).await;
+    let input = format!("abc\n{pending}\n{foreign}\n987654321\n");
+    let lines = tokio::task::spawn_blocking(move || worker(&cfg, input))
+        .await
+        .unwrap();
+    let misplaced: Vec<serde_json::Value> = lines
+        .iter()
+        .map(|l| serde_json::from_str::<serde_json::Value>(&l[2..]).unwrap()["misplaced"].clone())
+        .collect();
+    assert_eq!(
+        misplaced,
+        vec![
+            serde_json::Value::Null,
+            serde_json::Value::Bool(true),
+            serde_json::Value::Bool(true),
+            serde_json::Value::Bool(true)
+        ],
+        "{lines:?}"
+    );
+}
+
 #[tokio::test]
 async fn two_workers_on_different_rows_at_once_do_not_interfere() {
     let db = TestDb::new().await;
