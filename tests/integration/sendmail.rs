@@ -217,6 +217,51 @@ async fn a_plain_message_is_queued_as_a_local_submission() {
     assert!(h.spool_files().is_empty());
 }
 
+/// Security review 2026-12-04 #12: a local user cannot hand a mailbox a forged
+/// `X-Pepsi-Decrypted` through sendmail, which does not pass the ingress's STRIP_FIELDS.
+#[tokio::test]
+async fn security_review_12_a_forged_decryption_result_field_is_removed_from_local_submissions() {
+    let h = Harness::new().await;
+    h.ok(
+        &["bob@example.org"],
+        b"X-Pepsi-Decrypted: openpgp; key=0xDEADBEEF;\n signature=good\n\
+          Subject: pay this\n\
+          x-pepsi-decrypted: smime; signature=good\n\
+          X-Pepsi-Decrypted-Note: another field, kept\n\
+          \n\
+          X-Pepsi-Decrypted: in the body, kept\n",
+    );
+    let (_, _, headers, body, _) = h.only_row().await;
+    assert!(
+        !headers.to_ascii_lowercase().contains("x-pepsi-decrypted:")
+            && !headers.to_ascii_lowercase().contains("x-pepsi-decrypted :")
+            && !headers.contains("signature=good"),
+        "a forged decryption result was queued: {headers}"
+    );
+    assert_eq!(
+        field(&headers, "Subject"),
+        ["Subject: pay this"],
+        "{headers}"
+    );
+    assert_eq!(
+        field(&headers, "X-Pepsi-Decrypted-Note"),
+        ["X-Pepsi-Decrypted-Note: another field, kept"],
+        "{headers}\n\n{body}"
+    );
+    assert_eq!(body, "X-Pepsi-Decrypted: in the body, kept\r\n");
+
+    // The function itself strips it, so calling it without the program changes nothing.
+    let stripped: Vec<u8> = sqlx::query_scalar("SELECT pepsi.strip_decrypt_result($1)")
+        .bind(
+            b"X-Pepsi-Decrypted: a\r\nX-PEPSI-DECRYPTED : b\r\n\tc\r\nSubject: \\ \xff\r\n"
+                .to_vec(),
+        )
+        .fetch_one(&h.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stripped, b"Subject: \\ \xff\r\n".to_vec());
+}
+
 #[tokio::test]
 async fn minus_t_reads_the_recipients_and_removes_bcc() {
     let h = Harness::new().await;

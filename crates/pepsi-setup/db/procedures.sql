@@ -1246,7 +1246,34 @@ BEGIN
             RETURN NULL;
         END IF;
     END IF;
-    RETURN pepsi.workqueue_add(p_mail_from, p_rcpt_to, p_headers, p_body, v_state, NULL, NULL);
+    RETURN pepsi.workqueue_add(p_mail_from, p_rcpt_to, pepsi.strip_decrypt_result(p_headers), p_body,
+                               v_state, NULL, NULL);
+END
+$$;
+
+-- A header block without its X-Pepsi-Decrypted fields (continuation lines included): only
+-- pepsi-stage-decrypt writes that field, and a message entering other than through the
+-- ingress (which strips it with STRIP_FIELDS) must not carry a forged one to a mailbox on a
+-- path without the decrypt stage (security review 2026-12-04 #12). The block is handled as
+-- the escape encoding's ASCII text, so any bytes survive unchanged; the loop takes adjacent
+-- fields one per round, as each match consumes the line end the next one starts after.
+CREATE OR REPLACE FUNCTION pepsi.strip_decrypt_result(p_headers bytea)
+RETURNS bytea LANGUAGE plpgsql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+DECLARE
+    v_field constant text := '(^|\n)x-pepsi-decrypted[ \t]*:[^\n]*\n([ \t][^\n]*\n)*';
+    v_text text;
+BEGIN
+    IF p_headers IS NULL THEN
+        RETURN NULL;
+    END IF;
+    v_text := encode(p_headers, 'escape');
+    IF v_text !~* v_field THEN
+        RETURN p_headers;
+    END IF;
+    WHILE v_text ~* v_field LOOP
+        v_text := regexp_replace(v_text, v_field, '\1', 'gi');
+    END LOOP;
+    RETURN decode(v_text, 'escape');
 END
 $$;
 
