@@ -373,14 +373,16 @@ async fn token_revoke(
 }
 
 /// The pool of `CONFIG_DATABASE_URL`, connected on first use: pepsi-httpd serves while the
-/// pepsi-config role cannot connect, and only an override write finds out.
-fn config_pool(settings: &HttpdSettings) -> anyhow::Result<Option<sqlx::PgPool>> {
+/// pepsi-config role cannot connect, and only an override write finds out. A URL that names
+/// no host is pinned to `[database] SOCKET_DIR`, as every program's `[database] URL` is.
+fn config_pool(
+    settings: &HttpdSettings,
+    socket_dir: &std::path::Path,
+) -> anyhow::Result<Option<sqlx::PgPool>> {
     let Some(url) = &settings.config_database_url else {
         return Ok(None);
     };
-    let options: sqlx::postgres::PgConnectOptions = url
-        .0
-        .parse()
+    let options = pepsi_common::db::pinned_options(&url.0, socket_dir)
         .context("[pepsi-httpd] CONFIG_DATABASE_URL is not a PostgreSQL URL")?;
     Ok(Some(
         sqlx::postgres::PgPoolOptions::new()
@@ -398,7 +400,7 @@ async fn serve(
     let bound = server::bind(&settings)?;
     server::drop_privileges(&settings)?;
     let pool = pepsi_common::db::connect(&cfg).await?;
-    let config_pool = config_pool(&settings)?;
+    let config_pool = config_pool(&settings, &pepsi_common::db::socket_dir(&cfg)?)?;
     let scheme = if settings.tls.is_some() {
         "https"
     } else {
