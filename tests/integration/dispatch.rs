@@ -94,6 +94,32 @@ impl Harness {
             .unwrap()
     }
 
+    /// Starts the dispatcher (its log in `log`), waits until each of the `rows` rows reached
+    /// `done` or ended failed or timed out, and stops it, which must end cleanly.
+    async fn run_until_settled(&self, log: &str, rows: i64) {
+        let mut d = self.start(log);
+        self.wait_for(
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' OR status IN ('failed', 'timeout')",
+            rows,
+            Duration::from_secs(30),
+            &mut d,
+        )
+        .await;
+        assert!(stop(d).success(), "{}", self.log(log));
+    }
+
+    /// Each row's stage, status, passes per stage and whether the dispatcher recorded an
+    /// error on it, in id order.
+    async fn outcomes(&self) -> Vec<(String, String, Value, bool)> {
+        sqlx::query_as(
+            "SELECT stage, status::text, state->'passes', state ? 'dispatch_error' \
+             FROM pepsi.workqueue ORDER BY workqueue_id",
+        )
+        .fetch_all(&self.db.pool)
+        .await
+        .unwrap()
+    }
+
     /// Polls `sql` (a count) until it reaches `want`, failing after `limit`.
     pub(crate) async fn wait_for(&self, sql: &str, want: i64, limit: Duration, child: &mut Child) {
         support::wait_for_count(&self.db.pool, sql, want, limit, child, String::new).await
@@ -1170,12 +1196,7 @@ async fn a_worker_dying_after_handing_its_row_forward_does_not_fail_the_message(
     )
     .await;
     assert!(stop(d).success(), "{}", h.log("dispatch.log"));
-    let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
-        "SELECT stage, status::text, state->'passes', state ? 'dispatch_error' FROM pepsi.workqueue",
-    )
-    .fetch_all(&h.db.pool)
-    .await
-    .unwrap();
+    let rows = h.outcomes().await;
     assert_eq!(
         rows,
         vec![(
@@ -1318,15 +1339,7 @@ async fn a_lost_claims_answer_does_not_fail_the_row_another_worker_holds() {
                   [stage-b]\nPROGRAM = test\nNEXT_STAGE = done\nACTION = lose-claim-once\nDELAY = 1s\nPARALLELISM = 2\nQUEUE_LIMIT = 1\n";
     let h = Harness::new(stages, "").await;
     h.add(1, "s", serde_json::json!({})).await;
-    let mut d = h.start("dispatch.log");
-    h.wait_for(
-        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' OR status IN ('failed', 'timeout')",
-        1,
-        Duration::from_secs(30),
-        &mut d,
-    )
-    .await;
-    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    h.run_until_settled("dispatch.log", 1).await;
     let rows: Vec<(String, String, Value, bool, bool)> = sqlx::query_as(
         "SELECT stage, status::text, state->'passes', state ? 'claim_lost', state ? 'dispatch_error' \
          FROM pepsi.workqueue",
@@ -1401,21 +1414,8 @@ async fn a_row_whose_handed_advance_was_lost_runs_again_at_its_stored_stage_not_
     );
     let h = Harness::new(&stages, "").await;
     h.add(1, "s", serde_json::json!({})).await;
-    let mut d = h.start("dispatch.log");
-    h.wait_for(
-        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done' OR status IN ('failed', 'timeout')",
-        1,
-        Duration::from_secs(30),
-        &mut d,
-    )
-    .await;
-    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
-    let rows: Vec<(String, String, Value, bool)> = sqlx::query_as(
-        "SELECT stage, status::text, state->'passes', state ? 'dispatch_error' FROM pepsi.workqueue",
-    )
-    .fetch_all(&h.db.pool)
-    .await
-    .unwrap();
+    h.run_until_settled("dispatch.log", 1).await;
+    let rows = h.outcomes().await;
     // init ran twice: once before the lost advance, once from the stage the database had.
     assert_eq!(
         rows,
