@@ -557,6 +557,18 @@ pub fn confine(root: &Path, mailbox: &Path) -> Result<Found, Reply> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 let mut missing = vec![name];
                 missing.extend(pending);
+                // What is made must be below what was walked: `..` or `.` from a trusted
+                // link's target would otherwise be followed by the directories made for it,
+                // which `inside` (comparing components) cannot see.
+                if missing
+                    .iter()
+                    .any(|n| n == OsStr::new("..") || n == OsStr::new("."))
+                {
+                    return Err(escape(&format!(
+                        "a link leads through {}, which does not exist, to a . or .. component",
+                        at.join(&missing[0]).display()
+                    )));
+                }
                 let mut path = at.clone();
                 path.extend(&missing);
                 inside(&path)?;
@@ -817,6 +829,9 @@ mod tests {
         let outside = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path(), root.join("evil")).unwrap();
         std::os::unix::fs::symlink(root.join("alice"), root.join("alias")).unwrap();
+        // A trusted link whose target climbs out through a directory that does not exist:
+        // what `--create` would make must not follow the `..`.
+        std::os::unix::fs::symlink(root.join("gone/../../escaped"), root.join("climb")).unwrap();
         let r = |s: &str| root.join(s);
         let cases: Vec<(PathBuf, Result<PathBuf, &str>)> = vec![
             (r("alice/Maildir"), Ok(r("alice/Maildir"))),
@@ -825,6 +840,10 @@ mod tests {
             (r("alice/../../etc"), Err(". or .. component")),
             (r("./alice"), Err(". or .. component")),
             (r("evil/Maildir"), Err("it resolves to")),
+            (
+                r("climb/Maildir"),
+                Err("does not exist, to a . or .. component"),
+            ),
             (PathBuf::from("/etc/Maildir"), Err("it resolves to")),
             (PathBuf::from("alice/Maildir"), Err("not an absolute path")),
             (root.clone(), Err("the root itself")),
