@@ -174,8 +174,8 @@ impl Dir {
 
     /// The subdirectory `name`, readable; a symbolic link is refused (`ELOOP`), a file too
     /// (`ENOTDIR`).
-    pub fn open_dir(&self, name: &str) -> io::Result<Dir> {
-        self.openat(OsStr::new(name), libc::O_RDONLY | libc::O_DIRECTORY, 0)
+    pub fn open_dir(&self, name: impl AsRef<OsStr>) -> io::Result<Dir> {
+        self.openat(name.as_ref(), libc::O_RDONLY | libc::O_DIRECTORY, 0)
             .map(Dir)
     }
 

@@ -117,7 +117,8 @@ pub fn scan(maildir: &Dir) -> io::Result<Usage> {
         if !is_dir {
             continue;
         }
-        match maildir.open_dir(&text) {
+        // By its own bytes: a folder whose name is not UTF-8 counts too.
+        match maildir.open_dir(&name) {
             Ok(d) => folders.push(d),
             // Removed by a reader meanwhile, or a link: not part of this Maildir.
             Err(e)
@@ -280,6 +281,29 @@ mod tests {
         assert!(!lim.fits(u(90, 2), 11));
         assert!(!lim.fits(u(0, 3), 1));
         assert!(l(None, None).fits(u(u64::MAX, u64::MAX), 1));
+    }
+
+    /// A Maildir++ folder is counted by its own bytes: one whose name is not UTF-8 is no
+    /// smaller than its neighbours.
+    #[test]
+    fn a_folder_whose_name_is_not_utf8_counts() {
+        use std::os::unix::ffi::OsStrExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let md = dir.path();
+        let folder = md.join(std::ffi::OsStr::from_bytes(b".Caf\xe9"));
+        for sub in ["tmp", "new", "cur"] {
+            fs::create_dir_all(md.join(sub)).unwrap();
+            fs::create_dir_all(folder.join(sub)).unwrap();
+        }
+        fs::write(folder.join("cur/5.M1P1Q1.h,S=11:2,S"), b"").unwrap();
+        let usage = scan(&Dir::open(md).unwrap()).unwrap();
+        assert_eq!(
+            usage,
+            Usage {
+                bytes: 11,
+                messages: 1
+            }
+        );
     }
 
     #[test]
