@@ -1017,6 +1017,53 @@ async fn a_redone_delivery_finishes_its_copy_in_tmp_and_writes_none_when_one_is_
     assert_eq!(files(&md("carol").join("cur")), vec![moved]);
 }
 
+/// Two workers on one row (a claim PostgreSQL lost in a crash, handed out again): the second
+/// writer finds the first one's partial copy in tmp/ still being written (locked) and leaves
+/// it alone with a temporary failure, instead of removing it and racing it to new/, which
+/// could publish a half-written file; once the first writer is gone, the retry rewrites it.
+#[tokio::test]
+async fn a_keyed_copy_still_being_written_by_another_writer_is_left_to_it() {
+    use std::os::fd::AsRawFd as _;
+    let db = TestDb::new().await;
+    let s = setup(&db, &["alice"]);
+    let host = writer_host();
+    let a = message(&db, "local", &["alice@example.test"]).await;
+    let tmp = s.root.join("alice/Maildir/tmp");
+    let new = s.root.join("alice/Maildir/new");
+    let copy = expected_copy("alice@example.test");
+    let name = keyed_name(&db, a, "alice@example.test", &host, copy.len()).await;
+    std::fs::write(tmp.join(&name), &copy[..copy.len() / 2]).unwrap();
+    // The other writer, alive: its file open and locked.
+    let other = std::fs::File::open(tmp.join(&name)).unwrap();
+    // SAFETY: the fd is open; flock has no memory effects.
+    assert_eq!(
+        unsafe { libc::flock(other.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+        0
+    );
+
+    let lines = worker(&s, &[a]).await;
+    assert_ne!(lines, vec![r#"0 {"finished":true}"#], "{lines:?}");
+    assert_eq!(rows(&db).await.len(), 1, "the row waits: {lines:?}");
+    assert!(
+        files(&new).is_empty(),
+        "nothing published beside the writer at work"
+    );
+    assert_eq!(
+        std::fs::read(tmp.join(&name)).unwrap(),
+        &copy[..copy.len() / 2],
+        "the other writer's file is untouched"
+    );
+
+    // The other writer died: its lock went with it.
+    drop(other);
+    support::claim(&db.pool, a, "local").await;
+    let lines = worker(&s, &[a]).await;
+    assert_eq!(lines, vec![r#"0 {"finished":true}"#]);
+    assert_eq!(files(&new), vec![new.join(&name)]);
+    assert_eq!(std::fs::read(new.join(&name)).unwrap(), copy);
+    assert!(files(&tmp).is_empty());
+}
+
 /// Security review 2026-12-04 #6: a mailbox owner (nobody) who keeps swapping their Maildir
 /// for a link to another user's Maildir while deliveries run gets nothing written there
 /// (before the fix, the owner was looked up through the swapped path and the write went

@@ -23,6 +23,9 @@ pub struct Stat {
     pub size: u64,
     /// Modification time, seconds since the epoch.
     pub mtime: i64,
+    /// The device and inode: which file this is, whatever its name.
+    pub dev: u64,
+    pub ino: u64,
 }
 
 impl Stat {
@@ -33,6 +36,8 @@ impl Stat {
             mode: st.st_mode,
             size: st.st_size as u64,
             mtime: st.st_mtime,
+            dev: st.st_dev,
+            ino: st.st_ino,
         }
     }
 
@@ -205,6 +210,13 @@ impl Dir {
         Ok(f)
     }
 
+    /// Whether the entry `name` is the very file `file` is open on (not followed).
+    pub fn holds(&self, name: &str, file: &File) -> io::Result<bool> {
+        let here = self.stat_at(OsStr::new(name))?;
+        let open = Stat::of_file(file)?;
+        Ok((here.dev, here.ino) == (open.dev, open.ino))
+    }
+
     /// Opens the existing regular file `name` to append to it.
     pub fn append_file(&self, name: &str) -> io::Result<File> {
         let f = File::from(self.openat(
@@ -361,5 +373,22 @@ impl Dir {
 impl AsRawFd for Dir {
     fn as_raw_fd(&self) -> libc::c_int {
         self.0.as_raw_fd()
+    }
+}
+
+/// Takes an exclusive `flock` on `file` without waiting: false while another open file holds
+/// one. A keyed delivery's file in `tmp/` is locked by the writer writing it, for as long as
+/// it lives, so a second writer of the same delivery (two workers on one row after a lost
+/// claim) never removes, completes or renames a file still being written.
+pub fn try_lock(file: &File) -> io::Result<bool> {
+    // SAFETY: the fd is open for the call; flock has no memory effects.
+    if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(true);
+    }
+    let e = io::Error::last_os_error();
+    if e.raw_os_error() == Some(libc::EWOULDBLOCK) {
+        Ok(false)
+    } else {
+        Err(e)
     }
 }

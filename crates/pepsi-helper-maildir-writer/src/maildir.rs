@@ -21,11 +21,12 @@
 
 use std::collections::VecDeque;
 use std::ffi::{OsStr, OsString};
+use std::fs::File;
 use std::io::{self, Read, Write};
 use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use crate::fsat::{Dir, Stat};
+use crate::fsat::{self, Dir, Stat};
 use crate::privilege::{self, Identity};
 use crate::protocol::{self, DirSync, Reply, Request, UsageRequest};
 use crate::quota;
@@ -215,7 +216,7 @@ impl Writer {
         let content = [headers.as_slice(), req.message.as_slice()];
         let written = match &keyed {
             Some(prefix) => finish_or_clear(&md.tmp, prefix, &name, &content),
-            None => Ok(false),
+            None => Ok(None),
         }
         .map_err(|(op, path, e)| (op, mailbox.join("tmp").join(path), e))
         .and_then(|complete| write_into(&md, &mailbox, &name, &content, complete));
@@ -418,18 +419,55 @@ fn find(dir: &Dir, prefix: &str) -> io::Result<Option<String>> {
 }
 
 /// Before a keyed write: whether `tmp/<name>` holds the complete copy already (written by
-/// an attempt that died before its rename: it is then only synced and renamed). Every
-/// other file of this delivery in `tmp/` (partial, or another size or host) is removed.
-fn finish_or_clear(tmp: &Dir, prefix: &str, name: &str, content: &[&[u8]]) -> Result<bool, Failed> {
-    let mut complete = false;
+/// an attempt that died before its rename: it is then only synced and renamed, through the
+/// file returned, locked). Every other file of this delivery in `tmp/` (partial, or another
+/// size or host) is removed. A file another writer still holds locked (the same delivery
+/// under way in a second worker) is left alone and the attempt fails, to be retried.
+fn finish_or_clear(
+    tmp: &Dir,
+    prefix: &str,
+    name: &str,
+    content: &[&[u8]],
+) -> Result<Option<File>, Failed> {
+    let mut complete = None;
     let entries = tmp.entries().map_err(|e| ("reading", PathBuf::new(), e))?;
     for (entry, _) in entries {
         let entry = entry.to_string_lossy().into_owned();
         if !entry.starts_with(prefix) {
             continue;
         }
-        if entry == name && same_content(tmp, name, content).unwrap_or(false) {
-            complete = true;
+        let file = match tmp.open_file(&entry) {
+            Ok(f) => Some(f),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            // Not a regular file: nothing writes it, it only goes.
+            Err(_) => None,
+        };
+        if let Some(f) = &file {
+            match fsat::try_lock(f) {
+                Ok(true) => {}
+                Ok(false) => {
+                    return Err((
+                        "waiting for",
+                        PathBuf::from(&entry),
+                        io::Error::new(
+                            io::ErrorKind::WouldBlock,
+                            "another delivery of this message is writing it",
+                        ),
+                    ));
+                }
+                Err(e) => return Err(("locking", PathBuf::from(&entry), e)),
+            }
+            // Locked: no live writer has it, and the name may have changed hands meanwhile.
+            if !tmp.holds(&entry, f).unwrap_or(false) {
+                continue;
+            }
+        }
+        if complete.is_none()
+            && entry == name
+            && file.is_some()
+            && same_content(tmp, name, content).unwrap_or(false)
+        {
+            complete = file;
             continue;
         }
         match tmp.unlink(&entry) {
@@ -679,39 +717,58 @@ fn write_into(
     mailbox: &Path,
     name: &str,
     content: &[&[u8]],
-    complete: bool,
+    complete: Option<File>,
 ) -> Result<(), Failed> {
     let tmp = mailbox.join("tmp").join(name);
-    let written = if complete {
-        md.tmp
-            .open_file(name)
-            .and_then(|f| f.sync_all())
-            .map_err(|e| ("syncing", tmp.clone(), e))
-    } else {
-        let created = md
+    // The file stays open (and locked, for a keyed delivery) until after its rename.
+    let written = match complete {
+        Some(file) => file
+            .sync_all()
+            .map(|_| file)
+            .map_err(|e| ("syncing", tmp.clone(), e)),
+        None => md
             .tmp
             .create_file(name, 0o600)
-            .map_err(|e| ("creating", tmp.clone(), e));
-        created.and_then(|mut file| {
-            content
-                .iter()
-                .try_for_each(|part| file.write_all(part))
-                .and_then(|_| file.sync_all())
-                .map_err(|e| ("writing", tmp.clone(), e))
-        })
+            .map_err(|e| ("creating", tmp.clone(), e))
+            .and_then(|file| lock_own(&md.tmp, name, file, &tmp))
+            .and_then(|mut file| {
+                content
+                    .iter()
+                    .try_for_each(|part| file.write_all(part))
+                    .and_then(|_| file.sync_all())
+                    .map(|_| file)
+                    .map_err(|e| ("writing", tmp.clone(), e))
+            }),
     };
-    let moved = written.and_then(|_| {
+    let moved = written.and_then(|file| {
         md.tmp
             .rename(name, &md.new, name)
+            .map(|_| drop(file))
             .map_err(|e| ("renaming into", mailbox.join("new"), e))
     });
     if let Err(e) = moved {
-        if e.0 != "creating" {
+        // A file this attempt did not make, or no longer holds, is not its to remove.
+        if !matches!(e.0, "creating" | "locking") {
             let _ = md.tmp.unlink(name);
         }
         return Err(e);
     }
     Ok(())
+}
+
+/// Locks the file this attempt just made in `tmp/` and checks the name is still that file: a
+/// second writer of the same delivery that removed it in the instant between its creation and
+/// the lock has made its own, which this attempt must not rename.
+fn lock_own(dir: &Dir, name: &str, file: File, path: &Path) -> Result<File, Failed> {
+    let locking = |e| ("locking", path.to_path_buf(), e);
+    let taken = fsat::try_lock(&file).map_err(locking)?;
+    if !taken || !dir.holds(name, &file).unwrap_or(false) {
+        return Err(locking(io::Error::new(
+            io::ErrorKind::WouldBlock,
+            "another delivery of this message is writing it",
+        )));
+    }
+    Ok(file)
 }
 
 /// Maps an I/O failure to a reply: a full disk, I/O errors and permission problems are
