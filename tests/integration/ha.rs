@@ -452,6 +452,17 @@ async fn a_worker_ends_a_pass_past_max_runtime_itself_when_no_dispatcher_stops_i
         &mut a,
     )
     .await;
+    // The row is claimed before its id reaches the worker: stopped in between, the
+    // dispatcher would leave an idle worker with no pass to outlive. The pass has begun once
+    // the worker loaded the row.
+    h.wait_for(
+        "SELECT count(*) FROM pg_stat_activity WHERE pid <> pg_backend_pid() \
+         AND datname = current_database() AND query LIKE '%WHERE w.workqueue_id = $1%'",
+        1,
+        Duration::from_secs(30),
+        &mut a,
+    )
+    .await;
     let worker = workers_of(&h, a.id(), 1).await[0];
     signal(&a, "-STOP");
     let until = Instant::now() + Duration::from_secs(20);
