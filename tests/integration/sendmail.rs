@@ -68,11 +68,17 @@ impl Harness {
     }
 
     fn run_with(&self, config: &str, args: &[&str], input: &[u8]) -> Run {
+        self.run_in_env(config, &[], args, input)
+    }
+
+    /// `run_with`, with `env` added to the program's environment.
+    fn run_in_env(&self, config: &str, env: &[(&str, &str)], args: &[&str], input: &[u8]) -> Run {
         let mut child = Command::new(SENDMAIL)
             .arg("-C")
             .arg(self.dir.path().join(config))
             .args(args)
             .env_remove("PEPSI_CONFIG")
+            .envs(env.iter().copied())
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -549,26 +555,15 @@ async fn security_review_3_sendmail_never_connects_to_a_socket_a_user_put_in_tmp
         std::fs::write(h.dir.path().join(name), text).unwrap();
         // PGPORT makes the library's own search (the old behaviour) find the fake socket
         // for this port in /tmp, as it finds /tmp/.s.PGSQL.5432 while the server is down.
-        let mut child = Command::new(SENDMAIL)
-            .arg("-C")
-            .arg(h.dir.path().join(name))
-            .args(["-v", "ops@example.org"])
-            .env_remove("PEPSI_CONFIG")
-            .env("PGPORT", port.to_string())
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(b"Subject: secret\n\nfor ops only\n")
-            .unwrap();
-        let out = child.wait_with_output().unwrap();
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(0), "{name}: {stderr}");
+        let pgport = port.to_string();
+        let r = h.run_in_env(
+            name,
+            &[("PGPORT", &pgport)],
+            &["-v", "ops@example.org"],
+            b"Subject: secret\n\nfor ops only\n",
+        );
+        let stderr = &r.stderr;
+        assert_eq!(r.code, 0, "{name}: {stderr}");
         assert!(stderr.contains("drop directory"), "{name}: {stderr}");
         assert_eq!(h.spool_files().len(), i + 1, "{name}: {stderr}");
         match fake.accept() {
