@@ -241,10 +241,12 @@ pub fn statement_timeout(cfg: &Config) -> anyhow::Result<Option<Duration>> {
 /// Runs `op` (database work that the server bounds with `statement_timeout`), giving up on
 /// the client side `CLIENT_TIMEOUT_GRACE` after `limit`: a server that never answers (a
 /// primary gone silent, a network that drops everything) cannot hold the caller. The error is
-/// an I/O timeout, which every caller treats as a temporary failure.
-pub async fn bounded<T, F>(limit: Option<Duration>, op: F) -> Result<T, sqlx::Error>
+/// an I/O timeout (in the caller's error type), which every caller treats as a temporary
+/// failure.
+pub async fn bounded<T, E, F>(limit: Option<Duration>, op: F) -> Result<T, E>
 where
-    F: Future<Output = Result<T, sqlx::Error>>,
+    E: From<sqlx::Error>,
+    F: Future<Output = Result<T, E>>,
 {
     let Some(limit) = limit else {
         return op.await;
@@ -252,12 +254,12 @@ where
     let total = limit + CLIENT_TIMEOUT_GRACE;
     match tokio::time::timeout(total, op).await {
         Ok(result) => result,
-        Err(_) => Err(sqlx::Error::Io(std::io::Error::new(
+        Err(_) => Err(E::from(sqlx::Error::Io(std::io::Error::new(
             std::io::ErrorKind::TimedOut,
             format!(
                 "the database did not answer within {total:?} ([database] STATEMENT_TIMEOUT {limit:?} and {CLIENT_TIMEOUT_GRACE:?})"
             ),
-        ))),
+        )))),
     }
 }
 

@@ -282,7 +282,7 @@ impl<'a> Worker<'a> {
         })
     }
 
-    /// `op`, given up on the client side `CLIENT_TIMEOUT_GRACE` after STATEMENT_TIMEOUT: a
+    /// `op`, given up on the client side shortly after STATEMENT_TIMEOUT (`db::bounded`): a
     /// database that never answers makes the pass a temporary failure (the row is retried),
     /// not a worker held forever. The server cancels a statement at STATEMENT_TIMEOUT itself
     /// when it still answers (a connection option of every pass's session).
@@ -290,17 +290,7 @@ impl<'a> Worker<'a> {
         &self,
         op: impl std::future::Future<Output = Result<T, StageError>>,
     ) -> Result<T, StageError> {
-        let Some(limit) = self.statement_timeout else {
-            return op.await;
-        };
-        let total = limit + crate::db::CLIENT_TIMEOUT_GRACE;
-        tokio::time::timeout(total, op).await.unwrap_or_else(|_| {
-            Err(StageError::Temporary(format!(
-                "the database did not answer within {total:?} ([database] STATEMENT_TIMEOUT \
-                 {limit:?} and {:?})",
-                crate::db::CLIENT_TIMEOUT_GRACE
-            )))
-        })
+        crate::db::bounded(self.statement_timeout, op).await
     }
 
     /// One pass over row `id`: load, process (and fuse), commit. When a step fails nothing
