@@ -746,11 +746,27 @@ async fn a_program_that_cannot_start_is_held_off_and_logged_once() {
         1,
         "{log}"
     );
-    assert_eq!(
-        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'init' AND status = 'pending'")
-            .await,
-        1
-    );
+    // Every SPAWN_COOLDOWN the dispatcher claims the row again, fails to start the program
+    // and hands the row back: between the two it is `running`. It must come back to pending
+    // at `init` each time, never fail and never move on.
+    let until = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (stage, status): (String, String) = sqlx::query_as(
+            "SELECT stage, status::text FROM pepsi.workqueue WHERE workqueue_id = (SELECT max(workqueue_id) FROM pepsi.workqueue)",
+        )
+        .fetch_one(&h.db.pool)
+        .await
+        .unwrap();
+        assert!(
+            stage == "init" && matches!(status.as_str(), "pending" | "running"),
+            "the held-off row ended at {stage}/{status}"
+        );
+        if status == "pending" {
+            break;
+        }
+        assert!(Instant::now() < until, "the held-off row stayed running");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     assert!(stop(d).success());
 }
 
