@@ -1,13 +1,17 @@
-//! Acting as another account: a scoped switch of the effective uid, gid and supplementary
-//! groups, taken only when the process runs with effective uid 0. The setuid-root helpers
-//! (the Maildir writer, which writes as the mailbox owner, and the `.forward` reader, which
-//! reads as the account) use it; nothing else may.
+//! What a program started through a set-id bit needs: the start (`scrub_if_setuid`,
+//! `refuse_borrowed_group`, the caller check), the password-database lookups, dropping to
+//! the real ids before running another program (`pepsi-whitelist`), and acting as another
+//! account: a scoped switch of the effective uid, gid and supplementary groups
+//! (`switch_to`), taken only when the process runs with effective uid 0. The switch is the
+//! setuid-root helpers' alone (the Maildir writer, which writes as the mailbox owner, and
+//! the `.forward` reader, which reads as the account); `stage::main` uses the start for a
+//! stage installed with a bit.
 //!
-//! Its callers are single-threaded, so the effective ids are the whole process's. Root stays
-//! the saved uid during a switch (that is what lets the guard switch back); the owner cannot
-//! signal or trace the process meanwhile, because its real uid is the caller's and a setuid
-//! process is not dumpable. If switching back fails the process aborts: it must never go on
-//! with an identity it did not choose.
+//! The switch's callers are single-threaded, so the effective ids are the whole process's.
+//! Root stays the saved uid during a switch (that is what lets the guard switch back); the
+//! owner cannot signal or trace the process meanwhile, because its real uid is the caller's
+//! and a setuid process is not dumpable. If switching back fails the process aborts: it must
+//! never go on with an identity it did not choose.
 
 use std::ffi::{CStr, CString};
 use std::io;
