@@ -57,6 +57,7 @@ mod stage_vacation;
 mod stage_whitelist;
 mod stage_worker;
 mod status;
+mod structure;
 mod system_delivery;
 mod system_remote;
 mod unibin;
