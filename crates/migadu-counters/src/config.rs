@@ -4,6 +4,7 @@
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
+use ipnet::IpNet;
 use serde::Deserialize;
 
 /// Where the daemon and counterctl look when `-config` is not given, in order.
@@ -145,47 +146,21 @@ impl Default for NotifyConfig {
     }
 }
 
-/// An IPv4 or IPv6 network.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Cidr {
-    pub net: IpAddr,
-    pub prefix: u8,
+/// An `allowed_cidrs` entry: `10.0.0.0/8`, `::1/128`, or a bare address (a host route).
+pub fn parse_network(s: &str) -> Option<IpNet> {
+    let (ip, prefix) = match s.trim().split_once('/') {
+        Some((ip, p)) => (ip.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
+        None => (s.trim().parse::<IpAddr>().ok()?, None),
+    };
+    let max = if ip.is_ipv4() { 32 } else { 128 };
+    IpNet::new(ip, prefix.unwrap_or(max)).ok()
 }
 
-impl Cidr {
-    /// Parses `10.0.0.0/8`, `::1/128`, or a bare address (a host route).
-    pub fn parse(s: &str) -> Option<Cidr> {
-        let (ip, prefix) = match s.trim().split_once('/') {
-            Some((ip, p)) => (ip.parse::<IpAddr>().ok()?, Some(p.parse::<u8>().ok()?)),
-            None => (s.trim().parse::<IpAddr>().ok()?, None),
-        };
-        let max = if ip.is_ipv4() { 32 } else { 128 };
-        let prefix = prefix.unwrap_or(max);
-        (prefix <= max).then_some(Cidr { net: ip, prefix })
-    }
-
-    /// IPv4-mapped IPv6 peers match IPv4 networks, since a dual-stack listener reports them so.
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-            v4 => v4,
-        };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(n) & mask == u32::from(a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(n) & mask == u128::from(a) & mask
-            }
-            _ => false,
-        }
-    }
+/// True when one of `nets` holds `ip`. IPv4-mapped IPv6 peers match IPv4 networks, since a
+/// dual-stack listener reports them so.
+pub fn any_contains(nets: &[IpNet], ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    nets.iter().any(|n| n.contains(&ip))
 }
 
 /// Config errors, each naming the file or key and the value at fault.
@@ -272,7 +247,7 @@ fn validate(c: &Config) -> Result<(), (&'static str, String)> {
         }
     }
     for cidr in &c.allowed_cidrs {
-        if Cidr::parse(cidr).is_none() {
+        if parse_network(cidr).is_none() {
             return Err(("allowed_cidrs", format!("{cidr:?} is not a network")));
         }
     }
@@ -575,12 +550,25 @@ mod tests {
             ("::1/128", "::1", true),
             ("fd00::/8", "fe80::1", false),
             ("10.0.0.0/8", "::1", false),
+            (" 10.0.0.0/8 ", "10.0.0.1", true),
+            ("10.1.2.3/8", "10.200.0.1", true),
+            ("::/0", "::ffff:10.0.0.1", false),
+            ("2001:db8::/32", "2001:db8:ffff::1", true),
         ];
         for (net, ip, want) in cases {
-            let c = Cidr::parse(net).unwrap();
-            assert_eq!(c.contains(ip.parse().unwrap()), *want, "{net} {ip}");
+            let c = parse_network(net).unwrap();
+            assert_eq!(any_contains(&[c], ip.parse().unwrap()), *want, "{net} {ip}");
         }
-        assert!(Cidr::parse("x/8").is_none());
+        for bad in [
+            "x/8",
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0.0/",
+            "10.0.0.0/x",
+            "",
+        ] {
+            assert!(parse_network(bad).is_none(), "{bad}");
+        }
     }
 
     #[test]

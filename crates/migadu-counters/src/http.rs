@@ -22,7 +22,7 @@ use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{Cidr, Config};
+use crate::config::{self, Config};
 use crate::counting::{self, Event, KeyResult, Plan, Rules};
 use crate::domains::{Domains, Flow, Level};
 use crate::metrics::Metrics;
@@ -51,7 +51,7 @@ pub struct Job {
 /// Everything a request or a worker needs.
 pub struct App {
     pub cfg: Config,
-    pub cidrs: Vec<Cidr>,
+    pub cidrs: Vec<ipnet::IpNet>,
     pub domains: Arc<ArcSwap<Domains>>,
     pub store: Arc<Store>,
     pub metrics: Arc<Metrics>,
@@ -252,7 +252,7 @@ impl App {
             return Err(r);
         }
         // 5. source address: the TCP peer only; forwarded headers are never trusted
-        if !self.cidrs.is_empty() && !self.cidrs.iter().any(|c| c.contains(peer.ip())) {
+        if !self.cidrs.is_empty() && !config::any_contains(&self.cidrs, peer.ip()) {
             return Err(reject(
                 StatusCode::FORBIDDEN,
                 format!("source {} not allowed", peer.ip()),

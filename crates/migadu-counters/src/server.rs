@@ -17,7 +17,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{self, Cidr, Config, split_host_port};
+use crate::config::{self, Config, split_host_port};
 use crate::domains::Domains;
 use crate::http::{App, Job, Timeouts};
 use crate::logging::{LogWriter, Logs};
@@ -209,7 +209,7 @@ async fn daemon(args: Args) -> Result<()> {
     let cidrs = cfg
         .allowed_cidrs
         .iter()
-        .filter_map(|c| Cidr::parse(c))
+        .filter_map(|c| config::parse_network(c))
         .collect();
     let app = Arc::new(App {
         cfg: cfg.clone(),

@@ -85,9 +85,9 @@ pub struct ClientAddr(pub SocketAddr);
 pub fn client_ip<'h>(
     peer: IpAddr,
     forwarded: impl Iterator<Item = &'h str>,
-    trusted: &[crate::settings::Cidr],
+    trusted: &[ipnet::IpNet],
 ) -> IpAddr {
-    let is_trusted = |ip: IpAddr| trusted.iter().any(|c| c.contains(ip));
+    let is_trusted = |ip: IpAddr| crate::settings::any_contains(trusted, ip);
     if !is_trusted(peer) {
         return peer;
     }
@@ -346,13 +346,12 @@ pub fn now() -> Instant {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::settings::Cidr;
 
     #[test]
     fn the_client_behind_a_trusted_proxy_is_the_last_untrusted_forwarded_hop() {
-        let trusted: Vec<Cidr> = ["127.0.0.1", "10.0.0.0/8"]
+        let trusted: Vec<ipnet::IpNet> = ["127.0.0.1", "10.0.0.0/8"]
             .iter()
-            .map(|c| Cidr::parse(c).unwrap())
+            .map(|c| crate::settings::parse_block(c).unwrap())
             .collect();
         // (peer, X-Forwarded-For lines, the client)
         let cases: [(&str, &[&str], &str); 10] = [

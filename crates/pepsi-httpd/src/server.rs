@@ -233,7 +233,7 @@ pub async fn serve(
         };
         // A trusted proxy carries many clients: its connections are limited by
         // MAX_CONNECTIONS alone.
-        let proxied = s.trusted_proxies.iter().any(|c| c.contains(peer.ip()));
+        let proxied = crate::settings::any_contains(&s.trusted_proxies, peer.ip());
         let counted = if proxied {
             None
         } else {

@@ -6,63 +6,41 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
+use ipnet::IpNet;
 use pepsi_common::config::Config;
 
 /// The section pepsi-httpd reads.
 pub const SECTION: &str = "pepsi-httpd";
 
-/// An address block of `METRICS_ALLOW`: `192.0.2.0/24`, `::1/128`, or one address.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Cidr {
-    pub net: IpAddr,
-    pub prefix: u8,
+/// An address block of `METRICS_ALLOW` or `TRUSTED_PROXIES`: `192.0.2.0/24`, `::1/128`, or
+/// one address (a full-length prefix).
+pub fn parse_block(text: &str) -> Result<IpNet, String> {
+    let t = text.trim();
+    let (addr, prefix) = match t.split_once('/') {
+        Some((a, p)) => (a, Some(p)),
+        None => (t, None),
+    };
+    let net: IpAddr = addr
+        .parse()
+        .map_err(|_| format!("{t:?} is not an IP address or address/prefix"))?;
+    let max = if net.is_ipv4() { 32 } else { 128 };
+    let prefix = match prefix {
+        None => max,
+        Some(p) => p
+            .parse::<u8>()
+            .ok()
+            .filter(|&p| p <= max)
+            .ok_or_else(|| format!("{t:?}: the prefix must be a number from 0 to {max}"))?,
+    };
+    IpNet::new(net, prefix)
+        .map_err(|_| format!("{t:?}: the prefix must be a number from 0 to {max}"))
 }
 
-impl Cidr {
-    /// Parses `addr/prefix` or a bare address (a full-length prefix).
-    pub fn parse(text: &str) -> Result<Cidr, String> {
-        let t = text.trim();
-        let (addr, prefix) = match t.split_once('/') {
-            Some((a, p)) => (a, Some(p)),
-            None => (t, None),
-        };
-        let net: IpAddr = addr
-            .parse()
-            .map_err(|_| format!("{t:?} is not an IP address or address/prefix"))?;
-        let max = if net.is_ipv4() { 32 } else { 128 };
-        let prefix = match prefix {
-            None => max,
-            Some(p) => p
-                .parse::<u8>()
-                .ok()
-                .filter(|&p| p <= max)
-                .ok_or_else(|| format!("{t:?}: the prefix must be a number from 0 to {max}"))?,
-        };
-        Ok(Cidr { net, prefix })
-    }
-
-    /// True when `ip` is inside the block (an IPv4-mapped IPv6 address counts as IPv4).
-    pub fn contains(&self, ip: IpAddr) -> bool {
-        let ip = match ip {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
-            v4 => v4,
-        };
-        match (self.net, ip) {
-            (IpAddr::V4(n), IpAddr::V4(a)) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u32::from(n) & mask == u32::from(a) & mask
-            }
-            (IpAddr::V6(n), IpAddr::V6(a)) => {
-                let mask = u128::MAX
-                    .checked_shl(128 - u32::from(self.prefix))
-                    .unwrap_or(0);
-                u128::from(n) & mask == u128::from(a) & mask
-            }
-            _ => false,
-        }
-    }
+/// True when one of `blocks` holds `ip`; an IPv4-mapped IPv6 address counts as IPv4, since
+/// a dual-stack listener reports IPv4 peers so.
+pub fn any_contains(blocks: &[IpNet], ip: IpAddr) -> bool {
+    let ip = ip.to_canonical();
+    blocks.iter().any(|b| b.contains(&ip))
 }
 
 /// A database URL that may hold a password: kept out of `Debug` output.
@@ -120,7 +98,7 @@ pub struct HttpdSettings {
     /// `METRICS_PUBLIC`: /metrics needs no credential (no).
     pub metrics_public: bool,
     /// `METRICS_ALLOW`: client address blocks that read /metrics without a credential.
-    pub metrics_allow: Vec<Cidr>,
+    pub metrics_allow: Vec<IpNet>,
     /// `METRICS_CACHE`: a scrape let in without a credential (METRICS_PUBLIC, METRICS_ALLOW)
     /// is answered from the rendering of the last such scrape while it is younger than
     /// this, and such scrapes build one at a time (5s; 0 = every scrape reads the database).
@@ -129,7 +107,7 @@ pub struct HttpdSettings {
     /// request from one of them is the client's that the last `X-Forwarded-For` hop not
     /// itself a trusted proxy names: that address is throttled, logged, and matched against
     /// METRICS_ALLOW. Their connections are not limited by MAX_CONNECTIONS_PER_CLIENT.
-    pub trusted_proxies: Vec<Cidr>,
+    pub trusted_proxies: Vec<IpNet>,
     /// `BULK_LIMIT`: the most rows one bulk queue action takes (10000).
     pub bulk_limit: i64,
     /// `COOKIE_SECURE`: mark the session cookie Secure (default: when TLS is on). Set it
@@ -168,14 +146,14 @@ impl HttpdSettings {
             .list_opt("METRICS_ALLOW")?
             .unwrap_or_default()
             .iter()
-            .map(|c| Cidr::parse(c))
+            .map(|c| parse_block(c))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("[{SECTION}] METRICS_ALLOW: {e}"))?;
         let trusted_proxies = s
             .list_opt("TRUSTED_PROXIES")?
             .unwrap_or_default()
             .iter()
-            .map(|c| Cidr::parse(c))
+            .map(|c| parse_block(c))
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| anyhow::anyhow!("[{SECTION}] TRUSTED_PROXIES: {e}"))?;
         let max_body = s.size_opt("MAX_BODY_SIZE")?.unwrap_or(1 << 20);
@@ -340,11 +318,35 @@ mod tests {
             ("::/0", "127.0.0.1", false),
         ];
         for (block, ip, want) in cases {
-            let c = Cidr::parse(block).unwrap();
-            assert_eq!(c.contains(ip.parse().unwrap()), want, "{block} ∋ {ip}");
+            let c = parse_block(block).unwrap();
+            assert_eq!(
+                any_contains(&[c], ip.parse().unwrap()),
+                want,
+                "{block} ∋ {ip}"
+            );
         }
-        for bad in ["10.0.0.0/33", "::/129", "host", "10.0.0.0/x"] {
-            assert!(Cidr::parse(bad).is_err(), "{bad}");
+        let bad = [
+            (
+                "10.0.0.0/33",
+                "\"10.0.0.0/33\": the prefix must be a number from 0 to 32",
+            ),
+            (
+                "::/129",
+                "\"::/129\": the prefix must be a number from 0 to 128",
+            ),
+            ("host", "\"host\" is not an IP address or address/prefix"),
+            (
+                "10.0.0.0/x",
+                "\"10.0.0.0/x\": the prefix must be a number from 0 to 32",
+            ),
+            (
+                "10.0.0.0/",
+                "\"10.0.0.0/\": the prefix must be a number from 0 to 32",
+            ),
+            ("/8", "\"/8\" is not an IP address or address/prefix"),
+        ];
+        for (text, want) in bad {
+            assert_eq!(parse_block(text).unwrap_err(), want, "{text}");
         }
     }
 }
