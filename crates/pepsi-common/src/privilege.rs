@@ -143,29 +143,30 @@ impl Drop for Switched {
 /// One account as the password database has it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Account {
+    /// The login name.
+    pub name: String,
     pub uid: u32,
     pub gid: u32,
     pub home: PathBuf,
+    /// The GECOS field, whole (the full name is its first comma-separated part).
+    pub gecos: String,
 }
 
-/// Runs a reentrant password-database lookup (`getpwnam_r`, `getpwuid_r`) with a buffer
-/// grown until it fits, and hands the entry found to `read`; `Ok(None)` when there is none.
-fn passwd_lookup<T>(
-    call: impl Fn(
-        *mut libc::passwd,
-        *mut libc::c_char,
-        libc::size_t,
-        *mut *mut libc::passwd,
-    ) -> libc::c_int,
-    read: impl FnOnce(&libc::passwd) -> T,
+/// Runs a reentrant user or group database lookup (`getpwnam_r`, `getpwuid_r`,
+/// `getgrnam_r`) with a buffer grown until it fits, and hands the entry found to `read`;
+/// `Ok(None)` when there is none. `E` is `libc::passwd` or `libc::group`.
+fn entry_lookup<E, T>(
+    call: impl Fn(*mut E, *mut libc::c_char, libc::size_t, *mut *mut E) -> libc::c_int,
+    read: impl FnOnce(&E) -> T,
 ) -> io::Result<Option<T>> {
     let mut buf = vec![0u8; 4096];
     loop {
-        // SAFETY: `pwd` is plain data; `call` gets pointers valid for its duration, and
-        // `pwd`'s strings point into `buf`, which is not changed before `read` has run.
-        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-        let mut result: *mut libc::passwd = std::ptr::null_mut();
-        let rc = call(&mut pwd, buf.as_mut_ptr().cast(), buf.len(), &mut result);
+        // SAFETY: `E` is a C struct of integers and pointers, for which all zeroes is a
+        // valid value; `call` gets pointers valid for its duration, and the entry's strings
+        // point into `buf`, which is not changed before `read` has run.
+        let mut entry: E = unsafe { std::mem::zeroed() };
+        let mut result: *mut E = std::ptr::null_mut();
+        let rc = call(&mut entry, buf.as_mut_ptr().cast(), buf.len(), &mut result);
         if rc == libc::ERANGE && buf.len() < 1 << 20 {
             buf.resize(buf.len() * 2, 0);
             continue;
@@ -180,7 +181,33 @@ fn passwd_lookup<T>(
         if result.is_null() {
             return Ok(None);
         }
-        return Ok(Some(read(&pwd)));
+        return Ok(Some(read(&entry)));
+    }
+}
+
+/// The text of a string field of an entry; empty when the pointer is null.
+///
+/// # Safety
+/// `p` is null or a NUL-terminated string that outlives the call.
+unsafe fn field(p: *const libc::c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the caller's promise.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// An `Account` from a password-database entry just returned by a lookup.
+fn read_account(pwd: &libc::passwd) -> Account {
+    // SAFETY: on success pw_dir, pw_name and pw_gecos are NUL-terminated strings inside the
+    // lookup's buffer (or null), which outlives this call.
+    let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+    Account {
+        name: unsafe { field(pwd.pw_name) },
+        uid: pwd.pw_uid,
+        gid: pwd.pw_gid,
+        home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+        gecos: unsafe { field(pwd.pw_gecos) },
     }
 }
 
@@ -188,33 +215,37 @@ fn passwd_lookup<T>(
 /// when there is no such account.
 pub fn account(name: &str) -> io::Result<Option<Account>> {
     let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
-    passwd_lookup(
-        // SAFETY: the pointers come from passwd_lookup, valid for the call.
+    entry_lookup(
+        // SAFETY: the pointers come from entry_lookup, valid for the call.
         |pwd, buf, len, result| unsafe { libc::getpwnam_r(c_name.as_ptr(), pwd, buf, len, result) },
-        |pwd| {
-            // SAFETY: on success pw_dir is a NUL-terminated string inside the buffer.
-            let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
-            Account {
-                uid: pwd.pw_uid,
-                gid: pwd.pw_gid,
-                home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
-            }
-        },
+        read_account,
+    )
+}
+
+/// The account with `uid` in the password database (`getpwuid_r`); `Ok(None)` when there is
+/// none.
+pub fn account_by_uid(uid: u32) -> io::Result<Option<Account>> {
+    entry_lookup(
+        // SAFETY: the pointers come from entry_lookup, valid for the call.
+        |pwd, buf, len, result| unsafe { libc::getpwuid_r(uid, pwd, buf, len, result) },
+        read_account,
     )
 }
 
 /// The name of the account with `uid` in the password database (`getpwuid_r`); `Ok(None)`
 /// when there is none.
 pub fn account_name(uid: u32) -> io::Result<Option<String>> {
-    passwd_lookup(
-        // SAFETY: the pointers come from passwd_lookup, valid for the call.
-        |pwd, buf, len, result| unsafe { libc::getpwuid_r(uid, pwd, buf, len, result) },
-        // SAFETY: on success pw_name is a NUL-terminated string inside the buffer.
-        |pwd| {
-            unsafe { CStr::from_ptr(pwd.pw_name) }
-                .to_string_lossy()
-                .into_owned()
-        },
+    Ok(account_by_uid(uid)?.map(|a| a.name))
+}
+
+/// The gid of the group `name` in the group database (`getgrnam_r`, so NSS modules count);
+/// `Ok(None)` when there is no such group.
+pub fn group_id(name: &str) -> io::Result<Option<u32>> {
+    let c_name = CString::new(name).map_err(|_| io::Error::other("a name with a NUL byte"))?;
+    entry_lookup(
+        // SAFETY: the pointers come from entry_lookup, valid for the call.
+        |grp, buf, len, result| unsafe { libc::getgrnam_r(c_name.as_ptr(), grp, buf, len, result) },
+        |grp: &libc::group| grp.gr_gid,
     )
 }
 
@@ -431,5 +462,19 @@ mod tests {
             "{e}"
         );
         assert_eq!(account("no-such-account-here").unwrap(), None);
+    }
+
+    #[test]
+    fn the_password_and_group_databases_answer_by_name_and_by_id() {
+        let root = account("root").unwrap().expect("the root account");
+        assert_eq!((root.name.as_str(), root.uid, root.gid), ("root", 0, 0));
+        assert_eq!(account_by_uid(0).unwrap(), Some(root));
+        assert_eq!(account_name(0).unwrap().as_deref(), Some("root"));
+        let nobody = account("nobody").unwrap().expect("the nobody account");
+        assert_eq!(account_name(nobody.uid).unwrap().as_deref(), Some("nobody"));
+        assert_eq!(group_id("root").unwrap(), Some(0));
+        assert_eq!(group_id("no-such-group-here").unwrap(), None);
+        assert!(account("ro\0ot").is_err());
+        assert!(group_id("ro\0ot").is_err());
     }
 }

@@ -6,7 +6,6 @@
 //! (an IPv6 /64), so that one client cannot hold every slot (security review #13).
 
 use std::collections::HashMap;
-use std::ffi::CString;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -14,6 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use pepsi_common::privilege;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -112,28 +112,22 @@ async fn refuse(mut stream: TcpStream, max: usize) {
 
 /// The uid and gid of `user` (and of `group`, which overrides the user's primary group).
 fn lookup(user: &str, group: Option<&str>) -> anyhow::Result<(libc::uid_t, libc::gid_t)> {
-    let name = CString::new(user).context("USER holds a NUL byte")?;
-    // SAFETY: getpwnam returns a pointer into static storage or NULL; we copy the two
-    // fields out at once, before any other call could overwrite it.
-    let (uid, mut gid) = unsafe {
-        let pw = libc::getpwnam(name.as_ptr());
-        if pw.is_null() {
-            bail!("[pepsi-httpd] USER = {user}: there is no such user");
-        }
-        ((*pw).pw_uid, (*pw).pw_gid)
-    };
-    if let Some(group) = group {
-        let gname = CString::new(group).context("GROUP holds a NUL byte")?;
-        // SAFETY: as above, for getgrnam.
-        gid = unsafe {
-            let gr = libc::getgrnam(gname.as_ptr());
-            if gr.is_null() {
-                bail!("[pepsi-httpd] GROUP = {group}: there is no such group");
-            }
-            (*gr).gr_gid
-        };
+    if user.contains('\0') {
+        bail!("USER holds a NUL byte");
     }
-    Ok((uid, gid))
+    let account = privilege::account(user)
+        .with_context(|| format!("[pepsi-httpd] USER = {user}: reading the password database"))?
+        .with_context(|| format!("[pepsi-httpd] USER = {user}: there is no such user"))?;
+    let mut gid = account.gid;
+    if let Some(group) = group {
+        if group.contains('\0') {
+            bail!("GROUP holds a NUL byte");
+        }
+        gid = privilege::group_id(group)
+            .with_context(|| format!("[pepsi-httpd] GROUP = {group}: reading the group database"))?
+            .with_context(|| format!("[pepsi-httpd] GROUP = {group}: there is no such group"))?;
+    }
+    Ok((account.uid, gid))
 }
 
 /// Becomes USER (and GROUP) for good: supplementary groups, gid, then uid; checks that root
@@ -300,5 +294,36 @@ pub async fn serve(
                 tracing::debug!(client = %peer, "connection ended: {e}");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn user_and_group_are_read_from_the_system_databases_and_name_what_is_missing() {
+        let nobody = privilege::account("nobody").unwrap().expect("nobody");
+        assert_eq!(lookup("root", None).unwrap(), (0, 0));
+        assert_eq!(lookup("nobody", None).unwrap(), (nobody.uid, nobody.gid));
+        assert_eq!(lookup("nobody", Some("root")).unwrap(), (nobody.uid, 0));
+        let cases = [
+            (
+                "no-such-user-x",
+                None,
+                "[pepsi-httpd] USER = no-such-user-x: there is no such user",
+            ),
+            (
+                "root",
+                Some("no-such-group-x"),
+                "[pepsi-httpd] GROUP = no-such-group-x: there is no such group",
+            ),
+            ("ro\0ot", None, "USER holds a NUL byte"),
+            ("root", Some("wh\0eel"), "GROUP holds a NUL byte"),
+        ];
+        for (user, group, want) in cases {
+            let e = format!("{:#}", lookup(user, group).unwrap_err());
+            assert_eq!(e, want, "{user:?} {group:?}");
+        }
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use pepsi_common::config::Config;
 use pepsi_common::db::pinned_options;
+use pepsi_common::privilege;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::message::Limits;
@@ -106,36 +107,17 @@ pub struct User {
     pub gecos_name: Option<String>,
 }
 
-/// The user `uid` is (name and GECOS name when the system knows them).
+/// The user `uid` is (name and GECOS name when the system knows them; neither when the
+/// password database cannot be read).
 pub fn user(uid: u32) -> User {
-    let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut buf = vec![0 as libc::c_char; 16 * 1024];
-    let mut result: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: getpwuid_r writes into pwd and buf, both ours and large enough for the sizes
-    // given; the strings read below point into buf, which outlives the reads.
-    let rc = unsafe { libc::getpwuid_r(uid, &mut pwd, buf.as_mut_ptr(), buf.len(), &mut result) };
-    if rc != 0 || result.is_null() {
-        return User {
-            uid,
-            login: None,
-            gecos_name: None,
-        };
-    }
-    let text = |p: *const libc::c_char| {
-        (!p.is_null())
-            .then(|| {
-                unsafe { std::ffi::CStr::from_ptr(p) }
-                    .to_string_lossy()
-                    .into_owned()
-            })
-            .filter(|s| !s.is_empty())
-    };
+    let account = privilege::account_by_uid(uid).ok().flatten();
+    let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_owned());
     User {
         uid,
-        login: text(pwd.pw_name),
-        gecos_name: text(pwd.pw_gecos)
-            .and_then(|g| g.split(',').next().map(str::trim).map(str::to_owned))
-            .filter(|g| !g.is_empty()),
+        login: account.as_ref().and_then(|a| non_empty(&a.name)),
+        gecos_name: account
+            .as_ref()
+            .and_then(|a| a.gecos.split(',').next().map(str::trim).and_then(non_empty)),
     }
 }
 
@@ -150,4 +132,26 @@ pub fn real_uid() -> u32 {
 pub fn privileged() -> bool {
     // SAFETY: these calls cannot fail.
     unsafe { libc::getegid() != libc::getgid() || libc::geteuid() != libc::getuid() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_user_comes_from_the_password_database() {
+        let root = user(0);
+        assert_eq!(root.login.as_deref(), Some("root"));
+        let gecos = pepsi_common::privilege::account("root")
+            .unwrap()
+            .unwrap()
+            .gecos;
+        let full = gecos.split(',').next().unwrap_or("").trim();
+        assert_eq!(
+            root.gecos_name.as_deref(),
+            (!full.is_empty()).then_some(full)
+        );
+        let unknown = user(3_999_999_999);
+        assert_eq!((unknown.login, unknown.gecos_name), (None, None));
+    }
 }
