@@ -58,7 +58,7 @@ pub const CONFIG_CHECKS: &[ProgramCheck] = &[
     },
     ProgramCheck {
         program: "pepsi-stage-arc",
-        check: stage::<pepsi_stage_arc::Arc>,
+        check: stage::<pepsi_stage_arc::ArcSealer>,
     },
     ProgramCheck {
         program: "pepsi-stage-block-language",

@@ -116,7 +116,7 @@ pub fn install_fusion() {
     // run in executables of their own and so are never fused into.
     install(vec![
         register::<::pepsi_stage_aliases::Aliases>(),
-        register::<::pepsi_stage_arc::Arc>(),
+        register::<::pepsi_stage_arc::ArcSealer>(),
         register::<::pepsi_stage_autocrypt_learn::AutocryptLearn>(),
         register::<::pepsi_stage_block_language::BlockLanguage>(),
         register::<::pepsi_stage_bounce::Bounce>(),

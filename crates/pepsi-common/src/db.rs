@@ -458,8 +458,7 @@ pub struct LocalSubmission<'a> {
     pub dsn: &'a crate::state::Dsn,
     pub uid: u32,
     pub user: Option<&'a str>,
-    /// `direct` or `spool`.
-    pub via: &'a str,
+    pub via: crate::state::SubmissionVia,
     /// `sendmail:<spool file name>` for the pickup (at most once); None when direct.
     pub token: Option<&'a str>,
 }
@@ -482,7 +481,7 @@ where
         .bind(msg.dsn.to_value())
         .bind(i64::from(msg.uid))
         .bind(msg.user)
-        .bind(msg.via)
+        .bind(msg.via.as_str())
         .bind(msg.token)
         .fetch_one(executor)
         .await

@@ -324,20 +324,20 @@ pub struct RowFacts {
 #[derive(Debug, Clone, PartialEq)]
 pub enum Plan {
     /// Every recipient is settled: delete the row, spawning the notifications (if any).
-    Finish { clones: Vec<Clone> },
+    Finish { notifications: Vec<Notification> },
     /// Some recipients wait: keep those (`None` = all), pause with `scratch` merged into the
     /// state, spawn the notifications.
     Pause {
         keep: Option<Vec<usize>>,
         after: Duration,
         scratch: DeliveryScratch,
-        clones: Vec<Clone>,
+        notifications: Vec<Notification>,
     },
 }
 
 /// A notification to spawn: recipients (indices) and the `state.bounce` to give it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Clone {
+pub struct Notification {
     pub token: String,
     pub recipients: Vec<usize>,
     pub bounce: Bounce,
@@ -381,9 +381,9 @@ pub fn plan(
         }
     }
 
-    let mut clones = Vec::new();
+    let mut notifications = Vec::new();
     if !failed.is_empty() {
-        clones.push(notification(
+        notifications.push(notification(
             format!("{}:bounce:{attempt}", row.id),
             BounceKind::Permanent,
             &failed,
@@ -392,14 +392,14 @@ pub fn plan(
         ));
     }
     if !success.is_empty() {
-        clones.push(Clone {
+        notifications.push(Notification {
             token: format!("{}:success:{attempt}", row.id),
             recipients: success,
             bounce: Bounce::new(BounceKind::Success).stage(stage),
         });
     }
     if waiting.is_empty() {
-        return Plan::Finish { clones };
+        return Plan::Finish { notifications };
     }
 
     let mut scratch = DeliveryScratch {
@@ -419,7 +419,7 @@ pub fn plan(
         let until = row.received_at
             + chrono::Duration::from_std(policy.max_lifetime).unwrap_or(chrono::Duration::MAX);
         delay.bounce.will_retry_until = Some(until.to_rfc3339());
-        clones.push(delay);
+        notifications.push(delay);
         scratch.delay_sent = Some(true);
     }
     let keep = (waiting.len() < results.len()).then(|| waiting.iter().map(|(i, _)| *i).collect());
@@ -433,7 +433,7 @@ pub fn plan(
         keep,
         after,
         scratch,
-        clones,
+        notifications,
     }
 }
 
@@ -445,7 +445,7 @@ fn notification(
     who: &[(usize, Failure)],
     rcpt_to: &[String],
     stage: &str,
-) -> Clone {
+) -> Notification {
     let mut bounce = Bounce::new(kind)
         .stage(stage)
         .with_detail(who[0].1.to_detail());
@@ -453,7 +453,7 @@ fn notification(
         .iter()
         .map(|(i, f)| (rcpt_to[*i].clone(), f.to_detail()))
         .collect();
-    Clone {
+    Notification {
         token,
         recipients: who.iter().map(|(i, _)| *i).collect(),
         bounce,
@@ -495,14 +495,14 @@ pub fn conclude(
     let stage = ctx.settings().name.clone();
     let decided = plan(policy, Utc::now(), &facts, ctx.rcpt_to(), results, &stage);
     let bounce_stage = ctx.settings().bounce_stage.clone();
-    let specs = |clones: Vec<Clone>| -> Result<Vec<CloneSpec>, StageError> {
-        if clones.is_empty() {
+    let specs = |notifications: Vec<Notification>| -> Result<Vec<CloneSpec>, StageError> {
+        if notifications.is_empty() {
             return Ok(Vec::new());
         }
         let target = bounce_stage
             .clone()
             .ok_or_else(|| StageError::NoBounceStage(stage.clone()))?;
-        Ok(clones
+        Ok(notifications
             .into_iter()
             .map(|c| {
                 let mut state = Map::new();
@@ -529,14 +529,14 @@ pub fn conclude(
         })
         .collect();
     let terminal = match decided {
-        Plan::Finish { clones } if clones.is_empty() => ctx.advance_or_finish(),
-        Plan::Finish { clones } => ctx.finish_with(specs(clones)?),
+        Plan::Finish { notifications } if notifications.is_empty() => ctx.advance_or_finish(),
+        Plan::Finish { notifications } => ctx.finish_with(specs(notifications)?),
         Plan::Pause {
             keep,
             after,
             scratch,
-            clones,
-        } => ctx.pause_with(scratch.to_state(), after, keep, specs(clones)?),
+            notifications,
+        } => ctx.pause_with(scratch.to_state(), after, keep, specs(notifications)?),
     }?;
     Ok(terminal.log(delivered))
 }
@@ -652,11 +652,13 @@ mod tests {
         for (n, (age, attempts, sent, results, kind, keep, want)) in cases.into_iter().enumerate() {
             let (f, now) = facts(age, attempts, sent);
             let got = plan(&policy(), now, &f, &rcpt, &results, "deliver");
-            let (got_kind, got_keep, clones, scratch) = match got {
-                Plan::Finish { clones } => ("finish", None, clones, DeliveryScratch::default()),
+            let (got_kind, got_keep, notifications, scratch) = match got {
+                Plan::Finish { notifications } => {
+                    ("finish", None, notifications, DeliveryScratch::default())
+                }
                 Plan::Pause {
                     keep,
-                    clones,
+                    notifications,
                     scratch,
                     after,
                 } => {
@@ -664,19 +666,19 @@ mod tests {
                         after >= policy().backoff(attempts + 1),
                         "case {n}: {after:?}"
                     );
-                    ("pause", keep, clones, scratch)
+                    ("pause", keep, notifications, scratch)
                 }
             };
             assert_eq!(got_kind, kind, "case {n}");
             assert_eq!(got_keep, keep, "case {n}");
-            let mut got_clones: Vec<(&str, Vec<usize>)> = clones
+            let mut got_notifications: Vec<(&str, Vec<usize>)> = notifications
                 .iter()
                 .map(|c| (c.bounce.kind.name(), c.recipients.clone()))
                 .collect();
             let mut want = want;
-            got_clones.sort();
+            got_notifications.sort();
             want.sort();
-            assert_eq!(got_clones, want, "case {n}");
+            assert_eq!(got_notifications, want, "case {n}");
             if kind == "pause" {
                 assert_eq!(scratch.attempts, Some(attempts + 1), "case {n}");
                 assert_eq!(
@@ -692,11 +694,12 @@ mod tests {
     fn expired_failures_say_so_and_bounces_name_each_recipient() {
         let (f, now) = facts(90000, 9, true);
         let rcpt: Vec<String> = ["a@x", "b@x", "c@x"].map(String::from).into();
-        let Plan::Finish { clones } = plan(&policy(), now, &f, &rcpt, &[p(), t(), D], "lmtp")
+        let Plan::Finish { notifications } =
+            plan(&policy(), now, &f, &rcpt, &[p(), t(), D], "lmtp")
         else {
             panic!("expected finish");
         };
-        let bounce = &clones
+        let bounce = &notifications
             .iter()
             .find(|c| c.bounce.kind == BounceKind::Permanent)
             .unwrap()
@@ -727,7 +730,9 @@ mod tests {
         };
         let results = [D, RcptResult::Permanent(refused), t()];
         let Plan::Pause {
-            scratch, clones, ..
+            scratch,
+            notifications,
+            ..
         } = plan(&policy(), now, &f, &rcpt, &results, "relay")
         else {
             panic!("expected pause");
@@ -737,7 +742,7 @@ mod tests {
             json!({"attempts": 1, "last_error": "4.2.0 mailbox locked", "delay_sent": true})
         );
         let by_kind = |k: BounceKind| {
-            clones
+            notifications
                 .iter()
                 .find(|c| c.bounce.kind == k)
                 .unwrap()

@@ -1,6 +1,8 @@
 //! The stock keys of the `state` JSONB (`docs/state.md`) as Rust types: `origin`
 //! ([`Origin`]), `dsn` ([`Dsn`]), `bounce` ([`Bounce`]) and the delivery stages' retry
-//! scratch `attempts` / `last_error` / `delay_sent` ([`DeliveryScratch`]). Every writer builds
+//! scratch `attempts` / `last_error` / `delay_sent` ([`DeliveryScratch`]), `failure_bouncer`
+//! ([`FailureRecord`]), `dot_forward` ([`DotForward`]), and in `keys` the keys particular
+//! stages, the ingress and the queue's SQL write (`auth`, `srs`, `milter`, …). Every writer builds
 //! these values and every reader parses them through these types, so a key's shape is written
 //! down once.
 //!
@@ -119,6 +121,9 @@ macro_rules! state_key {
     };
 }
 
+mod keys;
+pub use keys::*;
+
 // ---------------------------------------------------------------------------------------------
 // origin
 
@@ -174,12 +179,31 @@ pub struct LocalSubmission {
     /// That user's login name, when the system knows one.
     #[serde(default)]
     pub user: Option<String>,
-    /// `direct` (pepsi-sendmail reached the database) or `spool` (inserted by the pickup).
-    pub via: String,
+    pub via: SubmissionVia,
     /// The identity the database's own authentication established (PostgreSQL 16 and later,
     /// `system_user`, e.g. `peer:alice`); None when it cannot tell.
     #[serde(default)]
     pub authn_id: Option<String>,
+}
+
+/// How a local submission reached the queue: `origin.local.via`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SubmissionVia {
+    /// pepsi-sendmail reached the database itself.
+    Direct,
+    /// It left the message in the drop directory, and the pickup inserted it.
+    Spool,
+}
+
+impl SubmissionVia {
+    /// The name stored in `origin.local.via` (and passed to `pepsi.sendmail_submit`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SubmissionVia::Direct => "direct",
+            SubmissionVia::Spool => "spool",
+        }
+    }
 }
 
 /// `BODY=` of MAIL FROM (RFC 6152).
@@ -599,15 +623,57 @@ state_key!(FailureRecord, "failure_bouncer");
 /// One entry of `failure_bouncer.failures`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailureSeen {
-    /// The row's status: `failed` or `timeout`.
-    pub status: String,
-    /// `crash` (the worker died), `timeout` (it did not answer) or `error` (it reported one).
-    pub kind: String,
+    /// The row's status.
+    pub status: FailedStatus,
+    pub kind: FailureKind,
     /// The dispatcher's `dispatch_error`, cut to 300 characters.
     #[serde(default)]
     pub error: Option<String>,
     /// RFC 3339.
     pub at: String,
+}
+
+/// `failure_bouncer.failures[].status`: how the row ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailedStatus {
+    Failed,
+    Timeout,
+}
+
+impl FailedStatus {
+    /// The status of a row whose `status` column is `status` (`timeout`, else `failed`: the
+    /// failure bouncer only reads rows that ended one of the two ways).
+    pub fn of_row(status: &str) -> Self {
+        if status == "timeout" {
+            FailedStatus::Timeout
+        } else {
+            FailedStatus::Failed
+        }
+    }
+}
+
+/// `failure_bouncer.failures[].kind`: how a failure came about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FailureKind {
+    /// The worker died while handling the message.
+    Crash,
+    /// It did not answer within MAX_RUNTIME.
+    Timeout,
+    /// The stage reported an error.
+    Error,
+}
+
+impl FailureKind {
+    /// The name stored in `kind` (and logged).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Crash => "crash",
+            FailureKind::Timeout => "timeout",
+            FailureKind::Error => "error",
+        }
+    }
 }
 
 /// `failure_bouncer.bounced`.
@@ -699,6 +765,38 @@ mod tests {
                        "stage": "relay"}),
             ),
             ("bounce", json!({"kind": "success", "action": "relayed"})),
+            // pepsi.sendmail_submit's origin, both ways in
+            (
+                "origin",
+                json!({ "client_addr": null, "helo": null, "esmtp": false, "smtputf8": false,
+                        "body": null, "tls": null, "listener": null, "iprev": null,
+                        "authserv_id": null, "auth_user": null,
+                        "local": {"program": "pepsi-sendmail", "uid": 1000, "user": "alice",
+                                  "via": "direct", "authn_id": "peer:alice"} }),
+            ),
+            (
+                "origin",
+                json!({ "client_addr": null, "helo": null, "esmtp": false, "smtputf8": true,
+                        "body": null, "tls": null, "listener": null, "iprev": null,
+                        "authserv_id": null, "auth_user": null,
+                        "local": {"program": "pepsi-sendmail", "uid": 0, "user": null,
+                                  "via": "spool", "authn_id": null} }),
+            ),
+            // the failure bouncer's record, every kind of failure seen
+            (
+                "failure_bouncer",
+                json!({"stage": "relay", "retries": 2, "failures": [
+                    {"status": "failed", "kind": "crash", "error": "worker x while handling the message",
+                     "at": "2029-01-01T00:00:00Z"},
+                    {"status": "timeout", "kind": "timeout", "error": null, "at": "2029-01-01T00:05:00Z"},
+                    {"status": "failed", "kind": "error", "error": "stage relay: no", "at": "2029-01-01T00:10:00Z"}],
+                    "bounced": {"stage": "relay", "at": "2029-01-01T00:15:00Z"},
+                    "given_up": "failed 4 times at its own bounce stage bounce"}),
+            ),
+            (
+                "failure_bouncer",
+                json!({"stage": "x", "retries": 0, "failures": []}),
+            ),
         ];
         for (key, stored) in cases {
             let st = state(json!({ key: stored.clone() }));
@@ -706,6 +804,7 @@ mod tests {
                 "origin" => Origin::from_state(&st).unwrap().unwrap().to_value(),
                 "dsn" => Dsn::from_state(&st).unwrap().unwrap().to_value(),
                 "bounce" => Bounce::from_state(&st).unwrap().unwrap().to_value(),
+                "failure_bouncer" => FailureRecord::from_state(&st).unwrap().unwrap().to_value(),
                 _ => unreachable!(),
             };
             assert_eq!(written, stored, "{key}");

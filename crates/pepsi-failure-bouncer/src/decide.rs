@@ -7,7 +7,7 @@
 //! before starts a fresh count (it got past that stage), except that a message returned to
 //! its sender once is never returned again.
 
-use pepsi_common::state::{FailureBounced, FailureRecord, FailureSeen};
+use pepsi_common::state::{FailedStatus, FailureBounced, FailureKind, FailureRecord, FailureSeen};
 
 /// The longest `dispatch_error` kept in a record.
 const MAX_ERROR: usize = 300;
@@ -16,8 +16,7 @@ const MAX_ERROR: usize = 300;
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Failed<'a> {
     pub stage: &'a str,
-    /// `failed` or `timeout`.
-    pub status: &'a str,
+    pub status: FailedStatus,
     pub mail_from: &'a str,
     /// `state.dispatch_error`.
     pub dispatch_error: Option<&'a str>,
@@ -59,22 +58,22 @@ impl Decision {
 /// How a failure came about: `timeout` (no answer within MAX_RUNTIME), `crash` (the worker
 /// died while handling it, as the dispatcher records it) or `error` (the stage reported
 /// one).
-pub fn classify(status: &str, dispatch_error: Option<&str>) -> &'static str {
-    if status == "timeout" {
-        return "timeout";
+pub fn classify(status: FailedStatus, dispatch_error: Option<&str>) -> FailureKind {
+    if status == FailedStatus::Timeout {
+        return FailureKind::Timeout;
     }
     match dispatch_error {
         Some(e) if e.starts_with("worker ") && e.ends_with(" while handling the message") => {
-            "crash"
+            FailureKind::Crash
         }
-        _ => "error",
+        _ => FailureKind::Error,
     }
 }
 
 /// A poison message: every failure seen was the worker crashing or hanging, never an
 /// error the stage itself reported.
 pub fn is_poison(record: &FailureRecord) -> bool {
-    !record.failures.is_empty() && record.failures.iter().all(|f| f.kind != "error")
+    !record.failures.is_empty() && record.failures.iter().all(|f| f.kind != FailureKind::Error)
 }
 
 /// Decides for `row`, retrying up to `attempts` times; `bounce_stage` is where the row's
@@ -99,8 +98,8 @@ pub fn decide(
         given_up: None,
     };
     record.failures.push(FailureSeen {
-        status: row.status.to_owned(),
-        kind: classify(row.status, row.dispatch_error).to_owned(),
+        status: row.status,
+        kind: classify(row.status, row.dispatch_error),
         error: row
             .dispatch_error
             .map(|e| e.chars().take(MAX_ERROR).collect()),
@@ -171,20 +170,28 @@ mod tests {
     const NOW: &str = "2029-01-01T00:00:00Z";
     const CRASH: &str = "worker pepsi-stage-x (pid 7) of stage relay was killed by signal 6 while handling the message";
 
-    fn seen(status: &str, kind: &str) -> FailureSeen {
+    fn seen(status: FailedStatus, kind: FailureKind) -> FailureSeen {
         FailureSeen {
-            status: status.into(),
-            kind: kind.into(),
+            status,
+            kind,
             error: None,
             at: NOW.into(),
         }
+    }
+
+    /// The kind stored as `name`.
+    fn kind(name: &str) -> FailureKind {
+        serde_json::from_value(serde_json::Value::String(name.into())).unwrap()
     }
 
     fn record(stage: &str, retries: u32, kinds: &[&str]) -> FailureRecord {
         FailureRecord {
             stage: stage.into(),
             retries,
-            failures: kinds.iter().map(|k| seen("failed", k)).collect(),
+            failures: kinds
+                .iter()
+                .map(|k| seen(FailedStatus::Failed, kind(k)))
+                .collect(),
             bounced: None,
             given_up: None,
         }
@@ -215,9 +222,9 @@ mod tests {
             Result<String, String>,
             (&'static str, u32, usize, &'static str),
         );
-        let row = |status, from, error, record| Failed {
+        let row = |status: &str, from, error, record| Failed {
             stage: "relay",
-            status,
+            status: FailedStatus::of_row(status),
             mail_from: from,
             dispatch_error: error,
             record,
@@ -331,7 +338,7 @@ mod tests {
         });
         let row = Failed {
             stage: "bounce",
-            status: "failed",
+            status: FailedStatus::Failed,
             mail_from: "a@x.test",
             dispatch_error: None,
             record: Some(r),
@@ -351,7 +358,7 @@ mod tests {
         // A bounce records where from; a retry after it keeps that.
         let row = Failed {
             stage: "relay",
-            status: "failed",
+            status: FailedStatus::Failed,
             mail_from: "a@x.test",
             dispatch_error: None,
             record: Some(record("relay", 0, &[])),
@@ -369,7 +376,12 @@ mod tests {
             ("failed", None, "error"),
         ];
         for (status, error, want) in cases {
-            assert_eq!(classify(status, error), want, "{status} {error:?}");
+            assert_eq!(
+                classify(FailedStatus::of_row(status), error),
+                kind(want),
+                "{status} {error:?}"
+            );
+            assert_eq!(kind(want).as_str(), want);
         }
         assert!(is_poison(&record("x", 0, &["crash", "timeout"])));
         assert!(!is_poison(&record("x", 0, &["crash", "error"])));

@@ -20,7 +20,7 @@ use pepsi_common::audit::Actor;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::{Config, Scope};
 use pepsi_common::queue::{self, FailedRow, FailureStep, Outcome};
-use pepsi_common::state::FailureRecord;
+use pepsi_common::state::{DispatchError, FailedStatus, FailureRecord};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
@@ -282,10 +282,13 @@ fn plan(row: &FailedRow, cfg: &Config, settings: &Settings, now: &str) -> (Failu
         );
         None
     });
-    let dispatch_error = state.get("dispatch_error").and_then(Value::as_str);
+    // Any other shape is no error text (SQL writes a string).
+    let dispatch_error = DispatchError::from_state(&state).ok().flatten();
+    let dispatch_error = dispatch_error.as_ref().map(|e| e.0.as_str());
+    let status = FailedStatus::of_row(&row.status);
     let failed = Failed {
         stage: &row.stage,
-        status: &row.status,
+        status,
         mail_from: &row.mail_from,
         dispatch_error,
         record,
@@ -301,7 +304,7 @@ fn plan(row: &FailedRow, cfg: &Config, settings: &Settings, now: &str) -> (Failu
     let mut detail = json!({
         "attempt": record.retries + 1,
         "attempts": settings.attempts,
-        "kind": decide::classify(&row.status, dispatch_error),
+        "kind": decide::classify(status, dispatch_error).as_str(),
         "poison": decide::is_poison(record),
         "dispatch_error": dispatch_error,
         "mail_from": row.mail_from,

@@ -66,7 +66,7 @@ pub async fn queue(settings: &Settings, who: &User, msg: &Prepared) -> Result<Qu
             dsn: &msg.dsn,
             uid: who.uid,
             user: who.login.as_deref(),
-            via: "direct",
+            via: pepsi_common::state::SubmissionVia::Direct,
             token: None,
         };
         let result = sendmail_submit(&mut conn, &submission).await;
@@ -199,7 +199,7 @@ async fn insert_one(
         dsn: &file.envelope.dsn,
         uid: file.uid,
         user: owner.login.as_deref(),
-        via: "spool",
+        via: pepsi_common::state::SubmissionVia::Spool,
         token: Some(&token),
     };
     match sendmail_submit(&mut *conn, &submission).await {

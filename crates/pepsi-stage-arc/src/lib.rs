@@ -62,7 +62,7 @@ pub struct ArcStage {
 impl ArcStage {
     /// Reads `[stage-<stage>]` and loads its key file.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let name = format!("stage-{stage}");
+        let name = pepsi_common::config::stage_section_name(stage);
         let s = cfg.section(&name);
         let required = |option: &str, what: &str| -> anyhow::Result<String> {
             s.string_opt(option)?
@@ -149,7 +149,7 @@ pub fn verdict(state: &Map<String, Value>) -> Option<String> {
 }
 
 /// The ARC sealing program: each stage's `ArcStage` (with its key) is its section.
-pub struct Arc;
+pub struct ArcSealer;
 
 /// The new header block, or why the message goes on unsealed.
 enum Outcome {
@@ -201,7 +201,7 @@ fn seal_message(
     })
 }
 
-impl Stage for Arc {
+impl Stage for ArcSealer {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
     // Sealing is local work (a hash and a signature): its passes batch.
@@ -209,7 +209,7 @@ impl Stage for Arc {
     type Section = ArcStage;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
-        Ok(Arc)
+        Ok(ArcSealer)
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<ArcStage> {
@@ -266,7 +266,7 @@ pub fn command() -> pepsi_common::cli::Command {
 
 /// Entry point of the `pepsi-stage-arc` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Arc>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+    pepsi_common::stage::main::<ArcSealer>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 const LONG_ABOUT: &str = "\

@@ -298,7 +298,7 @@ fn stage(dir: &Path, options: &str) -> anyhow::Result<HashMap<String, ArcStage>>
         dir.join("test.conf").to_str().unwrap(),
     )
     .unwrap();
-    pepsi_common::stage::sections(&Arc, &cfg)
+    pepsi_common::stage::sections(&ArcSealer, &cfg)
 }
 
 #[test]
