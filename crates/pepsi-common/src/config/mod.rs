@@ -13,9 +13,11 @@
 mod check;
 mod error;
 mod expand;
+mod layered;
 mod overlay;
 mod parse;
 mod shown;
+mod stage_name;
 mod value;
 pub use value::parse_size;
 
@@ -35,7 +37,9 @@ pub use overlay::{
     Scope, is_file_only_option, is_protected_section, listen_config_changed, load_all_overrides,
     load_overrides,
 };
+pub use layered::Layered;
 pub use shown::{ShownValues, ValueRow, program_check, shown_values};
+pub use stage_name::{StageName, StageNameError, section_name as stage_section_name};
 
 use expand::{Expander, Trust};
 use parse::Loader;
