@@ -414,7 +414,7 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
             let timeout = settings.tls_handshake_timeout;
             match tokio::time::timeout(timeout, handle.acceptor().accept(tcp)).await {
                 Ok(Ok(s)) => {
-                    let (version, cipher) = crate::tls::describe(s.get_ref().1);
+                    let (version, cipher) = pepsi_smtp::tls::describe(s.get_ref().1);
                     (Stream::Tls(Box::new(s)), Some(TlsInfo { version, cipher }))
                 }
                 Ok(Err(e)) => {

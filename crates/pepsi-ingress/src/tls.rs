@@ -50,23 +50,3 @@ impl TlsHandle {
 fn build(files: &TlsFiles) -> anyhow::Result<ServerConfig> {
     pepsi_common::server_tls::server_config(&files.cert, &files.key)
 }
-
-/// RFC-style names for the negotiated version (`TLSv1.3`) and cipher suite.
-pub fn describe(conn: &rustls::ServerConnection) -> (String, String) {
-    let version = match conn.protocol_version() {
-        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
-        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
-        Some(other) => format!("{other:?}"),
-        None => "unknown".to_owned(),
-    };
-    let cipher = conn
-        .negotiated_cipher_suite()
-        .map(|s| {
-            let suite = s.suite();
-            suite
-                .as_str()
-                .map_or_else(|| format!("{suite:?}"), str::to_owned)
-        })
-        .unwrap_or_else(|| "unknown".to_owned());
-    (version, cipher)
-}

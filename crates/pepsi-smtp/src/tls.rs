@@ -119,18 +119,36 @@ pub struct TlsInfo {
     pub verified: bool,
 }
 
+/// The names the logs, `Received:` lines and `state` give a TLS session, either side of
+/// it: the negotiated version (`TLSv1.3`) and cipher suite (`TLS13_AES_256_GCM_SHA384`).
+pub fn describe(conn: &rustls::CommonState) -> (String, String) {
+    (
+        version_name(conn.protocol_version()),
+        cipher_name(conn.negotiated_cipher_suite().map(|s| s.suite())),
+    )
+}
+
+/// `TLSv1.3`, `TLSv1.2`; any other version as rustls names it; `unknown` before a handshake.
+fn version_name(version: Option<rustls::ProtocolVersion>) -> String {
+    match version {
+        Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
+        Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
+        Some(other) => format!("{other:?}"),
+        None => "unknown".to_owned(),
+    }
+}
+
+/// The IANA-style name rustls gives the suite; `unknown` before a handshake.
+fn cipher_name(suite: Option<rustls::CipherSuite>) -> String {
+    suite.map_or_else(
+        || "unknown".to_owned(),
+        |s| s.as_str().map_or_else(|| format!("{s:?}"), str::to_owned),
+    )
+}
+
 impl TlsInfo {
     pub(crate) fn of(conn: &rustls::ClientConnection, verified: bool) -> TlsInfo {
-        let version = match conn.protocol_version() {
-            Some(rustls::ProtocolVersion::TLSv1_3) => "TLSv1.3".to_owned(),
-            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2".to_owned(),
-            Some(other) => format!("{other:?}"),
-            None => "unknown".to_owned(),
-        };
-        let cipher = conn
-            .negotiated_cipher_suite()
-            .map(|s| format!("{:?}", s.suite()))
-            .unwrap_or_else(|| "unknown".to_owned());
+        let (version, cipher) = describe(conn);
         TlsInfo {
             version,
             cipher,
@@ -295,6 +313,35 @@ impl ServerCertVerifier for AcceptAnyCertificate {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn tls_version_and_cipher_names() {
+        use rustls::{CipherSuite, ProtocolVersion};
+        let versions = [
+            (Some(ProtocolVersion::TLSv1_3), "TLSv1.3"),
+            (Some(ProtocolVersion::TLSv1_2), "TLSv1.2"),
+            (Some(ProtocolVersion::TLSv1_1), "TLSv1_1"),
+            (None, "unknown"),
+        ];
+        for (version, want) in versions {
+            assert_eq!(version_name(version), want, "{version:?}");
+        }
+        let suites = [
+            (
+                Some(CipherSuite::TLS13_AES_256_GCM_SHA384),
+                "TLS13_AES_256_GCM_SHA384",
+            ),
+            (
+                Some(CipherSuite::TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256),
+                "TLS_ECDHE_RSA_WITH_CHACHA20_POLY1305_SHA256",
+            ),
+            (Some(CipherSuite::Unknown(0xfefe)), "CipherSuite(0xfefe)"),
+            (None, "unknown"),
+        ];
+        for (suite, want) in suites {
+            assert_eq!(cipher_name(suite), want, "{suite:?}");
+        }
+    }
 
     #[test]
     fn policy_table() {

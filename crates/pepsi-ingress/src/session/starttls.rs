@@ -33,7 +33,7 @@ impl Session {
         let timeout = self.settings.tls_handshake_timeout;
         match tokio::time::timeout(timeout, handle.acceptor().accept(tcp)).await {
             Ok(Ok(tls)) => {
-                let (version, cipher) = crate::tls::describe(tls.get_ref().1);
+                let (version, cipher) = pepsi_smtp::tls::describe(tls.get_ref().1);
                 self.tls = Some(TlsInfo { version, cipher });
                 self.conn.stream = Stream::Tls(Box::new(tls));
                 self.helo = None;
