@@ -194,6 +194,7 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
         ),
     };
     let original_id = single_id(original, "Message-ID");
+    // Not mail-builder: it picks the body encoding (7bit, not QP) and folds References by width.
     let mut h = String::new();
     let mut field = |name: &str, value: &str| {
         h.push_str(name);

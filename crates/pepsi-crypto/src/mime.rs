@@ -90,6 +90,7 @@ pub fn boundary() -> String {
 /// A multipart body: each part (a whole entity: its fields, an empty line, its body)
 /// between `--boundary` lines, and the closing delimiter.
 pub fn multipart_body(boundary: &str, parts: &[&[u8]]) -> Vec<u8> {
+    // Not mail-builder: it adds the multipart's own fields and a CRLF before each delimiter.
     let mut out = Vec::new();
     for part in parts {
         out.extend_from_slice(b"--");

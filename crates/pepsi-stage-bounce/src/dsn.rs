@@ -90,6 +90,7 @@ pub fn build(d: &Dsn<'_>) -> Vec<u8> {
     let cte = |b: &[u8]| if is_8bit(b) { "8bit" } else { "7bit" };
     let any_8bit = is_8bit(human.as_bytes()) || status_global || is_8bit(&returned);
 
+    // Not mail-builder: the 8-bit message/* parts, preamble and boundary would all be raw writes.
     let mut out = Vec::with_capacity(returned.len() + human.len() + status.len() + 2048);
     let mut h = String::new();
     field(
