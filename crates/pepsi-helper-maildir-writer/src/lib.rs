@@ -13,6 +13,7 @@
 //! It must never write anything but reply lines to stdout, and never write a partial file
 //! into `new/`.
 
+pub mod client;
 pub mod fsat;
 pub mod maildir;
 /// The owner switch, shared with the `.forward` reader.

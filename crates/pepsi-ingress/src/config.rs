@@ -5,7 +5,7 @@
 //! Listener sections are protected: the configuration layer never takes them from the
 //! database, so a compromised database cannot open or move a socket.
 
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -158,14 +158,6 @@ pub struct Settings {
     pub listeners: Vec<ListenerConfig>,
 }
 
-fn parse_server(item: &str) -> Option<SocketAddr> {
-    item.parse::<SocketAddr>().ok().or_else(|| {
-        item.parse::<IpAddr>()
-            .ok()
-            .map(|ip| SocketAddr::new(ip, 53))
-    })
-}
-
 /// `STRIP_FIELDS` (default: the decrypt stage's default result field), then the
 /// `RESULT_HEADER` of every `[stage-*]` section running pepsi-stage-decrypt, each once
 /// (names compare without regard to case). A name that is no header field name is an error
@@ -225,16 +217,7 @@ impl Settings {
                 .list_opt("LOCAL_DOMAINS")?
                 .unwrap_or_default(),
         };
-        let servers = s
-            .list_opt("DNS_SERVERS")?
-            .unwrap_or_default()
-            .iter()
-            .map(|item| {
-                parse_server(item).with_context(|| {
-                    format!("[{SECTION}] DNS_SERVERS: {item:?} is not an IP address or IP:port")
-                })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
+        let servers = pepsi_common::dns::servers_opt(&s)?.unwrap_or_default();
         let settings = Settings {
             authserv_id: s
                 .string_opt("AUTHSERV_ID")?

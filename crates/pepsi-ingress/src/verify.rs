@@ -1,15 +1,13 @@
 //! Message authentication at the door: iprev, SPF (HELO and MAIL FROM), DKIM, ARC and
-//! DMARC with `mail-auth`, over a hickory resolver whose servers the configuration names
-//! (`DNS_SERVERS`), so a test can point it at a DNS server of its own.
+//! DMARC with `mail-auth`, over the resolver of `pepsi_common::dns` whose servers the
+//! configuration names (`DNS_SERVERS`), so a test can point it at a DNS server of its own.
+//! Verdicts come from the DNS alone: a local hosts file is not a domain's word.
 //!
 //! The verdicts become one `Authentication-Results` field and the `state.auth` object;
 //! the mapping from verdicts to JSON is pure and tested as a table.
 
 use std::net::IpAddr;
 
-use mail_auth::hickory_resolver::config::{
-    NameServerConfig, ResolveHosts, ResolverConfig, ResolverOpts,
-};
 use mail_auth::{
     ArcOutput, AuthenticatedMessage, AuthenticationResults, DkimOutput, DkimResult, DmarcOutput,
     DmarcResult, IprevOutput, IprevResult, MessageAuthenticator, SpfOutput, SpfResult,
@@ -44,38 +42,12 @@ pub struct Verdict {
 
 impl Verifier {
     pub fn new(dns: &DnsSettings, authserv_id: &str, hostname: &str) -> anyhow::Result<Verifier> {
-        let (config, mut opts) = if dns.servers.is_empty() {
-            let (c, o) =
-                mail_auth::hickory_resolver::system_conf::read_system_conf().map_err(|e| {
-                    anyhow::anyhow!("cannot read the system resolver configuration: {e}")
-                })?;
-            (c, o)
-        } else {
-            let servers = dns
-                .servers
-                .iter()
-                .map(|addr| {
-                    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
-                    for c in &mut ns.connections {
-                        c.port = addr.port();
-                    }
-                    ns
-                })
-                .collect();
-            (
-                ResolverConfig::from_name_servers(servers),
-                ResolverOpts::default(),
-            )
-        };
-        opts.timeout = dns.timeout;
-        opts.attempts = 2;
+        let (config, mut opts) = pepsi_common::dns::resolver_config(&dns.servers, dns.timeout)?;
         // Negative answers are cached for at least DNS_NEGATIVE_TTL (at most an hour), even
         // when the zone gives none: each lookup the verdicts make for a name without the
         // record (most senders publish no DMARC, many no SPF) is asked once per period.
         opts.negative_min_ttl = Some(dns.negative_ttl);
         opts.negative_max_ttl = Some(dns.negative_ttl.max(std::time::Duration::from_secs(3600)));
-        // Verdicts come from the DNS alone; a local hosts file is not a domain's word.
-        opts.use_hosts_file = ResolveHosts::Never;
         let auth = MessageAuthenticator::new(config, opts)
             .map_err(|e| anyhow::anyhow!("cannot set up the DNS resolver: {e}"))?;
         Ok(Verifier {

@@ -27,8 +27,8 @@ use hickory_resolver::proto::rr::{RData, RecordType};
 use names::Method;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
+use pepsi_common::dns::{Dns, Lookup};
 use pepsi_crypto::{Scheme, openpgp, smime};
-use pepsi_stage_relay_to_internet::dns::{Dns, Lookup};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -108,24 +108,10 @@ pub struct Settings {
 impl Settings {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section("pepsi-keydisc");
-        let dns = match s.list_opt("DNS_SERVERS")? {
-            Some(list) => Some(list),
-            None => cfg.section("pepsi").list_opt("DNS_SERVERS")?,
+        let dns_servers = match pepsi_common::dns::servers_opt(&s)? {
+            Some(list) => list,
+            None => pepsi_common::dns::servers_opt(&cfg.section("pepsi"))?.unwrap_or_default(),
         };
-        let dns_servers = dns
-            .unwrap_or_default()
-            .iter()
-            .map(|d| {
-                d.parse::<SocketAddr>()
-                    .or_else(|_| {
-                        d.parse::<std::net::IpAddr>()
-                            .map(|ip| SocketAddr::new(ip, 53))
-                    })
-                    .map_err(|_| {
-                        anyhow::anyhow!("[pepsi-keydisc] DNS_SERVERS: {d:?} is not ip or ip:port")
-                    })
-            })
-            .collect::<anyhow::Result<Vec<_>>>()?;
         let settings = Settings {
             interval: s
                 .duration_opt("INTERVAL")?

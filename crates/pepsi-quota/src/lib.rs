@@ -17,11 +17,10 @@ use pepsi_common::audit::Actor;
 use pepsi_common::cli::ToolFailure as Failure;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
+use pepsi_common::maildir::{self, Mailboxes, NoStage};
 use pepsi_common::quota::{self, Limits, Recorded, Scope, Usage};
+use pepsi_helper_maildir_writer::client::CoProcess;
 use pepsi_helper_maildir_writer::protocol::{Reply, UsageRequest};
-use pepsi_stage_relay_to_maildir::NoStage;
-use pepsi_stage_relay_to_maildir::Settings as DeliverySettings;
-use pepsi_stage_relay_to_maildir::helper::CoProcess;
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -404,7 +403,7 @@ async fn show(pool: &PgPool, a: ShowArgs) -> Done {
 
 /// The delivery stage whose settings say where mailboxes are.
 fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, Failure> {
-    pepsi_stage_relay_to_maildir::delivery_stage(cfg, asked).map_err(|e| match e {
+    maildir::delivery_stage(cfg, asked).map_err(|e| match e {
         NoStage::Unknown(t) | NoStage::Several(t) => Failure::Invalid(t),
         NoStage::None(t) => Failure::Other(anyhow::anyhow!(t)),
     })
@@ -412,8 +411,9 @@ fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, Failure> 
 
 async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
     let stage = delivery_stage(cfg, a.stage.as_deref())?;
-    let s =
-        DeliverySettings::from_config(cfg, &stage).with_context(|| format!("[stage-{stage}]"))?;
+    let s = Mailboxes::of_stage(cfg, &stage).with_context(|| format!("[stage-{stage}]"))?;
+    let local = pepsi_common::local::LocalRecipients::from_config(cfg)
+        .with_context(|| format!("[stage-{stage}]"))?;
     let mailboxes: Vec<String> = if a.all {
         let mut all: Vec<String> = quota::all_limits(pool)
             .await?
@@ -433,7 +433,7 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
         let mut named = Vec::new();
         for address in &a.addresses {
             match scope(address)? {
-                Scope::Mailbox(m) => named.push(s.local.mailbox_key(&m)),
+                Scope::Mailbox(m) => named.push(local.mailbox_key(&m)),
                 Scope::Domain(_) => {
                     return Err(Failure::Invalid(format!(
                         "{address}: recalc counts mailboxes; name their addresses (or --all)"
@@ -443,7 +443,7 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
         }
         named
     };
-    let mut writer = CoProcess::start(s.helper.clone()).map_err(|e| anyhow::anyhow!(e))?;
+    let mut writer = CoProcess::start(s.writer.clone()).map_err(|e| anyhow::anyhow!(e))?;
     let limits = quota::all_limits(pool).await?;
     let (mut counted, mut failed) = (0usize, 0usize);
     for mailbox in &mailboxes {
@@ -470,7 +470,7 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
             limits: effective,
             rebuild: true,
         };
-        let timeout = s.helper_timeout.max(Duration::from_secs(1));
+        let timeout = s.writer_timeout.max(Duration::from_secs(1));
         match writer.usage(&req, timeout).await {
             Ok(Reply::Usage(usage)) => {
                 quota::record(pool, mailbox, usage, effective).await?;
@@ -490,7 +490,7 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
                 writer.kill().await;
                 return Err(Failure::Other(anyhow::anyhow!(
                     "the maildir writer {} failed at {mailbox}: {e}",
-                    s.helper.program.display()
+                    s.writer.program.display()
                 )));
             }
         }

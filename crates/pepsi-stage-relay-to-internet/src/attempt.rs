@@ -21,10 +21,10 @@ use pepsi_smtp::{
 use sqlx::PgPool;
 
 use crate::cache::{self, Candidate, Health};
-use crate::dns::{Dns, Lookup};
 use crate::keep::{Keeper, Key};
 use crate::route::{self, Hop, NoRoute};
 use crate::settings::Settings;
+use pepsi_common::dns::{Dns, Lookup};
 
 /// What went wrong at one host or address, for the diagnostic of an attempt that found no
 /// server to answer.

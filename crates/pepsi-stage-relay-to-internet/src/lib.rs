@@ -13,13 +13,12 @@
 //! resolved MX-host addresses with their connect health, and nothing else.
 //!
 //! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
-//! `dns` (hickory lookups), `cache` (the address cache's stored functions), `keep`
-//! (sessions kept between messages), `attempt` (the walk over hosts and addresses, and what
-//! ends it).
+//! `cache` (the address cache's stored functions), `keep` (sessions kept between messages),
+//! `attempt` (the walk over hosts and addresses, and what ends it). The DNS lookups are
+//! `pepsi_common::dns`'s.
 
 pub mod attempt;
 pub mod cache;
-pub mod dns;
 pub mod keep;
 pub mod route;
 pub mod settings;
@@ -34,9 +33,9 @@ use pepsi_common::local::split_address;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 use crate::attempt::Attempt;
-use crate::dns::Dns;
 use crate::keep::Keeper;
 use crate::settings::Settings;
+use pepsi_common::dns::Dns;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;

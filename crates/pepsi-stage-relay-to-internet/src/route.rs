@@ -6,14 +6,7 @@
 use std::net::IpAddr;
 
 use pepsi_common::delivery::Failure;
-
-/// One MX record as the DNS gave it: the exchange in ASCII, lower case, without the
-/// trailing dot (empty for the root, `.`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct MxRecord {
-    pub preference: u16,
-    pub exchange: String,
-}
+pub use pepsi_common::dns::{MxAnswer, MxRecord};
 
 /// One host to try, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -41,17 +34,6 @@ impl Hop {
             unusable,
         }
     }
-}
-
-/// What the MX lookup of the domain found.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum MxAnswer {
-    /// MX records.
-    Records(Vec<MxRecord>),
-    /// The domain exists and has no MX records: its own A/AAAA are the implicit MX.
-    NoRecords,
-    /// The domain does not exist (NXDOMAIN).
-    NoDomain,
 }
 
 /// Why there is no route: these are permanent, a bounce tells the sender.

@@ -2,12 +2,13 @@
 //! Pure: no I/O besides reading the loaded configuration.
 
 use std::collections::BTreeMap;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
 use pepsi_common::config::{Config, ConfigError, Section};
 use pepsi_common::delivery::RetryPolicy;
+use pepsi_common::dns;
 use pepsi_common::local::normalize_domain;
 use pepsi_smtp::{Timeouts, TlsPolicy};
 
@@ -71,18 +72,6 @@ pub struct Settings {
     pub policy: RetryPolicy,
 }
 
-/// `ip` or `ip:port` (`[v6]:port`), port 53 when none is given.
-pub fn parse_dns_server(text: &str) -> Result<SocketAddr, String> {
-    let text = text.trim();
-    if let Ok(ip) = text.parse::<IpAddr>() {
-        return Ok(SocketAddr::new(ip, 53));
-    }
-    text.parse::<SocketAddr>()
-        .ok()
-        .filter(|a| a.port() != 0)
-        .ok_or_else(|| format!("an IP address or IP:port ([IPv6]:port), not {text:?}"))
-}
-
 /// `example.org:verify, other.net:encrypt`: a policy per recipient domain.
 pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>, String> {
     let mut map = BTreeMap::new();
@@ -116,14 +105,7 @@ impl Settings {
                 global.clone()
             }
         };
-        let dns_servers = either("DNS_SERVERS")
-            .parse_opt("DNS_SERVERS", |v| {
-                v.split(|c: char| c == ',' || c.is_whitespace())
-                    .filter(|i| !i.is_empty())
-                    .map(parse_dns_server)
-                    .collect::<Result<Vec<_>, _>>()
-            })?
-            .unwrap_or_default();
+        let dns_servers = dns::servers_opt(&either("DNS_SERVERS"))?.unwrap_or_default();
         let helo_name = cfg.name_option(&s, "HELO_NAME")?;
         let d = Timeouts::default();
         let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {

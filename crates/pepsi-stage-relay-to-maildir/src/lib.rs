@@ -11,9 +11,6 @@
 //! The stage never touches a mailbox itself: the helper owns every filesystem write, so the
 //! stage can run unprivileged (setgid to the group allowed to run the helper).
 
-pub mod helper;
-pub mod mailbox;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -24,8 +21,8 @@ use pepsi_common::quota::{self, Limits};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{DeliveryKey, DirSync, Reply, Request};
 
-use helper::{CoProcess, HelperArgs};
-use mailbox::Template;
+use pepsi_common::maildir::{Mailboxes, Template, WriterArgs};
+use pepsi_helper_maildir_writer::client::CoProcess;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -35,9 +32,7 @@ pub mod constants {
         component: "stage-relay-to-maildir",
         exec: "pepsi-stage-relay-to-maildir",
     };
-    pub const PROGRAM: &str = "pepsi-stage-relay-to-maildir";
-    pub const DEFAULT_HELPER: &str = "pepsi-helper-maildir-writer";
-    pub const DEFAULT_TEMPLATE: &str = "%u/Maildir";
+    pub const PROGRAM: &str = pepsi_common::maildir::DELIVERY_PROGRAM;
 }
 
 /// A stage section's options, read once per stage name and validated together.
@@ -56,7 +51,7 @@ pub struct Settings {
     pub over_quota: OverQuota,
     /// How long a mailbox's and its domain's limit rows are reused (0: read every time).
     pub quota_lookup_ttl: Duration,
-    pub helper: HelperArgs,
+    pub helper: WriterArgs,
     pub helper_timeout: Duration,
     pub retry: RetryPolicy,
 }
@@ -66,33 +61,10 @@ impl Settings {
     /// `[PATHS] MAIL_ROOT` as fallbacks.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
         let s = cfg.section(&format!("stage-{stage}"));
-        let global = cfg.section("pepsi");
-        let root = match s.path_opt("MAILDIR_ROOT")? {
-            Some(p) => p,
-            None => match cfg.section("PATHS").path_opt("MAIL_ROOT")? {
-                Some(p) => p,
-                None => s.path("MAILDIR_ROOT")?,
-            },
-        };
-        let template = s
-            .parse_opt("MAILDIR", Template::parse)?
-            .unwrap_or_else(|| Template::parse(constants::DEFAULT_TEMPLATE).expect("default"));
-        let delimiters = match s.string_opt("RECIPIENT_DELIMITER")? {
-            Some(d) => d,
-            None => global
-                .string_opt("RECIPIENT_DELIMITER")?
-                .unwrap_or_else(|| "+".into()),
-        };
-        let helper = s
-            .string_opt("HELPER")?
-            .unwrap_or_else(|| constants::DEFAULT_HELPER.into());
+        let m = Mailboxes::from_section(cfg, &s)?;
         Ok(Settings {
-            template,
-            delimiters,
             local: pepsi_common::local::LocalRecipients::from_config(cfg)?,
             nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
-            quota: s.size_opt("QUOTA")?.filter(|&q| q > 0),
-            quota_messages: s.number_opt::<u64>("QUOTA_MESSAGES")?.filter(|&q| q > 0),
             over_quota: OverQuota {
                 temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
                 grace: s
@@ -102,19 +74,14 @@ impl Settings {
             quota_lookup_ttl: s
                 .duration_opt("QUOTA_LOOKUP_TTL")?
                 .unwrap_or(Duration::from_secs(10)),
-            helper: HelperArgs {
-                program: helper::locate(&helper),
-                root: root.clone(),
-                create: s.bool_opt("CREATE_MAILDIR")?.unwrap_or(false),
-                allow_root_owner: s.bool_opt("ALLOW_ROOT_OWNER")?.unwrap_or(false),
-                log_level: "info".into(),
-            },
-            helper_timeout: s
-                .duration_opt("HELPER_TIMEOUT")?
-                .unwrap_or(Duration::from_secs(60))
-                .max(Duration::from_secs(1)),
             retry: RetryPolicy::from_config(cfg, stage)?,
-            root,
+            root: m.root,
+            template: m.template,
+            delimiters: m.delimiters,
+            quota: m.quota,
+            quota_messages: m.quota_messages,
+            helper: m.writer,
+            helper_timeout: m.writer_timeout,
         })
     }
 }
@@ -137,46 +104,6 @@ impl OverQuota {
         } else {
             "5.2.2"
         }
-    }
-}
-
-/// Why no one delivery stage could be chosen ([`delivery_stage`]); each holds the message.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NoStage {
-    /// The stage asked for does not run this program.
-    Unknown(String),
-    /// No stage runs it.
-    None(String),
-    /// Several do, and none was named.
-    Several(String),
-}
-
-/// The `[stage-<name>]` running this program whose settings say where mailboxes are, for a
-/// tool that reads Maildirs (`pepsi-quota recalc`, `pepsi-whitelist learn`): the one asked
-/// for (`--stage`), else the only one.
-pub fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, NoStage> {
-    let program = constants::PROGRAM;
-    let stages = pepsi_common::stage::StageSettings::stages_of(cfg, program);
-    match asked {
-        Some(name) if stages.iter().any(|s| s.eq_ignore_ascii_case(name)) => Ok(name.to_owned()),
-        Some(name) => Err(NoStage::Unknown(format!(
-            "--stage {name}: no [stage-{name}] runs {program} (stages that do: {})",
-            if stages.is_empty() {
-                "none".into()
-            } else {
-                stages.join(", ")
-            }
-        ))),
-        None => match &stages[..] {
-            [one] => Ok(one.clone()),
-            [] => Err(NoStage::None(format!(
-                "no [stage-*] section runs {program}: there is no Maildir to read"
-            ))),
-            many => Err(NoStage::Several(format!(
-                "several stages run {program}: name one with --stage ({})",
-                many.join(", ")
-            ))),
-        },
     }
 }
 

@@ -94,7 +94,7 @@ pub fn mailbox(caller: &Caller, asked: Option<&str>, rules: &Rules) -> Result<St
 /// an address.
 fn valid(address: &str, rules: &Rules) -> Result<String, String> {
     let key = rules.local.mailbox_key(address);
-    match pepsi_stage_check_whitelist::plan::check(Some(&key)) {
+    match pepsi_common::whitelist::check(Some(&key)) {
         Some(c) => Ok(c.address),
         None => Err(format!("{address:?}: not an address")),
     }

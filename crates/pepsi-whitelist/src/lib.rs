@@ -23,10 +23,10 @@ use pepsi_common::cli::ToolFailure as Failure;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
+use pepsi_common::maildir::{self, Mailboxes, NoStage};
 use pepsi_common::privilege;
+use pepsi_common::whitelist;
 use pepsi_helper_mailbox_scan::protocol::{self, Finding};
-use pepsi_stage_check_whitelist::plan;
-use pepsi_stage_relay_to_maildir::NoStage;
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::io::AsyncReadExt as _;
@@ -306,7 +306,7 @@ fn exit(result: Done) -> ExitCode {
 fn entries(texts: &[String]) -> Result<Vec<String>, Failure> {
     let mut out: Vec<String> = Vec::new();
     for t in texts {
-        let e = plan::entry(t).map_err(Failure::Invalid)?;
+        let e = whitelist::entry(t).map_err(Failure::Invalid)?;
         if !out.contains(&e) {
             out.push(e);
         }
@@ -544,15 +544,11 @@ fn maildir_of(run: &Run, a: &LearnArgs) -> Result<PathBuf, Failure> {
     if let Some(dir) = &a.maildir {
         return Ok(dir.clone());
     }
-    let stage = pepsi_stage_relay_to_maildir::delivery_stage(&run.cfg, a.stage.as_deref())
-        .map_err(|e| match e {
-            NoStage::Unknown(t) | NoStage::Several(t) => Failure::Invalid(t),
-            NoStage::None(t) => {
-                Failure::Other(anyhow::anyhow!("{t}; name the Maildir with --maildir"))
-            }
-        })?;
-    let s = pepsi_stage_relay_to_maildir::Settings::from_config(&run.cfg, &stage)
-        .with_context(|| format!("[stage-{stage}]"))?;
+    let stage = maildir::delivery_stage(&run.cfg, a.stage.as_deref()).map_err(|e| match e {
+        NoStage::Unknown(t) | NoStage::Several(t) => Failure::Invalid(t),
+        NoStage::None(t) => Failure::Other(anyhow::anyhow!("{t}; name the Maildir with --maildir")),
+    })?;
+    let s = Mailboxes::of_stage(&run.cfg, &stage).with_context(|| format!("[stage-{stage}]"))?;
     s.template
         .mailbox(&s.root, &run.mailbox, &s.delimiters)
         .map_err(|f| Failure::Other(anyhow::anyhow!("{}", f.diagnostic)))

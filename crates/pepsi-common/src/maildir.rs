@@ -1,9 +1,18 @@
-//! Pure decisions of local delivery: where a recipient's Maildir is (the `MAILDIR`
-//! template). Which recipients are local is `pepsi_common::local`'s to say. No I/O.
+//! Where mailboxes are: the Maildir location a `pepsi-stage-relay-to-maildir` section
+//! configures (`MAILDIR_ROOT`, else `[PATHS] MAIL_ROOT`; the `MAILDIR` template;
+//! `RECIPIENT_DELIMITER`), the writer it starts and the default limits it applies, read the
+//! same way by the delivery stage and by the tools that read Maildirs (`pepsi-quota recalc`,
+//! `pepsi-whitelist learn`), which therefore link no stage crate. The template is pure; the
+//! only I/O is looking the writer program up.
+//!
+//! Which recipients are local is `local`'s to say.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use pepsi_common::delivery::Failure;
+use crate::config::{Config, ConfigError, Section};
+
+use crate::delivery::Failure;
 
 /// One piece of a parsed `MAILDIR` template.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +132,126 @@ impl Template {
         } else {
             root.join(path)
         })
+    }
+}
+
+/// The program whose stage sections say where mailboxes are.
+pub const DELIVERY_PROGRAM: &str = "pepsi-stage-relay-to-maildir";
+/// `HELPER`'s default: the Maildir writer.
+pub const DEFAULT_WRITER: &str = "pepsi-helper-maildir-writer";
+/// `MAILDIR`'s default.
+pub const DEFAULT_TEMPLATE: &str = "%u/Maildir";
+
+/// How the Maildir writer is started; a running writer is reused while these stay the same.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriterArgs {
+    pub program: PathBuf,
+    pub root: PathBuf,
+    pub create: bool,
+    pub allow_root_owner: bool,
+    pub log_level: String,
+}
+
+/// What a delivery stage section says about mailboxes: where they are, the writer that
+/// reaches them, and the limits of a mailbox without a `pepsi.quota_limit` row of its own.
+#[derive(Debug, Clone)]
+pub struct Mailboxes {
+    pub root: PathBuf,
+    pub template: Template,
+    pub delimiters: String,
+    pub quota: Option<u64>,
+    pub quota_messages: Option<u64>,
+    pub writer: WriterArgs,
+    /// `HELPER_TIMEOUT`: a writer silent this long is killed (at least a second).
+    pub writer_timeout: Duration,
+}
+
+impl Mailboxes {
+    /// Reads the stage section `s`, with `[PATHS] MAIL_ROOT` and `[pepsi]
+    /// RECIPIENT_DELIMITER` as fallbacks.
+    pub fn from_section(cfg: &Config, s: &Section<'_>) -> Result<Mailboxes, ConfigError> {
+        let root = match s.path_opt("MAILDIR_ROOT")? {
+            Some(p) => p,
+            None => match cfg.section("PATHS").path_opt("MAIL_ROOT")? {
+                Some(p) => p,
+                None => s.path("MAILDIR_ROOT")?,
+            },
+        };
+        let template = s
+            .parse_opt("MAILDIR", Template::parse)?
+            .unwrap_or_else(|| Template::parse(DEFAULT_TEMPLATE).expect("default"));
+        let delimiters = match s.string_opt("RECIPIENT_DELIMITER")? {
+            Some(d) => d,
+            None => cfg
+                .section("pepsi")
+                .string_opt("RECIPIENT_DELIMITER")?
+                .unwrap_or_else(|| "+".into()),
+        };
+        let writer = s
+            .string_opt("HELPER")?
+            .unwrap_or_else(|| DEFAULT_WRITER.into());
+        Ok(Mailboxes {
+            template,
+            delimiters,
+            quota: s.size_opt("QUOTA")?.filter(|&q| q > 0),
+            quota_messages: s.number_opt::<u64>("QUOTA_MESSAGES")?.filter(|&q| q > 0),
+            writer: WriterArgs {
+                program: crate::cli::locate_program(&writer),
+                root: root.clone(),
+                create: s.bool_opt("CREATE_MAILDIR")?.unwrap_or(false),
+                allow_root_owner: s.bool_opt("ALLOW_ROOT_OWNER")?.unwrap_or(false),
+                log_level: "info".into(),
+            },
+            writer_timeout: s
+                .duration_opt("HELPER_TIMEOUT")?
+                .unwrap_or(Duration::from_secs(60))
+                .max(Duration::from_secs(1)),
+            root,
+        })
+    }
+
+    /// Reads `[stage-<stage>]` (a stage [`delivery_stage`] chose).
+    pub fn of_stage(cfg: &Config, stage: &str) -> Result<Mailboxes, ConfigError> {
+        Mailboxes::from_section(cfg, &cfg.section(&format!("stage-{stage}")))
+    }
+}
+
+/// Why no one delivery stage could be chosen ([`delivery_stage`]); each holds the message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NoStage {
+    /// The stage asked for does not run the delivery program.
+    Unknown(String),
+    /// No stage runs it.
+    None(String),
+    /// Several do, and none was named.
+    Several(String),
+}
+
+/// The `[stage-<name>]` running [`DELIVERY_PROGRAM`] whose settings say where mailboxes
+/// are, for a tool that reads Maildirs: the one asked for (`--stage`), else the only one.
+pub fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, NoStage> {
+    let program = DELIVERY_PROGRAM;
+    let stages = crate::stage::StageSettings::stages_of(cfg, program);
+    match asked {
+        Some(name) if stages.iter().any(|s| s.eq_ignore_ascii_case(name)) => Ok(name.to_owned()),
+        Some(name) => Err(NoStage::Unknown(format!(
+            "--stage {name}: no [stage-{name}] runs {program} (stages that do: {})",
+            if stages.is_empty() {
+                "none".into()
+            } else {
+                stages.join(", ")
+            }
+        ))),
+        None => match &stages[..] {
+            [one] => Ok(one.clone()),
+            [] => Err(NoStage::None(format!(
+                "no [stage-*] section runs {program}: there is no Maildir to read"
+            ))),
+            many => Err(NoStage::Several(format!(
+                "several stages run {program}: name one with --stage ({})",
+                many.join(", ")
+            ))),
+        },
     }
 }
 

@@ -1,10 +1,12 @@
-//! The DNS edge: MX, A and AAAA lookups over hickory-resolver, asking the configured
-//! servers (`DNS_SERVERS`) or the system's, and the three outcomes delivery tells apart:
-//! records, a name that does not exist or has no such records (an answer), and a lookup
-//! that failed (SERVFAIL, REFUSED, a timeout: try again later).
+//! The DNS edge of every program that asks the DNS itself (the ingress's verdicts, the
+//! relay to the internet, key discovery): the one reading of `DNS_SERVERS`, the one resolver
+//! setup over hickory-resolver (the configured servers or the system's), and the lookups with
+//! the three outcomes callers tell apart: records, a name that does not exist or has no such
+//! records (an answer), and a lookup that failed (SERVFAIL, REFUSED, a timeout: try again
+//! later).
 //!
 //! Names are always queried fully qualified, so no search domain is ever appended, and the
-//! hosts file is never read: where mail goes is the DNS's word alone.
+//! hosts file is never read: what the DNS says is the DNS's word alone.
 
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
@@ -16,7 +18,88 @@ use hickory_resolver::proto::op::ResponseCode;
 use hickory_resolver::proto::rr::RData;
 use hickory_resolver::{Resolver, TokioResolver};
 
-use crate::route::{MxAnswer, MxRecord};
+use crate::config::{ConfigError, Section};
+
+/// One MX record as the DNS gave it: the exchange in ASCII, lower case, without the
+/// trailing dot (empty for the root, `.`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MxRecord {
+    pub preference: u16,
+    pub exchange: String,
+}
+
+/// What the MX lookup of a domain found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MxAnswer {
+    /// MX records.
+    Records(Vec<MxRecord>),
+    /// The domain exists and has no MX records: its own A/AAAA are the implicit MX.
+    NoRecords,
+    /// The domain does not exist (NXDOMAIN).
+    NoDomain,
+}
+
+/// `ip` or `ip:port` (`[v6]:port`), port 53 when none is given: one `DNS_SERVERS` item.
+pub fn parse_server(text: &str) -> Result<SocketAddr, String> {
+    let text = text.trim();
+    if let Ok(ip) = text.parse::<IpAddr>() {
+        return Ok(SocketAddr::new(ip, 53));
+    }
+    text.parse::<SocketAddr>()
+        .ok()
+        .filter(|a| a.port() != 0)
+        .ok_or_else(|| format!("an IP address or IP:port ([IPv6]:port), not {text:?}"))
+}
+
+/// A `DNS_SERVERS` value: servers separated by commas or white space.
+pub fn parse_servers(text: &str) -> Result<Vec<SocketAddr>, String> {
+    text.split(|c: char| c == ',' || c.is_whitespace())
+        .filter(|i| !i.is_empty())
+        .map(parse_server)
+        .collect()
+}
+
+/// `DNS_SERVERS` of `section`, when set (which section, and what falls back to what, is the
+/// caller's to say); an empty list means the system's resolvers.
+pub fn servers_opt(section: &Section<'_>) -> Result<Option<Vec<SocketAddr>>, ConfigError> {
+    section.parse_opt("DNS_SERVERS", parse_servers)
+}
+
+/// The resolver configuration for `servers` (UDP, TCP when truncated), or the system's
+/// (`/etc/resolv.conf`) when empty: two attempts of `timeout` each, and never the hosts file.
+/// Callers that need more (the ingress's negative caching) adjust the options.
+pub fn resolver_config(
+    servers: &[SocketAddr],
+    timeout: Duration,
+) -> anyhow::Result<(ResolverConfig, ResolverOpts)> {
+    let (config, mut opts) = if servers.is_empty() {
+        hickory_resolver::system_conf::read_system_conf().map_err(|e| {
+            anyhow::anyhow!(
+                "cannot read the system resolver configuration (/etc/resolv.conf): {e}; \
+                 set DNS_SERVERS"
+            )
+        })?
+    } else {
+        let servers = servers
+            .iter()
+            .map(|addr| {
+                let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
+                for c in &mut ns.connections {
+                    c.port = addr.port();
+                }
+                ns
+            })
+            .collect();
+        (
+            ResolverConfig::from_name_servers(servers),
+            ResolverOpts::default(),
+        )
+    };
+    opts.timeout = timeout;
+    opts.attempts = 2;
+    opts.use_hosts_file = ResolveHosts::Never;
+    Ok((config, opts))
+}
 
 /// Why a lookup gave no records.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -47,40 +130,15 @@ pub struct Addresses {
     pub ttl: u32,
 }
 
-/// A resolver for one stage section.
+/// A resolver: one per stage section, or per program.
 pub struct Dns {
     resolver: TokioResolver,
 }
 
 impl Dns {
-    /// Asks `servers` (UDP, TCP when truncated), or the system's resolvers when empty.
+    /// Asks `servers`, or the system's resolvers when empty ([`resolver_config`]).
     pub fn new(servers: &[SocketAddr], timeout: Duration) -> anyhow::Result<Dns> {
-        let (config, mut opts) = if servers.is_empty() {
-            hickory_resolver::system_conf::read_system_conf().map_err(|e| {
-                anyhow::anyhow!(
-                    "cannot read the system resolver configuration (/etc/resolv.conf): {e}; \
-                     set DNS_SERVERS"
-                )
-            })?
-        } else {
-            let servers = servers
-                .iter()
-                .map(|addr| {
-                    let mut ns = NameServerConfig::udp_and_tcp(addr.ip());
-                    for c in &mut ns.connections {
-                        c.port = addr.port();
-                    }
-                    ns
-                })
-                .collect();
-            (
-                ResolverConfig::from_name_servers(servers),
-                ResolverOpts::default(),
-            )
-        };
-        opts.timeout = timeout;
-        opts.attempts = 2;
-        opts.use_hosts_file = ResolveHosts::Never;
+        let (config, opts) = resolver_config(servers, timeout)?;
         let resolver = Resolver::builder_with_config(config, TokioRuntimeProvider::default())
             .with_options(opts)
             .build()
@@ -215,5 +273,31 @@ fn classify(e: &NetError) -> Lookup {
         }
         NetError::Timeout => Lookup::Failed("no answer in time".into()),
         other => Lookup::Failed(other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dns_servers_values() {
+        let ok: &[(&str, &[&str])] = &[
+            ("192.0.2.53", &["192.0.2.53:53"]),
+            ("127.0.0.1:5353 ::1", &["127.0.0.1:5353", "[::1]:53"]),
+            ("127.0.0.1:5353, [::1]:54", &["127.0.0.1:5353", "[::1]:54"]),
+            (" , ", &[]),
+        ];
+        for (text, expected) in ok {
+            let expected: Vec<SocketAddr> = expected.iter().map(|a| a.parse().unwrap()).collect();
+            assert_eq!(parse_servers(text), Ok(expected), "{text:?}");
+        }
+        for text in ["dns.example", "127.0.0.1:0", "192.0.2.53:dns", "::1:53x"] {
+            let err = parse_servers(text).expect_err(text);
+            assert!(
+                err.contains("IP:port") && err.contains(text),
+                "{text:?}: {err}"
+            );
+        }
     }
 }

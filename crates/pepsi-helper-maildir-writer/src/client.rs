@@ -1,29 +1,21 @@
-//! The stage's end of the co-process: starts `pepsi-helper-maildir-writer` once, sends it
-//! one request per recipient and reads the reply line, and asks it to sync the directories
-//! written since the last sync before the worker commits. A helper that dies, answers
-//! garbage or does not answer within the timeout is killed and forgotten; the next request
-//! starts a new one.
+//! The callers' end of the co-process (`pepsi-stage-relay-to-maildir`, `pepsi-quota
+//! recalc`): starts the writer once, sends it one request per recipient and reads the reply
+//! line, and asks it to sync the directories written since the last sync before the stage's
+//! worker commits. A writer that dies, answers garbage or does not answer within the timeout
+//! is killed and forgotten; the next request starts a new one. Both ends of the protocol live
+//! in this crate; the writer's own code never runs this.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
-use pepsi_helper_maildir_writer::protocol::{DirSync, Reply, Request, SYNC_LINE, UsageRequest};
+pub use pepsi_common::maildir::WriterArgs;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
-/// How the helper is started; a running helper is reused while these stay the same.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct HelperArgs {
-    pub program: PathBuf,
-    pub root: PathBuf,
-    pub create: bool,
-    pub allow_root_owner: bool,
-    pub log_level: String,
-}
+use crate::protocol::{DirSync, Reply, Request, SYNC_LINE, UsageRequest};
 
-/// A running helper.
+/// A running writer.
 pub struct CoProcess {
-    pub args: HelperArgs,
+    pub args: WriterArgs,
     child: Child,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
@@ -31,12 +23,8 @@ pub struct CoProcess {
     pub unsynced: bool,
 }
 
-/// `HELPER` as configured: a path is used as is; a bare name is looked for next to this
-/// program's own executable, then on PATH.
-pub use pepsi_common::cli::locate_program as locate;
-
 impl CoProcess {
-    pub fn start(args: HelperArgs) -> Result<CoProcess, String> {
+    pub fn start(args: WriterArgs) -> Result<CoProcess, String> {
         let mut cmd = Command::new(&args.program);
         cmd.arg("--root")
             .arg(&args.root)
