@@ -12,6 +12,7 @@
 mod support;
 
 mod chaos;
+mod common;
 mod config_tool;
 mod counters_api;
 mod counters_ctl;
@@ -44,6 +45,7 @@ mod relay_internet;
 mod relay_smarthost;
 mod sendmail;
 mod settings;
+mod setup;
 mod smtp_client;
 mod stage_aliases;
 mod stage_arc;

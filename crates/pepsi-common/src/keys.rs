@@ -201,9 +201,33 @@ pub fn signed_headers(headers: &[String]) -> Vec<String> {
 
 #[cfg(test)]
 mod tests {
-    use pepsi_testkit::keys::{self, openssl_key};
+    use std::path::{Path, PathBuf};
+    use std::process::{Command, Stdio};
 
     use super::*;
+
+    /// `openssl genpkey` arguments for each kind of key (pepsi-testkit has the same; it
+    /// links pepsi-common, so pepsi-common's own tests cannot use it).
+    mod keys {
+        pub const RSA: &[&str] = &["-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:2048"];
+        pub const ED25519: &[&str] = &["-algorithm", "ED25519"];
+        pub const EC_P256: &[&str] = &["-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256"];
+    }
+
+    /// Writes `openssl genpkey <args>` to `dir/name` (PEM) and returns its path.
+    fn openssl_key(dir: &Path, name: &str, args: &[&str]) -> PathBuf {
+        let path = dir.join(name);
+        let status = Command::new("openssl")
+            .arg("genpkey")
+            .args(args)
+            .arg("-out")
+            .arg(&path)
+            .stderr(Stdio::null())
+            .status()
+            .expect("openssl must be installed");
+        assert!(status.success(), "openssl genpkey {args:?}");
+        path
+    }
 
     #[test]
     fn keys_spec_table() {

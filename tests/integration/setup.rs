@@ -1,5 +1,7 @@
 //! `pepsi-setup`'s schema work against a real PostgreSQL: idempotence, the privilege matrix
-//! as the live server enforces it, the overlay's structural rules and config_changed.
+//! as the live server enforces it, the overlay's structural rules and config_changed. Here,
+//! not in pepsi-setup, because the fresh database comes from pepsi-testkit, which links
+//! pepsi-setup: as pepsi-setup's own test it made a dependency cycle.
 
 use pepsi_setup::schema::{self, Roles};
 use pepsi_testkit::TestDb;
