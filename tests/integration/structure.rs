@@ -272,3 +272,127 @@ fn the_checks_find_what_they_look_for() {
         )
     );
 }
+
+/// The files that may split an address by hand: `pepsi_common::address` (the one rule and
+/// normalisation), and the wire crate's and the counters' own, which link no Pepsi crate.
+const ADDRESS_MODULES: [&str; 3] = [
+    "crates/pepsi-common/src/address.rs",
+    "crates/pepsi-smtp/src/address.rs",
+    "crates/migadu-counters/src/address.rs",
+];
+
+/// The lines of one production source file (`path` as shown) that split at `@` by hand: a
+/// `split`, `split_once`, `rsplit_once`, `splitn`, `find` or `rfind` on `'@'` or `"@"`. The
+/// file's `#[cfg(test)]` module and everything after it are tests, not scanned; a split
+/// whose line or the one above says "not an address" (a URL's user@host, a milter's
+/// PORT@HOST) is not one.
+fn address_splits(path: &str, text: &str) -> Vec<String> {
+    let methods = ["split", "split_once", "rsplit_once", "find", "rfind"];
+    let calls: Vec<String> = methods
+        .iter()
+        .flat_map(|m| [format!(".{m}('@')"), format!(".{m}(\"@\")")])
+        .chain([".splitn(2, '@')".to_owned(), ".splitn(2, \"@\")".to_owned()])
+        .collect();
+    let lines: Vec<&str> = text.lines().collect();
+    let mut found = Vec::new();
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim() == "#[cfg(test)]"
+            && lines
+                .get(i + 1)
+                .is_some_and(|next| next.trim_start().starts_with("mod "))
+        {
+            break;
+        }
+        let code = line.split("//").next().unwrap_or("");
+        if !calls.iter().any(|c| code.contains(c.as_str())) {
+            continue;
+        }
+        let excused = |l: &str| l.to_lowercase().contains("not an address");
+        if excused(line) || i > 0 && excused(lines[i - 1]) {
+            continue;
+        }
+        found.push(format!("{path}:{}: {}", i + 1, line.trim()));
+    }
+    found
+}
+
+/// Every `.rs` file under `dir`, recursively.
+fn rust_files(dir: &std::path::Path, out: &mut Vec<std::path::PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries {
+        let path = entry.expect("directory entry").path();
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+#[test]
+fn addresses_are_split_only_by_the_address_modules() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    for krate in std::fs::read_dir(root().join("crates")).expect("crates/") {
+        rust_files(&krate.expect("a crate").path().join("src"), &mut files);
+    }
+    assert!(
+        files.len() > 100,
+        "the scan finds the sources: {}",
+        files.len()
+    );
+    let mut found = Vec::new();
+    for file in files {
+        let shown = file
+            .strip_prefix(root())
+            .expect("under the root")
+            .to_string_lossy()
+            .into_owned();
+        // `tests.rs`: a module of unit tests kept in a file of its own.
+        if ADDRESS_MODULES.contains(&shown.as_str())
+            || file.file_name().is_some_and(|n| n == "tests.rs")
+        {
+            continue;
+        }
+        let text = std::fs::read_to_string(&file).expect("a source file");
+        found.extend(address_splits(&shown, &text));
+    }
+    assert!(
+        found.is_empty(),
+        "addresses split by hand; use pepsi_common::address (Address::parse, parts, \
+         local_part, domain_part), or say on the line above why the text is not an \
+         address:\n  {}",
+        found.join("\n  ")
+    );
+}
+
+/// The address scan finds a hand-made split, and passes tests and what is not an address.
+#[test]
+fn the_address_scan_finds_what_it_looks_for() {
+    let cases = [
+        ("let (l, d) = a.rsplit_once('@')?;", 1),
+        ("let d = a.split_once(\"@\").map(|(_, d)| d);", 1),
+        ("let i = a.rfind('@').unwrap();", 1),
+        ("let mut p = a.splitn(2, '@');", 1),
+        ("let l = a.split('@').next();", 1),
+        (
+            "// Not an address: a URL's user@host.\nlet h = u.rsplit_once('@');",
+            0,
+        ),
+        ("let ok = a.contains('@');", 0),
+        ("// a.split('@') in a comment", 0),
+        (
+            "fn f() {}\n#[cfg(test)]\nmod tests {\n    let l = a.split('@').next();\n}",
+            0,
+        ),
+        (
+            "#[cfg(test)]\nfn helper() {}\nlet l = a.split('@').next();",
+            1,
+        ),
+    ];
+    for (text, want) in cases {
+        assert_eq!(address_splits("x.rs", text).len(), want, "{text:?}");
+    }
+}

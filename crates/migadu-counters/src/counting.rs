@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use chrono::NaiveDate;
 
+use crate::address::{domain_part, local_part};
 use crate::domains::{DomainRecord, Flow, Level};
 use crate::validate::{CountRequest, Route};
 
@@ -138,14 +139,6 @@ pub struct Rules<'a> {
     pub count_junk: bool,
 }
 
-fn domain_of(addr: &str) -> &str {
-    addr.rsplit_once('@').map(|(_, d)| d).unwrap_or("")
-}
-
-fn local_of(addr: &str) -> &str {
-    addr.rsplit_once('@').map(|(l, _)| l).unwrap_or(addr)
-}
-
 fn side_block(
     plan: &mut Plan,
     side: Side,
@@ -154,7 +147,7 @@ fn side_block(
     date: NaiveDate,
     lookup: &dyn Fn(&str) -> Option<Arc<DomainRecord>>,
 ) {
-    let domain = domain_of(addr);
+    let domain = domain_part(addr);
     let Some(rec) = lookup(domain) else {
         plan.events.push(Event::NotInDb {
             side,
@@ -177,7 +170,7 @@ fn side_block(
         (Level::O, org.as_str()),
     ] {
         let key = counter_key(level, id, date, flow);
-        let limit = rec.limit(level, flow, local_of(addr));
+        let limit = rec.limit(level, flow, local_part(addr));
         plan.events.push(Event::DeterminedLimit {
             level,
             flow,

@@ -357,7 +357,7 @@ impl App {
     ) -> Result<Resp, Reject> {
         let (query, mode, domain, address) = match &q {
             CountersQuery::Address(a) => {
-                let d = a.rsplit_once('@').map(|(_, d)| d).unwrap_or_default();
+                let d = crate::address::domain_part(a);
                 (a.clone(), "address", d.to_string(), Some(a.clone()))
             }
             CountersQuery::Domain(d) => (d.clone(), "domain", d.clone(), None),
@@ -368,9 +368,8 @@ impl App {
             .is_some_and(|a| self.cfg.exempt.iter().any(|e| e == a));
         let local = address
             .as_deref()
-            .and_then(|a| a.rsplit_once('@'))
-            .map(|(l, _)| l)
-            .unwrap_or("");
+            .and_then(crate::address::parts)
+            .map_or("", |(l, _)| l);
         let mut rows: Vec<(Level, String)> = Vec::new();
         if let Some(a) = &address {
             rows.push((Level::A, a.clone()));

@@ -1,7 +1,8 @@
 //! migadu_counters: the real-time mail counting service (`server`), and `counterctl` (`ctl`),
-//! its command-line client. Pure rules live in `validate`, `counting` and `domains`; the I/O
-//! edges are `store` (Redis), `http`, `notify`, `logging` and `txlog`.
+//! its command-line client. Pure rules live in `address`, `validate`, `counting` and
+//! `domains`; the I/O edges are `store` (Redis), `http`, `notify`, `logging` and `txlog`.
 
+pub mod address;
 pub mod config;
 pub mod counting;
 pub mod ctl;

@@ -3,6 +3,8 @@
 
 use serde_json::{Map, Value};
 
+use crate::address::parts;
+
 /// Longest address accepted (RFC 5321 path limit).
 pub const MAX_ADDRESS_LEN: usize = 254;
 /// Longest trace id accepted.
@@ -63,8 +65,8 @@ pub fn normalize_address(raw: &str) -> Result<String, &'static str> {
     if addr.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return Err("invalid e-mail address");
     }
-    let mut parts = addr.split('@');
-    let (Some(local), Some(domain), None) = (parts.next(), parts.next(), parts.next()) else {
+    // Exactly one `@`: the domain after the last one never holds another.
+    let Some((local, domain)) = parts(addr).filter(|(local, _)| !local.contains('@')) else {
         return Err("invalid e-mail address");
     };
     if local.is_empty() || domain.is_empty() {
@@ -97,7 +99,7 @@ pub fn normalize_domain(raw: &str) -> Option<String> {
 pub fn normalize_login(raw: &str) -> Result<String, &'static str> {
     let t = raw.trim();
     if t.matches('@').count() == 2 {
-        let (base, suffix) = t.rsplit_once('@').unwrap_or((t, ""));
+        let (base, suffix) = parts(t).unwrap_or((t, ""));
         if suffix.is_empty() {
             return Err("invalid e-mail address");
         }

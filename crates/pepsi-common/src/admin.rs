@@ -10,7 +10,7 @@
 //! its readers look it up), `override_scope` and `override_names`.
 //!
 //! Inputs are validated here, where they enter the database: addresses and domains are
-//! normalized (`local::normalize_domain`: lower-case, IDN as punycode) and bounded in length.
+//! normalized (`address::normalize_domain`: lower-case, IDN as punycode) and bounded in length.
 //! Password hashing is the caller's (`password::hash_password`, on the blocking pool): this
 //! module stores a hash and never sees a password. Every statement is a constant with bound
 //! parameters.
@@ -20,9 +20,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::{PgPool, Row as _};
 
+use crate::address::normalize_domain;
 use crate::audit::{self, Actor};
 use crate::config::Scope;
-use crate::local::{LOCAL_DOMAIN_SETTING, normalize_domain};
+use crate::local::LOCAL_DOMAIN_SETTING;
 use crate::settings::{self, Setting, SettingSource};
 
 /// The longest address accepted (RFC 5321's path limit).
@@ -70,8 +71,7 @@ pub fn domain(text: &str, what: &str) -> Result<String, AdminError> {
 pub fn address(text: &str, what: &str) -> Result<String, AdminError> {
     let bad = |why: &str| AdminError::Invalid(format!("{what} {text:?} is not an address: {why}"));
     let t = text.trim();
-    let at = t.rfind('@').ok_or_else(|| bad("no @"))?;
-    let (local, dom) = (&t[..at], &t[at + 1..]);
+    let (local, dom) = crate::address::parts(t).ok_or_else(|| bad("no @"))?;
     if local.is_empty() {
         return Err(bad("empty local part"));
     }
@@ -613,7 +613,7 @@ pub async fn applied_settings(pool: &PgPool, text: &str) -> Result<AddressSettin
     };
     let names: Vec<&str> = KNOWN_SETTINGS.iter().map(|k| k.name).collect();
     let table = settings::fetch(pool, &settings::lookup_keys(&address), &names).await?;
-    let domain_key = address.rsplit_once('@').map(|(_, d)| format!("@{d}"));
+    let domain_key = crate::address::domain_part(&address).map(|d| format!("@{d}"));
     let applied = KNOWN_SETTINGS
         .iter()
         .filter_map(|k| {

@@ -63,11 +63,11 @@ impl AliasFile {
                 return Err((n, format!("alias {name:?} has no targets")));
             }
             let table = if let Some(domain) = name.strip_prefix('@') {
-                let domain = crate::local::normalize_domain(domain)
+                let domain = crate::address::normalize_domain(domain)
                     .ok_or_else(|| (n, format!("{name:?} names no domain")))?;
                 file.catchalls.entry(domain)
             } else if name.contains('@') {
-                file.addresses.entry(crate::local::address_key(&name))
+                file.addresses.entry(crate::address::address_key(&name))
             } else {
                 file.names.entry(name)
             };

@@ -145,7 +145,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
 
 /// Whether an address's local part names a program (see the module's list).
 pub fn is_automated(address: &str) -> bool {
-    let local = address.rsplit_once('@').map_or(address, |(l, _)| l);
+    let local = crate::address::local_part(address);
     let local = local.to_ascii_lowercase();
     AUTOMATED_LOCAL_PARTS.contains(&local.as_str())
         || AUTOMATED_PREFIXES.iter().any(|p| local.starts_with(p))

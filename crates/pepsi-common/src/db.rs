@@ -287,6 +287,7 @@ pub fn url_names_host(url: &str) -> bool {
             rest.split_once('?').map_or("", |(_, q)| q),
         ),
     };
+    // Not an address: a URL's `user:password@host`.
     let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
     let host = host.split(':').next().unwrap_or("");
     !host.is_empty()

@@ -1,7 +1,9 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
 //! delivery stages (`delivery`), what the relaying ones share on top of the SMTP/LMTP client
-//! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the local-recipient resolver (`local`), the DKIM/ARC signing keys (`keys`), the
+//! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the address type and its one
+//! normalisation (`address`, the bottom module: it uses no other), the local-recipient
+//! resolver (`local`), the DKIM/ARC signing keys (`keys`), the
 //! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
 //! operator's queue
 //! administration (`queue`), the audit log (`audit`), administrative writes of accounts and
@@ -19,6 +21,7 @@
 /// xtext, base64 and the enhanced status code's shape: defined once in `pepsi_smtp`.
 pub use pepsi_smtp::encoding;
 
+pub mod address;
 pub mod admin;
 pub mod alias_file;
 pub mod audit;

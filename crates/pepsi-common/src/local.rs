@@ -1,6 +1,6 @@
-//! The local-recipient resolver: which domains this server delivers for, how an address
-//! splits into local part and domain, and which mailbox a recipient with an extension
-//! (`alice+tag@example.org`) belongs to.
+//! The local-recipient resolver: which domains this server delivers for, and which mailbox
+//! a recipient with an extension (`alice+tag@example.org`) belongs to. How an address
+//! splits and normalizes is `crate::address`.
 //!
 //! Local domains are `[pepsi] LOCAL_DOMAINS` plus the domains the settings layer marks
 //! local: a `pepsi.settings` row with address `@<domain>`, name `local_domain` and value
@@ -16,6 +16,7 @@ use std::collections::{BTreeSet, HashSet};
 use serde_json::Value;
 use sqlx::{PgPool, Row as _};
 
+use crate::address::{Address, address_key, normalize_domain};
 use crate::config::{Config, ConfigError};
 use crate::settings::SettingsTable;
 
@@ -23,44 +24,6 @@ use crate::settings::SettingsTable;
 pub const LOCAL_DOMAIN_SETTING: &str = "local_domain";
 
 const RECIPIENT_FACTS: &str = "SELECT address, name, value FROM pepsi.recipient_facts($1, $2, $3)";
-
-/// A domain in the form domains are compared in: ASCII lower-case, IDN labels as punycode,
-/// without a trailing dot. An address literal (`[192.0.2.1]`) is kept as written. `None`
-/// for text that is not a domain name.
-pub fn normalize_domain(domain: &str) -> Option<String> {
-    let d = domain.trim().trim_end_matches('.');
-    if d.is_empty() {
-        return None;
-    }
-    if d.starts_with('[') && d.ends_with(']') {
-        return Some(d.to_ascii_lowercase());
-    }
-    if d.is_ascii() {
-        return Some(d.to_ascii_lowercase());
-    }
-    idna::domain_to_ascii(d).ok().filter(|a| !a.is_empty())
-}
-
-/// Splits an address at its last `@` into the local part (case kept) and the normalized
-/// domain. `None` when there is no `@`, or either side is empty.
-pub fn split_address(address: &str) -> Option<(String, String)> {
-    let address = address.trim();
-    let at = address.rfind('@')?;
-    let (local, domain) = (&address[..at], &address[at + 1..]);
-    if local.is_empty() {
-        return None;
-    }
-    Some((local.to_owned(), normalize_domain(domain)?))
-}
-
-/// The form addresses are compared in: local part and domain lower-case (the domain
-/// normalized). Text that is not an address is lower-cased as a whole.
-pub fn address_key(address: &str) -> String {
-    match split_address(address) {
-        Some((local, domain)) => format!("{}@{domain}", local.to_lowercase()),
-        None => address.trim().to_lowercase(),
-    }
-}
 
 /// `addresses` ASCII-lower-cased, each once, in their first order: a message's recipients
 /// as the settings layer and per-mailbox tables key them.
@@ -133,14 +96,15 @@ impl LocalRecipients {
     /// `Alice@example.org` (local part case kept, domain normalized). An address without an
     /// extension, or whose local part would become empty, comes back normalized only.
     pub fn strip_extension(&self, address: &str) -> String {
-        let Some((local, domain)) = split_address(address) else {
+        let Ok(a) = Address::parse(address) else {
             return address.trim().to_owned();
         };
+        let local = a.local();
         let base = match local.find(|c| self.delimiters.contains(&c)) {
-            Some(0) | None => local.as_str(),
+            Some(0) | None => local,
             Some(i) => &local[..i],
         };
-        format!("{base}@{domain}")
+        format!("{base}@{}", a.domain())
     }
 
     /// The mailbox an address delivers to, in comparison form: extension removed,
@@ -196,7 +160,7 @@ impl LocalRecipients {
     ) -> Result<Vec<bool>, sqlx::Error> {
         let domains: Vec<Option<String>> = addresses
             .iter()
-            .map(|a| split_address(a).map(|(_, d)| d))
+            .map(|a| Address::parse(a).ok().map(|a| a.domain().to_owned()))
             .collect();
         let wanted: Vec<String> = domains.iter().flatten().cloned().collect();
         let local = self.local_domains_among(pool, &wanted).await?;
@@ -242,36 +206,6 @@ pub async fn recipient_facts(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn domains_normalize() {
-        let cases = [
-            ("Example.ORG", Some("example.org")),
-            ("example.org.", Some("example.org")),
-            ("bücher.example", Some("xn--bcher-kva.example")),
-            ("[192.0.2.1]", Some("[192.0.2.1]")),
-            ("", None),
-            (".", None),
-        ];
-        for (input, expected) in cases {
-            assert_eq!(normalize_domain(input).as_deref(), expected, "{input:?}");
-        }
-    }
-
-    #[test]
-    fn addresses_split_and_compare() {
-        assert_eq!(
-            split_address("Alice@Example.ORG"),
-            Some(("Alice".into(), "example.org".into()))
-        );
-        assert_eq!(
-            split_address("\"a@b\"@example.org"),
-            Some(("\"a@b\"".into(), "example.org".into()))
-        );
-        assert_eq!(split_address("@example.org"), None);
-        assert_eq!(split_address("postmaster"), None);
-        assert_eq!(address_key("Alice@Example.ORG"), "alice@example.org");
-    }
 
     #[test]
     fn extensions_strip_to_the_mailbox() {

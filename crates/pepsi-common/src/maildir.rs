@@ -92,7 +92,7 @@ impl Template {
             f.phase = Some("delivery".into());
             Box::new(f)
         };
-        let Some((local, domain)) = address.rsplit_once('@') else {
+        let Some((local, domain)) = crate::address::parts(address) else {
             return Err(bad("no domain"));
         };
         let user = match local.find(|c| delimiters.contains(c)) {

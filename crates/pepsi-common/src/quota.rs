@@ -17,6 +17,8 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::address::{self, Address};
+
 /// Limits; `None` is unlimited.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
 pub struct Limits {
@@ -105,21 +107,16 @@ pub fn parse_scope(text: &str) -> Result<Scope, String> {
         if domain.contains('@') {
             return Err(format!("{text:?} is not @ and a domain name"));
         }
-        return crate::local::normalize_domain(domain)
+        return crate::address::normalize_domain(domain)
             .map(Scope::Domain)
             .ok_or_else(|| format!("{text:?} is not @ and a domain name"));
     }
-    match crate::local::split_address(text) {
-        Some(_) => Ok(Scope::Mailbox(crate::local::address_key(text))),
-        None => Err(format!(
+    match Address::parse(text) {
+        Ok(a) => Ok(Scope::Mailbox(a.key())),
+        Err(_) => Err(format!(
             "{text:?} is neither an address (alice@example.test) nor @ and a domain (@example.test)"
         )),
     }
-}
-
-/// The domain of a mailbox key.
-pub fn domain_of(mailbox: &str) -> &str {
-    mailbox.rsplit_once('@').map_or("", |(_, d)| d)
 }
 
 /// A mailbox's recorded usage, the limits it was recorded under and when.
@@ -150,7 +147,10 @@ pub async fn limits_of(
     let rows: Vec<(String, Option<i64>, Option<i64>)> = sqlx::query_as(
         "SELECT scope, storage, messages FROM pepsi.quota_limit WHERE scope = ANY($1)",
     )
-    .bind(vec![mailbox.to_owned(), format!("@{}", domain_of(mailbox))])
+    .bind(vec![
+        mailbox.to_owned(),
+        format!("@{}", address::domain_part(mailbox).unwrap_or_default()),
+    ])
     .fetch_all(pool)
     .await?;
     let mut own = None;
@@ -238,9 +238,10 @@ pub async fn is_full(
     let own = recorded(pool, mailbox).await?;
     let (_, domain_limits) = limits_of(pool, mailbox).await?;
     let domain = match domain_limits {
-        Some(limits) if limits.any() => {
-            Some((limits, domain_usage(pool, domain_of(mailbox)).await?))
-        }
+        Some(limits) if limits.any() => Some((
+            limits,
+            domain_usage(pool, address::domain_part(mailbox).unwrap_or_default()).await?,
+        )),
         _ => None,
     };
     Ok(full(own.as_ref(), domain, fresh_since))
@@ -367,7 +368,6 @@ mod tests {
             }
         }
         assert_eq!(Scope::Domain("d.test".into()).key(), "@d.test");
-        assert_eq!(domain_of("a@b.test"), "b.test");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::HashMap;
 use serde_json::Value;
 use sqlx::{PgPool, Row as _};
 
-use crate::local::split_address;
+use crate::address::{Address, normalize_domain};
 
 const GET: &str = "SELECT address, name, value FROM pepsi.settings_get($1, $2)";
 
@@ -80,14 +80,14 @@ pub fn lookup_keys(address: &str) -> Vec<String> {
     if let Some(domain) = lower.strip_prefix('@') {
         return vec![format!("@{}", normalize(domain))];
     }
-    match split_address(&lower) {
-        Some((local, domain)) => vec![format!("{local}@{domain}"), format!("@{domain}")],
-        None => vec![format!("@{}", normalize(&lower))],
+    match Address::parse(&lower) {
+        Ok(a) => vec![a.to_string(), a.domain_key()],
+        Err(_) => vec![format!("@{}", normalize(&lower))],
     }
 }
 
 fn normalize(domain: &str) -> String {
-    crate::local::normalize_domain(domain).unwrap_or_else(|| domain.to_owned())
+    normalize_domain(domain).unwrap_or_else(|| domain.to_owned())
 }
 
 /// Rows fetched in one query for a set of keys and names; resolve lookups against it

@@ -109,8 +109,8 @@ pub fn kind(local: &str) -> Kind {
 }
 
 fn split_at_last_at(address: &str) -> Result<(&str, &str), SrsError> {
-    match address.rfind('@') {
-        Some(i) if i > 0 && i + 1 < address.len() => Ok((&address[..i], &address[i + 1..])),
+    match crate::address::parts(address) {
+        Some((local, domain)) if !local.is_empty() && !domain.is_empty() => Ok((local, domain)),
         _ => Err(SrsError::Malformed(format!(
             "{address:?} is not local@domain"
         ))),

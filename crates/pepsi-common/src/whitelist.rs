@@ -2,6 +2,8 @@
 //! whitelist stage and the owners' tool (`pepsi-whitelist`) share, so the tool links no
 //! stage crate. Pure.
 
+use crate::address;
+
 /// What a message is checked against: its `From:` address and that address's domain.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Check {
@@ -22,7 +24,7 @@ impl Check {
 /// usable (no `From:`, or no `@domain` in it).
 pub fn check(from: Option<&str>) -> Option<Check> {
     let address = from?.trim().to_ascii_lowercase();
-    let (local, domain) = address.rsplit_once('@')?;
+    let (local, domain) = address::parts(&address)?;
     if local.is_empty() || domain.is_empty() || address.chars().any(char::is_whitespace) {
         return None;
     }
@@ -48,8 +50,8 @@ pub fn entry(text: &str) -> Result<String, String> {
             "{text:?}: a space or control character; give {shape}"
         ));
     }
-    match t.split_once('@') {
-        Some((_, domain)) if !domain.is_empty() && !domain.contains('@') => Ok(t),
+    match address::parts(&t) {
+        Some((local, domain)) if !domain.is_empty() && !local.contains('@') => Ok(t),
         _ => Err(format!("{text:?}: not {shape}")),
     }
 }

@@ -52,8 +52,7 @@ pub fn generate_self_signed(address: &str, days: u32) -> Result<KeyPair> {
     let address = address.trim();
     let usable_address = !address.is_empty()
         && address.bytes().all(|b| b.is_ascii_graphic() && b != b',')
-        && address
-            .split_once('@')
+        && pepsi_common::address::parts(address)
             .is_some_and(|(local, domain)| !local.is_empty() && !domain.is_empty());
     // rfc822Name is an IA5String, and the SAN builder reads a comma as a separator.
     if !usable_address {

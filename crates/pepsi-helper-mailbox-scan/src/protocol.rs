@@ -71,9 +71,8 @@ pub fn address(text: &str) -> Result<String, String> {
     let valid = text.len() <= 254
         && !text.chars().any(|c| c.is_whitespace() || c.is_control())
         && text == text.to_lowercase()
-        && text
-            .split_once('@')
-            .is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !d.contains('@'));
+        && pepsi_common::address::parts(text)
+            .is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !l.contains('@'));
     if valid {
         Ok(text.to_owned())
     } else {

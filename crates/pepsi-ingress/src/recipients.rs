@@ -11,9 +11,10 @@
 
 use std::collections::HashSet;
 
+use pepsi_common::address::{self, Address};
 use pepsi_common::alias_file::AliasFile;
 use pepsi_common::config::Config;
-use pepsi_common::local::{self, LocalRecipients, split_address};
+use pepsi_common::local::{self, LocalRecipients};
 use pepsi_common::settings::{SettingsTable, lookup_keys};
 use sqlx::PgPool;
 
@@ -52,19 +53,19 @@ pub fn known(
     table: &SettingsTable,
     mailboxes: &HashSet<String>,
 ) -> bool {
-    let Some((local_part, domain)) = split_address(address) else {
+    let Ok(parsed) = Address::parse(address) else {
         return false;
     };
-    let lower = local_part.to_lowercase();
+    let lower = parsed.local().to_lowercase();
     let mailbox = local.mailbox_key(address);
-    let base = mailbox.rsplit_once('@').map_or(lower.as_str(), |(l, _)| l);
+    let base = address::parts(&mailbox).map_or(lower.as_str(), |(l, _)| l);
     if base == "postmaster" || lower.starts_with("srs0=") || lower.starts_with("srs1=") {
         return true;
     }
     if mailboxes.contains(&mailbox) {
         return true;
     }
-    let exact = local::address_key(address);
+    let exact = parsed.key();
     [&exact, &mailbox]
         .iter()
         .any(|k| table.exact(k, ALIAS_SETTING).is_some() || file.addresses.contains_key(k.as_str()))
@@ -72,9 +73,9 @@ pub fn known(
             .iter()
             .any(|n| file.names.contains_key(*n))
         || table
-            .exact(&format!("@{domain}"), CATCHALL_SETTING)
+            .exact(&parsed.domain_key(), CATCHALL_SETTING)
             .is_some()
-        || file.catchalls.contains_key(&domain)
+        || file.catchalls.contains_key(parsed.domain())
 }
 
 /// One query for what `known` needs about `address`, then the rule.

@@ -13,7 +13,8 @@
 //! address (`sole_author`); a missing, repeated, group or unparsable From is refused
 //! rather than passed with nothing to check.
 
-use pepsi_common::local::{LocalRecipients, split_address};
+use pepsi_common::address::{self, Address};
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::settings::{self, SettingsTable, address_list};
 use sqlx::PgPool;
 
@@ -30,7 +31,9 @@ pub fn owns(login: &str, address: &str, local: &LocalRecipients, table: &Setting
     if candidate == login {
         return true;
     }
-    let domain = split_address(&candidate).map(|(_, d)| d);
+    let domain = Address::parse(&candidate)
+        .ok()
+        .map(|a| a.domain().to_owned());
     let granted = table
         .exact(&login, SEND_AS_SETTING)
         .and_then(address_list)
@@ -81,10 +84,7 @@ pub fn sole_author(headers: &[u8]) -> Result<String, String> {
         Some(mail_parser::Address::List(list)) => match list.as_slice() {
             [one] => one
                 .address()
-                .filter(|a| {
-                    a.rsplit_once('@')
-                        .is_some_and(|(l, d)| !l.is_empty() && !d.is_empty())
-                })
+                .filter(|a| address::parts(a).is_some_and(|(l, d)| !l.is_empty() && !d.is_empty()))
                 .map(str::to_owned)
                 .ok_or_else(unparsable),
             [] => Err(unparsable()),

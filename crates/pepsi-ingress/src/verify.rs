@@ -17,6 +17,7 @@ use mail_auth::{
 use serde_json::{Value, json};
 
 use crate::config::DnsSettings;
+use pepsi_common::address;
 use pepsi_common::state::Iprev;
 
 /// The resolver and the names the verdicts are issued under.
@@ -301,10 +302,8 @@ impl Verifier {
         mail_domain: &str,
         spf_mail: &SpfOutput,
     ) -> DmarcOutput {
-        let from_domain = message
-            .from()
-            .rsplit_once('@')
-            .map_or(String::new(), |(_, d)| d.to_ascii_lowercase());
+        let from_domain =
+            address::domain_part(message.from()).map_or(String::new(), str::to_ascii_lowercase);
         let key = format!("dmarc:{from_domain}");
         if self.failures.recent(&key) {
             return DmarcOutput::new(from_domain)
@@ -372,9 +371,8 @@ fn recent_failure() -> mail_auth::Error {
 /// The domain SPF's MAIL FROM verdict is about: the sender's, or HELO's for the null
 /// sender; lower case.
 fn sender_domain(mail_from: &str, helo: &str) -> String {
-    mail_from
-        .rsplit_once('@')
-        .map_or(helo, |(_, d)| d)
+    address::domain_part(mail_from)
+        .unwrap_or(helo)
         .to_ascii_lowercase()
 }
 

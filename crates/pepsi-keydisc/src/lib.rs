@@ -298,7 +298,7 @@ impl Finder {
 
     /// Asks one method about one address.
     pub async fn ask(&self, method: Method, address: &str) -> Answer {
-        let Some((local, domain)) = address.rsplit_once('@') else {
+        let Some((local, domain)) = pepsi_common::address::parts(address) else {
             return Answer::None(format!("{address:?} is not an address"));
         };
         // A domain name, not an address literal or a bare host name: nothing a recipient

@@ -351,11 +351,9 @@ fn kek_new(a: &KekNewArgs) -> Done {
 
 /// A lower-case address, or the reason it is not one.
 fn address(text: &str) -> Result<String, Failure> {
-    match pepsi_common::local::split_address(text) {
-        Some((local, domain)) if !local.is_empty() && !domain.is_empty() => {
-            Ok(format!("{local}@{domain}").to_lowercase())
-        }
-        _ => Err(invalid(format!(
+    match pepsi_common::address::Address::parse(text) {
+        Ok(a) => Ok(a.key()),
+        Err(_) => Err(invalid(format!(
             "{text:?} is not an address (local@domain)"
         ))),
     }
@@ -365,7 +363,7 @@ fn address(text: &str) -> Result<String, Failure> {
 /// LOCAL_DOMAINS` or the settings layer).
 async fn local(pool: &PgPool, cfg: &pepsi_common::config::Config, text: &str) -> Done {
     let address = address(text)?;
-    let (_, domain) = address.rsplit_once('@').expect("checked by address()");
+    let domain = pepsi_common::address::domain_part(&address).expect("checked by address()");
     let locals = pepsi_common::local::LocalRecipients::from_config(cfg)
         .map_err(|e| Failure::Other(e.into()))?;
     if locals.is_local_domain(pool, domain).await? {

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
+use pepsi_common::address;
 use pepsi_common::audit::Actor;
 use pepsi_common::cli::ToolFailure as Failure;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
@@ -348,7 +349,10 @@ async fn show(pool: &PgPool, a: ShowArgs) -> Done {
             Scope::Mailbox(m) => ScopeReport {
                 scope: key.key(),
                 limits: limits_of(m),
-                domain_limits: limits_of(&format!("@{}", quota::domain_of(m))),
+                domain_limits: limits_of(&format!(
+                    "@{}",
+                    address::domain_part(m).unwrap_or_default()
+                )),
                 recorded: records.iter().find(|(k, _)| k == m).map(|(_, r)| r.clone()),
                 domain_usage: None,
             },
@@ -450,7 +454,11 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
         // The limits the delivery applies (pepsi_common::quota): the mailbox's own, else the
         // stage's, else its domain's.
         let find = |key: &str| limits.iter().find(|(k, _)| k == key).map(|(_, l)| *l);
-        let domain = find(&format!("@{}", quota::domain_of(mailbox))).unwrap_or_default();
+        let domain = find(&format!(
+            "@{}",
+            address::domain_part(mailbox).unwrap_or_default()
+        ))
+        .unwrap_or_default();
         let effective = find(mailbox)
             .unwrap_or(Limits {
                 bytes: s.quota,

@@ -9,7 +9,8 @@
 
 use std::collections::{HashMap, HashSet};
 
-use pepsi_common::local::{LocalRecipients, address_key, split_address};
+use pepsi_common::address::{self, Address, address_key};
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::settings::SettingsTable;
 use pepsi_common::state::{Dsn, DsnRcpt};
 
@@ -47,7 +48,7 @@ pub struct Facts {
 /// catch-all (settings layer first, then the file); else itself. Targets without `@` take
 /// the domain of `address`.
 pub fn resolve(address: &str, file: &AliasFile, local: &LocalRecipients, facts: &Facts) -> Answer {
-    let Some((local_part, domain)) = split_address(address) else {
+    let Ok((local_part, domain)) = Address::parse(address).map(Address::into_parts) else {
         return Answer::Final;
     };
     let key = address_key(address);
@@ -80,7 +81,7 @@ pub fn resolve(address: &str, file: &AliasFile, local: &LocalRecipients, facts: 
     }
     if !file.names.is_empty() && facts.local_domains.contains(&domain) {
         let lower = local_part.to_lowercase();
-        let base = stripped.rsplit_once('@').map_or(lower.as_str(), |(l, _)| l);
+        let base = address::parts(&stripped).map_or(lower.as_str(), |(l, _)| l);
         for name in [lower.as_str(), base] {
             if let Some(targets) = file.names.get(name) {
                 return qualify(targets.clone());

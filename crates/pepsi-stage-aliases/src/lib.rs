@@ -12,8 +12,9 @@
 use std::cell::RefCell;
 use std::process::ExitCode;
 
+use pepsi_common::address::{Address, address_key};
 use pepsi_common::config::Config;
-use pepsi_common::local::{self, LocalRecipients, address_key, split_address};
+use pepsi_common::local::{self, LocalRecipients};
 use pepsi_common::settings::lookup_keys;
 use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
@@ -108,8 +109,8 @@ impl Aliases {
                 }
             }
             mailboxes.push(stripped);
-            if let Some((_, d)) = split_address(a) {
-                domains.push(d);
+            if let Ok(a) = Address::parse(a) {
+                domains.push(a.domain().to_owned());
             }
         }
         let (settings, mailboxes) =

@@ -18,7 +18,7 @@ pub enum Authenticated {
 
 /// How `from` (lower case) is authenticated by `state`, or None.
 pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authenticated> {
-    let domain = from.rsplit_once('@')?.1.trim_end_matches('.');
+    let domain = pepsi_common::address::domain_part(from)?.trim_end_matches('.');
     let auth = state.get("auth");
     let str_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_ascii_lowercase);
     let dmarc = auth.and_then(|a| a.get("dmarc"));

@@ -311,7 +311,7 @@ pub fn from_domain(headers: &[u8]) -> Option<String> {
     block.extend_from_slice(b"\r\n");
     let message = mail_auth::AuthenticatedMessage::parse(&block)?;
     let from = message.from();
-    let (_, domain) = from.rsplit_once('@')?;
+    let domain = pepsi_common::address::domain_part(from)?;
     let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
     (!domain.is_empty()).then_some(domain)
 }

@@ -9,7 +9,7 @@
 //! user's files from the queue (docs/dot-forward.md says why); they are listed as ignored,
 //! with the reason, and so is anything that is not an address.
 
-use pepsi_common::local::{address_key, split_address};
+use pepsi_common::address::{Address, address_key};
 
 /// The longest address accepted (RFC 5321's path limit less the brackets).
 pub const MAX_ADDRESS: usize = 254;
@@ -28,7 +28,9 @@ pub struct Forward {
 /// Parses `bytes` for `recipient` (whose domain completes bare names), taking at most
 /// `max_addresses` targets and kept copies together.
 pub fn parse(bytes: &[u8], recipient: &str, max_addresses: usize) -> Forward {
-    let domain = split_address(recipient).map(|(_, d)| d).unwrap_or_default();
+    let domain = Address::parse(recipient)
+        .map(|a| a.domain().to_owned())
+        .unwrap_or_default();
     let mut out = Forward::default();
     let mut seen: Vec<String> = Vec::new();
     for raw_line in bytes.split(|&b| b == b'\n') {
@@ -155,9 +157,9 @@ fn check_address(address: &str) -> Result<(), String> {
     if address.matches('@').count() != 1 {
         return bad("not one @");
     }
-    match split_address(address) {
-        Some((local, _)) if !local.is_empty() => Ok(()),
-        _ => bad("no local part or domain"),
+    match Address::parse(address) {
+        Ok(_) => Ok(()),
+        Err(_) => bad("no local part or domain"),
     }
 }
 

@@ -24,8 +24,9 @@ pub mod plan;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use pepsi_common::address::{Address, normalize_domain};
 use pepsi_common::config::Config;
-use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::message;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_common::state::{Bounce, BounceKind, DotForward, Dsn, KeptCopy};
@@ -158,7 +159,9 @@ impl DotForwardStage {
     /// The system account `address` reaches: its local part, extension removed and lower
     /// case, when its domain is one of `DOMAINS` and the name is one the reader takes.
     fn account(&self, s: &Settings, address: &str) -> Option<String> {
-        let (user, domain) = split_address(&self.local.mailbox_key(address))?;
+        let (user, domain) = Address::parse(&self.local.mailbox_key(address))
+            .ok()?
+            .into_parts();
         (s.domains.contains(&domain) && valid_account(&user)).then_some(user)
     }
 

@@ -75,6 +75,7 @@ impl Address {
             .strip_prefix("inet6:")
             .or_else(|| v.strip_prefix("inet:"))
             .unwrap_or(v);
+        // Not an address: a milter socket's `PORT@HOST`.
         let (host, port) = match rest.split_once('@') {
             Some((port, host)) => (host, port),
             None => match rest.rsplit_once(':') {

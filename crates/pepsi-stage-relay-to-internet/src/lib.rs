@@ -27,9 +27,9 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
+use pepsi_common::address::Address;
 use pepsi_common::config::Config;
 use pepsi_common::delivery::{self, Failure, RcptResult};
-use pepsi_common::local::split_address;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 use crate::attempt::Attempt;
@@ -98,14 +98,14 @@ impl Stage for RelayToInternet {
             cache::gc(ctx.pool()).await;
         }
         let rcpt = ctx.rcpt_to()[0].clone();
-        let result = match split_address(&rcpt) {
-            None => {
+        let result = match Address::parse(&rcpt).map(Address::into_parts) {
+            Err(_) => {
                 let mut f =
                     Failure::new(format!("{rcpt:?} is not an address with a domain"), "5.1.3");
                 f.phase = Some("routing".into());
                 RcptResult::Permanent(f)
             }
-            Some((_, domain)) => {
+            Ok((_, domain)) => {
                 let message = ctx.raw_message()?;
                 let env =
                     pepsi_common::delivery::envelope(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;

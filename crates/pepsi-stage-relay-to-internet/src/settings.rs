@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use pepsi_common::address::normalize_domain;
 use pepsi_common::config::{Config, ConfigError, Section};
 use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::dns;
-use pepsi_common::local::normalize_domain;
 use pepsi_smtp::{Timeouts, TlsPolicy};
 
 /// Which address families the stage connects to.

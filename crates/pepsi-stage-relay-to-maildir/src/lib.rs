@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
+use pepsi_common::address;
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use pepsi_common::quota::{self, Limits};
@@ -355,12 +356,13 @@ impl Stage for RelayToMaildir {
                 .or(domain.unwrap_or_default());
             let size = (message.len() + Request::prepended_len(ctx.mail_from(), r)) as u64;
             if let Some(domain_limits) = domain.filter(Limits::any) {
-                let used = quota::domain_usage(ctx.pool(), quota::domain_of(&key)).await?;
+                let domain_name = address::domain_part(&key).unwrap_or_default();
+                let used = quota::domain_usage(ctx.pool(), domain_name).await?;
                 if !domain_limits.fits(used, size) {
                     let text = format!(
                         "domain {} full: its mailboxes hold {} bytes in {} messages, {size} more \
                          for this message; the domain's quota is {}",
-                        quota::domain_of(&key),
+                        domain_name,
                         used.bytes,
                         used.messages,
                         pepsi_helper_maildir_writer::quota::definition(domain_limits)

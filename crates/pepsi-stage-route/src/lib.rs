@@ -14,8 +14,9 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::bail;
+use pepsi_common::address::{Address, normalize_domain};
 use pepsi_common::config::Config;
-use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
@@ -184,7 +185,7 @@ impl Stage for Route {
         let rcpts = ctx.rcpt_to().to_vec();
         let domains: Vec<Option<String>> = rcpts
             .iter()
-            .map(|r| split_address(r).map(|(_, d)| d))
+            .map(|r| Address::parse(r).ok().map(|a| a.domain().to_owned()))
             .collect();
         // Locality is asked only for recipients no per-domain route claims.
         let unclaimed: Vec<String> = domains

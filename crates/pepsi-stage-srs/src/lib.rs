@@ -12,8 +12,9 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
+use pepsi_common::address::{Address, normalize_domain};
 use pepsi_common::config::Config;
-use pepsi_common::local::{LocalRecipients, normalize_domain, split_address};
+use pepsi_common::local::LocalRecipients;
 use pepsi_common::srs::{self, DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_common::state::{Bounce, BounceDetail, BounceKind};
@@ -92,9 +93,8 @@ impl SrsStage {
 
     /// True when `address` is an SRS address (SRS0 or SRS1) at this stage's SRS domain.
     pub fn is_ours(&self, address: &str) -> bool {
-        split_address(address).is_some_and(|(local, domain)| {
-            domain == self.domain && srs::kind(&local) != Kind::Plain
-        })
+        Address::parse(address)
+            .is_ok_and(|a| a.domain() == self.domain && srs::kind(a.local()) != Kind::Plain)
     }
 }
 
@@ -114,7 +114,7 @@ impl SrsProgram {
         if from.is_empty() || stage.is_ours(&from) {
             return ctx.advance();
         }
-        let Some((_, domain)) = split_address(&from) else {
+        let Ok((_, domain)) = Address::parse(&from).map(Address::into_parts) else {
             tracing::warn!(
                 id = ctx.id(),
                 from,

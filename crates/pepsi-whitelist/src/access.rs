@@ -7,7 +7,8 @@
 //! operator (root, or anyone running the program without its bit, who has the database
 //! rights of the configuration already) may name any mailbox.
 
-use pepsi_common::local::{LocalRecipients, split_address};
+use pepsi_common::address::Address;
+use pepsi_common::local::LocalRecipients;
 
 /// Who runs the program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -74,8 +75,9 @@ pub fn mailbox(caller: &Caller, asked: Option<&str>, rules: &Rules) -> Result<St
         return Ok(key);
     }
     let account = owner()?;
-    let (local, domain) =
-        split_address(&key).ok_or_else(|| format!("--mailbox {asked:?}: not an address"))?;
+    let (local, domain) = Address::parse(&key)
+        .map_err(|_| format!("--mailbox {asked:?}: not an address"))?
+        .into_parts();
     if local != account.to_lowercase() || !rules.local.is_configured_local(&domain) {
         return Err(format!(
             "--mailbox {asked}: not a mailbox of {account}'s; yours are {account}@ one of the \

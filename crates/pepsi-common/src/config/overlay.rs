@@ -43,7 +43,7 @@ impl Scope {
         match self {
             Scope::Global => None,
             Scope::Domain(domain) => Some(domain),
-            Scope::Address(address) => address.rsplit_once('@').map(|(_, domain)| domain),
+            Scope::Address(address) => crate::address::domain_part(address),
         }
     }
 

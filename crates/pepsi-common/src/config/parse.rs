@@ -59,6 +59,7 @@ impl Loader<'_> {
                 continue;
             }
             if let Some(rest) = trimmed.strip_prefix('@') {
+                // Not an address: the `@inline@ <path>` directive.
                 let (directive, argument) = match rest.split_once('@') {
                     Some((directive, argument)) => (directive, argument.trim()),
                     None => return Err(syntax("a directive looks like @inline@ <path>")),

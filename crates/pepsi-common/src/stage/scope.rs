@@ -12,8 +12,8 @@
 //!
 //! Never does I/O: the rows are read by the caller (`config::load_all_overrides`).
 
+use crate::address::Address;
 use crate::config::{Config, OverrideRow, Scope};
-use crate::local::{normalize_domain, split_address};
 
 /// The most scopes a worker parses sections for; rows of further scopes are ignored with a
 /// warning (a bound on start-up work and memory, far above a real deployment's needs).
@@ -96,9 +96,8 @@ fn parse_scope(text: &str) -> Option<Scope> {
 /// `domain:` for recipients of one domain, none otherwise.
 pub fn message_scopes(rcpt_to: &[String]) -> Vec<String> {
     let split = |a: &str| -> Option<(String, String)> {
-        let (local, domain) = split_address(a)?;
-        let domain = normalize_domain(&domain)?;
-        Some((local.to_lowercase(), domain))
+        let a = Address::parse(a).ok()?;
+        Some((a.local().to_lowercase(), a.domain().to_owned()))
     };
     match rcpt_to {
         [] => Vec::new(),
