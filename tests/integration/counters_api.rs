@@ -1041,3 +1041,272 @@ fn a_batch_whose_connection_dies_before_its_replies_is_re_read_and_never_sent_ag
     );
     assert_eq!(redis.get(&k), Some(2));
 }
+
+/// One raw exchange: `request` is written as is and the connection read to its end; the Date
+/// header's value becomes `<date>` and today's date `<today>`, so the answer can be compared
+/// byte for byte.
+fn raw_exchange(addr: &str, request: &[u8]) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    // A server may answer and close before reading a large body; the answer still counts.
+    let _ = s.write_all(request);
+    let mut raw = Vec::new();
+    let _ = s.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).replace(&today(), "<today>");
+    text.split("\r\n")
+        .map(|l| match l.split_once(':') {
+            Some((name, _)) if name.eq_ignore_ascii_case("date") => format!("{name}: <date>"),
+            _ => l.to_string(),
+        })
+        .collect::<Vec<_>>()
+        .join("\r\n")
+}
+
+/// The answers in `raw`, one after another, each as its status line, its header lines sorted
+/// (RFC 9110 gives the order of differently named fields no meaning) and its body.
+fn canonical(mut raw: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    while let Some((head, rest)) = raw.split_once("\r\n\r\n") {
+        let mut lines: Vec<&str> = head.split("\r\n").collect();
+        let status = lines.remove(0);
+        lines.sort_unstable();
+        let len = lines
+            .iter()
+            .find_map(|l| l.strip_prefix("content-length: "))
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or(rest.len())
+            .min(rest.len());
+        out.push(format!(
+            "{status}\n{}\n\n{}",
+            lines.join("\n"),
+            &rest[..len]
+        ));
+        raw = &rest[len..];
+    }
+    out
+}
+
+/// Guards the HTTP edges of both servers that the middleware-chain test leaves open, as the
+/// hand-written hyper server answered them (the expected answers are its own): unknown paths,
+/// HEAD and other methods, a chunked body over the limit, malformed JSON, every header of each
+/// kind of answer, keep-alive, the admin routes, and the route and status each is counted as.
+#[test]
+fn http_edges_answer_as_before() {
+    let redis = RedisServer::start();
+    let d = start(&redis, "", "");
+    let auth = format!("Authorization: Bearer {TEST_TOKEN}\r\n");
+    let json_post = |path: &str, body: &str| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        )
+        .into_bytes()
+    };
+    let mut chunked = format!(
+        "POST /out HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+    )
+    .into_bytes();
+    for _ in 0..17 {
+        chunked.extend_from_slice(b"1000\r\n");
+        chunked.extend_from_slice(&[b' '; 0x1000]);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    let get = |path: &str, method: &str, with_auth: bool| {
+        format!(
+            "{method} {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n{}\r\n",
+            if with_auth { auth.as_str() } else { "" }
+        )
+        .into_bytes()
+    };
+    let mut not_utf8 = json_post("/out", r#"{"recipient":"?"}"#);
+    let at = not_utf8.iter().rposition(|b| *b == b'?').unwrap();
+    not_utf8[at] = 0xff;
+    let valid = r#"{"trace_id":"e1","auth_user":"x@example.com","recipient":"y@gmail.com"}"#;
+    let keep_alive = [
+        format!(
+            "POST /in HTTP/1.1\r\nHost: t\r\n{auth}Content-Type: application/json\r\nContent-Length: 2\r\n\r\n{{}}"
+        )
+        .into_bytes(),
+        get("/nope", "GET", false),
+    ]
+    .concat();
+    let api_cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "unknown path",
+            get("/nope", "GET", false),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "unknown path below a route",
+            json_post("/in/", valid),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "root",
+            get("/", "POST", true),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "HEAD on /counters",
+            get("/counters?address=x@example.com", "HEAD", true),
+            "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\nallow: GET\r\nconnection: close\r\ncontent-length: 35\r\ndate: <date>\r\n\r\n",
+        ),
+        (
+            "HEAD on /in",
+            get("/in", "HEAD", true),
+            "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\nallow: POST\r\nconnection: close\r\ncontent-length: 35\r\ndate: <date>\r\n\r\n",
+        ),
+        (
+            "PUT on /out",
+            get("/out", "PUT", true),
+            "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\nallow: POST\r\nconnection: close\r\ncontent-length: 34\r\ndate: <date>\r\n\r\n{\"error\":\"method PUT not allowed\"}",
+        ),
+        (
+            "OPTIONS on /counters",
+            get("/counters", "OPTIONS", true),
+            "HTTP/1.1 405 Method Not Allowed\r\ncontent-type: application/json\r\nallow: GET\r\nconnection: close\r\ncontent-length: 38\r\ndate: <date>\r\n\r\n{\"error\":\"method OPTIONS not allowed\"}",
+        ),
+        (
+            "chunked body over the limit",
+            chunked,
+            "HTTP/1.1 413 Payload Too Large\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 40\r\ndate: <date>\r\n\r\n{\"error\":\"body larger than 65536 bytes\"}",
+        ),
+        (
+            "malformed JSON",
+            json_post("/out", r#"{"a":"#),
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 70\r\ndate: <date>\r\n\r\n{\"error\":\"invalid JSON: EOF while parsing a value at line 1 column 5\"}",
+        ),
+        (
+            "not UTF-8",
+            not_utf8,
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 72\r\ndate: <date>\r\n\r\n{\"error\":\"invalid JSON: invalid unicode code point at line 1 column 15\"}",
+        ),
+        (
+            "a JSON string",
+            json_post("/out", r#""str""#),
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 45\r\ndate: <date>\r\n\r\n{\"error\":\"invalid JSON: expected one object\"}",
+        ),
+        (
+            "accepted",
+            json_post("/out", valid),
+            "HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 17\r\ndate: <date>\r\n\r\n{\"accepted\":true}",
+        ),
+        (
+            "accepted with a query",
+            json_post("/out?x=1", valid),
+            "HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 17\r\ndate: <date>\r\n\r\n{\"accepted\":true}",
+        ),
+        (
+            "unauthenticated",
+            get("/counters?address=x@example.com", "GET", false),
+            "HTTP/1.1 401 Unauthorized\r\ncontent-type: application/json\r\nwww-authenticate: Bearer\r\nconnection: close\r\ncontent-length: 32\r\ndate: <date>\r\n\r\n{\"error\":\"missing bearer token\"}",
+        ),
+        (
+            "counters view",
+            get("/counters?address=x@example.com", "GET", true),
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 368\r\ndate: <date>\r\n\r\n{\"date\":\"<today>\",\"domain\":\"example.com\",\"exempt\":false,\"levels\":[{\"id\":\"x@example.com\",\"in\":0,\"in_limit\":500,\"level\":\"A\",\"out\":2,\"out_limit\":3},{\"id\":\"example.com\",\"in\":0,\"in_limit\":1000,\"level\":\"D\",\"out\":2,\"out_limit\":3},{\"id\":\"1234\",\"in\":0,\"in_limit\":5000,\"level\":\"O\",\"out\":2,\"out_limit\":3}],\"managed\":true,\"mode\":\"address\",\"org_id\":1234,\"query\":\"x@example.com\"}",
+        ),
+        (
+            "keep-alive: two requests on one connection",
+            keep_alive,
+            "HTTP/1.1 400 Bad Request\r\ncontent-type: application/json\r\ncontent-length: 30\r\ndate: <date>\r\n\r\n{\"error\":\"recipient: missing\"}HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "percent-encoded route",
+            json_post("/%69n", valid),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "asterisk-form target",
+            get("*", "OPTIONS", true),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "absolute-form target",
+            json_post("http://t/out", valid),
+            "HTTP/1.1 202 Accepted\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 17\r\ndate: <date>\r\n\r\n{\"accepted\":true}",
+        ),
+        (
+            "CONNECT",
+            format!("CONNECT t:443 HTTP/1.1\r\nHost: t:443\r\nConnection: close\r\n{auth}\r\n")
+                .into_bytes(),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+    ];
+    let admin_cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "admin unknown path",
+            get("/nope", "GET", false),
+            "HTTP/1.1 404 Not Found\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 21\r\ndate: <date>\r\n\r\n{\"error\":\"not found\"}",
+        ),
+        (
+            "admin health",
+            get("/health", "GET", false),
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 15\r\ndate: <date>\r\n\r\n{\"status\":\"ok\"}",
+        ),
+        (
+            "admin health by POST",
+            get("/health", "POST", false),
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 15\r\ndate: <date>\r\n\r\n{\"status\":\"ok\"}",
+        ),
+        (
+            "admin HEAD health",
+            get("/health", "HEAD", false),
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\nconnection: close\r\ncontent-length: 15\r\ndate: <date>\r\n\r\n",
+        ),
+    ];
+    for (addr, cases) in [(&d.api, &api_cases), (&d.admin, &admin_cases)] {
+        for (what, request, want) in cases {
+            if *what == "counters view" {
+                wait_key(&redis, &key("O", "1234", "o"), 2);
+            }
+            let got = raw_exchange(addr, request);
+            assert_eq!(canonical(&got), canonical(want), "{what}: {got:?}");
+        }
+    }
+    // /metrics answers any method, in the Prometheus text type
+    for method in ["GET", "POST"] {
+        let got = raw_exchange(&d.admin, &get("/metrics", method, false));
+        let mut head: Vec<&str> = got
+            .split("\r\n\r\n")
+            .next()
+            .unwrap_or_default()
+            .split("\r\n")
+            .filter(|l| !l.starts_with("content-length: "))
+            .collect();
+        head.sort_unstable();
+        assert_eq!(
+            head,
+            [
+                "HTTP/1.1 200 OK",
+                "connection: close",
+                "content-type: text/plain; version=0.0.4",
+                "date: <date>"
+            ],
+            "{method} /metrics"
+        );
+    }
+    // each answer above counted under its route and status; unknown paths as "other"
+    let metrics = raw_exchange(&d.admin, &get("/metrics", "GET", false));
+    let requests: Vec<&str> = metrics
+        .lines()
+        .filter(|l| l.starts_with("migadu_counters_requests_total"))
+        .collect();
+    assert_eq!(
+        requests,
+        [
+            "migadu_counters_requests_total{route=\"counters\",status=\"200\"} 1",
+            "migadu_counters_requests_total{route=\"counters\",status=\"401\"} 1",
+            "migadu_counters_requests_total{route=\"counters\",status=\"405\"} 2",
+            "migadu_counters_requests_total{route=\"in\",status=\"400\"} 1",
+            "migadu_counters_requests_total{route=\"in\",status=\"405\"} 1",
+            "migadu_counters_requests_total{route=\"other\",status=\"404\"} 7",
+            "migadu_counters_requests_total{route=\"out\",status=\"202\"} 3",
+            "migadu_counters_requests_total{route=\"out\",status=\"400\"} 3",
+            "migadu_counters_requests_total{route=\"out\",status=\"405\"} 1",
+            "migadu_counters_requests_total{route=\"out\",status=\"413\"} 1",
+        ]
+    );
+}

@@ -1,6 +1,13 @@
 //! The HTTP side: the middleware chain in the plan's order, the `/in` `/out` `/counters`
 //! handlers, the admin `/health` and `/metrics`, and the connection loop with graceful drain.
 //! A request rejected by the chain never reaches the CDB or Redis.
+//!
+//! Both servers are axum routers (`api_router`, `admin_router`), the stack pepsi-httpd uses,
+//! over hyper's HTTP/1.1 connection driven by our own accept loop (`serve`): the Go server's
+//! idle and header timeouts and the drain on stop have no axum equivalent. The chain stays one
+//! function in the plan's order rather than axum's method routing and extractors, whose
+//! rejections (a 405 without the JSON body, HEAD answered by the GET handler) would change
+//! the answers the plan fixes.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -10,17 +17,23 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use arc_swap::ArcSwap;
-use bytes::Bytes;
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::http::header::{
+    ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, HeaderName, HeaderValue, WWW_AUTHENTICATE,
+};
+use axum::http::{Method, StatusCode};
+use axum::response::Response;
+use axum::routing::any;
 use chrono::{DateTime, Utc};
 use futures_util::FutureExt;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::body::Incoming;
-use hyper::header::{ALLOW, AUTHORIZATION, CONTENT_LENGTH, CONTENT_TYPE, WWW_AUTHENTICATE};
-use hyper::{Method, Request, Response, StatusCode};
+use http_body_util::{BodyExt, Limited};
 use serde_json::{Value, json};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
 use crate::config::{self, Config};
 use crate::counting::{self, Event, KeyResult, Plan, Rules};
@@ -36,7 +49,7 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// How long a stopping server waits for requests in flight.
 pub const DRAIN: Duration = Duration::from_secs(10);
 
-type Resp = Response<Full<Bytes>>;
+type Resp = Response;
 
 /// The answer to a queued count, `{"accepted":true}`.
 const ACCEPTED_BODY: &[u8] = br#"{"accepted":true}"#;
@@ -60,6 +73,7 @@ pub struct App {
     pub queue: mpsc::Sender<Job>,
 }
 
+/// Which route a request reached; `Other` is every path outside them.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Endpoint {
     Count(Route),
@@ -82,7 +96,7 @@ struct Reject {
     status: StatusCode,
     reason: String,
     trace_id: String,
-    header: Option<(hyper::header::HeaderName, &'static str)>,
+    header: Option<(HeaderName, &'static str)>,
 }
 
 fn reject(status: StatusCode, reason: impl Into<String>) -> Reject {
@@ -98,7 +112,7 @@ fn json_response(status: StatusCode, body: &Value) -> Resp {
     Response::builder()
         .status(status)
         .header(CONTENT_TYPE, "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
+        .body(Body::from(body.to_string()))
         .expect("static response parts")
 }
 
@@ -146,7 +160,7 @@ async fn recover(
             let mut resp = json_response(r.status, &json!({ "error": r.reason }));
             if let Some((name, value)) = r.header {
                 resp.headers_mut()
-                    .insert(name, hyper::header::HeaderValue::from_static(value));
+                    .insert(name, HeaderValue::from_static(value));
             }
             resp
         }
@@ -165,16 +179,48 @@ async fn recover(
     }
 }
 
+/// The API server: `/in`, `/out` and `/counters` take every method, so that a wrong one is
+/// refused by the chain (405 with its JSON body and Allow) in its place after the path; every
+/// other path goes through the chain as `Other` (404).
+pub fn api_router(app: Arc<App>) -> Router {
+    let at = |endpoint: Endpoint| {
+        any(
+            move |State(app): State<Arc<App>>,
+                  ConnectInfo(peer): ConnectInfo<SocketAddr>,
+                  req: Request| app.handle(endpoint, req, peer),
+        )
+    };
+    Router::new()
+        .route("/in", at(Endpoint::Count(Route::In)))
+        .route("/out", at(Endpoint::Count(Route::Out)))
+        .route("/counters", at(Endpoint::Counters))
+        .fallback(
+            |State(app): State<Arc<App>>,
+             ConnectInfo(peer): ConnectInfo<SocketAddr>,
+             req: Request| app.handle(Endpoint::Other, req, peer),
+        )
+        .with_state(app)
+}
+
+/// The admin server: `/health` and `/metrics` to any method, no authentication.
+pub fn admin_router(app: Arc<App>) -> Router {
+    Router::new()
+        .route(
+            "/metrics",
+            any(|State(app): State<Arc<App>>| async move { app.metrics_text() }),
+        )
+        .route(
+            "/health",
+            any(|State(app): State<Arc<App>>| async move { app.health().await }),
+        )
+        .fallback(|| async { json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})) })
+        .with_state(app)
+}
+
 impl App {
     /// Entry point of the API server: recover (step 1) around the rest of the chain.
-    pub async fn handle(self: Arc<Self>, req: Request<Incoming>, peer: SocketAddr) -> Resp {
+    async fn handle(self: Arc<Self>, endpoint: Endpoint, req: Request, peer: SocketAddr) -> Resp {
         let started = Instant::now();
-        let endpoint = match req.uri().path() {
-            "/in" => Endpoint::Count(Route::In),
-            "/out" => Endpoint::Count(Route::Out),
-            "/counters" => Endpoint::Counters,
-            _ => Endpoint::Other,
-        };
         let route = endpoint.label();
         let resp = recover(route, peer, self.chain(req, peer, endpoint)).await;
         let elapsed = started.elapsed().as_secs_f64();
@@ -200,7 +246,7 @@ impl App {
 
     async fn chain(
         &self,
-        req: Request<Incoming>,
+        req: Request,
         peer: SocketAddr,
         endpoint: Endpoint,
     ) -> Result<Resp, Reject> {
@@ -318,7 +364,7 @@ impl App {
             Ok(()) => Ok(Response::builder()
                 .status(StatusCode::ACCEPTED)
                 .header(CONTENT_TYPE, "application/json")
-                .body(Full::new(Bytes::from_static(ACCEPTED_BODY)))
+                .body(Body::from(ACCEPTED_BODY))
                 .expect("static response parts")),
             Err(_) => Err(Reject {
                 trace_id,
@@ -543,32 +589,30 @@ impl App {
         }
     }
 
-    /// The admin server: `/health` and `/metrics`, no authentication.
-    pub async fn admin(self: Arc<Self>, req: Request<Incoming>) -> Resp {
-        match req.uri().path() {
-            "/metrics" => Response::builder()
-                .header(CONTENT_TYPE, "text/plain; version=0.0.4")
-                .body(Full::new(Bytes::from(self.metrics.render())))
-                .expect("static response parts"),
-            "/health" => {
-                let cdb = std::fs::metadata(self.domains.load().path()).map(|_| ());
-                let redis =
-                    tokio::time::timeout(Duration::from_millis(200), self.store.ping()).await;
-                let reason = match (cdb, redis) {
-                    (Err(e), _) => Some(format!("cdb: {e}")),
-                    (_, Err(_)) => Some("redis: no PING reply within 200ms".to_string()),
-                    (_, Ok(Err(e))) => Some(format!("redis: {e}")),
-                    _ => None,
-                };
-                match reason {
-                    None => json_response(StatusCode::OK, &json!({"status": "ok"})),
-                    Some(r) => json_response(
-                        StatusCode::SERVICE_UNAVAILABLE,
-                        &json!({"status": "unavailable", "reason": r}),
-                    ),
-                }
-            }
-            _ => json_response(StatusCode::NOT_FOUND, &json!({"error": "not found"})),
+    /// Admin `/metrics`: the Prometheus text format.
+    fn metrics_text(&self) -> Resp {
+        Response::builder()
+            .header(CONTENT_TYPE, "text/plain; version=0.0.4")
+            .body(Body::from(self.metrics.render()))
+            .expect("static response parts")
+    }
+
+    /// Admin `/health`: 200 when the CDB is readable and Redis answers PING within 200 ms.
+    async fn health(&self) -> Resp {
+        let cdb = std::fs::metadata(self.domains.load().path()).map(|_| ());
+        let redis = tokio::time::timeout(Duration::from_millis(200), self.store.ping()).await;
+        let reason = match (cdb, redis) {
+            (Err(e), _) => Some(format!("cdb: {e}")),
+            (_, Err(_)) => Some("redis: no PING reply within 200ms".to_string()),
+            (_, Ok(Err(e))) => Some(format!("redis: {e}")),
+            _ => None,
+        };
+        match reason {
+            None => json_response(StatusCode::OK, &json!({"status": "ok"})),
+            Some(r) => json_response(
+                StatusCode::SERVICE_UNAVAILABLE,
+                &json!({"status": "unavailable", "reason": r}),
+            ),
         }
     }
 }
@@ -674,17 +718,14 @@ impl tokio::io::AsyncWrite for TrackedIo {
     }
 }
 
-/// Accepts until `stop`, then lets every connection finish its request in flight and waits up
-/// to `DRAIN` for them.
-pub async fn serve<F, Fut>(
+/// Serves `router` on `listener` until `stop`, then lets every connection finish its request in
+/// flight and waits up to `DRAIN` for them. The router sees the TCP peer as `ConnectInfo`.
+pub async fn serve(
     listener: TcpListener,
     timeouts: Timeouts,
     stop: CancellationToken,
-    handler: F,
-) where
-    F: Fn(Request<Incoming>, SocketAddr) -> Fut + Clone + Send + Sync + 'static,
-    Fut: Future<Output = Resp> + Send + 'static,
-{
+    router: Router,
+) {
     let conns = tokio_util::task::TaskTracker::new();
     loop {
         let accepted = tokio::select! {
@@ -706,15 +747,18 @@ pub async fn serve<F, Fut>(
             idle_since: AtomicU64::new(0),
             first_byte: AtomicU64::new(NONE),
         });
-        let handler = handler.clone();
+        let router = router.clone();
         let svc_state = state.clone();
-        let svc = hyper::service::service_fn(move |req| {
+        let svc = hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
             svc_state.inflight.fetch_add(1, Ordering::AcqRel);
             let guard = InflightGuard(svc_state.clone());
-            let fut = handler(req, peer);
+            let mut req = req.map(Body::new);
+            req.extensions_mut().insert(ConnectInfo(peer));
+            let fut = router.clone().oneshot(req);
             async move {
                 let resp = match tokio::time::timeout(timeouts.write, fut).await {
-                    Ok(r) => r,
+                    Ok(Ok(r)) => r,
+                    Ok(Err(never)) => match never {},
                     Err(_) => json_response(
                         StatusCode::SERVICE_UNAVAILABLE,
                         &json!({"error": "write timeout"}),

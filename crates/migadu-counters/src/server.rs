@@ -1,7 +1,6 @@
 //! The `migadu_counters` daemon: start-up in the plan's order, the worker pool, the CDB
 //! watcher, signals (HUP reload/reopen, TERM/INT drain) and shutdown.
 
-use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -273,24 +272,18 @@ async fn daemon(args: Args) -> Result<()> {
         write: Duration::from_secs(cfg.write_timeout),
         idle: Duration::from_secs(cfg.idle_timeout),
     };
-    let api = {
-        let app = app.clone();
-        tokio::spawn(crate::http::serve(
-            api_listener,
-            timeouts,
-            stop.clone(),
-            move |req, peer: SocketAddr| app.clone().handle(req, peer),
-        ))
-    };
-    let admin = {
-        let app = app.clone();
-        tokio::spawn(crate::http::serve(
-            admin_listener,
-            timeouts,
-            stop.clone(),
-            move |req, _| app.clone().admin(req),
-        ))
-    };
+    let api = tokio::spawn(crate::http::serve(
+        api_listener,
+        timeouts,
+        stop.clone(),
+        crate::http::api_router(app.clone()),
+    ));
+    let admin = tokio::spawn(crate::http::serve(
+        admin_listener,
+        timeouts,
+        stop.clone(),
+        crate::http::admin_router(app.clone()),
+    ));
     tracing::info!(addr = %cfg.addr, admin_addr = %cfg.admin_addr, workers = cfg.workers, batch_size = cfg.batch_size, "listening");
 
     loop {
