@@ -2006,3 +2006,156 @@ async fn a_message_through_the_system_leaves_mail_log_rows_the_api_finds() {
         .unwrap();
     assert_eq!(all, 3, "one row per final outcome");
 }
+
+// ----- the OpenAPI document against the router ------------------------------------------
+
+const OPERATIONS: [&str; 7] = ["get", "put", "post", "delete", "patch", "head", "options"];
+
+/// (path, METHOD) of every operation under `paths:` in docs/api.openapi.yaml (two-space
+/// indented paths, four-space indented operations, as the document is written).
+fn documented_routes(yaml: &str) -> std::collections::BTreeSet<(String, String)> {
+    let mut out = std::collections::BTreeSet::new();
+    let (mut in_paths, mut path) = (false, None::<String>);
+    for line in yaml.lines() {
+        if line.trim().is_empty() || line.trim_start().starts_with('#') {
+            continue;
+        }
+        if !line.starts_with(' ') {
+            in_paths = line.trim_end() == "paths:";
+            continue;
+        }
+        if !in_paths {
+            continue;
+        }
+        if let Some(p) = line.strip_prefix("  ").filter(|l| !l.starts_with(' ')) {
+            let p = p
+                .trim_end()
+                .strip_suffix(':')
+                .expect("a path line ends with ':'");
+            path = Some(p.trim_matches(['\'', '"']).to_string());
+        } else if let Some(key) = line.strip_prefix("    ").filter(|l| !l.starts_with(' ')) {
+            let key = key.split(':').next().unwrap_or_default().trim();
+            if OPERATIONS.contains(&key) {
+                let path = path.clone().expect("an operation below a path");
+                out.insert((path, key.to_uppercase()));
+            }
+        }
+    }
+    out
+}
+
+/// (path, METHOD) of every `.route(...)` in pepsi-httpd's `app::router`, read from its source:
+/// axum cannot list a router's routes, and the probes of the test below check this reading
+/// against the running server.
+fn routed(src: &str) -> std::collections::BTreeSet<(String, String)> {
+    let body = src
+        .split("pub fn router(")
+        .nth(1)
+        .expect("app.rs defines pub fn router(")
+        .split(".fallback(")
+        .next()
+        .unwrap();
+    for other in [".nest(", ".merge(", ".route_service(", ".nest_service("] {
+        assert!(
+            !body.contains(other),
+            "app::router uses {other}: teach this test to read it"
+        );
+    }
+    let mut out = std::collections::BTreeSet::new();
+    for chunk in body.split(".route(").skip(1) {
+        let (path, rest) = chunk
+            .trim_start()
+            .strip_prefix('"')
+            .and_then(|r| r.split_once('"'))
+            .expect("a route's path is a string literal");
+        for op in OPERATIONS {
+            let call = format!("{op}(");
+            let called = rest.match_indices(&call).any(|(at, _)| {
+                at == 0 || {
+                    let before = rest.as_bytes()[at - 1];
+                    !(before.is_ascii_alphanumeric() || before == b'_')
+                }
+            });
+            if called {
+                out.insert((path.to_string(), op.to_uppercase()));
+            }
+        }
+    }
+    out
+}
+
+/// A concrete path for a route template, with a plausible value for each parameter.
+fn concrete(template: &str) -> String {
+    template
+        .split('/')
+        .map(|seg| match seg {
+            "{id}" => "1",
+            "{action}" => "retry",
+            "{address}" | "{key}" => "a@example.test",
+            "{domain}" => "example.org",
+            "{name}" => "pepsi.css",
+            s if s.starts_with('{') => "x",
+            s => s,
+        })
+        .collect::<Vec<_>>()
+        .join("/")
+}
+
+#[tokio::test]
+async fn the_openapi_document_lists_exactly_the_routes_pepsi_httpd_serves() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let yaml = std::fs::read_to_string(root.join("docs/api.openapi.yaml")).unwrap();
+    let src = std::fs::read_to_string(root.join("crates/pepsi-httpd/src/app.rs")).unwrap();
+    let documented = documented_routes(&yaml);
+    let served = routed(&src);
+    assert!(
+        served.len() > 20,
+        "too few routes read from app.rs: {served:?}"
+    );
+    let undocumented: Vec<_> = served.difference(&documented).collect();
+    let unserved: Vec<_> = documented.difference(&served).collect();
+    assert!(
+        undocumented.is_empty() && unserved.is_empty(),
+        "routes missing from docs/api.openapi.yaml: {undocumented:?}; \
+         documented but not in app::router: {unserved:?}"
+    );
+
+    // The running server agrees with that reading: each documented operation reaches a
+    // handler (no fallback 404, no 405), each other method on its path gets 405.
+    let f = fixture("").await;
+    let fallback_404 = |a: &support::httpd::Answer| {
+        a.status == 404
+            && a.json["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("no such route"))
+    };
+    let nope = f.httpd.get("/api/no-such-route", &Auth::None).await;
+    assert!(
+        fallback_404(&nope),
+        "the fallback's answer changed: {nope:?}"
+    );
+    let paths: std::collections::BTreeSet<&String> = documented.iter().map(|(p, _)| p).collect();
+    for path in paths {
+        let url = concrete(path);
+        for method in [
+            Method::GET,
+            Method::POST,
+            Method::PUT,
+            Method::DELETE,
+            Method::PATCH,
+        ] {
+            let a = f.httpd.call(method.clone(), &url, &Auth::None, None).await;
+            if documented.contains(&(path.clone(), method.to_string())) {
+                assert!(
+                    a.status != 405 && !fallback_404(&a),
+                    "{method} {url} is documented but not served: {a:?}"
+                );
+            } else {
+                assert_eq!(
+                    a.status, 405,
+                    "{method} {url} is served but not documented: {a:?}"
+                );
+            }
+        }
+    }
+}
