@@ -14,11 +14,10 @@ use mail_auth::{
     common::headers::HeaderWriter as _, dmarc::Policy, dmarc::verify::DmarcParameters,
     spf::verify::SpfParameters,
 };
-use serde_json::{Value, json};
 
 use crate::config::DnsSettings;
 use pepsi_common::address;
-use pepsi_common::state::Iprev;
+use pepsi_common::state::{Auth, AuthVerdict, Iprev};
 
 /// The resolver and the names the verdicts are issued under.
 pub struct Verifier {
@@ -38,7 +37,7 @@ pub struct Verdict {
     /// `Authentication-Results: …` CRLF.
     pub header: String,
     /// `state.auth`.
-    pub state: Value,
+    pub state: Auth,
 }
 
 impl Verifier {
@@ -228,16 +227,19 @@ impl Verifier {
             .with_iprev_result(iprev, ip)
             .with_spf_ehlo_result(&spf_helo, ip, helo)
             .with_spf_mailfrom_result(&spf_mail, ip, mail_from, helo);
-        let mut state = json!({
-            "spf": {
-                "result": spf_name(spf_mail.result()),
-                "domain": mail_domain,
-                "helo": {"result": spf_name(spf_helo.result()), "domain": helo},
-            },
-            "dkim": [],
-            "dmarc": {"result": "none"},
-            "arc": {"result": "none"},
-        });
+        let mut state = Auth {
+            spf: Some(AuthVerdict {
+                domain: Some(mail_domain.clone()),
+                helo: Some(Box::new(AuthVerdict {
+                    domain: Some(helo.to_owned()),
+                    ..AuthVerdict::new(spf_name(spf_helo.result()))
+                })),
+                ..AuthVerdict::new(spf_name(spf_mail.result()))
+            }),
+            dkim: Vec::new(),
+            dmarc: Some(AuthVerdict::new("none")),
+            arc: Some(AuthVerdict::new("none")),
+        };
         if let Some(message) = &message {
             // Malformed signatures first, as verify_dkim lists them.
             let mut dkim_outputs: Vec<DkimOutput<'_>> = message
@@ -272,9 +274,9 @@ impl Verifier {
                 .with_dkim_results(&dkim_outputs, header_from)
                 .with_arc_result(&arc, ip)
                 .with_dmarc_result(&dmarc);
-            state["dkim"] = dkim_outputs.iter().map(dkim_json).collect();
-            state["arc"] = dkim_result_json(arc.result());
-            state["dmarc"] = dmarc_json(&dmarc.result(), dmarc.domain(), dmarc.policy());
+            state.dkim = dkim_outputs.iter().map(dkim_json).collect();
+            state.arc = Some(dkim_result_json(arc.result()));
+            state.dmarc = Some(dmarc_json(&dmarc.result(), dmarc.domain(), dmarc.policy()));
         }
         if !unfinished.is_empty() {
             unfinished.dedup();
@@ -415,7 +417,7 @@ fn iprev_name(r: &IprevResult) -> &'static str {
     }
 }
 
-fn dkim_result_json(r: &DkimResult) -> Value {
+fn dkim_result_json(r: &DkimResult) -> AuthVerdict {
     let (name, reason) = match r {
         DkimResult::Pass => ("pass", None),
         DkimResult::Neutral(e) => ("neutral", Some(e)),
@@ -424,22 +426,22 @@ fn dkim_result_json(r: &DkimResult) -> Value {
         DkimResult::TempError(e) => ("temperror", Some(e)),
         DkimResult::None => ("none", None),
     };
-    match reason {
-        Some(e) => json!({"result": name, "reason": e.to_string()}),
-        None => json!({"result": name}),
+    AuthVerdict {
+        reason: reason.map(|e| e.to_string()),
+        ..AuthVerdict::new(name)
     }
 }
 
-fn dkim_json(out: &DkimOutput<'_>) -> Value {
+fn dkim_json(out: &DkimOutput<'_>) -> AuthVerdict {
     let mut v = dkim_result_json(out.result());
     if let Some(sig) = out.signature() {
-        v["domain"] = json!(sig.d.to_ascii_lowercase());
-        v["selector"] = json!(sig.s);
+        v.domain = Some(sig.d.to_ascii_lowercase());
+        v.selector = Some(sig.s.clone());
     }
     v
 }
 
-fn dmarc_json(r: &DmarcResult, domain: &str, policy: Policy) -> Value {
+fn dmarc_json(r: &DmarcResult, domain: &str, policy: Policy) -> AuthVerdict {
     let (name, reason) = match r {
         DmarcResult::Pass => ("pass", None),
         DmarcResult::Fail(e) => ("fail", Some(e.to_string())),
@@ -452,16 +454,18 @@ fn dmarc_json(r: &DmarcResult, domain: &str, policy: Policy) -> Value {
         Policy::Quarantine => "quarantine",
         Policy::None | Policy::Unspecified => "none",
     };
-    let mut v = json!({"result": name, "domain": domain.to_ascii_lowercase(), "policy": policy});
-    if let Some(reason) = reason {
-        v["reason"] = json!(reason);
+    AuthVerdict {
+        domain: Some(domain.to_ascii_lowercase()),
+        policy: Some(policy.to_owned()),
+        reason,
+        ..AuthVerdict::new(name)
     }
-    v
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn result_names() {
@@ -477,16 +481,23 @@ mod tests {
         for (r, name) in spf {
             assert_eq!(spf_name(r), name);
         }
+        let as_json = |v: AuthVerdict| serde_json::to_value(v).unwrap();
         assert_eq!(
-            dkim_result_json(&DkimResult::Pass),
+            as_json(dkim_result_json(&DkimResult::Pass)),
             json!({"result": "pass"})
         );
         assert_eq!(
-            dkim_result_json(&DkimResult::Fail(mail_auth::Error::NotAligned))["result"],
+            as_json(dkim_result_json(&DkimResult::Fail(
+                mail_auth::Error::NotAligned
+            )))["result"],
             "fail"
         );
         assert_eq!(
-            dmarc_json(&DmarcResult::None, "Example.ORG", Policy::Reject),
+            as_json(dmarc_json(
+                &DmarcResult::None,
+                "Example.ORG",
+                Policy::Reject
+            )),
             json!({"result": "none", "domain": "example.org", "policy": "reject"})
         );
         let pass = IprevOutput {

@@ -22,8 +22,8 @@ use chrono::{DateTime, Utc};
 use pepsi_common::config::Config;
 use pepsi_common::message;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::state::{Crypto, Decryption};
 use pepsi_crypto::{autocrypt, mime, openpgp};
-use serde_json::Value;
 use sqlx::Row as _;
 
 pub mod constants {
@@ -191,14 +191,15 @@ async fn learn(
 /// A message our decrypt stage opened with one of our keys and whose signature is good
 /// and names its From address: that sender holds our key.
 async fn prove_own_key(ctx: &StageContext<'_>, from: &str) -> Result<(), StageError> {
-    let Some(d) = ctx.state().get("crypto").and_then(|c| c.get("decrypted")) else {
+    // Another stage's key: one that does not parse proves nothing.
+    let crypto = Crypto::from_state(ctx.state()).ok().flatten();
+    let Some(Decryption::Decrypted { key, signature, .. }) = crypto.and_then(|c| c.decrypted)
+    else {
         return Ok(());
     };
-    let good = d.get("result").and_then(Value::as_str) == Some("decrypted")
-        && d.get("signature").and_then(Value::as_str) == Some("good");
-    let Some(key) = d.get("key").and_then(Value::as_str).filter(|_| good) else {
+    if signature != "good" || key.is_empty() {
         return Ok(());
-    };
+    }
     sqlx::query(
         "INSERT INTO pepsi.peer_has_own_key (address, fingerprint) VALUES ($1, $2) \
          ON CONFLICT (address, fingerprint) DO UPDATE SET proven_at = now()",

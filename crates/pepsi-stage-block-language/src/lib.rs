@@ -19,14 +19,14 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use pepsi_common::config::Config;
-use pepsi_common::language::{BLOCK_SETTING, LanguageBlock};
+use pepsi_common::language::{BLOCK_SETTING, BlockAction, LanguageBlock};
 use pepsi_common::local::LocalRecipients;
 use pepsi_common::settings;
 use pepsi_common::stage::{
     FanGroup, FanRecipients, Load, RoundMemo, Stage, StageContext, StageError, Terminal,
 };
-use pepsi_common::state::{Bounce, BounceKind};
-use serde_json::{Map, Value, json};
+use pepsi_common::state::{Bounce, BounceKind, Language, LanguageBlocked, Whitelist};
+use serde_json::{Map, Value};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -84,27 +84,18 @@ impl BlockLanguage {
     }
 }
 
-/// The detected language of the message, from `state.language.code`.
+/// The detected language of the message, from `state.language.code`. Another stage's key:
+/// one that does not parse is no detection, as an absent one is.
 fn language_of(state: &Map<String, Value>) -> Option<String> {
-    state
-        .get("language")
-        .and_then(|l| l.get("code"))
-        .and_then(Value::as_str)
-        .map(str::to_owned)
+    Language::from_state(state).ok().flatten()?.code
 }
 
-/// The mailboxes `state.whitelist.trusted` lists.
+/// The mailboxes `state.whitelist.trusted` lists (none when the key does not parse).
 fn trusted_of(state: &Map<String, Value>) -> Vec<String> {
-    state
-        .get("whitelist")
-        .and_then(|w| w.get("trusted"))
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(Value::as_str)
-                .map(str::to_owned)
-                .collect()
-        })
+    Whitelist::from_state(state)
+        .ok()
+        .flatten()
+        .and_then(|w| w.trusted)
         .unwrap_or_default()
 }
 
@@ -170,15 +161,16 @@ impl Stage for BlockLanguage {
             "language blocked"
         );
         let name = ctx.settings().name.clone();
-        let record = |action: &str| {
+        let record = |action: BlockAction| {
             let mut state = Map::new();
-            state.insert(
-                "language_block".into(),
-                json!({ "action": action, "language": code }),
-            );
+            LanguageBlocked {
+                action,
+                language: code.clone(),
+            }
+            .insert_into(&mut state);
             state
         };
-        let mut refuse_state = record("refuse");
+        let mut refuse_state = record(BlockAction::Refuse);
         Bounce {
             diagnostic: Some(format!(
                 "the recipient does not accept mail in this language ({code})"
@@ -207,7 +199,7 @@ impl Stage for BlockLanguage {
         if let Some(junk) = &settings.junk_stage
             && !groups.junk.is_empty()
         {
-            parts.push((groups.junk.clone(), junk.clone(), record("junk")));
+            parts.push((groups.junk.clone(), junk.clone(), record(BlockAction::Junk)));
         }
         if !groups.refuse.is_empty() {
             parts.push((groups.refuse.clone(), bounce_stage()?, refuse_state));

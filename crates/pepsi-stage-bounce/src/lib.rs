@@ -31,7 +31,7 @@ use std::process::ExitCode;
 use chrono::Utc;
 use pepsi_common::config::Config;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 pub mod dsn;
 pub mod original;
@@ -64,7 +64,7 @@ fn give_up(ctx: &StageContext<'_>, reason: String) -> Result<Terminal, StageErro
         "cannot build a delivery status notification: {reason}"
     );
     let mut state = Map::new();
-    state.insert("bounce_error".into(), Value::String(reason));
+    pepsi_common::state::BounceError(reason).insert_into(&mut state);
     ctx.fail(state)
 }
 

@@ -2,6 +2,7 @@
 //! at all, and what its state says about how its content may be returned. Pure: no I/O.
 
 use mail_parser::MessageParser;
+use pepsi_common::state::{Crypto, Decryption};
 
 /// Why a message gets no notification although its sender is not null.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -84,18 +85,30 @@ pub enum Content {
 
 /// What of the message may be returned, from `state.crypto.decrypted`.
 pub fn content(state: &serde_json::Map<String, serde_json::Value>) -> Content {
-    let decrypted = state
-        .get("crypto")
-        .and_then(|c| c.get("decrypted"))
-        .filter(|d| d.get("result").and_then(serde_json::Value::as_str) == Some("decrypted"));
-    match decrypted {
-        None => Content::AsReceived,
-        Some(d) => Content::Decrypted {
-            original_headers: d
-                .get("original_headers")
-                .and_then(serde_json::Value::as_str)
-                .map(|h| h.as_bytes().to_vec()),
+    match Crypto::from_state(state) {
+        Ok(crypto) => match crypto.and_then(|c| c.decrypted) {
+            Some(Decryption::Decrypted {
+                original_headers, ..
+            }) => Content::Decrypted {
+                original_headers: original_headers.map(String::into_bytes),
+            },
+            _ => Content::AsReceived,
         },
+        // A record that does not parse may still say the row holds the plaintext: then no
+        // more than the row's own header block goes back.
+        Err(_) => {
+            let result = state
+                .get(Crypto::KEY)
+                .and_then(|c| c.get("decrypted"))
+                .and_then(|d| d.get("result"));
+            if result.and_then(serde_json::Value::as_str) == Some("decrypted") {
+                Content::Decrypted {
+                    original_headers: None,
+                }
+            } else {
+                Content::AsReceived
+            }
+        }
     }
 }
 
@@ -142,6 +155,17 @@ mod tests {
             Content::Decrypted {
                 original_headers: Some(b"Subject: x\r\n".to_vec()),
             },
+        );
+        // a record that does not parse still keeps the plaintext from going back
+        check(
+            json!({"crypto": {"decrypted": {"result": "decrypted", "original_headers": 7}}}),
+            Content::Decrypted {
+                original_headers: None,
+            },
+        );
+        check(
+            json!({"crypto": {"decrypted": {"result": "what"}}}),
+            Content::AsReceived,
         );
     }
 

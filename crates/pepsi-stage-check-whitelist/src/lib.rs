@@ -23,7 +23,7 @@ use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
 use pepsi_common::message;
 use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, Value, json};
+use serde_json::Map;
 
 pub mod plan;
 
@@ -130,7 +130,7 @@ impl Stage for WhitelistStage {
     ) -> Result<Terminal, StageError> {
         let from = message::from_addresses(ctx.headers()?);
         let mailboxes = plan::mailboxes(ctx.rcpt_to(), &self.local);
-        let mut record = Map::new();
+        let mut record = pepsi_common::state::Whitelist::default();
         if settings.learn
             && let Some(learning) =
                 plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to(), &self.local)
@@ -140,7 +140,7 @@ impl Stage for WhitelistStage {
                 .bind(&learning.senders)
                 .execute(ctx.pool())
                 .await?;
-            record.insert("learned".into(), json!(learning.senders.len()));
+            record.learned = Some(learning.senders.len());
             // What the round knew may have changed.
             self.round.borrow_mut().clear();
         }
@@ -164,12 +164,12 @@ impl Stage for WhitelistStage {
                 }
             };
             let verdict = plan::verdict(&mailboxes, &found);
-            record.insert("sender".into(), Value::String(check.address));
-            record.insert("trusted".into(), json!(verdict.trusted));
-            record.insert("all".into(), Value::Bool(verdict.all));
+            record.sender = Some(check.address);
+            record.trusted = Some(verdict.trusted);
+            record.all = Some(verdict.all);
         }
         let mut merge = Map::new();
-        merge.insert("whitelist".into(), Value::Object(record));
+        record.insert_into(&mut merge);
         ctx.merge_state(merge);
         ctx.advance()
     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use pepsi_common::config::Config;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::Origin;
+use pepsi_common::state::{Junk, Origin};
 use serde_json::{Value, json};
 
 pub mod constants {
@@ -53,7 +53,8 @@ pub fn reports(
                 None
             }
         });
-    let junk = state.get("junk").and_then(Value::as_bool).unwrap_or(false);
+    // Counting never fails mail: a `junk` that is not a boolean counts as false.
+    let junk = Junk::from_state(state).ok().flatten().is_some_and(|j| j.0);
     rcpt_to
         .iter()
         .map(|recipient| match &auth {

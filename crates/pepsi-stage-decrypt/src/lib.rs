@@ -22,10 +22,11 @@ use pepsi_common::message;
 use pepsi_common::settings;
 use pepsi_common::stage::{FanGroup, FanRecipients};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::state::{Crypto, Decryption};
 use pepsi_crypto::{Decrypted, Scheme, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store;
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -154,8 +155,11 @@ impl Stage for Decrypt {
             if !opted.is_empty() {
                 state = crypto_state(
                     ctx.state(),
-                    json!({ "stage": name, "scheme": scheme.as_str(), "result": "no-key",
-                            "why": "no opted-in recipient has a private key of this scheme" }),
+                    Decryption::NoKey {
+                        stage: name.to_string(),
+                        scheme: scheme.as_str().to_owned(),
+                        why: "no opted-in recipient has a private key of this scheme".to_owned(),
+                    },
                 );
             }
             if headers != original {
@@ -228,7 +232,11 @@ impl Stage for Decrypt {
             tracing::info!(id = ctx.id(), %scheme, "left encrypted: {why}");
             let state = crypto_state(
                 ctx.state(),
-                json!({ "stage": name, "scheme": scheme.as_str(), "result": "failed", "why": why }),
+                Decryption::Failed {
+                    stage: name.to_string(),
+                    scheme: scheme.as_str().to_owned(),
+                    why,
+                },
             );
             if headers != original {
                 ctx.set_headers(headers);
@@ -260,19 +268,18 @@ impl Stage for Decrypt {
         tracing::info!(id = ctx.id(), %scheme, signature = verdict.word, "decrypted");
         let state = crypto_state(
             ctx.state(),
-            json!({
-                "stage": name,
-                "scheme": scheme.as_str(),
-                "result": "decrypted",
-                "key": decrypted.decrypted_with,
-                "signature": verdict.word,
-                "signer": decrypted.verification.signer,
-                "signer_addresses": decrypted.verification.signer_addresses,
-                "detail": verdict.detail,
+            Decryption::Decrypted {
+                stage: name.to_string(),
+                scheme: scheme.as_str().to_owned(),
+                key: decrypted.decrypted_with,
+                signature: verdict.word.to_owned(),
+                signer: decrypted.verification.signer,
+                signer_addresses: decrypted.verification.signer_addresses,
+                detail: verdict.detail,
                 // The header block the message arrived with, for a notification about it:
                 // the row now holds the plaintext, which must never go back to the sender.
-                "original_headers": String::from_utf8_lossy(&headers),
-            }),
+                original_headers: Some(String::from_utf8_lossy(&headers).into_owned()),
+            },
         );
         ctx.advance_with(state)
     }
@@ -302,16 +309,13 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
-/// `state.crypto` with `decrypted` set.
-fn crypto_state(state: &Map<String, Value>, value: Value) -> Map<String, Value> {
-    let mut crypto = state
-        .get("crypto")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    crypto.insert("decrypted".into(), value);
+/// `state.crypto` with `decrypted` set (what else it holds stays; one that does not parse is
+/// started afresh).
+fn crypto_state(state: &Map<String, Value>, decrypted: Decryption) -> Map<String, Value> {
+    let mut crypto = Crypto::from_state(state).ok().flatten().unwrap_or_default();
+    crypto.decrypted = Some(decrypted);
     let mut m = Map::new();
-    m.insert("crypto".into(), Value::Object(crypto));
+    crypto.insert_into(&mut m);
     m
 }
 

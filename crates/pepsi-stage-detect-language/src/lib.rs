@@ -21,7 +21,7 @@ use clap::Parser;
 use clap::builder::TypedValueParser as _;
 use pepsi_common::config::Config;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, Value};
+use serde_json::Map;
 
 use detect::{Accuracy, Detector};
 
@@ -137,10 +137,13 @@ impl Stage for DetectLanguage {
         let detection = settings.detector().detect(&text);
         tracing::debug!(id = ctx.id(), ?detection, "language");
         let mut merge = Map::new();
-        merge.insert(
-            "language".into(),
-            serde_json::to_value(&detection).unwrap_or(Value::Null),
-        );
+        pepsi_common::state::Language {
+            code: detection.code,
+            name: detection.name,
+            confidence: detection.confidence,
+            letters: detection.letters,
+        }
+        .insert_into(&mut merge);
         ctx.merge_state(merge);
         ctx.advance()
     }

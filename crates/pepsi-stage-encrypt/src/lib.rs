@@ -25,12 +25,12 @@ use pepsi_common::message;
 use pepsi_common::settings;
 use pepsi_common::stage::{FanGroup, FanRecipients};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Bounce, BounceDetail, BounceKind, Origin};
+use pepsi_common::state::{Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin};
 use pepsi_crypto::{Scheme, autocrypt, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store::{self, Identity};
 use plan::{Discovery, Plan, Policy, Refusal, Then};
-use serde_json::{Map, Value, json};
+use serde_json::{Map, Value};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -330,11 +330,7 @@ fn may_speak_for(origin: Option<&Origin>, author: &str) -> bool {
 
 /// `state.keydisc` cleared, for every way out but a park.
 fn clear_keydisc(state: &Map<String, Value>) -> Map<String, Value> {
-    let mut m = Map::new();
-    if state.get("keydisc").is_some_and(|v| !v.is_null()) {
-        m.insert("keydisc".into(), Value::Null);
-    }
-    m
+    Keydisc::clear(state)
 }
 
 fn keymat(e: pepsi_keymat::KeymatError) -> StageError {
@@ -483,8 +479,8 @@ async fn request_key(
 
 /// When the message was first parked for discovery (`state.keydisc.since`).
 fn parked_since(state: &Map<String, Value>) -> Option<DateTime<Utc>> {
-    let since = state.get("keydisc")?.get("since")?.as_str()?;
-    DateTime::parse_from_rfc3339(since)
+    let parked = Keydisc::from_state(state).ok().flatten()?;
+    DateTime::parse_from_rfc3339(&parked.since)
         .ok()
         .map(|t| t.with_timezone(&Utc))
 }
@@ -531,16 +527,13 @@ fn refusal_state(
     state
 }
 
-/// `state.crypto` with `key` set.
-fn crypto_state(state: &Map<String, Value>, key: &str, value: Value) -> Map<String, Value> {
-    let mut crypto = state
-        .get("crypto")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    crypto.insert(key.into(), value);
+/// `state.crypto` with `encrypted` set (what else it holds stays; one that does not parse is
+/// started afresh).
+fn crypto_state(state: &Map<String, Value>, encrypted: Encrypted) -> Map<String, Value> {
+    let mut crypto = Crypto::from_state(state).ok().flatten().unwrap_or_default();
+    crypto.encrypted = Some(encrypted);
     let mut m = Map::new();
-    m.insert("crypto".into(), Value::Object(crypto));
+    crypto.insert_into(&mut m);
     m
 }
 
@@ -611,10 +604,12 @@ async fn carry_out(
             );
             tracing::info!(id = ctx.id(), ?waiting, "parked for key discovery");
             let mut state = Map::new();
-            state.insert(
-                "keydisc".into(),
-                json!({ "waiting": waiting, "since": since.to_rfc3339(), "stage": name }),
-            );
+            Keydisc {
+                waiting: waiting.into_iter().cloned().collect(),
+                since: since.to_rfc3339(),
+                stage: name.to_string(),
+            }
+            .insert_into(&mut state);
             // Due again after DISCOVERY_RECHECK at the latest (keydisc_release wakes it
             // sooner), so a settle that came just before this pause is not missed for long.
             let wait = left.min(settings.discovery_recheck) + Duration::from_secs(1);
@@ -672,14 +667,13 @@ async fn carry_out(
             ctx.set_body(protected.body);
             let mut state = crypto_state(
                 ctx.state(),
-                "encrypted",
-                json!({
-                    "stage": name,
-                    "scheme": scheme.as_str(),
-                    "recipients": keep.len(),
-                    "signed_by": signer.as_ref().map(|s| s.fingerprint.clone()),
-                    "sign_error": sign_error,
-                }),
+                Encrypted {
+                    stage: name.to_string(),
+                    scheme: scheme.as_str().to_owned(),
+                    recipients: keep.len(),
+                    signed_by: signer.as_ref().map(|s| s.fingerprint.clone()),
+                    sign_error,
+                },
             );
             state.extend(clear_keydisc(ctx.state()));
             tracing::info!(id = ctx.id(), %scheme, recipients = keep.len(), signed = signer.is_some(), "encrypted");

@@ -34,7 +34,7 @@ use pepsi_common::mail_log::Event;
 use pepsi_common::stage::{
     FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError, Terminal,
 };
-use pepsi_common::state::{Bounce, BounceKind, Dsn, Origin};
+use pepsi_common::state::{Bounce, BounceKind, Dsn, Milter as MilterState, MilterEntry, Origin};
 use serde_json::{Map, Value, json};
 
 use plan::{Decision, DownAction, Facts};
@@ -330,28 +330,23 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
     })
 }
 
+/// `state.milter` as stored; one that does not parse reads as empty, as a missing one (it
+/// only holds the milter stages' own retry count and quarantine marks).
+fn milter_of(state: &Map<String, Value>) -> MilterState {
+    MilterState::from_state(state)
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// `state.milter` with this stage's entry set to `entry` (removed when `None`).
-fn milter_state(state: &Map<String, Value>, stage: &str, entry: Option<Value>) -> Value {
-    let mut all = state
-        .get("milter")
-        .and_then(Value::as_object)
-        .cloned()
-        .unwrap_or_default();
-    match entry {
-        Some(e) => all.insert(stage.to_owned(), e),
-        None => all.remove(stage),
-    };
-    Value::Object(all)
+fn milter_state(state: &Map<String, Value>, stage: &str, entry: Option<MilterEntry>) -> Value {
+    milter_of(state).with(stage, entry).to_value()
 }
 
 /// How often this stage deferred the message before.
 fn attempts(state: &Map<String, Value>, stage: &str) -> u32 {
-    state
-        .get("milter")
-        .and_then(|m| m.get(stage))
-        .and_then(|s| s.get("attempts"))
-        .and_then(Value::as_u64)
-        .map_or(0, |n| n.min(u32::MAX as u64) as u32)
+    milter_of(state).attempts(stage)
 }
 
 impl Stage for Milter {
@@ -376,16 +371,14 @@ impl Stage for Milter {
         let name = ctx.settings().name.clone();
         // A held message is only ever made pending again by an operator (`pepsi-queue
         // release`): on without asking the filter again.
-        let released = ctx
-            .state()
-            .get("milter")
-            .and_then(|m| m.get(&name))
-            .and_then(|e| e.get("quarantine"))
-            .is_some();
+        let released = milter_of(ctx.state()).is_held(&name);
         if released {
             tracing::info!(id = ctx.id(), "released from quarantine");
             let mut state = Map::new();
-            state.insert("milter".into(), milter_state(ctx.state(), &name, None));
+            state.insert(
+                MilterState::KEY.into(),
+                milter_state(ctx.state(), &name, None),
+            );
             return ctx.advance_with(state);
         }
         let conversation: Conversation = {
@@ -501,13 +494,13 @@ async fn carry_out(
     let reason = d.defer.first().map(|(_, r)| r.to_string());
     let waiting = |state: &Map<String, Value>| {
         let mut m = Map::new();
+        let entry = MilterEntry::Waiting {
+            attempts,
+            reason: reason.clone(),
+        };
         m.insert(
-            "milter".into(),
-            milter_state(
-                state,
-                stage,
-                Some(json!({ "attempts": attempts, "reason": reason })),
-            ),
+            MilterState::KEY.into(),
+            milter_state(state, stage, Some(entry)),
         );
         m
     };
@@ -572,14 +565,15 @@ fn pass(
         ctx.set_mail_from(from.clone());
     }
     let mut state = Map::new();
-    let had_entry = ctx
-        .state()
-        .get("milter")
-        .and_then(|m| m.get(stage))
-        .is_some();
-    let entry = d.hold.as_ref().map(|r| json!({ "quarantine": r }));
+    let had_entry = milter_of(ctx.state()).0.contains_key(stage);
+    let entry = d.hold.as_ref().map(|r| MilterEntry::Held {
+        quarantine: r.clone(),
+    });
     if entry.is_some() || had_entry {
-        state.insert("milter".into(), milter_state(ctx.state(), stage, entry));
+        state.insert(
+            MilterState::KEY.into(),
+            milter_state(ctx.state(), stage, entry),
+        );
     }
     let changed_rcpts = e.add_rcpt.len() + e.delete_rcpt.len() > 0
         && recipients
@@ -676,13 +670,31 @@ mod tests {
     #[test]
     fn the_stage_entry_of_state_milter_is_set_and_removed_alone() {
         let mut state = Map::new();
-        state.insert("milter".into(), json!({ "dkim": { "attempts": 2 } }));
+        state.insert(
+            "milter".into(),
+            json!({ "dkim": { "attempts": 2, "reason": "451 4.7.1 later" },
+                    "sign": { "quarantine": "held" } }),
+        );
         assert_eq!(attempts(&state, "dkim"), 2);
         assert_eq!(attempts(&state, "spam"), 0);
+        assert_eq!(attempts(&state, "sign"), 0);
+        let spam = MilterEntry::Waiting {
+            attempts: 1,
+            reason: None,
+        };
         assert_eq!(
-            milter_state(&state, "spam", Some(json!({ "attempts": 1 }))),
-            json!({ "dkim": { "attempts": 2 }, "spam": { "attempts": 1 } })
+            milter_state(&state, "spam", Some(spam)),
+            json!({ "dkim": { "attempts": 2, "reason": "451 4.7.1 later" },
+                    "sign": { "quarantine": "held" },
+                    "spam": { "attempts": 1, "reason": null } })
         );
+        assert_eq!(
+            milter_state(&state, "dkim", None),
+            json!({ "sign": { "quarantine": "held" } })
+        );
+        // a value of another shape is started afresh, as a missing one
+        state.insert("milter".into(), json!(["x"]));
+        assert_eq!(attempts(&state, "dkim"), 0);
         assert_eq!(milter_state(&state, "dkim", None), json!({}));
     }
 }

@@ -18,7 +18,7 @@ use pepsi_common::local::LocalRecipients;
 use pepsi_common::srs::{self, DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_common::state::{Bounce, BounceDetail, BounceKind};
-use serde_json::{Map, json};
+use serde_json::Map;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -137,7 +137,8 @@ impl SrsProgram {
             .map_err(|e| StageError::Permanent(format!("SRS rewrite of {from:?}: {e}")))?;
         tracing::info!(id = ctx.id(), from, to = rewritten, "sender rewritten");
         ctx.set_mail_from(rewritten);
-        ctx.set_state("srs", json!({ "mail_from": from }));
+        let record = pepsi_common::state::Srs { mail_from: from };
+        ctx.set_state(pepsi_common::state::Srs::KEY, record.to_value());
         ctx.advance()
     }
 

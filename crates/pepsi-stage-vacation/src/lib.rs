@@ -22,7 +22,7 @@ use pepsi_common::autoreply::{self, Incoming, Reply, Skip, VACATION_SETTING, Vac
 use pepsi_common::config::Config;
 use pepsi_common::settings;
 use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
-use serde_json::{Map, Value, json};
+use serde_json::Map;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -193,11 +193,11 @@ impl Stage for VacationStage {
                 )
                 .await?;
             tracing::info!(id, %owner, to = %sender, reply = ?reply, "automatic reply queued");
-            replied.push(Value::String(owner));
+            replied.push(owner);
         }
         if !replied.is_empty() {
             let mut merge = Map::new();
-            merge.insert("vacation".into(), json!({ "replied": replied }));
+            pepsi_common::state::Vacation { replied }.insert_into(&mut merge);
             ctx.merge_state(merge);
         }
         ctx.advance()

@@ -276,7 +276,7 @@ impl Session {
         origin.insert_into(&mut state);
         dsn.insert_into(&mut state);
         if let Some(v) = verdict {
-            state.insert("auth".into(), v.state);
+            v.state.insert_into(&mut state);
         }
         let state = serde_json::Value::Object(state);
         self.shared
