@@ -7,6 +7,9 @@
 //! deferred, whatever the reply code, so a misconfigured or overloaded peer never bounces
 //! mail. Inside the transaction the server's replies decide, per recipient.
 //!
+//! The relaying stages are one program over a peer kind ([`RelayStage`]): what tells them
+//! apart is how their section names the peer ([`PeerKind`]) and their help text.
+//!
 //! This module never touches the queue; what becomes of the message is
 //! `delivery::conclude`'s business.
 
@@ -21,7 +24,7 @@ use pepsi_smtp::{
 use crate::config::{Config, ConfigError, Section};
 use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
 use crate::mime::{self, Prepared};
-use crate::stage::{StageContext, StageError, Terminal};
+use crate::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 /// The one server a stage relays to, and how to talk to it.
 #[derive(Debug, Clone, PartialEq)]
@@ -232,6 +235,90 @@ impl Relay {
         } else {
             conn.quit().await;
         }
+    }
+}
+
+/// What one relaying stage program is: its name, and how its section names the peer (`LMTP`;
+/// `HOST`, `PORT`, TLS and AUTH for a smarthost). The rest of the section — the retry policy
+/// and `ATTEMPT_TIMEOUT` — and the pass are [`RelayStage`]'s, the same for every kind.
+pub trait PeerKind: 'static {
+    /// The binary name operators write as `PROGRAM`.
+    const PROGRAM: &'static str;
+    /// The peer of `[stage-<stage>]` (`s`).
+    fn peer(cfg: &Config, s: &Section<'_>, stage: &str) -> Result<Peer, ConfigError>;
+}
+
+/// The `[stage-<name>]` settings of one relaying stage.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RelaySettings {
+    /// Where and how to reach the peer, `CONNECTION_IDLE` included.
+    pub peer: Peer,
+    pub policy: RetryPolicy,
+    /// `ATTEMPT_TIMEOUT`: one delivery attempt, the session included; checked at start
+    /// against the MAX_RUNTIME its passes run under. Recipients the peer answered before it
+    /// keep their answers.
+    pub attempt_timeout: Duration,
+}
+
+impl RelaySettings {
+    /// Reads `[stage-<stage>]` for a stage of kind `K`.
+    pub fn from_config<K: PeerKind>(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
+        let s = cfg.stage_section_named(stage);
+        Ok(RelaySettings {
+            peer: K::peer(cfg, &s, stage)?,
+            policy: RetryPolicy::from_config(cfg, stage)?,
+            attempt_timeout: s
+                .duration_opt("ATTEMPT_TIMEOUT")?
+                .unwrap_or(crate::stage::DEFAULT_ATTEMPT_TIMEOUT),
+        })
+    }
+}
+
+/// A relaying stage of kind `K`: every message of a pass goes to the section's peer in one
+/// transaction, over the worker's one kept connection.
+pub struct RelayStage<K> {
+    relay: Relay,
+    kind: std::marker::PhantomData<fn() -> K>,
+}
+
+impl<K> Default for RelayStage<K> {
+    fn default() -> Self {
+        RelayStage {
+            relay: Relay::default(),
+            kind: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<K: PeerKind> Stage for RelayStage<K> {
+    const PROGRAM: &'static str = K::PROGRAM;
+    const LOAD: Load = Load::Full;
+    type Section = RelaySettings;
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(Self::default())
+    }
+
+    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<RelaySettings> {
+        let settings = RelaySettings::from_config::<K>(cfg, name)?;
+        crate::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
+            .map_err(anyhow::Error::msg)?;
+        Ok(settings)
+    }
+
+    async fn process(
+        &self,
+        settings: &RelaySettings,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        self.relay
+            .pass(
+                ctx,
+                &settings.peer,
+                &settings.policy,
+                Some(settings.attempt_timeout),
+            )
+            .await
     }
 }
 

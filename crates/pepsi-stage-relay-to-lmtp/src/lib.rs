@@ -17,10 +17,8 @@
 
 use std::process::ExitCode;
 
-use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::relay::{self, Peer, Relay};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::config::{Config, ConfigError, Section};
+use pepsi_common::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
 use pepsi_smtp::{OpenOptions, Protocol, Target};
 
 pub mod constants {
@@ -34,78 +32,31 @@ pub mod constants {
     pub const PROGRAM: &str = "pepsi-stage-relay-to-lmtp";
 }
 
-/// The `[stage-<name>]` settings of one LMTP stage.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    /// `LMTP` (where the server listens), `LHLO_NAME`, the timeouts and `CONNECTION_IDLE`.
-    pub peer: Peer,
-    pub policy: RetryPolicy,
-    /// `ATTEMPT_TIMEOUT`: one delivery attempt, the session included; checked at start
-    /// against the stage's MAX_RUNTIME. Recipients the server answered before it keep
-    /// their answers.
-    pub attempt_timeout: std::time::Duration,
-}
+/// The peer of an LMTP stage: `LMTP` (where the server listens), `LHLO_NAME`, the timeouts
+/// and `CONNECTION_IDLE`; LHLO_NAME falls back to `[pepsi] HOSTNAME`, then to the system's
+/// host name.
+pub struct Lmtp;
 
-impl Settings {
-    /// Reads `[stage-<stage>]`; LHLO_NAME falls back to `[pepsi] HOSTNAME`, then to the
-    /// system's host name.
-    pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
-        let s = cfg.section(&format!("stage-{stage}"));
-        let target = s.parse("LMTP", Target::parse)?;
-        Ok(Settings {
-            peer: Peer {
-                target,
-                protocol: Protocol::Lmtp,
-                hello_name: relay::hello_name(cfg, &s, "LHLO_NAME")?,
-                timeouts: relay::timeouts(&s)?,
-                connection_idle: relay::connection_idle(&s)?,
-                options: OpenOptions::default(),
-            },
-            policy: RetryPolicy::from_config(cfg, stage)?,
-            attempt_timeout: s
-                .duration_opt("ATTEMPT_TIMEOUT")?
-                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
+impl PeerKind for Lmtp {
+    const PROGRAM: &'static str = constants::PROGRAM;
+
+    fn peer(cfg: &Config, s: &Section<'_>, _stage: &str) -> Result<Peer, ConfigError> {
+        Ok(Peer {
+            target: s.parse("LMTP", Target::parse)?,
+            protocol: Protocol::Lmtp,
+            hello_name: relay::hello_name(cfg, s, "LHLO_NAME")?,
+            timeouts: relay::timeouts(s)?,
+            connection_idle: relay::connection_idle(s)?,
+            options: OpenOptions::default(),
         })
     }
 }
 
-/// The stage: the worker's relay with its one kept connection.
-#[derive(Default)]
-pub struct RelayToLmtp {
-    relay: Relay,
-}
+/// The `[stage-<name>]` settings of one LMTP stage.
+pub type Settings = RelaySettings;
 
-impl Stage for RelayToLmtp {
-    const PROGRAM: &'static str = constants::PROGRAM;
-    const LOAD: Load = Load::Full;
-    type Section = Settings;
-
-    fn build(_cfg: &Config) -> anyhow::Result<Self> {
-        Ok(Self::default())
-    }
-
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        let settings = Settings::from_config(cfg, name)?;
-        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
-            .map_err(anyhow::Error::msg)?;
-        Ok(settings)
-    }
-
-    async fn process(
-        &self,
-        settings: &Settings,
-        ctx: &mut StageContext<'_>,
-    ) -> Result<Terminal, StageError> {
-        self.relay
-            .pass(
-                ctx,
-                &settings.peer,
-                &settings.policy,
-                Some(settings.attempt_timeout),
-            )
-            .await
-    }
-}
+/// The stage: the relay stage over an LMTP peer, with the worker's one kept connection.
+pub type RelayToLmtp = RelayStage<Lmtp>;
 
 const ABOUT: &str = "\
 Pepsi delivery stage that hands each message to an LMTP server (RFC 2033)
@@ -151,7 +102,7 @@ mod tests {
 
     fn settings(text: &str) -> Result<Settings, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        Settings::from_config(&cfg, "lmtp").map_err(|e| e.to_string())
+        Settings::from_config::<Lmtp>(&cfg, "lmtp").map_err(|e| e.to_string())
     }
 
     #[test]

@@ -15,14 +15,13 @@
 //! every recipient whatever the reply code, so a wrong password (535) or an expired
 //! certificate pauses the mail with a clear `last_error` instead of bouncing all of it. Inside
 //! the transaction 5xx is permanent and 4xx transient, per recipient. The connection is kept
-//! for the next message as the LMTP stage keeps its own (`pepsi_common::relay`).
+//! for the next message as the LMTP stage keeps its own: both are `pepsi_common::relay`'s
+//! `RelayStage`, over a peer kind of their own.
 
 use std::process::ExitCode;
 
-use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::relay::{self, Peer, Relay};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_common::config::{Config, ConfigError, Section};
+use pepsi_common::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
 use pepsi_smtp::{Credentials, OpenOptions, Protocol, Target, TlsOptions, TlsPolicy};
 
 pub mod constants {
@@ -41,19 +40,6 @@ pub const DEFAULT_PORT: u16 = 587;
 
 /// The names `TLS` takes.
 const TLS_POLICIES: [&str; 4] = ["none", "may", "encrypt", "verify"];
-
-/// The `[stage-<name>]` settings of one smarthost stage.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
-    /// `HOST`, `PORT`, `HELO_NAME`, the timeouts, `CONNECTION_IDLE`, and in
-    /// `peer.options` the TLS settings (`TLS`, `TLS_CA_FILE`, `TLS_SERVER_NAME`) and the
-    /// credentials (`AUTH_USERNAME`, `AUTH_PASSWORD`).
-    pub peer: Peer,
-    pub policy: RetryPolicy,
-    /// `ATTEMPT_TIMEOUT`: one delivery attempt, the session included; checked at start
-    /// against the MAX_RUNTIME its passes run under.
-    pub attempt_timeout: std::time::Duration,
-}
 
 /// `HOST`: a host name or an IP address, an IPv6 address with or without brackets.
 fn parse_host(text: &str) -> Result<String, String> {
@@ -88,11 +74,17 @@ fn missing(cfg: &Config, stage: &str, option: &str) -> ConfigError {
     }
 }
 
-impl Settings {
-    /// Reads `[stage-<stage>]`; HELO_NAME falls back to `[pepsi] HOSTNAME`, then to the
-    /// system's host name. AUTH_USERNAME and AUTH_PASSWORD come together or not at all.
-    pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
-        let s = cfg.section(&format!("stage-{stage}"));
+/// The peer of a smarthost stage: `HOST`, `PORT`, `HELO_NAME`, the timeouts,
+/// `CONNECTION_IDLE`, and in `options` the TLS settings (`TLS`, `TLS_CA_FILE`,
+/// `TLS_SERVER_NAME`) and the credentials (`AUTH_USERNAME`, `AUTH_PASSWORD`). HELO_NAME falls
+/// back to `[pepsi] HOSTNAME`, then to the system's host name. AUTH_USERNAME and
+/// AUTH_PASSWORD come together or not at all.
+pub struct Smarthost;
+
+impl PeerKind for Smarthost {
+    const PROGRAM: &'static str = constants::PROGRAM;
+
+    fn peer(cfg: &Config, s: &Section<'_>, stage: &str) -> Result<Peer, ConfigError> {
         let host = s.parse("HOST", parse_host)?;
         let port = match s.parse_opt("PORT", |v| {
             v.trim()
@@ -121,60 +113,22 @@ impl Settings {
             (Some(_), None) => return Err(missing(cfg, stage, "AUTH_PASSWORD")),
             (None, Some(_)) => return Err(missing(cfg, stage, "AUTH_USERNAME")),
         };
-        Ok(Settings {
-            peer: Peer {
-                target: Target::Tcp { host, port },
-                protocol: Protocol::Smtp,
-                hello_name: relay::hello_name(cfg, &s, "HELO_NAME")?,
-                timeouts: relay::timeouts(&s)?,
-                connection_idle: relay::connection_idle(&s)?,
-                options: OpenOptions { tls, auth },
-            },
-            policy: RetryPolicy::from_config(cfg, stage)?,
-            attempt_timeout: s
-                .duration_opt("ATTEMPT_TIMEOUT")?
-                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
+        Ok(Peer {
+            target: Target::Tcp { host, port },
+            protocol: Protocol::Smtp,
+            hello_name: relay::hello_name(cfg, s, "HELO_NAME")?,
+            timeouts: relay::timeouts(s)?,
+            connection_idle: relay::connection_idle(s)?,
+            options: OpenOptions { tls, auth },
         })
     }
 }
 
-/// The stage: the worker's relay with its one kept connection.
-#[derive(Default)]
-pub struct RelayToSmarthost {
-    relay: Relay,
-}
+/// The `[stage-<name>]` settings of one smarthost stage.
+pub type Settings = RelaySettings;
 
-impl Stage for RelayToSmarthost {
-    const PROGRAM: &'static str = constants::PROGRAM;
-    const LOAD: Load = Load::Full;
-    type Section = Settings;
-
-    fn build(_cfg: &Config) -> anyhow::Result<Self> {
-        Ok(Self::default())
-    }
-
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        let settings = Settings::from_config(cfg, name)?;
-        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
-            .map_err(anyhow::Error::msg)?;
-        Ok(settings)
-    }
-
-    async fn process(
-        &self,
-        settings: &Settings,
-        ctx: &mut StageContext<'_>,
-    ) -> Result<Terminal, StageError> {
-        self.relay
-            .pass(
-                ctx,
-                &settings.peer,
-                &settings.policy,
-                Some(settings.attempt_timeout),
-            )
-            .await
-    }
-}
+/// The stage: the relay stage over a smarthost, with the worker's one kept connection.
+pub type RelayToSmarthost = RelayStage<Smarthost>;
 
 const ABOUT: &str = "\
 Pepsi delivery stage that relays every message through one configured SMTP server (a smarthost)
@@ -227,7 +181,7 @@ mod tests {
 
     fn settings(text: &str) -> Result<Settings, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        Settings::from_config(&cfg, "smarthost").map_err(|e| e.to_string())
+        Settings::from_config::<Smarthost>(&cfg, "smarthost").map_err(|e| e.to_string())
     }
 
     #[test]
