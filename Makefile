@@ -2,82 +2,12 @@
 
 .PHONY: fuzz run test build unibin clippy fmt man install deb
 
-# The unified binary (spec 22.2, docs/unibin.md). These two lists are authoritative: every
-# `[[bin]]` of Cargo.toml except `pepsi` itself is in exactly one of them, the folded ones
-# require the `multibin` feature, and `pepsi` runs exactly the folded names
-# (`pepsi::programs`); tests/integration/unibin.rs checks all of it.
-#
-# Folded: linked into the one multi-call executable `pepsi`, installed as a symlink to it.
-FOLDED_BINARIES = \
-	pepsi-dispatch \
-	pepsi-failure-bouncer \
-	pepsi-ingress \
-	pepsi-keydisc \
-	pepsi-queue \
-	pepsi-settings \
-	pepsi-stage-aliases \
-	pepsi-stage-arc \
-	pepsi-stage-autocrypt-learn \
-	pepsi-stage-block-language \
-	pepsi-stage-bounce \
-	pepsi-stage-check-whitelist \
-	pepsi-stage-count \
-	pepsi-stage-discard \
-	pepsi-stage-dkim-sign \
-	pepsi-stage-if \
-	pepsi-stage-if-headers \
-	pepsi-stage-milter \
-	pepsi-stage-relay-to-internet \
-	pepsi-stage-relay-to-lmtp \
-	pepsi-stage-route \
-	pepsi-stage-srs \
-	pepsi-stage-vacation \
-	pepsi-status
-
-# Standalone: their own executables in both builds.
-# - Privileged (a setuid/setgid bit on the shared file would apply to every program linked
-#   to it): pepsi-helper-maildir-writer (setuid root), its caller
-#   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (no bit since it
-#   reads no token file; kept standalone), pepsi-sendmail (setgid pepsi-sendmail, the
-#   group that may write the drop directory; run by every local user as /usr/sbin/sendmail),
-#   pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir writer),
-#   pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and its caller
-#   pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid pepsi: any
-#   local user edits their own mailbox's list through the service account's database role);
-#   pepsi-stage-encrypt and pepsi-stage-decrypt (setuid pepsi-crypto: that database role
-#   alone reads the sealed private keys; docs/crypto.md). pepsi-keys has no bit but links
-#   the whole key store and its crypto libraries, which no running service but those two
-#   needs.
-# - Deployed or invoked separately: pepsi-stage-detect-language (links lingua's language
-#   models, a large dependency nothing else uses; also the pepsi-detect-language(1) command,
-#   COMMAND_LINKS below); pepsi-helper-mailbox-scan (no bit, but execed by name
-#   from pepsi-whitelist as the mailbox's owner, on a Maildir the owner controls: a small
-#   program of its own rather than the whole shared binary under a user's ids); pepsi-setup (one-off provisioning, run as root, its own
-#   code used by nothing else); pepsi-config (links every program's configuration parser,
-#   pepsi::checks, to check an override before it is stored: code no running service needs); pepsi-httpd (the administrative web surface: started as root
-#   to bind, then drops privileges, and links an HTTP server stack no other program uses); migadu_counters and counterctl, the counting service and
-#   its client: a product of their own with their own service, configuration and release
-#   cycle, possibly on another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so
-#   folding them in would only grow every Pepsi process's shared binary.
-STANDALONE_BINARIES = \
-	pepsi-setup \
-	pepsi-helper-maildir-writer \
-	pepsi-stage-relay-to-maildir \
-	pepsi-helper-dot-forward \
-	pepsi-stage-dot-forward \
-	pepsi-stage-relay-to-smarthost \
-	pepsi-sendmail \
-	pepsi-quota \
-	pepsi-whitelist \
-	pepsi-keys \
-	pepsi-stage-encrypt \
-	pepsi-stage-decrypt \
-	pepsi-helper-mailbox-scan \
-	pepsi-stage-detect-language \
-	pepsi-config \
-	pepsi-httpd \
-	migadu_counters \
-	counterctl
+# The unified binary (spec 22.2, docs/unibin.md). Which programs are folded into the one
+# multi-call executable `pepsi` (installed as symlinks to it) and which are standalone (their
+# own executables in both builds, each for the reason its row gives) is the table of programs
+# in src/programs/mod.rs; the recipes below read both lists from the built `pepsi`
+# (`pepsi --list`, `pepsi --list-standalone`), and tests/integration/unibin.rs checks the
+# `[[bin]]` targets of Cargo.toml against it.
 
 # Second names of a standalone program (name:program): a multi-call executable of its own,
 # which is a command under the first name (pepsi-detect-language(1)) and a stage under its own.
@@ -114,11 +44,13 @@ unibin:
 	cargo build --profile $(PROFILE) --no-default-features --features unibin --bins
 	rm -rf $(UNIBIN_DIR)
 	mkdir -p $(UNIBIN_DIR)
-	@for b in pepsi $(STANDALONE_BINARIES); do \
+	@standalone=$$($(TARGET_DIR)/$(PROFILE_DIR)/pepsi --list-standalone) || exit 1; \
+	for b in pepsi $$standalone; do \
 	  ln -f $(TARGET_DIR)/$(PROFILE_DIR)/$$b $(UNIBIN_DIR)/$$b 2>/dev/null || \
 	  cp -f $(TARGET_DIR)/$(PROFILE_DIR)/$$b $(UNIBIN_DIR)/$$b || exit 1; \
 	done
-	@for b in $(FOLDED_BINARIES); do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
+	@folded=$$($(UNIBIN_DIR)/pepsi --list) || exit 1; \
+	for b in $$folded; do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
 	@for l in $(COMMAND_LINKS); do ln -s $${l#*:} $(UNIBIN_DIR)/$${l%%:*} || exit 1; done
 	@echo "unified layout: $(UNIBIN_DIR)"
 
@@ -143,7 +75,7 @@ SYSCONFDIR ?= /etc
 install: unibin man
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' UNIBIN_DIR='$(UNIBIN_DIR)' MAN_DIR='$(MAN_DIR)' \
 	  SYSCONFDIR='$(SYSCONFDIR)' \
-	  FOLDED='$(FOLDED_BINARIES)' STANDALONE='$(STANDALONE_BINARIES)' \
+	  FOLDED="$$($(UNIBIN_DIR)/pepsi --list)" STANDALONE="$$($(UNIBIN_DIR)/pepsi --list-standalone)" \
 	  COMMAND_LINKS='$(COMMAND_LINKS)' \
 	  INSTALL_SENDMAIL='$(INSTALL_SENDMAIL)' SENDMAIL_PATH='$(SENDMAIL_PATH)' \
 	  INSTALL_CONFIG='$(INSTALL_CONFIG)' packaging/install.sh

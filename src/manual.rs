@@ -64,7 +64,7 @@ fn pepsi_usage() -> String {
     )
 }
 
-fn sendmail_help() -> String {
+pub(crate) fn sendmail_help() -> String {
     // The first line repeats the name section; the rest is the text `--help` prints.
     let help = pepsi_sendmail::options::HELP;
     help.split_once("\n\n")
@@ -72,120 +72,25 @@ fn sendmail_help() -> String {
         .to_owned()
 }
 
-/// Every program's page, in the order of Cargo.toml's `[[bin]]` targets.
+/// Every program's page: the unified binary's, every row of the table of programs
+/// (`crate::programs::manual_pages`), and the second name of a program that is also a
+/// command of its own (the Makefile's COMMAND_LINKS).
 pub fn pages() -> Vec<Page> {
-    vec![
-        Page {
-            name: "pepsi",
-            section: 8,
-            source: Source::Help {
-                about: "the unified multi-call executable of the Pepsi mail server",
-                help: pepsi_usage,
-            },
+    let mut pages = vec![Page {
+        name: "pepsi",
+        section: 8,
+        source: Source::Help {
+            about: "the unified multi-call executable of the Pepsi mail server",
+            help: pepsi_usage,
         },
-        clap("pepsi-setup", 8, pepsi_setup::command),
-        clap("pepsi-dispatch", 8, pepsi_dispatch::command),
-        clap("pepsi-ingress", 8, pepsi_ingress::command),
-        clap("pepsi-stage-count", 8, pepsi_stage_count::command),
-        clap(
-            "pepsi-stage-relay-to-maildir",
-            8,
-            pepsi_stage_relay_to_maildir::command,
-        ),
-        clap(
-            "pepsi-helper-maildir-writer",
-            8,
-            pepsi_helper_maildir_writer::command,
-        ),
-        clap(
-            "pepsi-stage-dot-forward",
-            8,
-            pepsi_stage_dot_forward::command,
-        ),
-        clap(
-            "pepsi-helper-dot-forward",
-            8,
-            pepsi_helper_dot_forward::command,
-        ),
-        clap("pepsi-stage-bounce", 8, pepsi_stage_bounce::command),
-        clap("pepsi-stage-discard", 8, pepsi_stage_discard::command),
-        clap(
-            "pepsi-stage-relay-to-lmtp",
-            8,
-            pepsi_stage_relay_to_lmtp::command,
-        ),
-        clap(
-            "pepsi-stage-relay-to-smarthost",
-            8,
-            pepsi_stage_relay_to_smarthost::command,
-        ),
-        clap("pepsi-queue", 8, pepsi_queue::command),
-        clap("pepsi-status", 8, pepsi_status::command),
-        clap("pepsi-settings", 8, pepsi_settings::command),
-        clap("pepsi-quota", 8, pepsi_quota::command),
-        clap("pepsi-whitelist", 1, pepsi_whitelist::command),
-        clap("pepsi-keys", 8, pepsi_keys::command),
-        clap("pepsi-keydisc", 8, pepsi_keydisc::command),
-        clap("pepsi-stage-encrypt", 8, pepsi_stage_encrypt::command),
-        clap("pepsi-stage-decrypt", 8, pepsi_stage_decrypt::command),
-        clap(
-            "pepsi-stage-autocrypt-learn",
-            8,
-            pepsi_stage_autocrypt_learn::command,
-        ),
-        clap(
-            "pepsi-helper-mailbox-scan",
-            8,
-            pepsi_helper_mailbox_scan::command,
-        ),
-        clap(
-            "pepsi-stage-detect-language",
-            8,
-            pepsi_stage_detect_language::command,
-        ),
-        clap(
-            "pepsi-detect-language",
-            1,
-            pepsi_stage_detect_language::command_cli,
-        ),
-        clap("pepsi-stage-aliases", 8, pepsi_stage_aliases::command),
-        clap("pepsi-stage-srs", 8, pepsi_stage_srs::command),
-        clap("pepsi-stage-vacation", 8, pepsi_stage_vacation::command),
-        clap(
-            "pepsi-stage-check-whitelist",
-            8,
-            pepsi_stage_check_whitelist::command,
-        ),
-        clap(
-            "pepsi-stage-block-language",
-            8,
-            pepsi_stage_block_language::command,
-        ),
-        clap("pepsi-stage-if", 8, pepsi_stage_if::command),
-        clap("pepsi-stage-if-headers", 8, pepsi_stage_if::command_headers),
-        clap("pepsi-stage-milter", 8, pepsi_stage_milter::command),
-        clap("pepsi-stage-route", 8, pepsi_stage_route::command),
-        Page {
-            name: "pepsi-sendmail",
-            section: 1,
-            source: Source::Help {
-                about: "the sendmail(1) interface of the Pepsi mail server",
-                help: sendmail_help,
-            },
-        },
-        clap("pepsi-failure-bouncer", 8, pepsi_failure_bouncer::command),
-        clap("pepsi-config", 8, pepsi_config::command),
-        clap("pepsi-httpd", 8, pepsi_httpd::command),
-        clap("migadu_counters", 8, migadu_counters::server::command),
-        clap("counterctl", 1, migadu_counters::ctl::command),
-        clap("pepsi-stage-dkim-sign", 8, pepsi_stage_dkim_sign::command),
-        clap("pepsi-stage-arc", 8, pepsi_stage_arc::command),
-        clap(
-            "pepsi-stage-relay-to-internet",
-            8,
-            pepsi_stage_relay_to_internet::command,
-        ),
-    ]
+    }];
+    pages.extend(crate::programs::manual_pages());
+    pages.push(clap(
+        "pepsi-detect-language",
+        1,
+        pepsi_stage_detect_language::command_cli,
+    ));
+    pages
 }
 
 const SOURCE: &str = concat!("Pepsi ", env!("CARGO_PKG_VERSION"));

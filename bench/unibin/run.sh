@@ -34,10 +34,9 @@ if [ "${UNIBIN_BUILD:-yes}" != no ]; then
   make -s --no-print-directory unibin PROFILE=release
 fi
 ensure_postgres "$root/target/bench-unibin/pg"
-folded="$(make -s --no-print-directory -f - print <<<'include Makefile
-print: ; @echo $(FOLDED_BINARIES)')"
-standalone="$(make -s --no-print-directory -f - print <<<'include Makefile
-print: ; @echo $(STANDALONE_BINARIES)')"
+# The two lists, from the table of programs the unified binary is built from.
+folded="$("$target/release/unibin/pepsi" --list | tr '\n' ' ')"
+standalone="$("$target/release/unibin/pepsi" --list-standalone | tr '\n' ' ')"
 
 # disk DIR NAMES...: the bytes of those files in DIR (a symlink's own few bytes).
 disk() {

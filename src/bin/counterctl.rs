@@ -1,4 +1,5 @@
-//! `counterctl`: see the crate behind `migadu_counters::ctl::run`.
+//! `counterctl`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    migadu_counters::ctl::run()
+    pepsi::programs::counterctl::main()
 }

@@ -1,4 +1,5 @@
-//! `migadu_counters`: see the crate behind `migadu_counters::server::run`.
+//! `migadu_counters`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    migadu_counters::server::run()
+    pepsi::programs::migadu_counters::main()
 }

@@ -1,5 +1,5 @@
-//! `pepsi-config`: standalone in both builds (it links every program's configuration parser,
-//! `pepsi::checks`, to check an override before storing it).
+//! `pepsi-config`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_config::run(pepsi::checks::CONFIG_CHECKS)
+    pepsi::programs::pepsi_config::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-helper-dot-forward`: see the crate behind `pepsi_helper_dot_forward::run`.
+//! `pepsi-helper-dot-forward`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_helper_dot_forward::run()
+    pepsi::programs::pepsi_helper_dot_forward::main()
 }

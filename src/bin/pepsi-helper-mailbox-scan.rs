@@ -1,4 +1,5 @@
-//! `pepsi-helper-mailbox-scan`: see the crate behind `pepsi_helper_mailbox_scan::run`.
+//! `pepsi-helper-mailbox-scan`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_helper_mailbox_scan::run()
+    pepsi::programs::pepsi_helper_mailbox_scan::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-helper-maildir-writer`: see the crate behind `pepsi_helper_maildir_writer::run`.
+//! `pepsi-helper-maildir-writer`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_helper_maildir_writer::run()
+    pepsi::programs::pepsi_helper_maildir_writer::main()
 }

@@ -1,6 +1,5 @@
-//! `pepsi-httpd`: see the crate behind `pepsi_httpd::run`. It passes every program's
-//! configuration parser (`pepsi::checks`), which the configuration API checks an override
-//! with; the pepsi-httpd crate itself links no program.
+//! `pepsi-httpd`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_httpd::run(pepsi::checks::CONFIG_CHECKS)
+    pepsi::programs::pepsi_httpd::main()
 }

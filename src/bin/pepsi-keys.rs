@@ -1,4 +1,5 @@
-//! `pepsi-keys`: see the crate behind `pepsi_keys::run`.
+//! `pepsi-keys`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_keys::run()
+    pepsi::programs::pepsi_keys::main()
 }

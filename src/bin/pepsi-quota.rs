@@ -1,4 +1,5 @@
-//! `pepsi-quota`: see the crate behind `pepsi_quota::run`.
+//! `pepsi-quota`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_quota::run()
+    pepsi::programs::pepsi_quota::main()
 }

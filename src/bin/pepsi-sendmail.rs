@@ -1,4 +1,5 @@
-//! `pepsi-sendmail`: see the crate behind `pepsi_sendmail::run`.
+//! `pepsi-sendmail`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_sendmail::run()
+    pepsi::programs::pepsi_sendmail::main()
 }

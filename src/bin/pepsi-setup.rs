@@ -1,4 +1,5 @@
-//! `pepsi-setup`: see the crate behind `pepsi_setup::run`.
+//! `pepsi-setup`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_setup::run()
+    pepsi::programs::pepsi_setup::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-decrypt`: see the crate behind `pepsi_stage_decrypt::run`.
+//! `pepsi-stage-decrypt`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_stage_decrypt::run()
+    pepsi::programs::pepsi_stage_decrypt::main()
 }

@@ -1,5 +1,6 @@
-//! `pepsi-stage-detect-language` (and, under that name, `pepsi-detect-language`): see the
-//! crate behind `pepsi_stage_detect_language::run`.
+//! `pepsi-stage-detect-language`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
+//! Under the name `pepsi-detect-language` (a symlink to it) it is that command.
 fn main() -> std::process::ExitCode {
-    pepsi_stage_detect_language::run()
+    pepsi::programs::pepsi_stage_detect_language::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-dot-forward`: see the crate behind `pepsi_stage_dot_forward::run`.
+//! `pepsi-stage-dot-forward`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_stage_dot_forward::run()
+    pepsi::programs::pepsi_stage_dot_forward::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-encrypt`: see the crate behind `pepsi_stage_encrypt::run`.
+//! `pepsi-stage-encrypt`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_stage_encrypt::run()
+    pepsi::programs::pepsi_stage_encrypt::main()
 }

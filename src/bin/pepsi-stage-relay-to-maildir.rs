@@ -1,4 +1,5 @@
-//! `pepsi-stage-relay-to-maildir`: see the crate behind `pepsi_stage_relay_to_maildir::run`.
+//! `pepsi-stage-relay-to-maildir`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_stage_relay_to_maildir::run()
+    pepsi::programs::pepsi_stage_relay_to_maildir::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-stage-relay-to-smarthost`: see the crate behind `pepsi_stage_relay_to_smarthost::run`.
+//! `pepsi-stage-relay-to-smarthost`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_stage_relay_to_smarthost::run()
+    pepsi::programs::pepsi_stage_relay_to_smarthost::main()
 }

@@ -1,4 +1,5 @@
-//! `pepsi-whitelist`: see the crate behind `pepsi_whitelist::run`.
+//! `pepsi-whitelist`, its own executable in both builds (its row in
+//! `pepsi::programs` says why).
 fn main() -> std::process::ExitCode {
-    pepsi_whitelist::run()
+    pepsi::programs::pepsi_whitelist::main()
 }

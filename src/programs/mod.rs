@@ -4,18 +4,35 @@
 //! `multibin`) and the one `pepsi` executable of a release build (`src/bin/pepsi.rs`,
 //! feature `unibin`) both call these, so the two builds run the same code.
 //!
-//! A program is listed here only if it may share the executable with every other one:
-//! nothing privileged (a setuid/setgid bit on the shared file would apply to every name
-//! linked to it) and nothing that drags a large dependency only it uses. Those are
-//! [`STANDALONE`]: `pepsi` refuses their names. `FOLDED_BINARIES` and `STANDALONE_BINARIES`
-//! in the Makefile are the authoritative lists; `tests/integration/unibin.rs` keeps this module, the
-//! Makefile and the `[[bin]]` targets of Cargo.toml in agreement.
+//! Every program is one row of the table below (`programs!`): its name, whether it is
+//! folded into the unified binary or standalone, its entry point, its manual page, its
+//! configuration check and, for a stage program, its `Stage` type. The folded and standalone
+//! lists, the fusion registry, the configuration checks, the stages' edges and the manual's
+//! list all come from it; the Makefile reads the two lists from the built `pepsi`
+//! (`--list`, `--list-standalone`), and `tests/integration/unibin.rs` keeps the `[[bin]]`
+//! targets of Cargo.toml and `src/bin/` in agreement with it.
+//!
+//! A program is folded only if it may share the executable with every other one: nothing
+//! privileged (a setuid/setgid bit on the shared file would apply to every name linked to
+//! it) and nothing that drags a large dependency only it uses. The others are
+//! [`STANDALONE`]: `pepsi` refuses their names.
 //!
 //! Never write to stdout here: the name may be a stage worker's, whose stdout belongs to
-//! the status protocol. Usage and refusals go to stderr, except `pepsi --help` / `--list`.
+//! the status protocol. Usage and refusals go to stderr, except `pepsi --help` / `--list` /
+//! `--list-standalone`.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
+
+use pepsi_common::config::ProgramCheck;
+use pepsi_common::stage::check_config;
+use pepsi_common::stage::edges::StageEdges;
+
+use crate::checks;
+use crate::manual::{
+    self, Page,
+    Source::{Clap, Help},
+};
 
 /// A program folded into the unified binary.
 #[derive(Debug)]
@@ -26,114 +43,359 @@ pub struct Program {
     pub main: fn() -> ExitCode,
 }
 
-/// Declares each folded program's module (`programs::<module>::main`) and the table the
-/// multi-call `pepsi` dispatches on, from one list, so the two cannot disagree.
-macro_rules! folded {
-    ($($name:literal => $module:ident: $entry:path;)*) => {
+/// The one table of programs (see [`programs!`]'s rows below): from it come each program's
+/// module (`programs::<module>::main`, what its `src/bin/<name>.rs` calls), [`FOLDED`] and
+/// [`STANDALONE`], the fusion registry ([`install_fusion`]), [`CONFIG_CHECKS`],
+/// [`STAGE_EDGES`] and the manual's pages ([`manual_pages`]).
+///
+/// A row: `"name" module { entry: <fn() -> ExitCode>, man: <section> <manual::Source>,
+/// [check: <configuration check>,] [stage: <Stage type>,] }`. A stage row's configuration
+/// check is `stage::check_config::<Type>` and its edges `Type::edges`; a folded stage row
+/// is also registered for fusion. Each generated item names only the rows it needs, so an
+/// executable links only what it calls (`pepsi` no standalone program, a standalone program
+/// nothing but its own crate).
+macro_rules! programs {
+    (
+        folded {
+            $($f_name:literal $f_module:ident {
+                entry: $f_entry:expr,
+                man: $f_section:literal $f_man:expr,
+                $(check: $f_check:expr,)?
+                $(stage: $f_stage:ty,)?
+            })*
+        }
+        standalone {
+            $($s_name:literal $s_module:ident {
+                entry: $s_entry:expr,
+                man: $s_section:literal $s_man:expr,
+                $(check: $s_check:expr,)?
+                $(stage: $s_stage:ty,)?
+            })*
+        }
+    ) => {
         $(
-            #[doc = concat!("`", $name, "`")]
-            pub mod $module {
-                #[doc = concat!("The `", $name, "` program.")]
+            #[doc = concat!("`", $f_name, "`")]
+            pub mod $f_module {
+                #[allow(unused_imports)]
+                use super::*;
+                #[doc = concat!("The `", $f_name, "` program.")]
                 pub fn main() -> std::process::ExitCode {
-                    $entry()
+                    ($f_entry)()
+                }
+            }
+        )*
+        $(
+            #[doc = concat!("`", $s_name, "` (standalone)")]
+            pub mod $s_module {
+                #[allow(unused_imports)]
+                use super::*;
+                #[doc = concat!("The `", $s_name, "` program.")]
+                pub fn main() -> std::process::ExitCode {
+                    ($s_entry)()
                 }
             }
         )*
 
-        /// Every folded program, by name (the order of the Makefile's `FOLDED_BINARIES`).
-        pub const FOLDED: &[Program] = &[$(Program { name: $name, main: $module::main }),*];
+        /// Every folded program, by name (the order `pepsi --list` prints).
+        pub const FOLDED: &[Program] = &[$(Program { name: $f_name, main: $f_module::main }),*];
+
+        /// The programs kept out of the unified binary, each its own executable in both
+        /// builds (each row says why; `pepsi --list-standalone` prints them). `pepsi`
+        /// refuses these names rather than calling them "unknown", so a wrong symlink is easy
+        /// to diagnose.
+        pub const STANDALONE: &[&str] = &[$($s_name),*];
+
+        /// Installs the process-global stage registry that fusion (spec §22.5) looks
+        /// successors up in: every folded stage. Only the unified binary calls this, first
+        /// thing, before it dispatches: a stage is fused into its predecessor's pass only
+        /// when both are folded into the same executable, so a per-program development
+        /// build, which never calls it, runs without fusion.
+        pub fn install_fusion() {
+            use pepsi_common::stage::fusion::{install, register};
+            install(vec![$($(register::<$f_stage>(),)?)*]);
+        }
+
+        /// Every program's configuration parser (a stage program's covers every section
+        /// that runs it): what pepsi-config and pepsi-httpd's configuration API run over a
+        /// candidate configuration before storing an override
+        /// (`pepsi_common::config::check_override`).
+        pub const CONFIG_CHECKS: &[ProgramCheck] = &[
+            $(
+                $(ProgramCheck { program: $f_name, check: $f_check },)?
+                $(ProgramCheck { program: $f_name, check: check_config::<$f_stage> },)?
+            )*
+            $(
+                $(ProgramCheck { program: $s_name, check: $s_check },)?
+                $(ProgramCheck { program: $s_name, check: check_config::<$s_stage> },)?
+            )*
+        ];
+
+        /// Every stage program's declaration of the stages its sections send messages to
+        /// (`Stage::edges`): what pepsi-httpd draws the pipeline graph from.
+        pub const STAGE_EDGES: &[StageEdges] = &[
+            $($(StageEdges::of::<$f_stage>(),)?)*
+            $($(StageEdges::of::<$s_stage>(),)?)*
+        ];
+
+        /// The stage type of each stage program, by name: the table tests check each
+        /// against its row (`Stage::PROGRAM` is the row's name).
+        pub const STAGE_PROGRAMS: &[(&str, &str)] = &[
+            $($(($f_name, <$f_stage as pepsi_common::stage::Stage>::PROGRAM),)?)*
+            $($(($s_name, <$s_stage as pepsi_common::stage::Stage>::PROGRAM),)?)*
+        ];
+
+        /// Every program's manual page, in the table's order (`crate::manual::pages` adds
+        /// the unified binary's and the second names').
+        pub fn manual_pages() -> Vec<Page> {
+            vec![
+                $(Page { name: $f_name, section: $f_section, source: $f_man },)*
+                $(Page { name: $s_name, section: $s_section, source: $s_man },)*
+            ]
+        }
     };
 }
 
-folded! {
-    "pepsi-dispatch" => pepsi_dispatch: ::pepsi_dispatch::run;
-    "pepsi-failure-bouncer" => pepsi_failure_bouncer: ::pepsi_failure_bouncer::run;
-    "pepsi-ingress" => pepsi_ingress: ::pepsi_ingress::run;
-    "pepsi-keydisc" => pepsi_keydisc: ::pepsi_keydisc::run;
-    "pepsi-queue" => pepsi_queue: ::pepsi_queue::run;
-    "pepsi-settings" => pepsi_settings: ::pepsi_settings::run;
-    "pepsi-stage-aliases" => pepsi_stage_aliases: ::pepsi_stage_aliases::run;
-    "pepsi-stage-arc" => pepsi_stage_arc: ::pepsi_stage_arc::run;
-    "pepsi-stage-autocrypt-learn" => pepsi_stage_autocrypt_learn:
-        ::pepsi_stage_autocrypt_learn::run;
-    "pepsi-stage-block-language" => pepsi_stage_block_language:
-        ::pepsi_stage_block_language::run;
-    "pepsi-stage-bounce" => pepsi_stage_bounce: ::pepsi_stage_bounce::run;
-    "pepsi-stage-check-whitelist" => pepsi_stage_check_whitelist:
-        ::pepsi_stage_check_whitelist::run;
-    "pepsi-stage-count" => pepsi_stage_count: ::pepsi_stage_count::run;
-    "pepsi-stage-discard" => pepsi_stage_discard: ::pepsi_stage_discard::run;
-    "pepsi-stage-dkim-sign" => pepsi_stage_dkim_sign: ::pepsi_stage_dkim_sign::run;
-    "pepsi-stage-if" => pepsi_stage_if: ::pepsi_stage_if::run;
-    "pepsi-stage-if-headers" => pepsi_stage_if_headers: ::pepsi_stage_if::run_headers;
-    "pepsi-stage-milter" => pepsi_stage_milter: ::pepsi_stage_milter::run;
-    "pepsi-stage-relay-to-internet" => pepsi_stage_relay_to_internet:
-        ::pepsi_stage_relay_to_internet::run;
-    "pepsi-stage-relay-to-lmtp" => pepsi_stage_relay_to_lmtp: ::pepsi_stage_relay_to_lmtp::run;
-    "pepsi-stage-route" => pepsi_stage_route: ::pepsi_stage_route::run;
-    "pepsi-stage-srs" => pepsi_stage_srs: ::pepsi_stage_srs::run;
-    "pepsi-stage-vacation" => pepsi_stage_vacation: ::pepsi_stage_vacation::run;
-    "pepsi-status" => pepsi_status: ::pepsi_status::run;
-}
+programs! {
+    folded {
+        "pepsi-dispatch" pepsi_dispatch {
+            entry: ::pepsi_dispatch::run,
+            man: 8 Clap(::pepsi_dispatch::command),
+            check: ::pepsi_dispatch::check_config,
+        }
+        "pepsi-failure-bouncer" pepsi_failure_bouncer {
+            entry: ::pepsi_failure_bouncer::run,
+            man: 8 Clap(::pepsi_failure_bouncer::command),
+            check: checks::failure_bouncer,
+        }
+        "pepsi-ingress" pepsi_ingress {
+            entry: ::pepsi_ingress::run,
+            man: 8 Clap(::pepsi_ingress::command),
+            check: checks::ingress,
+        }
+        "pepsi-keydisc" pepsi_keydisc {
+            entry: ::pepsi_keydisc::run,
+            man: 8 Clap(::pepsi_keydisc::command),
+            check: checks::keydisc,
+        }
+        "pepsi-queue" pepsi_queue {
+            entry: ::pepsi_queue::run,
+            man: 8 Clap(::pepsi_queue::command),
+        }
+        "pepsi-settings" pepsi_settings {
+            entry: ::pepsi_settings::run,
+            man: 8 Clap(::pepsi_settings::command),
+        }
+        "pepsi-stage-aliases" pepsi_stage_aliases {
+            entry: ::pepsi_stage_aliases::run,
+            man: 8 Clap(::pepsi_stage_aliases::command),
+            stage: ::pepsi_stage_aliases::Aliases,
+        }
+        "pepsi-stage-arc" pepsi_stage_arc {
+            entry: ::pepsi_stage_arc::run,
+            man: 8 Clap(::pepsi_stage_arc::command),
+            stage: ::pepsi_stage_arc::ArcSealer,
+        }
+        "pepsi-stage-autocrypt-learn" pepsi_stage_autocrypt_learn {
+            entry: ::pepsi_stage_autocrypt_learn::run,
+            man: 8 Clap(::pepsi_stage_autocrypt_learn::command),
+            stage: ::pepsi_stage_autocrypt_learn::AutocryptLearn,
+        }
+        "pepsi-stage-block-language" pepsi_stage_block_language {
+            entry: ::pepsi_stage_block_language::run,
+            man: 8 Clap(::pepsi_stage_block_language::command),
+            stage: ::pepsi_stage_block_language::BlockLanguage,
+        }
+        "pepsi-stage-bounce" pepsi_stage_bounce {
+            entry: ::pepsi_stage_bounce::run,
+            man: 8 Clap(::pepsi_stage_bounce::command),
+            stage: ::pepsi_stage_bounce::Bounce,
+        }
+        "pepsi-stage-check-whitelist" pepsi_stage_check_whitelist {
+            entry: ::pepsi_stage_check_whitelist::run,
+            man: 8 Clap(::pepsi_stage_check_whitelist::command),
+            stage: ::pepsi_stage_check_whitelist::WhitelistStage,
+        }
+        "pepsi-stage-count" pepsi_stage_count {
+            entry: ::pepsi_stage_count::run,
+            man: 8 Clap(::pepsi_stage_count::command),
+            stage: ::pepsi_stage_count::Count,
+        }
+        "pepsi-stage-discard" pepsi_stage_discard {
+            entry: ::pepsi_stage_discard::run,
+            man: 8 Clap(::pepsi_stage_discard::command),
+            stage: ::pepsi_stage_discard::Discard,
+        }
+        "pepsi-stage-dkim-sign" pepsi_stage_dkim_sign {
+            entry: ::pepsi_stage_dkim_sign::run,
+            man: 8 Clap(::pepsi_stage_dkim_sign::command),
+            stage: ::pepsi_stage_dkim_sign::DkimSign,
+        }
+        "pepsi-stage-if" pepsi_stage_if {
+            entry: ::pepsi_stage_if::run,
+            man: 8 Clap(::pepsi_stage_if::command),
+            stage: ::pepsi_stage_if::If,
+        }
+        "pepsi-stage-if-headers" pepsi_stage_if_headers {
+            entry: ::pepsi_stage_if::run_headers,
+            man: 8 Clap(::pepsi_stage_if::command_headers),
+            stage: ::pepsi_stage_if::IfHeaders,
+        }
+        "pepsi-stage-milter" pepsi_stage_milter {
+            entry: ::pepsi_stage_milter::run,
+            man: 8 Clap(::pepsi_stage_milter::command),
+            stage: ::pepsi_stage_milter::Milter,
+        }
+        "pepsi-stage-relay-to-internet" pepsi_stage_relay_to_internet {
+            entry: ::pepsi_stage_relay_to_internet::run,
+            man: 8 Clap(::pepsi_stage_relay_to_internet::command),
+            stage: ::pepsi_stage_relay_to_internet::RelayToInternet,
+        }
+        "pepsi-stage-relay-to-lmtp" pepsi_stage_relay_to_lmtp {
+            entry: ::pepsi_stage_relay_to_lmtp::run,
+            man: 8 Clap(::pepsi_stage_relay_to_lmtp::command),
+            stage: ::pepsi_stage_relay_to_lmtp::RelayToLmtp,
+        }
+        "pepsi-stage-route" pepsi_stage_route {
+            entry: ::pepsi_stage_route::run,
+            man: 8 Clap(::pepsi_stage_route::command),
+            stage: ::pepsi_stage_route::Route,
+        }
+        "pepsi-stage-srs" pepsi_stage_srs {
+            entry: ::pepsi_stage_srs::run,
+            man: 8 Clap(::pepsi_stage_srs::command),
+            stage: ::pepsi_stage_srs::SrsProgram,
+        }
+        "pepsi-stage-vacation" pepsi_stage_vacation {
+            entry: ::pepsi_stage_vacation::run,
+            man: 8 Clap(::pepsi_stage_vacation::command),
+            stage: ::pepsi_stage_vacation::VacationStage,
+        }
+        "pepsi-status" pepsi_status {
+            entry: ::pepsi_status::run,
+            man: 8 Clap(::pepsi_status::command),
+        }
+    }
 
-/// The programs kept out of the unified binary, each its own executable in both builds
-/// (the reasons are beside `STANDALONE_BINARIES` in the Makefile). `pepsi` refuses these
-/// names rather than calling them "unknown", so a wrong symlink is easy to diagnose.
-pub const STANDALONE: &[&str] = &[
-    "pepsi-setup",
-    "pepsi-helper-maildir-writer",
-    "pepsi-stage-relay-to-maildir",
-    "pepsi-helper-dot-forward",
-    "pepsi-stage-dot-forward",
-    "pepsi-stage-relay-to-smarthost",
-    "pepsi-sendmail",
-    "pepsi-quota",
-    "pepsi-whitelist",
-    "pepsi-keys",
-    "pepsi-stage-encrypt",
-    "pepsi-stage-decrypt",
-    "pepsi-helper-mailbox-scan",
-    "pepsi-stage-detect-language",
-    "pepsi-config",
-    "pepsi-httpd",
-    "migadu_counters",
-    "counterctl",
-];
+    // Standalone: their own executables in both builds.
+    // - Privileged (a setuid/setgid bit on the shared file would apply to every program
+    //   linked to it): pepsi-helper-maildir-writer (setuid root), its caller
+    //   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (no bit since
+    //   it reads no token file; kept standalone), pepsi-sendmail (setgid pepsi-sendmail, the
+    //   group that may write the drop directory; run by every local user as
+    //   /usr/sbin/sendmail), pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir
+    //   writer), pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and
+    //   its caller pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid
+    //   pepsi: any local user edits their own mailbox's list through the service account's
+    //   database role); pepsi-stage-encrypt and pepsi-stage-decrypt (setuid pepsi-crypto:
+    //   that database role alone reads the sealed private keys; docs/crypto.md). pepsi-keys
+    //   has no bit but links the whole key store and its crypto libraries, which no running
+    //   service but those two needs.
+    // - Deployed or invoked separately: pepsi-stage-detect-language (links lingua's language
+    //   models, a large dependency nothing else uses; also the pepsi-detect-language(1)
+    //   command, the Makefile's COMMAND_LINKS); pepsi-helper-mailbox-scan (no bit, but execed
+    //   by name from pepsi-whitelist as the mailbox's owner, on a Maildir the owner
+    //   controls: a small program of its own rather than the whole shared binary under a
+    //   user's ids); pepsi-setup (one-off provisioning, run as root, its own code used by
+    //   nothing else); pepsi-config (links every program's configuration parser,
+    //   CONFIG_CHECKS, to check an override before it is stored: code no running service
+    //   needs); pepsi-httpd (the administrative web surface: started as root to bind, then
+    //   drops privileges, and links an HTTP server stack no other program uses);
+    //   migadu_counters and counterctl, the counting service and its client: a product of
+    //   their own with their own service, configuration and release cycle, possibly on
+    //   another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so folding them in
+    //   would only grow every Pepsi process's shared binary.
+    standalone {
+        "pepsi-setup" pepsi_setup {
+            entry: ::pepsi_setup::run,
+            man: 8 Clap(::pepsi_setup::command),
+        }
+        "pepsi-helper-maildir-writer" pepsi_helper_maildir_writer {
+            entry: ::pepsi_helper_maildir_writer::run,
+            man: 8 Clap(::pepsi_helper_maildir_writer::command),
+        }
+        "pepsi-stage-relay-to-maildir" pepsi_stage_relay_to_maildir {
+            entry: ::pepsi_stage_relay_to_maildir::run,
+            man: 8 Clap(::pepsi_stage_relay_to_maildir::command),
+            stage: ::pepsi_stage_relay_to_maildir::RelayToMaildir,
+        }
+        "pepsi-helper-dot-forward" pepsi_helper_dot_forward {
+            entry: ::pepsi_helper_dot_forward::run,
+            man: 8 Clap(::pepsi_helper_dot_forward::command),
+        }
+        "pepsi-stage-dot-forward" pepsi_stage_dot_forward {
+            entry: ::pepsi_stage_dot_forward::run,
+            man: 8 Clap(::pepsi_stage_dot_forward::command),
+            stage: ::pepsi_stage_dot_forward::DotForwardStage,
+        }
+        "pepsi-stage-relay-to-smarthost" pepsi_stage_relay_to_smarthost {
+            entry: ::pepsi_stage_relay_to_smarthost::run,
+            man: 8 Clap(::pepsi_stage_relay_to_smarthost::command),
+            stage: ::pepsi_stage_relay_to_smarthost::RelayToSmarthost,
+        }
+        "pepsi-sendmail" pepsi_sendmail {
+            entry: ::pepsi_sendmail::run,
+            man: 1 Help {
+                about: "the sendmail(1) interface of the Pepsi mail server",
+                help: manual::sendmail_help,
+            },
+            check: checks::sendmail,
+        }
+        "pepsi-quota" pepsi_quota {
+            entry: ::pepsi_quota::run,
+            man: 8 Clap(::pepsi_quota::command),
+        }
+        "pepsi-whitelist" pepsi_whitelist {
+            entry: ::pepsi_whitelist::run,
+            man: 1 Clap(::pepsi_whitelist::command),
+        }
+        "pepsi-keys" pepsi_keys {
+            entry: ::pepsi_keys::run,
+            man: 8 Clap(::pepsi_keys::command),
+        }
+        "pepsi-stage-encrypt" pepsi_stage_encrypt {
+            entry: ::pepsi_stage_encrypt::run,
+            man: 8 Clap(::pepsi_stage_encrypt::command),
+            stage: ::pepsi_stage_encrypt::Encrypt,
+        }
+        "pepsi-stage-decrypt" pepsi_stage_decrypt {
+            entry: ::pepsi_stage_decrypt::run,
+            man: 8 Clap(::pepsi_stage_decrypt::command),
+            stage: ::pepsi_stage_decrypt::Decrypt,
+        }
+        "pepsi-helper-mailbox-scan" pepsi_helper_mailbox_scan {
+            entry: ::pepsi_helper_mailbox_scan::run,
+            man: 8 Clap(::pepsi_helper_mailbox_scan::command),
+        }
+        "pepsi-stage-detect-language" pepsi_stage_detect_language {
+            entry: ::pepsi_stage_detect_language::run,
+            man: 8 Clap(::pepsi_stage_detect_language::command),
+            stage: ::pepsi_stage_detect_language::DetectLanguage,
+        }
+        "pepsi-config" pepsi_config {
+            entry: || ::pepsi_config::run(CONFIG_CHECKS),
+            man: 8 Clap(::pepsi_config::command),
+        }
+        "pepsi-httpd" pepsi_httpd {
+            entry: || ::pepsi_httpd::run(CONFIG_CHECKS, STAGE_EDGES),
+            man: 8 Clap(::pepsi_httpd::command),
+            check: checks::httpd,
+        }
+        "migadu_counters" migadu_counters {
+            entry: ::migadu_counters::server::run,
+            man: 8 Clap(::migadu_counters::server::command),
+        }
+        "counterctl" counterctl {
+            entry: ::migadu_counters::ctl::run,
+            man: 1 Clap(::migadu_counters::ctl::command),
+        }
+    }
+}
 
 const NO_PROGRAM: &str = "no program named: run it under one of the names below (a symlink), \
                           or as `pepsi <program> [args]`";
 
 /// The name the unified executable itself is installed under.
 pub const UNIFIED: &str = "pepsi";
-
-/// Installs the process-global stage registry that fusion (spec §22.5) looks successors up
-/// in. Only the unified binary calls this, first thing, before it dispatches: a stage is
-/// fused into its predecessor's pass only when both are folded into the same executable,
-/// so a per-program development build, which never calls it, runs without fusion.
-pub fn install_fusion() {
-    use pepsi_common::stage::fusion::{install, register};
-    // Every folded stage program; the privileged ones (relay-to-maildir, relay-to-smarthost)
-    // run in executables of their own and so are never fused into.
-    install(vec![
-        register::<::pepsi_stage_aliases::Aliases>(),
-        register::<::pepsi_stage_arc::ArcSealer>(),
-        register::<::pepsi_stage_autocrypt_learn::AutocryptLearn>(),
-        register::<::pepsi_stage_block_language::BlockLanguage>(),
-        register::<::pepsi_stage_bounce::Bounce>(),
-        register::<::pepsi_stage_check_whitelist::WhitelistStage>(),
-        register::<::pepsi_stage_count::Count>(),
-        register::<::pepsi_stage_discard::Discard>(),
-        register::<::pepsi_stage_dkim_sign::DkimSign>(),
-        register::<::pepsi_stage_if::If>(),
-        register::<::pepsi_stage_if::IfHeaders>(),
-        register::<::pepsi_stage_milter::Milter>(),
-        register::<::pepsi_stage_relay_to_internet::RelayToInternet>(),
-        register::<::pepsi_stage_relay_to_lmtp::RelayToLmtp>(),
-        register::<::pepsi_stage_route::Route>(),
-        register::<::pepsi_stage_srs::SrsProgram>(),
-        register::<::pepsi_stage_vacation::VacationStage>(),
-    ]);
-}
 
 /// The folded program called `name`.
 pub fn find(name: &str) -> Option<&'static Program> {
@@ -154,6 +416,8 @@ pub enum Invocation {
     Help,
     /// `pepsi --list`: the folded names on stdout, one a line, exit 0.
     List,
+    /// `pepsi --list-standalone`: the standalone names on stdout, one a line, exit 0.
+    ListStandalone,
     /// A name it does not run: `message` and the usage on stderr, exit 2.
     Refuse { message: String },
 }
@@ -184,6 +448,7 @@ pub fn invocation(argv: &[OsString]) -> Invocation {
     match first.as_ref() {
         "-h" | "--help" | "help" => Invocation::Help,
         "--list" => Invocation::List,
+        "--list-standalone" => Invocation::ListStandalone,
         name => match find(name) {
             Some(program) => Invocation::Exec {
                 program,
@@ -236,6 +501,12 @@ pub fn multicall() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Invocation::ListStandalone => {
+            for name in STANDALONE {
+                println!("{name}");
+            }
+            ExitCode::SUCCESS
+        }
         Invocation::Refuse { message } => {
             eprintln!("{UNIFIED}: {message}\n\n{}", usage());
             ExitCode::from(2)
@@ -258,7 +529,7 @@ fn refuse(name: &str) -> Invocation {
 pub fn usage() -> String {
     let mut text = format!(
         "Usage: <program> [args...]   (argv[0] names the program: a symlink to {UNIFIED})\n       \
-         {UNIFIED} <program> [args...]\n       {UNIFIED} --list | --help\n\n\
+         {UNIFIED} <program> [args...]\n       {UNIFIED} --list | --list-standalone | --help\n\n\
          Pepsi's unified binary. Programs it contains:\n"
     );
     for p in FOLDED {
@@ -293,6 +564,7 @@ mod tests {
             ),
             Invocation::Help => "help".into(),
             Invocation::List => "list".into(),
+            Invocation::ListStandalone => "list-standalone".into(),
             Invocation::Refuse { message } => format!("refuse {message}"),
         };
         // A refusal's expectation may stop early: its start says which refusal it is.
@@ -326,6 +598,7 @@ mod tests {
         check(&["pepsi", "--help"], "help");
         check(&["pepsi", "-h"], "help");
         check(&["pepsi", "--list"], "list");
+        check(&["pepsi", "--list-standalone"], "list-standalone");
         check(&["pepsi"], "refuse no program named:");
         check(&["pepsi", "pepsi"], "refuse unknown program \"pepsi\"");
         check(

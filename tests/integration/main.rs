@@ -27,6 +27,7 @@ mod ha_postgres;
 mod harness;
 mod httpd;
 mod httpd_config;
+mod httpd_graph;
 mod httpd_pipeline;
 mod ingress_local;
 mod ingress_metrics;

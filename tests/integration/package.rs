@@ -99,11 +99,11 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         .collect();
     assert_eq!(programs, want);
     // A bit on the shared `pepsi` would apply to every folded program.
-    let standalone = support::makefile_list("STANDALONE_BINARIES");
+    let standalone = support::standalone_programs();
     for (name, ..) in &programs {
         assert!(
             standalone.contains(name),
-            "{name} carries a bit but is not in STANDALONE_BINARIES"
+            "{name} carries a bit but is not standalone in pepsi::programs"
         );
     }
     // The writer's group is the one its caller is set-group-id to, and no one else's.
@@ -332,7 +332,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         (unified.mode.as_str(), unified.owner.as_str()),
         ("-rwxr-xr-x", "root/root")
     );
-    for name in support::makefile_list("FOLDED_BINARIES") {
+    for name in support::folded_programs() {
         assert_eq!(
             entry(&format!("/usr/libexec/pepsi/{name}")).link.as_deref(),
             Some("pepsi"),
@@ -344,7 +344,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
             "{name} in /usr/bin"
         );
     }
-    for name in support::makefile_list("STANDALONE_BINARIES") {
+    for name in support::standalone_programs() {
         let counting = ["migadu_counters", "counterctl"].contains(&name.as_str());
         let path = format!("/usr/libexec/pepsi/{name}");
         if counting {
@@ -818,14 +818,14 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
             .into_owned()
     };
     assert!(std::fs::metadata(libexec.join("pepsi")).unwrap().is_file());
-    for name in support::makefile_list("FOLDED_BINARIES") {
+    for name in support::folded_programs() {
         assert_eq!(link(libexec.join(&name)), "pepsi");
         assert_eq!(
             link(prefix.join("bin").join(&name)),
             "../libexec/pepsi/pepsi"
         );
     }
-    for name in support::makefile_list("STANDALONE_BINARIES") {
+    for name in support::standalone_programs() {
         let meta = std::fs::symlink_metadata(libexec.join(&name)).unwrap();
         assert!(meta.is_file(), "{name} is its own file");
         // Not root's install (DESTDIR): plain modes, nothing set-id.
@@ -874,8 +874,8 @@ fn make_install_into_destdir_lays_out_the_programs_and_prints_the_modes_it_leave
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| root().join("target"));
-    let folded = support::makefile_list("FOLDED_BINARIES").join(" ");
-    let standalone = support::makefile_list("STANDALONE_BINARIES").join(" ");
+    let folded = support::folded_programs().join(" ");
+    let standalone = support::standalone_programs().join(" ");
     let tree = dir.path().join("tree");
     // The layout of `make unibin` is rebuilt by the other tests' make: hold their lock
     // (flock(2), as flock(1) takes it) while it is read.

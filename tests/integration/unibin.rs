@@ -1,7 +1,7 @@
-//! The unified binary's program lists agree everywhere they are written: the Makefile's
-//! `FOLDED_BINARIES` / `STANDALONE_BINARIES` (authoritative), the `[[bin]]` targets of
-//! Cargo.toml and their required features, the names `pepsi` dispatches
-//! (`pepsi::programs`), and the one-line mains in `src/bin/`. With `PEPSI_BIN_DIR` set (the
+//! The table of programs (`pepsi::programs`, which the Makefile reads through `pepsi --list`
+//! and `--list-standalone`) agrees with what Cargo needs beside it: the `[[bin]]` targets of
+//! Cargo.toml and their required features, and the one-line mains in `src/bin/`; each stage
+//! row names its own program and has a check and edges. With `PEPSI_BIN_DIR` set (the
 //! unified layout of `make unibin`, as `scripts/test.sh` runs it) the layout itself is
 //! checked too: a symlink to `pepsi` per folded name, a real file per standalone one, and
 //! `pepsi` running the first and refusing the second.
@@ -68,9 +68,9 @@ fn set(names: &[String]) -> BTreeSet<&str> {
 }
 
 #[test]
-fn the_makefile_lists_match_the_cargo_targets() {
-    let folded = support::makefile_list("FOLDED_BINARIES");
-    let standalone = support::makefile_list("STANDALONE_BINARIES");
+fn the_cargo_targets_and_src_bin_match_the_table_of_programs() {
+    let folded = support::folded_programs();
+    let standalone = support::standalone_programs();
     let (f, s) = (set(&folded), set(&standalone));
     assert!(
         f.is_disjoint(&s),
@@ -86,7 +86,7 @@ fn the_makefile_lists_match_the_cargo_targets() {
     let listed: BTreeSet<&str> = f.union(&s).copied().collect();
     assert_eq!(
         listed, targets,
-        "the Makefile's two lists together must name every [[bin]] but `pepsi`"
+        "the table's two lists together must name every [[bin]] but `pepsi`"
     );
     for bin in &bins {
         let want: &[&str] = if bin.name == programs::UNIFIED {
@@ -108,23 +108,74 @@ fn the_makefile_lists_match_the_cargo_targets() {
             bin.name
         );
     }
+    // src/bin holds the targets and nothing else, each a shim calling its row's entry point.
+    let mut files: Vec<String> = std::fs::read_dir(root().join("src/bin"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    let mut want: Vec<String> = bins.iter().map(|b| format!("{}.rs", b.name)).collect();
+    want.sort();
+    assert_eq!(files, want, "src/bin against the [[bin]] targets");
+    for name in f.union(&s) {
+        let main = std::fs::read_to_string(root().join(format!("src/bin/{name}.rs"))).unwrap();
+        let call = format!("pepsi::programs::{}::main()", name.replace('-', "_"));
+        assert!(
+            main.contains(&call),
+            "src/bin/{name}.rs does not call {call}"
+        );
+    }
+}
+
+#[test]
+fn every_stage_row_names_its_own_program_and_has_a_check_and_edges() {
+    let names: BTreeSet<&str> = programs::FOLDED
+        .iter()
+        .map(|p| p.name)
+        .chain(programs::STANDALONE.iter().copied())
+        .collect();
+    for (row, program) in programs::STAGE_PROGRAMS {
+        assert_eq!(row, program, "the row's name against its Stage::PROGRAM");
+        assert!(
+            programs::CONFIG_CHECKS.iter().any(|c| c.program == *row),
+            "{row}: no configuration check"
+        );
+        assert!(
+            programs::STAGE_EDGES.iter().any(|e| e.program == *row),
+            "{row}: no edges"
+        );
+    }
+    assert_eq!(programs::STAGE_EDGES.len(), programs::STAGE_PROGRAMS.len());
+    let mut checked: Vec<&str> = programs::CONFIG_CHECKS.iter().map(|c| c.program).collect();
+    checked.sort_unstable();
+    let before = checked.len();
+    checked.dedup();
+    assert_eq!(
+        checked.len(),
+        before,
+        "a program checked twice: {checked:?}"
+    );
+    for program in checked {
+        assert!(
+            names.contains(program),
+            "{program} is checked but has no row"
+        );
+    }
+    // Every stage program is a row with its Stage type: a stage program's name without one
+    // would be checked by no parser and drawn by the default edges only.
+    for name in &names {
+        if name.starts_with("pepsi-stage-") {
+            assert!(
+                programs::STAGE_PROGRAMS.iter().any(|(n, _)| n == name),
+                "{name} has no Stage type in its row"
+            );
+        }
+    }
 }
 
 #[test]
 fn pepsi_runs_every_folded_name_and_refuses_every_standalone_one() {
-    let folded = support::makefile_list("FOLDED_BINARIES");
-    let standalone = support::makefile_list("STANDALONE_BINARIES");
-    let table: Vec<&str> = programs::FOLDED.iter().map(|p| p.name).collect();
-    assert_eq!(
-        table, folded,
-        "pepsi::programs::FOLDED against FOLDED_BINARIES"
-    );
-    assert_eq!(
-        programs::STANDALONE,
-        standalone,
-        "pepsi::programs::STANDALONE against STANDALONE_BINARIES"
-    );
-    for name in &folded {
+    for name in &support::folded_programs() {
         let argv = [OsString::from(format!("/usr/bin/{name}")), "-h".into()];
         match programs::invocation(&argv) {
             Invocation::Run(p) => assert_eq!(p.name, name),
@@ -136,15 +187,8 @@ fn pepsi_runs_every_folded_name_and_refuses_every_standalone_one() {
             }
             other => panic!("pepsi {name}: {other:?}"),
         }
-        // The development build's own executable for it calls the same entry point.
-        let main = std::fs::read_to_string(root().join(format!("src/bin/{name}.rs"))).unwrap();
-        let call = format!("pepsi::programs::{}::main()", name.replace('-', "_"));
-        assert!(
-            main.contains(&call),
-            "src/bin/{name}.rs does not call {call}"
-        );
     }
-    for name in &standalone {
+    for name in &support::standalone_programs() {
         match programs::invocation(&[format!("/usr/bin/{name}").into()]) {
             Invocation::Refuse { message } => {
                 assert!(message.contains("not part of this binary"), "{message}")
@@ -179,7 +223,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
     let pepsi: PathBuf = dir.join(programs::UNIFIED);
     assert!(pepsi.is_file(), "{} is missing", pepsi.display());
     let target = std::fs::canonicalize(&pepsi).unwrap();
-    for name in support::makefile_list("FOLDED_BINARIES") {
+    for name in support::folded_programs() {
         let path = dir.join(&name);
         let meta =
             std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -195,7 +239,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
         let via = run(&pepsi, None, &[&name, "--help"]);
         assert_eq!(via, direct, "pepsi {name} --help against {name} --help");
     }
-    for name in support::makefile_list("STANDALONE_BINARIES") {
+    for name in support::standalone_programs() {
         let path = dir.join(&name);
         let meta =
             std::fs::symlink_metadata(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -235,8 +279,16 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
     assert_eq!(code, Some(0));
     assert_eq!(
         out.lines().collect::<Vec<_>>(),
-        support::makefile_list("FOLDED_BINARIES"),
+        support::folded_programs(),
         "pepsi --list"
+    );
+    // What the Makefile lays out and installs the standalone programs by.
+    let (code, out, _) = run(&pepsi, None, &["--list-standalone"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        support::standalone_programs(),
+        "pepsi --list-standalone"
     );
     let (code, _, err) = run(&pepsi, None, &[]);
     assert_eq!(code, Some(2), "pepsi without a program: {err}");

@@ -16,6 +16,7 @@ use axum::http::request::Parts;
 use axum::http::{Method, StatusCode, header};
 use pepsi_common::audit::Actor;
 use pepsi_common::config::{Config, ProgramCheck};
+use pepsi_common::stage::edges::StageEdges;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 
@@ -45,6 +46,9 @@ pub struct AppState {
     /// Every program's configuration parser (the root package's `pepsi::checks`), which an
     /// override must pass before it is stored.
     pub checks: &'static [ProgramCheck],
+    /// Every stage program's declaration of its edges (the root package's
+    /// `pepsi::programs::STAGE_EDGES`), which the pipeline graph is drawn from.
+    pub stage_edges: &'static [StageEdges],
     /// The pool of `CONFIG_DATABASE_URL` (the pepsi-config role), the only one that writes
     /// `pepsi.config_override`; `None` when the option is not set.
     pub config_pool: Option<PgPool>,

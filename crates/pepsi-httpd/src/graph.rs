@@ -3,36 +3,24 @@
 //! reads it) become nodes, and their NEXT_STAGE, BOUNCE_STAGE and branch options edges,
 //! laid out in columns by distance from the first stage. The live pipeline page draws it.
 //!
-//! The branch options of the routing stages are read here, by the rules their programs
-//! document (docs/routing.md: `ROUTES`, `ROUTE_LOCAL`, `ROUTE_REMOTE` of pepsi-stage-route;
-//! `THEN`, `ELSE` of pepsi-stage-if and pepsi-stage-if-headers; `NONLOCAL_STAGE` of
-//! pepsi-stage-relay-to-maildir; `JUNK_STAGE` of pepsi-stage-block-language), not by linking
-//! those crates: pepsi-httpd depends on no
-//! stage crate. A value the stages would refuse is not an error here but a `problem` the
-//! page shows, since a graph with a dangling edge is exactly what an operator must see.
+//! Each stage program declares its own edges from its own section (`Stage::edges`: route's
+//! `ROUTES`, `ROUTE_LOCAL`, `ROUTE_REMOTE`, if's `THEN`, `ELSE`, ...), read here through
+//! `pepsi_common::stage::edges::declared` and the table of declarations the root package
+//! passes in (`pepsi::programs::STAGE_EDGES`), so pepsi-httpd links no stage crate and knows
+//! no program's options. A value the stages would refuse is not an error here but a
+//! `problem` the page shows, since a graph with a dangling edge is exactly what an operator
+//! must see.
 
 use std::collections::{BTreeMap, VecDeque};
 
 use pepsi_common::config::Config;
-use pepsi_common::stage::program_name;
+pub use pepsi_common::stage::edges::EdgeKind;
+use pepsi_common::stage::edges::{self, StageEdges};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 
 /// The stage fresh mail enters at (`pepsi.workqueue_add`).
 pub const FIRST_STAGE: &str = "init";
-
-/// What an edge stands for.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum EdgeKind {
-    /// NEXT_STAGE: where a stage advances a message by default.
-    Next,
-    /// A branch of a routing stage (route, if, if-headers, the Maildir stage's non-local
-    /// recipients); its label says which.
-    Branch,
-    /// BOUNCE_STAGE: where a message that cannot go on is returned from.
-    Bounce,
-}
 
 /// One edge; edges of one kind between the same two stages are merged, their labels joined.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -90,43 +78,14 @@ impl Graph {
     }
 }
 
-/// The stage name of a `[stage-<name>]` section.
-fn stage_of_section(section: &str) -> Option<&str> {
-    section
-        .get(..6)
-        .filter(|p| p.eq_ignore_ascii_case("stage-"))
-        .map(|_| &section[6..])
-        .filter(|s| !s.is_empty())
-}
-
-/// Items of a list option: commas and whitespace separate them.
-fn items(value: &str) -> impl Iterator<Item = &str> {
-    value
-        .split([',', ' ', '\t'])
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-}
-
-/// One option's value; a value the configuration cannot expand is a problem.
-fn option(cfg: &Config, stage: &str, name: &str, problems: &mut Vec<String>) -> Option<String> {
-    match cfg.section(&format!("stage-{stage}")).string_opt(name) {
-        Ok(v) => v.map(|v| v.trim().to_owned()).filter(|v| !v.is_empty()),
-        Err(e) => {
-            problems.push(e.to_string());
-            None
-        }
-    }
-}
-
 /// The graph of `cfg`; `queued` are the stages rows are at now, so that a stage without a
-/// section that still holds rows is drawn too.
-pub fn build(cfg: &Config, queued: &[String]) -> Graph {
+/// section that still holds rows is drawn too. `table` is every stage program's declaration
+/// of its edges (the root package's `pepsi::programs::STAGE_EDGES`); a program it does not
+/// hold is drawn by the default rule, NEXT_STAGE.
+pub fn build(cfg: &Config, queued: &[String], table: &[StageEdges]) -> Graph {
     let mut problems = Vec::new();
-    let stages: Vec<String> = cfg
-        .sections()
-        .filter_map(stage_of_section)
-        .map(str::to_owned)
-        .collect();
+    let declared = edges::declared(cfg, table);
+    let stages: Vec<String> = declared.iter().map(|d| d.stage.clone()).collect();
     // Stage names are matched as sections are, in any letter case; a node carries the
     // spelling of its section.
     let canonical = |name: &str| -> Option<String> {
@@ -139,116 +98,15 @@ pub fn build(cfg: &Config, queued: &[String]) -> Graph {
     let mut conditions: BTreeMap<String, String> = BTreeMap::new();
     // (from, option that names the target, target as written, kind, label)
     let mut raw: Vec<(String, &'static str, String, EdgeKind, Option<String>)> = Vec::new();
-    for stage in &stages {
-        let program = option(cfg, stage, "PROGRAM", &mut problems);
-        if program.is_none() {
-            problems.push(format!("[stage-{stage}] has no PROGRAM"));
+    for d in declared {
+        problems.extend(d.problems);
+        for e in d.edges {
+            raw.push((d.stage.clone(), e.option, e.target, e.kind, e.label));
         }
-        let next = option(cfg, stage, "NEXT_STAGE", &mut problems);
-        let name = program.as_deref().map(program_name).unwrap_or_default();
-        let branch = |label: &str| Some(label.to_owned());
-        match name {
-            "pepsi-stage-route" => {
-                for (opt, label) in [("ROUTE_LOCAL", "local"), ("ROUTE_REMOTE", "remote")] {
-                    match option(cfg, stage, opt, &mut problems) {
-                        Some(t) => {
-                            raw.push((stage.clone(), opt, t, EdgeKind::Branch, branch(label)))
-                        }
-                        None => match &next {
-                            Some(t) => raw.push((
-                                stage.clone(),
-                                "NEXT_STAGE",
-                                t.clone(),
-                                EdgeKind::Branch,
-                                branch(label),
-                            )),
-                            None => {
-                                problems.push(format!("[stage-{stage}] needs {opt} or NEXT_STAGE"))
-                            }
-                        },
-                    }
-                }
-                for item in option(cfg, stage, "ROUTES", &mut problems)
-                    .as_deref()
-                    .map(|v| items(v).map(str::to_owned).collect::<Vec<_>>())
-                    .unwrap_or_default()
-                {
-                    match item.rsplit_once(':') {
-                        Some((domain, target)) if !domain.is_empty() && !target.is_empty() => raw
-                            .push((
-                                stage.clone(),
-                                "ROUTES",
-                                target.to_owned(),
-                                EdgeKind::Branch,
-                                Some(domain.to_ascii_lowercase()),
-                            )),
-                        _ => problems.push(format!(
-                            "[stage-{stage}] ROUTES: {item:?} is not a `domain:stage` item"
-                        )),
-                    }
-                }
-            }
-            "pepsi-stage-if" | "pepsi-stage-if-headers" => {
-                match option(cfg, stage, "CONDITION", &mut problems) {
-                    Some(c) => {
-                        conditions.insert(stage.clone(), c);
-                    }
-                    None => problems.push(format!("[stage-{stage}] has no CONDITION")),
-                }
-                match option(cfg, stage, "THEN", &mut problems) {
-                    Some(t) => {
-                        raw.push((stage.clone(), "THEN", t, EdgeKind::Branch, branch("then")))
-                    }
-                    None => problems.push(format!("[stage-{stage}] has no THEN")),
-                }
-                match option(cfg, stage, "ELSE", &mut problems) {
-                    Some(t) => {
-                        raw.push((stage.clone(), "ELSE", t, EdgeKind::Branch, branch("else")))
-                    }
-                    None => match &next {
-                        Some(t) => raw.push((
-                            stage.clone(),
-                            "NEXT_STAGE",
-                            t.clone(),
-                            EdgeKind::Branch,
-                            branch("else"),
-                        )),
-                        None => problems.push(format!("[stage-{stage}] needs ELSE or NEXT_STAGE")),
-                    },
-                }
-            }
-            _ => {
-                if let Some(t) = &next {
-                    raw.push((stage.clone(), "NEXT_STAGE", t.clone(), EdgeKind::Next, None));
-                }
-                if name == "pepsi-stage-relay-to-maildir"
-                    && let Some(t) = option(cfg, stage, "NONLOCAL_STAGE", &mut problems)
-                {
-                    raw.push((
-                        stage.clone(),
-                        "NONLOCAL_STAGE",
-                        t,
-                        EdgeKind::Branch,
-                        branch("non-local"),
-                    ));
-                }
-                if name == "pepsi-stage-block-language"
-                    && let Some(t) = option(cfg, stage, "JUNK_STAGE", &mut problems)
-                {
-                    raw.push((
-                        stage.clone(),
-                        "JUNK_STAGE",
-                        t,
-                        EdgeKind::Branch,
-                        branch("junk"),
-                    ));
-                }
-            }
+        if let Some(c) = d.condition {
+            conditions.insert(d.stage.clone(), c);
         }
-        if let Some(t) = option(cfg, stage, "BOUNCE_STAGE", &mut problems) {
-            raw.push((stage.clone(), "BOUNCE_STAGE", t, EdgeKind::Bounce, None));
-        }
-        programs.insert(stage.clone(), program);
+        programs.insert(d.stage, d.program);
     }
 
     // Targets in the section's spelling; a target without a section becomes a node of its
@@ -430,8 +288,42 @@ fn layout(names: &[String], edges: &[Edge], first: &str) -> BTreeMap<String, (us
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// A program that declares two labelled branches, LEFT and RIGHT, as the routing
+    /// programs do: what this module does with declared edges, apart from any program's
+    /// rules (the real programs' declarations drive this graph in the root package's
+    /// tests/integration/httpd_graph.rs).
+    pub(crate) const TWO_WAY: &[StageEdges] = &[StageEdges {
+        program: "two-way",
+        edges: |d| {
+            for (option, label) in [("LEFT", "left"), ("RIGHT", "right")] {
+                match d.option(option) {
+                    Some(t) => d.branch(option, t, label),
+                    None => d.problem(format_args!("has no {option}")),
+                }
+            }
+        },
+    }];
+
+    #[test]
+    fn a_program_s_declared_branches_are_edges_merged_per_target() {
+        check(
+            "[stage-init]\nPROGRAM = /usr/libexec/pepsi/two-way\nLEFT = a\nRIGHT = A\n\
+             NEXT_STAGE = b\nBOUNCE_STAGE = b\n[stage-a]\nPROGRAM = two-way\nLEFT = b\n\
+             [stage-b]\nPROGRAM = x\nNEXT_STAGE = a\n",
+            &[],
+            "init@0.0 a@1.0 b@2.0",
+            &[
+                "a -branch[left]-> b",
+                "b -next-> a",
+                "init -branch[left, right]-> a",
+                "init -bounce-> b",
+            ],
+            &["[stage-a] has no RIGHT"],
+        );
+    }
 
     /// The graph of `text` (with `queued` stages holding rows) as compact lines: nodes as
     /// `name@column.row` (`?` unconfigured, `!` unreachable), edges as `from -kind-> to`
@@ -439,7 +331,7 @@ mod tests {
     fn check(text: &str, queued: &[&str], nodes: &str, edges: &[&str], problems: &[&str]) {
         let cfg = Config::from_str_named(text, "test.conf").unwrap();
         let queued: Vec<String> = queued.iter().map(|s| s.to_string()).collect();
-        let g = build(&cfg, &queued);
+        let g = build(&cfg, &queued, TWO_WAY);
         let got_nodes: Vec<String> = g
             .nodes
             .iter()
@@ -504,112 +396,14 @@ mod tests {
     }
 
     #[test]
-    fn route_branches_default_to_next_stage_and_merge_per_target() {
-        check(
-            "[stage-init]\nPROGRAM = /usr/lib/pepsi/pepsi-stage-route\nNEXT_STAGE = out\n\
-             ROUTES = partner.example:partner, .Internal.example:lmtp bad\n\
-             [stage-out]\nPROGRAM = x\n[stage-partner]\nPROGRAM = x\n[stage-lmtp]\nPROGRAM = x\n",
-            &[],
-            "init@0.0 lmtp@1.0 out@1.1 partner@1.2",
-            &[
-                "init -branch[.internal.example]-> lmtp",
-                "init -branch[local, remote]-> out",
-                "init -branch[partner.example]-> partner",
-            ],
-            &["ROUTES: \"bad\" is not a `domain:stage` item"],
-        );
-    }
-
-    #[test]
-    fn the_default_configuration_draws_every_branch() {
-        let text =
-            std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../etc/pepsi.conf"))
-                .unwrap();
-        check(
-            &text,
-            &[],
-            "init@0.0 discard!@0.1 aliases@1.0 whitelist@2.0 route@3.0 remote@4.0 vacation@4.1 \
-             dkim@5.0 local@5.1 arc@6.0 relay@7.0 bounce@8.0",
-            &[
-                "aliases -next-> whitelist",
-                "aliases -bounce-> bounce",
-                "arc -next-> relay",
-                "bounce -next-> init",
-                "dkim -next-> arc",
-                "init -next-> aliases",
-                "init -bounce-> bounce",
-                "local -branch[non-local]-> remote",
-                "local -bounce-> bounce",
-                "relay -bounce-> bounce",
-                "remote -next-> dkim",
-                "route -branch[remote]-> remote",
-                "route -branch[local]-> vacation",
-                "vacation -next-> local",
-                "whitelist -next-> route",
-            ],
-            &[],
-        );
-    }
-
-    #[test]
-    fn a_language_block_branches_to_its_junk_stage() {
-        check(
-            "[stage-init]\nPROGRAM = pepsi-stage-block-language\nNEXT_STAGE = deliver\n\
-             JUNK_STAGE = junk\n[stage-deliver]\nPROGRAM = x\n[stage-junk]\nPROGRAM = x\n",
-            &[],
-            "init@0.0 deliver@1.0 junk@1.1",
-            &["init -next-> deliver", "init -branch[junk]-> junk"],
-            &[],
-        );
-    }
-
-    #[test]
-    fn if_stages_branch_to_then_and_else() {
-        check(
-            "[stage-init]\nPROGRAM = pepsi-stage-if\nCONDITION = state.junk == true\n\
-             THEN = quarantine\nNEXT_STAGE = deliver\n\
-             [stage-deliver]\nPROGRAM = pepsi-stage-if-headers\nCONDITION = header:X-A == \"1\"\n\
-             THEN = a\nELSE = b\n\
-             [stage-quarantine]\nPROGRAM = x\n[stage-a]\nPROGRAM = x\n[stage-b]\nPROGRAM = x\n",
-            &[],
-            "init@0.0 deliver@1.0 quarantine@1.1 a@2.0 b@2.1",
-            &[
-                "deliver -branch[then]-> a",
-                "deliver -branch[else]-> b",
-                "init -branch[else]-> deliver",
-                "init -branch[then]-> quarantine",
-            ],
-            &[],
-        );
-        let cfg = Config::from_str_named(
-            "[stage-init]\nPROGRAM = pepsi-stage-if\nCONDITION = any_rcpt_local\nTHEN = init\nELSE = init\n",
-            "t.conf",
-        )
-        .unwrap();
-        let g = build(&cfg, &[]);
-        assert_eq!(
-            g.node("init").unwrap().condition.as_deref(),
-            Some("any_rcpt_local")
-        );
-        assert_eq!(g.edges[0].label.as_deref(), Some("then, else"));
-    }
-
-    #[test]
     fn dangling_targets_and_orphan_rows_become_unconfigured_nodes() {
         check(
             "[stage-init]\nPROGRAM = x\nNEXT_STAGE = Relay\nBOUNCE_STAGE = nowhere\n\
-             [stage-relay]\nPROGRAM = x\n\
-             [stage-if]\nPROGRAM = pepsi-stage-if\n\
-             [stage-r]\nPROGRAM = pepsi-stage-route\n",
+             [stage-relay]\nPROGRAM = x\n",
             &["old", "relay"],
-            "init@0.0 if!@0.1 r!@0.2 old?!@0.3 relay@1.0 nowhere?@1.1",
+            "init@0.0 old?!@0.1 relay@1.0 nowhere?@1.1",
             &["init -next-> relay", "init -bounce-> nowhere"],
             &[
-                "[stage-if] has no CONDITION",
-                "[stage-if] has no THEN",
-                "[stage-if] needs ELSE or NEXT_STAGE",
-                "[stage-r] needs ROUTE_LOCAL or NEXT_STAGE",
-                "[stage-r] needs ROUTE_REMOTE or NEXT_STAGE",
                 "[stage-init] BOUNCE_STAGE = nowhere: there is no [stage-nowhere] section",
                 "rows wait at stage old, which has no [stage-old] section",
             ],

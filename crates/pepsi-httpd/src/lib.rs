@@ -47,6 +47,7 @@ use clap::{Parser, Subcommand};
 use pepsi_common::audit::Actor;
 use pepsi_common::cli::{CommonArgs, init_logging, run_async};
 use pepsi_common::config::ProgramCheck;
+use pepsi_common::stage::edges::StageEdges;
 
 use crate::settings::HttpdSettings;
 
@@ -174,14 +175,15 @@ pub fn command() -> clap::Command {
 
 /// Entry point of the `pepsi-httpd` binary; `checks` is every program's configuration
 /// parser (`pepsi::checks::CONFIG_CHECKS`), which the configuration API runs over an
-/// override before storing it.
-pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
+/// override before storing it; `stage_edges` every stage program's declaration of its edges
+/// (`pepsi::programs::STAGE_EDGES`), which the pipeline graph is drawn from.
+pub fn run(checks: &'static [ProgramCheck], stage_edges: &'static [StageEdges]) -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
         match cli.command.unwrap_or(Command::Serve) {
-            Command::Serve => serve(cfg, checks).await,
+            Command::Serve => serve(cfg, checks, stage_edges).await,
             Command::AdminAdd(a) => admin_add(&cfg, a).await,
             Command::TokenAdd(a) => token_add(&cfg, a).await,
             Command::TokenList(a) => token_list(&cfg, a).await,
@@ -395,6 +397,7 @@ fn config_pool(
 async fn serve(
     cfg: pepsi_common::config::Config,
     checks: &'static [ProgramCheck],
+    stage_edges: &'static [StageEdges],
 ) -> anyhow::Result<ExitCode> {
     let settings = HttpdSettings::from_config(&cfg)?;
     let bound = server::bind(&settings)?;
@@ -417,6 +420,7 @@ async fn serve(
         settings: Arc::new(settings.clone()),
         samples: Arc::default(),
         checks,
+        stage_edges,
         config_pool,
     };
     // Sessions past their limits are never honoured; this only keeps the table small.

@@ -272,7 +272,7 @@ mod tests {
             "t.conf",
         )
         .unwrap();
-        let graph = crate::graph::build(&cfg, &["gone".to_owned()]);
+        let graph = crate::graph::build(&cfg, &["gone".to_owned()], &[]);
         let snap = Snapshot {
             stages: vec![StageCounters {
                 stage: "relay".into(),

@@ -303,14 +303,14 @@ mod tests {
     #[test]
     fn every_stage_is_a_box_with_its_figures_and_every_edge_a_curve() {
         let cfg = Config::from_str_named(
-            "[stage-init]\nPROGRAM = pepsi-stage-route\nROUTE_LOCAL = local\nROUTE_REMOTE = relay\n\
+            "[stage-init]\nPROGRAM = two-way\nLEFT = local\nRIGHT = relay\n\
              [stage-local]\nPROGRAM = x\nBOUNCE_STAGE = bounce\n\
              [stage-relay]\nPROGRAM = x\nBOUNCE_STAGE = bounce\n\
              [stage-bounce]\nPROGRAM = x\nNEXT_STAGE = init\n",
             "t.conf",
         )
         .unwrap();
-        let graph = crate::graph::build(&cfg, &["<odd>".to_owned()]);
+        let graph = crate::graph::build(&cfg, &["<odd>".to_owned()], crate::graph::tests::TWO_WAY);
         let doc = json!({"stages": [
             {"name": "relay", "queue": {"total": 5, "pending": 2, "failed": 3},
              "failures": {"rows": 3}}
@@ -335,7 +335,7 @@ mod tests {
         assert_eq!(svg.matches("<g class=\"edge ").count(), graph.edges.len());
         assert_eq!(svg.matches("class=\"edge bounce\"").count(), 2);
         assert!(
-            svg.contains(">local</text>") && svg.contains(">remote</text>"),
+            svg.contains(">left</text>") && svg.contains(">right</text>"),
             "branch labels"
         );
         assert!(svg.contains(&format!("data-graph=\"{}\"", graph.id())));

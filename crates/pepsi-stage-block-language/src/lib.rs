@@ -22,6 +22,7 @@ use pepsi_common::config::Config;
 use pepsi_common::language::{BLOCK_SETTING, BlockAction, LanguageBlock};
 use pepsi_common::local::LocalRecipients;
 use pepsi_common::settings;
+use pepsi_common::stage::edges::Declare;
 use pepsi_common::stage::{
     FanGroup, FanRecipients, Load, RoundMemo, Stage, StageContext, StageError, Terminal,
 };
@@ -113,6 +114,14 @@ impl Stage for BlockLanguage {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
         Settings::from_config(cfg, name)
+    }
+
+    /// NEXT_STAGE, and JUNK_STAGE for a message in a blocked language.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        if let Some(t) = d.option("JUNK_STAGE") {
+            d.branch("JUNK_STAGE", t, "junk");
+        }
     }
 
     async fn process(

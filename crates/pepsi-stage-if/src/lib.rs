@@ -18,6 +18,7 @@ use std::process::ExitCode;
 use anyhow::bail;
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
+use pepsi_common::stage::edges::{Declare, NEXT_STAGE};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod expr;
@@ -139,6 +140,25 @@ impl Conditions {
     }
 }
 
+/// The edges of both programs: THEN, and ELSE (NEXT_STAGE when unset); the CONDITION is
+/// shown beside the stage.
+fn branch_edges(d: &mut Declare<'_>) {
+    let next = d.option(NEXT_STAGE);
+    match d.option("CONDITION") {
+        Some(c) => d.condition(c),
+        None => d.problem("has no CONDITION"),
+    }
+    match d.option("THEN") {
+        Some(t) => d.branch("THEN", t, "then"),
+        None => d.problem("has no THEN"),
+    }
+    match (d.option("ELSE"), next) {
+        (Some(t), _) => d.branch("ELSE", t, "else"),
+        (None, Some(t)) => d.branch(NEXT_STAGE, t, "else"),
+        (None, None) => d.problem("needs ELSE or NEXT_STAGE"),
+    }
+}
+
 /// `pepsi-stage-if`: envelope and state conditions.
 #[derive(Debug, Clone)]
 pub struct If(pub Conditions);
@@ -154,6 +174,10 @@ impl Stage for If {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
         Branch::from_config(cfg, name, false)
+    }
+
+    fn edges(d: &mut Declare<'_>) {
+        branch_edges(d);
     }
 
     async fn process(
@@ -182,6 +206,10 @@ impl Stage for IfHeaders {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
         Branch::from_config(cfg, name, true)
+    }
+
+    fn edges(d: &mut Declare<'_>) {
+        branch_edges(d);
     }
 
     async fn process(

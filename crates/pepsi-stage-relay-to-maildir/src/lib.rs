@@ -19,6 +19,7 @@ use pepsi_common::address;
 use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use pepsi_common::quota::{self, Limits};
+use pepsi_common::stage::edges::Declare;
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{DeliveryKey, DirSync, Reply, Request};
 
@@ -255,6 +256,14 @@ impl Stage for RelayToMaildir {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
         Ok(Settings::from_config(cfg, name)?)
+    }
+
+    /// NEXT_STAGE, and NONLOCAL_STAGE for the recipients with no local mailbox.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        if let Some(t) = d.option("NONLOCAL_STAGE") {
+            d.branch("NONLOCAL_STAGE", t, "non-local");
+        }
     }
 
     /// Syncs the Maildir directories the round's deliveries renamed into (once each).

@@ -17,6 +17,7 @@ use anyhow::bail;
 use pepsi_common::address::{Address, normalize_domain};
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
+use pepsi_common::stage::edges::{Declare, NEXT_STAGE};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
@@ -175,6 +176,32 @@ impl Stage for Route {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Routes> {
         Routes::from_config(cfg, name)
+    }
+
+    /// ROUTE_LOCAL and ROUTE_REMOTE (NEXT_STAGE where one is unset), and the stage of each
+    /// ROUTES item, labelled by its domain.
+    fn edges(d: &mut Declare<'_>) {
+        let next = d.option(NEXT_STAGE);
+        for (option, label) in [("ROUTE_LOCAL", "local"), ("ROUTE_REMOTE", "remote")] {
+            match d.option(option) {
+                Some(t) => d.branch(option, t, label),
+                None => match &next {
+                    Some(t) => d.branch(NEXT_STAGE, t.clone(), label),
+                    None => d.problem(format_args!("needs {option} or NEXT_STAGE")),
+                },
+            }
+        }
+        let routes = d.option("ROUTES");
+        for item in routes.as_deref().map(split_list).unwrap_or_default() {
+            match item.rsplit_once(':') {
+                Some((domain, target)) if !domain.is_empty() && !target.is_empty() => {
+                    d.branch("ROUTES", target, &domain.to_ascii_lowercase())
+                }
+                _ => d.problem(format_args!(
+                    "ROUTES: {item:?} is not a `domain:stage` item"
+                )),
+            }
+        }
     }
 
     async fn process(

@@ -299,8 +299,24 @@ pub fn dkimpy(script: &str, keys: &serde_json::Value, message: &[u8]) -> serde_j
     })
 }
 
-/// The words of the Makefile variable `name` (`NAME = a \ b \ c`): the authoritative
-/// lists of programs (`FOLDED_BINARIES`, `STANDALONE_BINARIES`).
+/// The folded programs, from the table of programs (`pepsi::programs::FOLDED`).
+pub fn folded_programs() -> Vec<String> {
+    pepsi::programs::FOLDED
+        .iter()
+        .map(|p| p.name.to_owned())
+        .collect()
+}
+
+/// The standalone programs, from the table of programs (`pepsi::programs::STANDALONE`).
+pub fn standalone_programs() -> Vec<String> {
+    pepsi::programs::STANDALONE
+        .iter()
+        .map(|&n| n.to_owned())
+        .collect()
+}
+
+/// The words of the Makefile variable `name` (`NAME = a \ b \ c`), such as
+/// `COMMAND_LINKS`.
 pub fn makefile_list(name: &str) -> Vec<String> {
     let makefile = root().join("Makefile");
     let text = std::fs::read_to_string(makefile).unwrap();

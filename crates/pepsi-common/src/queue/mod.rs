@@ -615,8 +615,7 @@ async fn conclude(
 /// pepsi-queue's `bounce` and the failure bouncer both return rows through it.
 pub fn bounce_stage_of(cfg: &Config, stage: &str) -> Result<String, String> {
     let section = cfg.section(&format!("stage-{stage}"));
-    let target = section
-        .string_opt("BOUNCE_STAGE")
+    let target = crate::stage::edges::bounce_stage(&section)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| {
             format!("[stage-{stage}] has no BOUNCE_STAGE: nowhere to send the bounce")

@@ -20,6 +20,7 @@
 
 mod commit;
 mod context;
+pub mod edges;
 mod fanout;
 pub mod fusion;
 pub mod scope;
@@ -131,6 +132,14 @@ pub trait Stage: Sized + 'static {
         true
     }
 
+    /// The stages a section running this program can send a message to, read from the
+    /// section's own options into `section` (`edges::Declare`): NEXT_STAGE unless the
+    /// program routes by options of its own. BOUNCE_STAGE is every stage's and is not
+    /// declared here. pepsi-httpd's pipeline graph is drawn from these (`edges::declared`).
+    fn edges(section: &mut edges::Declare<'_>) {
+        section.next();
+    }
+
     fn process(
         &self,
         section: &Self::Section,
@@ -171,10 +180,9 @@ pub fn governing_max_runtime(
     while i < reached.len() {
         let target = reached[i].clone();
         for name in cfg.sections().filter_map(stage_name) {
-            let next = cfg
-                .section(&format!("stage-{name}"))
-                .string_opt("NEXT_STAGE")?
-                .unwrap_or_default();
+            // The default edge every stage declares (`edges::Declare::next`).
+            let next =
+                edges::next_stage(&cfg.section(&format!("stage-{name}")))?.unwrap_or_default();
             let lower = name.to_ascii_lowercase();
             if next.eq_ignore_ascii_case(&target) && !reached.contains(&lower) {
                 let limit = runtime(&name)?;

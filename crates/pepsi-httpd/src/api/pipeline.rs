@@ -23,7 +23,7 @@ pub async fn current(state: &AppState) -> ApiResult<(Graph, Value)> {
     let snap = pepsi_common::status::snapshot(&state.pool).await?;
     let mut queued: Vec<String> = snap.queue.iter().map(|q| q.stage.clone()).collect();
     queued.dedup();
-    let graph = graph::build(&cfg, &queued);
+    let graph = graph::build(&cfg, &queued, state.stage_edges);
     let (deltas, seconds) = state
         .samples
         .lock()
