@@ -5,7 +5,7 @@
 //! is refused rather than stored and silently ignored.
 //!
 //! Pure over the parsers it is given; the table of them is the root package's
-//! (`pepsi::checks::CONFIG_CHECKS`), since only it links every program.
+//! (`pepsi::programs::CONFIG_CHECKS`), since only it links every program.
 
 use super::overlay::is_connection_option;
 use super::{Config, OverrideRow, ReadLog, Scope, is_file_only_option, is_protected_section};
