@@ -3,6 +3,7 @@
 //! Only such a message may change what we store of its sender's key: anyone can write an
 //! Autocrypt header into mail with somebody else's From. Pure; tested as a table.
 
+use pepsi_common::state::{Auth, Origin};
 use serde_json::{Map, Value};
 
 /// How the From address was authenticated, when it was.
@@ -16,28 +17,27 @@ pub enum Authenticated {
     Login,
 }
 
-/// How `from` (lower case) is authenticated by `state`, or None.
+/// How `from` (lower case) is authenticated by `state`, or None. An `auth` or `origin` that
+/// does not parse authenticates nothing.
 pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authenticated> {
     let domain = pepsi_common::address::domain_part(from)?.trim_end_matches('.');
-    let auth = state.get("auth");
-    let str_of = |v: Option<&Value>| v.and_then(Value::as_str).map(str::to_ascii_lowercase);
-    let dmarc = auth.and_then(|a| a.get("dmarc"));
+    let auth = Auth::from_state(state).ok().flatten().unwrap_or_default();
+    let lower = |s: &str| s.to_ascii_lowercase();
     // The verdict is for the From domain the ingress read (an A-label for an IDN, which
     // the From here may spell in Unicode): a From changed since (a filter) does not match.
-    if str_of(dmarc.and_then(|d| d.get("result"))).as_deref() == Some("pass")
-        && str_of(dmarc.and_then(|d| d.get("domain")))
+    if let Some(dmarc) = &auth.dmarc
+        && dmarc.result.eq_ignore_ascii_case("pass")
+        && dmarc
+            .domain
+            .as_deref()
+            .map(lower)
             .is_none_or(|d| d.trim_end_matches('.') == domain || !domain.is_ascii())
     {
         return Some(Authenticated::Dmarc);
     }
-    let dkim = auth
-        .and_then(|a| a.get("dkim"))
-        .and_then(Value::as_array)
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let aligned = dkim.iter().any(|s| {
-        str_of(s.get("result")).as_deref() == Some("pass")
-            && str_of(s.get("domain")).is_some_and(|d| {
+    let aligned = auth.dkim.iter().any(|s| {
+        s.result.eq_ignore_ascii_case("pass")
+            && s.domain.as_deref().map(lower).is_some_and(|d| {
                 let d = d.trim_end_matches('.');
                 !d.is_empty()
                     && (d == domain
@@ -49,7 +49,11 @@ pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authentic
     if aligned {
         return Some(Authenticated::AlignedDkim);
     }
-    let login = str_of(state.get("origin").and_then(|o| o.get("auth_user")));
+    let login = Origin::from_state(state)
+        .ok()
+        .flatten()
+        .and_then(|o| o.auth_user)
+        .map(|u| lower(&u));
     (login.as_deref() == Some(from)).then_some(Authenticated::Login)
 }
 
@@ -116,6 +120,17 @@ mod tests {
         check(
             json!({"auth": {"dmarc": {"result": "pass"}}}),
             "not-an-address",
+            None,
+        );
+        // a verdict that does not have the shape of one authenticates nothing
+        check(
+            json!({"auth": {"dmarc": {"result": "pass", "domain": 7}}}),
+            a,
+            None,
+        );
+        check(
+            json!({"auth": {"dmarc": {"result": "none"}, "dkim": "pass"}}),
+            a,
             None,
         );
     }
