@@ -251,9 +251,9 @@ programs! {
             stage: ::pepsi_stage_relay_to_internet::RelayToInternet,
         }
         "pepsi-stage-relay-to-lmtp" pepsi_stage_relay_to_lmtp {
-            entry: ::pepsi_stage_relay_to_lmtp::run,
-            man: 8 Clap(::pepsi_stage_relay_to_lmtp::command),
-            stage: ::pepsi_stage_relay_to_lmtp::RelayToLmtp,
+            entry: ::pepsi_stage_relay_to_peer::lmtp::run,
+            man: 8 Clap(::pepsi_stage_relay_to_peer::lmtp::command),
+            stage: ::pepsi_stage_relay_to_peer::lmtp::RelayToLmtp,
         }
         "pepsi-stage-route" pepsi_stage_route {
             entry: ::pepsi_stage_route::run,
@@ -328,9 +328,9 @@ programs! {
             stage: ::pepsi_stage_dot_forward::DotForwardStage,
         }
         "pepsi-stage-relay-to-smarthost" pepsi_stage_relay_to_smarthost {
-            entry: ::pepsi_stage_relay_to_smarthost::run,
-            man: 8 Clap(::pepsi_stage_relay_to_smarthost::command),
-            stage: ::pepsi_stage_relay_to_smarthost::RelayToSmarthost,
+            entry: ::pepsi_stage_relay_to_peer::smarthost::run,
+            man: 8 Clap(::pepsi_stage_relay_to_peer::smarthost::command),
+            stage: ::pepsi_stage_relay_to_peer::smarthost::RelayToSmarthost,
         }
         "pepsi-sendmail" pepsi_sendmail {
             entry: ::pepsi_sendmail::run,

@@ -242,9 +242,9 @@ fn the_checks_find_what_they_look_for() {
     assert_eq!(find_cycle(&clean), None);
 
     let tool = e("pepsi-tool", "pepsi-stage-a", "normal");
-    assert_eq!(stage_links(&[tool.clone()]), [&tool]);
+    assert_eq!(stage_links(std::slice::from_ref(&tool)), [&tool]);
     let dev = e("pepsi-tool", "pepsi-stage-a", "dev");
-    assert_eq!(stage_links(&[dev.clone()]), [&dev]);
+    assert_eq!(stage_links(std::slice::from_ref(&dev)), [&dev]);
 
     for up in [
         e("pepsi-smtp", "pepsi-common", "normal"),
@@ -254,7 +254,7 @@ fn the_checks_find_what_they_look_for() {
         e("pepsi-stage-a", "migadu-counters", "normal"),
         e("migadu-counters", "pepsi-common", "normal"),
     ] {
-        assert_eq!(upward_imports(&[up.clone()]), [&up]);
+        assert_eq!(upward_imports(std::slice::from_ref(&up)), [&up]);
     }
 
     let cycle = [

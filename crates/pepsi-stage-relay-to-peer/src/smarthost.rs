@@ -69,7 +69,7 @@ fn parse_host(text: &str) -> Result<String, String> {
 fn missing(cfg: &Config, stage: &str, option: &str) -> ConfigError {
     ConfigError::Missing {
         file: cfg.file().to_owned(),
-        section: format!("stage-{stage}"),
+        section: pepsi_common::config::stage_section_name(stage),
         option: option.to_owned(),
     }
 }
