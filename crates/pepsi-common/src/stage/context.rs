@@ -561,16 +561,14 @@ impl<'a> StageContext<'a> {
             .map(|d| d.and_utc())
             .expect("a valid date");
         let secs = (until - Utc::now()).num_seconds().max(0) as f64;
-        state.insert(
-            "held".into(),
-            serde_json::json!({
-                "at": Utc::now().to_rfc3339(),
-                "by": self.settings.program,
-                "reason": reason,
-                "status": "running",
-                "timeout": null,
-            }),
-        );
+        crate::state::Held {
+            at: Utc::now().to_rfc3339(),
+            by: self.settings.program.to_string(),
+            reason: Some(reason.to_owned()),
+            status: "running".into(),
+            timeout: None,
+        }
+        .insert_into(&mut state);
         Ok(Terminal::new(Outcome::Pause { secs }).merging(state))
     }
 
