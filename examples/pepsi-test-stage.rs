@@ -66,7 +66,7 @@ impl Stage for TestStage {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Section> {
-        let section = cfg.section(&format!("stage-{name}"));
+        let section = cfg.stage_section_named(name);
         let action = section
             .choice_opt(
                 "ACTION",

@@ -254,25 +254,18 @@ impl RetryPolicy {
     /// Reads RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, DELAY_WARNING (`0` = off) and
     /// MAX_LIFETIME from `[stage-<stage>]`, falling back to `[pepsi]`, then to the defaults.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
-        let own = cfg.section(&format!("stage-{stage}"));
-        let global = cfg.section("pepsi");
+        let s = cfg.stage_section_named(stage).or_global();
         let d = RetryPolicy::default();
         let dur = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
-            Ok(match own.duration_opt(opt)? {
-                Some(v) => v,
-                None => global.duration_opt(opt)?.unwrap_or(default),
-            })
+            Ok(s.duration_opt(opt)?.unwrap_or(default))
         };
         let parse_factor = |v: &str| match v.trim().parse::<f64>() {
             Ok(f) if (1.0..=100.0).contains(&f) => Ok(f),
             _ => Err("a number from 1 to 100".to_owned()),
         };
-        let factor = match own.parse_opt("RETRY_FACTOR", parse_factor)? {
-            Some(v) => v,
-            None => global
-                .parse_opt("RETRY_FACTOR", parse_factor)?
-                .unwrap_or(d.factor),
-        };
+        let factor = s
+            .parse_opt("RETRY_FACTOR", parse_factor)?
+            .unwrap_or(d.factor);
         let initial = dur("RETRY_INITIAL", d.initial)?.max(Duration::from_secs(1));
         let warning = dur("DELAY_WARNING", d.delay_warning.unwrap_or_default())?;
         Ok(RetryPolicy {

@@ -180,13 +180,10 @@ impl Mailboxes {
         let template = s
             .parse_opt("MAILDIR", Template::parse)?
             .unwrap_or_else(|| Template::parse(DEFAULT_TEMPLATE).expect("default"));
-        let delimiters = match s.string_opt("RECIPIENT_DELIMITER")? {
-            Some(d) => d,
-            None => cfg
-                .section("pepsi")
-                .string_opt("RECIPIENT_DELIMITER")?
-                .unwrap_or_else(|| "+".into()),
-        };
+        let delimiters = s
+            .or_global()
+            .string_opt("RECIPIENT_DELIMITER")?
+            .unwrap_or_else(|| "+".into());
         let writer = s
             .string_opt("HELPER")?
             .unwrap_or_else(|| DEFAULT_WRITER.into());
@@ -212,7 +209,7 @@ impl Mailboxes {
 
     /// Reads `[stage-<stage>]` (a stage [`delivery_stage`] chose).
     pub fn of_stage(cfg: &Config, stage: &str) -> Result<Mailboxes, ConfigError> {
-        Mailboxes::from_section(cfg, &cfg.section(&format!("stage-{stage}")))
+        Mailboxes::from_section(cfg, &cfg.stage_section_named(stage))
     }
 }
 

@@ -226,7 +226,7 @@ pub struct PoolSettings {
 
 impl PoolSettings {
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         Ok(Self {
             stage: stage.to_owned(),
             program: s.string("PROGRAM")?,
@@ -245,12 +245,9 @@ impl PoolSettings {
     /// Every stage section of `cfg` that names a PROGRAM.
     pub fn all(cfg: &Config) -> Result<Vec<Self>, ConfigError> {
         let mut pools = Vec::new();
-        for name in cfg.sections() {
-            let lower = name.to_ascii_lowercase();
-            if let Some(stage) = lower.strip_prefix("stage-")
-                && cfg.section(name).has("PROGRAM")
-            {
-                pools.push(Self::from_config(cfg, stage)?);
+        for stage in cfg.stage_names() {
+            if cfg.stage_section(&stage).has("PROGRAM") {
+                pools.push(Self::from_config(cfg, &stage.to_ascii_lowercase())?);
             }
         }
         pools.sort_by(|a, b| a.stage.cmp(&b.stage));

@@ -119,7 +119,7 @@ impl Settings {
         let s = cfg.section(SECTION);
         let bounce_stage = match s.string_opt("BOUNCE_STAGE")? {
             Some(stage) => {
-                if !cfg.has_section(&format!("stage-{stage}")) {
+                if cfg.stage(&stage).is_none() {
                     anyhow::bail!(
                         "[{SECTION}] BOUNCE_STAGE = {stage}, but there is no [stage-{stage}] section"
                     );

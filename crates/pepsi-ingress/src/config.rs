@@ -210,13 +210,7 @@ impl Settings {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section(SECTION);
         let hostname = cfg.name_option(&s, "HOSTNAME")?;
-        let local_domains = match s.list_opt("LOCAL_DOMAINS")? {
-            Some(list) => list,
-            None => cfg
-                .section("pepsi")
-                .list_opt("LOCAL_DOMAINS")?
-                .unwrap_or_default(),
-        };
+        let local_domains = s.or_global().list_opt("LOCAL_DOMAINS")?.unwrap_or_default();
         let servers = pepsi_common::dns::servers_opt(&s)?.unwrap_or_default();
         let settings = Settings {
             authserv_id: s

@@ -26,7 +26,7 @@ const CATCHALL_SETTING: &str = "catchall";
 pub fn alias_files(cfg: &Config) -> anyhow::Result<AliasFile> {
     let mut merged = AliasFile::default();
     for stage in pepsi_common::stage::StageSettings::stages_of(cfg, "pepsi-stage-aliases") {
-        let section = cfg.section(&format!("stage-{stage}"));
+        let section = cfg.stage_section_named(&stage);
         if let Some(path) = section.path_opt("ALIAS_FILE")? {
             let file = AliasFile::load(&path)
                 .map_err(|e| anyhow::anyhow!("[stage-{stage}] ALIAS_FILE: {e}"))?;

@@ -108,10 +108,8 @@ pub struct Settings {
 impl Settings {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section("pepsi-keydisc");
-        let dns_servers = match pepsi_common::dns::servers_opt(&s)? {
-            Some(list) => list,
-            None => pepsi_common::dns::servers_opt(&cfg.section("pepsi"))?.unwrap_or_default(),
-        };
+        let dns_servers = pepsi_common::dns::servers_opt(s.or_global().section_for("DNS_SERVERS"))?
+            .unwrap_or_default();
         let settings = Settings {
             interval: s
                 .duration_opt("INTERVAL")?

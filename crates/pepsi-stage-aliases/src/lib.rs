@@ -50,7 +50,7 @@ pub struct AliasStage {
 impl AliasStage {
     /// Reads `ALIAS_FILE` (optional) and `MAX_DEPTH` (default 10, at least 1).
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let file = match s.path_opt("ALIAS_FILE")? {
             Some(path) => AliasFile::load(&path)?,
             None => AliasFile::default(),

@@ -53,7 +53,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         Ok(Settings {
             junk_stage: s.string_opt("JUNK_STAGE")?.filter(|j| !j.trim().is_empty()),
             trust_whitelist: s.bool_opt("TRUST_WHITELIST")?.unwrap_or(true),

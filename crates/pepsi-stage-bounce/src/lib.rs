@@ -80,10 +80,7 @@ impl Stage for Bounce {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Ok(Settings::from_config(
-            cfg,
-            &cfg.section(&format!("stage-{name}")),
-        )?)
+        Ok(Settings::from_config(cfg, &cfg.stage_section_named(name))?)
     }
 
     async fn process(

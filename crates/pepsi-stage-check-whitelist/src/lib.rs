@@ -47,7 +47,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         Ok(Settings {
             learn: s.bool_opt("LEARN")?.unwrap_or(true),
         })

@@ -99,7 +99,7 @@ impl Stage for Count {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<CountSection> {
-        let section = cfg.section(&format!("stage-{name}"));
+        let section = cfg.stage_section_named(name);
         Ok(CountSection {
             base: section.string("URL")?.trim_end_matches('/').to_owned(),
             token: section.string("AUTH_TOKEN")?,

@@ -55,7 +55,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, name: &str) -> anyhow::Result<Self> {
-        let section_name = format!("stage-{name}");
+        let section_name = pepsi_common::config::stage_section_name(name);
         let s = cfg.section(&section_name);
         let result_header = s
             .string_opt("RESULT_HEADER")?

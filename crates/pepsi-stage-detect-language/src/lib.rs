@@ -72,7 +72,7 @@ impl Settings {
 impl Settings {
     /// Reads `[stage-<stage>]`.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let languages = detect::languages(&s.list_opt("LANGUAGES")?.unwrap_or_default())
             .map_err(|e| anyhow::anyhow!("[stage-{stage}] LANGUAGES: {e}"))?;
         let accuracy = s

@@ -49,7 +49,7 @@ impl Stage for Discard {
     }
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<DiscardSection> {
-        let section = cfg.section(&format!("stage-{name}"));
+        let section = cfg.stage_section_named(name);
         let Some(status) = section.parse_opt("RETURN_STATUS", |v| {
             if permanent_status(v.trim()) {
                 Ok(v.trim().to_owned())

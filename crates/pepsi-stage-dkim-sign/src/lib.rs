@@ -130,7 +130,7 @@ impl SignPolicy {
 impl SignStage {
     /// Reads `[stage-<stage>]` and loads its key files.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let section_name = format!("stage-{stage}");
+        let section_name = pepsi_common::config::stage_section_name(stage);
         let s = cfg.section(&section_name);
         let database_keys = s.bool_opt("DATABASE_KEYS")?.unwrap_or(false);
         let specs = match s.parse_opt("KEYS", parse_keys)? {

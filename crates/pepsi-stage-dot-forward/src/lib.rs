@@ -77,12 +77,12 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let forward_stage = s
             .string_opt("FORWARD_STAGE")?
             .filter(|v| !v.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_FORWARD_STAGE.to_owned());
-        if !cfg.has_section(&format!("stage-{forward_stage}")) {
+        if cfg.stage(&forward_stage).is_none() {
             anyhow::bail!(
                 "{}: [stage-{stage}] FORWARD_STAGE = {forward_stage}: there is no [stage-{forward_stage}]",
                 cfg.file().display()

@@ -82,7 +82,7 @@ impl Settings {
         name: &str,
         keyring: &Result<Keyring, String>,
     ) -> anyhow::Result<Self> {
-        let section_name = format!("stage-{name}");
+        let section_name = pepsi_common::config::stage_section_name(name);
         let s = cfg.section(&section_name);
         let policy = s
             .parse_opt("POLICY", Policy::parse)?

@@ -56,7 +56,7 @@ impl Branch {
     /// both branches must name stage sections. `headers`: whether this program loads the
     /// header block.
     pub fn from_config(cfg: &Config, stage: &str, headers: bool) -> anyhow::Result<Self> {
-        let section = cfg.section(&format!("stage-{stage}"));
+        let section = cfg.stage_section_named(stage);
         let condition = section.parse("CONDITION", |text| {
             expr::parse(text).map_err(|e| format!("a condition ({e})"))
         })?;
@@ -79,7 +79,7 @@ impl Branch {
                 })?,
         };
         for (option, target) in [("THEN", &then_stage), ("ELSE", &else_stage)] {
-            if !cfg.has_section(&format!("stage-{target}")) {
+            if cfg.stage(target).is_none() {
                 bail!("[stage-{stage}] {option} = {target}: there is no [stage-{target}] section");
             }
         }

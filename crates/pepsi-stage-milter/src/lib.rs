@@ -123,7 +123,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let file = cfg.file().display().to_string();
         let milter = s.parse_opt("MILTER", Address::parse)?.ok_or_else(|| {
             anyhow::anyhow!(

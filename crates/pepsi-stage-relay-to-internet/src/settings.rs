@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use pepsi_common::address::normalize_domain;
-use pepsi_common::config::{Config, ConfigError, Section};
+use pepsi_common::config::{Config, ConfigError};
 use pepsi_common::delivery::RetryPolicy;
 use pepsi_common::dns;
 use pepsi_smtp::{Timeouts, TlsPolicy};
@@ -96,16 +96,9 @@ impl Settings {
     /// Reads `[stage-<stage>]`. `DNS_SERVERS`, `DNS_TIMEOUT` and `IPV6` fall back to
     /// `[pepsi]`; `HELO_NAME` to `[pepsi] HOSTNAME`, then to the system's host name.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
-        let s = cfg.section(&format!("stage-{stage}"));
-        let global = cfg.section("pepsi");
-        let either = |option: &str| -> Section<'_> {
-            if s.has(option) {
-                s.clone()
-            } else {
-                global.clone()
-            }
-        };
-        let dns_servers = dns::servers_opt(&either("DNS_SERVERS"))?.unwrap_or_default();
+        let s = cfg.stage_section_named(stage);
+        let layered = s.or_global();
+        let dns_servers = dns::servers_opt(layered.section_for("DNS_SERVERS"))?.unwrap_or_default();
         let helo_name = cfg.name_option(&s, "HELO_NAME")?;
         let d = Timeouts::default();
         let positive = |opt: &str, default: Duration| -> Result<Duration, ConfigError> {
@@ -125,7 +118,7 @@ impl Settings {
             .unwrap_or_default();
         Ok(Settings {
             dns_servers,
-            dns_timeout: either("DNS_TIMEOUT")
+            dns_timeout: layered
                 .duration_opt("DNS_TIMEOUT")?
                 .filter(|v| !v.is_zero())
                 .unwrap_or(Duration::from_secs(10)),
@@ -145,7 +138,7 @@ impl Settings {
                 command: positive("COMMAND_TIMEOUT", Duration::from_secs(300))?,
                 data: positive("DATA_TIMEOUT", d.data)?,
             },
-            ipv6: either("IPV6")
+            ipv6: layered
                 .parse_opt("IPV6", Ipv6::parse)?
                 .unwrap_or(Ipv6::Prefer),
             allow_internal: s.bool_opt("ALLOW_INTERNAL_ADDRESSES")?.unwrap_or(false),

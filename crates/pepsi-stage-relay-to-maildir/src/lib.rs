@@ -62,7 +62,7 @@ impl Settings {
     /// Reads `[stage-<stage>]`, with `[pepsi] LOCAL_DOMAINS`/`RECIPIENT_DELIMITER` and
     /// `[PATHS] MAIL_ROOT` as fallbacks.
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let m = Mailboxes::from_section(cfg, &s)?;
         Ok(Settings {
             local: pepsi_common::local::LocalRecipients::from_config(cfg)?,

@@ -63,7 +63,7 @@ impl Routes {
     /// Reads `ROUTES`, `ROUTE_LOCAL` and `ROUTE_REMOTE` of `[stage-<stage>]`; every stage
     /// named must have a section.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let next = s.string_opt("NEXT_STAGE")?.filter(|v| !v.is_empty());
         let pick = |option: &str| -> anyhow::Result<String> {
             match s
@@ -104,7 +104,7 @@ impl Routes {
             .chain(routes.subdomains.iter().map(|(_, t)| t))
             .chain([&routes.local, &routes.remote]);
         for target in targets {
-            if !cfg.has_section(&format!("stage-{target}")) {
+            if cfg.stage(target).is_none() {
                 bail!(
                     "[stage-{stage}] routes to {target:?}, which has no [stage-{target}] section"
                 );

@@ -56,7 +56,7 @@ pub struct SrsStage {
 impl SrsStage {
     /// Reads `MODE`, `SRS_DOMAIN`, `SECRETS` and `MAX_AGE` of `[stage-<stage>]`.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let name = format!("stage-{stage}");
+        let name = pepsi_common::config::stage_section_name(stage);
         let s = cfg.section(&name);
         let mode = match s.choice_opt("MODE", &["forward", "reverse"])?.as_deref() {
             Some("reverse") => Mode::Reverse,

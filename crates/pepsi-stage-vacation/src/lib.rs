@@ -50,12 +50,12 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
-        let s = cfg.section(&format!("stage-{stage}"));
+        let s = cfg.stage_section_named(stage);
         let reply_stage = s
             .string_opt("REPLY_STAGE")?
             .filter(|v| !v.trim().is_empty())
             .unwrap_or_else(|| DEFAULT_REPLY_STAGE.to_owned());
-        if !cfg.has_section(&format!("stage-{reply_stage}")) {
+        if cfg.stage(&reply_stage).is_none() {
             anyhow::bail!(
                 "{}: [stage-{stage}] REPLY_STAGE = {reply_stage}: there is no [stage-{reply_stage}]",
                 cfg.file().display()

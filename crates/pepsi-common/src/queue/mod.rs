@@ -614,13 +614,13 @@ async fn conclude(
 /// see it), which must itself be a configured stage; the error says why there is none.
 /// pepsi-queue's `bounce` and the failure bouncer both return rows through it.
 pub fn bounce_stage_of(cfg: &Config, stage: &str) -> Result<String, String> {
-    let section = cfg.section(&format!("stage-{stage}"));
+    let section = cfg.stage_section_named(stage);
     let target = crate::stage::edges::bounce_stage(&section)
         .map_err(|e| e.to_string())?
         .ok_or_else(|| {
             format!("[stage-{stage}] has no BOUNCE_STAGE: nowhere to send the bounce")
         })?;
-    if !cfg.has_section(&format!("stage-{target}")) {
+    if cfg.stage(&target).is_none() {
         return Err(format!(
             "[stage-{stage}] BOUNCE_STAGE = {target}, but there is no [stage-{target}] section"
         ));

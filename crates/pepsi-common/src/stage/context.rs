@@ -311,7 +311,7 @@ impl<'a> StageContext<'a> {
 
     /// This stage's configuration section.
     pub fn section(&self) -> Section<'a> {
-        self.cfg.section(&format!("stage-{}", self.settings.name))
+        self.cfg.stage_section_named(&self.settings.name)
     }
 
     pub fn config(&self) -> &'a Config {

@@ -78,23 +78,22 @@ impl Load {
     /// from `init` into the signing stages loads the body once).
     /// It may not be less than `needs`, the stage's own Load; the error names the section.
     pub fn configured(cfg: &Config, stage: &str, needs: Load) -> Result<Option<Load>, ConfigError> {
-        cfg.section(&format!("stage-{stage}"))
-            .parse_opt("LOAD", |v| {
-                let v = v.trim().to_ascii_lowercase();
-                let load = match v.as_str() {
-                    "metadata" => Load::Metadata,
-                    "headers" => Load::Headers,
-                    "full" => Load::Full,
-                    _ => return Err("metadata, headers or full".to_owned()),
-                };
-                if load < needs {
-                    return Err(format!(
-                        "at least {}, what the stage's program needs",
-                        needs.name()
-                    ));
-                }
-                Ok(load)
-            })
+        cfg.stage_section_named(stage).parse_opt("LOAD", |v| {
+            let v = v.trim().to_ascii_lowercase();
+            let load = match v.as_str() {
+                "metadata" => Load::Metadata,
+                "headers" => Load::Headers,
+                "full" => Load::Full,
+                _ => return Err("metadata, headers or full".to_owned()),
+            };
+            if load < needs {
+                return Err(format!(
+                    "at least {}, what the stage's program needs",
+                    needs.name()
+                ));
+            }
+            Ok(load)
+        })
     }
 }
 
@@ -170,7 +169,7 @@ pub fn governing_max_runtime(
 ) -> Result<(std::time::Duration, String), ConfigError> {
     let runtime = |name: &str| -> Result<std::time::Duration, ConfigError> {
         Ok(cfg
-            .section(&format!("stage-{name}"))
+            .stage_section_named(name)
             .duration_opt("MAX_RUNTIME")?
             .unwrap_or(DEFAULT_MAX_RUNTIME))
     };
@@ -179,15 +178,14 @@ pub fn governing_max_runtime(
     let mut i = 0;
     while i < reached.len() {
         let target = reached[i].clone();
-        for name in cfg.sections().filter_map(stage_name) {
+        for name in cfg.stage_names() {
             // The default edge every stage declares (`edges::Declare::next`).
-            let next =
-                edges::next_stage(&cfg.section(&format!("stage-{name}")))?.unwrap_or_default();
+            let next = edges::next_stage(&cfg.stage_section(&name))?.unwrap_or_default();
             let lower = name.to_ascii_lowercase();
             if next.eq_ignore_ascii_case(&target) && !reached.contains(&lower) {
                 let limit = runtime(&name)?;
                 if limit < best.0 {
-                    best = (limit, name.clone());
+                    best = (limit, name.to_string());
                 }
                 reached.push(lower);
             }
@@ -254,7 +252,7 @@ pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
     for name in &names {
         StageSettings::from_config(cfg, name)?;
         // What the worker reads of the section itself (the batch's bounds).
-        let section = cfg.section(&format!("stage-{name}"));
+        let section = cfg.stage_section_named(name);
         section.number_opt::<usize>("QUEUE_LIMIT")?;
         section.duration_opt("ROUND_TIME")?;
         Load::configured(cfg, name, S::LOAD)?;
@@ -281,13 +279,13 @@ pub struct StageSettings {
 impl StageSettings {
     /// Reads `[stage-<name>]`; the section must exist and name a PROGRAM.
     pub fn from_config(cfg: &Config, name: &str) -> Result<Self, StageError> {
-        let section_name = format!("stage-{name}");
-        if !cfg.has_section(&section_name) {
+        let Some(stage) = cfg.stage(name) else {
             return Err(StageError::NoSection {
                 stage: name.to_owned(),
             });
-        }
-        let section = cfg.section(&section_name);
+        };
+        let section = cfg.stage_section(&stage);
+        // Read before the section's own value, so a bad [pepsi] value stops every stage.
         let global = cfg
             .section("pepsi")
             .bool_opt("ORIGINATE_SUCCESS_DSN")?
@@ -300,18 +298,14 @@ impl StageSettings {
                 .string_opt("BOUNCE_STAGE")?
                 .filter(|s| !s.is_empty()),
             originate_success_dsn: section.bool_opt("ORIGINATE_SUCCESS_DSN")?.unwrap_or(global),
-            mail_log: match section.bool_opt("MAIL_LOG")? {
-                Some(v) => v,
-                None => cfg.section("pepsi").bool_opt("MAIL_LOG")?.unwrap_or(true),
-            },
+            mail_log: section.or_global().bool_opt("MAIL_LOG")?.unwrap_or(true),
         })
     }
 
     /// Every stage section that names a PROGRAM, keyed by lower-case stage name. A section
     /// that cannot be read is left out here (its own program's worker reports it at start).
     pub fn all(cfg: &Config) -> HashMap<String, StageSettings> {
-        cfg.sections()
-            .filter_map(stage_name)
+        cfg.stage_names()
             .filter_map(|name| {
                 let settings = Self::from_config(cfg, &name).ok()?;
                 Some((name.to_ascii_lowercase(), settings))
@@ -322,15 +316,15 @@ impl StageSettings {
     /// The names of the stages (`[stage-<name>]` sections, name as written) whose PROGRAM
     /// is `program`: what a stage built at start compiles its per-stage settings for.
     pub fn stages_of(cfg: &Config, program: &str) -> Vec<String> {
-        cfg.sections()
-            .filter_map(stage_name)
+        cfg.stage_names()
             .filter(|name| {
-                cfg.section(&format!("stage-{name}"))
+                cfg.stage_section(name)
                     .string_opt("PROGRAM")
                     .ok()
                     .flatten()
                     .is_some_and(|p| runs_program(&p, program))
             })
+            .map(|name| name.to_string())
             .collect()
     }
 
@@ -338,13 +332,6 @@ impl StageSettings {
     pub fn runs(&self, program: &str) -> bool {
         runs_program(&self.program, program)
     }
-}
-
-fn stage_name(section: &str) -> Option<String> {
-    section
-        .get(..6)
-        .filter(|p| p.eq_ignore_ascii_case("stage-"))
-        .map(|_| section[6..].to_owned())
 }
 
 /// The program name of a PROGRAM option (a name or a path, possibly followed by words).

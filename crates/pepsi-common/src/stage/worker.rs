@@ -223,7 +223,7 @@ impl<'a> Worker<'a> {
         let mut batch_limit = 1usize;
         for name in StageSettings::stages_of(cfg, S::PROGRAM) {
             let limit = cfg
-                .section(&format!("stage-{name}"))
+                .stage_section_named(&name)
                 .parse_opt("QUEUE_LIMIT", |v| {
                     v.parse::<usize>()
                         .ok()
@@ -235,10 +235,7 @@ impl<'a> Worker<'a> {
         }
         let mut round_time = DEFAULT_ROUND_TIME;
         for name in StageSettings::stages_of(cfg, S::PROGRAM) {
-            if let Some(t) = cfg
-                .section(&format!("stage-{name}"))
-                .duration_opt("ROUND_TIME")?
-            {
+            if let Some(t) = cfg.stage_section_named(&name).duration_opt("ROUND_TIME")? {
                 round_time = round_time.min(t);
             }
         }
