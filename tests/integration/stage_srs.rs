@@ -5,7 +5,7 @@
 
 use std::os::unix::fs::PermissionsExt as _;
 
-use pepsi_common::srs::{Srs, day_number};
+use pepsi_stage_srs::srs::{Srs, day_number};
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 

@@ -4,8 +4,7 @@
 //! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the address type and its one
 //! normalisation (`address`, the bottom module: it uses no other), the local-recipient
 //! resolver (`local`), the DKIM/ARC signing keys (`keys`), the
-//! per-address override layer (`settings`), the Sender Rewriting Scheme engine (`srs`), the
-//! operator's queue
+//! per-address override layer (`settings`), the operator's queue
 //! administration (`queue`), the audit log (`audit`), administrative writes of accounts and
 //! settings (`admin`), password hashes (`password`), the mail log (`mail_log`), server TLS
 //! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
@@ -48,7 +47,6 @@ pub mod relay;
 pub mod round;
 pub mod server_tls;
 pub mod settings;
-pub mod srs;
 pub mod stage;
 pub mod state;
 pub mod status;

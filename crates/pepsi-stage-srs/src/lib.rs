@@ -6,7 +6,7 @@
 //! forward: `mail_from` and `state.srs`; reverse: `rcpt_to` (one for one, so `state.dsn.rcpt`
 //! stays in lockstep) or `state.bounce`. Terminal helpers: `advance`, `rewrite_recipients`,
 //! `reroute` to BOUNCE_STAGE; `split_off_recipients` first when a message mixes good and bad
-//! SRS recipients. The hashing itself is `pepsi_common::srs` (pure).
+//! SRS recipients. The hashing itself is the module `srs` (pure).
 
 use std::collections::BTreeMap;
 use std::process::ExitCode;
@@ -15,10 +15,13 @@ use anyhow::{Context as _, bail};
 use pepsi_common::address::{Address, normalize_domain};
 use pepsi_common::config::Config;
 use pepsi_common::local::LocalRecipients;
-use pepsi_common::srs::{self, DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_common::state::{Bounce, BounceDetail, BounceKind};
 use serde_json::Map;
+
+use crate::srs::{DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
+
+pub mod srs;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
