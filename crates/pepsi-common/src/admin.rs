@@ -294,9 +294,9 @@ pub enum ValueKind {
     Addresses,
     /// A list of addresses and `@domain`s.
     AddressesOrDomains,
-    /// An automatic reply: a JSON object (`autoreply::Vacation`).
+    /// An automatic reply: a JSON object (`settings::vacation::Vacation`).
     Vacation,
-    /// Blocked languages: a JSON object (`language::LanguageBlock`).
+    /// Blocked languages: a JSON object (`settings::block_languages::LanguageBlock`).
     LanguageBlock,
 }
 
@@ -343,14 +343,14 @@ pub const KNOWN_SETTINGS: &[KnownSetting] = &[
         what: "the login may also send as these addresses and every address of these @domains",
     },
     KnownSetting {
-        name: crate::autoreply::VACATION_SETTING,
+        name: crate::settings::vacation::VACATION_SETTING,
         key: KeyKind::Address,
         value: ValueKind::Vacation,
         read_by: "pepsi-stage-vacation",
         what: "answer mail to the address automatically: a JSON object with text and, optionally, subject, start and end (YYYY-MM-DD), days between replies to one sender (default 7) and further addresses of the owner",
     },
     KnownSetting {
-        name: crate::language::BLOCK_SETTING,
+        name: crate::settings::block_languages::BLOCK_SETTING,
         key: KeyKind::Either,
         value: ValueKind::LanguageBlock,
         read_by: "pepsi-stage-block-language",
@@ -414,8 +414,8 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
                     "setting {name} takes a JSON object such as {{\"text\": \"I am away\"}}: {e}"
                 ))
             })?;
-            let mut v =
-                crate::autoreply::Vacation::from_value(&value).map_err(AdminError::Invalid)?;
+            let mut v = crate::settings::vacation::Vacation::from_value(&value)
+                .map_err(AdminError::Invalid)?;
             let mut addresses = Vec::with_capacity(v.addresses.len());
             for (i, a) in v.addresses.iter().enumerate() {
                 addresses.push(address(a, &format!("{name} address {}", i + 1))?);
@@ -430,8 +430,8 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
                     "setting {name} takes a JSON object such as {{\"languages\": [\"ru\"]}}: {e}"
                 ))
             })?;
-            let block =
-                crate::language::LanguageBlock::from_value(&value).map_err(AdminError::Invalid)?;
+            let block = crate::settings::block_languages::LanguageBlock::from_value(&value)
+                .map_err(AdminError::Invalid)?;
             Ok(serde_json::to_value(&block).expect("a plain struct"))
         }
         ValueKind::Addresses | ValueKind::AddressesOrDomains => {

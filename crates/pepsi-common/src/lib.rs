@@ -9,9 +9,9 @@
 //! settings (`admin`), password hashes (`password`), the mail log (`mail_log`), server TLS
 //! (`server_tls`), the types of the stock `state` keys (`state`) and the system's
 //! counters and queue shape as the operator surfaces show them (`status`), and the
-//! operator tools' tables and durations (`text`), and the rules and shape of automatic
-//! replies (`autoreply`), the effective-identity switch of the setuid helpers
-//! (`privilege`), and what a stage and its co-process helper share (`coprocess`).
+//! operator tools' tables and durations (`text`), the effective-identity switch of the
+//! setuid helpers (`privilege`), and what a stage and its co-process helper share
+//! (`coprocess`).
 //!
 //! Invariant: `pepsi-common` never depends on a stage crate, and only `db`, `stage` and
 //! `queue` issue SQL against the queue; `local` and `settings` only read, through stored
@@ -24,7 +24,6 @@ pub mod address;
 pub mod admin;
 pub mod alias_file;
 pub mod audit;
-pub mod autoreply;
 pub mod cli;
 pub mod config;
 pub mod coprocess;
@@ -33,7 +32,6 @@ pub mod delivery;
 pub mod dns;
 pub mod epoch;
 pub mod keys;
-pub mod language;
 pub mod local;
 pub mod mail_log;
 pub mod maildir;

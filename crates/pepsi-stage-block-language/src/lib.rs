@@ -19,9 +19,9 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use pepsi_common::config::Config;
-use pepsi_common::language::{BLOCK_SETTING, BlockAction, LanguageBlock};
 use pepsi_common::local::LocalRecipients;
 use pepsi_common::settings;
+use pepsi_common::settings::block_languages::{BLOCK_SETTING, BlockAction, LanguageBlock};
 use pepsi_common::stage::edges::Declare;
 use pepsi_common::stage::{
     FanGroup, FanRecipients, Load, RoundMemo, Stage, StageContext, StageError, Terminal,

@@ -1,7 +1,7 @@
 //! The language block's decisions, apart from the database: what becomes of each recipient's
 //! copy of a message in a given language. Pure.
 
-use pepsi_common::language::{BlockAction, LanguageBlock};
+use pepsi_common::settings::block_languages::{BlockAction, LanguageBlock};
 
 /// What becomes of one recipient's copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,7 +33,7 @@ pub fn decide(
                 return Verdict::Pass;
             }
             match block(m) {
-                Some(b) if b.blocks(code) => match b.action {
+                Some(b) if blocks(&b, code) => match b.action {
                     BlockAction::Refuse => Verdict::Refuse,
                     BlockAction::Junk => Verdict::Junk,
                 },
@@ -41,6 +41,11 @@ pub fn decide(
             }
         })
         .collect()
+}
+
+/// True when `block` blocks mail in `code` (ISO 639-1, any letter case).
+fn blocks(block: &LanguageBlock, code: &str) -> bool {
+    block.languages.iter().any(|l| l.eq_ignore_ascii_case(code))
 }
 
 /// The recipients' indices by verdict.

@@ -9,7 +9,8 @@
 //! (default `init`), so it is routed, signed and relayed like any mail from here. Terminal
 //! helper: `advance`; the message itself always goes on.
 //!
-//! The decisions (who is never answered, the reply's fields) are `pepsi_common::autoreply`'s;
+//! The decisions (who is never answered, the reply's fields) are the module `autoreply`'s (pure;
+//! the setting's shape and check are `pepsi_common::settings::vacation`, shared with `admin`);
 //! this file is the I/O around them. A worker killed between the claim and the enqueue runs
 //! the pass again as the same row: the claim is granted again to the same row and the token
 //! `vacation:<id>:<owner>` keeps the reply single.
@@ -18,11 +19,15 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_common::autoreply::{self, Incoming, Reply, Skip, VACATION_SETTING, Vacation};
 use pepsi_common::config::Config;
 use pepsi_common::settings;
+use pepsi_common::settings::vacation::{VACATION_SETTING, Vacation};
 use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
+
+use crate::autoreply::{Incoming, Reply, Skip};
+
+pub mod autoreply;
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -144,10 +149,12 @@ impl Stage for VacationStage {
                 tracing::warn!(id, %owner, "no automatic reply: {} owners answered for this message already", replied.len());
                 continue;
             }
-            if !vacation.active_on(today) {
+            if !autoreply::active_on(&vacation, today) {
                 continue;
             }
-            if let Err(skip) = autoreply::decide(&incoming, &vacation.owner_addresses(&owner)) {
+            if let Err(skip) =
+                autoreply::decide(&incoming, &autoreply::owner_addresses(&vacation, &owner))
+            {
                 tracing::debug!(id, %owner, "no automatic reply: {}", skip.reason());
                 continue;
             }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::{StateError, null_as_default, parse, read, to_value};
-use crate::language::BlockAction;
+use crate::settings::block_languages::BlockAction;
 
 // ---------------------------------------------------------------------------------------------
 // auth

@@ -1,6 +1,8 @@
 //! The `block_languages` setting (`pepsi.settings`): which languages an address (or every
-//! address of a domain) refuses, and what becomes of such mail. Read by
-//! `pepsi-stage-block-language`, validated where it enters (`admin::setting_value`).
+//! address of a domain) refuses, and what becomes of such mail. Its shape and its check only:
+//! validated where it enters (`admin::setting_value`) and by `pepsi-stage-block-language`
+//! when it reads it, which alone decides what the setting blocks; `BlockAction` is also what
+//! `state.language_block` records.
 
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -71,11 +73,6 @@ impl LanguageBlock {
         block.languages = codes;
         Ok(block)
     }
-
-    /// True when mail in `code` (ISO 639-1) is blocked.
-    pub fn blocks(&self, code: &str) -> bool {
-        self.languages.iter().any(|l| l.eq_ignore_ascii_case(code))
-    }
 }
 
 #[cfg(test)]
@@ -114,7 +111,6 @@ mod tests {
                         (langs.iter().map(|s| s.to_string()).collect(), action),
                         "{value}"
                     );
-                    assert!(b.blocks(&langs[0].to_uppercase()));
                 }
                 (Err(e), Err(why)) => assert!(e.contains(why), "{value}: {e}"),
                 (got, want) => panic!("{value}: {got:?}, wanted {want:?}"),

@@ -1,7 +1,7 @@
 //! Automatic replies (vacation, out of office): whether a message may be answered at all,
 //! after RFC 3834's rules, and the reply itself. Pure: no I/O. The once-per-sender-per-period
-//! rule needs the database and lives with the stage that sends replies; everything that can
-//! be decided from one message is here, tested as tables.
+//! rule needs the database and lives in the stage around it; everything that can be decided
+//! from one message and the owner's `vacation` setting is here, tested as tables.
 //!
 //! A message is never answered when (`decide`, first reason wins):
 //! - its envelope sender is null, or its local part names a program rather than a person
@@ -22,10 +22,8 @@
 //! a failure to deliver it is never answered in turn.
 
 use chrono::{DateTime, NaiveDate, Utc};
-use serde::{Deserialize, Serialize};
-use serde_json::Value;
-
-use crate::message::field_values;
+use pepsi_common::message::field_values;
+use pepsi_common::settings::vacation::{MAX_SUBJECT_CHARS, Vacation};
 
 /// Local parts (any letter case) of senders that are programs.
 pub const AUTOMATED_LOCAL_PARTS: &[&str] = &[
@@ -118,7 +116,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
             return Err(Skip::Precedence(keyword));
         }
     }
-    if let Some(name) = crate::message::field_names(h)
+    if let Some(name) = pepsi_common::message::field_names(h)
         .into_iter()
         .find(|n| n.len() > 5 && n[..5].eq_ignore_ascii_case("list-"))
     {
@@ -133,7 +131,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
             return Err(Skip::Suppressed(value));
         }
     }
-    let visible = crate::message::visible_recipient_addresses(h);
+    let visible = pepsi_common::message::visible_recipient_addresses(h);
     if !visible
         .iter()
         .any(|v| addresses.iter().any(|a| a.eq_ignore_ascii_case(v)))
@@ -145,7 +143,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
 
 /// Whether an address's local part names a program (see the module's list).
 pub fn is_automated(address: &str) -> bool {
-    let local = crate::address::local_part(address);
+    let local = pepsi_common::address::local_part(address);
     let local = local.to_ascii_lowercase();
     AUTOMATED_LOCAL_PARTS.contains(&local.as_str())
         || AUTOMATED_PREFIXES.iter().any(|p| local.starts_with(p))
@@ -247,8 +245,8 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    let body = crate::mime::quoted_printable(text.as_bytes());
-    crate::message::join(h.as_bytes(), &body)
+    let body = pepsi_common::mime::quoted_printable(text.as_bytes());
+    pepsi_common::message::join(h.as_bytes(), &body)
 }
 
 /// The first `name` field of `headers` when it holds exactly one `<id>`, on one line.
@@ -295,25 +293,13 @@ fn encode_phrase(text: &str) -> String {
         .map(|w| {
             format!(
                 "=?utf-8?B?{}?=",
-                crate::encoding::base64_encode(w.as_bytes())
+                pepsi_common::encoding::base64_encode(w.as_bytes())
             )
         })
         .collect::<Vec<_>>()
         .join("\r\n ")
 }
 
-/// The settings name of an address's automatic reply (`pepsi.settings`).
-pub const VACATION_SETTING: &str = "vacation";
-/// The longest reply text, in bytes.
-pub const MAX_TEXT_BYTES: usize = 16 * 1024;
-/// The longest subject, in characters.
-pub const MAX_SUBJECT_CHARS: usize = 200;
-/// The longest period between two replies to one sender, in days.
-pub const MAX_DAYS: u32 = 365;
-/// The most further addresses one reply setting may answer for.
-pub const MAX_ADDRESSES: usize = 32;
-/// `days` when the setting gives none: a sender hears at most once a week.
-pub const DEFAULT_DAYS: u32 = 7;
 /// The most ids a reply's References carries over from the original (with its own
 /// Message-ID, one more): the thread's first and the latest.
 pub const MAX_REFERENCES: usize = 20;
@@ -321,94 +307,21 @@ pub const MAX_REFERENCES: usize = 20;
 /// set): the others are logged and skipped.
 pub const MAX_REPLIES_PER_MESSAGE: usize = 32;
 
-/// An address's `vacation` setting, as stored (a JSON object; unknown fields refused).
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Vacation {
-    /// The reply's text (UTF-8).
-    pub text: String,
-    /// The reply's subject; without it, `Auto: ` and the original's.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub subject: Option<String>,
-    /// The first day answered (UTC), when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub start: Option<NaiveDate>,
-    /// The last day answered (UTC), when set.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub end: Option<NaiveDate>,
-    /// Days before the same sender is answered again.
-    #[serde(default = "default_days")]
-    pub days: u32,
-    /// Further addresses of the owner that count as addressed in To or Cc (the address
-    /// the setting belongs to always does).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub addresses: Vec<String>,
+/// Whether `vacation` sends replies on `day` (UTC): from `start` through `end`, each when set.
+pub fn active_on(vacation: &Vacation, day: NaiveDate) -> bool {
+    vacation.start.is_none_or(|s| s <= day) && vacation.end.is_none_or(|e| day <= e)
 }
 
-fn default_days() -> u32 {
-    DEFAULT_DAYS
-}
-
-impl Vacation {
-    /// The setting in `value`, checked: the error names the field and what it must be.
-    pub fn from_value(value: &Value) -> Result<Vacation, String> {
-        let v: Vacation =
-            serde_json::from_value(value.clone()).map_err(|e| format!("vacation setting: {e}"))?;
-        if v.text.trim().is_empty() || v.text.len() > MAX_TEXT_BYTES {
-            return Err(format!(
-                "vacation setting: text must have 1 to {MAX_TEXT_BYTES} bytes, not {}",
-                v.text.len()
-            ));
+/// The addresses answered for: `owner` and the setting's own.
+pub fn owner_addresses(vacation: &Vacation, owner: &str) -> Vec<String> {
+    let mut all = vec![owner.to_ascii_lowercase()];
+    for a in &vacation.addresses {
+        let a = a.to_ascii_lowercase();
+        if !all.contains(&a) {
+            all.push(a);
         }
-        if v.text.contains('\0') {
-            return Err("vacation setting: text must not contain NUL".into());
-        }
-        if let Some(subject) = &v.subject
-            && (subject.chars().count() > MAX_SUBJECT_CHARS
-                || subject.chars().any(char::is_control))
-        {
-            return Err(format!(
-                "vacation setting: subject must be one line of at most {MAX_SUBJECT_CHARS} characters"
-            ));
-        }
-        if !(1..=MAX_DAYS).contains(&v.days) {
-            return Err(format!(
-                "vacation setting: days must be 1 to {MAX_DAYS}, not {}",
-                v.days
-            ));
-        }
-        if let (Some(start), Some(end)) = (v.start, v.end)
-            && end < start
-        {
-            return Err(format!(
-                "vacation setting: end {end} is before start {start}"
-            ));
-        }
-        if v.addresses.len() > MAX_ADDRESSES {
-            return Err(format!(
-                "vacation setting: at most {MAX_ADDRESSES} addresses, not {}",
-                v.addresses.len()
-            ));
-        }
-        Ok(v)
     }
-
-    /// Whether replies go out on `day` (UTC): from `start` through `end`, each when set.
-    pub fn active_on(&self, day: NaiveDate) -> bool {
-        self.start.is_none_or(|s| s <= day) && self.end.is_none_or(|e| day <= e)
-    }
-
-    /// The addresses answered for: `owner` and the setting's own.
-    pub fn owner_addresses(&self, owner: &str) -> Vec<String> {
-        let mut all = vec![owner.to_ascii_lowercase()];
-        for a in &self.addresses {
-            let a = a.to_ascii_lowercase();
-            if !all.contains(&a) {
-                all.push(a);
-            }
-        }
-        all
-    }
+    all
 }
 
 #[cfg(test)]
@@ -418,15 +331,11 @@ mod tests {
     const OWNER: &str = "alice@example.test";
 
     #[test]
-    fn vacation_settings_are_checked_where_they_enter() {
+    fn vacation_days_and_owner_addresses() {
         use serde_json::json;
         let day = |s: &str| s.parse::<NaiveDate>().unwrap();
         let v = Vacation::from_value(&json!({"text": "Away."})).unwrap();
-        assert_eq!(
-            (v.days, v.subject.clone(), v.start, v.end),
-            (7, None, None, None)
-        );
-        assert!(v.active_on(day("2026-12-02")));
+        assert!(active_on(&v, day("2026-12-02")));
         let v = Vacation::from_value(&json!({
             "text": "Away.", "subject": "Out", "start": "2026-12-20", "end": "2026-12-31",
             "days": 1, "addresses": ["A.Smith@Example.test"]
@@ -438,45 +347,12 @@ mod tests {
             ("2026-12-31", true),
             ("2027-01-01", false),
         ] {
-            assert_eq!(v.active_on(day(d)), active, "{d}");
+            assert_eq!(active_on(&v, day(d)), active, "{d}");
         }
         assert_eq!(
-            v.owner_addresses("Alice@example.test"),
+            owner_addresses(&v, "Alice@example.test"),
             ["alice@example.test", "a.smith@example.test"]
         );
-        // Stored as it was given, defaults filled in.
-        assert_eq!(serde_json::to_value(&v).unwrap()["days"], 1);
-        let bad = [
-            (json!({"subject": "x"}), "missing field `text`"),
-            (json!({"text": "  "}), "text must have 1 to"),
-            (
-                json!({"text": "x", "colour": "red"}),
-                "unknown field `colour`",
-            ),
-            (
-                json!({"text": "x", "subject": "a\r\nBcc: e@x"}),
-                "subject must be one line",
-            ),
-            (json!({"text": "x", "days": 0}), "days must be 1 to 365"),
-            (json!({"text": "x", "days": 400}), "days must be 1 to 365"),
-            (
-                json!({"text": "x", "start": "2026-12-31", "end": "2026-12-01"}),
-                "is before start",
-            ),
-            (
-                json!({"text": "x", "start": "tomorrow"}),
-                "vacation setting:",
-            ),
-            (
-                json!({"text": "x", "addresses": vec!["a@b.test"; 33]}),
-                "at most 32 addresses",
-            ),
-            (json!("away"), "vacation setting:"),
-        ];
-        for (value, wanted) in bad {
-            let e = Vacation::from_value(&value).unwrap_err();
-            assert!(e.contains(wanted), "{value}: {e}");
-        }
     }
 
     fn headers(extra: &str) -> Vec<u8> {
