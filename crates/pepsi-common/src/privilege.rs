@@ -200,13 +200,19 @@ unsafe fn field(p: *const libc::c_char) -> String {
 /// An `Account` from a password-database entry just returned by a lookup.
 fn read_account(pwd: &libc::passwd) -> Account {
     // SAFETY: on success pw_dir, pw_name and pw_gecos are NUL-terminated strings inside the
-    // lookup's buffer (or null), which outlives this call.
-    let home = unsafe { CStr::from_ptr(pwd.pw_dir) };
+    // lookup's buffer (or null: an NSS module may leave a field out), which outlives this
+    // call. A missing home directory reads as empty, never as a null dereference.
+    let home = if pwd.pw_dir.is_null() {
+        PathBuf::new()
+    } else {
+        let dir = unsafe { CStr::from_ptr(pwd.pw_dir) };
+        PathBuf::from(std::ffi::OsStr::from_bytes(dir.to_bytes()))
+    };
     Account {
         name: unsafe { field(pwd.pw_name) },
         uid: pwd.pw_uid,
         gid: pwd.pw_gid,
-        home: PathBuf::from(std::ffi::OsStr::from_bytes(home.to_bytes())),
+        home,
         gecos: unsafe { field(pwd.pw_gecos) },
     }
 }
@@ -415,6 +421,19 @@ pub fn own_group() -> Option<u32> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_entry_with_null_string_fields_reads_as_empty_ones() {
+        // An NSS module may return an entry without a home directory, name or GECOS field.
+        // SAFETY: passwd is plain data; all-zero is null pointers and zero ids.
+        let mut pwd: libc::passwd = unsafe { std::mem::zeroed() };
+        pwd.pw_uid = 1234;
+        pwd.pw_gid = 5678;
+        let a = read_account(&pwd);
+        assert_eq!((a.uid, a.gid), (1234, 5678));
+        assert_eq!(a.home, PathBuf::new());
+        assert!(a.name.is_empty() && a.gecos.is_empty());
+    }
 
     #[test]
     fn callers_table() {

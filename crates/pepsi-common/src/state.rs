@@ -81,6 +81,40 @@ fn to_value<T: Serialize>(v: &T) -> Value {
     serde_json::to_value(v).expect("state values serialize")
 }
 
+/// Member `member` of the object stored as `state.<key>`, parsed as `T`: `None` when the key
+/// or the member is absent or does not parse. For a key several stages share (`milter`,
+/// `crypto`), where one stage reads its own part and leaves the others' to them.
+pub fn member<T: DeserializeOwned>(
+    state: &Map<String, Value>,
+    key: &str,
+    member: &str,
+) -> Option<T> {
+    let v = state.get(key)?.as_object()?.get(member)?;
+    serde_json::from_value(v.clone()).ok()
+}
+
+/// The object stored as `state.<key>` with member `member` set to `value` (removed when
+/// `None`) and every other member kept exactly as stored, parsed or not: a stage rewrites
+/// only its own part of a key other stages also write. A key that is not an object starts
+/// afresh.
+pub fn with_member<T: Serialize>(
+    state: &Map<String, Value>,
+    key: &str,
+    member: &str,
+    value: Option<&T>,
+) -> Value {
+    let mut all = state
+        .get(key)
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    match value {
+        Some(v) => all.insert(member.to_owned(), to_value(v)),
+        None => all.remove(member),
+    };
+    Value::Object(all)
+}
+
 /// `null` reads as the default (an empty list, `false`), as an absent field does.
 fn null_as_default<'de, D, T>(d: D) -> Result<T, D::Error>
 where
@@ -692,6 +726,61 @@ mod tests {
 
     fn state(v: Value) -> Map<String, Value> {
         v.as_object().expect("an object").clone()
+    }
+
+    #[test]
+    fn a_shared_key_is_rewritten_member_by_member_keeping_the_others_as_stored() {
+        // (stored state, member, new value, the key afterwards)
+        let cases = [
+            // Another stage's member that no type of ours parses stays byte for byte.
+            (
+                json!({"crypto": {"decrypted": {"result": "from-a-newer-version", "x": 1}}}),
+                "encrypted",
+                Some(json!({"stage": "encrypt"})),
+                json!({"decrypted": {"result": "from-a-newer-version", "x": 1}, "encrypted": {"stage": "encrypt"}}),
+            ),
+            (
+                json!({"milter": {"spam": {"attempts": "three"}, "virus": {"attempts": 2, "reason": null}}}),
+                "virus",
+                None,
+                json!({"spam": {"attempts": "three"}}),
+            ),
+            (
+                json!({}),
+                "spam",
+                Some(json!({"quarantine": "q"})),
+                json!({"spam": {"quarantine": "q"}}),
+            ),
+            // A key that is not an object starts afresh.
+            (
+                json!({"milter": "junk"}),
+                "spam",
+                Some(json!(1)),
+                json!({"spam": 1}),
+            ),
+        ];
+        for (stored, member_name, value, want) in cases {
+            let key = stored
+                .as_object()
+                .and_then(|o| o.keys().next().cloned())
+                .unwrap_or_else(|| "milter".into());
+            let got = with_member(&state(stored.clone()), &key, member_name, value.as_ref());
+            assert_eq!(got, want, "{stored} {member_name}");
+        }
+        let s = state(
+            json!({"milter": {"spam": {"attempts": 2, "reason": "451"}, "virus": {"attempts": "x"}}}),
+        );
+        assert_eq!(
+            member::<Value>(&s, "milter", "spam"),
+            Some(json!({"attempts": 2, "reason": "451"}))
+        );
+        assert_eq!(
+            member::<u32>(&s, "milter", "virus"),
+            None,
+            "does not parse: absent"
+        );
+        assert_eq!(member::<Value>(&s, "milter", "none"), None);
+        assert_eq!(member::<Value>(&s, "crypto", "spam"), None);
     }
 
     /// Each value parses and writes back exactly as stored: (key, stored JSON).

@@ -171,11 +171,8 @@ fn strip_fields(cfg: &Config, s: &Section<'_>) -> anyhow::Result<Vec<String>> {
             bail!("[{SECTION}] STRIP_FIELDS: {name:?} is not a header field name");
         }
     }
-    for section in cfg.sections() {
-        if !section.starts_with("stage-") {
-            continue;
-        }
-        let stage = cfg.section(section);
+    for name in cfg.stage_names() {
+        let stage = cfg.stage_section(&name);
         let program = stage.string_opt("PROGRAM")?.unwrap_or_default();
         let runs_decrypt = std::path::Path::new(program.trim())
             .file_name()
@@ -518,6 +515,12 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(s.strip_fields, ["X-Pepsi-Decrypted", "X-Our-Decrypted"]);
+        // A stage section's name matches in any case, as the dispatcher runs it.
+        let s = load(&format!(
+            "{base}[Stage-Decrypt]\nPROGRAM = pepsi-stage-decrypt\nRESULT_HEADER = X-Upper\n"
+        ))
+        .unwrap();
+        assert_eq!(s.strip_fields, ["X-Pepsi-Decrypted", "X-Upper"]);
         let s = load(&format!("{base}[pepsi-ingress]\nSTRIP_FIELDS = X-A, x-b\n")).unwrap();
         assert_eq!(s.strip_fields, ["X-A", "x-b"]);
         let e = load(&format!("{base}[pepsi-ingress]\nSTRIP_FIELDS = X:A\n")).unwrap_err();

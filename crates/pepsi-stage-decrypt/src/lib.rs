@@ -22,7 +22,7 @@ use pepsi_common::message;
 use pepsi_common::settings;
 use pepsi_common::stage::{FanGroup, FanRecipients};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Crypto, Decryption};
+use pepsi_common::state::{self, Crypto, Decryption};
 use pepsi_crypto::{Decrypted, Scheme, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store;
@@ -309,13 +309,14 @@ fn truthy(v: &Value) -> bool {
     }
 }
 
-/// `state.crypto` with `decrypted` set (what else it holds stays; one that does not parse is
-/// started afresh).
+/// `state.crypto` with `decrypted` set and what else it holds kept exactly as stored (the other
+/// crypto stage's part included, whether it parses or not).
 fn crypto_state(state: &Map<String, Value>, decrypted: Decryption) -> Map<String, Value> {
-    let mut crypto = Crypto::from_state(state).ok().flatten().unwrap_or_default();
-    crypto.decrypted = Some(decrypted);
     let mut m = Map::new();
-    crypto.insert_into(&mut m);
+    m.insert(
+        Crypto::KEY.into(),
+        state::with_member(state, Crypto::KEY, "decrypted", Some(&decrypted)),
+    );
     m
 }
 

@@ -25,7 +25,9 @@ use pepsi_common::message;
 use pepsi_common::settings;
 use pepsi_common::stage::{FanGroup, FanRecipients};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin};
+use pepsi_common::state::{
+    self, Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin,
+};
 use pepsi_crypto::{Scheme, autocrypt, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store::{self, Identity};
@@ -527,13 +529,14 @@ fn refusal_state(
     state
 }
 
-/// `state.crypto` with `encrypted` set (what else it holds stays; one that does not parse is
-/// started afresh).
+/// `state.crypto` with `encrypted` set and what else it holds kept exactly as stored (the other
+/// crypto stage's part included, whether it parses or not).
 fn crypto_state(state: &Map<String, Value>, encrypted: Encrypted) -> Map<String, Value> {
-    let mut crypto = Crypto::from_state(state).ok().flatten().unwrap_or_default();
-    crypto.encrypted = Some(encrypted);
     let mut m = Map::new();
-    crypto.insert_into(&mut m);
+    m.insert(
+        Crypto::KEY.into(),
+        state::with_member(state, Crypto::KEY, "encrypted", Some(&encrypted)),
+    );
     m
 }
 

@@ -34,7 +34,9 @@ use pepsi_common::mail_log::Event;
 use pepsi_common::stage::{
     FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError, Terminal,
 };
-use pepsi_common::state::{Bounce, BounceKind, Dsn, Milter as MilterState, MilterEntry, Origin};
+use pepsi_common::state::{
+    self, Bounce, BounceKind, Dsn, Milter as MilterState, MilterEntry, Origin,
+};
 use serde_json::{Map, Value, json};
 
 use plan::{Decision, DownAction, Facts};
@@ -330,23 +332,24 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
     })
 }
 
-/// `state.milter` as stored; one that does not parse reads as empty, as a missing one (it
-/// only holds the milter stages' own retry count and quarantine marks).
-fn milter_of(state: &Map<String, Value>) -> MilterState {
-    MilterState::from_state(state)
-        .ok()
-        .flatten()
-        .unwrap_or_default()
+/// This stage's own entry of `state.milter` (`None` when it has none or it does not parse).
+/// The other milter stages' entries are theirs: read never, kept as stored.
+fn own_entry(state: &Map<String, Value>, stage: &str) -> Option<MilterEntry> {
+    state::member(state, MilterState::KEY, stage)
 }
 
-/// `state.milter` with this stage's entry set to `entry` (removed when `None`).
+/// `state.milter` with this stage's entry set to `entry` (removed when `None`), the other
+/// stages' entries as stored.
 fn milter_state(state: &Map<String, Value>, stage: &str, entry: Option<MilterEntry>) -> Value {
-    milter_of(state).with(stage, entry).to_value()
+    state::with_member(state, MilterState::KEY, stage, entry.as_ref())
 }
 
 /// How often this stage deferred the message before.
 fn attempts(state: &Map<String, Value>, stage: &str) -> u32 {
-    milter_of(state).attempts(stage)
+    match own_entry(state, stage) {
+        Some(MilterEntry::Waiting { attempts, .. }) => attempts,
+        _ => 0,
+    }
 }
 
 impl Stage for Milter {
@@ -371,7 +374,10 @@ impl Stage for Milter {
         let name = ctx.settings().name.clone();
         // A held message is only ever made pending again by an operator (`pepsi-queue
         // release`): on without asking the filter again.
-        let released = milter_of(ctx.state()).is_held(&name);
+        let released = matches!(
+            own_entry(ctx.state(), &name),
+            Some(MilterEntry::Held { .. })
+        );
         if released {
             tracing::info!(id = ctx.id(), "released from quarantine");
             let mut state = Map::new();
@@ -565,7 +571,11 @@ fn pass(
         ctx.set_mail_from(from.clone());
     }
     let mut state = Map::new();
-    let had_entry = milter_of(ctx.state()).0.contains_key(stage);
+    let had_entry = ctx
+        .state()
+        .get(MilterState::KEY)
+        .and_then(Value::as_object)
+        .is_some_and(|all| all.contains_key(stage));
     let entry = d.hold.as_ref().map(|r| MilterEntry::Held {
         quarantine: r.clone(),
     });
@@ -632,6 +642,36 @@ pub fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stage_reads_and_rewrites_only_its_own_entry_of_state_milter() {
+        let state = serde_json::json!({"milter": {
+            "spam": {"attempts": 3, "reason": "451 4.7.1 later"},
+            "virus": {"quarantine": "infected"},
+            "other": {"attempts": "not a number"},
+        }});
+        let state = state.as_object().unwrap().clone();
+        assert_eq!(attempts(&state, "spam"), 3);
+        assert_eq!(attempts(&state, "virus"), 0);
+        assert_eq!(
+            attempts(&state, "other"),
+            0,
+            "an entry that does not parse counts none"
+        );
+        assert!(matches!(
+            own_entry(&state, "virus"),
+            Some(MilterEntry::Held { .. })
+        ));
+        let after = milter_state(&state, "spam", None);
+        assert_eq!(
+            after,
+            serde_json::json!({
+                "virus": {"quarantine": "infected"},
+                "other": {"attempts": "not a number"},
+            }),
+            "the other stages' entries stay as stored, parsed or not"
+        );
+    }
 
     #[test]
     fn filter_addresses_as_a_table() {

@@ -134,9 +134,12 @@ pub fn next_stage(section: &Section<'_>) -> Result<Option<String>, ConfigError> 
         .filter(|v| !v.is_empty()))
 }
 
-/// The BOUNCE_STAGE of a section, as written.
+/// The BOUNCE_STAGE of a section, trimmed; `None` when unset or empty.
 pub fn bounce_stage(section: &Section<'_>) -> Result<Option<String>, ConfigError> {
-    section.string_opt(BOUNCE_STAGE)
+    Ok(section
+        .string_opt(BOUNCE_STAGE)?
+        .map(|v| v.trim().to_owned())
+        .filter(|v| !v.is_empty()))
 }
 
 /// One program's declaration, as the table the root package builds holds it.
@@ -250,5 +253,23 @@ mod tests {
                 "init LEFT:Branch:a:Some(\"left\") BOUNCE_STAGE:Bounce:b:None []",
             ]
         );
+    }
+
+    #[test]
+    fn the_worker_sends_where_the_graph_draws() {
+        // A stage's own settings read NEXT_STAGE and BOUNCE_STAGE through the graph's readers:
+        // a quoted value with spaces is the stage the graph shows, an empty one is none.
+        let cfg = Config::from_str_named(
+            "[stage-a]\nPROGRAM = other\nNEXT_STAGE = \" b \"\nBOUNCE_STAGE = \"\"\n\
+             [stage-b]\nPROGRAM = other\n",
+            "t.conf",
+        )
+        .unwrap();
+        let s = crate::stage::StageSettings::from_config(&cfg, "a").unwrap();
+        assert_eq!(s.next_stage.as_deref(), Some("b"));
+        assert_eq!(s.bounce_stage, None);
+        let graph = declared(&cfg, &[]);
+        assert_eq!(graph[0].edges.len(), 1);
+        assert_eq!(graph[0].edges[0].target, "b");
     }
 }

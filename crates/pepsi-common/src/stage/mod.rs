@@ -293,10 +293,9 @@ impl StageSettings {
         Ok(Self {
             name: name.to_owned(),
             program: section.string("PROGRAM")?,
-            next_stage: section.string_opt("NEXT_STAGE")?.filter(|s| !s.is_empty()),
-            bounce_stage: section
-                .string_opt("BOUNCE_STAGE")?
-                .filter(|s| !s.is_empty()),
+            // The same readers the stage graph uses (pepsi-httpd, the MAX_RUNTIME walk).
+            next_stage: edges::next_stage(&section)?,
+            bounce_stage: edges::bounce_stage(&section)?,
             originate_success_dsn: section.bool_opt("ORIGINATE_SUCCESS_DSN")?.unwrap_or(global),
             mail_log: section.or_global().bool_opt("MAIL_LOG")?.unwrap_or(true),
         })
