@@ -129,8 +129,8 @@ pub fn check_override(
         )));
     }
     if *scope != Scope::Global {
-        let lower = section.to_ascii_lowercase();
-        if !(lower.starts_with("stage-") || lower == "pepsi") {
+        let is_stage = super::StageName::of_section(section).is_some();
+        if !(is_stage || section.eq_ignore_ascii_case("pepsi")) {
             return Err(Refusal::Unscoped(format!(
                 "[{section}] is read once for the whole deployment: only stage sections (and \
                  [pepsi]) take domain: or address: overrides"

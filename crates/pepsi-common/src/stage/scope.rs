@@ -44,9 +44,8 @@ impl ScopedOverrides {
         for row in &self.rows {
             let section = row.section.trim().to_ascii_lowercase();
             let touches = section == "pepsi"
-                || section
-                    .strip_prefix("stage-")
-                    .is_some_and(|n| stages.iter().any(|s| s.eq_ignore_ascii_case(n)));
+                || crate::config::StageName::of_section(&section)
+                    .is_some_and(|n| stages.iter().any(|s| s.eq_ignore_ascii_case(n.as_str())));
             let Some(scope) = parse_scope(&row.scope) else {
                 continue;
             };
