@@ -1,7 +1,8 @@
 //! Shared infrastructure of Pepsi: configuration (`config`), the common command line
 //! (`cli`), database access (`db`), the stage contract (`stage`), the shared end of the
 //! delivery stages (`delivery`), what the relaying ones share on top of the SMTP/LMTP client
-//! of `pepsi_smtp` (`relay`) and the MIME downgrade (`mime`), the address type and its one
+//! of `pepsi_smtp` (`relay`), the connections they keep between messages (`keep`) and
+//! the MIME downgrade (`mime`), the address type and its one
 //! normalisation (`address`, the bottom module: it uses no other), the local-recipient
 //! resolver (`local`), the DKIM/ARC signing keys (`keys`), the
 //! per-address override layer (`settings`), the operator's queue
@@ -31,6 +32,7 @@ pub mod db;
 pub mod delivery;
 pub mod dns;
 pub mod epoch;
+pub mod keep;
 pub mod keys;
 pub mod local;
 pub mod mail_log;

@@ -13,9 +13,8 @@
 //! This module never touches the queue; what becomes of the message is
 //! `delivery::conclude`'s business.
 
+use std::fmt;
 use std::time::{Duration, Instant};
-
-use tokio::sync::Mutex;
 
 use pepsi_smtp::{
     ClientError, Connection, Envelope, OpenOptions, Protocol, RcptOutcome, Target, Timeouts,
@@ -23,6 +22,7 @@ use pepsi_smtp::{
 
 use crate::config::{Config, ConfigError, Section};
 use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
+use crate::keep::{Keeper, Rules};
 use crate::mime::{self, Prepared};
 use crate::stage::{Load, Stage, StageContext, StageError, Terminal};
 
@@ -99,37 +99,34 @@ pub fn hello_name(cfg: &Config, s: &Section<'_>, option: &str) -> Result<String,
     cfg.name_option(s, option)
 }
 
-/// A connection kept for the next message, and the peer it was opened for.
-struct Kept {
-    peer: Peer,
-    conn: Connection,
+/// A kept connection is named by its target in the logs.
+impl fmt::Display for Peer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.target.fmt(f)
+    }
 }
 
-/// A worker's relay: at most one kept connection, reused while it is for the same peer,
-/// younger than `CONNECTION_IDLE` and answers RSET.
-#[derive(Default)]
+/// A worker's relay: at most one kept connection ([`Rules::ONE_PEER`]), reused while it is
+/// for the same peer, younger than `CONNECTION_IDLE` and answers RSET.
 pub struct Relay {
-    kept: Mutex<Option<Kept>>,
+    kept: Keeper<Peer>,
+}
+
+impl Default for Relay {
+    fn default() -> Self {
+        Relay {
+            kept: Keeper::new(Rules::ONE_PEER),
+        }
+    }
 }
 
 impl Relay {
     /// A usable connection to `peer`: the kept one if it still serves, else a new one.
-    async fn connection(&self, kept: Option<Kept>, peer: &Peer) -> Result<Connection, ClientError> {
-        if let Some(k) = kept {
-            if k.peer == *peer && k.conn.is_usable() && k.conn.idle() < peer.connection_idle {
-                let mut conn = k.conn;
-                match conn.rset().await {
-                    Ok(()) => return Ok(conn),
-                    Err(e) => tracing::debug!(
-                        target = %peer.target,
-                        "kept connection no longer usable ({e}); reconnecting"
-                    ),
-                }
-            } else {
-                k.conn.quit().await;
-            }
+    async fn connection(&self, peer: &Peer) -> Result<Connection, ClientError> {
+        match self.kept.take(peer).await {
+            Some(conn) => Ok(conn),
+            None => peer.open().await,
         }
-        peer.open().await
     }
 
     /// The whole pass of a relay stage over the message of `ctx`: one attempt to `peer`
@@ -169,12 +166,11 @@ impl Relay {
             f.remote_mta = Some(peer.name());
             vec![RcptResult::Transient(f); n]
         };
-        let mut slot = self.kept.lock().await;
         let opened = match deadline {
-            None => self.connection(slot.take(), peer).await,
+            None => self.connection(peer).await,
             Some((at, limit)) => {
                 let left = at.saturating_duration_since(Instant::now());
-                match tokio::time::timeout(left, self.connection(slot.take(), peer)).await {
+                match tokio::time::timeout(left, self.connection(peer)).await {
                     Ok(opened) => opened,
                     Err(_) => return over(limit),
                 }
@@ -200,7 +196,7 @@ impl Relay {
             Prepared::Refuse(failure) => {
                 tracing::info!(%remote, "not sent: {}", failure.summary());
                 conn.set_deadline(None);
-                self.keep(&mut slot, peer, conn).await;
+                self.keep(peer, conn).await;
                 return vec![RcptResult::Permanent(failure); n];
             }
         };
@@ -218,7 +214,7 @@ impl Relay {
                 }
             }
         }
-        self.keep(&mut slot, peer, conn).await;
+        self.keep(peer, conn).await;
         outcomes
             .iter()
             .map(|o| RcptResult::from_outcome(o, &remote))
@@ -226,15 +222,10 @@ impl Relay {
     }
 
     /// Keeps `conn` for the next message, or closes it when it is broken or reuse is off.
-    async fn keep(&self, slot: &mut Option<Kept>, peer: &Peer, conn: Connection) {
-        if conn.is_usable() && !peer.connection_idle.is_zero() {
-            *slot = Some(Kept {
-                peer: peer.clone(),
-                conn,
-            });
-        } else {
-            conn.quit().await;
-        }
+    async fn keep(&self, peer: &Peer, conn: Connection) {
+        self.kept
+            .put(peer.clone(), conn, peer.connection_idle)
+            .await;
     }
 }
 

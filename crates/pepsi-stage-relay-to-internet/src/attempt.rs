@@ -10,18 +10,19 @@
 //! - when every address is used up, the attempt is transient and its diagnostic names
 //!   each host and what went wrong there.
 
+use std::fmt;
 use std::net::IpAddr;
 
 use pepsi_common::delivery::{Failure, RcptResult};
+use pepsi_common::keep::Keeper;
 use pepsi_common::mime::{Prepared, prepare_for_peer};
 use pepsi_smtp::{
     ClientError, Connection, Envelope, OpenOptions, Phase, Protocol, RcptOutcome, Target,
-    TlsOptions,
+    TlsOptions, TlsPolicy,
 };
 use sqlx::PgPool;
 
 use crate::cache::{self, Candidate, Health};
-use crate::keep::{Keeper, Key};
 use crate::route::{self, Hop, NoRoute};
 use crate::settings::Settings;
 use pepsi_common::dns::{Dns, Lookup};
@@ -114,12 +115,27 @@ fn verdict(host: &str, address: IpAddr, remote: &str, outcome: &RcptOutcome) -> 
     }
 }
 
+/// What a kept session was opened for: reused only for exactly the same
+/// (`pepsi_common::keep`, under its `MX_HOSTS` rules).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Key {
+    pub host: String,
+    pub address: IpAddr,
+    pub tls: TlsPolicy,
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} [{}]", self.host, self.address)
+    }
+}
+
 /// The attempt's parts: settings, resolver, the cache's database and the kept sessions.
 pub struct Attempt<'a> {
     pub settings: &'a Settings,
     pub dns: &'a Dns,
     pub pool: &'a PgPool,
-    pub keeper: &'a Keeper,
+    pub keeper: &'a Keeper<Key>,
 }
 
 impl Attempt<'_> {
@@ -365,12 +381,16 @@ impl Attempt<'_> {
                 &downgraded
             }
             Prepared::Refuse(failure) => {
-                self.keeper.put(key, conn).await;
+                self.keeper
+                    .put(key, conn, self.settings.connection_idle)
+                    .await;
                 return Verdict::Answer(RcptResult::Permanent(failure));
             }
         };
         let outcomes = conn.send(env, payload).await;
-        self.keeper.put(key, conn).await;
+        self.keeper
+            .put(key, conn, self.settings.connection_idle)
+            .await;
         let outcome =
             outcomes
                 .into_iter()

@@ -13,13 +13,12 @@
 //! resolved MX-host addresses with their connect health, and nothing else.
 //!
 //! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
-//! `cache` (the address cache's stored functions), `keep` (sessions kept between messages),
-//! `attempt` (the walk over hosts and addresses, and what ends it). The DNS lookups are
-//! `pepsi_common::dns`'s.
+//! `cache` (the address cache's stored functions), `attempt` (the walk over hosts and
+//! addresses, and what ends it). The DNS lookups are `pepsi_common::dns`'s; the sessions kept
+//! between messages are `pepsi_common::keep`'s, under its `MX_HOSTS` rules.
 
 pub mod attempt;
 pub mod cache;
-pub mod keep;
 pub mod route;
 pub mod settings;
 
@@ -32,10 +31,10 @@ use pepsi_common::config::Config;
 use pepsi_common::delivery::{self, Failure, RcptResult};
 use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
-use crate::attempt::Attempt;
-use crate::keep::Keeper;
+use crate::attempt::{Attempt, Key};
 use crate::settings::Settings;
 use pepsi_common::dns::Dns;
+use pepsi_common::keep::{Keeper, Rules};
 
 pub mod constants {
     use pepsi_common::config::ConfigSource;
@@ -52,7 +51,7 @@ pub mod constants {
 pub struct Built {
     pub settings: Settings,
     pub dns: Dns,
-    pub keeper: Keeper,
+    pub keeper: Keeper<Key>,
 }
 
 /// The stage: whether this worker swept the address cache (each section's `Built` is its
@@ -78,7 +77,7 @@ impl Stage for RelayToInternet {
             .map_err(anyhow::Error::msg)?;
         let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
-        let keeper = Keeper::new(settings.connection_idle);
+        let keeper = Keeper::new(Rules::MX_HOSTS);
         Ok(Built {
             settings,
             dns,
