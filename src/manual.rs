@@ -16,34 +16,7 @@ use std::path::{Path, PathBuf};
 
 use pepsi_common::cli::Command;
 
-/// Where a page's text comes from.
-pub enum Source {
-    /// The program's clap definition.
-    Clap(fn() -> Command),
-    /// A program that parses its own arguments: its one-line summary and its `--help` text
-    /// (sections under headings written in capitals).
-    Help {
-        about: &'static str,
-        help: fn() -> String,
-    },
-}
-
-/// One program's page.
-pub struct Page {
-    /// The program, as its `[[bin]]` and executable are named.
-    pub name: &'static str,
-    /// The manual section: 8 for the daemons, stages, helpers and administrative tools, 1
-    /// for what any user runs.
-    pub section: u8,
-    pub source: Source,
-}
-
-impl Page {
-    /// The file name the page is installed under (`pepsi-ingress.8`).
-    pub fn file_name(&self) -> String {
-        format!("{}.{}", self.name, self.section)
-    }
-}
+pub use crate::programs::page::{Page, Source};
 
 const fn clap(name: &'static str, section: u8, command: fn() -> Command) -> Page {
     Page {
@@ -62,14 +35,6 @@ fn pepsi_usage() -> String {
          an unknown one, or one installed as its own executable.\n",
         crate::programs::usage()
     )
-}
-
-pub(crate) fn sendmail_help() -> String {
-    // The first line repeats the name section; the rest is the text `--help` prints.
-    let help = pepsi_sendmail::options::HELP;
-    help.split_once("\n\n")
-        .map_or(help, |(_, rest)| rest)
-        .to_owned()
 }
 
 /// Every program's page: the unified binary's, every row of the table of programs

@@ -29,8 +29,10 @@ use pepsi_common::stage::check_config;
 use pepsi_common::stage::edges::StageEdges;
 
 use crate::checks;
-use crate::manual::{
-    self, Page,
+pub mod page;
+
+use page::{
+    Page,
     Source::{Clap, Help},
 };
 
@@ -48,7 +50,7 @@ pub struct Program {
 /// [`STANDALONE`], the fusion registry ([`install_fusion`]), [`CONFIG_CHECKS`],
 /// [`STAGE_EDGES`] and the manual's pages ([`manual_pages`]).
 ///
-/// A row: `"name" module { entry: <fn() -> ExitCode>, man: <section> <manual::Source>,
+/// A row: `"name" module { entry: <fn() -> ExitCode>, man: <section> <page::Source>,
 /// [check: <configuration check>,] [stage: <Stage type>,] }`. A stage row's configuration
 /// check is `stage::check_config::<Type>` and its edges `Type::edges`; a folded stage row
 /// is also registered for fusion. Each generated item names only the rows it needs, so an
@@ -336,7 +338,7 @@ programs! {
             entry: ::pepsi_sendmail::run,
             man: 1 Help {
                 about: "the sendmail(1) interface of the Pepsi mail server",
-                help: manual::sendmail_help,
+                help: page::sendmail_help,
             },
             check: checks::sendmail,
         }
