@@ -25,6 +25,7 @@ pub mod relay;
 pub mod sender;
 pub mod server;
 pub mod session;
+pub mod shared;
 pub mod stats;
 pub mod tls;
 pub mod verify;

@@ -11,69 +11,21 @@ use std::sync::Arc;
 
 use anyhow::Context as _;
 use pepsi_common::config::Config;
-use sqlx::PgPool;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::config::{ListenerConfig, Role, Settings};
+use crate::config::{Role, Settings};
 use crate::limits::ClientLimiter;
 use crate::session::conn::{Conn, Stream};
 use crate::session::{Session, TlsInfo};
+use crate::shared::{Listener, Shared};
 use crate::tls::TlsHandle;
 use crate::verify::Verifier;
-use crate::wake::{self, Waker};
+use crate::wake;
 use pepsi_smtp::Reply;
-
-/// What every session shares.
-pub struct Shared {
-    /// The settings now in force: replaced when `config_changed` announces new overrides;
-    /// a session keeps the ones it started with ([`Shared::settings`]).
-    live: std::sync::RwLock<Arc<Settings>>,
-    pub pool: PgPool,
-    /// Stores accepted messages, grouping concurrent ones (`admission`).
-    pub admitter: crate::admission::Admitter,
-    pub waker: Waker,
-    pub verifier: Option<Verifier>,
-    pub limiter: Arc<ClientLimiter>,
-    pub memory: Arc<crate::limits::MemoryBudget>,
-    pub domains: crate::limits::DomainCache,
-    /// Recipients found to exist (RECIPIENT_CACHE_TTL).
-    pub recipients: crate::limits::RecipientCache,
-    /// Mailboxes found full or not (QUOTA_CACHE_TTL).
-    pub quota_full: crate::limits::DomainCache,
-    /// What is counted for `pepsi.ingress_stats`.
-    pub stats: crate::stats::Stats,
-    /// The aliases stages' alias files, for CHECK_RECIPIENTS.
-    pub alias_files: pepsi_common::alias_file::AliasFile,
-    /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
-    pub auth_client_failures: crate::limits::FailureCounter,
-    pub auth_account_failures: crate::limits::FailureCounter,
-    /// Password checks running at once (AUTH_CONCURRENCY).
-    pub auth_checks: Arc<Semaphore>,
-    pub connections: Arc<Semaphore>,
-    pub shutdown: watch::Receiver<bool>,
-}
-
-impl Shared {
-    /// The settings in force now.
-    pub fn settings(&self) -> Arc<Settings> {
-        match self.live.read() {
-            Ok(s) => s.clone(),
-            Err(poisoned) => poisoned.into_inner().clone(),
-        }
-    }
-
-    fn replace_settings(&self, new: Settings) {
-        let new = Arc::new(new);
-        match self.live.write() {
-            Ok(mut s) => *s = new,
-            Err(poisoned) => *poisoned.into_inner() = new,
-        }
-    }
-}
 
 /// The options sized once at start (semaphores, budgets, caches, the resolver, the wake-up
 /// task, the listeners): a changed override of one of these takes effect at the next start.
@@ -205,12 +157,6 @@ async fn flush_stats(shared: Arc<Shared>) {
             tracing::warn!("cannot write pepsi.ingress_stats, keeping the counts: {e}");
         }
     }
-}
-
-/// A listener's configuration and its certificate, if any.
-pub struct Listener {
-    pub config: ListenerConfig,
-    pub tls: Option<Arc<TlsHandle>>,
 }
 
 /// Runs the ingress until SIGTERM or SIGINT.

@@ -181,8 +181,23 @@ pub(crate) async fn commit(
     Ok(())
 }
 
+impl StageContext<'_> {
+    /// Writes the carried changes and the current stage, leaving the row running: from here
+    /// on the row is where the unfused pipeline would have it at this hop. (Here, not in
+    /// `context`, so the context knows nothing of the SQL that commits it.)
+    pub(crate) async fn flush(&mut self) -> Result<(), StageError> {
+        if !self.needs_flush() {
+            return Ok(());
+        }
+        let carried = std::mem::take(&mut self.carried);
+        flush(self.pool, &self.row, &carried).await?;
+        self.stored_stage = self.row.stage.clone();
+        Ok(())
+    }
+}
+
 /// Writes a fused chain's `carried` changes and the row's current stage, keeping it running.
-pub(crate) async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result<(), StageError> {
+async fn flush(pool: &PgPool, row: &Row, carried: &Changes) -> Result<(), StageError> {
     let affected = update(pool, row, carried, "running", Some(&row.stage), None, None).await?;
     if affected != 1 {
         return Err(StageError::NotRunning {

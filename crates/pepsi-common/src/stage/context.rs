@@ -717,18 +717,6 @@ impl<'a> StageContext<'a> {
         !self.carried.is_empty() || !self.row.stage.eq_ignore_ascii_case(&self.stored_stage)
     }
 
-    /// Writes the carried changes and the current stage, leaving the row running: from here
-    /// on the row is where the unfused pipeline would have it at this hop.
-    pub(crate) async fn flush(&mut self) -> Result<(), StageError> {
-        if !self.needs_flush() {
-            return Ok(());
-        }
-        let carried = std::mem::take(&mut self.carried);
-        super::commit::flush(self.pool, &self.row, &carried).await?;
-        self.stored_stage = self.row.stage.clone();
-        Ok(())
-    }
-
     pub(crate) fn check_indices(&self, indices: &[usize]) -> Result<(), StageError> {
         let count = self.row.rcpt_to.len();
         match indices.iter().find(|&&i| i >= count) {

@@ -20,7 +20,7 @@ use mail_auth::IprevOutput;
 use tokio::sync::watch;
 
 use crate::config::Settings;
-use crate::server::{Listener, Shared};
+use crate::shared::{Listener, Shared};
 use conn::{Conn, End, Line};
 use pepsi_smtp::data::DataDecoder;
 use pepsi_smtp::params::{MailParams, RcptParams};
