@@ -1177,20 +1177,27 @@ async fn rows_handed_to_a_full_stage_wait_their_turn_as_pending_and_none_is_lost
     assert!(stop(d).success(), "{}", h.log("dispatch.log"));
     assert_each_stage_once(&h, 60).await;
     let log = h.log("dispatch.log");
-    let overflowed = log
-        .lines()
-        .filter(|l| l.contains("handed forward to a stage without room"))
-        .count();
+    let overflowed_at = |stage: &str| {
+        // The field is the stage's text as given, written `stage=b` or `stage="b"`.
+        let tags = [format!("stage={stage} "), format!("stage=\"{stage}\"")];
+        log.lines()
+            .filter(|l| l.contains("handed forward to a stage without room"))
+            .filter(|l| tags.iter().any(|t| l.contains(t.as_str())))
+            .count()
+    };
     assert!(
-        overflowed > 0,
+        overflowed_at("b") > 0,
         "b (2 ids at most) cannot hold 60 rows at once"
     );
-    assert_eq!(
-        claimed_at(&h, "dispatch.log", "b"),
-        overflowed,
-        "every row that went back to pending at b was claimed once"
-    );
-    assert_eq!(claimed_at(&h, "dispatch.log", "c"), 0);
+    // c has room for 16 and is fed by b alone, but a loaded machine can starve its two
+    // workers long enough to fill them: whatever overflowed there is claimed once too.
+    for stage in ["b", "c"] {
+        assert_eq!(
+            claimed_at(&h, "dispatch.log", stage),
+            overflowed_at(stage),
+            "every row that went back to pending at {stage} was claimed once"
+        );
+    }
 }
 
 /// A worker that dies after its commit handed its one row forward, before the status line
