@@ -9,10 +9,6 @@
 # (`pepsi --list`, `pepsi --list-standalone`), and tests/integration/unibin.rs checks the
 # `[[bin]]` targets of Cargo.toml against it.
 
-# Second names of a standalone program (name:program): a multi-call executable of its own,
-# which is a command under the first name (pepsi-detect-language(1)) and a stage under its own.
-COMMAND_LINKS = pepsi-detect-language:pepsi-stage-detect-language
-
 # `make unibin [PROFILE=release|dev]` builds with --no-default-features --features unibin
 # and lays out $(UNIBIN_DIR): `pepsi`, one symlink to it per folded program, and the
 # standalone executables, the shape of an installed system's directory of programs (the
@@ -51,7 +47,8 @@ unibin:
 	done
 	@folded=$$($(UNIBIN_DIR)/pepsi --list) || exit 1; \
 	for b in $$folded; do ln -s pepsi $(UNIBIN_DIR)/$$b || exit 1; done
-	@for l in $(COMMAND_LINKS); do ln -s $${l#*:} $(UNIBIN_DIR)/$${l%%:*} || exit 1; done
+	@links=$$($(UNIBIN_DIR)/pepsi --list-links) || exit 1; \
+	for l in $$links; do ln -s $${l#*:} $(UNIBIN_DIR)/$${l%%:*} || exit 1; done
 	@echo "unified layout: $(UNIBIN_DIR)"
 
 # The manual page of every program, rendered from its clap command line, and the
@@ -76,7 +73,7 @@ install: unibin man
 	PREFIX='$(PREFIX)' DESTDIR='$(DESTDIR)' UNIBIN_DIR='$(UNIBIN_DIR)' MAN_DIR='$(MAN_DIR)' \
 	  SYSCONFDIR='$(SYSCONFDIR)' \
 	  FOLDED="$$($(UNIBIN_DIR)/pepsi --list)" STANDALONE="$$($(UNIBIN_DIR)/pepsi --list-standalone)" \
-	  COMMAND_LINKS='$(COMMAND_LINKS)' \
+	  COMMAND_LINKS="$$($(UNIBIN_DIR)/pepsi --list-links)" \
 	  INSTALL_SENDMAIL='$(INSTALL_SENDMAIL)' SENDMAIL_PATH='$(SENDMAIL_PATH)' \
 	  INSTALL_CONFIG='$(INSTALL_CONFIG)' packaging/install.sh
 

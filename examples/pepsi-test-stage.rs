@@ -21,8 +21,8 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::config::{Config, ConfigSource};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::{Config, ConfigSource};
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
 const SOURCE: ConfigSource = ConfigSource {
@@ -210,9 +210,9 @@ impl Stage for OtherStage {
 fn main() -> ExitCode {
     // This program is its own multi-call executable: with [pepsi] ALLOW_FUSION on, a pass
     // advancing to another stage of it runs that stage in the same process.
-    pepsi_common::stage::fusion::install(vec![
-        pepsi_common::stage::fusion::register::<TestStage>(),
-        pepsi_common::stage::fusion::register::<OtherStage>(),
+    pepsi_contract::stage::fusion::install(vec![
+        pepsi_contract::stage::fusion::register::<TestStage>(),
+        pepsi_contract::stage::fusion::register::<OtherStage>(),
     ]);
     let called = std::env::args_os().next().unwrap_or_default();
     if std::path::Path::new(&called)
@@ -224,11 +224,11 @@ fn main() -> ExitCode {
             component: "test-stage-other",
             exec: "pepsi-test-stage-other",
         };
-        return pepsi_common::stage::main::<OtherStage>(
+        return pepsi_contract::stage::main::<OtherStage>(
             &OTHER,
             "test stage for the dispatcher's tests (second program)",
             "",
         );
     }
-    pepsi_common::stage::main::<TestStage>(&SOURCE, "test stage for the dispatcher's tests", "")
+    pepsi_contract::stage::main::<TestStage>(&SOURCE, "test stage for the dispatcher's tests", "")
 }

@@ -1,6 +1,6 @@
 //! Every program's configuration parser: what pepsi-config (and pepsi-httpd's
 //! configuration API) run over a candidate configuration before storing an override
-//! (`pepsi_common::config::check_override`). The table is built from the rows of
+//! (`pepsi_conf::config::check_override`). The table is built from the rows of
 //! `crate::programs`; the parsers of the programs that are not stages are here. It lives in
 //! the root package because only it links every program.
 //!
@@ -8,7 +8,7 @@
 //! this table; one that reads options only later (per message) is not, and its options are
 //! stored with `--force`.
 
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 
 pub(crate) fn ingress(cfg: &Config) -> anyhow::Result<()> {
     pepsi_ingress::config::Settings::from_config(cfg).map(drop)

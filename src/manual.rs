@@ -14,7 +14,7 @@
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
-use pepsi_common::cli::Command;
+use pepsi_conf::cli::Command;
 
 pub use crate::programs::page::{Page, Source};
 

@@ -7,9 +7,9 @@
 //! Every program is one row of the table below (`programs!`): its name, whether it is
 //! folded into the unified binary or standalone, its entry point, its manual page, its
 //! configuration check and, for a stage program, its `Stage` type. The folded and standalone
-//! lists, the fusion registry, the configuration checks, the stages' edges and the manual's
-//! list all come from it; the Makefile reads the two lists from the built `pepsi`
-//! (`--list`, `--list-standalone`), and `tests/integration/unibin.rs` keeps the `[[bin]]`
+//! lists, the second names of standalone programs, the fusion registry, the configuration
+//! checks, the stages' edges and the manual's list all come from it; the Makefile reads the
+//! lists from the built `pepsi` (`--list`, `--list-standalone`, `--list-links`), and `tests/integration/unibin.rs` keeps the `[[bin]]`
 //! targets of Cargo.toml and `src/bin/` in agreement with it.
 //!
 //! A program is folded only if it may share the executable with every other one: nothing
@@ -19,14 +19,14 @@
 //!
 //! Never write to stdout here: the name may be a stage worker's, whose stdout belongs to
 //! the status protocol. Usage and refusals go to stderr, except `pepsi --help` / `--list` /
-//! `--list-standalone`.
+//! `--list-standalone` / `--list-links`.
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 
-use pepsi_common::config::ProgramCheck;
-use pepsi_common::stage::check_config;
-use pepsi_common::stage::edges::StageEdges;
+use pepsi_conf::config::ProgramCheck;
+use pepsi_contract::stage::check_config;
+use pepsi_contract::stage::edges::StageEdges;
 
 use crate::checks;
 pub mod page;
@@ -70,6 +70,7 @@ macro_rules! programs {
             $($s_name:literal $s_module:ident {
                 entry: $s_entry:expr,
                 man: $s_section:literal $s_man:expr,
+                $(also: $s_also:literal,)?
                 $(check: $s_check:expr,)?
                 $(stage: $s_stage:ty,)?
             })*
@@ -107,20 +108,26 @@ macro_rules! programs {
         /// to diagnose.
         pub const STANDALONE: &[&str] = &[$($s_name),*];
 
+        /// Second names of standalone programs, `(name, program)`: a multi-call executable
+        /// of its own, a command under the second name (pepsi-detect-language(1)) and its
+        /// program under the first. `pepsi --list-links` prints them as `name:program`;
+        /// `make unibin` and `make install` link them.
+        pub const COMMAND_LINKS: &[(&str, &str)] = &[$($(($s_also, $s_name),)?)*];
+
         /// Installs the process-global stage registry that fusion (spec §22.5) looks
         /// successors up in: every folded stage. Only the unified binary calls this, first
         /// thing, before it dispatches: a stage is fused into its predecessor's pass only
         /// when both are folded into the same executable, so a per-program development
         /// build, which never calls it, runs without fusion.
         pub fn install_fusion() {
-            use pepsi_common::stage::fusion::{install, register};
+            use pepsi_contract::stage::fusion::{install, register};
             install(vec![$($(register::<$f_stage>(),)?)*]);
         }
 
         /// Every program's configuration parser (a stage program's covers every section
         /// that runs it): what pepsi-config and pepsi-httpd's configuration API run over a
         /// candidate configuration before storing an override
-        /// (`pepsi_common::config::check_override`).
+        /// (`pepsi_conf::config::check_override`).
         pub const CONFIG_CHECKS: &[ProgramCheck] = &[
             $(
                 $(ProgramCheck { program: $f_name, check: $f_check },)?
@@ -142,8 +149,8 @@ macro_rules! programs {
         /// The stage type of each stage program, by name: the table tests check each
         /// against its row (`Stage::PROGRAM` is the row's name).
         pub const STAGE_PROGRAMS: &[(&str, &str)] = &[
-            $($(($f_name, <$f_stage as pepsi_common::stage::Stage>::PROGRAM),)?)*
-            $($(($s_name, <$s_stage as pepsi_common::stage::Stage>::PROGRAM),)?)*
+            $($(($f_name, <$f_stage as pepsi_contract::stage::Stage>::PROGRAM),)?)*
+            $($(($s_name, <$s_stage as pepsi_contract::stage::Stage>::PROGRAM),)?)*
         ];
 
         /// Every program's manual page, in the table's order (`crate::manual::pages` adds
@@ -294,7 +301,7 @@ programs! {
     //   service but those two needs.
     // - Deployed or invoked separately: pepsi-stage-detect-language (links lingua's language
     //   models, a large dependency nothing else uses; also the pepsi-detect-language(1)
-    //   command, the Makefile's COMMAND_LINKS); pepsi-helper-mailbox-scan (no bit, but execed
+    //   command, its `also` name); pepsi-helper-mailbox-scan (no bit, but execed
     //   by name from pepsi-whitelist as the mailbox's owner, on a Maildir the owner
     //   controls: a small program of its own rather than the whole shared binary under a
     //   user's ids); pepsi-setup (one-off provisioning, run as root, its own code used by
@@ -371,6 +378,7 @@ programs! {
         "pepsi-stage-detect-language" pepsi_stage_detect_language {
             entry: ::pepsi_stage_detect_language::run,
             man: 8 Clap(::pepsi_stage_detect_language::command),
+            also: "pepsi-detect-language",
             stage: ::pepsi_stage_detect_language::DetectLanguage,
         }
         "pepsi-config" pepsi_config {
@@ -420,6 +428,8 @@ pub enum Invocation {
     List,
     /// `pepsi --list-standalone`: the standalone names on stdout, one a line, exit 0.
     ListStandalone,
+    /// `pepsi --list-links`: the [`COMMAND_LINKS`] as `name:program` lines, exit 0.
+    ListLinks,
     /// A name it does not run: `message` and the usage on stderr, exit 2.
     Refuse { message: String },
 }
@@ -451,6 +461,7 @@ pub fn invocation(argv: &[OsString]) -> Invocation {
         "-h" | "--help" | "help" => Invocation::Help,
         "--list" => Invocation::List,
         "--list-standalone" => Invocation::ListStandalone,
+        "--list-links" => Invocation::ListLinks,
         name => match find(name) {
             Some(program) => Invocation::Exec {
                 program,
@@ -509,6 +520,12 @@ pub fn multicall() -> ExitCode {
             }
             ExitCode::SUCCESS
         }
+        Invocation::ListLinks => {
+            for (name, program) in COMMAND_LINKS {
+                println!("{name}:{program}");
+            }
+            ExitCode::SUCCESS
+        }
         Invocation::Refuse { message } => {
             eprintln!("{UNIFIED}: {message}\n\n{}", usage());
             ExitCode::from(2)
@@ -531,7 +548,7 @@ fn refuse(name: &str) -> Invocation {
 pub fn usage() -> String {
     let mut text = format!(
         "Usage: <program> [args...]   (argv[0] names the program: a symlink to {UNIFIED})\n       \
-         {UNIFIED} <program> [args...]\n       {UNIFIED} --list | --list-standalone | --help\n\n\
+         {UNIFIED} <program> [args...]\n       {UNIFIED} --list | --list-standalone | --list-links | --help\n\n\
          Pepsi's unified binary. Programs it contains:\n"
     );
     for p in FOLDED {
@@ -567,6 +584,7 @@ mod tests {
             Invocation::Help => "help".into(),
             Invocation::List => "list".into(),
             Invocation::ListStandalone => "list-standalone".into(),
+            Invocation::ListLinks => "list-links".into(),
             Invocation::Refuse { message } => format!("refuse {message}"),
         };
         // A refusal's expectation may stop early: its start says which refusal it is.
@@ -601,6 +619,7 @@ mod tests {
         check(&["pepsi", "-h"], "help");
         check(&["pepsi", "--list"], "list");
         check(&["pepsi", "--list-standalone"], "list-standalone");
+        check(&["pepsi", "--list-links"], "list-links");
         check(&["pepsi"], "refuse no program named:");
         check(&["pepsi", "pepsi"], "refuse unknown program \"pepsi\"");
         check(

@@ -2,7 +2,7 @@
 //! (`crate::programs`); `crate::manual` renders the pages. Pure data: the table sits below
 //! the renderer, so this module imports neither.
 
-use pepsi_common::cli::Command;
+use pepsi_conf::cli::Command;
 
 /// Where a page's text comes from.
 pub enum Source {

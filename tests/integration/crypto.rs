@@ -190,7 +190,7 @@ async fn settle(sys: &System, address: &str, found: bool) {
         .await
         .unwrap();
     assert!(n >= 1, "no row was parked for {address}");
-    pepsi_common::db::notify_workqueue(&sys.db.pool)
+    pepsi_contract::db::notify_workqueue(&sys.db.pool)
         .await
         .unwrap();
 }
@@ -828,7 +828,7 @@ async fn autocrypt_headers_of_inbound_mail_become_peer_state_and_outbound_mail_u
     // erin is a mailbox here whose mail client speaks Autocrypt with its own key.
     let gpg = Gpg::new();
     let erin = gpg.generate("Erin <erin@example.test>", true);
-    let keydata = pepsi_common::encoding::base64_encode(&gpg.export("--export", &erin));
+    let keydata = pepsi_smtp::encoding::base64_encode(&gpg.export("--export", &erin));
     let folded: Vec<&str> = keydata
         .as_bytes()
         .chunks(72)
@@ -1008,7 +1008,7 @@ async fn autocrypt_learn_ignores_an_unauthenticated_from() {
     .unwrap();
     let gpg = Gpg::new();
     let fpr = gpg.generate("Erin <erin@example.org>", true);
-    let keydata = pepsi_common::encoding::base64_encode(&gpg.export("--export", &fpr));
+    let keydata = pepsi_smtp::encoding::base64_encode(&gpg.export("--export", &fpr));
     let folded: Vec<&str> = keydata
         .as_bytes()
         .chunks(72)

@@ -805,7 +805,7 @@ async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatc
     .await;
     let mut d = h.start("dispatch.log");
     h.add(1, "s", serde_json::json!({})).await;
-    pepsi_common::db::notify_workqueue(&h.db.pool)
+    pepsi_contract::db::notify_workqueue(&h.db.pool)
         .await
         .unwrap();
     h.wait_for(
@@ -833,7 +833,7 @@ async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatc
     )
     .await;
     h.add(1, "s", serde_json::json!({})).await;
-    pepsi_common::db::notify_workqueue(&h.db.pool)
+    pepsi_contract::db::notify_workqueue(&h.db.pool)
         .await
         .unwrap();
     h.wait_for(
@@ -1313,7 +1313,7 @@ async fn a_claim_held_by_a_lock_on_the_queue_gives_up_after_statement_timeout_an
         .await
         .unwrap();
     let started = Instant::now();
-    pepsi_common::db::notify_workqueue(&h.db.pool)
+    pepsi_contract::db::notify_workqueue(&h.db.pool)
         .await
         .unwrap();
     let until = Instant::now() + Duration::from_secs(20);
@@ -1337,7 +1337,7 @@ async fn a_claim_held_by_a_lock_on_the_queue_gives_up_after_statement_timeout_an
         1
     );
     locker.rollback().await.unwrap();
-    pepsi_common::db::notify_workqueue(&h.db.pool)
+    pepsi_contract::db::notify_workqueue(&h.db.pool)
         .await
         .unwrap();
     h.wait_for(

@@ -1277,7 +1277,7 @@ async fn mailbox_accounts_are_created_listed_given_passwords_and_deleted() {
     .fetch_one(&f.db.pool)
     .await
     .unwrap();
-    assert!(pepsi_common::password::check_hash(&hash, b"correct horse"));
+    assert!(pepsi_admin::password::check_hash(&hash, b"correct horse"));
     let r = f
         .httpd
         .post(
@@ -1487,7 +1487,7 @@ async fn aliases_catch_alls_and_local_domains_are_settings_rows() {
             ("xn--bcher-kva.example", "settings")
         ]
     );
-    let local = pepsi_common::local::LocalRecipients::new(Vec::<String>::new(), "");
+    let local = pepsi_contract::local::LocalRecipients::new(Vec::<String>::new(), "");
     assert!(
         local
             .is_local_domain(&f.db.pool, "xn--bcher-kva.example")

@@ -7,8 +7,8 @@
 use std::collections::BTreeSet;
 
 use pepsi::programs::STAGE_EDGES;
-use pepsi_common::config::Config;
-use pepsi_common::stage::edges::{self, EdgeKind};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::edges::{self, EdgeKind};
 use pepsi_httpd::graph;
 
 /// The graph of `text` (with `queued` stages holding rows) as compact lines: nodes as
@@ -145,6 +145,37 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             &["NEXT_STAGE -next-> n", "JUNK_STAGE -branch[junk]-> junk"],
             &[],
         ),
+        (
+            "pepsi-stage-vacation",
+            "NEXT_STAGE = n\nREPLY_STAGE = out\n",
+            &["NEXT_STAGE -next-> n", "REPLY_STAGE -branch[reply]-> out"],
+            &[],
+        ),
+        // Where replies start when REPLY_STAGE is unset: the stage's default, drawn too.
+        (
+            "pepsi-stage-vacation",
+            "NEXT_STAGE = n\n",
+            &["NEXT_STAGE -next-> n", "REPLY_STAGE -branch[reply]-> init"],
+            &[],
+        ),
+        (
+            "pepsi-stage-dot-forward",
+            "NEXT_STAGE = n\nFORWARD_STAGE = fw\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "FORWARD_STAGE -branch[forward]-> fw",
+            ],
+            &[],
+        ),
+        (
+            "pepsi-stage-dot-forward",
+            "NEXT_STAGE = n\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "FORWARD_STAGE -branch[forward]-> aliases",
+            ],
+            &[],
+        ),
         // A program the table does not hold follows NEXT_STAGE.
         (
             "my-own-stage",
@@ -170,6 +201,8 @@ fn the_other_stage_programs_declare_next_stage_only() {
         "pepsi-stage-if-headers",
         "pepsi-stage-relay-to-maildir",
         "pepsi-stage-block-language",
+        "pepsi-stage-vacation",
+        "pepsi-stage-dot-forward",
     ];
     for row in STAGE_EDGES {
         let options = "NEXT_STAGE = n\nBOUNCE_STAGE = b\nTHEN = t\nROUTE_LOCAL = l\n\

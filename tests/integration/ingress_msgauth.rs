@@ -592,7 +592,7 @@ async fn the_records_pepsi_setup_dns_prints_make_mail_pass_spf_dkim_and_dmarc() 
         &[("mx", "ROLE = mx\n")],
     )
     .await;
-    let key = pepsi_common::keys::load_key(&key_file).unwrap();
+    let key = pepsi_outbound::keys::load_key(&key_file).unwrap();
     let message =
         "From: a@example.test\r\nTo: alice@example.test\r\nSubject: records\r\n\r\nbody\r\n";
     let signature = DkimSigner::from_key(key)

@@ -69,10 +69,10 @@ async fn a_pipelined_transaction_is_stored_as_received_below_the_trace_header() 
         received.ends_with("\r\n") && !received.contains("Authentication-Results"),
         "{received:?}"
     );
-    let (h, b) = pepsi_common::message::split(MESSAGE);
+    let (h, b) = pepsi_contract::message::split(MESSAGE);
     assert_eq!(original.as_bytes(), h, "headers as received");
     assert_eq!(r.body, b, "body as received, dot-unstuffed");
-    let raw = pepsi_common::message::join(&r.headers, &r.body);
+    let raw = pepsi_contract::message::join(&r.headers, &r.body);
     assert_eq!(
         &raw[received.len()..],
         MESSAGE,
@@ -118,7 +118,7 @@ async fn bdat_chunks_make_one_message_and_helo_clients_get_plain_smtp() {
     let (code, text) = c.read().await;
     assert_eq!(code, 250, "{text}");
     let r = row(&ingress.db, queued_id(&text)).await;
-    let raw = pepsi_common::message::join(&r.headers, &r.body);
+    let raw = pepsi_contract::message::join(&r.headers, &r.body);
     assert!(
         raw.ends_with(&[&first[..], &second[..]].concat()),
         "{:?}",

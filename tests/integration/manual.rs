@@ -7,9 +7,9 @@ use std::collections::BTreeSet;
 use std::process::Stdio;
 
 use pepsi::manual::{self, Page, Source};
-use pepsi_common::cli::Command;
+use pepsi_conf::cli::Command;
 
-use crate::support::{self, root};
+use crate::support::root;
 
 /// The `name = "..."` of every `[[bin]]` target of the root Cargo.toml.
 fn bin_names() -> BTreeSet<String> {
@@ -24,9 +24,8 @@ fn bin_names() -> BTreeSet<String> {
         }
     }
     assert!(names.len() > 20, "read too few [[bin]] targets: {names:?}");
-    // A program's second name (the Makefile's COMMAND_LINKS) is a command with a page too.
-    for link in support::makefile_list("COMMAND_LINKS") {
-        let (name, program) = link.split_once(':').unwrap();
+    // A program's second name (`pepsi::programs::COMMAND_LINKS`) is a command with a page too.
+    for &(name, program) in pepsi::programs::COMMAND_LINKS {
         assert!(
             names.contains(program),
             "COMMAND_LINKS names {program}, no [[bin]]"

@@ -169,13 +169,13 @@ proptest! {
         bytes in smtp_bytes(),
         id in "[a-z.]{1,20}",
     ) {
-        let (headers, _body) = pepsi_common::message::split(&bytes);
+        let (headers, _body) = pepsi_contract::message::split(&bytes);
         let ours = [pepsi_ingress::config::DECRYPT_RESULT_HEADER.to_owned()];
         let once = pepsi_ingress::headers::strip_forged_results(headers, &id, &ours);
         let twice = pepsi_ingress::headers::strip_forged_results(&once, &id, &ours);
         prop_assert_eq!(&once, &twice, "stripping is idempotent");
         let _ = pepsi_ingress::headers::begins_with_continuation(&bytes);
-        for a in pepsi_common::message::from_addresses(headers) {
+        for a in pepsi_contract::message::from_addresses(headers) {
             prop_assert!(!a.contains('\n'));
         }
     }
@@ -242,7 +242,7 @@ proptest! {
 
     #[test]
     fn the_configuration_parser_takes_any_text(text in "[ -~\\n\\t]{0,300}") {
-        if let Ok(cfg) = pepsi_common::config::Config::from_str_named(&text, "fuzz.conf") {
+        if let Ok(cfg) = pepsi_conf::config::Config::from_str_named(&text, "fuzz.conf") {
             for name in cfg.sections().map(str::to_owned).collect::<Vec<_>>() {
                 let _ = cfg.section(&name).string_opt("PROGRAM");
             }

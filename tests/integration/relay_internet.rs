@@ -105,7 +105,7 @@ async fn message(db: &TestDb, rcpt: &[&str]) -> i64 {
         .map(|r| json!({"notify": ["FAILURE"], "orcpt": format!("rfc822;{r}")}))
         .collect();
     let state = json!({"dsn": {"ret": null, "envid": null, "rcpt": dsn}});
-    let (headers, body) = pepsi_common::message::split(RAW);
+    let (headers, body) = pepsi_contract::message::split(RAW);
     let id: i64 =
         sqlx::query_scalar("SELECT pepsi.workqueue_add('sender@example.test', $1, $2, $3, $4)")
             .bind(&rcpt)

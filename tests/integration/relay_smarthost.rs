@@ -44,7 +44,7 @@ async fn message(db: &TestDb, rcpt: &[&str], raw: &[u8]) -> i64 {
         .map(|r| json!({"notify": ["FAILURE"], "orcpt": format!("rfc822;{r}")}))
         .collect();
     let state = json!({"dsn": {"ret": "HDRS", "envid": "env-1", "rcpt": dsn}});
-    let (headers, body) = pepsi_common::message::split(raw);
+    let (headers, body) = pepsi_contract::message::split(raw);
     let id: i64 =
         sqlx::query_scalar("SELECT pepsi.workqueue_add('sender@example.test', $1, $2, $3, $4)")
             .bind(&rcpt)
@@ -538,7 +538,7 @@ async fn postfix_with_auth_pauses_on_a_wrong_password_and_relays_over_tls_with_t
     // Postfix adds its Received (authenticated TLS: ESMTPSA) and the Date and Message-Id
     // the message lacked; header fields and body are otherwise as sent.
     let data = String::from_utf8_lossy(&got[0].data);
-    let (_, body) = pepsi_common::message::split(RAW);
+    let (_, body) = pepsi_contract::message::split(RAW);
     assert!(
         data.contains("with ESMTPSA")
             && data.contains("\r\nSubject: relayed\r\n")

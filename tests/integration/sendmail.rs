@@ -9,7 +9,7 @@ use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use pepsi_common::state::{Dsn, Origin};
+use pepsi_contract::state::{Dsn, Origin};
 use pepsi_testkit::TestDb;
 use serde_json::Value;
 

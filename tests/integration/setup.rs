@@ -376,7 +376,9 @@ async fn admission_does_not_notify_the_workqueue_channel() {
         .execute(&db.pool)
         .await
         .unwrap();
-    pepsi_common::db::notify_workqueue(&db.pool).await.unwrap();
+    pepsi_contract::db::notify_workqueue(&db.pool)
+        .await
+        .unwrap();
     // The first notification to arrive must be the explicit one: payload "" from notify_workqueue.
     let n = tokio::time::timeout(std::time::Duration::from_secs(10), listener.recv())
         .await
@@ -447,7 +449,7 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
 
 /// The overlay cannot name a program, a key, a trust anchor or a directory: the table refuses
 /// every file-only option, in any section and letter case, and its CHECK lists exactly the
-/// options the loader ignores (`pepsi_common::config::FILE_ONLY_OPTIONS`).
+/// options the loader ignores (`pepsi_conf::config::FILE_ONLY_OPTIONS`).
 #[tokio::test]
 async fn options_naming_programs_keys_or_trust_anchors_cannot_be_stored_in_the_overlay() {
     let db = TestDb::new().await;
@@ -498,7 +500,7 @@ async fn options_naming_programs_keys_or_trust_anchors_cannot_be_stored_in_the_o
         .map(str::to_owned)
         .collect();
     in_db.sort();
-    let mut in_code: Vec<String> = pepsi_common::config::FILE_ONLY_OPTIONS
+    let mut in_code: Vec<String> = pepsi_conf::config::FILE_ONLY_OPTIONS
         .iter()
         .map(|s| (*s).to_owned())
         .collect();

@@ -7,7 +7,7 @@ use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pepsi_common::delivery::{Failure, RcptResult};
+use pepsi_outbound::delivery::{Failure, RcptResult};
 use pepsi_smtp::client::Stream;
 use pepsi_smtp::{
     ClientError, Connection, Credentials, Envelope, OpenOptions, Phase, Protocol, RcptOutcome,

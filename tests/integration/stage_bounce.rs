@@ -181,7 +181,7 @@ async fn dsn(db: &TestDb, id: i64) -> Dsn {
     .unwrap();
     let headers: Vec<u8> = r.get(5);
     let body: Vec<u8> = r.get(6);
-    let raw = pepsi_common::message::join(&headers, &body);
+    let raw = pepsi_contract::message::join(&headers, &body);
     let parsed = parse(&raw);
     Dsn {
         stage: r.get(0),

@@ -308,7 +308,7 @@ async fn pepsi_setup_dns_stores_the_key_in_the_database_and_never_replaces_it() 
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert!(pepsi_common::keys::parse_private_key(pem.as_bytes()).is_ok());
+    assert!(pepsi_outbound::keys::parse_private_key(pem.as_bytes()).is_ok());
 
     let (code, out, err) = dns(db.url.clone()).await.unwrap();
     assert_eq!(code, 1, "{out}");

@@ -2,8 +2,10 @@
 //! crate as a library, the crate graph has no cycle (dev-dependencies included, which Cargo
 //! allows), and no crate imports one of a layer above it.
 //!
-//! The layers, bottom up: `pepsi-smtp` (the protocol), `pepsi-common` (what every program
-//! shares), every other `pepsi-*` crate (stages, helpers, tools, daemons, test support), and
+//! The layers, bottom up: `pepsi-smtp` (the protocol), `pepsi-conf` (configuration, no
+//! database), `pepsi-contract` (the stage contract), `pepsi-outbound` and `pepsi-admin` (side
+//! by side: what the delivery stages share, what the tools share; neither imports the other),
+//! every other `pepsi-*` crate (stages, helpers, tools, daemons, test support), and
 //! the root package `pepsi` (the programs' mains, the registry and the integration tests).
 //! `migadu-*` (the counters daemon and its test support) stand beside them: they import no
 //! Pepsi crate and only the root package imports them.
@@ -24,7 +26,10 @@ const ROOT: &str = "pepsi";
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum Layer {
     Protocol,
-    Common,
+    Conf,
+    Contract,
+    /// `pepsi-outbound` and `pepsi-admin`: one layer, so neither may import the other.
+    Shared,
     Middle,
     Root,
     /// Beside the Pepsi layers: imports none of them, imported only by the root package.
@@ -34,7 +39,9 @@ enum Layer {
 fn layer(name: &str) -> Layer {
     match name {
         "pepsi-smtp" => Layer::Protocol,
-        "pepsi-common" => Layer::Common,
+        "pepsi-conf" => Layer::Conf,
+        "pepsi-contract" => Layer::Contract,
+        "pepsi-outbound" | "pepsi-admin" => Layer::Shared,
         ROOT => Layer::Root,
         n if n.starts_with("migadu-") => Layer::Counters,
         _ => Layer::Middle,
@@ -60,8 +67,8 @@ impl std::fmt::Display for Edge {
     }
 }
 
-/// The edges between the workspace's crates, from the real `cargo metadata`.
-fn workspace_edges() -> Vec<Edge> {
+/// The workspace's packages, from the real `cargo metadata`.
+fn metadata() -> Value {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let out = Command::new(cargo)
         .args([
@@ -80,14 +87,19 @@ fn workspace_edges() -> Vec<Edge> {
         "cargo metadata: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let meta: Value = serde_json::from_slice(&out.stdout).expect("cargo metadata is JSON");
+    serde_json::from_slice(&out.stdout).expect("cargo metadata is JSON")
+}
+
+/// The edges between the workspace's crates, from the real `cargo metadata`.
+fn workspace_edges() -> Vec<Edge> {
+    let meta = metadata();
     let packages = meta["packages"].as_array().expect("packages");
     let names: BTreeSet<&str> = packages
         .iter()
         .map(|p| p["name"].as_str().expect("package name"))
         .collect();
     assert!(
-        names.contains(ROOT) && names.contains("pepsi-common") && names.len() > 10,
+        names.contains(ROOT) && names.contains("pepsi-contract") && names.len() > 10,
         "cargo metadata lists the workspace: {names:?}"
     );
     let mut edges = Vec::new();
@@ -114,6 +126,15 @@ fn stage_links(edges: &[Edge]) -> Vec<&Edge> {
     edges
         .iter()
         .filter(|e| is_stage(&e.to) && !is_stage(&e.from) && e.from != ROOT)
+        .collect()
+}
+
+/// Edges by which a stage links `pepsi-admin`, which holds what only the tools and
+/// pepsi-httpd may do.
+fn stage_admin_links(edges: &[Edge]) -> Vec<&Edge> {
+    edges
+        .iter()
+        .filter(|e| is_stage(&e.from) && e.to == "pepsi-admin")
         .collect()
 }
 
@@ -199,6 +220,18 @@ fn no_tool_or_daemon_links_a_stage_crate() {
 }
 
 #[test]
+fn no_stage_links_the_administration_crate() {
+    let edges = workspace_edges();
+    let bad = stage_admin_links(&edges);
+    assert!(
+        bad.is_empty(),
+        "stages link pepsi-admin (what a stage needs belongs in pepsi-contract or \
+         pepsi-outbound):{}",
+        list(&bad)
+    );
+}
+
+#[test]
 fn the_crate_graph_has_no_cycle() {
     let edges = workspace_edges();
     assert_eq!(
@@ -214,10 +247,40 @@ fn no_crate_imports_a_layer_above_it() {
     let bad = upward_imports(&edges);
     assert!(
         bad.is_empty(),
-        "imports of a higher layer (pepsi-smtp < pepsi-common < other pepsi-* < pepsi; \
+        "imports of a higher layer (pepsi-smtp < pepsi-conf < pepsi-contract < \
+         pepsi-outbound, pepsi-admin < other pepsi-* < pepsi; \
          migadu-* beside):{}",
         list(&bad)
     );
+}
+
+/// The configuration crate is what the setuid helpers and sendmail link: it opens no
+/// database and links no other Pepsi crate, so neither do they through it.
+#[test]
+fn the_configuration_crate_opens_no_database() {
+    let meta = metadata();
+    let conf = meta["packages"]
+        .as_array()
+        .expect("packages")
+        .iter()
+        .find(|p| p["name"] == "pepsi-conf")
+        .expect("pepsi-conf is in the workspace");
+    let linked: Vec<&str> = conf["dependencies"]
+        .as_array()
+        .expect("dependencies")
+        .iter()
+        .filter(|d| d["kind"].is_null())
+        .map(|d| d["name"].as_str().unwrap())
+        .collect();
+    assert!(
+        linked.contains(&"idna"),
+        "the dependencies are read: {linked:?}"
+    );
+    let bad: Vec<&&str> = linked
+        .iter()
+        .filter(|n| n.starts_with("pepsi-") || ["sqlx", "postgres", "tokio-postgres"].contains(n))
+        .collect();
+    assert!(bad.is_empty(), "pepsi-conf links {bad:?}");
 }
 
 /// The three checks above find what they look for, on graphs made to hold it.
@@ -229,10 +292,13 @@ fn the_checks_find_what_they_look_for() {
         kind: kind.into(),
     };
     let clean = [
-        e("pepsi-common", "pepsi-smtp", "normal"),
-        e("pepsi-stage-a", "pepsi-common", "normal"),
+        e("pepsi-conf", "pepsi-smtp", "normal"),
+        e("pepsi-contract", "pepsi-conf", "normal"),
+        e("pepsi-outbound", "pepsi-contract", "normal"),
+        e("pepsi-admin", "pepsi-conf", "normal"),
+        e("pepsi-stage-a", "pepsi-outbound", "normal"),
         e("pepsi-stage-a", "pepsi-helper-b", "normal"),
-        e("pepsi-tool", "pepsi-common", "normal"),
+        e("pepsi-tool", "pepsi-admin", "normal"),
         e("pepsi", "pepsi-stage-a", "normal"),
         e("pepsi", "migadu-counters", "normal"),
         e("migadu-counters", "migadu-counters-testkit", "dev"),
@@ -241,42 +307,54 @@ fn the_checks_find_what_they_look_for() {
     assert!(upward_imports(&clean).is_empty());
     assert_eq!(find_cycle(&clean), None);
 
+    assert!(stage_admin_links(&clean).is_empty());
+    let admin = e("pepsi-stage-a", "pepsi-admin", "dev");
+    assert_eq!(stage_admin_links(std::slice::from_ref(&admin)), [&admin]);
+
     let tool = e("pepsi-tool", "pepsi-stage-a", "normal");
     assert_eq!(stage_links(std::slice::from_ref(&tool)), [&tool]);
     let dev = e("pepsi-tool", "pepsi-stage-a", "dev");
     assert_eq!(stage_links(std::slice::from_ref(&dev)), [&dev]);
 
     for up in [
-        e("pepsi-smtp", "pepsi-common", "normal"),
-        e("pepsi-common", "pepsi-stage-a", "dev"),
-        e("pepsi-common", "pepsi-common-b", "normal"),
+        e("pepsi-smtp", "pepsi-conf", "normal"),
+        e("pepsi-conf", "pepsi-contract", "normal"),
+        e("pepsi-contract", "pepsi-outbound", "dev"),
+        e("pepsi-outbound", "pepsi-admin", "normal"),
+        e("pepsi-admin", "pepsi-outbound", "normal"),
+        e("pepsi-admin", "pepsi-stage-a", "dev"),
         e("pepsi-stage-a", "pepsi", "dev"),
         e("pepsi-stage-a", "migadu-counters", "normal"),
-        e("migadu-counters", "pepsi-common", "normal"),
+        e("migadu-counters", "pepsi-conf", "normal"),
     ] {
         assert_eq!(upward_imports(std::slice::from_ref(&up)), [&up]);
     }
 
     let cycle = [
-        e("pepsi-common", "pepsi-smtp", "normal"),
-        e("pepsi-common", "pepsi-kit", "dev"),
+        e("pepsi-contract", "pepsi-smtp", "normal"),
+        e("pepsi-contract", "pepsi-kit", "dev"),
         e("pepsi-kit", "pepsi-setup", "normal"),
-        e("pepsi-setup", "pepsi-common", "normal"),
+        e("pepsi-setup", "pepsi-contract", "normal"),
     ];
     assert_eq!(
         find_cycle(&cycle),
         Some(
-            ["pepsi-common", "pepsi-kit", "pepsi-setup", "pepsi-common"]
-                .map(String::from)
-                .to_vec()
+            [
+                "pepsi-contract",
+                "pepsi-kit",
+                "pepsi-setup",
+                "pepsi-contract"
+            ]
+            .map(String::from)
+            .to_vec()
         )
     );
 }
 
-/// The files that may split an address by hand: `pepsi_common::address` (the one rule and
+/// The files that may split an address by hand: `pepsi_conf::address` (the one rule and
 /// normalisation), and the wire crate's and the counters' own, which link no Pepsi crate.
 const ADDRESS_MODULES: [&str; 3] = [
-    "crates/pepsi-common/src/address.rs",
+    "crates/pepsi-conf/src/address.rs",
     "crates/pepsi-smtp/src/address.rs",
     "crates/migadu-counters/src/address.rs",
 ];
@@ -361,7 +439,7 @@ fn addresses_are_split_only_by_the_address_modules() {
     }
     assert!(
         found.is_empty(),
-        "addresses split by hand; use pepsi_common::address (Address::parse, parts, \
+        "addresses split by hand; use pepsi_conf::address (Address::parse, parts, \
          local_part, domain_part), or say on the line above why the text is not an \
          address:\n  {}",
         found.join("\n  ")

@@ -258,8 +258,7 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
         assert_eq!(code, Some(2), "pepsi as {name}: {err}");
     }
     // A standalone program's second name links to it, and runs it as that name's command.
-    for link in support::makefile_list("COMMAND_LINKS") {
-        let (name, program) = link.split_once(':').unwrap();
+    for &(name, program) in pepsi::programs::COMMAND_LINKS {
         let path = dir.join(name);
         assert_eq!(
             std::fs::read_link(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display())),
@@ -289,6 +288,14 @@ fn the_unified_layout_holds_every_program_in_its_shape() {
         out.lines().collect::<Vec<_>>(),
         support::standalone_programs(),
         "pepsi --list-standalone"
+    );
+    // ... and links the second names by.
+    let (code, out, _) = run(&pepsi, None, &["--list-links"]);
+    assert_eq!(code, Some(0));
+    assert_eq!(
+        out.lines().collect::<Vec<_>>(),
+        ["pepsi-detect-language:pepsi-stage-detect-language"],
+        "pepsi --list-links"
     );
     let (code, _, err) = run(&pepsi, None, &[]);
     assert_eq!(code, Some(2), "pepsi without a program: {err}");

@@ -1,7 +1,7 @@
 //! Where an address splits: at its last `@`. The one place the counting service splits
 //! addresses; `validate` normalizes them. The service links no Pepsi crate (it runs apart
 //! from the mail server), so it keeps this rule of its own rather than
-//! `pepsi_common::address`.
+//! `pepsi_conf::address`.
 
 /// `text` at its last `@` into what is before and after it, as written; `None` without an
 /// `@`.

@@ -2,10 +2,10 @@
 //! files with the database overrides (`pepsi.config_override`) layered on top, every value
 //! with the file line or override row it comes from — and the one way to change the
 //! overrides: `set` and `unset`, each checked first against every program's own parser
-//! (`pepsi_common::config::check_override` over the table the root package passes in), so a
+//! (`pepsi_conf::config::check_override` over the table the root package passes in), so a
 //! stored override never stops a program and never names an option nothing reads.
 //!
-//! Writes go through `pepsi_common::admin` with their `pepsi.event_log` row; the table's
+//! Writes go through `pepsi_admin::admin` with their `pepsi.event_log` row; the table's
 //! trigger announces them on `config_changed` and the running programs re-read. Values from
 //! `secrets.d/` are never printed.
 
@@ -14,18 +14,19 @@ mod render;
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::admin::{self, AdminError};
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::{
+use pepsi_admin::admin::{self, AdminError};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::{
     Config, OverrideRow, ProgramCheck, Refusal, Scope, ValueRow, check_all, check_override,
-    load_overrides, program_check, shown_values,
+    program_check, shown_values,
 };
+use pepsi_contract::audit::Actor;
+use pepsi_contract::overlay::load_overrides;
 use serde::Serialize;
 use sqlx::PgPool;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -190,7 +191,7 @@ pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let file = cli.common.load_config()?;
-        let pool = pepsi_common::db::connect(&file).await?;
+        let pool = pepsi_contract::db::connect(&file).await?;
         let tool = Tool {
             file,
             pool,
@@ -249,8 +250,8 @@ impl From<sqlx::Error> for Failure {
     }
 }
 
-impl From<pepsi_common::config::ConfigError> for Failure {
-    fn from(e: pepsi_common::config::ConfigError) -> Self {
+impl From<pepsi_conf::config::ConfigError> for Failure {
+    fn from(e: pepsi_conf::config::ConfigError) -> Self {
         Failure {
             code: 1,
             text: e.to_string(),

@@ -1,10 +1,10 @@
 //! Presentation of configuration values and override rows for people and for scripts: the
 //! serde shapes of `--json` and the tables. Pure functions, no I/O.
 
-use pepsi_common::admin::OverrideListing;
-use pepsi_common::config::ValueRow;
-use pepsi_common::queue::json::ts;
-use pepsi_common::text::{clip, table};
+use pepsi_admin::admin::OverrideListing;
+use pepsi_admin::queue::json::ts;
+use pepsi_conf::config::ValueRow;
+use pepsi_conf::text::{clip, table};
 use serde::Serialize;
 
 /// `show --json`.
@@ -72,7 +72,7 @@ pub fn overrides(rows: &[OverrideListing]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_common::config::Config;
+    use pepsi_conf::config::Config;
 
     #[test]
     fn values_show_their_origin_and_hide_secrets() {
@@ -85,7 +85,7 @@ mod tests {
             ValueRow::of(&cfg, "stage-relay", "parallelism"),
             ValueRow::of(&cfg, "stage-relay", "QUEUE_LIMIT"),
         ];
-        // What a row holds is pepsi_common::config::shown's to test; this is its table.
+        // What a row holds is pepsi_conf::config::shown's to test; this is its table.
         let text = values(&rows);
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines[1], "[stage-relay]  PARALLELISM  4          t.conf:2");

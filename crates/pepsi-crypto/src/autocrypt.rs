@@ -2,8 +2,8 @@
 //! attaches to announce its key (§2.1), reading it back from a message by the rules of
 //! §2.3, and the `Autocrypt-Gossip` headers inside an encrypted message.
 
-use pepsi_common::encoding::{base64_decode, base64_encode};
-use pepsi_common::message;
+use pepsi_contract::message;
+use pepsi_smtp::encoding::{base64_decode, base64_encode};
 use sequoia_openpgp as pgp;
 
 use pgp::Packet;

@@ -5,7 +5,7 @@
 //! Pure and bounded: a multipart is read at one level only, and a message is never
 //! re-encoded except where a standard says so (line ends are CRLF throughout, as stored).
 
-use pepsi_common::message;
+use pepsi_contract::message;
 
 use crate::{CryptoError, Result};
 
@@ -279,7 +279,7 @@ pub fn decode_body(headers: &[u8], body: &[u8]) -> Result<Vec<u8>> {
                 .filter(|b| !b.is_ascii_whitespace())
                 .map(|&b| b as char)
                 .collect();
-            pepsi_common::encoding::base64_decode(&text).ok_or_else(|| CryptoError::Malformed {
+            pepsi_smtp::encoding::base64_decode(&text).ok_or_else(|| CryptoError::Malformed {
                 what: "base64 content",
                 why: "does not decode".into(),
             })

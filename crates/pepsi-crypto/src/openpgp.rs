@@ -9,7 +9,7 @@
 use std::io::Write;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use pepsi_common::message;
+use pepsi_contract::message;
 use sequoia_openpgp as pgp;
 
 use pgp::armor;

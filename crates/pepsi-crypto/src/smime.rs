@@ -26,8 +26,8 @@ use openssl::x509::extension::{
 use openssl::x509::store::{X509Store, X509StoreBuilder};
 use openssl::x509::verify::X509VerifyFlags;
 use openssl::x509::{X509, X509ExtendedKeyUsage, X509KeyUsage, X509NameBuilder, X509Ref};
-use pepsi_common::message;
-use pepsi_common::mime::base64_lines;
+use pepsi_contract::message;
+use pepsi_outbound::mime::base64_lines;
 
 use crate::{
     CryptoError, Decrypted, KeyInfo, KeyPair, Protected, Result, Scheme, SigStatus, Verification,
@@ -52,7 +52,7 @@ pub fn generate_self_signed(address: &str, days: u32) -> Result<KeyPair> {
     let address = address.trim();
     let usable_address = !address.is_empty()
         && address.bytes().all(|b| b.is_ascii_graphic() && b != b',')
-        && pepsi_common::address::parts(address)
+        && pepsi_conf::address::parts(address)
             .is_some_and(|(local, domain)| !local.is_empty() && !domain.is_empty());
     // rfc822Name is an IA5String, and the SAN builder reads a comma as a separator.
     if !usable_address {

@@ -37,7 +37,7 @@ fn parts(headers: &[u8], body: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
         .unwrap()
         .into_iter()
         .map(|p| {
-            let (h, b) = pepsi_common::message::split(p);
+            let (h, b) = pepsi_contract::message::split(p);
             (h.to_vec(), b.to_vec())
         })
         .collect()
@@ -154,7 +154,7 @@ fn gpg_verifies_our_detached_signature() {
     };
     assert_eq!(parts.len(), 2);
     assert_eq!(parts[0], mime::inner_entity(HEADERS, BODY));
-    let (sig_headers, sig) = pepsi_common::message::split(&parts[1]);
+    let (sig_headers, sig) = pepsi_contract::message::split(&parts[1]);
     assert!(String::from_utf8_lossy(sig_headers).contains("application/pgp-signature"));
 
     let entity = gpg.write("entity", &parts[0]);

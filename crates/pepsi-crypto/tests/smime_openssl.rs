@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use pepsi_common::message;
+use pepsi_contract::message;
 use pepsi_crypto::smime;
 use pepsi_crypto::{KeyPair, SigStatus, Verification, mime};
 use pepsi_testkit::pki::{self, openssl};

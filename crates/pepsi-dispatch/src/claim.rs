@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use pepsi_common::db::with_retry;
+use pepsi_contract::db::with_retry;
 
 /// One claim for every stage with spare capacity (`pepsi.dispatch_claim`): per stage
 /// `n_fifo` oldest rows, then `n_fair` rows ranked by sender lead. Besides the claimed rows

@@ -6,6 +6,7 @@
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
+use pepsi_contract::overlay::DbOverlay;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use anyhow::Context as _;
 use sqlx::PgPool;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
-use pepsi_common::config::{Config, Scope};
+use pepsi_conf::config::{Config, Scope};
 
 use crate::Event;
 use crate::claim::{self, Claimed, Forced, Want};
@@ -554,7 +555,8 @@ impl Dispatcher {
             return;
         }
         let could_not_start = w.answered == 0 && status.is_some_and(|s| s.code() == Some(1));
-        let own_limit = status.and_then(|s| s.code()) == Some(pepsi_common::epoch::PASS_LIMIT_EXIT);
+        let own_limit =
+            status.and_then(|s| s.code()) == Some(pepsi_contract::epoch::PASS_LIMIT_EXIT);
         if rest.is_empty() {
             if !w.retiring || !status.is_some_and(|s| s.success()) {
                 tracing::warn!(stage = %stage, pid = w.pid, "worker {described}");
@@ -737,7 +739,7 @@ impl Dispatcher {
             .values()
             .map(|p| p.settings.max_runtime)
             .max()
-            .unwrap_or(pepsi_common::stage::DEFAULT_MAX_RUNTIME);
+            .unwrap_or(pepsi_contract::stage::DEFAULT_MAX_RUNTIME);
         let fenced_after = lock::is_leader().then_some(longest + self.settings.takeover_margin);
         match claim::reconcile(&self.db, &held, self.settings.orphan_grace, fenced_after).await {
             Ok(0) => {}
@@ -918,9 +920,9 @@ impl Dispatcher {
         }
         // STATEMENT_TIMEOUT bounds the claim on the server (a connection option) and, a
         // little later, here: a primary that stops answering cannot hold the claim forever.
-        let limit = pepsi_common::db::statement_timeout(&self.file_cfg)
-            .unwrap_or(Some(pepsi_common::db::DEFAULT_STATEMENT_TIMEOUT));
-        let claimed = pepsi_common::db::bounded(
+        let limit = pepsi_contract::db::statement_timeout(&self.file_cfg)
+            .unwrap_or(Some(pepsi_contract::db::DEFAULT_STATEMENT_TIMEOUT));
+        let claimed = pepsi_contract::db::bounded(
             limit,
             claim::claim(
                 &self.db,

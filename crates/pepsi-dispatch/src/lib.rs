@@ -18,17 +18,18 @@ mod stats;
 mod status;
 mod worker;
 
+use pepsi_contract::overlay::DbOverlay;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::Parser;
 
-use pepsi_common::cli::{CommonArgs, init_logging};
-use pepsi_common::config::Scope;
-use pepsi_common::db::DbSettings;
+use pepsi_conf::cli::{CommonArgs, init_logging};
+use pepsi_conf::config::Scope;
+use pepsi_contract::db::DbSettings;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -98,7 +99,7 @@ struct Cli {
 /// Entry point of the `pepsi-dispatch` binary.
 /// What the dispatcher parses from the configuration at start: its own section and every
 /// stage's pool options. pepsi-config checks a candidate configuration with it.
-pub fn check_config(cfg: &pepsi_common::config::Config) -> anyhow::Result<()> {
+pub fn check_config(cfg: &pepsi_conf::config::Config) -> anyhow::Result<()> {
     settings::DispatchSettings::from_config(cfg)?;
     settings::PoolSettings::all(cfg)?;
     Ok(())

@@ -10,8 +10,8 @@ use sqlx::postgres::PgListener;
 use tokio::sync::mpsc::UnboundedSender;
 
 use crate::Event;
-use pepsi_common::config::CONFIG_CHANGED_CHANNEL;
-use pepsi_common::db::WORKQUEUE_CHANNEL;
+use pepsi_contract::db::WORKQUEUE_CHANNEL;
+use pepsi_contract::overlay::CONFIG_CHANGED_CHANNEL;
 
 const BACKOFF_BASE: Duration = Duration::from_millis(100);
 const BACKOFF_CAP: Duration = Duration::from_secs(30);

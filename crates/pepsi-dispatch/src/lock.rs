@@ -374,7 +374,7 @@ async fn try_on(mut conn: PgConnection) -> anyhow::Result<Attempt> {
 /// holds the lock.
 async fn connect(settings: &LockSettings) -> anyhow::Result<PgConnection> {
     let name = session_name();
-    let options = pepsi_common::db::pinned_options(&settings.url, &settings.socket_dir)
+    let options = pepsi_contract::db::pinned_options(&settings.url, &settings.socket_dir)
         .context("[database] URL is not a PostgreSQL URL")?;
     let timeout_ms = settings.session_timeout.as_millis().to_string();
     // Keepalives: a first probe after 1s of silence, then every second, 2 lost ones end it.

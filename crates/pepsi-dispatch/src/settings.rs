@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pepsi_common::config::{Config, ConfigError};
+use pepsi_conf::config::{Config, ConfigError};
 
 /// `[pepsi-dispatch]`.
 #[derive(Debug, Clone, PartialEq)]
@@ -75,7 +75,7 @@ impl DispatchSettings {
         let s = cfg.section("pepsi-dispatch");
         let lock_session_timeout = s
             .parse_opt("LOCK_SESSION_TIMEOUT", |v| {
-                pepsi_common::config::parse_duration(v)
+                pepsi_conf::config::parse_duration(v)
                     .ok()
                     .filter(|d| *d >= Duration::from_secs(1) && *d <= Duration::from_secs(3600))
                     .ok_or_else(|| "a duration from 1s to 1h".to_owned())
@@ -117,7 +117,7 @@ impl DispatchSettings {
             lock_session_timeout,
             lock_check_interval: s
                 .parse_opt("LOCK_CHECK_INTERVAL", |v| {
-                    pepsi_common::config::parse_duration(v)
+                    pepsi_conf::config::parse_duration(v)
                         .ok()
                         .filter(|d| {
                             *d >= Duration::from_millis(50) && *d * 4 <= lock_session_timeout
@@ -140,7 +140,7 @@ impl DispatchSettings {
             },
             takeover_margin: s
                 .parse_opt("TAKEOVER_MARGIN", |v| {
-                    pepsi_common::config::parse_duration(v)
+                    pepsi_conf::config::parse_duration(v)
                         .ok()
                         .filter(|d| *d >= Duration::from_secs(5))
                         .ok_or_else(|| "a duration of at least 5s".to_owned())
@@ -151,7 +151,7 @@ impl DispatchSettings {
             mail_log_retention: cfg
                 .section("pepsi")
                 .parse_opt("MAIL_LOG_RETENTION", |v| {
-                    pepsi_common::config::parse_duration(v)
+                    pepsi_conf::config::parse_duration(v)
                         .ok()
                         .filter(|d| *d >= Duration::from_secs(3600))
                         .ok_or_else(|| "a duration of at least 1h (30d, 720h)".to_owned())
@@ -238,7 +238,7 @@ impl PoolSettings {
                 .unwrap_or(Duration::from_secs(60)),
             max_runtime: s
                 .duration_opt("MAX_RUNTIME")?
-                .unwrap_or(pepsi_common::stage::DEFAULT_MAX_RUNTIME),
+                .unwrap_or(pepsi_contract::stage::DEFAULT_MAX_RUNTIME),
         })
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
-use pepsi_common::db::SERIALIZATION_RETRIES;
+use pepsi_contract::db::SERIALIZATION_RETRIES;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StageDelta {

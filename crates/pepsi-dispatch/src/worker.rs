@@ -64,19 +64,19 @@ impl Worker {
         events: UnboundedSender<Event>,
     ) -> std::io::Result<Worker> {
         let mut cmd = Command::new(program);
-        cmd.env(pepsi_common::epoch::EPOCH_ENV, inherit.epoch.to_string())
+        cmd.env(pepsi_contract::epoch::EPOCH_ENV, inherit.epoch.to_string())
             .env(
-                pepsi_common::epoch::PARENT_ENV,
+                pepsi_contract::epoch::PARENT_ENV,
                 std::process::id().to_string(),
             )
             .env(
-                pepsi_common::epoch::PASS_LIMIT_ENV,
+                pepsi_contract::epoch::PASS_LIMIT_ENV,
                 inherit.pass_limit.as_millis().to_string(),
             );
         if inherit.hand_forward {
-            cmd.env(pepsi_common::stage::HAND_FORWARD_ENV, "1");
+            cmd.env(pepsi_contract::stage::HAND_FORWARD_ENV, "1");
         } else {
-            cmd.env_remove(pepsi_common::stage::HAND_FORWARD_ENV);
+            cmd.env_remove(pepsi_contract::stage::HAND_FORWARD_ENV);
         }
         cmd.arg("worker")
             .arg("-c")

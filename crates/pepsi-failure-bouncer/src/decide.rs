@@ -7,7 +7,9 @@
 //! before starts a fresh count (it got past that stage), except that a message returned to
 //! its sender once is never returned again.
 
-use pepsi_common::state::{FailedStatus, FailureBounced, FailureKind, FailureRecord, FailureSeen};
+use pepsi_contract::state::{
+    FailedStatus, FailureBounced, FailureKind, FailureRecord, FailureSeen,
+};
 
 /// The longest `dispatch_error` kept in a record.
 const MAX_ERROR: usize = 300;

@@ -2,7 +2,7 @@
 //!
 //! Reads: `[pepsi-failure-bouncer]`, the stage graph (file and global overlay) for each
 //! stage's BOUNCE_STAGE, and the failed and timed-out rows of `pepsi.workqueue` through
-//! `pepsi_common::queue::failure_candidates`. Writes: one step per row and pass through the
+//! `pepsi_admin::queue::failure_candidates`. Writes: one step per row and pass through the
 //! stored functions of procedures.sql (THE FAILURE BOUNCER), each with its `event_log` row in
 //! the same transaction, then one `workqueue` notification. The decision is `decide`, pure.
 //! It never touches a row that is not failed or timed out at the stage it saw, and never
@@ -10,24 +10,25 @@
 
 pub mod decide;
 
+use pepsi_contract::overlay::DbOverlay;
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::Parser;
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::{Config, Scope};
-use pepsi_common::queue::{self, FailedRow, FailureStep, Outcome};
-use pepsi_common::state::{DispatchError, FailedStatus, FailureRecord};
+use pepsi_admin::queue::{self, FailedRow, FailureStep, Outcome};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::{Config, Scope};
+use pepsi_contract::audit::Actor;
+use pepsi_contract::state::{DispatchError, FailedStatus, FailureRecord};
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 use decide::{Decision, Failed};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -171,7 +172,7 @@ pub fn run() -> ExitCode {
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
         let settings = Settings::from_config(&cfg)?;
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         let actor = Actor::local(constants::CONFIG_SOURCE.exec);
         if cli.once {
             let pass = pass(&pool, &cfg, &settings, &actor).await?;

@@ -22,11 +22,11 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use clap::Parser;
-use pepsi_common::config::Config;
-use pepsi_common::privilege;
+use pepsi_conf::config::Config;
+use pepsi_conf::privilege;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -99,7 +99,7 @@ pub fn run() -> ExitCode {
     // Nothing from the caller's environment may reach logging or the configuration.
     let setuid = privilege::scrub_if_setuid();
     let cli = Cli::parse();
-    pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
+    pepsi_conf::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
     let mut opts = reader::Options {
         min_uid: cli.min_uid,
     };

@@ -57,8 +57,8 @@ pub fn encode_request(account: &str) -> Result<Vec<u8>, String> {
     Ok(format!("forward {account}\n").into_bytes())
 }
 
-pub use pepsi_common::coprocess::ProtocolError;
-use pepsi_common::coprocess::read_line;
+pub use pepsi_conf::coprocess::ProtocolError;
+use pepsi_conf::coprocess::read_line;
 
 /// Reads one request: the account name, or `None` at a clean end of input.
 pub fn read_request<R: BufRead>(input: &mut R) -> Result<Option<String>, ProtocolError> {

@@ -18,7 +18,7 @@ use std::os::fd::{AsRawFd, FromRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::Path;
 
-use pepsi_common::privilege::{self, Identity};
+use pepsi_conf::privilege::{self, Identity};
 
 use crate::protocol::{MAX_FILE, Reply};
 
@@ -32,7 +32,7 @@ pub struct Options {
     pub min_uid: u32,
 }
 
-pub use pepsi_common::privilege::{Account, account};
+pub use pepsi_conf::privilege::{Account, account};
 
 /// The answer for `name`'s `.forward`.
 pub fn read_forward(opts: &Options, name: &str) -> Reply {

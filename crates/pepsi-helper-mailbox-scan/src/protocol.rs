@@ -71,7 +71,7 @@ pub fn address(text: &str) -> Result<String, String> {
     let valid = text.len() <= 254
         && !text.chars().any(|c| c.is_whitespace() || c.is_control())
         && text == text.to_lowercase()
-        && pepsi_common::address::parts(text)
+        && pepsi_conf::address::parts(text)
             .is_some_and(|(l, d)| !l.is_empty() && !d.is_empty() && !l.contains('@'));
     if valid {
         Ok(text.to_owned())

@@ -15,7 +15,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
-use pepsi_common::message;
+use pepsi_contract::message;
 
 use crate::protocol::{self, Finding};
 

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-pub use pepsi_common::maildir::WriterArgs;
+pub use pepsi_outbound::maildir::WriterArgs;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 
@@ -35,7 +35,7 @@ impl CoProcess {
         if args.allow_root_owner {
             cmd.arg("--allow-root-owner");
         }
-        let pipes = pepsi_common::coprocess::spawn(cmd)?;
+        let pipes = pepsi_conf::coprocess::spawn(cmd)?;
         Ok(CoProcess {
             args,
             child: pipes.child,

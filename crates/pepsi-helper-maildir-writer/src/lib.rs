@@ -17,7 +17,7 @@ pub mod client;
 pub mod fsat;
 pub mod maildir;
 /// The owner switch, shared with the `.forward` reader.
-pub use pepsi_common::privilege;
+pub use pepsi_conf::privilege;
 pub mod protocol;
 pub mod quota;
 
@@ -26,10 +26,10 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::Parser;
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -138,7 +138,7 @@ pub fn run() -> ExitCode {
     // Nothing from the caller's environment may reach path expansion or logging.
     let setuid = privilege::scrub_if_setuid();
     let cli = Cli::parse();
-    pepsi_common::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
+    pepsi_conf::cli::init_logging(&constants::CONFIG_SOURCE, &cli.log_level);
     let mut opts = maildir::Options {
         root: cli.root,
         create: cli.create,
@@ -185,7 +185,7 @@ pub fn narrow(
     group: Option<u32>,
 ) -> Result<maildir::Options, String> {
     let section = cfg.section(constants::SECTION);
-    let err = |e: pepsi_common::config::ConfigError| e.to_string();
+    let err = |e: pepsi_conf::config::ConfigError| e.to_string();
     privilege::check_configured_caller(cfg, constants::SECTION, ids, group)?;
     let trusted = section.path("ROOT").map_err(err)?;
     let trusted = std::fs::canonicalize(&trusted)

@@ -165,7 +165,7 @@ impl UsageRequest {
 /// The `sync` request, LF included.
 pub const SYNC_LINE: &[u8] = b"sync\n";
 
-pub use pepsi_common::coprocess::ProtocolError;
+pub use pepsi_conf::coprocess::ProtocolError;
 
 impl Request {
     /// The eight header lines (everything before the message bytes).
@@ -472,7 +472,7 @@ impl Reply {
             "perm" | "temp" => {
                 let (status, text) = rest.split_once(' ').unwrap_or((rest, ""));
                 let class = if word == "perm" { "5" } else { "4" };
-                if pepsi_common::encoding::enhanced_status_class(status).is_none()
+                if pepsi_smtp::encoding::enhanced_status_class(status).is_none()
                     || !status.starts_with(class)
                 {
                     return Err(format!(

@@ -69,9 +69,9 @@ impl From<sqlx::Error> for ApiError {
     }
 }
 
-impl From<pepsi_common::admin::AdminError> for ApiError {
-    fn from(e: pepsi_common::admin::AdminError) -> Self {
-        use pepsi_common::admin::AdminError as E;
+impl From<pepsi_admin::admin::AdminError> for ApiError {
+    fn from(e: pepsi_admin::admin::AdminError) -> Self {
+        use pepsi_admin::admin::AdminError as E;
         match e {
             E::Invalid(m) => ApiError::bad_request(m),
             E::Exists(m) => ApiError::conflict(m),
@@ -81,11 +81,11 @@ impl From<pepsi_common::admin::AdminError> for ApiError {
     }
 }
 
-impl From<pepsi_common::config::Refusal> for ApiError {
+impl From<pepsi_conf::config::Refusal> for ApiError {
     /// An override a program would refuse is 422 (the request was understood, its value is
     /// wrong); one the files own, nothing reads or that cannot be scoped is 400.
-    fn from(e: pepsi_common::config::Refusal) -> Self {
-        use pepsi_common::config::Refusal as R;
+    fn from(e: pepsi_conf::config::Refusal) -> Self {
+        use pepsi_conf::config::Refusal as R;
         match e {
             R::Breaks(m) => ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, m),
             R::FileOnly(m) | R::Unread(m) | R::Unscoped(m) => ApiError::bad_request(m),

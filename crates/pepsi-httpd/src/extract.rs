@@ -14,9 +14,9 @@ use std::time::Instant;
 use axum::extract::{FromRef, FromRequest, FromRequestParts, Request};
 use axum::http::request::Parts;
 use axum::http::{Method, StatusCode, header};
-use pepsi_common::audit::Actor;
-use pepsi_common::config::{Config, ProgramCheck};
-use pepsi_common::stage::edges::StageEdges;
+use pepsi_conf::config::{Config, ProgramCheck};
+use pepsi_contract::audit::Actor;
+use pepsi_contract::stage::edges::StageEdges;
 use serde::de::DeserializeOwned;
 use sqlx::PgPool;
 

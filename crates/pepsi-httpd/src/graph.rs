@@ -5,7 +5,7 @@
 //!
 //! Each stage program declares its own edges from its own section (`Stage::edges`: route's
 //! `ROUTES`, `ROUTE_LOCAL`, `ROUTE_REMOTE`, if's `THEN`, `ELSE`, ...), read here through
-//! `pepsi_common::stage::edges::declared` and the table of declarations the root package
+//! `pepsi_contract::stage::edges::declared` and the table of declarations the root package
 //! passes in (`pepsi::programs::STAGE_EDGES`), so pepsi-httpd links no stage crate and knows
 //! no program's options. A value the stages would refuse is not an error here but a
 //! `problem` the page shows, since a graph with a dangling edge is exactly what an operator
@@ -13,9 +13,9 @@
 
 use std::collections::{BTreeMap, VecDeque};
 
-use pepsi_common::config::Config;
-pub use pepsi_common::stage::edges::EdgeKind;
-use pepsi_common::stage::edges::{self, StageEdges};
+use pepsi_conf::config::Config;
+pub use pepsi_contract::stage::edges::EdgeKind;
+use pepsi_contract::stage::edges::{self, StageEdges};
 use serde::Serialize;
 use sha2::{Digest as _, Sha256};
 

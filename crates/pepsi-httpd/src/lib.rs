@@ -44,15 +44,15 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use clap::{Parser, Subcommand};
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::ProgramCheck;
-use pepsi_common::stage::edges::StageEdges;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::ProgramCheck;
+use pepsi_contract::audit::Actor;
+use pepsi_contract::stage::edges::StageEdges;
 
 use crate::settings::HttpdSettings;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -165,7 +165,7 @@ struct TokenAddArgs {
 }
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    pepsi_common::config::parse_duration(text)
+    pepsi_conf::config::parse_duration(text)
 }
 
 /// The command line of `pepsi-httpd` as clap defines it: its `--help` and its manual page.
@@ -197,10 +197,7 @@ fn local_actor() -> Actor {
     Actor::local(constants::CONFIG_SOURCE.exec)
 }
 
-async fn admin_add(
-    cfg: &pepsi_common::config::Config,
-    a: AdminAddArgs,
-) -> anyhow::Result<ExitCode> {
+async fn admin_add(cfg: &pepsi_conf::config::Config, a: AdminAddArgs) -> anyhow::Result<ExitCode> {
     if !credentials::valid_admin_name(&a.name) {
         eprintln!(
             "pepsi-httpd: administrator name {:?} must be 1 to 64 lower-case letters, digits, '.', '_' or '-', starting with a letter or digit",
@@ -208,7 +205,7 @@ async fn admin_add(
         );
         return Ok(ExitCode::from(2));
     }
-    let pool = pepsi_common::db::connect(cfg).await?;
+    let pool = pepsi_contract::db::connect(cfg).await?;
     if a.if_none && store::admin_count(&pool).await? > 0 {
         println!("an administrator exists already; nothing created");
         return Ok(ExitCode::SUCCESS);
@@ -226,7 +223,7 @@ async fn admin_add(
         None => None,
     };
     let password = credentials::new_password();
-    let hash = pepsi_common::password::hash_password(password.as_bytes())
+    let hash = pepsi_admin::password::hash_password(password.as_bytes())
         .map_err(|e| anyhow::anyhow!("cannot hash the password: {e}"))?;
     let created = store::create_admin(&pool, &local_actor(), &a.name, &hash).await;
     if let Err(e) = created {
@@ -266,15 +263,12 @@ impl Mode0600 for std::fs::OpenOptions {
     }
 }
 
-async fn token_add(
-    cfg: &pepsi_common::config::Config,
-    a: TokenAddArgs,
-) -> anyhow::Result<ExitCode> {
+async fn token_add(cfg: &pepsi_conf::config::Config, a: TokenAddArgs) -> anyhow::Result<ExitCode> {
     if a.label.chars().count() > 200 || a.label.chars().any(char::is_control) {
         eprintln!("pepsi-httpd: --label: at most 200 characters, no control characters");
         return Ok(ExitCode::from(2));
     }
-    let pool = pepsi_common::db::connect(cfg).await?;
+    let pool = pepsi_contract::db::connect(cfg).await?;
     let (id, secret, text) = credentials::new_token();
     let expires = a.expires_in.map(|d| {
         chrono::Utc::now() + chrono::Duration::from_std(d).unwrap_or(chrono::Duration::MAX)
@@ -302,10 +296,10 @@ async fn token_add(
 }
 
 async fn token_list(
-    cfg: &pepsi_common::config::Config,
+    cfg: &pepsi_conf::config::Config,
     a: TokenListArgs,
 ) -> anyhow::Result<ExitCode> {
-    let pool = pepsi_common::db::connect(cfg).await?;
+    let pool = pepsi_contract::db::connect(cfg).await?;
     let tokens = store::list_tokens(&pool).await?;
     if a.json {
         println!(
@@ -319,7 +313,7 @@ async fn token_list(
         return Ok(ExitCode::SUCCESS);
     }
     let when = |t: Option<chrono::DateTime<chrono::Utc>>, none: &str| {
-        t.map_or_else(|| none.to_owned(), pepsi_common::queue::json::ts)
+        t.map_or_else(|| none.to_owned(), pepsi_admin::queue::json::ts)
     };
     let rows: Vec<Vec<String>> = tokens
         .iter()
@@ -327,8 +321,8 @@ async fn token_list(
             vec![
                 t.token_id.clone(),
                 t.admin.clone(),
-                pepsi_common::text::clip(&t.label, 40),
-                pepsi_common::queue::json::ts(t.created_at),
+                pepsi_conf::text::clip(&t.label, 40),
+                pepsi_admin::queue::json::ts(t.created_at),
                 when(t.expires_at, "never"),
                 when(t.last_used_at, "never"),
             ]
@@ -336,7 +330,7 @@ async fn token_list(
         .collect();
     print!(
         "{}",
-        pepsi_common::text::table(
+        pepsi_conf::text::table(
             &["ID", "ADMIN", "LABEL", "CREATED", "EXPIRES", "LAST USED"],
             &[false; 6],
             &rows
@@ -346,7 +340,7 @@ async fn token_list(
 }
 
 async fn token_revoke(
-    cfg: &pepsi_common::config::Config,
+    cfg: &pepsi_conf::config::Config,
     a: TokenRevokeArgs,
 ) -> anyhow::Result<ExitCode> {
     // The whole token names its id too; its secret is never sent anywhere.
@@ -360,7 +354,7 @@ async fn token_revoke(
         );
         return Ok(ExitCode::from(2));
     }
-    let pool = pepsi_common::db::connect(cfg).await?;
+    let pool = pepsi_contract::db::connect(cfg).await?;
     match store::revoke_token(&pool, &local_actor(), &id).await {
         Ok(()) => {
             println!("API token {id} revoked");
@@ -384,7 +378,7 @@ fn config_pool(
     let Some(url) = &settings.config_database_url else {
         return Ok(None);
     };
-    let options = pepsi_common::db::pinned_options(&url.0, socket_dir)
+    let options = pepsi_contract::db::pinned_options(&url.0, socket_dir)
         .context("[pepsi-httpd] CONFIG_DATABASE_URL is not a PostgreSQL URL")?;
     Ok(Some(
         sqlx::postgres::PgPoolOptions::new()
@@ -395,15 +389,15 @@ fn config_pool(
 }
 
 async fn serve(
-    cfg: pepsi_common::config::Config,
+    cfg: pepsi_conf::config::Config,
     checks: &'static [ProgramCheck],
     stage_edges: &'static [StageEdges],
 ) -> anyhow::Result<ExitCode> {
     let settings = HttpdSettings::from_config(&cfg)?;
     let bound = server::bind(&settings)?;
     server::drop_privileges(&settings)?;
-    let pool = pepsi_common::db::connect(&cfg).await?;
-    let config_pool = config_pool(&settings, &pepsi_common::db::socket_dir(&cfg)?)?;
+    let pool = pepsi_contract::db::connect(&cfg).await?;
+    let config_pool = config_pool(&settings, &pepsi_contract::db::socket_dir(&cfg)?)?;
     let scheme = if settings.tls.is_some() {
         "https"
     } else {

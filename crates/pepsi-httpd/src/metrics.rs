@@ -1,5 +1,5 @@
 //! `GET /metrics`: the Prometheus text format, built fresh on every scrape from
-//! `pepsi_common::status::snapshot` — the dispatcher's cumulative `stage_stats` /
+//! `pepsi_admin::status::snapshot` — the dispatcher's cumulative `stage_stats` /
 //! `dispatch_stats` (counters), live gauges straight from `pepsi.workqueue` (rows per stage
 //! and status, the oldest message), and the final outcomes per stage the mail log recorded
 //! in the last hour.
@@ -13,8 +13,8 @@
 use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
-use pepsi_common::queue::STATUSES;
-use pepsi_common::status::{Snapshot, snapshot};
+use pepsi_admin::queue::STATUSES;
+use pepsi_admin::status::{Snapshot, snapshot};
 use prometheus::{
     CounterVec, Encoder as _, GaugeVec, IntCounter, IntCounterVec, Opts, Registry, TextEncoder,
 };
@@ -236,7 +236,7 @@ mod tests {
 
     #[test]
     fn the_rendering_names_every_family_with_its_labels() {
-        use pepsi_common::status::{
+        use pepsi_admin::status::{
             DestinationCount, DispatchCounters, IngressCount, Oldest, OutcomeCount, QueueCount,
             StageCounters,
         };

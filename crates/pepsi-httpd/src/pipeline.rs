@@ -1,6 +1,6 @@
 //! The live pipeline document of `GET /api/pipeline`, pure: the stage graph (`graph`) with
 //! each stage's queue depth by status, its throughput and its failures, from one
-//! `pepsi_common::status::Snapshot`.
+//! `pepsi_admin::status::Snapshot`.
 //!
 //! Throughput is the change of the dispatcher's cumulative `stage_stats` counters over the
 //! last minute: this process keeps the counters it read on earlier requests (`Samples`, at
@@ -14,8 +14,8 @@
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-use pepsi_common::queue::STATUSES;
-use pepsi_common::status::Snapshot;
+use pepsi_admin::queue::STATUSES;
+use pepsi_admin::status::Snapshot;
 use serde_json::{Value, json};
 
 use crate::graph::Graph;
@@ -218,8 +218,8 @@ pub fn document(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_common::config::Config;
-    use pepsi_common::status::{QueueCount, StageCounters};
+    use pepsi_admin::status::{QueueCount, StageCounters};
+    use pepsi_conf::config::Config;
 
     fn at(c: &[(&str, i64)]) -> BTreeMap<String, Counts> {
         c.iter()

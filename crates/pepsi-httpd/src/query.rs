@@ -5,8 +5,8 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pepsi_common::mail_log::{Event, Search};
-use pepsi_common::queue::{Filter, STATUSES};
+use pepsi_admin::queue::{Filter, STATUSES};
+use pepsi_contract::mail_log::{Event, Search};
 
 /// The longest text filter value accepted.
 pub const MAX_TEXT: usize = 254;
@@ -73,7 +73,7 @@ fn row_id(field: &str, value: &str) -> Result<i64, String> {
 }
 
 fn duration(field: &str, value: &str) -> Result<Duration, String> {
-    pepsi_common::config::parse_duration(value).map_err(|e| {
+    pepsi_conf::config::parse_duration(value).map_err(|e| {
         format!("{field}: {value:?} is not a duration (90, 30s, 15m, 2h, 1d, 1h30m): {e}")
     })
 }
@@ -91,8 +91,7 @@ fn queue_field(f: &mut Filter, field: &str, value: &str) -> Result<(), String> {
         "sender" => f.sender = Some(text(field, value)?),
         "recipient" => f.recipient = Some(text(field, value)?),
         "domain" => {
-            f.domain =
-                Some(pepsi_common::admin::domain(value, "domain").map_err(|e| e.to_string())?)
+            f.domain = Some(pepsi_admin::admin::domain(value, "domain").map_err(|e| e.to_string())?)
         }
         "stage" => f.stage = Some(stage_name(field, value)?),
         "status" => {

@@ -13,7 +13,7 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use axum::Router;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use pepsi_common::privilege;
+use pepsi_conf::privilege;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -186,7 +186,7 @@ pub fn bind(s: &HttpdSettings) -> anyhow::Result<Bound> {
     listener.set_nonblocking(true)?;
     let tls = match &s.tls {
         Some((cert, key)) => {
-            let mut config = pepsi_common::server_tls::server_config(cert, key)?;
+            let mut config = pepsi_smtp::server_tls::server_config(cert, key)?;
             config.alpn_protocols = vec![b"http/1.1".to_vec()];
             Some(TlsAcceptor::from(Arc::new(config)))
         }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail};
 use ipnet::IpNet;
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 
 /// The section pepsi-httpd reads.
 pub const SECTION: &str = "pepsi-httpd";

@@ -10,7 +10,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pepsi_common::audit::{self, Actor};
+use pepsi_contract::audit::{self, Actor};
 use serde_json::json;
 use sqlx::PgPool;
 

@@ -297,7 +297,7 @@ fn node(n: &Node, s: Option<&Value>, x: f64, y: f64) -> Markup {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_common::config::Config;
+    use pepsi_conf::config::Config;
     use serde_json::json;
 
     #[test]

@@ -4,10 +4,10 @@
 //! Argon2id verification is deliberately slow, so it runs on the blocking pool, never on
 //! the async workers that carry every other session.
 
-use pepsi_common::password::{check_hash, dummy_hash};
+use pepsi_admin::password::{check_hash, dummy_hash};
 use sqlx::PgPool;
 
-pub use pepsi_common::password::hash_password;
+pub use pepsi_admin::password::hash_password;
 
 /// Why a login failed; the client sees the same reply for the first two.
 #[derive(Debug, thiserror::Error)]

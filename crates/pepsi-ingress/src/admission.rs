@@ -16,7 +16,7 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use pepsi_common::db::{Admission, admit, admit_batch};
+use pepsi_contract::db::{Admission, admit, admit_batch};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
 

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail};
-use pepsi_common::config::{Config, Section};
+use pepsi_conf::config::{Config, Section};
 
 /// The section of the ingress's own options.
 pub const SECTION: &str = "pepsi-ingress";
@@ -99,7 +99,7 @@ pub struct Settings {
     pub local_domains: Vec<String>,
     /// The shared local-recipient resolver: `local_domains` above plus the domains the
     /// settings layer marks local, and `[pepsi] RECIPIENT_DELIMITER`.
-    pub local: pepsi_common::local::LocalRecipients,
+    pub local: pepsi_contract::local::LocalRecipients,
     pub max_message_size: u64,
     pub max_recipients: usize,
     pub max_line_length: usize,
@@ -208,13 +208,13 @@ impl Settings {
         let s = cfg.section(SECTION);
         let hostname = cfg.name_option(&s, "HOSTNAME")?;
         let local_domains = s.or_global().list_opt("LOCAL_DOMAINS")?.unwrap_or_default();
-        let servers = pepsi_common::dns::servers_opt(&s)?.unwrap_or_default();
+        let servers = pepsi_outbound::dns::servers_opt(&s)?.unwrap_or_default();
         let settings = Settings {
             authserv_id: s
                 .string_opt("AUTHSERV_ID")?
                 .unwrap_or_else(|| hostname.clone()),
             hostname,
-            local: pepsi_common::local::LocalRecipients::from_config(cfg)?
+            local: pepsi_contract::local::LocalRecipients::from_config(cfg)?
                 .with_domains(local_domains.clone()),
             local_domains: local_domains
                 .into_iter()

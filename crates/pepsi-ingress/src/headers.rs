@@ -89,7 +89,7 @@ pub fn begins_with_continuation(message: &[u8]) -> bool {
 pub fn strip_forged_results(headers: &[u8], authserv_id: &str, ours: &[String]) -> Vec<u8> {
     let mut out = Vec::with_capacity(headers.len());
     for field in fields(headers) {
-        let named_ours = pepsi_common::message::field_name(field)
+        let named_ours = pepsi_contract::message::field_name(field)
             .is_some_and(|n| ours.iter().any(|o| n.eq_ignore_ascii_case(o.as_bytes())));
         if !named_ours && !is_our_results(field, authserv_id) {
             out.extend_from_slice(field);

@@ -12,7 +12,7 @@
 //! Layout: the protocol itself (parsing, replies, the data scanner) is `pepsi_smtp`'s;
 //! here `session` (the state machine,
 //! one file per verb), `server` (listeners, limits, signals), `verify` (SPF, DKIM, DMARC,
-//! ARC, iprev), `headers` (Received, forged Authentication-Results), `admission` (group admission over `pepsi_common::db::admit`), `wake`,
+//! ARC, iprev), `headers` (Received, forged Authentication-Results), `admission` (group admission over `pepsi_contract::db::admit`), `wake`,
 //! `accounts`, `relay`, `tls`, `limits`, `config`.
 
 pub mod accounts;
@@ -34,10 +34,10 @@ pub mod wake;
 use std::process::ExitCode;
 
 use clap::Parser;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",

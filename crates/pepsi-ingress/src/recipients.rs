@@ -11,11 +11,11 @@
 
 use std::collections::HashSet;
 
-use pepsi_common::address::{self, Address};
-use pepsi_common::alias_file::AliasFile;
-use pepsi_common::config::Config;
-use pepsi_common::local::{self, LocalRecipients};
-use pepsi_common::settings::{SettingsTable, lookup_keys};
+use pepsi_conf::address::{self, Address};
+use pepsi_conf::config::Config;
+use pepsi_contract::alias_file::AliasFile;
+use pepsi_contract::local::{self, LocalRecipients};
+use pepsi_contract::settings::{SettingsTable, lookup_keys};
 use sqlx::PgPool;
 
 const ALIAS_SETTING: &str = "alias";
@@ -25,7 +25,7 @@ const CATCHALL_SETTING: &str = "catchall";
 /// recipient check knows besides the database. Read once at start.
 pub fn alias_files(cfg: &Config) -> anyhow::Result<AliasFile> {
     let mut merged = AliasFile::default();
-    for stage in pepsi_common::stage::StageSettings::stages_of(cfg, "pepsi-stage-aliases") {
+    for stage in pepsi_contract::stage::StageSettings::stages_of(cfg, "pepsi-stage-aliases") {
         let section = cfg.stage_section_named(&stage);
         if let Some(path) = section.path_opt("ALIAS_FILE")? {
             let file = AliasFile::load(&path)

@@ -3,7 +3,7 @@
 //! Unauthenticated clients reach local domains only; an authenticated client may send
 //! anywhere. Everything else is refused at RCPT, so this server is never an open relay.
 
-use pepsi_common::local::LocalRecipients;
+use pepsi_contract::local::LocalRecipients;
 
 /// What to do with one recipient.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -13,9 +13,9 @@
 //! address (`sole_author`); a missing, repeated, group or unparsable From is refused
 //! rather than passed with nothing to check.
 
-use pepsi_common::address::{self, Address};
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::settings::{self, SettingsTable, address_list};
+use pepsi_conf::address::{self, Address};
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::settings::{self, SettingsTable, address_list};
 use sqlx::PgPool;
 
 /// The setting on a login listing the further addresses and `@domain`s it may send as.
@@ -64,7 +64,7 @@ pub fn owns(login: &str, address: &str, local: &LocalRecipients, table: &Setting
 /// From field, naming exactly one mailbox with an address. The error says what is wrong
 /// (for the client's reply: ASCII, the field's text shortened). Pure.
 pub fn sole_author(headers: &[u8]) -> Result<String, String> {
-    let fields = pepsi_common::message::field_values(headers, "From");
+    let fields = pepsi_contract::message::field_values(headers, "From");
     let value = match fields.as_slice() {
         [] => return Err("the message has no From field".into()),
         [one] => one,

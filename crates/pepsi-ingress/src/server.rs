@@ -6,11 +6,12 @@
 //! overrides applied live: on `config_changed` the settings are built again from the file
 //! and the overlay, and the sessions that start afterwards use them.
 
+use pepsi_contract::overlay::DbOverlay;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context as _;
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::signal::unix::{SignalKind, signal};
@@ -98,7 +99,7 @@ pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str>
 /// and the settings in force stay.
 async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
     let mut listener = loop {
-        match pepsi_common::config::listen_config_changed(&shared.pool).await {
+        match pepsi_contract::overlay::listen_config_changed(&shared.pool).await {
             Ok(l) => break l,
             Err(e) => {
                 tracing::warn!("cannot listen for config_changed, trying again in 5s: {e}");
@@ -119,7 +120,7 @@ async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
         }
         let rebuilt = async {
             let config = file_config
-                .with_db_overlay(&shared.pool, &pepsi_common::config::Scope::Global)
+                .with_db_overlay(&shared.pool, &pepsi_conf::config::Scope::Global)
                 .await?;
             Settings::from_config(&config)
         }
@@ -163,11 +164,11 @@ async fn flush_stats(shared: Arc<Shared>) {
 pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     // Validate the file before touching the network, so a typo fails fast.
     Settings::from_config(&file_config)?;
-    let pool = pepsi_common::db::connect(&file_config).await?;
+    let pool = pepsi_contract::db::connect(&file_config).await?;
     // The global overlay may tune [pepsi-ingress]; listener sections are never taken from
     // the database (the configuration layer refuses them).
     let config = file_config
-        .with_db_overlay(&pool, &pepsi_common::config::Scope::Global)
+        .with_db_overlay(&pool, &pepsi_conf::config::Scope::Global)
         .await
         .context("cannot read the configuration overrides")?;
     let settings = Settings::from_config(&config)?;

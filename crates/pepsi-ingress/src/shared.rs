@@ -32,7 +32,7 @@ pub struct Shared {
     /// What is counted for `pepsi.ingress_stats`.
     pub stats: crate::stats::Stats,
     /// The aliases stages' alias files, for CHECK_RECIPIENTS.
-    pub alias_files: pepsi_common::alias_file::AliasFile,
+    pub alias_files: pepsi_contract::alias_file::AliasFile,
     /// Failed logins per client network and per account (AUTH_FAILURES_PER_*).
     pub auth_client_failures: crate::limits::FailureCounter,
     pub auth_account_failures: crate::limits::FailureCounter,

@@ -48,5 +48,8 @@ impl TlsHandle {
 }
 
 fn build(files: &TlsFiles) -> anyhow::Result<ServerConfig> {
-    pepsi_common::server_tls::server_config(&files.cert, &files.key)
+    Ok(pepsi_smtp::server_tls::server_config(
+        &files.cert,
+        &files.key,
+    )?)
 }

@@ -1,5 +1,5 @@
 //! Message authentication at the door: iprev, SPF (HELO and MAIL FROM), DKIM, ARC and
-//! DMARC with `mail-auth`, over the resolver of `pepsi_common::dns` whose servers the
+//! DMARC with `mail-auth`, over the resolver of `pepsi_outbound::dns` whose servers the
 //! configuration names (`DNS_SERVERS`), so a test can point it at a DNS server of its own.
 //! Verdicts come from the DNS alone: a local hosts file is not a domain's word.
 //!
@@ -16,8 +16,8 @@ use mail_auth::{
 };
 
 use crate::config::DnsSettings;
-use pepsi_common::address;
-use pepsi_common::state::{Auth, AuthVerdict, Iprev};
+use pepsi_conf::address;
+use pepsi_contract::state::{Auth, AuthVerdict, Iprev};
 
 /// The resolver and the names the verdicts are issued under.
 pub struct Verifier {
@@ -42,7 +42,7 @@ pub struct Verdict {
 
 impl Verifier {
     pub fn new(dns: &DnsSettings, authserv_id: &str, hostname: &str) -> anyhow::Result<Verifier> {
-        let (config, mut opts) = pepsi_common::dns::resolver_config(&dns.servers, dns.timeout)?;
+        let (config, mut opts) = pepsi_outbound::dns::resolver_config(&dns.servers, dns.timeout)?;
         // Negative answers are cached for at least DNS_NEGATIVE_TTL (at most an hour), even
         // when the zone gives none: each lookup the verdicts make for a name without the
         // record (most senders publish no DMARC, many no SPF) is asked once per period.

@@ -99,7 +99,7 @@ async fn run<F, Fut>(
 }
 
 async fn notify(pool: &PgPool) {
-    if let Err(e) = pepsi_common::db::wake_dispatcher(pool).await {
+    if let Err(e) = pepsi_contract::db::wake_dispatcher(pool).await {
         // The dispatcher's POLL_INTERVAL heartbeat still finds the rows.
         tracing::warn!("cannot wake the dispatcher: {e}");
     }

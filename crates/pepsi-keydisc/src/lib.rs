@@ -25,16 +25,16 @@ use anyhow::Context as _;
 use clap::Parser;
 use hickory_resolver::proto::rr::{RData, RecordType};
 use names::Method;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::Config;
-use pepsi_common::dns::{Dns, Lookup};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::Config;
 use pepsi_crypto::{Scheme, openpgp, smime};
+use pepsi_outbound::dns::{Dns, Lookup};
 use serde::Serialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -108,8 +108,9 @@ pub struct Settings {
 impl Settings {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
         let s = cfg.section("pepsi-keydisc");
-        let dns_servers = pepsi_common::dns::servers_opt(s.or_global().section_for("DNS_SERVERS"))?
-            .unwrap_or_default();
+        let dns_servers =
+            pepsi_outbound::dns::servers_opt(s.or_global().section_for("DNS_SERVERS"))?
+                .unwrap_or_default();
         let settings = Settings {
             interval: s
                 .duration_opt("INTERVAL")?
@@ -296,7 +297,7 @@ impl Finder {
 
     /// Asks one method about one address.
     pub async fn ask(&self, method: Method, address: &str) -> Answer {
-        let Some((local, domain)) = pepsi_common::address::parts(address) else {
+        let Some((local, domain)) = pepsi_conf::address::parts(address) else {
             return Answer::None(format!("{address:?} is not an address"));
         };
         // A domain name, not an address literal or a bare host name: nothing a recipient
@@ -564,7 +565,7 @@ pub async fn pass(pool: &PgPool, finder: &Finder) -> anyhow::Result<Pass> {
             done.released += i64::from(n);
         }
         tx.commit().await?;
-        pepsi_common::db::notify_workqueue(pool).await?;
+        pepsi_contract::db::notify_workqueue(pool).await?;
     }
     Ok(done)
 }
@@ -712,7 +713,7 @@ pub fn run() -> ExitCode {
         let settings = Settings::from_config(&cfg)?;
         let interval = settings.interval;
         let finder = Finder::new(settings)?;
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         if cli.once {
             let p = pass(&pool, &finder).await?;
             let mut out = std::io::stdout().lock();

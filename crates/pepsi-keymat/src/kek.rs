@@ -6,7 +6,7 @@
 //! additional data binds it to `pepsi-keymat/1`, the scheme and the fingerprint.
 
 use openssl::symm::{Cipher, decrypt_aead, encrypt_aead};
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 use pepsi_crypto::Scheme;
 use zeroize::Zeroizing;
 
@@ -66,7 +66,7 @@ impl Kek {
             .ok_or_else(|| bad("expected `id:base64-key` (pepsi-keys kek-new prints one)"))?;
         check_id(id).map_err(|e| bad(&e))?;
         let bytes = Zeroizing::new(
-            pepsi_common::encoding::base64_decode(b64.trim())
+            pepsi_smtp::encoding::base64_decode(b64.trim())
                 .ok_or_else(|| bad(&format!("the key of {id:?} is not base64")))?,
         );
         if bytes.len() != KEY_LEN {
@@ -107,7 +107,7 @@ pub fn new_kek(id: &str) -> Result<String, KeymatError> {
         .map_err(|e| KeymatError::Config(format!("no random bytes for a new key: {e}")))?;
     Ok(format!(
         "{id}:{}",
-        pepsi_common::encoding::base64_encode(&key[..])
+        pepsi_smtp::encoding::base64_encode(&key[..])
     ))
 }
 
@@ -134,7 +134,7 @@ impl Keyring {
     /// from a `secrets.d` fragment.
     pub fn from_config(cfg: &Config) -> Result<Keyring, KeymatError> {
         let section = cfg.section("crypto");
-        let config = |e: pepsi_common::config::ConfigError| KeymatError::Config(e.to_string());
+        let config = |e: pepsi_conf::config::ConfigError| KeymatError::Config(e.to_string());
         let current = section.string_opt("KEK").map_err(config)?.ok_or_else(|| {
             KeymatError::Config(
                 "[crypto] KEK is not set: put `[crypto]` and `KEK = <id>:<key>` (from \

@@ -13,9 +13,9 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::audit::{self, Actor};
-use pepsi_common::cli::ToolFailure as Failure;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::cli::ToolFailure as Failure;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_contract::audit::{self, Actor};
 use pepsi_crypto::{KeyInfo, KeyPair, Scheme, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store::{self, Identity};
@@ -24,7 +24,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -293,7 +293,7 @@ pub fn run() -> ExitCode {
             return Ok(exit(kek_new(a)));
         }
         let cfg = cli.common.load_config()?;
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         let actor = Actor::local(constants::CONFIG_SOURCE.exec);
         // The KEK is read only by the commands that seal or open.
         let keyring = || Keyring::from_config(&cfg).map_err(|e| Failure::Other(e.into()));
@@ -340,7 +340,7 @@ pub fn run() -> ExitCode {
 }
 
 fn exit(result: Done) -> ExitCode {
-    pepsi_common::cli::tool_exit(&constants::CONFIG_SOURCE, result)
+    pepsi_conf::cli::tool_exit(&constants::CONFIG_SOURCE, result)
 }
 
 fn kek_new(a: &KekNewArgs) -> Done {
@@ -351,7 +351,7 @@ fn kek_new(a: &KekNewArgs) -> Done {
 
 /// A lower-case address, or the reason it is not one.
 fn address(text: &str) -> Result<String, Failure> {
-    match pepsi_common::address::Address::parse(text) {
+    match pepsi_conf::address::Address::parse(text) {
         Ok(a) => Ok(a.key()),
         Err(_) => Err(invalid(format!(
             "{text:?} is not an address (local@domain)"
@@ -361,10 +361,10 @@ fn address(text: &str) -> Result<String, Failure> {
 
 /// An identity is for an address Pepsi serves: its domain is local (`[pepsi]
 /// LOCAL_DOMAINS` or the settings layer).
-async fn local(pool: &PgPool, cfg: &pepsi_common::config::Config, text: &str) -> Done {
+async fn local(pool: &PgPool, cfg: &pepsi_conf::config::Config, text: &str) -> Done {
     let address = address(text)?;
-    let domain = pepsi_common::address::domain_part(&address).expect("checked by address()");
-    let locals = pepsi_common::local::LocalRecipients::from_config(cfg)
+    let domain = pepsi_conf::address::domain_part(&address).expect("checked by address()");
+    let locals = pepsi_contract::local::LocalRecipients::from_config(cfg)
         .map_err(|e| Failure::Other(e.into()))?;
     if locals.is_local_domain(pool, domain).await? {
         Ok(())
@@ -677,7 +677,7 @@ async fn find_identity(
 
 async fn export(
     pool: &PgPool,
-    cfg: &pepsi_common::config::Config,
+    cfg: &pepsi_conf::config::Config,
     actor: &Actor,
     a: ExportArgs,
 ) -> Done {

@@ -2,26 +2,27 @@
 //!
 //! `list` and `show` read; `retry`, `hold`, `release`, `delete` and `bounce` act, one row
 //! per transaction, each with its `pepsi.event_log` row, and wake the dispatcher once the
-//! command's actions have committed. All SQL goes through `pepsi_common::queue` (this crate
+//! command's actions have committed. All SQL goes through `pepsi_admin::queue` (this crate
 //! issues none); presentation lives in `render`. A running row is never changed unless the
 //! operator forces it.
 
 mod render;
 
+use pepsi_contract::overlay::DbOverlay;
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::{Config, Scope};
-use pepsi_common::queue::{self, Action, AdminError, Filter, Outcome};
+use pepsi_admin::queue::{self, Action, AdminError, Filter, Outcome};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::{Config, Scope};
+use pepsi_contract::audit::Actor;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -259,7 +260,7 @@ struct BounceArgs {
 }
 
 fn parse_duration(text: &str) -> Result<std::time::Duration, String> {
-    pepsi_common::config::parse_duration(text)
+    pepsi_conf::config::parse_duration(text)
 }
 
 /// The command line of `pepsi-queue` as clap defines it: its `--help` and its manual page.
@@ -273,7 +274,7 @@ pub fn run() -> ExitCode {
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         match cli.command {
             Command::List(a) => list(&pool, a).await,
             Command::Show(a) => show(&pool, a).await,

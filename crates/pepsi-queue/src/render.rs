@@ -4,9 +4,10 @@
 use std::fmt::Write as _;
 
 use chrono::{DateTime, Utc};
-pub use pepsi_common::queue::json::{list_json, show_json, ts};
-use pepsi_common::queue::{Message, QueueRow};
-pub use pepsi_common::text::{clip, human_duration, summary_table, table};
+pub use pepsi_admin::queue::json::{list_json, show_json, ts};
+pub use pepsi_admin::queue::table::summary_table;
+use pepsi_admin::queue::{Message, QueueRow};
+pub use pepsi_conf::text::{clip, human_duration, table};
 use serde_json::{Value, json};
 
 /// The NEXT RETRY cell: `held`, `due` (its time has passed), `in 4m10s`, or `-`.

@@ -2,7 +2,7 @@
 //! (per mailbox and per domain), the usage `pepsi.quota_usage` records, and a recount of a
 //! Maildir from disk.
 //!
-//! Limits and usage go through `pepsi_common::quota` (each change with its `pepsi.event_log`
+//! Limits and usage go through `pepsi_contract::quota` (each change with its `pepsi.event_log`
 //! row). A recount runs the Maildir writer the delivery stage runs (`[stage-<name>] HELPER`,
 //! found the same way) with a `usage … rebuild yes` request, so the count is made as the
 //! mailbox's owner and rewrites the Maildir++ `maildirsize` an IMAP server reads; the tool is
@@ -13,20 +13,20 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::address;
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::ToolFailure as Failure;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::Config;
-use pepsi_common::maildir::{self, Mailboxes, NoStage};
-use pepsi_common::quota::{self, Limits, Recorded, Scope, Usage};
+use pepsi_conf::address;
+use pepsi_conf::cli::ToolFailure as Failure;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::Config;
+use pepsi_contract::audit::Actor;
+use pepsi_contract::quota::{self, Limits, Recorded, Scope, Usage};
 use pepsi_helper_maildir_writer::client::CoProcess;
 use pepsi_helper_maildir_writer::protocol::{Reply, UsageRequest};
+use pepsi_outbound::maildir::{self, Mailboxes, NoStage};
 use serde::Serialize;
 use sqlx::PgPool;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -168,7 +168,7 @@ pub fn run() -> ExitCode {
             Ok(l) => l,
             Err(e) => return Ok(exit(Err(e))),
         };
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         let actor = Actor::local(constants::CONFIG_SOURCE.exec);
         let result = match cli.command {
             Command::Show(a) => show(&pool, a).await,
@@ -184,7 +184,7 @@ pub fn run() -> ExitCode {
 }
 
 fn exit(result: Done) -> ExitCode {
-    pepsi_common::cli::tool_exit(&constants::CONFIG_SOURCE, result)
+    pepsi_conf::cli::tool_exit(&constants::CONFIG_SOURCE, result)
 }
 
 fn scope(text: &str) -> Result<Scope, Failure> {
@@ -225,7 +225,7 @@ fn set_args(a: &SetArgs) -> Result<SetPlan, Failure> {
     let storage = limit_arg(
         a.storage.as_deref(),
         "storage",
-        pepsi_common::config::parse_size,
+        pepsi_conf::config::parse_size,
     )?;
     let messages = limit_arg(a.messages.as_deref(), "messages", |t| {
         t.trim()
@@ -416,7 +416,7 @@ fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, Failure> 
 async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
     let stage = delivery_stage(cfg, a.stage.as_deref())?;
     let s = Mailboxes::of_stage(cfg, &stage).with_context(|| format!("[stage-{stage}]"))?;
-    let local = pepsi_common::local::LocalRecipients::from_config(cfg)
+    let local = pepsi_contract::local::LocalRecipients::from_config(cfg)
         .with_context(|| format!("[stage-{stage}]"))?;
     let mailboxes: Vec<String> = if a.all {
         let mut all: Vec<String> = quota::all_limits(pool)
@@ -451,7 +451,7 @@ async fn recalc(pool: &PgPool, cfg: &Config, a: RecalcArgs) -> Done {
     let limits = quota::all_limits(pool).await?;
     let (mut counted, mut failed) = (0usize, 0usize);
     for mailbox in &mailboxes {
-        // The limits the delivery applies (pepsi_common::quota): the mailbox's own, else the
+        // The limits the delivery applies (pepsi_contract::quota): the mailbox's own, else the
         // stage's, else its domain's.
         let find = |key: &str| limits.iter().find(|(k, _)| k == key).map(|(_, l)| *l);
         let domain = find(&format!(

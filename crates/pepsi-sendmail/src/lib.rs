@@ -24,7 +24,7 @@ pub mod spool;
 use std::io::Write as _;
 use std::process::ExitCode;
 
-use pepsi_common::config::{CONFIG_ENV, Config, ConfigSource};
+use pepsi_conf::config::{CONFIG_ENV, Config, ConfigSource};
 use pepsi_smtp::Reply;
 
 use message::{Context, EnvelopeRequest, MessageError, Prepared, Submitter};
@@ -33,7 +33,7 @@ use queue::{QueueError, Queued};
 use settings::{Settings, User};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -118,7 +118,7 @@ fn main(
         }
         _ => {}
     }
-    pepsi_common::cli::init_logging(source, &inv.log_level);
+    pepsi_conf::cli::init_logging(source, &inv.log_level);
     let uid = settings::real_uid();
     if privileged && uid != 0 && (inv.config.is_some() || env_config) {
         return Err(Failure::new(
@@ -134,7 +134,7 @@ fn main(
                 .filter(|v| !v.is_empty())
                 .map(Into::into)
         })
-        .unwrap_or_else(|| pepsi_common::config::DEFAULT_CONFIG_PATH.into());
+        .unwrap_or_else(|| pepsi_conf::config::DEFAULT_CONFIG_PATH.into());
     let cfg = Config::load_without_secrets(&path)
         .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
     let settings =

@@ -7,8 +7,8 @@
 
 use std::io::BufRead;
 
-use pepsi_common::message::{has_field, recipient_addresses, remove_fields};
-use pepsi_common::state::{Dsn, DsnRcpt, Ret};
+use pepsi_contract::message::{has_field, recipient_addresses, remove_fields};
+use pepsi_contract::state::{Dsn, DsnRcpt, Ret};
 
 /// The bounds every message is read within.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -342,7 +342,7 @@ fn from_field(name: Option<&str>, address: &str) -> String {
             let clean: String = n.chars().filter(|c| !c.is_control()).collect();
             format!(
                 "From: =?utf-8?b?{}?= <{address}>\r\n",
-                pepsi_common::encoding::base64_encode(clean.as_bytes())
+                pepsi_smtp::encoding::base64_encode(clean.as_bytes())
             )
         }
     }

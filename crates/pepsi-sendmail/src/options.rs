@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pepsi_common::state::Ret;
+use pepsi_contract::state::Ret;
 
 /// What the program is asked to do.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -325,8 +325,8 @@ fn queue_interval(rest: &str) -> Result<Option<Duration>, UsageError> {
             "-q{r}: queue selection is not offered; -q inserts every file of the drop directory"
         ))),
         r => {
-            let d = pepsi_common::config::parse_duration(r)
-                .map_err(|e| usage(format!("-q{r}: {e}")))?;
+            let d =
+                pepsi_conf::config::parse_duration(r).map_err(|e| usage(format!("-q{r}: {e}")))?;
             if d.is_zero() {
                 return Err(usage(format!("-q{r}: the interval must be more than 0")));
             }

@@ -10,7 +10,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use pepsi_common::db::{LocalSubmission, is_submission_refused, sendmail_submit};
+use pepsi_contract::db::{LocalSubmission, is_submission_refused, sendmail_submit};
 use sqlx::{Connection as _, PgConnection};
 
 use crate::message::Prepared;
@@ -66,12 +66,12 @@ pub async fn queue(settings: &Settings, who: &User, msg: &Prepared) -> Result<Qu
             dsn: &msg.dsn,
             uid: who.uid,
             user: who.login.as_deref(),
-            via: pepsi_common::state::SubmissionVia::Direct,
+            via: pepsi_contract::state::SubmissionVia::Direct,
             token: None,
         };
         let result = sendmail_submit(&mut conn, &submission).await;
         if let Ok(Some(_)) = &result
-            && let Err(e) = pepsi_common::db::notify_workqueue(&mut conn).await
+            && let Err(e) = pepsi_contract::db::notify_workqueue(&mut conn).await
         {
             // The row is stored; the dispatcher finds it at its next heartbeat.
             tracing::debug!("cannot wake the dispatcher: {e}");
@@ -152,14 +152,14 @@ pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
             Err(e) => {
                 report.left = names.len() - i;
                 if report.inserted > 0 {
-                    let _ = pepsi_common::db::notify_workqueue(&mut conn).await;
+                    let _ = pepsi_contract::db::notify_workqueue(&mut conn).await;
                 }
                 return Err(e.context(format!("{} files wait for the next pass", report.left)));
             }
         }
     }
     if report.inserted > 0
-        && let Err(e) = pepsi_common::db::notify_workqueue(&mut conn).await
+        && let Err(e) = pepsi_contract::db::notify_workqueue(&mut conn).await
     {
         tracing::debug!("cannot wake the dispatcher: {e}");
     }
@@ -199,7 +199,7 @@ async fn insert_one(
         dsn: &file.envelope.dsn,
         uid: file.uid,
         user: owner.login.as_deref(),
-        via: pepsi_common::state::SubmissionVia::Spool,
+        via: pepsi_contract::state::SubmissionVia::Spool,
         token: Some(&token),
     };
     match sendmail_submit(&mut *conn, &submission).await {

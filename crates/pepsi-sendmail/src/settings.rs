@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::db::pinned_options;
-use pepsi_common::privilege;
+use pepsi_conf::config::Config;
+use pepsi_conf::privilege;
+use pepsi_contract::db::pinned_options;
 use sqlx::postgres::PgConnectOptions;
 
 use crate::message::Limits;
@@ -39,7 +39,7 @@ impl Settings {
         // A URL without a host is pinned to [database] SOCKET_DIR: every user's sendmail
         // would otherwise talk to whatever listens at /tmp/.s.PGSQL.5432 while the server
         // is down (security review 2026-12-04 #3).
-        let socket_dir = pepsi_common::db::socket_dir(cfg)?;
+        let socket_dir = pepsi_contract::db::socket_dir(cfg)?;
         let database = match s.string_opt("DATABASE_URL")? {
             Some(url) => pinned_options(&url, &socket_dir).map_err(|e| {
                 anyhow::anyhow!("[{SECTION}] DATABASE_URL is not a PostgreSQL URL: {e}")
@@ -142,7 +142,7 @@ mod tests {
     fn the_user_comes_from_the_password_database() {
         let root = user(0);
         assert_eq!(root.login.as_deref(), Some("root"));
-        let gecos = pepsi_common::privilege::account("root")
+        let gecos = pepsi_conf::privilege::account("root")
             .unwrap()
             .unwrap()
             .gecos;

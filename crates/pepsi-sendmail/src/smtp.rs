@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, Write};
 
-use pepsi_common::state::{DsnRcpt, Ret};
+use pepsi_contract::state::{DsnRcpt, Ret};
 use pepsi_smtp::Reply;
 use pepsi_smtp::command::{self, Command, ParseError};
 use pepsi_smtp::params::{self, MailParams};

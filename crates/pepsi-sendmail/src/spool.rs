@@ -18,7 +18,7 @@ use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use pepsi_common::state::Dsn;
+use pepsi_contract::state::Dsn;
 use serde::{Deserialize, Serialize};
 
 const MAGIC: &[u8] = b"PEPSI-SENDMAIL 1\n";
@@ -168,7 +168,7 @@ pub fn read(dir: &Path, name: &str, max_message: u64) -> Result<SpoolFile, BadFi
             message.len()
         )));
     }
-    let (headers, body) = pepsi_common::message::split(message);
+    let (headers, body) = pepsi_contract::message::split(message);
     Ok(SpoolFile {
         path,
         name: name.to_owned(),

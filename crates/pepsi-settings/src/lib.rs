@@ -2,7 +2,7 @@
 //! hold — mailbox accounts (create, delete, enable, disable, set a password, hashed here),
 //! aliases and catch-alls, local domains, and any other setting a Pepsi program reads.
 //!
-//! Every change goes through `pepsi_common::admin`, which validates the input where it
+//! Every change goes through `pepsi_admin::admin`, which validates the input where it
 //! enters and writes the change and its `pepsi.event_log` row in one transaction, exactly
 //! as pepsi-httpd's API does; this crate issues no SQL of its own. Presentation is in
 //! `render`. A password is read from a terminal without echo, from stdin or from a file,
@@ -16,10 +16,10 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::admin::{self, AdminError, KNOWN_SETTINGS};
-use pepsi_common::audit::Actor;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
+use pepsi_admin::admin::{self, AdminError, KNOWN_SETTINGS};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_contract::audit::Actor;
+use pepsi_contract::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
@@ -27,7 +27,7 @@ use sqlx::PgPool;
 use crate::password::PasswordSource;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -331,7 +331,7 @@ pub fn run() -> ExitCode {
             Ok(p) => p,
             Err(e) => return Ok(exit(Err(e))),
         };
-        let pool = pepsi_common::db::connect(&cfg).await?;
+        let pool = pepsi_contract::db::connect(&cfg).await?;
         let actor = Actor::local(constants::CONFIG_SOURCE.exec);
         let result = match cli.command {
             Command::Account(c) => account(&pool, &actor, c, password).await,
@@ -535,7 +535,7 @@ async fn remove(pool: &PgPool, actor: &Actor, key: &str, name: &str) -> Done {
 async fn domain(
     pool: &PgPool,
     actor: &Actor,
-    cfg: &pepsi_common::config::Config,
+    cfg: &pepsi_conf::config::Config,
     c: DomainCommand,
 ) -> Done {
     let configured = LocalRecipients::from_config(cfg).context("reading [pepsi] LOCAL_DOMAINS")?;
@@ -627,7 +627,7 @@ async fn list(pool: &PgPool, a: ListArgs) -> Done {
 }
 
 async fn show(pool: &PgPool, a: ShowArgs) -> Done {
-    // The lookup is pepsi_common's, shared with pepsi-httpd's GET /api/settings/{address}.
+    // The lookup is pepsi_contract's, shared with pepsi-httpd's GET /api/settings/{address}.
     let shown = admin::applied_settings(pool, &a.address).await?;
     if a.out.json {
         return print_json(&shown);

@@ -7,10 +7,10 @@ use std::os::fd::AsRawFd as _;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
-use pepsi_common::admin::AdminError;
+use pepsi_admin::admin::AdminError;
 
 use crate::Failure;
-use pepsi_common::password::{MAX_PASSWORD_LEN, hash_password};
+use pepsi_admin::password::{MAX_PASSWORD_LEN, hash_password};
 
 /// Where the password comes from.
 #[derive(Debug, Clone, PartialEq, Eq)]

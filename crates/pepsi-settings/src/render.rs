@@ -2,10 +2,10 @@
 //! `--json` and the tables. Pure functions, no I/O.
 
 use chrono::{DateTime, Utc};
-use pepsi_common::admin::{Account, Applied, KNOWN_SETTINGS, KeyKind, SettingRow, ValueKind};
-use pepsi_common::queue::json::ts;
-use pepsi_common::settings::address_list;
-use pepsi_common::text::{clip, table};
+use pepsi_admin::admin::{Account, Applied, KNOWN_SETTINGS, KeyKind, SettingRow, ValueKind};
+use pepsi_admin::queue::json::ts;
+use pepsi_conf::text::{clip, table};
+use pepsi_contract::settings::address_list;
 use serde::Serialize;
 use serde_json::Value;
 
@@ -185,7 +185,7 @@ pub fn names() -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_common::settings::{Setting, SettingSource};
+    use pepsi_contract::settings::{Setting, SettingSource};
     use serde_json::json;
 
     #[test]

@@ -7,7 +7,7 @@
 -- that processes mail can plant or swap a key. A change notifies config_changed
 -- (procedures.sql), so the dispatcher replaces the signing workers and they load the new keys.
 --
--- The CHECKs mirror pepsi_common::keys: a lower-case dotted domain of letters, digits and
+-- The CHECKs mirror pepsi_outbound::keys: a lower-case dotted domain of letters, digits and
 -- hyphens without a trailing dot (signing_domain), a selector of such labels that may also
 -- hold underscores (valid_selector), and PEM armour around the key. Whether the key inside
 -- parses is decided by the stage, which skips a row it cannot use and logs why.

@@ -5,7 +5,7 @@
 -- MAILDIR_ROOT, ...) or a privilege of the setuid Maildir writer (ALLOW_ROOT_OWNER,
 -- CREATE_MAILDIR) comes from the configuration file only, in every section: whoever can
 -- write a config_override row could otherwise make the system execute a binary or forge
--- verification verdicts. pepsi_common::config::FILE_ONLY_OPTIONS holds the same list (a test
+-- verification verdicts. pepsi_conf::config::FILE_ONLY_OPTIONS holds the same list (a test
 -- compares the two), and the loader ignores such a row as well.
 --
 -- NOT VALID: a row stored before this patch stays (the loader ignores it and says so);

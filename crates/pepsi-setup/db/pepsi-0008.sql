@@ -7,7 +7,7 @@ CREATE INDEX event_log_workqueue_idx ON pepsi.event_log (workqueue_id)
 
 -- [pepsi-httpd] CONFIG_DATABASE_URL names a database connection (with its password, as a
 -- rule): like every option that names a connection, file, key or program it comes from the
--- configuration file only. The list stays the one of pepsi_common::config::FILE_ONLY_OPTIONS
+-- configuration file only. The list stays the one of pepsi_conf::config::FILE_ONLY_OPTIONS
 -- (a test compares the two); NOT VALID as in pepsi-0004.
 ALTER TABLE pepsi.config_override DROP CONSTRAINT config_override_file_only;
 ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_file_only

@@ -1,5 +1,5 @@
 -- pepsi-0009.sql: the automatic replies sent, for RFC 3834's rule of at most one reply to a
--- sender per period (pepsi_common::autoreply decides the rest from the message alone).
+-- sender per period (pepsi_stage_vacation::autoreply decides the rest from the message alone).
 --
 -- One row per (owner, sender), both lower case: when the owner's address last answered
 -- that sender, and for which queue row, so that a pass run again after a crash answers the

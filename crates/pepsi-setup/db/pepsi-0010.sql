@@ -1,4 +1,4 @@
--- pepsi-0010.sql: mailbox quotas (pepsi_common::quota, docs/quota.md).
+-- pepsi-0010.sql: mailbox quotas (pepsi_contract::quota, docs/quota.md).
 --
 -- quota_limit: the limits of one mailbox (scope `alice@example.test`) or of all the
 -- mailboxes of a domain together (scope `@example.test`), in comparison form (lower case).

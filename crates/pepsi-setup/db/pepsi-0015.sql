@@ -7,7 +7,7 @@
 -- of a secrets.d fragment they cannot read (security review 2026-12-04, finding 2). Like
 -- every option that names a program, file, key or trust anchor, they come from the
 -- configuration file only, in every section. The list stays the one of
--- pepsi_common::config::FILE_ONLY_OPTIONS (a test compares the two); NOT VALID as in
+-- pepsi_conf::config::FILE_ONLY_OPTIONS (a test compares the two); NOT VALID as in
 -- pepsi-0004 (a row stored before stays, and the loader ignores it and says so).
 ALTER TABLE pepsi.config_override DROP CONSTRAINT config_override_file_only;
 ALTER TABLE pepsi.config_override ADD CONSTRAINT config_override_file_only

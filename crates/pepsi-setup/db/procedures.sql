@@ -12,12 +12,12 @@
 --   queues a notification holds a database-wide lock from then until it commits, which would
 --   serialise every concurrent SMTP session's commit. pepsi-ingress instead wakes the
 --   dispatcher out of band, after its rows have committed, through
---   pepsi_common::db::wake_dispatcher: at once when no wake-up is in flight, else once right
+--   pepsi_contract::db::wake_dispatcher: at once when no wake-up is in flight, else once right
 --   after the one in flight (requests collapse), each in a transaction of its own with
 --   synchronous_commit off (the rows it announces are durable already; the wake-up itself
 --   needs no durability, so it does not wait for a WAL flush).
 -- * Writers outside the dispatcher's loop notify explicitly, from Rust, through
---   pepsi_common::db::notify_workqueue, after their transaction commits: operator tools
+--   pepsi_contract::db::notify_workqueue, after their transaction commits: operator tools
 --   resuming or retrying rows (workqueue_resume, and pepsi-queue's workqueue_retry,
 --   workqueue_release, workqueue_bounce … below), and any program that injects mail without
 --   being a stage worker (workqueue_inject called outside a stage).
@@ -377,7 +377,7 @@ $$;
 -- THE AUDIT LOG
 --
 -- One row per administrative action, written in the same transaction as the action. Every
--- surface (operator tools, the API) writes through pepsi_common::audit::record, which calls
+-- surface (operator tools, the API) writes through pepsi_contract::audit::record, which calls
 -- this function; the actor defaults to the database role (current_user).
 CREATE OR REPLACE FUNCTION pepsi.event_log_add(
     p_action text, p_workqueue_id bigint, p_detail jsonb, p_actor text DEFAULT NULL)
@@ -386,7 +386,7 @@ RETURNS void LANGUAGE sql AS $$
     VALUES (COALESCE(p_actor, current_user), p_action, p_workqueue_id, COALESCE(p_detail, '{}'))
 $$;
 
--- OPERATOR ACTIONS (pepsi-queue, through pepsi_common::queue)
+-- OPERATOR ACTIONS (pepsi-queue, through pepsi_admin::queue)
 --
 -- Each takes one row id, locks the row, changes it and returns a JSON object:
 -- {"changed": true, ...what changed...} or {"changed": false, "note": "..."} when there was
@@ -978,7 +978,7 @@ CREATE OR REPLACE TRIGGER signing_key_notify
 --
 -- pepsi.settings rows are keyed by a lower-case address (`alice@example.org`) or a domain
 -- key (`@example.org`) that applies to every address of the domain. Lookups go through the
--- two functions below (pepsi_common::settings and pepsi_common::local), which lower-case the
+-- two functions below (pepsi_contract::settings and pepsi_contract::local), which lower-case the
 -- keys they are given, so a lookup is an index probe on the primary key.
 
 -- Every row whose address is one of p_keys (lower-cased here) and whose name is one of
@@ -1281,7 +1281,7 @@ $$;
 -- sendmail role (and no other) EXECUTE, and verifies it.
 REVOKE ALL ON FUNCTION pepsi.sendmail_submit(text, text[], bytea, bytea, jsonb, bigint, text, text, text) FROM PUBLIC;
 
--- THE FAILURE BOUNCER (pepsi-failure-bouncer, through pepsi_common::queue)
+-- THE FAILURE BOUNCER (pepsi-failure-bouncer, through pepsi_admin::queue)
 --
 -- Rows the dispatcher ended failed (a worker error or crash) or timeout (no answer within
 -- MAX_RUNTIME) stay so until someone acts. pepsi-failure-bouncer acts: after GRACE it
@@ -1422,7 +1422,7 @@ RETURNS boolean LANGUAGE sql AS $$
 $$;
 
 -- Forgets replies older than the longest period a setting may ask for (365 days,
--- pepsi_common::autoreply::MAX_DAYS): such a row can no longer refuse a claim. The
+-- pepsi_stage_vacation::autoreply::MAX_DAYS): such a row can no longer refuse a claim. The
 -- dispatcher's GC calls it; returns how many rows went.
 CREATE OR REPLACE FUNCTION pepsi.autoreply_gc(p_age interval DEFAULT '366 days')
 RETURNS integer LANGUAGE plpgsql AS $$
@@ -1438,7 +1438,7 @@ $$;
 -- THE MAIL LOG (pepsi.mail_log)
 --
 -- The stage scaffolding appends one row per final outcome of a message (delivered, bounced,
--- expired, dropped) inside the commit of the pass that decided it (pepsi_common::stage,
+-- expired, dropped) inside the commit of the pass that decided it (pepsi_contract::stage,
 -- `[pepsi] MAIL_LOG`). The table is append-only for every role that processes mail, so the
 -- retention the dispatcher enforces goes through this one function, which runs with its
 -- owner's rights and can do nothing but delete rows older than the retention it is given

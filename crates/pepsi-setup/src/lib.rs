@@ -11,9 +11,9 @@ pub mod schema;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -178,7 +178,7 @@ async fn db_command(common: &CommonArgs, args: DbArgs) -> anyhow::Result<ExitCod
 fn generate_key(algorithm: dns::Algorithm) -> anyhow::Result<(String, String)> {
     use aws_lc_rs::encoding::{AsDer, Pkcs8V1Der, PublicKeyX509Der};
     use aws_lc_rs::signature::KeyPair as _;
-    use pepsi_common::encoding::base64_encode;
+    use pepsi_smtp::encoding::base64_encode;
     let fail = |_| anyhow::anyhow!("cannot generate a {algorithm:?} key");
     let (der, public) = match algorithm {
         dns::Algorithm::Rsa => {
@@ -205,7 +205,7 @@ fn generate_key(algorithm: dns::Algorithm) -> anyhow::Result<(String, String)> {
     }
     pem.push_str("-----END PRIVATE KEY-----\n");
     // The signing stages must be able to load what was made.
-    pepsi_common::keys::parse_private_key(pem.as_bytes())
+    pepsi_outbound::keys::parse_private_key(pem.as_bytes())
         .map_err(|e| anyhow::anyhow!("the generated key does not load: {e}"))?;
     Ok((pem, public))
 }
@@ -216,7 +216,7 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
     let mx = match (&args.mx, &cfg) {
         (Some(mx), _) => mx.clone(),
         (None, Some(cfg)) => cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?,
-        (None, None) => pepsi_common::config::system_hostname(),
+        (None, None) => pepsi_conf::config::system_hostname(),
     };
     let mx = dns::check_name("MX host (--mx)", &mx).map_err(anyhow::Error::msg)?;
     let now = chrono::Utc::now();
@@ -224,7 +224,7 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
         .selector
         .clone()
         .unwrap_or_else(|| now.format("s%Y%m").to_string());
-    if !pepsi_common::keys::valid_selector(&selector) {
+    if !pepsi_outbound::keys::valid_selector(&selector) {
         anyhow::bail!(
             "selector {selector:?} is not valid: dotted labels of letters, digits, '-' and '_'"
         );

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use anyhow::Context as _;
-use pepsi_common::config::Config;
+use pepsi_conf::config::Config;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{Connection as _, PgConnection, Row as _};
 
@@ -445,11 +445,11 @@ fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
 
-/// The options of `url`, a URL that names no host pinned to `pepsi_common::db::SOCKET_DIR`:
+/// The options of `url`, a URL that names no host pinned to `pepsi_contract::db::SOCKET_DIR`:
 /// never a socket some local user put in /tmp while the server is down (security review
 /// 2026-12-04 #3). A server whose socket is elsewhere is named in the URL (`host=`).
 pub fn connect_options(url: &str) -> anyhow::Result<PgConnectOptions> {
-    pepsi_common::db::pinned_options(url, std::path::Path::new(pepsi_common::db::SOCKET_DIR))
+    pepsi_contract::db::pinned_options(url, std::path::Path::new(pepsi_contract::db::SOCKET_DIR))
         .with_context(|| format!("not a PostgreSQL URL: {url}"))
 }
 

@@ -13,7 +13,7 @@
 //!
 //! Everything but `client` is pure and tested as tables. This crate depends on no other
 //! Pepsi crate: it speaks to a peer and reports what the peer said; what becomes of a
-//! message is the stage contract's business (`pepsi_common::delivery`).
+//! message is the stage contract's business (`pepsi_outbound::delivery`).
 
 pub mod address;
 pub mod auth;
@@ -26,6 +26,7 @@ pub mod envelope;
 pub mod message;
 pub mod params;
 pub mod reply;
+pub mod server_tls;
 pub mod tls;
 
 pub use caps::Capabilities;

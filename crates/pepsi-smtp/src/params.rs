@@ -189,7 +189,7 @@ pub fn rcpt_params(params: &[Param]) -> Result<RcptParams, Reply> {
     Ok(out)
 }
 
-/// The encodings these parameters and AUTH use, defined once in pepsi-common.
+/// The encodings these parameters and AUTH use, defined once in `encoding`.
 pub use crate::encoding::{base64_decode, base64_encode, xtext_decode};
 
 #[cfg(test)]

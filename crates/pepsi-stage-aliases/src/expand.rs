@@ -9,13 +9,13 @@
 
 use std::collections::{HashMap, HashSet};
 
-use pepsi_common::address::{self, Address, address_key};
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::settings::SettingsTable;
-use pepsi_common::state::{Dsn, DsnRcpt};
+use pepsi_conf::address::{self, Address, address_key};
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::settings::SettingsTable;
+use pepsi_contract::state::{Dsn, DsnRcpt};
 
 use crate::file::AliasFile;
-use pepsi_common::settings::address_list as targets_of;
+use pepsi_contract::settings::address_list as targets_of;
 
 /// Settings-layer name of an address's alias targets (a JSON list of addresses, or a
 /// string of comma-separated addresses).

@@ -12,22 +12,22 @@
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use pepsi_common::address::{Address, address_key};
-use pepsi_common::config::Config;
-use pepsi_common::local::{self, LocalRecipients};
-use pepsi_common::settings::lookup_keys;
-use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::address::{Address, address_key};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::{self, LocalRecipients};
+use pepsi_contract::settings::lookup_keys;
+use pepsi_contract::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod expand;
 /// The alias file format, shared with the ingress's recipient check.
-pub use pepsi_common::alias_file as file;
+pub use pepsi_contract::alias_file as file;
 
 use expand::{ALIAS_SETTING, Answer, CATCHALL_SETTING, Facts};
 use file::AliasFile;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -187,7 +187,7 @@ impl Stage for Aliases {
         if expansion.unchanged(&rcpts) {
             return ctx.advance();
         }
-        let dsn = pepsi_common::state::Dsn::from_state(ctx.state())?;
+        let dsn = pepsi_contract::state::Dsn::from_state(ctx.state())?;
         let dsn = expand::rebuild_dsn(dsn, &rcpts, &expansion).to_value();
         let new: Vec<String> = expansion.recipients.into_iter().map(|(a, _)| a).collect();
         tracing::info!(id = ctx.id(), from = ?rcpts, to = ?new, "aliases expanded");
@@ -207,11 +207,11 @@ const ABOUT: &str =
     "Pepsi stage that expands aliases and catch-alls (alias file and settings layer)";
 
 /// The command line of `pepsi-stage-aliases`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-aliases` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Aliases>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Aliases>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

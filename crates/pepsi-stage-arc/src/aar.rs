@@ -6,7 +6,7 @@
 //! Pure: state in, text out. Values that are not tokens are quoted, results that are not
 //! result names are left out; nothing from the state reaches the header unchecked.
 
-use pepsi_common::state::Origin;
+use pepsi_contract::state::Origin;
 use serde_json::{Map, Value};
 
 /// Whether `s` may stand as an RFC 8601 pvalue without quotes: a token (RFC 2045) or a

@@ -11,7 +11,7 @@
 //! unsealed, with the reason logged; it is never held back.
 //!
 //! The decisions (`seal::plan`) and the results text (`aar`) are pure and tested as tables;
-//! the key file is read once at start through `pepsi_common::keys`, shared with
+//! the key file is read once at start through `pepsi_outbound::keys`, shared with
 //! pepsi-stage-dkim-sign.
 
 pub mod aar;
@@ -20,16 +20,16 @@ pub mod seal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use pepsi_common::config::Config;
-use pepsi_common::keys;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::Origin;
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::Origin;
+use pepsi_outbound::keys;
 use serde_json::{Map, Value};
 
 use crate::seal::{Chain, Plan, SealMode, Sealer, Skip};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -62,7 +62,7 @@ pub struct ArcStage {
 impl ArcStage {
     /// Reads `[stage-<stage>]` and loads its key file.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let name = pepsi_common::config::stage_section_name(stage);
+        let name = pepsi_conf::config::stage_section_name(stage);
         let s = cfg.section(&name);
         let required = |option: &str, what: &str| -> anyhow::Result<String> {
             s.string_opt(option)?
@@ -260,13 +260,13 @@ impl Stage for ArcSealer {
 const ABOUT: &str = "Pepsi stage that ARC-seals mail leaving the server (RFC 8617)";
 
 /// The command line of `pepsi-stage-arc`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 /// Entry point of the `pepsi-stage-arc` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<ArcSealer>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+    pepsi_contract::stage::main::<ArcSealer>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 const LONG_ABOUT: &str = "\

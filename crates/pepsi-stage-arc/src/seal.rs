@@ -430,7 +430,7 @@ impl Sealer {
             .key
             .sign(&signed[..])
             .map_err(|e| format!("signing with {}: {e}", self.describe()))?;
-        folder.pieces(&chunks(&pepsi_common::encoding::base64_encode(&b), 40), "");
+        folder.pieces(&chunks(&pepsi_smtp::encoding::base64_encode(&b), 40), "");
         Ok(())
     }
 
@@ -473,10 +473,7 @@ impl Sealer {
         ams.column += 1;
         ams.list(
             "bh",
-            &chunks(
-                &pepsi_common::encoding::base64_encode(body_hash.as_ref()),
-                40,
-            ),
+            &chunks(&pepsi_smtp::encoding::base64_encode(body_hash.as_ref()), 40),
             "",
         );
         ams.out.push(';');

@@ -201,8 +201,8 @@ fn plan_table() {
     }
 }
 
-fn origin(state: &Map<String, Value>) -> pepsi_common::state::Origin {
-    pepsi_common::state::Origin::from_state(state)
+fn origin(state: &Map<String, Value>) -> pepsi_contract::state::Origin {
+    pepsi_contract::state::Origin::from_state(state)
         .unwrap()
         .unwrap_or_default()
 }
@@ -298,7 +298,7 @@ fn stage(dir: &Path, options: &str) -> anyhow::Result<HashMap<String, ArcStage>>
         dir.join("test.conf").to_str().unwrap(),
     )
     .unwrap();
-    pepsi_common::stage::sections(&ArcSealer, &cfg)
+    pepsi_contract::stage::sections(&ArcSealer, &cfg)
 }
 
 #[test]

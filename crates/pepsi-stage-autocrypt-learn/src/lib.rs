@@ -19,15 +19,15 @@ pub mod state;
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use pepsi_common::config::Config;
-use pepsi_common::message;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Crypto, Decryption};
+use pepsi_conf::config::Config;
+use pepsi_contract::message;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{Crypto, Decryption};
 use pepsi_crypto::{autocrypt, mime, openpgp};
 use sqlx::Row as _;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -220,11 +220,11 @@ pepsi.peer_has_own_key. Never changes or stops the message. Options of [stage-NA
 NEXT_STAGE. Place it after pepsi-stage-decrypt. See docs/crypto.md.";
 
 /// The command line of `pepsi-stage-autocrypt-learn`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-autocrypt-learn` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<AutocryptLearn>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<AutocryptLearn>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

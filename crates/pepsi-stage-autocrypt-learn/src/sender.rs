@@ -3,7 +3,7 @@
 //! Only such a message may change what we store of its sender's key: anyone can write an
 //! Autocrypt header into mail with somebody else's From. Pure; tested as a table.
 
-use pepsi_common::state::{Auth, Origin};
+use pepsi_contract::state::{Auth, Origin};
 use serde_json::{Map, Value};
 
 /// How the From address was authenticated, when it was.
@@ -20,7 +20,7 @@ pub enum Authenticated {
 /// How `from` (lower case) is authenticated by `state`, or None. An `auth` or `origin` that
 /// does not parse authenticates nothing.
 pub fn authenticated(state: &Map<String, Value>, from: &str) -> Option<Authenticated> {
-    let domain = pepsi_common::address::domain_part(from)?.trim_end_matches('.');
+    let domain = pepsi_conf::address::domain_part(from)?.trim_end_matches('.');
     let auth = Auth::from_state(state).ok().flatten().unwrap_or_default();
     let lower = |s: &str| s.to_ascii_lowercase();
     // The verdict is for the From domain the ingress read (an A-label for an IDN, which

@@ -18,19 +18,19 @@ pub mod plan;
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::settings;
-use pepsi_common::settings::block_languages::{BLOCK_SETTING, BlockAction, LanguageBlock};
-use pepsi_common::stage::edges::Declare;
-use pepsi_common::stage::{
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::settings;
+use pepsi_contract::settings::block_languages::{BLOCK_SETTING, BlockAction, LanguageBlock};
+use pepsi_contract::stage::edges::Declare;
+use pepsi_contract::stage::{
     FanGroup, FanRecipients, Load, RoundMemo, Stage, StageContext, StageError, Terminal,
 };
-use pepsi_common::state::{Bounce, BounceKind, Language, LanguageBlocked, Whitelist};
+use pepsi_contract::state::{Bounce, BounceKind, Language, LanguageBlocked, Whitelist};
 use serde_json::{Map, Value};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -241,11 +241,11 @@ pepsi-stage-detect-language); a sender the recipient's whitelist trusts passes. 
 docs/language.md.";
 
 /// The command line of `pepsi-stage-block-language`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-block-language` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<BlockLanguage>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<BlockLanguage>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

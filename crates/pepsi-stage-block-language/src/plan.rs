@@ -1,7 +1,7 @@
 //! The language block's decisions, apart from the database: what becomes of each recipient's
 //! copy of a message in a given language. Pure.
 
-use pepsi_common::settings::block_languages::{BlockAction, LanguageBlock};
+use pepsi_contract::settings::block_languages::{BlockAction, LanguageBlock};
 
 /// What becomes of one recipient's copy.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

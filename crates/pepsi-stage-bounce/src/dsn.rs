@@ -67,7 +67,7 @@ pub fn build(d: &Dsn<'_>) -> Vec<u8> {
                 "message/rfc822"
             },
             "Undelivered Message",
-            pepsi_common::message::join(headers, body),
+            pepsi_contract::message::join(headers, body),
         ),
         Returned::Headers { headers, .. } => (
             if is_8bit(headers) {
@@ -453,7 +453,7 @@ mod tests {
             },
         ));
         let s = text(&raw);
-        let (headers, body) = pepsi_common::message::split(&raw);
+        let (headers, body) = pepsi_contract::message::split(&raw);
         assert!(
             text(headers)
                 .starts_with("From: Mail Delivery System <MAILER-DAEMON@mx.example.test>\r\n")

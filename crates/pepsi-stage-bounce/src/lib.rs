@@ -29,8 +29,8 @@
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_common::config::Config;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod dsn;
@@ -43,7 +43,7 @@ use request::{Kind, Ret};
 use settings::Settings;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -64,7 +64,7 @@ fn give_up(ctx: &StageContext<'_>, reason: String) -> Result<Terminal, StageErro
         "cannot build a delivery status notification: {reason}"
     );
     let mut state = Map::new();
-    pepsi_common::state::BounceError(reason).insert_into(&mut state);
+    pepsi_contract::state::BounceError(reason).insert_into(&mut state);
     ctx.fail(state)
 }
 
@@ -208,7 +208,7 @@ impl Stage for Bounce {
                 .map(|l| arrival + l),
             returned,
         });
-        let (dsn_headers, dsn_body) = pepsi_common::message::split(&raw);
+        let (dsn_headers, dsn_body) = pepsi_contract::message::split(&raw);
         let reported: Vec<&str> = wanted.iter().map(|r| r.address.as_str()).collect();
         tracing::info!(
             id, kind = kind.name(), to = %sender, ?reported, routed_by = ?request.stage,
@@ -231,8 +231,8 @@ impl Stage for Bounce {
 fn outcome_log(
     ctx: &StageContext<'_>,
     dropped: Option<&str>,
-) -> Vec<pepsi_common::mail_log::Entry> {
-    use pepsi_common::mail_log::Event;
+) -> Vec<pepsi_contract::mail_log::Entry> {
+    use pepsi_contract::mail_log::Event;
     let Ok(request) = request::parse(ctx.state(), ctx.rcpt_to()) else {
         return match dropped {
             Some(why) => vec![ctx.log_entry(
@@ -316,11 +316,11 @@ const ABOUT: &str = "Pepsi stage that turns a failed, delayed or delivered messa
      delivery status notification to its sender";
 
 /// The command line of `pepsi-stage-bounce`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 /// Entry point of the `pepsi-stage-bounce` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Bounce>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+    pepsi_contract::stage::main::<Bounce>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }

@@ -2,7 +2,7 @@
 //! at all, and what its state says about how its content may be returned. Pure: no I/O.
 
 use mail_parser::MessageParser;
-use pepsi_common::state::{Crypto, Decryption};
+use pepsi_contract::state::{Crypto, Decryption};
 
 /// Why a message gets no notification although its sender is not null.
 #[derive(Debug, Clone, PartialEq, Eq)]

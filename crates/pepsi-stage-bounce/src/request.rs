@@ -2,13 +2,13 @@
 //! into a [`Request`], and the RFC 3461 NOTIFY filter. Pure: no I/O.
 
 use chrono::{DateTime, Utc};
-use pepsi_common::state::{Bounce, BounceDetail, DeliveryScratch, Dsn};
+use pepsi_contract::state::{Bounce, BounceDetail, DeliveryScratch, Dsn};
 use serde_json::{Map, Value};
 
 /// What the notification reports: `bounce.kind`.
-pub use pepsi_common::state::BounceKind as Kind;
+pub use pepsi_contract::state::BounceKind as Kind;
 /// The message-level RET of RFC 3461: `dsn.ret`.
-pub use pepsi_common::state::Ret;
+pub use pepsi_contract::state::Ret;
 
 /// One recipient the notification reports on, with the per-recipient overrides applied.
 #[derive(Debug, Clone, PartialEq)]

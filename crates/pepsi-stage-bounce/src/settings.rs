@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use pepsi_common::config::{Config, ConfigError, Section};
+use pepsi_conf::config::{Config, ConfigError, Section};
 
 use crate::request::Ret;
 
@@ -64,7 +64,7 @@ mod tests {
         assert_eq!(s.max_return_size, 102_400);
         assert!(s.delay_without_notify);
         assert_eq!(s.max_lifetime, None);
-        assert_eq!(s.hostname, pepsi_common::config::system_hostname());
+        assert_eq!(s.hostname, pepsi_conf::config::system_hostname());
 
         let s = settings("[pepsi]\nHOSTNAME = mx.example.test\n[stage-bounce]\nRETURN = Full\nMAX_RETURN_SIZE = 1M\nDELAY_WITHOUT_NOTIFY = no\nMAX_LIFETIME = 5d\n").unwrap();
         assert_eq!(s.hostname, "mx.example.test");

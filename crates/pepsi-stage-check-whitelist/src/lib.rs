@@ -19,16 +19,16 @@
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::message;
-use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::message;
+use pepsi_contract::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod plan;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -130,7 +130,7 @@ impl Stage for WhitelistStage {
     ) -> Result<Terminal, StageError> {
         let from = message::from_addresses(ctx.headers()?);
         let mailboxes = plan::mailboxes(ctx.rcpt_to(), &self.local);
-        let mut record = pepsi_common::state::Whitelist::default();
+        let mut record = pepsi_contract::state::Whitelist::default();
         if settings.learn
             && let Some(learning) =
                 plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to(), &self.local)
@@ -187,13 +187,13 @@ the addresses it writes to. Options of [stage-NAME]: NEXT_STAGE, LEARN (yes). Se
 docs/whitelist.md.";
 
 /// The command line of `pepsi-stage-check-whitelist`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-check-whitelist` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<WhitelistStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<WhitelistStage>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

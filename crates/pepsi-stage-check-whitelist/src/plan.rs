@@ -1,7 +1,7 @@
 //! The whitelist stage's decisions, apart from the database: what a message is checked
 //! against, what authenticated mail teaches, and the verdict from the entries found. Pure.
 
-use pepsi_common::local::LocalRecipients;
+use pepsi_contract::local::LocalRecipients;
 
 /// At most this many recipients of one message are learnt (a message to a long list
 /// teaches nothing about whom its sender trusts).
@@ -12,10 +12,10 @@ pub const MAX_LEARNED: usize = 50;
 /// order.
 pub fn mailboxes(rcpt_to: &[String], local: &LocalRecipients) -> Vec<String> {
     let keys: Vec<String> = rcpt_to.iter().map(|r| local.mailbox_key(r)).collect();
-    pepsi_common::local::distinct_lowercase(&keys)
+    pepsi_contract::local::distinct_lowercase(&keys)
 }
 
-pub use pepsi_common::whitelist::{Check, MAX_ENTRY, check, entry};
+pub use pepsi_contract::whitelist::{Check, MAX_ENTRY, check, entry};
 
 /// What an authenticated message teaches: `mailbox` (the login that sent it) trusts
 /// `senders`.
@@ -42,7 +42,7 @@ pub fn learning(
         return None;
     }
     let mailbox = check(Some(&local.mailbox_key(login)))?.address;
-    let senders: Vec<String> = pepsi_common::local::distinct_lowercase(rcpt_to)
+    let senders: Vec<String> = pepsi_contract::local::distinct_lowercase(rcpt_to)
         .into_iter()
         .filter(|r| local.mailbox_key(r) != mailbox && check(Some(r)).is_some())
         .take(MAX_LEARNED)

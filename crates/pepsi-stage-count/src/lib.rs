@@ -10,13 +10,13 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Junk, Origin};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{Junk, Origin};
 use serde_json::{Value, json};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -156,13 +156,13 @@ impl Stage for Count {
 const ABOUT: &str = "Pepsi stage that reports every recipient to migadu_counters";
 
 /// The command line of `pepsi-stage-count`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-count` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Count>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Count>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

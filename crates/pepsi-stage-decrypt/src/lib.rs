@@ -17,19 +17,19 @@ pub mod verdict;
 
 use std::process::ExitCode;
 
-use pepsi_common::config::Config;
-use pepsi_common::message;
-use pepsi_common::settings;
-use pepsi_common::stage::{FanGroup, FanRecipients};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{self, Crypto, Decryption};
+use pepsi_conf::config::Config;
+use pepsi_contract::message;
+use pepsi_contract::settings;
+use pepsi_contract::stage::{FanGroup, FanRecipients};
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{self, Crypto, Decryption};
 use pepsi_crypto::{Decrypted, Scheme, openpgp, smime};
 use pepsi_keymat::Keyring;
 use pepsi_keymat::store;
 use serde_json::{Map, Value};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -55,7 +55,7 @@ pub struct Settings {
 
 impl Settings {
     pub fn from_config(cfg: &Config, name: &str) -> anyhow::Result<Self> {
-        let section_name = pepsi_common::config::stage_section_name(name);
+        let section_name = pepsi_conf::config::stage_section_name(name);
         let s = cfg.section(&section_name);
         let result_header = s
             .string_opt("RESULT_HEADER")?
@@ -330,11 +330,11 @@ goes on as it came; recipients who did not opt in keep the encrypted message. Op
 [crypto] KEK. See docs/crypto.md.";
 
 /// The command line of `pepsi-stage-decrypt`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-decrypt` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Decrypt>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Decrypt>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

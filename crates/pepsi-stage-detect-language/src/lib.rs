@@ -19,14 +19,14 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clap::builder::TypedValueParser as _;
-use pepsi_common::config::Config;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 use detect::{Accuracy, Detector};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -137,7 +137,7 @@ impl Stage for DetectLanguage {
         let detection = settings.detector().detect(&text);
         tracing::debug!(id = ctx.id(), ?detection, "language");
         let mut merge = Map::new();
-        pepsi_common::state::Language {
+        pepsi_contract::state::Language {
             code: detection.code,
             name: detection.name,
             confidence: detection.confidence,
@@ -156,8 +156,8 @@ codes; default every language of the build), ACCURACY (low), MAX_CHARS (2000), M
 that judges a message on standard input. See docs/language.md.";
 
 /// The command line of `pepsi-stage-detect-language` as a stage: its `--help` and manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 const COMMAND_LONG_ABOUT: &str = "\
@@ -267,5 +267,5 @@ pub fn run() -> ExitCode {
     if name == constants::COMMAND {
         return run_command();
     }
-    pepsi_common::stage::main::<DetectLanguage>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<DetectLanguage>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

@@ -9,13 +9,13 @@
 
 use std::process::ExitCode;
 
-use pepsi_common::config::Config;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Bounce, BounceKind};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{Bounce, BounceKind};
 use serde_json::Map;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -30,7 +30,7 @@ pub struct Discard;
 
 /// `RETURN_STATUS` must be a permanent RFC 3463 code: `5.x.y`.
 fn permanent_status(s: &str) -> bool {
-    pepsi_common::encoding::enhanced_status_class(s) == Some(5)
+    pepsi_smtp::encoding::enhanced_status_class(s) == Some(5)
 }
 
 /// One `[stage-<name>]` section: drop, or return to the sender with this status and text.
@@ -76,7 +76,7 @@ impl Stage for Discard {
         let Some((status, text)) = &section.returns else {
             tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), "discarded");
             let entry = ctx.log_entry(
-                pepsi_common::mail_log::Event::Dropped,
+                pepsi_contract::mail_log::Event::Dropped,
                 ctx.rcpt_to().to_vec(),
                 serde_json::json!({"reason": "discarded by the discard stage"}),
             );
@@ -106,13 +106,13 @@ const ABOUT: &str = "Pepsi stage that drops every message it is given, or with R
      to the sender through BOUNCE_STAGE";
 
 /// The command line of `pepsi-stage-discard`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-discard` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Discard>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Discard>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

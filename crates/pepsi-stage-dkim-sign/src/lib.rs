@@ -14,7 +14,7 @@
 //! the stored body hash is a later optimisation (docs/dkim.md, "Load").
 //!
 //! Keys come from PEM files named in `KEYS` (`domain:selector:path`, comma separated), read
-//! once at start by `pepsi_common::keys` (shared with the ARC stage): a file that cannot be
+//! once at start by `pepsi_outbound::keys` (shared with the ARC stage): a file that cannot be
 //! read or holds no usable key stops the worker with an error naming the file. With
 //! `DATABASE_KEYS`, the enabled rows of `pepsi.signing_key` are added, read once per worker
 //! on its first message with a From domain (the build function has no database): a row
@@ -30,14 +30,14 @@ use anyhow::Context as _;
 use mail_auth::common::crypto::DkimKey;
 use mail_auth::common::headers::HeaderWriter;
 use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
-use pepsi_common::config::Config;
-pub use pepsi_common::keys::{
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+pub use pepsi_outbound::keys::{
     KeySpec, StoredKey, load_key, parse_keys, parse_private_key, signed_headers,
 };
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -47,7 +47,7 @@ pub mod constants {
     pub const PROGRAM: &str = "pepsi-stage-dkim-sign";
 
     /// The signed header fields when `HEADERS` is not set (shared with the ARC stage).
-    pub use pepsi_common::keys::DEFAULT_HEADERS;
+    pub use pepsi_outbound::keys::DEFAULT_HEADERS;
 }
 
 /// One key of a signing domain.
@@ -119,7 +119,7 @@ impl SignPolicy {
         if self == SignPolicy::All {
             return Ok(true);
         }
-        match pepsi_common::state::Origin::from_state(state) {
+        match pepsi_contract::state::Origin::from_state(state) {
             Ok(None) => Ok(true),
             Ok(Some(origin)) => Ok(origin.auth_user.is_some()),
             Err(e) => Err(e.to_string()),
@@ -130,7 +130,7 @@ impl SignPolicy {
 impl SignStage {
     /// Reads `[stage-<stage>]` and loads its key files.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let section_name = pepsi_common::config::stage_section_name(stage);
+        let section_name = pepsi_conf::config::stage_section_name(stage);
         let s = cfg.section(&section_name);
         let database_keys = s.bool_opt("DATABASE_KEYS")?.unwrap_or(false);
         let specs = match s.parse_opt("KEYS", parse_keys)? {
@@ -143,7 +143,7 @@ impl SignStage {
         };
         let headers = match s.list_opt("HEADERS")? {
             Some(list) => {
-                pepsi_common::keys::check_header_names(&list)
+                pepsi_outbound::keys::check_header_names(&list)
                     .map_err(|e| anyhow::anyhow!("[{section_name}] HEADERS: {e}"))?;
                 list
             }
@@ -252,14 +252,14 @@ pub fn usable_rows(rows: Vec<StoredKey>) -> (Vec<StoredKey>, Vec<Skipped>) {
     let mut usable = Vec::new();
     let mut skipped = Vec::new();
     for row in rows {
-        let why = if pepsi_common::keys::signing_domain(&row.domain).as_deref() != Some(&row.domain)
-        {
-            Some("not a lower-case domain name".to_owned())
-        } else if !pepsi_common::keys::valid_selector(&row.selector) {
-            Some("not a selector".to_owned())
-        } else {
-            parse_private_key(row.private_key.as_bytes()).err()
-        };
+        let why =
+            if pepsi_outbound::keys::signing_domain(&row.domain).as_deref() != Some(&row.domain) {
+                Some("not a lower-case domain name".to_owned())
+            } else if !pepsi_outbound::keys::valid_selector(&row.selector) {
+                Some("not a selector".to_owned())
+            } else {
+                parse_private_key(row.private_key.as_bytes()).err()
+            };
         match why {
             None => usable.push(row),
             Some(why) => skipped.push(Skipped::Unusable {
@@ -311,7 +311,7 @@ pub fn from_domain(headers: &[u8]) -> Option<String> {
     block.extend_from_slice(b"\r\n");
     let message = mail_auth::AuthenticatedMessage::parse(&block)?;
     let from = message.from();
-    let domain = pepsi_common::address::domain_part(from)?;
+    let domain = pepsi_conf::address::domain_part(from)?;
     let domain = domain.trim().trim_end_matches('.').to_ascii_lowercase();
     (!domain.is_empty()).then_some(domain)
 }
@@ -332,7 +332,7 @@ impl DkimSign {
         let rows = self
             .rows
             .get_or_try_init(|| async {
-                let rows = pepsi_common::keys::fetch_stored_keys(pool)
+                let rows = pepsi_outbound::keys::fetch_stored_keys(pool)
                     .await
                     .map_err(|e| {
                         StageError::Temporary(format!(
@@ -432,7 +432,7 @@ impl Stage for DkimSign {
 /// bytes in a header field: internationalized mail, which relays refuse rather than
 /// downgrade) is signed as it is.
 fn seven_bit_form(ctx: &mut StageContext<'_>) -> Result<(), StageError> {
-    match pepsi_common::mime::downgrade_to_7bit(ctx.headers()?, ctx.body()?) {
+    match pepsi_outbound::mime::downgrade_to_7bit(ctx.headers()?, ctx.body()?) {
         Ok(None) => {}
         Ok(Some((headers, body))) => {
             tracing::info!(
@@ -452,13 +452,13 @@ fn seven_bit_form(ctx: &mut StageContext<'_>) -> Result<(), StageError> {
 const ABOUT: &str = "Pepsi stage that DKIM-signs outgoing mail with the keys of its From domain";
 
 /// The command line of `pepsi-stage-dkim-sign`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 /// Entry point of the `pepsi-stage-dkim-sign` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<DkimSign>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+    pepsi_contract::stage::main::<DkimSign>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 const LONG_ABOUT: &str = "\

@@ -4,10 +4,10 @@ use super::*;
 
 /// The sections a worker builds at start.
 fn stages(cfg: &Config) -> anyhow::Result<HashMap<String, SignStage>> {
-    pepsi_common::stage::sections(&DkimSign::default(), cfg)
+    pepsi_contract::stage::sections(&DkimSign::default(), cfg)
 }
 
-/// The key files themselves are pepsi_common::keys's test; here, through the
+/// The key files themselves are pepsi_outbound::keys's test; here, through the
 /// configuration: the error names the section, the option and the file.
 #[test]
 fn key_file_errors_name_the_section_and_the_file() {

@@ -9,7 +9,7 @@
 //! user's files from the queue (docs/dot-forward.md says why); they are listed as ignored,
 //! with the reason, and so is anything that is not an address.
 
-use pepsi_common::address::{Address, address_key};
+use pepsi_conf::address::{Address, address_key};
 
 /// The longest address accepted (RFC 5321's path limit less the brackets).
 pub const MAX_ADDRESS: usize = 254;

@@ -30,7 +30,7 @@ impl CoProcess {
         cmd.arg("--min-uid")
             .arg(args.min_uid.to_string())
             .args(["-L", "info"]);
-        let pipes = pepsi_common::coprocess::spawn(cmd)?;
+        let pipes = pepsi_conf::coprocess::spawn(cmd)?;
         Ok(CoProcess {
             args,
             child: pipes.child,

@@ -24,12 +24,13 @@ pub mod plan;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::address::{Address, normalize_domain};
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::message;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Bounce, BounceKind, DotForward, Dsn, KeptCopy};
+use pepsi_conf::address::{Address, normalize_domain};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::message;
+use pepsi_contract::stage::edges::Declare;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{Bounce, BounceKind, DotForward, Dsn, KeptCopy};
 use pepsi_helper_dot_forward::protocol::{Reply, valid_account};
 use serde_json::Map;
 
@@ -38,7 +39,7 @@ use helper::{CoProcess, HelperArgs};
 use plan::Plan;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -138,7 +139,7 @@ impl Settings {
             max_hops,
             domains,
             helper: HelperArgs {
-                program: pepsi_common::cli::locate_program(&program),
+                program: pepsi_conf::cli::locate_program(&program),
                 min_uid,
             },
             helper_timeout: s
@@ -289,6 +290,16 @@ impl Stage for DotForwardStage {
         Settings::from_config(cfg, name)
     }
 
+    /// NEXT_STAGE for what is delivered here, and FORWARD_STAGE (default `aliases`) where a
+    /// forwarded copy starts.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        let forward = d
+            .option("FORWARD_STAGE")
+            .unwrap_or_else(|| DEFAULT_FORWARD_STAGE.to_owned());
+        d.branch("FORWARD_STAGE", forward, "forward");
+    }
+
     async fn process(
         &self,
         s: &Settings,
@@ -387,13 +398,13 @@ Options of [stage-<name>]:
 See docs/dot-forward.md.";
 
 /// The command line of `pepsi-stage-dot-forward`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-dot-forward` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<DotForwardStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<DotForwardStage>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //! are the same recipient here, a file naming its own account keeps a copy instead of
 //! forwarding to itself, and no set of addresses of one account can multiply a message.
 
-use pepsi_common::state::{Dsn, DsnRcpt};
+use pepsi_contract::state::{Dsn, DsnRcpt};
 
 use crate::forward_file::Forward;
 

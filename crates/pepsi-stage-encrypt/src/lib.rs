@@ -20,12 +20,12 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pepsi_common::config::Config;
-use pepsi_common::message;
-use pepsi_common::settings;
-use pepsi_common::stage::{FanGroup, FanRecipients};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{
+use pepsi_conf::config::Config;
+use pepsi_contract::message;
+use pepsi_contract::settings;
+use pepsi_contract::stage::{FanGroup, FanRecipients};
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{
     self, Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin,
 };
 use pepsi_crypto::{Scheme, autocrypt, openpgp, smime};
@@ -35,7 +35,7 @@ use plan::{Discovery, Plan, Policy, Refusal, Then};
 use serde_json::{Map, Value};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -84,7 +84,7 @@ impl Settings {
         name: &str,
         keyring: &Result<Keyring, String>,
     ) -> anyhow::Result<Self> {
-        let section_name = pepsi_common::config::stage_section_name(name);
+        let section_name = pepsi_conf::config::stage_section_name(name);
         let s = cfg.section(&section_name);
         let policy = s
             .parse_opt("POLICY", Policy::parse)?
@@ -734,11 +734,11 @@ openpgpkey, smimea, keyserver), DISCOVERY_TIMEOUT (1h), DISCOVERY_RECHECK (1m). 
 docs/crypto.md.";
 
 /// The command line of `pepsi-stage-encrypt`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-encrypt` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Encrypt>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Encrypt>(&constants::CONFIG_SOURCE, ABOUT, "")
 }

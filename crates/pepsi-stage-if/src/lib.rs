@@ -7,7 +7,7 @@
 //! reading `header:<Name>` needs; `pepsi-stage-if` refuses such a condition at start.
 //!
 //! Reads: the envelope, `state`, the header block (if-headers only) and, for
-//! `all_rcpt_local`/`any_rcpt_local`, the local domains (`pepsi_common::local`).
+//! `all_rcpt_local`/`any_rcpt_local`, the local domains (`pepsi_contract::local`).
 //! Writes: nothing. Terminal helper: `advance_to`, always.
 //!
 //! Conditions are parsed once at start (`expr`), for every stage section that names the
@@ -16,17 +16,17 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::stage::edges::{Declare, NEXT_STAGE};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::stage::edges::{Declare, NEXT_STAGE};
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod expr;
 
 use expr::{Expr, Facts};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -228,23 +228,23 @@ const HEADERS_ABOUT: &str =
     "Pepsi stage that sends a message to THEN or ELSE by a CONDITION that may read header fields";
 
 /// The command line of `pepsi-stage-if`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-if` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<If>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<If>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// The command line of `pepsi-stage-if-headers`: its `--help` and its manual page.
-pub fn command_headers() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
+pub fn command_headers() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-if-headers` binary.
 pub fn run_headers() -> ExitCode {
-    pepsi_common::stage::main::<IfHeaders>(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
+    pepsi_contract::stage::main::<IfHeaders>(&constants::HEADERS_CONFIG_SOURCE, HEADERS_ABOUT, "")
 }
 
 #[cfg(test)]
@@ -261,9 +261,9 @@ mod tests {
     fn branches(cfg: &Config, program: &str) -> anyhow::Result<HashMap<String, Branch>> {
         let local = Conditions::from_config(cfg)?;
         if program == constants::PROGRAM {
-            pepsi_common::stage::sections(&If(local), cfg)
+            pepsi_contract::stage::sections(&If(local), cfg)
         } else {
-            pepsi_common::stage::sections(&IfHeaders(local), cfg)
+            pepsi_contract::stage::sections(&IfHeaders(local), cfg)
         }
     }
 

@@ -217,7 +217,7 @@ pub fn valid_address(address: &str, sender: bool) -> bool {
     address.len() <= 320
         && !address.chars().any(|c| c.is_whitespace() || c.is_control())
         && !address.contains(['<', '>'])
-        && pepsi_common::address::parts(address)
+        && pepsi_conf::address::parts(address)
             .is_some_and(|(local, domain)| !local.is_empty() && !domain.is_empty())
 }
 

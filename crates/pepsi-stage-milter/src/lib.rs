@@ -28,15 +28,15 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::mail_log::Event;
-use pepsi_common::stage::{
+use pepsi_conf::config::Config;
+use pepsi_contract::mail_log::Event;
+use pepsi_contract::stage::{
     FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError, Terminal,
 };
-use pepsi_common::state::{
+use pepsi_contract::state::{
     self, Bounce, BounceKind, Dsn, Milter as MilterState, MilterEntry, Origin,
 };
+use pepsi_outbound::delivery::RetryPolicy;
 use serde_json::{Map, Value, json};
 
 use plan::{Decision, DownAction, Facts};
@@ -44,7 +44,7 @@ use protocol::{Family, Step};
 use session::{Conversation, Message, Timeouts, Unavailable};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -144,7 +144,7 @@ impl Settings {
             content: at_least("CONTENT_TIMEOUT", 120)?,
             total: at_least("TOTAL_TIMEOUT", 240)?,
         };
-        let (runtime, governs) = pepsi_common::stage::governing_max_runtime(cfg, stage)?;
+        let (runtime, governs) = pepsi_contract::stage::governing_max_runtime(cfg, stage)?;
         if timeouts.connect + timeouts.total >= runtime {
             anyhow::bail!(
                 "{file}: [stage-{stage}] CONNECT_TIMEOUT + TOTAL_TIMEOUT ({}s) must be below \
@@ -630,13 +630,13 @@ MAX_EDIT_SIZE (1M: the most bytes of header and recipient changes a filter may a
 message; past it the filter counts as unavailable). See docs/milter.md.";
 
 /// The command line of `pepsi-stage-milter`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-milter` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Milter>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Milter>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

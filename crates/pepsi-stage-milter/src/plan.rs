@@ -12,7 +12,7 @@
 
 use std::time::Duration;
 
-use pepsi_common::delivery::{Failure, RetryPolicy};
+use pepsi_outbound::delivery::{Failure, RetryPolicy};
 
 use crate::edits::Edits;
 use crate::session::{Conversation, RcptAnswer, SmtpReply, Unavailable, Verdict};

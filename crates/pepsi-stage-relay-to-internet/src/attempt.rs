@@ -13,9 +13,9 @@
 use std::fmt;
 use std::net::IpAddr;
 
-use pepsi_common::delivery::{Failure, RcptResult};
-use pepsi_common::keep::Keeper;
-use pepsi_common::mime::{Prepared, prepare_for_peer};
+use pepsi_outbound::delivery::{Failure, RcptResult};
+use pepsi_outbound::keep::Keeper;
+use pepsi_outbound::mime::{Prepared, prepare_for_peer};
 use pepsi_smtp::{
     ClientError, Connection, Envelope, OpenOptions, Phase, Protocol, RcptOutcome, Target,
     TlsOptions, TlsPolicy,
@@ -25,7 +25,7 @@ use sqlx::PgPool;
 use crate::cache::{self, Candidate, Health};
 use crate::route::{self, Hop, NoRoute};
 use crate::settings::Settings;
-use pepsi_common::dns::{Dns, Lookup};
+use pepsi_outbound::dns::{Dns, Lookup};
 
 /// What went wrong at one host or address, for the diagnostic of an attempt that found no
 /// server to answer.
@@ -116,7 +116,7 @@ fn verdict(host: &str, address: IpAddr, remote: &str, outcome: &RcptOutcome) -> 
 }
 
 /// What a kept session was opened for: reused only for exactly the same
-/// (`pepsi_common::keep`, under its `MX_HOSTS` rules).
+/// (`pepsi_outbound::keep`, under its `MX_HOSTS` rules).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Key {
     pub host: String,

@@ -14,8 +14,8 @@
 //!
 //! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
 //! `cache` (the address cache's stored functions), `attempt` (the walk over hosts and
-//! addresses, and what ends it). The DNS lookups are `pepsi_common::dns`'s; the sessions kept
-//! between messages are `pepsi_common::keep`'s, under its `MX_HOSTS` rules.
+//! addresses, and what ends it). The DNS lookups are `pepsi_outbound::dns`'s; the sessions kept
+//! between messages are `pepsi_outbound::keep`'s, under its `MX_HOSTS` rules.
 
 pub mod attempt;
 pub mod cache;
@@ -26,18 +26,18 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
-use pepsi_common::address::Address;
-use pepsi_common::config::Config;
-use pepsi_common::delivery::{self, Failure, RcptResult};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::address::Address;
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_outbound::delivery::{self, Failure, RcptResult};
 
 use crate::attempt::{Attempt, Key};
 use crate::settings::Settings;
-use pepsi_common::dns::Dns;
-use pepsi_common::keep::{Keeper, Rules};
+use pepsi_outbound::dns::Dns;
+use pepsi_outbound::keep::{Keeper, Rules};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -73,7 +73,7 @@ impl Stage for RelayToInternet {
     /// Reads and checks `[stage-<name>]`, and makes its resolver.
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Built> {
         let settings = Settings::from_config(cfg, name)?;
-        pepsi_common::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
+        pepsi_contract::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
             .map_err(anyhow::Error::msg)?;
         let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
@@ -106,8 +106,11 @@ impl Stage for RelayToInternet {
             }
             Ok((_, domain)) => {
                 let message = ctx.raw_message()?;
-                let env =
-                    pepsi_common::delivery::envelope(ctx.mail_from(), ctx.rcpt_to(), ctx.state())?;
+                let env = pepsi_outbound::delivery::envelope(
+                    ctx.mail_from(),
+                    ctx.rcpt_to(),
+                    ctx.state(),
+                )?;
                 let attempt = Attempt {
                     settings: &built.settings,
                     dns: &built.dns,
@@ -180,11 +183,11 @@ Options of [stage-<name>]:
 See docs/relay-internet.md.";
 
 /// The command line of `pepsi-stage-relay-to-internet`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }
 
 /// Entry point of the `pepsi-stage-relay-to-internet` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<RelayToInternet>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
+    pepsi_contract::stage::main::<RelayToInternet>(&constants::CONFIG_SOURCE, ABOUT, LONG_ABOUT)
 }

@@ -5,8 +5,8 @@
 
 use std::net::IpAddr;
 
-use pepsi_common::delivery::Failure;
-pub use pepsi_common::dns::{MxAnswer, MxRecord};
+use pepsi_outbound::delivery::Failure;
+pub use pepsi_outbound::dns::{MxAnswer, MxRecord};
 
 /// One host to try, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]

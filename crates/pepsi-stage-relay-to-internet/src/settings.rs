@@ -6,10 +6,10 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use pepsi_common::address::normalize_domain;
-use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::RetryPolicy;
-use pepsi_common::dns;
+use pepsi_conf::address::normalize_domain;
+use pepsi_conf::config::{Config, ConfigError};
+use pepsi_outbound::delivery::RetryPolicy;
+use pepsi_outbound::dns;
 use pepsi_smtp::{Timeouts, TlsPolicy};
 
 /// Which address families the stage connects to.
@@ -144,7 +144,7 @@ impl Settings {
             allow_internal: s.bool_opt("ALLOW_INTERNAL_ADDRESSES")?.unwrap_or(false),
             attempt_timeout: s
                 .duration_opt("ATTEMPT_TIMEOUT")?
-                .unwrap_or(pepsi_common::stage::DEFAULT_ATTEMPT_TIMEOUT),
+                .unwrap_or(pepsi_contract::stage::DEFAULT_ATTEMPT_TIMEOUT),
             max_addresses: s
                 .parse_opt("MAX_ADDRESSES", |v| {
                     v.trim()
@@ -181,7 +181,7 @@ mod tests {
         let check = |text: &str| {
             let cfg = Config::from_str_named(text, "t.conf").unwrap();
             let s = Settings::from_config(&cfg, "out").map_err(|e| e.to_string())?;
-            pepsi_common::stage::check_attempt_timeout(&cfg, "out", s.attempt_timeout)
+            pepsi_contract::stage::check_attempt_timeout(&cfg, "out", s.attempt_timeout)
         };
         let out = "[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\nHELO_NAME = h.test\n";
         assert_eq!(check(out), Ok(()), "the defaults fit");

@@ -3,7 +3,7 @@
 //! `pepsi-helper-maildir-writer` co-process.
 //!
 //! Reads: envelope, `state.dsn`, `state.attempts`/`delay_sent`, headers and body
-//! (`Load::Full`). Writes: through `pepsi_common::delivery` only (`attempts`, `last_error`,
+//! (`Load::Full`). Writes: through `pepsi_outbound::delivery` only (`attempts`, `last_error`,
 //! `delay_sent`, the `bounce` of clones). Terminal helpers: `advance_to` (every recipient
 //! non-local), otherwise `delivery::conclude` (finish, finish_with clones, pause_with, or
 //! advance_or_finish); `split_off_recipients` first when the recipients are mixed.
@@ -15,26 +15,26 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_common::address;
-use pepsi_common::config::{Config, ConfigError};
-use pepsi_common::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
-use pepsi_common::quota::{self, Limits};
-use pepsi_common::stage::edges::Declare;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::address;
+use pepsi_conf::config::{Config, ConfigError};
+use pepsi_contract::quota::{self, Limits};
+use pepsi_contract::stage::edges::Declare;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_helper_maildir_writer::protocol::{DeliveryKey, DirSync, Reply, Request};
+use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 
-use pepsi_common::maildir::{Mailboxes, Template, WriterArgs};
 use pepsi_helper_maildir_writer::client::CoProcess;
+use pepsi_outbound::maildir::{Mailboxes, Template, WriterArgs};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
         component: "stage-relay-to-maildir",
         exec: "pepsi-stage-relay-to-maildir",
     };
-    pub const PROGRAM: &str = pepsi_common::maildir::DELIVERY_PROGRAM;
+    pub const PROGRAM: &str = pepsi_outbound::maildir::DELIVERY_PROGRAM;
 }
 
 /// A stage section's options, read once per stage name and validated together.
@@ -44,7 +44,7 @@ pub struct Settings {
     pub template: Template,
     pub delimiters: String,
     /// Local domains (configured, or marked in the settings layer).
-    pub local: pepsi_common::local::LocalRecipients,
+    pub local: pepsi_contract::local::LocalRecipients,
     pub nonlocal_stage: Option<String>,
     /// The limits of a mailbox without a `pepsi.quota_limit` row of its own.
     pub quota: Option<u64>,
@@ -65,7 +65,7 @@ impl Settings {
         let s = cfg.stage_section_named(stage);
         let m = Mailboxes::from_section(cfg, &s)?;
         Ok(Settings {
-            local: pepsi_common::local::LocalRecipients::from_config(cfg)?,
+            local: pepsi_contract::local::LocalRecipients::from_config(cfg)?,
             nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
             over_quota: OverQuota {
                 temporary: s.bool_opt("QUOTA_FULL_TEMPORARY")?.unwrap_or(false),
@@ -429,13 +429,13 @@ impl Stage for RelayToMaildir {
 const ABOUT: &str = "Pepsi stage that delivers local recipients into their Maildirs";
 
 /// The command line of `pepsi-stage-relay-to-maildir`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-relay-to-maildir` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<RelayToMaildir>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<RelayToMaildir>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]
@@ -444,7 +444,7 @@ mod tests {
 
     #[test]
     fn replies_become_results() {
-        let usage = pepsi_common::quota::Usage {
+        let usage = pepsi_contract::quota::Usage {
             bytes: 10,
             messages: 1,
         };

@@ -17,12 +17,12 @@
 
 use std::process::ExitCode;
 
-use pepsi_common::config::{Config, ConfigError, Section};
-use pepsi_common::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
+use pepsi_conf::config::{Config, ConfigError, Section};
+use pepsi_outbound::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
 use pepsi_smtp::{OpenOptions, Protocol, Target};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -83,13 +83,13 @@ Options of [stage-<name>]:
 See docs/lmtp.md.";
 
 /// The command line of `pepsi-stage-relay-to-lmtp`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-relay-to-lmtp` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<RelayToLmtp>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<RelayToLmtp>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

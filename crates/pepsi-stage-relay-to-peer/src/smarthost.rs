@@ -15,17 +15,17 @@
 //! every recipient whatever the reply code, so a wrong password (535) or an expired
 //! certificate pauses the mail with a clear `last_error` instead of bouncing all of it. Inside
 //! the transaction 5xx is permanent and 4xx transient, per recipient. The connection is kept
-//! for the next message as the LMTP stage keeps its own: both are `pepsi_common::relay`'s
+//! for the next message as the LMTP stage keeps its own: both are `pepsi_outbound::relay`'s
 //! `RelayStage`, over a peer kind of their own.
 
 use std::process::ExitCode;
 
-use pepsi_common::config::{Config, ConfigError, Section};
-use pepsi_common::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
+use pepsi_conf::config::{Config, ConfigError, Section};
+use pepsi_outbound::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
 use pepsi_smtp::{Credentials, OpenOptions, Protocol, Target, TlsOptions, TlsPolicy};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -69,7 +69,7 @@ fn parse_host(text: &str) -> Result<String, String> {
 fn missing(cfg: &Config, stage: &str, option: &str) -> ConfigError {
     ConfigError::Missing {
         file: cfg.file().to_owned(),
-        section: pepsi_common::config::stage_section_name(stage),
+        section: pepsi_conf::config::stage_section_name(stage),
         option: option.to_owned(),
     }
 }
@@ -162,13 +162,13 @@ Options of [stage-<name>]:
 See docs/relay-smarthost.md.";
 
 /// The command line of `pepsi-stage-relay-to-smarthost`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-relay-to-smarthost` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<RelayToSmarthost>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<RelayToSmarthost>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

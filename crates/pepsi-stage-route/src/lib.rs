@@ -3,7 +3,7 @@
 //!
 //! Routes, most specific first: `ROUTES` (`domain:stage` items; `.example.org` matches the
 //! subdomains of example.org), then `ROUTE_LOCAL` for recipients in local domains
-//! (`pepsi_common::local`), then `ROUTE_REMOTE`; both default to `NEXT_STAGE`.
+//! (`pepsi_contract::local`), then `ROUTE_REMOTE`; both default to `NEXT_STAGE`.
 //!
 //! Reads: the envelope (`Load::Metadata`) and the local domains. Writes: nothing but the
 //! split. Terminal helper: `advance_to` the route of the first recipient; the recipients of
@@ -14,14 +14,14 @@ use std::collections::HashMap;
 use std::process::ExitCode;
 
 use anyhow::bail;
-use pepsi_common::address::{Address, normalize_domain};
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::stage::edges::{Declare, NEXT_STAGE};
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::address::{Address, normalize_domain};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::stage::edges::{Declare, NEXT_STAGE};
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -255,13 +255,13 @@ impl Stage for Route {
 const ABOUT: &str = "Pepsi stage that routes recipients by domain (local, remote, per-domain), splitting the message";
 
 /// The command line of `pepsi-stage-route`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-route` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<Route>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<Route>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

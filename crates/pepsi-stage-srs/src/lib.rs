@@ -12,11 +12,11 @@ use std::collections::BTreeMap;
 use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
-use pepsi_common::address::{Address, normalize_domain};
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::stage::{Load, Stage, StageContext, StageError, Terminal};
-use pepsi_common::state::{Bounce, BounceDetail, BounceKind};
+use pepsi_conf::address::{Address, normalize_domain};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_contract::state::{Bounce, BounceDetail, BounceKind};
 use serde_json::Map;
 
 use crate::srs::{DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
@@ -24,7 +24,7 @@ use crate::srs::{DEFAULT_MAX_AGE_DAYS, Kind, Srs, SrsError};
 pub mod srs;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -59,7 +59,7 @@ pub struct SrsStage {
 impl SrsStage {
     /// Reads `MODE`, `SRS_DOMAIN`, `SECRETS` and `MAX_AGE` of `[stage-<stage>]`.
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Self> {
-        let name = pepsi_common::config::stage_section_name(stage);
+        let name = pepsi_conf::config::stage_section_name(stage);
         let s = cfg.section(&name);
         let mode = match s.choice_opt("MODE", &["forward", "reverse"])?.as_deref() {
             Some("reverse") => Mode::Reverse,
@@ -140,8 +140,8 @@ impl SrsProgram {
             .map_err(|e| StageError::Permanent(format!("SRS rewrite of {from:?}: {e}")))?;
         tracing::info!(id = ctx.id(), from, to = rewritten, "sender rewritten");
         ctx.set_mail_from(rewritten);
-        let record = pepsi_common::state::Srs { mail_from: from };
-        ctx.set_state(pepsi_common::state::Srs::KEY, record.to_value());
+        let record = pepsi_contract::state::Srs { mail_from: from };
+        ctx.set_state(pepsi_contract::state::Srs::KEY, record.to_value());
         ctx.advance()
     }
 
@@ -278,13 +278,13 @@ const ABOUT: &str = "Pepsi stage for the Sender Rewriting Scheme: MODE=forward r
      docs/srs.md";
 
 /// The command line of `pepsi-stage-srs`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-srs` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<SrsProgram>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<SrsProgram>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]
@@ -299,7 +299,7 @@ mod tests {
 
     /// What a worker builds at start: one `SrsStage` per section.
     fn stages(c: &Config) -> anyhow::Result<HashMap<String, SrsStage>> {
-        pepsi_common::stage::sections(&SrsProgram::build(c)?, c)
+        pepsi_contract::stage::sections(&SrsProgram::build(c)?, c)
     }
 
     #[test]

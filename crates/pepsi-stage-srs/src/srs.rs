@@ -109,7 +109,7 @@ pub fn kind(local: &str) -> Kind {
 }
 
 fn split_at_last_at(address: &str) -> Result<(&str, &str), SrsError> {
-    match pepsi_common::address::parts(address) {
+    match pepsi_conf::address::parts(address) {
         Some((local, domain)) if !local.is_empty() && !domain.is_empty() => Ok((local, domain)),
         _ => Err(SrsError::Malformed(format!(
             "{address:?} is not local@domain"

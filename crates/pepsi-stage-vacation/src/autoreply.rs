@@ -22,8 +22,8 @@
 //! a failure to deliver it is never answered in turn.
 
 use chrono::{DateTime, NaiveDate, Utc};
-use pepsi_common::message::field_values;
-use pepsi_common::settings::vacation::{MAX_SUBJECT_CHARS, Vacation};
+use pepsi_contract::message::field_values;
+use pepsi_contract::settings::vacation::{MAX_SUBJECT_CHARS, Vacation};
 
 /// Local parts (any letter case) of senders that are programs.
 pub const AUTOMATED_LOCAL_PARTS: &[&str] = &[
@@ -116,7 +116,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
             return Err(Skip::Precedence(keyword));
         }
     }
-    if let Some(name) = pepsi_common::message::field_names(h)
+    if let Some(name) = pepsi_contract::message::field_names(h)
         .into_iter()
         .find(|n| n.len() > 5 && n[..5].eq_ignore_ascii_case("list-"))
     {
@@ -131,7 +131,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
             return Err(Skip::Suppressed(value));
         }
     }
-    let visible = pepsi_common::message::visible_recipient_addresses(h);
+    let visible = pepsi_contract::message::visible_recipient_addresses(h);
     if !visible
         .iter()
         .any(|v| addresses.iter().any(|a| a.eq_ignore_ascii_case(v)))
@@ -143,7 +143,7 @@ pub fn decide(message: &Incoming<'_>, addresses: &[String]) -> Result<(), Skip> 
 
 /// Whether an address's local part names a program (see the module's list).
 pub fn is_automated(address: &str) -> bool {
-    let local = pepsi_common::address::local_part(address);
+    let local = pepsi_conf::address::local_part(address);
     let local = local.to_ascii_lowercase();
     AUTOMATED_LOCAL_PARTS.contains(&local.as_str())
         || AUTOMATED_PREFIXES.iter().any(|p| local.starts_with(p))
@@ -245,8 +245,8 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    let body = pepsi_common::mime::quoted_printable(text.as_bytes());
-    pepsi_common::message::join(h.as_bytes(), &body)
+    let body = pepsi_outbound::mime::quoted_printable(text.as_bytes());
+    pepsi_contract::message::join(h.as_bytes(), &body)
 }
 
 /// The first `name` field of `headers` when it holds exactly one `<id>`, on one line.
@@ -293,7 +293,7 @@ fn encode_phrase(text: &str) -> String {
         .map(|w| {
             format!(
                 "=?utf-8?B?{}?=",
-                pepsi_common::encoding::base64_encode(w.as_bytes())
+                pepsi_smtp::encoding::base64_encode(w.as_bytes())
             )
         })
         .collect::<Vec<_>>()

@@ -10,7 +10,7 @@
 //! helper: `advance`; the message itself always goes on.
 //!
 //! The decisions (who is never answered, the reply's fields) are the module `autoreply`'s (pure;
-//! the setting's shape and check are `pepsi_common::settings::vacation`, shared with `admin`);
+//! the setting's shape and check are `pepsi_contract::settings::vacation`, shared with `admin`);
 //! this file is the I/O around them. A worker killed between the claim and the enqueue runs
 //! the pass again as the same row: the claim is granted again to the same row and the token
 //! `vacation:<id>:<owner>` keeps the reply single.
@@ -19,10 +19,11 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_common::config::Config;
-use pepsi_common::settings;
-use pepsi_common::settings::vacation::{VACATION_SETTING, Vacation};
-use pepsi_common::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
+use pepsi_conf::config::Config;
+use pepsi_contract::settings;
+use pepsi_contract::settings::vacation::{VACATION_SETTING, Vacation};
+use pepsi_contract::stage::edges::Declare;
+use pepsi_contract::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 use crate::autoreply::{Incoming, Reply, Skip};
@@ -30,7 +31,7 @@ use crate::autoreply::{Incoming, Reply, Skip};
 pub mod autoreply;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -101,7 +102,7 @@ impl VacationStage {
 
 /// The recipients of a message, lower-case, each once.
 fn owners(rcpt_to: &[String]) -> Vec<String> {
-    pepsi_common::local::distinct_lowercase(rcpt_to)
+    pepsi_contract::local::distinct_lowercase(rcpt_to)
 }
 
 impl Stage for VacationStage {
@@ -117,6 +118,16 @@ impl Stage for VacationStage {
 
     fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
         Settings::from_config(cfg, name)
+    }
+
+    /// NEXT_STAGE for the message itself, and REPLY_STAGE (default `init`) where a reply
+    /// enters the graph.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        let reply = d
+            .option("REPLY_STAGE")
+            .unwrap_or_else(|| DEFAULT_REPLY_STAGE.to_owned());
+        d.branch("REPLY_STAGE", reply, "reply");
     }
 
     async fn process(
@@ -204,7 +215,7 @@ impl Stage for VacationStage {
         }
         if !replied.is_empty() {
             let mut merge = Map::new();
-            pepsi_common::state::Vacation { replied }.insert_into(&mut merge);
+            pepsi_contract::state::Vacation { replied }.insert_into(&mut merge);
             ctx.merge_state(merge);
         }
         ctx.advance()
@@ -243,13 +254,13 @@ The setting, a JSON object: {\"text\": \"...\", \"subject\": \"...\", \"start\":
 required. See docs/vacation.md.";
 
 /// The command line of `pepsi-stage-vacation`: its `--help` and its manual page.
-pub fn command() -> pepsi_common::cli::Command {
-    pepsi_common::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 /// Entry point of the `pepsi-stage-vacation` binary.
 pub fn run() -> ExitCode {
-    pepsi_common::stage::main::<VacationStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+    pepsi_contract::stage::main::<VacationStage>(&constants::CONFIG_SOURCE, ABOUT, "")
 }
 
 #[cfg(test)]

@@ -3,7 +3,7 @@
 //! bounces, and whether the database, the dispatcher, each ingress listener and pepsi-httpd
 //! answer — and `log`, the mail log's search.
 //!
-//! It only reads: the database through `pepsi_common::status` and `pepsi_common::mail_log`
+//! It only reads: the database through `pepsi_admin::status` and `pepsi_contract::mail_log`
 //! (this crate issues no SQL of its own), the services through the probes of `probe`. The
 //! report's shape is `report`; presentation is `render`.
 
@@ -18,11 +18,11 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use chrono::{DateTime, NaiveDate, Utc};
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::Config;
-use pepsi_common::db::DbSettings;
-use pepsi_common::mail_log::{self, Event, LogRow, Search};
-use pepsi_common::status;
+use pepsi_admin::status;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::Config;
+use pepsi_contract::db::DbSettings;
+use pepsi_contract::mail_log::{self, Event, LogRow, Search};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -30,7 +30,7 @@ use crate::probe::{Group, Kind, Service, Target};
 use crate::report::Report;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -178,7 +178,7 @@ struct LogArgs {
 }
 
 fn parse_timeout(text: &str) -> Result<Duration, String> {
-    let d = pepsi_common::config::parse_duration(text)?;
+    let d = pepsi_conf::config::parse_duration(text)?;
     if d.is_zero() || d > Duration::from_secs(600) {
         return Err(format!("{text:?}: expected more than 0 and at most 10m"));
     }
@@ -198,7 +198,7 @@ fn when_at(text: &str, now: DateTime<Utc>) -> Result<DateTime<Utc>, String> {
     if let Ok(day) = NaiveDate::parse_from_str(t, "%Y-%m-%d") {
         return Ok(day.and_hms_opt(0, 0, 0).expect("midnight").and_utc());
     }
-    if let Ok(ago) = pepsi_common::config::parse_duration(t)
+    if let Ok(ago) = pepsi_conf::config::parse_duration(t)
         && let Ok(ago) = chrono::Duration::from_std(ago)
         && let Some(at) = now.checked_sub_signed(ago)
     {
@@ -530,7 +530,7 @@ async fn log(cfg: &Config, a: LogArgs) -> anyhow::Result<ExitCode> {
         since: a.since,
         until: a.until,
     };
-    let pool = pepsi_common::db::connect(cfg).await?;
+    let pool = pepsi_contract::db::connect(cfg).await?;
     let limit = usize::try_from(a.limit).unwrap_or(usize::MAX);
     let mut rows = mail_log::search(&pool, &search, i64::from(a.limit) + 1)
         .await

@@ -7,9 +7,9 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use pepsi_common::config::Config;
-use pepsi_common::status::LockHolder;
-use pepsi_common::text::clip;
+use pepsi_admin::status::LockHolder;
+use pepsi_conf::config::Config;
+use pepsi_conf::text::clip;
 use pepsi_smtp::reply::{MAX_LINE, MAX_REPLY_LINES, Reply, parse_line, parse_reply};
 use pepsi_smtp::{TlsOptions, TlsPolicy};
 use serde::Serialize;

@@ -2,8 +2,8 @@
 //! Pure functions, no I/O.
 
 use chrono::{DateTime, Utc};
-use pepsi_common::mail_log::LogRow;
-use pepsi_common::text::{clip, human_duration, table};
+use pepsi_conf::text::{clip, human_duration, table};
+use pepsi_contract::mail_log::LogRow;
 use serde_json::Value;
 
 use crate::probe::Kind;

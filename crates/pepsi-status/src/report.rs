@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use pepsi_common::mail_log::{Event, LogRow};
-use pepsi_common::status::{
+use pepsi_admin::status::{
     DispatchCounters, Failure, Oldest, QueueCount, RecentOutcome, StageCounters,
 };
+use pepsi_contract::mail_log::{Event, LogRow};
 use serde::Serialize;
 
 use crate::probe::Service;

@@ -7,8 +7,8 @@
 //! operator (root, or anyone running the program without its bit, who has the database
 //! rights of the configuration already) may name any mailbox.
 
-use pepsi_common::address::Address;
-use pepsi_common::local::LocalRecipients;
+use pepsi_conf::address::Address;
+use pepsi_contract::local::LocalRecipients;
 
 /// Who runs the program.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -96,7 +96,7 @@ pub fn mailbox(caller: &Caller, asked: Option<&str>, rules: &Rules) -> Result<St
 /// an address.
 fn valid(address: &str, rules: &Rules) -> Result<String, String> {
     let key = rules.local.mailbox_key(address);
-    match pepsi_common::whitelist::check(Some(&key)) {
+    match pepsi_contract::whitelist::check(Some(&key)) {
         Some(c) => Ok(c.address),
         None => Err(format!("{address:?}: not an address")),
     }

@@ -18,21 +18,21 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use clap::{Args, Parser, Subcommand};
-use pepsi_common::audit::{self, Actor};
-use pepsi_common::cli::ToolFailure as Failure;
-use pepsi_common::cli::{CommonArgs, init_logging, run_async};
-use pepsi_common::config::Config;
-use pepsi_common::local::LocalRecipients;
-use pepsi_common::maildir::{self, Mailboxes, NoStage};
-use pepsi_common::privilege;
-use pepsi_common::whitelist;
+use pepsi_conf::cli::ToolFailure as Failure;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::Config;
+use pepsi_conf::privilege;
+use pepsi_contract::audit::{self, Actor};
+use pepsi_contract::local::LocalRecipients;
+use pepsi_contract::whitelist;
 use pepsi_helper_mailbox_scan::protocol::{self, Finding};
+use pepsi_outbound::maildir::{self, Mailboxes, NoStage};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio::io::AsyncReadExt as _;
 
 pub mod constants {
-    use pepsi_common::config::ConfigSource;
+    use pepsi_conf::config::ConfigSource;
 
     pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
         project: "pepsi",
@@ -203,7 +203,7 @@ impl Settings {
                 .duration_opt("SCAN_TIMEOUT")?
                 .unwrap_or(Duration::from_secs(60))
                 .max(Duration::from_secs(1)),
-            helper: pepsi_common::cli::locate_program(
+            helper: pepsi_conf::cli::locate_program(
                 &s.string_opt("HELPER")?
                     .filter(|h| !h.trim().is_empty())
                     .unwrap_or_else(|| constants::HELPER.to_owned()),
@@ -267,7 +267,7 @@ pub fn run() -> ExitCode {
             },
             _ => Vec::new(),
         };
-        let db = pepsi_common::db::DbSettings::from_config(&cfg)?;
+        let db = pepsi_contract::db::DbSettings::from_config(&cfg)?;
         let pool = if setuid {
             // Peer authentication knows the bit's account, not the caller's.
             let me = privilege::account_name(privilege::current().uid)?
@@ -299,7 +299,7 @@ pub fn run() -> ExitCode {
 }
 
 fn exit(result: Done) -> ExitCode {
-    pepsi_common::cli::tool_exit(&constants::CONFIG_SOURCE, result)
+    pepsi_conf::cli::tool_exit(&constants::CONFIG_SOURCE, result)
 }
 
 /// The entries named, checked and in stored form, each once.

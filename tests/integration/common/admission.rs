@@ -2,7 +2,7 @@
 //! as `db::admit` would store it, in order, in one transaction; a batch with a row the
 //! database refuses stores nothing.
 
-use pepsi_common::db::{Admission, admit, admit_batch};
+use pepsi_contract::db::{Admission, admit, admit_batch};
 use pepsi_testkit::TestDb;
 use sqlx::Row as _;
 

@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::stage::fusion::{Registration, register};
-use pepsi_common::stage::{Load, PassReport, Stage, StageContext, StageError, Terminal, Worker};
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::fusion::{Registration, register};
+use pepsi_contract::stage::{Load, PassReport, Stage, StageContext, StageError, Terminal, Worker};
 use pepsi_testkit::TestDb;
 use serde_json::{Map, Value, json};
 use sqlx::{PgPool, Row as _};
@@ -819,7 +819,7 @@ async fn a_chain_loading_the_body_up_front_fuses_the_delivery_that_needs_it() {
     );
     let e = format!(
         "{:#}",
-        pepsi_common::stage::check_config::<Act>(&bad).unwrap_err()
+        pepsi_contract::stage::check_config::<Act>(&bad).unwrap_err()
     );
     assert!(e.contains("metadata, headers or full"), "{e}");
     let less = Config::from_str_named(

@@ -3,7 +3,7 @@
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
-use pepsi_common::db::{SERIALIZATION_RETRIES, is_serialization_failure, with_retry};
+use pepsi_contract::db::{SERIALIZATION_RETRIES, is_serialization_failure, with_retry};
 use pepsi_testkit::TestDb;
 
 /// A statement that fails with SQLSTATE `code` while `fail_first` attempts remain.
@@ -79,8 +79,8 @@ async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
 /// unless configured); every other program's keep the server's setting.
 #[tokio::test]
 async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_the_servers() {
-    use pepsi_common::config::Config;
-    use pepsi_common::db::DbSettings;
+    use pepsi_conf::config::Config;
+    use pepsi_contract::db::DbSettings;
     let db = TestDb::new().await;
     let server: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
         .fetch_one(&db.pool)

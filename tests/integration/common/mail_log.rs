@@ -5,9 +5,9 @@
 
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::mail_log::Event;
-use pepsi_common::stage::{CloneSpec, Load, Stage, StageContext, StageError, Terminal, Worker};
+use pepsi_conf::config::Config;
+use pepsi_contract::mail_log::Event;
+use pepsi_contract::stage::{CloneSpec, Load, Stage, StageContext, StageError, Terminal, Worker};
 use pepsi_testkit::TestDb;
 use serde_json::{Map, Value, json};
 use sqlx::PgPool;

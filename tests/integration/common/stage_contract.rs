@@ -6,8 +6,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pepsi_common::config::Config;
-use pepsi_common::stage::{
+use pepsi_conf::config::Config;
+use pepsi_contract::stage::{
     CloneSpec, FanGroup, FanRecipients, GroupStatus, Load, PassReport, Stage, StageContext,
     StageError, Terminal, Worker,
 };

@@ -314,28 +314,3 @@ pub fn standalone_programs() -> Vec<String> {
         .map(|&n| n.to_owned())
         .collect()
 }
-
-/// The words of the Makefile variable `name` (`NAME = a \ b \ c`), such as
-/// `COMMAND_LINKS`.
-pub fn makefile_list(name: &str) -> Vec<String> {
-    let makefile = root().join("Makefile");
-    let text = std::fs::read_to_string(makefile).unwrap();
-    let mut words = Vec::new();
-    let mut lines = text.lines();
-    let first = lines
-        .by_ref()
-        .find(|l| l.split_once('=').is_some_and(|(n, _)| n.trim() == name))
-        .unwrap_or_else(|| panic!("the Makefile defines no {name}"));
-    let mut line = first.split_once('=').unwrap().1;
-    loop {
-        let (body, more) = match line.trim_end().strip_suffix('\\') {
-            Some(body) => (body, true),
-            None => (line, false),
-        };
-        words.extend(body.split_whitespace().map(str::to_owned));
-        if !more {
-            return words;
-        }
-        line = lines.next().unwrap_or_default();
-    }
-}

@@ -1,12 +1,12 @@
 //! Mailbox accounts (`pepsi.mailbox_account`, `pepsi.mailbox_password`): list, create,
 //! delete, set a password. Passwords are hashed here (Argon2id, on the blocking pool) and
 //! only the hash is stored; the writes and their event_log rows are
-//! `pepsi_common::admin`'s.
+//! `pepsi_admin::admin`'s.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use pepsi_common::{admin, password};
+use pepsi_admin::{admin, password};
 use serde::Deserialize;
 use serde_json::{Value, json};
 

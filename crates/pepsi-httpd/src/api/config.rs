@@ -6,15 +6,14 @@
 //! Reads use the httpd pool (SELECT on the table); writes use the pool of
 //! `CONFIG_DATABASE_URL` alone, since only the pepsi-config role may write the table, and
 //! answer 409 without it. The input's checks and the writes with their event_log rows are
-//! `pepsi_common::admin`'s, the same code pepsi-config runs.
+//! `pepsi_admin::admin`'s, the same code pepsi-config runs.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use pepsi_common::admin;
-use pepsi_common::config::{
-    Config, OverrideRow, Scope, check_override, load_overrides, program_check, shown_values,
-};
+use pepsi_admin::admin;
+use pepsi_conf::config::{Config, OverrideRow, Scope, check_override, program_check, shown_values};
+use pepsi_contract::overlay::load_overrides;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;

@@ -16,7 +16,7 @@ pub async fn mail_log(
     Pairs(pairs): Pairs,
 ) -> ApiResult<Json<Value>> {
     let (search, limit) = query::mail_log_search(&pairs).map_err(ApiError::bad_request)?;
-    let rows = pepsi_common::mail_log::search(&state.pool, &search, limit).await?;
+    let rows = pepsi_contract::mail_log::search(&state.pool, &search, limit).await?;
     Ok(Json(json!({"entries": rows, "limit": limit})))
 }
 

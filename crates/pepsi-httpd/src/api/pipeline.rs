@@ -5,7 +5,8 @@
 
 use axum::Json;
 use axum::extract::State;
-use pepsi_common::config::Scope;
+use pepsi_conf::config::Scope;
+use pepsi_contract::overlay::DbOverlay;
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
@@ -20,7 +21,7 @@ pub async fn current(state: &AppState) -> ApiResult<(Graph, Value)> {
         .with_db_overlay(&state.pool, &Scope::Global)
         .await
         .map_err(|e| ApiError::internal(format!("reading the configuration overlay: {e}")))?;
-    let snap = pepsi_common::status::snapshot(&state.pool).await?;
+    let snap = pepsi_admin::status::snapshot(&state.pool).await?;
     let mut queued: Vec<String> = snap.queue.iter().map(|q| q.stage.clone()).collect();
     queued.dedup();
     let graph = graph::build(&cfg, &queued, state.stage_edges);

@@ -1,14 +1,15 @@
 //! The queue: listing with filters, one message, and the operator actions of pepsi-queue —
 //! retry, hold, release, delete, bounce — on one row or in bulk by filter. Every action goes
-//! through `pepsi_common::queue::apply` (the same stored functions, one row per transaction
+//! through `pepsi_admin::queue::apply` (the same stored functions, one row per transaction
 //! with its `event_log` row, the administrator as actor), and the dispatcher is woken once
 //! after the changes committed. The JSON shapes are pepsi-queue's `--json` documents.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use pepsi_common::config::Scope;
-use pepsi_common::queue::{self, Action, AdminError, Outcome, json as qjson};
+use pepsi_admin::queue::{self, Action, AdminError, Outcome, json as qjson};
+use pepsi_conf::config::Scope;
+use pepsi_contract::overlay::DbOverlay;
 use serde::Deserialize;
 use serde_json::{Value, json};
 use std::collections::BTreeMap;

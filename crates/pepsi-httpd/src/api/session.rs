@@ -11,7 +11,7 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use pepsi_common::password;
+use pepsi_admin::password;
 use serde::Deserialize;
 use serde_json::json;
 

@@ -4,14 +4,14 @@
 //! `@domain`). Domains of `[pepsi] LOCAL_DOMAINS` are listed too, marked as coming from the
 //! configuration file, and cannot be deleted here. And every setting Pepsi reads
 //! (`admin::KNOWN_SETTINGS`) with the semantics of `pepsi-settings` set, unset, list, show
-//! and names: the checks of key and value and the lookup are `pepsi_common::admin`'s.
+//! and names: the checks of key and value and the lookup are `pepsi_admin::admin`'s.
 
 use axum::Json;
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
-use pepsi_common::admin::{self, KNOWN_SETTINGS, MAX_ALIAS_TARGETS};
-use pepsi_common::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
-use pepsi_common::settings::address_list;
+use pepsi_admin::admin::{self, KNOWN_SETTINGS, MAX_ALIAS_TARGETS};
+use pepsi_contract::local::{LOCAL_DOMAIN_SETTING, LocalRecipients};
+use pepsi_contract::settings::address_list;
 use serde::Deserialize;
 use serde_json::{Value, json};
 

@@ -5,7 +5,7 @@ use super::conn::End;
 use super::{Session, State, Transaction};
 use crate::admission::{Accepted, AdmitError};
 use crate::headers::{Trace, received, strip_forged_results};
-use pepsi_common::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
+use pepsi_contract::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
 use pepsi_smtp::Reply;
 use pepsi_smtp::data::{DataDecoder, DataProblem, Feed};
 use pepsi_smtp::params::{self, Body};
@@ -157,7 +157,7 @@ impl Session {
             );
         }
         if let Some(reply) = self
-            .author_not_owned(pepsi_common::message::split(&message).0)
+            .author_not_owned(pepsi_contract::message::split(&message).0)
             .await
         {
             return reply;
@@ -211,7 +211,7 @@ impl Session {
         };
         let iprev = self.iprev.as_ref().map(crate::verify::iprev_state);
         let ptr = iprev.as_ref().and_then(|v| v.name.clone());
-        let (headers, body) = pepsi_common::message::split(&message);
+        let (headers, body) = pepsi_contract::message::split(&message);
         let body_at = message.len() - body.len();
         let date = chrono::Local::now().to_rfc2822();
         let trace = received(&Trace {

@@ -137,7 +137,7 @@ impl Session {
                             .unwrap_or(chrono::Duration::MAX);
                     let answer = within(
                         s.lookup_timeout,
-                        pepsi_common::quota::is_full(&self.shared.pool, &mailbox, fresh_since),
+                        pepsi_contract::quota::is_full(&self.shared.pool, &mailbox, fresh_since),
                     )
                     .await;
                     if let Ok(full) = answer {
