@@ -307,6 +307,7 @@ fn the_default_configuration_draws_every_branch() {
             "route -branch[remote]-> remote",
             "route -branch[local]-> vacation",
             "vacation -next-> local",
+            "vacation -branch[reply]-> init",
             "whitelist -next-> route",
         ],
         &[],
