@@ -21,7 +21,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_conf::config::{Config, ConfigSource};
+use pepsi_conf::config::{Config, ConfigSource, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::{Map, Value, json};
 
@@ -65,7 +65,7 @@ impl Stage for TestStage {
         Ok(TestStage)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Section> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Section> {
         let section = cfg.stage_section_named(name);
         let action = section
             .choice_opt(
@@ -122,7 +122,7 @@ impl Stage for TestStage {
             "finish" => ctx.finish(),
             "crash" => std::process::abort(),
             "crash-after-advance" => {
-                let next = ctx.settings().next_stage.clone().unwrap_or_default();
+                let next = ctx.options().next_stage.clone().unwrap_or_default();
                 sqlx::query(
                     "UPDATE pepsi.workqueue SET stage = $2, state = state || $3, updated_at = now() \
                      WHERE workqueue_id = $1 AND status = 'running'",
@@ -194,7 +194,7 @@ impl Stage for OtherStage {
         Ok(OtherStage(TestStage::build(cfg)?))
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Section> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Section> {
         self.0.section(cfg, name)
     }
 

@@ -11,23 +11,23 @@
 use pepsi_conf::config::Config;
 
 pub(crate) fn ingress(cfg: &Config) -> anyhow::Result<()> {
-    pepsi_ingress::config::Settings::from_config(cfg).map(drop)
+    pepsi_ingress::config::Options::from_config(cfg).map(drop)
 }
 
 pub(crate) fn httpd(cfg: &Config) -> anyhow::Result<()> {
-    pepsi_httpd::settings::HttpdSettings::from_config(cfg).map(drop)
+    pepsi_httpd::options::HttpdOptions::from_config(cfg).map(drop)
 }
 
 pub(crate) fn failure_bouncer(cfg: &Config) -> anyhow::Result<()> {
-    pepsi_failure_bouncer::Settings::from_config(cfg).map(drop)
+    pepsi_failure_bouncer::Options::from_config(cfg).map(drop)
 }
 
 pub(crate) fn keydisc(cfg: &Config) -> anyhow::Result<()> {
-    pepsi_keydisc::Settings::from_config(cfg).map(drop)
+    pepsi_keydisc::Options::from_config(cfg).map(drop)
 }
 
 pub(crate) fn sendmail(cfg: &Config) -> anyhow::Result<()> {
-    pepsi_sendmail::settings::Settings::from_config(cfg).map(drop)
+    pepsi_sendmail::section::Options::from_config(cfg).map(drop)
 }
 
 /// The parsers, one per program, from the table of programs (`crate::programs`): a stage

@@ -25,7 +25,7 @@ const RETRY_ATTEMPTS: u32 = 5;
 
 /// Connection settings from the `[database]` section (a bootstrap section, file only).
 #[derive(Debug, Clone)]
-pub struct DbSettings {
+pub struct DbOptions {
     pub url: String,
     pub max_connections: u32,
     pub connect_timeout: Duration,
@@ -88,7 +88,7 @@ impl SynchronousCommit {
     }
 }
 
-impl DbSettings {
+impl DbOptions {
     /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s),
     /// `PASS_SYNCHRONOUS_COMMIT` (`off`), `STATEMENT_TIMEOUT` (60 s) and `SOCKET_DIR`
     /// ([`SOCKET_DIR`]).
@@ -147,7 +147,7 @@ impl DbSettings {
     /// signal it) can neither hold locks the pipeline waits on nor keep sessions open.
     ///
     /// A URL that names no host is pinned to `SOCKET_DIR`, as for every program
-    /// ([`DbSettings::options`]).
+    /// ([`DbOptions::options`]).
     pub async fn connect_for_caller(&self, user: &str) -> anyhow::Result<PgPool> {
         let options = self.options()?.username(user).options([
             ("statement_timeout", "30s"),
@@ -298,13 +298,13 @@ pub fn url_names_host(url: &str) -> bool {
 
 /// Connects with the `[database]` section of `cfg`.
 pub async fn connect(cfg: &Config) -> anyhow::Result<PgPool> {
-    DbSettings::from_config(cfg)?.connect().await
+    DbOptions::from_config(cfg)?.connect().await
 }
 
 /// Connects with the `[database]` section of `cfg` for a program that moves rows along the
-/// queue (`DbSettings::connect_for_passes`).
+/// queue (`DbOptions::connect_for_passes`).
 pub async fn connect_for_passes(cfg: &Config) -> anyhow::Result<PgPool> {
-    DbSettings::from_config(cfg)?.connect_for_passes().await
+    DbOptions::from_config(cfg)?.connect_for_passes().await
 }
 
 /// Wakes the dispatcher. Call it after the transaction that made rows pending has committed,

@@ -24,7 +24,7 @@ use crate::Event;
 use crate::claim::{self, Claimed, Forced, Want};
 use crate::fair::FairShare;
 use crate::lock::{self, Leadership, WorkerPids};
-use crate::settings::{DispatchSettings, Mode, PoolSettings, local_parallelism, resolve_program};
+use crate::options::{DispatchOptions, Mode, PoolOptions, local_parallelism, resolve_program};
 use crate::stats::Stats;
 use crate::status::{self, Status};
 use crate::worker::{Assigned, Worker};
@@ -34,7 +34,7 @@ const TEMPORARY_RETRY_SECS: u32 = 60;
 
 /// One stage's pool state beyond its settings.
 struct Pool {
-    settings: PoolSettings,
+    settings: PoolOptions,
     program: PathBuf,
     /// No spawning before this (the PROGRAM could not start).
     cooldown_until: Option<Instant>,
@@ -59,7 +59,7 @@ const VACUUM_MIN_ROWS: u64 = 100;
 pub struct Dispatcher {
     db: PgPool,
     file_cfg: Config,
-    settings: DispatchSettings,
+    settings: DispatchOptions,
     config_path: PathBuf,
     log_level: String,
     own_dir: Option<PathBuf>,
@@ -101,7 +101,7 @@ impl Dispatcher {
         leadership: Leadership,
         worker_pids: WorkerPids,
     ) -> anyhow::Result<Self> {
-        let settings = DispatchSettings::from_config(cfg)?;
+        let settings = DispatchOptions::from_config(cfg)?;
         let own_dir = std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf));
@@ -148,7 +148,7 @@ impl Dispatcher {
     fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<()> {
         let now = Instant::now();
         let mut pools = BTreeMap::new();
-        for settings in PoolSettings::all(cfg)? {
+        for settings in PoolOptions::all(cfg)? {
             let program = resolve_program(
                 &settings.program,
                 self.settings.libexec_dir.as_deref(),
@@ -288,7 +288,7 @@ impl Dispatcher {
                 return;
             }
         };
-        match DispatchSettings::from_config(&cfg)
+        match DispatchOptions::from_config(&cfg)
             .map_err(anyhow::Error::from)
             .and_then(|s| {
                 self.settings = s;
@@ -1128,7 +1128,7 @@ impl Dispatcher {
     }
 
     /// The workers `pool` may run on this host (PARALLELISM_SCOPE in MODE shared).
-    fn parallelism(&self, pool: &PoolSettings) -> usize {
+    fn parallelism(&self, pool: &PoolOptions) -> usize {
         let members = match self.settings.mode {
             Mode::Single => (1, 0),
             Mode::Shared => lock::members(),
@@ -1145,7 +1145,7 @@ impl Dispatcher {
 }
 
 /// Ids a worker can still take: its QUEUE_LIMIT less what it holds, within MAX_MESSAGES.
-fn room(w: &Worker, s: &PoolSettings) -> usize {
+fn room(w: &Worker, s: &PoolOptions) -> usize {
     let by_queue = s.queue_limit.saturating_sub(w.inflight.len());
     if s.max_messages == 0 {
         return by_queue;

@@ -13,7 +13,7 @@ mod dispatcher;
 mod fair;
 mod listen;
 mod lock;
-mod settings;
+mod options;
 mod stats;
 mod status;
 mod worker;
@@ -26,7 +26,7 @@ use clap::Parser;
 
 use pepsi_conf::cli::{CommonArgs, init_logging};
 use pepsi_conf::config::Scope;
-use pepsi_contract::db::DbSettings;
+use pepsi_contract::db::DbOptions;
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;
@@ -100,8 +100,8 @@ struct Cli {
 /// What the dispatcher parses from the configuration at start: its own section and every
 /// stage's pool options. pepsi-config checks a candidate configuration with it.
 pub fn check_config(cfg: &pepsi_conf::config::Config) -> anyhow::Result<()> {
-    settings::DispatchSettings::from_config(cfg)?;
-    settings::PoolSettings::all(cfg)?;
+    options::DispatchOptions::from_config(cfg)?;
+    options::PoolOptions::all(cfg)?;
     Ok(())
 }
 
@@ -136,7 +136,7 @@ pub fn run() -> ExitCode {
 
 async fn main(cli: Cli) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
-    let db_settings = DbSettings::from_config(&file_cfg)?;
+    let db_settings = DbOptions::from_config(&file_cfg)?;
     // Everything is checked before standing by: a standby with a broken configuration
     // would only fail when it is needed.
     let settings = {
@@ -144,11 +144,11 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
         let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
         check_config(&cfg)?;
         db.close().await;
-        settings::DispatchSettings::from_config(&cfg)?
+        options::DispatchOptions::from_config(&cfg)?
     };
     let workers = lock::WorkerPids::default();
     let leadership = lock::spawn(
-        lock::LockSettings {
+        lock::LockOptions {
             url: db_settings.url.clone(),
             socket_dir: db_settings.socket_dir.clone(),
             check: settings.lock_check_interval,

@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 use anyhow::Context as _;
 use sqlx::{ConnectOptions as _, PgConnection};
 
-use crate::settings::Mode;
+use crate::options::Mode;
 
 /// The advisory lock key pair that makes the dispatcher one per database.
 pub const LOCK_KEY: (i32, i32) = (0x7065_7073, 1);
@@ -77,7 +77,7 @@ pub fn stopping() {
 
 /// What the lock thread needs.
 #[derive(Debug, Clone)]
-pub struct LockSettings {
+pub struct LockOptions {
     pub url: String,
     /// `[database] SOCKET_DIR`, where a URL without a host finds the server.
     pub socket_dir: std::path::PathBuf,
@@ -168,7 +168,7 @@ fn parse_start(stat: &str) -> Option<u64> {
 /// Starts the lock thread. The receiver gets the leadership once this dispatcher holds the
 /// lock (after standing by as long as another one holds it), or why it cannot.
 pub fn spawn(
-    settings: LockSettings,
+    settings: LockOptions,
     workers: WorkerPids,
 ) -> anyhow::Result<tokio::sync::oneshot::Receiver<anyhow::Result<Leadership>>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -219,16 +219,16 @@ enum Attempt {
 
 /// Takes the lock, standing by while another dispatcher holds it (unless `standby` is
 /// off), then registers this dispatcher's epoch.
-async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leadership)> {
+async fn acquire(options: &LockOptions) -> anyhow::Result<(PgConnection, Leadership)> {
     let mut waiting: Option<PgConnection> = None;
     let mut announced = String::new();
     let mut conn = loop {
         let tried = match waiting.take() {
             Some(conn) => try_on(conn).await,
-            None => attempt(settings).await,
+            None => attempt(options).await,
         };
         match tried {
-            Ok(Attempt::Taken(mut conn)) => match active_elsewhere(&mut conn, settings).await {
+            Ok(Attempt::Taken(mut conn)) => match active_elsewhere(&mut conn, options).await {
                 Ok(None) => break conn,
                 Ok(Some(epoch)) => {
                     // The holder's session ended (a PostgreSQL restart, a terminated
@@ -249,7 +249,7 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
                     "standing by: cannot read the active dispatcher's heartbeat: {e}"
                 ),
             },
-            Ok(Attempt::Held(holder, _)) if !settings.standby => anyhow::bail!(
+            Ok(Attempt::Held(holder, _)) if !options.standby => anyhow::bail!(
                 "another dispatcher is already running on this database: {holder}; run exactly \
                  one per system, or set [pepsi-dispatch] STANDBY = yes to wait for it"
             ),
@@ -262,10 +262,10 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
                 }
                 waiting = Some(conn);
             }
-            Err(e) if !settings.standby => return Err(e),
+            Err(e) if !options.standby => return Err(e),
             Err(e) => tracing::warn!("standing by: cannot try the dispatcher lock: {e:#}"),
         }
-        tokio::time::sleep(settings.check).await;
+        tokio::time::sleep(options.check).await;
     };
     LEADER.store(true, Ordering::Release);
     let leadership = register(&mut conn, Mode::Single).await?;
@@ -276,14 +276,14 @@ async fn acquire(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leade
 /// LOCK_SESSION_TIMEOUT and that is not known dead: one that may still retake its lock.
 async fn active_elsewhere(
     conn: &mut PgConnection,
-    settings: &LockSettings,
+    options: &LockOptions,
 ) -> anyhow::Result<Option<i64>> {
     let fresh: Vec<(i64, String, i32, i64)> = sqlx::query_as(
         "SELECT epoch, boot_id, pid, proc_start FROM pepsi.dispatcher \
          WHERE mode = 'single' AND fenced_at IS NULL AND stopped_at IS NULL \
            AND seen_at > now() - make_interval(secs => $1)",
     )
-    .bind(settings.session_timeout.as_secs_f64())
+    .bind(options.session_timeout.as_secs_f64())
     .fetch_all(&mut *conn)
     .await?;
     let here = Whereabouts::here();
@@ -298,8 +298,8 @@ async fn active_elsewhere(
 }
 
 /// MODE shared: registers at once on a session of its own.
-async fn join(settings: &LockSettings) -> anyhow::Result<(PgConnection, Leadership)> {
-    let mut conn = connect(settings).await?;
+async fn join(options: &LockOptions) -> anyhow::Result<(PgConnection, Leadership)> {
+    let mut conn = connect(options).await?;
     let leadership = register(&mut conn, Mode::Shared).await?;
     // Know the other members before the first claim: PARALLELISM_SCOPE = global.
     beat(&mut conn, leadership.epoch).await?;
@@ -352,8 +352,8 @@ fn known_dead(here: &Whereabouts, recorded: Vec<(i64, String, i32, i64)>) -> Vec
 }
 
 /// Connects a lock session and tries the lock once.
-async fn attempt(settings: &LockSettings) -> anyhow::Result<Attempt> {
-    try_on(connect(settings).await?).await
+async fn attempt(options: &LockOptions) -> anyhow::Result<Attempt> {
+    try_on(connect(options).await?).await
 }
 
 /// Tries the lock once on `conn`.
@@ -372,7 +372,7 @@ async fn try_on(mut conn: PgConnection) -> anyhow::Result<Attempt> {
 
 /// A session whose server side dies with its heartbeat, named so that others can say who
 /// holds the lock.
-async fn connect(settings: &LockSettings) -> anyhow::Result<PgConnection> {
+async fn connect(settings: &LockOptions) -> anyhow::Result<PgConnection> {
     let name = session_name();
     let options = pepsi_contract::db::pinned_options(&settings.url, &settings.socket_dir)
         .context("[database] URL is not a PostgreSQL URL")?;
@@ -451,32 +451,32 @@ async fn idle() -> ! {
 async fn keep(
     mut conn: PgConnection,
     epoch: i64,
-    settings: &LockSettings,
+    options: &LockOptions,
     workers: &WorkerPids,
 ) -> ! {
     let mut last_ok = Instant::now();
     let mut takeovers = Takeovers::default();
     let mut backend = backend_pid(&mut conn).await;
     loop {
-        tokio::time::sleep(settings.check).await;
+        tokio::time::sleep(options.check).await;
         if STOPPING.load(Ordering::SeqCst) {
             idle().await;
         }
-        let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
+        let left = options.session_timeout.saturating_sub(last_ok.elapsed());
         if left.is_zero() {
             lose(
                 workers,
                 &format!(
                     "no heartbeat for {:?} (the process was stopped or cut off): the server has \
                      ended the lock session and another dispatcher may have taken over",
-                    settings.session_timeout
+                    options.session_timeout
                 ),
             );
         }
         match tokio::time::timeout(left, beat(&mut conn, epoch)).await {
             Ok(Ok(true)) => {
                 last_ok = Instant::now();
-                if settings.mode == Mode::Shared {
+                if options.mode == Mode::Shared {
                     lead(&mut conn, &mut takeovers).await;
                 }
                 continue;
@@ -489,11 +489,11 @@ async fn keep(
                 workers,
                 &format!("epoch {epoch} was fenced: another dispatcher took over"),
             ),
-            Ok(Err(e)) if settings.mode == Mode::Shared => lose(
+            Ok(Err(e)) if options.mode == Mode::Shared => lose(
                 workers,
                 &format!("the session of this dispatcher's membership is lost ({e})"),
             ),
-            Err(_) if settings.mode == Mode::Shared => lose(
+            Err(_) if options.mode == Mode::Shared => lose(
                 workers,
                 "the heartbeat of this dispatcher's membership got no answer",
             ),
@@ -506,7 +506,7 @@ async fn keep(
         }
         // The old session may still hold the lock on the server: it is ended first.
         drop(conn);
-        conn = retake(epoch, settings, workers, last_ok, backend).await;
+        conn = retake(epoch, options, workers, last_ok, backend).await;
         backend = backend_pid(&mut conn).await;
         last_ok = Instant::now();
     }
@@ -599,14 +599,14 @@ pub const WORKERS_END_WAIT: Duration = Duration::from_millis(500);
 /// last heartbeat, as long as this epoch is not fenced; otherwise loses it.
 async fn retake(
     epoch: i64,
-    settings: &LockSettings,
+    options: &LockOptions,
     workers: &WorkerPids,
     last_ok: Instant,
     old_backend: Option<i32>,
 ) -> PgConnection {
     let mut held_by: Option<String> = None;
     loop {
-        let left = settings.session_timeout.saturating_sub(last_ok.elapsed());
+        let left = options.session_timeout.saturating_sub(last_ok.elapsed());
         if left.is_zero() {
             lose(
                 workers,
@@ -616,13 +616,13 @@ async fn retake(
                     }
                     None => format!(
                         "the dispatcher lock could not be taken again within {:?}",
-                        settings.session_timeout
+                        options.session_timeout
                     ),
                 },
             );
         }
         let attempt = async {
-            let mut conn = connect(settings).await?;
+            let mut conn = connect(options).await?;
             if let Some(old) = old_backend {
                 // Our own old session, if the server still has it, holds the lock (checked
                 // by its name: the pid may belong to another session by now).
@@ -666,7 +666,7 @@ async fn retake(
             Ok(Err(e)) => tracing::warn!("cannot take the dispatcher lock again yet: {e:#}"),
             Err(_) => {}
         }
-        tokio::time::sleep(settings.check).await;
+        tokio::time::sleep(options.check).await;
     }
 }
 

@@ -106,7 +106,7 @@ struct Cli {
 
 /// `[pepsi-failure-bouncer]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub struct Options {
     pub attempts: u32,
     pub grace: Duration,
     pub interval: Duration,
@@ -115,8 +115,8 @@ pub struct Settings {
     pub batch: i64,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Options> {
         let s = cfg.section(SECTION);
         let bounce_stage = match s.string_opt("BOUNCE_STAGE")? {
             Some(stage) => {
@@ -129,7 +129,7 @@ impl Settings {
             }
             None => cfg.has_section("stage-bounce").then(|| "bounce".to_owned()),
         };
-        let settings = Settings {
+        let settings = Options {
             attempts: s.number_opt("ATTEMPTS")?.unwrap_or(3),
             grace: s.duration_opt("GRACE")?.unwrap_or(Duration::from_secs(300)),
             interval: s
@@ -171,7 +171,7 @@ pub fn run() -> ExitCode {
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
-        let settings = Settings::from_config(&cfg)?;
+        let settings = Options::from_config(&cfg)?;
         let pool = pepsi_contract::db::connect(&cfg).await?;
         let actor = Actor::local(constants::CONFIG_SOURCE.exec);
         if cli.once {
@@ -214,10 +214,10 @@ pub fn run() -> ExitCode {
 pub async fn pass(
     pool: &PgPool,
     file_cfg: &Config,
-    settings: &Settings,
+    options: &Options,
     actor: &Actor,
 ) -> anyhow::Result<Pass> {
-    let rows = queue::failure_candidates(pool, settings.grace, settings.batch)
+    let rows = queue::failure_candidates(pool, options.grace, options.batch)
         .await
         .context("cannot read the failed rows")?;
     let mut pass = Pass::default();
@@ -232,7 +232,7 @@ pub async fn pass(
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let mut woke = false;
     for row in &rows {
-        let (step, detail) = plan(row, &cfg, settings, &now);
+        let (step, detail) = plan(row, &cfg, options, &now);
         match queue::apply_failure_step(pool, actor, row, &step, detail.clone()).await {
             Ok(Outcome::Changed(_)) => {
                 let what = step.name();
@@ -274,7 +274,7 @@ pub async fn pass(
 }
 
 /// The step for one row and the event_log detail that explains it.
-fn plan(row: &FailedRow, cfg: &Config, settings: &Settings, now: &str) -> (FailureStep, Value) {
+fn plan(row: &FailedRow, cfg: &Config, options: &Options, now: &str) -> (FailureStep, Value) {
     let state = row.state.as_object().cloned().unwrap_or_default();
     let record = FailureRecord::from_state(&state).unwrap_or_else(|e| {
         tracing::warn!(
@@ -295,16 +295,16 @@ fn plan(row: &FailedRow, cfg: &Config, settings: &Settings, now: &str) -> (Failu
         record,
     };
     let target = queue::bounce_stage_of(cfg, &row.stage).or_else(|why| {
-        settings
+        options
             .bounce_stage
             .clone()
             .ok_or_else(|| format!("{why}, and [{SECTION}] BOUNCE_STAGE names none"))
     });
-    let decision = decide::decide(&failed, settings.attempts, target, now);
+    let decision = decide::decide(&failed, options.attempts, target, now);
     let record = decision.record();
     let mut detail = json!({
         "attempt": record.retries + 1,
-        "attempts": settings.attempts,
+        "attempts": options.attempts,
         "kind": decide::classify(status, dispatch_error).as_str(),
         "poison": decide::is_poison(record),
         "dispatch_error": dispatch_error,
@@ -348,10 +348,10 @@ mod tests {
     #[test]
     fn settings_and_their_refusals() {
         let cfg = |t: &str| Config::from_str_named(t, "test.conf").unwrap();
-        let s = Settings::from_config(&cfg("[stage-bounce]\nPROGRAM = x\n")).unwrap();
+        let s = Options::from_config(&cfg("[stage-bounce]\nPROGRAM = x\n")).unwrap();
         assert_eq!(
             s,
-            Settings {
+            Options {
                 attempts: 3,
                 grace: Duration::from_secs(300),
                 interval: Duration::from_secs(60),
@@ -359,12 +359,12 @@ mod tests {
                 batch: 500,
             }
         );
-        assert_eq!(Settings::from_config(&cfg("")).unwrap().bounce_stage, None);
-        let err = Settings::from_config(&cfg("[pepsi-failure-bouncer]\nBOUNCE_STAGE = dsn\n"))
+        assert_eq!(Options::from_config(&cfg("")).unwrap().bounce_stage, None);
+        let err = Options::from_config(&cfg("[pepsi-failure-bouncer]\nBOUNCE_STAGE = dsn\n"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("no [stage-dsn] section"), "{err}");
-        let err = Settings::from_config(&cfg("[pepsi-failure-bouncer]\nATTEMPTS = many\n"))
+        let err = Options::from_config(&cfg("[pepsi-failure-bouncer]\nATTEMPTS = many\n"))
             .unwrap_err()
             .to_string();
         assert!(err.contains("ATTEMPTS"), "{err}");

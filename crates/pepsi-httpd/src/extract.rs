@@ -22,7 +22,7 @@ use sqlx::PgPool;
 
 use crate::credentials;
 use crate::error::ApiError;
-use crate::settings::HttpdSettings;
+use crate::options::HttpdOptions;
 use crate::store;
 use crate::throttle::Throttle;
 
@@ -34,7 +34,7 @@ pub const PROGRAM: &str = "pepsi-httpd";
 pub struct AppState {
     pub pool: PgPool,
     pub cfg: Arc<Config>,
-    pub settings: Arc<HttpdSettings>,
+    pub settings: Arc<HttpdOptions>,
     pub throttle: Arc<Mutex<Throttles>>,
     /// LOGIN_CONCURRENCY permits: a password check holds one while it runs.
     pub login_slots: Arc<tokio::sync::Semaphore>,
@@ -61,7 +61,7 @@ pub struct Throttles {
 }
 
 impl Throttles {
-    pub fn new(s: &HttpdSettings) -> Self {
+    pub fn new(s: &HttpdOptions) -> Self {
         Self {
             by_address: Throttle::new(s.login_window, s.login_max_per_address, 100_000),
             by_account: Throttle::new(s.login_window, s.login_max_per_account, 100_000),
@@ -91,7 +91,7 @@ pub fn client_ip<'h>(
     forwarded: impl Iterator<Item = &'h str>,
     trusted: &[ipnet::IpNet],
 ) -> IpAddr {
-    let is_trusted = |ip: IpAddr| crate::settings::any_contains(trusted, ip);
+    let is_trusted = |ip: IpAddr| crate::options::any_contains(trusted, ip);
     if !is_trusted(peer) {
         return peer;
     }
@@ -355,7 +355,7 @@ mod tests {
     fn the_client_behind_a_trusted_proxy_is_the_last_untrusted_forwarded_hop() {
         let trusted: Vec<ipnet::IpNet> = ["127.0.0.1", "10.0.0.0/8"]
             .iter()
-            .map(|c| crate::settings::parse_block(c).unwrap())
+            .map(|c| crate::options::parse_block(c).unwrap())
             .collect();
         // (peer, X-Forwarded-For lines, the client)
         let cases: [(&str, &[&str], &str); 10] = [

@@ -28,11 +28,11 @@ mod error;
 mod extract;
 pub mod graph;
 pub mod metrics;
+pub mod options;
 mod pages;
 pub mod pipeline;
 pub mod query;
 mod server;
-pub mod settings;
 mod store;
 mod svg;
 pub mod throttle;
@@ -49,7 +49,7 @@ use pepsi_conf::config::ProgramCheck;
 use pepsi_contract::audit::Actor;
 use pepsi_contract::stage::edges::StageEdges;
 
-use crate::settings::HttpdSettings;
+use crate::options::HttpdOptions;
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;
@@ -372,7 +372,7 @@ async fn token_revoke(
 /// pepsi-config role cannot connect, and only an override write finds out. A URL that names
 /// no host is pinned to `[database] SOCKET_DIR`, as every program's `[database] URL` is.
 fn config_pool(
-    settings: &HttpdSettings,
+    settings: &HttpdOptions,
     socket_dir: &std::path::Path,
 ) -> anyhow::Result<Option<sqlx::PgPool>> {
     let Some(url) = &settings.config_database_url else {
@@ -393,7 +393,7 @@ async fn serve(
     checks: &'static [ProgramCheck],
     stage_edges: &'static [StageEdges],
 ) -> anyhow::Result<ExitCode> {
-    let settings = HttpdSettings::from_config(&cfg)?;
+    let settings = HttpdOptions::from_config(&cfg)?;
     let bound = server::bind(&settings)?;
     server::drop_privileges(&settings)?;
     let pool = pepsi_contract::db::connect(&cfg).await?;

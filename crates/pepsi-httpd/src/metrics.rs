@@ -201,7 +201,7 @@ pub async fn metrics(State(state): State<AppState>, req: Request) -> ApiResult<R
         .map(ClientAddr::ip)
         .ok_or_else(|| ApiError::internal("a request without its client address"))?;
     let s = &state.settings;
-    let open = s.metrics_public || crate::settings::any_contains(&s.metrics_allow, client);
+    let open = s.metrics_public || crate::options::any_contains(&s.metrics_allow, client);
     if !open && authenticate(&parts, &state).await?.is_none() {
         return Err(ApiError::unauthorized(
             "/metrics needs a session or an API token (or METRICS_PUBLIC / METRICS_ALLOW)",

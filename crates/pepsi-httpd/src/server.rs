@@ -21,7 +21,7 @@ use tokio_rustls::TlsAcceptor;
 use tower::ServiceExt as _;
 
 use crate::extract::{ClientAddr, client_ip};
-use crate::settings::HttpdSettings;
+use crate::options::HttpdOptions;
 use crate::throttle::address_key;
 
 /// How long a TLS handshake may take.
@@ -132,7 +132,7 @@ fn lookup(user: &str, group: Option<&str>) -> anyhow::Result<(libc::uid_t, libc:
 
 /// Becomes USER (and GROUP) for good: supplementary groups, gid, then uid; checks that root
 /// cannot be regained. Without USER, refuses to go on as root unless ALLOW_ROOT is set.
-pub fn drop_privileges(s: &HttpdSettings) -> anyhow::Result<()> {
+pub fn drop_privileges(s: &HttpdOptions) -> anyhow::Result<()> {
     // SAFETY: plain getters.
     let euid = unsafe { libc::geteuid() };
     let Some(user) = &s.user else {
@@ -180,7 +180,7 @@ pub struct Bound {
 }
 
 /// Binds ADDRESS and loads the certificate (both may need root).
-pub fn bind(s: &HttpdSettings) -> anyhow::Result<Bound> {
+pub fn bind(s: &HttpdOptions) -> anyhow::Result<Bound> {
     let listener = std::net::TcpListener::bind(s.address)
         .with_context(|| format!("cannot listen on {}", s.address))?;
     listener.set_nonblocking(true)?;
@@ -199,7 +199,7 @@ pub fn bind(s: &HttpdSettings) -> anyhow::Result<Bound> {
 pub async fn serve(
     bound: Bound,
     app: Router,
-    s: &HttpdSettings,
+    s: &HttpdOptions,
     shutdown: impl std::future::Future<Output = ()>,
 ) -> anyhow::Result<()> {
     let listener = TcpListener::from_std(bound.listener)?;
@@ -227,7 +227,7 @@ pub async fn serve(
         };
         // A trusted proxy carries many clients: its connections are limited by
         // MAX_CONNECTIONS alone.
-        let proxied = crate::settings::any_contains(&s.trusted_proxies, peer.ip());
+        let proxied = crate::options::any_contains(&s.trusted_proxies, peer.ip());
         let counted = if proxied {
             None
         } else {

@@ -1,5 +1,5 @@
 //! The ingress configuration: `[pepsi-ingress]` options and the `[listener-<name>]`
-//! sections, read once at start into `Settings` and validated there, so that a mistake
+//! sections, read once at start into `Options` and validated there, so that a mistake
 //! stops the program with a message naming the option rather than surfacing mid-session.
 //!
 //! Listener sections are protected: the configuration layer never takes them from the
@@ -73,7 +73,7 @@ pub struct ListenerConfig {
 
 /// The resolver message authentication uses.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DnsSettings {
+pub struct DnsOptions {
     /// Empty: the system's resolver configuration (`/etc/resolv.conf`).
     pub servers: Vec<SocketAddr>,
     /// Per query attempt (two attempts).
@@ -93,7 +93,7 @@ pub struct DnsSettings {
 
 /// Everything the ingress reads from its configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct Options {
     pub hostname: String,
     pub authserv_id: String,
     pub local_domains: Vec<String>,
@@ -150,7 +150,7 @@ pub struct Settings {
     /// How accepted messages are grouped into admission statements (`ADMISSION_*`).
     pub admission: crate::admission::Limits,
     pub shutdown_grace: Duration,
-    pub dns: DnsSettings,
+    pub dns: DnsOptions,
     /// Header fields removed from every message at admission, whoever sent it: fields
     /// only our own stages may write (`STRIP_FIELDS`, and the RESULT_HEADER of every
     /// decrypt stage section).
@@ -202,14 +202,14 @@ fn is_field_name(name: &str) -> bool {
     !name.is_empty() && name.bytes().all(|b| (33..=126).contains(&b) && b != b':')
 }
 
-impl Settings {
+impl Options {
     /// Reads and validates the ingress's options and its listener sections.
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Options> {
         let s = cfg.section(SECTION);
         let hostname = cfg.name_option(&s, "HOSTNAME")?;
         let local_domains = s.or_global().list_opt("LOCAL_DOMAINS")?.unwrap_or_default();
         let servers = pepsi_outbound::dns::servers_opt(&s)?.unwrap_or_default();
-        let settings = Settings {
+        let settings = Options {
             authserv_id: s
                 .string_opt("AUTHSERV_ID")?
                 .unwrap_or_else(|| hostname.clone()),
@@ -287,7 +287,7 @@ impl Settings {
             shutdown_grace: s
                 .duration_opt("SHUTDOWN_GRACE")?
                 .unwrap_or(Duration::from_secs(30)),
-            dns: DnsSettings {
+            dns: DnsOptions {
                 servers,
                 timeout: s
                     .duration_opt("DNS_TIMEOUT")?
@@ -483,8 +483,8 @@ fn listener(
 mod tests {
     use super::*;
 
-    fn load(text: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(&Config::from_str_named(text, "test.conf")?)
+    fn load(text: &str) -> anyhow::Result<Options> {
+        Options::from_config(&Config::from_str_named(text, "test.conf")?)
     }
 
     #[test]

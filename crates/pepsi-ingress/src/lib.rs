@@ -118,7 +118,7 @@ pub fn run() -> ExitCode {
     run_async(&constants::CONFIG_SOURCE, async move {
         let config = cli.common.load_config()?;
         if cli.check_config {
-            let settings = config::Settings::from_config(&config)?;
+            let settings = config::Options::from_config(&config)?;
             for l in &settings.listeners {
                 if let Some(files) = &l.tls {
                     tls::TlsHandle::load(files)

@@ -25,7 +25,7 @@ const CATCHALL_SETTING: &str = "catchall";
 /// recipient check knows besides the database. Read once at start.
 pub fn alias_files(cfg: &Config) -> anyhow::Result<AliasFile> {
     let mut merged = AliasFile::default();
-    for stage in pepsi_contract::stage::StageSettings::stages_of(cfg, "pepsi-stage-aliases") {
+    for stage in pepsi_contract::stage::StageOptions::stages_of(cfg, "pepsi-stage-aliases") {
         let section = cfg.stage_section_named(&stage);
         if let Some(path) = section.path_opt("ALIAS_FILE")? {
             let file = AliasFile::load(&path)

@@ -18,7 +18,7 @@ use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{Semaphore, watch};
 use tokio::task::JoinSet;
 
-use crate::config::{Role, Settings};
+use crate::config::{Options, Role};
 use crate::limits::ClientLimiter;
 use crate::session::conn::{Conn, Stream};
 use crate::session::{Session, TlsInfo};
@@ -30,7 +30,7 @@ use pepsi_smtp::Reply;
 
 /// The options sized once at start (semaphores, budgets, caches, the resolver, the wake-up
 /// task, the listeners): a changed override of one of these takes effect at the next start.
-pub fn restart_only_changes(old: &Settings, new: &Settings) -> Vec<&'static str> {
+pub fn restart_only_changes(old: &Options, new: &Options) -> Vec<&'static str> {
     let mut changed = Vec::new();
     let mut check = |differs: bool, option: &'static str| {
         if differs {
@@ -122,12 +122,12 @@ async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
             let config = file_config
                 .with_db_overlay(&shared.pool, &pepsi_conf::config::Scope::Global)
                 .await?;
-            Settings::from_config(&config)
+            Options::from_config(&config)
         }
         .await;
         match rebuilt {
             Ok(new) => {
-                let old = shared.settings();
+                let old = shared.options();
                 let later = restart_only_changes(&old, &new);
                 if !later.is_empty() {
                     tracing::warn!(
@@ -148,7 +148,7 @@ async fn follow_overrides(shared: Arc<Shared>, file_config: Config) {
 /// Adds the counters to `pepsi.ingress_stats` every STATS_INTERVAL; a failed flush keeps
 /// them for the next.
 async fn flush_stats(shared: Arc<Shared>) {
-    let every = shared.settings().stats_interval;
+    let every = shared.options().stats_interval;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
@@ -163,7 +163,7 @@ async fn flush_stats(shared: Arc<Shared>) {
 /// Runs the ingress until SIGTERM or SIGINT.
 pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     // Validate the file before touching the network, so a typo fails fast.
-    Settings::from_config(&file_config)?;
+    Options::from_config(&file_config)?;
     let pool = pepsi_contract::db::connect(&file_config).await?;
     // The global overlay may tune [pepsi-ingress]; listener sections are never taken from
     // the database (the configuration layer refuses them).
@@ -171,7 +171,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         .with_db_overlay(&pool, &pepsi_conf::config::Scope::Global)
         .await
         .context("cannot read the configuration overrides")?;
-    let settings = Settings::from_config(&config)?;
+    let settings = Options::from_config(&config)?;
     let alias_files = crate::recipients::alias_files(&config)?;
 
     let mut listeners = Vec::new();
@@ -300,7 +300,7 @@ async fn accept_loop(shared: Arc<Shared>, listener: Arc<Listener>, socket: TcpLi
         }
     }
     drop(socket);
-    let grace = shared.settings().shutdown_grace;
+    let grace = shared.options().shutdown_grace;
     let drained = tokio::time::timeout(grace, async {
         while sessions.join_next().await.is_some() {}
     })
@@ -331,7 +331,7 @@ async fn handle(shared: Arc<Shared>, listener: Arc<Listener>, tcp: TcpStream, pe
         )
         .await;
     };
-    let settings = shared.settings();
+    let settings = shared.options();
     let s = &settings;
     let network = crate::limits::client_network(peer.ip(), s.client_prefix_v4, s.client_prefix_v6);
     let Some(_slot) = shared

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, watch};
 
-use crate::config::{ListenerConfig, Settings};
+use crate::config::{ListenerConfig, Options};
 use crate::limits::ClientLimiter;
 use crate::tls::TlsHandle;
 use crate::verify::Verifier;
@@ -16,7 +16,7 @@ use crate::wake::Waker;
 pub struct Shared {
     /// The settings now in force: replaced when `config_changed` announces new overrides;
     /// a session keeps the ones it started with ([`Shared::settings`]).
-    pub(crate) live: std::sync::RwLock<Arc<Settings>>,
+    pub(crate) live: std::sync::RwLock<Arc<Options>>,
     pub pool: PgPool,
     /// Stores accepted messages, grouping concurrent ones (`admission`).
     pub admitter: crate::admission::Admitter,
@@ -44,14 +44,14 @@ pub struct Shared {
 
 impl Shared {
     /// The settings in force now.
-    pub fn settings(&self) -> Arc<Settings> {
+    pub fn options(&self) -> Arc<Options> {
         match self.live.read() {
             Ok(s) => s.clone(),
             Err(poisoned) => poisoned.into_inner().clone(),
         }
     }
 
-    pub(crate) fn replace_settings(&self, new: Settings) {
+    pub(crate) fn replace_settings(&self, new: Options) {
         let new = Arc::new(new);
         match self.live.write() {
             Ok(mut s) => *s = new,

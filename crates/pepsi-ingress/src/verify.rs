@@ -15,7 +15,7 @@ use mail_auth::{
     spf::verify::SpfParameters,
 };
 
-use crate::config::DnsSettings;
+use crate::config::DnsOptions;
 use pepsi_conf::address;
 use pepsi_contract::state::{Auth, AuthVerdict, Iprev};
 
@@ -41,7 +41,7 @@ pub struct Verdict {
 }
 
 impl Verifier {
-    pub fn new(dns: &DnsSettings, authserv_id: &str, hostname: &str) -> anyhow::Result<Verifier> {
+    pub fn new(dns: &DnsOptions, authserv_id: &str, hostname: &str) -> anyhow::Result<Verifier> {
         let (config, mut opts) = pepsi_outbound::dns::resolver_config(&dns.servers, dns.timeout)?;
         // Negative answers are cached for at least DNS_NEGATIVE_TTL (at most an hour), even
         // when the zone gives none: each lookup the verdicts make for a name without the

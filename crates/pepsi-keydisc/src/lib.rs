@@ -87,7 +87,7 @@ pub fn command() -> clap::Command {
 
 /// `[pepsi-keydisc]`, read once.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     pub interval: Duration,
     pub batch: i64,
     pub method_timeout: Duration,
@@ -105,13 +105,13 @@ pub struct Settings {
     pub allow_private: bool,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Options> {
         let s = cfg.section("pepsi-keydisc");
         let dns_servers =
             pepsi_outbound::dns::servers_opt(s.or_global().section_for("DNS_SERVERS"))?
                 .unwrap_or_default();
-        let settings = Settings {
+        let settings = Options {
             interval: s
                 .duration_opt("INTERVAL")?
                 .unwrap_or(Duration::from_secs(2)),
@@ -178,7 +178,7 @@ impl Answer {
 
 /// The network side of discovery: one resolver and one HTTPS client for a pass.
 pub struct Finder {
-    settings: Settings,
+    settings: Options,
     dns: Arc<Dns>,
     http: reqwest::Client,
 }
@@ -256,7 +256,7 @@ impl reqwest::dns::Resolve for Resolver {
 }
 
 impl Finder {
-    pub fn new(settings: Settings) -> anyhow::Result<Finder> {
+    pub fn new(settings: Options) -> anyhow::Result<Finder> {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let dns = Arc::new(Dns::new(&settings.dns_servers, settings.method_timeout)?);
         let mut builder = reqwest::Client::builder()
@@ -591,7 +591,7 @@ async fn futures_answers(finder: &Finder, requests: &[Request]) -> Vec<Vec<(Meth
 /// cache), or another attempt later. Returns whether it settled.
 async fn settle(
     pool: &PgPool,
-    s: &Settings,
+    s: &Options,
     request: &Request,
     answers: &[(Method, Answer)],
     done: &mut Pass,
@@ -710,7 +710,7 @@ pub fn run() -> ExitCode {
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
-        let settings = Settings::from_config(&cfg)?;
+        let settings = Options::from_config(&cfg)?;
         let interval = settings.interval;
         let finder = Finder::new(settings)?;
         let pool = pepsi_contract::db::connect(&cfg).await?;

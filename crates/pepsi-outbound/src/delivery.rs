@@ -485,18 +485,18 @@ pub fn conclude(
         wants_success: (0..results.len())
             .map(|i| pepsi_contract::stage::notify_includes(state, i, "SUCCESS"))
             .collect(),
-        originate_success: ctx.settings().originate_success_dsn,
+        originate_success: ctx.options().originate_success_dsn,
     };
-    let stage = ctx.settings().name.clone();
+    let stage = ctx.options().name.clone();
     let decided = plan(policy, Utc::now(), &facts, ctx.rcpt_to(), results, &stage);
-    let bounce_stage = ctx.settings().bounce_stage.clone();
+    let bounce_stage = ctx.options().bounce_stage.clone();
     let specs = |notifications: Vec<Notification>| -> Result<Vec<CloneSpec>, StageError> {
         if notifications.is_empty() {
             return Ok(Vec::new());
         }
         let target = bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(stage.clone()))?;
+            .ok_or_else(|| StageError::NoBounceStage(stage.to_string()))?;
         Ok(notifications
             .into_iter()
             .map(|c| {

@@ -228,7 +228,7 @@ pub enum NoStage {
 /// are, for a tool that reads Maildirs: the one asked for (`--stage`), else the only one.
 pub fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, NoStage> {
     let program = DELIVERY_PROGRAM;
-    let stages = pepsi_contract::stage::StageSettings::stages_of(cfg, program);
+    let stages = pepsi_contract::stage::StageOptions::stages_of(cfg, program);
     match asked {
         Some(name) if stages.iter().any(|s| s.eq_ignore_ascii_case(name)) => Ok(name.to_owned()),
         Some(name) => Err(NoStage::Unknown(format!(
@@ -236,20 +236,26 @@ pub fn delivery_stage(cfg: &Config, asked: Option<&str>) -> Result<String, NoSta
             if stages.is_empty() {
                 "none".into()
             } else {
-                stages.join(", ")
+                names(&stages)
             }
         ))),
         None => match &stages[..] {
-            [one] => Ok(one.clone()),
+            [one] => Ok(one.to_string()),
             [] => Err(NoStage::None(format!(
                 "no [stage-*] section runs {program}: there is no Maildir to read"
             ))),
             many => Err(NoStage::Several(format!(
                 "several stages run {program}: name one with --stage ({})",
-                many.join(", ")
+                names(many)
             ))),
         },
     }
+}
+
+/// Stage names as a comma-separated list, for a message.
+fn names(stages: &[pepsi_conf::config::StageName]) -> String {
+    let names: Vec<&str> = stages.iter().map(|s| s.as_str()).collect();
+    names.join(", ")
 }
 
 #[cfg(test)]

@@ -23,7 +23,7 @@ use pepsi_smtp::{
 use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
 use crate::keep::{Keeper, Rules};
 use crate::mime::{self, Prepared};
-use pepsi_conf::config::{Config, ConfigError, Section};
+use pepsi_conf::config::{Config, ConfigError, Section, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 
 /// The one server a stage relays to, and how to talk to it.
@@ -241,7 +241,7 @@ pub trait PeerKind: 'static {
 
 /// The `[stage-<name>]` settings of one relaying stage.
 #[derive(Debug, Clone, PartialEq)]
-pub struct RelaySettings {
+pub struct RelayOptions {
     /// Where and how to reach the peer, `CONNECTION_IDLE` included.
     pub peer: Peer,
     pub policy: RetryPolicy,
@@ -251,11 +251,11 @@ pub struct RelaySettings {
     pub attempt_timeout: Duration,
 }
 
-impl RelaySettings {
+impl RelayOptions {
     /// Reads `[stage-<stage>]` for a stage of kind `K`.
     pub fn from_config<K: PeerKind>(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
         let s = cfg.stage_section_named(stage);
-        Ok(RelaySettings {
+        Ok(RelayOptions {
             peer: K::peer(cfg, &s, stage)?,
             policy: RetryPolicy::from_config(cfg, stage)?,
             attempt_timeout: s
@@ -284,14 +284,14 @@ impl<K> Default for RelayStage<K> {
 impl<K: PeerKind> Stage for RelayStage<K> {
     const PROGRAM: &'static str = K::PROGRAM;
     const LOAD: Load = Load::Full;
-    type Section = RelaySettings;
+    type Section = RelayOptions;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self::default())
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<RelaySettings> {
-        let settings = RelaySettings::from_config::<K>(cfg, name)?;
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<RelayOptions> {
+        let settings = RelayOptions::from_config::<K>(cfg, name)?;
         pepsi_contract::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
             .map_err(anyhow::Error::msg)?;
         Ok(settings)
@@ -299,15 +299,15 @@ impl<K: PeerKind> Stage for RelayStage<K> {
 
     async fn process(
         &self,
-        settings: &RelaySettings,
+        options: &RelayOptions,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         self.relay
             .pass(
                 ctx,
-                &settings.peer,
-                &settings.policy,
-                Some(settings.attempt_timeout),
+                &options.peer,
+                &options.policy,
+                Some(options.attempt_timeout),
             )
             .await
     }

@@ -17,7 +17,7 @@
 pub mod message;
 pub mod options;
 pub mod queue;
-pub mod settings;
+pub mod section;
 pub mod smtp;
 pub mod spool;
 
@@ -30,7 +30,7 @@ use pepsi_smtp::Reply;
 use message::{Context, EnvelopeRequest, MessageError, Prepared, Submitter};
 use options::{Invocation, Mode};
 use queue::{QueueError, Queued};
-use settings::{Settings, User};
+use section::{Options, User};
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;
@@ -72,7 +72,7 @@ pub fn run() -> ExitCode {
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned())
         .collect();
-    let privileged = settings::privileged();
+    let privileged = section::privileged();
     let env_config = std::env::var_os(CONFIG_ENV).filter(|v| !v.is_empty());
     if privileged {
         // A set-group-id program must not let its caller steer it: the configuration's
@@ -119,7 +119,7 @@ fn main(
         _ => {}
     }
     pepsi_conf::cli::init_logging(source, &inv.log_level);
-    let uid = settings::real_uid();
+    let uid = section::real_uid();
     if privileged && uid != 0 && (inv.config.is_some() || env_config) {
         return Err(Failure::new(
             exit::NOPERM,
@@ -138,7 +138,7 @@ fn main(
     let cfg = Config::load_without_secrets(&path)
         .map_err(|e| Failure::new(exit::CONFIG, e.to_string()))?;
     let settings =
-        Settings::from_config(&cfg).map_err(|e| Failure::new(exit::CONFIG, format!("{e:#}")))?;
+        Options::from_config(&cfg).map_err(|e| Failure::new(exit::CONFIG, format!("{e:#}")))?;
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -151,11 +151,11 @@ fn main(
     match inv.mode {
         Mode::Pickup { every } => pickup(&runtime, &settings, uid, every),
         Mode::Smtp => {
-            let who = settings::user(uid);
+            let who = section::user(uid);
             smtp_session(&runtime, &settings, &who, &inv)
         }
         _ => {
-            let who = settings::user(uid);
+            let who = section::user(uid);
             deliver(&runtime, &settings, &who, &inv)
         }
     }
@@ -164,15 +164,15 @@ fn main(
 /// `-bm`: one message from standard input.
 fn deliver(
     runtime: &tokio::runtime::Runtime,
-    settings: &Settings,
+    options: &Options,
     who: &User,
     inv: &Invocation,
 ) -> Result<u8, Failure> {
-    let raw = message::read_message(&mut std::io::stdin().lock(), inv.dot_ends, &settings.limits)
+    let raw = message::read_message(&mut std::io::stdin().lock(), inv.dot_ends, &options.limits)
         .map_err(|e| match e {
-        MessageError::Read(_) => Failure::new(exit::NOINPUT, e.to_string()),
-        _ => Failure::new(exit::DATAERR, e.to_string()),
-    })?;
+            MessageError::Read(_) => Failure::new(exit::NOINPUT, e.to_string()),
+            _ => Failure::new(exit::DATAERR, e.to_string()),
+        })?;
     let req = EnvelopeRequest {
         sender: inv.sender.clone(),
         // `sendmail "a@x, b@y"` is one argument naming two recipients.
@@ -191,7 +191,7 @@ fn deliver(
         ret: inv.ret,
         envid: inv.envid.clone(),
     };
-    let prepared = prepare(settings, who, &raw, &req).map_err(|e| {
+    let prepared = prepare(options, who, &raw, &req).map_err(|e| {
         let code = match e {
             MessageError::NoRecipients => exit::USAGE,
             MessageError::BadRecipient { .. } | MessageError::BadSender { .. } => exit::NOUSER,
@@ -199,7 +199,7 @@ fn deliver(
         };
         Failure::new(code, e.to_string())
     })?;
-    match runtime.block_on(queue::queue(settings, who, &prepared)) {
+    match runtime.block_on(queue::queue(options, who, &prepared)) {
         Ok(queued) => {
             let place = match queued {
                 Queued::Database(id) => format!("queued as {id}"),
@@ -223,7 +223,7 @@ fn deliver(
 }
 
 fn prepare(
-    settings: &Settings,
+    options: &Options,
     who: &User,
     raw: &[u8],
     req: &EnvelopeRequest,
@@ -241,12 +241,12 @@ fn prepare(
         req,
         &submitter,
         &Context {
-            domain: &settings.domain,
-            hostname: &settings.hostname,
+            domain: &options.domain,
+            hostname: &options.hostname,
             date: &date,
             unique: &unique,
         },
-        &settings.limits,
+        &options.limits,
     )
 }
 
@@ -265,13 +265,13 @@ fn unique_id(now: &chrono::DateTime<chrono::Local>) -> String {
 /// `-bs`.
 fn smtp_session(
     runtime: &tokio::runtime::Runtime,
-    settings: &Settings,
+    options: &Options,
     who: &User,
     inv: &Invocation,
 ) -> Result<u8, Failure> {
-    let session = smtp::SessionSettings {
-        hostname: settings.hostname.clone(),
-        limits: settings.limits,
+    let session = smtp::SessionOptions {
+        hostname: options.hostname.clone(),
+        limits: options.limits,
         full_name: inv.full_name.clone(),
     };
     let mut stdout = std::io::stdout().lock();
@@ -280,7 +280,7 @@ fn smtp_session(
         &mut stdout,
         &session,
         |req, raw| {
-            let prepared = match prepare(settings, who, raw, req) {
+            let prepared = match prepare(options, who, raw, req) {
                 Ok(p) => p,
                 Err(e) => {
                     let (code, status) = match e {
@@ -292,7 +292,7 @@ fn smtp_session(
                     return Reply::new(code, status, e.to_string());
                 }
             };
-            match runtime.block_on(queue::queue(settings, who, &prepared)) {
+            match runtime.block_on(queue::queue(options, who, &prepared)) {
                 Ok(Queued::Database(id)) => Reply::new(250, "2.0.0", format!("queued as {id}")),
                 Ok(Queued::Spool(_)) => {
                     Reply::new(250, "2.0.0", "queued in the drop directory for the pickup")
@@ -317,12 +317,12 @@ fn smtp_session(
 /// `-q[INTERVAL]`.
 fn pickup(
     runtime: &tokio::runtime::Runtime,
-    settings: &Settings,
+    options: &Options,
     uid: u32,
     every: Option<std::time::Duration>,
 ) -> Result<u8, Failure> {
     use std::os::unix::fs::MetadataExt as _;
-    let dir = &settings.spool_dir;
+    let dir = &options.spool_dir;
     let owner = std::fs::metadata(dir)
         .map_err(|e| {
             Failure::new(
@@ -341,7 +341,7 @@ fn pickup(
         ));
     }
     let Some(every) = every else {
-        return match runtime.block_on(queue::pickup(settings)) {
+        return match runtime.block_on(queue::pickup(options)) {
             Ok(r) => {
                 tracing::info!(
                     inserted = r.inserted,
@@ -361,7 +361,7 @@ fn pickup(
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| Failure::new(exit::SOFTWARE, format!("cannot handle SIGTERM: {e}")))?;
         loop {
-            match queue::pickup(settings).await {
+            match queue::pickup(options).await {
                 Ok(r) if r.inserted + r.set_aside > 0 => {
                     tracing::info!(
                         inserted = r.inserted,

@@ -14,7 +14,7 @@ use pepsi_contract::db::{LocalSubmission, is_submission_refused, sendmail_submit
 use sqlx::{Connection as _, PgConnection};
 
 use crate::message::Prepared;
-use crate::settings::{Settings, User, user};
+use crate::section::{Options, User, user};
 use crate::spool::{self, BadFile, SpoolEnvelope};
 
 /// Where a message went.
@@ -38,10 +38,10 @@ pub enum QueueError {
 }
 
 /// Connects as the sendmail role within CONNECT_TIMEOUT.
-pub async fn connect(settings: &Settings) -> Result<PgConnection, String> {
+pub async fn connect(options: &Options) -> Result<PgConnection, String> {
     match tokio::time::timeout(
-        settings.connect_timeout,
-        PgConnection::connect_with(&settings.database),
+        options.connect_timeout,
+        PgConnection::connect_with(&options.database),
     )
     .await
     {
@@ -49,15 +49,15 @@ pub async fn connect(settings: &Settings) -> Result<PgConnection, String> {
         Ok(Err(e)) => Err(e.to_string()),
         Err(_) => Err(format!(
             "no connection within {:?} (CONNECT_TIMEOUT)",
-            settings.connect_timeout
+            options.connect_timeout
         )),
     }
 }
 
 /// Queues `msg` from `who`: the database first, the drop directory when it fails.
-pub async fn queue(settings: &Settings, who: &User, msg: &Prepared) -> Result<Queued, QueueError> {
+pub async fn queue(options: &Options, who: &User, msg: &Prepared) -> Result<Queued, QueueError> {
     let direct = async {
-        let mut conn = connect(settings).await?;
+        let mut conn = connect(options).await?;
         let submission = LocalSubmission {
             mail_from: &msg.mail_from,
             rcpt_to: &msg.rcpt_to,
@@ -97,11 +97,11 @@ pub async fn queue(settings: &Settings, who: &User, msg: &Prepared) -> Result<Qu
         dsn: msg.dsn.clone(),
         user: who.login.clone(),
     };
-    match spool::write(&settings.spool_dir, &envelope, &msg.headers, &msg.body) {
+    match spool::write(&options.spool_dir, &envelope, &msg.headers, &msg.body) {
         Ok(path) => Ok(Queued::Spool(path)),
         Err(e) => Err(QueueError::Temporary(format!(
             "cannot queue the message: the database failed ({why}) and the drop directory {} failed ({e})",
-            settings.spool_dir.display()
+            options.spool_dir.display()
         ))),
     }
 }
@@ -126,8 +126,8 @@ pub struct PassReport {
 
 /// One pickup pass over the drop directory. Errors only when the directory cannot be read
 /// or the database fails (the files stay for the next pass).
-pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
-    let dir = &settings.spool_dir;
+pub async fn pickup(options: &Options) -> anyhow::Result<PassReport> {
+    let dir = &options.spool_dir;
     if let Ok(n) = spool::sweep_tmp(dir, Duration::from_secs(3600))
         && n > 0
     {
@@ -142,11 +142,11 @@ pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
     if names.is_empty() {
         return Ok(report);
     }
-    let mut conn = connect(settings).await.map_err(|e| {
+    let mut conn = connect(options).await.map_err(|e| {
         anyhow::anyhow!("cannot reach the database: {e}; {} files wait", names.len())
     })?;
     for (i, name) in names.iter().enumerate() {
-        match insert_one(&mut conn, settings, dir, name).await {
+        match insert_one(&mut conn, options, dir, name).await {
             Ok(Some(())) => report.inserted += 1,
             Ok(None) => report.set_aside += 1,
             Err(e) => {
@@ -171,11 +171,11 @@ pub async fn pickup(settings: &Settings) -> anyhow::Result<PassReport> {
 /// when set aside as unusable, an error when the database failed.
 async fn insert_one(
     conn: &mut PgConnection,
-    settings: &Settings,
+    options: &Options,
     dir: &Path,
     name: &str,
 ) -> anyhow::Result<Option<()>> {
-    let file = match spool::read(dir, name, settings.limits.max_size) {
+    let file = match spool::read(dir, name, options.limits.max_size) {
         Ok(f) => f,
         Err(BadFile::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => {
             // Another pickup took it meanwhile.

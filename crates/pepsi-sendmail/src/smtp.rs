@@ -21,7 +21,7 @@ const MAX_COMMAND: usize = 2048;
 
 /// The facts the session announces and enforces.
 #[derive(Debug, Clone)]
-pub struct SessionSettings {
+pub struct SessionOptions {
     pub hostname: String,
     pub limits: Limits,
     /// `-F`: the full name for a From field the message lacks.
@@ -39,7 +39,7 @@ struct Transaction {
 pub fn run<R: BufRead, W: Write>(
     input: &mut R,
     out: &mut W,
-    settings: &SessionSettings,
+    options: &SessionOptions,
     mut deliver: impl FnMut(&EnvelopeRequest, &[u8]) -> Reply,
 ) -> std::io::Result<()> {
     let send = |out: &mut W, reply: &Reply| -> std::io::Result<()> {
@@ -50,7 +50,7 @@ pub fn run<R: BufRead, W: Write>(
         out,
         &Reply::plain(
             220,
-            vec![format!("{} ESMTP pepsi-sendmail", settings.hostname)],
+            vec![format!("{} ESMTP pepsi-sendmail", options.hostname)],
         ),
     )?;
     let mut greeted: Option<bool> = None;
@@ -71,7 +71,7 @@ pub fn run<R: BufRead, W: Write>(
             Ok(Command::Helo(_)) => {
                 greeted = Some(false);
                 tx = None;
-                Reply::plain(250, vec![settings.hostname.clone()])
+                Reply::plain(250, vec![options.hostname.clone()])
             }
             Ok(Command::Ehlo(_)) => {
                 greeted = Some(true);
@@ -79,9 +79,9 @@ pub fn run<R: BufRead, W: Write>(
                 Reply::plain(
                     250,
                     vec![
-                        settings.hostname.clone(),
+                        options.hostname.clone(),
                         "PIPELINING".into(),
-                        format!("SIZE {}", settings.limits.max_size),
+                        format!("SIZE {}", options.limits.max_size),
                         "8BITMIME".into(),
                         "SMTPUTF8".into(),
                         "DSN".into(),
@@ -94,12 +94,12 @@ pub fn run<R: BufRead, W: Write>(
                 (_, Some(_)) => Reply::new(503, "5.5.1", "a transaction is open: RSET first"),
                 (Some(esmtp), None) => match params::mail_params(&params, esmtp) {
                     Err(reply) => reply,
-                    Ok(p) if p.size.is_some_and(|s| s > settings.limits.max_size) => Reply::new(
+                    Ok(p) if p.size.is_some_and(|s| s > options.limits.max_size) => Reply::new(
                         552,
                         "5.3.4",
                         format!(
                             "message exceeds the limit of {} octets",
-                            settings.limits.max_size
+                            options.limits.max_size
                         ),
                     ),
                     Ok(p) => {
@@ -114,7 +114,7 @@ pub fn run<R: BufRead, W: Write>(
             },
             Ok(Command::Rcpt { to, params }) => match &mut tx {
                 None => Reply::new(503, "5.5.1", "send MAIL first"),
-                Some(t) if t.rcpts.len() >= settings.limits.max_recipients => {
+                Some(t) if t.rcpts.len() >= options.limits.max_recipients => {
                     Reply::new(452, "4.5.3", "too many recipients")
                 }
                 Some(t) => match params::rcpt_params(&params) {
@@ -144,7 +144,7 @@ pub fn run<R: BufRead, W: Write>(
                         out,
                         &Reply::new(354, "", "start mail input; end with <CRLF>.<CRLF>"),
                     )?;
-                    match read_data(input, &settings.limits)? {
+                    match read_data(input, &options.limits)? {
                         Err(reply) => reply,
                         Ok(message) => {
                             let req = EnvelopeRequest {
@@ -152,7 +152,7 @@ pub fn run<R: BufRead, W: Write>(
                                 recipients: t.rcpts.iter().map(|r| r.0.clone()).collect(),
                                 rcpt_params: t.rcpts.into_iter().map(|r| r.1).collect(),
                                 from_headers: false,
-                                full_name: settings.full_name.clone(),
+                                full_name: options.full_name.clone(),
                                 notify: None,
                                 ret: t.params.ret.map(|r| match r {
                                     params::Ret::Full => Ret::Full,
@@ -275,8 +275,8 @@ fn read_data<R: BufRead>(
 mod tests {
     use super::*;
 
-    fn settings() -> SessionSettings {
-        SessionSettings {
+    fn settings() -> SessionOptions {
+        SessionOptions {
             hostname: "host.example.test".into(),
             limits: Limits {
                 max_size: 100,

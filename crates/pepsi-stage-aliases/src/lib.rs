@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use pepsi_conf::address::{Address, address_key};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::{self, LocalRecipients};
 use pepsi_contract::settings::lookup_keys;
 use pepsi_contract::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
@@ -138,7 +138,7 @@ impl Stage for Aliases {
         Ok(Self::new(LocalRecipients::from_config(cfg)?))
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<AliasStage> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<AliasStage> {
         AliasStage::from_config(cfg, name)
     }
 

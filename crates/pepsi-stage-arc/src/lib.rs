@@ -20,7 +20,7 @@ pub mod seal;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::Origin;
 use pepsi_outbound::keys;
@@ -212,7 +212,7 @@ impl Stage for ArcSealer {
         Ok(ArcSealer)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<ArcStage> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<ArcStage> {
         ArcStage::from_config(cfg, name)
     }
 

@@ -19,7 +19,7 @@ pub mod state;
 use std::process::ExitCode;
 
 use chrono::{DateTime, Utc};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::message;
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::{Crypto, Decryption};
@@ -50,7 +50,7 @@ impl Stage for AutocryptLearn {
         Ok(AutocryptLearn)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 

@@ -18,7 +18,7 @@ pub mod plan;
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::settings;
 use pepsi_contract::settings::block_languages::{BLOCK_SETTING, BlockAction, LanguageBlock};
@@ -42,7 +42,7 @@ pub mod constants {
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct Options {
     /// `JUNK_STAGE`: where a copy for the Junk folder goes (a Maildir delivery into
     /// `.Junk`); without one, such copies go on as they are.
     pub junk_stage: Option<String>,
@@ -51,10 +51,10 @@ pub struct Settings {
     pub trust_whitelist: bool,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
-        Ok(Settings {
+        Ok(Options {
             junk_stage: s.string_opt("JUNK_STAGE")?.filter(|j| !j.trim().is_empty()),
             trust_whitelist: s.bool_opt("TRUST_WHITELIST")?.unwrap_or(true),
         })
@@ -103,7 +103,7 @@ fn trusted_of(state: &Map<String, Value>) -> Vec<String> {
 impl Stage for BlockLanguage {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Metadata;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self {
@@ -112,8 +112,8 @@ impl Stage for BlockLanguage {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     /// NEXT_STAGE, and JUNK_STAGE for a message in a blocked language.
@@ -126,7 +126,7 @@ impl Stage for BlockLanguage {
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let Some(code) = language_of(ctx.state()) else {
@@ -138,7 +138,7 @@ impl Stage for BlockLanguage {
             .map(|r| self.local.mailbox_key(r))
             .collect();
         self.learn(ctx, &mailboxes).await?;
-        let trusted = if settings.trust_whitelist {
+        let trusted = if options.trust_whitelist {
             trusted_of(ctx.state())
         } else {
             Vec::new()
@@ -157,7 +157,7 @@ impl Stage for BlockLanguage {
                 .and_then(|i| blocks[i].clone())
         };
         let verdicts = plan::decide(Some(&code), &mailboxes, &trusted, &lookup);
-        let groups = plan::group(&verdicts, settings.junk_stage.is_some());
+        let groups = plan::group(&verdicts, options.junk_stage.is_some());
         if groups.junk.is_empty() && groups.refuse.is_empty() {
             return ctx.advance();
         }
@@ -169,7 +169,7 @@ impl Stage for BlockLanguage {
             junk = ?groups.junk.iter().map(|&i| &ctx.rcpt_to()[i]).collect::<Vec<_>>(),
             "language blocked"
         );
-        let name = ctx.settings().name.clone();
+        let name = ctx.options().name.clone();
         let record = |action: BlockAction| {
             let mut state = Map::new();
             LanguageBlocked {
@@ -189,23 +189,23 @@ impl Stage for BlockLanguage {
         }
         .insert_into(&mut refuse_state);
         let bounce_stage = || {
-            ctx.settings()
+            ctx.options()
                 .bounce_stage
                 .clone()
-                .ok_or_else(|| StageError::NoBounceStage(name.clone()))
+                .ok_or_else(|| StageError::NoBounceStage(name.to_string()))
         };
         let next_stage = || {
-            ctx.settings()
+            ctx.options()
                 .next_stage
                 .clone()
-                .ok_or_else(|| StageError::NoNextStage(name.clone()))
+                .ok_or_else(|| StageError::NoNextStage(name.to_string()))
         };
         // Every group but the first becomes a sibling row; the row itself keeps the first.
         let mut parts: Vec<(Vec<usize>, String, Map<String, Value>)> = Vec::new();
         if !groups.pass.is_empty() {
             parts.push((groups.pass.clone(), next_stage()?, Map::new()));
         }
-        if let Some(junk) = &settings.junk_stage
+        if let Some(junk) = &options.junk_stage
             && !groups.junk.is_empty()
         {
             parts.push((groups.junk.clone(), junk.clone(), record(BlockAction::Junk)));

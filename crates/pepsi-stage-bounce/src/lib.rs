@@ -29,18 +29,18 @@
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
 pub mod dsn;
+pub mod options;
 pub mod original;
 pub mod request;
-pub mod settings;
 
 use dsn::{Dsn, Returned};
+use options::Options;
 use request::{Kind, Ret};
-use settings::Settings;
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;
@@ -73,19 +73,19 @@ impl Stage for Bounce {
     const LOAD: Load = Load::Headers;
     // A notice is composed here and queued as a new row: local work, so its passes batch.
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Bounce)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Ok(Settings::from_config(cfg, &cfg.stage_section_named(name))?)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Ok(Options::from_config(cfg, &cfg.stage_section_named(name))?)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let id = ctx.id();
@@ -97,10 +97,10 @@ impl Stage for Bounce {
             );
             return Ok(ctx.finish()?.log(log));
         }
-        if ctx.settings().next_stage.is_none() {
+        if ctx.options().next_stage.is_none() {
             let reason = format!(
                 "[stage-{}] has no NEXT_STAGE to send the notification to",
-                ctx.settings().name
+                ctx.options().name
             );
             return give_up(ctx, reason);
         }
@@ -124,7 +124,7 @@ impl Stage for Bounce {
         let (wanted, unwanted): (Vec<_>, Vec<_>) = std::mem::take(&mut request.recipients)
             .into_iter()
             .partition(|r| {
-                request::wanted(kind, r.notify.as_deref(), settings.delay_without_notify)
+                request::wanted(kind, r.notify.as_deref(), options.delay_without_notify)
             });
         if !unwanted.is_empty() {
             let skipped: Vec<&str> = unwanted.iter().map(|r| r.address.as_str()).collect();
@@ -158,19 +158,19 @@ impl Stage for Bounce {
                 "the message was decrypted here: only the header block it arrived with is returned"
             );
         }
-        let ret = request.ret.unwrap_or(settings.default_return);
+        let ret = request.ret.unwrap_or(options.default_return);
         // RFC 3461 §4.3: only a notice of failure returns the full message; never the
         // plaintext of a message decrypted here (a decryption oracle for the sender).
         let (body, too_large) = if kind == Kind::Permanent
             && ret == Ret::Full
             && content == original::Content::AsReceived
         {
-            let room = settings
+            let room = options
                 .max_return_size
                 .saturating_sub(headers.len() as u64 + 2);
             match ctx.fetch_body(room).await? {
                 Some(body) => (Some(body.to_vec()), None),
-                None => (None, Some(settings.max_return_size)),
+                None => (None, Some(options.max_return_size)),
             }
         } else {
             (None, None)
@@ -190,11 +190,11 @@ impl Stage for Bounce {
         let arrival = ctx.received_at();
         let sender = ctx.mail_from().to_owned();
         let stamp = now.timestamp_micros();
-        let message_id = format!("{stamp}.{id}.dsn@{}", settings.hostname);
+        let message_id = format!("{stamp}.{id}.dsn@{}", options.hostname);
         let boundary_seed = format!("=_pepsi-dsn-{id}-{stamp}");
         let raw = dsn::build(&Dsn {
             kind,
-            hostname: &settings.hostname,
+            hostname: &options.hostname,
             to: &sender,
             envid: request.envid.as_deref(),
             arrival,
@@ -202,7 +202,7 @@ impl Stage for Bounce {
             message_id: &message_id,
             boundary_seed: &boundary_seed,
             recipients: &wanted,
-            retry_until: settings
+            retry_until: options
                 .max_lifetime
                 .and_then(|l| chrono::Duration::from_std(l).ok())
                 .map(|l| arrival + l),

@@ -19,7 +19,7 @@
 use std::cell::RefCell;
 use std::process::ExitCode;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::message;
 use pepsi_contract::stage::{Load, RoundMemo, Stage, StageContext, StageError, Terminal};
@@ -40,15 +40,15 @@ pub mod constants {
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct Options {
     /// `LEARN` (default yes): authenticated mail teaches the sending mailbox its recipients.
     pub learn: bool,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
-        Ok(Settings {
+        Ok(Options {
             learn: s.bool_opt("LEARN")?.unwrap_or(true),
         })
     }
@@ -110,7 +110,7 @@ impl Stage for WhitelistStage {
     const LOAD: Load = Load::Headers;
     // Local work (one lookup, one upsert): its passes batch.
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self {
@@ -119,19 +119,19 @@ impl Stage for WhitelistStage {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let from = message::from_addresses(ctx.headers()?);
         let mailboxes = plan::mailboxes(ctx.rcpt_to(), &self.local);
         let mut record = pepsi_contract::state::Whitelist::default();
-        if settings.learn
+        if options.learn
             && let Some(learning) =
                 plan::learning(ctx.auth_user(), ctx.mail_from(), ctx.rcpt_to(), &self.local)
         {
@@ -228,10 +228,10 @@ mod tests {
             ("[stage-w]\nLEARN = no\n", Some(false)),
             ("[stage-w]\nLEARN = maybe\n", None),
         ] {
-            let got = Settings::from_config(&cfg(text), "w").ok().map(|s| s.learn);
+            let got = Options::from_config(&cfg(text), "w").ok().map(|s| s.learn);
             assert_eq!(got, learn, "{text}");
         }
-        let e = Settings::from_config(&cfg("[stage-w]\nLEARN = maybe\n"), "w")
+        let e = Options::from_config(&cfg("[stage-w]\nLEARN = maybe\n"), "w")
             .unwrap_err()
             .to_string();
         assert!(e.contains("LEARN"), "{e}");

@@ -10,7 +10,7 @@
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::{Junk, Origin};
 use serde_json::{Value, json};
@@ -98,7 +98,7 @@ impl Stage for Count {
         Ok(Count { client })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<CountSection> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<CountSection> {
         let section = cfg.stage_section_named(name);
         Ok(CountSection {
             base: section.string("URL")?.trim_end_matches('/').to_owned(),

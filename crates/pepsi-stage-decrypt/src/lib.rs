@@ -17,7 +17,7 @@ pub mod verdict;
 
 use std::process::ExitCode;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::message;
 use pepsi_contract::settings;
 use pepsi_contract::stage::{FanGroup, FanRecipients};
@@ -46,14 +46,14 @@ pub mod constants {
 
 /// One `[stage-<name>]` running this program.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     /// `DEFAULT` (no): whether an address without a `decrypt` setting has opted in.
     pub default: bool,
     /// `RESULT_HEADER`: the field recording the result.
     pub result_header: String,
 }
 
-impl Settings {
+impl Options {
     pub fn from_config(cfg: &Config, name: &str) -> anyhow::Result<Self> {
         let section_name = pepsi_conf::config::stage_section_name(name);
         let s = cfg.section(&section_name);
@@ -69,7 +69,7 @@ impl Settings {
                 "[{section_name}] RESULT_HEADER {result_header:?} is not a header field name"
             );
         }
-        Ok(Settings {
+        Ok(Options {
             default: s.bool_opt("DEFAULT")?.unwrap_or(false),
             result_header,
         })
@@ -84,7 +84,7 @@ pub struct Decrypt {
 impl Stage for Decrypt {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
         let keyring = Keyring::from_config(cfg)
@@ -92,18 +92,18 @@ impl Stage for Decrypt {
         Ok(Decrypt { keyring })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let original = ctx.headers()?.to_vec();
         // Nobody outside may hand us a result: the field is ours alone.
-        let headers = message::remove_fields(&original, &settings.result_header);
+        let headers = message::remove_fields(&original, &options.result_header);
         let scheme = if openpgp::is_encrypted(&headers) {
             Some(Scheme::OpenPgp)
         } else if smime::is_encrypted(&headers) {
@@ -132,7 +132,7 @@ impl Stage for Decrypt {
             .filter(|&i| {
                 table
                     .resolve(&rcpts[i], constants::SETTING)
-                    .map_or(settings.default, |s| truthy(&s.value))
+                    .map_or(options.default, |s| truthy(&s.value))
             })
             .collect();
         let opted_addresses: Vec<String> = opted.iter().map(|&i| rcpts[i].clone()).collect();
@@ -149,7 +149,7 @@ impl Stage for Decrypt {
                 .filter(|u| u.identity.scheme == scheme && u.identity.capability.decrypts())
                 .collect()
         };
-        let name = ctx.settings().name.clone();
+        let name = ctx.options().name.clone();
         if identities.is_empty() {
             let mut state = Map::new();
             if !opted.is_empty() {
@@ -258,10 +258,10 @@ impl Stage for Decrypt {
         }
         let field = format!(
             "{}: {}\r\n",
-            settings.result_header,
+            options.result_header,
             verdict::header_value(scheme, &decrypted.decrypted_with, &verdict)
         );
-        let mut new_headers = message::remove_fields(&decrypted.headers, &settings.result_header);
+        let mut new_headers = message::remove_fields(&decrypted.headers, &options.result_header);
         new_headers.extend_from_slice(field.as_bytes());
         ctx.set_headers(new_headers);
         ctx.set_body(decrypted.body);

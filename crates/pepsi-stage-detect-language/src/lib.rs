@@ -19,7 +19,7 @@ use std::process::ExitCode;
 
 use clap::Parser;
 use clap::builder::TypedValueParser as _;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use serde_json::Map;
 
@@ -47,7 +47,7 @@ const COMMAND_MAX_BYTES: u64 = 64 << 20;
 
 /// One `[stage-<name>]` section, read at start. The detector is built on the first message
 /// (so a configuration check links no model), then kept.
-pub struct Settings {
+pub struct Options {
     pub languages: Vec<lingua::Language>,
     pub accuracy: Accuracy,
     pub max_chars: usize,
@@ -56,7 +56,7 @@ pub struct Settings {
     detector: std::sync::OnceLock<Detector>,
 }
 
-impl Settings {
+impl Options {
     fn detector(&self) -> &Detector {
         self.detector.get_or_init(|| {
             Detector::new(
@@ -69,9 +69,9 @@ impl Settings {
     }
 }
 
-impl Settings {
+impl Options {
     /// Reads `[stage-<stage>]`.
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
         let languages = detect::languages(&s.list_opt("LANGUAGES")?.unwrap_or_default())
             .map_err(|e| anyhow::anyhow!("[stage-{stage}] LANGUAGES: {e}"))?;
@@ -93,7 +93,7 @@ impl Settings {
                 _ => Err(format!("{t:?} is not a number from 0 to 1")),
             })?
             .unwrap_or(DEFAULT_MIN_CONFIDENCE);
-        Ok(Settings {
+        Ok(Options {
             languages,
             accuracy,
             max_chars: max_chars as usize,
@@ -114,27 +114,23 @@ impl Stage for DetectLanguage {
     // Local work (CPU only, bounded by MAX_PARSED bytes parsed and MAX_CHARS judged): its
     // passes batch.
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        let text = text::judged_text(
-            &ctx.raw_message()?,
-            settings.max_chars,
-            settings.min_letters,
-        );
-        let detection = settings.detector().detect(&text);
+        let text = text::judged_text(&ctx.raw_message()?, options.max_chars, options.min_letters);
+        let detection = options.detector().detect(&text);
         tracing::debug!(id = ctx.id(), ?detection, "language");
         let mut merge = Map::new();
         pepsi_contract::state::Language {

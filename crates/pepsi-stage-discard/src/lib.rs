@@ -9,7 +9,7 @@
 
 use std::process::ExitCode;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::{Bounce, BounceKind};
 use serde_json::Map;
@@ -48,7 +48,7 @@ impl Stage for Discard {
         Ok(Discard)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<DiscardSection> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<DiscardSection> {
         let section = cfg.stage_section_named(name);
         let Some(status) = section.parse_opt("RETURN_STATUS", |v| {
             if permanent_status(v.trim()) {
@@ -83,10 +83,10 @@ impl Stage for Discard {
             return Ok(ctx.finish()?.log([entry]));
         };
         let target = ctx
-            .settings()
+            .options()
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
+            .ok_or_else(|| StageError::NoBounceStage(ctx.options().name.to_string()))?;
         tracing::info!(id = ctx.id(), from = ctx.mail_from(), rcpt = ?ctx.rcpt_to(), %status, "returned to sender");
         let mut merge = Map::new();
         merge.insert(
@@ -94,7 +94,7 @@ impl Stage for Discard {
             Bounce {
                 diagnostic: Some(text.clone()),
                 enhanced_status: Some(status.clone()),
-                ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+                ..Bounce::new(BounceKind::Permanent).stage(&ctx.options().name)
             }
             .to_value(),
         );

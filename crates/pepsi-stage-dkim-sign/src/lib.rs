@@ -30,7 +30,7 @@ use anyhow::Context as _;
 use mail_auth::common::crypto::DkimKey;
 use mail_auth::common::headers::HeaderWriter;
 use mail_auth::dkim::{Canonicalization, DkimSigner, Done};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 pub use pepsi_outbound::keys::{
     KeySpec, StoredKey, load_key, parse_keys, parse_private_key, signed_headers,
@@ -364,7 +364,7 @@ impl Stage for DkimSign {
         Ok(Self::default())
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<SignStage> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<SignStage> {
         SignStage::from_config(cfg, name)
     }
 

@@ -25,7 +25,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pepsi_conf::address::{Address, normalize_domain};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::message;
 use pepsi_contract::stage::edges::Declare;
@@ -61,7 +61,7 @@ pub const DEFAULT_MAX_HOPS: usize = 20;
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct Options {
     /// `FORWARD_STAGE`: where the forwarded copy starts.
     pub forward_stage: String,
     /// `MAX_ADDRESSES`: targets and kept copies per file.
@@ -76,8 +76,8 @@ pub struct Settings {
     pub helper_timeout: Duration,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
         let forward_stage = s
             .string_opt("FORWARD_STAGE")?
@@ -133,7 +133,7 @@ impl Settings {
         let program = s
             .string_opt("HELPER")?
             .unwrap_or_else(|| constants::DEFAULT_HELPER.into());
-        Ok(Settings {
+        Ok(Options {
             forward_stage,
             max_addresses,
             max_hops,
@@ -159,7 +159,7 @@ pub struct DotForwardStage {
 impl DotForwardStage {
     /// The system account `address` reaches: its local part, extension removed and lower
     /// case, when its domain is one of `DOMAINS` and the name is one the reader takes.
-    fn account(&self, s: &Settings, address: &str) -> Option<String> {
+    fn account(&self, s: &Options, address: &str) -> Option<String> {
         let (user, domain) = Address::parse(&self.local.mailbox_key(address))
             .ok()?
             .into_parts();
@@ -168,14 +168,14 @@ impl DotForwardStage {
 
     /// What loops are found by: the account an address reaches, else its mailbox (an
     /// account name has no `@`, so the two never meet).
-    fn key(&self, s: &Settings, address: &str) -> String {
+    fn key(&self, s: &Options, address: &str) -> String {
         let address = address.trim().trim_start_matches('<').trim_end_matches('>');
         self.account(s, address)
             .unwrap_or_else(|| self.local.mailbox_key(address))
     }
 
     /// `account`'s `.forward`, as stored; `None` when there is none to use.
-    async fn read(&self, s: &Settings, account: &str) -> Result<Option<Vec<u8>>, StageError> {
+    async fn read(&self, s: &Options, account: &str) -> Result<Option<Vec<u8>>, StageError> {
         let mut slot = self.helper.lock().await;
         if slot.as_ref().is_some_and(|h| h.args != s.helper)
             && let Some(h) = slot.take()
@@ -220,7 +220,7 @@ impl DotForwardStage {
     /// not been forwarded on since (`hops`: the message's `Delivered-To` count now).
     async fn forwards(
         &self,
-        s: &Settings,
+        s: &Options,
         ctx: &StageContext<'_>,
         kept: &[KeptCopy],
         hops: usize,
@@ -255,16 +255,16 @@ impl DotForwardStage {
     /// Returns the message to its sender through BOUNCE_STAGE with 5.4.6 and `diagnostic`.
     fn bounce(ctx: &StageContext<'_>, diagnostic: String) -> Result<Terminal, StageError> {
         let target = ctx
-            .settings()
+            .options()
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
+            .ok_or_else(|| StageError::NoBounceStage(ctx.options().name.to_string()))?;
         tracing::warn!(id = ctx.id(), rcpt = ?ctx.rcpt_to(), "{diagnostic}: returned to sender");
         let mut merge = Map::new();
         Bounce {
             diagnostic: Some(diagnostic),
             enhanced_status: Some("5.4.6".into()),
-            ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+            ..Bounce::new(BounceKind::Permanent).stage(&ctx.options().name)
         }
         .insert_into(&mut merge);
         ctx.reroute(&target, merge)
@@ -277,7 +277,7 @@ impl Stage for DotForwardStage {
     // A pass is a local file read through the reader, milliseconds: a worker batches the ids
     // waiting for it (one SELECT, one commit for the round).
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self {
@@ -286,8 +286,8 @@ impl Stage for DotForwardStage {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     /// NEXT_STAGE for what is delivered here, and FORWARD_STAGE (default `aliases`) where a
@@ -302,7 +302,7 @@ impl Stage for DotForwardStage {
 
     async fn process(
         &self,
-        s: &Settings,
+        s: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let mut record = DotForward::from_state(ctx.state())?.unwrap_or_default();
@@ -417,7 +417,7 @@ mod tests {
 
     #[test]
     fn settings_table() {
-        let s = Settings::from_config(
+        let s = Options::from_config(
             &cfg("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\nDOMAINS = example.test\n"),
             "fwd",
         )
@@ -428,7 +428,7 @@ mod tests {
         assert_eq!(s.domains, ["example.test"]);
         assert_eq!(s.helper.min_uid, 1000);
         assert_eq!(s.helper_timeout, Duration::from_secs(10));
-        let s = Settings::from_config(
+        let s = Options::from_config(
             &cfg("[stage-in]\nPROGRAM = x\n[stage-fwd]\nFORWARD_STAGE = in\n\
                   DOMAINS = Example.TEST, b.test\nMIN_UID = 500\nMAX_ADDRESSES = 3\n\
                   MAX_HOPS = 5\nHELPER = /opt/reader\n"),
@@ -452,7 +452,7 @@ mod tests {
             } else {
                 "DOMAINS = example.test\n"
             };
-            let e = Settings::from_config(
+            let e = Options::from_config(
                 &cfg(&format!(
                     "[stage-aliases]\nPROGRAM = x\n[stage-fwd]\n{domains}{bad}"
                 )),
@@ -472,7 +472,7 @@ mod tests {
             "[pepsi]\nLOCAL_DOMAINS = a.test, b.test, c.test\nRECIPIENT_DELIMITER = +\n",
         ))
         .unwrap();
-        let s = Settings::from_config(
+        let s = Options::from_config(
             &cfg("[stage-aliases]\nPROGRAM = x\n[stage-fwd]\nDOMAINS = a.test, b.test\n"),
             "fwd",
         )

@@ -20,7 +20,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::message;
 use pepsi_contract::settings;
 use pepsi_contract::stage::{FanGroup, FanRecipients};
@@ -57,7 +57,7 @@ pub const METHODS: [&str; 4] = ["wkd", "openpgpkey", "smimea", "keyserver"];
 
 /// One `[stage-<name>]` running this program.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     /// `POLICY` (default opportunistic): for senders without an `encrypt` setting.
     pub policy: Policy,
     /// `PREFER` (default `openpgp, smime`): the scheme for a recipient with keys of both.
@@ -78,7 +78,7 @@ pub struct Settings {
     pub discovery_recheck: Duration,
 }
 
-impl Settings {
+impl Options {
     pub fn from_config(
         cfg: &Config,
         name: &str,
@@ -130,7 +130,7 @@ impl Settings {
                  key-encryption key: {e} (or set SIGN = no)"
             );
         }
-        Ok(Settings {
+        Ok(Options {
             policy,
             prefer,
             sign,
@@ -161,7 +161,7 @@ struct Chosen {
 impl Stage for Encrypt {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(cfg: &Config) -> anyhow::Result<Self> {
         Ok(Encrypt {
@@ -169,13 +169,13 @@ impl Stage for Encrypt {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name, &self.keyring)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name, &self.keyring)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let headers = ctx.headers()?.to_vec();
@@ -227,7 +227,7 @@ impl Stage for Encrypt {
                 .inspect_err(|e| tracing::warn!(address, "encrypt setting not used: {e}"))
                 .ok()
         };
-        let sender_policy = setting(&sender).unwrap_or(settings.policy);
+        let sender_policy = setting(&sender).unwrap_or(options.policy);
         let rcpt_policies: Vec<Option<Policy>> = rcpts.iter().map(|r| setting(r)).collect();
         let mut policy = plan::message_policy(sender_policy, &rcpt_policies);
         if policy == Policy::Required && ctx.mail_from().is_empty() {
@@ -250,13 +250,13 @@ impl Stage for Encrypt {
         let prefer_mutual = table
             .resolve(&author, constants::PREFER_SETTING)
             .is_some_and(|s| s.value.as_str() == Some("mutual"));
-        let with_autocrypt = autocrypt_header(settings, &headers, &author, &own, prefer_mutual);
+        let with_autocrypt = autocrypt_header(options, &headers, &author, &own, prefer_mutual);
 
         if policy == Policy::Off {
             return finish_plain(ctx, with_autocrypt);
         }
 
-        let mut chosen = recipient_keys(pool, &rcpts, &settings.prefer, now).await?;
+        let mut chosen = recipient_keys(pool, &rcpts, &options.prefer, now).await?;
         let mut discovery: Vec<Option<Discovery>> = vec![None; rcpts.len()];
         if policy == Policy::Required {
             let mut reread = false;
@@ -264,8 +264,8 @@ impl Stage for Encrypt {
                 if chosen[i].is_some() {
                     continue;
                 }
-                discovery[i] = Some(match settings.discovery {
-                    true => request_key(pool, r, &settings.methods).await?,
+                discovery[i] = Some(match options.discovery {
+                    true => request_key(pool, r, &options.methods).await?,
                     false => Discovery::Off,
                 });
                 reread |= discovery[i] == Some(Discovery::Unusable);
@@ -273,7 +273,7 @@ impl Stage for Encrypt {
             if reread {
                 // Discovery settled with a key after the keys above were read: read again;
                 // a key that is still not usable is refused.
-                chosen = recipient_keys(pool, &rcpts, &settings.prefer, now).await?;
+                chosen = recipient_keys(pool, &rcpts, &options.prefer, now).await?;
                 for (i, c) in chosen.iter().enumerate() {
                     if c.is_some() {
                         discovery[i] = None;
@@ -300,12 +300,12 @@ impl Stage for Encrypt {
             .signed_duration_since(since)
             .to_std()
             .unwrap_or_default()
-            >= settings.discovery_timeout;
+            >= options.discovery_timeout;
         let plan = plan::plan(policy, &facts, timed_out);
         tracing::debug!(id = ctx.id(), ?policy, ?plan, "encryption plan");
         carry_out(
             self,
-            settings,
+            options,
             ctx,
             plan,
             &rcpts,
@@ -347,13 +347,13 @@ fn keymat(e: pepsi_keymat::KeymatError) -> StageError {
 /// The header block with our Autocrypt header added, when AUTOCRYPT is on, the sender has
 /// a published OpenPGP identity and the message has no Autocrypt header for it already.
 fn autocrypt_header(
-    settings: &Settings,
+    options: &Options,
     headers: &[u8],
     sender: &str,
     own: &[Identity],
     prefer_mutual: bool,
 ) -> Option<Vec<u8>> {
-    if !settings.autocrypt || autocrypt::from_message(headers, sender).is_some() {
+    if !options.autocrypt || autocrypt::from_message(headers, sender).is_some() {
         return None;
     }
     let identity = own
@@ -543,7 +543,7 @@ fn crypto_state(state: &Map<String, Value>, encrypted: Encrypted) -> Map<String,
 #[allow(clippy::too_many_arguments)]
 async fn carry_out(
     stage: &Encrypt,
-    settings: &Settings,
+    options: &Options,
     ctx: &mut StageContext<'_>,
     plan: Plan,
     rcpts: &[String],
@@ -553,16 +553,16 @@ async fn carry_out(
     with_autocrypt: Option<Vec<u8>>,
     since: DateTime<Utc>,
 ) -> Result<Terminal, StageError> {
-    let name = ctx.settings().name.clone();
+    let name = ctx.options().name.clone();
     let refused_idx: Vec<usize> = plan.refuse.iter().map(|(i, _)| *i).collect();
     let bounce_stage = || {
-        ctx.settings()
+        ctx.options()
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(name.clone()))
+            .ok_or_else(|| StageError::NoBounceStage(name.to_string()))
     };
     if matches!(plan.then, Then::Nothing) {
-        let mut state = refusal_state(&name, rcpts, &plan.refuse, settings.discovery_timeout);
+        let mut state = refusal_state(&name, rcpts, &plan.refuse, options.discovery_timeout);
         state.extend(clear_keydisc(ctx.state()));
         return ctx.reroute(&bounce_stage()?, state);
     }
@@ -581,7 +581,7 @@ async fn carry_out(
         _ => (remaining, Vec::new()),
     };
     if !plan.refuse.is_empty() {
-        let state = refusal_state(&name, rcpts, &plan.refuse, settings.discovery_timeout);
+        let state = refusal_state(&name, rcpts, &plan.refuse, options.discovery_timeout);
         groups.push(FanGroup {
             state,
             ..FanGroup::new(FanRecipients::Indices(refused_idx.clone()), bounce_stage()?)
@@ -599,7 +599,7 @@ async fn carry_out(
                 .filter(|i| chosen[**i].is_none())
                 .map(|i| &rcpts[*i])
                 .collect();
-            let left = settings.discovery_timeout.saturating_sub(
+            let left = options.discovery_timeout.saturating_sub(
                 Utc::now()
                     .signed_duration_since(since)
                     .to_std()
@@ -615,7 +615,7 @@ async fn carry_out(
             .insert_into(&mut state);
             // Due again after DISCOVERY_RECHECK at the latest (keydisc_release wakes it
             // sooner), so a settle that came just before this pause is not missed for long.
-            let wait = left.min(settings.discovery_recheck) + Duration::from_secs(1);
+            let wait = left.min(options.discovery_recheck) + Duration::from_secs(1);
             ctx.pause(state, wait)
         }
         Then::Encrypt(_) | Then::Split(_) => {
@@ -635,7 +635,7 @@ async fn carry_out(
                 .collect();
             let base = with_autocrypt.unwrap_or(headers);
             let body = ctx.body()?.to_vec();
-            let mut signer = match settings.sign {
+            let mut signer = match options.sign {
                 true => signer(stage, ctx, own, scheme).await?,
                 false => None,
             };

@@ -16,7 +16,7 @@
 use std::process::ExitCode;
 
 use anyhow::bail;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::stage::edges::{Declare, NEXT_STAGE};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
@@ -172,7 +172,7 @@ impl Stage for If {
         Ok(If(Conditions::from_config(cfg)?))
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Branch> {
         Branch::from_config(cfg, name, false)
     }
 
@@ -204,7 +204,7 @@ impl Stage for IfHeaders {
         Ok(IfHeaders(Conditions::from_config(cfg)?))
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Branch> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Branch> {
         Branch::from_config(cfg, name, true)
     }
 

@@ -28,7 +28,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::mail_log::Event;
 use pepsi_contract::stage::{
     FanGroup, FanRecipients, GroupStatus, Load, Stage, StageContext, StageError, Terminal,
@@ -105,7 +105,7 @@ impl std::fmt::Display for Address {
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub struct Options {
     /// `MILTER` (required).
     pub milter: Address,
     /// `CONNECT_TIMEOUT` (10s), `COMMAND_TIMEOUT` (30s), `CONTENT_TIMEOUT` (2m),
@@ -123,8 +123,8 @@ pub struct Settings {
     pub max_edit_size: usize,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
         let file = cfg.file().display().to_string();
         let milter = s.parse_opt("MILTER", Address::parse)?.ok_or_else(|| {
@@ -154,7 +154,7 @@ impl Settings {
                 runtime.as_secs()
             );
         }
-        Ok(Settings {
+        Ok(Options {
             milter,
             timeouts,
             down: s
@@ -241,7 +241,7 @@ async fn connect(address: &Address, wait: Duration) -> Result<Box<dyn Io>, Unava
 }
 
 /// The SMTP session the message arrived in, as the filter is told of it.
-fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message<'a>, StageError> {
+fn message<'a>(options: &Options, ctx: &'a StageContext<'_>) -> Result<Message<'a>, StageError> {
     let origin = Origin::from_state(ctx.state())?.unwrap_or_default();
     let queue_id = ctx.id().to_string();
     let (host, family) = match origin.client_addr {
@@ -281,12 +281,12 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
     }
     let pair = |k: &str, v: &str| (k.to_owned(), v.to_owned());
     let mut connect = vec![
-        pair("j", &settings.hostname),
+        pair("j", &options.hostname),
         pair(
             "{daemon_name}",
             origin.listener.as_deref().unwrap_or("pepsi"),
         ),
-        pair("{if_name}", &settings.hostname),
+        pair("{if_name}", &options.hostname),
         pair("{client_name}", &host),
         pair("{client_ptr}", &host),
     ];
@@ -320,7 +320,7 @@ fn message<'a>(settings: &Settings, ctx: &'a StageContext<'_>) -> Result<Message
         // A filter may wrap the message (a scanner's report with the original attached),
         // not make it grow without end.
         max_body: 2 * (headers.len() + body.len()) + 1024 * 1024,
-        max_edit_size: settings.max_edit_size,
+        max_edit_size: options.max_edit_size,
         host,
         family,
         helo,
@@ -355,23 +355,23 @@ fn attempts(state: &Map<String, Value>, stage: &str) -> u32 {
 impl Stage for Milter {
     const PROGRAM: &'static str = constants::PROGRAM;
     const LOAD: Load = Load::Full;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Milter)
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        let filter = settings.milter.to_string();
-        let name = ctx.settings().name.clone();
+        let filter = options.milter.to_string();
+        let name = ctx.options().name.clone();
         // A held message is only ever made pending again by an operator (`pepsi-queue
         // release`): on without asking the filter again.
         let released = matches!(
@@ -388,9 +388,9 @@ impl Stage for Milter {
             return ctx.advance_with(state);
         }
         let conversation: Conversation = {
-            let m = message(settings, ctx)?;
-            let talked = match connect(&settings.milter, settings.timeouts.connect).await {
-                Ok(mut io) => session::converse(&mut io, &m, settings.timeouts).await,
+            let m = message(options, ctx)?;
+            let talked = match connect(&options.milter, options.timeouts.connect).await {
+                Ok(mut io) => session::converse(&mut io, &m, options.timeouts).await,
                 Err(why) => Err(session::Failed {
                     why,
                     decided: vec![None; ctx.rcpt_to().len()],
@@ -399,8 +399,8 @@ impl Stage for Milter {
             match talked {
                 Ok(c) => c,
                 Err(f) => {
-                    tracing::warn!(id = ctx.id(), %filter, action = ?settings.down, "milter unavailable: {}", f.why);
-                    plan::fallback(settings.down, &f.decided, &filter, &f.why)
+                    tracing::warn!(id = ctx.id(), %filter, action = ?options.down, "milter unavailable: {}", f.why);
+                    plan::fallback(options.down, &f.decided, &filter, &f.why)
                 }
             }
         };
@@ -410,7 +410,7 @@ impl Stage for Milter {
                 .unwrap_or_default(),
             attempts: attempts(ctx.state(), &name),
         };
-        let decision = plan::decide(&conversation, facts, &settings.retry, &filter);
+        let decision = plan::decide(&conversation, facts, &options.retry, &filter);
         tracing::debug!(id = ctx.id(), ?decision, "milter decision");
         carry_out(ctx, &name, decision, &conversation).await
     }
@@ -510,7 +510,7 @@ async fn carry_out(
         );
         m
     };
-    let configured_bounce = ctx.settings().bounce_stage.clone();
+    let configured_bounce = ctx.options().bounce_stage.clone();
     let bounce_stage = || {
         configured_bounce
             .clone()

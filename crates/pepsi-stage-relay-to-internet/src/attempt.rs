@@ -23,8 +23,8 @@ use pepsi_smtp::{
 use sqlx::PgPool;
 
 use crate::cache::{self, Candidate, Health};
+use crate::options::Options;
 use crate::route::{self, Hop, NoRoute};
-use crate::settings::Settings;
 use pepsi_outbound::dns::{Dns, Lookup};
 
 /// What went wrong at one host or address, for the diagnostic of an attempt that found no
@@ -132,7 +132,7 @@ impl fmt::Display for Key {
 
 /// The attempt's parts: settings, resolver, the cache's database and the kept sessions.
 pub struct Attempt<'a> {
-    pub settings: &'a Settings,
+    pub settings: &'a Options,
     pub dns: &'a Dns,
     pub pool: &'a PgPool,
     pub keeper: &'a Keeper<Key>,

@@ -19,20 +19,20 @@
 
 pub mod attempt;
 pub mod cache;
+pub mod options;
 pub mod route;
-pub mod settings;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context as _;
 use pepsi_conf::address::Address;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_outbound::delivery::{self, Failure, RcptResult};
 
 use crate::attempt::{Attempt, Key};
-use crate::settings::Settings;
+use crate::options::Options;
 use pepsi_outbound::dns::Dns;
 use pepsi_outbound::keep::{Keeper, Rules};
 
@@ -49,7 +49,7 @@ pub mod constants {
 
 /// One stage section, built at start: its settings, its resolver and its kept sessions.
 pub struct Built {
-    pub settings: Settings,
+    pub settings: Options,
     pub dns: Dns,
     pub keeper: Keeper<Key>,
 }
@@ -71,8 +71,8 @@ impl Stage for RelayToInternet {
     }
 
     /// Reads and checks `[stage-<name>]`, and makes its resolver.
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Built> {
-        let settings = Settings::from_config(cfg, name)?;
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Built> {
+        let settings = Options::from_config(cfg, name)?;
         pepsi_contract::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
             .map_err(anyhow::Error::msg)?;
         let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)

@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use pepsi_conf::address;
-use pepsi_conf::config::{Config, ConfigError};
+use pepsi_conf::config::{Config, ConfigError, StageName};
 use pepsi_contract::quota::{self, Limits};
 use pepsi_contract::stage::edges::Declare;
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
@@ -39,7 +39,7 @@ pub mod constants {
 
 /// A stage section's options, read once per stage name and validated together.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     pub root: PathBuf,
     pub template: Template,
     pub delimiters: String,
@@ -58,13 +58,13 @@ pub struct Settings {
     pub retry: RetryPolicy,
 }
 
-impl Settings {
+impl Options {
     /// Reads `[stage-<stage>]`, with `[pepsi] LOCAL_DOMAINS`/`RECIPIENT_DELIMITER` and
     /// `[PATHS] MAIL_ROOT` as fallbacks.
-    pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
+    pub fn from_config(cfg: &Config, stage: &str) -> Result<Options, ConfigError> {
         let s = cfg.stage_section_named(stage);
         let m = Mailboxes::from_section(cfg, &s)?;
-        Ok(Settings {
+        Ok(Options {
             local: pepsi_contract::local::LocalRecipients::from_config(cfg)?,
             nonlocal_stage: s.string_opt("NONLOCAL_STAGE")?.filter(|v| !v.is_empty()),
             over_quota: OverQuota {
@@ -177,7 +177,7 @@ impl RelayToMaildir {
     /// A mailbox's own and its domain's limit rows, reused for `QUOTA_LOOKUP_TTL`.
     async fn limits_of(
         &self,
-        s: &Settings,
+        s: &Options,
         pool: &sqlx::PgPool,
         mailbox: &str,
     ) -> Result<CachedLimits, StageError> {
@@ -208,7 +208,7 @@ impl RelayToMaildir {
     /// copy's directory entry is synced by `before_commit`.
     async fn deliver(
         &self,
-        s: &Settings,
+        s: &Options,
         req: &Request,
         age: Duration,
     ) -> (RcptResult, Option<Reply>) {
@@ -248,14 +248,14 @@ impl Stage for RelayToMaildir {
     // A pass is a local file write through the helper, milliseconds: a worker batches the
     // ids waiting for it (one SELECT, one commit for the round, docs/perf.md).
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self::default())
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Ok(Settings::from_config(cfg, name)?)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Ok(Options::from_config(cfg, name)?)
     }
 
     /// NEXT_STAGE, and NONLOCAL_STAGE for the recipients with no local mailbox.
@@ -292,7 +292,7 @@ impl Stage for RelayToMaildir {
 
     async fn process(
         &self,
-        s: &Settings,
+        s: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let local = s.local.recipients_local(ctx.pool(), ctx.rcpt_to()).await?;
@@ -305,7 +305,7 @@ impl Stage for RelayToMaildir {
         let onward = s
             .nonlocal_stage
             .clone()
-            .or_else(|| ctx.settings().next_stage.clone());
+            .or_else(|| ctx.options().next_stage.clone());
         let mut stranded = Vec::new();
         if !nonlocal.is_empty() {
             match onward {
@@ -337,7 +337,7 @@ impl Stage for RelayToMaildir {
                 let mut f = Failure::new(
                     format!(
                         "{r} is not in a local domain and stage {} has no NONLOCAL_STAGE or NEXT_STAGE",
-                        ctx.settings().name
+                        ctx.options().name
                     ),
                     "4.3.5",
                 );
@@ -545,7 +545,7 @@ mod tests {
             "t.conf",
         )
         .unwrap();
-        let s = Settings::from_config(&cfg, "local").unwrap();
+        let s = Options::from_config(&cfg, "local").unwrap();
         assert_eq!(s.root, PathBuf::from("/srv/mail"));
         assert_eq!(s.quota, Some(10 << 20));
         assert_eq!(s.delimiters, "+");
@@ -559,7 +559,7 @@ mod tests {
             (s.quota_messages, s.quota_lookup_ttl),
             (None, Duration::from_secs(10))
         );
-        let o = Settings::from_config(&cfg, "other").unwrap();
+        let o = Options::from_config(&cfg, "other").unwrap();
         assert_eq!(
             o.template
                 .mailbox(&o.root, "X-y@a.test", &o.delimiters)
@@ -571,13 +571,13 @@ mod tests {
 
         let bad = Config::from_str_named("[stage-x]\nMAILDIR_ROOT = /m\nMAILDIR = %z\n", "b.conf")
             .unwrap();
-        let err = Settings::from_config(&bad, "x").unwrap_err().to_string();
+        let err = Options::from_config(&bad, "x").unwrap_err().to_string();
         assert!(
             err.contains("MAILDIR") && err.contains("unknown %z"),
             "{err}"
         );
         let none = Config::from_str_named("[stage-x]\nPROGRAM = p\n", "n.conf").unwrap();
-        let err = Settings::from_config(&none, "x").unwrap_err().to_string();
+        let err = Options::from_config(&none, "x").unwrap_err().to_string();
         assert!(err.contains("MAILDIR_ROOT"), "{err}");
     }
 }

@@ -18,7 +18,7 @@
 use std::process::ExitCode;
 
 use pepsi_conf::config::{Config, ConfigError, Section};
-use pepsi_outbound::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
+use pepsi_outbound::relay::{self, Peer, PeerKind, RelayOptions, RelayStage};
 use pepsi_smtp::{OpenOptions, Protocol, Target};
 
 pub mod constants {
@@ -53,7 +53,7 @@ impl PeerKind for Lmtp {
 }
 
 /// The `[stage-<name>]` settings of one LMTP stage.
-pub type Settings = RelaySettings;
+pub type Options = RelayOptions;
 
 /// The stage: the relay stage over an LMTP peer, with the worker's one kept connection.
 pub type RelayToLmtp = RelayStage<Lmtp>;
@@ -100,14 +100,14 @@ mod tests {
 
     use super::*;
 
-    fn settings(text: &str) -> Result<Settings, String> {
+    fn options(text: &str) -> Result<Options, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        Settings::from_config::<Lmtp>(&cfg, "lmtp").map_err(|e| e.to_string())
+        Options::from_config::<Lmtp>(&cfg, "lmtp").map_err(|e| e.to_string())
     }
 
     #[test]
     fn settings_table() {
-        let s = settings(
+        let s = options(
             "[pepsi]\nHOSTNAME = mx.example.test\n[stage-lmtp]\nLMTP = unix:/run/dovecot/lmtp\n",
         )
         .unwrap();
@@ -116,7 +116,7 @@ mod tests {
         assert_eq!(s.peer.timeouts, Timeouts::default());
         assert_eq!(s.peer.connection_idle, Duration::from_secs(30));
 
-        let s = settings(
+        let s = options(
             "[stage-lmtp]\nLMTP = 127.0.0.1:24\nLHLO_NAME = relay.test\nDATA_TIMEOUT = 2m\n\
              CONNECTION_IDLE = 0\nRETRY_INITIAL = 10s\n",
         )
@@ -133,19 +133,19 @@ mod tests {
         assert!(s.peer.connection_idle.is_zero());
         assert_eq!(s.policy.initial, Duration::from_secs(10));
         assert!(
-            !settings("[stage-lmtp]\nLMTP = /x\n")
+            !options("[stage-lmtp]\nLMTP = /x\n")
                 .unwrap()
                 .peer
                 .hello_name
                 .is_empty()
         );
 
-        let missing = settings("[stage-lmtp]\nPROGRAM = x\n").unwrap_err();
+        let missing = options("[stage-lmtp]\nPROGRAM = x\n").unwrap_err();
         assert!(
             missing.contains("LMTP") && missing.contains("t.conf"),
             "{missing}"
         );
-        let bad = settings("[stage-lmtp]\nLMTP = lmtp.example\n").unwrap_err();
+        let bad = options("[stage-lmtp]\nLMTP = lmtp.example\n").unwrap_err();
         assert!(
             bad.contains("t.conf:2") && bad.contains("host:port"),
             "{bad}"

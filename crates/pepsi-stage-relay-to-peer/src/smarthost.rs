@@ -21,7 +21,7 @@
 use std::process::ExitCode;
 
 use pepsi_conf::config::{Config, ConfigError, Section};
-use pepsi_outbound::relay::{self, Peer, PeerKind, RelaySettings, RelayStage};
+use pepsi_outbound::relay::{self, Peer, PeerKind, RelayOptions, RelayStage};
 use pepsi_smtp::{Credentials, OpenOptions, Protocol, Target, TlsOptions, TlsPolicy};
 
 pub mod constants {
@@ -125,7 +125,7 @@ impl PeerKind for Smarthost {
 }
 
 /// The `[stage-<name>]` settings of one smarthost stage.
-pub type Settings = RelaySettings;
+pub type Options = RelayOptions;
 
 /// The stage: the relay stage over a smarthost, with the worker's one kept connection.
 pub type RelayToSmarthost = RelayStage<Smarthost>;
@@ -179,14 +179,14 @@ mod tests {
 
     use super::*;
 
-    fn settings(text: &str) -> Result<Settings, String> {
+    fn options(text: &str) -> Result<Options, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        Settings::from_config::<Smarthost>(&cfg, "smarthost").map_err(|e| e.to_string())
+        Options::from_config::<Smarthost>(&cfg, "smarthost").map_err(|e| e.to_string())
     }
 
     #[test]
     fn settings_table() {
-        let s = settings(
+        let s = options(
             "[pepsi]\nHOSTNAME = mx.example.test\n[stage-smarthost]\nHOST = smtp.example.net\n",
         )
         .unwrap();
@@ -215,7 +215,7 @@ mod tests {
         );
         assert_eq!(s.peer.options.auth, None);
 
-        let s = settings(
+        let s = options(
             "[stage-smarthost]\nHOST = [::1]\nPORT = 2525\nTLS = May\nTLS_CA_FILE = /etc/ca.pem\n\
              TLS_SERVER_NAME = relay.example.net\nAUTH_USERNAME = pepsi\nAUTH_PASSWORD = s3cret\n\
              HELO_NAME = out.example.test\nCONNECTION_IDLE = 0\nDATA_TIMEOUT = 2m\nRETRY_INITIAL = 10s\n",
@@ -245,7 +245,7 @@ mod tests {
         assert_eq!(s.peer.timeouts.data, Duration::from_secs(120));
         assert_eq!(s.policy.initial, Duration::from_secs(10));
         for policy in ["none", "encrypt", "verify"] {
-            let s = settings(&format!("[stage-smarthost]\nHOST = h\nTLS = {policy}\n")).unwrap();
+            let s = options(&format!("[stage-smarthost]\nHOST = h\nTLS = {policy}\n")).unwrap();
             assert_eq!(
                 s.peer.options.tls.policy,
                 policy.parse::<TlsPolicy>().unwrap()
@@ -254,7 +254,7 @@ mod tests {
 
         // Errors name the file, the option and what was expected.
         let check = |text: &str, wanted: &[&str]| {
-            let err = settings(text).unwrap_err();
+            let err = options(text).unwrap_err();
             for w in wanted {
                 assert!(err.contains(w), "{text:?}: {err}");
             }

@@ -15,7 +15,7 @@ use std::process::ExitCode;
 
 use anyhow::bail;
 use pepsi_conf::address::{Address, normalize_domain};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::stage::edges::{Declare, NEXT_STAGE};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
@@ -174,7 +174,7 @@ impl Stage for Route {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Routes> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Routes> {
         Routes::from_config(cfg, name)
     }
 

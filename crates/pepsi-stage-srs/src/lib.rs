@@ -13,7 +13,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context as _, bail};
 use pepsi_conf::address::{Address, normalize_domain};
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::local::LocalRecipients;
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::{Bounce, BounceDetail, BounceKind};
@@ -199,10 +199,10 @@ impl SrsProgram {
         results: Vec<Option<Result<String, SrsError>>>,
     ) -> Result<Terminal, StageError> {
         let target = ctx
-            .settings()
+            .options()
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(ctx.settings().name.clone()))?;
+            .ok_or_else(|| StageError::NoBounceStage(ctx.options().name.to_string()))?;
         let mut per = BTreeMap::new();
         let mut first = String::new();
         for (r, res) in ctx.rcpt_to().iter().zip(results) {
@@ -226,7 +226,7 @@ impl SrsProgram {
                 enhanced_status: Some("5.1.1".into()),
                 diagnostic: Some(first),
                 recipients: per,
-                ..Bounce::new(BounceKind::Permanent).stage(&ctx.settings().name)
+                ..Bounce::new(BounceKind::Permanent).stage(&ctx.options().name)
             }
             .to_value(),
         );
@@ -255,7 +255,7 @@ impl Stage for SrsProgram {
         })
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<SrsStage> {
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<SrsStage> {
         SrsStage::from_config(cfg, name)
     }
 

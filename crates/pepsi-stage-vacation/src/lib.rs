@@ -19,7 +19,7 @@ use std::cell::RefCell;
 use std::process::ExitCode;
 
 use chrono::Utc;
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::settings;
 use pepsi_contract::settings::vacation::{VACATION_SETTING, Vacation};
 use pepsi_contract::stage::edges::Declare;
@@ -46,7 +46,7 @@ pub const DEFAULT_REPLY_STAGE: &str = "init";
 
 /// One `[stage-<name>]` section, read at start.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Settings {
+pub struct Options {
     /// `REPLY_STAGE`: the stage a reply starts at.
     pub reply_stage: String,
     /// `HOSTNAME` (else `[pepsi] HOSTNAME`, else the system's): the domain of replies'
@@ -54,8 +54,8 @@ pub struct Settings {
     pub hostname: String,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
         let reply_stage = s
             .string_opt("REPLY_STAGE")?
@@ -67,7 +67,7 @@ impl Settings {
                 cfg.file().display()
             );
         }
-        Ok(Settings {
+        Ok(Options {
             reply_stage,
             hostname: cfg.name_option(&s, "HOSTNAME")?,
         })
@@ -110,14 +110,14 @@ impl Stage for VacationStage {
     const LOAD: Load = Load::Headers;
     // Local work (a lookup, a claim, a queued reply): its passes batch.
     const BATCH: bool = true;
-    type Section = Settings;
+    type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
         Ok(Self::default())
     }
 
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Settings> {
-        Settings::from_config(cfg, name)
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
     }
 
     /// NEXT_STAGE for the message itself, and REPLY_STAGE (default `init`) where a reply
@@ -132,7 +132,7 @@ impl Stage for VacationStage {
 
     async fn process(
         &self,
-        settings: &Settings,
+        options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
         let sender = ctx.mail_from().to_owned();
@@ -186,7 +186,7 @@ impl Stage for VacationStage {
             let message_id = format!(
                 "{}.{id}.vacation@{}",
                 now.timestamp_micros(),
-                settings.hostname
+                options.hostname
             );
             let raw = autoreply::compose(
                 &Reply {
@@ -202,7 +202,7 @@ impl Stage for VacationStage {
             let token = format!("vacation:{id}:{owner}");
             let reply = ctx
                 .enqueue_new(
-                    &settings.reply_stage,
+                    &options.reply_stage,
                     "",
                     std::slice::from_ref(&sender),
                     &raw,
@@ -270,19 +270,19 @@ mod tests {
     #[test]
     fn settings_table() {
         let cfg = |t: &str| Config::from_str_named(t, "v.conf").unwrap();
-        let s = Settings::from_config(
+        let s = Options::from_config(
             &cfg("[pepsi]\nHOSTNAME = mx.example.test\n[stage-init]\nPROGRAM = x\n[stage-vacation]\n"),
             "vacation",
         )
         .unwrap();
         assert_eq!(
             s,
-            Settings {
+            Options {
                 reply_stage: "init".into(),
                 hostname: "mx.example.test".into()
             }
         );
-        let s = Settings::from_config(
+        let s = Options::from_config(
             &cfg("[stage-in]\nPROGRAM = x\n[stage-vacation]\nREPLY_STAGE = in\nHOSTNAME = v.example.test\n"),
             "vacation",
         )
@@ -291,7 +291,7 @@ mod tests {
             (s.reply_stage.as_str(), s.hostname.as_str()),
             ("in", "v.example.test")
         );
-        let e = Settings::from_config(
+        let e = Options::from_config(
             &cfg("[stage-vacation]\nREPLY_STAGE = nowhere\n"),
             "vacation",
         )

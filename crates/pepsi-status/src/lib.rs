@@ -21,7 +21,7 @@ use clap::{Args, Parser, Subcommand};
 use pepsi_admin::status;
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 use pepsi_conf::config::Config;
-use pepsi_contract::db::DbSettings;
+use pepsi_contract::db::DbOptions;
 use pepsi_contract::mail_log::{self, Event, LogRow, Search};
 use serde::Serialize;
 use sqlx::PgPool;
@@ -253,7 +253,7 @@ pub fn run() -> ExitCode {
 
 async fn screen(cfg: &Config, a: ScreenArgs) -> anyhow::Result<ExitCode> {
     let targets = probe::targets(cfg, &a.skip)?;
-    let mut db = DbSettings::from_config(cfg)?;
+    let mut db = DbOptions::from_config(cfg)?;
     db.connect_timeout = a.timeout;
     db.max_connections = 2;
     let mut pool = None;
@@ -355,7 +355,7 @@ fn is_permission_denied(e: &sqlx::Error) -> bool {
 
 /// One look: the probes run while the database is read.
 async fn look(
-    db: &DbSettings,
+    db: &DbOptions,
     pool: &mut Option<PgPool>,
     targets: &[Target],
     a: &ScreenArgs,

@@ -161,7 +161,7 @@ pub fn command() -> clap::Command {
 
 /// `[pepsi-whitelist]`, read once at start.
 #[derive(Debug, Clone)]
-struct Settings {
+struct Options {
     rules: access::Rules,
     max_entries: i64,
     sent_folders: Vec<String>,
@@ -170,8 +170,8 @@ struct Settings {
     helper: PathBuf,
 }
 
-impl Settings {
-    fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+impl Options {
+    fn from_config(cfg: &Config) -> anyhow::Result<Options> {
         let s = cfg.section(constants::SECTION);
         let local = LocalRecipients::from_config(cfg)?;
         let first_local = cfg
@@ -190,7 +190,7 @@ impl Settings {
                 None => Ok(default),
             }
         };
-        Ok(Settings {
+        Ok(Options {
             rules: access::Rules {
                 domain,
                 min_uid: s.number_opt("MIN_UID")?.unwrap_or(1000),
@@ -219,7 +219,7 @@ struct Run {
     pool: PgPool,
     mailbox: String,
     actor: Actor,
-    settings: Settings,
+    settings: Options,
     cfg: Config,
 }
 
@@ -248,7 +248,7 @@ pub fn run() -> ExitCode {
         } else {
             cli.common.load_config()?
         };
-        let settings = Settings::from_config(&cfg)?;
+        let settings = Options::from_config(&cfg)?;
         let real = privilege::RealIds::current();
         let caller = access::Caller {
             uid: real.uid,
@@ -267,7 +267,7 @@ pub fn run() -> ExitCode {
             },
             _ => Vec::new(),
         };
-        let db = pepsi_contract::db::DbSettings::from_config(&cfg)?;
+        let db = pepsi_contract::db::DbOptions::from_config(&cfg)?;
         let pool = if setuid {
             // Peer authentication knows the bit's account, not the caller's.
             let me = privilege::account_name(privilege::current().uid)?

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::fusion::{Registration, register};
 use pepsi_contract::stage::{Load, PassReport, Stage, StageContext, StageError, Terminal, Worker};
 use pepsi_testkit::TestDb;
@@ -31,7 +31,7 @@ impl Stage for Act {
         Ok(Act)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 
@@ -90,7 +90,7 @@ impl Stage for Whole {
         Ok(Whole)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 
@@ -113,7 +113,7 @@ impl Stage for Deliver {
         Ok(Deliver)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 
@@ -503,7 +503,7 @@ impl Stage for Gate {
         Ok(Gate)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 
@@ -617,7 +617,7 @@ impl Stage for Settle {
         anyhow::bail!("made by the test")
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 

@@ -80,7 +80,7 @@ async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
 #[tokio::test]
 async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_the_servers() {
     use pepsi_conf::config::Config;
-    use pepsi_contract::db::DbSettings;
+    use pepsi_contract::db::DbOptions;
     let db = TestDb::new().await;
     let server: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
         .fetch_one(&db.pool)
@@ -96,7 +96,7 @@ async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_t
         let cfg =
             Config::from_str_named(&format!("[database]\nURL = {}\n{option}", db.url), "t.conf")
                 .unwrap();
-        let settings = DbSettings::from_config(&cfg).unwrap();
+        let settings = DbOptions::from_config(&cfg).unwrap();
         let passes = settings.connect_for_passes().await.unwrap();
         let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
             .fetch_one(&passes)
@@ -120,7 +120,7 @@ async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_t
         "t.conf",
     )
     .unwrap();
-    let err = format!("{:#}", DbSettings::from_config(&cfg).unwrap_err());
+    let err = format!("{:#}", DbOptions::from_config(&cfg).unwrap_err());
     assert!(
         err.contains("PASS_SYNCHRONOUS_COMMIT")
             && err.contains("sometimes")

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::mail_log::Event;
 use pepsi_contract::stage::{CloneSpec, Load, Stage, StageContext, StageError, Terminal, Worker};
 use pepsi_testkit::TestDb;
@@ -26,7 +26,7 @@ impl Stage for Logger {
         Ok(Logger)
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 

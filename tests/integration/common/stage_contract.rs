@@ -6,7 +6,7 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pepsi_conf::config::Config;
+use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::stage::{
     CloneSpec, FanGroup, FanRecipients, GroupStatus, Load, PassReport, Stage, StageContext,
     StageError, Terminal, Worker,
@@ -85,7 +85,7 @@ impl<const L: u8> Stage for Script<L> {
         anyhow::bail!("a scripted stage is made by its test")
     }
 
-    fn section(&self, _cfg: &Config, _name: &str) -> anyhow::Result<()> {
+    fn section(&self, _cfg: &Config, _name: &StageName) -> anyhow::Result<()> {
         Ok(())
     }
 

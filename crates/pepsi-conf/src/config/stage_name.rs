@@ -34,6 +34,19 @@ pub struct StageNameError {
     pub reason: &'static str,
 }
 
+/// The name as written, where a `String` is kept (a queue row's `stage`, a `state` record).
+impl From<&StageName> for String {
+    fn from(name: &StageName) -> String {
+        name.0.clone()
+    }
+}
+
+impl From<StageName> for String {
+    fn from(name: StageName) -> String {
+        name.0
+    }
+}
+
 impl StageName {
     /// `name` when it can name a `[stage-<name>]` section (see the module's rule).
     pub fn new(name: impl Into<String>) -> Result<StageName, StageNameError> {

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde_json::{Map, Value, json};
 use sqlx::{PgPool, Row as _};
 
-use super::{Load, StageError, StageSettings};
+use super::{Load, StageError, StageOptions};
 use crate::mail_log::{Entry, Event};
 use crate::state::{Bounce, BounceKind};
 use pepsi_conf::config::{Config, Section};
@@ -259,7 +259,7 @@ pub struct StageContext<'a> {
     pub(crate) pool: &'a PgPool,
     pub(crate) cfg: &'a Config,
     pub(crate) load: Load,
-    pub(crate) settings: StageSettings,
+    pub(crate) settings: StageOptions,
     pub(crate) row: Row,
     /// This hop's changes.
     pub(crate) changes: Changes,
@@ -305,13 +305,13 @@ impl<'a> StageContext<'a> {
         &self.row.stage
     }
 
-    pub fn settings(&self) -> &StageSettings {
+    pub fn options(&self) -> &StageOptions {
         &self.settings
     }
 
     /// This stage's configuration section.
     pub fn section(&self) -> Section<'a> {
-        self.cfg.stage_section_named(&self.settings.name)
+        self.cfg.stage_section(&self.settings.name)
     }
 
     pub fn config(&self) -> &'a Config {
@@ -400,7 +400,7 @@ impl<'a> StageContext<'a> {
     /// (attach it to the pass's `Terminal` with `Terminal::log`).
     pub fn log_entry(&self, event: Event, rcpt_to: Vec<String>, detail: Value) -> Entry {
         Entry {
-            stage: self.settings.name.clone(),
+            stage: self.settings.name.to_string(),
             mail_from: self.row.mail_from.clone(),
             event,
             rcpt_to,
@@ -480,7 +480,7 @@ impl<'a> StageContext<'a> {
             .settings
             .next_stage
             .clone()
-            .ok_or_else(|| StageError::NoNextStage(self.settings.name.clone()))?;
+            .ok_or_else(|| StageError::NoNextStage(self.settings.name.to_string()))?;
         Ok(Terminal::new(Outcome::Advance { stage: next }))
     }
 
@@ -636,7 +636,7 @@ impl<'a> StageContext<'a> {
             .settings
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(self.settings.name.clone()))?;
+            .ok_or_else(|| StageError::NoBounceStage(self.settings.name.to_string()))?;
         let rcpt: Vec<String> = wanted
             .iter()
             .map(|&i| self.row.rcpt_to[i].clone())
@@ -646,7 +646,7 @@ impl<'a> StageContext<'a> {
             merge.insert("dsn".into(), dsn);
         }
         Bounce::new(BounceKind::Success)
-            .stage(&self.settings.name)
+            .stage(self.settings.name.as_str())
             .insert_into(&mut merge);
         let mut t = Terminal::new(Outcome::Advance { stage: bounce }).merging(merge);
         t.rcpt_to = Some(rcpt);
@@ -697,10 +697,10 @@ impl<'a> StageContext<'a> {
 
     /// Moves the message on to `settings`' stage inside this pass (a fused hop): the changes
     /// so far are carried, to be written with the chain's one commit.
-    pub(crate) fn enter(&mut self, settings: StageSettings) {
+    pub(crate) fn enter(&mut self, settings: StageOptions) {
         let hop = std::mem::take(&mut self.changes);
         self.carried.absorb(hop);
-        self.row.stage = settings.name.clone();
+        self.row.stage = settings.name.to_string();
         self.settings = settings;
     }
 

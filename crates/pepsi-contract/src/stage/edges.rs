@@ -268,7 +268,7 @@ mod tests {
             "t.conf",
         )
         .unwrap();
-        let s = crate::stage::StageSettings::from_config(&cfg, "a").unwrap();
+        let s = crate::stage::StageOptions::from_config(&cfg, "a").unwrap();
         assert_eq!(s.next_stage.as_deref(), Some("b"));
         assert_eq!(s.bounce_stage, None);
         let graph = declared(&cfg, &[]);

@@ -57,7 +57,7 @@ impl<S: Stage> Built<S> {
     pub fn from_stage(stage: S, cfg: &Config, scoped: &ScopedOverrides) -> anyhow::Result<Self> {
         use anyhow::Context as _;
         let sections = super::sections(&stage, cfg)?;
-        let names = super::StageSettings::stages_of(cfg, S::PROGRAM);
+        let names = super::StageOptions::stages_of(cfg, S::PROGRAM);
         let mut variants = std::collections::HashMap::new();
         for scope in scoped.scopes_touching(&names) {
             let Some(scope_cfg) = scoped.config_for(&scope) else {

@@ -50,7 +50,7 @@ pub(crate) fn hands_forward() -> bool {
 
 pub use worker::{FusedHop, PassReport, Worker, command, main, run_worker};
 
-use pepsi_conf::config::{Config, ConfigError};
+use pepsi_conf::config::{Config, ConfigError, StageName};
 
 /// How much of a row a stage loads: fixed per stage, and the cheap envelope, status and
 /// state columns are always loaded.
@@ -123,7 +123,7 @@ pub trait Stage: Sized + 'static {
     fn build(cfg: &Config) -> anyhow::Result<Self>;
 
     /// Parses `[stage-<name>]` (`name` as written in the configuration).
-    fn section(&self, cfg: &Config, name: &str) -> anyhow::Result<Self::Section>;
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Self::Section>;
 
     /// Whether this stage may run fused behind another stage in the same pass (its own
     /// Load permitting). A stage that must run in a pass of its own answers false.
@@ -232,7 +232,7 @@ pub const DEFAULT_ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::fr
 pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<String, S::Section>> {
     use anyhow::Context as _;
     let mut sections = HashMap::new();
-    for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+    for name in StageOptions::stages_of(cfg, S::PROGRAM) {
         let section = stage
             .section(cfg, &name)
             .with_context(|| format!("[stage-{name}]"))?;
@@ -245,12 +245,12 @@ pub fn sections<S: Stage>(stage: &S, cfg: &Config) -> anyhow::Result<HashMap<Str
 /// settings, `build` and every section naming `S::PROGRAM` (nothing when none does).
 /// pepsi-config runs it over a candidate configuration (`config::check_override`).
 pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
-    let names = StageSettings::stages_of(cfg, S::PROGRAM);
+    let names = StageOptions::stages_of(cfg, S::PROGRAM);
     if names.is_empty() {
         return Ok(());
     }
     for name in &names {
-        StageSettings::from_config(cfg, name)?;
+        StageOptions::from_config(cfg, name)?;
         // What the worker reads of the section itself (the batch's bounds).
         let section = cfg.stage_section_named(name);
         section.number_opt::<usize>("QUEUE_LIMIT")?;
@@ -264,9 +264,9 @@ pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
 
 /// A stage section's settings, resolved for the message's current stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StageSettings {
-    /// The stage name (the section is `[stage-<name>]`).
-    pub name: String,
+pub struct StageOptions {
+    /// The stage name (the section is `[stage-<name>]`), as the section spells it.
+    pub name: StageName,
     pub program: String,
     pub next_stage: Option<String>,
     pub bounce_stage: Option<String>,
@@ -276,7 +276,7 @@ pub struct StageSettings {
     pub mail_log: bool,
 }
 
-impl StageSettings {
+impl StageOptions {
     /// Reads `[stage-<name>]`; the section must exist and name a PROGRAM.
     pub fn from_config(cfg: &Config, name: &str) -> Result<Self, StageError> {
         let Some(stage) = cfg.stage(name) else {
@@ -291,7 +291,10 @@ impl StageSettings {
             .bool_opt("ORIGINATE_SUCCESS_DSN")?
             .unwrap_or(false);
         Ok(Self {
-            name: name.to_owned(),
+            // As asked (the queue row's spelling), which the section matched in any case.
+            name: StageName::new(name).map_err(|_| StageError::NoSection {
+                stage: name.to_owned(),
+            })?,
             program: section.string("PROGRAM")?,
             // The same readers the stage graph uses (pepsi-httpd, the MAX_RUNTIME walk).
             next_stage: edges::next_stage(&section)?,
@@ -303,7 +306,7 @@ impl StageSettings {
 
     /// Every stage section that names a PROGRAM, keyed by lower-case stage name. A section
     /// that cannot be read is left out here (its own program's worker reports it at start).
-    pub fn all(cfg: &Config) -> HashMap<String, StageSettings> {
+    pub fn all(cfg: &Config) -> HashMap<String, StageOptions> {
         cfg.stage_names()
             .filter_map(|name| {
                 let settings = Self::from_config(cfg, &name).ok()?;
@@ -314,7 +317,7 @@ impl StageSettings {
 
     /// The names of the stages (`[stage-<name>]` sections, name as written) whose PROGRAM
     /// is `program`: what a stage built at start compiles its per-stage settings for.
-    pub fn stages_of(cfg: &Config, program: &str) -> Vec<String> {
+    pub fn stages_of(cfg: &Config, program: &str) -> Vec<StageName> {
         cfg.stage_names()
             .filter(|name| {
                 cfg.stage_section(name)
@@ -323,7 +326,6 @@ impl StageSettings {
                     .flatten()
                     .is_some_and(|p| runs_program(&p, program))
             })
-            .map(|name| name.to_string())
             .collect()
     }
 

@@ -13,7 +13,7 @@
 //! Never does I/O: the rows are read by the caller (`config::load_all_overrides`).
 
 use pepsi_conf::address::Address;
-use pepsi_conf::config::{Config, OverrideRow, Scope};
+use pepsi_conf::config::{Config, OverrideRow, Scope, StageName};
 
 /// The most scopes a worker parses sections for; rows of further scopes are ignored with a
 /// warning (a bound on start-up work and memory, far above a real deployment's needs).
@@ -38,14 +38,13 @@ impl ScopedOverrides {
 
     /// The distinct `domain:`/`address:` scopes with a row in `[stage-<name>]` for one of
     /// `stages`, or in `[pepsi]`; at most [`MAX_SCOPES`].
-    pub fn scopes_touching(&self, stages: &[String]) -> Vec<Scope> {
+    pub fn scopes_touching(&self, stages: &[StageName]) -> Vec<Scope> {
         let mut out: Vec<Scope> = Vec::new();
         let mut ignored = 0usize;
         for row in &self.rows {
             let section = row.section.trim().to_ascii_lowercase();
             let touches = section == "pepsi"
-                || pepsi_conf::config::StageName::of_section(&section)
-                    .is_some_and(|n| stages.iter().any(|s| s.eq_ignore_ascii_case(n.as_str())));
+                || StageName::of_section(&section).is_some_and(|n| stages.contains(&n));
             let Some(scope) = parse_scope(&row.scope) else {
                 continue;
             };
@@ -169,7 +168,7 @@ mod tests {
                 row("bogus", "stage-relay"),
             ],
         );
-        let got = o.scopes_touching(&["Relay".into()]);
+        let got = o.scopes_touching(&[StageName::new("Relay").unwrap()]);
         assert_eq!(
             got,
             [

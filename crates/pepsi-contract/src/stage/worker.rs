@@ -26,7 +26,7 @@ use super::commit::{Deferred, commit, commit_many};
 use super::context::{Changes, Outcome, Row};
 use super::fusion::{Built, DynStage, Registration};
 use super::scope::ScopedOverrides;
-use super::{Load, Stage, StageContext, StageError, StageSettings, program_name};
+use super::{Load, Stage, StageContext, StageError, StageOptions, program_name};
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async_current_thread};
 use pepsi_conf::config::{Config, ConfigSource, Scope};
 
@@ -175,7 +175,7 @@ pub struct Worker<'a> {
     /// What a pass loads: the stage's own Load, or more where a section's `LOAD` asks for
     /// it (with fusion on), so its chain can fuse successors that need more.
     load: Load,
-    settings: HashMap<String, StageSettings>,
+    settings: HashMap<String, StageOptions>,
     /// The stages an advance hands its row forward to (see `HAND_FORWARD_ENV`).
     handable: Rc<std::collections::HashSet<String>>,
     fusion: bool,
@@ -221,7 +221,7 @@ impl<'a> Worker<'a> {
         scoped: ScopedOverrides,
     ) -> anyhow::Result<Self> {
         let mut batch_limit = 1usize;
-        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+        for name in StageOptions::stages_of(cfg, S::PROGRAM) {
             let limit = cfg
                 .stage_section_named(&name)
                 .parse_opt("QUEUE_LIMIT", |v| {
@@ -234,7 +234,7 @@ impl<'a> Worker<'a> {
             batch_limit = batch_limit.max(limit);
         }
         let mut round_time = DEFAULT_ROUND_TIME;
-        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+        for name in StageOptions::stages_of(cfg, S::PROGRAM) {
             if let Some(t) = cfg.stage_section_named(&name).duration_opt("ROUND_TIME")? {
                 round_time = round_time.min(t);
             }
@@ -247,7 +247,7 @@ impl<'a> Worker<'a> {
         // LOAD is for fusion only: without it (or without a registry, in a per-program
         // build) a pass loads what its stage needs.
         let mut load = S::LOAD;
-        for name in StageSettings::stages_of(cfg, S::PROGRAM) {
+        for name in StageOptions::stages_of(cfg, S::PROGRAM) {
             if let Some(more) = Load::configured(cfg, &name, S::LOAD)?
                 && fusion
                 && !registry.is_empty()
@@ -256,7 +256,7 @@ impl<'a> Worker<'a> {
             }
         }
         let statement_timeout = crate::db::statement_timeout(cfg)?;
-        let settings = StageSettings::all(cfg);
+        let settings = StageOptions::all(cfg);
         let handable = if super::hands_forward() {
             settings.keys().cloned().collect()
         } else {
@@ -531,7 +531,7 @@ impl<'a> Worker<'a> {
         let settings = match self.settings.get(&row.stage.to_ascii_lowercase()) {
             Some(s) => s.clone(),
             // Not readable at start (or added since): say why, as the section is now.
-            None => StageSettings::from_config(self.cfg, &row.stage)?,
+            None => StageOptions::from_config(self.cfg, &row.stage)?,
         };
         if !settings.runs(self.own.program()) {
             return Err(StageError::WrongProgram {
@@ -605,7 +605,7 @@ impl<'a> Worker<'a> {
         &self,
         stage: &str,
         ctx: &StageContext<'_>,
-    ) -> Option<(Rc<dyn DynStage>, StageSettings)> {
+    ) -> Option<(Rc<dyn DynStage>, StageOptions)> {
         if !self.fusion {
             return None;
         }
@@ -817,7 +817,7 @@ pub fn main<S: Stage>(
     run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
-        let db = crate::db::DbSettings::from_config(&file_cfg)?;
+        let db = crate::db::DbOptions::from_config(&file_cfg)?;
         // A set-user-id stage (the crypto stages, set-uid pepsi-crypto) connects as the
         // account its bit makes it, whose database role holds what the program needs; the
         // URL names the server, and any user in it is not the one that counts.

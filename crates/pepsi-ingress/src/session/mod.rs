@@ -19,7 +19,7 @@ use std::sync::Arc;
 use mail_auth::IprevOutput;
 use tokio::sync::watch;
 
-use crate::config::Settings;
+use crate::config::Options;
 use crate::shared::{Listener, Shared};
 use conn::{Conn, End, Line};
 use pepsi_smtp::data::DataDecoder;
@@ -67,7 +67,7 @@ pub struct Session {
     shared: Arc<Shared>,
     /// The settings in force when the session started; a later override applies to the
     /// sessions after it.
-    settings: Arc<Settings>,
+    settings: Arc<Options>,
     listener: Arc<Listener>,
     conn: Conn,
     peer: SocketAddr,
@@ -89,7 +89,7 @@ pub struct Session {
 impl Session {
     pub fn new(
         shared: Arc<Shared>,
-        settings: Arc<Settings>,
+        settings: Arc<Options>,
         listener: Arc<Listener>,
         conn: Conn,
         peer: SocketAddr,

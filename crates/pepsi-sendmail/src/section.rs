@@ -18,7 +18,7 @@ pub const DEFAULT_SPOOL_DIR: &str = "/var/spool/pepsi/sendmail";
 
 /// Everything pepsi-sendmail reads from the configuration.
 #[derive(Debug, Clone)]
-pub struct Settings {
+pub struct Options {
     /// The default sender's domain and that of unqualified addresses.
     pub domain: String,
     /// This host's name, in the Received field and the SMTP greeting.
@@ -29,8 +29,8 @@ pub struct Settings {
     pub limits: Limits,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config) -> anyhow::Result<Settings> {
+impl Options {
+    pub fn from_config(cfg: &Config) -> anyhow::Result<Options> {
         let s = cfg.section(SECTION);
         let hostname = cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?;
         let domain = cfg.name_option(&s, "DOMAIN")?;
@@ -83,7 +83,7 @@ impl Settings {
                 limits.max_size
             );
         }
-        Ok(Settings {
+        Ok(Options {
             domain,
             hostname,
             spool_dir: s

@@ -8,7 +8,7 @@ use pepsi_conf::config::{Config, ConfigError};
 
 /// `[pepsi-dispatch]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct DispatchSettings {
+pub struct DispatchOptions {
     /// Safety-net heartbeat: claim even without a notification this often.
     pub poll_interval: Duration,
     /// How fast a sender's lead over the least-served sender halves.
@@ -70,7 +70,7 @@ pub struct DispatchSettings {
     pub mail_log_retention: Duration,
 }
 
-impl DispatchSettings {
+impl DispatchOptions {
     pub fn from_config(cfg: &Config) -> Result<Self, ConfigError> {
         let s = cfg.section("pepsi-dispatch");
         let lock_session_timeout = s
@@ -208,7 +208,7 @@ pub fn local_parallelism(
 
 /// One stage's pool settings, from `[stage-<name>]`.
 #[derive(Debug, Clone, PartialEq)]
-pub struct PoolSettings {
+pub struct PoolOptions {
     pub stage: String,
     /// The PROGRAM option as written.
     pub program: String,
@@ -224,7 +224,7 @@ pub struct PoolSettings {
     pub max_runtime: Duration,
 }
 
-impl PoolSettings {
+impl PoolOptions {
     pub fn from_config(cfg: &Config, stage: &str) -> Result<Self, ConfigError> {
         let s = cfg.stage_section_named(stage);
         Ok(Self {
@@ -321,14 +321,14 @@ mod tests {
                      [stage-b]\nPROGRAM = x\nPARALLELISM = 3\nQUEUE_LIMIT = 8\nMAX_MESSAGES = 0\n\
                      WORKER_IDLE_TIMEOUT = 2s\nMAX_RUNTIME = 1m\n[stage-nothing]\nNEXT_STAGE = b\n\
                      [pepsi-dispatch]\nPOLL_INTERVAL = 250ms\nFAIR_FIFO_PERCENT = 150\n");
-        let pools = PoolSettings::all(&c).unwrap();
+        let pools = PoolOptions::all(&c).unwrap();
         assert_eq!(
             pools.iter().map(|p| p.stage.as_str()).collect::<Vec<_>>(),
             ["b", "init"]
         );
         assert_eq!(
             pools[0],
-            PoolSettings {
+            PoolOptions {
                 stage: "b".into(),
                 program: "x".into(),
                 parallelism: 3,
@@ -346,7 +346,7 @@ mod tests {
             ),
             (1, 1, 10_000)
         );
-        let d = DispatchSettings::from_config(&c).unwrap();
+        let d = DispatchOptions::from_config(&c).unwrap();
         assert_eq!(d.poll_interval, Duration::from_millis(250));
         assert_eq!(d.fair_fifo_percent, 100, "clamped");
     }
@@ -354,7 +354,7 @@ mod tests {
     #[test]
     fn a_bad_value_names_the_stage_section() {
         let c = cfg("[stage-a]\nPROGRAM = x\nPARALLELISM = lots\n");
-        let e = PoolSettings::all(&c).unwrap_err().to_string();
+        let e = PoolOptions::all(&c).unwrap_err().to_string();
         assert!(
             e.contains("[stage-a] PARALLELISM") && e.contains("lots"),
             "{e}"

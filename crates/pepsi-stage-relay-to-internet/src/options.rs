@@ -37,7 +37,7 @@ impl Ipv6 {
 
 /// The settings of one stage section.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub struct Options {
     /// `DNS_SERVERS`: the resolvers to ask; empty for the system's (/etc/resolv.conf).
     pub dns_servers: Vec<SocketAddr>,
     /// `DNS_TIMEOUT`: per query and server.
@@ -92,10 +92,10 @@ pub fn parse_tls_domains(items: &[String]) -> Result<BTreeMap<String, TlsPolicy>
     Ok(map)
 }
 
-impl Settings {
+impl Options {
     /// Reads `[stage-<stage>]`. `DNS_SERVERS`, `DNS_TIMEOUT` and `IPV6` fall back to
     /// `[pepsi]`; `HELO_NAME` to `[pepsi] HOSTNAME`, then to the system's host name.
-    pub fn from_config(cfg: &Config, stage: &str) -> Result<Settings, ConfigError> {
+    pub fn from_config(cfg: &Config, stage: &str) -> Result<Options, ConfigError> {
         let s = cfg.stage_section_named(stage);
         let layered = s.or_global();
         let dns_servers = dns::servers_opt(layered.section_for("DNS_SERVERS"))?.unwrap_or_default();
@@ -116,7 +116,7 @@ impl Settings {
                 parse_tls_domains(&items)
             })?
             .unwrap_or_default();
-        Ok(Settings {
+        Ok(Options {
             dns_servers,
             dns_timeout: layered
                 .duration_opt("DNS_TIMEOUT")?
@@ -180,7 +180,7 @@ mod tests {
     fn attempt_timeout_against_the_governing_max_runtime() {
         let check = |text: &str| {
             let cfg = Config::from_str_named(text, "t.conf").unwrap();
-            let s = Settings::from_config(&cfg, "out").map_err(|e| e.to_string())?;
+            let s = Options::from_config(&cfg, "out").map_err(|e| e.to_string())?;
             pepsi_contract::stage::check_attempt_timeout(&cfg, "out", s.attempt_timeout)
         };
         let out = "[stage-out]\nPROGRAM = pepsi-stage-relay-to-internet\nHELO_NAME = h.test\n";
@@ -201,9 +201,9 @@ mod tests {
         assert_eq!(check(&format!("{fused}ATTEMPT_TIMEOUT = 100s\n")), Ok(()));
     }
 
-    fn settings(text: &str) -> Result<Settings, String> {
+    fn settings(text: &str) -> Result<Options, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        Settings::from_config(&cfg, "out").map_err(|e| e.to_string())
+        Options::from_config(&cfg, "out").map_err(|e| e.to_string())
     }
 
     #[test]

@@ -12,7 +12,7 @@ pub const DEFAULT_MAX_RETURN_SIZE: u64 = 100 * 1024;
 
 /// The stage's configuration, built once per pass from its section.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Settings {
+pub struct Options {
     /// Reporting-MTA and the domain of `MAILER-DAEMON@`.
     pub hostname: String,
     /// What a failure notice returns when the client gave no RET.
@@ -26,8 +26,8 @@ pub struct Settings {
     pub max_lifetime: Option<Duration>,
 }
 
-impl Settings {
-    pub fn from_config(cfg: &Config, section: &Section<'_>) -> Result<Settings, ConfigError> {
+impl Options {
+    pub fn from_config(cfg: &Config, section: &Section<'_>) -> Result<Options, ConfigError> {
         let hostname = cfg.name_option(section, "HOSTNAME")?;
         let default_return = match section
             .choice_opt("RETURN", &["headers", "full"])?
@@ -36,7 +36,7 @@ impl Settings {
             Some("full") => Ret::Full,
             _ => Ret::Headers,
         };
-        Ok(Settings {
+        Ok(Options {
             hostname,
             default_return,
             max_return_size: section
@@ -52,9 +52,9 @@ impl Settings {
 mod tests {
     use super::*;
 
-    fn settings(text: &str) -> Result<Settings, ConfigError> {
+    fn settings(text: &str) -> Result<Options, ConfigError> {
         let cfg = Config::from_str_named(text, "bounce.conf").unwrap();
-        Settings::from_config(&cfg, &cfg.section("stage-bounce"))
+        Options::from_config(&cfg, &cfg.section("stage-bounce"))
     }
 
     #[test]

@@ -55,7 +55,7 @@ impl std::fmt::Debug for DatabaseUrl {
 
 /// Everything pepsi-httpd needs to know before it serves.
 #[derive(Debug, Clone, PartialEq)]
-pub struct HttpdSettings {
+pub struct HttpdOptions {
     /// `ADDRESS`: where it listens (default 127.0.0.1:8080).
     pub address: SocketAddr,
     /// `CERT_FILE` and `KEY_FILE`: serve HTTPS when both are set.
@@ -119,7 +119,7 @@ pub struct HttpdSettings {
     pub config_database_url: Option<DatabaseUrl>,
 }
 
-impl HttpdSettings {
+impl HttpdOptions {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let s = cfg.section(SECTION);
         let address = match s.string_opt("ADDRESS")? {
@@ -245,8 +245,8 @@ impl HttpdSettings {
 mod tests {
     use super::*;
 
-    fn settings(text: &str) -> anyhow::Result<HttpdSettings> {
-        HttpdSettings::from_config(&Config::from_str_named(text, "t.conf").unwrap())
+    fn settings(text: &str) -> anyhow::Result<HttpdOptions> {
+        HttpdOptions::from_config(&Config::from_str_named(text, "t.conf").unwrap())
     }
 
     #[test]
