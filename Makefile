@@ -5,8 +5,9 @@
 # The unified binary (spec 22.2, docs/unibin.md). Which programs are folded into the one
 # multi-call executable `pepsi` (installed as symlinks to it) and which are standalone (their
 # own executables in both builds, each for the reason its row gives) is the table of programs
-# in src/programs/mod.rs; the recipes below read both lists from the built `pepsi`
-# (`pepsi --list`, `pepsi --list-standalone`), and tests/integration/unibin.rs checks the
+# in src/programs/mod.rs; the recipes below read its lists from the built `pepsi`
+# (`pepsi --list`, `pepsi --list-standalone`, and the second names of standalone programs,
+# `pepsi --list-links`), and tests/integration/unibin.rs checks the
 # `[[bin]]` targets of Cargo.toml against it.
 
 # `make unibin [PROFILE=release|dev]` builds with --no-default-features --features unibin

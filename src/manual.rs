@@ -39,7 +39,7 @@ fn pepsi_usage() -> String {
 
 /// Every program's page: the unified binary's, every row of the table of programs
 /// (`crate::programs::manual_pages`), and the second name of a program that is also a
-/// command of its own (the Makefile's COMMAND_LINKS).
+/// command of its own (`crate::programs::COMMAND_LINKS`, a row's `also:`).
 pub fn pages() -> Vec<Page> {
     let mut pages = vec![Page {
         name: "pepsi",

@@ -9,8 +9,9 @@
 //! configuration check and, for a stage program, its `Stage` type. The folded and standalone
 //! lists, the second names of standalone programs, the fusion registry, the configuration
 //! checks, the stages' edges and the manual's list all come from it; the Makefile reads the
-//! lists from the built `pepsi` (`--list`, `--list-standalone`, `--list-links`), and `tests/integration/unibin.rs` keeps the `[[bin]]`
-//! targets of Cargo.toml and `src/bin/` in agreement with it.
+//! lists from the built `pepsi` (`--list`, `--list-standalone`, `--list-links`), and
+//! `tests/integration/unibin.rs` keeps the `[[bin]]` targets of Cargo.toml and `src/bin/` in
+//! agreement with it.
 //!
 //! A program is folded only if it may share the executable with every other one: nothing
 //! privileged (a setuid/setgid bit on the shared file would apply to every name linked to

@@ -254,36 +254,62 @@ fn no_crate_imports_a_layer_above_it() {
     );
 }
 
-/// The configuration crate is what the setuid helpers and sendmail link: it opens no
-/// database and links no other Pepsi crate, so neither do they through it.
-#[test]
-fn the_configuration_crate_opens_no_database() {
-    let meta = metadata();
-    let conf = meta["packages"]
+/// The crates a package links (its normal dependencies, by name), from `cargo metadata`.
+fn linked(meta: &Value, package: &str) -> Vec<String> {
+    let p = meta["packages"]
         .as_array()
         .expect("packages")
         .iter()
-        .find(|p| p["name"] == "pepsi-conf")
-        .expect("pepsi-conf is in the workspace");
-    let linked: Vec<&str> = conf["dependencies"]
+        .find(|p| p["name"] == package)
+        .unwrap_or_else(|| panic!("{package} is in the workspace"));
+    p["dependencies"]
         .as_array()
         .expect("dependencies")
         .iter()
         .filter(|d| d["kind"].is_null())
-        .map(|d| d["name"].as_str().unwrap())
-        .collect();
-    assert!(
-        linked.contains(&"idna"),
-        "the dependencies are read: {linked:?}"
-    );
-    let bad: Vec<&&str> = linked
-        .iter()
-        .filter(|n| n.starts_with("pepsi-") || ["sqlx", "postgres", "tokio-postgres"].contains(n))
-        .collect();
-    assert!(bad.is_empty(), "pepsi-conf links {bad:?}");
+        .map(|d| d["name"].as_str().unwrap().to_owned())
+        .collect()
 }
 
-/// The three checks above find what they look for, on graphs made to hold it.
+/// Of `linked`, the database clients and the Pepsi crates not in `allowed`.
+fn beyond<'a>(linked: &'a [String], allowed: &[&str]) -> Vec<&'a str> {
+    linked
+        .iter()
+        .map(String::as_str)
+        .filter(|n| {
+            ["sqlx", "postgres", "tokio-postgres"].contains(n)
+                || (n.starts_with("pepsi-") && !allowed.contains(n))
+        })
+        .collect()
+}
+
+/// The configuration crate opens no database and links no other Pepsi crate; the set-user-id
+/// helpers (the Maildir writer, the `.forward` reader) link nothing above it but the wire
+/// crate, so no database client runs with their privilege.
+#[test]
+fn the_configuration_crate_and_the_setuid_helpers_link_no_database() {
+    let meta = metadata();
+    let conf = linked(&meta, "pepsi-conf");
+    assert!(
+        conf.iter().any(|n| n == "idna"),
+        "the dependencies are read: {conf:?}"
+    );
+    assert_eq!(
+        beyond(&conf, &[]),
+        Vec::<&str>::new(),
+        "pepsi-conf links these"
+    );
+    for helper in ["pepsi-helper-maildir-writer", "pepsi-helper-dot-forward"] {
+        let links = linked(&meta, helper);
+        assert_eq!(
+            beyond(&links, &["pepsi-conf", "pepsi-smtp"]),
+            Vec::<&str>::new(),
+            "{helper} links these"
+        );
+    }
+}
+
+/// The checks above find what they look for, on graphs and lists made to hold it.
 #[test]
 fn the_checks_find_what_they_look_for() {
     let e = |from: &str, to: &str, kind: &str| Edge {
@@ -292,7 +318,7 @@ fn the_checks_find_what_they_look_for() {
         kind: kind.into(),
     };
     let clean = [
-        e("pepsi-conf", "pepsi-smtp", "normal"),
+        e("pepsi-contract", "pepsi-smtp", "normal"),
         e("pepsi-contract", "pepsi-conf", "normal"),
         e("pepsi-outbound", "pepsi-contract", "normal"),
         e("pepsi-admin", "pepsi-conf", "normal"),
@@ -304,6 +330,16 @@ fn the_checks_find_what_they_look_for() {
         e("migadu-counters", "migadu-counters-testkit", "dev"),
     ];
     assert!(stage_links(&clean).is_empty());
+
+    let list = |names: &[&str]| names.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+    let helper = list(&["libc", "pepsi-conf", "pepsi-smtp"]);
+    assert!(beyond(&helper, &["pepsi-conf", "pepsi-smtp"]).is_empty());
+    assert_eq!(beyond(&helper, &[]), ["pepsi-conf", "pepsi-smtp"]);
+    let through = list(&["pepsi-conf", "pepsi-contract", "sqlx"]);
+    assert_eq!(
+        beyond(&through, &["pepsi-conf"]),
+        ["pepsi-contract", "sqlx"]
+    );
     assert!(upward_imports(&clean).is_empty());
     assert_eq!(find_cycle(&clean), None);
 

@@ -117,7 +117,9 @@ pub enum ToolFailure {
 }
 
 /// Any error a tool meets below its own checks (the database's, a file's, anyhow's) is
-/// `Other`: exit status 1 with its text.
+/// `Other`: exit status 1 with its text. A typed error that means bad input must be turned
+/// into `Invalid` by the tool before `?` (this conversion takes it as `Other`); and since
+/// it takes every `Into<anyhow::Error>`, `ToolFailure` itself cannot be a `std::error::Error`.
 impl<E: Into<anyhow::Error>> From<E> for ToolFailure {
     fn from(e: E) -> Self {
         ToolFailure::Other(e.into())

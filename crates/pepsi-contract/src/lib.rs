@@ -8,8 +8,8 @@
 //! (`quota`), and the audit log every operator write goes through (`audit`).
 //!
 //! Invariant: never depends on a stage crate; only `db`, `stage` and `overlay` issue SQL
-//! against the queue and its configuration; `local`, `settings` and `whitelist` only read,
-//! through stored functions.
+//! against the queue and its configuration; `local` and `settings` only read, through stored
+//! functions; `whitelist` is pure.
 
 pub mod alias_file;
 pub mod audit;

@@ -19,54 +19,7 @@ use sqlx::PgPool;
 
 use pepsi_conf::address::{self, Address};
 
-/// Limits; `None` is unlimited.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Limits {
-    /// Octets.
-    pub bytes: Option<u64>,
-    pub messages: Option<u64>,
-}
-
-impl Limits {
-    pub fn any(&self) -> bool {
-        self.bytes.is_some() || self.messages.is_some()
-    }
-
-    /// Whether a message of `size` octets fits beside `used`.
-    pub fn fits(&self, used: Usage, size: u64) -> bool {
-        self.bytes
-            .is_none_or(|q| used.bytes.saturating_add(size) <= q)
-            && self
-                .messages
-                .is_none_or(|q| used.messages.saturating_add(1) <= q)
-    }
-
-    /// These limits, or `other` when these limit nothing.
-    pub fn or(self, other: Limits) -> Limits {
-        if self.any() { self } else { other }
-    }
-
-    /// Whether `used` leaves no room for any message at all.
-    pub fn exhausted(&self, used: Usage) -> bool {
-        self.bytes.is_some_and(|q| used.bytes >= q)
-            || self.messages.is_some_and(|q| used.messages >= q)
-    }
-
-    fn from_row(bytes: Option<i64>, messages: Option<i64>) -> Limits {
-        let positive = |v: Option<i64>| v.and_then(|v| u64::try_from(v).ok()).filter(|&v| v > 0);
-        Limits {
-            bytes: positive(bytes),
-            messages: positive(messages),
-        }
-    }
-}
-
-/// What a mailbox (or a domain's mailboxes together) holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Usage {
-    pub bytes: u64,
-    pub messages: u64,
-}
+pub use pepsi_conf::mailbox::{Limits, Usage};
 
 /// What a quota row is about.
 #[derive(Debug, Clone, PartialEq, Eq)]

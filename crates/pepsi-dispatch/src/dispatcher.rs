@@ -6,7 +6,6 @@
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
-use pepsi_contract::overlay::DbOverlay;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -19,6 +18,7 @@ use sqlx::PgPool;
 use tokio::sync::mpsc::{UnboundedReceiver, UnboundedSender};
 
 use pepsi_conf::config::{Config, Scope};
+use pepsi_contract::overlay::DbOverlay;
 
 use crate::Event;
 use crate::claim::{self, Claimed, Forced, Want};

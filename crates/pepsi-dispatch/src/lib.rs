@@ -18,7 +18,6 @@ mod stats;
 mod status;
 mod worker;
 
-use pepsi_contract::overlay::DbOverlay;
 use std::process::ExitCode;
 
 use anyhow::Context as _;
@@ -27,6 +26,7 @@ use clap::Parser;
 use pepsi_conf::cli::{CommonArgs, init_logging};
 use pepsi_conf::config::Scope;
 use pepsi_contract::db::DbOptions;
+use pepsi_contract::overlay::DbOverlay;
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;

@@ -10,7 +10,6 @@
 
 pub mod decide;
 
-use pepsi_contract::overlay::DbOverlay;
 use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -21,6 +20,7 @@ use pepsi_admin::queue::{self, FailedRow, FailureStep, Outcome};
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 use pepsi_conf::config::{Config, Scope};
 use pepsi_contract::audit::Actor;
+use pepsi_contract::overlay::DbOverlay;
 use pepsi_contract::state::{DispatchError, FailedStatus, FailureRecord};
 use serde_json::{Value, json};
 use sqlx::PgPool;

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-pub use pepsi_outbound::maildir::WriterArgs;
+pub use pepsi_conf::mailbox::WriterArgs;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, ChildStdout, Command};
 

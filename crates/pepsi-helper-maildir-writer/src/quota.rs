@@ -27,7 +27,7 @@ pub const MAX_FILE: u64 = 5120;
 /// A file older than this is rebuilt before it is allowed to refuse a message.
 pub const STALE_AFTER: Duration = Duration::from_secs(15 * 60);
 
-pub use pepsi_contract::quota::{Limits, Usage};
+pub use pepsi_conf::mailbox::{Limits, Usage};
 
 /// The definition line for `limits` (without its LF): `10485760S,1000C`, `10485760S`,
 /// `1000C`, or `0S` when neither is limited.

@@ -13,7 +13,7 @@
 //! process binds its socket and reads its TLS key, then drops privileges before it connects
 //! to the database or accepts a connection (`server`).
 //!
-//! Module map: `settings` (the `[pepsi-httpd]` section), `credentials` (secrets, digests,
+//! Module map: `options` (the `[pepsi-httpd]` section), `credentials` (secrets, digests,
 //! CSRF; pure), `throttle` (login throttling; pure), `store` (SQL of the credential
 //! tables), `query` (query strings and filters; pure), `app` (router, authentication,
 //! extractors), `api` (handlers), `graph` (the stage graph of a configuration; pure),

@@ -6,7 +6,6 @@
 //! overrides applied live: on `config_changed` the settings are built again from the file
 //! and the overlay, and the sessions that start afterwards use them.
 
-use pepsi_contract::overlay::DbOverlay;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
@@ -26,6 +25,7 @@ use crate::shared::{Listener, Shared};
 use crate::tls::TlsHandle;
 use crate::verify::Verifier;
 use crate::wake;
+use pepsi_contract::overlay::DbOverlay;
 use pepsi_smtp::Reply;
 
 /// The options sized once at start (semaphores, budgets, caches, the resolver, the wake-up

@@ -14,8 +14,8 @@ use crate::wake::Waker;
 
 /// What every session shares.
 pub struct Shared {
-    /// The settings now in force: replaced when `config_changed` announces new overrides;
-    /// a session keeps the ones it started with ([`Shared::settings`]).
+    /// The options now in force: replaced when `config_changed` announces new overrides;
+    /// a session keeps the ones it started with ([`Shared::options`]).
     pub(crate) live: std::sync::RwLock<Arc<Options>>,
     pub pool: PgPool,
     /// Stores accepted messages, grouping concurrent ones (`admission`).

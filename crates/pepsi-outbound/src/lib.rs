@@ -4,7 +4,8 @@
 //! `DNS_SERVERS` parser (`dns`), Maildir paths (`maildir`) and the DKIM/ARC signing keys
 //! (`keys`).
 //!
-//! Invariant: builds on the stage contract and is used by stages and the ingress; no tool's
+//! Invariant: builds on the stage contract and is used by stages, the ingress and the tools
+//! that need a part of it (where a Maildir is, the resolver, the signing keys); no tool's
 //! administration lives here.
 
 pub mod delivery;

@@ -142,15 +142,7 @@ pub const DEFAULT_WRITER: &str = "pepsi-helper-maildir-writer";
 /// `MAILDIR`'s default.
 pub const DEFAULT_TEMPLATE: &str = "%u/Maildir";
 
-/// How the Maildir writer is started; a running writer is reused while these stay the same.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct WriterArgs {
-    pub program: PathBuf,
-    pub root: PathBuf,
-    pub create: bool,
-    pub allow_root_owner: bool,
-    pub log_level: String,
-}
+pub use pepsi_conf::mailbox::WriterArgs;
 
 /// What a delivery stage section says about mailboxes: where they are, the writer that
 /// reaches them, and the limits of a mailbox without a `pepsi.quota_limit` row of its own.

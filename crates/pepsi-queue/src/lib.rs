@@ -8,7 +8,6 @@
 
 mod render;
 
-use pepsi_contract::overlay::DbOverlay;
 use std::io::{IsTerminal as _, Write as _};
 use std::process::ExitCode;
 
@@ -18,6 +17,7 @@ use pepsi_admin::queue::{self, Action, AdminError, Filter, Outcome};
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 use pepsi_conf::config::{Config, Scope};
 use pepsi_contract::audit::Actor;
+use pepsi_contract::overlay::DbOverlay;
 use serde_json::{Value, json};
 use sqlx::PgPool;
 

@@ -11,7 +11,7 @@
 //!
 //! Layout: `options` (the command line), `message` (reading and completing a message, pure),
 //! `smtp` (`-bs`), `queue` (database, drop directory, pickup), `spool` (the file format),
-//! `settings`. Installed set-group-id `pepsi-sendmail` (the group that may write the drop
+//! `section` (its `[pepsi-sendmail]` options). Installed set-group-id `pepsi-sendmail` (the group that may write the drop
 //! directory), hence standalone rather than folded into the unified binary.
 
 pub mod message;

@@ -627,7 +627,7 @@ async fn list(pool: &PgPool, a: ListArgs) -> Done {
 }
 
 async fn show(pool: &PgPool, a: ShowArgs) -> Done {
-    // The lookup is pepsi_contract's, shared with pepsi-httpd's GET /api/settings/{address}.
+    // The lookup is pepsi_admin::admin's, shared with pepsi-httpd's GET /api/settings/{address}.
     let shown = admin::applied_settings(pool, &a.address).await?;
     if a.out.json {
         return print_json(&shown);

@@ -9,9 +9,12 @@
 //! - [`data`]: the message text after DATA or BDAT, encoded by a client, decoded by a
 //!   server, with one rule for the end of data; [`message`]: the header/body split.
 //! - The client: [`caps`] (EHLO keywords), [`auth`], [`tls`], [`envelope`] (the MAIL and
-//!   RCPT commands of one transaction) and [`client`], the only part that does I/O.
+//!   RCPT commands of one transaction) and [`client`], which drives a connection.
+//! - Both ends: [`server_tls`], a server's certificate and key read into a rustls
+//!   configuration for the ingress and pepsi-httpd.
 //!
-//! Everything but `client` is pure and tested as tables. This crate depends on no other
+//! Everything but `client` and `server_tls` (which reads the two files) is pure and tested as
+//! tables. This crate depends on no other
 //! Pepsi crate: it speaks to a peer and reports what the peer said; what becomes of a
 //! message is the stage contract's business (`pepsi_outbound::delivery`).
 

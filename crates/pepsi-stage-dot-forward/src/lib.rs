@@ -81,7 +81,8 @@ impl Options {
         let s = cfg.stage_section_named(stage);
         let forward_stage = s
             .string_opt("FORWARD_STAGE")?
-            .filter(|v| !v.trim().is_empty())
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
             .unwrap_or_else(|| DEFAULT_FORWARD_STAGE.to_owned());
         if cfg.stage(&forward_stage).is_none() {
             anyhow::bail!(
@@ -429,9 +430,12 @@ mod tests {
         assert_eq!(s.helper.min_uid, 1000);
         assert_eq!(s.helper_timeout, Duration::from_secs(10));
         let s = Options::from_config(
-            &cfg("[stage-in]\nPROGRAM = x\n[stage-fwd]\nFORWARD_STAGE = in\n\
+            // A quoted target with spaces is the stage the graph draws (`Declare::option` trims).
+            &cfg(
+                "[stage-in]\nPROGRAM = x\n[stage-fwd]\nFORWARD_STAGE = \" in \"\n\
                   DOMAINS = Example.TEST, b.test\nMIN_UID = 500\nMAX_ADDRESSES = 3\n\
-                  MAX_HOPS = 5\nHELPER = /opt/reader\n"),
+                  MAX_HOPS = 5\nHELPER = /opt/reader\n",
+            ),
             "fwd",
         )
         .unwrap();

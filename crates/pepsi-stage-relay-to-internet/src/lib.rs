@@ -12,7 +12,7 @@
 //! Besides the queue row, the stage reads and writes `pepsi.dns_address` (`cache`), the
 //! resolved MX-host addresses with their connect health, and nothing else.
 //!
-//! Modules: `settings` (the section, pure), `route` (MX answer → hosts in order, pure),
+//! Modules: `options` (the section, pure), `route` (MX answer → hosts in order, pure),
 //! `cache` (the address cache's stored functions), `attempt` (the walk over hosts and
 //! addresses, and what ends it). The DNS lookups are `pepsi_outbound::dns`'s; the sessions kept
 //! between messages are `pepsi_outbound::keep`'s, under its `MX_HOSTS` rules.

@@ -59,7 +59,8 @@ impl Options {
         let s = cfg.stage_section_named(stage);
         let reply_stage = s
             .string_opt("REPLY_STAGE")?
-            .filter(|v| !v.trim().is_empty())
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
             .unwrap_or_else(|| DEFAULT_REPLY_STAGE.to_owned());
         if cfg.stage(&reply_stage).is_none() {
             anyhow::bail!(
@@ -283,7 +284,8 @@ mod tests {
             }
         );
         let s = Options::from_config(
-            &cfg("[stage-in]\nPROGRAM = x\n[stage-vacation]\nREPLY_STAGE = in\nHOSTNAME = v.example.test\n"),
+            // A quoted target with spaces is the stage the graph draws (`Declare::option` trims).
+            &cfg("[stage-in]\nPROGRAM = x\n[stage-vacation]\nREPLY_STAGE = \" in \"\nHOSTNAME = v.example.test\n"),
             "vacation",
         )
         .unwrap();

@@ -2,10 +2,10 @@
 //! fetches for a scope, how they layer over the file, and that a change is announced on
 //! `config_changed`.
 
-use pepsi_contract::overlay::DbOverlay;
 use std::time::Duration;
 
 use pepsi_conf::config::{Config, Origin, Scope};
+use pepsi_contract::overlay::DbOverlay;
 use pepsi_contract::overlay::{CONFIG_CHANGED_CHANNEL, listen_config_changed, load_overrides};
 use pepsi_testkit::TestDb;
 

@@ -265,7 +265,8 @@ pub fn check_config<S: Stage>(cfg: &Config) -> anyhow::Result<()> {
 /// A stage section's settings, resolved for the message's current stage.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StageOptions {
-    /// The stage name (the section is `[stage-<name>]`), as the section spells it.
+    /// The stage name (the section is `[stage-<name>]`), as asked for: the section matched
+    /// it in any letter case.
     pub name: StageName,
     pub program: String,
     pub next_stage: Option<String>,
@@ -291,10 +292,7 @@ impl StageOptions {
             .bool_opt("ORIGINATE_SUCCESS_DSN")?
             .unwrap_or(false);
         Ok(Self {
-            // As asked (the queue row's spelling), which the section matched in any case.
-            name: StageName::new(name).map_err(|_| StageError::NoSection {
-                stage: name.to_owned(),
-            })?,
+            name: stage,
             program: section.string("PROGRAM")?,
             // The same readers the stage graph uses (pepsi-httpd, the MAX_RUNTIME walk).
             next_stage: edges::next_stage(&section)?,
