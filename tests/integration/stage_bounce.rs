@@ -219,7 +219,7 @@ fn check_envelope(d: &Dsn, to: &str) {
     let p = &d.parsed;
     assert_eq!(
         p["from"],
-        "Mail Delivery System <MAILER-DAEMON@mx.example.test>"
+        "\"Mail Delivery System\" <MAILER-DAEMON@mx.example.test>"
     );
     assert_eq!(p["to"], format!("<{to}>"));
     assert_eq!(p["auto_submitted"], "auto-replied");

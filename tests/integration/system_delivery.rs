@@ -81,7 +81,7 @@ async fn mail_to_an_unknown_local_user_comes_back_to_the_sender_as_a_dsn() {
     let text = dsn_text(&dsn[0]);
     assert!(text.starts_with("Return-Path: <>\r\n"), "{text}");
     assert!(
-        text.contains("multipart/report") && text.contains("report-type=delivery-status"),
+        text.contains("multipart/report") && text.contains("report-type=\"delivery-status\""),
         "{text}"
     );
     assert!(

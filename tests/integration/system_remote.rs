@@ -426,7 +426,7 @@ async fn a_refusal_by_the_remote_mx_comes_back_to_the_original_sender() {
     assert_eq!(back[0].rcpt, vec!["sender@origin.test"]);
     let text = String::from_utf8_lossy(&back[0].data).into_owned();
     assert!(
-        text.contains("report-type=delivery-status"),
+        text.contains("report-type=\"delivery-status\""),
         "a delivery status report: {text}"
     );
     assert!(
@@ -624,7 +624,7 @@ async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop
     .await;
     let dsn = sys.wait_messages("bob", 1, WAIT).await;
     let text = String::from_utf8_lossy(&dsn[0]).into_owned();
-    assert!(text.contains("report-type=delivery-status"), "{text}");
+    assert!(text.contains("report-type=\"delivery-status\""), "{text}");
     assert!(text.contains("Status: 5.4.6"), "{text}");
     assert!(
         text.contains(&format!("mail forwarding loop for {b}+loop@example.test")),

@@ -5,9 +5,11 @@
 //! Pure and bounded: a multipart is read at one level only, and a message is never
 //! re-encoded except where a standard says so (line ends are CRLF throughout, as stored).
 
+use mail_builder::headers::content_type::ContentType as BuiltType;
+use mail_builder::mime::{BodyPart, MimePart};
 use pepsi_contract::message;
 
-use crate::{CryptoError, Result};
+use crate::{CryptoError, Protected, Result};
 
 /// The most parts a multipart read here may have before it is refused.
 pub const MAX_PARTS: usize = 1000;
@@ -87,24 +89,48 @@ pub fn boundary() -> String {
     format!("=_pepsi_{tail}")
 }
 
-/// A multipart body: each part (a whole entity: its fields, an empty line, its body)
-/// between `--boundary` lines, and the closing delimiter.
-pub fn multipart_body(boundary: &str, parts: &[&[u8]]) -> Vec<u8> {
-    // Not mail-builder: it adds the multipart's own fields and a CRLF before each delimiter.
-    let mut out = Vec::new();
-    for part in parts {
-        out.extend_from_slice(b"--");
-        out.extend_from_slice(boundary.as_bytes());
-        out.extend_from_slice(b"\r\n");
-        out.extend_from_slice(part);
-        if !part.ends_with(b"\r\n") {
-            out.extend_from_slice(b"\r\n");
-        }
+/// A protected message of RFC 1847, written by mail-builder: the outer header block (the
+/// original's outer fields, `MIME-Version`, and `Content-Type: multipart/<subtype>` with
+/// `params` and a fresh [`boundary`]) and the body (`preamble`, one line for readers without
+/// MIME, then each part between delimiters and the closing one).
+///
+/// Each part is a whole entity (its fields, an empty line, its body) kept byte for byte.
+/// Its last line end, when it has one, becomes the CRLF the next delimiter begins with
+/// (RFC 2046 §5.1.1): a part whose own last line end is part of what it carries (a signed
+/// entity) comes with one more.
+pub fn protected_multipart(
+    headers: &[u8],
+    subtype: &str,
+    params: &[(&str, &str)],
+    preamble: &str,
+    parts: &[&[u8]],
+) -> Protected {
+    let mut content_type = BuiltType::new(format!("multipart/{subtype}"));
+    for (name, value) in params {
+        content_type = content_type.attribute(*name, *value);
     }
-    out.extend_from_slice(b"--");
-    out.extend_from_slice(boundary.as_bytes());
-    out.extend_from_slice(b"--\r\n");
-    out
+    let content_type = content_type.attribute("boundary", boundary());
+    let parts = parts
+        .iter()
+        .map(|p| {
+            MimePart::raw(BodyPart::Binary(
+                p.strip_suffix(b"\r\n").unwrap_or(p).into(),
+            ))
+        })
+        .collect::<Vec<_>>();
+    let mut entity = Vec::new();
+    MimePart::new(content_type, parts).write_part(&mut entity);
+    // mail-builder writes the multipart's Content-Type, an empty line, then a CRLF before
+    // the first delimiter: that CRLF ends the preamble instead.
+    let (field, delimited) = message::split(&entity);
+    let field = String::from_utf8_lossy(field);
+    let mut body = Vec::with_capacity(preamble.len() + delimited.len());
+    body.extend_from_slice(preamble.as_bytes());
+    body.extend_from_slice(delimited.strip_prefix(b"\r\n").unwrap_or(delimited));
+    Protected {
+        headers: outer_headers(headers, &[field.trim_end_matches("\r\n").to_owned()]),
+        body,
+    }
 }
 
 /// A parsed `Content-Type`: the lower-case `type/subtype` and the parameters (names
@@ -395,10 +421,25 @@ mod tests {
 
     #[test]
     fn multiparts_round_trip_and_bad_ones_are_refused() {
-        let b = boundary();
-        assert!(b.len() < 70);
-        let body = multipart_body(&b, &[b"A: 1\r\n\r\none", b"\r\ntwo\r\n"]);
-        let parts = multipart_parts(&body, &b).unwrap();
+        assert!(boundary().len() < 70);
+        let p = protected_multipart(
+            b"From: a@example.test\r\nContent-Type: text/plain\r\n",
+            "mixed",
+            &[("protocol", "x/y")],
+            "For MIME readers.\r\n",
+            &[b"A: 1\r\n\r\none", b"\r\ntwo\r\n"],
+        );
+        let outer = content_type(&p.headers).unwrap();
+        assert_eq!(outer.mime, "multipart/mixed");
+        assert_eq!(outer.param("protocol"), Some("x/y"));
+        assert!(message::has_field(&p.headers, "From"));
+        assert_eq!(message::field_values(&p.headers, "Content-Type").len(), 1);
+        let b = outer.param("boundary").unwrap();
+        assert!(
+            p.body
+                .starts_with(format!("For MIME readers.\r\n--{b}\r\n").as_bytes())
+        );
+        let parts = multipart_parts(&p.body, b).unwrap();
         assert_eq!(parts, [&b"A: 1\r\n\r\none"[..], &b"\r\ntwo"[..]]);
         let with_preamble = "pre\r\n--x\r\n\r\np1\r\n--x \r\n\r\np2\r\n--x--\r\nepilogue";
         assert_eq!(

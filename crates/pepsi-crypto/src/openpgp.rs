@@ -372,18 +372,6 @@ fn signing_key(tsk: &Cert) -> Result<pgp::crypto::KeyPair> {
         .ok_or_else(|| no_key("no unencrypted, valid signing key with its secret".into()))
 }
 
-/// `Content-Type: multipart/...; <param>; boundary="..."` folded after each parameter.
-fn multipart_type(subtype: &str, params: &[String], boundary: &str) -> String {
-    let mut field = format!("Content-Type: multipart/{subtype};");
-    for p in params {
-        field.push_str("\r\n ");
-        field.push_str(p);
-        field.push(';');
-    }
-    field.push_str(&format!("\r\n boundary=\"{boundary}\""));
-    field
-}
-
 /// RFC 3156 §4 encryption of the whole content to every recipient certificate, signed
 /// inside the encryption (§6.2) when `signer` (a TSK) is given.
 pub fn encrypt(
@@ -451,12 +439,6 @@ pub fn encrypt(
         .map_err(|e| CryptoError::Failed(e.to_string()))?;
     literal.finalize().map_err(failed)?;
 
-    let boundary = mime::boundary();
-    let content_type = multipart_type(
-        "encrypted",
-        &[format!("protocol=\"{ENCRYPTED_PROTOCOL}\"")],
-        &boundary,
-    );
     let version: &[u8] = b"Content-Type: application/pgp-encrypted\r\n\
         Content-Description: PGP/MIME version identification\r\n\r\nVersion: 1\r\n";
     let mut payload = b"Content-Type: application/octet-stream; name=\"encrypted.asc\"\r\n\
@@ -464,12 +446,13 @@ pub fn encrypt(
         Content-Disposition: inline; filename=\"encrypted.asc\"\r\n\r\n"
         .to_vec();
     payload.extend_from_slice(&mime::to_crlf(&armored));
-    let mut out = b"This is an OpenPGP/MIME encrypted message (RFC 4880 and 3156)\r\n".to_vec();
-    out.extend_from_slice(&mime::multipart_body(&boundary, &[version, &payload]));
-    Ok(Protected {
-        headers: mime::outer_headers(headers, &[content_type]),
-        body: out,
-    })
+    Ok(mime::protected_multipart(
+        headers,
+        "encrypted",
+        &[("protocol", ENCRYPTED_PROTOCOL)],
+        "This is an OpenPGP/MIME encrypted message (RFC 4880 and 3156)\r\n",
+        &[version, &payload],
+    ))
 }
 
 /// The `micalg` name of a hash (RFC 3156 §5, RFC 4880 §9.4 names).
@@ -528,15 +511,6 @@ pub fn sign(headers: &[u8], body: &[u8], signer: &[u8]) -> Result<Protected> {
         .finalize()
         .map_err(|e| CryptoError::Failed(e.to_string()))?;
 
-    let boundary = mime::boundary();
-    let content_type = multipart_type(
-        "signed",
-        &[
-            format!("micalg={micalg}"),
-            format!("protocol=\"{SIGNED_PROTOCOL}\""),
-        ],
-        &boundary,
-    );
     // The CRLF before the next delimiter belongs to the delimiter (RFC 2046 §5.1.1), so the
     // entity gets one of its own after it: what is signed is the entity byte for byte.
     let mut signed_part = entity;
@@ -546,12 +520,13 @@ pub fn sign(headers: &[u8], body: &[u8], signer: &[u8]) -> Result<Protected> {
         Content-Disposition: attachment; filename=\"signature.asc\"\r\n\r\n"
         .to_vec();
     sig_part.extend_from_slice(&mime::to_crlf(&armored));
-    let mut out = b"This is an OpenPGP/MIME signed message (RFC 4880 and 3156)\r\n".to_vec();
-    out.extend_from_slice(&mime::multipart_body(&boundary, &[&signed_part, &sig_part]));
-    Ok(Protected {
-        headers: mime::outer_headers(headers, &[content_type]),
-        body: out,
-    })
+    Ok(mime::protected_multipart(
+        headers,
+        "signed",
+        &[("micalg", micalg), ("protocol", SIGNED_PROTOCOL)],
+        "This is an OpenPGP/MIME signed message (RFC 4880 and 3156)\r\n",
+        &[&signed_part, &sig_part],
+    ))
 }
 
 /// The issuer a signature names: its issuer fingerprint, else its issuer key ID.
@@ -1093,9 +1068,14 @@ mod tests {
         let alice = pair("alice@example.test");
         let signed = sign(HEADERS, BODY, &alice.secret).unwrap();
         let h = String::from_utf8(signed.headers.clone()).unwrap();
-        assert!(h.contains("multipart/signed;"), "{h}");
-        assert!(h.contains("micalg=pgp-sha256;"), "{h}");
-        assert!(h.contains("protocol=\"application/pgp-signature\";"), "{h}");
+        let outer = mime::content_type(&signed.headers).unwrap();
+        assert_eq!(outer.mime, "multipart/signed", "{h}");
+        assert_eq!(outer.param("micalg"), Some("pgp-sha256"), "{h}");
+        assert_eq!(
+            outer.param("protocol"),
+            Some("application/pgp-signature"),
+            "{h}"
+        );
         assert!(
             String::from_utf8_lossy(&signed.body).contains("-----BEGIN PGP SIGNATURE-----\r\n")
         );

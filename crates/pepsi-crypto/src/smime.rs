@@ -349,17 +349,16 @@ pub fn sign(headers: &[u8], body: &[u8], public: &[u8], secret: &[u8]) -> Result
         .to_vec();
     signature_part.extend_from_slice(&base64_lines(&der));
     signature_part.extend_from_slice(b"\r\n");
-    let boundary = mime::boundary();
-    Ok(Protected {
-        headers: mime::outer_headers(
-            headers,
-            &[format!(
-                "Content-Type: multipart/signed; protocol=\"application/pkcs7-signature\";\r\n \
-                 micalg=sha-256; boundary=\"{boundary}\""
-            )],
-        ),
-        body: mime::multipart_body(&boundary, &[&signed_part, &signature_part]),
-    })
+    Ok(mime::protected_multipart(
+        headers,
+        "signed",
+        &[
+            ("protocol", "application/pkcs7-signature"),
+            ("micalg", "sha-256"),
+        ],
+        "This is an S/MIME signed message (RFC 8551)\r\n",
+        &[&signed_part, &signature_part],
+    ))
 }
 
 /// Decrypts an `is_encrypted` message with whichever identity (public, secret) is a

@@ -527,7 +527,7 @@ fn split_params(value: &str) -> Vec<String> {
 /// Quoted-printable (RFC 2045 §6.7) keeping the line structure: each line end becomes a
 /// CRLF hard break; `=`, controls, 8-bit bytes and white space before a line end are
 /// `=XX`; lines are broken with a soft `=` so none exceeds 76 characters.
-pub fn quoted_printable(body: &[u8]) -> Vec<u8> {
+fn quoted_printable(body: &[u8]) -> Vec<u8> {
     const MAX: usize = 76;
     let mut out = Vec::with_capacity(body.len() + body.len() / 4);
     for (start, content_end, end) in lines(body) {

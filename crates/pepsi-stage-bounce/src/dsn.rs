@@ -1,10 +1,16 @@
 //! Building the notification: an RFC 3464 `multipart/report` with a human explanation, the
 //! machine-readable `message/delivery-status` and the returned original (whole or headers).
 //! RFC 6533 types (`message/global-delivery-status`, `message/global`,
-//! `message/global-headers`) are used where the content is UTF-8. Pure: no I/O, every line
-//! CRLF-terminated.
+//! `message/global-headers`) are used where the content is UTF-8. The message around the
+//! parts is written by mail-builder; the parts' own text (the explanation, the status
+//! fields) is built here. Pure: no I/O, every line CRLF-terminated.
 
 use chrono::{DateTime, Utc};
+use mail_builder::MessageBuilder;
+use mail_builder::headers::content_type::ContentType;
+use mail_builder::headers::date::Date;
+use mail_builder::headers::raw::Raw;
+use mail_builder::mime::{BodyPart, MimePart};
 
 use crate::original::is_8bit;
 use crate::request::{Kind, Recipient};
@@ -90,58 +96,57 @@ pub fn build(d: &Dsn<'_>) -> Vec<u8> {
     let cte = |b: &[u8]| if is_8bit(b) { "8bit" } else { "7bit" };
     let any_8bit = is_8bit(human.as_bytes()) || status_global || is_8bit(&returned);
 
-    // Not mail-builder: the 8-bit message/* parts, preamble and boundary would all be raw writes.
-    let mut out = Vec::with_capacity(returned.len() + human.len() + status.len() + 2048);
-    let mut h = String::new();
-    field(
-        &mut h,
-        "From",
-        &format!("Mail Delivery System <MAILER-DAEMON@{}>", d.hostname),
-    );
-    field(&mut h, "To", &format!("<{}>", d.to));
-    field(&mut h, "Subject", subject(d.kind));
-    field(&mut h, "Date", &d.now.to_rfc2822());
-    field(&mut h, "Message-ID", &format!("<{}>", d.message_id));
-    field(&mut h, "Auto-Submitted", "auto-replied");
-    field(&mut h, "MIME-Version", "1.0");
-    h.push_str(&format!(
-        "Content-Type: multipart/report; report-type={};\r\n\tboundary=\"{boundary}\"\r\n",
-        if status_global {
-            "global-delivery-status"
-        } else {
-            "delivery-status"
-        }
-    ));
-    field(
-        &mut h,
-        "Content-Transfer-Encoding",
-        if any_8bit { "8bit" } else { "7bit" },
-    );
-    h.push_str("\r\nThis is a MIME-encapsulated message.\r\n\r\n");
-
-    h.push_str(&format!(
-        "--{boundary}\r\nContent-Type: text/plain; charset=utf-8\r\nContent-Description: Notification\r\nContent-Transfer-Encoding: {}\r\n\r\n",
-        cte(human.as_bytes())
-    ));
-    h.push_str(&human);
-    h.push_str(&format!(
-        "\r\n--{boundary}\r\nContent-Type: {}\r\nContent-Description: Delivery report\r\nContent-Transfer-Encoding: {}\r\n\r\n",
-        if status_global {
-            "message/global-delivery-status"
-        } else {
-            "message/delivery-status"
-        },
-        cte(status.as_bytes())
-    ));
-    h.push_str(&status);
-    h.push_str(&format!(
-        "\r\n--{boundary}\r\nContent-Type: {returned_type}\r\nContent-Description: {returned_desc}\r\nContent-Transfer-Encoding: {}\r\n\r\n",
-        cte(&returned)
-    ));
-    out.extend_from_slice(h.as_bytes());
-    out.extend_from_slice(&returned);
-    out.extend_from_slice(format!("\r\n--{boundary}--\r\n").as_bytes());
-    out
+    let report_type = if status_global {
+        "global-delivery-status"
+    } else {
+        "delivery-status"
+    };
+    let status_type = if status_global {
+        "message/global-delivery-status"
+    } else {
+        "message/delivery-status"
+    };
+    // Each part keeps its bytes as they are (its Content-Transfer-Encoding is declared, so
+    // mail-builder encodes nothing): the 8-bit message/* parts of RFC 6533 cannot be
+    // re-encoded, and the explanation is CRLF text already.
+    let part = |content_type: ContentType<'static>, description: &'static str, body: Vec<u8>| {
+        let encoding = cte(&body);
+        MimePart::new(content_type, BodyPart::Binary(body.into()))
+            .header("Content-Description", Raw::new(description))
+            .transfer_encoding(encoding)
+    };
+    let report = MimePart::new(
+        ContentType::new("multipart/report")
+            .attribute("report-type", report_type)
+            .attribute("boundary", boundary),
+        vec![
+            part(
+                ContentType::new("text/plain").attribute("charset", "utf-8"),
+                "Notification",
+                human.into_bytes(),
+            ),
+            part(
+                ContentType::new(status_type),
+                "Delivery report",
+                status.into_bytes(),
+            ),
+            part(ContentType::new(returned_type), returned_desc, returned),
+        ],
+    )
+    .transfer_encoding(if any_8bit { "8bit" } else { "7bit" });
+    MessageBuilder::new()
+        .from((
+            "Mail Delivery System".to_owned(),
+            format!("MAILER-DAEMON@{}", clean(d.hostname)),
+        ))
+        .to(clean(d.to))
+        .subject(subject(d.kind))
+        .date(Date::new(d.now.timestamp()))
+        .message_id(clean(d.message_id))
+        .header("Auto-Submitted", Raw::new("auto-replied"))
+        .body(report)
+        .write_to_vec()
+        .expect("writing to memory")
 }
 
 /// The first of seed, seed.1, seed.2, … that occurs in none of the parts.
@@ -456,9 +461,9 @@ mod tests {
         let (headers, body) = pepsi_contract::message::split(&raw);
         assert!(
             text(headers)
-                .starts_with("From: Mail Delivery System <MAILER-DAEMON@mx.example.test>\r\n")
+                .starts_with("From: \"Mail Delivery System\" <MAILER-DAEMON@mx.example.test>\r\n")
         );
-        assert!(text(body).starts_with("This is a MIME-encapsulated message."));
+        assert!(text(body).starts_with("\r\n--BOUNDARY\r\nContent-Type: text/plain"));
         assert!(s.ends_with("\r\n--BOUNDARY--\r\n"));
         assert!(
             !s.replace("\r\n", "").contains(['\r', '\n']),
@@ -508,7 +513,7 @@ mod tests {
                 "To: <alice@example.test>\r\n",
                 "Auto-Submitted: auto-replied\r\n",
                 "MIME-Version: 1.0\r\n",
-                "Content-Type: multipart/report; report-type=delivery-status;\r\n\tboundary=\"BOUNDARY\"\r\n",
+                "Content-Type: multipart/report; report-type=\"delivery-status\";\r\n boundary=\"BOUNDARY\"\r\n",
                 "Content-Type: message/delivery-status\r\n",
                 "Reporting-MTA: dns; mx.example.test\r\n",
                 "Original-Envelope-Id: ENV X-Injected: 1\r\n",
@@ -617,14 +622,63 @@ mod tests {
                 too_large: None,
             },
             &[
-                "report-type=global-delivery-status;",
+                "report-type=\"global-delivery-status\";",
                 "Content-Type: message/global-delivery-status\r\nContent-Description: Delivery report\r\nContent-Transfer-Encoding: 8bit\r\n",
                 "Final-Recipient: utf-8; jörg@example.org\r\n",
                 "Content-Type: message/global-headers\r\n",
-                "Content-Type: text/plain; charset=utf-8\r\nContent-Description: Notification\r\nContent-Transfer-Encoding: 8bit\r\n",
+                "Content-Type: text/plain; charset=\"utf-8\"\r\nContent-Description: Notification\r\nContent-Transfer-Encoding: 8bit\r\n",
             ],
-            &["text/rfc822-headers", "report-type=delivery-status"],
+            &["text/rfc822-headers", "report-type=\"delivery-status\""],
         );
+    }
+
+    #[test]
+    fn a_mime_parser_reads_the_three_parts_back() {
+        use mail_parser::{MessageParser, MimeHeaders, PartType};
+        let r = [rcpt("bob@example.org")];
+        let raw = build(&dsn(
+            Kind::Permanent,
+            &r,
+            Returned::Full {
+                headers: b"Subject: the original\r\n",
+                body: "grüße\r\n".as_bytes(),
+            },
+        ));
+        let parsed = MessageParser::default().parse(&raw).unwrap();
+        let outer = parsed.content_type().unwrap();
+        assert_eq!(
+            (outer.ctype(), outer.subtype()),
+            ("multipart", Some("report"))
+        );
+        assert_eq!(outer.attribute("report-type"), Some("delivery-status"));
+        assert_eq!(
+            parsed.from().unwrap().first().unwrap().address(),
+            Some("MAILER-DAEMON@mx.example.test")
+        );
+        assert_eq!(parsed.message_id(), Some("1.2.dsn@mx.example.test"));
+        let PartType::Multipart(children) = &parsed.parts[0].body else {
+            panic!("not a multipart: {:?}", parsed.parts[0].body);
+        };
+        let types: Vec<String> = children
+            .iter()
+            .map(|&i| {
+                let ct = parsed.parts[i as usize].content_type().unwrap();
+                format!("{}/{}", ct.ctype(), ct.subtype().unwrap_or(""))
+            })
+            .collect();
+        assert_eq!(
+            types,
+            ["text/plain", "message/delivery-status", "message/rfc822"]
+        );
+        assert!(
+            parsed
+                .body_text(0)
+                .unwrap()
+                .contains("could not be delivered")
+        );
+        let returned = parsed.attachment(1).unwrap().message().unwrap();
+        assert_eq!(returned.subject(), Some("the original"));
+        assert_eq!(returned.body_text(0).as_deref(), Some("grüße\r\n"));
     }
 
     #[test]

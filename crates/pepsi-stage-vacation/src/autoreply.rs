@@ -18,10 +18,13 @@
 //! The reply (`compose`) goes from the owner to the envelope sender, carries
 //! `Auto-Submitted: auto-replied`, `In-Reply-To` and `References` from the original's
 //! Message-ID (RFC 3834 §3.1.5), the owner's subject (or `Auto: ` and the original's) and
-//! text as UTF-8 quoted-printable. It is sent with a null envelope sender (RFC 3834 §3.3), so
+//! text as UTF-8, written by mail-builder (7bit when the text allows, else encoded). It is sent with a null envelope sender (RFC 3834 §3.3), so
 //! a failure to deliver it is never answered in turn.
 
 use chrono::{DateTime, NaiveDate, Utc};
+use mail_builder::MessageBuilder;
+use mail_builder::headers::date::Date;
+use mail_builder::headers::raw::Raw;
 use pepsi_contract::message::field_values;
 use pepsi_contract::settings::vacation::{MAX_SUBJECT_CHARS, Vacation};
 
@@ -192,61 +195,66 @@ pub fn compose(reply: &Reply<'_>, original: &[u8]) -> Vec<u8> {
         ),
     };
     let original_id = single_id(original, "Message-ID");
-    // Not mail-builder: it picks the body encoding (7bit, not QP) and folds References by width.
-    let mut h = String::new();
-    let mut field = |name: &str, value: &str| {
-        h.push_str(name);
-        h.push_str(": ");
-        h.push_str(value);
-        h.push_str("\r\n");
-    };
-    field("From", &format!("<{}>", reply.from));
-    field("To", &format!("<{}>", reply.to));
-    field("Subject", &encode_phrase(&subject));
-    field("Date", &reply.now.to_rfc2822());
-    field("Message-ID", &format!("<{}>", reply.message_id));
-    if let Some(id) = &original_id {
-        field("In-Reply-To", id);
-        // Only well-formed ids, each at most 250 characters; of a long thread the first
-        // and the latest (RFC 5322 §3.6.4 lets a responder shorten the list so).
-        let ids: Vec<String> = field_values(original, "References")
-            .into_iter()
-            .next()
-            .map(|r| {
-                r.split_whitespace()
-                    .filter(|t| {
-                        t.len() <= 250 && t.starts_with('<') && t.ends_with('>') && t.is_ascii()
-                    })
-                    .map(str::to_owned)
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut references: Vec<String> = if ids.len() > MAX_REFERENCES {
-            let mut kept = vec![ids[0].clone()];
-            kept.extend_from_slice(&ids[ids.len() - (MAX_REFERENCES - 1)..]);
-            kept
-        } else {
-            ids
-        };
-        if references.is_empty() {
-            // RFC 5322 §3.6.4: without References, the parent's In-Reply-To (one id) leads.
-            if let Some(parent) = single_id(original, "In-Reply-To") {
-                references.push(parent);
-            }
-        }
-        references.push(id.clone());
-        field("References", &references.join("\r\n "));
-    }
-    field("Auto-Submitted", "auto-replied");
-    field("MIME-Version", "1.0");
-    field("Content-Type", "text/plain; charset=utf-8");
-    field("Content-Transfer-Encoding", "quoted-printable");
     let mut text = reply.text.replace("\r\n", "\n");
     if !text.ends_with('\n') {
         text.push('\n');
     }
-    let body = pepsi_outbound::mime::quoted_printable(text.as_bytes());
-    pepsi_contract::message::join(h.as_bytes(), &body)
+    let mut message = MessageBuilder::new()
+        .from(reply.from)
+        .to(reply.to)
+        .subject(subject)
+        .date(Date::new(reply.now.timestamp()))
+        .message_id(reply.message_id);
+    if let Some(id) = &original_id {
+        message = message
+            .in_reply_to(bare_id(id))
+            .references(references(original, id));
+    }
+    // mail-builder picks the body's encoding (7bit when it can, else quoted-printable or
+    // base64), encodes a subject beyond ASCII as RFC 2047 words and folds every field.
+    message
+        .header("Auto-Submitted", Raw::new("auto-replied"))
+        .text_body(text.replace('\n', "\r\n"))
+        .write_to_vec()
+        .expect("writing to memory")
+}
+
+/// The reply's References (ids without angle brackets): of the original's References, the
+/// well-formed ids of at most 250 characters, of a long thread the first and the latest
+/// (RFC 5322 §3.6.4 lets a responder shorten the list so), then the original's own `id`.
+fn references(original: &[u8], id: &str) -> Vec<String> {
+    let ids: Vec<String> = field_values(original, "References")
+        .into_iter()
+        .next()
+        .map(|r| {
+            r.split_whitespace()
+                .filter(|t| {
+                    t.len() <= 250 && t.starts_with('<') && t.ends_with('>') && t.is_ascii()
+                })
+                .map(|t| bare_id(t).to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut references: Vec<String> = if ids.len() > MAX_REFERENCES {
+        let mut kept = vec![ids[0].clone()];
+        kept.extend_from_slice(&ids[ids.len() - (MAX_REFERENCES - 1)..]);
+        kept
+    } else {
+        ids
+    };
+    if references.is_empty() {
+        // RFC 5322 §3.6.4: without References, the parent's In-Reply-To (one id) leads.
+        if let Some(parent) = single_id(original, "In-Reply-To") {
+            references.push(bare_id(&parent).to_owned());
+        }
+    }
+    references.push(bare_id(id).to_owned());
+    references
+}
+
+/// `<id>` without its angle brackets.
+fn bare_id(id: &str) -> &str {
+    id.trim_start_matches('<').trim_end_matches('>')
 }
 
 /// The first `name` field of `headers` when it holds exactly one `<id>`, on one line.
@@ -266,38 +274,6 @@ fn one_line(value: &str) -> String {
         .filter(|w| !w.is_empty())
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-/// `text` as a header value: itself when ASCII, else RFC 2047 encoded words (UTF-8, B) cut
-/// between characters, each on a line of its own within 76 characters, the first one
-/// after a field name of up to 14 characters as well.
-fn encode_phrase(text: &str) -> String {
-    if text.is_ascii() {
-        return text.to_owned();
-    }
-    // 36 bytes of UTF-8 are 48 base64 characters, a word of 60: with "Subject: " 69.
-    const MAX_BYTES: usize = 36;
-    let mut words = Vec::new();
-    let mut chunk = String::new();
-    for c in text.chars() {
-        if chunk.len() + c.len_utf8() > MAX_BYTES {
-            words.push(std::mem::take(&mut chunk));
-        }
-        chunk.push(c);
-    }
-    if !chunk.is_empty() {
-        words.push(chunk);
-    }
-    words
-        .iter()
-        .map(|w| {
-            format!(
-                "=?utf-8?B?{}?=",
-                pepsi_smtp::encoding::base64_encode(w.as_bytes())
-            )
-        })
-        .collect::<Vec<_>>()
-        .join("\r\n ")
 }
 
 /// The most ids a reply's References carries over from the original (with its own
@@ -530,21 +506,19 @@ mod tests {
         let r = reply_to(original.as_bytes(), None, "Away.");
         let (h, _) = r.split_once("\r\n\r\n").unwrap();
         assert!(h.split("\r\n").all(|l| l.len() <= 998), "{h}");
-        let subject = h
-            .split("\r\n")
-            .find(|l| l.starts_with("Subject: "))
+        let parsed = mail_parser::MessageParser::default()
+            .parse(r.as_bytes())
             .unwrap();
         assert_eq!(
-            subject,
-            format!("Subject: Auto: {}", "s".repeat(MAX_SUBJECT_CHARS))
+            parsed.subject(),
+            Some(format!("Auto: {}", "s".repeat(MAX_SUBJECT_CHARS)).as_str())
         );
-        let refs: Vec<&str> = h
-            .split("\r\nReferences: ")
-            .nth(1)
+        let refs: Vec<String> = parsed
+            .references()
+            .as_text_list()
             .unwrap()
-            .split("\r\n")
-            .take_while(|l| !l.contains(':'))
-            .map(str::trim)
+            .iter()
+            .map(|id| format!("<{id}>"))
             .collect();
         // The thread's first id, its latest 19, then the original's own.
         let mut want: Vec<String> = vec![ids[0].clone()];
@@ -569,15 +543,14 @@ mod tests {
             "Subject: Away until Monday",
             "Message-ID: <r1@mx.example.test>",
             "In-Reply-To: <m1@remote.test>",
-            "References: <m0@remote.test>",
-            " <m1@remote.test>",
+            "References: <m0@remote.test> <m1@remote.test>",
             "Auto-Submitted: auto-replied",
-            "Content-Type: text/plain; charset=utf-8",
-            "Content-Transfer-Encoding: quoted-printable",
+            "MIME-Version: 1.0",
+            "Content-Transfer-Encoding: 7bit",
         ] {
             assert!(fields.contains(&want), "{want:?} in {h}");
         }
-        assert!(h.contains("Date: Wed, 2 Dec 2026 10:00:00 +0000"), "{h}");
+        // Plain ASCII text in short lines goes as it is.
         assert_eq!(body, "I am away.\r\nBack soon.\r\n");
         // Parsed back by a real parser, the fields mean what they say.
         let parsed = mail_parser::MessageParser::default()
@@ -585,6 +558,20 @@ mod tests {
             .unwrap();
         assert_eq!(parsed.subject(), Some("Away until Monday"));
         assert_eq!(parsed.in_reply_to().as_text(), Some("m1@remote.test"));
+        assert_eq!(
+            parsed.date().map(|d| d.to_timestamp()),
+            Some(
+                DateTime::parse_from_rfc3339("2026-12-02T10:00:00Z")
+                    .unwrap()
+                    .timestamp()
+            )
+        );
+        use mail_parser::MimeHeaders;
+        assert_eq!(parsed.content_type().unwrap().ctype(), "text");
+        assert_eq!(
+            parsed.content_type().unwrap().attribute("charset"),
+            Some("utf-8")
+        );
         assert_eq!(
             parsed.body_text(0).as_deref(),
             Some("I am away.\r\nBack soon.\r\n")
