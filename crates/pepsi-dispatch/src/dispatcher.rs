@@ -32,9 +32,9 @@ use crate::worker::{Assigned, Worker};
 /// Pause before a temporarily failed message is tried again.
 const TEMPORARY_RETRY_SECS: u32 = 60;
 
-/// One stage's pool state beyond its settings.
+/// One stage's pool state beyond its options.
 struct Pool {
-    settings: PoolOptions,
+    options: PoolOptions,
     program: PathBuf,
     /// No spawning before this (the PROGRAM could not start).
     cooldown_until: Option<Instant>,
@@ -59,7 +59,7 @@ const VACUUM_MIN_ROWS: u64 = 100;
 pub struct Dispatcher {
     db: PgPool,
     file_cfg: Config,
-    settings: DispatchOptions,
+    options: DispatchOptions,
     config_path: PathBuf,
     log_level: String,
     own_dir: Option<PathBuf>,
@@ -101,7 +101,7 @@ impl Dispatcher {
         leadership: Leadership,
         worker_pids: WorkerPids,
     ) -> anyhow::Result<Self> {
-        let settings = DispatchOptions::from_config(cfg)?;
+        let options = DispatchOptions::from_config(cfg)?;
         let own_dir = std::env::current_exe()
             .ok()
             .and_then(|p| p.parent().map(Path::to_path_buf));
@@ -111,7 +111,7 @@ impl Dispatcher {
         let mut d = Dispatcher {
             db,
             file_cfg,
-            settings,
+            options,
             config_path,
             log_level,
             own_dir,
@@ -148,20 +148,20 @@ impl Dispatcher {
     fn apply_pools(&mut self, cfg: &Config) -> anyhow::Result<()> {
         let now = Instant::now();
         let mut pools = BTreeMap::new();
-        for settings in PoolOptions::all(cfg)? {
+        for options in PoolOptions::all(cfg)? {
             let program = resolve_program(
-                &settings.program,
-                self.settings.libexec_dir.as_deref(),
+                &options.program,
+                self.options.libexec_dir.as_deref(),
                 self.own_dir.as_deref(),
             );
-            let fair = match self.pools.remove(&settings.stage) {
+            let fair = match self.pools.remove(&options.stage) {
                 Some(old) => old.fair,
-                None => FairShare::new(self.settings.fair_half_life, now),
+                None => FairShare::new(self.options.fair_half_life, now),
             };
             pools.insert(
-                settings.stage.clone(),
+                options.stage.clone(),
                 Pool {
-                    settings,
+                    options,
                     program,
                     cooldown_until: None,
                     failure_logged: false,
@@ -234,11 +234,11 @@ impl Dispatcher {
     }
 
     fn next_deadline(&self) -> Instant {
-        let mut at = self.last_heartbeat + self.settings.poll_interval;
+        let mut at = self.last_heartbeat + self.options.poll_interval;
         if !self.stats.is_empty() {
             // An idle pipeline's statistics (and a kill or crash) go out once
             // STATS_IDLE_INTERVAL has passed.
-            at = at.min(self.last_flush + self.settings.stats_idle_interval);
+            at = at.min(self.last_flush + self.options.stats_idle_interval);
         }
         if let Some(due) = self.next_due {
             at = at.min(due);
@@ -246,13 +246,13 @@ impl Dispatcher {
         for w in self.workers.values() {
             let pool = self.pools.get(&w.stage);
             if let (Some(started), Some(pool)) = (w.head_started, pool) {
-                at = at.min(started + pool.settings.max_runtime);
+                at = at.min(started + pool.options.max_runtime);
             }
             if w.inflight.is_empty()
                 && !w.retiring
                 && let Some(pool) = pool
             {
-                at = at.min(w.idle_since + pool.settings.idle_timeout);
+                at = at.min(w.idle_since + pool.options.idle_timeout);
             }
         }
         at.max(Instant::now() + Duration::from_millis(1))
@@ -291,7 +291,7 @@ impl Dispatcher {
         match DispatchOptions::from_config(&cfg)
             .map_err(anyhow::Error::from)
             .and_then(|s| {
-                self.settings = s;
+                self.options = s;
                 self.apply_pools(&cfg)
             }) {
             Ok(()) => {
@@ -334,7 +334,7 @@ impl Dispatcher {
         }
         let stage = w.stage.clone();
         let pid = w.pid;
-        if let Some(max) = self.pools.get(&stage).map(|p| p.settings.max_messages)
+        if let Some(max) = self.pools.get(&stage).map(|p| p.options.max_messages)
             && max > 0
             && w.handed >= max
             && !w.retiring
@@ -577,11 +577,11 @@ impl Dispatcher {
             // It exited with the error status before answering anything: the program cannot
             // start (configuration, database). Hold the stage off and keep its messages.
             if let Some(pool) = self.pools.get_mut(&stage) {
-                pool.cooldown_until = Some(Instant::now() + self.settings.spawn_cooldown);
+                pool.cooldown_until = Some(Instant::now() + self.options.spawn_cooldown);
                 if !pool.failure_logged {
                     tracing::error!(stage = %stage, program = %pool.program.display(),
                         "stage program {described} before handling anything; holding the stage off for {:?} (see its error above)",
-                        self.settings.spawn_cooldown);
+                        self.options.spawn_cooldown);
                     pool.failure_logged = true;
                 }
             }
@@ -609,7 +609,7 @@ impl Dispatcher {
         let program = self
             .pools
             .get(&stage)
-            .map(|p| p.settings.program.clone())
+            .map(|p| p.options.program.clone())
             .unwrap_or_default();
         let reason = format!(
             "worker {program} (pid {}) of stage {stage} {described} while handling the message",
@@ -656,28 +656,28 @@ impl Dispatcher {
                     && w.inflight
                         .front()
                         .is_some_and(|a| !self.suspects.contains(&a.id));
-                if now >= started + pool.settings.max_runtime && ambiguous {
+                if now >= started + pool.options.max_runtime && ambiguous {
                     // As for a crash: the worker may be on any of the ids it holds.
                     let _ = w.child.start_kill();
                     w.retire();
                     w.killed = true;
                     w.head_started = None;
                     let ids: Vec<i64> = w.inflight.iter().map(|a| a.id).collect();
-                    tracing::error!(stage = %w.stage, pid = w.pid, ?ids, limit = ?pool.settings.max_runtime,
+                    tracing::error!(stage = %w.stage, pid = w.pid, ?ids, limit = ?pool.options.max_runtime,
                         "no answer within MAX_RUNTIME while holding several messages: worker killed; each runs again alone");
                     killed_holding.push((w.stage.clone(), ids));
-                } else if now >= started + pool.settings.max_runtime
+                } else if now >= started + pool.options.max_runtime
                     && let Some(row) = w.inflight.pop_front()
                 {
                     let _ = w.child.start_kill();
                     w.retire();
                     w.killed = true;
                     w.head_started = None;
-                    hung.push((row.id, w.stage.clone(), w.pid, pool.settings.max_runtime));
+                    hung.push((row.id, w.stage.clone(), w.pid, pool.options.max_runtime));
                 }
             } else if w.inflight.is_empty()
                 && !w.retiring
-                && now >= w.idle_since + pool.settings.idle_timeout
+                && now >= w.idle_since + pool.options.idle_timeout
             {
                 tracing::debug!(stage = %w.stage, pid = w.pid, "worker idle: stopping it");
                 w.retire();
@@ -696,7 +696,7 @@ impl Dispatcher {
             self.end_lost_pass(id, &stage, Forced::Timeout, &reason)
                 .await;
         }
-        if now >= self.last_heartbeat + self.settings.poll_interval {
+        if now >= self.last_heartbeat + self.options.poll_interval {
             self.last_heartbeat = now;
             self.wake_all();
             self.next_due = Some(now);
@@ -737,11 +737,11 @@ impl Dispatcher {
         let longest = self
             .pools
             .values()
-            .map(|p| p.settings.max_runtime)
+            .map(|p| p.options.max_runtime)
             .max()
             .unwrap_or(pepsi_contract::stage::DEFAULT_MAX_RUNTIME);
-        let fenced_after = lock::is_leader().then_some(longest + self.settings.takeover_margin);
-        match claim::reconcile(&self.db, &held, self.settings.orphan_grace, fenced_after).await {
+        let fenced_after = lock::is_leader().then_some(longest + self.options.takeover_margin);
+        match claim::reconcile(&self.db, &held, self.options.orphan_grace, fenced_after).await {
             Ok(0) => {}
             Ok(n) => {
                 tracing::warn!(
@@ -763,9 +763,9 @@ impl Dispatcher {
         // A kill or a crash goes out as soon as an idle pipeline's would: the pipeline page
         // and /metrics show it at once, and a dispatcher killed soon after does not lose it.
         let due = if idle || self.stats.has_failures() {
-            self.settings.stats_idle_interval
+            self.options.stats_idle_interval
         } else {
-            self.settings.stats_interval
+            self.options.stats_interval
         };
         if !self.stats.is_empty() && now >= self.last_flush + due {
             match self.stats.flush(&self.db).await {
@@ -773,7 +773,7 @@ impl Dispatcher {
                 Err(e) => tracing::warn!("cannot write statistics (kept for the next flush): {e}"),
             }
         }
-        if now >= self.last_gc + self.settings.gc_interval && lock::is_leader() {
+        if now >= self.last_gc + self.options.gc_interval && lock::is_leader() {
             self.last_gc = now;
             match claim::gc(&self.db).await {
                 Ok((bodies, tokens, replies)) if bodies + tokens + replies > 0 => {
@@ -787,7 +787,7 @@ impl Dispatcher {
                 Ok(_) => {}
                 Err(e) => tracing::warn!("garbage collection failed: {e}"),
             }
-            match claim::mail_log_expire(&self.db, self.settings.mail_log_retention).await {
+            match claim::mail_log_expire(&self.db, self.options.mail_log_retention).await {
                 Ok(n) if n > 0 => tracing::info!(rows = n, "expired mail log rows"),
                 Ok(_) => {}
                 Err(e) => tracing::warn!("cannot expire the mail log: {e}"),
@@ -800,7 +800,7 @@ impl Dispatcher {
     /// moved since the last one, unless one still runs. It runs beside the dispatcher on a
     /// pooled connection: VACUUM takes no lock a claim or a stage waits for.
     async fn vacuum(&mut self, now: Instant) {
-        let interval = self.settings.vacuum_interval;
+        let interval = self.options.vacuum_interval;
         if interval.is_zero()
             || !lock::is_leader()
             || self.stopping
@@ -861,7 +861,7 @@ impl Dispatcher {
     /// batching stage, one batch per half queue under a backlog instead of one per id). An
     /// idle or half-empty worker, or a worker still to start, is served at once.
     fn capacity(&self, stage: &str, pool: &Pool, now: Instant) -> usize {
-        let s = &pool.settings;
+        let s = &pool.options;
         let mine: Vec<&Worker> = self.workers.values().filter(|w| w.stage == stage).collect();
         let active: Vec<&&Worker> = mine.iter().filter(|w| !w.retiring).collect();
         let room: usize = active.iter().map(|w| room(w, s)).sum();
@@ -896,7 +896,7 @@ impl Dispatcher {
                 continue;
             }
             let capacity = self.capacity(stage, &self.pools[stage], now);
-            let percent = self.settings.fair_fifo_percent;
+            let percent = self.options.fair_fifo_percent;
             let pool = self.pools.get_mut(stage).expect("stage exists");
             pool.fair.settle(now);
             if capacity == 0 {
@@ -928,7 +928,7 @@ impl Dispatcher {
                 &self.db,
                 &wants,
                 &leads,
-                i64::from(self.settings.fair_max_senders),
+                i64::from(self.options.fair_max_senders),
             ),
         )
         .await;
@@ -949,7 +949,7 @@ impl Dispatcher {
         // A claim that ranked as many senders as it may can have left rows of the others.
         let ranked_all: Vec<String> = senders_seen
             .into_iter()
-            .filter(|(_, n)| *n >= self.settings.fair_max_senders)
+            .filter(|(_, n)| *n >= self.options.fair_max_senders)
             .map(|(s, _)| s.to_owned())
             .collect();
         let claimed = std::mem::take(&mut result.rows);
@@ -1006,12 +1006,12 @@ impl Dispatcher {
     /// `None` when the stage has no room. A suspect (`alone`: its worker died holding several
     /// ids) goes to a worker holding nothing, and nothing joins it there.
     fn place(&mut self, stage: &str, alone: bool) -> Option<u64> {
-        let settings = &self.pools.get(stage)?.settings;
+        let options = &self.pools.get(stage)?.options;
         let suspects = &self.suspects;
         let target = self
             .workers
             .values()
-            .filter(|w| w.stage == stage && !w.retiring && room(w, settings) > 0)
+            .filter(|w| w.stage == stage && !w.retiring && room(w, options) > 0)
             .filter(|w| {
                 if alone {
                     w.inflight.is_empty()
@@ -1043,7 +1043,7 @@ impl Dispatcher {
     fn start_worker(&mut self, stage: &str) -> Option<u64> {
         let now = Instant::now();
         let running = self.workers.values().filter(|w| w.stage == stage).count();
-        let parallelism = self.parallelism(&self.pools.get(stage)?.settings);
+        let parallelism = self.parallelism(&self.pools.get(stage)?.options);
         let pool = self.pools.get_mut(stage)?;
         if running >= parallelism || pool.cooldown_until.is_some_and(|c| now < c) {
             return None;
@@ -1057,9 +1057,9 @@ impl Dispatcher {
             &self.config_path,
             &self.log_level,
             crate::worker::Inherit {
-                hand_forward: self.settings.hand_forward,
+                hand_forward: self.options.hand_forward,
                 epoch: self.leadership.epoch,
-                pass_limit: pool.settings.max_runtime,
+                pass_limit: pool.options.max_runtime,
             },
             self.events.clone(),
         );
@@ -1075,10 +1075,10 @@ impl Dispatcher {
                 Some(key)
             }
             Err(e) => {
-                pool.cooldown_until = Some(now + self.settings.spawn_cooldown);
+                pool.cooldown_until = Some(now + self.options.spawn_cooldown);
                 if !pool.failure_logged {
                     tracing::error!(stage, program = %pool.program.display(),
-                        "cannot start the stage program: {e}; holding the stage off for {:?}", self.settings.spawn_cooldown);
+                        "cannot start the stage program: {e}; holding the stage off for {:?}", self.options.spawn_cooldown);
                     pool.failure_logged = true;
                 }
                 None
@@ -1093,7 +1093,7 @@ impl Dispatcher {
         for w in self.workers.values_mut() {
             w.retire();
         }
-        let until = Instant::now() + self.settings.shutdown_grace;
+        let until = Instant::now() + self.options.shutdown_grace;
         while !self.workers.is_empty() {
             match tokio::time::timeout_at(until.into(), rx.recv()).await {
                 Ok(Some(ev @ (Event::Line { .. } | Event::Eof { .. }))) => self.handle(ev).await,
@@ -1129,11 +1129,11 @@ impl Dispatcher {
 
     /// The workers `pool` may run on this host (PARALLELISM_SCOPE in MODE shared).
     fn parallelism(&self, pool: &PoolOptions) -> usize {
-        let members = match self.settings.mode {
+        let members = match self.options.mode {
             Mode::Single => (1, 0),
             Mode::Shared => lock::members(),
         };
-        local_parallelism(pool.parallelism, self.settings.parallelism_scope, members)
+        local_parallelism(pool.parallelism, self.options.parallelism_scope, members)
     }
 
     /// A worker was reaped: the lock thread must not signal its pid any more.

@@ -168,7 +168,7 @@ fn parse_start(stat: &str) -> Option<u64> {
 /// Starts the lock thread. The receiver gets the leadership once this dispatcher holds the
 /// lock (after standing by as long as another one holds it), or why it cannot.
 pub fn spawn(
-    settings: LockOptions,
+    options: LockOptions,
     workers: WorkerPids,
 ) -> anyhow::Result<tokio::sync::oneshot::Receiver<anyhow::Result<Leadership>>> {
     let (tx, rx) = tokio::sync::oneshot::channel();
@@ -188,9 +188,9 @@ pub fn spawn(
                 }
             };
             runtime.block_on(async move {
-                let acquired = match settings.mode {
-                    Mode::Single => acquire(&settings).await,
-                    Mode::Shared => join(&settings).await,
+                let acquired = match options.mode {
+                    Mode::Single => acquire(&options).await,
+                    Mode::Shared => join(&options).await,
                 };
                 let (conn, leadership) = match acquired {
                     Ok(got) => got,
@@ -203,7 +203,7 @@ pub fn spawn(
                 if tx.send(Ok(leadership)).is_err() {
                     return;
                 }
-                keep(conn, epoch, &settings, &workers).await
+                keep(conn, epoch, &options, &workers).await
             })
         })
         .context("cannot start the lock thread")?;
@@ -372,11 +372,11 @@ async fn try_on(mut conn: PgConnection) -> anyhow::Result<Attempt> {
 
 /// A session whose server side dies with its heartbeat, named so that others can say who
 /// holds the lock.
-async fn connect(settings: &LockOptions) -> anyhow::Result<PgConnection> {
+async fn connect(lock: &LockOptions) -> anyhow::Result<PgConnection> {
     let name = session_name();
-    let options = pepsi_contract::db::pinned_options(&settings.url, &settings.socket_dir)
+    let options = pepsi_contract::db::pinned_options(&lock.url, &lock.socket_dir)
         .context("[database] URL is not a PostgreSQL URL")?;
-    let timeout_ms = settings.session_timeout.as_millis().to_string();
+    let timeout_ms = lock.session_timeout.as_millis().to_string();
     // Keepalives: a first probe after 1s of silence, then every second, 2 lost ones end it.
     let options = options.application_name(&name).options([
         ("idle_session_timeout", timeout_ms.as_str()),
@@ -387,9 +387,9 @@ async fn connect(settings: &LockOptions) -> anyhow::Result<PgConnection> {
         ("client_connection_check_interval", "1000"),
         ("synchronous_commit", "off"),
     ]);
-    tokio::time::timeout(settings.session_timeout, options.connect())
+    tokio::time::timeout(lock.session_timeout, options.connect())
         .await
-        .map_err(|_| anyhow::anyhow!("no connection within {:?}", settings.session_timeout))?
+        .map_err(|_| anyhow::anyhow!("no connection within {:?}", lock.session_timeout))?
         .context("cannot connect to the database")
 }
 

@@ -19,7 +19,7 @@ async fn time_limit(
     req: Request,
     next: Next,
 ) -> Response {
-    match tokio::time::timeout(state.settings.request_timeout, next.run(req)).await {
+    match tokio::time::timeout(state.options.request_timeout, next.run(req)).await {
         Ok(r) => r,
         Err(_) => ApiError::new(
             StatusCode::SERVICE_UNAVAILABLE,
@@ -46,7 +46,7 @@ async fn healthz() -> impl IntoResponse {
 
 /// Every route.
 pub fn router(state: AppState) -> Router {
-    let max_body = state.settings.max_body;
+    let max_body = state.options.max_body;
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics::metrics))

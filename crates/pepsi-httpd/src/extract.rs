@@ -34,7 +34,7 @@ pub const PROGRAM: &str = "pepsi-httpd";
 pub struct AppState {
     pub pool: PgPool,
     pub cfg: Arc<Config>,
-    pub settings: Arc<HttpdOptions>,
+    pub options: Arc<HttpdOptions>,
     pub throttle: Arc<Mutex<Throttles>>,
     /// LOGIN_CONCURRENCY permits: a password check holds one while it runs.
     pub login_slots: Arc<tokio::sync::Semaphore>,
@@ -213,7 +213,7 @@ pub async fn authenticate(parts: &Parts, state: &AppState) -> Result<Option<Prin
             Ok(None)
         };
     };
-    let s = &state.settings;
+    let s = &state.options;
     let name = store::touch_session(
         &state.pool,
         &credentials::digest(secret),

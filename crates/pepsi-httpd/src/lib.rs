@@ -372,10 +372,10 @@ async fn token_revoke(
 /// pepsi-config role cannot connect, and only an override write finds out. A URL that names
 /// no host is pinned to `[database] SOCKET_DIR`, as every program's `[database] URL` is.
 fn config_pool(
-    settings: &HttpdOptions,
+    httpd: &HttpdOptions,
     socket_dir: &std::path::Path,
 ) -> anyhow::Result<Option<sqlx::PgPool>> {
-    let Some(url) = &settings.config_database_url else {
+    let Some(url) = &httpd.config_database_url else {
         return Ok(None);
     };
     let options = pepsi_contract::db::pinned_options(&url.0, socket_dir)
@@ -393,12 +393,12 @@ async fn serve(
     checks: &'static [ProgramCheck],
     stage_edges: &'static [StageEdges],
 ) -> anyhow::Result<ExitCode> {
-    let settings = HttpdOptions::from_config(&cfg)?;
-    let bound = server::bind(&settings)?;
-    server::drop_privileges(&settings)?;
+    let options = HttpdOptions::from_config(&cfg)?;
+    let bound = server::bind(&options)?;
+    server::drop_privileges(&options)?;
     let pool = pepsi_contract::db::connect(&cfg).await?;
-    let config_pool = config_pool(&settings, &pepsi_contract::db::socket_dir(&cfg)?)?;
-    let scheme = if settings.tls.is_some() {
+    let config_pool = config_pool(&options, &pepsi_contract::db::socket_dir(&cfg)?)?;
+    let scheme = if options.tls.is_some() {
         "https"
     } else {
         "http"
@@ -408,10 +408,10 @@ async fn serve(
     let state = extract::AppState {
         pool: pool.clone(),
         cfg: Arc::new(cfg),
-        throttle: Arc::new(Mutex::new(extract::Throttles::new(&settings))),
-        login_slots: Arc::new(tokio::sync::Semaphore::new(settings.login_concurrency)),
+        throttle: Arc::new(Mutex::new(extract::Throttles::new(&options))),
+        login_slots: Arc::new(tokio::sync::Semaphore::new(options.login_concurrency)),
         metrics_cache: Arc::default(),
-        settings: Arc::new(settings.clone()),
+        options: Arc::new(options.clone()),
         samples: Arc::default(),
         checks,
         stage_edges,
@@ -419,7 +419,7 @@ async fn serve(
     };
     // Sessions past their limits are never honoured; this only keeps the table small.
     let purge_pool = pool.clone();
-    let (idle, max_age) = (settings.session_idle, settings.session_max_age);
+    let (idle, max_age) = (options.session_idle, options.session_max_age);
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
         loop {
@@ -438,6 +438,6 @@ async fn serve(
         }
         tracing::info!("stopping");
     };
-    server::serve(bound, app::router(state), &settings, shutdown).await?;
+    server::serve(bound, app::router(state), &options, shutdown).await?;
     Ok(ExitCode::SUCCESS)
 }

@@ -200,7 +200,7 @@ pub async fn metrics(State(state): State<AppState>, req: Request) -> ApiResult<R
         .get::<ClientAddr>()
         .map(ClientAddr::ip)
         .ok_or_else(|| ApiError::internal("a request without its client address"))?;
-    let s = &state.settings;
+    let s = &state.options;
     let open = s.metrics_public || crate::options::any_contains(&s.metrics_allow, client);
     if !open && authenticate(&parts, &state).await?.is_none() {
         return Err(ApiError::unauthorized(

@@ -111,7 +111,7 @@ impl Options {
         let dns_servers =
             pepsi_outbound::dns::servers_opt(s.or_global().section_for("DNS_SERVERS"))?
                 .unwrap_or_default();
-        let settings = Options {
+        let options = Options {
             interval: s
                 .duration_opt("INTERVAL")?
                 .unwrap_or(Duration::from_secs(2)),
@@ -136,21 +136,21 @@ impl Options {
             dns_servers,
             allow_private: s.bool_opt("ALLOW_PRIVATE_ADDRESSES")?.unwrap_or(false),
         };
-        if settings.interval.is_zero() || settings.batch < 1 || settings.max_attempts < 1 {
+        if options.interval.is_zero() || options.batch < 1 || options.max_attempts < 1 {
             anyhow::bail!("[pepsi-keydisc] INTERVAL, BATCH and MAX_ATTEMPTS must be above zero");
         }
-        if !settings.keyserver.starts_with("https://") {
+        if !options.keyserver.starts_with("https://") {
             anyhow::bail!(
                 "[pepsi-keydisc] KEYSERVER {:?}: a keyserver is asked over HTTPS only",
-                settings.keyserver
+                options.keyserver
             );
         }
         // Every URL fetched must name its host (the resolver checks the addresses of names
         // only): say so at start rather than fail each request.
-        if let Err(e) = url_domain(&settings.keyserver) {
+        if let Err(e) = url_domain(&options.keyserver) {
             anyhow::bail!("[pepsi-keydisc] KEYSERVER {e}: name the keyserver by its host name");
         }
-        Ok(settings)
+        Ok(options)
     }
 }
 
@@ -178,7 +178,7 @@ impl Answer {
 
 /// The network side of discovery: one resolver and one HTTPS client for a pass.
 pub struct Finder {
-    settings: Options,
+    options: Options,
     dns: Arc<Dns>,
     http: reqwest::Client,
 }
@@ -256,12 +256,12 @@ impl reqwest::dns::Resolve for Resolver {
 }
 
 impl Finder {
-    pub fn new(settings: Options) -> anyhow::Result<Finder> {
+    pub fn new(options: Options) -> anyhow::Result<Finder> {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-        let dns = Arc::new(Dns::new(&settings.dns_servers, settings.method_timeout)?);
+        let dns = Arc::new(Dns::new(&options.dns_servers, options.method_timeout)?);
         let mut builder = reqwest::Client::builder()
-            .timeout(settings.method_timeout)
-            .connect_timeout(settings.method_timeout)
+            .timeout(options.method_timeout)
+            .connect_timeout(options.method_timeout)
             // Redirects stay on HTTPS and on a host name (an address literal would skip the
             // resolver's check), three at most.
             .redirect(reqwest::redirect::Policy::custom(|attempt| {
@@ -275,10 +275,10 @@ impl Finder {
             .https_only(true)
             .dns_resolver(Arc::new(Resolver {
                 dns: dns.clone(),
-                allow_private: settings.allow_private,
+                allow_private: options.allow_private,
             }))
             .user_agent(concat!("pepsi-keydisc/", env!("CARGO_PKG_VERSION")));
-        if let Some(path) = &settings.ca_file {
+        if let Some(path) = &options.ca_file {
             let pem = std::fs::read(path)
                 .with_context(|| format!("[pepsi-keydisc] TLS_CA_FILE {}", path.display()))?;
             for cert in reqwest::Certificate::from_pem_bundle(&pem).with_context(|| {
@@ -288,11 +288,7 @@ impl Finder {
             }
         }
         let http = builder.build().context("cannot set up the HTTPS client")?;
-        Ok(Finder {
-            settings,
-            dns,
-            http,
-        })
+        Ok(Finder { options, dns, http })
     }
 
     /// Asks one method about one address.
@@ -330,7 +326,7 @@ impl Finder {
                     .await
             }
             Method::Keyserver => {
-                let url = names::vks_url(&self.settings.keyserver, address);
+                let url = names::vks_url(&self.options.keyserver, address);
                 match self.fetch(&url).await {
                     Ok(Some(body)) => keep_openpgp(&body, address, &format!("from {url}")),
                     Ok(None) => Answer::None(format!("{url}: not found")),
@@ -343,7 +339,7 @@ impl Finder {
     }
 
     async fn wkd(&self, local: &str, domain: &str, address: &str) -> Answer {
-        let [advanced, direct] = names::wkd_urls(local, domain, self.settings.wkd_port);
+        let [advanced, direct] = names::wkd_urls(local, domain, self.options.wkd_port);
         // The advanced method's host exists only where a domain set it up; without it the
         // direct method applies (draft-koch-openpgp-webkey-service §3.1).
         let host = format!("openpgpkey.{}", domain.to_ascii_lowercase());
@@ -436,10 +432,10 @@ impl Finder {
         let mut body = Vec::new();
         while let Some(chunk) = response.chunk().await.map_err(|e| format!("{url}: {e}"))? {
             body.extend_from_slice(&chunk);
-            if body.len() as u64 > self.settings.max_response {
+            if body.len() as u64 > self.options.max_response {
                 return Err(format!(
                     "{url}: larger than {} bytes",
-                    self.settings.max_response
+                    self.options.max_response
                 ));
             }
         }
@@ -518,7 +514,7 @@ pub struct Pass {
 /// Claims the due requests (a lease of four method timeouts, so a crashed pass is taken
 /// up again), asks their methods concurrently, and settles each.
 pub async fn pass(pool: &PgPool, finder: &Finder) -> anyhow::Result<Pass> {
-    let s = &finder.settings;
+    let s = &finder.options;
     // The longest a pass may take over one request: a DNS lookup (two tries) and two
     // fetches per method, concurrently, and a margin.
     let lease = s.method_timeout.as_secs_f64() * 6.0 + 10.0;
@@ -710,9 +706,9 @@ pub fn run() -> ExitCode {
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
-        let settings = Options::from_config(&cfg)?;
-        let interval = settings.interval;
-        let finder = Finder::new(settings)?;
+        let options = Options::from_config(&cfg)?;
+        let interval = options.interval;
+        let finder = Finder::new(options)?;
         let pool = pepsi_contract::db::connect(&cfg).await?;
         if cli.once {
             let p = pass(&pool, &finder).await?;

@@ -130,9 +130,9 @@ impl fmt::Display for Key {
     }
 }
 
-/// The attempt's parts: settings, resolver, the cache's database and the kept sessions.
+/// The attempt's parts: options, resolver, the cache's database and the kept sessions.
 pub struct Attempt<'a> {
-    pub settings: &'a Options,
+    pub options: &'a Options,
     pub dns: &'a Dns,
     pub pool: &'a PgPool,
     pub keeper: &'a Keeper<Key>,
@@ -192,7 +192,7 @@ impl Attempt<'_> {
                 },
             };
             for candidate in candidates {
-                if !self.settings.allow_internal
+                if !self.options.allow_internal
                     && let Some(range) = route::internal_range(candidate.address)
                 {
                     refused_internal += 1;
@@ -208,13 +208,13 @@ impl Attempt<'_> {
                     });
                     continue;
                 }
-                if connects == self.settings.max_addresses {
+                if connects == self.options.max_addresses {
                     notes.push(Note {
                         host: hop.name.clone(),
                         address: None,
                         what: format!(
                             "not tried: MAX_ADDRESSES = {} reached",
-                            self.settings.max_addresses
+                            self.options.max_addresses
                         ),
                         status: "4.4.1".into(),
                         phase: "connect",
@@ -268,7 +268,7 @@ impl Attempt<'_> {
         })?;
         let random = std::collections::hash_map::RandomState::new();
         let mut n = 0u64;
-        route::hops(domain, answer, &self.settings.helo_name, || {
+        route::hops(domain, answer, &self.options.helo_name, || {
             use std::hash::BuildHasher as _;
             n += 1;
             random.hash_one(n)
@@ -281,7 +281,7 @@ impl Attempt<'_> {
     /// knows of each address's health). When the DNS fails, the stale cached addresses are
     /// better than none.
     async fn addresses(&self, host: &str) -> Result<Vec<Candidate>, Lookup> {
-        let ipv6 = self.settings.ipv6.enabled();
+        let ipv6 = self.options.ipv6.enabled();
         let cached = cache::cached(self.pool, host, ipv6)
             .await
             .inspect_err(|e| tracing::warn!(host, "cannot read pepsi.dns_address: {e}"))
@@ -332,17 +332,17 @@ impl Attempt<'_> {
         let host = hop.name.as_str();
         let target = Target::Tcp {
             host: address.to_string(),
-            port: self.settings.smtp_port,
+            port: self.options.smtp_port,
         };
         let key = Key {
             host: host.to_owned(),
             address,
-            tls: self.settings.tls_for(domain),
+            tls: self.options.tls_for(domain),
         };
         let options = OpenOptions {
             tls: TlsOptions {
                 policy: key.tls,
-                ca_file: self.settings.tls_ca_file.clone(),
+                ca_file: self.options.tls_ca_file.clone(),
                 // The MX host name is what a verified certificate must carry.
                 server_name: hop.literal.is_none().then(|| host.to_owned()),
             },
@@ -354,8 +354,8 @@ impl Attempt<'_> {
                 let opened = Connection::open_with(
                     &target,
                     Protocol::Smtp,
-                    &self.settings.helo_name,
-                    self.settings.timeouts,
+                    &self.options.helo_name,
+                    self.options.timeouts,
                     &options,
                 )
                 .await;
@@ -382,14 +382,14 @@ impl Attempt<'_> {
             }
             Prepared::Refuse(failure) => {
                 self.keeper
-                    .put(key, conn, self.settings.connection_idle)
+                    .put(key, conn, self.options.connection_idle)
                     .await;
                 return Verdict::Answer(RcptResult::Permanent(failure));
             }
         };
         let outcomes = conn.send(env, payload).await;
         self.keeper
-            .put(key, conn, self.settings.connection_idle)
+            .put(key, conn, self.options.connection_idle)
             .await;
         let outcome =
             outcomes

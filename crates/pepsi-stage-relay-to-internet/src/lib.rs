@@ -47,9 +47,9 @@ pub mod constants {
     pub const PROGRAM: &str = "pepsi-stage-relay-to-internet";
 }
 
-/// One stage section, built at start: its settings, its resolver and its kept sessions.
+/// One stage section, built at start: its options, its resolver and its kept sessions.
 pub struct Built {
-    pub settings: Options,
+    pub options: Options,
     pub dns: Dns,
     pub keeper: Keeper<Key>,
 }
@@ -72,14 +72,14 @@ impl Stage for RelayToInternet {
 
     /// Reads and checks `[stage-<name>]`, and makes its resolver.
     fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Built> {
-        let settings = Options::from_config(cfg, name)?;
-        pepsi_contract::stage::check_attempt_timeout(cfg, name, settings.attempt_timeout)
+        let options = Options::from_config(cfg, name)?;
+        pepsi_contract::stage::check_attempt_timeout(cfg, name, options.attempt_timeout)
             .map_err(anyhow::Error::msg)?;
-        let dns = Dns::new(&settings.dns_servers, settings.dns_timeout)
+        let dns = Dns::new(&options.dns_servers, options.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
         let keeper = Keeper::new(Rules::MX_HOSTS);
         Ok(Built {
-            settings,
+            options,
             dns,
             keeper,
         })
@@ -112,12 +112,12 @@ impl Stage for RelayToInternet {
                     ctx.state(),
                 )?;
                 let attempt = Attempt {
-                    settings: &built.settings,
+                    options: &built.options,
                     dns: &built.dns,
                     pool: ctx.pool(),
                     keeper: &built.keeper,
                 };
-                let limit = built.settings.attempt_timeout;
+                let limit = built.options.attempt_timeout;
                 match tokio::time::timeout(limit, attempt.deliver(&env, &domain, &message)).await {
                     Ok(result) => result,
                     Err(_) => {
@@ -131,7 +131,7 @@ impl Stage for RelayToInternet {
         if let RcptResult::Transient(f) | RcptResult::Permanent(f) = &result {
             tracing::info!(id = ctx.id(), %rcpt, "not delivered: {}", f.summary());
         }
-        delivery::conclude(ctx, &built.settings.policy, &[result])
+        delivery::conclude(ctx, &built.options.policy, &[result])
     }
 }
 

@@ -219,7 +219,7 @@ struct Run {
     pool: PgPool,
     mailbox: String,
     actor: Actor,
-    settings: Options,
+    options: Options,
     cfg: Config,
 }
 
@@ -248,7 +248,7 @@ pub fn run() -> ExitCode {
         } else {
             cli.common.load_config()?
         };
-        let settings = Options::from_config(&cfg)?;
+        let options = Options::from_config(&cfg)?;
         let real = privilege::RealIds::current();
         let caller = access::Caller {
             uid: real.uid,
@@ -256,7 +256,7 @@ pub fn run() -> ExitCode {
             operator: !setuid || real.uid == 0,
         };
         // Whose list, and every entry named, are checked before connecting.
-        let mailbox = match access::mailbox(&caller, cli.mailbox.as_deref(), &settings.rules) {
+        let mailbox = match access::mailbox(&caller, cli.mailbox.as_deref(), &options.rules) {
             Ok(m) => m,
             Err(e) => return Ok(exit(Err(Failure::Invalid(e)))),
         };
@@ -285,7 +285,7 @@ pub fn run() -> ExitCode {
                 os_user: caller.account.clone(),
                 os_uid: Some(caller.uid),
             },
-            settings,
+            options,
             cfg,
         };
         let result = match cli.command {
@@ -417,12 +417,12 @@ async fn add(run: &Run, senders: &[String]) -> Done {
     let mut tx = run.pool.begin().await?;
     let (held, new) = after_adding(&mut tx, &run.mailbox, senders).await?;
     let total = held + new.len() as i64;
-    if !new.is_empty() && total > run.settings.max_entries {
+    if !new.is_empty() && total > run.options.max_entries {
         return Err(Failure::Other(anyhow::anyhow!(
             "{}: the list would hold {total} entries, more than [{}] MAX_ENTRIES {}; remove some first",
             run.mailbox,
             constants::SECTION,
-            run.settings.max_entries
+            run.options.max_entries
         )));
     }
     sqlx::query(
@@ -557,7 +557,7 @@ fn maildir_of(run: &Run, a: &LearnArgs) -> Result<PathBuf, Failure> {
 /// Runs the scan on `maildir` with the caller's own ids and returns its output, bounded in
 /// size and time.
 async fn scan(run: &Run, maildir: &std::path::Path) -> Result<Vec<u8>, Failure> {
-    let s = &run.settings;
+    let s = &run.options;
     let mut cmd = tokio::process::Command::new(&s.helper);
     cmd.arg("--max-messages")
         .arg(s.scan_max_messages.to_string())
@@ -635,7 +635,7 @@ async fn scan(run: &Run, maildir: &std::path::Path) -> Result<Vec<u8>, Failure> 
 async fn learn(run: &Run, a: LearnArgs) -> Done {
     let maildir = maildir_of(run, &a)?;
     let output = scan(run, &maildir).await?;
-    let local = &run.settings.rules.local;
+    let local = &run.options.rules.local;
     let found = parse_scan(&output, &|a| local.mailbox_key(a) == run.mailbox)
         .map_err(|e| anyhow::anyhow!("the scan of {}: {e}", maildir.display()))?;
     let summary = format!(
@@ -658,7 +658,7 @@ async fn learn(run: &Run, a: LearnArgs) -> Done {
     let senders: Vec<String> = found.entries.iter().map(|(s, _)| s.clone()).collect();
     let mut tx = run.pool.begin().await?;
     let (held, new) = after_adding(&mut tx, &run.mailbox, &senders).await?;
-    let room = (run.settings.max_entries - held).max(0) as usize;
+    let room = (run.options.max_entries - held).max(0) as usize;
     let dropped = new.len().saturating_sub(room);
     // Entries held already are confirmed; new ones are added while the list has room.
     let take: Vec<(String, &str)> = found
@@ -701,7 +701,7 @@ async fn learn(run: &Run, a: LearnArgs) -> Done {
             "{}: not learnt, the list being full ([{}] MAX_ENTRIES {}): {dropped}",
             constants::CONFIG_SOURCE.exec,
             constants::SECTION,
-            run.settings.max_entries
+            run.options.max_entries
         );
     }
     Ok(())

@@ -259,7 +259,7 @@ pub struct StageContext<'a> {
     pub(crate) pool: &'a PgPool,
     pub(crate) cfg: &'a Config,
     pub(crate) load: Load,
-    pub(crate) settings: StageOptions,
+    pub(crate) options: StageOptions,
     pub(crate) row: Row,
     /// This hop's changes.
     pub(crate) changes: Changes,
@@ -306,12 +306,12 @@ impl<'a> StageContext<'a> {
     }
 
     pub fn options(&self) -> &StageOptions {
-        &self.settings
+        &self.options
     }
 
     /// This stage's configuration section.
     pub fn section(&self) -> Section<'a> {
-        self.cfg.stage_section(&self.settings.name)
+        self.cfg.stage_section(&self.options.name)
     }
 
     pub fn config(&self) -> &'a Config {
@@ -400,7 +400,7 @@ impl<'a> StageContext<'a> {
     /// (attach it to the pass's `Terminal` with `Terminal::log`).
     pub fn log_entry(&self, event: Event, rcpt_to: Vec<String>, detail: Value) -> Entry {
         Entry {
-            stage: self.settings.name.to_string(),
+            stage: self.options.name.to_string(),
             mail_from: self.row.mail_from.clone(),
             event,
             rcpt_to,
@@ -477,10 +477,10 @@ impl<'a> StageContext<'a> {
     /// Pending at NEXT_STAGE.
     pub fn advance(&self) -> Result<Terminal, StageError> {
         let next = self
-            .settings
+            .options
             .next_stage
             .clone()
-            .ok_or_else(|| StageError::NoNextStage(self.settings.name.to_string()))?;
+            .ok_or_else(|| StageError::NoNextStage(self.options.name.to_string()))?;
         Ok(Terminal::new(Outcome::Advance { stage: next }))
     }
 
@@ -563,7 +563,7 @@ impl<'a> StageContext<'a> {
         let secs = (until - Utc::now()).num_seconds().max(0) as f64;
         crate::state::Held {
             at: Utc::now().to_rfc3339(),
-            by: self.settings.program.to_string(),
+            by: self.options.program.to_string(),
             reason: Some(reason.to_owned()),
             status: "running".into(),
             timeout: None,
@@ -608,7 +608,7 @@ impl<'a> StageContext<'a> {
 
     /// The delivery stages' end: NEXT_STAGE when there is one, else finish.
     pub fn advance_or_finish(&self) -> Result<Terminal, StageError> {
-        Ok(Terminal::new(match self.settings.next_stage.clone() {
+        Ok(Terminal::new(match self.options.next_stage.clone() {
             Some(next) => Outcome::Advance { stage: next },
             None => Outcome::Finish,
         }))
@@ -620,7 +620,7 @@ impl<'a> StageContext<'a> {
     /// otherwise `advance_or_finish`.
     pub fn complete_success(&self, delivered: &[usize]) -> Result<Terminal, StageError> {
         self.check_indices(delivered)?;
-        let wanted: Vec<usize> = if self.settings.originate_success_dsn {
+        let wanted: Vec<usize> = if self.options.originate_success_dsn {
             delivered
                 .iter()
                 .copied()
@@ -633,10 +633,10 @@ impl<'a> StageContext<'a> {
             return self.advance_or_finish();
         }
         let bounce = self
-            .settings
+            .options
             .bounce_stage
             .clone()
-            .ok_or_else(|| StageError::NoBounceStage(self.settings.name.to_string()))?;
+            .ok_or_else(|| StageError::NoBounceStage(self.options.name.to_string()))?;
         let rcpt: Vec<String> = wanted
             .iter()
             .map(|&i| self.row.rcpt_to[i].clone())
@@ -646,7 +646,7 @@ impl<'a> StageContext<'a> {
             merge.insert("dsn".into(), dsn);
         }
         Bounce::new(BounceKind::Success)
-            .stage(self.settings.name.as_str())
+            .stage(self.options.name.as_str())
             .insert_into(&mut merge);
         let mut t = Terminal::new(Outcome::Advance { stage: bounce }).merging(merge);
         t.rcpt_to = Some(rcpt);
@@ -682,7 +682,7 @@ impl<'a> StageContext<'a> {
 
     /// Folds what `terminal` writes into this pass's changes; returns the transition.
     pub(crate) fn apply(&mut self, terminal: Terminal) -> Outcome {
-        if self.settings.mail_log {
+        if self.options.mail_log {
             self.mail_log.extend(terminal.log);
         }
         if !terminal.merge.is_empty() {
@@ -695,13 +695,13 @@ impl<'a> StageContext<'a> {
         terminal.outcome
     }
 
-    /// Moves the message on to `settings`' stage inside this pass (a fused hop): the changes
+    /// Moves the message on to `options`' stage inside this pass (a fused hop): the changes
     /// so far are carried, to be written with the chain's one commit.
-    pub(crate) fn enter(&mut self, settings: StageOptions) {
+    pub(crate) fn enter(&mut self, options: StageOptions) {
         let hop = std::mem::take(&mut self.changes);
         self.carried.absorb(hop);
-        self.row.stage = settings.name.to_string();
-        self.settings = settings;
+        self.row.stage = options.name.to_string();
+        self.options = options;
     }
 
     /// All changes of the chain so far, carried and this hop's.

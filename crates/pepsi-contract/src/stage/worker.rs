@@ -167,7 +167,7 @@ pub(crate) fn status_line(result: &Result<PassReport, StageError>) -> String {
 pub const DEFAULT_ROUND_TIME: Duration = Duration::from_secs(1);
 
 /// A stage built for one worker process, with everything a pass needs: the pool, the
-/// configuration, every stage section's settings, and the stages it may fuse.
+/// configuration, every stage section's options, and the stages it may fuse.
 pub struct Worker<'a> {
     pool: &'a PgPool,
     cfg: &'a Config,
@@ -175,7 +175,7 @@ pub struct Worker<'a> {
     /// What a pass loads: the stage's own Load, or more where a section's `LOAD` asks for
     /// it (with fusion on), so its chain can fuse successors that need more.
     load: Load,
-    settings: HashMap<String, StageOptions>,
+    options: HashMap<String, StageOptions>,
     /// The stages an advance hands its row forward to (see `HAND_FORWARD_ENV`).
     handable: Rc<std::collections::HashSet<String>>,
     fusion: bool,
@@ -256,9 +256,9 @@ impl<'a> Worker<'a> {
             }
         }
         let statement_timeout = crate::db::statement_timeout(cfg)?;
-        let settings = StageOptions::all(cfg);
+        let options = StageOptions::all(cfg);
         let handable = if super::hands_forward() {
-            settings.keys().cloned().collect()
+            options.keys().cloned().collect()
         } else {
             Default::default()
         };
@@ -267,7 +267,7 @@ impl<'a> Worker<'a> {
             cfg,
             own: Rc::new(built),
             load,
-            settings,
+            options,
             handable: Rc::new(handable),
             fusion,
             registry,
@@ -528,16 +528,16 @@ impl<'a> Worker<'a> {
             return Err(StageError::NotRunning { id, status });
         }
         let row = row_from(rec, load)?;
-        let settings = match self.settings.get(&row.stage.to_ascii_lowercase()) {
+        let options = match self.options.get(&row.stage.to_ascii_lowercase()) {
             Some(s) => s.clone(),
             // Not readable at start (or added since): say why, as the section is now.
             None => StageOptions::from_config(self.cfg, &row.stage)?,
         };
-        if !settings.runs(self.own.program()) {
+        if !options.runs(self.own.program()) {
             return Err(StageError::WrongProgram {
                 id,
                 stage: row.stage,
-                configured: settings.program,
+                configured: options.program,
                 program: self.own.program().to_owned(),
             });
         }
@@ -545,7 +545,7 @@ impl<'a> Worker<'a> {
             pool: self.pool,
             cfg: self.cfg,
             load,
-            settings,
+            options,
             stored_stage: row.stage.clone(),
             row,
             changes: Changes::default(),
@@ -572,10 +572,10 @@ impl<'a> Worker<'a> {
             if fused.len() >= MAX_FUSED_HOPS {
                 return Ok((outcome, fused));
             }
-            let Some((next, settings)) = self.successor(stage, ctx) else {
+            let Some((next, options)) = self.successor(stage, ctx) else {
                 return Ok((outcome, fused));
             };
-            ctx.enter(settings);
+            ctx.enter(options);
             let started = Instant::now();
             match next.process(ctx).await {
                 Ok(t) => {
@@ -609,8 +609,8 @@ impl<'a> Worker<'a> {
         if !self.fusion {
             return None;
         }
-        let settings = self.settings.get(&stage.to_ascii_lowercase())?;
-        let program = program_name(&settings.program);
+        let options = self.options.get(&stage.to_ascii_lowercase())?;
+        let program = program_name(&options.program);
         // Only what the executable registered is fused (nothing in a per-program build).
         let registration = self.registry.iter().find(|r| r.program == program)?;
         if registration.load > ctx.load {
@@ -637,7 +637,7 @@ impl<'a> Worker<'a> {
         (next.load() <= ctx.load
             && (next.batches() || !self.own.batches())
             && next.can_fuse(stage, ctx))
-        .then(|| (next, settings.clone()))
+        .then(|| (next, options.clone()))
     }
 }
 

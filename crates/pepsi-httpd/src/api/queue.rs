@@ -259,7 +259,7 @@ pub async fn bulk(
             "filter: a bulk action needs at least one condition (sender, recipient, domain, stage, status, min_age)",
         ));
     }
-    let max = state.settings.bulk_limit;
+    let max = state.options.bulk_limit;
     let limit = match req.limit {
         None => max,
         Some(n) if (1..=max).contains(&n) => n,

@@ -34,7 +34,7 @@ struct Reserved {
 }
 
 fn cookie(state: &AppState, value: &str, max_age: u64) -> Result<HeaderValue, ApiError> {
-    let secure = if state.settings.secure_cookie {
+    let secure = if state.options.secure_cookie {
         "; Secure"
     } else {
         ""
@@ -86,7 +86,7 @@ pub async fn login(
     // At most LOGIN_CONCURRENCY Argon2id checks run at once; a login that cannot get a turn
     // within LOGIN_QUEUE_TIMEOUT is answered 503, not checked, and not counted.
     let slot = match tokio::time::timeout(
-        state.settings.login_queue_timeout,
+        state.options.login_queue_timeout,
         state.login_slots.clone().acquire_owned(),
     )
     .await
@@ -155,11 +155,11 @@ pub async fn login(
         client.ip(),
     )
     .await?;
-    let max_age = state.settings.session_max_age.as_secs();
+    let max_age = state.options.session_max_age.as_secs();
     let body = json!({
         "name": name,
         "csrf_token": credentials::csrf_token(&secret),
-        "idle_timeout_seconds": state.settings.session_idle.as_secs(),
+        "idle_timeout_seconds": state.options.session_idle.as_secs(),
         "max_age_seconds": max_age,
     });
     let mut r = (StatusCode::OK, Json(body)).into_response();
