@@ -2,19 +2,21 @@
 //! message and its rounds (`message`, `round`, `epoch`), the types of the stock `state` keys
 //! (`state`), the database access of the pipeline (`db`), the stage worker and its context
 //! (`stage`), the mail log (`mail_log`), the reading of the configuration overlay
-//! (`overlay`), the local-recipient resolver (`local`), the per-address override layer
+//! (`overlay`), the local-recipient resolver (`local`), mailing-list addresses (`list`),
+//! the per-address override layer
 //! (`settings`), the alias file (`alias_file`), the sender whitelist (`whitelist`), mailbox
 //! quotas as the ingress and the Maildir stage check them and the operator sets them
 //! (`quota`), and the audit log every operator write goes through (`audit`).
 //!
 //! Invariant: never depends on a stage crate; only `db`, `stage` and `overlay` issue SQL
 //! against the queue and its configuration; `local` and `settings` only read, through stored
-//! functions; `whitelist` is pure.
+//! functions, and `list` only reads `mailing_list`; `whitelist` is pure.
 
 pub mod alias_file;
 pub mod audit;
 pub mod db;
 pub mod epoch;
+pub mod list;
 pub mod local;
 pub mod mail_log;
 pub mod message;

@@ -82,6 +82,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0015",
         sql: include_str!("../db/pepsi-0015.sql"),
     },
+    Patch {
+        name: "pepsi-0016",
+        sql: include_str!("../db/pepsi-0016.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -261,6 +265,11 @@ pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api
 pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] =
     &[("pepsi.mail_log_expire(interval)", &[RoleKind::Pipeline])];
 
+/// The mailing lists' tables (pepsi-0016.sql): `mailing_list` and every `list_*`.
+pub fn is_list_table(table: &str) -> bool {
+    table == "mailing_list" || table.starts_with("list_")
+}
+
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
 pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
     const ALL: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
@@ -319,6 +328,9 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Ingress, "ingress_stats") => COUNT,
         // A full mailbox is refused at RCPT.
         (RoleKind::Ingress, "quota_limit" | "quota_usage") => READ,
+        // A list address (and its command addresses) is accepted at RCPT for existing
+        // lists only.
+        (RoleKind::Ingress, "mailing_list") => READ,
         (RoleKind::Ingress, _) => NONE,
         (RoleKind::Config, "config_override" | "signing_key") => ALL,
         (RoleKind::Config, "settings") => READ,
@@ -332,6 +344,8 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         // Accounts, aliases and local domains are the API's to change; it reads the overlay
         // (BOUNCE_STAGE) and the statistics (/metrics).
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
+        // The list pages and the list API: subscriptions, preferences, moderation, settings.
+        (RoleKind::Httpd, t) if is_list_table(t) => ALL,
         (
             RoleKind::Httpd,
             "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"

@@ -1,0 +1,246 @@
+//! Mailing-list addresses (docs/lists.md): how an address names a list and what it asks of
+//! it, and the one query that tells whether such a list exists.
+//!
+//! A list `team@example.org` answers at:
+//!
+//! | address | what it is |
+//! | --- | --- |
+//! | `team@example.org` | a post to the list |
+//! | `team-join@`, `team-subscribe@` | a subscription request (confirmed by mail) |
+//! | `team-leave@`, `team-unsubscribe@` | an unsubscription request |
+//! | `team-request@` | commands in the subject or body (`join`, `leave`, `help`) |
+//! | `team-owner@` | the list's owners |
+//! | `team-bounces@`, `team+bounces-<member>@` | bounces (VERP: `<member>` is the member's address with `@` as `=`) |
+//! | `team-confirm+<token>@` | the reply to a confirmation request |
+//!
+//! [`ListAddress::parse`] reads that grammar (pure, tested as a table); which list exists is
+//! [`existing`]'s one query. A list's own address never ends in one of the suffixes (the
+//! schema's CHECK on `mailing_list.address`), so the reading is never ambiguous.
+
+use pepsi_conf::address::Address;
+use sqlx::PgPool;
+
+/// What an address of a list asks of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Command {
+    /// A post to the list.
+    Post,
+    Join,
+    Leave,
+    /// Commands in the subject or the body.
+    Request,
+    /// The list's owners.
+    Owner,
+    /// A bounce; with VERP, the member address it was sent to.
+    Bounces(Option<String>),
+    /// The reply to a confirmation request, with its token.
+    Confirm(String),
+}
+
+/// An address read as a list's: the list's own address (`local@domain`, lower-case) and
+/// what the address asks of it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListAddress {
+    pub list: String,
+    pub command: Command,
+}
+
+/// The longest token `-confirm+<token>` may carry: a hex SHA-256 is 64.
+pub const MAX_TOKEN_LEN: usize = 128;
+
+const SUFFIXES: &[(&str, Command)] = &[
+    ("-join", Command::Join),
+    ("-subscribe", Command::Join),
+    ("-leave", Command::Leave),
+    ("-unsubscribe", Command::Leave),
+    ("-request", Command::Request),
+    ("-owner", Command::Owner),
+    ("-bounces", Command::Bounces(None)),
+];
+
+impl ListAddress {
+    /// The readings of `address` (case ignored) as a list address, most specific first: a
+    /// command address gives its command reading, then the reading as a post to a list
+    /// named by the whole local part (which exists only if no list has that name with a
+    /// suffix, since list names cannot end in one). Text that is not an address gives none.
+    pub fn candidates(address: &str) -> Vec<ListAddress> {
+        let Ok(parsed) = Address::parse(address) else {
+            return Vec::new();
+        };
+        let local = parsed.local().to_lowercase();
+        let domain = parsed.domain();
+        let at = |list: &str| format!("{list}@{domain}");
+        let mut out = Vec::new();
+        if let Some((list, token)) = local.split_once("-confirm+") {
+            if !list.is_empty() && valid_token(token) {
+                out.push(ListAddress {
+                    list: at(list),
+                    command: Command::Confirm(token.to_owned()),
+                });
+            }
+        } else if let Some((list, member)) = local.split_once("+bounces-") {
+            if !list.is_empty()
+                && let Some(member) = verp_decode(member)
+            {
+                out.push(ListAddress {
+                    list: at(list),
+                    command: Command::Bounces(Some(member)),
+                });
+            }
+        } else {
+            for (suffix, command) in SUFFIXES {
+                if let Some(list) = local.strip_suffix(suffix)
+                    && !list.is_empty()
+                {
+                    out.push(ListAddress {
+                        list: at(list),
+                        command: command.clone(),
+                    });
+                }
+            }
+        }
+        if !local.contains('+') {
+            out.push(ListAddress {
+                list: at(&local),
+                command: Command::Post,
+            });
+        }
+        out
+    }
+}
+
+fn valid_token(token: &str) -> bool {
+    !token.is_empty()
+        && token.len() <= MAX_TOKEN_LEN
+        && token.bytes().all(|b| b.is_ascii_alphanumeric())
+}
+
+/// The VERP return path of a list's delivery to `member`: `list+bounces-<local>=<domain>@`
+/// the list's domain (the member's local part lower-cased, its `@` as `=`).
+pub fn verp_address(list: &str, member: &str) -> String {
+    let (list_local, list_domain) = list.rsplit_once('@').unwrap_or((list, ""));
+    let encoded = match member.rsplit_once('@') {
+        Some((local, domain)) => format!("{}={}", local.to_lowercase(), domain.to_lowercase()),
+        None => member.to_lowercase(),
+    };
+    format!("{list_local}+bounces-{encoded}@{list_domain}")
+}
+
+/// The member address a VERP local part's tail (after `+bounces-`) names: its last `=`
+/// becomes the `@`. `None` when that does not give an address.
+pub fn verp_decode(tail: &str) -> Option<String> {
+    let (local, domain) = tail.rsplit_once('=')?;
+    if local.is_empty() || domain.is_empty() || domain.contains('@') || local.contains('@') {
+        return None;
+    }
+    Address::parse(&format!("{local}@{domain}"))
+        .ok()
+        .map(|a| a.key())
+}
+
+/// The first reading of `address` whose list exists: one query over every candidate.
+pub async fn existing(db: &PgPool, address: &str) -> sqlx::Result<Option<ListAddress>> {
+    let candidates = ListAddress::candidates(address);
+    if candidates.is_empty() {
+        return Ok(None);
+    }
+    let lists: Vec<&str> = candidates.iter().map(|c| c.list.as_str()).collect();
+    let found: Vec<String> =
+        sqlx::query_scalar("SELECT address FROM pepsi.mailing_list WHERE address = ANY($1)")
+            .bind(&lists)
+            .fetch_all(db)
+            .await?;
+    Ok(candidates.into_iter().find(|c| found.contains(&c.list)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn first(address: &str) -> Option<ListAddress> {
+        ListAddress::candidates(address).into_iter().next()
+    }
+
+    fn la(list: &str, command: Command) -> Option<ListAddress> {
+        Some(ListAddress {
+            list: list.into(),
+            command,
+        })
+    }
+
+    #[test]
+    fn command_addresses_table() {
+        let cases: Vec<(&str, Option<ListAddress>)> = vec![
+            ("team@example.org", la("team@example.org", Command::Post)),
+            ("Team@Example.ORG", la("team@example.org", Command::Post)),
+            ("team-join@example.org", la("team@example.org", Command::Join)),
+            (
+                "team-subscribe@example.org",
+                la("team@example.org", Command::Join),
+            ),
+            ("team-leave@example.org", la("team@example.org", Command::Leave)),
+            (
+                "team-unsubscribe@example.org",
+                la("team@example.org", Command::Leave),
+            ),
+            (
+                "team-request@example.org",
+                la("team@example.org", Command::Request),
+            ),
+            ("team-owner@example.org", la("team@example.org", Command::Owner)),
+            (
+                "team-bounces@example.org",
+                la("team@example.org", Command::Bounces(None)),
+            ),
+            (
+                "dev-announce+bounces-bob.smith=mail.example.net@example.org",
+                la(
+                    "dev-announce@example.org",
+                    Command::Bounces(Some("bob.smith@mail.example.net".into())),
+                ),
+            ),
+            (
+                "team-confirm+0a1b2c@example.org",
+                la("team@example.org", Command::Confirm("0a1b2c".into())),
+            ),
+            // A token with other characters, or none: not a confirmation (nor a post,
+            // since a list name has no `+`).
+            ("team-confirm+a.b@example.org", None),
+            ("team-confirm+@example.org", None),
+            ("team+bounces-nobody@example.org", None),
+            ("-join@example.org", la("-join@example.org", Command::Post)),
+            ("not an address", None),
+        ];
+        for (address, want) in cases {
+            assert_eq!(first(address), want, "{address}");
+        }
+        // A command address is also read as a post to a list of the whole name, second.
+        let all = ListAddress::candidates("team-join@example.org");
+        assert_eq!(all.len(), 2);
+        assert_eq!(all[1], la("team-join@example.org", Command::Post).unwrap());
+    }
+
+    #[test]
+    fn verp_round_trips() {
+        let verp = verp_address("team@example.org", "Bob.Smith@Mail.Example.NET");
+        assert_eq!(
+            verp,
+            "team+bounces-bob.smith=mail.example.net@example.org"
+        );
+        assert_eq!(
+            first(&verp),
+            la(
+                "team@example.org",
+                Command::Bounces(Some("bob.smith@mail.example.net".into()))
+            )
+        );
+        // A member whose local part holds `=`: the last `=` is the `@`.
+        let odd = verp_address("team@example.org", "a=b@example.net");
+        assert_eq!(
+            first(&odd).unwrap().command,
+            Command::Bounces(Some("a=b@example.net".into()))
+        );
+        assert_eq!(verp_decode("nodomain"), None);
+        assert_eq!(verp_decode("=example.net"), None);
+    }
+}
