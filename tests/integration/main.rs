@@ -29,6 +29,7 @@ mod httpd;
 mod httpd_config;
 mod httpd_graph;
 mod httpd_pipeline;
+mod ingress_lists;
 mod ingress_local;
 mod ingress_metrics;
 mod ingress_msgauth;

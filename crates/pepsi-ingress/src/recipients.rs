@@ -6,8 +6,13 @@
 //! (`pepsi.mailbox_account`, with the recipient delimiter's extension stripped), an alias
 //! (an `alias` setting, or an entry of an aliases stage's `ALIAS_FILE`), covered by a
 //! catch-all of its domain (a `catchall` setting or an `@domain` entry of an alias file),
-//! or an SRS address (`SRS0=`/`SRS1=`: the SRS stage verifies it and returns a forged one).
-//! `known` is the pure rule, tested as a table; `is_known` is the one query around it.
+//! an SRS address (`SRS0=`/`SRS1=`: the SRS stage verifies it and returns a forged one), or
+//! an address of an existing mailing list (`pepsi.mailing_list`): the list's own address
+//! and its command addresses (`-join`, `-subscribe`, `-leave`, `-unsubscribe`, `-request`,
+//! `-owner`, `-bounces`, VERP `+bounces-<member>`, `-confirm+<token>`), read by
+//! `pepsi_contract::list`. Command addresses of a list that does not exist are unknown.
+//! `known` is the pure rule, tested as a table; `is_known` is the one query around it, and
+//! a second one (`is_list`) only for an address the first did not find.
 
 use std::collections::HashSet;
 
@@ -78,7 +83,8 @@ pub fn known(
         || file.catchalls.contains_key(parsed.domain())
 }
 
-/// One query for what `known` needs about `address`, then the rule.
+/// One query for what `known` needs about `address`, then the rule; an address it does not
+/// know is then looked up as a list's ([`is_list`]).
 pub async fn is_known(
     pool: &PgPool,
     local: &LocalRecipients,
@@ -99,7 +105,18 @@ pub async fn is_known(
         std::slice::from_ref(&mailbox),
     )
     .await?;
-    Ok(known(address, local, file, &table, &mailboxes))
+    if known(address, local, file, &table, &mailboxes) {
+        return Ok(true);
+    }
+    is_list(pool, address).await
+}
+
+/// Whether `address` is an address of an existing mailing list (its posting address or one
+/// of its command addresses). A list has no mailbox, so no mailbox quota applies to it.
+pub async fn is_list(pool: &PgPool, address: &str) -> Result<bool, sqlx::Error> {
+    Ok(pepsi_contract::list::existing(pool, address)
+        .await?
+        .is_some())
 }
 
 #[cfg(test)]

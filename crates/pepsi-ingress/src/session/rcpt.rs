@@ -1,6 +1,6 @@
 //! RCPT TO: relay control, the recipient limit, the optional mailbox check, the quota
-//! check (a local mailbox found full is refused with 452 4.2.2), and the RFC 3461
-//! parameters kept for `state.dsn`.
+//! check (a local mailbox found full is refused with 452 4.2.2; a mailing list's address
+//! never is, a list having no mailbox), and the RFC 3461 parameters kept for `state.dsn`.
 
 use super::{Session, State, within};
 use crate::relay::{RcptDecision, decide};
@@ -145,6 +145,18 @@ impl Session {
                     }
                     answer
                 }
+            };
+            // A list has no mailbox, yet its address falls under its domain's limits (or a
+            // mailbox of the same name's): asked only when the quota would refuse, so the
+            // usual RCPT costs no extra query.
+            let full = match full {
+                Ok(true) => within(
+                    s.lookup_timeout,
+                    crate::recipients::is_list(&self.shared.pool, &address),
+                )
+                .await
+                .map(|list| !list),
+                other => other,
             };
             match full {
                 Ok(true) => {
