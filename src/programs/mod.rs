@@ -187,6 +187,10 @@ programs! {
             man: 8 Clap(::pepsi_keydisc::command),
             check: checks::keydisc,
         }
+        "pepsi-list" pepsi_list {
+            entry: ::pepsi_list::run,
+            man: 8 Clap(::pepsi_list::command),
+        }
         "pepsi-queue" pepsi_queue {
             entry: ::pepsi_queue::run,
             man: 8 Clap(::pepsi_queue::command),

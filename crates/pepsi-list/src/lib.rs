@@ -1,0 +1,577 @@
+//! pepsi-list: the operator's tool for mailing lists (docs/lists.md) — create, show,
+//! configure and delete lists (`pepsi.mailing_list`), manage who is on them
+//! (`pepsi.list_member`), import a Mailman 3 members export and export the members as CSV,
+//! and forget one person on every list.
+//!
+//! Input is checked before anything is stored, most of it before connecting: list
+//! addresses and member addresses (`names`), list options (`options`, the allow-list of
+//! `configure`), the members file (`members_csv`). The SQL is `store`'s: each change is one
+//! transaction with its `pepsi.list_event_log` rows (the invoking user as actor) and its
+//! `pepsi.event_log` row (`pepsi_contract::audit`). Presentation is `render`'s; `--json`
+//! prints `store`'s serde types. It never touches the queue and never sends mail: operator
+//! changes take effect for the next post, which the list stage reads.
+
+mod members_csv;
+mod names;
+mod options;
+mod render;
+mod store;
+
+use std::io::Read as _;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use clap::{Args, Parser, Subcommand};
+use pepsi_conf::cli::ToolFailure as Failure;
+use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
+use pepsi_conf::config::Config;
+use pepsi_contract::local::LocalRecipients;
+use serde::Serialize;
+use serde_json::json;
+use sqlx::PgPool;
+
+use crate::names::{Action, Role};
+use crate::store::Who;
+
+pub mod constants {
+    use pepsi_conf::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "list",
+        exec: "pepsi-list",
+    };
+}
+
+/// Members stored per statement of an import, and the interval of its progress lines.
+const IMPORT_CHUNK: usize = 1000;
+
+const LONG_ABOUT: &str = "\
+Create, configure and delete Pepsi's mailing lists, and manage their members.
+
+A list is an address of one of this server's local domains, team@example.org; its command \
+addresses are the same name with a suffix: team-join@ (or -subscribe@), team-leave@ (or \
+-unsubscribe@), team-request@, team-owner@, team-bounces@ and team-confirm+TOKEN@. So a \
+list's name cannot end in one of those suffixes, and neither the list's address nor a \
+command address may be a mailbox (pepsi.mailbox_account).
+
+Everyone a list knows is a row of pepsi.list_member with a role: a member receives posts; \
+an owner and a moderator run the list; a nonmember row carries a posting rule (--action) \
+for one sender who is not subscribed. Members added here are added at once: the \
+confirmation by mail that subscribing by mail or on the web asks for is the operator's \
+to waive.
+
+`create`, `configure`, `delete`, `add`, `remove`, `import` and `forget` change the list \
+tables: each in one transaction that also writes a pepsi.list_event_log row per change \
+(list.create, list.configure, list.delete, member.add, member.remove, member.forget; actor: \
+the invoking user, the one who ran sudo when it was sudo) and one pepsi.event_log row \
+(list.create, list.configure, list.delete, list.add, list.remove, list.import, list.forget). \
+`lists`, `show`, `members` and `export` only read. Changes apply to the next post.
+
+`configure LIST NAME=VALUE...` changes a list's options (the columns of \
+pepsi.mailing_list): `pepsi-list configure --help` lists each with what it takes, its \
+default and its meaning. `import LIST FILE` reads a Mailman 3 members export (CSV with a \
+header naming an email column and, optionally, a display_name column); `export LIST` \
+writes the same format. `forget ADDRESS --yes` removes a person from every list and every \
+list table keyed by the address, on their request.
+
+pepsi-list connects with [database] URL of the configuration as the role named there; it \
+needs SELECT, INSERT, UPDATE and DELETE on the list tables (pepsi.mailing_list and \
+pepsi.list_*), SELECT on pepsi.mailbox_account and pepsi.settings, and INSERT on \
+pepsi.event_log: the pipeline role (pepsi) and the pepsi-httpd role hold them (run it as \
+`sudo -u pepsi pepsi-list ...` with peer authentication).
+
+Exit status: 0 when the change was made (or the listing printed; an address that was on \
+the list already, or was not, is reported and is not an error), 1 when it could not be (no \
+such list, it exists already, a database error), 2 on a usage error or input that is not \
+valid (a malformed or non-local address, a command suffix, a mailbox's address, an \
+unknown option or a bad value, a members file without an email column). See \
+docs/lists.md.";
+
+const EXAMPLES: &str = "\
+Examples:
+  pepsi-list create team@example.org --display-name 'The team' --owner alice@example.org
+  pepsi-list lists
+  pepsi-list show team@example.org --json
+  pepsi-list configure team@example.org subject_prefix='[team] ' nonmember_action=reject
+  pepsi-list configure team@example.org reply_goes_to=explicit reply_to_address=desk@example.org
+  pepsi-list add team@example.org bob@example.net carol@example.com
+  pepsi-list add team@example.org mod@example.org --role moderator
+  pepsi-list add team@example.org spammer@example.net --role nonmember --action discard
+  pepsi-list members team@example.org --role member --json
+  pepsi-list remove team@example.org bob@example.net
+  pepsi-list import team@example.org members.csv --dry-run
+  pepsi-list export team@example.org > members.csv
+  pepsi-list forget bob@example.net --yes
+  pepsi-list delete team@example.org --yes";
+
+/// Create, configure and delete mailing lists, and manage their members.
+#[derive(Debug, Parser)]
+#[command(
+    name = "pepsi-list",
+    version,
+    about,
+    long_about = LONG_ABOUT,
+    after_long_help = EXAMPLES
+)]
+struct Cli {
+    #[command(flatten)]
+    common: CommonArgs,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Create a list at ADDRESS, a local domain's address that is no mailbox.
+    Create(CreateArgs),
+    /// Every list: address, members, subscription and posting policies.
+    Lists(JsonFlag),
+    /// One list: every option, its members by role and delivery, pending requests and
+    /// held posts.
+    Show(ListArg),
+    /// Change a list's options: NAME=VALUE... (see --help for every option).
+    #[command(after_long_help = options::help())]
+    Configure(ConfigureArgs),
+    /// Delete a list and everything it holds (members, pending requests, held posts,
+    /// digests); its pepsi.list_event_log rows stay, the list named in their detail.
+    Delete(DeleteArgs),
+    /// A list's members, owners, moderators and nonmember rules.
+    Members(MembersArgs),
+    /// Add addresses to a list (as members unless --role says otherwise), without a
+    /// confirmation by mail.
+    Add(AddArgs),
+    /// Remove addresses from a list (their rows of --role, members by default).
+    Remove(RemoveArgs),
+    /// Add the members of a Mailman 3 members export (CSV) to a list, in one transaction.
+    ///
+    /// The first row names the columns: an email column (email, Email, E-mail, Email
+    /// Address or address, any letter case) and, optionally, a display name column
+    /// (display_name, Display Name, name, real_name, full_name); other columns are ignored.
+    /// A file whose first row is an address and no header is read as address, display
+    /// name. Each line is checked on its own: a line that holds no valid address is skipped
+    /// and reported with its line number, and an address of an earlier line is counted as
+    /// repeated. Members already on the list are left as they are. Progress goes to stderr
+    /// every 1,000 rows; the summary to stdout. FILE `-` is stdin.
+    #[command(long_about)]
+    Import(ImportArgs),
+    /// Write a list's rows of --role (members by default) as CSV (email,display_name) to
+    /// stdout: what `import` reads.
+    Export(ExportArgs),
+    /// Remove a person from every list and every list table keyed by the address (their
+    /// memberships of every role, pending requests, member links, bounce scores and
+    /// reports, confirmation and response counts), and say what was removed.
+    Forget(ForgetArgs),
+}
+
+#[derive(Debug, Args)]
+struct JsonFlag {
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, Args)]
+struct ListArg {
+    /// The list's address
+    list: String,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct CreateArgs {
+    /// The list's address: NAME@DOMAIN of a local domain; NAME of a-z, 0-9, '.', '_', '-'
+    address: String,
+    /// The list's name as people read it
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    display_name: String,
+    /// What the list is about
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    description: String,
+    /// Put before the subject of posts, e.g. '[team] '
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    subject_prefix: String,
+    /// An owner of the list (repeat for more)
+    #[arg(long = "owner", value_name = "ADDRESS")]
+    owners: Vec<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct ConfigureArgs {
+    /// The list's address
+    list: String,
+    /// Options to set: NAME=VALUE (reply_to_address=none clears the address)
+    #[arg(value_name = "NAME=VALUE", required = true, num_args = 1..)]
+    assignments: Vec<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct DeleteArgs {
+    /// The list's address
+    list: String,
+    /// Really delete it (required)
+    #[arg(long)]
+    yes: bool,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct MembersArgs {
+    /// The list's address
+    list: String,
+    /// Only rows of this role (default: every role)
+    #[arg(long, value_enum, value_name = "ROLE")]
+    role: Option<Role>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct AddArgs {
+    /// The list's address
+    list: String,
+    /// The addresses to add
+    #[arg(value_name = "ADDRESS", required = true, num_args = 1..)]
+    addresses: Vec<String>,
+    /// What they are to the list
+    #[arg(long, value_enum, value_name = "ROLE", default_value = "member")]
+    role: Role,
+    /// Their display name
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    name: String,
+    /// Their own posting rule, instead of the list's member_action or nonmember_action
+    #[arg(long, value_enum, value_name = "ACTION")]
+    action: Option<Action>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct RemoveArgs {
+    /// The list's address
+    list: String,
+    /// The addresses to remove
+    #[arg(value_name = "ADDRESS", required = true, num_args = 1..)]
+    addresses: Vec<String>,
+    /// Which of their rows
+    #[arg(long, value_enum, value_name = "ROLE", default_value = "member")]
+    role: Role,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct ImportArgs {
+    /// The list's address
+    list: String,
+    /// The CSV file (`-`: stdin)
+    file: String,
+    /// Check the file and count what would be added; store nothing
+    #[arg(long)]
+    dry_run: bool,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct ExportArgs {
+    /// The list's address
+    list: String,
+    /// Whose rows
+    #[arg(long, value_enum, value_name = "ROLE", default_value = "member")]
+    role: Role,
+}
+
+#[derive(Debug, Args)]
+struct ForgetArgs {
+    /// The person's address
+    address: String,
+    /// Really remove it everywhere (required)
+    #[arg(long)]
+    yes: bool,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+/// The command line of `pepsi-list` as clap defines it: its `--help` and its manual page.
+pub fn command() -> clap::Command {
+    <Cli as clap::CommandFactory>::command()
+}
+
+type Done = Result<(), Failure>;
+
+/// Runs `pepsi-list` with the process's arguments.
+pub fn run() -> ExitCode {
+    let cli = Cli::parse();
+    init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
+    run_async(&constants::CONFIG_SOURCE, async move {
+        let cfg = cli.common.load_config()?;
+        // Input is checked before connecting: a typing mistake costs no connection.
+        let checked = match check(cli.command) {
+            Ok(c) => c,
+            Err(e) => return Ok(exit(Err(e))),
+        };
+        let pool = pepsi_contract::db::connect(&cfg).await?;
+        let who = Who::local(constants::CONFIG_SOURCE.exec);
+        Ok(exit(execute(&pool, &who, &cfg, checked).await))
+    })
+}
+
+fn exit(result: Done) -> ExitCode {
+    pepsi_conf::cli::tool_exit(&constants::CONFIG_SOURCE, result)
+}
+
+fn invalid(text: impl Into<String>) -> Failure {
+    Failure::Invalid(text.into())
+}
+
+fn print_json<T: Serialize>(v: &T) -> Done {
+    let text = serde_json::to_string_pretty(v).context("encoding JSON")?;
+    println!("{text}");
+    Ok(())
+}
+
+/// Prints `v` as JSON, or the text `render` makes of it.
+fn print<T: Serialize>(json: bool, v: &T, text: impl FnOnce(&T) -> String) -> Done {
+    if json {
+        return print_json(v);
+    }
+    print!("{}", text(v));
+    Ok(())
+}
+
+/// A command with its input checked: addresses in stored form, options parsed, the
+/// members file read.
+enum Checked {
+    Create(store::NewList, bool),
+    Lists(bool),
+    Show(String, bool),
+    Configure(String, Vec<options::Change>, bool),
+    Delete(String, bool),
+    Members(String, Option<Role>, bool),
+    Add(AddArgs, String, Vec<String>),
+    Remove(RemoveArgs, String, Vec<String>),
+    Import(ImportArgs, String, members_csv::Parsed),
+    Export(String, Role),
+    Forget(String, bool),
+}
+
+fn list(text: &str) -> Result<String, Failure> {
+    names::named_list(text).map_err(invalid)
+}
+
+/// `texts` as stored addresses, each once in their order; the first bad one refuses all.
+fn addresses(texts: &[String]) -> Result<Vec<String>, Failure> {
+    let mut out: Vec<String> = Vec::new();
+    for t in texts {
+        let a = names::member_address(t).map_err(invalid)?;
+        if !out.contains(&a) {
+            out.push(a);
+        }
+    }
+    Ok(out)
+}
+
+/// A text option given on the command line, checked as `configure` checks it.
+fn text_option(name: &str, value: &str) -> Result<String, Failure> {
+    let option = options::find(name).expect("a text option of the table");
+    match option.kind.parse(value) {
+        Ok(options::Value::Text(t)) => Ok(t),
+        Ok(_) => unreachable!("a text option parses to text"),
+        Err(expected) => Err(invalid(format!(
+            "--{} {value:?} is not valid: {expected}",
+            name.replace('_', "-")
+        ))),
+    }
+}
+
+fn check(command: Command) -> Result<Checked, Failure> {
+    Ok(match command {
+        Command::Create(a) => {
+            let new = store::NewList {
+                address: names::list_address(&a.address).map_err(invalid)?,
+                display_name: text_option("display_name", &a.display_name)?,
+                description: text_option("description", &a.description)?,
+                subject_prefix: text_option("subject_prefix", &a.subject_prefix)?,
+                owners: addresses(&a.owners)?,
+            };
+            Checked::Create(new, a.out.json)
+        }
+        Command::Lists(a) => Checked::Lists(a.json),
+        Command::Show(a) => Checked::Show(list(&a.list)?, a.out.json),
+        Command::Configure(a) => Checked::Configure(
+            list(&a.list)?,
+            options::parse_assignments(&a.assignments).map_err(invalid)?,
+            a.out.json,
+        ),
+        Command::Delete(a) => {
+            let l = list(&a.list)?;
+            if !a.yes {
+                return Err(invalid(format!(
+                    "not deleted: deleting {l} removes its members, pending requests and held \
+                     posts for good; confirm with --yes"
+                )));
+            }
+            Checked::Delete(l, a.out.json)
+        }
+        Command::Members(a) => Checked::Members(list(&a.list)?, a.role, a.out.json),
+        Command::Add(a) => {
+            let l = list(&a.list)?;
+            let addrs = addresses(&a.addresses)?;
+            if a.name.chars().count() > members_csv::MAX_NAME_CHARS
+                || a.name.chars().any(char::is_control)
+            {
+                return Err(invalid(format!(
+                    "--name {:?} is not valid: text of at most {} characters, on one line",
+                    a.name,
+                    members_csv::MAX_NAME_CHARS
+                )));
+            }
+            Checked::Add(a, l, addrs)
+        }
+        Command::Remove(a) => {
+            let l = list(&a.list)?;
+            let addrs = addresses(&a.addresses)?;
+            Checked::Remove(a, l, addrs)
+        }
+        Command::Import(a) => {
+            let l = list(&a.list)?;
+            let parsed = read_members(&a.file)?;
+            Checked::Import(a, l, parsed)
+        }
+        Command::Export(a) => Checked::Export(list(&a.list)?, a.role),
+        Command::Forget(a) => {
+            let address = names::member_address(&a.address).map_err(invalid)?;
+            if !a.yes {
+                return Err(invalid(format!(
+                    "not forgotten: this removes {address} from every list for good; confirm \
+                     with --yes"
+                )));
+            }
+            Checked::Forget(address, a.out.json)
+        }
+    })
+}
+
+/// Reads and checks the members file `file` (`-`: stdin); a file without an email column
+/// is input that is not valid.
+fn read_members(file: &str) -> Result<members_csv::Parsed, Failure> {
+    let mut bytes = Vec::new();
+    if file == "-" {
+        std::io::stdin()
+            .read_to_end(&mut bytes)
+            .context("reading stdin")?;
+    } else {
+        bytes = std::fs::read(file).with_context(|| format!("reading {file}"))?;
+    }
+    members_csv::read(bytes.as_slice()).map_err(|e| invalid(format!("{file}: {e}")))
+}
+
+async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Done {
+    match checked {
+        Checked::Create(new, json) => {
+            let local =
+                LocalRecipients::from_config(cfg).context("reading [pepsi] LOCAL_DOMAINS")?;
+            let list_id = store::create(pool, who, &local, &new).await?;
+            print(
+                json,
+                &json!({"list": new.address, "list_id": list_id, "owners": new.owners}),
+                |_| render::created(&new.address, &new.owners),
+            )
+        }
+        Checked::Lists(json) => {
+            let rows = store::lists(pool).await?;
+            print(json, &json!({ "lists": rows }), |_| render::lists(&rows))
+        }
+        Checked::Show(l, json) => {
+            let shown = store::show(pool, &l).await?;
+            print(json, &shown, render::shown)
+        }
+        Checked::Configure(l, changes, json) => {
+            let changed = store::configure(pool, who, &l, changes).await?;
+            print(json, &json!({"list": l, "changed": changed}), |_| {
+                render::configured(&l, &changed)
+            })
+        }
+        Checked::Delete(l, json) => {
+            let roles = store::delete(pool, who, &l).await?;
+            print(json, &json!({"list": l, "deleted": roles}), |_| {
+                render::deleted(&l, &roles)
+            })
+        }
+        Checked::Members(l, role, json) => {
+            let rows = store::members(pool, &l, role).await?;
+            print(json, &json!({"list": l, "members": rows}), |_| {
+                render::members(&l, &rows)
+            })
+        }
+        Checked::Add(a, l, addrs) => {
+            let done = store::add(pool, who, &l, &addrs, a.role, &a.name, a.action).await?;
+            print(a.out.json, &done, render::added)
+        }
+        Checked::Remove(a, l, addrs) => {
+            let done = store::remove(pool, who, &l, &addrs, a.role).await?;
+            print(a.out.json, &done, render::removed)
+        }
+        Checked::Import(a, l, parsed) => import(pool, who, a, &l, parsed).await,
+        Checked::Export(l, role) => {
+            let rows = store::export(pool, &l, role).await?;
+            members_csv::write(std::io::stdout().lock(), &rows).context("writing the CSV")?;
+            Ok(())
+        }
+        Checked::Forget(address, json) => {
+            let done = store::forget(pool, who, &address).await?;
+            print(json, &done, render::forgotten)
+        }
+    }
+}
+
+async fn import(
+    pool: &PgPool,
+    who: &Who,
+    a: ImportArgs,
+    list: &str,
+    parsed: members_csv::Parsed,
+) -> Done {
+    let total = parsed.entries.len();
+    let mut run = store::Import::begin(pool, list, &a.file).await?;
+    let mut added = 0usize;
+    let mut done = 0usize;
+    for chunk in parsed.entries.chunks(IMPORT_CHUNK) {
+        added += run.chunk(who, chunk).await?;
+        done += chunk.len();
+        if chunk.len() == IMPORT_CHUNK {
+            eprintln!(
+                "{list}: {done} of {total} addresses done ({added} added, {} already members)",
+                done - added
+            );
+        }
+    }
+    let report = render::Imported {
+        list: list.to_owned(),
+        file: a.file.clone(),
+        dry_run: a.dry_run,
+        rows: parsed.rows,
+        added: added as u64,
+        already_members: (total - added) as u64,
+        duplicates: parsed.duplicates,
+        invalid: parsed.invalid,
+    };
+    let summary = json!({
+        "file": report.file,
+        "rows": report.rows,
+        "added": report.added,
+        "already_members": report.already_members,
+        "duplicates": report.duplicates.len(),
+        "invalid_lines": report.invalid.iter().map(|i| i.line).collect::<Vec<_>>(),
+    });
+    run.finish(who, summary, added, a.dry_run).await?;
+    print(a.out.json, &report, render::imported)
+}
