@@ -254,6 +254,11 @@ programs! {
             man: 8 Clap(::pepsi_stage_if::command_headers),
             stage: ::pepsi_stage_if::IfHeaders,
         }
+        "pepsi-stage-list" pepsi_stage_list {
+            entry: ::pepsi_stage_list::run,
+            man: 8 Clap(::pepsi_stage_list::command),
+            stage: ::pepsi_stage_list::ListStage,
+        }
         "pepsi-stage-milter" pepsi_stage_milter {
             entry: ::pepsi_stage_milter::run,
             man: 8 Clap(::pepsi_stage_milter::command),

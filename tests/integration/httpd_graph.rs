@@ -176,6 +176,25 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             ],
             &[],
         ),
+        (
+            "pepsi-stage-list",
+            "NEXT_STAGE = n\nDELIVER_STAGE = members\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "DELIVER_STAGE -branch[list]-> members",
+            ],
+            &[],
+        ),
+        // Where members' copies start when DELIVER_STAGE is unset: the stage's default.
+        (
+            "pepsi-stage-list",
+            "NEXT_STAGE = n\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "DELIVER_STAGE -branch[list]-> aliases",
+            ],
+            &[],
+        ),
         // A program the table does not hold follows NEXT_STAGE.
         (
             "my-own-stage",
@@ -203,6 +222,7 @@ fn the_other_stage_programs_declare_next_stage_only() {
         "pepsi-stage-block-language",
         "pepsi-stage-vacation",
         "pepsi-stage-dot-forward",
+        "pepsi-stage-list",
     ];
     for row in STAGE_EDGES {
         let options = "NEXT_STAGE = n\nBOUNCE_STAGE = b\nTHEN = t\nROUTE_LOCAL = l\n\
@@ -290,8 +310,8 @@ fn the_default_configuration_draws_every_branch() {
     check(
         &text,
         &[],
-        "init@0.0 discard!@0.1 aliases@1.0 whitelist@2.0 route@3.0 remote@4.0 vacation@4.1 \
-         dkim@5.0 local@5.1 arc@6.0 relay@7.0 bounce@8.0",
+        "init@0.0 discard!@0.1 aliases@1.0 whitelist@2.0 route@3.0 lists@4.0 remote@4.1 \
+         vacation@5.0 dkim@5.1 local@6.0 arc@6.1 relay@7.0 bounce@8.0",
         &[
             "aliases -next-> whitelist",
             "aliases -bounce-> bounce",
@@ -300,12 +320,15 @@ fn the_default_configuration_draws_every_branch() {
             "dkim -next-> arc",
             "init -next-> aliases",
             "init -bounce-> bounce",
+            "lists -next-> vacation",
+            "lists -branch[list]-> aliases",
+            "lists -bounce-> bounce",
             "local -branch[non-local]-> remote",
             "local -bounce-> bounce",
             "relay -bounce-> bounce",
             "remote -next-> dkim",
+            "route -branch[local]-> lists",
             "route -branch[remote]-> remote",
-            "route -branch[local]-> vacation",
             "vacation -next-> local",
             "vacation -branch[reply]-> init",
             "whitelist -next-> route",

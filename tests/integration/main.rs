@@ -56,6 +56,7 @@ mod stage_bounce;
 mod stage_count;
 mod stage_dkim_sign;
 mod stage_language;
+mod stage_list;
 mod stage_routing;
 mod stage_srs;
 mod stage_vacation;

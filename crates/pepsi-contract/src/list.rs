@@ -6,7 +6,7 @@
 //! | address | what it is |
 //! | --- | --- |
 //! | `team@example.org` | a post to the list |
-//! | `team-join@`, `team-subscribe@` | a subscription request (confirmed by mail) |
+//! | `team-join@`, `team-subscribe@` | a subscription request |
 //! | `team-leave@`, `team-unsubscribe@` | an unsubscription request |
 //! | `team-request@` | commands in the subject or body (`join`, `leave`, `help`) |
 //! | `team-owner@` | the list's owners |
@@ -17,7 +17,7 @@
 //! [`existing`]'s one query. A list's own address never ends in one of the suffixes (the
 //! schema's CHECK on `mailing_list.address`), so the reading is never ambiguous.
 
-use pepsi_conf::address::Address;
+use pepsi_conf::address::{self, Address};
 use sqlx::PgPool;
 
 /// What an address of a list asks of it.
@@ -118,8 +118,8 @@ fn valid_token(token: &str) -> bool {
 /// The VERP return path of a list's delivery to `member`: `list+bounces-<local>=<domain>@`
 /// the list's domain (the member's local part lower-cased, its `@` as `=`).
 pub fn verp_address(list: &str, member: &str) -> String {
-    let (list_local, list_domain) = list.rsplit_once('@').unwrap_or((list, ""));
-    let encoded = match member.rsplit_once('@') {
+    let (list_local, list_domain) = address::parts(list).unwrap_or((list, ""));
+    let encoded = match address::parts(member) {
         Some((local, domain)) => format!("{}={}", local.to_lowercase(), domain.to_lowercase()),
         None => member.to_lowercase(),
     };
@@ -173,12 +173,18 @@ mod tests {
         let cases: Vec<(&str, Option<ListAddress>)> = vec![
             ("team@example.org", la("team@example.org", Command::Post)),
             ("Team@Example.ORG", la("team@example.org", Command::Post)),
-            ("team-join@example.org", la("team@example.org", Command::Join)),
+            (
+                "team-join@example.org",
+                la("team@example.org", Command::Join),
+            ),
             (
                 "team-subscribe@example.org",
                 la("team@example.org", Command::Join),
             ),
-            ("team-leave@example.org", la("team@example.org", Command::Leave)),
+            (
+                "team-leave@example.org",
+                la("team@example.org", Command::Leave),
+            ),
             (
                 "team-unsubscribe@example.org",
                 la("team@example.org", Command::Leave),
@@ -187,7 +193,10 @@ mod tests {
                 "team-request@example.org",
                 la("team@example.org", Command::Request),
             ),
-            ("team-owner@example.org", la("team@example.org", Command::Owner)),
+            (
+                "team-owner@example.org",
+                la("team@example.org", Command::Owner),
+            ),
             (
                 "team-bounces@example.org",
                 la("team@example.org", Command::Bounces(None)),
@@ -223,10 +232,7 @@ mod tests {
     #[test]
     fn verp_round_trips() {
         let verp = verp_address("team@example.org", "Bob.Smith@Mail.Example.NET");
-        assert_eq!(
-            verp,
-            "team+bounces-bob.smith=mail.example.net@example.org"
-        );
+        assert_eq!(verp, "team+bounces-bob.smith=mail.example.net@example.org");
         assert_eq!(
             first(&verp),
             la(

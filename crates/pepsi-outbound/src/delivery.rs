@@ -462,11 +462,32 @@ fn jitter(d: Duration, id: i64) -> Duration {
 }
 
 /// Applies [`plan`] to the message in `ctx`: the one terminal helper of a delivery pass.
-/// `results` has one entry per recipient of the row, in order.
+/// `results` has one entry per recipient of the row, in order. A row whose recipients are
+/// all done goes on to NEXT_STAGE when the section names one, else finishes.
 pub fn conclude(
     ctx: &StageContext<'_>,
     policy: &RetryPolicy,
     results: &[RcptResult],
+) -> Result<Terminal, StageError> {
+    conclude_then(ctx, policy, results, false)
+}
+
+/// As [`conclude`], for a stage whose NEXT_STAGE is where the mail it does not handle goes
+/// (the list stage passes on the recipients that are no list's): a row whose recipients are
+/// all done finishes, whatever NEXT_STAGE says.
+pub fn conclude_here(
+    ctx: &StageContext<'_>,
+    policy: &RetryPolicy,
+    results: &[RcptResult],
+) -> Result<Terminal, StageError> {
+    conclude_then(ctx, policy, results, true)
+}
+
+fn conclude_then(
+    ctx: &StageContext<'_>,
+    policy: &RetryPolicy,
+    results: &[RcptResult],
+    finish_here: bool,
 ) -> Result<Terminal, StageError> {
     if results.len() != ctx.rcpt_to().len() {
         return Err(StageError::Invalid(format!(
@@ -524,6 +545,7 @@ pub fn conclude(
         })
         .collect();
     let terminal = match decided {
+        Plan::Finish { notifications } if notifications.is_empty() && finish_here => ctx.finish(),
         Plan::Finish { notifications } if notifications.is_empty() => ctx.advance_or_finish(),
         Plan::Finish { notifications } => ctx.finish_with(specs(notifications)?),
         Plan::Pause {

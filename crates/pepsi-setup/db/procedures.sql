@@ -1523,3 +1523,46 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- ---------------------------------------------------------------------------------------
+-- MAILING LISTS (pepsi-0016.sql, docs/lists.md)
+-- ---------------------------------------------------------------------------------------
+
+-- Fans one list message out: a new queue row for each of the list's people with role
+-- p_role (members: those whose delivery is enabled), at p_stage, each with one recipient and
+-- all sharing one new body row and the header block p_headers. The envelope sender is each
+-- person's VERP address (`<list>+bounces-<local>=<domain>@<list domain>`, what
+-- pepsi_contract::list::verp_address writes) when p_verp, else p_mail_from. Addresses in
+-- p_skip get no row. Returns the number of rows made. Called from within a stage pass, so it
+-- never notifies (see the contract above).
+CREATE OR REPLACE FUNCTION pepsi.list_fanout(
+    p_list_id bigint, p_role text, p_stage text, p_headers bytea, p_body bytea,
+    p_mail_from text, p_verp boolean, p_skip text[], p_state jsonb DEFAULT '{}')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    v_list text;
+    v_body bigint;
+    n integer;
+BEGIN
+    SELECT address INTO v_list FROM pepsi.mailing_list WHERE list_id = p_list_id;
+    IF v_list IS NULL THEN
+        RAISE EXCEPTION 'no mailing list with id %', p_list_id USING ERRCODE = '22023';
+    END IF;
+    INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, state)
+    SELECT p_stage,
+           CASE WHEN p_verp
+                THEN split_part(v_list, '@', 1) || '+bounces-'
+                     || regexp_replace(m.address, '@([^@]*)$', '=\1') || '@'
+                     || split_part(v_list, '@', 2)
+                ELSE p_mail_from END,
+           ARRAY[m.address], p_headers, v_body, COALESCE(p_state, '{}')
+    FROM pepsi.list_member m
+    WHERE m.list_id = p_list_id AND m.role = p_role
+      AND (p_role <> 'member' OR m.delivery_status = 'enabled')
+      AND m.address <> ALL (COALESCE(p_skip, '{}'))
+    ORDER BY m.member_id;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;

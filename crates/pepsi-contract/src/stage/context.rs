@@ -322,6 +322,13 @@ impl<'a> StageContext<'a> {
         self.pool
     }
 
+    /// Records that this pass made queue rows through a stored function of its own (the
+    /// list stage's fan-out), as `enqueue_new` and the fan-out helpers record theirs: the
+    /// pass is then never reported settled, so the dispatcher looks for the new rows.
+    pub fn note_rows_created(&self) {
+        self.created.set(true);
+    }
+
     pub fn mail_from(&self) -> &str {
         &self.row.mail_from
     }

@@ -1,0 +1,618 @@
+//! pepsi-stage-list: mail to mailing lists (docs/lists.md). A message's recipients that are
+//! addresses of an existing list (`pepsi_contract::list`) are handled here; the others go on
+//! to NEXT_STAGE on a row of their own.
+//!
+//! Reads: the envelope and the header block (`Load::Headers`), the body of a post it
+//! accepts or holds (`fetch_body`, at most the list's `max_message_size` plus the room of a
+//! too-large post's hold), `pepsi.mailing_list`, `list_member`, `list_member_preference` and
+//! `list_ban`. Writes: `pepsi.list_post` (one row per accepted post and queue row, which
+//! keeps a re-run pass from fanning out twice), the fan-out rows (`pepsi.list_fanout`: one
+//! row per member at DELIVER_STAGE with the member's VERP envelope sender, all sharing one
+//! body), `list_held_message`, `list_bounce_event`, `list_event_log`.
+//!
+//! What each list address does:
+//! - a post: the posting policy (`plan`) accepts it (the list copy of `post` to every
+//!   enabled member), holds it for a moderator, rejects it (a DSN to the sender, 5.7.1),
+//!   discards it, or defers it (tried again later, 4.7.1);
+//! - `-owner`: the message as it is to every owner, with the list's `-bounces` address as
+//!   envelope sender;
+//! - `-bounces` and VERP addresses: the report's `Status` recorded in `list_bounce_event`
+//!   (hard, soft, or policy for 5.7.x) for the member the VERP address names;
+//! - `-join`, `-leave`, `-request`, `-confirm+…`: refused with a DSN (5.3.3) that names the
+//!   owner address; commands by mail are not taken here.
+//!
+//! The list recipients end like a delivery's (`delivery::conclude_here`): accepted, held,
+//! discarded and recorded ones as delivered (the mail log says which), refused ones bounced,
+//! deferred ones retried under the section's retry options.
+
+use std::process::ExitCode;
+
+use pepsi_conf::config::{Config, StageName};
+use pepsi_contract::list::{Command, ListAddress};
+use pepsi_contract::stage::edges::Declare;
+use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
+use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
+use sqlx::Row as _;
+
+pub mod plan;
+pub mod post;
+
+use plan::{Action, Decision, Facts};
+use post::ListFacts;
+
+pub mod constants {
+    use pepsi_conf::config::ConfigSource;
+
+    pub const CONFIG_SOURCE: ConfigSource = ConfigSource {
+        project: "pepsi",
+        component: "stage-list",
+        exec: "pepsi-stage-list",
+    };
+    pub const PROGRAM: &str = "pepsi-stage-list";
+}
+
+/// Where the members' copies start unless `DELIVER_STAGE` says otherwise: routed like any
+/// mail, so a member may be a local mailbox, an alias or a remote address.
+pub const DEFAULT_DELIVER_STAGE: &str = "aliases";
+
+/// The most of a bounce report read for its `Status` fields.
+pub const MAX_REPORT_READ: u64 = 256 * 1024;
+
+/// One `[stage-<name>]` section, read at start.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// `DELIVER_STAGE`: where the members' and owners' copies start.
+    pub deliver_stage: String,
+    /// The retry options (`RETRY_*`, `MAX_LIFETIME`) of deferred posts.
+    pub policy: RetryPolicy,
+}
+
+impl Options {
+    pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
+        let s = cfg.stage_section_named(stage);
+        let deliver_stage = s
+            .string_opt("DELIVER_STAGE")?
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+            .unwrap_or_else(|| DEFAULT_DELIVER_STAGE.to_owned());
+        if cfg.stage(&deliver_stage).is_none() {
+            anyhow::bail!(
+                "{}: [stage-{stage}] DELIVER_STAGE = {deliver_stage}: there is no [stage-{deliver_stage}]",
+                cfg.file().display()
+            );
+        }
+        Ok(Options {
+            deliver_stage,
+            policy: RetryPolicy::from_config(cfg, stage)?,
+        })
+    }
+}
+
+/// A list as the stage reads it.
+#[derive(Debug, Clone)]
+struct List {
+    id: i64,
+    address: String,
+    display_name: String,
+    subject_prefix: String,
+    reply_goes_to: String,
+    reply_to_address: Option<String>,
+    member_action: Action,
+    nonmember_action: Action,
+    emergency: bool,
+    max_message_size: u64,
+}
+
+impl List {
+    fn facts(&self) -> ListFacts<'_> {
+        ListFacts {
+            address: &self.address,
+            display_name: &self.display_name,
+            subject_prefix: &self.subject_prefix,
+            reply_goes_to: &self.reply_goes_to,
+            reply_to_address: self.reply_to_address.as_deref(),
+        }
+    }
+}
+
+const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, reply_goes_to, \
+    reply_to_address, member_action, nonmember_action, emergency, max_message_size \
+    FROM pepsi.mailing_list WHERE address = ANY($1)";
+
+/// The lists among the readings of `rcpt_to`, and per recipient its reading (if any).
+async fn resolve(
+    ctx: &StageContext<'_>,
+    rcpt_to: &[String],
+) -> Result<(Vec<List>, Vec<Option<ListAddress>>), StageError> {
+    let candidates: Vec<Vec<ListAddress>> =
+        rcpt_to.iter().map(|r| ListAddress::candidates(r)).collect();
+    let names: Vec<&str> = candidates
+        .iter()
+        .flatten()
+        .map(|c| c.list.as_str())
+        .collect();
+    if names.is_empty() {
+        return Ok((Vec::new(), vec![None; rcpt_to.len()]));
+    }
+    let rows = sqlx::query(LISTS)
+        .bind(&names)
+        .fetch_all(ctx.pool())
+        .await?;
+    let mut lists = Vec::with_capacity(rows.len());
+    for row in rows {
+        let action = |col: &str| -> Result<Action, StageError> {
+            let word: String = row.try_get(col)?;
+            Action::parse(&word)
+                .ok_or_else(|| StageError::Invalid(format!("mailing_list.{col} = {word:?}")))
+        };
+        lists.push(List {
+            id: row.try_get("list_id")?,
+            address: row.try_get("address")?,
+            display_name: row.try_get("display_name")?,
+            subject_prefix: row.try_get("subject_prefix")?,
+            reply_goes_to: row.try_get("reply_goes_to")?,
+            reply_to_address: row.try_get("reply_to_address")?,
+            member_action: action("member_action")?,
+            nonmember_action: action("nonmember_action")?,
+            emergency: row.try_get("emergency")?,
+            max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
+        });
+    }
+    let readings = candidates
+        .into_iter()
+        .map(|cs| {
+            cs.into_iter()
+                .find(|c| lists.iter().any(|l| l.address == c.list))
+        })
+        .collect();
+    Ok((lists, readings))
+}
+
+/// The list stage.
+pub struct ListStage;
+
+impl Stage for ListStage {
+    const PROGRAM: &'static str = constants::PROGRAM;
+    const LOAD: Load = Load::Headers;
+    // Local work (lookups, a fan-out statement): its passes batch, so a batching chain from
+    // route fuses it rather than handing every local message to a pool of its own.
+    const BATCH: bool = true;
+    type Section = Options;
+
+    fn build(_cfg: &Config) -> anyhow::Result<Self> {
+        Ok(ListStage)
+    }
+
+    fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
+        Options::from_config(cfg, name)
+    }
+
+    /// NEXT_STAGE for the other recipients, DELIVER_STAGE (default `aliases`) where the
+    /// members' copies start.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        let deliver = d
+            .option("DELIVER_STAGE")
+            .unwrap_or_else(|| DEFAULT_DELIVER_STAGE.to_owned());
+        d.branch("DELIVER_STAGE", deliver, "list");
+    }
+
+    async fn process(
+        &self,
+        options: &Options,
+        ctx: &mut StageContext<'_>,
+    ) -> Result<Terminal, StageError> {
+        let (lists, readings) = resolve(ctx, ctx.rcpt_to()).await?;
+        if readings.iter().all(Option::is_none) {
+            return ctx.advance();
+        }
+        let others: Vec<usize> = (0..readings.len())
+            .filter(|&i| readings[i].is_none())
+            .collect();
+        let mut readings = readings;
+        if !others.is_empty() {
+            let next = ctx
+                .options()
+                .next_stage
+                .clone()
+                .ok_or_else(|| StageError::NoNextStage(ctx.options().name.to_string()))?;
+            ctx.split_off_recipients(&others, &next).await?;
+            readings.retain(Option::is_some);
+        }
+        let mut results = Vec::with_capacity(readings.len());
+        for reading in readings.into_iter().flatten() {
+            let list = lists
+                .iter()
+                .find(|l| l.address == reading.list)
+                .expect("a reading is of a list found");
+            let result = match &reading.command {
+                Command::Post => self.post(options, ctx, list).await?,
+                Command::Owner => self.to_owners(options, ctx, list).await?,
+                Command::Bounces(member) => self.bounce(ctx, list, member.as_deref()).await?,
+                Command::Join | Command::Leave | Command::Request | Command::Confirm(_) => {
+                    RcptResult::Permanent(Failure::new(
+                        format!(
+                            "commands by mail are not taken for {}: write to {} for \
+                             subscriptions",
+                            list.address,
+                            list.facts().command_address("-owner")
+                        ),
+                        "5.3.3",
+                    ))
+                }
+            };
+            results.push(result);
+        }
+        delivery::conclude_here(ctx, &options.policy, &results)
+    }
+}
+
+impl ListStage {
+    /// A post: the policy's decision, carried out.
+    async fn post(
+        &self,
+        options: &Options,
+        ctx: &mut StageContext<'_>,
+        list: &List,
+    ) -> Result<RcptResult, StageError> {
+        let headers = ctx.headers()?.to_vec();
+        let sender = pepsi_contract::message::from_addresses(&headers)
+            .into_iter()
+            .next()
+            .unwrap_or_else(|| ctx.mail_from().to_owned())
+            .to_lowercase();
+        let pool = ctx.pool();
+        let rule = sqlx::query(
+            "SELECT role, moderation_action FROM pepsi.list_member \
+             WHERE list_id = $1 AND address = $2 AND role IN ('member', 'nonmember')",
+        )
+        .bind(list.id)
+        .bind(&sender)
+        .fetch_all(pool)
+        .await?;
+        let is_member = rule
+            .iter()
+            .any(|r| r.try_get::<String, _>("role").is_ok_and(|v| v == "member"));
+        let own_action = rule
+            .iter()
+            .filter_map(|r| {
+                r.try_get::<Option<String>, _>("moderation_action")
+                    .ok()
+                    .flatten()
+            })
+            .find_map(|w| Action::parse(&w));
+        let banned: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pepsi.list_ban \
+             WHERE (list_id = $1 OR list_id IS NULL) \
+               AND (lower(pattern) = $2 OR (left(pattern, 1) = '^' AND $2 ~* pattern)))",
+        )
+        .bind(list.id)
+        .bind(&sender)
+        .fetch_one(pool)
+        .await?;
+        let facts = list.facts();
+        // The body is fetched for a post that is accepted or held; its size decides too.
+        let Some(body) = ctx
+            .fetch_body(list.max_message_size.saturating_mul(4))
+            .await?
+        else {
+            return Ok(RcptResult::Permanent(Failure::new(
+                format!(
+                    "the post is more than four times the list's limit of {} bytes",
+                    list.max_message_size
+                ),
+                "5.3.4",
+            )));
+        };
+        let body = body.to_vec();
+        let decision = plan::decide(&Facts {
+            sender: &sender,
+            is_member,
+            own_action,
+            banned,
+            own_list_id: post::carries_list_id(&headers, &facts.list_id()),
+            emergency: list.emergency,
+            size: (headers.len() + 2 + body.len()) as u64,
+            max_message_size: list.max_message_size,
+            member_action: list.member_action,
+            nonmember_action: list.nonmember_action,
+        });
+        let id = ctx.id();
+        tracing::info!(id, list = %list.address, %sender, ?decision, "list post");
+        Ok(match decision {
+            Decision::Accept => {
+                let copy_headers = post::headers(&headers, &facts);
+                let copy_body = post::body(&copy_headers, &body, &facts);
+                let subject = pepsi_contract::message::field_values(&headers, "Subject")
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                let message_id = pepsi_contract::message::field_values(&headers, "Message-ID")
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                let mut tx = pool.begin().await?;
+                let post_id: Option<i64> = sqlx::query_scalar(
+                    "INSERT INTO pepsi.list_post \
+                     (list_id, message_id, sender, subject, workqueue_id, size) \
+                     VALUES ($1, $2, $3, $4, $5, $6) \
+                     ON CONFLICT (list_id, workqueue_id) DO NOTHING RETURNING post_id",
+                )
+                .bind(list.id)
+                .bind(&message_id)
+                .bind(&sender)
+                .bind(&subject)
+                .bind(id)
+                .bind((headers.len() + 2 + body.len()) as i64)
+                .fetch_optional(&mut *tx)
+                .await?;
+                let Some(post_id) = post_id else {
+                    // A pass run again after its fan-out committed: the members have it.
+                    tx.rollback().await?;
+                    return Ok(delivered("accepted by the list (sent before)"));
+                };
+                let skip: Vec<String> = sqlx::query_scalar(
+                    "SELECT m.address FROM pepsi.list_member m \
+                     JOIN pepsi.list_member_preference p USING (member_id) \
+                     WHERE m.list_id = $1 AND m.role = 'member' AND m.address = $2 \
+                       AND NOT p.receive_own_postings",
+                )
+                .bind(list.id)
+                .bind(&sender)
+                .fetch_all(&mut *tx)
+                .await?;
+                let n: i32 = sqlx::query_scalar(
+                    "SELECT pepsi.list_fanout($1, 'member', $2, $3, $4, '', true, $5)",
+                )
+                .bind(list.id)
+                .bind(&options.deliver_stage)
+                .bind(&copy_headers)
+                .bind(&copy_body)
+                .bind(&skip)
+                .fetch_one(&mut *tx)
+                .await?;
+                sqlx::query("UPDATE pepsi.list_post SET recipients = $2 WHERE post_id = $1")
+                    .bind(post_id)
+                    .bind(n)
+                    .execute(&mut *tx)
+                    .await?;
+                tx.commit().await?;
+                ctx.note_rows_created();
+                tracing::info!(id, list = %list.address, post_id, members = n, "list post sent");
+                delivered(&format!("accepted by the list for {n} members"))
+            }
+            Decision::Hold(reason) => {
+                let subject = pepsi_contract::message::field_values(&headers, "Subject")
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                let message_id = pepsi_contract::message::field_values(&headers, "Message-ID")
+                    .into_iter()
+                    .next()
+                    .unwrap_or_default();
+                // Held once per queue row: a pass run again finds its own hold.
+                sqlx::query(
+                    "INSERT INTO pepsi.list_held_message \
+                     (list_id, sender, mail_from, subject, message_id, reason, headers, body, expires_at) \
+                     SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + held_lifetime \
+                     FROM pepsi.mailing_list l WHERE l.list_id = $1 \
+                       AND NOT EXISTS (SELECT 1 FROM pepsi.list_held_message h \
+                                       WHERE h.list_id = $1 AND h.message_id = $5 \
+                                         AND h.message_id <> '' AND h.sender = $2)",
+                )
+                .bind(list.id)
+                .bind(&sender)
+                .bind(ctx.mail_from())
+                .bind(&subject)
+                .bind(&message_id)
+                .bind(&reason)
+                .bind(&headers)
+                .bind(&body)
+                .execute(pool)
+                .await?;
+                delivered(&format!("held for the list's moderators: {reason}"))
+            }
+            Decision::Reject(reason) => RcptResult::Permanent(Failure::new(
+                format!("{} refused the post: {reason}", list.address),
+                "5.7.1",
+            )),
+            Decision::Discard(reason) => delivered(&format!("discarded by the list: {reason}")),
+            Decision::Defer(reason) => RcptResult::Transient(Failure::new(
+                format!("{} deferred the post: {reason}", list.address),
+                "4.7.1",
+            )),
+        })
+    }
+
+    /// Mail to `-owner`: as it is, to every owner.
+    async fn to_owners(
+        &self,
+        options: &Options,
+        ctx: &mut StageContext<'_>,
+        list: &List,
+    ) -> Result<RcptResult, StageError> {
+        let headers = ctx.headers()?.to_vec();
+        let Some(body) = ctx
+            .fetch_body(list.max_message_size.saturating_mul(4))
+            .await?
+        else {
+            return Ok(RcptResult::Permanent(Failure::new(
+                "the message is too large for the list's owners",
+                "5.3.4",
+            )));
+        };
+        let body = body.to_vec();
+        let bounces = list.facts().command_address("-bounces");
+        let n: i32 = sqlx::query_scalar(
+            "SELECT pepsi.list_fanout($1, 'owner', $2, $3, $4, $5, false, '{}')",
+        )
+        .bind(list.id)
+        .bind(&options.deliver_stage)
+        .bind(&headers)
+        .bind(&body)
+        .bind(&bounces)
+        .fetch_one(ctx.pool())
+        .await?;
+        if n == 0 {
+            return Ok(RcptResult::Permanent(Failure::new(
+                format!("{} has no owner to read this", list.address),
+                "5.1.1",
+            )));
+        }
+        ctx.note_rows_created();
+        Ok(delivered(&format!("sent to the list's {n} owners")))
+    }
+
+    /// A bounce: its status recorded for the member its VERP address names.
+    async fn bounce(
+        &self,
+        ctx: &mut StageContext<'_>,
+        list: &List,
+        member: Option<&str>,
+    ) -> Result<RcptResult, StageError> {
+        let Some(member) = member else {
+            return Ok(delivered("a bounce without a member address: dropped"));
+        };
+        let report = match ctx.fetch_body(MAX_REPORT_READ).await? {
+            Some(b) => b.to_vec(),
+            None => Vec::new(),
+        };
+        let (kind, status) = bounce_kind(&report);
+        let Some(kind) = kind else {
+            return Ok(delivered("a bounce without a delivery status: dropped"));
+        };
+        sqlx::query(
+            "INSERT INTO pepsi.list_bounce_event (list_id, address, kind, status) \
+             VALUES ($1, $2, $3, $4)",
+        )
+        .bind(list.id)
+        .bind(member)
+        .bind(kind)
+        .bind(&status)
+        .execute(ctx.pool())
+        .await?;
+        Ok(delivered(&format!("{kind} bounce of {member} recorded")))
+    }
+}
+
+fn delivered(what: &str) -> RcptResult {
+    RcptResult::Delivered(Delivery {
+        reply: Some(what.to_owned()),
+        ..Delivery::UNKNOWN
+    })
+}
+
+/// The kind of a bounce report by its first `Status:` field (RFC 3464): `policy` for 5.7.x
+/// (a refusal of the content, which does not count against the member), `hard` for other
+/// 5.x.x, `soft` for 4.x.x; `None` without one. The status comes back too.
+pub fn bounce_kind(report: &[u8]) -> (Option<&'static str>, String) {
+    let text = String::from_utf8_lossy(report);
+    let status = text
+        .lines()
+        .filter_map(|l| {
+            let (name, value) = l.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case("Status")
+                .then(|| value.split_whitespace().next().unwrap_or("").to_owned())
+        })
+        .find(|s| s.len() >= 5 && s.as_bytes()[1] == b'.');
+    let Some(status) = status else {
+        return (None, String::new());
+    };
+    let kind = if status.starts_with("5.7.") {
+        "policy"
+    } else if status.starts_with('5') {
+        "hard"
+    } else if status.starts_with('4') {
+        "soft"
+    } else {
+        return (None, status);
+    };
+    (Some(kind), status)
+}
+
+const ABOUT: &str = "\
+Pepsi stage for mailing lists: posts, owner mail and bounces of the lists in pepsi.mailing_list
+
+Recipients that are addresses of an existing list (see docs/lists.md) are handled here; the \
+message's other recipients go on to NEXT_STAGE on a row of their own. A post to a list is \
+decided by the list's posting policy: a loop (the post already carries the list's List-Id) is \
+discarded; a banned sender is refused; a sender's own rule (pepsi-list add --action) wins; \
+under emergency moderation or above max_message_size the post is held; otherwise members \
+get member_action and everyone else nonmember_action. An accepted post goes to every enabled \
+member as the list copy (List-* fields of RFC 2369 and 2919, Precedence: list, the subject \
+prefix, Reply-To as the list says, the footer after plain text), one queue row per member at \
+DELIVER_STAGE with the member's VERP envelope sender (list+bounces-local=domain@), all \
+sharing one body. A held post is kept in pepsi.list_held_message; a refused one is bounced \
+(5.7.1); a deferred one is retried. Mail to list-owner goes to the owners; bounces to \
+list-bounces and VERP addresses are recorded per member (hard, soft, policy for 5.7.x). \
+Commands by mail (-join, -leave, -request, -confirm) are refused with 5.3.3.
+
+Options of [stage-<name>]:
+  DELIVER_STAGE  aliases  where the members' and owners' copies start
+  RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, DELAY_WARNING, MAX_LIFETIME
+                 the retries of deferred posts, as for the delivery stages
+  NEXT_STAGE, BOUNCE_STAGE  as for every stage";
+
+/// The command line of `pepsi-stage-list`: its `--help` and its manual page.
+pub fn command() -> pepsi_conf::cli::Command {
+    pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+/// Entry point of the `pepsi-stage-list` binary.
+pub fn run() -> ExitCode {
+    pepsi_contract::stage::main::<ListStage>(&constants::CONFIG_SOURCE, ABOUT, "")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bounce_kinds_table() {
+        let cases: &[(&str, Option<&str>, &str)] = &[
+            (
+                "Reporting-MTA: dns; x\r\n\r\nStatus: 5.1.1\r\n",
+                Some("hard"),
+                "5.1.1",
+            ),
+            ("Status: 4.2.2 (mailbox full)\r\n", Some("soft"), "4.2.2"),
+            ("status: 5.7.1\r\n", Some("policy"), "5.7.1"),
+            ("Subject: Status: of things\r\n", None, ""),
+            ("no report at all", None, ""),
+            ("Status: 2.0.0\r\n", None, "2.0.0"),
+        ];
+        for (report, kind, status) in cases {
+            assert_eq!(
+                bounce_kind(report.as_bytes()),
+                (*kind, (*status).to_owned()),
+                "{report}"
+            );
+        }
+    }
+
+    #[test]
+    fn options_table() {
+        let cfg = |t: &str| Config::from_str_named(t, "l.conf").unwrap();
+        let o = Options::from_config(
+            &cfg("[stage-aliases]\nPROGRAM = x\n[stage-lists]\n"),
+            "lists",
+        )
+        .unwrap();
+        assert_eq!(o.deliver_stage, "aliases");
+        let o = Options::from_config(
+            &cfg("[stage-route]\nPROGRAM = x\n[stage-lists]\nDELIVER_STAGE = \" route \"\nRETRY_INITIAL = 1m\n"),
+            "lists",
+        )
+        .unwrap();
+        assert_eq!(o.deliver_stage, "route");
+        assert_eq!(o.policy.initial, std::time::Duration::from_secs(60));
+        let e = Options::from_config(&cfg("[stage-lists]\nDELIVER_STAGE = nowhere\n"), "lists")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("l.conf") && e.contains("DELIVER_STAGE = nowhere"),
+            "{e}"
+        );
+    }
+}

@@ -1,0 +1,216 @@
+//! What a post to a list does: the posting policy, as a pure decision over the facts the
+//! stage looked up, tested as a table. First rule that applies wins:
+//!
+//! 1. the post carries this list's own `List-Id`: it came back through a loop → discard;
+//! 2. the sender is banned (from this list or every list) → reject;
+//! 3. the sender's own rule (a member or nonmember row with `moderation_action`);
+//! 4. the list is under emergency moderation → hold;
+//! 5. the post is larger than the list's `max_message_size` → hold;
+//! 6. a member → the list's `member_action`; anyone else → its `nonmember_action`.
+//!
+//! The sender is the post's From address (the envelope sender when it has none): what
+//! people subscribe and are recognised by.
+
+/// What the list does with one post.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Sent to the members.
+    Accept,
+    /// Kept for a moderator, with the reason.
+    Hold(String),
+    /// Refused: the sender gets a DSN with the reason.
+    Reject(String),
+    /// Dropped without a word, with the reason (logged).
+    Discard(String),
+    /// Tried again later.
+    Defer(String),
+}
+
+/// A posting rule's action, as `mailing_list.member_action` and friends store it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    Accept,
+    Hold,
+    Reject,
+    Discard,
+    Defer,
+}
+
+impl Action {
+    /// The stored word (the schema's CHECK allows exactly these).
+    pub fn parse(word: &str) -> Option<Action> {
+        Some(match word {
+            "accept" => Action::Accept,
+            "hold" => Action::Hold,
+            "reject" => Action::Reject,
+            "discard" => Action::Discard,
+            "defer" => Action::Defer,
+            _ => return None,
+        })
+    }
+
+    fn decide(self, why: &str) -> Decision {
+        match self {
+            Action::Accept => Decision::Accept,
+            Action::Hold => Decision::Hold(why.to_owned()),
+            Action::Reject => Decision::Reject(why.to_owned()),
+            Action::Discard => Decision::Discard(why.to_owned()),
+            Action::Defer => Decision::Defer(why.to_owned()),
+        }
+    }
+}
+
+/// Everything the decision reads.
+#[derive(Debug, Clone)]
+pub struct Facts<'a> {
+    pub sender: &'a str,
+    /// Whether the sender is a member (role `member`).
+    pub is_member: bool,
+    /// The sender's own rule, from a member or nonmember row.
+    pub own_action: Option<Action>,
+    pub banned: bool,
+    /// Whether the post already carries this list's List-Id.
+    pub own_list_id: bool,
+    pub emergency: bool,
+    pub size: u64,
+    pub max_message_size: u64,
+    pub member_action: Action,
+    pub nonmember_action: Action,
+}
+
+/// The decision for one post.
+pub fn decide(f: &Facts<'_>) -> Decision {
+    if f.own_list_id {
+        return Decision::Discard("the post already went through this list (a loop)".into());
+    }
+    if f.banned {
+        return Decision::Reject(format!("{} may not post to this list", f.sender));
+    }
+    if let Some(action) = f.own_action {
+        return action.decide(&format!("the list's rule for {}", f.sender));
+    }
+    if f.emergency {
+        return Decision::Hold("the list is under emergency moderation".into());
+    }
+    if f.size > f.max_message_size {
+        return Decision::Hold(format!(
+            "the post is {} bytes, more than the list's limit of {}",
+            f.size, f.max_message_size
+        ));
+    }
+    if f.is_member {
+        f.member_action.decide("posts from members")
+    } else {
+        f.nonmember_action
+            .decide(&format!("{} is not a member of the list", f.sender))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn base() -> Facts<'static> {
+        Facts {
+            sender: "bob@example.net",
+            is_member: true,
+            own_action: None,
+            banned: false,
+            own_list_id: false,
+            emergency: false,
+            size: 1000,
+            max_message_size: 10_000,
+            member_action: Action::Accept,
+            nonmember_action: Action::Hold,
+        }
+    }
+
+    #[test]
+    fn decisions_table() {
+        type Change = fn(&mut Facts<'static>);
+        let cases: Vec<(&str, Change, Decision)> = vec![
+            ("a member posts", |_| {}, Decision::Accept),
+            (
+                "a nonmember is held by default",
+                |f| f.is_member = false,
+                Decision::Hold("bob@example.net is not a member of the list".into()),
+            ),
+            (
+                "a nonmember rejected by the list's rule",
+                |f| {
+                    f.is_member = false;
+                    f.nonmember_action = Action::Reject;
+                },
+                Decision::Reject("bob@example.net is not a member of the list".into()),
+            ),
+            (
+                "the sender's own rule wins over the list's",
+                |f| {
+                    f.is_member = false;
+                    f.own_action = Some(Action::Accept);
+                },
+                Decision::Accept,
+            ),
+            (
+                "a moderated member",
+                |f| f.own_action = Some(Action::Hold),
+                Decision::Hold("the list's rule for bob@example.net".into()),
+            ),
+            (
+                "a ban wins over the sender's rule",
+                |f| {
+                    f.banned = true;
+                    f.own_action = Some(Action::Accept);
+                },
+                Decision::Reject("bob@example.net may not post to this list".into()),
+            ),
+            (
+                "a loop is discarded before anything else",
+                |f| {
+                    f.own_list_id = true;
+                    f.banned = true;
+                },
+                Decision::Discard("the post already went through this list (a loop)".into()),
+            ),
+            (
+                "emergency moderation holds members too",
+                |f| f.emergency = true,
+                Decision::Hold("the list is under emergency moderation".into()),
+            ),
+            (
+                "too large",
+                |f| f.size = 10_001,
+                Decision::Hold(
+                    "the post is 10001 bytes, more than the list's limit of 10000".into(),
+                ),
+            ),
+            (
+                "members deferred by the list",
+                |f| f.member_action = Action::Defer,
+                Decision::Defer("posts from members".into()),
+            ),
+            (
+                "nonmembers discarded",
+                |f| {
+                    f.is_member = false;
+                    f.nonmember_action = Action::Discard;
+                },
+                Decision::Discard("bob@example.net is not a member of the list".into()),
+            ),
+        ];
+        for (label, change, want) in cases {
+            let mut f = base();
+            change(&mut f);
+            assert_eq!(decide(&f), want, "{label}");
+        }
+    }
+
+    #[test]
+    fn actions_are_the_schemas_words() {
+        for w in ["accept", "hold", "reject", "discard", "defer"] {
+            assert!(Action::parse(w).is_some(), "{w}");
+        }
+        assert_eq!(Action::parse("Accept"), None);
+        assert_eq!(Action::parse(""), None);
+    }
+}

@@ -1,0 +1,315 @@
+//! `pepsi-stage-list worker` against a real database: a list's posts fanned out to its
+//! enabled members with VERP envelope senders and the list copy, exactly once even when the
+//! pass is redone; held, refused, discarded and deferred posts; owner mail; bounces.
+
+use std::path::PathBuf;
+
+use pepsi_testkit::TestDb;
+use serde_json::json;
+
+use crate::support;
+
+const STAGE: &str = env!("CARGO_BIN_EXE_pepsi-stage-list");
+
+/// The status line of a pass that ended its row: every list recipient was handled here.
+const FINISHED: &str = "0 {\"finished\":true}";
+
+struct Setup {
+    _dir: tempfile::TempDir,
+    config: PathBuf,
+}
+
+/// The list team@example.test (members alice, carol and dave, whose delivery he turned off;
+/// owner olga; a rule refusing spam@evil.test), its stage `lists` handing members' copies to
+/// `deliver` and other recipients to `next`, bounces to `bounced`.
+async fn setup(db: &TestDb) -> Setup {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &config,
+        format!(
+            "[database]\nURL = {}\n\n[pepsi]\nHOSTNAME = mx.example.test\n\n\
+             [stage-lists]\nPROGRAM = pepsi-stage-list\nDELIVER_STAGE = deliver\n\
+             NEXT_STAGE = next\nBOUNCE_STAGE = bounced\n\n\
+             [stage-deliver]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-next]\nPROGRAM = pepsi-stage-discard\n\n\
+             [stage-bounced]\nPROGRAM = pepsi-stage-discard\n",
+            db.url
+        ),
+    )
+    .unwrap();
+    let list: i64 = sqlx::query_scalar(
+        "INSERT INTO pepsi.mailing_list (address, display_name, subject_prefix) \
+         VALUES ('team@example.test', 'The Team', '[team]') RETURNING list_id",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    for (address, role, status, action) in [
+        ("alice@example.test", "member", "enabled", None),
+        ("carol@remote.test", "member", "enabled", None),
+        ("dave@remote.test", "member", "by_user", None),
+        ("olga@example.test", "owner", "enabled", None),
+        ("spam@evil.test", "nonmember", "enabled", Some("reject")),
+    ] {
+        sqlx::query(
+            "INSERT INTO pepsi.list_member (list_id, address, role, delivery_status, \
+             moderation_action) VALUES ($1, $2, $3, $4, $5)",
+        )
+        .bind(list)
+        .bind(address)
+        .bind(role)
+        .bind(status)
+        .bind(action)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    Setup { _dir: dir, config }
+}
+
+/// A message from `from` to `rcpt`, running at the list stage.
+async fn message(db: &TestDb, from: &str, rcpt: &[&str], extra: &str) -> i64 {
+    let headers = format!(
+        "From: {from}\r\nTo: team@example.test\r\nSubject: lunch\r\n\
+         Message-ID: <{}@remote.test>\r\n{extra}",
+        rcpt.len() + from.len() + extra.len()
+    );
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind(from)
+        .bind(rcpt.iter().map(|r| r.to_string()).collect::<Vec<_>>())
+        .bind(headers.as_bytes())
+        .bind(b"Who is in?\r\n".as_slice())
+        .bind(json!({}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, id, "lists").await;
+    id
+}
+
+/// The rows at `stage`: (envelope sender, recipients, headers, body id).
+async fn rows_at(db: &TestDb, stage: &str) -> Vec<(String, Vec<String>, Vec<u8>, i64)> {
+    sqlx::query_as(
+        "SELECT mail_from, rcpt_to, headers, body_id FROM pepsi.workqueue WHERE stage = $1 \
+         ORDER BY workqueue_id",
+    )
+    .bind(stage)
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+async fn body(db: &TestDb, body_id: i64) -> String {
+    let b: Vec<u8> = sqlx::query_scalar("SELECT body FROM pepsi.workqueue_body WHERE body_id = $1")
+        .bind(body_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    String::from_utf8(b).unwrap()
+}
+
+async fn gone(db: &TestDb, id: i64) -> bool {
+    sqlx::query_scalar::<_, i64>("SELECT count(*) FROM pepsi.workqueue WHERE workqueue_id = $1")
+        .bind(id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap()
+        == 0
+}
+
+/// A member's post to the list and to someone else: the other recipient goes on to `next`,
+/// each enabled member gets the list copy on a row of their own with their VERP address as
+/// envelope sender, all sharing one body; the pass redone after a crash sends nothing twice.
+#[tokio::test]
+async fn a_members_post_reaches_every_enabled_member_once() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let id = message(
+        &db,
+        "Alice <alice@example.test>",
+        &["team@example.test", "bob@example.test"],
+        "List-Id: <forged.example.com>\r\n",
+    )
+    .await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[id]).await,
+        vec![FINISHED]
+    );
+    let next = rows_at(&db, "next").await;
+    assert_eq!(next.len(), 1);
+    assert_eq!(next[0].1, vec!["bob@example.test"]);
+    assert!(gone(&db, id).await, "the list's recipient is done");
+    let copies = rows_at(&db, "deliver").await;
+    let envelopes: Vec<(String, Vec<String>)> = copies
+        .iter()
+        .map(|(from, rcpt, _, _)| (from.clone(), rcpt.clone()))
+        .collect();
+    assert_eq!(
+        envelopes,
+        vec![
+            (
+                "team+bounces-alice=example.test@example.test".to_owned(),
+                vec!["alice@example.test".to_owned()]
+            ),
+            (
+                "team+bounces-carol=remote.test@example.test".to_owned(),
+                vec!["carol@remote.test".to_owned()]
+            ),
+        ]
+    );
+    assert_eq!(copies[0].3, copies[1].3, "one body for every copy");
+    let h = String::from_utf8(copies[0].2.clone()).unwrap();
+    for want in [
+        "Subject: [team] lunch\r\n",
+        "List-Id: \"The Team\" <team.example.test>\r\n",
+        "List-Unsubscribe: <mailto:team-leave@example.test>\r\n",
+        "Precedence: list\r\n",
+    ] {
+        assert!(h.contains(want), "{want:?} in {h}");
+    }
+    assert!(!h.contains("forged.example.com"), "{h}");
+    let b = body(&db, copies[0].3).await;
+    assert!(
+        b.starts_with("Who is in?\r\n-- \r\nThe Team mailing list -- team@example.test\r\n"),
+        "{b}"
+    );
+    let posts: Vec<(String, i32)> =
+        sqlx::query_as("SELECT sender, recipients FROM pepsi.list_post")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(posts, vec![("alice@example.test".to_owned(), 2)]);
+
+    // The pass's own commit lost after the fan-out committed: the row is back, running at
+    // the list stage with only the list's recipient, and the pass runs again.
+    let again: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind("alice@example.test")
+        .bind(vec!["team@example.test".to_owned()])
+        .bind(b"From: alice@example.test\r\nSubject: lunch\r\n".as_slice())
+        .bind(b"Who is in?\r\n".as_slice())
+        .bind(json!({}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE pepsi.list_post SET workqueue_id = $1")
+        .bind(again)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, again, "lists").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[again]).await,
+        vec![FINISHED]
+    );
+    assert_eq!(rows_at(&db, "deliver").await.len(), 2, "no second fan-out");
+    assert!(gone(&db, again).await);
+}
+
+/// A nonmember's post is held with its body; a refused sender's post is bounced; a post
+/// that already went through the list is dropped; mail to a command address is bounced.
+#[tokio::test]
+async fn held_refused_looped_and_command_mail() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let held = message(&db, "stranger@else.test", &["team@example.test"], "").await;
+    let refused = message(&db, "spam@evil.test", &["team@example.test"], "").await;
+    let looped = message(
+        &db,
+        "carol@remote.test",
+        &["team@example.test"],
+        "List-Id: The Team <team.example.test>\r\n",
+    )
+    .await;
+    let join = message(&db, "new@else.test", &["team-join@example.test"], "").await;
+    let lines = support::run_ids(STAGE, &s.config, &[held, refused, looped, join]).await;
+    assert_eq!(lines, vec![FINISHED; 4]);
+    let holds: Vec<(String, String, Vec<u8>)> =
+        sqlx::query_as("SELECT sender, reason, body FROM pepsi.list_held_message")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        holds,
+        vec![(
+            "stranger@else.test".to_owned(),
+            "stranger@else.test is not a member of the list".to_owned(),
+            b"Who is in?\r\n".to_vec()
+        )]
+    );
+    assert!(gone(&db, held).await && gone(&db, looped).await);
+    assert!(
+        rows_at(&db, "deliver").await.is_empty(),
+        "nothing fanned out"
+    );
+    let bounced: Vec<(i64, serde_json::Value)> = sqlx::query_as(
+        "SELECT workqueue_id, state -> 'bounce' FROM pepsi.workqueue WHERE stage = 'bounced' \
+         ORDER BY workqueue_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(bounced.len(), 2, "{bounced:?}");
+    let text = |v: &serde_json::Value| v.to_string();
+    // The notifications are new rows; the posts' own rows are gone.
+    assert!(
+        text(&bounced[0].1).contains("5.7.1") && text(&bounced[0].1).contains("spam@evil.test"),
+        "{bounced:?}"
+    );
+    assert!(
+        text(&bounced[1].1).contains("5.3.3")
+            && text(&bounced[1].1).contains("team-join@example.test"),
+        "{bounced:?}"
+    );
+    assert!(gone(&db, refused).await && gone(&db, join).await);
+}
+
+/// Mail to the owner address reaches every owner from the list's bounce address; a VERP
+/// bounce is recorded for the member it names: hard for 5.1.1, policy for 5.7.1.
+#[tokio::test]
+async fn owner_mail_and_bounces() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let owner = message(&db, "bob@else.test", &["team-owner@example.test"], "").await;
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind("")
+        .bind(vec!["team+bounces-carol=remote.test@example.test".to_owned()])
+        .bind(b"From: MAILER-DAEMON@remote.test\r\nSubject: Undelivered\r\n".as_slice())
+        .bind(b"Reporting-MTA: dns; remote.test\r\n\r\nFinal-Recipient: rfc822; carol@remote.test\r\nAction: failed\r\nStatus: 5.1.1\r\n".as_slice())
+        .bind(json!({}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, id, "lists").await;
+    let policy: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind("")
+        .bind(vec![
+            "team+bounces-alice=example.test@example.test".to_owned(),
+        ])
+        .bind(b"Subject: Undelivered\r\n".as_slice())
+        .bind(b"Status: 5.7.1 (content refused)\r\n".as_slice())
+        .bind(json!({}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, policy, "lists").await;
+    let lines = support::run_ids(STAGE, &s.config, &[owner, id, policy]).await;
+    assert_eq!(lines, vec![FINISHED; 3]);
+    let owners = rows_at(&db, "deliver").await;
+    assert_eq!(owners.len(), 1);
+    assert_eq!(owners[0].0, "team-bounces@example.test");
+    assert_eq!(owners[0].1, vec!["olga@example.test"]);
+    let events: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT address, kind, status FROM pepsi.list_bounce_event ORDER BY event_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        events,
+        vec![
+            ("carol@remote.test".into(), "hard".into(), "5.1.1".into()),
+            ("alice@example.test".into(), "policy".into(), "5.7.1".into()),
+        ]
+    );
+}
