@@ -207,7 +207,8 @@ async fn a_members_post_reaches_every_enabled_member_once() {
 }
 
 /// A nonmember's post is held with its body; a refused sender's post is bounced; a post
-/// that already went through the list is dropped; mail to a command address is bounced.
+/// that already went through the list is dropped; a `-request` message without a command is
+/// bounced.
 #[tokio::test]
 async fn held_refused_looped_and_command_mail() {
     let db = TestDb::new().await;
@@ -221,7 +222,7 @@ async fn held_refused_looped_and_command_mail() {
         "List-Id: The Team <team.example.test>\r\n",
     )
     .await;
-    let join = message(&db, "new@else.test", &["team-join@example.test"], "").await;
+    let join = message(&db, "new@else.test", &["team-request@example.test"], "").await;
     let lines = support::run_ids(STAGE, &s.config, &[held, refused, looped, join]).await;
     assert_eq!(lines, vec![FINISHED; 4]);
     let holds: Vec<(String, String, Vec<u8>)> =
@@ -257,8 +258,8 @@ async fn held_refused_looped_and_command_mail() {
         "{bounced:?}"
     );
     assert!(
-        text(&bounced[1].1).contains("5.3.3")
-            && text(&bounced[1].1).contains("team-join@example.test"),
+        text(&bounced[1].1).contains("5.5.2")
+            && text(&bounced[1].1).contains("team-request@example.test"),
         "{bounced:?}"
     );
     assert!(gone(&db, refused).await && gone(&db, join).await);
@@ -312,4 +313,140 @@ async fn owner_mail_and_bounces() {
             ("alice@example.test".into(), "policy".into(), "5.7.1".into()),
         ]
     );
+}
+
+/// The messages the list sent at `deliver` to `to`: (envelope sender, headers).
+async fn sent_to(db: &TestDb, to: &str) -> Vec<(String, String)> {
+    rows_at(db, "deliver")
+        .await
+        .into_iter()
+        .filter(|(_, rcpt, _, _)| rcpt == &[to.to_owned()])
+        .map(|(from, _, h, _)| (from, String::from_utf8(h).unwrap()))
+        .collect()
+}
+
+/// The token a confirmation's subject (`confirm <token>`, unfolded) carries.
+fn token_of(headers: &str) -> String {
+    pepsi_contract::message::field_values(headers.as_bytes(), "Subject")
+        .into_iter()
+        .find_map(|v| v.strip_prefix("confirm").map(|t| t.trim().to_owned()))
+        .unwrap_or_else(|| panic!("no confirmation subject in {headers}"))
+}
+
+async fn members(db: &TestDb) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT address FROM pepsi.list_member WHERE role = 'member' ORDER BY address",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Subscribing by mail is confirmed by the address (double opt-in): `-join` mails a token,
+/// whose reply to `-confirm+<token>@` makes the member (once: the token is spent); leaving is
+/// confirmed the same way; a fourth request from one address within the window sends no
+/// fourth confirmation.
+#[tokio::test]
+async fn joining_and_leaving_by_mail_are_confirmed_by_the_address() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let join = message(&db, "New <new@else.test>", &["team-join@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[join]).await,
+        vec![FINISHED]
+    );
+    let sent = sent_to(&db, "new@else.test").await;
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(sent[0].0, "team-bounces@example.test");
+    let token = token_of(&sent[0].1);
+    assert_eq!(token.len(), 64);
+    assert!(
+        sent[0]
+            .1
+            .contains(&format!("Reply-To: <team-confirm+{token}@example.test>")),
+        "{}",
+        sent[0].1
+    );
+    assert!(!members(&db).await.contains(&"new@else.test".to_owned()));
+    let stored: Vec<Vec<u8>> = sqlx::query_scalar("SELECT token_hash FROM pepsi.list_pending")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored.len(), 1);
+    assert_ne!(stored[0], token.as_bytes(), "only the hash is stored");
+
+    let reply = message(
+        &db,
+        "new@else.test",
+        &[&format!("team-confirm+{token}@example.test")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[reply]).await,
+        vec![FINISHED]
+    );
+    assert!(members(&db).await.contains(&"new@else.test".to_owned()));
+    let welcome = sent_to(&db, "new@else.test").await;
+    assert_eq!(welcome.len(), 2);
+    assert!(
+        welcome[1]
+            .1
+            .contains("Subject: Welcome to team@example.test"),
+        "{}",
+        welcome[1].1
+    );
+    // The token is spent: the same reply again is bounced.
+    let again = message(
+        &db,
+        "new@else.test",
+        &[&format!("team-confirm+{token}@example.test")],
+        "",
+    )
+    .await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[again]).await,
+        vec![FINISHED]
+    );
+    let bounced: Vec<serde_json::Value> =
+        sqlx::query_scalar("SELECT state -> 'bounce' FROM pepsi.workqueue WHERE stage = 'bounced'")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(bounced.len(), 1);
+    assert!(bounced[0].to_string().contains("5.7.1"), "{bounced:?}");
+
+    // Leaving: asked by the member, confirmed with `confirm <token>` to -request.
+    let leave = message(&db, "carol@remote.test", &["team-leave@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[leave]).await,
+        vec![FINISHED]
+    );
+    let token = token_of(&sent_to(&db, "carol@remote.test").await[0].1);
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind("carol@remote.test")
+        .bind(vec!["team-request@example.test".to_owned()])
+        .bind(format!("From: carol@remote.test\r\nSubject: Re: confirm {token}\r\n").as_bytes())
+        .bind(b"\r\n".as_slice())
+        .bind(json!({}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, id, "lists").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[id]).await,
+        vec![FINISHED]
+    );
+    assert!(!members(&db).await.contains(&"carol@remote.test".to_owned()));
+
+    // Four requests for one stranger's address: three confirmations (the list's limit).
+    let mut ids = Vec::new();
+    for _ in 0..4 {
+        ids.push(message(&db, "victim@else.test", &["team-join@example.test"], "").await);
+    }
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &ids).await,
+        vec![FINISHED; 4]
+    );
+    assert_eq!(sent_to(&db, "victim@else.test").await.len(), 3);
 }

@@ -6,7 +6,7 @@
 //! | address | what it is |
 //! | --- | --- |
 //! | `team@example.org` | a post to the list |
-//! | `team-join@`, `team-subscribe@` | a subscription request |
+//! | `team-join@`, `team-subscribe@` | a subscription request (confirmed by mail) |
 //! | `team-leave@`, `team-unsubscribe@` | an unsubscription request |
 //! | `team-request@` | commands in the subject or body (`join`, `leave`, `help`) |
 //! | `team-owner@` | the list's owners |

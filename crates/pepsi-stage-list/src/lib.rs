@@ -18,8 +18,8 @@
 //!   envelope sender;
 //! - `-bounces` and VERP addresses: the report's `Status` recorded in `list_bounce_event`
 //!   (hard, soft, or policy for 5.7.x) for the member the VERP address names;
-//! - `-join`, `-leave`, `-request`, `-confirm+…`: refused with a DSN (5.3.3) that names the
-//!   owner address; commands by mail are not taken here.
+//! - `-join`, `-leave`, `-request`, `-confirm+…`: subscribing and leaving by mail, each
+//!   confirmed by the address it concerns (`commands`).
 //!
 //! The list recipients end like a delivery's (`delivery::conclude_here`): accepted, held,
 //! discarded and recorded ones as delivered (the mail log says which), refused ones bounced,
@@ -34,6 +34,7 @@ use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use sqlx::Row as _;
 
+pub mod commands;
 pub mod plan;
 pub mod post;
 
@@ -65,6 +66,9 @@ pub struct Options {
     pub deliver_stage: String,
     /// The retry options (`RETRY_*`, `MAX_LIFETIME`) of deferred posts.
     pub policy: RetryPolicy,
+    /// `HOSTNAME` (else `[pepsi] HOSTNAME`, else the system's): the domain of the
+    /// Message-IDs of the list's own messages (confirmations, help).
+    pub hostname: String,
 }
 
 impl Options {
@@ -84,6 +88,7 @@ impl Options {
         Ok(Options {
             deliver_stage,
             policy: RetryPolicy::from_config(cfg, stage)?,
+            hostname: cfg.name_option(&s, "HOSTNAME")?,
         })
     }
 }
@@ -229,17 +234,10 @@ impl Stage for ListStage {
                 Command::Post => self.post(options, ctx, list).await?,
                 Command::Owner => self.to_owners(options, ctx, list).await?,
                 Command::Bounces(member) => self.bounce(ctx, list, member.as_deref()).await?,
-                Command::Join | Command::Leave | Command::Request | Command::Confirm(_) => {
-                    RcptResult::Permanent(Failure::new(
-                        format!(
-                            "commands by mail are not taken for {}: write to {} for \
-                             subscriptions",
-                            list.address,
-                            list.facts().command_address("-owner")
-                        ),
-                        "5.3.3",
-                    ))
-                }
+                Command::Join => commands::join(options, ctx, list).await?,
+                Command::Leave => commands::leave(options, ctx, list).await?,
+                Command::Request => commands::request_message(options, ctx, list).await?,
+                Command::Confirm(token) => commands::confirm(options, ctx, list, token).await?,
             };
             results.push(result);
         }
@@ -546,7 +544,9 @@ DELIVER_STAGE with the member's VERP envelope sender (list+bounces-local=domain@
 sharing one body. A held post is kept in pepsi.list_held_message; a refused one is bounced \
 (5.7.1); a deferred one is retried. Mail to list-owner goes to the owners; bounces to \
 list-bounces and VERP addresses are recorded per member (hard, soft, policy for 5.7.x). \
-Commands by mail (-join, -leave, -request, -confirm) are refused with 5.3.3.
+Mail to list-join and list-leave (or join and leave commands to list-request) asks the \
+address for a confirmation (double opt-in, at most confirm_limit_per_address per \
+confirm_window); its reply to list-confirm+TOKEN carries the request out.
 
 Options of [stage-<name>]:
   DELIVER_STAGE  aliases  where the members' and owners' copies start
@@ -557,6 +557,7 @@ Options of [stage-<name>]:
 /// The command line of `pepsi-stage-list`: its `--help` and its manual page.
 pub fn command() -> pepsi_conf::cli::Command {
     pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
+  HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
 }
 
 /// Entry point of the `pepsi-stage-list` binary.

@@ -1,0 +1,502 @@
+//! Commands by mail (docs/lists.md, "Commands by mail"): `-join`, `-leave`, `-request` and
+//! `-confirm+<token>`. Every subscription and every unsubscription by mail is confirmed by
+//! the address it concerns (double opt-in): the request makes a `list_pending` row and mails
+//! a confirmation to that address, whose reply (to `team-confirm+<token>@`) or whose
+//! `confirm <token>` to `-request` carries it out. Only a SHA-256 of the token is stored.
+//!
+//! Confirmations are limited per address and list to `confirm_limit_per_address` in each
+//! `confirm_window` (`list_confirm_rate`): past it a request is dropped without a word, so
+//! nobody can use a list to flood a stranger's mailbox (the request's sender may be forged;
+//! answering it would be backscatter).
+//!
+//! `parse_request` (pure, a table) reads a `-request` message's subject or first body line;
+//! the rest is the I/O around it.
+
+use chrono::Utc;
+use mail_builder::MessageBuilder;
+use mail_builder::headers::date::Date;
+use mail_builder::headers::raw::Raw;
+use pepsi_contract::list::MAX_TOKEN_LEN;
+use pepsi_contract::stage::{StageContext, StageError};
+use pepsi_outbound::delivery::{Failure, RcptResult};
+use serde_json::Map;
+use sha2::{Digest, Sha256};
+use sqlx::Row as _;
+
+use crate::{List, Options, delivered};
+
+/// What a `-request` message asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Request {
+    Join,
+    Leave,
+    Confirm(String),
+    Help,
+}
+
+/// The command of a `-request` message: the first word of its subject (after any `Re:`),
+/// else of its first non-empty body line: `join`/`subscribe`, `leave`/`unsubscribe`,
+/// `confirm <token>`, `help`. `None` for anything else.
+pub fn parse_request(subject: &str, body: &str) -> Option<Request> {
+    let read = |line: &str| -> Option<Request> {
+        let mut line = line.trim();
+        while let Some(rest) = line
+            .strip_prefix("Re:")
+            .or_else(|| line.strip_prefix("RE:"))
+            .or_else(|| line.strip_prefix("re:"))
+        {
+            line = rest.trim_start();
+        }
+        let mut words = line.split_whitespace();
+        let word = words.next()?.to_ascii_lowercase();
+        Some(match word.as_str() {
+            "join" | "subscribe" => Request::Join,
+            "leave" | "unsubscribe" => Request::Leave,
+            "help" => Request::Help,
+            "confirm" => {
+                let token = words.next()?.to_ascii_lowercase();
+                if token.is_empty()
+                    || token.len() > MAX_TOKEN_LEN
+                    || !token.bytes().all(|b| b.is_ascii_alphanumeric())
+                {
+                    return None;
+                }
+                Request::Confirm(token)
+            }
+            _ => return None,
+        })
+    };
+    read(subject).or_else(|| body.lines().find(|l| !l.trim().is_empty()).and_then(read))
+}
+
+/// The stored form of a token: its SHA-256.
+pub fn token_hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A fresh token: 32 random bytes as 64 lower-case hex digits.
+fn new_token() -> Result<String, StageError> {
+    let mut bytes = [0u8; 32];
+    getrandom::fill(&mut bytes)
+        .map_err(|e| StageError::Temporary(format!("no random bytes for a token: {e}")))?;
+    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// The sender a command is about: the From address, else the envelope sender, lower-case.
+fn requester(ctx: &StageContext<'_>) -> Result<String, StageError> {
+    let headers = ctx.headers()?;
+    Ok(pepsi_contract::message::from_addresses(headers)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| ctx.mail_from().to_owned())
+        .to_lowercase())
+}
+
+/// `-join`: a confirmation to the requester, unless they are a member already, banned, the
+/// list takes no subscriptions, or the limit is reached.
+pub(crate) async fn join(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+) -> Result<RcptResult, StageError> {
+    let who = requester(ctx)?;
+    if who.is_empty() {
+        return Ok(delivered(
+            "a subscription request without a sender: dropped",
+        ));
+    }
+    let pool = ctx.pool();
+    let row = sqlx::query(
+        "SELECT subscription_policy, \
+           EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
+                   AND role = 'member') AS member, \
+           EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
+                   AND (lower(pattern) = $2 OR (left(pattern, 1) = '^' AND $2 ~* pattern))) \
+             AS banned \
+         FROM pepsi.mailing_list WHERE list_id = $1",
+    )
+    .bind(list.id)
+    .bind(&who)
+    .fetch_one(pool)
+    .await?;
+    let policy: String = row.try_get("subscription_policy")?;
+    if policy == "closed" || row.try_get::<bool, _>("banned")? {
+        return Ok(RcptResult::Permanent(Failure::new(
+            format!("{} takes no subscription from {who}", list.address),
+            "5.7.1",
+        )));
+    }
+    if row.try_get::<bool, _>("member")? {
+        return Ok(delivered(&format!("{who} is a member already")));
+    }
+    request(options, ctx, list, &who, "subscribe").await
+}
+
+/// `-leave`: a confirmation to the requester when they are a member; nothing otherwise (the
+/// list does not say who its members are).
+pub(crate) async fn leave(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+) -> Result<RcptResult, StageError> {
+    let who = requester(ctx)?;
+    let member: bool = sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
+         AND role = 'member')",
+    )
+    .bind(list.id)
+    .bind(&who)
+    .fetch_one(ctx.pool())
+    .await?;
+    if !member {
+        return Ok(delivered(
+            "an unsubscription request from no member: dropped",
+        ));
+    }
+    request(options, ctx, list, &who, "unsubscribe").await
+}
+
+/// A pending request of `kind` for `who` and its confirmation mail, within the limit.
+async fn request(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+    who: &str,
+    kind: &str,
+) -> Result<RcptResult, StageError> {
+    let pool = ctx.pool();
+    // One count per address, list and window: the window starts at a multiple of its length.
+    let allowed: bool = sqlx::query_scalar(
+        "WITH l AS (SELECT confirm_limit_per_address AS lim, \
+                       extract(epoch FROM confirm_window) AS w \
+                    FROM pepsi.mailing_list WHERE list_id = $1), \
+              up AS (INSERT INTO pepsi.list_confirm_rate (list_id, key_kind, key, window_start, count) \
+                     SELECT $1, 'address', $2, \
+                            to_timestamp(floor(extract(epoch FROM now()) / l.w) * l.w), 1 FROM l \
+                     ON CONFLICT (list_id, key_kind, key, window_start) \
+                     DO UPDATE SET count = pepsi.list_confirm_rate.count + 1 \
+                     RETURNING count) \
+         SELECT (SELECT count FROM up) <= (SELECT lim FROM l)",
+    )
+    .bind(list.id)
+    .bind(who)
+    .fetch_one(pool)
+    .await?;
+    if !allowed {
+        tracing::warn!(list = %list.address, %who, kind, "confirmation limit reached: no confirmation sent");
+        return Ok(delivered(&format!(
+            "{kind} request from {who}: the confirmation limit is reached, none sent"
+        )));
+    }
+    let token = new_token()?;
+    sqlx::query(
+        "INSERT INTO pepsi.list_pending (list_id, address, kind, token_hash, requested_via, \
+         expires_at) SELECT $1, $2, $3, $4, 'mail', now() + pending_lifetime \
+         FROM pepsi.mailing_list WHERE list_id = $1",
+    )
+    .bind(list.id)
+    .bind(who)
+    .bind(kind)
+    .bind(token_hash(&token))
+    .execute(pool)
+    .await?;
+    let facts = list.facts();
+    let confirm = facts.command_address(&format!("-confirm+{token}"));
+    let text = format!(
+        "We received a request to {kind} {who} {} the mailing list {}.\r\n\r\n\
+         To confirm, reply to this message (it goes to {confirm}),\r\n\
+         or send a message to {} with the subject:\r\n\r\n    confirm {token}\r\n\r\n\
+         If you did not ask for this, ignore this message: nothing changes.\r\n",
+        if kind == "subscribe" { "to" } else { "from" },
+        list.address,
+        facts.command_address("-request"),
+    );
+    let subject = format!("confirm {token}");
+    send(
+        options,
+        ctx,
+        list,
+        who,
+        &subject,
+        &text,
+        Some(&confirm),
+        &format!("list-confirm:{}:{}:{kind}", ctx.id(), list.id),
+    )
+    .await?;
+    Ok(delivered(&format!(
+        "{kind} request from {who}: confirmation sent"
+    )))
+}
+
+/// `-confirm+<token>` or `confirm <token>`: the pending request carried out.
+pub(crate) async fn confirm(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+    token: &str,
+) -> Result<RcptResult, StageError> {
+    let pool = ctx.pool();
+    let mut tx = pool.begin().await?;
+    let pending = sqlx::query(
+        "DELETE FROM pepsi.list_pending WHERE list_id = $1 AND token_hash = $2 \
+         AND waiting_for = 'confirm' AND expires_at > now() \
+         RETURNING address, display_name, kind",
+    )
+    .bind(list.id)
+    .bind(token_hash(token))
+    .fetch_optional(&mut *tx)
+    .await?;
+    let Some(pending) = pending else {
+        tx.rollback().await?;
+        return Ok(RcptResult::Permanent(Failure::new(
+            format!(
+                "no request of {} waits for this confirmation: it was used or has expired",
+                list.address
+            ),
+            "5.7.1",
+        )));
+    };
+    let who: String = pending.try_get("address")?;
+    let kind: String = pending.try_get("kind")?;
+    let policy: String =
+        sqlx::query_scalar("SELECT subscription_policy FROM pepsi.mailing_list WHERE list_id = $1")
+            .bind(list.id)
+            .fetch_one(&mut *tx)
+            .await?;
+    let (event, text) = match kind.as_str() {
+        "subscribe" if policy == "confirm_then_approve" => {
+            sqlx::query(
+                "INSERT INTO pepsi.list_pending (list_id, address, display_name, kind, \
+                 waiting_for, token_hash, requested_via, expires_at) \
+                 SELECT $1, $2, $3, 'subscribe', 'approve', $4, 'mail', now() + pending_lifetime \
+                 FROM pepsi.mailing_list WHERE list_id = $1",
+            )
+            .bind(list.id)
+            .bind(&who)
+            .bind(pending.try_get::<String, _>("display_name")?)
+            .bind(token_hash(&format!("approve:{token}")))
+            .execute(&mut *tx)
+            .await?;
+            (
+                "subscription.confirmed",
+                format!(
+                    "Your subscription to {} is confirmed and waits for a moderator's approval.\r\n",
+                    list.address
+                ),
+            )
+        }
+        "subscribe" => {
+            sqlx::query(
+                "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
+                 subscribed_via) VALUES ($1, $2, $3, 'member', 'mail') \
+                 ON CONFLICT (list_id, address, role) DO NOTHING",
+            )
+            .bind(list.id)
+            .bind(&who)
+            .bind(pending.try_get::<String, _>("display_name")?)
+            .execute(&mut *tx)
+            .await?;
+            (
+                "member.subscribe",
+                format!(
+                    "Welcome to {}.\r\n\r\nTo post, write to {}.\r\nTo leave, write to {}.\r\n",
+                    list.address,
+                    list.address,
+                    list.facts().command_address("-leave")
+                ),
+            )
+        }
+        _ => {
+            sqlx::query(
+                "DELETE FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
+                 AND role = 'member'",
+            )
+            .bind(list.id)
+            .bind(&who)
+            .execute(&mut *tx)
+            .await?;
+            (
+                "member.unsubscribe",
+                format!("You have left {}.\r\n", list.address),
+            )
+        }
+    };
+    sqlx::query(
+        "INSERT INTO pepsi.list_event_log (list_id, address, event, detail, actor) \
+         VALUES ($1, $2, $3, $4, $2)",
+    )
+    .bind(list.id)
+    .bind(&who)
+    .bind(event)
+    .bind(serde_json::json!({"via": "mail"}))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    tracing::info!(list = %list.address, %who, event, "list request confirmed");
+    let subject = match event {
+        "member.subscribe" => format!("Welcome to {}", list.address),
+        "member.unsubscribe" => format!("You have left {}", list.address),
+        _ => format!("Your subscription to {} waits for approval", list.address),
+    };
+    send(
+        options,
+        ctx,
+        list,
+        &who,
+        &subject,
+        &text,
+        None,
+        &format!("list-done:{}:{}", ctx.id(), list.id),
+    )
+    .await?;
+    Ok(delivered(&format!("{event} of {who}")))
+}
+
+/// `-request`: the command it carries.
+pub(crate) async fn request_message(
+    options: &Options,
+    ctx: &mut StageContext<'_>,
+    list: &List,
+) -> Result<RcptResult, StageError> {
+    let subject = pepsi_contract::message::field_values(ctx.headers()?, "Subject")
+        .into_iter()
+        .next()
+        .unwrap_or_default();
+    let body = ctx
+        .fetch_body(64 * 1024)
+        .await?
+        .map(|b| String::from_utf8_lossy(&b[..b.len().min(4096)]).into_owned())
+        .unwrap_or_default();
+    match parse_request(&subject, &body) {
+        Some(Request::Join) => join(options, ctx, list).await,
+        Some(Request::Leave) => leave(options, ctx, list).await,
+        Some(Request::Confirm(token)) => confirm(options, ctx, list, &token).await,
+        Some(Request::Help) => {
+            let who = requester(ctx)?;
+            let facts = list.facts();
+            let text = format!(
+                "Commands for {}:\r\n\r\n\
+                 join:    write to {} (you confirm by mail)\r\n\
+                 leave:   write to {} (you confirm by mail)\r\n\
+                 confirm: reply to a confirmation, or write `confirm TOKEN` to {}\r\n\
+                 owners:  {}\r\n",
+                list.address,
+                facts.command_address("-join"),
+                facts.command_address("-leave"),
+                facts.command_address("-request"),
+                facts.command_address("-owner"),
+            );
+            send(
+                options,
+                ctx,
+                list,
+                &who,
+                &format!("Help for {}", list.address),
+                &text,
+                None,
+                &format!("list-help:{}:{}", ctx.id(), list.id),
+            )
+            .await?;
+            Ok(delivered("help sent"))
+        }
+        None => Ok(RcptResult::Permanent(Failure::new(
+            format!(
+                "no command for {} in the subject or the first line: join, leave, \
+                 confirm TOKEN or help",
+                list.address
+            ),
+            "5.5.2",
+        ))),
+    }
+}
+
+/// A message from the list to `to`, from the list's `-request` address (replies to
+/// `reply_to`), with the `-bounces` address as envelope sender, at DELIVER_STAGE; once per
+/// `token`.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+    to: &str,
+    subject: &str,
+    text: &str,
+    reply_to: Option<&str>,
+    token: &str,
+) -> Result<(), StageError> {
+    let facts = list.facts();
+    let now = Utc::now();
+    let mut message = MessageBuilder::new()
+        .from(facts.command_address("-request"))
+        .to(to)
+        .subject(subject)
+        .date(Date::new(now.timestamp()))
+        .message_id(format!(
+            "{}.{}.list@{}",
+            now.timestamp_micros(),
+            ctx.id(),
+            options.hostname
+        ))
+        .header("Auto-Submitted", Raw::new("auto-replied"))
+        .header("List-Id", Raw::new(format!("<{}>", facts.list_id())));
+    if let Some(r) = reply_to {
+        message = message.reply_to(r);
+    }
+    let raw = message
+        .text_body(text)
+        .write_to_vec()
+        .map_err(|e| StageError::Temporary(format!("writing a message: {e}")))?;
+    ctx.enqueue_new(
+        &options.deliver_stage,
+        &facts.command_address("-bounces"),
+        &[to.to_owned()],
+        &raw,
+        Map::new(),
+        Some(token),
+    )
+    .await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_table() {
+        let t = "0a1b2c";
+        let cases: &[(&str, &str, Option<Request>)] = &[
+            ("join", "", Some(Request::Join)),
+            ("Subscribe me please", "", Some(Request::Join)),
+            ("LEAVE", "", Some(Request::Leave)),
+            ("unsubscribe", "", Some(Request::Leave)),
+            ("Re: confirm 0A1B2C", "", Some(Request::Confirm(t.into()))),
+            (
+                "Re: Re: confirm 0a1b2c",
+                "",
+                Some(Request::Confirm(t.into())),
+            ),
+            ("help", "", Some(Request::Help)),
+            ("", "\r\n  join\r\nmore", Some(Request::Join)),
+            ("hello", "leave\r\n", Some(Request::Leave)),
+            ("confirm", "", None),
+            ("confirm a.b", "", None),
+            ("lunch?", "who is in?", None),
+            ("", "", None),
+        ];
+        for (subject, body, want) in cases {
+            assert_eq!(&parse_request(subject, body), want, "{subject:?} {body:?}");
+        }
+    }
+
+    #[test]
+    fn tokens_are_stored_as_their_hash() {
+        let h = token_hash("abc");
+        assert_eq!(h.len(), 32);
+        assert_ne!(h, token_hash("abd"));
+        let t = new_token().unwrap();
+        assert_eq!(t.len(), 64);
+        assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_ne!(t, new_token().unwrap());
+    }
+}
