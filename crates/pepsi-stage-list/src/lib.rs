@@ -25,10 +25,12 @@
 //! discarded and recorded ones as delivered (the mail log says which), refused ones bounced,
 //! deferred ones retried under the section's retry options.
 
+use std::cell::RefCell;
 use std::process::ExitCode;
 
 use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::list::{Command, ListAddress};
+use pepsi_contract::round::RoundMemo;
 use pepsi_contract::stage::edges::Declare;
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
@@ -124,57 +126,84 @@ const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, repl
     reply_to_address, member_action, nonmember_action, emergency, max_message_size \
     FROM pepsi.mailing_list WHERE address = ANY($1)";
 
-/// The lists among the readings of `rcpt_to`, and per recipient its reading (if any).
+/// Per candidate list address, the list when it exists, as the round learnt it.
+type Round = RoundMemo<String, Option<List>>;
+
+/// The lists among the readings of `rcpt_to`, and per recipient its reading (if any). The
+/// round's answers are asked first: only candidates it does not know cost a query, so a
+/// round of mail to the same mailboxes asks once.
 async fn resolve(
+    round: &RefCell<Round>,
     ctx: &StageContext<'_>,
     rcpt_to: &[String],
 ) -> Result<(Vec<List>, Vec<Option<ListAddress>>), StageError> {
     let candidates: Vec<Vec<ListAddress>> =
         rcpt_to.iter().map(|r| ListAddress::candidates(r)).collect();
-    let names: Vec<&str> = candidates
-        .iter()
-        .flatten()
-        .map(|c| c.list.as_str())
-        .collect();
-    if names.is_empty() {
-        return Ok((Vec::new(), vec![None; rcpt_to.len()]));
+    let missing: Vec<String> = {
+        let mut round = round.borrow_mut();
+        round.expire();
+        let mut missing: Vec<String> = Vec::new();
+        for c in candidates.iter().flatten() {
+            if !round.knows(c.list.as_str()) && !missing.contains(&c.list) {
+                missing.push(c.list.clone());
+            }
+        }
+        missing
+    };
+    if !missing.is_empty() {
+        let rows = sqlx::query(LISTS)
+            .bind(&missing)
+            .fetch_all(ctx.pool())
+            .await?;
+        let mut found = Vec::with_capacity(rows.len());
+        for row in rows {
+            let action = |col: &str| -> Result<Action, StageError> {
+                let word: String = row.try_get(col)?;
+                Action::parse(&word)
+                    .ok_or_else(|| StageError::Invalid(format!("mailing_list.{col} = {word:?}")))
+            };
+            found.push(List {
+                id: row.try_get("list_id")?,
+                address: row.try_get("address")?,
+                display_name: row.try_get("display_name")?,
+                subject_prefix: row.try_get("subject_prefix")?,
+                reply_goes_to: row.try_get("reply_goes_to")?,
+                reply_to_address: row.try_get("reply_to_address")?,
+                member_action: action("member_action")?,
+                nonmember_action: action("nonmember_action")?,
+                emergency: row.try_get("emergency")?,
+                max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
+            });
+        }
+        let mut round = round.borrow_mut();
+        for name in missing {
+            let list = found.iter().find(|l| l.address == name).cloned();
+            round.insert(name, list);
+        }
     }
-    let rows = sqlx::query(LISTS)
-        .bind(&names)
-        .fetch_all(ctx.pool())
-        .await?;
-    let mut lists = Vec::with_capacity(rows.len());
-    for row in rows {
-        let action = |col: &str| -> Result<Action, StageError> {
-            let word: String = row.try_get(col)?;
-            Action::parse(&word)
-                .ok_or_else(|| StageError::Invalid(format!("mailing_list.{col} = {word:?}")))
-        };
-        lists.push(List {
-            id: row.try_get("list_id")?,
-            address: row.try_get("address")?,
-            display_name: row.try_get("display_name")?,
-            subject_prefix: row.try_get("subject_prefix")?,
-            reply_goes_to: row.try_get("reply_goes_to")?,
-            reply_to_address: row.try_get("reply_to_address")?,
-            member_action: action("member_action")?,
-            nonmember_action: action("nonmember_action")?,
-            emergency: row.try_get("emergency")?,
-            max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
-        });
+    let mut round = round.borrow_mut();
+    let mut lists: Vec<List> = Vec::new();
+    let mut readings = Vec::with_capacity(candidates.len());
+    for cs in candidates {
+        let reading = cs
+            .into_iter()
+            .find(|c| matches!(round.get(c.list.as_str()), Some(Some(_))));
+        if let Some(r) = &reading
+            && !lists.iter().any(|l| l.address == r.list)
+            && let Some(Some(list)) = round.get(r.list.as_str())
+        {
+            lists.push(list.clone());
+        }
+        readings.push(reading);
     }
-    let readings = candidates
-        .into_iter()
-        .map(|cs| {
-            cs.into_iter()
-                .find(|c| lists.iter().any(|l| l.address == c.list))
-        })
-        .collect();
     Ok((lists, readings))
 }
 
-/// The list stage.
-pub struct ListStage;
+/// The list stage: the round's answers about which lists exist.
+#[derive(Default)]
+pub struct ListStage {
+    round: RefCell<Round>,
+}
 
 impl Stage for ListStage {
     const PROGRAM: &'static str = constants::PROGRAM;
@@ -185,7 +214,7 @@ impl Stage for ListStage {
     type Section = Options;
 
     fn build(_cfg: &Config) -> anyhow::Result<Self> {
-        Ok(ListStage)
+        Ok(Self::default())
     }
 
     fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
@@ -207,7 +236,7 @@ impl Stage for ListStage {
         options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        let (lists, readings) = resolve(ctx, ctx.rcpt_to()).await?;
+        let (lists, readings) = resolve(&self.round, ctx, ctx.rcpt_to()).await?;
         if readings.iter().all(Option::is_none) {
             return ctx.advance();
         }
@@ -242,6 +271,12 @@ impl Stage for ListStage {
             results.push(result);
         }
         delivery::conclude_here(ctx, &options.policy, &results)
+    }
+
+    /// The round's answers are forgotten: the next round reads the lists afresh.
+    async fn before_commit(&self) -> Result<(), StageError> {
+        self.round.borrow_mut().clear();
+        Ok(())
     }
 }
 
