@@ -1,17 +1,22 @@
 //! pepsi-list: the operator's tool for mailing lists (docs/lists.md) — create, show,
 //! configure and delete lists (`pepsi.mailing_list`), manage who is on them
 //! (`pepsi.list_member`), import a Mailman 3 members export and export the members as CSV,
-//! and forget one person on every list.
+//! and forget one person on every list; moderate from the terminal: list the posts a list
+//! holds and approve (back to the list stage, approved), reject (a DSN to the sender) or
+//! discard them, and ban senders (`list_ban`).
 //!
 //! Input is checked before anything is stored, most of it before connecting: list
 //! addresses and member addresses (`names`), list options (`options`, the allow-list of
 //! `configure`), the members file (`members_csv`). The SQL is `store`'s: each change is one
 //! transaction with its `pepsi.list_event_log` rows (the invoking user as actor) and its
 //! `pepsi.event_log` row (`pepsi_contract::audit`). Presentation is `render`'s; `--json`
-//! prints `store`'s serde types. It never touches the queue and never sends mail: operator
+//! prints `store`'s serde types. The stages a decided post goes to are read from the
+//! configuration (`moderation`). Only `approve` and `reject` touch the queue (one injected
+//! row per post, at most once, and a wake-up of the dispatcher after the commit); other
 //! changes take effect for the next post, which the list stage reads.
 
 mod members_csv;
+mod moderation;
 mod names;
 mod options;
 mod render;
@@ -68,6 +73,8 @@ the invoking user, the one who ran sudo when it was sudo) and one pepsi.event_lo
 (list.create, list.configure, list.delete, list.add, list.remove, list.import, list.forget). \
 `lists`, `show`, `members` and `export` only read. Changes apply to the next post.
 
+Moderation: `held LIST` shows the posts a list holds for a moderator; `approve LIST ID...` sends each back to the list stage (the stage whose PROGRAM is pepsi-stage-list; --stage NAME when there are several) marked approved, so it goes to the members whatever the posting policy says; `reject LIST ID... [--reason T]` returns each to its sender as a DSN (5.7.1, rejected by the list's moderator) from the list stage's BOUNCE_STAGE; `discard LIST ID...` drops them. Each writes a pepsi.list_moderation_decision row per post (the invoking user as moderator) and post.approve, post.reject or post.discard events. `ban LIST PATTERN` (or `ban --all PATTERN`, every list) refuses a sender's posts: PATTERN is an address, or a POSIX regular expression when it starts with ^ (matched without regard to case, checked by PostgreSQL before it is stored); `unban` lifts it, `bans LIST` lists what applies to the list.
+
 `configure LIST NAME=VALUE...` changes a list's options (the columns of \
 pepsi.mailing_list): `pepsi-list configure --help` lists each with what it takes, its \
 default and its meaning. `import LIST FILE` reads a Mailman 3 members export (CSV with a \
@@ -103,6 +110,13 @@ Examples:
   pepsi-list import team@example.org members.csv --dry-run
   pepsi-list export team@example.org > members.csv
   pepsi-list forget bob@example.net --yes
+  pepsi-list held team@example.org
+  pepsi-list approve team@example.org 17 18
+  pepsi-list reject team@example.org 19 --reason 'off topic'
+  pepsi-list discard team@example.org 20
+  pepsi-list ban team@example.org '^.*@spam\\.example$' --reason 'spam run'
+  pepsi-list ban --all troll@example.net
+  pepsi-list bans team@example.org
   pepsi-list delete team@example.org --yes";
 
 /// Create, configure and delete mailing lists, and manage their members.
@@ -163,6 +177,106 @@ enum Command {
     /// memberships of every role, pending requests, member links, bounce scores and
     /// reports, confirmation and response counts), and say what was removed.
     Forget(ForgetArgs),
+    /// The posts a list holds for a moderator: id, sender, size, when held and when it
+    /// expires, why, subject.
+    Held(ListArg),
+    /// Send held posts back to the list stage, approved: they go to the members whatever
+    /// the posting policy says (a post that came round a loop is still dropped).
+    Approve(DecideArgs),
+    /// Return held posts to their senders: a DSN (5.7.1, rejected by the list's moderator)
+    /// from the list stage's BOUNCE_STAGE.
+    Reject(RejectArgs),
+    /// Drop held posts; nothing goes to the members or the sender.
+    Discard(DiscardArgs),
+    /// Refuse a sender's posts to a list (or, with --all, to every list): PATTERN is an
+    /// address, or a POSIX regular expression (case-insensitive) when it starts with ^.
+    Ban(BanArgs),
+    /// Lift a ban: LIST PATTERN, or --all PATTERN, as `bans` shows it.
+    Unban(UnbanArgs),
+    /// The bans that apply to a list (its own and those of every list), or with --all
+    /// those of every list.
+    Bans(BansArgs),
+}
+
+#[derive(Debug, Args)]
+struct DecideArgs {
+    /// The list's address
+    list: String,
+    /// The held posts' ids (`pepsi-list held LIST`)
+    #[arg(value_name = "ID", required = true, num_args = 1..)]
+    ids: Vec<i64>,
+    /// The list stage to send them to (required when several stages run pepsi-stage-list)
+    #[arg(long, value_name = "NAME")]
+    stage: Option<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct RejectArgs {
+    /// The list's address
+    list: String,
+    /// The held posts' ids (`pepsi-list held LIST`)
+    #[arg(value_name = "ID", required = true, num_args = 1..)]
+    ids: Vec<i64>,
+    /// Why, for the sender's DSN (one line)
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    reason: String,
+    /// The list stage whose BOUNCE_STAGE returns them (required when several stages run
+    /// pepsi-stage-list)
+    #[arg(long, value_name = "NAME")]
+    stage: Option<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct DiscardArgs {
+    /// The list's address
+    list: String,
+    /// The held posts' ids (`pepsi-list held LIST`)
+    #[arg(value_name = "ID", required = true, num_args = 1..)]
+    ids: Vec<i64>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct BanArgs {
+    /// LIST PATTERN, or PATTERN alone with --all
+    #[arg(value_name = "[LIST] PATTERN", required = true, num_args = 1..=2)]
+    args: Vec<String>,
+    /// Ban from every list
+    #[arg(long)]
+    all: bool,
+    /// Why (one line)
+    #[arg(long, value_name = "TEXT", default_value = "")]
+    reason: String,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct UnbanArgs {
+    /// LIST PATTERN, or PATTERN alone with --all
+    #[arg(value_name = "[LIST] PATTERN", required = true, num_args = 1..=2)]
+    args: Vec<String>,
+    /// The ban of every list
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct BansArgs {
+    /// The list's address (without it: --all)
+    list: Option<String>,
+    /// Only the bans of every list
+    #[arg(long)]
+    all: bool,
+    #[command(flatten)]
+    out: JsonFlag,
 }
 
 #[derive(Debug, Args)]
@@ -314,7 +428,7 @@ pub fn run() -> ExitCode {
     run_async(&constants::CONFIG_SOURCE, async move {
         let cfg = cli.common.load_config()?;
         // Input is checked before connecting: a typing mistake costs no connection.
-        let checked = match check(cli.command) {
+        let checked = match check(cli.command, &cfg) {
             Ok(c) => c,
             Err(e) => return Ok(exit(Err(e))),
         };
@@ -361,6 +475,44 @@ enum Checked {
     Import(ImportArgs, String, members_csv::Parsed),
     Export(String, Role),
     Forget(String, bool),
+    Held(String, bool),
+    Decide(String, Vec<i64>, store::Verdict, bool),
+    Ban(Option<String>, moderation::Pattern, String, bool),
+    Unban(Option<String>, String, bool),
+    Bans(Option<String>, bool),
+}
+
+/// The held posts' ids, each once in their order.
+fn ids(given: &[i64]) -> Vec<i64> {
+    let mut out: Vec<i64> = Vec::new();
+    for i in given {
+        if !out.contains(i) {
+            out.push(*i);
+        }
+    }
+    out
+}
+
+/// The list stage a decided post goes to or is returned from.
+fn list_stage(cfg: &Config, given: Option<&str>) -> Result<String, Failure> {
+    moderation::list_stage(cfg, given).map_err(|e| match e {
+        moderation::NoStage::Usage(m) => invalid(m),
+        moderation::NoStage::Missing(m) => Failure::Other(anyhow::anyhow!(m)),
+    })
+}
+
+/// `[LIST] PATTERN` of `ban` and `unban`: the list (None with --all) and the pattern.
+fn ban_target(args: &[String], all: bool) -> Result<(Option<String>, &str), Failure> {
+    match (args, all) {
+        ([pattern], true) => Ok((None, pattern)),
+        ([l, pattern], false) => Ok((Some(list(l)?), pattern)),
+        ([_], false) => Err(invalid(
+            "give the list and the pattern (LIST PATTERN), or --all PATTERN to ban from every              list",
+        )),
+        _ => Err(invalid(
+            "--all takes the pattern alone: it bans from every list, not one",
+        )),
+    }
 }
 
 fn list(text: &str) -> Result<String, Failure> {
@@ -392,7 +544,7 @@ fn text_option(name: &str, value: &str) -> Result<String, Failure> {
     }
 }
 
-fn check(command: Command) -> Result<Checked, Failure> {
+fn check(command: Command, cfg: &Config) -> Result<Checked, Failure> {
     Ok(match command {
         Command::Create(a) => {
             let new = store::NewList {
@@ -457,6 +609,60 @@ fn check(command: Command) -> Result<Checked, Failure> {
             }
             Checked::Forget(address, a.out.json)
         }
+        Command::Held(a) => Checked::Held(list(&a.list)?, a.out.json),
+        Command::Approve(a) => {
+            let l = list(&a.list)?;
+            let stage = list_stage(cfg, a.stage.as_deref())?;
+            Checked::Decide(
+                l,
+                ids(&a.ids),
+                store::Verdict::Approve { stage },
+                a.out.json,
+            )
+        }
+        Command::Reject(a) => {
+            let l = list(&a.list)?;
+            let reason = moderation::reason(&a.reason).map_err(invalid)?;
+            let stage = list_stage(cfg, a.stage.as_deref())?;
+            let bounce_stage = moderation::bounce_stage(cfg, &stage)
+                .map_err(|e| Failure::Other(anyhow::anyhow!(e)))?;
+            Checked::Decide(
+                l,
+                ids(&a.ids),
+                store::Verdict::Reject {
+                    stage,
+                    bounce_stage,
+                    reason,
+                },
+                a.out.json,
+            )
+        }
+        Command::Discard(a) => Checked::Decide(
+            list(&a.list)?,
+            ids(&a.ids),
+            store::Verdict::Discard,
+            a.out.json,
+        ),
+        Command::Ban(a) => {
+            let (l, pattern) = ban_target(&a.args, a.all)?;
+            let pattern = moderation::pattern(pattern).map_err(invalid)?;
+            let reason = moderation::reason(&a.reason).map_err(invalid)?;
+            Checked::Ban(l, pattern, reason, a.out.json)
+        }
+        Command::Unban(a) => {
+            let (l, pattern) = ban_target(&a.args, a.all)?;
+            let pattern = moderation::pattern(pattern).map_err(invalid)?;
+            Checked::Unban(l, pattern.as_str().to_owned(), a.out.json)
+        }
+        Command::Bans(a) => match (a.list, a.all) {
+            (Some(l), false) => Checked::Bans(Some(list(&l)?), a.out.json),
+            (None, true) => Checked::Bans(None, a.out.json),
+            _ => {
+                return Err(invalid(
+                    "give the list (bans LIST), or --all for the bans of every list",
+                ));
+            }
+        },
     })
 }
 
@@ -529,6 +735,33 @@ async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Do
         Checked::Forget(address, json) => {
             let done = store::forget(pool, who, &address).await?;
             print(json, &done, render::forgotten)
+        }
+        Checked::Held(l, json) => {
+            let rows = store::held(pool, &l).await?;
+            print(json, &json!({"list": l, "held": rows}), |_| {
+                render::held(&l, &rows)
+            })
+        }
+        Checked::Decide(l, ids, verdict, json) => {
+            let done = store::decide(pool, who, &l, &ids, &verdict).await?;
+            print(json, &done, render::decided)
+        }
+        Checked::Ban(l, pattern, reason, json) => {
+            if let moderation::Pattern::Regex(p) = &pattern {
+                store::check_regex(pool, p).await?;
+            }
+            let done = store::ban(pool, who, l.as_deref(), pattern.as_str(), &reason).await?;
+            print(json, &done, |b| render::ban_changed(b, true))
+        }
+        Checked::Unban(l, pattern, json) => {
+            let done = store::unban(pool, who, l.as_deref(), &pattern).await?;
+            print(json, &done, |b| render::ban_changed(b, false))
+        }
+        Checked::Bans(l, json) => {
+            let rows = store::bans(pool, l.as_deref()).await?;
+            print(json, &json!({"list": l, "bans": rows}), |_| {
+                render::bans(&rows)
+            })
         }
     }
 }

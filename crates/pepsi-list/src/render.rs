@@ -10,7 +10,8 @@ use serde::Serialize;
 
 use crate::members_csv::Invalid;
 use crate::store::{
-    Added, Changed, Forgotten, ListShown, ListSummary, Member, Removed, RoleCounts,
+    Added, Ban, BanChange, Changed, Decided, Forgotten, HeldPost, ListShown, ListSummary, Member,
+    Removed, RoleCounts,
 };
 
 pub fn created(list: &str, owners: &[String]) -> String {
@@ -268,6 +269,98 @@ pub fn forgotten(f: &Forgotten) -> String {
     out
 }
 
+pub fn held(list: &str, rows: &[HeldPost]) -> String {
+    if rows.is_empty() {
+        return format!("{list} holds no posts\n");
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|h| {
+            vec![
+                h.id.to_string(),
+                h.sender.clone(),
+                h.size.to_string(),
+                ts(h.held_at),
+                ts(h.expires_at),
+                clip(&h.reason, 50),
+                clip(&h.subject, 50),
+            ]
+        })
+        .collect();
+    table(
+        &[
+            "ID", "SENDER", "SIZE", "HELD", "EXPIRES", "REASON", "SUBJECT",
+        ],
+        &[true, false, true, false, false, false, false],
+        &cells,
+    )
+}
+
+pub fn decided(d: &Decided) -> String {
+    let mut out = String::new();
+    for p in &d.posts {
+        let what = match (d.action, p.queue_id) {
+            ("approve", Some(q)) => format!("approved: queued again as row {q} at the list stage"),
+            ("reject", Some(q)) => {
+                format!("rejected: the sender's notice is row {q} at the bounce stage")
+            }
+            _ => "discarded".to_owned(),
+        };
+        let _ = writeln!(
+            out,
+            "{}: post {} from {} ({}) {what}",
+            d.list,
+            p.id,
+            p.sender,
+            clip(&p.subject, 60)
+        );
+    }
+    out
+}
+
+fn scope(list: &Option<String>) -> String {
+    match list {
+        Some(l) => l.clone(),
+        None => "every list".to_owned(),
+    }
+}
+
+pub fn ban_changed(b: &BanChange, banning: bool) -> String {
+    let scope = scope(&b.list);
+    match (banning, b.changed) {
+        (true, true) => format!("banned {} from {scope}\n", b.pattern),
+        (true, false) => format!("{} is banned from {scope} already: unchanged\n", b.pattern),
+        (false, true) => format!("lifted the ban of {} from {scope}\n", b.pattern),
+        (false, false) => format!(
+            "{} is not banned from {scope}: nothing removed\n",
+            b.pattern
+        ),
+    }
+}
+
+pub fn bans(rows: &[Ban]) -> String {
+    if rows.is_empty() {
+        return "no bans\n".into();
+    }
+    let cells: Vec<Vec<String>> = rows
+        .iter()
+        .map(|b| {
+            vec![
+                b.pattern.clone(),
+                scope(&b.list),
+                b.created_by.clone(),
+                ts(b.created_at),
+                clip(&b.reason, 60),
+            ]
+        })
+        .collect();
+    table(
+        &["PATTERN", "LIST", "BY", "SINCE", "REASON"],
+        &[false; 5],
+        &cells,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -305,6 +398,32 @@ mod tests {
         assert!(text.contains("line 3: \"x\" not imported: no @"), "{text}");
         assert!(text.contains("lines 4"), "{text}");
         assert!(text.ends_with("dry run: nothing was stored\n"), "{text}");
+        let b = BanChange {
+            list: None,
+            pattern: "^.*@spam\\.test$".into(),
+            changed: false,
+        };
+        assert_eq!(
+            ban_changed(&b, true),
+            "^.*@spam\\.test$ is banned from every list already: unchanged\n"
+        );
+        let d = Decided {
+            list: "team@example.org".into(),
+            action: "reject",
+            stage: Some("bounce".into()),
+            reason: "off topic".into(),
+            posts: vec![crate::store::DecidedPost {
+                id: 4,
+                sender: "x@example.net".into(),
+                subject: "hi".into(),
+                queue_id: Some(9),
+            }],
+        };
+        assert_eq!(
+            decided(&d),
+            "team@example.org: post 4 from x@example.net (hi) rejected: the sender's notice is \
+             row 9 at the bounce stage\n"
+        );
         assert!(
             forgotten(&Forgotten {
                 address: "x@example.org".into(),

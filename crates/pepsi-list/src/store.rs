@@ -852,3 +852,413 @@ pub async fn forget(pool: &PgPool, who: &Who, address: &str) -> Result<Forgotten
     tx.commit().await?;
     Ok(out)
 }
+
+/// A post in `list_held_message`, as `held` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct HeldPost {
+    /// `held_id`: what `approve`, `reject` and `discard` take.
+    pub id: i64,
+    /// The post's From address (what the posting policy judged).
+    pub sender: String,
+    /// The envelope sender: where a rejection's DSN goes.
+    pub mail_from: String,
+    pub subject: String,
+    pub message_id: String,
+    /// Why it was held.
+    pub reason: String,
+    pub held_at: DateTime<Utc>,
+    /// When it expires unless a moderator decides.
+    pub expires_at: DateTime<Utc>,
+    /// Bytes: the header block, its blank line and the body, as the stage measured it.
+    pub size: i64,
+}
+
+/// The posts `list` holds, oldest first.
+pub async fn held(pool: &PgPool, list: &str) -> Result<Vec<HeldPost>, Failure> {
+    let id = list_id(pool, list).await?;
+    let rows = sqlx::query(
+        "SELECT held_id, sender, mail_from, subject, message_id, reason, held_at, expires_at, \
+                octet_length(headers) + 2 + octet_length(body) AS size \
+           FROM pepsi.list_held_message WHERE list_id = $1 ORDER BY held_at, held_id",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(HeldPost {
+            id: r.try_get("held_id")?,
+            sender: r.try_get("sender")?,
+            mail_from: r.try_get("mail_from")?,
+            subject: r.try_get("subject")?,
+            message_id: r.try_get("message_id")?,
+            reason: r.try_get("reason")?,
+            held_at: r.try_get("held_at")?,
+            expires_at: r.try_get("expires_at")?,
+            size: r.try_get::<i32, _>("size")?.into(),
+        });
+    }
+    Ok(out)
+}
+
+/// What a moderator decided about held posts, with what it needs.
+#[derive(Debug, Clone)]
+pub enum Verdict {
+    /// Back to the list stage `stage`, approved (`state.list_approval`).
+    Approve { stage: String },
+    /// A DSN to the sender from `bounce_stage`, as list stage `stage` refuses (5.7.1).
+    Reject {
+        stage: String,
+        bounce_stage: String,
+        reason: String,
+    },
+    /// Dropped.
+    Discard,
+}
+
+impl Verdict {
+    /// `list_moderation_decision.action`.
+    pub fn action(&self) -> &'static str {
+        match self {
+            Verdict::Approve { .. } => "approve",
+            Verdict::Reject { .. } => "reject",
+            Verdict::Discard => "discard",
+        }
+    }
+
+    fn reason(&self) -> &str {
+        match self {
+            Verdict::Reject { reason, .. } => reason,
+            _ => "",
+        }
+    }
+}
+
+/// One held post decided.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecidedPost {
+    pub id: i64,
+    pub sender: String,
+    pub subject: String,
+    /// The queue row made: the approved post at the list stage, or the rejection at the
+    /// bounce stage; `null` for a discarded post.
+    pub queue_id: Option<i64>,
+}
+
+/// What `approve`, `reject` or `discard` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct Decided {
+    pub list: String,
+    pub action: &'static str,
+    /// Where the queue rows were made (the list stage, or the bounce stage).
+    pub stage: Option<String>,
+    pub reason: String,
+    pub posts: Vec<DecidedPost>,
+}
+
+const INJECT: &str = "SELECT pepsi.workqueue_inject($1, $2, ARRAY[$3], $4, $5, $6, $7)";
+
+/// Decides the held posts `ids` (each once) of `list` in one transaction: each is sent on
+/// as `verdict` says, its row deleted, a `list_moderation_decision` row and a
+/// `post.<action>` event written, and one `list.<action>` audit row for the command. An id
+/// that is no held post of the list refuses the whole command. After the commit, the
+/// dispatcher is woken for the rows made.
+pub async fn decide(
+    pool: &PgPool,
+    who: &Who,
+    list: &str,
+    ids: &[i64],
+    verdict: &Verdict,
+) -> Result<Decided, Failure> {
+    let mut tx = pool.begin().await?;
+    let list_id = lock_list(&mut tx, list).await?;
+    let rows = sqlx::query(
+        "SELECT held_id, sender, mail_from, subject, message_id, headers, body \
+           FROM pepsi.list_held_message WHERE list_id = $1 AND held_id = ANY($2) \
+          ORDER BY held_id FOR UPDATE",
+    )
+    .bind(list_id)
+    .bind(ids)
+    .fetch_all(&mut *tx)
+    .await?;
+    let found: Vec<i64> = rows
+        .iter()
+        .map(|r| r.try_get("held_id"))
+        .collect::<Result<_, _>>()?;
+    let missing: Vec<String> = ids
+        .iter()
+        .filter(|i| !found.contains(i))
+        .map(i64::to_string)
+        .collect();
+    if !missing.is_empty() {
+        return Err(other(format!(
+            "no held post {} on {list} (decided already, expired, or never held; \
+             `pepsi-list held {list}` shows them): nothing done",
+            missing.join(", ")
+        )));
+    }
+    let action = verdict.action();
+    let mut posts = Vec::with_capacity(rows.len());
+    for r in rows {
+        let id: i64 = r.try_get("held_id")?;
+        let sender: String = r.try_get("sender")?;
+        let mail_from: String = r.try_get("mail_from")?;
+        let subject: String = r.try_get("subject")?;
+        let message_id: String = r.try_get("message_id")?;
+        let headers: Vec<u8> = r.try_get("headers")?;
+        let body: Vec<u8> = r.try_get("body")?;
+        let injected = match verdict {
+            Verdict::Approve { stage } => {
+                let mut state = serde_json::Map::new();
+                pepsi_contract::state::ListApproval {
+                    list: list.to_owned(),
+                    list_id,
+                    held_id: id,
+                    moderator: who.name.clone(),
+                }
+                .insert_into(&mut state);
+                Some((stage, state, format!("list-approve:{id}")))
+            }
+            Verdict::Reject {
+                stage,
+                bounce_stage,
+                reason,
+            } => {
+                let mut state = serde_json::Map::new();
+                crate::moderation::reject_bounce(list, stage, reason).insert_into(&mut state);
+                Some((bounce_stage, state, format!("list-reject:{id}")))
+            }
+            Verdict::Discard => None,
+        };
+        let queue_id = match injected {
+            Some((stage, state, token)) => {
+                let queue_id: Option<i64> = sqlx::query_scalar(INJECT)
+                    .bind(stage)
+                    .bind(&mail_from)
+                    .bind(list)
+                    .bind(&headers)
+                    .bind(&body)
+                    .bind(Json::Object(state))
+                    .bind(&token)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                Some(queue_id.ok_or_else(|| {
+                    other(format!(
+                        "held post {id} of {list} was sent on before (token {token} is used): \
+                         nothing done"
+                    ))
+                })?)
+            }
+            None => None,
+        };
+        sqlx::query("DELETE FROM pepsi.list_held_message WHERE held_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query(
+            "INSERT INTO pepsi.list_moderation_decision \
+             (list_id, subject_kind, sender, message_id, action, moderator, reason) \
+             VALUES ($1, 'post', $2, $3, $4, $5, $6)",
+        )
+        .bind(list_id)
+        .bind(&sender)
+        .bind(&message_id)
+        .bind(action)
+        .bind(&who.name)
+        .bind(verdict.reason())
+        .execute(&mut *tx)
+        .await?;
+        let detail = json!({
+            "list": list,
+            "held_id": id,
+            "subject": subject,
+            "message_id": message_id,
+            "reason": verdict.reason(),
+            "queue_id": queue_id,
+        });
+        event(
+            &mut tx,
+            who,
+            Some(list_id),
+            &sender,
+            &format!("post.{action}"),
+            detail,
+        )
+        .await?;
+        posts.push(DecidedPost {
+            id,
+            sender,
+            subject,
+            queue_id,
+        });
+    }
+    let stage = match verdict {
+        Verdict::Approve { stage } => Some(stage.clone()),
+        Verdict::Reject { bounce_stage, .. } => Some(bounce_stage.clone()),
+        Verdict::Discard => None,
+    };
+    let detail = json!({
+        "list": list,
+        "held": ids,
+        "reason": verdict.reason(),
+        "stage": stage,
+        "queue_ids": posts.iter().filter_map(|p| p.queue_id).collect::<Vec<_>>(),
+    });
+    audit::record(&mut tx, &who.actor, &format!("list.{action}"), None, detail).await?;
+    tx.commit().await?;
+    if posts.iter().any(|p| p.queue_id.is_some()) {
+        // procedures.sql's NOTIFY contract: a tool that injects wakes the dispatcher once
+        // its rows have committed. The rows are there either way; a lost wake-up only waits
+        // for the dispatcher's next claim.
+        if let Err(e) = pepsi_contract::db::notify_workqueue(pool).await {
+            tracing::warn!(error = %e, "could not wake the dispatcher");
+        }
+    }
+    Ok(Decided {
+        list: list.to_owned(),
+        action,
+        stage,
+        reason: verdict.reason().to_owned(),
+        posts,
+    })
+}
+
+/// Whether PostgreSQL compiles `pattern` as the regular expression the list stage matches
+/// senders with (`~*`); a pattern it refuses is input that is not valid.
+pub async fn check_regex(pool: &PgPool, pattern: &str) -> Result<(), Failure> {
+    match sqlx::query_scalar::<_, bool>("SELECT '' ~* $1")
+        .bind(pattern)
+        .fetch_one(pool)
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("2201B") => {
+            Err(invalid(format!(
+                "ban pattern {pattern:?} is not a valid regular expression: {}",
+                e.message()
+            )))
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A row of `list_ban`, as `bans` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Ban {
+    /// The list it bans from; `null`: every list.
+    pub list: Option<String>,
+    pub pattern: String,
+    pub reason: String,
+    pub created_by: String,
+    pub created_at: DateTime<Utc>,
+}
+
+/// What `ban` or `unban` did.
+#[derive(Debug, Clone, Serialize)]
+pub struct BanChange {
+    /// `null`: every list.
+    pub list: Option<String>,
+    pub pattern: String,
+    /// Whether a row was added (`ban`) or removed (`unban`); false: it was there already,
+    /// or was not.
+    pub changed: bool,
+}
+
+/// Bans `pattern` (checked) from `list`, or from every list.
+pub async fn ban(
+    pool: &PgPool,
+    who: &Who,
+    list: Option<&str>,
+    pattern: &str,
+    reason: &str,
+) -> Result<BanChange, Failure> {
+    let mut tx = pool.begin().await?;
+    let list_id = match list {
+        Some(l) => Some(lock_list(&mut tx, l).await?),
+        None => None,
+    };
+    let added: Option<i64> = sqlx::query_scalar(
+        "INSERT INTO pepsi.list_ban (list_id, pattern, reason, created_by) \
+         VALUES ($1, $2, $3, $4) ON CONFLICT ((COALESCE(list_id, 0)), pattern) DO NOTHING \
+         RETURNING ban_id",
+    )
+    .bind(list_id)
+    .bind(pattern)
+    .bind(reason)
+    .bind(&who.name)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if added.is_some() {
+        let detail = json!({"list": list, "pattern": pattern, "reason": reason});
+        event(&mut tx, who, list_id, pattern, "ban.add", detail.clone()).await?;
+        audit::record(&mut tx, &who.actor, "list.ban", None, detail).await?;
+    }
+    tx.commit().await?;
+    Ok(BanChange {
+        list: list.map(str::to_owned),
+        pattern: pattern.to_owned(),
+        changed: added.is_some(),
+    })
+}
+
+/// Lifts the ban of `pattern` (as stored) from `list`, or from every list.
+pub async fn unban(
+    pool: &PgPool,
+    who: &Who,
+    list: Option<&str>,
+    pattern: &str,
+) -> Result<BanChange, Failure> {
+    let mut tx = pool.begin().await?;
+    let list_id = match list {
+        Some(l) => Some(lock_list(&mut tx, l).await?),
+        None => None,
+    };
+    let gone = sqlx::query(
+        "DELETE FROM pepsi.list_ban WHERE list_id IS NOT DISTINCT FROM $1 AND pattern = $2",
+    )
+    .bind(list_id)
+    .bind(pattern)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if gone > 0 {
+        let detail = json!({"list": list, "pattern": pattern});
+        event(&mut tx, who, list_id, pattern, "ban.remove", detail.clone()).await?;
+        audit::record(&mut tx, &who.actor, "list.unban", None, detail).await?;
+    }
+    tx.commit().await?;
+    Ok(BanChange {
+        list: list.map(str::to_owned),
+        pattern: pattern.to_owned(),
+        changed: gone > 0,
+    })
+}
+
+/// The bans that apply to `list` (its own, then those of every list), or with `None` only
+/// those of every list.
+pub async fn bans(pool: &PgPool, list: Option<&str>) -> Result<Vec<Ban>, Failure> {
+    let id = match list {
+        Some(l) => Some(list_id(pool, l).await?),
+        None => None,
+    };
+    let rows = sqlx::query(
+        "SELECT l.address, b.pattern, b.reason, b.created_by, b.created_at \
+           FROM pepsi.list_ban b LEFT JOIN pepsi.mailing_list l USING (list_id) \
+          WHERE b.list_id IS NULL OR b.list_id = $1 \
+          ORDER BY b.list_id NULLS LAST, b.pattern",
+    )
+    .bind(id)
+    .fetch_all(pool)
+    .await?;
+    let mut out = Vec::with_capacity(rows.len());
+    for r in rows {
+        out.push(Ban {
+            list: r.try_get("address")?,
+            pattern: r.try_get("pattern")?,
+            reason: r.try_get("reason")?,
+            created_by: r.try_get("created_by")?,
+            created_at: r.try_get("created_at")?,
+        });
+    }
+    Ok(out)
+}

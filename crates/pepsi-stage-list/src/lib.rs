@@ -294,6 +294,10 @@ impl ListStage {
             .next()
             .unwrap_or_else(|| ctx.mail_from().to_owned())
             .to_lowercase();
+        // A moderator's approval for this list (`pepsi-list approve`): only pepsi-list writes
+        // the key, on the row it injects with the held post.
+        let approval = pepsi_contract::state::ListApproval::from_state(ctx.state())?
+            .filter(|a| a.approves(list.id));
         let pool = ctx.pool();
         let rule = sqlx::query(
             "SELECT role, moderation_action FROM pepsi.list_member \
@@ -344,6 +348,7 @@ impl ListStage {
             own_action,
             banned,
             own_list_id: post::carries_list_id(&headers, &facts.list_id()),
+            approved: approval.is_some(),
             emergency: list.emergency,
             size: (headers.len() + 2 + body.len()) as u64,
             max_message_size: list.max_message_size,
@@ -351,7 +356,9 @@ impl ListStage {
             nonmember_action: list.nonmember_action,
         });
         let id = ctx.id();
-        tracing::info!(id, list = %list.address, %sender, ?decision, "list post");
+        let approved_by = approval.as_ref().map(|a| a.moderator.as_str());
+        let held_id = approval.as_ref().map(|a| a.held_id);
+        tracing::info!(id, list = %list.address, %sender, ?decision, approved_by, held_id, "list post");
         Ok(match decision {
             Decision::Accept => {
                 let copy_headers = post::headers(&headers, &facts);

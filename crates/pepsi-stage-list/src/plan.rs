@@ -2,6 +2,7 @@
 //! stage looked up, tested as a table. First rule that applies wins:
 //!
 //! 1. the post carries this list's own `List-Id`: it came back through a loop → discard;
+//!    a post a moderator approved (`state.list_approval` for this list) → accept;
 //! 2. the sender is banned (from this list or every list) → reject;
 //! 3. the sender's own rule (a member or nonmember row with `moderation_action`);
 //! 4. the list is under emergency moderation → hold;
@@ -71,6 +72,8 @@ pub struct Facts<'a> {
     pub banned: bool,
     /// Whether the post already carries this list's List-Id.
     pub own_list_id: bool,
+    /// Whether a moderator approved this post for this list (`state.list_approval`).
+    pub approved: bool,
     pub emergency: bool,
     pub size: u64,
     pub max_message_size: u64,
@@ -82,6 +85,9 @@ pub struct Facts<'a> {
 pub fn decide(f: &Facts<'_>) -> Decision {
     if f.own_list_id {
         return Decision::Discard("the post already went through this list (a loop)".into());
+    }
+    if f.approved {
+        return Decision::Accept;
     }
     if f.banned {
         return Decision::Reject(format!("{} may not post to this list", f.sender));
@@ -117,6 +123,7 @@ mod tests {
             own_action: None,
             banned: false,
             own_list_id: false,
+            approved: false,
             emergency: false,
             size: 1000,
             max_message_size: 10_000,
@@ -169,6 +176,26 @@ mod tests {
                 |f| {
                     f.own_list_id = true;
                     f.banned = true;
+                },
+                Decision::Discard("the post already went through this list (a loop)".into()),
+            ),
+            (
+                "an approved post is accepted whatever the policy says",
+                |f| {
+                    f.approved = true;
+                    f.is_member = false;
+                    f.banned = true;
+                    f.own_action = Some(Action::Discard);
+                    f.emergency = true;
+                    f.size = 20_000;
+                },
+                Decision::Accept,
+            ),
+            (
+                "an approved post that came round a loop is still discarded",
+                |f| {
+                    f.approved = true;
+                    f.own_list_id = true;
                 },
                 Decision::Discard("the post already went through this list (a loop)".into()),
             ),

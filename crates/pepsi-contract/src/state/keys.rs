@@ -1,7 +1,7 @@
 //! The `state` keys one stage, the ingress or the queue's SQL writes for itself, its
 //! successors and operators (`docs/state.md`): `auth`, `junk`, `bounce_error`,
 //! `dispatch_error`, `dispatch_error_history`, `held`, `srs`, `vacation`, `whitelist`,
-//! `language`, `language_block`, `milter`, `crypto`, `keydisc`. Each type reads and writes
+//! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`. Each type reads and writes
 //! exactly the JSON its writer stored before the type existed (the table test below pins
 //! every shape), so rows already in a queue parse and older readers read what these write.
 //! Pure: no I/O.
@@ -152,6 +152,34 @@ pub struct Vacation {
     pub replied: Vec<String>,
 }
 state_key!(Vacation, "vacation");
+
+// ---------------------------------------------------------------------------------------------
+// list_approval
+
+/// `state.list_approval`: a post a list's moderator approved (`pepsi-list approve`), queued
+/// again at the list stage for the list's address alone. Written only by pepsi-list on the
+/// row it injects (`pepsi.workqueue_inject`, token `list-approve:<held_id>`), never by the
+/// ingress: the list stage accepts a row carrying it for its list whatever the posting policy
+/// says, after the loop check.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ListApproval {
+    /// The list's address, lower case.
+    pub list: String,
+    /// The list's `pepsi.mailing_list.list_id`: the approval is for this list only.
+    pub list_id: i64,
+    /// The `pepsi.list_held_message` row the post was held as (deleted by the approval).
+    pub held_id: i64,
+    /// Who approved it: the invoking user (`list_moderation_decision.moderator`).
+    pub moderator: String,
+}
+state_key!(ListApproval, "list_approval");
+
+impl ListApproval {
+    /// True when this approves posts to the list with id `list_id`.
+    pub fn approves(&self, list_id: i64) -> bool {
+        self.list_id == list_id
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // whitelist, language, language_block
@@ -403,6 +431,7 @@ mod tests {
             "milter" => again(Milter::from_state(&st)?),
             "crypto" => again(Crypto::from_state(&st)?),
             "keydisc" => again(Keydisc::from_state(&st)?),
+            "list_approval" => again(ListApproval::from_state(&st)?),
             other => panic!("no type for {other}"),
         })
     }
@@ -494,6 +523,11 @@ mod tests {
                 "keydisc",
                 r#"{"since":"2026-12-04T10:00:00+00:00","stage":"encrypt","waiting":["bob@example.org"]}"#,
             ),
+            // pepsi-list approve
+            (
+                "list_approval",
+                r#"{"held_id":7,"list":"team@example.org","list_id":3,"moderator":"ops"}"#,
+            ),
         ];
         for (key, text) in cases {
             let got = round_trip(key, text).unwrap_or_else(|e| panic!("{key} {text}: {e}"));
@@ -547,6 +581,16 @@ mod tests {
                 "state.crypto.decrypted.result: unknown variant `maybe`",
             ),
             ("held", r#"{"at":"x"}"#, "state.held: missing field `by`"),
+            (
+                "list_approval",
+                r#"{"list":"team@example.org","list_id":3,"moderator":"ops"}"#,
+                "state.list_approval: missing field `held_id`",
+            ),
+            (
+                "list_approval",
+                r#"{"held_id":"7","list":"t@x","list_id":3,"moderator":"ops"}"#,
+                "state.list_approval.held_id: invalid type: string",
+            ),
         ];
         for (key, text, want) in cases {
             let err = round_trip(key, text).expect_err("malformed").to_string();
@@ -597,5 +641,20 @@ mod tests {
                 .unwrap()
                 .is_none()
         );
+    }
+
+    #[test]
+    fn an_approval_is_for_its_own_list_only() {
+        let mut st = Map::new();
+        ListApproval {
+            list: "team@example.org".into(),
+            list_id: 3,
+            held_id: 7,
+            moderator: "ops".into(),
+        }
+        .insert_into(&mut st);
+        let a = ListApproval::from_state(&st).unwrap().unwrap();
+        assert!(a.approves(3) && !a.approves(4));
+        assert_eq!(ListApproval::from_state(&Map::new()).unwrap(), None);
     }
 }
