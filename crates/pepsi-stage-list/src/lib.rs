@@ -592,6 +592,7 @@ confirm_window); its reply to list-confirm+TOKEN carries the request out.
 
 Options of [stage-<name>]:
   DELIVER_STAGE  aliases  where the members' and owners' copies start
+  HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
   RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, DELAY_WARNING, MAX_LIFETIME
                  the retries of deferred posts, as for the delivery stages
   NEXT_STAGE, BOUNCE_STAGE  as for every stage";
@@ -599,7 +600,6 @@ Options of [stage-<name>]:
 /// The command line of `pepsi-stage-list`: its `--help` and its manual page.
 pub fn command() -> pepsi_conf::cli::Command {
     pepsi_contract::stage::command(&constants::CONFIG_SOURCE, ABOUT, "")
-  HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
 }
 
 /// Entry point of the `pepsi-stage-list` binary.
