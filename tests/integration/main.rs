@@ -66,6 +66,7 @@ mod stage_worker;
 mod status;
 mod structure;
 mod system_delivery;
+mod system_lists;
 mod system_remote;
 mod unibin;
 mod whitelist_tool;
