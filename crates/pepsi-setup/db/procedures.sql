@@ -1533,17 +1533,26 @@ $$;
 -- all sharing one new body row and the header block p_headers. The envelope sender is each
 -- person's VERP address (`<list>+bounces-<local>=<domain>@<list domain>`, what
 -- pepsi_contract::list::verp_address writes) when p_verp, else p_mail_from. Addresses in
--- p_skip get no row. Returns the number of rows made. Called from within a stage pass, so it
--- never notifies (see the contract above).
+-- p_skip get no row. With p_token, at most once: a token used before (pepsi.clone_token)
+-- makes nothing and returns -1. Returns the number of rows made. Called from within a stage
+-- pass, so it never notifies (see the contract above).
+DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb);
 CREATE OR REPLACE FUNCTION pepsi.list_fanout(
     p_list_id bigint, p_role text, p_stage text, p_headers bytea, p_body bytea,
-    p_mail_from text, p_verp boolean, p_skip text[], p_state jsonb DEFAULT '{}')
+    p_mail_from text, p_verp boolean, p_skip text[], p_state jsonb DEFAULT '{}',
+    p_token text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_list text;
     v_body bigint;
     n integer;
 BEGIN
+    IF p_token IS NOT NULL THEN
+        INSERT INTO pepsi.clone_token (token) VALUES (p_token) ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN -1;
+        END IF;
+    END IF;
     SELECT address INTO v_list FROM pepsi.mailing_list WHERE list_id = p_list_id;
     IF v_list IS NULL THEN
         RAISE EXCEPTION 'no mailing list with id %', p_list_id USING ERRCODE = '22023';

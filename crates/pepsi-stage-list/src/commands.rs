@@ -16,7 +16,7 @@ use chrono::Utc;
 use mail_builder::MessageBuilder;
 use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
-use pepsi_contract::list::MAX_TOKEN_LEN;
+use pepsi_contract::list::{ListAddress, MAX_TOKEN_LEN};
 use pepsi_contract::stage::{StageContext, StageError};
 use pepsi_outbound::delivery::{Failure, RcptResult};
 use serde_json::Map;
@@ -82,14 +82,47 @@ fn new_token() -> Result<String, StageError> {
     Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
-/// The sender a command is about: the From address, else the envelope sender, lower-case.
-fn requester(ctx: &StageContext<'_>) -> Result<String, StageError> {
-    let headers = ctx.headers()?;
-    Ok(pepsi_contract::message::from_addresses(headers)
-        .into_iter()
-        .next()
-        .unwrap_or_else(|| ctx.mail_from().to_owned())
-        .to_lowercase())
+/// Whether a message is from a program rather than a person (RFC 3834): a null envelope
+/// sender, `Auto-Submitted` other than `no`, `Precedence` bulk, junk or list, or a
+/// `List-Id` or `X-Loop` field (list traffic). Commands in such mail are never carried out
+/// and never answered.
+pub fn automated(mail_from: &str, headers: &[u8]) -> bool {
+    let first = |name: &str| {
+        pepsi_contract::message::field_values(headers, name)
+            .into_iter()
+            .next()
+            .map(|v| v.trim().to_ascii_lowercase())
+    };
+    mail_from.is_empty()
+        || first("Auto-Submitted").is_some_and(|v| !v.starts_with("no"))
+        || first("Precedence").is_some_and(|v| matches!(v.as_str(), "bulk" | "junk" | "list"))
+        || pepsi_contract::message::has_field(headers, "List-Id")
+        || pepsi_contract::message::has_field(headers, "X-Loop")
+}
+
+/// Who asks: the sender (`crate::sender_of`), unless the message is automated or the sender
+/// is an address of this list itself; `None` then, and the command is dropped.
+fn requester(ctx: &StageContext<'_>, list: &List) -> Result<Option<String>, StageError> {
+    if automated(ctx.mail_from(), ctx.headers()?) {
+        return Ok(None);
+    }
+    let Some(who) = crate::sender_of(ctx)? else {
+        return Ok(None);
+    };
+    if ListAddress::candidates(&who)
+        .iter()
+        .any(|c| c.list == list.address)
+    {
+        return Ok(None);
+    }
+    Ok(Some(who))
+}
+
+/// The answer for a command nobody (or a program) asked.
+fn dropped(what: &str) -> RcptResult {
+    delivered(&format!(
+        "{what} from a program, the list itself or no address: dropped"
+    ))
 }
 
 /// `-join`: a confirmation to the requester, unless they are a member already, banned, the
@@ -99,22 +132,17 @@ pub(crate) async fn join(
     ctx: &StageContext<'_>,
     list: &List,
 ) -> Result<RcptResult, StageError> {
-    let who = requester(ctx)?;
-    if who.is_empty() {
-        return Ok(delivered(
-            "a subscription request without a sender: dropped",
-        ));
-    }
+    let Some(who) = requester(ctx, list)? else {
+        return Ok(dropped("a subscription request"));
+    };
     let pool = ctx.pool();
-    let row = sqlx::query(
+    let row = sqlx::query(concat!(
         "SELECT subscription_policy, \
            EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
-                   AND role = 'member') AS member, \
-           EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
-                   AND (lower(pattern) = $2 OR (left(pattern, 1) = '^' AND $2 ~* pattern))) \
-             AS banned \
-         FROM pepsi.mailing_list WHERE list_id = $1",
-    )
+                   AND role = 'member') AS member, ",
+        banned_sql!(),
+        " AS banned FROM pepsi.mailing_list WHERE list_id = $1",
+    ))
     .bind(list.id)
     .bind(&who)
     .fetch_one(pool)
@@ -139,7 +167,9 @@ pub(crate) async fn leave(
     ctx: &StageContext<'_>,
     list: &List,
 ) -> Result<RcptResult, StageError> {
-    let who = requester(ctx)?;
+    let Some(who) = requester(ctx, list)? else {
+        return Ok(dropped("an unsubscription request"));
+    };
     let member: bool = sqlx::query_scalar(
         "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
          AND role = 'member')",
@@ -156,7 +186,9 @@ pub(crate) async fn leave(
     request(options, ctx, list, &who, "unsubscribe").await
 }
 
-/// A pending request of `kind` for `who` and its confirmation mail, within the limit.
+/// A pending request of `kind` for `who` and its confirmation mail, within the limit: the
+/// count, the pending row and the queued confirmation in one transaction, at most once per
+/// queue row (a pass run again counts nothing twice and sends nothing twice).
 async fn request(
     options: &Options,
     ctx: &StageContext<'_>,
@@ -164,7 +196,39 @@ async fn request(
     who: &str,
     kind: &str,
 ) -> Result<RcptResult, StageError> {
-    let pool = ctx.pool();
+    let token = new_token()?;
+    let facts = list.facts();
+    let confirm = facts.command_address(&format!("-confirm+{token}"));
+    let text = format!(
+        "We received a request to {kind} {who} {} the mailing list {}.\r\n\r\n\
+         To confirm, reply to this message (it goes to {confirm}),\r\n\
+         or send a message to {} with the subject:\r\n\r\n    confirm {token}\r\n\r\n\
+         If you did not ask for this, ignore this message: nothing changes.\r\n",
+        if kind == "subscribe" { "to" } else { "from" },
+        list.address,
+        facts.command_address("-request"),
+    );
+    let raw = compose(
+        options,
+        ctx,
+        list,
+        who,
+        &format!("confirm {token}"),
+        &text,
+        Some(&confirm),
+    )?;
+    let mut tx = ctx.pool().begin().await?;
+    if !once(
+        &mut tx,
+        &format!("list-request:{}:{}:{kind}", ctx.id(), list.id),
+    )
+    .await?
+    {
+        tx.rollback().await?;
+        return Ok(delivered(&format!(
+            "{kind} request from {who}: answered before"
+        )));
+    }
     // One count per address, list and window: the window starts at a multiple of its length.
     let allowed: bool = sqlx::query_scalar(
         "WITH l AS (SELECT confirm_limit_per_address AS lim, \
@@ -180,15 +244,15 @@ async fn request(
     )
     .bind(list.id)
     .bind(who)
-    .fetch_one(pool)
+    .fetch_one(&mut *tx)
     .await?;
     if !allowed {
+        tx.commit().await?;
         tracing::warn!(list = %list.address, %who, kind, "confirmation limit reached: no confirmation sent");
         return Ok(delivered(&format!(
             "{kind} request from {who}: the confirmation limit is reached, none sent"
         )));
     }
-    let token = new_token()?;
     sqlx::query(
         "INSERT INTO pepsi.list_pending (list_id, address, kind, token_hash, requested_via, \
          expires_at) SELECT $1, $2, $3, $4, 'mail', now() + pending_lifetime \
@@ -198,45 +262,66 @@ async fn request(
     .bind(who)
     .bind(kind)
     .bind(token_hash(&token))
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
-    let facts = list.facts();
-    let confirm = facts.command_address(&format!("-confirm+{token}"));
-    let text = format!(
-        "We received a request to {kind} {who} {} the mailing list {}.\r\n\r\n\
-         To confirm, reply to this message (it goes to {confirm}),\r\n\
-         or send a message to {} with the subject:\r\n\r\n    confirm {token}\r\n\r\n\
-         If you did not ask for this, ignore this message: nothing changes.\r\n",
-        if kind == "subscribe" { "to" } else { "from" },
-        list.address,
-        facts.command_address("-request"),
-    );
-    let subject = format!("confirm {token}");
-    send(
-        options,
-        ctx,
-        list,
-        who,
-        &subject,
-        &text,
-        Some(&confirm),
-        &format!("list-confirm:{}:{}:{kind}", ctx.id(), list.id),
-    )
-    .await?;
+    inject(&mut tx, options, list, who, &raw).await?;
+    tx.commit().await?;
+    ctx.note_rows_created();
     Ok(delivered(&format!(
         "{kind} request from {who}: confirmation sent"
     )))
 }
 
-/// `-confirm+<token>` or `confirm <token>`: the pending request carried out.
+/// Takes the at-most-once `token` in `tx`: false when it was taken before.
+async fn once(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    token: &str,
+) -> Result<bool, StageError> {
+    let taken: Option<i32> = sqlx::query_scalar(
+        "INSERT INTO pepsi.clone_token (token) VALUES ($1) ON CONFLICT DO NOTHING RETURNING 1",
+    )
+    .bind(token)
+    .fetch_optional(&mut **tx)
+    .await?;
+    Ok(taken.is_some())
+}
+
+/// Queues the list's message `raw` to `to` in `tx` (the caller notes the new row).
+async fn inject(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    options: &Options,
+    list: &List,
+    to: &str,
+    raw: &[u8],
+) -> Result<(), StageError> {
+    let (headers, body) = pepsi_contract::message::split(raw);
+    sqlx::query("SELECT pepsi.workqueue_inject($1, $2, $3, $4, $5, '{}')")
+        .bind(&options.deliver_stage)
+        .bind(list.facts().command_address("-bounces"))
+        .bind(vec![to.to_owned()])
+        .bind(headers)
+        .bind(body)
+        .execute(&mut **tx)
+        .await?;
+    Ok(())
+}
+
+/// `-confirm+<token>` or `confirm <token>`: the pending request carried out, and the
+/// person told, in one transaction, at most once per queue row.
 pub(crate) async fn confirm(
     options: &Options,
     ctx: &StageContext<'_>,
     list: &List,
     token: &str,
 ) -> Result<RcptResult, StageError> {
-    let pool = ctx.pool();
-    let mut tx = pool.begin().await?;
+    if automated(ctx.mail_from(), ctx.headers()?) {
+        return Ok(dropped("a confirmation"));
+    }
+    let mut tx = ctx.pool().begin().await?;
+    if !once(&mut tx, &format!("list-confirmed:{}:{}", ctx.id(), list.id)).await? {
+        tx.rollback().await?;
+        return Ok(delivered("confirmed before"));
+    }
     let pending = sqlx::query(
         "DELETE FROM pepsi.list_pending WHERE list_id = $1 AND token_hash = $2 \
          AND waiting_for = 'confirm' AND expires_at > now() \
@@ -258,12 +343,14 @@ pub(crate) async fn confirm(
     };
     let who: String = pending.try_get("address")?;
     let kind: String = pending.try_get("kind")?;
+    let display_name: String = pending.try_get("display_name")?;
     let policy: String =
         sqlx::query_scalar("SELECT subscription_policy FROM pepsi.mailing_list WHERE list_id = $1")
             .bind(list.id)
             .fetch_one(&mut *tx)
             .await?;
-    let (event, text) = match kind.as_str() {
+    let facts = list.facts();
+    let (event, subject, text) = match kind.as_str() {
         "subscribe" if policy == "confirm_then_approve" => {
             sqlx::query(
                 "INSERT INTO pepsi.list_pending (list_id, address, display_name, kind, \
@@ -273,12 +360,13 @@ pub(crate) async fn confirm(
             )
             .bind(list.id)
             .bind(&who)
-            .bind(pending.try_get::<String, _>("display_name")?)
-            .bind(token_hash(&format!("approve:{token}")))
+            .bind(&display_name)
+            .bind(token_hash(&new_token()?))
             .execute(&mut *tx)
             .await?;
             (
                 "subscription.confirmed",
+                format!("Your subscription to {} waits for approval", list.address),
                 format!(
                     "Your subscription to {} is confirmed and waits for a moderator's approval.\r\n",
                     list.address
@@ -293,16 +381,17 @@ pub(crate) async fn confirm(
             )
             .bind(list.id)
             .bind(&who)
-            .bind(pending.try_get::<String, _>("display_name")?)
+            .bind(&display_name)
             .execute(&mut *tx)
             .await?;
             (
                 "member.subscribe",
+                format!("Welcome to {}", list.address),
                 format!(
                     "Welcome to {}.\r\n\r\nTo post, write to {}.\r\nTo leave, write to {}.\r\n",
                     list.address,
                     list.address,
-                    list.facts().command_address("-leave")
+                    facts.command_address("-leave")
                 ),
             )
         }
@@ -317,6 +406,7 @@ pub(crate) async fn confirm(
             .await?;
             (
                 "member.unsubscribe",
+                format!("You have left {}", list.address),
                 format!("You have left {}.\r\n", list.address),
             )
         }
@@ -331,24 +421,11 @@ pub(crate) async fn confirm(
     .bind(serde_json::json!({"via": "mail"}))
     .execute(&mut *tx)
     .await?;
+    let raw = compose(options, ctx, list, &who, &subject, &text, None)?;
+    inject(&mut tx, options, list, &who, &raw).await?;
     tx.commit().await?;
+    ctx.note_rows_created();
     tracing::info!(list = %list.address, %who, event, "list request confirmed");
-    let subject = match event {
-        "member.subscribe" => format!("Welcome to {}", list.address),
-        "member.unsubscribe" => format!("You have left {}", list.address),
-        _ => format!("Your subscription to {} waits for approval", list.address),
-    };
-    send(
-        options,
-        ctx,
-        list,
-        &who,
-        &subject,
-        &text,
-        None,
-        &format!("list-done:{}:{}", ctx.id(), list.id),
-    )
-    .await?;
     Ok(delivered(&format!("{event} of {who}")))
 }
 
@@ -372,7 +449,9 @@ pub(crate) async fn request_message(
         Some(Request::Leave) => leave(options, ctx, list).await,
         Some(Request::Confirm(token)) => confirm(options, ctx, list, &token).await,
         Some(Request::Help) => {
-            let who = requester(ctx)?;
+            let Some(who) = requester(ctx, list)? else {
+                return Ok(dropped("a help request"));
+            };
             let facts = list.facts();
             let text = format!(
                 "Commands for {}:\r\n\r\n\
@@ -410,11 +489,9 @@ pub(crate) async fn request_message(
     }
 }
 
-/// A message from the list to `to`, from the list's `-request` address (replies to
-/// `reply_to`), with the `-bounces` address as envelope sender, at DELIVER_STAGE; once per
-/// `token`.
-#[allow(clippy::too_many_arguments)]
-async fn send(
+/// A message from the list to `to`: from the list's `-request` address (replies to
+/// `reply_to` when given), `Auto-Submitted: auto-replied`, the list's `List-Id`.
+fn compose(
     options: &Options,
     ctx: &StageContext<'_>,
     list: &List,
@@ -422,8 +499,7 @@ async fn send(
     subject: &str,
     text: &str,
     reply_to: Option<&str>,
-    token: &str,
-) -> Result<(), StageError> {
+) -> Result<Vec<u8>, StageError> {
     let facts = list.facts();
     let now = Utc::now();
     let mut message = MessageBuilder::new()
@@ -442,13 +518,29 @@ async fn send(
     if let Some(r) = reply_to {
         message = message.reply_to(r);
     }
-    let raw = message
+    message
         .text_body(text)
         .write_to_vec()
-        .map_err(|e| StageError::Temporary(format!("writing a message: {e}")))?;
+        .map_err(|e| StageError::Temporary(format!("writing a message: {e}")))
+}
+
+/// [`compose`]d and queued at DELIVER_STAGE with the `-bounces` address as envelope
+/// sender, once per `token`.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+    to: &str,
+    subject: &str,
+    text: &str,
+    reply_to: Option<&str>,
+    token: &str,
+) -> Result<(), StageError> {
+    let raw = compose(options, ctx, list, to, subject, text, reply_to)?;
     ctx.enqueue_new(
         &options.deliver_stage,
-        &facts.command_address("-bounces"),
+        &list.facts().command_address("-bounces"),
         &[to.to_owned()],
         &raw,
         Map::new(),

@@ -36,6 +36,18 @@ use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use sqlx::Row as _;
 
+/// The SQL condition "the sender `$2` is banned from the list `$1` or from every list": a
+/// pattern starting with `^` is a case-insensitive regular expression (pepsi-list has
+/// PostgreSQL compile it before storing it), any other the address itself. CASE keeps an
+/// address pattern from ever being read as an expression.
+macro_rules! banned_sql {
+    () => {
+        "EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
+         AND CASE WHEN left(pattern, 1) = '^' THEN $2 ~* pattern \
+                  ELSE lower(pattern) = $2 END)"
+    };
+}
+
 pub mod commands;
 pub mod plan;
 pub mod post;
@@ -289,11 +301,7 @@ impl ListStage {
         list: &List,
     ) -> Result<RcptResult, StageError> {
         let headers = ctx.headers()?.to_vec();
-        let sender = pepsi_contract::message::from_addresses(&headers)
-            .into_iter()
-            .next()
-            .unwrap_or_else(|| ctx.mail_from().to_owned())
-            .to_lowercase();
+        let sender = sender_of(ctx)?.unwrap_or_default();
         // A moderator's approval for this list (`pepsi-list approve`): only pepsi-list writes
         // the key, on the row it injects with the held post.
         let approval = pepsi_contract::state::ListApproval::from_state(ctx.state())?
@@ -318,15 +326,11 @@ impl ListStage {
                     .flatten()
             })
             .find_map(|w| Action::parse(&w));
-        let banned: bool = sqlx::query_scalar(
-            "SELECT EXISTS (SELECT 1 FROM pepsi.list_ban \
-             WHERE (list_id = $1 OR list_id IS NULL) \
-               AND (lower(pattern) = $2 OR (left(pattern, 1) = '^' AND $2 ~* pattern)))",
-        )
-        .bind(list.id)
-        .bind(&sender)
-        .fetch_one(pool)
-        .await?;
+        let banned: bool = sqlx::query_scalar(concat!("SELECT ", banned_sql!()))
+            .bind(list.id)
+            .bind(&sender)
+            .fetch_one(pool)
+            .await?;
         let facts = list.facts();
         // The body is fetched for a post that is accepted or held; its size decides too.
         let Some(body) = ctx
@@ -347,7 +351,8 @@ impl ListStage {
             is_member,
             own_action,
             banned,
-            own_list_id: post::carries_list_id(&headers, &facts.list_id()),
+            own_list_id: post::carries_list_id(&headers, &facts.list_id())
+                || post::carries_loop(&headers, list.address.as_str()),
             approved: approval.is_some(),
             emergency: list.emergency,
             size: (headers.len() + 2 + body.len()) as u64,
@@ -430,15 +435,15 @@ impl ListStage {
                     .into_iter()
                     .next()
                     .unwrap_or_default();
-                // Held once per queue row: a pass run again finds its own hold.
+                // Held once per queue row (an at-most-once token): a pass run again finds
+                // its own hold.
                 sqlx::query(
-                    "INSERT INTO pepsi.list_held_message \
+                    "WITH once AS (INSERT INTO pepsi.clone_token (token) VALUES ($9) \
+                                   ON CONFLICT DO NOTHING RETURNING 1) \
+                     INSERT INTO pepsi.list_held_message \
                      (list_id, sender, mail_from, subject, message_id, reason, headers, body, expires_at) \
                      SELECT $1, $2, $3, $4, $5, $6, $7, $8, now() + held_lifetime \
-                     FROM pepsi.mailing_list l WHERE l.list_id = $1 \
-                       AND NOT EXISTS (SELECT 1 FROM pepsi.list_held_message h \
-                                       WHERE h.list_id = $1 AND h.message_id = $5 \
-                                         AND h.message_id <> '' AND h.sender = $2)",
+                     FROM pepsi.mailing_list l WHERE l.list_id = $1 AND EXISTS (SELECT 1 FROM once)",
                 )
                 .bind(list.id)
                 .bind(&sender)
@@ -448,6 +453,7 @@ impl ListStage {
                 .bind(&reason)
                 .bind(&headers)
                 .bind(&body)
+                .bind(format!("list-hold:{id}:{}", list.id))
                 .execute(pool)
                 .await?;
                 delivered(&format!("held for the list's moderators: {reason}"))
@@ -471,7 +477,14 @@ impl ListStage {
         ctx: &mut StageContext<'_>,
         list: &List,
     ) -> Result<RcptResult, StageError> {
-        let headers = ctx.headers()?.to_vec();
+        let owner = list.facts().command_address("-owner");
+        if post::carries_loop(ctx.headers()?, &owner) {
+            return Ok(delivered(
+                "owner mail that came back to the list (a loop): dropped",
+            ));
+        }
+        let mut headers = ctx.headers()?.to_vec();
+        post::mark_loop(&mut headers, &owner);
         let Some(body) = ctx
             .fetch_body(list.max_message_size.saturating_mul(4))
             .await?
@@ -484,15 +497,19 @@ impl ListStage {
         let body = body.to_vec();
         let bounces = list.facts().command_address("-bounces");
         let n: i32 = sqlx::query_scalar(
-            "SELECT pepsi.list_fanout($1, 'owner', $2, $3, $4, $5, false, '{}')",
+            "SELECT pepsi.list_fanout($1, 'owner', $2, $3, $4, $5, false, '{}', '{}', $6)",
         )
         .bind(list.id)
         .bind(&options.deliver_stage)
         .bind(&headers)
         .bind(&body)
         .bind(&bounces)
+        .bind(format!("list-owner:{}:{}", ctx.id(), list.id))
         .fetch_one(ctx.pool())
         .await?;
+        if n < 0 {
+            return Ok(delivered("sent to the list's owners (before)"));
+        }
         if n == 0 {
             return Ok(RcptResult::Permanent(Failure::new(
                 format!("{} has no owner to read this", list.address),
@@ -521,18 +538,35 @@ impl ListStage {
         let Some(kind) = kind else {
             return Ok(delivered("a bounce without a delivery status: dropped"));
         };
+        // Recorded once per queue row, so a pass run again counts no bounce twice.
         sqlx::query(
-            "INSERT INTO pepsi.list_bounce_event (list_id, address, kind, status) \
-             VALUES ($1, $2, $3, $4)",
+            "WITH once AS (INSERT INTO pepsi.clone_token (token) VALUES ($5) \
+                           ON CONFLICT DO NOTHING RETURNING 1) \
+             INSERT INTO pepsi.list_bounce_event (list_id, address, kind, status) \
+             SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM once)",
         )
         .bind(list.id)
         .bind(member)
         .bind(kind)
         .bind(&status)
+        .bind(format!("list-bounce:{}:{}", ctx.id(), list.id))
         .execute(ctx.pool())
         .await?;
         Ok(delivered(&format!("{kind} bounce of {member} recorded")))
     }
+}
+
+/// Who a message to a list is from: its From address, else its envelope sender, in the form
+/// addresses are stored (`Address::key`). `None` when that is no address (a null sender, a
+/// From without one).
+pub(crate) fn sender_of(ctx: &StageContext<'_>) -> Result<Option<String>, StageError> {
+    let from = pepsi_contract::message::from_addresses(ctx.headers()?)
+        .into_iter()
+        .next()
+        .unwrap_or_else(|| ctx.mail_from().to_owned());
+    Ok(pepsi_conf::address::Address::parse(&from)
+        .ok()
+        .map(|a| a.key()))
 }
 
 fn delivered(what: &str) -> RcptResult {

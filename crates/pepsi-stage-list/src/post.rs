@@ -55,6 +55,20 @@ impl ListFacts<'_> {
     }
 }
 
+/// Whether `headers` carry `X-Loop: <address>` (any letter case): a message this list (or
+/// its owner address) sent before has come back. Lists keep each other's `X-Loop` fields, so
+/// a post passed between two lists that are members of each other stops at the first one.
+pub fn carries_loop(headers: &[u8], address: &str) -> bool {
+    message::field_values(headers, "X-Loop")
+        .iter()
+        .any(|v| v.trim().eq_ignore_ascii_case(address))
+}
+
+/// Adds `X-Loop: <address>` (see [`carries_loop`]).
+pub fn mark_loop(headers: &mut Vec<u8>, address: &str) {
+    push(headers, "X-Loop", &one_line(address));
+}
+
 /// Whether `headers` already carry this list's `List-Id` (the post went round a loop).
 pub fn carries_list_id(headers: &[u8], list_id: &str) -> bool {
     let wanted = format!("<{list_id}>");
@@ -69,7 +83,8 @@ pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     for name in LIST_FIELDS {
         h = message::remove_fields(&h, name);
     }
-    let prefix = list.subject_prefix.trim();
+    let prefix = one_line(list.subject_prefix);
+    let prefix = prefix.as_str();
     if !prefix.is_empty() {
         let subject = message::field_values(&h, "Subject")
             .into_iter()
@@ -93,8 +108,10 @@ pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
             push(&mut h, "Reply-To", &format!("<{}>", list.address));
         }
         ("explicit", Some(to)) => {
-            h = message::remove_fields(&h, "Reply-To");
-            push(&mut h, "Reply-To", &format!("<{to}>"));
+            if let Ok(to) = pepsi_conf::address::Address::parse(&one_line(to)) {
+                h = message::remove_fields(&h, "Reply-To");
+                push(&mut h, "Reply-To", &format!("<{to}>"));
+            }
         }
         _ => {}
     }
@@ -131,6 +148,7 @@ pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
         &format!("<mailto:{}>", list.command_address("-owner")),
     );
     push(&mut h, "Precedence", "list");
+    mark_loop(&mut h, list.address);
     h
 }
 
@@ -339,7 +357,32 @@ mod tests {
     }
 
     #[test]
+    fn values_from_the_database_stay_on_their_line() {
+        let mut list = team();
+        list.subject_prefix = "[team]\r\nBcc: eve@evil.test";
+        list.reply_goes_to = "explicit";
+        list.reply_to_address = Some("help@example.org>\r\nX-Evil: 1");
+        let h = text(&headers(b"Subject: x\r\n", &list));
+        assert!(!h.contains("\r\nBcc:") && !h.contains("\r\nX-Evil"), "{h}");
+        assert!(
+            h.contains("Subject: [team] Bcc: eve@evil.test x\r\n"),
+            "{h}"
+        );
+    }
+
+    #[test]
     fn loops_are_recognised() {
+        let mut h = b"Subject: x\r\n".to_vec();
+        assert!(!carries_loop(&h, "team@example.org"));
+        mark_loop(&mut h, "team@example.org");
+        assert!(carries_loop(&h, "Team@Example.org"));
+        assert!(!carries_loop(&h, "other@example.org"));
+        let copy = headers(b"Subject: x\r\nX-Loop: other@example.org\r\n", &team());
+        assert!(
+            carries_loop(&copy, "other@example.org"),
+            "another list's mark is kept"
+        );
+        assert!(carries_loop(&copy, "team@example.org"));
         assert!(carries_list_id(
             b"List-Id: \"T\" <team.example.org>\r\n",
             "team.example.org"
