@@ -359,7 +359,7 @@ async fn joining_and_leaving_by_mail_are_confirmed_by_the_address() {
     assert_eq!(sent.len(), 1, "{sent:?}");
     assert_eq!(sent[0].0, "team-bounces@example.test");
     let token = token_of(&sent[0].1);
-    assert_eq!(token.len(), 64);
+    assert_eq!(token.len(), 24);
     assert!(
         sent[0]
             .1
@@ -449,4 +449,46 @@ async fn joining_and_leaving_by_mail_are_confirmed_by_the_address() {
         vec![FINISHED; 4]
     );
     assert_eq!(sent_to(&db, "victim@else.test").await.len(), 3);
+}
+
+/// A member whose VERP local part would pass 64 octets (RFC 5321) gets the list's plain
+/// bounce address instead, which every server takes.
+#[tokio::test]
+async fn a_long_member_address_gets_the_plain_bounce_address() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let long = "a.very.long.mailbox.name.indeed@mail.subdomain.remote.test";
+    sqlx::query(
+        "INSERT INTO pepsi.list_member (list_id, address, role) \
+         SELECT list_id, $1, 'member' FROM pepsi.mailing_list",
+    )
+    .bind(long)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let id = message(&db, "alice@example.test", &["team@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[id]).await,
+        vec![FINISHED]
+    );
+    let senders: Vec<(String, Vec<String>)> = rows_at(&db, "deliver")
+        .await
+        .into_iter()
+        .map(|(from, rcpt, _, _)| (from, rcpt))
+        .collect();
+    assert!(
+        senders.contains(&(
+            "team-bounces@example.test".to_owned(),
+            vec![long.to_owned()]
+        )),
+        "{senders:?}"
+    );
+    for (from, _) in &senders {
+        let local = from.rsplit_once('@').unwrap().0;
+        assert!(local.len() <= 64, "{from}");
+    }
+    assert!(senders.contains(&(
+        pepsi_contract::list::verp_address("team@example.test", "carol@remote.test"),
+        vec!["carol@remote.test".to_owned()]
+    )));
 }

@@ -1532,7 +1532,8 @@ $$;
 -- p_role (members: those whose delivery is enabled), at p_stage, each with one recipient and
 -- all sharing one new body row and the header block p_headers. The envelope sender is each
 -- person's VERP address (`<list>+bounces-<local>=<domain>@<list domain>`, what
--- pepsi_contract::list::verp_address writes) when p_verp, else p_mail_from. Addresses in
+-- pepsi_contract::list::verp_address writes) when p_verp and that local part fits in 64
+-- octets (RFC 5321; else `<list>-bounces@`), otherwise p_mail_from. Addresses in
 -- p_skip get no row. With p_token, at most once: a token used before (pepsi.clone_token)
 -- makes nothing and returns -1. Returns the number of rows made. Called from within a stage
 -- pass, so it never notifies (see the contract above).
@@ -1561,9 +1562,13 @@ BEGIN
     INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, state)
     SELECT p_stage,
            CASE WHEN p_verp
+                     AND octet_length(split_part(v_list, '@', 1) || '+bounces-'
+                                      || regexp_replace(m.address, '@([^@]*)$', '=\1')) <= 64
                 THEN split_part(v_list, '@', 1) || '+bounces-'
                      || regexp_replace(m.address, '@([^@]*)$', '=\1') || '@'
                      || split_part(v_list, '@', 2)
+                WHEN p_verp
+                THEN split_part(v_list, '@', 1) || '-bounces@' || split_part(v_list, '@', 2)
                 ELSE p_mail_from END,
            ARRAY[m.address], p_headers, v_body, COALESCE(p_state, '{}')
     FROM pepsi.list_member m

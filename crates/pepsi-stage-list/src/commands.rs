@@ -74,12 +74,30 @@ pub fn token_hash(token: &str) -> Vec<u8> {
     Sha256::digest(token.as_bytes()).to_vec()
 }
 
-/// A fresh token: 32 random bytes as 64 lower-case hex digits.
+/// A fresh token: 15 random bytes (120 bits) as 24 characters of lower-case base32
+/// (RFC 4648's alphabet). Short, because it travels in a local part that must stay within
+/// 64 octets (RFC 5321 §4.5.3.1.1): `team-confirm+<token>` leaves 31 for the list's name.
 fn new_token() -> Result<String, StageError> {
-    let mut bytes = [0u8; 32];
+    let mut bytes = [0u8; 15];
     getrandom::fill(&mut bytes)
         .map_err(|e| StageError::Temporary(format!("no random bytes for a token: {e}")))?;
-    Ok(bytes.iter().map(|b| format!("{b:02x}")).collect())
+    Ok(base32(&bytes))
+}
+
+/// Lower-case base32 without padding (RFC 4648 §6), for whole groups of 5 bytes.
+fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut out = String::with_capacity(bytes.len() * 8 / 5);
+    for group in bytes.chunks(5) {
+        let mut v: u64 = 0;
+        for (i, b) in group.iter().enumerate() {
+            v |= u64::from(*b) << (32 - 8 * i);
+        }
+        for i in 0..(group.len() * 8).div_ceil(5) {
+            out.push(ALPHABET[((v >> (35 - 5 * i)) & 31) as usize] as char);
+        }
+    }
+    out
 }
 
 /// Whether a message is from a program rather than a person (RFC 3834): a null envelope
@@ -587,8 +605,16 @@ mod tests {
         assert_eq!(h.len(), 32);
         assert_ne!(h, token_hash("abd"));
         let t = new_token().unwrap();
-        assert_eq!(t.len(), 64);
-        assert!(t.bytes().all(|b| b.is_ascii_hexdigit()));
+        assert_eq!(t.len(), 24);
+        assert!(
+            t.bytes()
+                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+        );
         assert_ne!(t, new_token().unwrap());
+        // RFC 4648 §10's test vectors (whole groups).
+        assert_eq!(base32(b"fooba"), "mzxw6ytb");
+        assert_eq!(base32(b"foobafooba"), "mzxw6ytbmzxw6ytb");
+        // The confirmation address of a list named with 31 characters fits in 64 octets.
+        assert_eq!(format!("{}-confirm+{t}", "a".repeat(31)).len(), 64);
     }
 }
