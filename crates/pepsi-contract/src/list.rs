@@ -48,6 +48,14 @@ pub struct ListAddress {
 /// The longest token `-confirm+<token>` may carry: a hex SHA-256 is 64.
 pub const MAX_TOKEN_LEN: usize = 128;
 
+/// The length of the tokens the list stage mails in its confirmations (120 random bits in
+/// base32).
+pub const CONFIRM_TOKEN_LEN: usize = 24;
+
+/// The longest list name (the local part of its address): `<name>-confirm+<token>` must fit
+/// the 64 octets RFC 5321 allows a local part, or a reply to a confirmation is refused.
+pub const MAX_NAME_LEN: usize = 64 - "-confirm+".len() - CONFIRM_TOKEN_LEN;
+
 const SUFFIXES: &[(&str, Command)] = &[
     ("-join", Command::Join),
     ("-subscribe", Command::Join),
@@ -227,6 +235,17 @@ mod tests {
         let all = ListAddress::candidates("team-join@example.org");
         assert_eq!(all.len(), 2);
         assert_eq!(all[1], la("team-join@example.org", Command::Post).unwrap());
+    }
+
+    #[test]
+    fn a_confirmation_address_of_the_longest_name_fits_a_local_part() {
+        let local = format!(
+            "{}-confirm+{}",
+            "n".repeat(MAX_NAME_LEN),
+            "t".repeat(CONFIRM_TOKEN_LEN)
+        );
+        assert_eq!(local.len(), 64);
+        assert_eq!(MAX_NAME_LEN, 31);
     }
 
     #[test]

@@ -33,8 +33,9 @@ pub const COMMAND_ADDRESS_SUFFIXES: [&str; 7] = [
 ];
 
 /// A list's address as stored: lower-case, normalised by `pepsi_conf::address::Address`;
-/// its name (the local part) of a-z, 0-9, `.`, `_` and `-`, starting with a letter or a
-/// digit, not ending in a command suffix; its domain a domain name.
+/// its name (the local part) of at most `pepsi_contract::list::MAX_NAME_LEN` characters of
+/// a-z, 0-9, `.`, `_` and `-`, starting with a letter or a digit, not ending in a command
+/// suffix; its domain a domain name.
 pub fn list_address(text: &str) -> Result<String, String> {
     let parsed = Address::parse(text).map_err(|e| format!("list address {e}"))?;
     let name = parsed.local().to_lowercase();
@@ -51,6 +52,14 @@ pub fn list_address(text: &str) -> Result<String, String> {
         return Err(format!(
             "list address {text:?}: a list's name (before the @) may hold only a-z, 0-9, \
              '.', '_' and '-', and starts with a letter or a digit"
+        ));
+    }
+    if name.len() > pepsi_contract::list::MAX_NAME_LEN {
+        return Err(format!(
+            "list address {text:?}: a list's name (before the @) may have at most {} \
+             characters, so that its confirmation address ({name}-confirm+<token>@) fits \
+             the 64 octets of a local part",
+            pepsi_contract::list::MAX_NAME_LEN
         ));
     }
     if let Some(suffix) = COMMAND_SUFFIXES.iter().find(|s| name.ends_with(*s)) {
@@ -191,6 +200,14 @@ mod tests {
                 Err("(of a list team@example.org)"),
             ),
             ("team-unsubscribe@example.org", Err("ends in -unsubscribe")),
+            (
+                "a-list-name-of-thirty-two-chars1@example.org",
+                Err("at most 31 characters"),
+            ),
+            (
+                "a-list-name-of-thirty-one-chars@example.org",
+                Ok("a-list-name-of-thirty-one-chars@example.org"),
+            ),
             // A suffix inside the name is not one at its end.
             ("join-team@example.org", Ok("join-team@example.org")),
             ("team-joined@example.org", Ok("team-joined@example.org")),
@@ -205,7 +222,9 @@ mod tests {
                 (got, want) => panic!("{input}: {got:?}, wanted {want:?}"),
             }
         }
-        let long = format!("{}@example.org", "a".repeat(250));
+        // The longest name at a long (valid) domain: the whole address is too long.
+        let domain = vec!["d".repeat(55); 4].join(".") + ".example.org";
+        let long = format!("{}@{domain}", "a".repeat(31));
         assert!(list_address(&long).unwrap_err().contains("longer than 254"));
     }
 

@@ -17,7 +17,10 @@ CREATE TABLE pepsi.mailing_list (
     -- The posting address, lower-case: `local@domain` of one of our local domains.
     address             text NOT NULL UNIQUE
                             CHECK (address = lower(address) AND address ~ '^[a-z0-9][a-z0-9._-]*@[^@[:space:]]+$'
-                                   AND address !~ '-(join|subscribe|leave|unsubscribe|request|owner|bounces|confirm)@'),
+                                   AND address !~ '-(join|subscribe|leave|unsubscribe|request|owner|bounces|confirm)@'
+                                   -- `<name>-confirm+<24-character token>` within a local
+                                   -- part's 64 octets (pepsi_contract::list::MAX_NAME_LEN).
+                                   AND length(split_part(address, '@', 1)) <= 31),
     display_name        text NOT NULL DEFAULT '' CHECK (length(display_name) <= 200),
     description         text NOT NULL DEFAULT '' CHECK (length(description) <= 4000),
     -- Put before a post's subject unless it is already there, e.g. `[team]`.

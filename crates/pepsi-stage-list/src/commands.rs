@@ -605,7 +605,7 @@ mod tests {
         assert_eq!(h.len(), 32);
         assert_ne!(h, token_hash("abd"));
         let t = new_token().unwrap();
-        assert_eq!(t.len(), 24);
+        assert_eq!(t.len(), pepsi_contract::list::CONFIRM_TOKEN_LEN);
         assert!(
             t.bytes()
                 .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
@@ -614,7 +614,8 @@ mod tests {
         // RFC 4648 §10's test vectors (whole groups).
         assert_eq!(base32(b"fooba"), "mzxw6ytb");
         assert_eq!(base32(b"foobafooba"), "mzxw6ytbmzxw6ytb");
-        // The confirmation address of a list named with 31 characters fits in 64 octets.
-        assert_eq!(format!("{}-confirm+{t}", "a".repeat(31)).len(), 64);
+        // The confirmation address of the longest list name fits in 64 octets.
+        let name = "a".repeat(pepsi_contract::list::MAX_NAME_LEN);
+        assert_eq!(format!("{name}-confirm+{t}").len(), 64);
     }
 }
