@@ -86,6 +86,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0016",
         sql: include_str!("../db/pepsi-0016.sql"),
     },
+    Patch {
+        name: "pepsi-0017",
+        sql: include_str!("../db/pepsi-0017.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

@@ -1,0 +1,2 @@
+-- pepsi-0017.sql: mailing lists, second part (docs/lists.md): what the list stage,
+-- `pepsi-list maintain` and pepsi-httpd's list pages need beyond pepsi-0016.
