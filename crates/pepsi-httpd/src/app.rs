@@ -101,6 +101,8 @@ pub fn router(state: AppState) -> Router {
         .route("/pipeline", get(pages::pipeline_page))
         .route("/pipeline/graph", get(pages::graph_fragment))
         .route("/ui/{name}", get(pages::asset))
+        .merge(api::lists::routes())
+        .merge(crate::moderate::routes())
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

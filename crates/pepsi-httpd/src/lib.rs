@@ -28,6 +28,7 @@ mod error;
 mod extract;
 pub mod graph;
 pub mod metrics;
+mod moderate;
 pub mod options;
 mod pages;
 pub mod pipeline;

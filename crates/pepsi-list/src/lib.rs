@@ -15,12 +15,14 @@
 //! row per post, at most once, and a wake-up of the dispatcher after the commit); other
 //! changes take effect for the next post, which the list stage reads.
 
-mod members_csv;
-mod moderation;
-mod names;
-mod options;
+// The checks and the SQL are pepsi-httpd's too (its list API and moderation pages), so
+// that a change made on the web is the one this tool makes.
+pub mod members_csv;
+pub mod moderation;
+pub mod names;
+pub mod options;
 mod render;
-mod store;
+pub mod store;
 
 use std::io::Read as _;
 use std::process::ExitCode;

@@ -586,17 +586,42 @@ pub async fn add(
     display_name: &str,
     action: Option<Action>,
 ) -> Result<Added, Failure> {
+    add_via(
+        pool,
+        who,
+        list,
+        addresses,
+        role,
+        display_name,
+        action,
+        "operator",
+    )
+    .await
+}
+
+/// [`add`], the rows' `subscribed_via` being `via` (`operator`, or `api` for pepsi-httpd).
+#[allow(clippy::too_many_arguments)]
+pub async fn add_via(
+    pool: &PgPool,
+    who: &Who,
+    list: &str,
+    addresses: &[String],
+    role: Role,
+    display_name: &str,
+    action: Option<Action>,
+    via: &str,
+) -> Result<Added, Failure> {
     let mut tx = pool.begin().await?;
     let list_id = lock_list(&mut tx, list).await?;
     let names = vec![display_name.to_owned(); addresses.len()];
     let detail = json!({
         "list": list,
         "role": role,
-        "via": "operator",
+        "via": via,
         "action": action,
     });
     let added = insert_members(
-        &mut tx, who, list_id, addresses, &names, role, action, "operator", &detail,
+        &mut tx, who, list_id, addresses, &names, role, action, via, &detail,
     )
     .await?;
     let already: Vec<String> = addresses

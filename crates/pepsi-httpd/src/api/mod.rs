@@ -1,12 +1,13 @@
 //! The JSON API's handlers, one module per resource: `session` (login, logout, who am I),
 //! `queue` (list, show, the actions one by one and in bulk), `accounts` (mailboxes),
 //! `settings` (aliases, catch-alls, local domains, every per-address setting), `config`
-//! (the configuration's overrides and effective values), `logs` (the mail log and the
+//! (the configuration's overrides and effective values), `lists` (mailing lists), `logs` (the mail log and the
 //! event log) and `pipeline` (the live stage graph). docs/api.md and docs/api.openapi.yaml
 //! describe every route.
 
 pub mod accounts;
 pub mod config;
+pub mod lists;
 pub mod logs;
 pub mod pipeline;
 pub mod queue;
