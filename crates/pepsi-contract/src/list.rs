@@ -18,6 +18,7 @@
 //! schema's CHECK on `mailing_list.address`), so the reading is never ambiguous.
 
 use pepsi_conf::address::{self, Address};
+use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 /// What an address of a list asks of it.
@@ -146,6 +147,38 @@ pub fn verp_decode(tail: &str) -> Option<String> {
         .map(|a| a.key())
 }
 
+/// The stored form of a token (confirmations, member links, one-click unsubscribes): its
+/// SHA-256. The token itself travels only in the mail or the link.
+pub fn token_hash(token: &str) -> Vec<u8> {
+    Sha256::digest(token.as_bytes()).to_vec()
+}
+
+/// A fresh token: 15 random bytes (120 bits) as [`CONFIRM_TOKEN_LEN`] characters of
+/// lower-case base32 (RFC 4648's alphabet). Short, because it travels in a local part that
+/// must stay within 64 octets (RFC 5321 §4.5.3.1.1): `team-confirm+<token>` leaves 31 for
+/// the list's name. Fails only when the system has no random bytes to give.
+pub fn new_token() -> Result<String, getrandom::Error> {
+    let mut bytes = [0u8; 15];
+    getrandom::fill(&mut bytes)?;
+    Ok(base32(&bytes))
+}
+
+/// Lower-case base32 without padding (RFC 4648 §6), for whole groups of 5 bytes.
+pub fn base32(bytes: &[u8]) -> String {
+    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
+    let mut out = String::with_capacity(bytes.len() * 8 / 5);
+    for group in bytes.chunks(5) {
+        let mut v: u64 = 0;
+        for (i, b) in group.iter().enumerate() {
+            v |= u64::from(*b) << (32 - 8 * i);
+        }
+        for i in 0..(group.len() * 8).div_ceil(5) {
+            out.push(ALPHABET[((v >> (35 - 5 * i)) & 31) as usize] as char);
+        }
+    }
+    out
+}
+
 /// The first reading of `address` whose list exists: one query over every candidate.
 pub async fn existing(db: &PgPool, address: &str) -> sqlx::Result<Option<ListAddress>> {
     let candidates = ListAddress::candidates(address);
@@ -246,6 +279,26 @@ mod tests {
         );
         assert_eq!(local.len(), 64);
         assert_eq!(MAX_NAME_LEN, 31);
+    }
+
+    #[test]
+    fn tokens_are_stored_as_their_hash() {
+        let h = token_hash("abc");
+        assert_eq!(h.len(), 32);
+        assert_ne!(h, token_hash("abd"));
+        let t = new_token().unwrap();
+        assert_eq!(t.len(), CONFIRM_TOKEN_LEN);
+        assert!(
+            t.bytes()
+                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
+        );
+        assert_ne!(t, new_token().unwrap());
+        // RFC 4648 §10's test vectors (whole groups).
+        assert_eq!(base32(b"fooba"), "mzxw6ytb");
+        assert_eq!(base32(b"foobafooba"), "mzxw6ytbmzxw6ytb");
+        // The confirmation address of the longest list name fits in 64 octets.
+        let name = "a".repeat(MAX_NAME_LEN);
+        assert_eq!(format!("{name}-confirm+{t}").len(), 64);
     }
 
     #[test]

@@ -16,11 +16,10 @@ use chrono::Utc;
 use mail_builder::MessageBuilder;
 use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
-use pepsi_contract::list::{ListAddress, MAX_TOKEN_LEN};
+use pepsi_contract::list::{self, ListAddress, MAX_TOKEN_LEN, token_hash};
 use pepsi_contract::stage::{StageContext, StageError};
 use pepsi_outbound::delivery::{Failure, RcptResult};
 use serde_json::Map;
-use sha2::{Digest, Sha256};
 use sqlx::Row as _;
 
 use crate::{List, Options, delivered};
@@ -69,35 +68,11 @@ pub fn parse_request(subject: &str, body: &str) -> Option<Request> {
     read(subject).or_else(|| body.lines().find(|l| !l.trim().is_empty()).and_then(read))
 }
 
-/// The stored form of a token: its SHA-256.
-pub fn token_hash(token: &str) -> Vec<u8> {
-    Sha256::digest(token.as_bytes()).to_vec()
-}
-
-/// A fresh token: 15 random bytes (120 bits) as 24 characters of lower-case base32
-/// (RFC 4648's alphabet). Short, because it travels in a local part that must stay within
-/// 64 octets (RFC 5321 §4.5.3.1.1): `team-confirm+<token>` leaves 31 for the list's name.
+/// A fresh token ([`pepsi_contract::list::new_token`]); no random bytes is a temporary
+/// failure.
 fn new_token() -> Result<String, StageError> {
-    let mut bytes = [0u8; 15];
-    getrandom::fill(&mut bytes)
-        .map_err(|e| StageError::Temporary(format!("no random bytes for a token: {e}")))?;
-    Ok(base32(&bytes))
-}
-
-/// Lower-case base32 without padding (RFC 4648 §6), for whole groups of 5 bytes.
-fn base32(bytes: &[u8]) -> String {
-    const ALPHABET: &[u8; 32] = b"abcdefghijklmnopqrstuvwxyz234567";
-    let mut out = String::with_capacity(bytes.len() * 8 / 5);
-    for group in bytes.chunks(5) {
-        let mut v: u64 = 0;
-        for (i, b) in group.iter().enumerate() {
-            v |= u64::from(*b) << (32 - 8 * i);
-        }
-        for i in 0..(group.len() * 8).div_ceil(5) {
-            out.push(ALPHABET[((v >> (35 - 5 * i)) & 31) as usize] as char);
-        }
-    }
-    out
+    list::new_token()
+        .map_err(|e| StageError::Temporary(format!("no random bytes for a token: {e}")))
 }
 
 /// Whether a message is from a program rather than a person (RFC 3834): a null envelope
@@ -597,25 +572,5 @@ mod tests {
         for (subject, body, want) in cases {
             assert_eq!(&parse_request(subject, body), want, "{subject:?} {body:?}");
         }
-    }
-
-    #[test]
-    fn tokens_are_stored_as_their_hash() {
-        let h = token_hash("abc");
-        assert_eq!(h.len(), 32);
-        assert_ne!(h, token_hash("abd"));
-        let t = new_token().unwrap();
-        assert_eq!(t.len(), pepsi_contract::list::CONFIRM_TOKEN_LEN);
-        assert!(
-            t.bytes()
-                .all(|b| b.is_ascii_lowercase() || (b'2'..=b'7').contains(&b))
-        );
-        assert_ne!(t, new_token().unwrap());
-        // RFC 4648 §10's test vectors (whole groups).
-        assert_eq!(base32(b"fooba"), "mzxw6ytb");
-        assert_eq!(base32(b"foobafooba"), "mzxw6ytbmzxw6ytb");
-        // The confirmation address of the longest list name fits in 64 octets.
-        let name = "a".repeat(pepsi_contract::list::MAX_NAME_LEN);
-        assert_eq!(format!("{name}-confirm+{t}").len(), 64);
     }
 }
