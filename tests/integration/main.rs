@@ -35,6 +35,7 @@ mod ingress_metrics;
 mod ingress_msgauth;
 mod ingress_smtp;
 mod ingress_tls;
+mod list_directory;
 mod list_moderation;
 mod list_tool;
 mod lmtp_delivery;

@@ -17,6 +17,7 @@ pub mod audit;
 pub mod db;
 pub mod epoch;
 pub mod list;
+pub mod list_directory;
 pub mod local;
 pub mod mail_log;
 pub mod message;

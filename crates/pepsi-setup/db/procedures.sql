@@ -1528,6 +1528,20 @@ $$;
 -- MAILING LISTS (pepsi-0016.sql, docs/lists.md)
 -- ---------------------------------------------------------------------------------------
 
+-- Tell the list stage's workers (pepsi_contract::list_directory) that the set of lists may
+-- have changed: they keep every list's address in memory and read them again on this.
+CREATE OR REPLACE FUNCTION pepsi.mailing_list_notify()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('list_changed', TG_OP);
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER mailing_list_notify
+    AFTER INSERT OR UPDATE OF address OR DELETE OR TRUNCATE ON pepsi.mailing_list
+    FOR EACH STATEMENT EXECUTE FUNCTION pepsi.mailing_list_notify();
+
 -- Fans one list message out: a new queue row for each of the list's people with role
 -- p_role (members: those whose delivery is enabled), at p_stage, each with one recipient and
 -- all sharing one new body row and the header block p_headers. The envelope sender is each

@@ -30,6 +30,7 @@ use std::process::ExitCode;
 
 use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::list::{Command, ListAddress};
+use pepsi_contract::list_directory::ListDirectory;
 use pepsi_contract::round::RoundMemo;
 use pepsi_contract::stage::edges::Declare;
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
@@ -146,19 +147,32 @@ type Round = RoundMemo<String, Option<List>>;
 /// round of mail to the same mailboxes asks once.
 async fn resolve(
     round: &RefCell<Round>,
+    directory: &ListDirectory,
     ctx: &StageContext<'_>,
     rcpt_to: &[String],
 ) -> Result<(Vec<List>, Vec<Option<ListAddress>>), StageError> {
     let candidates: Vec<Vec<ListAddress>> =
         rcpt_to.iter().map(|r| ListAddress::candidates(r)).collect();
+    // Every list's address, when the directory can vouch for it: a candidate that is none
+    // is answered without a query, so mail to mailboxes costs nothing here.
+    let known = if candidates.iter().all(Vec::is_empty) {
+        None
+    } else {
+        directory.addresses(ctx.pool()).await?
+    };
     let missing: Vec<String> = {
         let mut round = round.borrow_mut();
         round.expire();
         let mut missing: Vec<String> = Vec::new();
         for c in candidates.iter().flatten() {
-            if !round.knows(c.list.as_str()) && !missing.contains(&c.list) {
-                missing.push(c.list.clone());
+            if round.knows(c.list.as_str()) || missing.contains(&c.list) {
+                continue;
             }
+            if known.as_ref().is_some_and(|k| !k.contains(&c.list)) {
+                round.insert(c.list.clone(), None);
+                continue;
+            }
+            missing.push(c.list.clone());
         }
         missing
     };
@@ -211,10 +225,12 @@ async fn resolve(
     Ok((lists, readings))
 }
 
-/// The list stage: the round's answers about which lists exist.
+/// The list stage: which lists exist (the directory), and the round's answers about them.
 #[derive(Default)]
 pub struct ListStage {
     round: RefCell<Round>,
+    /// Which lists exist, kept for the life of the worker.
+    directory: ListDirectory,
 }
 
 impl Stage for ListStage {
@@ -248,7 +264,7 @@ impl Stage for ListStage {
         options: &Options,
         ctx: &mut StageContext<'_>,
     ) -> Result<Terminal, StageError> {
-        let (lists, readings) = resolve(&self.round, ctx, ctx.rcpt_to()).await?;
+        let (lists, readings) = resolve(&self.round, &self.directory, ctx, ctx.rcpt_to()).await?;
         if readings.iter().all(Option::is_none) {
             return ctx.advance();
         }
