@@ -19,7 +19,7 @@
 
 use pepsi_conf::address::{self, Address};
 use sha2::{Digest, Sha256};
-use sqlx::PgPool;
+use sqlx::{PgConnection, PgPool, Row as _};
 
 /// What an address of a list asks of it.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,23 +80,29 @@ impl ListAddress {
         let domain = parsed.domain();
         let at = |list: &str| format!("{list}@{domain}");
         let mut out = Vec::new();
-        if let Some((list, token)) = local.split_once("-confirm+") {
-            if !list.is_empty() && valid_token(token) {
+        // A list's name holds no `+`, so the part before `-confirm+` or `+bounces-` must
+        // hold none either: a member whose own local part holds `-confirm+` (VERP keeps
+        // it) is read as the bounce it is.
+        let name = |list: &str| !list.is_empty() && !list.contains('+');
+        if let Some((list, token)) = local.split_once("-confirm+")
+            && name(list)
+        {
+            if valid_token(token) {
                 out.push(ListAddress {
                     list: at(list),
                     command: Command::Confirm(token.to_owned()),
                 });
             }
-        } else if let Some((list, member)) = local.split_once("+bounces-") {
-            if !list.is_empty()
-                && let Some(member) = verp_decode(member)
-            {
+        } else if let Some((list, member)) = local.split_once("+bounces-")
+            && name(list)
+        {
+            if let Some(member) = verp_decode(member) {
                 out.push(ListAddress {
                     list: at(list),
                     command: Command::Bounces(Some(member)),
                 });
             }
-        } else {
+        } else if !local.contains('+') {
             for (suffix, command) in SUFFIXES {
                 if let Some(list) = local.strip_suffix(suffix)
                     && !list.is_empty()
@@ -179,6 +185,192 @@ pub fn base32(bytes: &[u8]) -> String {
     out
 }
 
+/// What a confirmation limit counts (`list_confirm_rate.key_kind`): the address a
+/// confirmation goes to (`confirm_limit_per_address`), or the client that asked for it, an
+/// IP address or `token:<id>` (`confirm_limit_per_client`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RateKey {
+    Address,
+    Client,
+}
+
+impl RateKey {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RateKey::Address => "address",
+            RateKey::Client => "client",
+        }
+    }
+}
+
+/// Counts one confirmation for `key` on list `list_id` and tells whether it is within the
+/// list's limit for that kind of key in the current `confirm_window`. The window starts at
+/// a multiple of its length, so every writer (the list stage, pepsi-httpd) counts the same
+/// windows; the count is kept past the limit, so a flood stays refused until the window
+/// ends. Call it in the transaction that sends the confirmation.
+pub async fn count_confirmation(
+    conn: &mut PgConnection,
+    list_id: i64,
+    kind: RateKey,
+    key: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "WITH l AS (SELECT CASE WHEN $2 = 'address' THEN confirm_limit_per_address \
+                                ELSE confirm_limit_per_client END AS lim, \
+                           extract(epoch FROM confirm_window) AS w \
+                      FROM pepsi.mailing_list WHERE list_id = $1), \
+              up AS (INSERT INTO pepsi.list_confirm_rate (list_id, key_kind, key, window_start, count) \
+                     SELECT $1, $2, $3, \
+                            to_timestamp(floor(extract(epoch FROM now()) / l.w) * l.w), 1 FROM l \
+                     ON CONFLICT (list_id, key_kind, key, window_start) \
+                     DO UPDATE SET count = pepsi.list_confirm_rate.count + 1 \
+                     RETURNING count) \
+         SELECT coalesce((SELECT count FROM up) <= (SELECT lim FROM l), false)",
+    )
+    .bind(list_id)
+    .bind(kind.as_str())
+    .bind(key)
+    .fetch_one(conn)
+    .await
+}
+
+/// Whether `address` (lower-case) is banned from list `list_id`: a `list_ban` row of the
+/// list or of every list whose pattern is the address, or, when it starts with `^`, a
+/// regular expression matching it without regard to case.
+pub async fn banned(conn: &mut PgConnection, list_id: i64, address: &str) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
+         AND CASE WHEN left(pattern, 1) = '^' THEN $2 ~* pattern \
+                  ELSE lower(pattern) = $2 END)",
+    )
+    .bind(list_id)
+    .bind(address)
+    .fetch_one(conn)
+    .await
+}
+
+/// How a request reached the list (`list_pending.requested_via`,
+/// `list_member.subscribed_via`, the `via` of its events).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    Mail,
+    Web,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Mail => "mail",
+            Via::Web => "web",
+        }
+    }
+}
+
+/// A confirmed request, carried out by [`carry_out`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Carried {
+    pub address: String,
+    pub display_name: String,
+    /// What happened, as `list_event_log` has it: `member.subscribe` (a member made),
+    /// `subscription.confirmed` (under `confirm_then_approve`: now waiting for a moderator)
+    /// or `member.unsubscribe` (the member row removed).
+    pub event: &'static str,
+}
+
+/// Carries out the unexpired request of list `list_id` waiting for the confirmation whose
+/// token hashes to `token_hash`: a subscription makes a member (`subscribed_via` = `via`),
+/// or under `confirm_then_approve` a request waiting for a moderator (stored under
+/// `spare_hash`, the hash of a token never sent); an unsubscription removes the member row.
+/// One `list_event_log` row, the person as actor. `None` when no such request waits (used,
+/// expired, unknown). Call it in the transaction of whatever else the confirmation does.
+pub async fn carry_out(
+    conn: &mut PgConnection,
+    list_id: i64,
+    token_hash: &[u8],
+    via: Via,
+    spare_hash: &[u8],
+) -> sqlx::Result<Option<Carried>> {
+    let pending = sqlx::query(
+        "DELETE FROM pepsi.list_pending WHERE list_id = $1 AND token_hash = $2 \
+         AND waiting_for = 'confirm' AND expires_at > now() \
+         RETURNING address, display_name, kind, requested_via, client",
+    )
+    .bind(list_id)
+    .bind(token_hash)
+    .fetch_optional(&mut *conn)
+    .await?;
+    let Some(pending) = pending else {
+        return Ok(None);
+    };
+    let address: String = pending.try_get("address")?;
+    let display_name: String = pending.try_get("display_name")?;
+    let kind: String = pending.try_get("kind")?;
+    let policy: String =
+        sqlx::query_scalar("SELECT subscription_policy FROM pepsi.mailing_list WHERE list_id = $1")
+            .bind(list_id)
+            .fetch_one(&mut *conn)
+            .await?;
+    let event = match kind.as_str() {
+        "subscribe" if policy == "confirm_then_approve" => {
+            sqlx::query(
+                "INSERT INTO pepsi.list_pending (list_id, address, display_name, kind, \
+                 waiting_for, token_hash, requested_via, client, expires_at) \
+                 SELECT $1, $2, $3, 'subscribe', 'approve', $4, $5, $6, now() + pending_lifetime \
+                 FROM pepsi.mailing_list WHERE list_id = $1",
+            )
+            .bind(list_id)
+            .bind(&address)
+            .bind(&display_name)
+            .bind(spare_hash)
+            .bind(pending.try_get::<String, _>("requested_via")?)
+            .bind(pending.try_get::<String, _>("client")?)
+            .execute(&mut *conn)
+            .await?;
+            "subscription.confirmed"
+        }
+        "subscribe" => {
+            sqlx::query(
+                "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
+                 subscribed_via) VALUES ($1, $2, $3, 'member', $4) \
+                 ON CONFLICT (list_id, address, role) DO NOTHING",
+            )
+            .bind(list_id)
+            .bind(&address)
+            .bind(&display_name)
+            .bind(via.as_str())
+            .execute(&mut *conn)
+            .await?;
+            "member.subscribe"
+        }
+        _ => {
+            sqlx::query(
+                "DELETE FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
+                 AND role = 'member'",
+            )
+            .bind(list_id)
+            .bind(&address)
+            .execute(&mut *conn)
+            .await?;
+            "member.unsubscribe"
+        }
+    };
+    sqlx::query(
+        "INSERT INTO pepsi.list_event_log (list_id, address, event, detail, actor) \
+         VALUES ($1, $2, $3, $4, $2)",
+    )
+    .bind(list_id)
+    .bind(&address)
+    .bind(event)
+    .bind(serde_json::json!({"via": via.as_str()}))
+    .execute(&mut *conn)
+    .await?;
+    Ok(Some(Carried {
+        address,
+        display_name,
+        event,
+    }))
+}
+
 /// The first reading of `address` whose list exists: one query over every candidate.
 pub async fn existing(db: &PgPool, address: &str) -> sqlx::Result<Option<ListAddress>> {
     let candidates = ListAddress::candidates(address);
@@ -258,6 +450,24 @@ mod tests {
             ("team-confirm+a.b@example.org", None),
             ("team-confirm+@example.org", None),
             ("team+bounces-nobody@example.org", None),
+            // A member whose local part holds `-confirm+` or `+bounces-`: still their
+            // bounce, decoded whole.
+            (
+                "team+bounces-ann-confirm+x=example.net@example.org",
+                la(
+                    "team@example.org",
+                    Command::Bounces(Some("ann-confirm+x@example.net".into())),
+                ),
+            ),
+            (
+                "team+bounces-a+bounces-b=example.net@example.org",
+                la(
+                    "team@example.org",
+                    Command::Bounces(Some("a+bounces-b@example.net".into())),
+                ),
+            ),
+            // A plus address of someone else: no list's.
+            ("ann+news-join@example.org", None),
             ("-join@example.org", la("-join@example.org", Command::Post)),
             ("not an address", None),
         ];
@@ -268,6 +478,36 @@ mod tests {
         let all = ListAddress::candidates("team-join@example.org");
         assert_eq!(all.len(), 2);
         assert_eq!(all[1], la("team-join@example.org", Command::Post).unwrap());
+    }
+
+    /// The VERP address of a member decodes to the member as stored (local part lower
+    /// case, an IDN domain as its A-label, which is how every entry path stores members).
+    #[test]
+    fn verp_round_trips_table() {
+        for member in [
+            "bob@example.net",
+            "bob.smith+tag@mail.example.net",
+            "ann-confirm+x@example.net",
+            "o'brien=x@example.net",
+            "jürgen@xn--bcher-kva.example",
+        ] {
+            let verp = verp_address("team@example.org", member);
+            let read = first(&verp);
+            assert_eq!(
+                read,
+                la("team@example.org", Command::Bounces(Some(member.into()))),
+                "{member} as {verp}"
+            );
+        }
+        // A member given with a U-label domain decodes to the A-label form stored.
+        let verp = verp_address("team@example.org", "ann@bücher.example");
+        assert_eq!(
+            first(&verp),
+            la(
+                "team@example.org",
+                Command::Bounces(Some("ann@xn--bcher-kva.example".into()))
+            )
+        );
     }
 
     #[test]
