@@ -1,5 +1,5 @@
-//! Text for people, shared by the operator tools: aligned tables, durations in the two
-//! largest units, cells clipped to a width.
+//! Text for people, shared by the operator tools and the message writers: aligned tables,
+//! durations in the two largest units, cells clipped to a width, values on one line.
 //! Pure functions, no I/O.
 
 /// `secs` as the two largest units: `45s`, `3m12s`, `2h05m`, `3d04h`.
@@ -30,6 +30,17 @@ pub fn clip(text: &str, max: usize) -> String {
         s.push('…');
         s
     }
+}
+
+/// `value` on one line, fit for a header field: control characters (CR, LF, TAB, ...) and
+/// runs of white space become one space, none at either end, so no value can start a field
+/// of its own.
+pub fn one_line(value: &str) -> String {
+    value
+        .split(|c: char| c.is_control() || c.is_whitespace())
+        .filter(|w| !w.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
 }
 
 /// Left-aligned columns separated by two spaces; numeric columns (`right[i]`) right-aligned.
@@ -69,6 +80,21 @@ pub fn table(headers: &[&str], right: &[bool], rows: &[Vec<String>]) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_line_table() {
+        let cases = [
+            ("plain", "plain"),
+            ("  two  words ", "two words"),
+            ("a\r\nBcc: x@example.org", "a Bcc: x@example.org"),
+            ("tab\tand\u{2003}em space", "tab and em space"),
+            ("\r\n\t", ""),
+            ("über straße", "über straße"),
+        ];
+        for (value, want) in cases {
+            assert_eq!(one_line(value), want, "{value:?}");
+        }
+    }
 
     #[test]
     fn durations_read_as_the_two_largest_units() {

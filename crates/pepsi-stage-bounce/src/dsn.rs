@@ -168,10 +168,7 @@ fn unique_boundary(seed: &str, parts: &[&[u8]]) -> String {
 /// Text fit for one header field: control characters (CR, LF, TAB, …) become spaces and
 /// runs of spaces collapse, so no value from the state can start a field of its own.
 pub fn clean(s: &str) -> String {
-    s.split(|c: char| c.is_control() || c == ' ')
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
+    pepsi_conf::text::one_line(s)
 }
 
 /// Appends `Name: value` CRLF, folded at spaces so lines stay within 78 columns where the

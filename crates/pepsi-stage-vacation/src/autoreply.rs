@@ -25,6 +25,7 @@ use chrono::{DateTime, NaiveDate, Utc};
 use mail_builder::MessageBuilder;
 use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
+use pepsi_conf::text::one_line;
 use pepsi_contract::message::field_values;
 use pepsi_contract::settings::vacation::{MAX_SUBJECT_CHARS, Vacation};
 
@@ -264,16 +265,6 @@ fn single_id(headers: &[u8], name: &str) -> Option<String> {
         .next()
         .map(|v| one_line(&v))
         .filter(|v| v.starts_with('<') && v.ends_with('>') && !v.contains(' '))
-}
-
-/// A header value on one line: line ends and other controls become spaces, runs of space
-/// one.
-fn one_line(value: &str) -> String {
-    value
-        .split(|c: char| c.is_control() || c.is_whitespace())
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// The most ids a reply's References carries over from the original (with its own
