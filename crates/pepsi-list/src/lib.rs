@@ -17,6 +17,7 @@
 
 // The checks and the SQL are pepsi-httpd's too (its list API and moderation pages), so
 // that a change made on the web is the one this tool makes.
+mod maintain;
 pub mod members_csv;
 pub mod moderation;
 pub mod names;
@@ -77,6 +78,14 @@ the invoking user, the one who ran sudo when it was sudo) and one pepsi.event_lo
 
 Moderation: `held LIST` shows the posts a list holds for a moderator; `approve LIST ID...` sends each back to the list stage (the stage whose PROGRAM is pepsi-stage-list; --stage NAME when there are several) marked approved, so it goes to the members whatever the posting policy says; `reject LIST ID... [--reason T]` returns each to its sender as a DSN (5.7.1, rejected by the list's moderator) from the list stage's BOUNCE_STAGE; `discard LIST ID...` drops them. Each writes a pepsi.list_moderation_decision row per post (the invoking user as moderator) and post.approve, post.reject or post.discard events. `ban LIST PATTERN` (or `ban --all PATTERN`, every list) refuses a sender's posts: PATTERN is an address, or a POSIX regular expression when it starts with ^ (matched without regard to case, checked by PostgreSQL before it is stored); `unban` lifts it, `bans LIST` lists what applies to the list.
 
+`maintain` is one pass of the periodic work (a systemd timer runs it every few minutes): \
+bounce warnings to members whose delivery bounces disabled, every bounce_warning_interval, \
+and the member removed after bounce_warnings of them; stale bounce scores set back to 0; \
+requests and held posts past their expiry deleted (a held post with an `expire` decision), \
+expired member links and old confirmation windows deleted. Each list is done in one \
+transaction under an advisory lock and each warning is queued at most once, so two hosts \
+may run it at once and a second run does nothing more.
+
 `configure LIST NAME=VALUE...` changes a list's options (the columns of \
 pepsi.mailing_list): `pepsi-list configure --help` lists each with what it takes, its \
 default and its meaning. `import LIST FILE` reads a Mailman 3 members export (CSV with a \
@@ -119,7 +128,8 @@ Examples:
   pepsi-list ban team@example.org '^.*@spam\\.example$' --reason 'spam run'
   pepsi-list ban --all troll@example.net
   pepsi-list bans team@example.org
-  pepsi-list delete team@example.org --yes";
+  pepsi-list delete team@example.org --yes
+  pepsi-list maintain --json";
 
 /// Create, configure and delete mailing lists, and manage their members.
 #[derive(Debug, Parser)]
@@ -198,7 +208,34 @@ enum Command {
     /// The bans that apply to a list (its own and those of every list), or with --all
     /// those of every list.
     Bans(BansArgs),
+    /// One pass of the periodic work: bounce warnings and removals, stale bounce scores,
+    /// expired requests, held posts, member links and confirmation windows.
+    ///
+    /// To each member whose delivery bounces disabled, a warning every
+    /// bounce_warning_interval (from the list's -request address, envelope sender its
+    /// -bounces address, queued at the list stage's DELIVER_STAGE); after bounce_warnings
+    /// warnings and one more interval the member is removed (member.remove, why: bounces).
+    /// Scores whose last bounce is older than bounce_info_stale_after go back to 0.
+    /// list_pending rows and held posts past expires_at are deleted (a held post with a
+    /// list_moderation_decision `expire`), and so are expired member links and confirmation
+    /// windows that ended a window ago. Each list is one transaction under an advisory lock
+    /// (a list another run holds is skipped and reported busy), and each warning is queued
+    /// with an at-most-once token: safe from two hosts at once, and a second run does
+    /// nothing more.
+    #[command(long_about)]
+    Maintain(MaintainArgs),
 }
+
+#[derive(Debug, Args)]
+struct MaintainArgs {
+    /// The list stage whose DELIVER_STAGE the warnings start at (required when several
+    /// stages run pepsi-stage-list)
+    #[arg(long, value_name = "NAME")]
+    stage: Option<String>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
 
 #[derive(Debug, Args)]
 struct DecideArgs {
@@ -482,6 +519,7 @@ enum Checked {
     Ban(Option<String>, moderation::Pattern, String, bool),
     Unban(Option<String>, String, bool),
     Bans(Option<String>, bool),
+    Maintain(maintain::Settings, bool),
 }
 
 /// The held posts' ids, each once in their order.
@@ -656,6 +694,17 @@ fn check(command: Command, cfg: &Config) -> Result<Checked, Failure> {
             let pattern = moderation::pattern(pattern).map_err(invalid)?;
             Checked::Unban(l, pattern.as_str().to_owned(), a.out.json)
         }
+        Command::Maintain(a) => {
+            // No list stage: the rest of the work is still done; warnings wait for one.
+            let stage = match moderation::list_stage(cfg, a.stage.as_deref()) {
+                Ok(s) => Some(s),
+                Err(moderation::NoStage::Missing(_)) => None,
+                Err(moderation::NoStage::Usage(m)) => return Err(invalid(m)),
+            };
+            let settings =
+                maintain::Settings::from_config(cfg, stage.as_deref()).map_err(Failure::Other)?;
+            Checked::Maintain(settings, a.out.json)
+        }
         Command::Bans(a) => match (a.list, a.all) {
             (Some(l), false) => Checked::Bans(Some(list(&l)?), a.out.json),
             (None, true) => Checked::Bans(None, a.out.json),
@@ -758,6 +807,10 @@ async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Do
         Checked::Unban(l, pattern, json) => {
             let done = store::unban(pool, who, l.as_deref(), &pattern).await?;
             print(json, &done, |b| render::ban_changed(b, false))
+        }
+        Checked::Maintain(settings, json) => {
+            let done = maintain::run(pool, who, &settings).await?;
+            print(json, &done, maintain::render)
         }
         Checked::Bans(l, json) => {
             let rows = store::bans(pool, l.as_deref()).await?;

@@ -8,7 +8,8 @@
 //! `list_ban`. Writes: `pepsi.list_post` (one row per accepted post and queue row, which
 //! keeps a re-run pass from fanning out twice), the fan-out rows (`pepsi.list_fanout`: one
 //! row per member at DELIVER_STAGE with the member's VERP envelope sender, all sharing one
-//! body), `list_held_message`, `list_bounce_event`, `list_event_log`.
+//! body), `list_held_message`, `list_bounce_event`, `list_bounce_score`, a member's
+//! `delivery_status` (bounces, complaints), `list_event_log`.
 //!
 //! What each list address does:
 //! - a post: the posting policy (`plan`) accepts it (the list copy of `post` to every
@@ -16,8 +17,11 @@
 //!   discards it, or defers it (tried again later, 4.7.1);
 //! - `-owner`: the message as it is to every owner, with the list's `-bounces` address as
 //!   envelope sender;
-//! - `-bounces` and VERP addresses: the report's `Status` recorded in `list_bounce_event`
-//!   (hard, soft, or policy for 5.7.x) for the member the VERP address names;
+//! - `-bounces` and VERP addresses: the report read (`bounces`: RFC 3464 DSNs, RFC 5965
+//!   complaints) and recorded in `list_bounce_event` for the member the VERP address names
+//!   (else the members the report names); hard and soft bounces scored in
+//!   `list_bounce_score`, delivery disabled at the list's threshold; a complaint disables
+//!   delivery as the member's wish;
 //! - `-join`, `-leave`, `-request`, `-confirm+…`: subscribing and leaving by mail, each
 //!   confirmed by the address it concerns (`commands`).
 //!
@@ -49,6 +53,7 @@ macro_rules! banned_sql {
     };
 }
 
+pub mod bounces;
 pub mod commands;
 pub mod plan;
 pub mod post;
@@ -71,7 +76,8 @@ pub mod constants {
 /// mail, so a member may be a local mailbox, an alias or a remote address.
 pub const DEFAULT_DELIVER_STAGE: &str = "aliases";
 
-/// The most of a bounce report read for its `Status` fields.
+/// The most of a bounce report read beyond the list's `max_message_size` (a report may
+/// return the whole post).
 pub const MAX_REPORT_READ: u64 = 256 * 1024;
 
 /// One `[stage-<name>]` section, read at start.
@@ -536,40 +542,262 @@ impl ListStage {
         Ok(delivered(&format!("sent to the list's {n} owners")))
     }
 
-    /// A bounce: its status recorded for the member its VERP address names.
+    /// A bounce or a complaint (docs/lists.md, "Bounces"): the report read
+    /// (`bounces::read`) and, for the member the VERP address names (else each member of
+    /// the list the report names), a `list_bounce_event` row; a hard or soft bounce counted
+    /// in `list_bounce_score` (`bounces::count`), delivery disabled at the threshold
+    /// (`by_bounces`, `member.disable`); a complaint disables delivery as the member's own
+    /// wish (`by_user`, `member.disable`). One transaction, at most once per queue row.
     async fn bounce(
         &self,
         ctx: &mut StageContext<'_>,
         list: &List,
         member: Option<&str>,
     ) -> Result<RcptResult, StageError> {
-        let Some(member) = member else {
-            return Ok(delivered("a bounce without a member address: dropped"));
+        // A report may return the whole post: room for the list's largest one.
+        let limit = MAX_REPORT_READ.saturating_add(list.max_message_size);
+        let Some(body) = ctx.fetch_body(limit).await? else {
+            tracing::warn!(id = ctx.id(), list = %list.address, limit, "bounce report too large");
+            return Ok(delivered(&format!(
+                "a bounce report larger than {limit} bytes: dropped"
+            )));
         };
-        let report = match ctx.fetch_body(MAX_REPORT_READ).await? {
-            Some(b) => b.to_vec(),
-            None => Vec::new(),
+        let body = body.to_vec();
+        let raw = pepsi_contract::message::join(ctx.headers()?, &body);
+        let report = bounces::read(&raw);
+        if report.findings.is_empty() {
+            return Ok(delivered(
+                "a bounce without a failure status or a complaint: dropped",
+            ));
+        }
+        let mut tx = ctx.pool().begin().await?;
+        let targets: Vec<(String, bounces::Finding)> = match member {
+            Some(m) => report
+                .about(m)
+                .map(|f| vec![(m.to_owned(), f.clone())])
+                .unwrap_or_default(),
+            None => {
+                let named = report.named();
+                let addresses: Vec<String> = named.iter().map(|(a, _)| (*a).to_owned()).collect();
+                let members: Vec<String> = sqlx::query_scalar(
+                    "SELECT address FROM pepsi.list_member \
+                     WHERE list_id = $1 AND role = 'member' AND address = ANY($2)",
+                )
+                .bind(list.id)
+                .bind(&addresses)
+                .fetch_all(&mut *tx)
+                .await?;
+                named
+                    .into_iter()
+                    .filter(|(a, _)| members.iter().any(|m| m == a))
+                    .map(|(a, f)| (a.to_owned(), f.clone()))
+                    .collect()
+            }
         };
-        let (kind, status) = bounce_kind(&report);
-        let Some(kind) = kind else {
-            return Ok(delivered("a bounce without a delivery status: dropped"));
-        };
-        // Recorded once per queue row, so a pass run again counts no bounce twice.
-        sqlx::query(
-            "WITH once AS (INSERT INTO pepsi.clone_token (token) VALUES ($5) \
-                           ON CONFLICT DO NOTHING RETURNING 1) \
-             INSERT INTO pepsi.list_bounce_event (list_id, address, kind, status) \
-             SELECT $1, $2, $3, $4 WHERE EXISTS (SELECT 1 FROM once)",
+        if targets.is_empty() {
+            tx.rollback().await?;
+            return Ok(delivered(
+                "a bounce to the list's -bounces address naming no member: dropped",
+            ));
+        }
+        // Once per queue row: a pass run again counts no bounce twice.
+        let first: Option<i32> = sqlx::query_scalar(
+            "INSERT INTO pepsi.clone_token (token) VALUES ($1) ON CONFLICT DO NOTHING RETURNING 1",
+        )
+        .bind(format!("list-bounce:{}:{}", ctx.id(), list.id))
+        .fetch_optional(&mut *tx)
+        .await?;
+        if first.is_none() {
+            tx.rollback().await?;
+            return Ok(delivered("the bounce was recorded before"));
+        }
+        let (threshold, stale_after_secs): (f64, f64) = sqlx::query_as(
+            "SELECT bounce_score_threshold::float8, \
+                    extract(epoch FROM bounce_info_stale_after)::float8 \
+               FROM pepsi.mailing_list WHERE list_id = $1",
         )
         .bind(list.id)
-        .bind(member)
-        .bind(kind)
-        .bind(&status)
-        .bind(format!("list-bounce:{}:{}", ctx.id(), list.id))
-        .execute(ctx.pool())
+        .fetch_one(&mut *tx)
         .await?;
-        Ok(delivered(&format!("{kind} bounce of {member} recorded")))
+        let rules = bounces::Rules {
+            threshold,
+            stale_after_secs,
+        };
+        let mut said: Vec<String> = Vec::with_capacity(targets.len());
+        for (address, finding) in &targets {
+            said.push(record_bounce(&mut tx, list, address, finding, &report, rules).await?);
+        }
+        tx.commit().await?;
+        let said = said.join("; ");
+        tracing::info!(id = ctx.id(), list = %list.address, %said, "list bounce");
+        Ok(delivered(&said))
     }
+}
+
+/// One finding of a report about `address`, stored in `tx`: its event, the score, and a
+/// member's delivery disabled when the score reaches the threshold or the finding is a
+/// complaint. Says what it did.
+async fn record_bounce(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    list: &List,
+    address: &str,
+    finding: &bounces::Finding,
+    report: &bounces::Report,
+    rules: bounces::Rules,
+) -> Result<String, StageError> {
+    let kind = finding.kind.as_str();
+    sqlx::query(
+        "INSERT INTO pepsi.list_bounce_event \
+         (list_id, address, kind, status, diagnostic, report_message_id, processed_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, now())",
+    )
+    .bind(list.id)
+    .bind(address)
+    .bind(kind)
+    .bind(&finding.status)
+    .bind(&finding.diagnostic)
+    .bind(&report.message_id)
+    .execute(&mut **tx)
+    .await?;
+    // The member's row locked: `pepsi-list maintain` and a concurrent bounce wait for it.
+    let status: Option<String> = sqlx::query_scalar(
+        "SELECT delivery_status FROM pepsi.list_member \
+         WHERE list_id = $1 AND address = $2 AND role = 'member' FOR UPDATE",
+    )
+    .bind(list.id)
+    .bind(address)
+    .fetch_optional(&mut **tx)
+    .await?;
+    let Some(status) = status else {
+        return Ok(format!("{kind} bounce of {address} (no member) recorded"));
+    };
+    match finding.kind {
+        bounces::Kind::Policy => Ok(format!(
+            "policy refusal ({}) of {address} recorded, not counted",
+            finding.status
+        )),
+        bounces::Kind::Complaint => {
+            let detail = serde_json::json!({
+                "list": list.address,
+                "why": "complaint",
+                "report": finding.diagnostic,
+                "report_message_id": report.message_id,
+            });
+            if disable_member(tx, list, address, "by_user", detail).await? {
+                Ok(format!("complaint of {address}: delivery disabled"))
+            } else {
+                Ok(format!(
+                    "complaint of {address} recorded (delivery was {status})"
+                ))
+            }
+        }
+        bounces::Kind::Hard | bounces::Kind::Soft => {
+            sqlx::query(
+                "INSERT INTO pepsi.list_bounce_score (list_id, address) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(list.id)
+            .bind(address)
+            .execute(&mut **tx)
+            .await?;
+            let (score, days): (f64, Option<i64>) = sqlx::query_as(
+                "SELECT score::float8, (current_date - last_bounce_on)::int8 \
+                   FROM pepsi.list_bounce_score WHERE list_id = $1 AND address = $2 FOR UPDATE",
+            )
+            .bind(list.id)
+            .bind(address)
+            .fetch_one(&mut **tx)
+            .await?;
+            let step = bounces::count(
+                bounces::Score {
+                    score,
+                    days_since_last: days,
+                },
+                finding.kind,
+                rules,
+            );
+            if !step.counted {
+                return Ok(format!(
+                    "{kind} bounce of {address} recorded, counted today already (score {score:.2})"
+                ));
+            }
+            sqlx::query(
+                "UPDATE pepsi.list_bounce_score SET score = $3::numeric(8,2), \
+                        last_bounce_on = current_date WHERE list_id = $1 AND address = $2",
+            )
+            .bind(list.id)
+            .bind(address)
+            .bind(step.score)
+            .execute(&mut **tx)
+            .await?;
+            if step.reached && status == "enabled" {
+                let detail = serde_json::json!({
+                    "list": list.address,
+                    "why": "bounces",
+                    "score": step.score,
+                    "threshold": rules.threshold,
+                    "status": finding.status,
+                    "report_message_id": report.message_id,
+                });
+                if disable_member(tx, list, address, "by_bounces", detail).await? {
+                    sqlx::query(
+                        "UPDATE pepsi.list_bounce_score SET disabled_at = now(), \
+                                warnings_sent = 0, last_warning_at = NULL \
+                          WHERE list_id = $1 AND address = $2",
+                    )
+                    .bind(list.id)
+                    .bind(address)
+                    .execute(&mut **tx)
+                    .await?;
+                    return Ok(format!(
+                        "{kind} bounce of {address}: score {:.2} reached {:.2}, delivery disabled",
+                        step.score, rules.threshold
+                    ));
+                }
+            }
+            Ok(format!(
+                "{kind} bounce of {address} recorded (score {:.2} of {:.2})",
+                step.score, rules.threshold
+            ))
+        }
+    }
+}
+
+/// Turns off delivery to the member `address` of `list` in `tx` (`to`: `by_bounces` or
+/// `by_user`) unless it is off for that reason or by a moderator already, with a
+/// `member.disable` event holding `detail`. Whether it changed.
+async fn disable_member(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    list: &List,
+    address: &str,
+    to: &str,
+    detail: serde_json::Value,
+) -> Result<bool, StageError> {
+    let changed: Option<i64> = sqlx::query_scalar(
+        "UPDATE pepsi.list_member SET delivery_status = $3, updated_at = now() \
+         WHERE list_id = $1 AND address = $2 AND role = 'member' \
+           AND delivery_status IN ('enabled', 'by_bounces') AND delivery_status <> $3 \
+         RETURNING member_id",
+    )
+    .bind(list.id)
+    .bind(address)
+    .bind(to)
+    .fetch_optional(&mut **tx)
+    .await?;
+    if changed.is_none() {
+        return Ok(false);
+    }
+    sqlx::query(
+        "INSERT INTO pepsi.list_event_log (list_id, address, event, detail, actor) \
+         VALUES ($1, $2, 'member.disable', $3, $4)",
+    )
+    .bind(list.id)
+    .bind(address)
+    .bind(detail)
+    .bind(constants::PROGRAM)
+    .execute(&mut **tx)
+    .await?;
+    Ok(true)
 }
 
 /// Who a message to a list is from: its From address, else its envelope sender, in the form
@@ -592,35 +820,6 @@ fn delivered(what: &str) -> RcptResult {
     })
 }
 
-/// The kind of a bounce report by its first `Status:` field (RFC 3464): `policy` for 5.7.x
-/// (a refusal of the content, which does not count against the member), `hard` for other
-/// 5.x.x, `soft` for 4.x.x; `None` without one. The status comes back too.
-pub fn bounce_kind(report: &[u8]) -> (Option<&'static str>, String) {
-    let text = String::from_utf8_lossy(report);
-    let status = text
-        .lines()
-        .filter_map(|l| {
-            let (name, value) = l.split_once(':')?;
-            name.trim()
-                .eq_ignore_ascii_case("Status")
-                .then(|| value.split_whitespace().next().unwrap_or("").to_owned())
-        })
-        .find(|s| s.len() >= 5 && s.as_bytes()[1] == b'.');
-    let Some(status) = status else {
-        return (None, String::new());
-    };
-    let kind = if status.starts_with("5.7.") {
-        "policy"
-    } else if status.starts_with('5') {
-        "hard"
-    } else if status.starts_with('4') {
-        "soft"
-    } else {
-        return (None, status);
-    };
-    (Some(kind), status)
-}
-
 const ABOUT: &str = "\
 Pepsi stage for mailing lists: posts, owner mail and bounces of the lists in pepsi.mailing_list
 
@@ -635,7 +834,9 @@ prefix, Reply-To as the list says, the footer after plain text), one queue row p
 DELIVER_STAGE with the member's VERP envelope sender (list+bounces-local=domain@), all \
 sharing one body. A held post is kept in pepsi.list_held_message; a refused one is bounced \
 (5.7.1); a deferred one is retried. Mail to list-owner goes to the owners; bounces to \
-list-bounces and VERP addresses are recorded per member (hard, soft, policy for 5.7.x). \
+list-bounces and VERP addresses (RFC 3464 reports, RFC 5965 complaints) are recorded per \
+member and scored (hard 1, soft 0.5 a day, policy refusals 5.7.x not counted); at the list's \
+bounce_score_threshold the member's delivery is disabled, and a complaint disables it too. \
 Mail to list-join and list-leave (or join and leave commands to list-request) asks the \
 address for a confirmation (double opt-in, at most confirm_limit_per_address per \
 confirm_window); its reply to list-confirm+TOKEN carries the request out.
@@ -660,29 +861,6 @@ pub fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn bounce_kinds_table() {
-        let cases: &[(&str, Option<&str>, &str)] = &[
-            (
-                "Reporting-MTA: dns; x\r\n\r\nStatus: 5.1.1\r\n",
-                Some("hard"),
-                "5.1.1",
-            ),
-            ("Status: 4.2.2 (mailbox full)\r\n", Some("soft"), "4.2.2"),
-            ("status: 5.7.1\r\n", Some("policy"), "5.7.1"),
-            ("Subject: Status: of things\r\n", None, ""),
-            ("no report at all", None, ""),
-            ("Status: 2.0.0\r\n", None, "2.0.0"),
-        ];
-        for (report, kind, status) in cases {
-            assert_eq!(
-                bounce_kind(report.as_bytes()),
-                (*kind, (*status).to_owned()),
-                "{report}"
-            );
-        }
-    }
 
     #[test]
     fn options_table() {
