@@ -50,6 +50,8 @@ pub struct Settings {
     pub deliver_stage: Option<String>,
     /// The domain of the warnings' Message-IDs (the list stage's HOSTNAME).
     pub hostname: String,
+    /// `[pepsi] LIST_WEB_URL`: the one-click unsubscribe links of the digests sent here.
+    pub web_url: Option<String>,
 }
 
 impl Settings {
@@ -60,6 +62,7 @@ impl Settings {
             return Ok(Settings {
                 deliver_stage: None,
                 hostname: cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?,
+                web_url: None,
             });
         };
         let section = cfg.stage_section_named(stage);
@@ -78,6 +81,11 @@ impl Settings {
         Ok(Settings {
             deliver_stage: Some(deliver.to_string()),
             hostname: cfg.name_option(&section, "HOSTNAME")?,
+            web_url: cfg
+                .section("pepsi")
+                .string_opt("LIST_WEB_URL")?
+                .map(|v| v.trim().to_owned())
+                .filter(|v| !v.is_empty()),
         })
     }
 }
@@ -293,12 +301,25 @@ pub async fn run(pool: &PgPool, who: &Who, settings: &Settings) -> Result<Done, 
     Ok(done)
 }
 
-/// The hook of the digests: every list's digest whose `digest_period` has passed since its
-/// first post is sent here, in the pass, and the number sent returned. Digests by size go
-/// out from the list stage as posts arrive. Digests are not built in this version, so
-/// nothing is due.
-async fn send_due_digests(_pool: &PgPool, _settings: &Settings) -> Result<u64, Failure> {
-    Ok(0)
+/// The digests due by period: every list's open digest whose `digest_period` has passed
+/// since its first post, sent (`pepsi_list_digest::store::send_due`: each marked sent in the
+/// transaction that queues its rows, so a digest goes out once); the number sent. Digests
+/// by size go out from the list stage as posts arrive. Without a list stage they wait.
+async fn send_due_digests(pool: &PgPool, settings: &Settings) -> Result<u64, Failure> {
+    let Some(deliver_stage) = settings.deliver_stage.as_deref() else {
+        return Ok(0);
+    };
+    let route = pepsi_list_digest::Route {
+        deliver_stage,
+        hostname: &settings.hostname,
+        web_url: settings.web_url.as_deref(),
+    };
+    let sent = pepsi_list_digest::store::send_due(pool, &route).await?;
+    for s in &sent {
+        tracing::info!(list = %s.list, volume = s.volume, number = s.number, posts = s.posts,
+            mime = s.mime_members, plain = s.plain_members, "digest sent");
+    }
+    Ok(sent.len() as u64)
 }
 
 async fn event(
@@ -566,7 +587,10 @@ pub fn render(done: &Done) -> String {
     let mut out = String::new();
     for l in &done.lists {
         if l.busy {
-            out.push_str(&format!("{}: busy (another maintain run holds it)\n", l.list));
+            out.push_str(&format!(
+                "{}: busy (another maintain run holds it)\n",
+                l.list
+            ));
             continue;
         }
         let mut parts: Vec<String> = Vec::new();

@@ -589,7 +589,11 @@ mod tests {
             .collect();
         assert_eq!(
             named,
-            vec![("a@x.org", "4.2.2"), ("b@x.org", "4.2.2"), ("c@x.org", "5.1.1")]
+            vec![
+                ("a@x.org", "4.2.2"),
+                ("b@x.org", "4.2.2"),
+                ("c@x.org", "5.1.1")
+            ]
         );
         let many = Report {
             message_id: String::new(),
