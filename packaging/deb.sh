@@ -29,7 +29,8 @@ done
 rm -f "$p/usr/share/man/man8/migadu_counters.8" "$p/usr/share/man/man1/counterctl.1"
 
 install -d -m 0755 "$p/usr/lib/systemd/system" "$p/usr/share/doc/pepsi" "$p/DEBIAN"
-for unit in "$src"/debian/systemd/pepsi*.service "$src"/debian/systemd/pepsi.target; do
+for unit in "$src"/debian/systemd/pepsi*.service "$src"/debian/systemd/pepsi*.timer \
+  "$src"/debian/systemd/pepsi.target; do
   install -m 0644 "$unit" "$p/usr/lib/systemd/system/"
 done
 for doc in "$src"/docs/*.md "$src"/README.md; do

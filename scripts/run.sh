@@ -131,7 +131,7 @@ mkdir -p var/run
 # by pepsi and the pepsi-sendmail group; here everything runs as whoever runs make run.
 mkdir -p var/spool/sendmail
 chmod 1730 var/spool/sendmail
-rm -f var/run/dispatch.pid var/run/ingress.pid var/run/httpd.pid var/run/failure-bouncer.pid var/run/sendmail-pickup.pid
+rm -f var/run/dispatch.pid var/run/ingress.pid var/run/httpd.pid var/run/failure-bouncer.pid var/run/sendmail-pickup.pid var/run/list-maintain.pid
 supervise dispatch pepsi-dispatch -c "$cfg"
 dispatch_supervisor=$!
 supervise ingress pepsi-ingress -c "$cfg"
@@ -144,9 +144,15 @@ bouncer_supervisor=$!
 # The pickup of mail `pepsi-sendmail` queued while the database was down.
 supervise sendmail-pickup pepsi-sendmail -C "$cfg" -q10s
 pickup_supervisor=$!
+# The mailing lists' periodic work (docs/lists.md, "Periodic work"), a pass every five
+# minutes as the timer of an installation runs it; what a pass did goes to its log.
+supervise list-maintain sh -c 'trap "kill \$s 2>/dev/null; exit 0" TERM
+  while :; do pepsi-list -c "$1" maintain >&2 || exit 1; sleep 300 & s=$!; wait $s; done' \
+  list-maintain "$cfg"
+maintain_supervisor=$!
 # Stopping goes ingress first (no new mail), then the API and the helpers, then the
 # dispatcher.
-pids=("$ingress_supervisor" "$httpd_supervisor" "$pickup_supervisor" "$bouncer_supervisor" "$dispatch_supervisor" "${pids[@]}")
+pids=("$ingress_supervisor" "$httpd_supervisor" "$pickup_supervisor" "$maintain_supervisor" "$bouncer_supervisor" "$dispatch_supervisor" "${pids[@]}")
 for _ in $(seq 200); do
   (exec 3<>/dev/tcp/127.0.0.1/2525) 2>/dev/null && break
   sleep 0.05
@@ -161,6 +167,7 @@ ingress=$(cat var/run/ingress.pid)
 say "started pepsi-dispatch (pid $(cat var/run/dispatch.pid)), log var/log/dispatch.log"
 say "started pepsi-ingress (pid $ingress) on 127.0.0.1:2525, log var/log/ingress.log"
 say "started pepsi-failure-bouncer and the pepsi-sendmail pickup, logs var/log/failure-bouncer.log, var/log/sendmail-pickup.log"
+say "started pepsi-list maintain every 5 minutes, log var/log/list-maintain.log"
 say "started pepsi-httpd (pid $(cat var/run/httpd.pid)) at http://127.0.0.1:8080/, log var/log/httpd.log"
 say "the administrator's name and password are in var/httpd-admin.txt"
 say "database: $DATABASE_URL   mail: var/mail/<user>/Maildir"
@@ -208,7 +215,7 @@ The administrative API: http://127.0.0.1:8080/ (docs/api.md, docs/operations.md)
 the administrator in var/httpd-admin.txt:
   read -r name pw < var/httpd-admin.txt
   curl -si -H 'Content-Type: application/json' -d "{\"name\":\"\$name\",\"password\":\"\$pw\"}" http://127.0.0.1:8080/api/login
-A dispatcher, ingress, pepsi-httpd, failure bouncer or pickup that dies is started again
+A dispatcher, ingress, pepsi-httpd, failure bouncer, pickup or list maintenance that dies is started again
 (var/run/*.pid hold their pids).
 Ctrl-C stops everything.
 EOF

@@ -384,6 +384,8 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         "pepsi-httpd.service",
         "pepsi-failure-bouncer.service",
         "pepsi-sendmail-pickup.service",
+        "pepsi-list-maintain.service",
+        "pepsi-list-maintain.timer",
     ] {
         assert_eq!(
             entry(&format!("/usr/lib/systemd/system/{unit}")).mode,
@@ -426,7 +428,8 @@ say "statoverrides"
 dpkg-statoverride --list '/usr/libexec/pepsi/*' | sort
 say "systemd-analyze verify"
 systemd-analyze verify --man=yes /usr/lib/systemd/system/pepsi.target \
-  /usr/lib/systemd/system/pepsi-*.service /usr/lib/systemd/system/migadu_counters.service
+  /usr/lib/systemd/system/pepsi-*.service /usr/lib/systemd/system/pepsi-*.timer \
+  /usr/lib/systemd/system/migadu_counters.service
 say "verified"
 
 # A PostgreSQL of this root's own, on its socket (peer authentication, as Debian's), and
