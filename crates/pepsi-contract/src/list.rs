@@ -57,7 +57,10 @@ pub const CONFIRM_TOKEN_LEN: usize = 24;
 /// the 64 octets RFC 5321 allows a local part, or a reply to a confirmation is refused.
 pub const MAX_NAME_LEN: usize = 64 - "-confirm+".len() - CONFIRM_TOKEN_LEN;
 
-const SUFFIXES: &[(&str, Command)] = &[
+/// The endings of a list's fixed command addresses and what each asks. A list's name never
+/// ends in one of them nor in [`CONFIRM_SUFFIX`] (pepsi-list's check and the schema's CHECK
+/// on `mailing_list.address`, which a test holds to this table).
+pub const SUFFIXES: &[(&str, Command)] = &[
     ("-join", Command::Join),
     ("-subscribe", Command::Join),
     ("-leave", Command::Leave),
@@ -66,6 +69,17 @@ const SUFFIXES: &[(&str, Command)] = &[
     ("-owner", Command::Owner),
     ("-bounces", Command::Bounces(None)),
 ];
+
+/// The ending of a confirmation's address, before its `+<token>`.
+pub const CONFIRM_SUFFIX: &str = "-confirm";
+
+/// Every ending a list's name may not have: the fixed command addresses' and `-confirm`.
+pub fn reserved_suffixes() -> impl Iterator<Item = &'static str> {
+    SUFFIXES
+        .iter()
+        .map(|(s, _)| *s)
+        .chain(std::iter::once(CONFIRM_SUFFIX))
+}
 
 impl ListAddress {
     /// The readings of `address` (case ignored) as a list address, most specific first: a
@@ -84,7 +98,7 @@ impl ListAddress {
         // hold none either: a member whose own local part holds `-confirm+` (VERP keeps
         // it) is read as the bounce it is.
         let name = |list: &str| !list.is_empty() && !list.contains('+');
-        if let Some((list, token)) = local.split_once("-confirm+")
+        if let Some((list, token)) = local.split_once(&format!("{CONFIRM_SUFFIX}+"))
             && name(list)
         {
             if valid_token(token) {

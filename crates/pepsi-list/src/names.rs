@@ -7,30 +7,7 @@ use pepsi_admin::admin;
 use pepsi_conf::address::Address;
 use serde::Serialize;
 
-/// The endings of a list's command addresses (`pepsi_contract::list`): a list's own name
-/// never ends in one, so `team-join@` is always the command and never a list.
-pub const COMMAND_SUFFIXES: [&str; 8] = [
-    "-join",
-    "-leave",
-    "-request",
-    "-owner",
-    "-bounces",
-    "-confirm",
-    "-subscribe",
-    "-unsubscribe",
-];
-
-/// The command addresses a list answers at besides its own (the fixed ones; `-confirm+token`
-/// and `+bounces-member` carry a tail and are never a mailbox's name).
-pub const COMMAND_ADDRESS_SUFFIXES: [&str; 7] = [
-    "-join",
-    "-leave",
-    "-request",
-    "-owner",
-    "-bounces",
-    "-subscribe",
-    "-unsubscribe",
-];
+use pepsi_contract::list::{SUFFIXES, reserved_suffixes};
 
 /// A list's address as stored: lower-case, normalised by `pepsi_conf::address::Address`;
 /// its name (the local part) of at most `pepsi_contract::list::MAX_NAME_LEN` characters of
@@ -62,12 +39,14 @@ pub fn list_address(text: &str) -> Result<String, String> {
             pepsi_contract::list::MAX_NAME_LEN
         ));
     }
-    if let Some(suffix) = COMMAND_SUFFIXES.iter().find(|s| name.ends_with(*s)) {
+    // A list's own name never ends in a command suffix, so `team-join@` is always the
+    // command and never a list (`pepsi_contract::list`).
+    if let Some(suffix) = reserved_suffixes().find(|s| name.ends_with(*s)) {
         let base = &name[..name.len() - suffix.len()];
         return Err(format!(
             "list address {text:?} ends in {suffix}, which makes it a command address \
              (of a list {base}@{domain}); a list's name may not end in {}",
-            COMMAND_SUFFIXES.join(", ")
+            reserved_suffixes().collect::<Vec<_>>().join(", ")
         ));
     }
     let address = format!("{name}@{domain}");
@@ -89,12 +68,13 @@ pub fn named_list(text: &str) -> Result<String, String> {
 }
 
 /// The addresses a list's fixed command addresses would take: `team-join@d`, ... (for the
-/// check that none of them is a mailbox).
+/// check that none of them is a mailbox; `-confirm+token` and `+bounces-member` carry a
+/// tail and are never a mailbox's name).
 pub fn command_addresses(list: &Address) -> Vec<String> {
     let name = list.local().to_lowercase();
-    COMMAND_ADDRESS_SUFFIXES
+    SUFFIXES
         .iter()
-        .map(|s| format!("{name}{s}@{}", list.domain()))
+        .map(|(s, _)| format!("{name}{s}@{}", list.domain()))
         .collect()
 }
 
@@ -173,6 +153,23 @@ impl Action {
 mod tests {
     use super::*;
 
+    /// The schema's CHECK on `mailing_list.address` refuses exactly the endings this tool
+    /// refuses (`pepsi_contract::list::reserved_suffixes`).
+    #[test]
+    fn the_schema_refuses_the_same_suffixes() {
+        const SCHEMA: &str = include_str!("../../pepsi-setup/db/pepsi-0016.sql");
+        let check = SCHEMA
+            .lines()
+            .find(|l| l.contains("address !~ '-("))
+            .expect("the suffix CHECK in pepsi-0016.sql");
+        let inner = &check[check.find("-(").unwrap() + 2..check.find(")@").unwrap()];
+        let mut in_schema: Vec<String> = inner.split('|').map(|w| format!("-{w}")).collect();
+        let mut here: Vec<String> = reserved_suffixes().map(str::to_owned).collect();
+        in_schema.sort();
+        here.sort();
+        assert_eq!(in_schema, here);
+    }
+
     #[test]
     fn list_addresses_are_normalised_or_refused_naming_what_is_wrong() {
         let cases: &[(&str, Result<&str, &str>)] = &[
@@ -232,7 +229,7 @@ mod tests {
     fn command_addresses_cover_every_fixed_suffix() {
         let list = Address::parse("Team@Example.org").unwrap();
         let all = command_addresses(&list);
-        assert_eq!(all.len(), COMMAND_ADDRESS_SUFFIXES.len());
+        assert_eq!(all.len(), SUFFIXES.len());
         assert!(all.contains(&"team-join@example.org".to_owned()));
         assert!(all.contains(&"team-unsubscribe@example.org".to_owned()));
         assert!(!all.iter().any(|a| a.contains("confirm")));
