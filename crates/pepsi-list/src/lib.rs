@@ -19,6 +19,7 @@
 // that a change made on the web is the one this tool makes.
 mod maintain;
 pub mod members_csv;
+mod mode;
 pub mod moderation;
 pub mod names;
 pub mod options;
@@ -90,8 +91,10 @@ may run it at once and a second run does nothing more.
 pepsi.mailing_list): `pepsi-list configure --help` lists each with what it takes, its \
 default and its meaning. `import LIST FILE` reads a Mailman 3 members export (CSV with a \
 header naming an email column and, optionally, a display_name column); `export LIST` \
-writes the same format. `forget ADDRESS --yes` removes a person from every list and every \
-list table keyed by the address, on their request.
+writes the same format. `set-mode LIST ADDRESS regular|mime|plain` sets how a member \
+takes the posts: each as it comes, or collected in a MIME or plain (RFC 1153) digest \
+(member.mode event, list.set-mode audit row). `forget ADDRESS --yes` removes a person \
+from every list and every list table keyed by the address, on their request.
 
 pepsi-list connects with [database] URL of the configuration as the role named there; it \
 needs SELECT, INSERT, UPDATE and DELETE on the list tables (pepsi.mailing_list and \
@@ -118,6 +121,7 @@ Examples:
   pepsi-list add team@example.org spammer@example.net --role nonmember --action discard
   pepsi-list members team@example.org --role member --json
   pepsi-list remove team@example.org bob@example.net
+  pepsi-list set-mode team@example.org carol@example.com mime
   pepsi-list import team@example.org members.csv --dry-run
   pepsi-list export team@example.org > members.csv
   pepsi-list forget bob@example.net --yes
@@ -170,6 +174,9 @@ enum Command {
     Add(AddArgs),
     /// Remove addresses from a list (their rows of --role, members by default).
     Remove(RemoveArgs),
+    /// How a member takes the list's posts: regular (each as it comes), or collected in a
+    /// digest, mime or plain (RFC 1153). A digest mode needs the list's digests_enabled.
+    SetMode(mode::SetModeArgs),
     /// Add the members of a Mailman 3 members export (CSV) to a list, in one transaction.
     ///
     /// The first row names the columns: an email column (email, Email, E-mail, Email
@@ -235,7 +242,6 @@ struct MaintainArgs {
     #[command(flatten)]
     out: JsonFlag,
 }
-
 
 #[derive(Debug, Args)]
 struct DecideArgs {
@@ -511,6 +517,7 @@ enum Checked {
     Members(String, Option<Role>, bool),
     Add(AddArgs, String, Vec<String>),
     Remove(RemoveArgs, String, Vec<String>),
+    SetMode(String, String, mode::Mode, bool),
     Import(ImportArgs, String, members_csv::Parsed),
     Export(String, Role),
     Forget(String, bool),
@@ -638,6 +645,12 @@ fn check(command: Command, cfg: &Config) -> Result<Checked, Failure> {
             let parsed = read_members(&a.file)?;
             Checked::Import(a, l, parsed)
         }
+        Command::SetMode(a) => Checked::SetMode(
+            list(&a.list)?,
+            names::member_address(&a.address).map_err(invalid)?,
+            a.mode,
+            a.json,
+        ),
         Command::Export(a) => Checked::Export(list(&a.list)?, a.role),
         Command::Forget(a) => {
             let address = names::member_address(&a.address).map_err(invalid)?;
@@ -776,6 +789,10 @@ async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Do
         Checked::Remove(a, l, addrs) => {
             let done = store::remove(pool, who, &l, &addrs, a.role).await?;
             print(a.out.json, &done, render::removed)
+        }
+        Checked::SetMode(l, address, m, json) => {
+            let done = mode::set(pool, who, &l, &address, m).await?;
+            print(json, &done, mode::render)
         }
         Checked::Import(a, l, parsed) => import(pool, who, a, &l, parsed).await,
         Checked::Export(l, role) => {
