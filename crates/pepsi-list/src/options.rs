@@ -238,6 +238,13 @@ pub const OPTIONS: &[ListOption] = &[
         default: "100",
         meaning: "The most recipients one queue row of a post's delivery carries.",
     },
+    ListOption {
+        name: "personalize",
+        kind: Kind::Choice(&["none", "individual"]),
+        default: "none",
+        meaning: "individual: a plain-text post's footer names the member and carries their \
+                  own unsubscribe link (one stored body per member); none: one footer for all.",
+    },
 ];
 
 /// A checked value, as `configure` stores it and `show` reads it back.
@@ -636,6 +643,11 @@ mod tests {
             ("fanout_batch=0", Err("a whole number from 1 to 1000")),
             ("fanout_batch=1001", Err("from 1 to 1000")),
             ("fanout_batch=ten", Err("a whole number")),
+            (
+                "personalize=individual",
+                Ok(Value::Text("individual".into())),
+            ),
+            ("personalize=full", Err("one of none, individual")),
             ("bounce_warnings=0", Ok(Value::Int(0))),
             ("max_message_size=2M", Ok(Value::Int(2 << 20))),
             ("max_message_size=4096", Ok(Value::Int(4096))),
@@ -852,9 +864,36 @@ mod tests {
 
     /// The table `pepsi.mailing_list` as pepsi-0016.sql creates it.
     const SCHEMA: &str = include_str!("../../pepsi-setup/db/pepsi-0016.sql");
+    /// The patch that adds columns to it.
+    const SCHEMA_0017: &str = include_str!("../../pepsi-setup/db/pepsi-0017.sql");
 
-    /// Each column line of `mailing_list`: (name, the rest of its definition).
+    /// Each column of `mailing_list`: (name, the rest of its definition), those of
+    /// pepsi-0016.sql's CREATE TABLE and then those pepsi-0017.sql adds.
     fn schema_columns() -> Vec<(String, String)> {
+        let mut out = created_columns();
+        // `ALTER TABLE pepsi.mailing_list ADD COLUMN name definition` up to its `;`.
+        for statement in SCHEMA_0017.split(';') {
+            let text: String = statement
+                .lines()
+                .filter(|l| !l.trim_start().starts_with("--"))
+                .map(str::trim)
+                .collect::<Vec<_>>()
+                .join(" ");
+            if let Some(rest) = text
+                .split("ALTER TABLE pepsi.mailing_list ADD COLUMN ")
+                .nth(1)
+            {
+                let rest = rest.trim_start_matches("IF NOT EXISTS ");
+                let (name, def) = rest.split_once(' ').expect("a column and its definition");
+                out.push((name.to_owned(), def.trim().to_owned()));
+            }
+        }
+        out
+    }
+
+    /// Each column line of pepsi-0016.sql's `mailing_list`: (name, the rest of its
+    /// definition).
+    fn created_columns() -> Vec<(String, String)> {
         let table = SCHEMA
             .split("CREATE TABLE pepsi.mailing_list (")
             .nth(1)

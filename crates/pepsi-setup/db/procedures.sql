@@ -1552,14 +1552,27 @@ CREATE OR REPLACE TRIGGER mailing_list_notify
 -- makes nothing and returns -1. Returns the number of rows made. Called from within a stage
 -- pass, so it never notifies (see the contract above).
 DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb);
+DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb, text);
+-- p_mode: only members whose delivery_mode (list_member_preference, 'regular' without a
+-- row) is p_mode get a row ('regular' posts; the digests pass 'mime_digest' or
+-- 'plain_digest'); people of other roles are not filtered by it.
+-- p_member_fields: header fields appended to each member's copy (CRLF lines); p_footer:
+-- text appended to each member's own body, which then is one body per member instead of
+-- one shared by all. In both, `{token}` becomes the member's one-click unsubscribe token
+-- (docs/lists.md: the lower-case hex of the first 16 bytes of sha256(list secret ||
+-- int8send(member_id)), the secret made on first use and the token's sha256 stored in
+-- list_unsubscribe_token), and in p_footer `{member}` the member: their display name and
+-- address when the name is short printable ASCII, else the address. NULL: nothing added.
 CREATE OR REPLACE FUNCTION pepsi.list_fanout(
     p_list_id bigint, p_role text, p_stage text, p_headers bytea, p_body bytea,
     p_mail_from text, p_verp boolean, p_skip text[], p_state jsonb DEFAULT '{}',
-    p_token text DEFAULT NULL)
+    p_token text DEFAULT NULL, p_mode text DEFAULT 'regular',
+    p_member_fields text DEFAULT NULL, p_footer text DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_list text;
     v_body bigint;
+    v_secret bytea;
     n integer;
 BEGIN
     IF p_token IS NOT NULL THEN
@@ -1572,7 +1585,45 @@ BEGIN
     IF v_list IS NULL THEN
         RAISE EXCEPTION 'no mailing list with id %', p_list_id USING ERRCODE = '22023';
     END IF;
-    INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    IF p_role = 'member'
+       AND strpos(COALESCE(p_member_fields, '') || COALESCE(p_footer, ''), '{token}') > 0 THEN
+        -- Two random UUIDs (pg_strong_random): 244 random bits in 32 bytes.
+        INSERT INTO pepsi.list_secret (list_id, secret)
+        VALUES (p_list_id, uuid_send(gen_random_uuid()) || uuid_send(gen_random_uuid()))
+        ON CONFLICT (list_id) DO NOTHING;
+        SELECT secret INTO v_secret FROM pepsi.list_secret WHERE list_id = p_list_id;
+    END IF;
+    IF p_footer IS NULL THEN
+        INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    END IF;
+    WITH m AS MATERIALIZED (
+        SELECT m.member_id, m.address,
+               CASE WHEN m.display_name ~ '^[ -~]{1,100}$' AND m.display_name !~ '[<>"\\]'
+                    THEN m.display_name || ' <' || m.address || '>'
+                    ELSE m.address END AS who,
+               CASE WHEN v_secret IS NOT NULL
+                    THEN encode(substr(sha256(v_secret || int8send(m.member_id)), 1, 16), 'hex')
+                    END AS token,
+               CASE WHEN p_footer IS NOT NULL
+                    THEN nextval(pg_get_serial_sequence('pepsi.workqueue_body', 'body_id'))
+                    END AS body_id
+        FROM pepsi.list_member m
+        LEFT JOIN pepsi.list_member_preference p USING (member_id)
+        WHERE m.list_id = p_list_id AND m.role = p_role
+          AND (p_role <> 'member' OR m.delivery_status = 'enabled')
+          AND (p_role <> 'member' OR COALESCE(p.delivery_mode, 'regular') = p_mode)
+          AND m.address <> ALL (COALESCE(p_skip, '{}'))
+    ), tokens AS (
+        INSERT INTO pepsi.list_unsubscribe_token (member_id, token_hash)
+        SELECT member_id, sha256(convert_to(token, 'UTF8')) FROM m WHERE token IS NOT NULL
+        ON CONFLICT DO NOTHING
+    ), bodies AS (
+        INSERT INTO pepsi.workqueue_body (body_id, body) OVERRIDING SYSTEM VALUE
+        SELECT body_id, p_body || convert_to(
+                   replace(replace(p_footer, '{token}', COALESCE(token, '')), '{member}', who),
+                   'UTF8')
+        FROM m WHERE body_id IS NOT NULL
+    )
     INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id, state)
     SELECT p_stage,
            CASE WHEN p_verp
@@ -1584,11 +1635,13 @@ BEGIN
                 WHEN p_verp
                 THEN split_part(v_list, '@', 1) || '-bounces@' || split_part(v_list, '@', 2)
                 ELSE p_mail_from END,
-           ARRAY[m.address], p_headers, v_body, COALESCE(p_state, '{}')
-    FROM pepsi.list_member m
-    WHERE m.list_id = p_list_id AND m.role = p_role
-      AND (p_role <> 'member' OR m.delivery_status = 'enabled')
-      AND m.address <> ALL (COALESCE(p_skip, '{}'))
+           ARRAY[m.address],
+           CASE WHEN p_member_fields IS NULL THEN p_headers
+                ELSE p_headers || convert_to(
+                         replace(p_member_fields, '{token}', COALESCE(m.token, '')), 'UTF8')
+                END,
+           COALESCE(m.body_id, v_body), COALESCE(p_state, '{}')
+    FROM m
     ORDER BY m.member_id;
     GET DIAGNOSTICS n = ROW_COUNT;
     RETURN n;
