@@ -59,6 +59,7 @@ mod stage_count;
 mod stage_dkim_sign;
 mod stage_language;
 mod stage_list;
+mod stage_list_copy;
 mod stage_routing;
 mod stage_srs;
 mod stage_vacation;

@@ -55,6 +55,7 @@ macro_rules! banned_sql {
 
 pub mod bounces;
 pub mod commands;
+pub mod dmarc;
 pub mod plan;
 pub mod post;
 
@@ -90,6 +91,78 @@ pub struct Options {
     /// `HOSTNAME` (else `[pepsi] HOSTNAME`, else the system's): the domain of the
     /// Message-IDs of the list's own messages (confirmations, help).
     pub hostname: String,
+    /// `[pepsi] LIST_WEB_URL`: the public base of the list pages (`https://host`, no
+    /// trailing slash), for one-click unsubscribe links; `None`: the copies carry none.
+    pub web_url: Option<String>,
+    /// `DNS_SERVERS` (else `[pepsi]`, else the system's): where From domains' DMARC
+    /// policies are asked.
+    pub dns_servers: Vec<std::net::SocketAddr>,
+    /// `DNS_TIMEOUT` (else `[pepsi]`, 5s): per query and server.
+    pub dns_timeout: std::time::Duration,
+    /// `DMARC_TIMEOUT` (10s, 1s to 60s): the most one post's DMARC lookup may take; past
+    /// it the domain counts as `p=reject`.
+    pub dmarc_timeout: std::time::Duration,
+    /// `DMARC_CACHE` (4h, 1h to 1d): how long a looked-up policy is kept.
+    pub dmarc_cache: std::time::Duration,
+    /// The resolver, made on first use.
+    pub dns: DnsCell,
+}
+
+/// The DMARC lookups' resolver (`pepsi_outbound::dns`), made when a post first needs it and
+/// then shared by the section's passes; `None` inside when it could not be made (no
+/// `/etc/resolv.conf` and no `DNS_SERVERS`: every lookup then counts as failed).
+#[derive(Clone, Default)]
+pub struct DnsCell(std::sync::Arc<std::sync::OnceLock<Option<pepsi_outbound::dns::Dns>>>);
+
+impl std::fmt::Debug for DnsCell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("DnsCell")
+    }
+}
+
+impl DnsCell {
+    fn get(
+        &self,
+        servers: &[std::net::SocketAddr],
+        timeout: std::time::Duration,
+    ) -> Option<&pepsi_outbound::dns::Dns> {
+        self.0
+            .get_or_init(|| match pepsi_outbound::dns::Dns::new(servers, timeout) {
+                Ok(dns) => Some(dns),
+                Err(e) => {
+                    tracing::error!("DMARC lookups: {e:#}");
+                    None
+                }
+            })
+            .as_ref()
+    }
+}
+
+/// `[pepsi] LIST_WEB_URL`: empty or unset is none; otherwise an `https://` URL of a host
+/// (and port, and path) without a trailing slash, query, fragment, white space, braces or
+/// quotes, because it is written into header fields and footers.
+pub fn web_url_value(text: &str) -> Result<Option<String>, String> {
+    let v = text.trim();
+    if v.is_empty() {
+        return Ok(None);
+    }
+    let expected = "an https:// URL without a trailing slash, such as https://lists.example.org";
+    let Some(rest) = v.strip_prefix("https://") else {
+        return Err(expected.into());
+    };
+    let host = rest.split('/').next().unwrap_or("");
+    if host.is_empty()
+        || v.ends_with('/')
+        || v.chars().any(|c| {
+            c.is_whitespace()
+                || c.is_control()
+                || !c.is_ascii()
+                || matches!(c, '?' | '#' | '"' | '<' | '>' | '{' | '}' | '\\' | ',')
+        })
+    {
+        return Err(expected.into());
+    }
+    Ok(Some(v.to_owned()))
 }
 
 impl Options {
@@ -106,11 +179,51 @@ impl Options {
                 cfg.file().display()
             );
         }
+        let layered = s.or_global();
+        let within =
+            |opt: &str, default: u64, min: u64, max: u64| -> anyhow::Result<std::time::Duration> {
+                let v = s
+                    .duration_opt(opt)?
+                    .unwrap_or(std::time::Duration::from_secs(default));
+                if v.as_secs() < min || v.as_secs() > max {
+                    anyhow::bail!(
+                        "{}: [stage-{stage}] {opt} = {}: expected {} to {}",
+                        cfg.file().display(),
+                        options_duration(v.as_secs()),
+                        options_duration(min),
+                        options_duration(max)
+                    );
+                }
+                Ok(v)
+            };
         Ok(Options {
             deliver_stage,
             policy: RetryPolicy::from_config(cfg, stage)?,
             hostname: cfg.name_option(&s, "HOSTNAME")?,
+            web_url: cfg
+                .section("pepsi")
+                .parse_opt("LIST_WEB_URL", web_url_value)?
+                .flatten(),
+            dns_servers: pepsi_outbound::dns::servers_opt(layered.section_for("DNS_SERVERS"))?
+                .unwrap_or_default(),
+            dns_timeout: layered
+                .duration_opt("DNS_TIMEOUT")?
+                .filter(|v| !v.is_zero())
+                .unwrap_or(std::time::Duration::from_secs(5)),
+            dmarc_timeout: within("DMARC_TIMEOUT", 10, 1, 60)?,
+            dmarc_cache: within("DMARC_CACHE", 4 * 3600, 3600, 86_400)?,
+            dns: DnsCell::default(),
         })
+    }
+}
+
+/// `3600` as `1h`, for the messages of `Options`.
+fn options_duration(secs: u64) -> String {
+    match secs {
+        s if s % 86_400 == 0 => format!("{}d", s / 86_400),
+        s if s % 3600 == 0 => format!("{}h", s / 3600),
+        s if s % 60 == 0 => format!("{}m", s / 60),
+        s => format!("{s}s"),
     }
 }
 
@@ -127,7 +240,12 @@ struct List {
     nonmember_action: Action,
     emergency: bool,
     max_message_size: u64,
+    /// `munge_from`, `wrap` or `none` (`dmarc`).
+    dmarc_mitigation: String,
+    /// `personalize = individual`: a footer of each member's own.
+    personalize: bool,
 }
+
 
 impl List {
     fn facts(&self) -> ListFacts<'_> {
@@ -142,7 +260,8 @@ impl List {
 }
 
 const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, reply_goes_to, \
-    reply_to_address, member_action, nonmember_action, emergency, max_message_size \
+    reply_to_address, member_action, nonmember_action, emergency, max_message_size, \
+    dmarc_mitigation, personalize \
     FROM pepsi.mailing_list WHERE address = ANY($1)";
 
 /// Per candidate list address, the list when it exists, as the round learnt it.
@@ -205,6 +324,8 @@ async fn resolve(
                 nonmember_action: action("nonmember_action")?,
                 emergency: row.try_get("emergency")?,
                 max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
+                dmarc_mitigation: row.try_get("dmarc_mitigation")?,
+                personalize: row.try_get::<String, _>("personalize")? == "individual",
             });
         }
         let mut round = round.borrow_mut();
@@ -388,8 +509,28 @@ impl ListStage {
         tracing::info!(id, list = %list.address, %sender, ?decision, approved_by, held_id, "list post");
         Ok(match decision {
             Decision::Accept => {
-                let copy_headers = post::headers(&headers, &facts);
-                let copy_body = post::body(&copy_headers, &body, &facts);
+                let ask = dmarc::Asker {
+                    dns: if list.dmarc_mitigation == "none" {
+                        None
+                    } else {
+                        options.dns.get(&options.dns_servers, options.dns_timeout)
+                    },
+                    timeout: options.dmarc_timeout,
+                    cache_for: options.dmarc_cache,
+                };
+                let (post_headers, post_body, _) =
+                    dmarc::mitigate(pool, &ask, &list.dmarc_mitigation, &headers, &body, &facts)
+                        .await;
+                let web_url = options.web_url.as_deref();
+                let copy_headers = post::shared_headers(&post_headers, &facts);
+                let (copy_body, footer) = post::body_and_footer(
+                    &copy_headers,
+                    &post_body,
+                    &facts,
+                    list.personalize,
+                    web_url,
+                );
+                let member_fields = post::unsubscribe_fields(&facts, web_url);
                 let subject = pepsi_contract::message::field_values(&headers, "Subject")
                     .into_iter()
                     .next()
@@ -428,14 +569,19 @@ impl ListStage {
                 .bind(&sender)
                 .fetch_all(&mut *tx)
                 .await?;
+                // One row per regular member, each with its own unsubscribe fields (and
+                // footer, for a personal one); the digests take the others' share.
                 let n: i32 = sqlx::query_scalar(
-                    "SELECT pepsi.list_fanout($1, 'member', $2, $3, $4, '', true, $5)",
+                    "SELECT pepsi.list_fanout($1, 'member', $2, $3, $4, '', true, $5, \
+                     '{}', NULL, 'regular', $6, $7)",
                 )
                 .bind(list.id)
                 .bind(&options.deliver_stage)
                 .bind(&copy_headers)
                 .bind(&copy_body)
                 .bind(&skip)
+                .bind(&member_fields)
+                .bind(&footer)
                 .fetch_one(&mut *tx)
                 .await?;
                 sqlx::query("UPDATE pepsi.list_post SET recipients = $2 WHERE post_id = $1")
@@ -829,10 +975,18 @@ decided by the list's posting policy: a loop (the post already carries the list'
 discarded; a banned sender is refused; a sender's own rule (pepsi-list add --action) wins; \
 under emergency moderation or above max_message_size the post is held; otherwise members \
 get member_action and everyone else nonmember_action. An accepted post goes to every enabled \
-member as the list copy (List-* fields of RFC 2369 and 2919, Precedence: list, the subject \
-prefix, Reply-To as the list says, the footer after plain text), one queue row per member at \
-DELIVER_STAGE with the member's VERP envelope sender (list+bounces-local=domain@), all \
-sharing one body. A held post is kept in pepsi.list_held_message; a refused one is bounced \
+member who takes posts one by one (digest members do not) as the list copy (List-* fields of \
+RFC 2369 and 2919, Precedence: list, the subject prefix, Reply-To as the list says, the \
+footer after plain text), one queue row per member at DELIVER_STAGE with the member's VERP \
+envelope sender (list+bounces-local=domain@), all sharing one body (one each when the \
+list's personalize is individual: the footer names the member and their unsubscribe link). \
+Each member's row has its own List-Unsubscribe: with [pepsi] LIST_WEB_URL, the member's \
+one-click link LIST_WEB_URL/lists/unsubscribe/TOKEN and List-Unsubscribe-Post (RFC 8058) \
+besides the list-leave address; without it, the address alone. When the From domain \
+publishes DMARC p=reject or p=quarantine (_dmarc TXT of the domain, else of its parents; \
+cached in pepsi.list_dmarc_policy; a failed or late lookup counts as p=reject) the list's \
+dmarc_mitigation rewrites the From to \"Author via List\" <list> with the author in Reply-To \
+(or Cc when replies go to the list), or wraps the post as a message/rfc822 attachment. A held post is kept in pepsi.list_held_message; a refused one is bounced \
 (5.7.1); a deferred one is retried. Mail to list-owner goes to the owners; bounces to \
 list-bounces and VERP addresses (RFC 3464 reports, RFC 5965 complaints) are recorded per \
 member and scored (hard 1, soft 0.5 a day, policy refusals 5.7.x not counted); at the list's \
@@ -844,9 +998,15 @@ confirm_window); its reply to list-confirm+TOKEN carries the request out.
 Options of [stage-<name>]:
   DELIVER_STAGE  aliases  where the members' and owners' copies start
   HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
+  DMARC_TIMEOUT  10s  the most one post's DMARC lookup may take (1s to 1m)
+  DMARC_CACHE    4h   how long a From domain's DMARC policy is kept (1h to 1d)
+  DNS_SERVERS, DNS_TIMEOUT  the resolvers of the DMARC lookups ([pepsi]'s; default
+                 /etc/resolv.conf, 5s)
   RETRY_INITIAL, RETRY_FACTOR, RETRY_MAX_INTERVAL, DELAY_WARNING, MAX_LIFETIME
                  the retries of deferred posts, as for the delivery stages
-  NEXT_STAGE, BOUNCE_STAGE  as for every stage";
+  NEXT_STAGE, BOUNCE_STAGE  as for every stage
+Of [pepsi]:
+  LIST_WEB_URL   https://host of the list pages, for one-click unsubscribe links (optional)";
 
 /// The command line of `pepsi-stage-list`: its `--help` and its manual page.
 pub fn command() -> pepsi_conf::cli::Command {
@@ -861,6 +1021,78 @@ pub fn run() -> ExitCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn list_web_url_and_dmarc_options_table() {
+        let ok: &[(&str, Option<&str>)] = &[
+            ("", None),
+            ("  ", None),
+            (
+                "https://lists.example.org",
+                Some("https://lists.example.org"),
+            ),
+            (
+                " https://example.org:8443/pepsi ",
+                Some("https://example.org:8443/pepsi"),
+            ),
+        ];
+        for (text, want) in ok {
+            assert_eq!(web_url_value(text), Ok(want.map(str::to_owned)), "{text:?}");
+        }
+        for bad in [
+            "http://lists.example.org",
+            "https://lists.example.org/",
+            "https://",
+            "https:///x",
+            "https://lists.example.org/?a=b",
+            "https://lists.example.org/{token}",
+            "https://exa mple.org",
+            "lists.example.org",
+        ] {
+            assert!(web_url_value(bad).is_err(), "{bad:?}");
+        }
+        let cfg = |t: &str| Config::from_str_named(t, "l.conf").unwrap();
+        let base = "[stage-aliases]\nPROGRAM = x\n[stage-lists]\n";
+        let o = Options::from_config(&cfg(base), "lists").unwrap();
+        assert_eq!(o.web_url, None);
+        assert_eq!(o.dmarc_timeout, std::time::Duration::from_secs(10));
+        assert_eq!(o.dmarc_cache, std::time::Duration::from_secs(4 * 3600));
+        let o = Options::from_config(
+            &cfg(&format!(
+                "[pepsi]\nLIST_WEB_URL = https://lists.example.org\nDNS_SERVERS = 127.0.0.1:5353\n\
+                 {base}DMARC_TIMEOUT = 3s\nDMARC_CACHE = 1d\n"
+            )),
+            "lists",
+        )
+        .unwrap();
+        assert_eq!(o.web_url.as_deref(), Some("https://lists.example.org"));
+        assert_eq!(o.dns_servers, vec!["127.0.0.1:5353".parse().unwrap()]);
+        assert_eq!(o.dmarc_timeout, std::time::Duration::from_secs(3));
+        for (conf, names) in [
+            (
+                "[pepsi]\nLIST_WEB_URL = http://x.example\n",
+                &["l.conf", "LIST_WEB_URL", "https://"][..],
+            ),
+            (
+                "[pepsi]\nLIST_WEB_URL = https://x.example/\n",
+                &["l.conf", "LIST_WEB_URL"][..],
+            ),
+            ("", &["l.conf", "DMARC_TIMEOUT", "1s to 1m"][..]),
+            ("", &["l.conf", "DMARC_CACHE", "1h to 1d"][..]),
+        ] {
+            let extra = match names[1] {
+                "DMARC_TIMEOUT" => "DMARC_TIMEOUT = 2m\n",
+                "DMARC_CACHE" => "DMARC_CACHE = 10m\n",
+                _ => "",
+            };
+            let e = Options::from_config(&cfg(&format!("{conf}{base}{extra}")), "lists")
+                .unwrap_err()
+                .to_string();
+            for n in names {
+                assert!(e.contains(n), "{n:?} in {e}");
+            }
+        }
+    }
 
     #[test]
     fn options_table() {

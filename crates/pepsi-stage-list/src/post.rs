@@ -77,8 +77,22 @@ pub fn carries_list_id(headers: &[u8], list_id: &str) -> bool {
         .any(|v| v.to_ascii_lowercase().contains(&wanted))
 }
 
-/// The copy's header block.
+/// The copy's header block, with the list's `List-Unsubscribe` (its `-leave` address): the
+/// same for every reader. A copy fanned out per member takes [`shared_headers`] and
+/// [`unsubscribe_fields`] instead.
 pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
+    let mut h = shared_headers(original, list);
+    push(
+        &mut h,
+        "List-Unsubscribe",
+        &format!("<mailto:{}>", list.command_address("-leave")),
+    );
+    h
+}
+
+/// The copy's header block without `List-Unsubscribe`, which each member's row carries
+/// ([`unsubscribe_fields`], `pepsi.list_fanout`'s `p_member_fields`).
+pub fn shared_headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     let mut h = original.to_vec();
     for name in LIST_FIELDS {
         h = message::remove_fields(&h, name);
@@ -139,17 +153,76 @@ pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     );
     push(
         &mut h,
-        "List-Unsubscribe",
-        &format!("<mailto:{}>", list.command_address("-leave")),
-    );
-    push(
-        &mut h,
         "List-Owner",
         &format!("<mailto:{}>", list.command_address("-owner")),
     );
     push(&mut h, "Precedence", "list");
     mark_loop(&mut h, list.address);
     h
+}
+
+/// Where `pepsi.list_fanout` puts a member's one-click unsubscribe token in the fields and
+/// the footer it appends per member.
+pub const TOKEN: &str = "{token}";
+/// Where `pepsi.list_fanout` puts the member (name and address, or the address) in a
+/// personal footer.
+pub const MEMBER: &str = "{member}";
+
+/// A member's one-click unsubscribe link (RFC 8058): `<web>/lists/unsubscribe/<token>`.
+pub fn unsubscribe_url(web_url: &str) -> String {
+    format!("{web_url}/lists/unsubscribe/{TOKEN}")
+}
+
+/// The unsubscribe fields of one member's copy, with [`TOKEN`] for the member's token: with
+/// the list pages' base (`[pepsi] LIST_WEB_URL`), the member's one-click link before the
+/// `-leave` address and `List-Unsubscribe-Post` (RFC 8058); without it the `-leave` address
+/// alone, and no `List-Unsubscribe-Post`, which would promise a POST nobody answers.
+pub fn unsubscribe_fields(list: &ListFacts<'_>, web_url: Option<&str>) -> String {
+    let mailto = format!("<mailto:{}>", list.command_address("-leave"));
+    match web_url {
+        Some(web) => format!(
+            "List-Unsubscribe: <{}>, {mailto}\r\nList-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n",
+            unsubscribe_url(web)
+        ),
+        None => format!("List-Unsubscribe: {mailto}\r\n"),
+    }
+}
+
+/// The copy's body and, for a list whose footer is personal (`personalize = individual`),
+/// the footer `pepsi.list_fanout` appends to each member's own body ([`personal_footer`]).
+/// A post that takes no footer (not plain text) is the post as it is, shared by all.
+pub fn body_and_footer(
+    headers: &[u8],
+    original: &[u8],
+    list: &ListFacts<'_>,
+    personal: bool,
+    web_url: Option<&str>,
+) -> (Vec<u8>, Option<String>) {
+    if !personal || !takes_footer(headers) {
+        return (body(headers, original, list), None);
+    }
+    let mut b = original.to_vec();
+    if !b.is_empty() && !b.ends_with(b"\r\n") {
+        b.extend_from_slice(b"\r\n");
+    }
+    (b, Some(personal_footer(list, web_url)))
+}
+
+/// The personal footer: the list's name, whom this copy is for ([`MEMBER`]) and how they
+/// leave: their own link ([`TOKEN`]) with the list pages' base, else the `-leave` address.
+pub fn personal_footer(list: &ListFacts<'_>, web_url: Option<&str>) -> String {
+    let leave = match web_url {
+        Some(web) => format!("To unsubscribe: {}", unsubscribe_url(web)),
+        None => format!(
+            "To unsubscribe send a message to {}",
+            list.command_address("-leave")
+        ),
+    };
+    format!(
+        "-- \r\n{} mailing list -- {}\r\nThis copy is for {MEMBER}\r\n{leave}\r\n",
+        footer_name(list),
+        list.address
+    )
 }
 
 /// The copy's body: the post's, with the footer after a plain-text post's text.
@@ -167,16 +240,23 @@ pub fn body(headers: &[u8], original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
 
 /// The footer: the list's name and how to leave it (ASCII, CRLF lines, after `-- `).
 pub fn footer(list: &ListFacts<'_>) -> String {
-    let name = if list.display_name.trim().is_empty() || !list.display_name.is_ascii() {
-        list.address.to_owned()
-    } else {
-        one_line(list.display_name)
-    };
     format!(
-        "-- \r\n{name} mailing list -- {}\r\nTo unsubscribe send a message to {}\r\n",
+        "-- \r\n{} mailing list -- {}\r\nTo unsubscribe send a message to {}\r\n",
+        footer_name(list),
         list.address,
         list.command_address("-leave")
     )
+}
+
+/// The list's name in a footer: its display name when that is ASCII (a footer is added to
+/// a body of any charset), else its address. Braces are dropped so a name never reads as a
+/// placeholder of the personal footer.
+fn footer_name(list: &ListFacts<'_>) -> String {
+    if list.display_name.trim().is_empty() || !list.display_name.is_ascii() {
+        list.address.to_owned()
+    } else {
+        one_line(list.display_name).replace(['{', '}'], "")
+    }
 }
 
 /// Whether a post with `headers` is a plain-text single part the footer can follow
@@ -354,6 +434,61 @@ mod tests {
         ] {
             assert_eq!(body(h, b"as is\r\n", &list), b"as is\r\n", "{}", text(h));
         }
+    }
+
+    #[test]
+    fn per_member_fields_and_footers_table() {
+        let list = team();
+        let web = Some("https://lists.example.org");
+        // (LIST_WEB_URL, unsubscribe fields, the personal footer's last line)
+        let cases: &[(Option<&str>, &str, &str)] = &[
+            (
+                web,
+                "List-Unsubscribe: <https://lists.example.org/lists/unsubscribe/{token}>, \
+                 <mailto:team-leave@example.org>\r\n\
+                 List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n",
+                "To unsubscribe: https://lists.example.org/lists/unsubscribe/{token}\r\n",
+            ),
+            (
+                None,
+                "List-Unsubscribe: <mailto:team-leave@example.org>\r\n",
+                "To unsubscribe send a message to team-leave@example.org\r\n",
+            ),
+        ];
+        for (web, fields, last) in cases {
+            assert_eq!(unsubscribe_fields(&list, *web), *fields);
+            let f = personal_footer(&list, *web);
+            assert!(
+                f.starts_with(
+                    "-- \r\nThe Team mailing list -- team@example.org\r\n\
+                     This copy is for {member}\r\n"
+                ) && f.ends_with(last),
+                "{f}"
+            );
+        }
+        // The shared block has no List-Unsubscribe; the whole one has the mailto.
+        let shared = text(&shared_headers(POST, &list));
+        assert!(!shared.contains("List-Unsubscribe"), "{shared}");
+        assert_eq!(
+            text(&headers(POST, &list)),
+            format!("{shared}List-Unsubscribe: <mailto:team-leave@example.org>\r\n")
+        );
+        // A personal footer is the fan-out's to add; the post's text stays shared.
+        let (b, f) = body_and_footer(b"Subject: x\r\n", b"hi", &list, true, web);
+        assert_eq!((b.as_slice(), f.is_some()), (&b"hi\r\n"[..], true));
+        let (b, f) = body_and_footer(b"Subject: x\r\n", b"hi\r\n", &list, false, web);
+        assert_eq!(b, body(b"Subject: x\r\n", b"hi\r\n", &list));
+        assert_eq!(f, None);
+        let html = b"Content-Type: text/html\r\n";
+        assert_eq!(
+            body_and_footer(html, b"<p>hi</p>", &list, true, web),
+            (b"<p>hi</p>".to_vec(), None)
+        );
+        // A display name cannot plant a placeholder.
+        let mut odd = team();
+        odd.display_name = "The {token} Team";
+        assert!(!personal_footer(&odd, None).contains("{token}"));
+        assert!(!footer(&odd).contains("{token}"));
     }
 
     #[test]
