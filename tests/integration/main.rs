@@ -36,6 +36,7 @@ mod ingress_msgauth;
 mod ingress_smtp;
 mod ingress_tls;
 mod list_directory;
+mod list_digest;
 mod list_moderation;
 mod list_tool;
 mod lmtp_delivery;

@@ -50,15 +50,6 @@ pub struct Sent {
     pub plain_members: i32,
 }
 
-/// The condition, on a `pepsi.mailing_list` row named `l`, "the list collects a digest": it
-/// has `digests_enabled` and an enabled member whose delivery mode is a digest. For the list
-/// stage to fold into the query that reads its lists.
-pub const DIGESTING_SQL: &str = "(l.digests_enabled AND EXISTS (\
-    SELECT 1 FROM pepsi.list_member_preference p \
-    JOIN pepsi.list_member m USING (member_id) \
-    WHERE p.delivery_mode <> 'regular' AND m.list_id = l.list_id \
-      AND m.role = 'member' AND m.delivery_status = 'enabled'))";
-
 /// Adds the list copy `post` to the list's open digest (opening one) in the caller's
 /// transaction, and sends the digest there when its posts reach the list's
 /// `digest_size_threshold` ([`MAX_BYTES`], [`MAX_POSTS`]). `sender` and `subject` are the

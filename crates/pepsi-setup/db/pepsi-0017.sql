@@ -17,3 +17,9 @@ CREATE TABLE IF NOT EXISTS pepsi.list_secret (
 -- unsubscribe link, which costs one stored body per member instead of one per post.
 ALTER TABLE pepsi.mailing_list ADD COLUMN personalize text NOT NULL DEFAULT 'none'
     CHECK (personalize IN ('none', 'individual'));
+
+-- Digests (docs/lists.md, "Digests"): the list stage asks, with the lists it reads, whether
+-- a list has an enabled member taking digests; this index holds only such members'
+-- preferences, so the question costs nothing while nobody takes digests.
+CREATE INDEX IF NOT EXISTS list_member_preference_digest_idx
+    ON pepsi.list_member_preference (member_id) WHERE delivery_mode <> 'regular';

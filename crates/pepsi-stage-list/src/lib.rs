@@ -244,8 +244,21 @@ struct List {
     dmarc_mitigation: String,
     /// `personalize = individual`: a footer of each member's own.
     personalize: bool,
+    /// `digests_enabled` and an enabled member takes digests: accepted posts are also
+    /// collected into the list's digest (`pepsi_list_digest`).
+    digesting: bool,
 }
 
+impl Options {
+    /// Where the lists' digests start, and what names their Message-IDs and members' links.
+    fn digest_route(&self) -> pepsi_list_digest::Route<'_> {
+        pepsi_list_digest::Route {
+            deliver_stage: &self.deliver_stage,
+            hostname: &self.hostname,
+            web_url: self.web_url.as_deref(),
+        }
+    }
+}
 
 impl List {
     fn facts(&self) -> ListFacts<'_> {
@@ -261,8 +274,12 @@ impl List {
 
 const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, reply_goes_to, \
     reply_to_address, member_action, nonmember_action, emergency, max_message_size, \
-    dmarc_mitigation, personalize \
-    FROM pepsi.mailing_list WHERE address = ANY($1)";
+    dmarc_mitigation, personalize, \
+    (digests_enabled AND EXISTS (SELECT 1 FROM pepsi.list_member_preference p \
+       JOIN pepsi.list_member m USING (member_id) \
+       WHERE p.delivery_mode <> 'regular' AND m.list_id = l.list_id \
+         AND m.role = 'member' AND m.delivery_status = 'enabled')) AS digesting \
+    FROM pepsi.mailing_list l WHERE address = ANY($1)";
 
 /// Per candidate list address, the list when it exists, as the round learnt it.
 type Round = RoundMemo<String, Option<List>>;
@@ -326,6 +343,7 @@ async fn resolve(
                 max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
                 dmarc_mitigation: row.try_get("dmarc_mitigation")?,
                 personalize: row.try_get::<String, _>("personalize")? == "individual",
+                digesting: row.try_get("digesting")?,
             });
         }
         let mut round = round.borrow_mut();
@@ -589,6 +607,20 @@ impl ListStage {
                     .bind(n)
                     .execute(&mut *tx)
                     .await?;
+                if list.digesting {
+                    let digest = pepsi_list_digest::Post {
+                        headers: &copy_headers,
+                        body: &copy_body,
+                    };
+                    let route = options.digest_route();
+                    let sent = pepsi_list_digest::store::collect(
+                        &mut tx, &route, list.id, &sender, &subject, digest,
+                    )
+                    .await?;
+                    if let Some(s) = sent {
+                        tracing::info!(id, list = %list.address, digest = ?s, "list digest sent");
+                    }
+                }
                 tx.commit().await?;
                 ctx.note_rows_created();
                 tracing::info!(id, list = %list.address, post_id, members = n, "list post sent");
