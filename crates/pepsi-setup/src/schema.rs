@@ -282,8 +282,7 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
     const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
-    const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
-    const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
+    const INJECT: &[&str] = &["SELECT", "INSERT", "DELETE"];
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
     if kind == RoleKind::Crypto {
         // The crypto stages are stage workers (the pipeline's queue privileges) that also
@@ -342,9 +341,12 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "quota_limit" | "quota_usage") => ALL,
         (RoleKind::Config, _) => NONE,
         // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
-        // DELETE through the stored functions; a deleted row's body goes by the trigger).
-        (RoleKind::Httpd, "workqueue") => CHANGE,
-        (RoleKind::Httpd, "workqueue_body") => READ_DELETE,
+        // DELETE through the stored functions; a deleted row's body goes by the trigger),
+        // and the lists' mail it queues with pepsi.workqueue_inject (a moderator's approved
+        // or rejected post, a moderator's link, a welcome: rows, bodies, at-most-once tokens).
+        (RoleKind::Httpd, "workqueue") => ALL,
+        (RoleKind::Httpd, "workqueue_body") => INJECT,
+        (RoleKind::Httpd, "clone_token") => ADMIT,
         // Accounts, aliases and local domains are the API's to change; it reads the overlay
         // (BOUNCE_STAGE) and the statistics (/metrics).
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,

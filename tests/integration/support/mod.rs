@@ -1,14 +1,15 @@
 //! What the integration tests share: programs run as processes (stage workers, operator
 //! tools), queue rows, keys made with `openssl`, dkimpy as an independent verifier, the
 //! Makefile's program lists, free ports and polling; and, one submodule each, the bigger
-//! fixtures several test modules start: `ingress` (a real `pepsi-ingress`, a raw SMTP client,
-//! a test CA), `httpd` (a real `pepsi-httpd` and an API client), `lmtp` (an LMTP/SMTP sink),
-//! `smtp_peer` (MX hosts of a test domain) and `system` (ingress and dispatcher over the
-//! shipped configuration).
+//! fixtures several test modules start: `browser` (headless Chromium over WebDriver),
+//! `ingress` (a real `pepsi-ingress`, a raw SMTP client, a test CA), `httpd` (a real
+//! `pepsi-httpd` and an API client), `lmtp` (an LMTP/SMTP sink), `smtp_peer` (MX hosts of a
+//! test domain) and `system` (ingress and dispatcher over the shipped configuration).
 //!
 //! Nothing here is a test; nothing here keeps process-wide state, since `cargo test` runs
 //! every test module in one process (nextest gives each test its own).
 
+pub mod browser;
 pub mod httpd;
 pub mod ingress;
 pub mod lmtp;

@@ -333,9 +333,15 @@ async fn remove(
     let list = list_name(&list)?;
     let addr = address(&addr)?;
     let role = role(&pairs, false)?.unwrap_or(Role::Member);
-    let removed = store::remove(&state.pool, &who(&p), &list, &[addr.clone()], role)
-        .await
-        .map_err(refused)?;
+    let removed = store::remove(
+        &state.pool,
+        &who(&p),
+        &list,
+        std::slice::from_ref(&addr),
+        role,
+    )
+    .await
+    .map_err(refused)?;
     if removed.removed.is_empty() {
         return Err(ApiError::not_found(format!(
             "{addr} is not {} of {list}",

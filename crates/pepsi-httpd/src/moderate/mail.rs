@@ -11,11 +11,15 @@ use chrono::Utc;
 use mail_builder::MessageBuilder;
 use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
+use mail_builder::mime::MimePart;
 use pepsi_conf::config::Config;
 use sqlx::PgConnection;
 
 /// The list stage's default `DELIVER_STAGE` (pepsi-stage-list's).
 const DEFAULT_DELIVER_STAGE: &str = "aliases";
+
+/// The longest `LIST_WEB_URL`: a link with its token stays a line of a mail.
+const MAX_WEB_URL: usize = 200;
 
 /// `[pepsi] LIST_WEB_URL` as stored text: `None` when it is unset or empty, an error naming
 /// the value when it is not an `https://` URL without a path, query or trailing slash.
@@ -32,6 +36,9 @@ pub fn web_url(value: Option<&str>) -> Result<Option<String>, String> {
     let Some(rest) = v.strip_prefix("https://") else {
         return bad("it must start with https://");
     };
+    if v.len() > MAX_WEB_URL {
+        return bad("it is longer than 200 characters");
+    }
     if rest.is_empty() || rest.ends_with('/') {
         return bad("a host is needed, without a trailing slash");
     }
@@ -121,7 +128,15 @@ pub fn compose(
         ))
         .header("Auto-Submitted", Raw::new("auto-replied"))
         .header("List-Id", Raw::new(format!("<{}>", list.replace('@', "."))))
-        .text_body(text)
+        // Written as it is (7bit, or 8bit for UTF-8): a link must stay one line that a
+        // person can copy, not be cut by quoted-printable's soft line breaks.
+        .body(
+            MimePart::new("text/plain", text).transfer_encoding(if text.is_ascii() {
+                "7bit"
+            } else {
+                "8bit"
+            }),
+        )
         .write_to_vec()
         .map_err(|e| format!("writing a message: {e}"))
 }
@@ -154,7 +169,8 @@ mod tests {
 
     #[test]
     fn the_list_web_url_is_an_https_base() {
-        let cases: [(Option<&str>, Result<Option<&str>, &str>); 8] = [
+        let long = format!("https://{}", "a".repeat(200));
+        let cases: [(Option<&str>, Result<Option<&str>, &str>); 9] = [
             (None, Ok(None)),
             (Some("  "), Ok(None)),
             (
@@ -169,6 +185,7 @@ mod tests {
             (Some("https://lists.example.org/"), Err("trailing slash")),
             (Some("https://"), Err("a host")),
             (Some("https://a.example?x=1"), Err("query")),
+            (Some(&long), Err("200 characters")),
         ];
         for (given, want) in cases {
             match (web_url(given), want) {
@@ -202,7 +219,14 @@ mod tests {
         assert!(text.contains("Auto-Submitted: auto-replied\r\n"), "{text}");
         assert!(text.contains("List-Id: <team.example.org>\r\n"), "{text}");
         assert!(text.contains("@mx.example.org>"), "{text}");
-        assert!(text.contains("/moderate/link/abc"), "{text}");
+        assert!(
+            text.contains("Content-Transfer-Encoding: 7bit\r\n"),
+            "{text}"
+        );
+        assert!(
+            text.contains("\r\nOpen https://lists.example.org/moderate/link/abc\r\n"),
+            "{text}"
+        );
         assert_eq!(
             command_address("team@example.org", "-bounces"),
             "team-bounces@example.org"
