@@ -20,6 +20,7 @@ use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
 use mail_builder::mime::{BodyPart, MimePart};
 use mail_parser::{HeaderValue, MessageParser, MimeHeaders};
+use pepsi_conf::text::one_line;
 
 /// RFC 1153's separator after the contents.
 pub const CONTENTS_SEPARATOR: &str =
@@ -383,15 +384,6 @@ fn write(message: MessageBuilder<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     message.serialize(&mut out);
     out
-}
-
-/// Text on one line: controls and runs of white space become one space.
-fn one_line(value: &str) -> String {
-    value
-        .split(|c: char| c.is_control() || c.is_whitespace())
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 /// At most [`MAX_CONTENTS_TEXT`] characters, "..." marking a cut.
