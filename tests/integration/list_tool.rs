@@ -267,7 +267,8 @@ async fn options_change_only_to_values_the_schema_takes() {
     assert_eq!(defaults["max_message_size"], 1_048_576);
     assert_eq!(defaults["advertised"], true);
     assert_eq!(defaults["reply_to_address"], Value::Null);
-    assert_eq!(defaults.as_object().unwrap().len(), 26);
+    assert_eq!(defaults["personalize"], "none");
+    assert_eq!(defaults.as_object().unwrap().len(), 27);
 
     let run = h.ok(&[
         "configure",

@@ -498,3 +498,67 @@ async fn mail_to_a_list_that_does_not_exist_is_refused_at_rcpt_with_5_1_1() {
     }
     assert!(sys.queue().await.is_empty(), "nothing was accepted");
 }
+
+/// Issue 36's acceptance for DMARC: through SMTP, the dispatcher and the list stage, a post
+/// whose From domain publishes `p=reject` reaches the members under the list's From with the
+/// author in Reply-To, and one whose domain publishes `p=none` keeps its From. The list
+/// stage asks a real name server (dnsmasq) serving the two `_dmarc` records.
+#[tokio::test]
+async fn a_p_reject_from_is_munged_and_a_p_none_from_left_alone() {
+    let dns = crate::support::ingress::Dns::start(&[
+        "--txt-record=_dmarc.reject.test,v=DMARC1; p=reject".into(),
+        "--txt-record=_dmarc.none.test,v=DMARC1; p=none".into(),
+    ]);
+    let extra = format!(
+        "[stage-lists]\nDNS_SERVERS = 127.0.0.1:{}\nDNS_TIMEOUT = 2s\n",
+        dns.port
+    );
+    let mut sys = System::new(&extra, USERS).await;
+    pepsi_list_ok(
+        &sys,
+        &["create", "team@example.test", "--display-name", "The Team"],
+    );
+    pepsi_list_ok(&sys, &["add", "team@example.test", "alice@example.test"]);
+    pepsi_list_ok(
+        &sys,
+        &["configure", "team@example.test", "nonmember_action=accept"],
+    );
+    sys.start().await;
+
+    // (the author, the From alice reads, her copy's Reply-To)
+    let cases = [
+        (
+            "Rita <rita@reject.test>",
+            "\"Rita via The Team\" <team@example.test>",
+            Some("Rita <rita@reject.test>"),
+        ),
+        ("Nora <nora@none.test>", "Nora <nora@none.test>", None),
+    ];
+    for (i, (author, want_from, want_reply)) in cases.into_iter().enumerate() {
+        let before = sys.messages("alice");
+        let envelope = author
+            .split(['<', '>'])
+            .nth(1)
+            .expect("an address in angle brackets");
+        let post = format!(
+            "From: {author}\r\nTo: team@example.test\r\nSubject: dmarc {i}\r\n\
+             Message-ID: <dmarc-{i}@remote.test>\r\n\r\nHello.\r\n"
+        );
+        let reply = sys
+            .send(envelope, &["team@example.test"], post.as_bytes())
+            .await;
+        assert!(reply.starts_with("250"), "{reply}");
+        let got = wait_new(&sys, "alice", &before).await;
+        let headers = headers_of(&got);
+        assert_eq!(
+            field(&headers, "From").as_deref(),
+            Some(want_from),
+            "{author}:\n{headers}"
+        );
+        assert_eq!(
+            field(&headers, "Reply-To").as_deref(),
+            want_reply,
+            "{author}:\n{headers}"
+        );
+    }
+}
