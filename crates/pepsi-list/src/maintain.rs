@@ -138,8 +138,9 @@ pub struct Warning<'a> {
 
 /// The command address `suffix` (`-owner`, `-leave`) of `list`.
 fn command_address(list: &str, suffix: &str) -> String {
-    match list.split_once('@') {
-        Some((local, domain)) => format!("{local}{suffix}@{domain}"),
+    use pepsi_conf::address::{domain_part, local_part};
+    match domain_part(list) {
+        Some(domain) => format!("{}{suffix}@{domain}", local_part(list)),
         None => list.to_owned(),
     }
 }

@@ -238,7 +238,8 @@ fn field<'a>(group: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// The address of an `addr-type; address` field (RFC 3464: `rfc822; bob@example.org`, RFC
-/// 6533: `utf-8; ...`), or of a bare address (RFC 5965), lower case.
+/// 6533: `utf-8; ...`), or of a bare address (RFC 5965), in the form member addresses are
+/// stored in (`Address::key`: the local part lower case, the domain normalised).
 pub fn typed_address(value: &str) -> Option<String> {
     let address = match value.split_once(';') {
         Some((_, a)) => a,
@@ -249,15 +250,12 @@ pub fn typed_address(value: &str) -> Option<String> {
         .trim_start_matches('<')
         .trim_end_matches('>')
         .trim();
-    let (local, domain) = address.rsplit_once('@')?;
-    if local.is_empty()
-        || domain.is_empty()
-        || address.len() > 254
-        || address.chars().any(|c| c.is_whitespace() || c.is_control())
-    {
+    if address.len() > 254 || address.chars().any(|c| c.is_whitespace() || c.is_control()) {
         return None;
     }
-    Some(address.to_lowercase())
+    // The form member addresses are stored in (`list_member.address`).
+    let parsed = pepsi_conf::address::Address::parse(address).ok()?;
+    (!parsed.domain().is_empty()).then(|| parsed.key())
 }
 
 /// A per-recipient group of a DSN: a finding when its Status reports a failure. The
@@ -415,6 +413,7 @@ mod tests {
             ("rfc822;<bob@example.org>", Some("bob@example.org")),
             ("utf-8; jöran@example.org", Some("jöran@example.org")),
             ("bob@example.org", Some("bob@example.org")),
+            ("rfc822; Bob@Bücher.example", Some("bob@xn--bcher-kva.example")),
             ("rfc822; bob", None),
             ("rfc822; @example.org", None),
             ("rfc822; bob @example.org", None),
