@@ -1573,6 +1573,8 @@ DECLARE
     v_list text;
     v_body bigint;
     v_secret bytea;
+    v_headers bytea := p_headers;
+    v_fields text := p_member_fields;
     n integer;
 BEGIN
     IF p_token IS NOT NULL THEN
@@ -1595,6 +1597,11 @@ BEGIN
     END IF;
     IF p_footer IS NULL THEN
         INSERT INTO pepsi.workqueue_body (body) VALUES (p_body) RETURNING body_id INTO v_body;
+    END IF;
+    -- Fields without a token are the same for everyone: joined to the header block once.
+    IF strpos(v_fields, '{token}') = 0 THEN
+        v_headers := p_headers || convert_to(v_fields, 'UTF8');
+        v_fields := NULL;
     END IF;
     WITH m AS MATERIALIZED (
         SELECT m.member_id, m.address,
@@ -1636,9 +1643,9 @@ BEGIN
                 THEN split_part(v_list, '@', 1) || '-bounces@' || split_part(v_list, '@', 2)
                 ELSE p_mail_from END,
            ARRAY[m.address],
-           CASE WHEN p_member_fields IS NULL THEN p_headers
-                ELSE p_headers || convert_to(
-                         replace(p_member_fields, '{token}', COALESCE(m.token, '')), 'UTF8')
+           CASE WHEN v_fields IS NULL THEN v_headers
+                ELSE v_headers || convert_to(
+                         replace(v_fields, '{token}', COALESCE(m.token, '')), 'UTF8')
                 END,
            COALESCE(m.body_id, v_body), COALESCE(p_state, '{}')
     FROM m
