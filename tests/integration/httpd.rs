@@ -2044,10 +2044,12 @@ fn documented_routes(yaml: &str) -> std::collections::BTreeSet<(String, String)>
     out
 }
 
-/// (path, METHOD) of every `.route(...)` in pepsi-httpd's `app::router`, read from its source:
-/// axum cannot list a router's routes, and the probes of the test below check this reading
-/// against the running server.
-fn routed(src: &str) -> std::collections::BTreeSet<(String, String)> {
+/// (path, METHOD) of every `.route(...)` in pepsi-httpd's `app::router`, read from its source
+/// (`src` is app.rs; `crate_src` the crate's `src/` directory), and of the routers it merges,
+/// each a module's `routes` function (`.merge(api::lists::routes())` reads
+/// `src/api/lists.rs`): axum cannot list a router's routes, and the probes of the test below
+/// check this reading against the running server.
+fn routed(src: &str, crate_src: &std::path::Path) -> std::collections::BTreeSet<(String, String)> {
     let body = src
         .split("pub fn router(")
         .nth(1)
@@ -2055,12 +2057,39 @@ fn routed(src: &str) -> std::collections::BTreeSet<(String, String)> {
         .split(".fallback(")
         .next()
         .unwrap();
-    for other in [".nest(", ".merge(", ".route_service(", ".nest_service("] {
+    for other in [".nest(", ".route_service(", ".nest_service("] {
         assert!(
             !body.contains(other),
             "app::router uses {other}: teach this test to read it"
         );
     }
+    let mut out = routes_in(body);
+    for merged in body.split(".merge(").skip(1) {
+        let module = merged
+            .split_once("::routes(")
+            .map(|(m, _)| m.trim().trim_start_matches("crate::"))
+            .expect("a merged router is a module's routes(...)");
+        let path = module.replace("::", "/");
+        let file = [format!("{path}.rs"), format!("{path}/mod.rs")]
+            .into_iter()
+            .map(|f| crate_src.join(f))
+            .find(|f| f.exists())
+            .unwrap_or_else(|| panic!("no source file for module {module}"));
+        let text = std::fs::read_to_string(&file).unwrap();
+        let routes_fn = text
+            .split("pub fn routes(")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{} defines no pub fn routes(", file.display()))
+            .split("\n}\n")
+            .next()
+            .unwrap();
+        out.extend(routes_in(routes_fn));
+    }
+    out
+}
+
+/// (path, METHOD) of each `.route("path", get(..).post(..))` in `body`.
+fn routes_in(body: &str) -> std::collections::BTreeSet<(String, String)> {
     let mut out = std::collections::BTreeSet::new();
     for chunk in body.split(".route(").skip(1) {
         let (path, rest) = chunk
@@ -2068,6 +2097,7 @@ fn routed(src: &str) -> std::collections::BTreeSet<(String, String)> {
             .strip_prefix('"')
             .and_then(|r| r.split_once('"'))
             .expect("a route's path is a string literal");
+        let rest = rest.split(".route(").next().unwrap_or_default();
         for op in OPERATIONS {
             let call = format!("{op}(");
             let called = rest.match_indices(&call).any(|(at, _)| {
@@ -2107,7 +2137,7 @@ async fn the_openapi_document_lists_exactly_the_routes_pepsi_httpd_serves() {
     let yaml = std::fs::read_to_string(root.join("docs/api.openapi.yaml")).unwrap();
     let src = std::fs::read_to_string(root.join("crates/pepsi-httpd/src/app.rs")).unwrap();
     let documented = documented_routes(&yaml);
-    let served = routed(&src);
+    let served = routed(&src, &root.join("crates/pepsi-httpd/src"));
     assert!(
         served.len() > 20,
         "too few routes read from app.rs: {served:?}"
