@@ -37,7 +37,7 @@ async fn setup(threshold: i64) -> Setup {
         &config,
         format!(
             "[database]\nURL = {}\n\n[pepsi]\nHOSTNAME = mx.example.test\n\
-             LOCAL_DOMAINS = example.test\n\n\
+             LOCAL_DOMAINS = example.test\nLIST_WEB_URL = https://lists.example.test\n\n\
              [stage-lists]\nPROGRAM = pepsi-stage-list\nDELIVER_STAGE = deliver\n\
              NEXT_STAGE = next\nBOUNCE_STAGE = bounced\n\n\
              [stage-deliver]\nPROGRAM = pepsi-stage-discard\n\n\
@@ -157,6 +157,25 @@ impl Setup {
     }
 }
 
+/// The digest carries its member's own unsubscribe fields: the one-click link with a token
+/// (RFC 8058) and the -leave address.
+fn one_click(raw: &[u8]) {
+    let m = MessageParser::default().parse(raw).expect("parses");
+    let unsubscribe = m.header_raw("List-Unsubscribe").unwrap_or_default().trim();
+    let token = unsubscribe
+        .strip_prefix("<https://lists.example.test/lists/unsubscribe/")
+        .and_then(|t| t.split_once(">, <mailto:team-leave@example.test>"))
+        .map(|(t, _)| t);
+    assert!(
+        token.is_some_and(|t| t.len() == 32 && t.bytes().all(|b| b.is_ascii_hexdigit())),
+        "List-Unsubscribe: {unsubscribe}"
+    );
+    assert_eq!(
+        m.header_raw("List-Unsubscribe-Post").map(str::trim),
+        Some("List-Unsubscribe=One-Click")
+    );
+}
+
 fn subject_of(raw: &[u8]) -> String {
     MessageParser::default()
         .parse(raw)
@@ -199,12 +218,7 @@ async fn digest_members_get_the_posts_in_one_digest_at_the_size_threshold() {
         m.header_raw("List-Id").map(str::trim),
         Some("\"The Team\" <team.example.test>")
     );
-    assert!(
-        m.header_raw("List-Unsubscribe")
-            .is_some_and(|v| v.contains("mailto:team-leave@example.test")),
-        "the member's own List-Unsubscribe: {:?}",
-        String::from_utf8_lossy(&mime[0].1)
-    );
+    one_click(&mime[0].1);
     assert!(m.root_part().is_content_type("multipart", "mixed"));
     let contents = m.body_text(0).unwrap();
     assert!(
@@ -285,6 +299,8 @@ async fn a_digest_due_by_its_period_is_sent_by_maintain_once() {
     let plain = s.rows_for("plain@remote.test").await;
     assert_eq!((mime.len(), plain.len()), (1, 1));
     assert_eq!(subject_of(&mime[0].1), "The Team Digest, Vol 1, Issue 1");
+    one_click(&mime[0].1);
+    one_click(&plain[0].1);
     assert!(
         String::from_utf8_lossy(&plain[0].1).contains("Shall we meet at noon?"),
         "{}",
