@@ -83,7 +83,8 @@ Moderation: `held LIST` shows the posts a list holds for a moderator; `approve L
 bounce warnings to members whose delivery bounces disabled, every bounce_warning_interval, \
 and the member removed after bounce_warnings of them; stale bounce scores set back to 0; \
 requests and held posts past their expiry deleted (a held post with an `expire` decision), \
-expired member links and old confirmation windows deleted. Each list is done in one \
+expired member links and old confirmation windows deleted; digests whose digest_period \
+has passed sent to the members who take them. Each list is done in one \
 transaction under an advisory lock and each warning is queued at most once, so two hosts \
 may run it at once and a second run does nothing more.
 
@@ -216,7 +217,7 @@ enum Command {
     /// those of every list.
     Bans(BansArgs),
     /// One pass of the periodic work: bounce warnings and removals, stale bounce scores,
-    /// expired requests, held posts, member links and confirmation windows.
+    /// expired requests, held posts, member links and confirmation windows, digests due.
     ///
     /// To each member whose delivery bounces disabled, a warning every
     /// bounce_warning_interval (from the list's -request address, envelope sender its
@@ -225,7 +226,9 @@ enum Command {
     /// Scores whose last bounce is older than bounce_info_stale_after go back to 0.
     /// list_pending rows and held posts past expires_at are deleted (a held post with a
     /// list_moderation_decision `expire`), and so are expired member links and confirmation
-    /// windows that ended a window ago. Each list is one transaction under an advisory lock
+    /// windows that ended a window ago. Digests whose digest_period has passed since their
+    /// first post are sent, each marked sent in the transaction that queues it (at most
+    /// once). Each list is one transaction under an advisory lock
     /// (a list another run holds is skipped and reported busy), and each warning is queued
     /// with an at-most-once token: safe from two hosts at once, and a second run does
     /// nothing more.
