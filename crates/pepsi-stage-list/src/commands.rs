@@ -222,23 +222,7 @@ async fn request(
             "{kind} request from {who}: answered before"
         )));
     }
-    // One count per address, list and window: the window starts at a multiple of its length.
-    let allowed: bool = sqlx::query_scalar(
-        "WITH l AS (SELECT confirm_limit_per_address AS lim, \
-                       extract(epoch FROM confirm_window) AS w \
-                    FROM pepsi.mailing_list WHERE list_id = $1), \
-              up AS (INSERT INTO pepsi.list_confirm_rate (list_id, key_kind, key, window_start, count) \
-                     SELECT $1, 'address', $2, \
-                            to_timestamp(floor(extract(epoch FROM now()) / l.w) * l.w), 1 FROM l \
-                     ON CONFLICT (list_id, key_kind, key, window_start) \
-                     DO UPDATE SET count = pepsi.list_confirm_rate.count + 1 \
-                     RETURNING count) \
-         SELECT (SELECT count FROM up) <= (SELECT lim FROM l)",
-    )
-    .bind(list.id)
-    .bind(who)
-    .fetch_one(&mut *tx)
-    .await?;
+    let allowed = list::count_confirmation(&mut tx, list.id, list::RateKey::Address, who).await?;
     if !allowed {
         tx.commit().await?;
         tracing::warn!(list = %list.address, %who, kind, "confirmation limit reached: no confirmation sent");
@@ -315,16 +299,16 @@ pub(crate) async fn confirm(
         tx.rollback().await?;
         return Ok(delivered("confirmed before"));
     }
-    let pending = sqlx::query(
-        "DELETE FROM pepsi.list_pending WHERE list_id = $1 AND token_hash = $2 \
-         AND waiting_for = 'confirm' AND expires_at > now() \
-         RETURNING address, display_name, kind",
+    let spare = token_hash(&new_token()?);
+    let carried = list::carry_out(
+        &mut tx,
+        list.id,
+        &token_hash(token),
+        list::Via::Mail,
+        &spare,
     )
-    .bind(list.id)
-    .bind(token_hash(token))
-    .fetch_optional(&mut *tx)
     .await?;
-    let Some(pending) = pending else {
+    let Some(carried) = carried else {
         tx.rollback().await?;
         return Ok(RcptResult::Permanent(Failure::new(
             format!(
@@ -334,86 +318,31 @@ pub(crate) async fn confirm(
             "5.7.1",
         )));
     };
-    let who: String = pending.try_get("address")?;
-    let kind: String = pending.try_get("kind")?;
-    let display_name: String = pending.try_get("display_name")?;
-    let policy: String =
-        sqlx::query_scalar("SELECT subscription_policy FROM pepsi.mailing_list WHERE list_id = $1")
-            .bind(list.id)
-            .fetch_one(&mut *tx)
-            .await?;
+    let who = carried.address;
+    let event = carried.event;
     let facts = list.facts();
-    let (event, subject, text) = match kind.as_str() {
-        "subscribe" if policy == "confirm_then_approve" => {
-            sqlx::query(
-                "INSERT INTO pepsi.list_pending (list_id, address, display_name, kind, \
-                 waiting_for, token_hash, requested_via, expires_at) \
-                 SELECT $1, $2, $3, 'subscribe', 'approve', $4, 'mail', now() + pending_lifetime \
-                 FROM pepsi.mailing_list WHERE list_id = $1",
-            )
-            .bind(list.id)
-            .bind(&who)
-            .bind(&display_name)
-            .bind(token_hash(&new_token()?))
-            .execute(&mut *tx)
-            .await?;
-            (
-                "subscription.confirmed",
-                format!("Your subscription to {} waits for approval", list.address),
-                format!(
-                    "Your subscription to {} is confirmed and waits for a moderator's approval.\r\n",
-                    list.address
-                ),
-            )
-        }
-        "subscribe" => {
-            sqlx::query(
-                "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
-                 subscribed_via) VALUES ($1, $2, $3, 'member', 'mail') \
-                 ON CONFLICT (list_id, address, role) DO NOTHING",
-            )
-            .bind(list.id)
-            .bind(&who)
-            .bind(&display_name)
-            .execute(&mut *tx)
-            .await?;
-            (
-                "member.subscribe",
-                format!("Welcome to {}", list.address),
-                format!(
-                    "Welcome to {}.\r\n\r\nTo post, write to {}.\r\nTo leave, write to {}.\r\n",
-                    list.address,
-                    list.address,
-                    facts.command_address("-leave")
-                ),
-            )
-        }
-        _ => {
-            sqlx::query(
-                "DELETE FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
-                 AND role = 'member'",
-            )
-            .bind(list.id)
-            .bind(&who)
-            .execute(&mut *tx)
-            .await?;
-            (
-                "member.unsubscribe",
-                format!("You have left {}", list.address),
-                format!("You have left {}.\r\n", list.address),
-            )
-        }
+    let (subject, text) = match event {
+        "subscription.confirmed" => (
+            format!("Your subscription to {} waits for approval", list.address),
+            format!(
+                "Your subscription to {} is confirmed and waits for a moderator's approval.\r\n",
+                list.address
+            ),
+        ),
+        "member.subscribe" => (
+            format!("Welcome to {}", list.address),
+            format!(
+                "Welcome to {}.\r\n\r\nTo post, write to {}.\r\nTo leave, write to {}.\r\n",
+                list.address,
+                list.address,
+                facts.command_address("-leave")
+            ),
+        ),
+        _ => (
+            format!("You have left {}", list.address),
+            format!("You have left {}.\r\n", list.address),
+        ),
     };
-    sqlx::query(
-        "INSERT INTO pepsi.list_event_log (list_id, address, event, detail, actor) \
-         VALUES ($1, $2, $3, $4, $2)",
-    )
-    .bind(list.id)
-    .bind(&who)
-    .bind(event)
-    .bind(serde_json::json!({"via": "mail"}))
-    .execute(&mut *tx)
-    .await?;
     let raw = compose(options, ctx, list, &who, &subject, &text, None)?;
     inject(&mut tx, options, list, &who, &raw).await?;
     tx.commit().await?;
