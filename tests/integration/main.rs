@@ -41,6 +41,7 @@ mod list_directory;
 mod list_digest;
 mod list_moderation;
 mod list_tool;
+mod list_web;
 mod lmtp_delivery;
 mod maildir_delivery;
 mod make_run;

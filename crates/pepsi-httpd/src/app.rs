@@ -103,6 +103,7 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/{name}", get(pages::asset))
         .merge(api::lists::routes())
         .merge(crate::moderate::routes())
+        .merge(crate::lists::routes(&state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

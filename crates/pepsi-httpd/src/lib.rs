@@ -27,6 +27,7 @@ pub mod credentials;
 mod error;
 mod extract;
 pub mod graph;
+mod lists;
 pub mod metrics;
 mod moderate;
 pub mod options;
@@ -395,6 +396,7 @@ async fn serve(
     stage_edges: &'static [StageEdges],
 ) -> anyhow::Result<ExitCode> {
     let options = HttpdOptions::from_config(&cfg)?;
+    lists::check(&cfg)?;
     let bound = server::bind(&options)?;
     server::drop_privileges(&options)?;
     let pool = pepsi_contract::db::connect(&cfg).await?;

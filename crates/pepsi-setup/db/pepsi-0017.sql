@@ -23,3 +23,11 @@ ALTER TABLE pepsi.mailing_list ADD COLUMN personalize text NOT NULL DEFAULT 'non
 -- preferences, so the question costs nothing while nobody takes digests.
 CREATE INDEX IF NOT EXISTS list_member_preference_digest_idx
     ON pepsi.list_member_preference (member_id) WHERE delivery_mode <> 'regular';
+
+-- pepsi-httpd's list pages (docs/lists.md, "On the web"): a one-click unsubscribe
+-- (RFC 8058) deletes the member row and with it the token's row, so a repeated POST of the
+-- same link is recognised by its member.unsubscribe event, whose detail keeps the token's
+-- hash (hex); this index holds only those events.
+CREATE INDEX IF NOT EXISTS list_event_log_one_click_idx
+    ON pepsi.list_event_log ((detail->>'token_hash'))
+    WHERE event = 'member.unsubscribe' AND detail ? 'token_hash';

@@ -1,0 +1,169 @@
+//! The mail of the subscriber pages: a web subscription's confirmation, what became of a
+//! confirmed request, a member's link. Written with mail-builder as the list stage writes
+//! the list's own messages (from `<list>-request@`, `Auto-Submitted: auto-replied`, the
+//! list's `List-Id`) and queued by `crate::moderate::mail::queue` (the list stage's
+//! `DELIVER_STAGE`, `<list>-bounces@` as envelope sender). The texts are pure functions.
+
+use chrono::Utc;
+use mail_builder::MessageBuilder;
+use mail_builder::headers::date::Date;
+use mail_builder::headers::raw::Raw;
+
+use crate::moderate::mail::{Route, command_address};
+
+/// A message of list `list` to `to`; replies go to `reply_to` when given (a confirmation's
+/// `<list>-confirm+<token>@`, so that answering it confirms).
+pub fn compose(
+    route: &Route,
+    list: &str,
+    to: &str,
+    subject: &str,
+    text: &str,
+    reply_to: Option<&str>,
+) -> Result<Vec<u8>, String> {
+    let now = Utc::now();
+    let mut random = [0u8; 8];
+    getrandom::fill(&mut random).map_err(|e| format!("random bytes: {e}"))?;
+    let mut message = MessageBuilder::new()
+        .from(command_address(list, "-request"))
+        .to(to)
+        .subject(subject)
+        .date(Date::new(now.timestamp()))
+        .message_id(format!(
+            "{}.{}.list-web@{}",
+            now.timestamp_micros(),
+            crate::credentials::hex(&random),
+            route.hostname
+        ))
+        .header("Auto-Submitted", Raw::new("auto-replied"))
+        .header("List-Id", Raw::new(format!("<{}>", list.replace('@', "."))));
+    if let Some(r) = reply_to {
+        message = message.reply_to(r);
+    }
+    message
+        .text_body(text)
+        .write_to_vec()
+        .map_err(|e| format!("writing a message: {e}"))
+}
+
+/// The confirmation of a web subscription of `who` to `list`: the link to the
+/// confirmation page when the list pages have a public base (`web`), and always the
+/// reply address and the `confirm <token>` command, which work without it.
+pub fn confirmation_text(
+    list: &str,
+    who: &str,
+    reply_to: &str,
+    request: &str,
+    token: &str,
+    web: Option<&str>,
+) -> String {
+    let mut text = format!(
+        "We received a request, made on the web, to subscribe\r\n\r\n    {who}\r\n\r\n\
+         to the mailing list {list}.\r\n\r\n"
+    );
+    if let Some(base) = web {
+        text.push_str(&format!(
+            "To confirm, open this link and press the button on its page:\r\n\r\n    \
+             {base}/lists/confirm/{token}\r\n\r\nor reply to this message (the reply goes to\r\n\
+             {reply_to}).\r\n"
+        ));
+    } else {
+        text.push_str(&format!(
+            "To confirm, reply to this message (the reply goes to\r\n{reply_to}).\r\n"
+        ));
+    }
+    text.push_str(&format!(
+        "You may also send a message to {request}\r\nwith the subject:\r\n\r\n    \
+         confirm {token}\r\n\r\nIf you did not ask for this, ignore this message: \
+         nothing changes.\r\n"
+    ));
+    text
+}
+
+/// What the person is told once a confirmation is carried out (`event` as
+/// `pepsi_contract::list::carry_out` names it): (subject, text).
+pub fn outcome_text(list: &str, event: &str) -> (String, String) {
+    match event {
+        "subscription.confirmed" => (
+            format!("Your subscription to {list} waits for approval"),
+            format!(
+                "Your subscription to {list} is confirmed and waits for a moderator's \
+                 approval.\r\n"
+            ),
+        ),
+        "member.subscribe" => (
+            format!("Welcome to {list}"),
+            format!(
+                "Welcome to {list}.\r\n\r\nTo post, write to {list}.\r\nTo leave, write to \
+                 {}.\r\n",
+                command_address(list, "-leave")
+            ),
+        ),
+        _ => (
+            format!("You have left {list}"),
+            format!("You have left {list}.\r\n"),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_confirmation_carries_the_link_only_with_a_public_base() {
+        let with = confirmation_text(
+            "team@example.org",
+            "bob@example.net",
+            "team-confirm+abc@example.org",
+            "team-request@example.org",
+            "abc",
+            Some("https://lists.example.org"),
+        );
+        assert!(
+            with.contains("https://lists.example.org/lists/confirm/abc\r\n"),
+            "{with}"
+        );
+        assert!(with.contains("team-confirm+abc@example.org"), "{with}");
+        let without = confirmation_text(
+            "team@example.org",
+            "bob@example.net",
+            "team-confirm+abc@example.org",
+            "team-request@example.org",
+            "abc",
+            None,
+        );
+        assert!(!without.contains("http"), "{without}");
+        assert!(
+            without.contains("team-confirm+abc@example.org"),
+            "{without}"
+        );
+        assert!(without.contains("confirm abc"), "{without}");
+    }
+
+    #[test]
+    fn a_confirmation_replies_to_its_confirm_address() {
+        let route = Route {
+            deliver_stage: "aliases".into(),
+            hostname: "mx.example.org".into(),
+        };
+        let raw = compose(
+            &route,
+            "team@example.org",
+            "bob@example.net",
+            "confirm abc",
+            "text\r\n",
+            Some("team-confirm+abc@example.org"),
+        )
+        .unwrap();
+        let text = String::from_utf8(raw).unwrap();
+        for want in [
+            "From: <team-request@example.org>\r\n",
+            "Reply-To: <team-confirm+abc@example.org>\r\n",
+            "Auto-Submitted: auto-replied\r\n",
+            "List-Id: <team.example.org>\r\n",
+        ] {
+            assert!(text.contains(want), "{want:?} in {text}");
+        }
+    }
+}
