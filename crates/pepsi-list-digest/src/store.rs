@@ -279,3 +279,30 @@ pub async fn send_due(pool: &PgPool, route: &Route<'_>) -> sqlx::Result<Vec<Sent
     }
     Ok(sent)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn when_a_digest_is_full_table() {
+        let cases: &[(i64, i64, i64, bool)] = &[
+            (29_000, 30_720, 5, false),
+            (30_720, 30_720, 5, true),
+            (40_000, 30_720, 1, true),
+            // A threshold above the bound: the bound decides.
+            (MAX_BYTES - 1, 1 << 30, 10, false),
+            (MAX_BYTES, 1 << 30, 10, true),
+            // Many small posts: the count decides.
+            (1_000, 1 << 30, MAX_POSTS - 1, false),
+            (1_000, 1 << 30, MAX_POSTS, true),
+        ];
+        for (size, threshold, posts, want) in cases {
+            assert_eq!(
+                full(*size, *threshold, *posts),
+                *want,
+                "{size} {threshold} {posts}"
+            );
+        }
+    }
+}
