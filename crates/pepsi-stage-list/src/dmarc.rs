@@ -231,8 +231,10 @@ fn keep_author(h: &mut Vec<u8>, original: &str, list: &ListFacts<'_>) {
     push(h, "Cc", &values.join(", "));
 }
 
-/// The fields of the post a wrapping message keeps, so it threads and reads as the post.
+/// The fields of the post a wrapping message keeps, so it threads and reads as the post, and
+/// the marks of the lists it went through (`X-Loop`), so a loop through lists still stops.
 pub const WRAP_KEEPS: &[&str] = &[
+    "X-Loop",
     "To",
     "Cc",
     "Subject",
@@ -651,7 +653,7 @@ mod tests {
     fn a_wrapped_post_is_attached_whole() {
         let post = b"From: Bob <bob@reject.test>\r\nTo: team@example.org\r\nSubject: hi\r\n\
             Message-ID: <1@reject.test>\r\nDKIM-Signature: v=1; d=reject.test; b=abc\r\n\
-            X-Other: dropped outside\r\n";
+            X-Other: dropped outside\r\nX-Loop: other@example.net\r\n";
         let (h, b) = wrap(post, b"hello\r\n", &team("sender"));
         let (h, b) = (text(&h), text(&b));
         for w in [
@@ -660,6 +662,7 @@ mod tests {
             "Subject: hi\r\n",
             "Message-ID: <1@reject.test>\r\n",
             "MIME-Version: 1.0\r\n",
+            "X-Loop: other@example.net\r\n",
         ] {
             assert!(h.contains(w), "{w:?} in {h}");
         }
