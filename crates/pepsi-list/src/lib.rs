@@ -3,7 +3,8 @@
 //! (`pepsi.list_member`), import a Mailman 3 members export and export the members as CSV,
 //! and forget one person on every list; moderate from the terminal: list the posts a list
 //! holds and approve (back to the list stage, approved), reject (a DSN to the sender) or
-//! discard them, and ban senders (`list_ban`).
+//! discard them, and ban senders (`list_ban`); run the periodic work (`maintain`: bounce
+//! warnings and removals, expiry of requests and held posts).
 //!
 //! Input is checked before anything is stored, most of it before connecting: list
 //! addresses and member addresses (`names`), list options (`options`, the allow-list of
@@ -11,9 +12,10 @@
 //! transaction with its `pepsi.list_event_log` rows (the invoking user as actor) and its
 //! `pepsi.event_log` row (`pepsi_contract::audit`). Presentation is `render`'s; `--json`
 //! prints `store`'s serde types. The stages a decided post goes to are read from the
-//! configuration (`moderation`). Only `approve` and `reject` touch the queue (one injected
-//! row per post, at most once, and a wake-up of the dispatcher after the commit); other
-//! changes take effect for the next post, which the list stage reads.
+//! configuration (`moderation`). Only `approve`, `reject` and `maintain` touch the queue
+//! (one injected row per post or warning, at most once, and a wake-up of the dispatcher
+//! after the commit); other changes take effect for the next post, which the list stage
+//! reads. `maintain` keeps its SQL beside its decisions (`maintain`).
 
 // The checks and the SQL are pepsi-httpd's too (its list API and moderation pages), so
 // that a change made on the web is the one this tool makes.
