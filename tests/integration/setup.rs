@@ -438,10 +438,16 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         }
     }
     check(RoleKind::Httpd, "mail_log", &["SELECT", "INSERT"]);
+    // pepsi-queue's actions, and the lists' own mail queued with pepsi.workqueue_inject.
     check(
         RoleKind::Httpd,
         "workqueue",
-        &["SELECT", "UPDATE", "DELETE"],
+        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+    );
+    check(
+        RoleKind::Httpd,
+        "workqueue_body",
+        &["SELECT", "INSERT", "DELETE"],
     );
     check(RoleKind::Httpd, "signing_key", &[]);
     check(RoleKind::Httpd, "config_override", &["SELECT"]);
@@ -646,9 +652,15 @@ async fn only_the_httpd_role_touches_the_credential_tables() {
         as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.event_log").await,
         Err("42501".into())
     );
-    // It changes queue rows as pepsi-queue does, and cannot admit mail.
+    // It changes queue rows as pepsi-queue does, and queues the lists' own mail (a
+    // moderator's approved post, a moderator's link, a welcome) with workqueue_inject, at
+    // most once per token; it cannot touch the at-most-once tokens otherwise.
     assert_eq!(
-        as_role(&db, "pepsi-httpd", "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea)").await,
+        as_role(&db, "pepsi-httpd", "SELECT pepsi.workqueue_inject('aliases', 'a-bounces@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea, '{}', 'list-web:1')").await,
+        Ok(())
+    );
+    assert_eq!(
+        as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.clone_token").await,
         Err("42501".into())
     );
 }

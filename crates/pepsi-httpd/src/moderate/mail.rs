@@ -98,8 +98,9 @@ impl Route {
 
 /// `<name>-<suffix>@<domain>` of list `list`.
 pub fn command_address(list: &str, suffix: &str) -> String {
-    match list.split_once('@') {
-        Some((name, domain)) => format!("{name}{suffix}@{domain}"),
+    let local = pepsi_conf::address::local_part(list);
+    match pepsi_conf::address::domain_part(list) {
+        Some(domain) => format!("{local}{suffix}@{domain}"),
         None => format!("{list}{suffix}"),
     }
 }
