@@ -166,7 +166,7 @@ pub fn author(headers: &[u8]) -> Option<(String, String)> {
 /// The domain of `address`, lower-case, IDN as punycode (`Address::key`).
 pub fn domain_of(address: &str) -> Option<String> {
     let key = pepsi_conf::address::Address::parse(address).ok()?.key();
-    key.rsplit_once('@').map(|(_, d)| d.to_owned())
+    pepsi_conf::address::domain_part(&key).map(str::to_owned)
 }
 
 /// The list's From for a post of `author`: `"Name via List" <list>` (RFC 2047-encoded when
@@ -419,7 +419,7 @@ pub async fn mitigate(
     let domain = author(headers).and_then(|(_, address)| domain_of(&address));
     // A From in the list's own domain aligns with the copy's envelope sender (SPF) and the
     // remote branch's signature (DKIM), so its policy is met as it is.
-    let list_domain = list.address.rsplit_once('@').map(|(_, d)| d);
+    let list_domain = pepsi_conf::address::domain_part(list.address);
     let Some(domain) = domain.filter(|d| mitigation != "none" && Some(d.as_str()) != list_domain)
     else {
         return (headers.to_vec(), body.to_vec(), Treatment::Leave);
