@@ -1575,6 +1575,7 @@ DECLARE
     v_secret bytea;
     v_headers bytea := p_headers;
     v_fields text := p_member_fields;
+    v_digests boolean;
     n integer;
 BEGIN
     IF p_token IS NOT NULL THEN
@@ -1583,7 +1584,8 @@ BEGIN
             RETURN -1;
         END IF;
     END IF;
-    SELECT address INTO v_list FROM pepsi.mailing_list WHERE list_id = p_list_id;
+    SELECT address, digests_enabled INTO v_list, v_digests
+    FROM pepsi.mailing_list WHERE list_id = p_list_id;
     IF v_list IS NULL THEN
         RAISE EXCEPTION 'no mailing list with id %', p_list_id USING ERRCODE = '22023';
     END IF;
@@ -1618,7 +1620,9 @@ BEGIN
         LEFT JOIN pepsi.list_member_preference p USING (member_id)
         WHERE m.list_id = p_list_id AND m.role = p_role
           AND (p_role <> 'member' OR m.delivery_status = 'enabled')
-          AND (p_role <> 'member' OR COALESCE(p.delivery_mode, 'regular') = p_mode)
+          -- A list whose digests are off sends every member each post as it comes.
+          AND (p_role <> 'member' OR COALESCE(p.delivery_mode, 'regular') = p_mode
+               OR (p_mode = 'regular' AND NOT v_digests))
           AND m.address <> ALL (COALESCE(p_skip, '{}'))
     ), tokens AS (
         INSERT INTO pepsi.list_unsubscribe_token (member_id, token_hash)

@@ -105,7 +105,7 @@ fn fresh_token() -> ApiResult<String> {
 }
 
 /// A subscription asked on the web: counted against the limits; when the list takes it
-/// and the address is neither a member nor banned, a `list_pending` row (`requested_via`
+/// and the address is neither a member, banned, nor one of the list's own addresses, a `list_pending` row (`requested_via`
 /// web, `client`) and its confirmation mail, in one transaction.
 pub async fn subscribe(
     pool: &PgPool,
@@ -133,7 +133,12 @@ pub async fn subscribe(
     .bind(address)
     .fetch_one(&mut *tx)
     .await?;
-    if member || list::banned(&mut tx, l.id, address).await? {
+    // An address of the list itself (`team-request@`, ...) would answer the list's own
+    // mail: the stage ignores commands from it, and so do the pages.
+    let own = list::ListAddress::candidates(address)
+        .iter()
+        .any(|c| c.list == l.address);
+    if member || own || list::banned(&mut tx, l.id, address).await? {
         tx.commit().await?;
         return Ok(Asked::Quiet);
     }
