@@ -425,3 +425,28 @@ async fn set_mode_stores_the_members_choice() {
         "regular",
     ]);
 }
+
+/// A list whose digests are turned off sends its digest members each post as it comes, as
+/// regular members; their mode is kept.
+#[tokio::test]
+async fn with_digests_off_digest_members_get_each_post() {
+    let s = setup(1_000_000).await;
+    s.list_ok(&["configure", "team@example.test", "digests_enabled=no"]);
+    s.post("lunch", "Shall we meet at noon?\r\n").await;
+    for member in ["reg@example.test", "mime@remote.test", "plain@remote.test"] {
+        let rows = s.rows_for(member).await;
+        assert_eq!(rows.len(), 1, "{member} gets the post");
+        assert_eq!(subject_of(&rows[0].1), "[team] lunch", "{member}");
+    }
+    let mode: String = sqlx::query_scalar(
+        "SELECT p.delivery_mode FROM pepsi.list_member m \
+         JOIN pepsi.list_member_preference p USING (member_id) \
+         WHERE m.list_id = $1 AND m.address = 'mime@remote.test'",
+    )
+    .bind(s.list_id)
+    .fetch_one(&s.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(mode, "mime_digest");
+    assert!(s.digests().await.is_empty(), "nothing collected");
+}
