@@ -105,7 +105,8 @@ impl Fixture {
     /// The mail queued at `deliver`: (envelope sender, recipients, headers, the text of the
     /// body as a reader sees it).
     async fn mail(&self) -> Vec<(String, Vec<String>, String, String)> {
-        let rows: Vec<(String, Vec<String>, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        type Row = (String, Vec<String>, Vec<u8>, Vec<u8>);
+        let rows: Vec<Row> = sqlx::query_as(
             "SELECT q.mail_from, q.rcpt_to, q.headers, b.body FROM pepsi.workqueue q \
                JOIN pepsi.workqueue_body b USING (body_id) \
               WHERE q.stage = 'deliver' ORDER BY q.workqueue_id",
@@ -640,7 +641,9 @@ async fn bad_input_gets_its_error_page() {
     let long_address = format!("address={}%40remote.test", "a".repeat(300));
     let long_name = format!("address=b%40remote.test&display_name={}", "n".repeat(201));
     let many: String = (0..17).map(|i| format!("f{i}=x&")).collect();
-    let cases: Vec<(&str, String, Vec<(&str, &str)>, u16, &str)> = vec![
+    /// Path, body, header fields, the status and what the page says.
+    type Case<'a> = (&'a str, String, Vec<(&'a str, &'a str)>, u16, &'a str);
+    let cases: Vec<Case> = vec![
         (
             "/lists/nosuch@example.test/subscribe",
             "address=b%40remote.test".into(),
