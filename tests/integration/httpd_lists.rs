@@ -70,6 +70,9 @@ pub fn form_body(pairs: &[(&str, &str)]) -> String {
 /// A queued row: (stage, recipients, the whole message, state).
 type Queued = (String, Vec<String>, String, Value);
 
+/// A queue row as read: (stage, recipients, header block, body, state).
+type QueueRow = (String, Vec<String>, Vec<u8>, Vec<u8>, Value);
+
 impl Fixture {
     async fn call(&self, method: reqwest::Method, path: &str, body: Option<Value>) -> (u16, Value) {
         let a = self
@@ -118,7 +121,7 @@ impl Fixture {
     }
 
     async fn queued(&self) -> Vec<Queued> {
-        let rows: Vec<(String, Vec<String>, Vec<u8>, Vec<u8>, Value)> = sqlx::query_as(
+        let rows: Vec<QueueRow> = sqlx::query_as(
             "SELECT w.stage, w.rcpt_to, w.headers, b.body, w.state FROM pepsi.workqueue w \
              JOIN pepsi.workqueue_body b USING (body_id) ORDER BY w.workqueue_id",
         )
