@@ -504,3 +504,88 @@ async fn a_failing_key_query_is_a_temporary_error_and_nothing_goes_out_unsigned(
     let after = fetch(&db, id).await;
     assert_eq!(after, before, "neither signed nor advanced");
 }
+
+/// RFC 8058 section 4: mail offering one-click unsubscription has `List-Unsubscribe` and
+/// `List-Unsubscribe-Post` under the signature (a missing `-Post` signed as absent, so none
+/// can be added); other mail does not name them, so a list elsewhere may add its own.
+#[tokio::test]
+async fn one_click_fields_are_signed_only_in_mail_that_offers_them() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (ed, ed_pub) = support::keypair(dir.path(), "ed", support::ED25519);
+    let cfg = dir.path().join("pepsi.conf");
+    std::fs::write(
+        &cfg,
+        format!(
+            "[database]\nURL = {}\n\
+             [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nNEXT_STAGE = relay\n\
+             KEYS = example.test:ed1:{}\n\
+             [stage-relay]\nPROGRAM = pepsi-stage-discard\n",
+            db.url,
+            ed.display()
+        ),
+    )
+    .unwrap();
+    let from = "team@example.test";
+    let one_click = format!(
+        "{}List-Unsubscribe: <https://lists.example.test/lists/unsubscribe/0a1b>, \
+         <mailto:team-leave@example.test>\r\n\
+         List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n",
+        headers(from)
+    );
+    let mailto_only = format!(
+        "{}List-Unsubscribe: <mailto:team-leave@example.test>\r\n",
+        headers(from)
+    );
+    let ids = [
+        running_with(&db, from, one_click.as_bytes(), BODY.as_bytes()).await,
+        running_with(&db, from, mailto_only.as_bytes(), BODY.as_bytes()).await,
+        running(&db, from).await,
+    ];
+    let input: String = ids.iter().map(|i| format!("{i}\n")).collect();
+    let lines = tokio::task::spawn_blocking(move || support::stage_worker(DKIM_SIGN, &cfg, &input))
+        .await
+        .unwrap();
+    assert_eq!(lines, ["0", "0", "0"]);
+    let keys = serde_json::json!({ "ed1._domainkey.example.test": ["ed25519", ed_pub] });
+    let mut messages = Vec::new();
+    for id in ids {
+        let (_, _, hdrs, _, body) = fetch(&db, id).await;
+        let fields = dkim_fields(&hdrs);
+        assert_eq!(fields.len(), 1);
+        let h: Vec<String> = tag(&fields[0], "h")
+            .split(':')
+            .map(|h| h.trim().to_ascii_lowercase())
+            .collect();
+        let mut message = hdrs;
+        message.extend_from_slice(b"\r\n");
+        message.extend_from_slice(&body);
+        assert_eq!(verify(&message, &keys), [true]);
+        messages.push((String::from_utf8(message).unwrap(), h));
+    }
+    for (text, h) in &messages[..2] {
+        for name in ["list-unsubscribe", "list-unsubscribe-post"] {
+            assert!(h.contains(&name.to_owned()), "{name} in {h:?}");
+        }
+        let changed = text.replace("0a1b>", "ffff>").replace(
+            "<mailto:team-leave@example.test>\r\n",
+            "<mailto:other-leave@example.test>\r\n",
+        );
+        assert_ne!(&changed, text);
+        assert_eq!(verify(changed.as_bytes(), &keys), [false], "{changed}");
+    }
+    // A -Post added to the mailto-only message breaks its signature.
+    let added = messages[1].0.replace(
+        "List-Unsubscribe: <mailto:",
+        "List-Unsubscribe-Post: List-Unsubscribe=One-Click\r\nList-Unsubscribe: <mailto:",
+    );
+    assert_eq!(verify(added.as_bytes(), &keys), [false]);
+    // Plain mail: neither is named, so a list that adds them keeps the signature valid.
+    let (plain, h) = &messages[2];
+    assert!(!h.iter().any(|n| n.starts_with("list-")), "{h:?}");
+    let listed = plain.replace(
+        "X-Unsigned:",
+        "List-Unsubscribe: <mailto:x-leave@lists.example.net>\r\nX-Unsigned:",
+    );
+    assert_eq!(verify(listed.as_bytes(), &keys), [true]);
+}

@@ -54,7 +54,16 @@ pub mod constants {
 pub struct DomainKey {
     pub selector: String,
     signer: DkimSigner<DkimKey, Done>,
+    /// The same key over the `h=` list and [`LIST_UNSUBSCRIBE_FIELDS`], for mail that
+    /// carries `List-Unsubscribe`.
+    list_signer: DkimSigner<DkimKey, Done>,
 }
+
+/// The fields RFC 8058 (section 4) wants a signature to cover in mail that offers one-click
+/// unsubscription: signed, with the `h=` list, in mail that has `List-Unsubscribe` (a
+/// missing `List-Unsubscribe-Post` is signed as absent, so nobody can add one). Other mail
+/// does not name them, so a list elsewhere that adds its own does not break our signature.
+pub const LIST_UNSUBSCRIBE_FIELDS: [&str; 2] = ["List-Unsubscribe", "List-Unsubscribe-Post"];
 
 /// Signing domain (lower case) → its keys, one signature per key.
 pub type DomainKeys = HashMap<String, Vec<DomainKey>>;
@@ -160,8 +169,8 @@ impl SignStage {
             .unwrap_or(SignPolicy::Authenticated);
         let mut domains = DomainKeys::new();
         for spec in specs {
-            let key = load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"))?;
-            let key = domain_key(key, &spec.domain, &spec.selector, &headers);
+            let load = || load_key(&spec.path).with_context(|| format!("[{section_name}] KEYS"));
+            let key = domain_key(load()?, load()?, &spec.domain, &spec.selector, &headers);
             domains.entry(spec.domain).or_default().push(key);
         }
         Ok(Self {
@@ -191,9 +200,10 @@ impl SignStage {
                 skipped.push(Skipped::Shadowed { domain, selector });
                 continue;
             }
-            match parse_private_key(row.private_key.as_bytes()) {
-                Ok(key) => {
-                    let key = domain_key(key, &domain, &selector, &self.headers);
+            let parse = || parse_private_key(row.private_key.as_bytes());
+            match parse().and_then(|key| Ok((key, parse()?))) {
+                Ok((key, again)) => {
+                    let key = domain_key(key, again, &domain, &selector, &self.headers);
                     keys.entry(domain).or_default().push(key);
                 }
                 Err(why) => skipped.push(Skipped::Unusable {
@@ -291,17 +301,33 @@ fn log_skipped(skipped: &[Skipped], stage: Option<&str>) {
     }
 }
 
-/// A signer for `selector._domainkey.domain`: relaxed/relaxed over `headers`.
-fn domain_key(key: DkimKey, domain: &str, selector: &str, headers: &[String]) -> DomainKey {
-    let signer = DkimSigner::from_key(key)
-        .domain(domain.to_owned())
-        .selector(selector.to_owned())
-        .headers(headers.to_vec())
-        .header_canonicalization(Canonicalization::Relaxed)
-        .body_canonicalization(Canonicalization::Relaxed);
+/// The signers for `selector._domainkey.domain`, relaxed/relaxed: over `headers`, and (the
+/// same key, parsed twice since a key is not copied) over `headers` and the RFC 8058 fields.
+fn domain_key(
+    key: DkimKey,
+    again: DkimKey,
+    domain: &str,
+    selector: &str,
+    headers: &[String],
+) -> DomainKey {
+    let signer = |key: DkimKey, headers: Vec<String>| {
+        DkimSigner::from_key(key)
+            .domain(domain.to_owned())
+            .selector(selector.to_owned())
+            .headers(headers)
+            .header_canonicalization(Canonicalization::Relaxed)
+            .body_canonicalization(Canonicalization::Relaxed)
+    };
+    let mut with_list = headers.to_vec();
+    for field in LIST_UNSUBSCRIBE_FIELDS {
+        if !with_list.iter().any(|h| h.eq_ignore_ascii_case(field)) {
+            with_list.push(field.to_owned());
+        }
+    }
     DomainKey {
         selector: selector.to_owned(),
-        signer,
+        signer: signer(key, headers.to_vec()),
+        list_signer: signer(again, with_list),
     }
 }
 
@@ -404,9 +430,16 @@ impl Stage for DkimSign {
             seven_bit_form(ctx)?;
         }
         let raw = ctx.raw_message()?;
+        let one_click =
+            pepsi_contract::message::has_field(ctx.headers()?, LIST_UNSUBSCRIBE_FIELDS[0]);
         let mut fields = Vec::new();
         for key in &keys {
-            let signature = key.signer.sign(&raw).map_err(|e| {
+            let signer = if one_click {
+                &key.list_signer
+            } else {
+                &key.signer
+            };
+            let signature = signer.sign(&raw).map_err(|e| {
                 StageError::Permanent(format!(
                     "DKIM signing with {}._domainkey.{signing_domain} failed: {e}",
                     key.selector
@@ -482,7 +515,9 @@ so the dispatcher's new workers read the new keys.
   HEADERS = From, To, Subject, ...   the signed header fields (default: From, Reply-To, \
 Sender, To, Cc, Subject, Date, Message-ID, In-Reply-To, References, MIME-Version, \
 Content-Type, Content-Transfer-Encoding, Content-Disposition, Content-Language); From is \
-always signed twice, and a listed field the message lacks is signed as absent.
+always signed twice, and a listed field the message lacks is signed as absent. A message \
+with List-Unsubscribe is also signed over List-Unsubscribe and List-Unsubscribe-Post \
+(RFC 8058).
   PARENT_DOMAINS = false   sign mail from a subdomain with the nearest parent domain's keys.
   SEVEN_BIT = true   convert a message with 8-bit content to 7-bit (quoted-printable or \
 base64 per part) before signing it, so that a relay to a peer without 8BITMIME does not \
