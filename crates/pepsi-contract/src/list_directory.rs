@@ -107,13 +107,9 @@ async fn listen(pool: PgPool, shared: Arc<Shared>) {
             Ok(mut listener) => {
                 shared.listening.store(true, Ordering::Release);
                 shared.generation.fetch_add(1, Ordering::AcqRel);
-                loop {
-                    match listener.try_recv().await {
-                        Ok(Some(_)) => {
-                            shared.generation.fetch_add(1, Ordering::AcqRel);
-                        }
-                        Ok(None) | Err(_) => break,
-                    }
+                // Ok(None) is a lost connection, Err a failed one: either ends the loop.
+                while let Ok(Some(_)) = listener.try_recv().await {
+                    shared.generation.fetch_add(1, Ordering::AcqRel);
                 }
                 shared.listening.store(false, Ordering::Release);
                 shared.generation.fetch_add(1, Ordering::AcqRel);
