@@ -492,3 +492,64 @@ async fn a_long_member_address_gets_the_plain_bounce_address() {
         vec!["carol@remote.test".to_owned()]
     )));
 }
+
+/// A flood of refused posts from one envelope sender (a forged one, say) gets at most
+/// REFUSAL_NOTICES DSNs a day; the rest are dropped without one. Another sender still gets
+/// theirs, and a pass run again counts nothing twice.
+#[tokio::test]
+async fn refusals_are_told_to_a_sender_at_most_refusal_notices_a_day() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let conf = std::fs::read_to_string(&s.config).unwrap().replace(
+        "BOUNCE_STAGE = bounced\n",
+        "BOUNCE_STAGE = bounced\nREFUSAL_NOTICES = 2\n",
+    );
+    std::fs::write(&s.config, conf).unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..5 {
+        ids.push(message(&db, "spam@evil.test", &["team@example.test"], "").await);
+    }
+    let lines = support::run_ids(STAGE, &s.config, &ids).await;
+    assert_eq!(lines, vec![FINISHED; 5]);
+    let bounced = |db: &TestDb| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'bounced'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(bounced(&db).await, 2, "two notices, three dropped silently");
+    let counted: i32 = sqlx::query_scalar(
+        "SELECT count FROM pepsi.list_autoresponse WHERE address = 'spam@evil.test' \
+         AND kind = 'reject_notice' AND day = current_date",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(counted, 5);
+    // Another sender refused by a ban gets their notice.
+    sqlx::query(
+        "INSERT INTO pepsi.list_ban (list_id, pattern, created_by) \
+         SELECT list_id, 'other@evil.test', 'test' FROM pepsi.mailing_list",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let other = message(&db, "other@evil.test", &["team@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[other]).await,
+        vec![FINISHED]
+    );
+    assert_eq!(bounced(&db).await, 3);
+    // A bad value stops the worker naming the option.
+    let conf = std::fs::read_to_string(&s.config)
+        .unwrap()
+        .replace("REFUSAL_NOTICES = 2", "REFUSAL_NOTICES = 1000");
+    std::fs::write(&s.config, conf).unwrap();
+    let err = support::worker_start_error(STAGE, &s.config);
+    assert!(err.contains("REFUSAL_NOTICES = 1000"), "{err}");
+}

@@ -142,6 +142,11 @@ pub(crate) async fn join(
     .await?;
     let policy: String = row.try_get("subscription_policy")?;
     if policy == "closed" || row.try_get::<bool, _>("banned")? {
+        if !crate::refusal_notice(options, ctx, list).await? {
+            return Ok(delivered(&format!(
+                "a subscription request from {who} refused; no notice: the day's are spent"
+            )));
+        }
         return Ok(RcptResult::Permanent(Failure::new(
             format!("{} takes no subscription from {who}", list.address),
             "5.7.1",

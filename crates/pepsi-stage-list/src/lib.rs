@@ -106,7 +106,14 @@ pub struct Options {
     pub dmarc_cache: std::time::Duration,
     /// The resolver, made on first use.
     pub dns: DnsCell,
+    /// `REFUSAL_NOTICES` (3, 0 to 100): the most refusals (DSNs) one envelope sender is
+    /// sent per list and day; past it a refused post is dropped without one, so a flood of
+    /// forged senders gets no flood of bounces (`list_autoresponse`, kind `reject_notice`).
+    pub refusal_notices: u32,
 }
+
+/// The default of `REFUSAL_NOTICES`.
+pub const DEFAULT_REFUSAL_NOTICES: u32 = 3;
 
 /// The DMARC lookups' resolver (`pepsi_outbound::dns`), made when a post first needs it and
 /// then shared by the section's passes; `None` inside when it could not be made (no
@@ -213,6 +220,14 @@ impl Options {
             dmarc_timeout: within("DMARC_TIMEOUT", 10, 1, 60)?,
             dmarc_cache: within("DMARC_CACHE", 4 * 3600, 3600, 86_400)?,
             dns: DnsCell::default(),
+            refusal_notices: match s.number_opt::<u32>("REFUSAL_NOTICES")? {
+                None => DEFAULT_REFUSAL_NOTICES,
+                Some(n) if n <= 100 => n,
+                Some(n) => anyhow::bail!(
+                    "{}: [stage-{stage}] REFUSAL_NOTICES = {n}: expected 0 to 100",
+                    cfg.file().display()
+                ),
+            },
         })
     }
 }
@@ -658,10 +673,20 @@ impl ListStage {
                 .await?;
                 delivered(&format!("held for the list's moderators: {reason}"))
             }
-            Decision::Reject(reason) => RcptResult::Permanent(Failure::new(
-                format!("{} refused the post: {reason}", list.address),
-                "5.7.1",
-            )),
+            Decision::Reject(reason) => {
+                if refusal_notice(options, ctx, list).await? {
+                    RcptResult::Permanent(Failure::new(
+                        format!("{} refused the post: {reason}", list.address),
+                        "5.7.1",
+                    ))
+                } else {
+                    tracing::info!(id, list = %list.address, mail_from = ctx.mail_from(), "refused without a notice: the day's notices to this sender are spent");
+                    delivered(&format!(
+                        "refused by the list ({reason}); no notice: the sender had {} today",
+                        options.refusal_notices
+                    ))
+                }
+            }
             Decision::Discard(reason) => delivered(&format!("discarded by the list: {reason}")),
             Decision::Defer(reason) => RcptResult::Transient(Failure::new(
                 format!("{} deferred the post: {reason}", list.address),
@@ -978,6 +1003,40 @@ async fn disable_member(
     Ok(true)
 }
 
+/// Whether a refusal of this message may be told to its envelope sender (a DSN): at most
+/// `REFUSAL_NOTICES` per sender, list and day, counted in `list_autoresponse` once per
+/// queue row (a pass run again counts nothing twice). A null sender gets no DSN anyway.
+pub(crate) async fn refusal_notice(
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+) -> Result<bool, StageError> {
+    let Some(sender) = pepsi_conf::address::Address::parse(ctx.mail_from())
+        .ok()
+        .map(|a| a.key())
+    else {
+        return Ok(true);
+    };
+    let count: i32 = sqlx::query_scalar(
+        "WITH once AS (INSERT INTO pepsi.clone_token (token) VALUES ($3) \
+                       ON CONFLICT DO NOTHING RETURNING 1), \
+              up AS (INSERT INTO pepsi.list_autoresponse (list_id, address, kind, count) \
+                     SELECT $1, $2, 'reject_notice', 1 WHERE EXISTS (SELECT 1 FROM once) \
+                     ON CONFLICT (list_id, address, kind, day) \
+                     DO UPDATE SET count = pepsi.list_autoresponse.count + 1 \
+                     RETURNING count) \
+         SELECT COALESCE((SELECT count FROM up), \
+                         (SELECT count FROM pepsi.list_autoresponse WHERE list_id = $1 \
+                          AND address = $2 AND kind = 'reject_notice' AND day = current_date), 0)",
+    )
+    .bind(list.id)
+    .bind(&sender)
+    .bind(format!("list-refusal:{}:{}", ctx.id(), list.id))
+    .fetch_one(ctx.pool())
+    .await?;
+    Ok(count <= options.refusal_notices as i32)
+}
+
 /// Who a message to a list is from: its From address, else its envelope sender, in the form
 /// addresses are stored (`Address::key`). `None` when that is no address (a null sender, a
 /// From without one).
@@ -1029,6 +1088,8 @@ confirm_window); its reply to list-confirm+TOKEN carries the request out.
 
 Options of [stage-<name>]:
   DELIVER_STAGE  aliases  where the members' and owners' copies start
+  REFUSAL_NOTICES  3  the most refusals (DSNs) one envelope sender gets per list and day;
+                 past it a refused post is dropped without one (forged senders)
   HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
   DMARC_TIMEOUT  10s  the most one post's DMARC lookup may take (1s to 1m)
   DMARC_CACHE    4h   how long a From domain's DMARC policy is kept (1h to 1d)
