@@ -6,15 +6,15 @@
 //! added here are `subscribed_via = api`. Subscriptions waiting for a moderator are
 //! `moderate::store`'s, as the moderation pages decide them.
 //!
-//! Status codes: 400 for input that is not valid (the message names it), 404 for a list,
-//! member, held post, ban or request that is not there, 409 for a list that exists already
-//! or a configuration without the stage a decision needs.
+//! Status codes (`moderate::store::refused` maps pepsi-list's refusals): 400 for input
+//! that is not valid (the message names it), 404 for a list, member, held post, ban or
+//! request that is not there, 409 for a list that exists already or a configuration without
+//! the stage a decision needs.
 
 use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::routing::{delete, get, post};
 use axum::{Json, Router};
-use pepsi_conf::cli::ToolFailure;
 use pepsi_contract::local::LocalRecipients;
 use pepsi_list::names::{self, Action, Role};
 use pepsi_list::store::{self, Verdict, Who};
@@ -25,6 +25,7 @@ use serde_json::{Value, json};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{AppState, Body, Pairs, Principal};
 use crate::moderate;
+use crate::moderate::store::refused;
 
 /// The most addresses one request adds.
 pub const MAX_ADDRESSES: usize = 1000;
@@ -52,26 +53,6 @@ pub fn routes() -> Router<AppState> {
             "/api/lists/{list}/pending/{id}/{action}",
             post(decide_pending),
         )
-}
-
-/// A refusal of `pepsi_list::store` as the API answers it: input that is not valid is 400;
-/// its own refusals are 404 (no such list or held post) or 409 (the rest: exists already,
-/// sent on before); a database error is 500.
-pub fn refused(e: ToolFailure) -> ApiError {
-    match e {
-        ToolFailure::Invalid(m) => ApiError::bad_request(m),
-        ToolFailure::Other(e) if e.downcast_ref::<sqlx::Error>().is_some() => {
-            ApiError::internal(format!("{e:#}"))
-        }
-        ToolFailure::Other(e) => {
-            let text = format!("{e:#}");
-            if text.starts_with("there is no list") || text.starts_with("no held post") {
-                ApiError::not_found(text)
-            } else {
-                ApiError::conflict(text)
-            }
-        }
-    }
 }
 
 fn who(p: &Principal) -> Who {
@@ -625,33 +606,6 @@ mod tests {
                 (Err(e), Err(part)) => assert!(e.contains(part), "{body}: {e}"),
                 (got, want) => panic!("{body}: {got:?}, wanted {want:?}"),
             }
-        }
-    }
-
-    #[test]
-    fn a_store_refusal_gets_its_status() {
-        let cases: [(ToolFailure, StatusCode); 5] = [
-            (ToolFailure::Invalid("bad".into()), StatusCode::BAD_REQUEST),
-            (
-                ToolFailure::Other(anyhow::anyhow!("there is no list a@b (`pepsi-list lists`)")),
-                StatusCode::NOT_FOUND,
-            ),
-            (
-                ToolFailure::Other(anyhow::anyhow!("no held post 4 on a@b: nothing done")),
-                StatusCode::NOT_FOUND,
-            ),
-            (
-                ToolFailure::Other(anyhow::anyhow!("list a@b exists already")),
-                StatusCode::CONFLICT,
-            ),
-            (
-                ToolFailure::Other(sqlx::Error::PoolTimedOut.into()),
-                StatusCode::INTERNAL_SERVER_ERROR,
-            ),
-        ];
-        for (e, want) in cases {
-            let text = format!("{e:?}");
-            assert_eq!(refused(e).status, want, "{text}");
         }
     }
 }

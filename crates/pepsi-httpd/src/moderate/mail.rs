@@ -171,7 +171,9 @@ mod tests {
     #[test]
     fn the_list_web_url_is_an_https_base() {
         let long = format!("https://{}", "a".repeat(200));
-        let cases: [(Option<&str>, Result<Option<&str>, &str>); 9] = [
+        // (LIST_WEB_URL, the value kept, or a part of the error)
+        type Case<'a> = (Option<&'a str>, Result<Option<&'a str>, &'a str>);
+        let cases: [Case; 9] = [
             (None, Ok(None)),
             (Some("  "), Ok(None)),
             (

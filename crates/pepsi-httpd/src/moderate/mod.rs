@@ -452,7 +452,7 @@ fn reject_verdict(state: &AppState, reason: String) -> Result<Verdict, ApiError>
 
 async fn carry_out(state: &AppState, m: &Moderator, act: Act) -> Result<String, ApiError> {
     let pool = &state.pool;
-    let refused = crate::api::lists::refused;
+    let refused = store::refused;
     let list = m.list.as_str();
     match act {
         Act::Approve(id) => {
@@ -561,7 +561,9 @@ mod tests {
 
     #[test]
     fn a_form_reads_as_its_act() {
-        let cases: Vec<(Vec<(&str, &str)>, Result<Act, &str>)> = vec![
+        // (the form's fields, the act, or a part of the error)
+        type Case<'a> = (Vec<(&'a str, &'a str)>, Result<Act, &'a str>);
+        let cases: Vec<Case> = vec![
             (vec![("do", "approve"), ("id", "7")], Ok(Act::Approve(7))),
             (
                 vec![("do", "reject"), ("id", "7"), ("reason", " off topic ")],
@@ -618,7 +620,9 @@ mod tests {
             ("held_lifetime", Value::Seconds(14 * 86400)),
             ("reply_to_address", Value::None),
         ];
-        let cases: [(&[(&str, &str)], &[&str]); 5] = [
+        // (the submitted fields, the assignments)
+        type Case<'a> = (&'a [(&'a str, &'a str)], &'a [&'a str]);
+        let cases: [Case; 5] = [
             (&[("subject_prefix", ""), ("emergency", "no")], &[]),
             (
                 &[("held_lifetime", "14d"), ("reply_to_address", "none")],

@@ -155,7 +155,7 @@ async fn render(
     notice: Option<&str>,
     problem: Option<&str>,
 ) -> Response {
-    let refused = crate::api::lists::refused;
+    let refused = store::refused;
     let held = match pepsi_list::store::held(&state.pool, &m.list).await {
         Ok(h) => h,
         Err(e) => return error(refused(e)),

@@ -8,6 +8,7 @@
 //! and its `event_log` row; statements are constants with bound parameters.
 
 use chrono::{DateTime, Utc};
+use pepsi_conf::cli::ToolFailure;
 use pepsi_contract::audit;
 use pepsi_list::store::Who;
 use serde::Serialize;
@@ -25,6 +26,26 @@ pub const LINKS_PER_ADDRESS: i64 = 3;
 pub const MAX_ROWS: i64 = 200;
 /// The bytes of a held post read for its excerpt.
 const EXCERPT_BYTES: i32 = 16 * 1024;
+
+/// A refusal of `pepsi_list::store` as the API answers it: input that is not valid is 400;
+/// its own refusals are 404 (no such list or held post) or 409 (the rest: exists already,
+/// sent on before); a database error is 500.
+pub fn refused(e: ToolFailure) -> ApiError {
+    match e {
+        ToolFailure::Invalid(m) => ApiError::bad_request(m),
+        ToolFailure::Other(e) if e.downcast_ref::<sqlx::Error>().is_some() => {
+            ApiError::internal(format!("{e:#}"))
+        }
+        ToolFailure::Other(e) => {
+            let text = format!("{e:#}");
+            if text.starts_with("there is no list") || text.starts_with("no held post") {
+                ApiError::not_found(text)
+            } else {
+                ApiError::conflict(text)
+            }
+        }
+    }
+}
 
 /// A list's id and address, or 404 naming it.
 pub async fn list_id(pool: &PgPool, list: &str) -> ApiResult<i64> {
@@ -384,4 +405,37 @@ pub async fn held_starts(pool: &PgPool, list_id: i64) -> ApiResult<Vec<(i64, Vec
         .into_iter()
         .map(|(id, headers, body)| (id, pepsi_smtp::message::join(&headers, &body)))
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::http::StatusCode;
+
+    #[test]
+    fn a_store_refusal_gets_its_status() {
+        let cases: [(ToolFailure, StatusCode); 5] = [
+            (ToolFailure::Invalid("bad".into()), StatusCode::BAD_REQUEST),
+            (
+                ToolFailure::Other(anyhow::anyhow!("there is no list a@b (`pepsi-list lists`)")),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                ToolFailure::Other(anyhow::anyhow!("no held post 4 on a@b: nothing done")),
+                StatusCode::NOT_FOUND,
+            ),
+            (
+                ToolFailure::Other(anyhow::anyhow!("list a@b exists already")),
+                StatusCode::CONFLICT,
+            ),
+            (
+                ToolFailure::Other(sqlx::Error::PoolTimedOut.into()),
+                StatusCode::INTERNAL_SERVER_ERROR,
+            ),
+        ];
+        for (e, want) in cases {
+            let text = format!("{e:?}");
+            assert_eq!(refused(e).status, want, "{text}");
+        }
+    }
 }
