@@ -11,6 +11,7 @@
 //! `pepsi.list_dmarc_policy`) sits in [`policy`] at the end, and never holds a post longer
 //! than its timeout: a lookup that fails or takes longer counts as `p=reject`.
 
+use pepsi_conf::text::one_line;
 use std::time::Duration;
 
 use mail_builder::headers::Header as _;
@@ -315,14 +316,6 @@ fn boundary(headers: &[u8], body: &[u8]) -> String {
         .map(|b| format!("{b:02x}"))
         .collect();
     format!("=_list_{hex}")
-}
-
-fn one_line(value: &str) -> String {
-    value
-        .split(|c: char| c.is_control() || c.is_whitespace())
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn push(h: &mut Vec<u8>, name: &str, value: &str) {

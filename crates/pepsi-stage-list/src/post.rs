@@ -9,6 +9,7 @@
 //! `reply_goes_to`. A plain-text post (a `text/*` single part in 7bit or 8bit) gets the
 //! list's footer after its text; any other post is sent without one, never re-encoded.
 
+use pepsi_conf::text::one_line;
 use pepsi_contract::message;
 
 /// What the copy is made from, besides the post.
@@ -285,15 +286,6 @@ fn phrase(name: &str) -> String {
         return String::new();
     }
     format!("\"{}\"", name.replace('\\', "\\\\").replace('"', "\\\""))
-}
-
-/// Text on one line: controls and runs of white space become one space.
-fn one_line(value: &str) -> String {
-    value
-        .split(|c: char| c.is_control() || c.is_whitespace())
-        .filter(|w| !w.is_empty())
-        .collect::<Vec<_>>()
-        .join(" ")
 }
 
 fn push(h: &mut Vec<u8>, name: &str, value: &str) {
