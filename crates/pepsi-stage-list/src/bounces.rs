@@ -413,7 +413,10 @@ mod tests {
             ("rfc822;<bob@example.org>", Some("bob@example.org")),
             ("utf-8; jöran@example.org", Some("jöran@example.org")),
             ("bob@example.org", Some("bob@example.org")),
-            ("rfc822; Bob@Bücher.example", Some("bob@xn--bcher-kva.example")),
+            (
+                "rfc822; Bob@Bücher.example",
+                Some("bob@xn--bcher-kva.example"),
+            ),
             ("rfc822; bob", None),
             ("rfc822; @example.org", None),
             ("rfc822; bob @example.org", None),
