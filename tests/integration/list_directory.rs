@@ -19,9 +19,7 @@ async fn message(db: &TestDb, rcpt: &str) -> i64 {
     let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
         .bind("alice@example.test")
         .bind(vec![rcpt.to_owned()])
-        .bind(
-            format!("From: alice@example.test\r\nTo: {rcpt}\r\nSubject: hello\r\n").as_bytes(),
-        )
+        .bind(format!("From: alice@example.test\r\nTo: {rcpt}\r\nSubject: hello\r\n").as_bytes())
         .bind(b"Hello.\r\n".as_slice())
         .bind(json!({}))
         .fetch_one(&db.pool)
@@ -104,7 +102,11 @@ async fn a_running_worker_sees_lists_created_and_deleted() {
     for sent in 1..=2 {
         let answer = pass(message(&db, "news@example.test").await).await;
         assert!(answer.contains("finished"), "{answer}");
-        assert_eq!(count_at(&db, "deliver").await, sent, "post {sent} fanned out");
+        assert_eq!(
+            count_at(&db, "deliver").await,
+            sent,
+            "post {sent} fanned out"
+        );
         assert_eq!(count_at(&db, "next").await, 2);
     }
 
