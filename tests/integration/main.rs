@@ -73,6 +73,7 @@ mod status;
 mod structure;
 mod system_delivery;
 mod system_list_bounces;
+mod system_list_lifecycle;
 mod system_lists;
 mod system_lists_web;
 mod system_remote;
