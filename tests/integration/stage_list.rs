@@ -553,3 +553,73 @@ async fn refusals_are_told_to_a_sender_at_most_refusal_notices_a_day() {
     let err = support::worker_start_error(STAGE, &s.config);
     assert!(err.contains("REFUSAL_NOTICES = 1000"), "{err}");
 }
+
+/// Header filters (`list_header_filter`), first by position: a post whose `X-Spam-Flag`
+/// says YES is held, one with `X-Team: internal` from a nonmember is accepted, a filter on
+/// a field the post lacks does nothing, and a sender's own rule (reject) beats a filter's
+/// accept.
+#[tokio::test]
+async fn header_filters_decide_in_position_order() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    for (position, header, pattern, action) in [
+        (10, "X-Spam-Flag", "^yes", "hold"),
+        (20, "x-team", "internal", "accept"),
+        (30, "X-Absent", ".", "reject"),
+    ] {
+        sqlx::query(
+            "INSERT INTO pepsi.list_header_filter (list_id, position, header, pattern, action) \
+             SELECT list_id, $1, $2, $3, $4 FROM pepsi.mailing_list",
+        )
+        .bind(position)
+        .bind(header)
+        .bind(pattern)
+        .bind(action)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let spam = message(
+        &db,
+        "alice@example.test",
+        &["team@example.test"],
+        "X-Spam-Flag: YES\r\nX-Team: internal\r\n",
+    )
+    .await;
+    let team = message(
+        &db,
+        "stranger@else.test",
+        &["team@example.test"],
+        "X-Team: the\r\n internal one\r\n",
+    )
+    .await;
+    let banned = message(
+        &db,
+        "spam@evil.test",
+        &["team@example.test"],
+        "X-Team: internal\r\n",
+    )
+    .await;
+    let lines = support::run_ids(STAGE, &s.config, &[spam, team, banned]).await;
+    assert_eq!(lines, vec![FINISHED; 3]);
+    let holds: Vec<(String, String)> =
+        sqlx::query_as("SELECT sender, reason FROM pepsi.list_held_message")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        holds,
+        [(
+            "alice@example.test".to_owned(),
+            "header filter 10 (X-Spam-Flag)".to_owned()
+        )]
+    );
+    // The stranger's post (a folded value matched) reaches the two enabled members.
+    assert_eq!(rows_at(&db, "deliver").await.len(), 2);
+    let bounced: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'bounced'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(bounced, 1, "spam@evil.test's own rule refuses the post");
+}

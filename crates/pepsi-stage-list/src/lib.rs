@@ -502,11 +502,37 @@ impl ListStage {
                     .flatten()
             })
             .find_map(|w| Action::parse(&w));
-        let banned: bool = sqlx::query_scalar(concat!("SELECT ", banned_sql!()))
-            .bind(list.id)
-            .bind(&sender)
-            .fetch_one(pool)
-            .await?;
+        // The ban and the list's header filters, in one query: the first filter (by
+        // position) whose field has a value its pattern matches decides.
+        let (names, values) = header_pairs(&headers);
+        let row = sqlx::query(concat!(
+            "SELECT ",
+            banned_sql!(),
+            " AS banned, hf.action, hf.position, hf.header FROM (SELECT 1) one \
+             LEFT JOIN LATERAL (SELECT f.action, f.position, f.header \
+                 FROM pepsi.list_header_filter f WHERE f.list_id = $1 AND EXISTS \
+                 (SELECT 1 FROM unnest($3::text[], $4::text[]) AS h(name, value) \
+                  WHERE lower(h.name) = lower(f.header) AND h.value ~* f.pattern) \
+                 ORDER BY f.position LIMIT 1) hf ON true"
+        ))
+        .bind(list.id)
+        .bind(&sender)
+        .bind(&names)
+        .bind(&values)
+        .fetch_one(pool)
+        .await?;
+        let banned: bool = row.try_get("banned")?;
+        let filter = match row.try_get::<Option<String>, _>("action")? {
+            None => None,
+            Some(word) => {
+                let action = Action::parse(&word).ok_or_else(|| {
+                    StageError::Invalid(format!("list_header_filter.action = {word:?}"))
+                })?;
+                let position: i32 = row.try_get("position")?;
+                let header: String = row.try_get("header")?;
+                Some((action, format!("header filter {position} ({header})")))
+            }
+        };
         let facts = list.facts();
         // The body is fetched for a post that is accepted or held; its size decides too.
         let Some(body) = ctx
@@ -527,6 +553,7 @@ impl ListStage {
             is_member,
             own_action,
             banned,
+            filter,
             own_list_id: post::carries_list_id(&headers, &facts.list_id())
                 || post::carries_loop(&headers, list.address.as_str()),
             approved: approval.is_some(),
@@ -1001,6 +1028,38 @@ async fn disable_member(
     .execute(&mut **tx)
     .await?;
     Ok(true)
+}
+
+/// The most header fields, and characters of each value, the header filters are tried on.
+pub const FILTER_FIELDS: usize = 200;
+pub const FILTER_VALUE_CHARS: usize = 2000;
+
+/// The header block's fields as (name, unfolded value) columns for the filter query: at most
+/// [`FILTER_FIELDS`] fields, each value cut at [`FILTER_VALUE_CHARS`] characters, so the
+/// regular expressions have bounded input.
+fn header_pairs(headers: &[u8]) -> (Vec<String>, Vec<String>) {
+    let mut names = Vec::new();
+    let mut values = Vec::new();
+    for field in pepsi_contract::message::fields(headers).take(FILTER_FIELDS) {
+        let Some(name) = pepsi_contract::message::field_name(field) else {
+            continue;
+        };
+        let colon = field.iter().position(|&b| b == b':').unwrap_or(field.len());
+        let value: Vec<u8> = field[(colon + 1).min(field.len())..]
+            .iter()
+            .copied()
+            .filter(|&b| b != b'\r' && b != b'\n')
+            .collect();
+        names.push(String::from_utf8_lossy(name).into_owned());
+        values.push(
+            String::from_utf8_lossy(&value)
+                .trim()
+                .chars()
+                .take(FILTER_VALUE_CHARS)
+                .collect(),
+        );
+    }
+    (names, values)
 }
 
 /// Whether a refusal of this message may be told to its envelope sender (a DSN): at most

@@ -4,10 +4,13 @@
 //! 1. the post carries this list's own `List-Id`: it came back through a loop → discard;
 //!    a post a moderator approved (`state.list_approval` for this list) → accept;
 //! 2. the sender is banned (from this list or every list) → reject;
-//! 3. the sender's own rule (a member or nonmember row with `moderation_action`);
-//! 4. the list is under emergency moderation → hold;
-//! 5. the post is larger than the list's `max_message_size` → hold;
-//! 6. a member → the list's `member_action`; anyone else → its `nonmember_action`.
+//! 3. a header filter matched (`list_header_filter`, the first by position) with hold,
+//!    reject, discard or defer → that;
+//! 4. the sender's own rule (a member or nonmember row with `moderation_action`);
+//! 5. the list is under emergency moderation → hold;
+//! 6. the post is larger than the list's `max_message_size` → hold;
+//! 7. a header filter matched with accept → accept (whoever the sender is);
+//! 8. a member → the list's `member_action`; anyone else → its `nonmember_action`.
 //!
 //! The sender is the post's From address (the envelope sender when it has none): what
 //! people subscribe and are recognised by.
@@ -70,6 +73,8 @@ pub struct Facts<'a> {
     /// The sender's own rule, from a member or nonmember row.
     pub own_action: Option<Action>,
     pub banned: bool,
+    /// The first header filter that matched: its action and a description.
+    pub filter: Option<(Action, String)>,
     /// Whether the post already carries this list's List-Id.
     pub own_list_id: bool,
     /// Whether a moderator approved this post for this list (`state.list_approval`).
@@ -92,6 +97,11 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     if f.banned {
         return Decision::Reject(format!("{} may not post to this list", f.sender));
     }
+    if let Some((action, why)) = &f.filter
+        && *action != Action::Accept
+    {
+        return action.decide(why);
+    }
     if let Some(action) = f.own_action {
         return action.decide(&format!("the list's rule for {}", f.sender));
     }
@@ -103,6 +113,9 @@ pub fn decide(f: &Facts<'_>) -> Decision {
             "the post is {} bytes, more than the list's limit of {}",
             f.size, f.max_message_size
         ));
+    }
+    if matches!(f.filter, Some((Action::Accept, _))) {
+        return Decision::Accept;
     }
     if f.is_member {
         f.member_action.decide("posts from members")
@@ -122,6 +135,7 @@ mod tests {
             is_member: true,
             own_action: None,
             banned: false,
+            filter: None,
             own_list_id: false,
             approved: false,
             emergency: false,
@@ -198,6 +212,46 @@ mod tests {
                     f.own_list_id = true;
                 },
                 Decision::Discard("the post already went through this list (a loop)".into()),
+            ),
+            (
+                "a header filter's hold wins over the sender's own accept",
+                |f| {
+                    f.filter = Some((Action::Hold, "header filter 10 (X-Spam)".into()));
+                    f.own_action = Some(Action::Accept);
+                },
+                Decision::Hold("header filter 10 (X-Spam)".into()),
+            ),
+            (
+                "a ban wins over a header filter",
+                |f| {
+                    f.banned = true;
+                    f.filter = Some((Action::Accept, "header filter 10 (X-Spam)".into()));
+                },
+                Decision::Reject("bob@example.net may not post to this list".into()),
+            ),
+            (
+                "a header filter's accept lets a nonmember post",
+                |f| {
+                    f.is_member = false;
+                    f.filter = Some((Action::Accept, "header filter 20 (X-Team)".into()));
+                },
+                Decision::Accept,
+            ),
+            (
+                "a header filter's accept does not beat emergency moderation",
+                |f| {
+                    f.emergency = true;
+                    f.filter = Some((Action::Accept, "header filter 20 (X-Team)".into()));
+                },
+                Decision::Hold("the list is under emergency moderation".into()),
+            ),
+            (
+                "a header filter's accept does not beat the sender's own rule",
+                |f| {
+                    f.own_action = Some(Action::Discard);
+                    f.filter = Some((Action::Accept, "header filter 20 (X-Team)".into()));
+                },
+                Decision::Discard("the list's rule for bob@example.net".into()),
             ),
             (
                 "emergency moderation holds members too",
