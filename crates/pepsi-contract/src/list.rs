@@ -280,6 +280,29 @@ impl Via {
     }
 }
 
+/// Makes `address` a member of list `list_id` (`subscribed_via` = `via`, as
+/// `list_pending.requested_via` has it); nothing when it already is one.
+pub async fn add_member(
+    conn: &mut PgConnection,
+    list_id: i64,
+    address: &str,
+    display_name: &str,
+    via: &str,
+) -> sqlx::Result<()> {
+    sqlx::query(
+        "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
+         subscribed_via) VALUES ($1, $2, $3, 'member', $4) \
+         ON CONFLICT (list_id, address, role) DO NOTHING",
+    )
+    .bind(list_id)
+    .bind(address)
+    .bind(display_name)
+    .bind(via)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
 /// A confirmed request, carried out by [`carry_out`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Carried {
@@ -343,17 +366,7 @@ pub async fn carry_out(
             "subscription.confirmed"
         }
         "subscribe" => {
-            sqlx::query(
-                "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
-                 subscribed_via) VALUES ($1, $2, $3, 'member', $4) \
-                 ON CONFLICT (list_id, address, role) DO NOTHING",
-            )
-            .bind(list_id)
-            .bind(&address)
-            .bind(&display_name)
-            .bind(via.as_str())
-            .execute(&mut *conn)
-            .await?;
+            add_member(conn, list_id, &address, &display_name, via.as_str()).await?;
             "member.subscribe"
         }
         _ => {

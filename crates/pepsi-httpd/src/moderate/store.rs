@@ -301,17 +301,8 @@ pub async fn decide_pending(
     let mut queue_id = None;
     if decision == Decision::Approve {
         if kind == "subscribe" {
-            sqlx::query(
-                "INSERT INTO pepsi.list_member (list_id, address, display_name, role, \
-                 subscribed_via) VALUES ($1, $2, $3, 'member', $4) \
-                 ON CONFLICT (list_id, address, role) DO NOTHING",
-            )
-            .bind(list_id)
-            .bind(&address)
-            .bind(&display_name)
-            .bind(&via)
-            .execute(&mut *tx)
-            .await?;
+            pepsi_contract::list::add_member(&mut tx, list_id, &address, &display_name, &via)
+                .await?;
             if let Some(route) = route {
                 let text = format!(
                     "Welcome to {list}: a moderator approved your subscription.\r\n\r\n\
