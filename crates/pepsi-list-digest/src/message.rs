@@ -144,10 +144,11 @@ pub fn plain(issue: &Issue<'_>, posts: &[Post<'_>]) -> Vec<u8> {
 /// `pepsi.list_fanout`'s place for a member's one-click unsubscribe token.
 pub const TOKEN: &str = "{token}";
 
-/// The unsubscribe fields each member's digest carries (`pepsi.list_fanout`'s
-/// `p_member_fields`), as the members' list copies do: with the list pages' base (`[pepsi]
-/// LIST_WEB_URL`) the member's one-click link (RFC 8058) before the `-leave` address and
-/// `List-Unsubscribe-Post`; without it the `-leave` address alone.
+/// The unsubscribe fields of each member's list copy and digest (`pepsi.list_fanout`'s
+/// `p_member_fields`), with [`TOKEN`] for the member's token: with the list pages' base
+/// (`[pepsi] LIST_WEB_URL`) the member's one-click link (RFC 8058) before the `-leave`
+/// address and `List-Unsubscribe-Post`; without it the `-leave` address alone, and no
+/// `List-Unsubscribe-Post`, which would promise a POST nobody answers.
 pub fn unsubscribe_fields(list: &str, web_url: Option<&str>) -> String {
     let (local, domain) = pepsi_conf::address::parts(list).unwrap_or((list, ""));
     let mailto = format!("<mailto:{local}-leave@{domain}>");

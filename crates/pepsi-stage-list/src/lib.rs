@@ -590,7 +590,8 @@ impl ListStage {
                     list.personalize,
                     web_url,
                 );
-                let member_fields = post::unsubscribe_fields(&facts, web_url);
+                let member_fields =
+                    pepsi_list_digest::message::unsubscribe_fields(facts.address, web_url);
                 let subject = pepsi_contract::message::field_values(&headers, "Subject")
                     .into_iter()
                     .next()

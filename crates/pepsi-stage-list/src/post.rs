@@ -80,7 +80,7 @@ pub fn carries_list_id(headers: &[u8], list_id: &str) -> bool {
 
 /// The copy's header block, with the list's `List-Unsubscribe` (its `-leave` address): the
 /// same for every reader. A copy fanned out per member takes [`shared_headers`] and
-/// [`unsubscribe_fields`] instead.
+/// [`pepsi_list_digest::message::unsubscribe_fields`] instead.
 pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     let mut h = shared_headers(original, list);
     push(
@@ -92,7 +92,8 @@ pub fn headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
 }
 
 /// The copy's header block without `List-Unsubscribe`, which each member's row carries
-/// ([`unsubscribe_fields`], `pepsi.list_fanout`'s `p_member_fields`).
+/// ([`pepsi_list_digest::message::unsubscribe_fields`], `pepsi.list_fanout`'s
+/// `p_member_fields`).
 pub fn shared_headers(original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     let mut h = original.to_vec();
     for name in LIST_FIELDS {
@@ -172,21 +173,6 @@ pub const MEMBER: &str = "{member}";
 /// A member's one-click unsubscribe link (RFC 8058): `<web>/lists/unsubscribe/<token>`.
 pub fn unsubscribe_url(web_url: &str) -> String {
     format!("{web_url}/lists/unsubscribe/{TOKEN}")
-}
-
-/// The unsubscribe fields of one member's copy, with [`TOKEN`] for the member's token: with
-/// the list pages' base (`[pepsi] LIST_WEB_URL`), the member's one-click link before the
-/// `-leave` address and `List-Unsubscribe-Post` (RFC 8058); without it the `-leave` address
-/// alone, and no `List-Unsubscribe-Post`, which would promise a POST nobody answers.
-pub fn unsubscribe_fields(list: &ListFacts<'_>, web_url: Option<&str>) -> String {
-    let mailto = format!("<mailto:{}>", list.command_address("-leave"));
-    match web_url {
-        Some(web) => format!(
-            "List-Unsubscribe: <{}>, {mailto}\r\nList-Unsubscribe-Post: List-Unsubscribe=One-Click\r\n",
-            unsubscribe_url(web)
-        ),
-        None => format!("List-Unsubscribe: {mailto}\r\n"),
-    }
 }
 
 /// The copy's body and, for a list whose footer is personal (`personalize = individual`),
@@ -448,7 +434,10 @@ mod tests {
             ),
         ];
         for (web, fields, last) in cases {
-            assert_eq!(unsubscribe_fields(&list, *web), *fields);
+            assert_eq!(
+                pepsi_list_digest::message::unsubscribe_fields(list.address, *web),
+                *fields
+            );
             let f = personal_footer(&list, *web);
             assert!(
                 f.starts_with(
