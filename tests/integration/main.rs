@@ -39,6 +39,7 @@ mod ingress_tls;
 mod list_bounces;
 mod list_digest;
 mod list_directory;
+mod list_filters;
 mod list_moderation;
 mod list_tool;
 mod list_web;

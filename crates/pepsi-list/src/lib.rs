@@ -3,7 +3,8 @@
 //! (`pepsi.list_member`), import a Mailman 3 members export and export the members as CSV,
 //! and forget one person on every list; moderate from the terminal: list the posts a list
 //! holds and approve (back to the list stage, approved), reject (a DSN to the sender) or
-//! discard them, and ban senders (`list_ban`); run the periodic work (`maintain`: bounce
+//! discard them, ban senders (`list_ban`) and keep header filters (`list_header_filter`,
+//! `filters`); run the periodic work (`maintain`: bounce
 //! warnings and removals, expiry of requests and held posts).
 //!
 //! Input is checked before anything is stored, most of it before connecting: list
@@ -19,6 +20,7 @@
 
 // The checks and the SQL are pepsi-httpd's too (its list API and moderation pages), so
 // that a change made on the web is the one this tool makes.
+pub mod filters;
 mod maintain;
 pub mod members_csv;
 mod mode;
@@ -81,6 +83,8 @@ the invoking user, the one who ran sudo when it was sudo) and one pepsi.event_lo
 
 Moderation: `held LIST` shows the posts a list holds for a moderator; `approve LIST ID...` sends each back to the list stage (the stage whose PROGRAM is pepsi-stage-list; --stage NAME when there are several) marked approved, so it goes to the members whatever the posting policy says; `reject LIST ID... [--reason T]` returns each to its sender as a DSN (5.7.1, rejected by the list's moderator) from the list stage's BOUNCE_STAGE; `discard LIST ID...` drops them. Each writes a pepsi.list_moderation_decision row per post (the invoking user as moderator) and post.approve, post.reject or post.discard events. `ban LIST PATTERN` (or `ban --all PATTERN`, every list) refuses a sender's posts: PATTERN is an address, or a POSIX regular expression when it starts with ^ (matched without regard to case, checked by PostgreSQL before it is stored); `unban` lifts it, `bans LIST` lists what applies to the list.
 
+Header filters: `filter LIST HEADER PATTERN ACTION` adds one (after the last, or at --position N); the list stage tries a list's filters in position order on a post's header fields, and the first whose field HEADER has a value matching PATTERN (a POSIX regular expression, matched without regard to case, checked by PostgreSQL before it is stored) decides what becomes of the post: accept, hold, reject, discard or defer. `unfilter LIST POSITION` removes one, `filters LIST` lists them (filter.add and filter.remove events, list.filter and list.unfilter audit rows).
+
 `maintain` is one pass of the periodic work (a systemd timer runs it every few minutes): \
 bounce warnings to members whose delivery bounces disabled, every bounce_warning_interval, \
 and the member removed after bounce_warnings of them; stale bounce scores set back to 0; \
@@ -135,6 +139,10 @@ Examples:
   pepsi-list ban team@example.org '^.*@spam\\.example$' --reason 'spam run'
   pepsi-list ban --all troll@example.net
   pepsi-list bans team@example.org
+  pepsi-list filter team@example.org X-Spam-Flag '^yes' discard
+  pepsi-list filter team@example.org Subject 'unsubscribe' hold --position 5
+  pepsi-list filters team@example.org
+  pepsi-list unfilter team@example.org 5
   pepsi-list delete team@example.org --yes
   pepsi-list maintain --json";
 
@@ -218,6 +226,15 @@ enum Command {
     /// The bans that apply to a list (its own and those of every list), or with --all
     /// those of every list.
     Bans(BansArgs),
+    /// Add a header filter: posts whose header field HEADER has a value matching PATTERN
+    /// (a POSIX regular expression, case-insensitive) get ACTION, when no filter before it
+    /// matched.
+    Filter(FilterArgs),
+    /// Remove the header filter at POSITION (as `filters` shows it).
+    Unfilter(UnfilterArgs),
+    /// A list's header filters in the order they are tried: position, header, pattern,
+    /// action.
+    Filters(ListArg),
     /// One pass of the periodic work: bounce warnings and removals, stale bounce scores,
     /// expired requests, held posts, member links and confirmation windows, digests due.
     ///
@@ -325,6 +342,35 @@ struct BansArgs {
     /// Only the bans of every list
     #[arg(long)]
     all: bool,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct FilterArgs {
+    /// The list's address
+    list: String,
+    /// The header field's name, e.g. Subject or X-Spam-Flag
+    header: String,
+    /// A POSIX regular expression matched against the field's value, without regard to case
+    pattern: String,
+    /// What becomes of a post it matches: accept, hold, reject, discard or defer
+    action: String,
+    /// Put it at position N (1 to 1000000; a taken position is refused) instead of after
+    /// the last filter (the last position plus 10)
+    #[arg(long, value_name = "N", allow_negative_numbers = true)]
+    position: Option<i64>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct UnfilterArgs {
+    /// The list's address
+    list: String,
+    /// The filter's position (`pepsi-list filters LIST`)
+    #[arg(allow_negative_numbers = true)]
+    position: i64,
     #[command(flatten)]
     out: JsonFlag,
 }
@@ -531,6 +577,9 @@ enum Checked {
     Ban(Option<String>, moderation::Pattern, String, bool),
     Unban(Option<String>, String, bool),
     Bans(Option<String>, bool),
+    Filter(String, filters::NewFilter, bool),
+    Unfilter(String, i32, bool),
+    Filters(String, bool),
     Maintain(maintain::Settings, bool),
 }
 
@@ -712,6 +761,26 @@ fn check(command: Command, cfg: &Config) -> Result<Checked, Failure> {
             let pattern = moderation::pattern(pattern).map_err(invalid)?;
             Checked::Unban(l, pattern.as_str().to_owned(), a.out.json)
         }
+        Command::Filter(a) => {
+            let l = list(&a.list)?;
+            let new = filters::NewFilter {
+                header: filters::header(&a.header).map_err(invalid)?,
+                pattern: filters::pattern(&a.pattern).map_err(invalid)?,
+                action: filters::action(&a.action).map_err(invalid)?,
+                position: a
+                    .position
+                    .map(filters::position)
+                    .transpose()
+                    .map_err(invalid)?,
+            };
+            Checked::Filter(l, new, a.out.json)
+        }
+        Command::Unfilter(a) => Checked::Unfilter(
+            list(&a.list)?,
+            filters::position(a.position).map_err(invalid)?,
+            a.out.json,
+        ),
+        Command::Filters(a) => Checked::Filters(list(&a.list)?, a.out.json),
         Command::Maintain(a) => {
             // No list stage: the rest of the work is still done; warnings wait for one.
             let stage = match moderation::list_stage(cfg, a.stage.as_deref()) {
@@ -829,6 +898,20 @@ async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Do
         Checked::Unban(l, pattern, json) => {
             let done = store::unban(pool, who, l.as_deref(), &pattern).await?;
             print(json, &done, |b| render::ban_changed(b, false))
+        }
+        Checked::Filter(l, new, json) => {
+            let done = filters::add(pool, who, &l, &new).await?;
+            print(json, &done, filters::render_added)
+        }
+        Checked::Unfilter(l, position, json) => {
+            let done = filters::remove(pool, who, &l, position).await?;
+            print(json, &done, filters::render_removed)
+        }
+        Checked::Filters(l, json) => {
+            let rows = filters::list(pool, &l).await?;
+            print(json, &json!({"list": l, "filters": rows}), |_| {
+                filters::render_list(&l, &rows)
+            })
         }
         Checked::Maintain(settings, json) => {
             let done = maintain::run(pool, who, &settings).await?;

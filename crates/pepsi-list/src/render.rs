@@ -100,6 +100,18 @@ pub fn shown(s: &ListShown) -> String {
         "pending: {} waiting for a confirmation, {} for a moderator; held posts: {}",
         s.pending.confirm, s.pending.approve, s.held
     );
+    if s.filters.is_empty() {
+        out.push_str("header filters: none\n");
+    } else {
+        out.push_str("header filters:\n");
+        for f in &s.filters {
+            let _ = writeln!(
+                out,
+                "  {:>7}  {} ~ {:?}: {}",
+                f.position, f.header, f.pattern, f.action
+            );
+        }
+    }
     out
 }
 

@@ -47,7 +47,7 @@ fn invalid(text: impl Into<String>) -> Failure {
     Failure::Invalid(text.into())
 }
 
-fn other(text: impl Into<String>) -> Failure {
+pub(crate) fn other(text: impl Into<String>) -> Failure {
     Failure::Other(anyhow::anyhow!(text.into()))
 }
 
@@ -58,7 +58,7 @@ fn no_list(list: &str) -> Failure {
 }
 
 /// Appends one `pepsi.list_event_log` row.
-async fn event(
+pub(crate) async fn event(
     conn: &mut PgConnection,
     who: &Who,
     list_id: Option<i64>,
@@ -81,7 +81,7 @@ async fn event(
 }
 
 /// The id of `list` inside `tx`, its row locked against a concurrent delete or change.
-async fn lock_list(tx: &mut PgConnection, list: &str) -> Result<i64, Failure> {
+pub(crate) async fn lock_list(tx: &mut PgConnection, list: &str) -> Result<i64, Failure> {
     sqlx::query_scalar("SELECT list_id FROM pepsi.mailing_list WHERE address = $1 FOR UPDATE")
         .bind(list)
         .fetch_optional(tx)
@@ -89,7 +89,7 @@ async fn lock_list(tx: &mut PgConnection, list: &str) -> Result<i64, Failure> {
         .ok_or_else(|| no_list(list))
 }
 
-async fn list_id(pool: &PgPool, list: &str) -> Result<i64, Failure> {
+pub(crate) async fn list_id(pool: &PgPool, list: &str) -> Result<i64, Failure> {
     sqlx::query_scalar("SELECT list_id FROM pepsi.mailing_list WHERE address = $1")
         .bind(list)
         .fetch_optional(pool)
@@ -303,6 +303,8 @@ pub struct ListShown {
     pub pending: PendingCounts,
     /// Posts in `list_held_message`.
     pub held: i64,
+    /// Its header filters, in position order.
+    pub filters: Vec<crate::filters::Filter>,
 }
 
 pub async fn show(pool: &PgPool, list: &str) -> Result<ListShown, Failure> {
@@ -355,6 +357,7 @@ pub async fn show(pool: &PgPool, list: &str) -> Result<ListShown, Failure> {
             .bind(list_id)
             .fetch_one(pool)
             .await?;
+    let filters = crate::filters::of_list(&mut *pool.acquire().await?, list_id).await?;
     Ok(ListShown {
         address: row.try_get("address")?,
         list_id,
@@ -365,6 +368,7 @@ pub async fn show(pool: &PgPool, list: &str) -> Result<ListShown, Failure> {
         delivery,
         pending: PendingCounts { confirm, approve },
         held,
+        filters,
     })
 }
 
@@ -1151,17 +1155,25 @@ pub async fn decide(
 /// Whether PostgreSQL compiles `pattern` as the regular expression the list stage matches
 /// senders with (`~*`); a pattern it refuses is input that is not valid.
 pub async fn check_regex(pool: &PgPool, pattern: &str) -> Result<(), Failure> {
+    match regex_error(pool, pattern).await? {
+        None => Ok(()),
+        Some(e) => Err(invalid(format!(
+            "ban pattern {pattern:?} is not a valid regular expression: {e}"
+        ))),
+    }
+}
+
+/// PostgreSQL's complaint about `pattern` as a regular expression matched with `~*`, or
+/// None when it compiles.
+pub async fn regex_error(pool: &PgPool, pattern: &str) -> Result<Option<String>, Failure> {
     match sqlx::query_scalar::<_, bool>("SELECT '' ~* $1")
         .bind(pattern)
         .fetch_one(pool)
         .await
     {
-        Ok(_) => Ok(()),
+        Ok(_) => Ok(None),
         Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("2201B") => {
-            Err(invalid(format!(
-                "ban pattern {pattern:?} is not a valid regular expression: {}",
-                e.message()
-            )))
+            Ok(Some(e.message().to_owned()))
         }
         Err(e) => Err(e.into()),
     }
