@@ -51,10 +51,13 @@ async fn members(sys: &System) -> Vec<String> {
     .unwrap()
 }
 
-/// Waits for `user`'s message number `n` (1-based) in their Maildir.
-async fn nth(sys: &System, user: &str, n: usize) -> Vec<u8> {
-    let got = sys.wait_messages(user, n, WAIT).await;
-    got[n - 1].clone()
+/// Waits for one message more in `user`'s Maildir than `before` holds and returns it
+/// (Maildir names need not sort by arrival).
+async fn wait_new(sys: &System, user: &str, before: &[Vec<u8>]) -> Vec<u8> {
+    let now = sys.wait_messages(user, before.len() + 1, WAIT).await;
+    let mut new: Vec<Vec<u8>> = now.into_iter().filter(|m| !before.contains(m)).collect();
+    assert_eq!(new.len(), 1, "one new message for {user}");
+    new.pop().unwrap()
 }
 
 /// bob writes `subject` to `to`.
@@ -163,10 +166,11 @@ async fn subscribe_post_and_leave_by_one_click_and_by_mail_through_the_whole_sys
 
     // bob subscribes by mail: a confirmation, answered by a reply to its Reply-To.
     from_bob(&sys, "team-join@example.test", "subscribe").await;
-    let confirmation = nth(&sys, "bob", 1).await;
+    let confirmation = wait_new(&sys, "bob", &[]).await;
     let confirm = confirm_address(&confirmation);
+    let before = sys.messages("bob");
     from_bob(&sys, &confirm, "Re: confirm").await;
-    let welcome = nth(&sys, "bob", 2).await;
+    let welcome = wait_new(&sys, "bob", &before).await;
     assert_eq!(
         field(&welcome, "Subject").as_deref(),
         Some("Welcome to team@example.test")
@@ -179,6 +183,7 @@ async fn subscribe_post_and_leave_by_one_click_and_by_mail_through_the_whole_sys
     // alice posts: bob's copy in his Maildir, dan's at his MX, each with the list's fields.
     let post = "From: alice@example.test\r\nTo: team@example.test\r\nSubject: lunch\r\n\
                 Message-ID: <lunch@example.test>\r\n\r\nNoon at the usual place.\r\n";
+    let before = sys.messages("bob");
     let reply = sys
         .send(
             "alice@example.test",
@@ -187,7 +192,7 @@ async fn subscribe_post_and_leave_by_one_click_and_by_mail_through_the_whole_sys
         )
         .await;
     assert!(reply.starts_with("250"), "{reply}");
-    let bobs = nth(&sys, "bob", 3).await;
+    let bobs = wait_new(&sys, "bob", &before).await;
     let dans = wait_received(&remote, 1, &sys).await.remove(0);
     assert_eq!(dans.rcpt, ["dan@remote.test"]);
     assert_eq!(
@@ -294,11 +299,13 @@ print(json.dumps(ok))
     );
 
     // bob leaves by mail: -leave, then his reply to the confirmation.
+    let before = sys.messages("bob");
     from_bob(&sys, "team-leave@example.test", "unsubscribe").await;
-    let confirmation = nth(&sys, "bob", 4).await;
+    let confirmation = wait_new(&sys, "bob", &before).await;
     let confirm = confirm_address(&confirmation);
+    let before = sys.messages("bob");
     from_bob(&sys, &confirm, "Re: confirm").await;
-    let goodbye = nth(&sys, "bob", 5).await;
+    let goodbye = wait_new(&sys, "bob", &before).await;
     assert_eq!(
         field(&goodbye, "Subject").as_deref(),
         Some("You have left team@example.test")
