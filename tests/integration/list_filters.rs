@@ -347,3 +347,157 @@ async fn bad_filters_are_refused_naming_the_input() {
         .unwrap();
     assert_eq!(events, 0);
 }
+
+/// `content-filter`: shown when there is none, set option by option (what an option does
+/// not name is kept), shown as text and JSON, cleared; bad values refused naming them with
+/// nothing stored; each change one event and one audit row.
+#[tokio::test]
+async fn content_filters_are_shown_set_and_cleared() {
+    let h = Harness::new().await;
+    let none = h.ok(&["content-filter", TEAM]);
+    assert_eq!(
+        none.stdout,
+        "team@example.test has no content filter: posts go out whole\n"
+    );
+    let set = h.ok(&[
+        "content-filter",
+        TEAM,
+        "--filter-extensions",
+        ".EXE, bat",
+        "--filter-types",
+        "video,image/gif",
+    ]);
+    assert!(
+        set.stdout
+            .starts_with("set the content filter of team@example.test:\n"),
+        "{set:?}"
+    );
+    assert!(
+        set.stdout.contains("filter extensions:     exe, bat\n"),
+        "{set:?}"
+    );
+    let json = h.ok(&[
+        "content-filter",
+        TEAM,
+        "--collapse-alternatives",
+        "yes",
+        "--empty-action",
+        "discard",
+        "--json",
+    ]);
+    let v: Value = serde_json::from_str(&json.stdout).unwrap();
+    assert_eq!(
+        v,
+        json!({"list": TEAM, "changed": true, "content_filter": {
+            "filter_types": ["video", "image/gif"], "pass_types": [],
+            "filter_extensions": ["exe", "bat"], "pass_extensions": [],
+            "collapse_alternatives": true, "empty_action": "discard"}})
+    );
+    let stored: (Vec<String>, Vec<String>, bool, String) = sqlx::query_as(
+        "SELECT filter_types, filter_extensions, collapse_alternatives, empty_action \
+           FROM pepsi.list_content_filter",
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        (
+            vec!["video".to_owned(), "image/gif".to_owned()],
+            vec!["exe".to_owned(), "bat".to_owned()],
+            true,
+            "discard".to_owned()
+        )
+    );
+    // An empty value empties one list only.
+    h.ok(&["content-filter", TEAM, "--filter-types", ""]);
+    let shown: Value =
+        serde_json::from_str(&h.ok(&["content-filter", TEAM, "--json"]).stdout).unwrap();
+    assert_eq!(shown["changed"], json!(false));
+    assert_eq!(shown["content_filter"]["filter_types"], json!([]));
+    assert_eq!(
+        shown["content_filter"]["filter_extensions"],
+        json!(["exe", "bat"])
+    );
+
+    for (args, code, says) in [
+        (
+            vec!["content-filter", TEAM, "--filter-types", "multipart/mixed"],
+            2,
+            "--filter-types: \"multipart/mixed\" cannot be filtered",
+        ),
+        (
+            vec!["content-filter", TEAM, "--pass-types", "image/"],
+            2,
+            "--pass-types: \"image/\" is not a media type",
+        ),
+        (
+            vec!["content-filter", TEAM, "--pass-extensions", "tar.gz"],
+            2,
+            "--pass-extensions: \"tar.gz\" is not a file name extension",
+        ),
+        (
+            vec!["content-filter", TEAM, "--empty-action", "accept"],
+            2,
+            "--empty-action: \"accept\" is not one of hold, reject, discard",
+        ),
+        (
+            vec!["content-filter", TEAM, "--collapse-alternatives", "maybe"],
+            2,
+            "--collapse-alternatives: \"maybe\" is not yes or no",
+        ),
+        (
+            vec![
+                "content-filter",
+                "nobody@example.test",
+                "--empty-action",
+                "hold",
+            ],
+            1,
+            "there is no list nobody@example.test",
+        ),
+    ] {
+        h.refused(&args, code, says);
+    }
+    let cleared = h.ok(&["content-filter", TEAM, "--clear"]);
+    assert_eq!(
+        cleared.stdout,
+        "removed the content filter of team@example.test\n"
+    );
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.list_content_filter")
+        .fetch_one(&h.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+    // Clearing again changes nothing and writes nothing.
+    h.ok(&["content-filter", TEAM, "--clear"]);
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT event FROM pepsi.list_event_log ORDER BY event_id")
+            .fetch_all(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        events,
+        [
+            "content_filter.set",
+            "content_filter.set",
+            "content_filter.set",
+            "content_filter.clear"
+        ]
+    );
+    let audit: Vec<(String, Value)> =
+        sqlx::query_as("SELECT action, detail FROM pepsi.event_log ORDER BY event_id")
+            .fetch_all(&h.db.pool)
+            .await
+            .unwrap();
+    assert_eq!(audit.len(), 4);
+    assert!(
+        audit.iter().all(|a| a.0 == "list.content-filter"),
+        "{audit:?}"
+    );
+    assert_eq!(audit[3].1["after"], Value::Null);
+    assert_eq!(
+        audit[0].1["after"]["filter_extensions"],
+        json!(["exe", "bat"])
+    );
+}

@@ -70,6 +70,11 @@ async fn setup(db: &TestDb) -> Setup {
 
 /// A message from `from` to `rcpt`, running at the list stage.
 async fn message(db: &TestDb, from: &str, rcpt: &[&str], extra: &str) -> i64 {
+    message_with_body(db, from, rcpt, extra, "Who is in?\r\n").await
+}
+
+/// `message` with its own body (`extra` ends in the fields that describe it).
+async fn message_with_body(db: &TestDb, from: &str, rcpt: &[&str], extra: &str, body: &str) -> i64 {
     let headers = format!(
         "From: {from}\r\nTo: team@example.test\r\nSubject: lunch\r\n\
          Message-ID: <{}@remote.test>\r\n{extra}",
@@ -79,7 +84,7 @@ async fn message(db: &TestDb, from: &str, rcpt: &[&str], extra: &str) -> i64 {
         .bind(from)
         .bind(rcpt.iter().map(|r| r.to_string()).collect::<Vec<_>>())
         .bind(headers.as_bytes())
-        .bind(b"Who is in?\r\n".as_slice())
+        .bind(body.as_bytes())
         .bind(json!({}))
         .fetch_one(&db.pool)
         .await
@@ -622,4 +627,116 @@ async fn header_filters_decide_in_position_order() {
             .await
             .unwrap();
     assert_eq!(bounced, 1, "spam@evil.test's own rule refuses the post");
+}
+
+/// A post with a text part, an HTML alternative, a PNG and an executable.
+const MIXED: &str = "--mix\r\nContent-Type: multipart/alternative; boundary=alt\r\n\r\n\
+    --alt\r\nContent-Type: text/plain\r\n\r\nplain words\r\n\
+    --alt\r\nContent-Type: text/html\r\n\r\n<p>html words</p>\r\n--alt--\r\n\
+    --mix\r\nContent-Type: image/png; name=chart.png\r\n\r\nPNGDATA\r\n\
+    --mix\r\nContent-Type: application/octet-stream\r\n\
+    Content-Disposition: attachment; filename=\"setup.EXE\"\r\n\r\nMZPAYLOAD\r\n--mix--\r\n";
+const MIXED_FIELDS: &str = "MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=mix\r\n";
+
+/// The list's content filter (`list_content_filter`): the members' copies lose the
+/// executable and the HTML alternative and keep the text and the image; a post left with
+/// nothing is held (the list's `empty_action`), with what was removed as the reason, and
+/// the same post approved by a moderator goes out as it came.
+#[tokio::test]
+async fn content_filters_remove_parts_and_hold_an_emptied_post() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    sqlx::query(
+        "INSERT INTO pepsi.list_content_filter (list_id, filter_extensions, \
+         collapse_alternatives, empty_action) \
+         SELECT list_id, '{exe,bat}', true, 'hold' FROM pepsi.mailing_list",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let post = message_with_body(
+        &db,
+        "alice@example.test",
+        &["team@example.test"],
+        MIXED_FIELDS,
+        MIXED,
+    )
+    .await;
+    let only_exe = message_with_body(
+        &db,
+        "alice@example.test",
+        &["team@example.test"],
+        "MIME-Version: 1.0\r\nContent-Type: application/octet-stream; name=run.bat\r\n\
+         X-Tag: only-exe\r\n",
+        "@echo off\r\n",
+    )
+    .await;
+    let lines = support::run_ids(STAGE, &s.config, &[post, only_exe]).await;
+    assert_eq!(lines, vec![FINISHED; 2]);
+    let copies = rows_at(&db, "deliver").await;
+    assert_eq!(copies.len(), 2, "the two enabled members get the post");
+    for (_, rcpt, headers, body_id) in &copies {
+        let text = body(&db, *body_id).await;
+        assert!(
+            text.contains("plain words") && text.contains("PNGDATA"),
+            "{rcpt:?}: {text}"
+        );
+        assert!(
+            !text.contains("MZPAYLOAD"),
+            "the executable is removed: {text}"
+        );
+        assert!(
+            !text.contains("html words"),
+            "the alternative is collapsed: {text}"
+        );
+        let headers = String::from_utf8_lossy(headers);
+        assert!(headers.contains("multipart/mixed"), "{headers}");
+    }
+    let holds: Vec<(String, String)> =
+        sqlx::query_as("SELECT reason, convert_from(headers, 'UTF8') FROM pepsi.list_held_message")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(holds.len(), 1, "{holds:?}");
+    assert_eq!(
+        holds[0].0,
+        "nothing is left after the list's content filter removed application/octet-stream \
+         part \"run.bat\""
+    );
+    assert!(
+        holds[0].1.contains("X-Tag: only-exe"),
+        "the post is held whole"
+    );
+
+    // Approved by a moderator (the state pepsi-list writes on the row it sends back), the
+    // emptied post goes out as it came.
+    sqlx::query("DELETE FROM pepsi.workqueue WHERE stage = 'deliver'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let list_id: i64 = sqlx::query_scalar("SELECT list_id FROM pepsi.mailing_list")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let approved = message_with_body(
+        &db,
+        "alice@example.test",
+        &["team@example.test"],
+        "MIME-Version: 1.0\r\nContent-Type: application/octet-stream; name=run.bat\r\n",
+        "@echo approved\r\n",
+    )
+    .await;
+    sqlx::query("UPDATE pepsi.workqueue SET state = $2 WHERE workqueue_id = $1")
+        .bind(approved)
+        .bind(json!({"list_approval": {
+            "list": "team@example.test", "list_id": list_id, "held_id": 1,
+            "moderator": "olga@example.test"}}))
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let lines = support::run_ids(STAGE, &s.config, &[approved]).await;
+    assert_eq!(lines, vec![FINISHED]);
+    let copies = rows_at(&db, "deliver").await;
+    assert_eq!(copies.len(), 2);
+    assert!(body(&db, copies[0].3).await.contains("@echo approved"));
 }

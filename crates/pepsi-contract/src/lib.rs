@@ -21,6 +21,7 @@ pub mod list_directory;
 pub mod local;
 pub mod mail_log;
 pub mod message;
+pub mod mime;
 pub mod overlay;
 pub mod quota;
 pub mod round;

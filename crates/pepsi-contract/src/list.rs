@@ -248,19 +248,29 @@ pub async fn count_confirmation(
     .await
 }
 
+/// The SQL test of [`banned`] on the list `$1` and the lower-case address `$2`, as a
+/// literal for `concat!` where it joins a larger query (the list stage's). A pattern
+/// starting with `^` is a case-insensitive regular expression (pepsi-list has PostgreSQL
+/// compile it before storing it), any other the address itself: CASE keeps an address
+/// pattern from ever being read as an expression.
+#[macro_export]
+macro_rules! list_banned_sql {
+    () => {
+        "EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
+         AND CASE WHEN left(pattern, 1) = '^' THEN $2 ~* pattern \
+                  ELSE lower(pattern) = $2 END)"
+    };
+}
+
 /// Whether `address` (lower-case) is banned from list `list_id`: a `list_ban` row of the
 /// list or of every list whose pattern is the address, or, when it starts with `^`, a
 /// regular expression matching it without regard to case.
 pub async fn banned(conn: &mut PgConnection, list_id: i64, address: &str) -> sqlx::Result<bool> {
-    sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
-         AND CASE WHEN left(pattern, 1) = '^' THEN $2 ~* pattern \
-                  ELSE lower(pattern) = $2 END)",
-    )
-    .bind(list_id)
-    .bind(address)
-    .fetch_one(conn)
-    .await
+    sqlx::query_scalar(concat!("SELECT ", list_banned_sql!()))
+        .bind(list_id)
+        .bind(address)
+        .fetch_one(conn)
+        .await
 }
 
 /// How a request reached the list (`list_pending.requested_via`,

@@ -11,31 +11,7 @@ use pepsi_contract::message;
 
 use crate::{CryptoError, Protected, Result};
 
-/// The most parts a multipart read here may have before it is refused.
-pub const MAX_PARTS: usize = 1000;
-
-/// Whether a field name belongs to the MIME entity (and so goes inside the protection):
-/// every `Content-*` field.
-pub fn is_content_field(name: &str) -> bool {
-    // Bytes, not characters: a name that is not ASCII must not split a character.
-    name.len() > 8 && name.as_bytes()[..8].eq_ignore_ascii_case(b"content-")
-}
-
-/// Splits a header block into the fields that stay outside (everything but the content
-/// fields and `MIME-Version`) and the content fields, each as whole fields with their
-/// continuation lines and CRLF.
-pub fn split_content(headers: &[u8]) -> (Vec<u8>, Vec<u8>) {
-    let mut outer = Vec::with_capacity(headers.len());
-    let mut content = Vec::new();
-    for field in message::fields(headers) {
-        match message::field_name(field).map(|n| String::from_utf8_lossy(n).into_owned()) {
-            Some(name) if is_content_field(&name) => content.extend_from_slice(field),
-            Some(name) if name.eq_ignore_ascii_case("mime-version") => {}
-            _ => outer.extend_from_slice(field),
-        }
-    }
-    (outer, content)
-}
+pub use pepsi_contract::mime::{MAX_PARTS, is_content_field, split_content};
 
 /// The MIME entity a message's content is: its content fields, an empty line, the body.
 /// A message without a `Content-Type` gets the RFC 2045 default spelled out, so the
@@ -133,137 +109,15 @@ pub fn protected_multipart(
     }
 }
 
-/// A parsed `Content-Type`: the lower-case `type/subtype` and the parameters (names
-/// lower-case, values unquoted).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContentType {
-    pub mime: String,
-    pub params: Vec<(String, String)>,
-}
+pub use pepsi_contract::mime::{ContentType, content_type, parse_content_type};
 
-impl ContentType {
-    pub fn param(&self, name: &str) -> Option<&str> {
-        self.params
-            .iter()
-            .find(|(n, _)| n.eq_ignore_ascii_case(name))
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// The `Content-Type` of a header block, when it has one that parses.
-pub fn content_type(headers: &[u8]) -> Option<ContentType> {
-    let value = message::field_values(headers, "Content-Type")
-        .into_iter()
-        .next()?;
-    parse_content_type(&value)
-}
-
-/// Parses a `Content-Type` value (`type/subtype; name=value; name="quoted"`); comments are
-/// not supported and end the parse of the parameter they are in.
-pub fn parse_content_type(value: &str) -> Option<ContentType> {
-    let mut pieces = split_params(value).into_iter();
-    let mime = pieces.next()?.trim().to_ascii_lowercase();
-    let (kind, sub) = mime.split_once('/')?;
-    if kind.is_empty() || sub.is_empty() || mime.contains(char::is_whitespace) {
-        return None;
-    }
-    let mut params = Vec::new();
-    for p in pieces {
-        let Some((name, v)) = p.split_once('=') else {
-            continue;
-        };
-        let v = v.trim();
-        let v = match v.strip_prefix('"').and_then(|v| v.strip_suffix('"')) {
-            Some(inner) => inner.replace("\\\"", "\"").replace("\\\\", "\\"),
-            None => v.to_owned(),
-        };
-        params.push((name.trim().to_ascii_lowercase(), v));
-    }
-    Some(ContentType { mime, params })
-}
-
-/// Splits at semicolons outside double quotes.
-fn split_params(value: &str) -> Vec<String> {
-    let mut out = Vec::new();
-    let mut cur = String::new();
-    let mut quoted = false;
-    let mut escaped = false;
-    for c in value.chars() {
-        match c {
-            _ if escaped => {
-                cur.push(c);
-                escaped = false;
-            }
-            '\\' if quoted => {
-                cur.push(c);
-                escaped = true;
-            }
-            '"' => {
-                quoted = !quoted;
-                cur.push(c);
-            }
-            ';' if !quoted => out.push(std::mem::take(&mut cur)),
-            _ => cur.push(c),
-        }
-    }
-    out.push(cur);
-    out
-}
-
-/// The parts of a multipart body (each a whole entity, without the CRLF that precedes the
-/// next delimiter), read at this level only. The preamble and epilogue are dropped.
+/// The parts of a multipart body at this level (`pepsi_contract::mime::multipart_parts`),
+/// a malformed one refused as this crate's error.
 pub fn multipart_parts<'a>(body: &'a [u8], boundary: &str) -> Result<Vec<&'a [u8]>> {
-    let malformed = |why: String| CryptoError::Malformed {
+    pepsi_contract::mime::multipart_parts(body, boundary).map_err(|e| CryptoError::Malformed {
         what: "multipart",
-        why,
-    };
-    if boundary.is_empty() || boundary.len() > 70 {
-        return Err(malformed(format!(
-            "boundary {boundary:?} is not 1-70 characters"
-        )));
-    }
-    let delimiter = format!("--{boundary}");
-    let d = delimiter.as_bytes();
-    // The offsets of every line that is a delimiter (`--b` or `--b--`, blanks after it
-    // allowed), with whether it closes.
-    let mut marks: Vec<(usize, usize, bool)> = Vec::new();
-    let mut start = 0;
-    while start < body.len() {
-        let end = body[start..]
-            .iter()
-            .position(|&b| b == b'\n')
-            .map_or(body.len(), |p| start + p + 1);
-        let line = &body[start..end];
-        if let Some(rest) = line.strip_prefix(d) {
-            let rest = rest.trim_ascii_end();
-            if rest.is_empty() {
-                marks.push((start, end, false));
-            } else if rest == b"--" {
-                marks.push((start, end, true));
-                break;
-            }
-        }
-        start = end;
-    }
-    if !marks.last().is_some_and(|m| m.2) {
-        return Err(malformed(format!("no closing delimiter --{boundary}--")));
-    }
-    if marks.len() - 1 > MAX_PARTS {
-        return Err(malformed(format!("more than {MAX_PARTS} parts")));
-    }
-    let mut parts = Vec::with_capacity(marks.len() - 1);
-    for pair in marks.windows(2) {
-        let (from, to) = (pair[0].1, pair[1].0);
-        // The CRLF before a delimiter belongs to the delimiter (RFC 2046 §5.1.1).
-        let mut part = &body[from..to];
-        if let Some(p) = part.strip_suffix(b"\r\n") {
-            part = p;
-        } else if let Some(p) = part.strip_suffix(b"\n") {
-            part = p;
-        }
-        parts.push(part);
-    }
-    Ok(parts)
+        why: e.to_string(),
+    })
 }
 
 /// The two parts of an RFC 1847 multipart (`multipart/signed`, `multipart/encrypted`), by

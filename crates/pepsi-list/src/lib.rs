@@ -4,7 +4,7 @@
 //! and forget one person on every list; moderate from the terminal: list the posts a list
 //! holds and approve (back to the list stage, approved), reject (a DSN to the sender) or
 //! discard them, ban senders (`list_ban`) and keep header filters (`list_header_filter`,
-//! `filters`); run the periodic work (`maintain`: bounce
+//! `filters`) and the content filter (`list_content_filter`, `content`); run the periodic work (`maintain`: bounce
 //! warnings and removals, expiry of requests and held posts).
 //!
 //! Input is checked before anything is stored, most of it before connecting: list
@@ -20,6 +20,7 @@
 
 // The checks and the SQL are pepsi-httpd's too (its list API and moderation pages), so
 // that a change made on the web is the one this tool makes.
+pub mod content;
 pub mod filters;
 mod maintain;
 pub mod members_csv;
@@ -85,6 +86,8 @@ Moderation: `held LIST` shows the posts a list holds for a moderator; `approve L
 
 Header filters: `filter LIST HEADER PATTERN ACTION` adds one (after the last, or at --position N); the list stage tries a list's filters in position order on a post's header fields, and the first whose field HEADER has a value matching PATTERN (a POSIX regular expression, matched without regard to case, checked by PostgreSQL before it is stored) decides what becomes of the post: accept, hold, reject, discard or defer. `unfilter LIST POSITION` removes one, `filters LIST` lists them (filter.add and filter.remove events, list.filter and list.unfilter audit rows).
 
+Content filter: `content-filter LIST` shows which parts of a post the members get; with options it changes what they name and keeps the rest. --filter-types and --pass-types take media types (image/png) or top-level types (image), --filter-extensions and --pass-extensions file name extensions, each comma-separated (an empty value empties the list): a part is removed when its type or its file name's extension is filtered, or when a pass list is not empty and does not name it. --collapse-alternatives yes keeps only the first part of a multipart/alternative (the plain text). --empty-action says what becomes of a post left with nothing: hold, reject (the default) or discard. `--clear` removes the filter (content_filter.set and content_filter.clear events, list.content-filter audit rows).
+
 `maintain` is one pass of the periodic work (a systemd timer runs it every few minutes): \
 bounce warnings to members whose delivery bounces disabled, every bounce_warning_interval, \
 and the member removed after bounce_warnings of them; stale bounce scores set back to 0; \
@@ -143,6 +146,9 @@ Examples:
   pepsi-list filter team@example.org Subject 'unsubscribe' hold --position 5
   pepsi-list filters team@example.org
   pepsi-list unfilter team@example.org 5
+  pepsi-list content-filter team@example.org --filter-extensions exe,bat,scr --collapse-alternatives yes
+  pepsi-list content-filter team@example.org --pass-types text/plain,image --empty-action hold
+  pepsi-list content-filter team@example.org --json
   pepsi-list delete team@example.org --yes
   pepsi-list maintain --json";
 
@@ -235,6 +241,10 @@ enum Command {
     /// A list's header filters in the order they are tried: position, header, pattern,
     /// action.
     Filters(ListArg),
+    /// Show or change which parts of a post the members get: MIME types and file name
+    /// extensions removed, HTML alternatives collapsed, and what becomes of a post left
+    /// with nothing.
+    ContentFilter(ContentFilterArgs),
     /// One pass of the periodic work: bounce warnings and removals, stale bounce scores,
     /// expired requests, held posts, member links and confirmation windows, digests due.
     ///
@@ -360,6 +370,37 @@ struct FilterArgs {
     /// the last filter (the last position plus 10)
     #[arg(long, value_name = "N", allow_negative_numbers = true)]
     position: Option<i64>,
+    #[command(flatten)]
+    out: JsonFlag,
+}
+
+#[derive(Debug, Args)]
+struct ContentFilterArgs {
+    /// The list's address
+    list: String,
+    /// Media types removed, comma-separated: image/png, or image for every image/*
+    #[arg(long, value_name = "TYPES")]
+    filter_types: Option<String>,
+    /// When not empty, only these media types are kept (comma-separated, as above)
+    #[arg(long, value_name = "TYPES")]
+    pass_types: Option<String>,
+    /// File name extensions removed, comma-separated: exe,bat,scr
+    #[arg(long, value_name = "EXTENSIONS")]
+    filter_extensions: Option<String>,
+    /// When not empty, only attachments with these extensions are kept (parts without a
+    /// file name are judged by their type alone)
+    #[arg(long, value_name = "EXTENSIONS")]
+    pass_extensions: Option<String>,
+    /// yes: a multipart/alternative becomes its first part (the plain text)
+    #[arg(long, value_name = "yes|no")]
+    collapse_alternatives: Option<String>,
+    /// What becomes of a post the filter leaves with nothing: hold, reject or discard
+    #[arg(long, value_name = "ACTION")]
+    empty_action: Option<String>,
+    /// Remove the list's content filter (posts go out whole)
+    #[arg(long, conflicts_with_all = ["filter_types", "pass_types", "filter_extensions",
+        "pass_extensions", "collapse_alternatives", "empty_action"])]
+    clear: bool,
     #[command(flatten)]
     out: JsonFlag,
 }
@@ -580,7 +621,15 @@ enum Checked {
     Filter(String, filters::NewFilter, bool),
     Unfilter(String, i32, bool),
     Filters(String, bool),
+    ContentFilter(String, ContentFilterRun, bool),
     Maintain(maintain::Settings, bool),
+}
+
+/// What `content-filter` does.
+enum ContentFilterRun {
+    Show,
+    Set(content::Change),
+    Clear,
 }
 
 /// The held posts' ids, each once in their order.
@@ -781,6 +830,49 @@ fn check(command: Command, cfg: &Config) -> Result<Checked, Failure> {
             a.out.json,
         ),
         Command::Filters(a) => Checked::Filters(list(&a.list)?, a.out.json),
+        Command::ContentFilter(a) => {
+            let l = list(&a.list)?;
+            let change = content::Change {
+                filter_types: a
+                    .filter_types
+                    .map(|t| content::types("--filter-types", &t))
+                    .transpose()
+                    .map_err(invalid)?,
+                pass_types: a
+                    .pass_types
+                    .map(|t| content::types("--pass-types", &t))
+                    .transpose()
+                    .map_err(invalid)?,
+                filter_extensions: a
+                    .filter_extensions
+                    .map(|t| content::extensions("--filter-extensions", &t))
+                    .transpose()
+                    .map_err(invalid)?,
+                pass_extensions: a
+                    .pass_extensions
+                    .map(|t| content::extensions("--pass-extensions", &t))
+                    .transpose()
+                    .map_err(invalid)?,
+                collapse_alternatives: a
+                    .collapse_alternatives
+                    .map(|t| content::yes_no("--collapse-alternatives", &t))
+                    .transpose()
+                    .map_err(invalid)?,
+                empty_action: a
+                    .empty_action
+                    .map(|t| content::empty_action(&t))
+                    .transpose()
+                    .map_err(invalid)?,
+            };
+            let run = if a.clear {
+                ContentFilterRun::Clear
+            } else if change.is_empty() {
+                ContentFilterRun::Show
+            } else {
+                ContentFilterRun::Set(change)
+            };
+            Checked::ContentFilter(l, run, a.out.json)
+        }
         Command::Maintain(a) => {
             // No list stage: the rest of the work is still done; warnings wait for one.
             let stage = match moderation::list_stage(cfg, a.stage.as_deref()) {
@@ -912,6 +1004,14 @@ async fn execute(pool: &PgPool, who: &Who, cfg: &Config, checked: Checked) -> Do
             print(json, &json!({"list": l, "filters": rows}), |_| {
                 filters::render_list(&l, &rows)
             })
+        }
+        Checked::ContentFilter(l, run, json) => {
+            let done = match run {
+                ContentFilterRun::Show => content::show(pool, &l).await?,
+                ContentFilterRun::Set(change) => content::set(pool, who, &l, &change).await?,
+                ContentFilterRun::Clear => content::clear(pool, who, &l).await?,
+            };
+            print(json, &done, content::render)
         }
         Checked::Maintain(settings, json) => {
             let done = maintain::run(pool, who, &settings).await?;

@@ -133,7 +133,7 @@ pub(crate) async fn join(
         "SELECT subscription_policy, \
            EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
                    AND role = 'member') AS member, ",
-        banned_sql!(),
+        pepsi_contract::list_banned_sql!(),
         " AS banned FROM pepsi.mailing_list WHERE list_id = $1",
     ))
     .bind(list.id)

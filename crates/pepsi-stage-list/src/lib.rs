@@ -4,9 +4,10 @@
 //!
 //! Reads: the envelope and the header block (`Load::Headers`), the body of a post it
 //! accepts or holds (`fetch_body`, at most the list's `max_message_size` plus the room of a
-//! too-large post's hold), `pepsi.mailing_list`, `list_member`, `list_member_preference` and
-//! `list_ban`. Writes: `pepsi.list_post` (one row per accepted post and queue row, which
-//! keeps a re-run pass from fanning out twice), the fan-out rows (`pepsi.list_fanout`: one
+//! too-large post's hold), `pepsi.mailing_list`, `list_member`, `list_member_preference`,
+//! `list_ban`, `list_header_filter` and `list_content_filter`. Writes: `pepsi.list_post`
+//! (one row per accepted post and queue row, which keeps a re-run pass from fanning out
+//! twice), the fan-out rows (`pepsi.list_fanout`: one
 //! row per member at DELIVER_STAGE with the member's VERP envelope sender, all sharing one
 //! body), `list_held_message`, `list_bounce_event`, `list_bounce_score`, a member's
 //! `delivery_status` (bounces, complaints), `list_event_log`.
@@ -32,6 +33,7 @@
 use std::cell::RefCell;
 use std::process::ExitCode;
 
+use content::{ContentFilter, EmptyAction, Filtered};
 use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::list::{Command, ListAddress};
 use pepsi_contract::list_directory::ListDirectory;
@@ -41,20 +43,9 @@ use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_outbound::delivery::{self, Delivery, Failure, RcptResult, RetryPolicy};
 use sqlx::Row as _;
 
-/// The SQL condition "the sender `$2` is banned from the list `$1` or from every list": a
-/// pattern starting with `^` is a case-insensitive regular expression (pepsi-list has
-/// PostgreSQL compile it before storing it), any other the address itself. CASE keeps an
-/// address pattern from ever being read as an expression.
-macro_rules! banned_sql {
-    () => {
-        "EXISTS (SELECT 1 FROM pepsi.list_ban WHERE (list_id = $1 OR list_id IS NULL) \
-         AND CASE WHEN left(pattern, 1) = '^' THEN $2 ~* pattern \
-                  ELSE lower(pattern) = $2 END)"
-    };
-}
-
 pub mod bounces;
 pub mod commands;
+pub mod content;
 pub mod dmarc;
 pub mod plan;
 pub mod post;
@@ -262,6 +253,9 @@ struct List {
     /// `digests_enabled` and an enabled member takes digests: accepted posts are also
     /// collected into the list's digest (`pepsi_list_digest`).
     digesting: bool,
+    /// The list's content filter (`list_content_filter`), when it has one that can change
+    /// a post.
+    content_filter: Option<ContentFilter>,
 }
 
 impl Options {
@@ -293,8 +287,11 @@ const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, repl
     (digests_enabled AND EXISTS (SELECT 1 FROM pepsi.list_member_preference p \
        JOIN pepsi.list_member m USING (member_id) \
        WHERE p.delivery_mode <> 'regular' AND m.list_id = l.list_id \
-         AND m.role = 'member' AND m.delivery_status = 'enabled')) AS digesting \
-    FROM pepsi.mailing_list l WHERE address = ANY($1)";
+         AND m.role = 'member' AND m.delivery_status = 'enabled')) AS digesting, \
+    cf.list_id IS NOT NULL AS has_content_filter, cf.filter_types, cf.pass_types, \
+    cf.filter_extensions, cf.pass_extensions, cf.collapse_alternatives, cf.empty_action \
+    FROM pepsi.mailing_list l LEFT JOIN pepsi.list_content_filter cf USING (list_id) \
+    WHERE address = ANY($1)";
 
 /// Per candidate list address, the list when it exists, as the round learnt it.
 type Round = RoundMemo<String, Option<List>>;
@@ -359,6 +356,7 @@ async fn resolve(
                 dmarc_mitigation: row.try_get("dmarc_mitigation")?,
                 personalize: row.try_get::<String, _>("personalize")? == "individual",
                 digesting: row.try_get("digesting")?,
+                content_filter: content_filter(&row)?,
             });
         }
         let mut round = round.borrow_mut();
@@ -383,6 +381,26 @@ async fn resolve(
         readings.push(reading);
     }
     Ok((lists, readings))
+}
+
+/// The content filter of a `LISTS` row: `None` without one, or with one that changes nothing.
+fn content_filter(row: &sqlx::postgres::PgRow) -> Result<Option<ContentFilter>, StageError> {
+    if !row.try_get::<bool, _>("has_content_filter")? {
+        return Ok(None);
+    }
+    let word: String = row.try_get("empty_action")?;
+    let empty_action = EmptyAction::parse(&word).ok_or_else(|| {
+        StageError::Invalid(format!("list_content_filter.empty_action = {word:?}"))
+    })?;
+    let filter = ContentFilter {
+        filter_types: row.try_get("filter_types")?,
+        pass_types: row.try_get("pass_types")?,
+        filter_extensions: row.try_get("filter_extensions")?,
+        pass_extensions: row.try_get("pass_extensions")?,
+        collapse_alternatives: row.try_get("collapse_alternatives")?,
+        empty_action,
+    };
+    Ok(filter.is_active().then_some(filter))
 }
 
 /// The list stage: which lists exist (the directory), and the round's answers about them.
@@ -507,7 +525,7 @@ impl ListStage {
         let (names, values) = header_pairs(&headers);
         let row = sqlx::query(concat!(
             "SELECT ",
-            banned_sql!(),
+            pepsi_contract::list_banned_sql!(),
             " AS banned, hf.action, hf.position, hf.header FROM (SELECT 1) one \
              LEFT JOIN LATERAL (SELECT f.action, f.position, f.header \
                  FROM pepsi.list_header_filter f WHERE f.list_id = $1 AND EXISTS \
@@ -548,7 +566,7 @@ impl ListStage {
             )));
         };
         let body = body.to_vec();
-        let decision = plan::decide(&Facts {
+        let mut decision = plan::decide(&Facts {
             sender: &sender,
             is_member,
             own_action,
@@ -563,6 +581,26 @@ impl ListStage {
             member_action: list.member_action,
             nonmember_action: list.nonmember_action,
         });
+        // What the members get of an accepted post: the list's content filter decides.
+        let mut filtered = None;
+        if decision == Decision::Accept
+            && let Some(cf) = &list.content_filter
+        {
+            match content::filter(cf, &headers, &body) {
+                Filtered::Unchanged => {}
+                Filtered::Changed {
+                    headers,
+                    body,
+                    removed,
+                } => {
+                    tracing::info!(id = ctx.id(), list = %list.address, ?removed, "list content filtered");
+                    filtered = Some((headers, body));
+                }
+                Filtered::Empty { removed } => {
+                    decision = plan::when_empty(cf.empty_action, approval.is_some(), &removed);
+                }
+            }
+        }
         let id = ctx.id();
         let approved_by = approval.as_ref().map(|a| a.moderator.as_str());
         let held_id = approval.as_ref().map(|a| a.held_id);
@@ -578,9 +616,19 @@ impl ListStage {
                     timeout: options.dmarc_timeout,
                     cache_for: options.dmarc_cache,
                 };
-                let (post_headers, post_body, _) =
-                    dmarc::mitigate(pool, &ask, &list.dmarc_mitigation, &headers, &body, &facts)
-                        .await;
+                let (sent_headers, sent_body) = match &filtered {
+                    Some((h, b)) => (h.as_slice(), b.as_slice()),
+                    None => (headers.as_slice(), body.as_slice()),
+                };
+                let (post_headers, post_body, _) = dmarc::mitigate(
+                    pool,
+                    &ask,
+                    &list.dmarc_mitigation,
+                    sent_headers,
+                    sent_body,
+                    &facts,
+                )
+                .await;
                 let web_url = options.web_url.as_deref();
                 let copy_headers = post::shared_headers(&post_headers, &facts);
                 let (copy_body, footer) = post::body_and_footer(

@@ -12,8 +12,13 @@
 //! 7. a header filter matched with accept → accept (whoever the sender is);
 //! 8. a member → the list's `member_action`; anyone else → its `nonmember_action`.
 //!
+//! An accepted post then passes the list's content filter (`content`); one left with
+//! nothing gets the list's `empty_action` (`when_empty`).
+//!
 //! The sender is the post's From address (the envelope sender when it has none): what
 //! people subscribe and are recognised by.
+
+use crate::content::EmptyAction;
 
 /// What the list does with one post.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -122,6 +127,24 @@ pub fn decide(f: &Facts<'_>) -> Decision {
     } else {
         f.nonmember_action
             .decide(&format!("{} is not a member of the list", f.sender))
+    }
+}
+
+/// An accepted post the content filter (`content`) left with nothing: the list's
+/// `empty_action`, except that a post a moderator approved goes out as it came (the
+/// moderator saw it whole and sent it).
+pub fn when_empty(action: EmptyAction, approved: bool, removed: &[String]) -> Decision {
+    if approved {
+        return Decision::Accept;
+    }
+    let why = format!(
+        "nothing is left after the list's content filter removed {}",
+        removed.join(", ")
+    );
+    match action {
+        EmptyAction::Hold => Decision::Hold(why),
+        EmptyAction::Reject => Decision::Reject(why),
+        EmptyAction::Discard => Decision::Discard(why),
     }
 }
 
@@ -293,5 +316,33 @@ mod tests {
         }
         assert_eq!(Action::parse("Accept"), None);
         assert_eq!(Action::parse(""), None);
+    }
+
+    #[test]
+    fn empty_posts_table() {
+        let removed = vec![
+            "image/png part".to_owned(),
+            "text/html alternative".to_owned(),
+        ];
+        let why = "nothing is left after the list's content filter removed image/png part, \
+                   text/html alternative";
+        let cases = [
+            (EmptyAction::Hold, false, Decision::Hold(why.into())),
+            (EmptyAction::Reject, false, Decision::Reject(why.into())),
+            (EmptyAction::Discard, false, Decision::Discard(why.into())),
+            (EmptyAction::Reject, true, Decision::Accept),
+            (EmptyAction::Hold, true, Decision::Accept),
+        ];
+        for (action, approved, want) in cases {
+            assert_eq!(
+                when_empty(action, approved, &removed),
+                want,
+                "{action:?} {approved}"
+            );
+        }
+        for w in ["hold", "reject", "discard"] {
+            assert!(EmptyAction::parse(w).is_some(), "{w}");
+        }
+        assert_eq!(EmptyAction::parse("accept"), None);
     }
 }
