@@ -37,6 +37,7 @@ pub mod query;
 mod server;
 mod store;
 mod svg;
+mod token_page;
 pub mod throttle;
 
 use std::io::Write as _;

@@ -81,7 +81,7 @@ impl ContentFilter {
             return Some(what());
         }
         let ext = name.and_then(extension)?;
-        let listed = |list: &[String]| list.iter().any(|e| *e == ext);
+        let listed = |list: &[String]| list.contains(&ext);
         (listed(&self.filter_extensions)
             || (!self.pass_extensions.is_empty() && !listed(&self.pass_extensions)))
         .then(what)

@@ -1,48 +1,17 @@
 //! The markup of the subscriber pages (maud: every list's name, description and address
-//! is escaped), sent with a Content-Security-Policy that allows this server's style sheet
-//! and forms and nothing else (no script), never cached, and without a Referer, so a
-//! page's token never reaches another site.
+//! is escaped), in the frame of the pages reached by an emailed link (`token_page`: no
+//! script, never cached, no Referer).
 
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use maud::{DOCTYPE, Markup, html};
+use axum::http::StatusCode;
+use axum::response::Response;
+use maud::{Markup, html};
 
 use super::store::{ListInfo, Subscription};
 use crate::error::ApiError;
-
-const CSP: &str = "default-src 'none'; style-src 'self'; form-action 'self'; \
-                   frame-ancestors 'none'; base-uri 'none'";
-
-fn send(status: StatusCode, markup: Markup) -> Response {
-    let mut r = (status, markup.into_string()).into_response();
-    let h = r.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-        (header::CACHE_CONTROL, "no-store"),
-        (header::CONTENT_SECURITY_POLICY, CSP),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-    ] {
-        h.insert(name, HeaderValue::from_static(value));
-    }
-    r
-}
+use crate::token_page::{self, send};
 
 fn frame(title: &str, content: Markup) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                meta name="referrer" content="no-referrer";
-                title { (title) " · Mailing lists" }
-                link rel="stylesheet" href="/ui/pepsi.css";
-            }
-            body { main.lists { (content) } }
-        }
-    }
+    token_page::frame(title, "Mailing lists", "lists", content)
 }
 
 /// A page with a title and one paragraph.

@@ -1,54 +1,23 @@
 //! The markup of the moderation pages (maud: every splice escaped, so a post's sender,
-//! subject and text are shown as text and never as markup), sent with a
-//! Content-Security-Policy that allows this server's style sheet and forms and nothing
-//! else: no script, no image, no frame. `Referrer-Policy: no-referrer` keeps a link's token
-//! out of other sites' logs.
+//! subject and text are shown as text and never as markup), in the frame of the pages
+//! reached by an emailed link (`token_page`: no script, no image, no frame, never cached,
+//! no Referer).
 
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
-use maud::{DOCTYPE, Markup, html};
+use axum::http::StatusCode;
+use axum::response::Response;
+use maud::{Markup, html};
 use pepsi_list::options::{self, Kind};
 
 use super::{Moderator, form_text, store};
 use crate::error::ApiError;
 use crate::extract::AppState;
-
-const CSP: &str = "default-src 'none'; style-src 'self'; form-action 'self'; \
-                   frame-ancestors 'none'; base-uri 'none'";
+use crate::token_page::{self, send};
 
 /// The characters of a held post's text shown.
 pub const EXCERPT_CHARS: usize = 600;
 
-fn send(status: StatusCode, markup: Markup) -> Response {
-    let mut r = (status, markup.into_string()).into_response();
-    let h = r.headers_mut();
-    for (name, value) in [
-        (header::CONTENT_TYPE, "text/html; charset=utf-8"),
-        (header::CACHE_CONTROL, "no-store"),
-        (header::CONTENT_SECURITY_POLICY, CSP),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "no-referrer"),
-        (header::X_FRAME_OPTIONS, "DENY"),
-    ] {
-        h.insert(name, HeaderValue::from_static(value));
-    }
-    r
-}
-
 fn frame(title: &str, content: Markup) -> Markup {
-    html! {
-        (DOCTYPE)
-        html lang="en" {
-            head {
-                meta charset="utf-8";
-                meta name="viewport" content="width=device-width, initial-scale=1";
-                meta name="referrer" content="no-referrer";
-                title { (title) " · Pepsi" }
-                link rel="stylesheet" href="/ui/pepsi.css";
-            }
-            body { main.moderate { (content) } }
-        }
-    }
+    token_page::frame(title, "Pepsi", "moderate", content)
 }
 
 /// A page with a title and one paragraph.
