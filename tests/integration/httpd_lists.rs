@@ -36,7 +36,9 @@ async fn fixture() -> Fixture {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
     let port = free_port();
-    let config = write_config(dir.path(), &db.url, port, CONFIG);
+    // As the pepsi-httpd role: the list API and the moderation pages with its privileges.
+    let url = support::httpd::url_as(&db.url, "pepsi-httpd");
+    let config = write_config(dir.path(), &url, port, CONFIG);
     let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
     Fixture {
         db,
@@ -977,23 +979,49 @@ async fn a_moderator_gets_a_link_by_mail_and_decides_on_the_page() {
     assert_eq!(actor, "root");
 }
 
-/// The httpd role may queue what the list pages send (pepsi.workqueue_inject: the queue row,
-/// its body and its at-most-once token), as `privilege_matrix` grants.
+/// The httpd role queues what the list pages send through pepsi.list_queue_mail (a list's
+/// own mail, from its -bounces address, to one person), and cannot queue with
+/// pepsi.workqueue_inject, as `privilege_matrix` and `FUNCTION_GRANTS` decide.
 #[tokio::test]
-async fn the_httpd_role_may_queue_the_lists_mail() {
+async fn the_httpd_role_queues_the_lists_mail_through_the_list_function_alone() {
     let db = TestDb::new().await;
+    sqlx::query("INSERT INTO pepsi.mailing_list (address) VALUES ('team@example.test')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let mut tx = db.pool.begin().await.unwrap();
     sqlx::query("SET LOCAL ROLE \"pepsi-httpd\"")
         .execute(&mut *tx)
         .await
         .unwrap();
     let id: Option<i64> = sqlx::query_scalar(
-        "SELECT pepsi.workqueue_inject('aliases', 'team-bounces@example.test', \
-         ARRAY['mod@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, '{}', 'web-test:1')",
+        "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', \
+         'team-bounces@example.test', ARRAY['mod@example.test'], 'Subject: x\r\n'::bytea, \
+         'y\r\n'::bytea)",
     )
     .fetch_one(&mut *tx)
     .await
     .unwrap();
     assert!(id.is_some());
     tx.commit().await.unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET LOCAL ROLE \"pepsi-httpd\"")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let refused = sqlx::query_scalar::<_, Option<i64>>(
+        "SELECT pepsi.workqueue_inject('aliases', 'team-bounces@example.test', \
+         ARRAY['mod@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea, '{}')",
+    )
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("42501"),
+        "{refused}"
+    );
 }

@@ -31,9 +31,10 @@ async fn fixture(web_url: bool) -> Fixture {
     } else {
         String::new()
     };
+    // As the pepsi-httpd role: the subscriber pages with its privileges.
     let config = write_config(
         dir.path(),
-        &db.url,
+        &crate::support::httpd::url_as(&db.url, "pepsi-httpd"),
         port,
         &format!(
             "[pepsi]\nHOSTNAME = mx.example.test\nLOCAL_DOMAINS = example.test\n{web}\n\

@@ -438,17 +438,17 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         }
     }
     check(RoleKind::Httpd, "mail_log", &["SELECT", "INSERT"]);
-    // pepsi-queue's actions, and the lists' own mail queued with pepsi.workqueue_inject.
+    // pepsi-queue's actions; the lists' own mail goes through the list functions, so the
+    // internet-facing API inserts no queue row, body or token itself.
     check(
         RoleKind::Httpd,
         "workqueue",
-        &["SELECT", "INSERT", "UPDATE", "DELETE"],
+        &["SELECT", "UPDATE", "DELETE"],
     );
-    check(
-        RoleKind::Httpd,
-        "workqueue_body",
-        &["SELECT", "INSERT", "DELETE"],
-    );
+    check(RoleKind::Httpd, "workqueue_body", &["SELECT", "DELETE"]);
+    check(RoleKind::Httpd, "clone_token", &[]);
+    check(RoleKind::Httpd, "list_held_message", &["SELECT", "DELETE"]);
+    check(RoleKind::Httpd, "list_member", all);
     check(RoleKind::Httpd, "signing_key", &[]);
     check(RoleKind::Httpd, "config_override", &["SELECT"]);
 }
@@ -652,15 +652,66 @@ async fn only_the_httpd_role_touches_the_credential_tables() {
         as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.event_log").await,
         Err("42501".into())
     );
-    // It changes queue rows as pepsi-queue does, and queues the lists' own mail (a
-    // moderator's approved post, a moderator's link, a welcome) with workqueue_inject, at
-    // most once per token; it cannot touch the at-most-once tokens otherwise.
+    // It changes queue rows as pepsi-queue does, but queues nothing itself: not a row, a
+    // body or an at-most-once token, directly or through workqueue_inject.
+    for sql in [
+        "UPDATE pepsi.workqueue SET updated_at = now()",
+        "DELETE FROM pepsi.workqueue",
+    ] {
+        assert_eq!(as_role(&db, "pepsi-httpd", sql).await, Ok(()), "{sql}");
+    }
+    for sql in [
+        "INSERT INTO pepsi.workqueue_body (body) VALUES ('y'::bytea)",
+        "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id) VALUES ('relay', 'a@example.test', ARRAY['b@example.test'], ''::bytea, 1)",
+        "INSERT INTO pepsi.clone_token (token) VALUES ('list-approve:1')",
+        "DELETE FROM pepsi.clone_token",
+        "SELECT pepsi.workqueue_inject('relay', 'ceo@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea, '{}')",
+        "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea)",
+    ] {
+        assert_eq!(
+            as_role(&db, "pepsi-httpd", sql).await,
+            Err("42501".into()),
+            "{sql}"
+        );
+    }
+}
+
+/// A database set up when the httpd role could queue mail itself loses those grants on the
+/// next `pepsi-setup db`, which names each revoke.
+#[tokio::test]
+async fn setup_takes_the_old_queue_grants_from_the_httpd_role() {
+    let db = TestDb::new().await;
+    let mut c = conn(&db).await;
+    sqlx::raw_sql(
+        "GRANT INSERT ON pepsi.workqueue, pepsi.workqueue_body, pepsi.clone_token, \
+         pepsi.list_held_message TO \"pepsi-httpd\"; \
+         GRANT SELECT, UPDATE ON pepsi.clone_token, pepsi.list_held_message TO \"pepsi-httpd\"",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let report = schema::setup_url(&db.url, &Roles::default()).await.unwrap();
+    let mut changed = report.privileges_changed.clone();
+    changed.sort();
     assert_eq!(
-        as_role(&db, "pepsi-httpd", "SELECT pepsi.workqueue_inject('aliases', 'a-bounces@example.test', ARRAY['b@example.test'], 'S: x\r\n'::bytea, 'y'::bytea, '{}', 'list-web:1')").await,
-        Ok(())
+        changed,
+        [
+            "REVOKE INSERT ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
+            "REVOKE INSERT ON pepsi.\"list_held_message\" FROM \"pepsi-httpd\"",
+            "REVOKE INSERT ON pepsi.\"workqueue\" FROM \"pepsi-httpd\"",
+            "REVOKE INSERT ON pepsi.\"workqueue_body\" FROM \"pepsi-httpd\"",
+            "REVOKE SELECT ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
+            "REVOKE UPDATE ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
+            "REVOKE UPDATE ON pepsi.\"list_held_message\" FROM \"pepsi-httpd\"",
+        ]
     );
     assert_eq!(
-        as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.clone_token").await,
+        as_role(
+            &db,
+            "pepsi-httpd",
+            "INSERT INTO pepsi.workqueue_body (body) VALUES ('y'::bytea)"
+        )
+        .await,
         Err("42501".into())
     );
 }
@@ -1040,4 +1091,243 @@ async fn a_parked_message_is_released_when_its_key_request_settles() {
             .await
             .unwrap();
     assert_eq!(status, "pending");
+}
+
+/// Runs `sql`, which returns one bigint or NULL, as `role` and commits; the SQLSTATE on
+/// failure.
+async fn id_as_role(db: &TestDb, role: &str, sql: &'static str) -> Result<Option<i64>, String> {
+    let mut c = conn(db).await;
+    let mut tx = c.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r: Result<Option<i64>, _> = sqlx::query_scalar(sql).fetch_one(&mut *tx).await;
+    match r {
+        Ok(id) => {
+            tx.commit().await.unwrap();
+            Ok(id)
+        }
+        Err(sqlx::Error::Database(d)) => Err(d.code().unwrap_or_default().into_owned()),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// The queue row `id`: (stage, envelope sender, recipients, header block, body, state).
+async fn queued(
+    db: &TestDb,
+    id: i64,
+) -> (
+    String,
+    String,
+    Vec<String>,
+    String,
+    String,
+    serde_json::Value,
+) {
+    sqlx::query_as(
+        "SELECT w.stage, w.mail_from, w.rcpt_to, convert_from(w.headers, 'UTF8'), \
+                convert_from(b.body, 'UTF8'), w.state \
+           FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) \
+          WHERE w.workqueue_id = $1",
+    )
+    .bind(id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// What pepsi-httpd may queue, it queues through the list functions alone: a list's own mail
+/// (from its -bounces address, to one person, with an empty state) and a held post approved
+/// or rejected (the held message as it was, with the state the function writes, once). Any
+/// other sender, a second recipient, an unknown list or held post is refused.
+#[tokio::test]
+async fn the_httpd_role_queues_only_a_lists_own_mail_and_its_held_posts() {
+    let db = TestDb::new().await;
+    let mut c = conn(&db).await;
+    sqlx::raw_sql(
+        "INSERT INTO pepsi.mailing_list (address) VALUES ('team@example.test'); \
+         INSERT INTO pepsi.list_held_message \
+             (held_id, list_id, sender, mail_from, reason, headers, body, expires_at) \
+         OVERRIDING SYSTEM VALUE \
+         SELECT h, list_id, 'x@else.test', 'x@else.test', 'nonmember', \
+                'Subject: hi\r\n'::bytea, 'the post'::bytea, now() + interval '1 day' \
+           FROM pepsi.mailing_list, unnest(ARRAY[7, 8]) AS h",
+    )
+    .execute(&mut c)
+    .await
+    .unwrap();
+    let httpd = "pepsi-httpd";
+
+    let mail = "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', \
+                'team-bounces@example.test', ARRAY['b@example.test'], \
+                'Subject: welcome\r\nX-Pepsi-Decrypted: forged\r\n'::bytea, 'hello'::bytea)";
+    let id = id_as_role(&db, httpd, mail).await.unwrap().unwrap();
+    let (stage, from, rcpt, headers, body, state) = queued(&db, id).await;
+    assert_eq!(
+        (stage.as_str(), from.as_str(), rcpt, body.as_str()),
+        (
+            "aliases",
+            "team-bounces@example.test",
+            vec!["b@example.test".to_owned()],
+            "hello"
+        )
+    );
+    assert_eq!(
+        headers, "Subject: welcome\r\n",
+        "the forged field is dropped"
+    );
+    assert_eq!(state, serde_json::json!({}));
+    assert_eq!(
+        id_as_role(&db, "pepsi", mail).await.map(|i| i.is_some()),
+        Ok(true)
+    );
+    for role in [
+        "pepsi-ingress",
+        "pepsi-config",
+        "pepsi-sendmail",
+        "pepsi-crypto",
+    ] {
+        assert_eq!(
+            id_as_role(&db, role, mail).await,
+            Err("42501".into()),
+            "{role}"
+        );
+    }
+    let refused: [(&'static str, &str); 8] = [
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'ceo@example.test', ARRAY['b@example.test'], ''::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'team@example.test', ARRAY['b@example.test'], ''::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'team-bounces@example.test', ARRAY['b@example.test', 'c@example.test'], ''::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('other@example.test', 'aliases', 'other-bounces@example.test', ARRAY['b@example.test'], ''::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'a]b', 'team-bounces@example.test', ARRAY['b@example.test'], ''::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        // The approval's at-most-once token is not for this function to spend.
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'team-bounces@example.test', ARRAY['b@example.test'], ''::bytea, 'y'::bytea, 'list-approve:7')",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'team-bounces@example.test', ARRAY['b@example.test'], 'no line end'::bytea, 'y'::bytea)",
+            "22023",
+        ),
+        (
+            "SELECT pepsi.list_queue_mail('team@example.test', 'aliases', 'team-bounces@example.test', ARRAY['b@example.test'], ''::bytea, decode(repeat('78', 1048577), 'hex'))",
+            "54000",
+        ),
+    ];
+    for (sql, code) in refused {
+        assert_eq!(id_as_role(&db, httpd, sql).await, Err(code.into()), "{sql}");
+    }
+
+    // Approved: the held post as it was, at the list stage, with list_approval; once.
+    let approve = "SELECT pepsi.list_held_approve(7, 'lists', 'mod@example.test')";
+    let id = id_as_role(&db, httpd, approve).await.unwrap().unwrap();
+    let (stage, from, rcpt, headers, body, state) = queued(&db, id).await;
+    assert_eq!(
+        (
+            stage.as_str(),
+            from.as_str(),
+            rcpt,
+            headers.as_str(),
+            body.as_str()
+        ),
+        (
+            "lists",
+            "x@else.test",
+            vec!["team@example.test".to_owned()],
+            "Subject: hi\r\n",
+            "the post"
+        )
+    );
+    let list_id: i64 = sqlx::query_scalar("SELECT list_id FROM pepsi.mailing_list")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        state,
+        serde_json::json!({"list_approval": {
+            "list": "team@example.test", "list_id": list_id, "held_id": 7,
+            "moderator": "mod@example.test"}})
+    );
+    let approval: pepsi_contract::state::ListApproval =
+        serde_json::from_value(state["list_approval"].clone()).unwrap();
+    assert!(approval.approves(list_id));
+    assert_eq!(
+        id_as_role(&db, httpd, approve).await,
+        Ok(None),
+        "a second time"
+    );
+    assert_eq!(
+        id_as_role(
+            &db,
+            httpd,
+            "SELECT pepsi.list_held_approve(99, 'lists', 'mod@example.test')"
+        )
+        .await,
+        Err("22023".into())
+    );
+    assert_eq!(
+        id_as_role(&db, httpd, "SELECT pepsi.list_held_approve(8, 'lists', '')").await,
+        Err("22023".into())
+    );
+
+    // Rejected: returned from the bounce stage with a permanent 5.7.1 for the list; once.
+    let reject = "SELECT pepsi.list_held_reject(8, 'bounced', 'lists', 'off topic')";
+    let id = id_as_role(&db, httpd, reject).await.unwrap().unwrap();
+    let (stage, from, rcpt, _, _, state) = queued(&db, id).await;
+    assert_eq!(
+        (stage.as_str(), from.as_str(), rcpt),
+        (
+            "bounced",
+            "x@else.test",
+            vec!["team@example.test".to_owned()]
+        )
+    );
+    assert_eq!(
+        state,
+        serde_json::json!({"bounce": {
+            "kind": "permanent",
+            "stage": "lists",
+            "diagnostic": "rejected by the list's moderator: off topic",
+            "enhanced_status": "5.7.1",
+            "recipients": {"team@example.test": {
+                "diagnostic": "rejected by the list's moderator: off topic",
+                "enhanced_status": "5.7.1"}}}})
+    );
+    let bounce: pepsi_contract::state::Bounce =
+        serde_json::from_value(state["bounce"].clone()).unwrap();
+    assert_eq!(bounce.stage.as_deref(), Some("lists"));
+    assert_eq!(
+        id_as_role(&db, httpd, reject).await,
+        Ok(None),
+        "a second time"
+    );
+    assert_eq!(
+        id_as_role(
+            &db,
+            httpd,
+            "SELECT pepsi.list_held_reject(99, 'bounced', 'lists', '')"
+        )
+        .await,
+        Err("22023".into())
+    );
+    // Nor can the role make a held post of its own to release.
+    assert_eq!(
+        as_role(&db, httpd, "INSERT INTO pepsi.list_held_message (list_id, sender, mail_from, reason, headers, body, expires_at) SELECT list_id, 'a@b.test', 'a@b.test', 'x', ''::bytea, ''::bytea, now() FROM pepsi.mailing_list").await,
+        Err("42501".into())
+    );
 }

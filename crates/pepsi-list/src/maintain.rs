@@ -12,7 +12,7 @@
 //! Idempotent and safe from two hosts at once: each list is done in one transaction that
 //! first takes a transaction-level advisory lock on the list (a second run skips a list
 //! the first holds), and each warning is queued with an at-most-once token
-//! (`pepsi.workqueue_inject`), so no two runs ever send the same warning. The pure
+//! (`pepsi.list_queue_mail`), so no two runs ever send the same warning. The pure
 //! decisions (`step`, `warning`) are tested as tables; the SQL is here beside them.
 
 use chrono::{DateTime, Utc};
@@ -399,8 +399,9 @@ async fn bounce_steps(
                 let raw = compose(settings, list, &w, &token)?;
                 let (headers, body) = pepsi_contract::message::split(&raw);
                 let queue_id: Option<i64> = sqlx::query_scalar(
-                    "SELECT pepsi.workqueue_inject($1, $2, ARRAY[$3], $4, $5, '{}', $6)",
+                    "SELECT pepsi.list_queue_mail($1, $2, $3, ARRAY[$4], $5, $6, $7)",
                 )
+                .bind(list)
                 .bind(stage)
                 .bind(command_address(list, "-bounces"))
                 .bind(&address)

@@ -1,15 +1,13 @@
 //! What moderation from the terminal decides before it touches the database: the stage a
 //! held post goes back to (`approve`) and the stage a rejected one is returned from
-//! (`reject`), both read from the configuration; the state a rejected post's DSN carries;
-//! the `--reason` of a rejection and a ban; and a ban's pattern. Pure, no I/O: whether a
-//! regular expression compiles is PostgreSQL's answer (`store::check_regex`), since the
-//! list stage matches it there.
+//! (`reject`), both read from the configuration; the `--reason` of a rejection and a ban;
+//! and a ban's pattern. Pure, no I/O: whether a regular expression compiles is
+//! PostgreSQL's answer (`store::check_regex`), since the list stage matches it there; the
+//! state a rejected post's DSN carries is `pepsi.list_held_reject`'s (procedures.sql).
 
 use pepsi_conf::config::Config;
 use pepsi_contract::stage::StageOptions;
 use pepsi_contract::stage::edges;
-use pepsi_contract::state::{Bounce, BounceKind};
-use pepsi_outbound::delivery::Failure;
 
 /// The program of the list stage: approved posts go back to the stage that runs it.
 pub const LIST_PROGRAM: &str = "pepsi-stage-list";
@@ -88,26 +86,6 @@ pub fn bounce_stage(cfg: &Config, stage: &str) -> Result<String, String> {
              section"
         )),
     }
-}
-
-/// The diagnostic of a rejected post's DSN.
-pub fn rejection(reason: &str) -> String {
-    if reason.is_empty() {
-        "rejected by the list's moderator".to_owned()
-    } else {
-        format!("rejected by the list's moderator: {reason}")
-    }
-}
-
-/// `state.bounce` of a post `list` rejected at list stage `stage`: a permanent failure
-/// (5.7.1) for the list's address, as the list stage's own refusals read.
-pub fn reject_bounce(list: &str, stage: &str, reason: &str) -> Bounce {
-    let detail = Failure::new(rejection(reason), "5.7.1").to_detail();
-    let mut bounce = Bounce::new(BounceKind::Permanent)
-        .stage(stage)
-        .with_detail(detail.clone());
-    bounce.recipients.insert(list.to_owned(), detail);
-    bounce
 }
 
 /// A `--reason` as stored: trimmed, one line, at most `MAX_REASON_CHARS` characters.
@@ -243,24 +221,6 @@ mod tests {
                 (g, w) => panic!("{text}: {g:?}, want {w:?}"),
             }
         }
-    }
-
-    #[test]
-    fn a_rejected_posts_bounce_is_a_permanent_5_7_1_for_the_list() {
-        let b = reject_bounce("team@example.org", "lists", "off topic");
-        assert_eq!(
-            b.to_value(),
-            serde_json::json!({
-                "kind": "permanent",
-                "stage": "lists",
-                "diagnostic": "rejected by the list's moderator: off topic",
-                "enhanced_status": "5.7.1",
-                "recipients": {"team@example.org": {
-                    "diagnostic": "rejected by the list's moderator: off topic",
-                    "enhanced_status": "5.7.1"}}
-            })
-        );
-        assert_eq!(rejection(""), "rejected by the list's moderator");
     }
 
     #[test]

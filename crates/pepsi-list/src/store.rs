@@ -985,7 +985,12 @@ pub struct Decided {
     pub posts: Vec<DecidedPost>,
 }
 
-const INJECT: &str = "SELECT pepsi.workqueue_inject($1, $2, ARRAY[$3], $4, $5, $6, $7)";
+/// A held post queued again as held, at the list stage with `state.list_approval`, at most
+/// once (procedures.sql: the caller chooses neither the message nor the state).
+const APPROVE: &str = "SELECT pepsi.list_held_approve($1, $2, $3)";
+
+/// A held post returned from the bounce stage with a 5.7.1 `state.bounce`, at most once.
+const REJECT: &str = "SELECT pepsi.list_held_reject($1, $2, $3, $4)";
 
 /// Decides the held posts `ids` (each once) of `list` in one transaction: each is sent on
 /// as `verdict` says, its row deleted, a `list_moderation_decision` row and a
@@ -1001,10 +1006,12 @@ pub async fn decide(
 ) -> Result<Decided, Failure> {
     let mut tx = pool.begin().await?;
     let list_id = lock_list(&mut tx, list).await?;
+    // Not FOR UPDATE: pepsi-httpd's role may not change a held row, only delete it. The
+    // list's row, locked above, keeps two decisions on one list apart.
     let rows = sqlx::query(
-        "SELECT held_id, sender, mail_from, subject, message_id, headers, body \
+        "SELECT held_id, sender, subject, message_id \
            FROM pepsi.list_held_message WHERE list_id = $1 AND held_id = ANY($2) \
-          ORDER BY held_id FOR UPDATE",
+          ORDER BY held_id",
     )
     .bind(list_id)
     .bind(ids)
@@ -1031,52 +1038,41 @@ pub async fn decide(
     for r in rows {
         let id: i64 = r.try_get("held_id")?;
         let sender: String = r.try_get("sender")?;
-        let mail_from: String = r.try_get("mail_from")?;
         let subject: String = r.try_get("subject")?;
         let message_id: String = r.try_get("message_id")?;
-        let headers: Vec<u8> = r.try_get("headers")?;
-        let body: Vec<u8> = r.try_get("body")?;
-        let injected = match verdict {
-            Verdict::Approve { stage } => {
-                let mut state = serde_json::Map::new();
-                pepsi_contract::state::ListApproval {
-                    list: list.to_owned(),
-                    list_id,
-                    held_id: id,
-                    moderator: who.name.clone(),
-                }
-                .insert_into(&mut state);
-                Some((stage, state, format!("list-approve:{id}")))
-            }
+        let queued: Option<(Option<i64>, &str)> = match verdict {
+            Verdict::Approve { stage } => Some((
+                sqlx::query_scalar(APPROVE)
+                    .bind(id)
+                    .bind(stage)
+                    .bind(&who.name)
+                    .fetch_one(&mut *tx)
+                    .await?,
+                "list-approve",
+            )),
             Verdict::Reject {
                 stage,
                 bounce_stage,
                 reason,
-            } => {
-                let mut state = serde_json::Map::new();
-                crate::moderation::reject_bounce(list, stage, reason).insert_into(&mut state);
-                Some((bounce_stage, state, format!("list-reject:{id}")))
-            }
+            } => Some((
+                sqlx::query_scalar(REJECT)
+                    .bind(id)
+                    .bind(bounce_stage)
+                    .bind(stage)
+                    .bind(reason)
+                    .fetch_one(&mut *tx)
+                    .await?,
+                "list-reject",
+            )),
             Verdict::Discard => None,
         };
-        let queue_id = match injected {
-            Some((stage, state, token)) => {
-                let queue_id: Option<i64> = sqlx::query_scalar(INJECT)
-                    .bind(stage)
-                    .bind(&mail_from)
-                    .bind(list)
-                    .bind(&headers)
-                    .bind(&body)
-                    .bind(Json::Object(state))
-                    .bind(&token)
-                    .fetch_one(&mut *tx)
-                    .await?;
-                Some(queue_id.ok_or_else(|| {
-                    other(format!(
-                        "held post {id} of {list} was sent on before (token {token} is used): \
-                         nothing done"
-                    ))
-                })?)
+        let queue_id = match queued {
+            Some((Some(queue_id), _)) => Some(queue_id),
+            Some((None, token)) => {
+                return Err(other(format!(
+                    "held post {id} of {list} was sent on before (token {token}:{id} is used): \
+                     nothing done"
+                )));
             }
             None => None,
         };

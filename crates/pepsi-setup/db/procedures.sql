@@ -1133,6 +1133,17 @@ RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS 
        AND p_address ~ '^[^[:space:][:cntrl:]<>]+@[^[:space:][:cntrl:]<>@]+$'
 $$;
 
+-- Whether p_headers is a header block as the queue keeps it: empty, or whole CRLF-terminated
+-- fields without an empty line (the message's headers || CRLF || body split).
+CREATE OR REPLACE FUNCTION pepsi.header_block_ok(p_headers bytea)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_headers IS NOT NULL
+       AND (octet_length(p_headers) = 0
+            OR (substring(p_headers FROM octet_length(p_headers) - 1) = '\x0d0a'::bytea
+                AND position('\x0d0a0d0a'::bytea IN p_headers) = 0
+                AND substring(p_headers FROM 1 FOR 2) <> '\x0d0a'::bytea))
+$$;
+
 CREATE OR REPLACE FUNCTION pepsi.sendmail_submit(
     p_mail_from text, p_rcpt_to text[], p_headers bytea, p_body bytea, p_dsn jsonb,
     p_uid bigint, p_login text, p_via text, p_token text DEFAULT NULL)
@@ -1169,10 +1180,7 @@ BEGIN
         RAISE EXCEPTION 'message of % octets: at most 104857600', octet_length(p_headers) + octet_length(p_body)
             USING ERRCODE = '54000';
     END IF;
-    IF octet_length(p_headers) > 0 AND (
-           substring(p_headers FROM octet_length(p_headers) - 1) <> '\x0d0a'::bytea
-           OR position('\x0d0a0d0a'::bytea IN p_headers) > 0
-           OR substring(p_headers FROM 1 FOR 2) = '\x0d0a'::bytea) THEN
+    IF NOT pepsi.header_block_ok(p_headers) THEN
         RAISE EXCEPTION 'the header block must be whole CRLF-terminated fields without an empty line'
             USING ERRCODE = '22023';
     END IF;
@@ -1658,3 +1666,162 @@ BEGIN
     RETURN n;
 END
 $$;
+
+-- THE LISTS' OWN MAIL FROM OUTSIDE THE PIPELINE (pepsi-httpd, pepsi-list)
+--
+-- pepsi-httpd faces the internet, so its role may not write the queue: it holds no INSERT on
+-- workqueue, workqueue_body or clone_token, so workqueue_inject (its caller's rights) fails for it.
+-- What its list pages and the moderation code it shares with pepsi-list queue goes through
+-- these three SECURITY DEFINER functions, each of which can make one kind of row and
+-- nothing else. pepsi-setup revokes them from PUBLIC below and grants EXECUTE to the httpd
+-- and pipeline roles (pepsi-list runs as the latter) alone (schema::FUNCTION_GRANTS), then
+-- verifies that. Like every writer outside the dispatcher's loop, the caller notifies
+-- `workqueue` after its transaction commits.
+
+-- Whether p_stage can be a stage's name (pepsi_conf::config::StageName: not empty, no [ or ],
+-- no line break, no white space at either end), and at most 200 octets without control
+-- characters. Which stages exist is the configuration's, which the database does not see.
+CREATE OR REPLACE FUNCTION pepsi.stage_name_ok(p_stage text)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_stage IS NOT NULL
+       AND octet_length(p_stage) BETWEEN 1 AND 200
+       AND p_stage !~ '[][]'
+       AND p_stage !~ '[[:cntrl:]]'
+       AND p_stage !~ '^[[:space:]]|[[:space:]]$'
+$$;
+
+-- A message of list p_list (its address) to one person: a confirmation request, what became
+-- of a request, a member's or moderator's link, a welcome, a bounce warning. The envelope
+-- sender must be the list's `<name>-bounces@<domain>` (p_mail_from is checked, not chosen),
+-- there is exactly one recipient, the state is empty, the stage is a stage name (the caller
+-- passes the list stage's DELIVER_STAGE), the header block is whole fields of at most 64 KiB
+-- (any X-Pepsi-Decrypted field dropped, as for local submission) and the message at most
+-- 1 MiB. p_token, at most once: only `list-warn:` tokens (pepsi-list maintain's bounce
+-- warnings); a used one returns NULL and queues nothing.
+CREATE OR REPLACE FUNCTION pepsi.list_queue_mail(
+    p_list text, p_stage text, p_mail_from text, p_rcpt_to text[], p_headers bytea,
+    p_body bytea, p_token text DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    v_list text;
+    v_bounces text;
+BEGIN
+    SELECT address INTO v_list FROM pepsi.mailing_list WHERE address = lower(p_list);
+    IF v_list IS NULL THEN
+        RAISE EXCEPTION 'there is no list %', quote_nullable(p_list) USING ERRCODE = '22023';
+    END IF;
+    v_bounces := split_part(v_list, '@', 1) || '-bounces@' || split_part(v_list, '@', 2);
+    IF p_mail_from IS DISTINCT FROM v_bounces THEN
+        RAISE EXCEPTION 'sender % is not %: the mail of list % is sent from its -bounces address',
+            quote_nullable(p_mail_from), v_bounces, v_list USING ERRCODE = '22023';
+    END IF;
+    IF coalesce(cardinality(p_rcpt_to), 0) <> 1 THEN
+        RAISE EXCEPTION '% recipients: the mail of list % goes to exactly one',
+            coalesce(cardinality(p_rcpt_to), 0), v_list USING ERRCODE = '22023';
+    END IF;
+    IF NOT pepsi.sendmail_address_ok(p_rcpt_to[1]) THEN
+        RAISE EXCEPTION 'recipient % is not an address', quote_nullable(p_rcpt_to[1])
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pepsi.stage_name_ok(p_stage) THEN
+        RAISE EXCEPTION 'stage % is not a stage name', quote_nullable(p_stage)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_body IS NULL OR NOT pepsi.header_block_ok(p_headers) THEN
+        RAISE EXCEPTION 'the header block must be whole CRLF-terminated fields without an empty line, and a body must follow'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_headers) > 65536 OR octet_length(p_headers) + octet_length(p_body) > 1048576 THEN
+        RAISE EXCEPTION 'message of % octets (% in the header block): at most 1048576 (65536)',
+            octet_length(p_headers) + octet_length(p_body), octet_length(p_headers)
+            USING ERRCODE = '54000';
+    END IF;
+    IF p_token IS NOT NULL AND (octet_length(p_token) > 400 OR p_token !~ '^list-warn:[^[:cntrl:]]+$') THEN
+        RAISE EXCEPTION 'token % must be list-warn:<...> of at most 400 octets', quote_literal(p_token)
+            USING ERRCODE = '22023';
+    END IF;
+    RETURN pepsi.workqueue_inject(p_stage, v_bounces, ARRAY[p_rcpt_to[1]],
+                                  pepsi.strip_decrypt_result(p_headers), p_body, '{}', p_token);
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.list_queue_mail(text, text, text, text[], bytea, bytea, text) FROM PUBLIC;
+
+-- Whether p_who can name a moderator in state.list_approval (list_moderation_decision's
+-- moderator): one line of 1 to 320 octets.
+CREATE OR REPLACE FUNCTION pepsi.list_moderator_ok(p_who text)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_who IS NOT NULL AND octet_length(p_who) BETWEEN 1 AND 320 AND p_who !~ '[[:cntrl:]]'
+$$;
+
+-- A held post (pepsi.list_held_message) a moderator approved, queued again as it was held:
+-- its envelope sender, the list's address as the one recipient, its header block and body,
+-- at p_stage (the list stage), with state.list_approval (docs/state.md) naming the list, the
+-- held post and p_moderator, and the token `list-approve:<held_id>`: at most once, a second
+-- call returns NULL and queues nothing. The held row stays; the caller deletes it with its
+-- decision. An unknown p_held_id is refused.
+CREATE OR REPLACE FUNCTION pepsi.list_held_approve(p_held_id bigint, p_stage text, p_moderator text)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    h record;
+BEGIN
+    IF NOT pepsi.stage_name_ok(p_stage) THEN
+        RAISE EXCEPTION 'stage % is not a stage name', quote_nullable(p_stage)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pepsi.list_moderator_ok(p_moderator) THEN
+        RAISE EXCEPTION 'moderator % must be one line of 1 to 320 octets', quote_nullable(p_moderator)
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT m.held_id, m.mail_from, m.headers, m.body, l.list_id, l.address AS list INTO h
+    FROM pepsi.list_held_message m JOIN pepsi.mailing_list l USING (list_id)
+    WHERE m.held_id = p_held_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no held post %', quote_nullable(p_held_id) USING ERRCODE = '22023';
+    END IF;
+    RETURN pepsi.workqueue_inject(p_stage, h.mail_from, ARRAY[h.list], h.headers, h.body,
+        jsonb_build_object('list_approval', jsonb_build_object(
+            'list', h.list, 'list_id', h.list_id, 'held_id', h.held_id, 'moderator', p_moderator)),
+        'list-approve:' || h.held_id);
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.list_held_approve(bigint, text, text) FROM PUBLIC;
+
+-- A held post a moderator rejected, returned to its sender: queued as it was held at
+-- p_stage (the bounce stage), with state.bounce a permanent 5.7.1 failure for the list's
+-- address, "rejected by the list's moderator" and p_reason (one line, at most 300
+-- characters; '' for none), naming p_list_stage (the list stage) as the stage that routed
+-- it, and the token `list-reject:<held_id>`: at most once, a second call returns NULL. The
+-- held row stays; an unknown p_held_id is refused.
+CREATE OR REPLACE FUNCTION pepsi.list_held_reject(
+    p_held_id bigint, p_stage text, p_list_stage text, p_reason text)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    h record;
+    v_detail jsonb;
+BEGIN
+    IF NOT pepsi.stage_name_ok(p_stage) OR NOT pepsi.stage_name_ok(p_list_stage) THEN
+        RAISE EXCEPTION 'stage % or % is not a stage name', quote_nullable(p_stage), quote_nullable(p_list_stage)
+            USING ERRCODE = '22023';
+    END IF;
+    IF p_reason IS NULL OR char_length(p_reason) > 300 OR p_reason ~ '[[:cntrl:]]' THEN
+        RAISE EXCEPTION 'reason % must be one line of at most 300 characters', quote_nullable(p_reason)
+            USING ERRCODE = '22023';
+    END IF;
+    SELECT m.held_id, m.mail_from, m.headers, m.body, l.address AS list INTO h
+    FROM pepsi.list_held_message m JOIN pepsi.mailing_list l USING (list_id)
+    WHERE m.held_id = p_held_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'no held post %', quote_nullable(p_held_id) USING ERRCODE = '22023';
+    END IF;
+    v_detail := jsonb_build_object(
+        'diagnostic', 'rejected by the list''s moderator'
+                      || CASE WHEN p_reason = '' THEN '' ELSE ': ' || p_reason END,
+        'enhanced_status', '5.7.1');
+    RETURN pepsi.workqueue_inject(p_stage, h.mail_from, ARRAY[h.list], h.headers, h.body,
+        jsonb_build_object('bounce', jsonb_build_object('kind', 'permanent', 'stage', p_list_stage)
+                                     || v_detail
+                                     || jsonb_build_object('recipients', jsonb_build_object(h.list, v_detail))),
+        'list-reject:' || h.held_id);
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.list_held_reject(bigint, text, text, text) FROM PUBLIC;

@@ -266,8 +266,23 @@ pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api
 
 /// Stored functions whose EXECUTE is not for everyone: `procedures.sql` revokes each from
 /// PUBLIC, and setup grants it to exactly the roles listed (and verifies that).
-pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] =
-    &[("pepsi.mail_log_expire(interval)", &[RoleKind::Pipeline])];
+pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
+    ("pepsi.mail_log_expire(interval)", &[RoleKind::Pipeline]),
+    // The lists' own mail and the release of held posts (procedures.sql, THE LISTS' OWN MAIL
+    // FROM OUTSIDE THE PIPELINE): pepsi-httpd, and pepsi-list under the pipeline role.
+    (
+        "pepsi.list_queue_mail(text,text,text,text[],bytea,bytea,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.list_held_approve(bigint,text,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.list_held_reject(bigint,text,text,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+];
 
 /// The mailing lists' tables (pepsi-0016.sql): `mailing_list` and every `list_*`.
 pub fn is_list_table(table: &str) -> bool {
@@ -282,7 +297,8 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
     const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
-    const INJECT: &[&str] = &["SELECT", "INSERT", "DELETE"];
+    const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
+    const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
     if kind == RoleKind::Crypto {
         // The crypto stages are stage workers (the pipeline's queue privileges) that also
@@ -341,15 +357,20 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "quota_limit" | "quota_usage") => ALL,
         (RoleKind::Config, _) => NONE,
         // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
-        // DELETE through the stored functions; a deleted row's body goes by the trigger),
-        // and the lists' mail it queues with pepsi.workqueue_inject (a moderator's approved
-        // or rejected post, a moderator's link, a welcome: rows, bodies, at-most-once tokens).
-        (RoleKind::Httpd, "workqueue") => ALL,
-        (RoleKind::Httpd, "workqueue_body") => INJECT,
-        (RoleKind::Httpd, "clone_token") => ADMIT,
+        // DELETE through the stored functions; a deleted row's body goes by the trigger).
+        // The internet-facing API queues no row itself: the lists' mail (a confirmation, a
+        // link, a welcome) and the approved or rejected held posts go through the SECURITY
+        // DEFINER functions of FUNCTION_GRANTS, each of which makes one kind of row only; no
+        // INSERT on workqueue, workqueue_body or clone_token.
+        (RoleKind::Httpd, "workqueue") => CHANGE,
+        (RoleKind::Httpd, "workqueue_body") => READ_DELETE,
         // Accounts, aliases and local domains are the API's to change; it reads the overlay
         // (BOUNCE_STAGE) and the statistics (/metrics).
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
+        // Held posts are the list stage's to add and keep as held: a moderator reads one and
+        // decides it (deleting the row). One the API could write, list_held_approve would
+        // queue at the list stage and list_held_reject return to any sender.
+        (RoleKind::Httpd, "list_held_message") => READ_DELETE,
         // The list pages and the list API: subscriptions, preferences, moderation, settings.
         (RoleKind::Httpd, t) if is_list_table(t) => ALL,
         (

@@ -65,6 +65,19 @@ pub fn client() -> reqwest::Client {
         .unwrap()
 }
 
+/// `db_url` connecting as database role `role` instead (the test server trusts local
+/// connections, as `scripts/services.sh` sets it up): pepsi-httpd tested with the privileges
+/// its role has in production (`pepsi-httpd`), not the superuser's.
+pub fn url_as(db_url: &str, role: &str) -> String {
+    let (scheme, rest) = db_url.split_once("://").expect("a postgres:// URL");
+    let authority_end = rest.find('/').unwrap_or(rest.len());
+    let host = match rest[..authority_end].rfind('@') {
+        Some(at) => &rest[at + 1..],
+        None => rest,
+    };
+    format!("{scheme}://{role}@{host}")
+}
+
 /// Writes `dir/pepsi-httpd.conf`: the database, [pepsi-httpd] on a free port (ALLOW_ROOT:
 /// the tests may run as root), then `extra`.
 pub fn write_config(dir: &Path, db_url: &str, port: u16, extra: &str) -> PathBuf {

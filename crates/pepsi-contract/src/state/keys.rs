@@ -158,7 +158,7 @@ state_key!(Vacation, "vacation");
 
 /// `state.list_approval`: a post a list's moderator approved (`pepsi-list approve`), queued
 /// again at the list stage for the list's address alone. Written only by pepsi-list on the
-/// row it injects (`pepsi.workqueue_inject`, token `list-approve:<held_id>`), never by the
+/// row it injects (`pepsi.list_held_approve`, token `list-approve:<held_id>`), never by the
 /// ingress: the list stage accepts a row carrying it for its list whatever the posting policy
 /// says, after the loop check.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

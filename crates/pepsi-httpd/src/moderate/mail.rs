@@ -1,8 +1,9 @@
 //! The mail the moderation pages send: a moderator's link, and the welcome of a subscription
 //! a moderator approved. Each is written with mail-builder as the list stage writes the
 //! list's own messages (from `<list>-request@`, `Auto-Submitted: auto-replied`, the list's
-//! `List-Id`) and queued with `pepsi.workqueue_inject` at the list stage's `DELIVER_STAGE`,
-//! with `<list>-bounces@` as envelope sender, in the caller's transaction.
+//! `List-Id`) and queued with `pepsi.list_queue_mail` at the list stage's `DELIVER_STAGE`,
+//! with `<list>-bounces@` as envelope sender, in the caller's transaction (the httpd role
+//! may not write the queue itself: `docs/setup.md`).
 //!
 //! Where the mail starts is read from the configuration (`Route`); the base of the links is
 //! `[pepsi] LIST_WEB_URL` (`web_url`).
@@ -153,7 +154,8 @@ pub async fn queue(
 ) -> Result<i64, sqlx::Error> {
     let (headers, body) = pepsi_smtp::message::split(raw);
     let id: Option<i64> =
-        sqlx::query_scalar("SELECT pepsi.workqueue_inject($1, $2, ARRAY[$3], $4, $5, '{}')")
+        sqlx::query_scalar("SELECT pepsi.list_queue_mail($1, $2, $3, ARRAY[$4], $5, $6)")
+            .bind(list)
             .bind(&route.deliver_stage)
             .bind(command_address(list, "-bounces"))
             .bind(to)
