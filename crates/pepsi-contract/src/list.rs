@@ -248,6 +248,75 @@ pub async fn count_confirmation(
     .await
 }
 
+/// What happens to a post a list's content filter leaves with nothing
+/// (`list_content_filter.empty_action`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum EmptyAction {
+    Hold,
+    Reject,
+    Discard,
+}
+
+impl EmptyAction {
+    /// The stored word (the schema's CHECK allows exactly these).
+    pub fn parse(word: &str) -> Option<EmptyAction> {
+        Some(match word {
+            "hold" => EmptyAction::Hold,
+            "reject" => EmptyAction::Reject,
+            "discard" => EmptyAction::Discard,
+            _ => return None,
+        })
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EmptyAction::Hold => "hold",
+            EmptyAction::Reject => "reject",
+            EmptyAction::Discard => "discard",
+        }
+    }
+}
+
+/// A list's content filter (`pepsi.list_content_filter`): types lower-case (`image/png`, or
+/// `image` for every `image/*`), extensions lower-case without their dot. pepsi-list writes
+/// it, the list stage applies it (`pepsi_stage_list::content`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct ContentFilter {
+    pub filter_types: Vec<String>,
+    pub pass_types: Vec<String>,
+    pub filter_extensions: Vec<String>,
+    pub pass_extensions: Vec<String>,
+    pub collapse_alternatives: bool,
+    pub empty_action: EmptyAction,
+}
+
+impl Default for ContentFilter {
+    /// The schema's defaults: nothing removed, an emptied post refused.
+    fn default() -> Self {
+        ContentFilter {
+            filter_types: Vec::new(),
+            pass_types: Vec::new(),
+            filter_extensions: Vec::new(),
+            pass_extensions: Vec::new(),
+            collapse_alternatives: false,
+            empty_action: EmptyAction::Reject,
+        }
+    }
+}
+
+impl ContentFilter {
+    /// Whether this filter can change anything (a row of empty lists and no collapse is
+    /// the same as none).
+    pub fn is_active(&self) -> bool {
+        self.collapse_alternatives
+            || !self.filter_types.is_empty()
+            || !self.pass_types.is_empty()
+            || !self.filter_extensions.is_empty()
+            || !self.pass_extensions.is_empty()
+    }
+}
+
 /// The SQL test of [`banned`] on the list `$1` and the lower-case address `$2`, as a
 /// literal for `concat!` where it joins a larger query (the list stage's). A pattern
 /// starting with `^` is a case-insensitive regular expression (pepsi-list has PostgreSQL

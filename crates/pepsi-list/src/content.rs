@@ -17,6 +17,7 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::store::{self, Who};
+pub use pepsi_contract::list::{ContentFilter, EmptyAction};
 
 /// The most entries one of the four lists may hold.
 pub const MAX_ENTRIES: usize = 100;
@@ -24,31 +25,6 @@ pub const MAX_ENTRIES: usize = 100;
 pub const MAX_EXTENSION_CHARS: usize = 20;
 /// The longest type entry (RFC 6838 allows 127 characters on each side of the slash).
 pub const MAX_TYPE_CHARS: usize = 255;
-
-/// A list's content filter as stored and shown.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct ContentFilter {
-    pub filter_types: Vec<String>,
-    pub pass_types: Vec<String>,
-    pub filter_extensions: Vec<String>,
-    pub pass_extensions: Vec<String>,
-    pub collapse_alternatives: bool,
-    pub empty_action: String,
-}
-
-impl Default for ContentFilter {
-    /// The schema's defaults: nothing removed, an emptied post refused.
-    fn default() -> Self {
-        ContentFilter {
-            filter_types: Vec::new(),
-            pass_types: Vec::new(),
-            filter_extensions: Vec::new(),
-            pass_extensions: Vec::new(),
-            collapse_alternatives: false,
-            empty_action: "reject".to_owned(),
-        }
-    }
-}
 
 /// The changes `content-filter` was given, checked; `None` leaves a field as it is.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -58,7 +34,7 @@ pub struct Change {
     pub filter_extensions: Option<Vec<String>>,
     pub pass_extensions: Option<Vec<String>>,
     pub collapse_alternatives: Option<bool>,
-    pub empty_action: Option<String>,
+    pub empty_action: Option<EmptyAction>,
 }
 
 impl Change {
@@ -88,10 +64,7 @@ impl Change {
             collapse_alternatives: self
                 .collapse_alternatives
                 .unwrap_or(current.collapse_alternatives),
-            empty_action: self
-                .empty_action
-                .clone()
-                .unwrap_or_else(|| current.empty_action.clone()),
+            empty_action: self.empty_action.unwrap_or(current.empty_action),
         }
     }
 }
@@ -183,14 +156,9 @@ pub fn yes_no(option: &str, text: &str) -> Result<bool, String> {
 }
 
 /// `--empty-action`: hold, reject or discard.
-pub fn empty_action(text: &str) -> Result<String, String> {
-    let t = text.to_ascii_lowercase();
-    match t.as_str() {
-        "hold" | "reject" | "discard" => Ok(t),
-        _ => Err(format!(
-            "--empty-action: {text:?} is not one of hold, reject, discard"
-        )),
-    }
+pub fn empty_action(text: &str) -> Result<EmptyAction, String> {
+    EmptyAction::parse(&text.to_ascii_lowercase())
+        .ok_or_else(|| format!("--empty-action: {text:?} is not one of hold, reject, discard"))
 }
 
 /// What `content-filter` shows or did: the list's filter (`None`: it has none).
@@ -214,15 +182,17 @@ type Row = (
     String,
 );
 
-fn from_row(r: Row) -> ContentFilter {
-    ContentFilter {
+fn from_row(r: Row) -> Result<ContentFilter, Failure> {
+    Ok(ContentFilter {
         filter_types: r.0,
         pass_types: r.1,
         filter_extensions: r.2,
         pass_extensions: r.3,
         collapse_alternatives: r.4,
-        empty_action: r.5,
-    }
+        empty_action: EmptyAction::parse(&r.5).ok_or_else(|| {
+            store::other(format!("list_content_filter.empty_action = {:?}", r.5))
+        })?,
+    })
 }
 
 /// The content filter of `list`.
@@ -231,7 +201,7 @@ pub async fn show(pool: &PgPool, list: &str) -> Result<Shown, Failure> {
     let row: Option<Row> = sqlx::query_as(SELECT).bind(id).fetch_optional(pool).await?;
     Ok(Shown {
         list: list.to_owned(),
-        content_filter: row.map(from_row),
+        content_filter: row.map(from_row).transpose()?,
         changed: false,
     })
 }
@@ -244,7 +214,7 @@ pub async fn set(pool: &PgPool, who: &Who, list: &str, change: &Change) -> Resul
         .bind(list_id)
         .fetch_optional(&mut *tx)
         .await?;
-    let before = current.map(from_row);
+    let before = current.map(from_row).transpose()?;
     let after = change.apply(before.as_ref().unwrap_or(&ContentFilter::default()));
     sqlx::query(
         "INSERT INTO pepsi.list_content_filter (list_id, filter_types, pass_types, \
@@ -262,7 +232,7 @@ pub async fn set(pool: &PgPool, who: &Who, list: &str, change: &Change) -> Resul
     .bind(&after.filter_extensions)
     .bind(&after.pass_extensions)
     .bind(after.collapse_alternatives)
-    .bind(&after.empty_action)
+    .bind(after.empty_action.as_str())
     .execute(&mut *tx)
     .await?;
     let detail = json!({"list": list, "before": before, "after": &after});
@@ -296,7 +266,7 @@ pub async fn clear(pool: &PgPool, who: &Who, list: &str) -> Result<Shown, Failur
     .fetch_optional(&mut *tx)
     .await?;
     let changed = gone.is_some();
-    if let Some(before) = gone.map(from_row) {
+    if let Some(before) = gone.map(from_row).transpose()? {
         let detail = json!({"list": list, "before": before, "after": null});
         store::event(
             &mut tx,
@@ -356,7 +326,7 @@ pub fn render(s: &Shown) -> String {
         "  collapse alternatives: {}",
         if f.collapse_alternatives { "yes" } else { "no" }
     );
-    let _ = writeln!(out, "  a post left empty:     {}", f.empty_action);
+    let _ = writeln!(out, "  a post left empty:     {}", f.empty_action.as_str());
     out
 }
 
@@ -407,7 +377,7 @@ mod tests {
         assert_eq!(yes_no("--collapse-alternatives", "Yes"), Ok(true));
         assert_eq!(yes_no("--collapse-alternatives", "off"), Ok(false));
         assert!(yes_no("--collapse-alternatives", "maybe").is_err());
-        assert_eq!(empty_action("HOLD").unwrap(), "hold");
+        assert_eq!(empty_action("HOLD").unwrap(), EmptyAction::Hold);
         assert!(
             empty_action("accept")
                 .unwrap_err()
@@ -424,14 +394,14 @@ mod tests {
         };
         let change = Change {
             filter_extensions: Some(vec!["exe".into()]),
-            empty_action: Some("discard".into()),
+            empty_action: Some(EmptyAction::Discard),
             ..Change::default()
         };
         let after = change.apply(&current);
         assert_eq!(after.filter_types, vec!["image"]);
         assert!(after.collapse_alternatives);
         assert_eq!(after.filter_extensions, vec!["exe"]);
-        assert_eq!(after.empty_action, "discard");
+        assert_eq!(after.empty_action, EmptyAction::Discard);
         assert!(Change::default().is_empty());
         assert!(!change.is_empty());
     }

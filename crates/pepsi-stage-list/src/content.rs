@@ -18,76 +18,31 @@
 //! What is kept keeps its bytes; a removed part is gone, not replaced by a notice. A
 //! multipart that cannot be read (no boundary, no closing delimiter) is kept whole.
 
+pub use pepsi_contract::list::{ContentFilter, EmptyAction};
 use pepsi_contract::message;
 use pepsi_contract::mime::{self, ContentType};
 
 /// How deep multiparts are entered; deeper ones are kept as they are.
 pub const MAX_DEPTH: usize = 32;
 
-/// What happens to a post the filter leaves empty (`empty_action`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum EmptyAction {
-    Hold,
-    Reject,
-    Discard,
-}
-
-impl EmptyAction {
-    /// The stored word (the schema's CHECK allows exactly these).
-    pub fn parse(word: &str) -> Option<EmptyAction> {
-        Some(match word {
-            "hold" => EmptyAction::Hold,
-            "reject" => EmptyAction::Reject,
-            "discard" => EmptyAction::Discard,
-            _ => return None,
-        })
+/// Why a leaf part of type `ct` named `name` is removed by `f`, or `None` when it stays.
+fn removes(f: &ContentFilter, ct: &ContentType, name: Option<&str>) -> Option<String> {
+    let what = || match name {
+        Some(n) => format!("{} part {n:?}", ct.mime),
+        None => format!("{} part", ct.mime),
+    };
+    let named = |list: &[String]| {
+        list.iter()
+            .any(|t| *t == ct.mime || (!t.contains('/') && t == ct.main_type()))
+    };
+    if named(&f.filter_types) || (!f.pass_types.is_empty() && !named(&f.pass_types)) {
+        return Some(what());
     }
-}
-
-/// A list's content filter as stored: types lower-case, extensions lower-case without
-/// their dot (pepsi-list writes them so).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ContentFilter {
-    pub filter_types: Vec<String>,
-    pub pass_types: Vec<String>,
-    pub filter_extensions: Vec<String>,
-    pub pass_extensions: Vec<String>,
-    pub collapse_alternatives: bool,
-    pub empty_action: EmptyAction,
-}
-
-impl ContentFilter {
-    /// Whether this filter can change anything (a row of empty lists and no collapse is
-    /// the same as none).
-    pub fn is_active(&self) -> bool {
-        self.collapse_alternatives
-            || !self.filter_types.is_empty()
-            || !self.pass_types.is_empty()
-            || !self.filter_extensions.is_empty()
-            || !self.pass_extensions.is_empty()
-    }
-
-    /// Why a leaf part of type `ct` named `name` is removed, or `None` when it stays.
-    fn removes(&self, ct: &ContentType, name: Option<&str>) -> Option<String> {
-        let what = || match name {
-            Some(n) => format!("{} part {n:?}", ct.mime),
-            None => format!("{} part", ct.mime),
-        };
-        let named = |list: &[String]| {
-            list.iter()
-                .any(|t| *t == ct.mime || (!t.contains('/') && t == ct.main_type()))
-        };
-        if named(&self.filter_types) || (!self.pass_types.is_empty() && !named(&self.pass_types)) {
-            return Some(what());
-        }
-        let ext = name.and_then(extension)?;
-        let listed = |list: &[String]| list.contains(&ext);
-        (listed(&self.filter_extensions)
-            || (!self.pass_extensions.is_empty() && !listed(&self.pass_extensions)))
+    let ext = name.and_then(extension)?;
+    let listed = |list: &[String]| list.contains(&ext);
+    (listed(&f.filter_extensions) || (!f.pass_extensions.is_empty() && !listed(&f.pass_extensions)))
         .then(what)
-    }
 }
-
 /// The extension of a file name, lower-case, without its dot (`None` for a name without
 /// one, or ending in one).
 pub fn extension(name: &str) -> Option<String> {
@@ -160,7 +115,7 @@ fn entity(
         params: Vec::new(),
     });
     if ct.main_type() != "multipart" {
-        return match f.removes(&ct, mime::file_name(headers).as_deref()) {
+        return match removes(f, &ct, mime::file_name(headers).as_deref()) {
             Some(why) => {
                 removed.push(why);
                 Outcome::Remove

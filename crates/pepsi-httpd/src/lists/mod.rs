@@ -151,6 +151,22 @@ async fn named(state: &AppState, text: &str) -> Result<store::ListInfo, Response
     store::list(&state.pool, &list).await.map_err(page::error)
 }
 
+/// What a form posted to a list's page starts with: a request from this site, a form,
+/// and an existing list; else the page saying which is wrong.
+// The error is the handler's whole answer, returned at once: no gain in boxing it.
+#[allow(clippy::result_large_err)]
+async fn posted(
+    state: &AppState,
+    web: &Web,
+    headers: &HeaderMap,
+    list: &str,
+    f: Fields,
+) -> Result<(store::ListInfo, Vec<(String, String)>), Response> {
+    from_this_site(web, headers)?;
+    let fields = fields(f)?;
+    Ok((named(state, list).await?, fields))
+}
+
 async fn index(State(state): State<AppState>) -> Response {
     match store::advertised(&state.pool).await {
         Ok(lists) => page::index(&lists),
@@ -182,15 +198,8 @@ async fn subscribe(
     headers: HeaderMap,
     f: Fields,
 ) -> Response {
-    if let Err(r) = from_this_site(&web, &headers) {
-        return r;
-    }
-    let fields = match fields(f) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let l = match named(&state, &list).await {
-        Ok(l) => l,
+    let (l, fields) = match posted(&state, &web, &headers, &list, f).await {
+        Ok(v) => v,
         Err(r) => return r,
     };
     let asked = match form::subscribe(&fields, pepsi_list::names::member_address) {
@@ -341,15 +350,8 @@ async fn manage(
     headers: HeaderMap,
     f: Fields,
 ) -> Response {
-    if let Err(r) = from_this_site(&web, &headers) {
-        return r;
-    }
-    let fields = match fields(f) {
-        Ok(f) => f,
-        Err(r) => return r,
-    };
-    let l = match named(&state, &list).await {
-        Ok(l) => l,
+    let (l, fields) = match posted(&state, &web, &headers, &list, f).await {
+        Ok(v) => v,
         Err(r) => return r,
     };
     let address = match form::subscribe(&fields, pepsi_list::names::member_address) {
