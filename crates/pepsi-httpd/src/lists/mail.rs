@@ -1,50 +1,12 @@
 //! The mail of the subscriber pages: a web subscription's confirmation, what became of a
-//! confirmed request, a member's link. Written with mail-builder as the list stage writes
-//! the list's own messages (from `<list>-request@`, `Auto-Submitted: auto-replied`, the
-//! list's `List-Id`) and queued by `crate::moderate::mail::queue` (the list stage's
-//! `DELIVER_STAGE`, `<list>-bounces@` as envelope sender). The texts are pure functions.
+//! confirmed request, a member's link. Written by `crate::moderate::mail::compose` as the
+//! list stage writes the list's own messages (from `<list>-request@`, `Auto-Submitted:
+//! auto-replied`, the list's `List-Id`) and queued by `crate::moderate::mail::queue` (the
+//! list stage's `DELIVER_STAGE`, `<list>-bounces@` as envelope sender). The texts are pure
+//! functions.
 
-use chrono::Utc;
-use mail_builder::MessageBuilder;
-use mail_builder::headers::date::Date;
-use mail_builder::headers::raw::Raw;
-
-use crate::moderate::mail::{Route, command_address};
-
-/// A message of list `list` to `to`; replies go to `reply_to` when given (a confirmation's
-/// `<list>-confirm+<token>@`, so that answering it confirms).
-pub fn compose(
-    route: &Route,
-    list: &str,
-    to: &str,
-    subject: &str,
-    text: &str,
-    reply_to: Option<&str>,
-) -> Result<Vec<u8>, String> {
-    let now = Utc::now();
-    let mut random = [0u8; 8];
-    getrandom::fill(&mut random).map_err(|e| format!("random bytes: {e}"))?;
-    let mut message = MessageBuilder::new()
-        .from(command_address(list, "-request"))
-        .to(to)
-        .subject(subject)
-        .date(Date::new(now.timestamp()))
-        .message_id(format!(
-            "{}.{}.list-web@{}",
-            now.timestamp_micros(),
-            crate::credentials::hex(&random),
-            route.hostname
-        ))
-        .header("Auto-Submitted", Raw::new("auto-replied"))
-        .header("List-Id", Raw::new(format!("<{}>", list.replace('@', "."))));
-    if let Some(r) = reply_to {
-        message = message.reply_to(r);
-    }
-    message
-        .text_body(text)
-        .write_to_vec()
-        .map_err(|e| format!("writing a message: {e}"))
-}
+use crate::moderate::mail::command_address;
+pub use crate::moderate::mail::compose;
 
 /// The confirmation of a web subscription of `who` to `list`: the link to the
 /// confirmation page when the list pages have a public base (`web`), and always the
@@ -109,6 +71,7 @@ pub fn outcome_text(list: &str, event: &str) -> (String, String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::moderate::mail::Route;
 
     #[test]
     fn a_confirmation_carries_the_link_only_with_a_public_base() {

@@ -106,18 +106,20 @@ pub fn command_address(list: &str, suffix: &str) -> String {
     }
 }
 
-/// A message of list `list` to `to`.
+/// A message of list `list` to `to`; replies go to `reply_to` when given (a confirmation's
+/// `<list>-confirm+<token>@`, so that answering it confirms).
 pub fn compose(
     route: &Route,
     list: &str,
     to: &str,
     subject: &str,
     text: &str,
+    reply_to: Option<&str>,
 ) -> Result<Vec<u8>, String> {
     let now = Utc::now();
     let mut random = [0u8; 8];
     getrandom::fill(&mut random).map_err(|e| format!("random bytes: {e}"))?;
-    MessageBuilder::new()
+    let mut message = MessageBuilder::new()
         .from(command_address(list, "-request"))
         .to(to)
         .subject(subject)
@@ -129,7 +131,11 @@ pub fn compose(
             route.hostname
         ))
         .header("Auto-Submitted", Raw::new("auto-replied"))
-        .header("List-Id", Raw::new(format!("<{}>", list.replace('@', "."))))
+        .header("List-Id", Raw::new(format!("<{}>", list.replace('@', "."))));
+    if let Some(r) = reply_to {
+        message = message.reply_to(r);
+    }
+    message
         // Written as it is (7bit, or 8bit for UTF-8): a link must stay one line that a
         // person can copy, not be cut by quoted-printable's soft line breaks.
         .body(
@@ -213,6 +219,7 @@ mod tests {
             "olga@example.org",
             "Moderate team@example.org",
             "Open https://lists.example.org/moderate/link/abc\r\n",
+            None,
         )
         .unwrap();
         let text = String::from_utf8(raw).unwrap();

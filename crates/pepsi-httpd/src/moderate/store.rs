@@ -119,8 +119,15 @@ pub async fn send_link(
          moderator:\r\n\r\n{base}/moderate/link/{token}\r\n\r\n\
          If you did not ask, ignore this message: nothing changes.\r\n"
     );
-    let raw = mail::compose(route, list, address, &format!("Moderate {list}"), &text)
-        .map_err(ApiError::internal)?;
+    let raw = mail::compose(
+        route,
+        list,
+        address,
+        &format!("Moderate {list}"),
+        &text,
+        None,
+    )
+    .map_err(ApiError::internal)?;
     mail::queue(&mut tx, route, list, address, &raw).await?;
     sqlx::query(
         "INSERT INTO pepsi.list_event_log (list_id, address, event, detail, actor) \
@@ -309,9 +316,15 @@ pub async fn decide_pending(
                      To post, write to {list}.\r\nTo leave, write to {}.\r\n",
                     mail::command_address(list, "-leave")
                 );
-                let raw =
-                    mail::compose(route, list, &address, &format!("Welcome to {list}"), &text)
-                        .map_err(ApiError::internal)?;
+                let raw = mail::compose(
+                    route,
+                    list,
+                    &address,
+                    &format!("Welcome to {list}"),
+                    &text,
+                    None,
+                )
+                .map_err(ApiError::internal)?;
                 queue_id = Some(mail::queue(&mut tx, route, list, &address, &raw).await?);
             }
         } else {
