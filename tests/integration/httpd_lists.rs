@@ -523,7 +523,7 @@ async fn the_list_api_makes_the_changes_pepsi_list_makes() {
     assert_eq!(status, 404, "{e}");
 
     // Subscriptions waiting for a moderator: approved (a member, a welcome at
-    // DELIVER_STAGE) or rejected.
+    // DELIVER_STAGE) or rejected (a notice).
     let yes = f.waiting("newbie@example.net", "t1").await;
     let no = f.waiting("troll@example.net", "t2").await;
     let (_, pending) = f
@@ -554,10 +554,23 @@ async fn the_list_api_makes_the_changes_pepsi_list_makes() {
     .unwrap();
     assert_eq!(member, ("New One".to_owned(), "web".to_owned()));
     let queued = f.queued().await;
-    let welcome = queued.last().unwrap();
+    let welcome = &queued[queued.len() - 2];
     assert_eq!(
         (welcome.0.as_str(), welcome.1.as_slice()),
         ("aliases", &["newbie@example.net".to_owned()][..])
+    );
+    // The rejected subscriber, who confirmed the address, is told, with the reason.
+    let refused = queued.last().unwrap();
+    assert_eq!(refused.1, ["troll@example.net".to_owned()]);
+    assert!(
+        refused
+            .2
+            .contains("Subject: Your subscription to team@example.test")
+            && refused
+                .2
+                .contains("did not approve your subscription.\r\n\r\nThe reason given: troll"),
+        "{}",
+        refused.2
     );
     assert!(
         welcome.2.contains("Subject: Welcome to team@example.test"),

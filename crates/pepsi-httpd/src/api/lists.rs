@@ -556,7 +556,8 @@ async fn decide_pending(
         moderate::store::Decision::Approve => moderate::mail::Route::from_config(&state.cfg)
             .map(Some)
             .map_err(ApiError::conflict)?,
-        moderate::store::Decision::Reject => None,
+        // Without a list stage the rejection is still made; only its notice is not sent.
+        moderate::store::Decision::Reject => moderate::mail::Route::from_config(&state.cfg).ok(),
     };
     let decided = moderate::store::decide_pending(
         &state.pool,

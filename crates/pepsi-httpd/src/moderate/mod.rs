@@ -514,10 +514,11 @@ async fn carry_out(state: &AppState, m: &Moderator, act: Act) -> Result<String, 
             Ok(format!("The request of {} is approved.", d.address))
         }
         Act::RefuseRequest(id, reason) => {
+            let route = mail::Route::from_config(&state.cfg).ok();
             let d = store::decide_pending(
                 pool,
                 &m.who,
-                None,
+                route.as_ref(),
                 list,
                 id,
                 store::Decision::Reject,

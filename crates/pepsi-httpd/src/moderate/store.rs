@@ -260,13 +260,38 @@ pub struct Decided {
     pub kind: String,
     pub action: Decision,
     pub reason: String,
-    /// The welcome queued to the new member (an approved subscription).
+    /// The welcome queued to the new member (an approved subscription), or the notice to
+    /// the person whose subscription was rejected.
     pub queue_id: Option<i64>,
+}
+
+/// What a person whose subscription a moderator decided is told: (subject, text). A
+/// rejection gives the moderator's reason when there is one.
+pub fn subscription_outcome(list: &str, decision: Decision, reason: &str) -> (String, String) {
+    match decision {
+        Decision::Approve => (
+            format!("Welcome to {list}"),
+            format!(
+                "Welcome to {list}: a moderator approved your subscription.\r\n\r\n\
+                 To post, write to {list}.\r\nTo leave, write to {}.\r\n",
+                mail::command_address(list, "-leave")
+            ),
+        ),
+        Decision::Reject => {
+            let mut text = format!("A moderator of {list} did not approve your subscription.\r\n");
+            let reason = pepsi_conf::text::one_line(reason);
+            if !reason.is_empty() {
+                text.push_str(&format!("\r\nThe reason given: {reason}\r\n"));
+            }
+            (format!("Your subscription to {list}"), text)
+        }
+    }
 }
 
 /// Approves or rejects request `id` of `list`, which must wait for a moderator: approved, a
 /// subscription makes the member (`subscribed_via` as requested) and queues a welcome
-/// (when `route` is known); rejected, the request is dropped. Either way one
+/// (when `route` is known); rejected, the request is dropped and a subscriber told so
+/// (when `route` is known). Either way one
 /// `list_moderation_decision` row (`subject_kind = subscription`), one
 /// `subscription.approve` or `subscription.reject` event and one `list.subscription_approve`
 /// or `list.subscription_reject` audit row, in one transaction.
@@ -306,27 +331,19 @@ pub async fn decide_pending(
     let kind: String = row.try_get("kind")?;
     let via: String = row.try_get("requested_via")?;
     let mut queue_id = None;
+    if kind == "subscribe"
+        && let Some(route) = route
+    {
+        // The person confirmed the address, so telling them is no backscatter.
+        let (subject, text) = subscription_outcome(list, decision, reason);
+        let raw = mail::compose(route, list, &address, &subject, &text, None)
+            .map_err(ApiError::internal)?;
+        queue_id = Some(mail::queue(&mut tx, route, list, &address, &raw).await?);
+    }
     if decision == Decision::Approve {
         if kind == "subscribe" {
             pepsi_contract::list::add_member(&mut tx, list_id, &address, &display_name, &via)
                 .await?;
-            if let Some(route) = route {
-                let text = format!(
-                    "Welcome to {list}: a moderator approved your subscription.\r\n\r\n\
-                     To post, write to {list}.\r\nTo leave, write to {}.\r\n",
-                    mail::command_address(list, "-leave")
-                );
-                let raw = mail::compose(
-                    route,
-                    list,
-                    &address,
-                    &format!("Welcome to {list}"),
-                    &text,
-                    None,
-                )
-                .map_err(ApiError::internal)?;
-                queue_id = Some(mail::queue(&mut tx, route, list, &address, &raw).await?);
-            }
         } else {
             sqlx::query(
                 "DELETE FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
