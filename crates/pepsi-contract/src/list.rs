@@ -359,6 +359,23 @@ impl Via {
     }
 }
 
+/// Whether `address` (lower-case) is a member of list `list_id` (role `member`, whatever its
+/// delivery status).
+pub async fn is_member<'e>(
+    db: impl sqlx::PgExecutor<'e>,
+    list_id: i64,
+    address: &str,
+) -> sqlx::Result<bool> {
+    sqlx::query_scalar(
+        "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
+         AND role = 'member')",
+    )
+    .bind(list_id)
+    .bind(address)
+    .fetch_one(db)
+    .await
+}
+
 /// Makes `address` a member of list `list_id` (`subscribed_via` = `via`, as
 /// `list_pending.requested_via` has it); nothing when it already is one.
 pub async fn add_member(

@@ -168,14 +168,7 @@ pub(crate) async fn leave(
     let Some(who) = requester(ctx, list)? else {
         return Ok(dropped("an unsubscription request"));
     };
-    let member: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
-         AND role = 'member')",
-    )
-    .bind(list.id)
-    .bind(&who)
-    .fetch_one(ctx.pool())
-    .await?;
+    let member = pepsi_contract::list::is_member(ctx.pool(), list.id, &who).await?;
     if !member {
         return Ok(delivered(
             "an unsubscription request from no member: dropped",

@@ -125,14 +125,7 @@ pub async fn subscribe(
         tracing::warn!(list = %l.address, %address, %client, "confirmation limit reached: none sent");
         return Ok(Asked::Quiet);
     }
-    let member: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
-         AND role = 'member')",
-    )
-    .bind(l.id)
-    .bind(address)
-    .fetch_one(&mut *tx)
-    .await?;
+    let member = list::is_member(&mut *tx, l.id, address).await?;
     // An address of the list itself (`team-request@`, ...) would answer the list's own
     // mail: the stage ignores commands from it, and so do the pages.
     let own = list::ListAddress::candidates(address)
@@ -334,14 +327,7 @@ pub async fn send_member_link(
         tracing::warn!(list = %l.address, %address, %client, "member link limit reached: none sent");
         return Ok(Asked::Quiet);
     }
-    let member: bool = sqlx::query_scalar(
-        "SELECT EXISTS (SELECT 1 FROM pepsi.list_member WHERE list_id = $1 AND address = $2 \
-         AND role = 'member')",
-    )
-    .bind(l.id)
-    .bind(address)
-    .fetch_one(&mut *tx)
-    .await?;
+    let member = list::is_member(&mut *tx, l.id, address).await?;
     if !member {
         tx.commit().await?;
         return Ok(Asked::Quiet);
