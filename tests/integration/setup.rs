@@ -451,6 +451,17 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
     check(RoleKind::Httpd, "list_member", all);
     check(RoleKind::Httpd, "signing_key", &[]);
     check(RoleKind::Httpd, "config_override", &["SELECT"]);
+    // The archive: written by the list stage and the operator tool (pipeline role); the
+    // pages read it and write only the private archives' login links.
+    check(RoleKind::Pipeline, "archive_message", all);
+    check(RoleKind::Crypto, "archive_body", all);
+    check(RoleKind::Httpd, "archive_message", &["SELECT"]);
+    check(RoleKind::Httpd, "archive_body", &["SELECT"]);
+    check(RoleKind::Httpd, "archive_reader", all);
+    check(RoleKind::Httpd, "archive_event_log", &[]);
+    check(RoleKind::Ingress, "archive_message", &[]);
+    check(RoleKind::Config, "archive_body", &[]);
+    check(RoleKind::Sendmail, "archive_message", &[]);
 }
 
 /// The overlay cannot name a program, a key, a trust anchor or a directory: the table refuses

@@ -90,6 +90,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0017",
         sql: include_str!("../db/pepsi-0017.sql"),
     },
+    Patch {
+        name: "pepsi-0019",
+        sql: include_str!("../db/pepsi-0019.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -289,6 +293,11 @@ pub fn is_list_table(table: &str) -> bool {
     table == "mailing_list" || table.starts_with("list_")
 }
 
+/// The lists' archive (pepsi-0019.sql): every `archive_*`.
+pub fn is_archive_table(table: &str) -> bool {
+    table.starts_with("archive_")
+}
+
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
 pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
     const ALL: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
@@ -373,6 +382,12 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Httpd, "list_held_message") => READ_DELETE,
         // The list pages and the list API: subscriptions, preferences, moderation, settings.
         (RoleKind::Httpd, t) if is_list_table(t) => ALL,
+        // The archive's pages read what the list stage archived; only the login links of
+        // private archives (issued, used, expired) are theirs to write. Purges and imports
+        // are the operator tool's, under the pipeline role.
+        (RoleKind::Httpd, "archive_reader") => ALL,
+        (RoleKind::Httpd, "archive_import" | "archive_event_log") => NONE,
+        (RoleKind::Httpd, t) if is_archive_table(t) => READ,
         (
             RoleKind::Httpd,
             "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"
