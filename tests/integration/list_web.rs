@@ -2,8 +2,9 @@
 //! over HTTP (reqwest, and curl for RFC 8058's one-click POST): a subscription by form is
 //! confirmed by mail with a link whose GET changes nothing and whose POST subscribes;
 //! confirmations are bounded per address and per client and the page says the same either
-//! way; one-click unsubscribes on POST only, twice alike; a member's emailed link opens a
-//! page whose form changes a preference; bad input gets its error page.
+//! way; one-click unsubscribes on POST only, twice alike, with one goodbye; a member's
+//! emailed link opens a page whose form changes a preference and whose button leaves with
+//! one goodbye; bad input gets its error page.
 
 use pepsi_testkit::TestDb;
 use serde_json::Value;
@@ -167,6 +168,25 @@ impl Fixture {
             .await
             .unwrap()
     }
+}
+
+/// Checks that `mail` is the goodbye to `to` after leaving team@example.test on the web:
+/// from the list's -bounces address, saying how to join again by mail and on the list's page.
+fn assert_goodbye(mail: &(String, Vec<String>, String, String), to: &str) {
+    let (from, rcpt, headers, text) = mail;
+    assert_eq!(from, "team-bounces@example.test");
+    assert_eq!(rcpt, &vec![to.to_owned()]);
+    assert!(
+        headers.contains("Subject: You have left team@example.test\r\n")
+            && headers.contains("From: <team-request@example.test>\r\n"),
+        "{headers}"
+    );
+    assert!(
+        text.starts_with("You have left team@example.test.")
+            && text.contains("write to team-join@example.test")
+            && text.contains(&format!("{WEB}/lists/team@example.test\r\n")),
+        "{text}"
+    );
 }
 
 /// The token after `marker` in `text` (up to the first character that is not a letter or
@@ -471,11 +491,16 @@ async fn one_click_unsubscribes_on_post_only_and_again_alike() {
     assert_eq!(events.len(), 1, "{events:?}");
     assert_eq!(events[0].0, "member.unsubscribe");
     assert_eq!(events[0].1["via"], "one-click");
+    // One goodbye, queued with the removal at the list's deliver stage.
+    let mail = f.mail().await;
+    assert_eq!(mail.len(), 1, "{mail:?}");
+    assert_goodbye(&mail[0], "carol@remote.test");
 
-    // Again: the same answer, nothing more logged; the page says so too.
+    // Again: the same answer, nothing more logged or sent; the page says so too.
     let (code, again) = curl_post(&url, "List-Unsubscribe=One-Click");
     assert_eq!((code, again), (200, text));
     assert_eq!(f.events().await.len(), 1);
+    assert_eq!(f.mail().await.len(), 1, "no second goodbye");
     let page = f.get(&format!("/lists/unsubscribe/{}", tokens[0])).await;
     assert_eq!(page.status, 200);
     assert!(page.text.contains("no longer subscribed"), "{}", page.text);
@@ -497,6 +522,7 @@ async fn one_click_unsubscribes_on_post_only_and_again_alike() {
     );
     assert_eq!(code, 404);
     assert_eq!(f.get("/lists/unsubscribe/nonsense").await.status, 404);
+    assert_eq!(f.mail().await.len(), 1, "no goodbye without a removal");
 }
 
 #[tokio::test]
@@ -629,6 +655,20 @@ async fn a_member_link_opens_a_page_that_changes_a_preference() {
         f.member("team@example.test", "carol@remote.test").await,
         None
     );
+    // The link's mail, then one goodbye; pressed again, the button finds no member and
+    // sends nothing.
+    let mail = f.mail().await;
+    assert_eq!(mail.len(), 2, "{mail:?}");
+    assert_goodbye(&mail[1], "carol@remote.test");
+    let again = f
+        .post(
+            &path,
+            &format!("csrf={csrf}&member={carol}&do=unsubscribe"),
+            &[],
+        )
+        .await;
+    assert_eq!(again.status, 404, "{again:?}");
+    assert_eq!(f.mail().await.len(), 2, "no second goodbye");
     assert_eq!(
         f.get("/lists/member/abcdefghijklmnopqrstuvwx").await.status,
         404

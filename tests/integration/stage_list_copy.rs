@@ -231,8 +231,11 @@ async fn each_member_gets_their_own_one_click_link() {
         .unwrap();
         assert_eq!(token, want);
         assert!(
-            body.ends_with("To unsubscribe send a message to team-leave@example.test\r\n"),
-            "the shared footer: {body}"
+            body.ends_with(&format!(
+                "List page: {WEB}/lists/team@example.test\r\n\
+                 To unsubscribe send a message to team-leave@example.test\r\n"
+            )),
+            "the shared footer, with the list's page: {body}"
         );
         tokens.push(token);
     }
@@ -255,8 +258,8 @@ async fn each_member_gets_their_own_one_click_link() {
     assert_eq!(rows, 2);
 }
 
-/// Without LIST_WEB_URL: the -leave address alone, no List-Unsubscribe-Post, and no secret
-/// or token made.
+/// Without LIST_WEB_URL: the -leave address alone, no List-Unsubscribe-Post, a footer
+/// without a page, and no secret or token made.
 #[tokio::test]
 async fn without_list_web_url_only_the_mailto() {
     let db = TestDb::new().await;
@@ -264,13 +267,20 @@ async fn without_list_web_url_only_the_mailto() {
     configure(&db, Some("none"), None, None).await;
     let copies = post(&db, &s, "alice@example.test", "").await;
     assert_eq!(copies.len(), 2);
-    for (_, headers, _) in &copies {
+    for (_, headers, body) in &copies {
         assert_eq!(
             field(headers, "List-Unsubscribe"),
             ["<mailto:team-leave@example.test>"]
         );
         assert!(!headers.contains("List-Unsubscribe-Post"), "{headers}");
         assert!(!headers.contains("https://"), "{headers}");
+        assert!(
+            body.ends_with(
+                "The Team mailing list -- team@example.test\r\n\
+                 To unsubscribe send a message to team-leave@example.test\r\n"
+            ),
+            "{body}"
+        );
     }
     let made: i64 = sqlx::query_scalar(
         "SELECT (SELECT count(*) FROM pepsi.list_secret) \

@@ -2,8 +2,9 @@
 //! (the acceptance): bob subscribes by mail and confirms; alice posts; bob's copy
 //! reaches his Maildir and dan's leaves through the real relay to his domain's MX (a scripted
 //! SMTP peer found through dnsmasq) with the List-* fields, his own one-click link and a DKIM
-//! signature dkimpy verifies over them; dan leaves with `curl`'s RFC 8058 POST to pepsi-httpd,
-//! bob by mail (`-leave`, confirmed); the next post reaches alice alone.
+//! signature dkimpy verifies over them; dan leaves with `curl`'s RFC 8058 POST to pepsi-httpd
+//! and gets one goodbye at his MX, bob by mail (`-leave`, confirmed); the next post reaches
+//! alice alone.
 
 use std::path::Path;
 use std::process::Command;
@@ -297,6 +298,19 @@ print(json.dumps(ok))
         members(&sys).await,
         ["alice@example.test", "bob@example.test"]
     );
+    let goodbye = wait_received(&remote, 2, &sys).await.remove(1);
+    assert_eq!(goodbye.rcpt, ["dan@remote.test"]);
+    assert_eq!(goodbye.mail_from, "team-bounces@example.test");
+    assert_eq!(
+        field(&goodbye.data, "Subject").as_deref(),
+        Some("You have left team@example.test")
+    );
+    let text = String::from_utf8_lossy(split(&goodbye.data).1).into_owned();
+    assert!(
+        text.contains("team-join@example.test")
+            && text.contains(&format!("{WEB}/lists/team@example.test")),
+        "{text}"
+    );
 
     // bob leaves by mail: -leave, then his reply to the confirmation.
     let before = sys.messages("bob");
@@ -326,5 +340,9 @@ print(json.dumps(ok))
     sys.wait_messages("alice", alices + 1, WAIT).await;
     sys.wait_empty(WAIT).await;
     assert_eq!(sys.messages("bob").len(), 5, "bob had nothing more");
-    assert_eq!(remote.messages().len(), 1, "dan had nothing more");
+    assert_eq!(
+        remote.messages().len(),
+        2,
+        "dan had his goodbye, nothing more"
+    );
 }

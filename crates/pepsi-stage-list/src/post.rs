@@ -186,7 +186,7 @@ pub fn body_and_footer(
     web_url: Option<&str>,
 ) -> (Vec<u8>, Option<String>) {
     if !personal || !takes_footer(headers) {
-        return (body(headers, original, list), None);
+        return (body(headers, original, list, web_url), None);
     }
     let mut b = original.to_vec();
     if !b.is_empty() && !b.ends_with(b"\r\n") {
@@ -213,7 +213,12 @@ pub fn personal_footer(list: &ListFacts<'_>, web_url: Option<&str>) -> String {
 }
 
 /// The copy's body: the post's, with the footer after a plain-text post's text.
-pub fn body(headers: &[u8], original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
+pub fn body(
+    headers: &[u8],
+    original: &[u8],
+    list: &ListFacts<'_>,
+    web_url: Option<&str>,
+) -> Vec<u8> {
     if !takes_footer(headers) {
         return original.to_vec();
     }
@@ -221,14 +226,24 @@ pub fn body(headers: &[u8], original: &[u8], list: &ListFacts<'_>) -> Vec<u8> {
     if !b.is_empty() && !b.ends_with(b"\r\n") {
         b.extend_from_slice(b"\r\n");
     }
-    b.extend_from_slice(footer(list).as_bytes());
+    b.extend_from_slice(footer(list, web_url).as_bytes());
     b
 }
 
-/// The footer: the list's name and how to leave it (ASCII, CRLF lines, after `-- `).
-pub fn footer(list: &ListFacts<'_>) -> String {
+/// The list's public page: `<web>/lists/<address>` (pepsi-httpd's `/lists/{list}`).
+pub fn list_page_url(web_url: &str, list: &ListFacts<'_>) -> String {
+    format!("{web_url}/lists/{}", list.address)
+}
+
+/// The footer shared by every member: the list's name, its page when the list pages have
+/// a public base (`web_url`), and how to leave it by mail (ASCII, CRLF lines, after `-- `).
+/// Leaving stays the last line, as in the personal footer.
+pub fn footer(list: &ListFacts<'_>, web_url: Option<&str>) -> String {
+    let page = web_url
+        .map(|web| format!("List page: {}\r\n", list_page_url(web, list)))
+        .unwrap_or_default();
     format!(
-        "-- \r\n{} mailing list -- {}\r\nTo unsubscribe send a message to {}\r\n",
+        "-- \r\n{} mailing list -- {}\r\n{page}To unsubscribe send a message to {}\r\n",
         footer_name(list),
         list.address,
         list.command_address("-leave")
@@ -396,13 +411,39 @@ mod tests {
     #[test]
     fn the_footer_follows_plain_text_only() {
         let list = team();
-        let plain = body(b"Subject: x\r\n", b"hello\r\n", &list);
-        assert_eq!(
-            text(&plain),
-            "hello\r\n-- \r\nThe Team mailing list -- team@example.org\r\n\
-             To unsubscribe send a message to team-leave@example.org\r\n"
+        // (LIST_WEB_URL, the copy's body of the post "hello")
+        let cases: &[(Option<&str>, &str)] = &[
+            (
+                None,
+                "hello\r\n-- \r\nThe Team mailing list -- team@example.org\r\n\
+                 To unsubscribe send a message to team-leave@example.org\r\n",
+            ),
+            (
+                Some("https://lists.example.org"),
+                "hello\r\n-- \r\nThe Team mailing list -- team@example.org\r\n\
+                 List page: https://lists.example.org/lists/team@example.org\r\n\
+                 To unsubscribe send a message to team-leave@example.org\r\n",
+            ),
+            (
+                Some("https://example.org/mail"),
+                "hello\r\n-- \r\nThe Team mailing list -- team@example.org\r\n\
+                 List page: https://example.org/mail/lists/team@example.org\r\n\
+                 To unsubscribe send a message to team-leave@example.org\r\n",
+            ),
+        ];
+        for (web, want) in cases {
+            let plain = body(b"Subject: x\r\n", b"hello\r\n", &list, *web);
+            assert_eq!(text(&plain), *want, "{web:?}");
+            let (shared, personal) =
+                body_and_footer(b"Subject: x\r\n", b"hello\r\n", &list, false, *web);
+            assert_eq!((text(&shared).as_str(), personal), (*want, None), "{web:?}");
+        }
+        let no_crlf = body(
+            b"Content-Type: text/plain; charset=utf-8\r\n",
+            b"hi",
+            &list,
+            None,
         );
-        let no_crlf = body(b"Content-Type: text/plain; charset=utf-8\r\n", b"hi", &list);
         assert!(text(&no_crlf).starts_with("hi\r\n-- \r\n"));
         for h in [
             &b"Content-Type: multipart/mixed; boundary=x\r\n"[..],
@@ -410,7 +451,14 @@ mod tests {
             b"Content-Transfer-Encoding: base64\r\n",
             b"Content-Transfer-Encoding: quoted-printable\r\n",
         ] {
-            assert_eq!(body(h, b"as is\r\n", &list), b"as is\r\n", "{}", text(h));
+            for web in [None, Some("https://lists.example.org")] {
+                assert_eq!(
+                    body(h, b"as is\r\n", &list, web),
+                    b"as is\r\n",
+                    "{}",
+                    text(h)
+                );
+            }
         }
     }
 
@@ -458,7 +506,7 @@ mod tests {
         let (b, f) = body_and_footer(b"Subject: x\r\n", b"hi", &list, true, web);
         assert_eq!((b.as_slice(), f.is_some()), (&b"hi\r\n"[..], true));
         let (b, f) = body_and_footer(b"Subject: x\r\n", b"hi\r\n", &list, false, web);
-        assert_eq!(b, body(b"Subject: x\r\n", b"hi\r\n", &list));
+        assert_eq!(b, body(b"Subject: x\r\n", b"hi\r\n", &list, web));
         assert_eq!(f, None);
         let html = b"Content-Type: text/html\r\n";
         assert_eq!(
@@ -469,7 +517,7 @@ mod tests {
         let mut odd = team();
         odd.display_name = "The {token} Team";
         assert!(!personal_footer(&odd, None).contains("{token}"));
-        assert!(!footer(&odd).contains("{token}"));
+        assert!(!footer(&odd, web).contains("{token}"));
     }
 
     #[test]

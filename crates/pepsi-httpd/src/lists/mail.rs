@@ -1,5 +1,5 @@
 //! The mail of the subscriber pages: a web subscription's confirmation, what became of a
-//! confirmed request, a member's link. Written by `crate::moderate::mail::compose` as the
+//! confirmed request, a member's link, the goodbye after leaving on the web. Written by `crate::moderate::mail::compose` as the
 //! list stage writes the list's own messages (from `<list>-request@`, `Auto-Submitted:
 //! auto-replied`, the list's `List-Id`) and queued by `crate::moderate::mail::queue` (the
 //! list stage's `DELIVER_STAGE`, `<list>-bounces@` as envelope sender). The texts are pure
@@ -68,10 +68,52 @@ pub fn outcome_text(list: &str, event: &str) -> (String, String) {
     }
 }
 
+/// The goodbye to a member who left `list` on the web (one-click or the member page):
+/// (subject, text), with how to join again: the `-join` address, and the list's page when
+/// the list pages have a public base (`web`).
+pub fn goodbye_text(list: &str, web: Option<&str>) -> (String, String) {
+    let join = command_address(list, "-join");
+    let again = match web {
+        Some(base) => format!(
+            "To join again, write to {join}\r\nor subscribe on the list's page:\r\n\r\n    \
+             {base}/lists/{list}\r\n"
+        ),
+        None => format!("To join again, write to {join}.\r\n"),
+    };
+    (
+        format!("You have left {list}"),
+        format!("You have left {list}.\r\n\r\n{again}"),
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::moderate::mail::Route;
+
+    #[test]
+    fn a_goodbye_says_how_to_join_again() {
+        // (LIST_WEB_URL, the text)
+        let cases: [(Option<&str>, &str); 2] = [
+            (
+                Some("https://lists.example.org"),
+                "You have left team@example.org.\r\n\r\n\
+                 To join again, write to team-join@example.org\r\n\
+                 or subscribe on the list's page:\r\n\r\n    \
+                 https://lists.example.org/lists/team@example.org\r\n",
+            ),
+            (
+                None,
+                "You have left team@example.org.\r\n\r\n\
+                 To join again, write to team-join@example.org.\r\n",
+            ),
+        ];
+        for (web, want) in cases {
+            let (subject, text) = goodbye_text("team@example.org", web);
+            assert_eq!(subject, "You have left team@example.org");
+            assert_eq!(text, want, "{web:?}");
+        }
+    }
 
     #[test]
     fn a_confirmation_carries_the_link_only_with_a_public_base() {

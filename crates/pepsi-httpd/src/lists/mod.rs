@@ -10,10 +10,12 @@
 //! - `GET /lists/confirm/{token}` shows what the confirmation would do and one button;
 //!   only `POST` carries it out (a link scanner's GET changes nothing).
 //! - `GET /lists/unsubscribe/{token}`, the RFC 8058 URL of `List-Unsubscribe`: a page with
-//!   one button; `POST` (body `List-Unsubscribe=One-Click`) unsubscribes, again and again.
+//!   one button; `POST` (body `List-Unsubscribe=One-Click`) unsubscribes and mails a
+//!   goodbye; posted again, it answers alike and sends nothing.
 //! - `GET /lists/{list}/manage` asks a member's address and `POST` mails a link
 //!   (`list_member_link`, a day of life) to `/lists/member/{token}`: that member's
-//!   subscriptions with their choices, changed by `POST`, and an unsubscribe button.
+//!   subscriptions with their choices, changed by `POST`, and an unsubscribe button (a
+//!   goodbye mailed, as after a one-click).
 //!
 //! Forms that act without a token (subscribe, a member's link) are refused when a browser
 //! says they come from another site (`form::same_origin`); the member page's forms also
@@ -313,6 +315,7 @@ async fn unsubscribe_page(State(state): State<AppState>, Path(token): Path<Strin
 /// is the whole authority.
 async fn unsubscribe(
     State(state): State<AppState>,
+    Extension(web): Extension<Arc<Web>>,
     Path(token): Path<String>,
     f: Fields,
 ) -> Response {
@@ -328,7 +331,7 @@ async fn unsubscribe(
             "the body must be List-Unsubscribe=One-Click (RFC 8058), as the page's button sends",
         ));
     }
-    match store::unsubscribe_one_click(&state.pool, &token).await {
+    match store::unsubscribe_one_click(&state.pool, &web, &token).await {
         Ok(Some(list)) => left(&list),
         Ok(None) => unknown_unsubscribe(),
         Err(e) => page::error(e),
@@ -479,7 +482,7 @@ async fn member_act(
                 .map(|l| format!("Your choices for {l} are saved."))
         }
         form::MemberAct::Unsubscribe(member) => {
-            store::leave(&state.pool, &address, list_id, member)
+            store::leave(&state.pool, &web, &address, list_id, member)
                 .await
                 .map(|l| format!("You are no longer subscribed to {l}."))
         }

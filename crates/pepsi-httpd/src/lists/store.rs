@@ -267,11 +267,36 @@ pub async fn one_click(pool: &PgPool, token: &str) -> ApiResult<OneClick> {
     Ok(gone.map_or(OneClick::Unknown, OneClick::Gone))
 }
 
+/// Queues the goodbye (`mail::goodbye_text`) to `address`, who has just left `list` on the
+/// web, in the transaction of the removal, so it goes once per removal. Without a list
+/// stage in the configuration the removal still stands, only unannounced (as in
+/// [`confirm`]).
+async fn goodbye(
+    tx: &mut sqlx::PgConnection,
+    web: &Web,
+    list: &str,
+    address: &str,
+) -> ApiResult<()> {
+    let Ok(route) = web.route() else {
+        return Ok(());
+    };
+    let (subject, text) = mail::goodbye_text(list, web.base.as_deref());
+    let raw =
+        mail::compose(route, list, address, &subject, &text, None).map_err(ApiError::internal)?;
+    crate::moderate::mail::queue(tx, route, list, address, &raw).await?;
+    Ok(())
+}
+
 /// Unsubscribes by one-click token: the member row deleted (its token and preferences
-/// with it) and `member.unsubscribe` logged with `via` one-click and the token's hash, so
-/// that the same link posted again is known. Returns the list, or `None` for an unknown
-/// token. Idempotent: a token used before answers its list again.
-pub async fn unsubscribe_one_click(pool: &PgPool, token: &str) -> ApiResult<Option<String>> {
+/// with it), `member.unsubscribe` logged with `via` one-click and the token's hash, so
+/// that the same link posted again is known, and the goodbye queued. Returns the list, or
+/// `None` for an unknown token. Idempotent: a token used before answers its list again
+/// and sends nothing.
+pub async fn unsubscribe_one_click(
+    pool: &PgPool,
+    web: &Web,
+    token: &str,
+) -> ApiResult<Option<String>> {
     let mut tx = pool.begin().await?;
     let hash = list::token_hash(token);
     let row: Option<(i64, String, String)> = sqlx::query_as(
@@ -304,7 +329,9 @@ pub async fn unsubscribe_one_click(pool: &PgPool, token: &str) -> ApiResult<Opti
     }))
     .execute(&mut *tx)
     .await?;
+    goodbye(&mut tx, web, &list_address, &address).await?;
     tx.commit().await?;
+    wake(pool).await;
     tracing::info!(list = %list_address, %address, "unsubscribed by one-click link");
     Ok(Some(list_address))
 }
@@ -500,9 +527,11 @@ pub async fn save_preferences(
     Ok(list_address)
 }
 
-/// Removes a member row from the member page (`member.unsubscribe`, via member-page).
+/// Removes a member row from the member page (`member.unsubscribe`, via member-page) and
+/// queues the goodbye.
 pub async fn leave(
     pool: &PgPool,
+    web: &Web,
     address: &str,
     list_id: Option<i64>,
     member_id: i64,
@@ -522,6 +551,8 @@ pub async fn leave(
     .bind(json!({"via": "member-page", "list": list_address}))
     .execute(&mut *tx)
     .await?;
+    goodbye(&mut tx, web, &list_address, address).await?;
     tx.commit().await?;
+    wake(pool).await;
     Ok(list_address)
 }
