@@ -15,10 +15,11 @@ use pepsi_conf::cli::ToolFailure as Failure;
 use pepsi_contract::audit;
 use serde::Serialize;
 use serde_json::json;
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 
 use crate::names::Action;
 use crate::store::{self, Who};
+pub use crate::store::{Filter, of_list};
 
 /// The longest header field name a filter names.
 pub const MAX_HEADER_CHARS: usize = 100;
@@ -101,40 +102,11 @@ pub struct NewFilter {
     pub position: Option<i32>,
 }
 
-/// A row of `list_header_filter`, as `filters` shows it.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
-pub struct Filter {
-    pub position: i32,
-    pub header: String,
-    pub pattern: String,
-    pub action: String,
-}
-
 /// What `filter` or `unfilter` did.
 #[derive(Debug, Clone, Serialize)]
 pub struct FilterChange {
     pub list: String,
     pub filter: Filter,
-}
-
-/// The filters of the list `list_id`, in position order.
-pub async fn of_list(conn: &mut PgConnection, list_id: i64) -> Result<Vec<Filter>, sqlx::Error> {
-    let rows: Vec<(i32, String, String, String)> = sqlx::query_as(
-        "SELECT position, header, pattern, action FROM pepsi.list_header_filter \
-          WHERE list_id = $1 ORDER BY position",
-    )
-    .bind(list_id)
-    .fetch_all(conn)
-    .await?;
-    Ok(rows
-        .into_iter()
-        .map(|(position, header, pattern, action)| Filter {
-            position,
-            header,
-            pattern,
-            action,
-        })
-        .collect())
 }
 
 /// The filters of `list`, in position order.

@@ -304,7 +304,7 @@ pub struct ListShown {
     /// Posts in `list_held_message`.
     pub held: i64,
     /// Its header filters, in position order.
-    pub filters: Vec<crate::filters::Filter>,
+    pub filters: Vec<Filter>,
 }
 
 pub async fn show(pool: &PgPool, list: &str) -> Result<ListShown, Failure> {
@@ -357,7 +357,7 @@ pub async fn show(pool: &PgPool, list: &str) -> Result<ListShown, Failure> {
             .bind(list_id)
             .fetch_one(pool)
             .await?;
-    let filters = crate::filters::of_list(&mut *pool.acquire().await?, list_id).await?;
+    let filters = of_list(&mut *pool.acquire().await?, list_id).await?;
     Ok(ListShown {
         address: row.try_get("address")?,
         list_id,
@@ -1294,4 +1294,33 @@ pub async fn bans(pool: &PgPool, list: Option<&str>) -> Result<Vec<Ban>, Failure
         });
     }
     Ok(out)
+}
+
+/// A row of `list_header_filter`, as `pepsi-list filters` and `show` show it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Filter {
+    pub position: i32,
+    pub header: String,
+    pub pattern: String,
+    pub action: String,
+}
+
+/// The filters of the list `list_id`, in position order.
+pub async fn of_list(conn: &mut PgConnection, list_id: i64) -> Result<Vec<Filter>, sqlx::Error> {
+    let rows: Vec<(i32, String, String, String)> = sqlx::query_as(
+        "SELECT position, header, pattern, action FROM pepsi.list_header_filter \
+          WHERE list_id = $1 ORDER BY position",
+    )
+    .bind(list_id)
+    .fetch_all(conn)
+    .await?;
+    Ok(rows
+        .into_iter()
+        .map(|(position, header, pattern, action)| Filter {
+            position,
+            header,
+            pattern,
+            action,
+        })
+        .collect())
 }
