@@ -11,6 +11,7 @@
 
 mod support;
 
+mod archive;
 mod chaos;
 mod common;
 mod config_tool;

@@ -1,0 +1,592 @@
+//! The archive in PostgreSQL (pepsi-0019.sql): a post stored with its thread, parts and
+//! search text ([`archive_post`]), searched ([`search`]) and purged ([`purge_message`],
+//! [`purge_address`]). Every statement is fixed; input is only ever bound. The writes of one
+//! list are serialised by a transaction-scoped advisory lock, so two posts of a thread
+//! archived at once cannot both open it.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, NaiveTime, Utc};
+use mail_parser::{MessageParser, MimeHeaders as _, PartType};
+use pepsi_contract::message;
+use sqlx::{PgConnection, PgPool, Row as _};
+
+use crate::query::{self, Query, QueryError};
+use crate::thread::{self, Known, Outcome, Thread};
+use crate::url;
+
+/// The most text of a post's text/plain parts indexed for search, in bytes (a tsvector
+/// holds at most 1 MB).
+pub const MAX_SEARCH_TEXT: usize = 256 * 1024;
+/// The most parts of a post recorded.
+pub const MAX_PARTS: usize = 1000;
+/// The most hits one search returns.
+pub const MAX_HITS: i64 = 200;
+/// The longest subject and author name kept, in characters.
+const MAX_FIELD: usize = 998;
+
+/// Why the archive could not do what it was asked.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("archive database: {0}")]
+    Database(#[from] sqlx::Error),
+    #[error(transparent)]
+    Query(#[from] QueryError),
+}
+
+/// An archived post.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchivedId {
+    pub archive_id: i64,
+    pub url_id: String,
+    pub thread_id: i64,
+}
+
+/// One search hit, best first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Hit {
+    pub url_id: String,
+    pub thread_id: i64,
+    pub subject: String,
+    pub from_address: String,
+    pub from_name: String,
+    pub date: DateTime<Utc>,
+    pub rank: f32,
+}
+
+/// What the archive keeps of a post besides its bytes.
+struct Post {
+    message_id: String,
+    message_id_made: bool,
+    url_id: String,
+    from_address: String,
+    from_name: String,
+    subject: String,
+    date: DateTime<Utc>,
+    in_reply_to: Option<String>,
+    references: Vec<String>,
+    text: String,
+    parts: Vec<(i32, String, Option<String>, i64)>,
+}
+
+fn bounded(text: &str, max: usize) -> String {
+    text.chars().filter(|c| !c.is_control()).take(max).collect()
+}
+
+/// Reads what the archive keeps of the post `raw` (header block, CRLF, body).
+fn read(headers: &[u8], raw: &[u8], archived_at: DateTime<Utc>) -> Post {
+    let first = |name| message::field_values(headers, name).into_iter().next();
+    let own = first("Message-ID").and_then(|v| thread::ids(&v).into_iter().next());
+    let (message_id, message_id_made) = match own {
+        Some(id) => (id, false),
+        None => (thread::made_message_id(raw), true),
+    };
+    let url_id = url::url_id(&message_id).expect("a normalised id is an id");
+    let references: Vec<String> =
+        thread::ids(&message::field_values(headers, "References").join(" "));
+    let in_reply_to = first("In-Reply-To").and_then(|v| thread::ids(&v).into_iter().next());
+    let parsed = MessageParser::default().parse(raw);
+    let (mut from_address, mut from_name, mut subject, mut date) =
+        (String::new(), String::new(), String::new(), None);
+    let mut text = String::new();
+    let mut parts = Vec::new();
+    if let Some(m) = &parsed {
+        if let Some(a) = m.from().and_then(|f| f.first()) {
+            from_address = bounded(a.address().unwrap_or_default(), 320);
+            from_name = bounded(a.name().unwrap_or_default(), 200);
+        }
+        subject = bounded(m.subject().unwrap_or_default(), MAX_FIELD);
+        date = m
+            .date()
+            .and_then(|d| DateTime::<Utc>::from_timestamp(d.to_timestamp(), 0));
+        for (i, part) in m.parts.iter().enumerate().take(MAX_PARTS) {
+            if matches!(part.body, PartType::Multipart(_)) {
+                continue;
+            }
+            let (h, b) = (part.offset_header as usize, part.offset_body as usize);
+            let part_headers = raw.get(h..b).unwrap_or_default();
+            let file_name = pepsi_contract::mime::file_name(part_headers)
+                .or_else(|| part.attachment_name().map(str::to_owned))
+                .map(|n| bounded(&n, 255));
+            let content_type = part.content_type().map_or_else(
+                || "text/plain".to_owned(),
+                |ct| match ct.subtype() {
+                    Some(sub) => format!("{}/{sub}", ct.ctype()).to_ascii_lowercase(),
+                    None => ct.ctype().to_ascii_lowercase(),
+                },
+            );
+            if let PartType::Text(t) = &part.body
+                && content_type == "text/plain"
+                && file_name.is_none()
+                && text.len() < MAX_SEARCH_TEXT
+            {
+                let room = MAX_SEARCH_TEXT - text.len();
+                let cut = t.floor_char_boundary(room.min(t.len()));
+                text.push_str(&t[..cut]);
+                text.push('\n');
+            }
+            parts.push((
+                i as i32,
+                bounded(&content_type, 255),
+                file_name,
+                part.len() as i64,
+            ));
+        }
+    }
+    // A Date in the future (a wrong clock, or a post that would stay on top) counts as
+    // the time archived, as does none.
+    let date = date
+        .filter(|d| *d <= archived_at + chrono::Duration::days(1))
+        .unwrap_or(archived_at);
+    Post {
+        message_id,
+        message_id_made,
+        url_id,
+        from_address,
+        from_name,
+        subject,
+        date,
+        in_reply_to,
+        references,
+        text,
+        parts,
+    }
+}
+
+/// Serialises the archive writes of `list_id` until the transaction ends.
+async fn lock_list(tx: &mut PgConnection, list_id: i64) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pepsi.archive', $1))")
+        .bind(list_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Archives the post (`headers`, `body`) in the list `list_id`, in the caller's transaction
+/// `tx`: its message, body, parts, search text, thread (placeholders for ancestors not
+/// archived, replacing its own placeholder, merging threads it joins) and month count.
+/// `None` when the list's archive holds its Message-ID already: archiving is idempotent per
+/// list and Message-ID (a post without one gets one made from its hash).
+pub async fn archive_post(
+    tx: &mut PgConnection,
+    list_id: i64,
+    headers: &[u8],
+    body: &[u8],
+    archived_at: DateTime<Utc>,
+) -> Result<Option<ArchivedId>, Error> {
+    let raw = message::join(headers, body);
+    let post = read(headers, &raw, archived_at);
+    let in_reply_to: Vec<String> = post.in_reply_to.iter().cloned().collect();
+    let chain_ids = thread::chain(&post.message_id, &post.references, &in_reply_to);
+    // Keys are url ids; the ids themselves are kept for the placeholders.
+    let mut id_of: HashMap<String, String> = HashMap::new();
+    let chain: Vec<String> = chain_ids
+        .iter()
+        .filter_map(|id| {
+            let key = url::url_id(id)?;
+            id_of.insert(key.clone(), id.clone());
+            Some(key)
+        })
+        .collect();
+    lock_list(tx, list_id).await?;
+    let mut keys = chain.clone();
+    keys.push(post.url_id.clone());
+    let mut known: HashMap<String, Known> = HashMap::new();
+    let rows = sqlx::query(
+        "SELECT url_id, thread_id, NULL::text AS parent, true AS archived \
+           FROM pepsi.archive_message WHERE list_id = $1 AND url_id = ANY($2) \
+         UNION ALL \
+         SELECT url_id, thread_id, parent_url_id, false \
+           FROM pepsi.archive_placeholder WHERE list_id = $1 AND url_id = ANY($2)",
+    )
+    .bind(list_id)
+    .bind(&keys)
+    .fetch_all(&mut *tx)
+    .await?;
+    for row in rows {
+        let key: String = row.try_get("url_id")?;
+        let thread: i64 = row.try_get("thread_id")?;
+        let k = if row.try_get("archived")? {
+            Known::Message { thread }
+        } else {
+            Known::Placeholder {
+                thread,
+                parent: row.try_get("parent")?,
+            }
+        };
+        known.insert(key, k);
+    }
+    let Outcome::Archive(decision) = thread::decide(&post.url_id, &chain, &known) else {
+        return Ok(None);
+    };
+    let thread_id: i64 = match &decision.thread {
+        Thread::Existing(t) => *t,
+        Thread::New { root } => {
+            sqlx::query_scalar(
+                "INSERT INTO pepsi.archive_thread \
+                 (list_id, root_url_id, subject, first_date, last_date) \
+                 VALUES ($1, $2, $3, $4, $4) RETURNING thread_id",
+            )
+            .bind(list_id)
+            .bind(root)
+            .bind(&post.subject)
+            .bind(post.date)
+            .fetch_one(&mut *tx)
+            .await?
+        }
+    };
+    if !decision.merge.is_empty() {
+        merge_threads(tx, thread_id, &decision.merge).await?;
+    }
+    for (key, parent) in &decision.placeholders {
+        sqlx::query(
+            "INSERT INTO pepsi.archive_placeholder \
+             (list_id, url_id, message_id, thread_id, parent_url_id) \
+             VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING",
+        )
+        .bind(list_id)
+        .bind(key)
+        .bind(&id_of[key])
+        .bind(thread_id)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
+    }
+    for (key, parent) in &decision.adopt {
+        sqlx::query(
+            "UPDATE pepsi.archive_placeholder SET parent_url_id = $3 \
+             WHERE list_id = $1 AND url_id = $2 AND parent_url_id IS NULL",
+        )
+        .bind(list_id)
+        .bind(key)
+        .bind(parent)
+        .execute(&mut *tx)
+        .await?;
+    }
+    if decision.replaces_placeholder {
+        sqlx::query("DELETE FROM pepsi.archive_placeholder WHERE list_id = $1 AND url_id = $2")
+            .bind(list_id)
+            .bind(&post.url_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    let archive_id: i64 = sqlx::query_scalar(
+        "INSERT INTO pepsi.archive_message \
+         (list_id, url_id, message_id, message_id_made, from_address, from_name, subject, \
+          date, in_reply_to, message_references, thread_id, parent_url_id, search, size, \
+          archived_at) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, \
+           setweight(to_tsvector('simple', $7), 'A') \
+           || setweight(to_tsvector('simple', $6 || ' ' || $5), 'B') \
+           || setweight(to_tsvector('simple', $13), 'C'), $14, $15) \
+         RETURNING archive_id",
+    )
+    .bind(list_id)
+    .bind(&post.url_id)
+    .bind(&post.message_id)
+    .bind(post.message_id_made)
+    .bind(&post.from_address)
+    .bind(&post.from_name)
+    .bind(&post.subject)
+    .bind(post.date)
+    .bind(&post.in_reply_to)
+    .bind(&post.references)
+    .bind(thread_id)
+    .bind(&decision.parent)
+    .bind(&post.text)
+    .bind(raw.len() as i64)
+    .bind(archived_at)
+    .fetch_one(&mut *tx)
+    .await?;
+    sqlx::query("INSERT INTO pepsi.archive_body (archive_id, raw) VALUES ($1, $2)")
+        .bind(archive_id)
+        .bind(&raw)
+        .execute(&mut *tx)
+        .await?;
+    let (index, types, names, sizes): (Vec<i32>, Vec<String>, Vec<Option<String>>, Vec<i64>) =
+        post.parts.into_iter().fold(Default::default(), |mut a, p| {
+            a.0.push(p.0);
+            a.1.push(p.1);
+            a.2.push(p.2);
+            a.3.push(p.3);
+            a
+        });
+    sqlx::query(
+        "INSERT INTO pepsi.archive_part (archive_id, part_index, content_type, file_name, size) \
+         SELECT $1, * FROM unnest($2::int[], $3::text[], $4::text[], $5::int8[])",
+    )
+    .bind(archive_id)
+    .bind(&index)
+    .bind(&types)
+    .bind(&names)
+    .bind(&sizes)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "UPDATE pepsi.archive_thread SET message_count = message_count + 1, \
+         first_date = least(first_date, $2), last_date = greatest(last_date, $2), \
+         subject = CASE WHEN root_url_id = $3 OR subject = '' THEN $4 ELSE subject END \
+         WHERE thread_id = $1",
+    )
+    .bind(thread_id)
+    .bind(post.date)
+    .bind(&post.url_id)
+    .bind(&post.subject)
+    .execute(&mut *tx)
+    .await?;
+    month_add(tx, list_id, post.date, 1).await?;
+    Ok(Some(ArchivedId {
+        archive_id,
+        url_id: post.url_id,
+        thread_id,
+    }))
+}
+
+/// Moves the posts and placeholders of the threads `merged` into `into`, their counts and
+/// dates with them, and deletes those threads.
+async fn merge_threads(
+    tx: &mut PgConnection,
+    into: i64,
+    merged: &[i64],
+) -> Result<(), sqlx::Error> {
+    sqlx::query("UPDATE pepsi.archive_message SET thread_id = $1 WHERE thread_id = ANY($2)")
+        .bind(into)
+        .bind(merged)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("UPDATE pepsi.archive_placeholder SET thread_id = $1 WHERE thread_id = ANY($2)")
+        .bind(into)
+        .bind(merged)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "UPDATE pepsi.archive_thread t SET message_count = t.message_count + m.n, \
+         first_date = least(t.first_date, m.first), last_date = greatest(t.last_date, m.last) \
+         FROM (SELECT sum(message_count)::int AS n, min(first_date) AS first, \
+                      max(last_date) AS last \
+                 FROM pepsi.archive_thread WHERE thread_id = ANY($2)) m \
+         WHERE t.thread_id = $1 AND m.n IS NOT NULL",
+    )
+    .bind(into)
+    .bind(merged)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM pepsi.archive_thread WHERE thread_id = ANY($1)")
+        .bind(merged)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Adds `n` to the list's count of posts in the month of `date` (UTC); a month at 0 goes.
+async fn month_add(
+    tx: &mut PgConnection,
+    list_id: i64,
+    date: DateTime<Utc>,
+    n: i32,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO pepsi.archive_month (list_id, month, message_count) \
+         VALUES ($1, date_trunc('month', $2 AT TIME ZONE 'UTC')::date, greatest($3, 0)) \
+         ON CONFLICT (list_id, month) \
+         DO UPDATE SET message_count = greatest(archive_month.message_count + $3, 0)",
+    )
+    .bind(list_id)
+    .bind(date)
+    .bind(n)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query("DELETE FROM pepsi.archive_month WHERE list_id = $1 AND message_count = 0")
+        .bind(list_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// The posts of the list `list_id` matching `q` (the syntax of [`crate::query`]), best
+/// first (`ts_rank_cd`, then newest), at most `limit` (1 to [`MAX_HITS`]). A query without
+/// words ranks all matches alike, newest first.
+pub async fn search(pool: &PgPool, list_id: i64, q: &str, limit: i64) -> Result<Vec<Hit>, Error> {
+    let Query {
+        text,
+        from,
+        subject,
+        after,
+        before,
+    } = query::parse(q)?;
+    let day = |d: Option<chrono::NaiveDate>| d.map(|d| d.and_time(NaiveTime::MIN).and_utc());
+    let rows = sqlx::query(
+        "SELECT url_id, thread_id, subject, from_address, from_name, date, \
+                CASE WHEN $2 = '' THEN 0 \
+                     ELSE ts_rank_cd(search, websearch_to_tsquery('simple', $2)) END::real AS rank \
+           FROM pepsi.archive_message \
+          WHERE list_id = $1 \
+            AND ($2 = '' OR search @@ websearch_to_tsquery('simple', $2)) \
+            AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) f \
+                             WHERE strpos(lower(from_address || ' ' || from_name), lower(f)) = 0) \
+            AND ($4 = '' OR to_tsvector('simple', subject) @@ websearch_to_tsquery('simple', $4)) \
+            AND ($5::timestamptz IS NULL OR date >= $5) \
+            AND ($6::timestamptz IS NULL OR date < $6) \
+          ORDER BY rank DESC, date DESC, archive_id DESC LIMIT $7",
+    )
+    .bind(list_id)
+    .bind(&text)
+    .bind(&from)
+    .bind(&subject)
+    .bind(day(after))
+    .bind(day(before))
+    .bind(limit.clamp(1, MAX_HITS))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(Hit {
+                url_id: r.try_get("url_id")?,
+                thread_id: r.try_get("thread_id")?,
+                subject: r.try_get("subject")?,
+                from_address: r.try_get("from_address")?,
+                from_name: r.try_get("from_name")?,
+                date: r.try_get("date")?,
+                rank: r.try_get("rank")?,
+            })
+        })
+        .collect()
+}
+
+/// Deletes the post `url_id` of the list `list_id`: its message, body, parts and search
+/// text. A post others reply to leaves a placeholder (its Message-ID, nothing else) so its
+/// thread keeps its shape; a thread left without posts goes. Logged in `archive_event_log`
+/// as `purge.message` by `actor`, with the url id only. `false` when there was no such post.
+pub async fn purge_message(
+    tx: &mut PgConnection,
+    list_id: i64,
+    url_id: &str,
+    actor: &str,
+) -> Result<bool, Error> {
+    lock_list(tx, list_id).await?;
+    let purged = purge_one(tx, list_id, url_id).await?;
+    if purged {
+        log(
+            tx,
+            Some(list_id),
+            actor,
+            "purge.message",
+            serde_json::json!({"url_id": url_id}),
+        )
+        .await?;
+    }
+    Ok(purged)
+}
+
+async fn purge_one(tx: &mut PgConnection, list_id: i64, url_id: &str) -> Result<bool, sqlx::Error> {
+    let Some(row) = sqlx::query(
+        "DELETE FROM pepsi.archive_message WHERE list_id = $1 AND url_id = $2 \
+         RETURNING message_id, thread_id, parent_url_id, date",
+    )
+    .bind(list_id)
+    .bind(url_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    else {
+        return Ok(false);
+    };
+    let message_id: String = row.try_get("message_id")?;
+    let thread_id: i64 = row.try_get("thread_id")?;
+    let parent: Option<String> = row.try_get("parent_url_id")?;
+    let date: DateTime<Utc> = row.try_get("date")?;
+    sqlx::query(
+        "INSERT INTO pepsi.archive_placeholder \
+         (list_id, url_id, message_id, thread_id, parent_url_id) \
+         SELECT $1, $2, $3, $4, $5 WHERE EXISTS \
+           (SELECT 1 FROM pepsi.archive_message WHERE list_id = $1 AND parent_url_id = $2 \
+            UNION ALL \
+            SELECT 1 FROM pepsi.archive_placeholder WHERE list_id = $1 AND parent_url_id = $2) \
+         ON CONFLICT DO NOTHING",
+    )
+    .bind(list_id)
+    .bind(url_id)
+    .bind(&message_id)
+    .bind(thread_id)
+    .bind(&parent)
+    .execute(&mut *tx)
+    .await?;
+    // A thread without posts goes, its placeholders with it (ON DELETE CASCADE). Two
+    // statements: a DELETE cannot see the row its own statement's CTE updated.
+    let left: Option<i32> = sqlx::query_scalar(
+        "UPDATE pepsi.archive_thread SET message_count = message_count - 1 \
+         WHERE thread_id = $1 RETURNING message_count",
+    )
+    .bind(thread_id)
+    .fetch_optional(&mut *tx)
+    .await?;
+    if left == Some(0) {
+        sqlx::query("DELETE FROM pepsi.archive_thread WHERE thread_id = $1")
+            .bind(thread_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    month_add(tx, list_id, date, -1).await?;
+    Ok(true)
+}
+
+/// Purges every post whose author is `address` (case ignored), in every list, as
+/// [`purge_message`] does, and the archive login links issued to it. Logged per list as
+/// `purge.address` with the number of posts, never the address. Returns the posts purged.
+pub async fn purge_address(
+    tx: &mut PgConnection,
+    address: &str,
+    actor: &str,
+) -> Result<u64, Error> {
+    let posts: Vec<(i64, String)> = sqlx::query_as(
+        "SELECT list_id, url_id FROM pepsi.archive_message \
+         WHERE lower(from_address) = lower($1) ORDER BY list_id, archive_id",
+    )
+    .bind(address)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut per_list: Vec<(i64, u64)> = Vec::new();
+    for (list_id, url_id) in &posts {
+        lock_list(tx, *list_id).await?;
+        if purge_one(tx, *list_id, url_id).await? {
+            match per_list.last_mut() {
+                Some((l, n)) if l == list_id => *n += 1,
+                _ => per_list.push((*list_id, 1)),
+            }
+        }
+    }
+    sqlx::query("DELETE FROM pepsi.archive_reader WHERE lower(address) = lower($1)")
+        .bind(address)
+        .execute(&mut *tx)
+        .await?;
+    for (list_id, n) in &per_list {
+        log(
+            tx,
+            Some(*list_id),
+            actor,
+            "purge.address",
+            serde_json::json!({"posts": n}),
+        )
+        .await?;
+    }
+    Ok(per_list.iter().map(|(_, n)| n).sum())
+}
+
+async fn log(
+    tx: &mut PgConnection,
+    list_id: Option<i64>,
+    actor: &str,
+    event: &str,
+    detail: serde_json::Value,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO pepsi.archive_event_log (list_id, actor, event, detail) \
+         VALUES ($1, $2, $3, $4)",
+    )
+    .bind(list_id)
+    .bind(actor)
+    .bind(event)
+    .bind(detail)
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
