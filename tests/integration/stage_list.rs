@@ -740,3 +740,96 @@ async fn content_filters_remove_parts_and_hold_an_emptied_post() {
     assert_eq!(copies.len(), 2);
     assert!(body(&db, copies[0].3).await.contains("@echo approved"));
 }
+
+/// (message_id, thread_id, parent_url_id, subject, from_address) of the archived posts.
+async fn archived(db: &TestDb) -> Vec<(String, i64, Option<String>, String, String)> {
+    sqlx::query_as(
+        "SELECT message_id, thread_id, parent_url_id, subject, from_address \
+         FROM pepsi.archive_message ORDER BY archive_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// Accepted posts are archived as they came (the subject without the list's prefix), a
+/// reply in its parent's thread; a pass run again after its commit, and the same post sent
+/// again, archive nothing twice.
+#[tokio::test]
+async fn accepted_posts_are_archived_once_in_their_thread() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let alice = "Alice <alice@example.test>";
+    let first = message(&db, alice, &["team@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[first]).await,
+        vec![FINISHED]
+    );
+    let posts = archived(&db).await;
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let (mid, thread, _, subject, from) = posts[0].clone();
+    assert_eq!(
+        (subject.as_str(), from.as_str()),
+        ("lunch", "alice@example.test")
+    );
+    let refs = format!("In-Reply-To: <{mid}>\r\nReferences: <{mid}>\r\n");
+    let reply = message(&db, "carol@remote.test", &["team@example.test"], &refs).await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[reply]).await,
+        vec![FINISHED]
+    );
+    let posts = archived(&db).await;
+    assert_eq!(posts.len(), 2, "{posts:?}");
+    assert_eq!(posts[1].1, thread, "the reply is in the post's thread");
+    assert_eq!(posts[1].2, pepsi_archive::url::url_id(&mid));
+    let count: i32 =
+        sqlx::query_scalar("SELECT message_count FROM pepsi.archive_thread WHERE thread_id = $1")
+            .bind(thread)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(count, 2);
+
+    // The first pass run again after its commit (its row back at the list stage).
+    let again = message(&db, alice, &["team@example.test"], "").await;
+    sqlx::query("UPDATE pepsi.list_post SET workqueue_id = $1 WHERE workqueue_id = $2")
+        .bind(again)
+        .bind(first)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[again]).await,
+        vec![FINISHED]
+    );
+    // The same post sent to the list again: the members get it, the archive has it.
+    let resent = message(&db, alice, &["team@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[resent]).await,
+        vec![FINISHED]
+    );
+    let posts_sent: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.list_post")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(posts_sent, 3);
+    assert_eq!(archived(&db).await.len(), 2, "nothing archived twice");
+}
+
+/// A list whose archive_policy is none archives nothing, and still sends its posts.
+#[tokio::test]
+async fn a_list_without_archive_archives_nothing() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    sqlx::query("UPDATE pepsi.mailing_list SET archive_policy = 'none'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let id = message(&db, "alice@example.test", &["team@example.test"], "").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[id]).await,
+        vec![FINISHED]
+    );
+    assert_eq!(rows_at(&db, "deliver").await.len(), 2);
+    assert!(archived(&db).await.is_empty());
+}

@@ -10,7 +10,9 @@
 //! twice), the fan-out rows (`pepsi.list_fanout`: one
 //! row per member at DELIVER_STAGE with the member's VERP envelope sender, all sharing one
 //! body), `list_held_message`, `list_bounce_event`, `list_bounce_score`, a member's
-//! `delivery_status` (bounces, complaints), `list_event_log`.
+//! `delivery_status` (bounces, complaints), `list_event_log`, and the archive's tables
+//! (`pepsi_archive::store::archive_post`) for each accepted post of a list whose
+//! `archive_policy` is not `none`.
 //!
 //! What each list address does:
 //! - a post: the posting policy (`plan`) accepts it (the list copy of `post` to every
@@ -250,6 +252,8 @@ struct List {
     dmarc_mitigation: String,
     /// `personalize = individual`: a footer of each member's own.
     personalize: bool,
+    /// `archive_policy` is not `none`: accepted posts are archived (`pepsi_archive`).
+    archive: bool,
     /// `digests_enabled` and an enabled member takes digests: accepted posts are also
     /// collected into the list's digest (`pepsi_list_digest`).
     digesting: bool,
@@ -283,7 +287,7 @@ impl List {
 
 const LISTS: &str = "SELECT list_id, address, display_name, subject_prefix, reply_goes_to, \
     reply_to_address, member_action, nonmember_action, emergency, max_message_size, \
-    dmarc_mitigation, personalize, \
+    dmarc_mitigation, personalize, archive_policy <> 'none' AS archive, \
     (digests_enabled AND EXISTS (SELECT 1 FROM pepsi.list_member_preference p \
        JOIN pepsi.list_member m USING (member_id) \
        WHERE p.delivery_mode <> 'regular' AND m.list_id = l.list_id \
@@ -355,6 +359,7 @@ async fn resolve(
                 max_message_size: row.try_get::<i64, _>("max_message_size")?.max(0) as u64,
                 dmarc_mitigation: row.try_get("dmarc_mitigation")?,
                 personalize: row.try_get::<String, _>("personalize")? == "individual",
+                archive: row.try_get("archive")?,
                 digesting: row.try_get("digesting")?,
                 content_filter: content_filter(&row)?,
             });
@@ -712,6 +717,21 @@ impl ListStage {
                         tracing::info!(id, list = %list.address, digest = ?s, "list digest sent");
                     }
                 }
+                // The post as it came, after the content filter and before the list's
+                // changes (DMARC mitigation, List-* fields, footer): in the same
+                // transaction as its list_post row, so a pass run again archives nothing.
+                if list.archive {
+                    let archived = pepsi_archive::store::archive_post(
+                        &mut tx,
+                        list.id,
+                        sent_headers,
+                        sent_body,
+                        chrono::Utc::now(),
+                    )
+                    .await
+                    .map_err(archive_error)?;
+                    tracing::info!(id, list = %list.address, url_id = archived.as_ref().map(|a| a.url_id.as_str()), "list post archived");
+                }
                 tx.commit().await?;
                 ctx.note_rows_created();
                 tracing::info!(id, list = %list.address, post_id, members = n, "list post sent");
@@ -910,6 +930,14 @@ impl ListStage {
         let said = said.join("; ");
         tracing::info!(id = ctx.id(), list = %list.address, %said, "list bounce");
         Ok(delivered(&said))
+    }
+}
+
+/// A failure of the archive as the stage's: the database's as itself (temporary).
+fn archive_error(e: pepsi_archive::store::Error) -> StageError {
+    match e {
+        pepsi_archive::store::Error::Database(e) => e.into(),
+        other => StageError::Invalid(format!("archive: {other}")),
     }
 }
 
