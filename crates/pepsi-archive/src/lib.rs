@@ -2,11 +2,13 @@
 //! each post it accepts through [`store::archive_post`]; the archive's pages (pepsi-httpd)
 //! and the operator tool read, search and purge through [`store`].
 //!
-//! Pure decisions apart from the database: [`url`] (a post's stable id from its
+//! Pure decisions apart from the database: [`mbox`] (reading and writing mbox files),
+//! [`url`] (a post's stable id from its
 //! Message-ID), [`thread`] (where a post sits in its thread, public-inbox style: by
 //! References and In-Reply-To, never by subject) and [`query`] (the search syntax). This
 //! crate depends on pepsi-contract and never on a stage crate.
 
+pub mod mbox;
 pub mod query;
 pub mod store;
 pub mod thread;
