@@ -450,3 +450,170 @@ async fn with_digests_off_digest_members_get_each_post() {
     assert_eq!(mode, "mime_digest");
     assert!(s.digests().await.is_empty(), "nothing collected");
 }
+
+/// The posts a digest carries, by their subjects: a MIME digest's message/rfc822 parts, a
+/// plain one's `Subject:` lines (RFC 1153).
+fn digest_posts(raw: &[u8]) -> Vec<String> {
+    let m = MessageParser::default().parse(raw).expect("parses");
+    assert!(
+        m.subject()
+            .is_some_and(|s| s.starts_with("The Team Digest")),
+        "a digest: {:?}",
+        m.subject()
+    );
+    if m.root_part().is_content_type("text", "plain") {
+        let text = m.body_text(0).unwrap().replace("\r\n", "\n");
+        return text
+            .lines()
+            .filter_map(|l| l.strip_prefix("Subject: [team] "))
+            .map(str::to_owned)
+            .collect();
+    }
+    m.parts
+        .iter()
+        .filter_map(|p| match &p.body {
+            PartType::Message(post) if p.is_content_type("message", "rfc822") => post
+                .subject()
+                .and_then(|s| s.strip_prefix("[team] "))
+                .map(str::to_owned),
+            _ => None,
+        })
+        .collect()
+}
+
+/// What `member` got, in order: a post as it came (`post:<subject>`) or a digest with its
+/// posts (`digest:<subjects>`).
+async fn got(s: &Setup, member: &str) -> Vec<String> {
+    s.rows_for(member)
+        .await
+        .iter()
+        .map(|(_, raw)| {
+            let subject = subject_of(raw);
+            match subject.strip_prefix("[team] ") {
+                Some(post) => format!("post:{post}"),
+                None => format!("digest:{}", digest_posts(raw).join(",")),
+            }
+        })
+        .collect()
+}
+
+/// The list's open digest sent now, as `pepsi-list maintain` sends one whose period has
+/// passed.
+async fn send_open_digest(s: &Setup) {
+    sqlx::query(
+        "UPDATE pepsi.list_digest SET opened_at = now() - interval '25 hours' \
+         WHERE sent_at IS NULL",
+    )
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    let sent = s.list_ok(&["maintain", "--json"]);
+    let v: Value = serde_json::from_str(&sent.stdout).unwrap();
+    assert_eq!(v["digests_sent"], 1, "{v}");
+}
+
+/// A digest member who switches to regular delivery while the digest is open loses none of
+/// the posts collected for it: they come in one last digest of the kind the member took,
+/// with the digest, and the posts after the switch come as copies (and not again in it).
+/// The other digest members get the whole digest.
+#[tokio::test]
+async fn a_member_who_leaves_digests_gets_the_posts_collected_before_in_one_last_digest() {
+    let s = setup(1_000_000).await;
+    // A member who stays in digests, to see that the digest itself is whole.
+    sqlx::query(
+        "INSERT INTO pepsi.list_member (list_id, address, role) \
+         VALUES ($1, 'stays@remote.test', 'member')",
+    )
+    .bind(s.list_id)
+    .execute(&s.db.pool)
+    .await
+    .unwrap();
+    s.list_ok(&["set-mode", "team@example.test", "stays@remote.test", "mime"]);
+
+    s.post("one", "The first.\r\n").await;
+    s.post("two", "The second.\r\n").await;
+    for member in ["mime@remote.test", "plain@remote.test"] {
+        s.list_ok(&["set-mode", "team@example.test", member, "regular"]);
+    }
+    s.post("three", "The third.\r\n").await;
+    assert_eq!(got(&s, "mime@remote.test").await, ["post:three"]);
+    send_open_digest(&s).await;
+    assert_eq!(
+        got(&s, "mime@remote.test").await,
+        ["post:three", "digest:one,two"]
+    );
+    assert_eq!(
+        got(&s, "plain@remote.test").await,
+        ["post:three", "digest:one,two"]
+    );
+    let plain = s.rows_for("plain@remote.test").await;
+    let p = MessageParser::default().parse(&plain[1].1).expect("parses");
+    assert!(
+        p.root_part().is_content_type("text", "plain"),
+        "the kind of digest the member took"
+    );
+    one_click(&plain[1].1);
+    assert_eq!(got(&s, "stays@remote.test").await, ["digest:one,two,three"]);
+    let switches: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.list_digest_switch")
+        .fetch_one(&s.db.pool)
+        .await
+        .unwrap();
+    assert_eq!(switches, 0, "the shares go with the digest");
+
+    // Later posts come as copies, and no more digests.
+    s.post("four", "The fourth.\r\n").await;
+    assert_eq!(
+        got(&s, "mime@remote.test").await,
+        ["post:three", "digest:one,two", "post:four"]
+    );
+    send_open_digest(&s).await;
+    assert_eq!(got(&s, "mime@remote.test").await.len(), 3);
+    assert_eq!(
+        got(&s, "stays@remote.test").await,
+        ["digest:one,two,three", "digest:four"]
+    );
+}
+
+/// A regular member who switches to a digest while one is open gets in it only the posts
+/// after the switch (they had the others as copies); one who goes back and forth within one
+/// digest gets each post once, as a copy or in the digest.
+#[tokio::test]
+async fn switching_to_a_digest_mid_digest_repeats_no_post() {
+    let s = setup(1_000_000).await;
+    s.post("one", "The first.\r\n").await;
+    s.list_ok(&["set-mode", "team@example.test", "reg@example.test", "plain"]);
+    s.list_ok(&[
+        "set-mode",
+        "team@example.test",
+        "mime@remote.test",
+        "regular",
+    ]);
+    s.post("two", "The second.\r\n").await;
+    s.list_ok(&["set-mode", "team@example.test", "mime@remote.test", "mime"]);
+    s.post("three", "The third.\r\n").await;
+    // A regular member's switch and its undoing change nothing.
+    s.list_ok(&[
+        "set-mode",
+        "team@example.test",
+        "plain@remote.test",
+        "regular",
+    ]);
+    s.list_ok(&[
+        "set-mode",
+        "team@example.test",
+        "plain@remote.test",
+        "plain",
+    ]);
+
+    send_open_digest(&s).await;
+    // reg@ posted them all but takes its own posts (receive_own_postings).
+    assert_eq!(
+        got(&s, "reg@example.test").await,
+        ["post:one", "digest:two,three"]
+    );
+    assert_eq!(
+        got(&s, "mime@remote.test").await,
+        ["post:two", "digest:one,three"]
+    );
+    assert_eq!(got(&s, "plain@remote.test").await, ["digest:one,two,three"]);
+}

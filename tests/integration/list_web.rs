@@ -804,3 +804,61 @@ async fn without_a_public_base_the_confirmation_asks_for_a_reply() {
     assert_eq!(link.status, 503, "{link:?}");
     assert!(link.text.contains("LIST_WEB_URL"));
 }
+
+/// A digest member who chooses regular delivery on the member page keeps their share of
+/// the list's open digest (the posts collected so far, in the digest they took), as with
+/// `pepsi-list set-mode`: the page's role records it (`list_digest_switch`).
+#[tokio::test]
+async fn leaving_digests_on_the_member_page_keeps_the_open_digests_posts() {
+    let f = fixture(true).await;
+    let carol = f.add_member("team@example.test", "carol@remote.test").await;
+    sqlx::query(
+        "INSERT INTO pepsi.list_member_preference (member_id, delivery_mode) \
+         VALUES ($1, 'plain_digest')",
+    )
+    .bind(carol)
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    // The list's open digest, with two posts collected.
+    sqlx::query(
+        "WITH d AS (INSERT INTO pepsi.list_digest (list_id, number) \
+                    SELECT list_id, 1 FROM pepsi.mailing_list \
+                    WHERE address = 'team@example.test' RETURNING digest_id) \
+         INSERT INTO pepsi.list_digest_message (digest_id, position, sender, headers, body) \
+         SELECT digest_id, p, 'reg@example.test', 'Subject: x\r\n'::bytea, 'x\r\n'::bytea \
+         FROM d, generate_series(1, 2) p",
+    )
+    .execute(&f.db.pool)
+    .await
+    .unwrap();
+    f.post(
+        "/lists/team@example.test/manage",
+        "address=carol%40remote.test",
+        &[],
+    )
+    .await;
+    let token = token_after(&f.mail().await[0].3, &format!("{WEB}/lists/member/"));
+    let path = format!("/lists/member/{token}");
+    let csrf = token_after(&f.get(&path).await.text, "name=\"csrf\" value=\"");
+    let saved = f
+        .post(
+            &path,
+            &format!("csrf={csrf}&member={carol}&do=save&delivery_mode=regular"),
+            &[],
+        )
+        .await;
+    assert_eq!(saved.status, 200, "{saved:?}");
+    let share: Vec<(String, String)> = sqlx::query_as(
+        "SELECT mode, regular::text FROM pepsi.list_digest_switch WHERE member_id = $1",
+    )
+    .bind(carol)
+    .fetch_all(&f.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        share,
+        [("plain_digest".to_owned(), "{[3,)}".to_owned())],
+        "posts 1 and 2 in a plain digest; from 3 on as copies"
+    );
+}

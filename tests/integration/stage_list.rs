@@ -456,6 +456,142 @@ async fn joining_and_leaving_by_mail_are_confirmed_by_the_address() {
     assert_eq!(sent_to(&db, "victim@else.test").await.len(), 3);
 }
 
+/// A `-join` from `from` for itself, as the ingress stores it from the SMTP client `client`
+/// (`state.origin.client_addr`), running at the list stage.
+async fn join_from_client(db: &TestDb, from: &str, client: &str) -> i64 {
+    let headers = format!("From: {from}\r\nTo: team-join@example.test\r\nSubject: join\r\n");
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5)")
+        .bind(from)
+        .bind(vec!["team-join@example.test".to_owned()])
+        .bind(headers.as_bytes())
+        .bind(b"join\r\n".as_slice())
+        .bind(json!({"origin": {"client_addr": client, "helo": "bot", "esmtp": true}}))
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    support::claim(&db.pool, id, "lists").await;
+    id
+}
+
+/// Subscription bombing from one SMTP client: `-join` requests naming many strangers
+/// from one client address get CONFIRMATIONS_PER_CLIENT confirmations in the window, the
+/// rest none (each recipient delivered, nothing bounced); another client is not affected,
+/// an IPv6 client counts by its /64, and mail from this host counts by its envelope
+/// sender's domain.
+#[tokio::test]
+async fn join_requests_from_one_client_get_at_most_confirmations_per_client() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let conf = std::fs::read_to_string(&s.config).unwrap().replace(
+        "BOUNCE_STAGE = bounced\n",
+        "BOUNCE_STAGE = bounced\nCONFIRMATIONS_PER_CLIENT = 3\n",
+    );
+    std::fs::write(&s.config, conf).unwrap();
+    let confirmations = |addresses: Vec<String>| {
+        let db = &db;
+        async move {
+            let mut n = 0;
+            for a in &addresses {
+                n += sent_to(db, a).await.len();
+            }
+            n
+        }
+    };
+    let strangers: Vec<String> = (0..4).map(|i| format!("stranger{i}@else.test")).collect();
+    let mut ids = Vec::new();
+    for a in &strangers {
+        ids.push(join_from_client(&db, a, "198.51.100.7").await);
+    }
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &ids).await,
+        vec![FINISHED; 4]
+    );
+    assert_eq!(
+        confirmations(strangers.clone()).await,
+        3,
+        "three confirmations, one dropped"
+    );
+    assert!(
+        rows_at(&db, "bounced").await.is_empty(),
+        "no DSN for a dropped request"
+    );
+    let pending: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.list_pending")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(pending, 3, "no pending request without its confirmation");
+    let counted: Vec<(String, i32)> = sqlx::query_as(
+        "SELECT key, count FROM pepsi.list_confirm_rate WHERE key_kind = 'client' ORDER BY key",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(counted, vec![("198.51.100.7".to_owned(), 4)]);
+
+    // Another client is not affected.
+    let other = join_from_client(&db, "neighbour@else.test", "203.0.113.9").await;
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &[other]).await,
+        vec![FINISHED]
+    );
+    assert_eq!(sent_to(&db, "neighbour@else.test").await.len(), 1);
+
+    // IPv6: the addresses of one /64 are one client.
+    let v6: Vec<String> = (0..4).map(|i| format!("six{i}@else.test")).collect();
+    let mut ids = Vec::new();
+    for (i, a) in v6.iter().enumerate() {
+        ids.push(join_from_client(&db, a, &format!("2001:db8:7:7::{}", i + 1)).await);
+    }
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &ids).await,
+        vec![FINISHED; 4]
+    );
+    assert_eq!(confirmations(v6).await, 3);
+
+    // From this host (loopback): counted by the envelope sender's domain, so one bot's
+    // domain is limited and another domain is not.
+    let bot: Vec<String> = (0..4).map(|i| format!("bot{i}@bots.test")).collect();
+    let mut ids = Vec::new();
+    for a in &bot {
+        ids.push(join_from_client(&db, a, "127.0.0.1").await);
+    }
+    ids.push(join_from_client(&db, "person@people.test", "127.0.0.1").await);
+    assert_eq!(
+        support::run_ids(STAGE, &s.config, &ids).await,
+        vec![FINISHED; 5]
+    );
+    assert_eq!(confirmations(bot).await, 3);
+    assert_eq!(sent_to(&db, "person@people.test").await.len(), 1);
+    let keys: Vec<String> = sqlx::query_scalar(
+        "SELECT key FROM pepsi.list_confirm_rate WHERE key_kind = 'client' ORDER BY key",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        keys,
+        [
+            "198.51.100.7",
+            "2001:db8:7:7::/64",
+            "203.0.113.9",
+            "domain:bots.test",
+            "domain:people.test"
+        ]
+    );
+
+    // A bad value stops the worker naming the option and the value.
+    let conf = std::fs::read_to_string(&s.config).unwrap().replace(
+        "CONFIRMATIONS_PER_CLIENT = 3",
+        "CONFIRMATIONS_PER_CLIENT = many",
+    );
+    std::fs::write(&s.config, conf).unwrap();
+    let err = support::worker_start_error(STAGE, &s.config);
+    assert!(
+        err.contains("CONFIRMATIONS_PER_CLIENT") && err.contains("many"),
+        "{err}"
+    );
+}
+
 /// A member whose VERP local part would pass 64 octets (RFC 5321) gets the list's plain
 /// bounce address instead, which every server takes.
 #[tokio::test]

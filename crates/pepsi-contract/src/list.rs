@@ -217,6 +217,23 @@ impl RateKey {
     }
 }
 
+/// The key a client's address counts under (`RateKey::Client`, and pepsi-httpd's other
+/// limits): IPv4 as it is (an IPv4-mapped IPv6 address as its IPv4), IPv6 by its /64 (one
+/// host usually holds a whole /64). The list stage and pepsi-httpd write the same form, so
+/// one host asking by mail and on the web counts once.
+pub fn client_key(ip: std::net::IpAddr) -> String {
+    match ip {
+        std::net::IpAddr::V4(v4) => v4.to_string(),
+        std::net::IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => v4.to_string(),
+            None => {
+                let s = v6.segments();
+                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
+            }
+        },
+    }
+}
+
 /// Counts one confirmation for `key` on list `list_id` and tells whether it is within the
 /// list's limit for that kind of key in the current `confirm_window`. The window starts at
 /// a multiple of its length, so every writer (the list stage, pepsi-httpd) counts the same
@@ -227,6 +244,18 @@ pub async fn count_confirmation(
     list_id: i64,
     kind: RateKey,
     key: &str,
+) -> sqlx::Result<bool> {
+    count_confirmation_within(conn, list_id, kind, key, None).await
+}
+
+/// [`count_confirmation`] against `limit` instead of the list's own limit when one is given
+/// (the list stage's `CONFIRMATIONS_PER_CLIENT`); counted in the same row and window.
+pub async fn count_confirmation_within(
+    conn: &mut PgConnection,
+    list_id: i64,
+    kind: RateKey,
+    key: &str,
+    limit: Option<i32>,
 ) -> sqlx::Result<bool> {
     sqlx::query_scalar(
         "WITH l AS (SELECT CASE WHEN $2 = 'address' THEN confirm_limit_per_address \
@@ -239,11 +268,12 @@ pub async fn count_confirmation(
                      ON CONFLICT (list_id, key_kind, key, window_start) \
                      DO UPDATE SET count = pepsi.list_confirm_rate.count + 1 \
                      RETURNING count) \
-         SELECT coalesce((SELECT count FROM up) <= (SELECT lim FROM l), false)",
+         SELECT coalesce((SELECT count FROM up) <= coalesce($4, (SELECT lim FROM l)), false)",
     )
     .bind(list_id)
     .bind(kind.as_str())
     .bind(key)
+    .bind(limit)
     .fetch_one(conn)
     .await
 }

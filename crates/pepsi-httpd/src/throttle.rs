@@ -92,18 +92,10 @@ impl Throttle {
 }
 
 /// The key a client address counts under: IPv4 as it is, IPv6 by its /64 (one host
-/// usually holds a whole /64).
+/// usually holds a whole /64). The form the list stage counts SMTP clients under too
+/// (`pepsi_contract::list::client_key`), so a host counts once by mail and on the web.
 pub fn address_key(ip: IpAddr) -> String {
-    match ip {
-        IpAddr::V4(v4) => v4.to_string(),
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => v4.to_string(),
-            None => {
-                let s = v6.segments();
-                format!("{:x}:{:x}:{:x}:{:x}::/64", s[0], s[1], s[2], s[3])
-            }
-        },
-    }
+    pepsi_contract::list::client_key(ip)
 }
 
 /// The key an administrator name's failures count under: the name and the client's

@@ -7,6 +7,11 @@
 //! sent_at IS NULL` that marks it is also what decides who sends it, so a digest due by
 //! size in the list stage and by period in `pepsi-list maintain` at the same moment goes
 //! out once. Its posts are deleted with it: the queue holds the digest from then on.
+//!
+//! A member who changes between regular delivery and a digest while the list's digest is
+//! open ([`switch`]) has a share of their own of it (`list_digest_switch`): the posts they
+//! did not get as regular copies, so that a switch to regular loses none of the posts
+//! collected before it and a switch from regular repeats none.
 
 use chrono::Utc;
 use sqlx::{PgConnection, PgPool, Row as _};
@@ -155,8 +160,100 @@ async fn open(conn: &mut PgConnection, list_id: i64) -> sqlx::Result<i64> {
     }
 }
 
+/// Records, in the caller's transaction and before the member's
+/// `list_member_preference.delivery_mode` is changed, that member `member_id` changes it to
+/// `to` (`regular`, `mime_digest` or `plain_digest`) while their list's digest is open:
+/// the posts collected so far come to them with that digest, in the kind of digest they
+/// took, when they leave digests; and those they got as regular copies do not come again
+/// when they take digests. The open digest is locked, so a post collected at the same
+/// moment is counted on one side of the switch. Nothing is recorded without an open digest,
+/// or for a change from one kind of digest to the other (the digest goes out in the kind
+/// the member takes when it is sent). pepsi-list set-mode and pepsi-httpd's member page
+/// both call it.
+pub async fn switch(conn: &mut PgConnection, member_id: i64, to: &str) -> sqlx::Result<()> {
+    let Some(row) = sqlx::query(
+        "SELECT m.list_id, COALESCE(p.delivery_mode, 'regular') AS mode \
+         FROM pepsi.list_member m LEFT JOIN pepsi.list_member_preference p USING (member_id) \
+         WHERE m.member_id = $1 FOR UPDATE OF m",
+    )
+    .bind(member_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(());
+    };
+    let list_id: i64 = row.try_get("list_id")?;
+    let from: String = row.try_get("mode")?;
+    if (from == "regular") == (to == "regular") {
+        return Ok(());
+    }
+    let Some(digest_id): Option<i64> = sqlx::query_scalar(
+        "SELECT digest_id FROM pepsi.list_digest \
+         WHERE list_id = $1 AND sent_at IS NULL FOR UPDATE",
+    )
+    .bind(list_id)
+    .fetch_optional(&mut *conn)
+    .await?
+    else {
+        return Ok(());
+    };
+    // The posts collected so far are positions 1..=last. Leaving digests: those after
+    // `last` come as regular copies. Taking them: those up to `last` came so.
+    let (sql, mode) = if to == "regular" {
+        (
+            "INSERT INTO pepsi.list_digest_switch (digest_id, member_id, mode, regular) \
+             SELECT $1, $2, $4, int4multirange(int4range($3, NULL, '()')) \
+             ON CONFLICT (digest_id, member_id) DO UPDATE SET mode = EXCLUDED.mode, \
+             regular = pepsi.list_digest_switch.regular + EXCLUDED.regular",
+            from.as_str(),
+        )
+    } else {
+        (
+            "INSERT INTO pepsi.list_digest_switch (digest_id, member_id, mode, regular) \
+             SELECT $1, $2, $4, int4multirange(int4range(NULL, $3, '[]')) \
+             ON CONFLICT (digest_id, member_id) DO UPDATE SET mode = EXCLUDED.mode, \
+             regular = pepsi.list_digest_switch.regular * EXCLUDED.regular",
+            to,
+        )
+    };
+    let last = last_position(conn, digest_id).await?;
+    sqlx::query(sql)
+        .bind(digest_id)
+        .bind(member_id)
+        .bind(last)
+        .bind(mode)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
+}
+
+/// Locks the list's open digest, if it has one, for the caller's transaction. The list
+/// stage takes it before it reads who takes a post as a regular copy, so that a member's
+/// [`switch`] falls wholly before or wholly after the post: it is neither lost to them nor
+/// sent to them twice.
+pub async fn lock_open(conn: &mut PgConnection, list_id: i64) -> sqlx::Result<()> {
+    sqlx::query(
+        "SELECT 1 FROM pepsi.list_digest WHERE list_id = $1 AND sent_at IS NULL FOR UPDATE",
+    )
+    .bind(list_id)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// The position of the last post collected in `digest_id`, 0 when none is.
+async fn last_position(conn: &mut PgConnection, digest_id: i64) -> sqlx::Result<i32> {
+    sqlx::query_scalar(
+        "SELECT COALESCE(max(position), 0) FROM pepsi.list_digest_message WHERE digest_id = $1",
+    )
+    .bind(digest_id)
+    .fetch_one(conn)
+    .await
+}
+
 /// Sends the digest `digest_id` in the caller's transaction: marks it sent, queues the MIME
-/// digest to the members who take it and the plain one to theirs, and deletes its posts.
+/// digest to the members who take it and the plain one to theirs, each member who changed
+/// mode while it was open their own share of it ([`switch`]), and deletes its posts.
 /// `None` when it was sent already (or does not exist).
 pub async fn send(
     conn: &mut PgConnection,
@@ -179,40 +276,115 @@ pub async fn send(
     let display_name: String = row.try_get("display_name")?;
     let sent_at: chrono::DateTime<Utc> = row.try_get("sent_at")?;
     let (volume, number): (i32, i32) = (row.try_get("volume")?, row.try_get("number")?);
-    let posts: Vec<(Vec<u8>, Vec<u8>)> = sqlx::query_as(
-        "SELECT headers, body FROM pepsi.list_digest_message WHERE digest_id = $1 \
+    let stored: Vec<(i32, Vec<u8>, Vec<u8>)> = sqlx::query_as(
+        "SELECT position, headers, body FROM pepsi.list_digest_message WHERE digest_id = $1 \
          ORDER BY position LIMIT $2",
     )
     .bind(digest_id)
     .bind(MAX_POSTS)
     .fetch_all(&mut *conn)
     .await?;
-    let posts: Vec<Post<'_>> = posts
+    let posts: Vec<Post<'_>> = stored
         .iter()
-        .map(|(headers, body)| Post { headers, body })
+        .map(|(_, headers, body)| Post { headers, body })
         .collect();
-    let message_id = format!(
-        "digest.{digest_id}.{}@{}",
-        sent_at.timestamp_micros(),
-        route.hostname
-    );
+    // The shares of the members who changed mode while the digest was open: per kind and
+    // set of posts, who gets it. They get no share of the whole digest.
+    let shares: Vec<(String, Vec<i32>, Vec<String>)> = sqlx::query_as(
+        "SELECT kind, positions, array_agg(address ORDER BY address) FROM ( \
+           SELECT m.address, \
+                  CASE WHEN COALESCE(p.delivery_mode, 'regular') = 'regular' THEN s.mode \
+                       ELSE p.delivery_mode END AS kind, \
+                  ARRAY(SELECT d.position FROM pepsi.list_digest_message d \
+                        WHERE d.digest_id = s.digest_id AND NOT s.regular @> d.position \
+                        ORDER BY d.position) AS positions \
+           FROM pepsi.list_digest_switch s JOIN pepsi.list_member m USING (member_id) \
+           LEFT JOIN pepsi.list_member_preference p USING (member_id) \
+           WHERE s.digest_id = $1) t \
+         GROUP BY kind, positions ORDER BY kind, positions",
+    )
+    .bind(digest_id)
+    .fetch_all(&mut *conn)
+    .await?;
+    let switched: Vec<String> = shares
+        .iter()
+        .flat_map(|(_, _, addresses)| addresses.iter().cloned())
+        .collect();
+    let message_id = |part: usize| {
+        format!(
+            "digest.{digest_id}.{}.{part}@{}",
+            sent_at.timestamp_micros(),
+            route.hostname
+        )
+    };
+    let whole_id = message_id(0);
     let issue = Issue {
         list: &list,
         display_name: &display_name,
         volume,
         number,
         date: sent_at.timestamp(),
-        message_id: &message_id,
+        message_id: &whole_id,
     };
     let fields = message::unsubscribe_fields(&list, route.web_url);
+    let to = |mode, skip| Recipients {
+        mode,
+        skip,
+        only: None,
+    };
     let mime = message::mime(&issue, &posts);
-    let mime_members = fan_out(conn, route, list_id, "mime_digest", &mime, &fields).await?;
+    let mut mime_members = fan_out(
+        conn,
+        route,
+        list_id,
+        to("mime_digest", &switched),
+        &mime,
+        &fields,
+    )
+    .await?;
     let plain = message::plain(&issue, &posts);
-    let plain_members = fan_out(conn, route, list_id, "plain_digest", &plain, &fields).await?;
-    sqlx::query("DELETE FROM pepsi.list_digest_message WHERE digest_id = $1")
-        .bind(digest_id)
-        .execute(&mut *conn)
-        .await?;
+    let mut plain_members = fan_out(
+        conn,
+        route,
+        list_id,
+        to("plain_digest", &switched),
+        &plain,
+        &fields,
+    )
+    .await?;
+    for (part, (kind, positions, addresses)) in shares.iter().enumerate() {
+        let share: Vec<Post<'_>> = stored
+            .iter()
+            .filter(|(position, _, _)| positions.contains(position))
+            .map(|(_, headers, body)| Post { headers, body })
+            .collect();
+        if share.is_empty() {
+            continue;
+        }
+        let share_id = message_id(part + 1);
+        let issue = Issue {
+            message_id: &share_id,
+            ..issue
+        };
+        let (raw, members) = if kind == "plain_digest" {
+            (message::plain(&issue, &share), &mut plain_members)
+        } else {
+            (message::mime(&issue, &share), &mut mime_members)
+        };
+        let only = Recipients {
+            mode: kind,
+            skip: &[],
+            only: Some(addresses),
+        };
+        *members += fan_out(conn, route, list_id, only, &raw, &fields).await?;
+    }
+    sqlx::query(
+        "WITH s AS (DELETE FROM pepsi.list_digest_switch WHERE digest_id = $1) \
+         DELETE FROM pepsi.list_digest_message WHERE digest_id = $1",
+    )
+    .bind(digest_id)
+    .execute(&mut *conn)
+    .await?;
     Ok(Some(Sent {
         list,
         digest_id,
@@ -224,13 +396,20 @@ pub async fn send(
     }))
 }
 
-/// One row per enabled member whose delivery mode is `mode`, carrying `raw` and the
-/// member's own unsubscribe `fields`.
+/// Who gets a digest: the enabled members whose delivery mode is `mode` but those in
+/// `skip`; with `only`, the enabled members among those addresses whatever their mode.
+struct Recipients<'a> {
+    mode: &'a str,
+    skip: &'a [String],
+    only: Option<&'a [String]>,
+}
+
+/// One row per member of `to`, carrying `raw` and the member's own unsubscribe `fields`.
 async fn fan_out(
     conn: &mut PgConnection,
     route: &Route<'_>,
     list_id: i64,
-    mode: &str,
+    to: Recipients<'_>,
     raw: &[u8],
     fields: &str,
 ) -> sqlx::Result<i32> {
@@ -238,14 +417,16 @@ async fn fan_out(
     sqlx::query_scalar(
         "SELECT pepsi.list_fanout(p_list_id => $1, p_role => 'member', p_stage => $2, \
          p_headers => $3, p_body => $4, p_mail_from => '', p_verp => true, \
-         p_skip => '{}', p_mode => $5, p_member_fields => $6)",
+         p_skip => $5, p_mode => $6, p_member_fields => $7, p_only => $8)",
     )
     .bind(list_id)
     .bind(route.deliver_stage)
     .bind(headers)
     .bind(body)
-    .bind(mode)
+    .bind(to.skip)
+    .bind(to.mode)
     .bind(fields)
+    .bind(to.only)
     .fetch_one(&mut *conn)
     .await
 }

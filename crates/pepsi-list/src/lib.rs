@@ -24,7 +24,7 @@ pub mod content;
 pub mod filters;
 mod maintain;
 pub mod members_csv;
-mod mode;
+pub mod mode;
 pub mod moderation;
 pub mod names;
 pub mod options;

@@ -1,7 +1,8 @@
 //! `pepsi-list set-mode LIST ADDRESS MODE`: how a member takes the list's posts, one by one
 //! (`regular`) or collected in a digest (`mime`, `plain`; docs/lists.md, "Digests"). The
 //! choice is the member's `list_member_preference.delivery_mode`; the list stage and
-//! `pepsi-list maintain` read it when they send (`pepsi_list_digest`).
+//! `pepsi-list maintain` read it when they send (`pepsi_list_digest`). A change while the
+//! list's digest is open keeps the member's share of it ([`switch`]).
 
 use pepsi_conf::cli::ToolFailure as Failure;
 use serde::Serialize;
@@ -9,6 +10,11 @@ use serde_json::json;
 use sqlx::PgPool;
 
 use crate::store::Who;
+
+/// A member's share of the list's open digest when their mode changes between regular and
+/// a digest (`list_digest_switch`): called in the change's transaction, before the mode is
+/// stored, by `set` and by pepsi-httpd's member page, so neither loses nor repeats a post.
+pub use pepsi_list_digest::store::switch;
 
 /// A member's delivery mode, as the operator names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
@@ -109,6 +115,7 @@ pub async fn set(
     let to = mode.column().to_owned();
     let changed = from != to;
     if changed {
+        switch(&mut tx, member_id, &to).await?;
         sqlx::query(
             "INSERT INTO pepsi.list_member_preference (member_id, delivery_mode) VALUES ($1, $2) \
              ON CONFLICT (member_id) DO UPDATE \

@@ -1561,6 +1561,7 @@ CREATE OR REPLACE TRIGGER mailing_list_notify
 -- pass, so it never notifies (see the contract above).
 DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb);
 DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb, text);
+DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text, boolean, text[], jsonb, text, text, text, text);
 -- p_mode: only members whose delivery_mode (list_member_preference, 'regular' without a
 -- row) is p_mode get a row ('regular' posts; the digests pass 'mime_digest' or
 -- 'plain_digest'); people of other roles are not filtered by it.
@@ -1571,11 +1572,14 @@ DROP FUNCTION IF EXISTS pepsi.list_fanout(bigint, text, text, bytea, bytea, text
 -- int8send(member_id)), the secret made on first use and the token's sha256 stored in
 -- list_unsubscribe_token), and in p_footer `{member}` the member: their display name and
 -- address when the name is short printable ASCII, else the address. NULL: nothing added.
+-- p_only: when not NULL, only the members among these addresses get a row, whatever their
+-- delivery mode (a digest's share of a member who changed mode while it was open:
+-- pepsi_list_digest::store::send).
 CREATE OR REPLACE FUNCTION pepsi.list_fanout(
     p_list_id bigint, p_role text, p_stage text, p_headers bytea, p_body bytea,
     p_mail_from text, p_verp boolean, p_skip text[], p_state jsonb DEFAULT '{}',
     p_token text DEFAULT NULL, p_mode text DEFAULT 'regular',
-    p_member_fields text DEFAULT NULL, p_footer text DEFAULT NULL)
+    p_member_fields text DEFAULT NULL, p_footer text DEFAULT NULL, p_only text[] DEFAULT NULL)
 RETURNS integer LANGUAGE plpgsql AS $$
 DECLARE
     v_list text;
@@ -1630,7 +1634,8 @@ BEGIN
           AND (p_role <> 'member' OR m.delivery_status = 'enabled')
           -- A list whose digests are off sends every member each post as it comes.
           AND (p_role <> 'member' OR COALESCE(p.delivery_mode, 'regular') = p_mode
-               OR (p_mode = 'regular' AND NOT v_digests))
+               OR (p_mode = 'regular' AND NOT v_digests) OR p_only IS NOT NULL)
+          AND (p_only IS NULL OR m.address = ANY (p_only))
           AND m.address <> ALL (COALESCE(p_skip, '{}'))
     ), tokens AS (
         INSERT INTO pepsi.list_unsubscribe_token (member_id, token_hash)

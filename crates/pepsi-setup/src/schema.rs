@@ -91,6 +91,10 @@ pub const PATCHES: &[Patch] = &[
         sql: include_str!("../db/pepsi-0017.sql"),
     },
     Patch {
+        name: "pepsi-0018",
+        sql: include_str!("../db/pepsi-0018.sql"),
+    },
+    Patch {
         name: "pepsi-0019",
         sql: include_str!("../db/pepsi-0019.sql"),
     },

@@ -5,9 +5,12 @@
 //! `confirm <token>` to `-request` carries it out. Only a SHA-256 of the token is stored.
 //!
 //! Confirmations are limited per address and list to `confirm_limit_per_address` in each
-//! `confirm_window` (`list_confirm_rate`): past it a request is dropped without a word, so
-//! nobody can use a list to flood a stranger's mailbox (the request's sender may be forged;
-//! answering it would be backscatter).
+//! `confirm_window` (`list_confirm_rate`), and per SMTP client ([`client_key`]) to the
+//! stage's `CONFIRMATIONS_PER_CLIENT` (the list's `confirm_limit_per_client` unless it says
+//! otherwise), counted with the web's requests from that client: past either a request is
+//! dropped without a word, so nobody can use a list to flood a stranger's mailbox, nor one
+//! client many strangers' (the request's sender may be forged; answering it would be
+//! backscatter).
 //!
 //! `parse_request` (pure, a table) reads a `-request` message's subject or first body line;
 //! the rest is the I/O around it.
@@ -22,7 +25,7 @@ use pepsi_outbound::delivery::{Failure, RcptResult};
 use serde_json::Map;
 use sqlx::Row as _;
 
-use crate::{List, Options, delivered};
+use crate::{ClientLimit, List, Options, delivered};
 
 /// What a `-request` message asks.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -109,6 +112,49 @@ fn requester(ctx: &StageContext<'_>, list: &List) -> Result<Option<String>, Stag
         return Ok(None);
     }
     Ok(Some(who))
+}
+
+/// What a request by mail counts under for the per-client limit
+/// (`list_confirm_rate.key_kind` `client`): the SMTP client's address the ingress recorded
+/// (`state.origin.client_addr`), in the web's form ([`list::client_key`]: IPv4, IPv6 by its
+/// /64); for a message without one or from this host (pepsi-sendmail, a relay of ours on
+/// loopback), where the address tells no client apart, the envelope sender's domain
+/// (`domain:example.net`). `None` when there is neither.
+pub fn client_key(client: Option<std::net::IpAddr>, mail_from: &str) -> Option<String> {
+    let local = |ip: std::net::IpAddr| {
+        let ip = match ip {
+            std::net::IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, std::net::IpAddr::V4),
+            v4 => v4,
+        };
+        ip.is_loopback() || ip.is_unspecified()
+    };
+    if let Some(ip) = client.filter(|ip| !local(*ip)) {
+        return Some(list::client_key(ip));
+    }
+    let address = pepsi_conf::address::Address::parse(mail_from).ok()?;
+    Some(format!("domain:{}", address.key().rsplit_once('@')?.1))
+}
+
+/// Counts the request against the stage's per-client limit: whether it is within it (true
+/// when `CONFIRMATIONS_PER_CLIENT` is 0 or there is no client to count).
+async fn within_client_limit(
+    tx: &mut sqlx::Transaction<'_, sqlx::Postgres>,
+    options: &Options,
+    ctx: &StageContext<'_>,
+    list: &List,
+) -> Result<(bool, Option<String>), StageError> {
+    let limit = match options.confirm_limit_per_client {
+        ClientLimit::Off => return Ok((true, None)),
+        ClientLimit::List => None,
+        ClientLimit::At(n) => Some(n as i32),
+    };
+    let origin = pepsi_contract::state::Origin::from_state(ctx.state())?;
+    let Some(key) = client_key(origin.and_then(|o| o.client_addr), ctx.mail_from()) else {
+        return Ok((true, None));
+    };
+    let allowed =
+        list::count_confirmation_within(tx, list.id, list::RateKey::Client, &key, limit).await?;
+    Ok((allowed, Some(key)))
 }
 
 /// The answer for a command nobody (or a program) asked.
@@ -220,12 +266,23 @@ async fn request(
             "{kind} request from {who}: answered before"
         )));
     }
-    let allowed = list::count_confirmation(&mut tx, list.id, list::RateKey::Address, who).await?;
-    if !allowed {
+    // Both limits are counted even when the first refuses (as on the web), so a flood
+    // from one client is stopped however it spreads over addresses.
+    let by_address =
+        list::count_confirmation(&mut tx, list.id, list::RateKey::Address, who).await?;
+    let (by_client, client) = within_client_limit(&mut tx, options, ctx, list).await?;
+    if !by_address || !by_client {
         tx.commit().await?;
-        tracing::warn!(list = %list.address, %who, kind, "confirmation limit reached: no confirmation sent");
+        let whose = if by_address {
+            format!("client {}", client.as_deref().unwrap_or_default())
+        } else {
+            "address".to_owned()
+        };
+        tracing::warn!(list = %list.address, %who, client = client.as_deref().unwrap_or_default(),
+            kind, "confirmation limit of the {whose} reached: no confirmation sent");
         return Ok(delivered(&format!(
-            "{kind} request from {who}: the confirmation limit is reached, none sent"
+            "{kind} request from {who}: the confirmation limit of the {whose} is reached, \
+             none sent"
         )));
     }
     sqlx::query(
@@ -473,6 +530,38 @@ async fn send(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn client_keys_table() {
+        let cases: &[(Option<&str>, &str, Option<&str>)] = &[
+            (Some("192.0.2.7"), "a@b.example", Some("192.0.2.7")),
+            (Some("2001:db8:1:2:3::9"), "", Some("2001:db8:1:2::/64")),
+            (Some("::ffff:192.0.2.7"), "a@b.example", Some("192.0.2.7")),
+            // From this host: the envelope sender's domain tells clients apart instead.
+            (
+                Some("127.0.0.1"),
+                "bot@Spam.Example",
+                Some("domain:spam.example"),
+            ),
+            (Some("::1"), "bot@spam.example", Some("domain:spam.example")),
+            (
+                Some("::ffff:127.0.0.1"),
+                "bot@spam.example",
+                Some("domain:spam.example"),
+            ),
+            (None, "bot@spam.example", Some("domain:spam.example")),
+            (None, "", None),
+            (None, "no address", None),
+        ];
+        for (ip, mail_from, want) in cases {
+            let ip = ip.map(|i| i.parse().unwrap());
+            assert_eq!(
+                client_key(ip, mail_from).as_deref(),
+                *want,
+                "{ip:?} {mail_from:?}"
+            );
+        }
+    }
 
     #[test]
     fn requests_table() {

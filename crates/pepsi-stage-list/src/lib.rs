@@ -103,10 +103,47 @@ pub struct Options {
     /// sent per list and day; past it a refused post is dropped without one, so a flood of
     /// forged senders gets no flood of bounces (`list_autoresponse`, kind `reject_notice`).
     pub refusal_notices: u32,
+    /// `CONFIRMATIONS_PER_CLIENT` (`list`): the most confirmations one SMTP client may
+    /// cause by mail per list in each `confirm_window`, counted with the web's per-client
+    /// count (`commands`).
+    pub confirm_limit_per_client: ClientLimit,
 }
 
 /// The default of `REFUSAL_NOTICES`.
 pub const DEFAULT_REFUSAL_NOTICES: u32 = 3;
+
+/// The most `CONFIRMATIONS_PER_CLIENT` may be, as the lists' `confirm_limit_per_client`.
+pub const MAX_CONFIRMATIONS_PER_CLIENT: u32 = 100_000;
+
+/// `CONFIRMATIONS_PER_CLIENT`: how many confirmations requested by mail one client may
+/// cause per list and `confirm_window`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientLimit {
+    /// `list` (the default): the list's `confirm_limit_per_client`, as on the web.
+    List,
+    /// `0`: no limit per client by mail (every request comes through one relay, say).
+    Off,
+    /// `1` to [`MAX_CONFIRMATIONS_PER_CLIENT`]: this many, whatever the list says.
+    At(u32),
+}
+
+impl ClientLimit {
+    /// The option's value: `list`, `0`, or 1 to [`MAX_CONFIRMATIONS_PER_CLIENT`].
+    pub fn parse(text: &str) -> Result<ClientLimit, String> {
+        let v = text.trim();
+        if v.eq_ignore_ascii_case("list") {
+            return Ok(ClientLimit::List);
+        }
+        match v.parse::<u32>() {
+            Ok(0) => Ok(ClientLimit::Off),
+            Ok(n) if n <= MAX_CONFIRMATIONS_PER_CLIENT => Ok(ClientLimit::At(n)),
+            _ => Err(format!(
+                "expected list (the list's confirm_limit_per_client), 0 (no limit) or 1 to \
+                 {MAX_CONFIRMATIONS_PER_CLIENT}"
+            )),
+        }
+    }
+}
 
 /// The DMARC lookups' resolver (`pepsi_outbound::dns`), made when a post first needs it and
 /// then shared by the section's passes; `None` inside when it could not be made (no
@@ -221,6 +258,9 @@ impl Options {
                     cfg.file().display()
                 ),
             },
+            confirm_limit_per_client: s
+                .parse_opt("CONFIRMATIONS_PER_CLIENT", ClientLimit::parse)?
+                .unwrap_or(ClientLimit::List),
         })
     }
 }
@@ -683,6 +723,12 @@ impl ListStage {
                 .bind(&sender)
                 .fetch_all(&mut *tx)
                 .await?;
+                if list.digesting {
+                    // Before reading who takes regular copies: a member's change of mode
+                    // then falls wholly before or after this post
+                    // (`pepsi_list_digest::store::switch`).
+                    pepsi_list_digest::store::lock_open(&mut tx, list.id).await?;
+                }
                 // One row per regular member, each with its own unsubscribe fields (and
                 // footer, for a personal one); the digests take the others' share.
                 let n: i32 = sqlx::query_scalar(
@@ -1220,12 +1266,15 @@ member and scored (hard 1, soft 0.5 a day, policy refusals 5.7.x not counted); a
 bounce_score_threshold the member's delivery is disabled, and a complaint disables it too. \
 Mail to list-join and list-leave (or join and leave commands to list-request) asks the \
 address for a confirmation (double opt-in, at most confirm_limit_per_address per \
-confirm_window); its reply to list-confirm+TOKEN carries the request out.
+confirm_window, and per SMTP client); its reply to list-confirm+TOKEN carries the request out.
 
 Options of [stage-<name>]:
   DELIVER_STAGE  aliases  where the members' and owners' copies start
   REFUSAL_NOTICES  3  the most refusals (DSNs) one envelope sender gets per list and day;
                  past it a refused post is dropped without one (forged senders)
+  CONFIRMATIONS_PER_CLIENT  list  the most confirmations one SMTP client may cause by mail
+                 per list and confirm_window: list (the list's confirm_limit_per_client),
+                 0 (none) or 1 to 100000; past it a request is dropped
   HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
   DMARC_TIMEOUT  10s  the most one post's DMARC lookup may take (1s to 1m)
   DMARC_CACHE    4h   how long a From domain's DMARC policy is kept (1h to 1d)
@@ -1346,5 +1395,41 @@ mod tests {
             e.contains("l.conf") && e.contains("DELIVER_STAGE = nowhere"),
             "{e}"
         );
+    }
+
+    #[test]
+    fn confirm_limit_per_client_table() {
+        let cfg = |t: &str| Config::from_str_named(t, "l.conf").unwrap();
+        let limit = |line: &str| {
+            Options::from_config(
+                &cfg(&format!(
+                    "[stage-aliases]\nPROGRAM = x\n[stage-lists]\n{line}\n"
+                )),
+                "lists",
+            )
+            .map(|o| o.confirm_limit_per_client)
+            .map_err(|e| format!("{e:#}"))
+        };
+        let ok: &[(&str, ClientLimit)] = &[
+            ("", ClientLimit::List),
+            ("CONFIRMATIONS_PER_CLIENT = list", ClientLimit::List),
+            ("CONFIRMATIONS_PER_CLIENT = List", ClientLimit::List),
+            ("CONFIRMATIONS_PER_CLIENT = 0", ClientLimit::Off),
+            ("CONFIRMATIONS_PER_CLIENT = 1", ClientLimit::At(1)),
+            ("CONFIRMATIONS_PER_CLIENT = 250", ClientLimit::At(250)),
+            (
+                "CONFIRMATIONS_PER_CLIENT = 100000",
+                ClientLimit::At(100_000),
+            ),
+        ];
+        for (line, want) in ok {
+            assert_eq!(limit(line), Ok(*want), "{line:?}");
+        }
+        for bad in ["100001", "-1", "lots", "10 per hour"] {
+            let e = limit(&format!("CONFIRMATIONS_PER_CLIENT = {bad}")).unwrap_err();
+            for n in ["l.conf", "CONFIRMATIONS_PER_CLIENT", bad, "1 to 100000"] {
+                assert!(e.contains(n), "{n:?} in {e}");
+            }
+        }
     }
 }

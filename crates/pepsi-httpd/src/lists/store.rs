@@ -495,6 +495,8 @@ pub async fn save_preferences(
             "{list_address} sends no digests: choose regular delivery"
         )));
     }
+    // The member's share of an open digest, before the mode changes.
+    pepsi_list::mode::switch(&mut tx, member_id, p.delivery_mode).await?;
     sqlx::query(
         "INSERT INTO pepsi.list_member_preference (member_id, delivery_mode, \
          receive_own_postings, hide_address) VALUES ($1, $2, $3, $4) \
