@@ -969,3 +969,66 @@ async fn a_list_without_archive_archives_nothing() {
     assert_eq!(rows_at(&db, "deliver").await.len(), 2);
     assert!(archived(&db).await.is_empty());
 }
+
+/// A header filter whose pattern PostgreSQL takes too long to match (back-references over a
+/// long value) holds the post for a moderator once PATTERN_TIMEOUT has passed, naming the
+/// option, instead of failing the pass; a short value is matched as usual; a bad value of
+/// the option stops the worker with an error naming it.
+#[tokio::test]
+async fn a_pattern_that_takes_too_long_holds_the_post() {
+    let db = TestDb::new().await;
+    let s = setup(&db).await;
+    let conf = std::fs::read_to_string(&s.config).unwrap().replace(
+        "BOUNCE_STAGE = bounced\n",
+        "BOUNCE_STAGE = bounced\nPATTERN_TIMEOUT = 1s\n",
+    );
+    std::fs::write(&s.config, &conf).unwrap();
+    sqlx::query(
+        "INSERT INTO pepsi.list_header_filter (list_id, position, header, pattern, action) \
+         SELECT list_id, 10, 'X-Long', '^(.*)(.*)\\1\\2$', 'reject' FROM pepsi.mailing_list",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let long = format!("X-Long: {}b\r\n", "a".repeat(1999));
+    let slow = message(&db, "alice@example.test", &["team@example.test"], &long).await;
+    let quick = message(
+        &db,
+        "alice@example.test",
+        &["team@example.test"],
+        "X-Long: abab\r\n",
+    )
+    .await;
+    let lines = support::run_ids(STAGE, &s.config, &[slow, quick]).await;
+    assert_eq!(lines, vec![FINISHED; 2]);
+    let holds: Vec<String> = sqlx::query_scalar("SELECT reason FROM pepsi.list_held_message")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        holds,
+        [
+            "matching the list's ban and header filter patterns took longer than 1s \
+          (PATTERN_TIMEOUT)"
+        ]
+    );
+    // "abab" matches ^(.*)(.*)\1\2$ at once: the filter's reject is a DSN to the sender.
+    let bounced: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'bounced'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(bounced, 1);
+    assert!(rows_at(&db, "deliver").await.is_empty());
+
+    std::fs::write(
+        &s.config,
+        conf.replace("PATTERN_TIMEOUT = 1s", "PATTERN_TIMEOUT = 31s"),
+    )
+    .unwrap();
+    let err = support::worker_start_error(STAGE, &s.config);
+    assert!(
+        err.contains("PATTERN_TIMEOUT = 31s: expected 1s to 30s"),
+        "{err}"
+    );
+}

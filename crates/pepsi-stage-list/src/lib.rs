@@ -107,6 +107,10 @@ pub struct Options {
     /// cause by mail per list in each `confirm_window`, counted with the web's per-client
     /// count (`commands`).
     pub confirm_limit_per_client: ClientLimit,
+    /// `PATTERN_TIMEOUT` (2s, 1s to 30s): the most PostgreSQL may spend matching a post's
+    /// sender and header fields against the list's ban and header filter patterns; past
+    /// it the post is held for a moderator (`pattern_check`).
+    pub pattern_timeout: std::time::Duration,
 }
 
 /// The default of `REFUSAL_NOTICES`.
@@ -261,6 +265,7 @@ impl Options {
             confirm_limit_per_client: s
                 .parse_opt("CONFIRMATIONS_PER_CLIENT", ClientLimit::parse)?
                 .unwrap_or(ClientLimit::List),
+            pattern_timeout: within("PATTERN_TIMEOUT", 2, 1, 30)?,
         })
     }
 }
@@ -428,6 +433,71 @@ async fn resolve(
     Ok((lists, readings))
 }
 
+/// The ban and the list's header filters, in one query under `timeout`: whether `sender` is
+/// banned, and the first filter (by position) whose field has a value its pattern matches,
+/// with its description. Patterns are POSIX regular expressions run by PostgreSQL, and some
+/// (back-references) take time exponential in a value's length: a query cut off by the
+/// timeout holds the post for a moderator, naming why, rather than tying up a database
+/// backend or failing the pass again and again.
+async fn pattern_check(
+    pool: &sqlx::PgPool,
+    timeout: std::time::Duration,
+    list_id: i64,
+    sender: &str,
+    names: &[String],
+    values: &[String],
+) -> Result<(bool, Option<(Action, String)>), StageError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT set_config('statement_timeout', $1, true)")
+        .bind(format!("{}ms", timeout.as_millis()))
+        .execute(&mut *tx)
+        .await?;
+    let row = sqlx::query(concat!(
+        "SELECT ",
+        pepsi_contract::list_banned_sql!(),
+        " AS banned, hf.action, hf.position, hf.header FROM (SELECT 1) one \
+         LEFT JOIN LATERAL (SELECT f.action, f.position, f.header \
+             FROM pepsi.list_header_filter f WHERE f.list_id = $1 AND EXISTS \
+             (SELECT 1 FROM unnest($3::text[], $4::text[]) AS h(name, value) \
+              WHERE lower(h.name) = lower(f.header) AND h.value ~* f.pattern) \
+             ORDER BY f.position LIMIT 1) hf ON true"
+    ))
+    .bind(list_id)
+    .bind(sender)
+    .bind(names)
+    .bind(values)
+    .fetch_one(&mut *tx)
+    .await;
+    let row = match row {
+        Ok(row) => row,
+        Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("57014") => {
+            tx.rollback().await?;
+            let why = format!(
+                "matching the list's ban and header filter patterns took longer than {} \
+                 (PATTERN_TIMEOUT)",
+                options_duration(timeout.as_secs())
+            );
+            tracing::warn!(list_id, %sender, "{why}");
+            return Ok((false, Some((Action::Hold, why))));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    tx.commit().await?;
+    let banned: bool = row.try_get("banned")?;
+    let filter = match row.try_get::<Option<String>, _>("action")? {
+        None => None,
+        Some(word) => {
+            let action = Action::parse(&word).ok_or_else(|| {
+                StageError::Invalid(format!("list_header_filter.action = {word:?}"))
+            })?;
+            let position: i32 = row.try_get("position")?;
+            let header: String = row.try_get("header")?;
+            Some((action, format!("header filter {position} ({header})")))
+        }
+    };
+    Ok((banned, filter))
+}
+
 /// The content filter of a `LISTS` row: `None` without one, or with one that changes nothing.
 fn content_filter(row: &sqlx::postgres::PgRow) -> Result<Option<ContentFilter>, StageError> {
     if !row.try_get::<bool, _>("has_content_filter")? {
@@ -568,34 +638,15 @@ impl ListStage {
         // The ban and the list's header filters, in one query: the first filter (by
         // position) whose field has a value its pattern matches decides.
         let (names, values) = header_pairs(&headers);
-        let row = sqlx::query(concat!(
-            "SELECT ",
-            pepsi_contract::list_banned_sql!(),
-            " AS banned, hf.action, hf.position, hf.header FROM (SELECT 1) one \
-             LEFT JOIN LATERAL (SELECT f.action, f.position, f.header \
-                 FROM pepsi.list_header_filter f WHERE f.list_id = $1 AND EXISTS \
-                 (SELECT 1 FROM unnest($3::text[], $4::text[]) AS h(name, value) \
-                  WHERE lower(h.name) = lower(f.header) AND h.value ~* f.pattern) \
-                 ORDER BY f.position LIMIT 1) hf ON true"
-        ))
-        .bind(list.id)
-        .bind(&sender)
-        .bind(&names)
-        .bind(&values)
-        .fetch_one(pool)
+        let (banned, filter) = pattern_check(
+            pool,
+            options.pattern_timeout,
+            list.id,
+            &sender,
+            &names,
+            &values,
+        )
         .await?;
-        let banned: bool = row.try_get("banned")?;
-        let filter = match row.try_get::<Option<String>, _>("action")? {
-            None => None,
-            Some(word) => {
-                let action = Action::parse(&word).ok_or_else(|| {
-                    StageError::Invalid(format!("list_header_filter.action = {word:?}"))
-                })?;
-                let position: i32 = row.try_get("position")?;
-                let header: String = row.try_get("header")?;
-                Some((action, format!("header filter {position} ({header})")))
-            }
-        };
         let facts = list.facts();
         // The body is fetched for a post that is accepted or held; its size decides too.
         let Some(body) = ctx
@@ -1277,6 +1328,8 @@ Options of [stage-<name>]:
                  0 (none) or 1 to 100000; past it a request is dropped
   HOSTNAME       the domain of the list's own Message-IDs (default [pepsi] HOSTNAME)
   DMARC_TIMEOUT  10s  the most one post's DMARC lookup may take (1s to 1m)
+  PATTERN_TIMEOUT  2s  the most matching a post against the list's ban and header filter
+                 patterns may take (1s to 30s); past it the post is held for a moderator
   DMARC_CACHE    4h   how long a From domain's DMARC policy is kept (1h to 1d)
   DNS_SERVERS, DNS_TIMEOUT  the resolvers of the DMARC lookups ([pepsi]'s; default
                  /etc/resolv.conf, 5s)
