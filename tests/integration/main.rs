@@ -27,6 +27,7 @@ mod ha;
 mod ha_postgres;
 mod harness;
 mod httpd;
+mod httpd_archive;
 mod httpd_config;
 mod httpd_graph;
 mod httpd_lists;

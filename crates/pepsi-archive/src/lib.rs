@@ -1,6 +1,6 @@
 //! pepsi-archive: the mailing lists' web archive (docs/archive.md). The list stage archives
 //! each post it accepts through [`store::archive_post`]; the archive's pages (pepsi-httpd)
-//! and the operator tool read, search and purge through [`store`].
+//! and the operator tool read through [`read`], search and purge through [`store`].
 //!
 //! Pure decisions apart from the database: [`mbox`] (reading and writing mbox files),
 //! [`url`] (a post's stable id from its
@@ -10,6 +10,7 @@
 
 pub mod mbox;
 pub mod query;
+pub mod read;
 pub mod store;
 pub mod thread;
 pub mod url;
