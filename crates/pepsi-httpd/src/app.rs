@@ -104,6 +104,7 @@ pub fn router(state: AppState) -> Router {
         .merge(api::lists::routes())
         .merge(crate::moderate::routes())
         .merge(crate::lists::routes(&state))
+        .merge(crate::archive::routes(&state))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))

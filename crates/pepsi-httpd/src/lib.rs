@@ -23,6 +23,7 @@
 
 mod api;
 mod app;
+mod archive;
 pub mod credentials;
 mod error;
 mod extract;

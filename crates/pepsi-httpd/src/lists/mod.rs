@@ -22,7 +22,7 @@
 //! carry a token bound to its link. Every field is bounded (`form`). `[pepsi] LIST_WEB_URL`
 //! and the list stage's `DELIVER_STAGE` are read once, when the routes are made.
 
-mod form;
+pub(crate) mod form;
 mod mail;
 mod page;
 mod store;
