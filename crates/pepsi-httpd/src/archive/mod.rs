@@ -499,8 +499,31 @@ async fn list_atom(
         Ok(p) => p,
         Err(e) => return db(e),
     };
+    let posts: Vec<&read::PostRow> = posts.iter().collect();
+    let o = origin(&web, &headers);
+    let self_url = format!("{o}/archive/{}/atom", l.address);
+    feed_of(
+        &state,
+        &o,
+        &l,
+        &format!("Archive of {}", l.address),
+        &self_url,
+        &posts,
+    )
+    .await
+}
+
+/// The Atom feed of `posts` (newest first), each with its text as a reader sees it.
+async fn feed_of(
+    state: &AppState,
+    origin: &str,
+    l: &ArchiveList,
+    title: &str,
+    self_url: &str,
+    posts: &[&read::PostRow],
+) -> Response {
     let ids: Vec<i64> = posts.iter().map(|p| p.archive_id).collect();
-    let texts = match shown(&state, &ids).await {
+    let texts = match shown(state, &ids).await {
         Ok(t) => t,
         Err(r) => return r,
     };
@@ -511,15 +534,7 @@ async fn list_atom(
             shown: texts.get(&p.archive_id),
         })
         .collect();
-    let o = origin(&web, &headers);
-    let self_url = format!("{o}/archive/{}/atom", l.address);
-    feed::send(feed::atom(
-        &o,
-        &l,
-        &format!("Archive of {}", l.address),
-        &self_url,
-        &entries,
-    ))
+    feed::send(feed::atom(origin, l, title, self_url, &entries))
 }
 
 async fn thread_atom(
@@ -548,18 +563,6 @@ async fn thread_atom(
     let mut posts: Vec<&read::PostRow> = nodes.iter().filter_map(|n| n.post.as_ref()).collect();
     posts.sort_by_key(|p| std::cmp::Reverse((p.date, p.archive_id)));
     posts.truncate(FEED_ENTRIES as usize);
-    let ids: Vec<i64> = posts.iter().map(|p| p.archive_id).collect();
-    let texts = match shown(&state, &ids).await {
-        Ok(t) => t,
-        Err(r) => return r,
-    };
-    let entries: Vec<feed::Entry> = posts
-        .iter()
-        .map(|p| feed::Entry {
-            post: p,
-            shown: texts.get(&p.archive_id),
-        })
-        .collect();
     let o = origin(&web, &headers);
     let self_url = format!("{o}/archive/{}/thread/{}/atom", l.address, t.root_url_id);
     let subject = if t.subject.is_empty() {
@@ -567,28 +570,15 @@ async fn thread_atom(
     } else {
         &t.subject
     };
-    feed::send(feed::atom(&o, &l, subject, &self_url, &entries))
+    feed_of(&state, &o, &l, subject, &self_url, &posts).await
 }
 
 type Fields = Result<Form<Vec<(String, String)>>, FormRejection>;
 
-/// Whether a form posted here may act (`lists::form::same_origin`), or the 403 page.
+/// Whether a form posted here may act (`lists::same_site`), or the 403 page.
 #[allow(clippy::result_large_err)]
 fn from_this_site(web: &Web, headers: &HeaderMap) -> Result<(), Response> {
-    let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
-    if form::same_origin(
-        h("sec-fetch-site"),
-        h(header::ORIGIN.as_str()),
-        h(header::HOST.as_str()),
-        web.scheme,
-        web.base.as_deref(),
-    ) {
-        Ok(())
-    } else {
-        Err(page::error(ApiError::forbidden(
-            "a form of another site may not act here",
-        )))
-    }
+    crate::lists::same_site(web.scheme, web.base.as_deref(), headers).map_err(page::error)
 }
 
 /// `POST /archive/{list}/login`: a login link mailed when the address is a member, within

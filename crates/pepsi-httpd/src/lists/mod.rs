@@ -127,23 +127,33 @@ fn fields(f: Fields) -> Result<Vec<(String, String)>, Response> {
     })
 }
 
-/// Whether the form may act (`form::same_origin`), or the 403 page.
-#[allow(clippy::result_large_err)]
-fn from_this_site(web: &Web, headers: &HeaderMap) -> Result<(), Response> {
+/// Whether a form posted with `headers` may act (`form::same_origin`, for a server reached
+/// by `scheme` whose public base is `base`), or why not: the lists' and the archive's forms.
+pub(crate) fn same_site(
+    scheme: &'static str,
+    base: Option<&str>,
+    headers: &HeaderMap,
+) -> Result<(), ApiError> {
     let h = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
     if form::same_origin(
         h("sec-fetch-site"),
         h(header::ORIGIN.as_str()),
         h(header::HOST.as_str()),
-        web.scheme,
-        web.base.as_deref(),
+        scheme,
+        base,
     ) {
         Ok(())
     } else {
-        Err(page::error(ApiError::forbidden(
+        Err(ApiError::forbidden(
             "a form of another site may not act here",
-        )))
+        ))
     }
+}
+
+/// Whether the form may act (`same_site`), or the 403 page.
+#[allow(clippy::result_large_err)]
+fn from_this_site(web: &Web, headers: &HeaderMap) -> Result<(), Response> {
+    same_site(web.scheme, web.base.as_deref(), headers).map_err(page::error)
 }
 
 /// The list a path names, or the 404 page naming it.
