@@ -167,6 +167,10 @@ macro_rules! programs {
 
 programs! {
     folded {
+        "pepsi-archive" pepsi_archive {
+            entry: ::pepsi_archive::run,
+            man: 8 Clap(::pepsi_archive::command),
+        }
         "pepsi-dispatch" pepsi_dispatch {
             entry: ::pepsi_dispatch::run,
             man: 8 Clap(::pepsi_dispatch::command),

@@ -12,6 +12,7 @@
 mod support;
 
 mod archive;
+mod archive_tool;
 mod chaos;
 mod common;
 mod config_tool;

@@ -7,10 +7,16 @@
 //! Message-ID), [`thread`] (where a post sits in its thread, public-inbox style: by
 //! References and In-Reply-To, never by subject) and [`query`] (the search syntax). This
 //! crate depends on pepsi-contract and never on a stage crate.
+//!
+//! It is also the operator's tool `pepsi-archive` ([`tool`]: import and export mbox files,
+//! purge, reindex, search, show), whose binary calls [`run`].
 
 pub mod mbox;
 pub mod query;
 pub mod read;
 pub mod store;
 pub mod thread;
+pub mod tool;
 pub mod url;
+
+pub use tool::{command, constants, run};

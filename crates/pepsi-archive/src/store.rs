@@ -7,7 +7,7 @@
 use std::collections::HashMap;
 
 use chrono::{DateTime, NaiveTime, Utc};
-use mail_parser::{MessageParser, MimeHeaders as _, PartType};
+use mail_parser::{Message, MessageParser, MessagePart, MimeHeaders as _, PartType};
 use pepsi_contract::message;
 use sqlx::{PgConnection, PgPool, Row as _};
 
@@ -99,32 +99,8 @@ fn read(headers: &[u8], raw: &[u8], archived_at: DateTime<Utc>) -> Post {
         date = m
             .date()
             .and_then(|d| DateTime::<Utc>::from_timestamp(d.to_timestamp(), 0));
-        for (i, part) in m.parts.iter().enumerate().take(MAX_PARTS) {
-            if matches!(part.body, PartType::Multipart(_)) {
-                continue;
-            }
-            let (h, b) = (part.offset_header as usize, part.offset_body as usize);
-            let part_headers = raw.get(h..b).unwrap_or_default();
-            let file_name = pepsi_contract::mime::file_name(part_headers)
-                .or_else(|| part.attachment_name().map(str::to_owned))
-                .map(|n| bounded(&n, 255));
-            let content_type = part.content_type().map_or_else(
-                || "text/plain".to_owned(),
-                |ct| match ct.subtype() {
-                    Some(sub) => format!("{}/{sub}", ct.ctype()).to_ascii_lowercase(),
-                    None => ct.ctype().to_ascii_lowercase(),
-                },
-            );
-            if let PartType::Text(t) = &part.body
-                && content_type == "text/plain"
-                && file_name.is_none()
-                && text.len() < MAX_SEARCH_TEXT
-            {
-                let room = MAX_SEARCH_TEXT - text.len();
-                let cut = t.floor_char_boundary(room.min(t.len()));
-                text.push_str(&t[..cut]);
-                text.push('\n');
-            }
+        for (i, part, content_type, file_name) in leaf_parts(m, raw) {
+            add_text(&mut text, part, &content_type, file_name.as_deref());
             parts.push((
                 i as i32,
                 bounded(&content_type, 255),
@@ -151,6 +127,67 @@ fn read(headers: &[u8], raw: &[u8], archived_at: DateTime<Utc>) -> Post {
         text,
         parts,
     }
+}
+
+/// The leaf parts of `m` (of the bytes `raw`), at most [`MAX_PARTS`]: number, part, content
+/// type (lower-case, `text/plain` when none) and file name.
+fn leaf_parts<'m>(
+    m: &'m Message<'m>,
+    raw: &[u8],
+) -> impl Iterator<Item = (usize, &'m MessagePart<'m>, String, Option<String>)> {
+    m.parts
+        .iter()
+        .enumerate()
+        .take(MAX_PARTS)
+        .filter(|(_, part)| !matches!(part.body, PartType::Multipart(_)))
+        .map(move |(i, part)| {
+            let (h, b) = (part.offset_header as usize, part.offset_body as usize);
+            let part_headers = raw.get(h..b).unwrap_or_default();
+            let file_name = pepsi_contract::mime::file_name(part_headers)
+                .or_else(|| part.attachment_name().map(str::to_owned))
+                .map(|n| bounded(&n, 255));
+            let content_type = part.content_type().map_or_else(
+                || "text/plain".to_owned(),
+                |ct| match ct.subtype() {
+                    Some(sub) => format!("{}/{sub}", ct.ctype()).to_ascii_lowercase(),
+                    None => ct.ctype().to_ascii_lowercase(),
+                },
+            );
+            (i, part, content_type, file_name)
+        })
+}
+
+/// Adds the text of `part` to the search text `text` when it is indexed: a text/plain part
+/// that is no attachment, while `text` holds less than [`MAX_SEARCH_TEXT`].
+fn add_text(
+    text: &mut String,
+    part: &MessagePart<'_>,
+    content_type: &str,
+    file_name: Option<&str>,
+) {
+    if let PartType::Text(t) = &part.body
+        && content_type == "text/plain"
+        && file_name.is_none()
+        && text.len() < MAX_SEARCH_TEXT
+    {
+        let room = MAX_SEARCH_TEXT - text.len();
+        let cut = t.floor_char_boundary(room.min(t.len()));
+        text.push_str(&t[..cut]);
+        text.push('\n');
+    }
+}
+
+/// The text of the post `raw` (header block, CRLF, body) that its `search` column holds with
+/// weight C: its text/plain parts that are no attachments, decoded, at most
+/// [`MAX_SEARCH_TEXT`] bytes. What [`archive_post`] indexes, and [`reindex`] again.
+pub fn search_text(raw: &[u8]) -> String {
+    let mut text = String::new();
+    if let Some(m) = MessageParser::default().parse(raw) {
+        for (_, part, content_type, file_name) in leaf_parts(&m, raw) {
+            add_text(&mut text, part, &content_type, file_name.as_deref());
+        }
+    }
+    text
 }
 
 /// Serialises the archive writes of `list_id` until the transaction ends.
@@ -571,7 +608,179 @@ pub async fn purge_address(
     Ok(per_list.iter().map(|(_, n)| n).sum())
 }
 
-async fn log(
+/// What [`export`] takes of a list's archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Scope {
+    /// Every post.
+    All,
+    /// The posts dated in the month (UTC) starting on this day.
+    Month(chrono::NaiveDate),
+    /// The posts of one thread.
+    Thread(i64),
+}
+
+/// A post as [`export`] reads it: what its From_ line needs and its bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exported {
+    pub archive_id: i64,
+    pub url_id: String,
+    pub from_address: String,
+    pub date: DateTime<Utc>,
+    pub raw: Vec<u8>,
+}
+
+/// The next posts of `scope` in date order (then archive order) after `after` (the date and
+/// archive id of the last post of the batch before), at most `limit`: a long archive is read
+/// in batches, never whole.
+pub async fn export(
+    pool: &PgPool,
+    list_id: i64,
+    scope: &Scope,
+    after: Option<(DateTime<Utc>, i64)>,
+    limit: i64,
+) -> Result<Vec<Exported>, Error> {
+    let (month, thread) = match scope {
+        Scope::All => (None, None),
+        Scope::Month(m) => (Some(m.and_time(NaiveTime::MIN).and_utc()), None),
+        Scope::Thread(t) => (None, Some(*t)),
+    };
+    let rows = sqlx::query(
+        "SELECT m.archive_id, m.url_id, m.from_address, m.date, b.raw \
+           FROM pepsi.archive_message m JOIN pepsi.archive_body b USING (archive_id) \
+          WHERE m.list_id = $1 \
+            AND ($2::timestamptz IS NULL \
+                 OR (m.date >= $2 AND m.date < ($2 AT TIME ZONE 'UTC' + interval '1 month') \
+                                                  AT TIME ZONE 'UTC')) \
+            AND ($3::int8 IS NULL OR m.thread_id = $3) \
+            AND ($4::timestamptz IS NULL OR (m.date, m.archive_id) > ($4, $5)) \
+          ORDER BY m.date, m.archive_id LIMIT $6",
+    )
+    .bind(list_id)
+    .bind(month)
+    .bind(thread)
+    .bind(after.map(|a| a.0))
+    .bind(after.map_or(0, |a| a.1))
+    .bind(limit.max(1))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(Exported {
+                archive_id: r.try_get("archive_id")?,
+                url_id: r.try_get("url_id")?,
+                from_address: r.try_get("from_address")?,
+                date: r.try_get("date")?,
+                raw: r.try_get("raw")?,
+            })
+        })
+        .collect()
+}
+
+/// How much a list's archive holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Summary {
+    pub posts: i64,
+    pub threads: i64,
+    pub months: i64,
+    pub bytes: i64,
+    pub first_post: Option<DateTime<Utc>>,
+    pub last_post: Option<DateTime<Utc>>,
+}
+
+/// The counts of the list's archive: posts, threads, months with posts, bytes, first and
+/// last post's date.
+pub async fn summary(pool: &PgPool, list_id: i64) -> Result<Summary, Error> {
+    let row = sqlx::query(
+        "SELECT count(*) AS posts, coalesce(sum(size), 0)::int8 AS bytes, \
+                min(date) AS first_post, max(date) AS last_post, \
+                (SELECT count(*) FROM pepsi.archive_thread WHERE list_id = $1) AS threads, \
+                (SELECT count(*) FROM pepsi.archive_month WHERE list_id = $1) AS months \
+           FROM pepsi.archive_message WHERE list_id = $1",
+    )
+    .bind(list_id)
+    .fetch_one(pool)
+    .await?;
+    Ok(Summary {
+        posts: row.try_get("posts")?,
+        threads: row.try_get("threads")?,
+        months: row.try_get("months")?,
+        bytes: row.try_get("bytes")?,
+        first_post: row.try_get("first_post")?,
+        last_post: row.try_get("last_post")?,
+    })
+}
+
+/// Of `url_ids`, those the list's archive holds a post of.
+pub async fn existing(
+    pool: &PgPool,
+    list_id: i64,
+    url_ids: &[String],
+) -> Result<Vec<String>, Error> {
+    Ok(sqlx::query_scalar(
+        "SELECT url_id FROM pepsi.archive_message WHERE list_id = $1 AND url_id = ANY($2)",
+    )
+    .bind(list_id)
+    .bind(url_ids)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// The number of posts whose author is `address` (case ignored), per list id: what
+/// [`purge_address`] would purge.
+pub async fn count_by_address(pool: &PgPool, address: &str) -> Result<Vec<(i64, i64)>, Error> {
+    Ok(sqlx::query_as(
+        "SELECT list_id, count(*) FROM pepsi.archive_message \
+          WHERE lower(from_address) = lower($1) GROUP BY list_id ORDER BY list_id",
+    )
+    .bind(address)
+    .fetch_all(pool)
+    .await?)
+}
+
+/// Rebuilds the `search` column of the next posts of `list_id` (every list when `None`)
+/// after the archive id `after`, at most `limit`, from their stored bytes (the text of
+/// [`search_text`]) and their subject and author, as [`archive_post`] builds it. Returns
+/// the number done and the last archive id, to continue from; 0 at the end.
+pub async fn reindex(
+    tx: &mut PgConnection,
+    list_id: Option<i64>,
+    after: i64,
+    limit: i64,
+) -> Result<(u64, i64), Error> {
+    let rows: Vec<(i64, Vec<u8>)> = sqlx::query_as(
+        "SELECT m.archive_id, b.raw \
+           FROM pepsi.archive_message m JOIN pepsi.archive_body b USING (archive_id) \
+          WHERE ($1::int8 IS NULL OR m.list_id = $1) AND m.archive_id > $2 \
+          ORDER BY m.archive_id LIMIT $3",
+    )
+    .bind(list_id)
+    .bind(after)
+    .bind(limit.max(1))
+    .fetch_all(&mut *tx)
+    .await?;
+    let Some(last) = rows.last().map(|r| r.0) else {
+        return Ok((0, after));
+    };
+    let (ids, texts): (Vec<i64>, Vec<String>) =
+        rows.iter().map(|(id, raw)| (*id, search_text(raw))).unzip();
+    sqlx::query(
+        "UPDATE pepsi.archive_message m SET search = \
+           setweight(to_tsvector('simple', m.subject), 'A') \
+           || setweight(to_tsvector('simple', m.from_name || ' ' || m.from_address), 'B') \
+           || setweight(to_tsvector('simple', t.text), 'C') \
+           FROM unnest($1::int8[], $2::text[]) AS t(archive_id, text) \
+          WHERE m.archive_id = t.archive_id",
+    )
+    .bind(&ids)
+    .bind(&texts)
+    .execute(&mut *tx)
+    .await?;
+    Ok((ids.len() as u64, last))
+}
+
+/// Appends an `archive_event_log` row: `event` done by `actor` to the list (`None`: to
+/// every list), its `detail` never an address or a post's content.
+pub async fn log(
     tx: &mut PgConnection,
     list_id: Option<i64>,
     actor: &str,
