@@ -150,8 +150,9 @@ pub fn one_click(fields: &[(String, String)]) -> bool {
 /// Whether a form post may act: not one a browser marks as sent from another site
 /// (`Sec-Fetch-Site: cross-site`), and, when it names its `Origin`, from this server's
 /// own origin: the one the request was addressed to (`Host`, over `scheme`) or the public
-/// base `[pepsi] LIST_WEB_URL`. A client that sends neither field (a script, curl) is not a
-/// browser carrying someone's cookies, so it may.
+/// base `[pepsi] LIST_WEB_URL`, or `null` when the browser says `Sec-Fetch-Site:
+/// same-origin` (a page without Referer names no origin). A client that sends neither field
+/// (a script, curl) is not a browser carrying someone's cookies, so it may.
 pub fn same_origin(
     sec_fetch_site: Option<&str>,
     origin: Option<&str>,
@@ -166,6 +167,14 @@ pub fn same_origin(
         return true;
     };
     let origin = origin.to_ascii_lowercase();
+    // The pages send no Referer (`Referrer-Policy: no-referrer`), so a browser names the
+    // origin of their forms `null`; its `Sec-Fetch-Site: same-origin`, a field no page can
+    // set, vouches for them.
+    if origin == "null"
+        && sec_fetch_site.is_some_and(|v| v.trim().eq_ignore_ascii_case("same-origin"))
+    {
+        return true;
+    }
     if let Some(host) = host
         && origin == format!("{scheme}://{}", host.trim().to_ascii_lowercase())
     {
@@ -380,6 +389,11 @@ mod tests {
                 false,
             ),
             (None, Some("null"), Some("x"), web, false),
+            // A page under `Referrer-Policy: no-referrer` posting to itself, as Chromium
+            // sends it; not from a sibling site.
+            (Some("same-origin"), Some("null"), Some("x"), web, true),
+            (Some("same-site"), Some("null"), Some("x"), web, false),
+            (Some("cross-site"), Some("null"), Some("x"), web, false),
         ];
         for (site, origin, host, web, want) in cases {
             assert_eq!(
