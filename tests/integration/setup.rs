@@ -462,6 +462,122 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
     check(RoleKind::Ingress, "archive_message", &[]);
     check(RoleKind::Config, "archive_body", &[]);
     check(RoleKind::Sendmail, "archive_message", &[]);
+    // Secure links: the stage and the operator tool keep sealed messages; the portal reads
+    // them, and alone touches codes and sessions (a code's hash is as good as the code).
+    check(RoleKind::Pipeline, "secure_link_message", all);
+    check(RoleKind::Crypto, "secure_link_message", all);
+    check(RoleKind::Pipeline, "secure_link_code", &[]);
+    check(RoleKind::Pipeline, "secure_link_session", &[]);
+    check(
+        RoleKind::Pipeline,
+        "secure_link_access",
+        &["SELECT", "INSERT"],
+    );
+    check(RoleKind::Pipeline, "secure_link_policy", &["SELECT"]);
+    check(RoleKind::Config, "secure_link_policy", all);
+    check(RoleKind::Config, "secure_link_message", &[]);
+    check(
+        RoleKind::Httpd,
+        "secure_link_message",
+        &["SELECT", "UPDATE"],
+    );
+    check(
+        RoleKind::Httpd,
+        "secure_link_code",
+        &["SELECT", "INSERT", "UPDATE"],
+    );
+    check(
+        RoleKind::Httpd,
+        "secure_link_session",
+        &["SELECT", "INSERT", "DELETE"],
+    );
+    check(RoleKind::Httpd, "secure_link_access", &["SELECT", "INSERT"]);
+    check(RoleKind::Httpd, "secure_link_policy", &[]);
+    check(RoleKind::Ingress, "secure_link_message", &[]);
+    check(RoleKind::Sendmail, "secure_link_access", &[]);
+}
+
+/// The live grants of the secure-link tables: the portal cannot plant a message or rewrite
+/// the access log, the pipeline cannot read a code's hash, the ingress reads nothing.
+#[tokio::test]
+async fn the_secure_link_tables_hold_each_role_to_its_part() {
+    let db = TestDb::new().await;
+    let plant = "INSERT INTO pepsi.secure_link_message (link_id, sender, recipient, expires_at, nonce, ciphertext, db_half, size) VALUES ('AAAAAAAAAAAAAAAAAAAAAA', 'a@example.test', 'b@example.net', now(), '\\x000000000000000000000000', '\\x00', decode(repeat('00', 32), 'hex'), 1)";
+    assert_eq!(as_role(&db, "pepsi", plant).await, Ok(()));
+    for (role, sql, expected) in [
+        ("pepsi-httpd", plant, Err("42501")),
+        (
+            "pepsi-httpd",
+            "UPDATE pepsi.secure_link_message SET revoked_at = now()",
+            Ok(()),
+        ),
+        (
+            "pepsi-httpd",
+            "DELETE FROM pepsi.secure_link_message",
+            Err("42501"),
+        ),
+        (
+            "pepsi-httpd",
+            "SELECT * FROM pepsi.secure_link_code",
+            Ok(()),
+        ),
+        (
+            "pepsi-httpd",
+            "DELETE FROM pepsi.secure_link_access",
+            Err("42501"),
+        ),
+        (
+            "pepsi-httpd",
+            "UPDATE pepsi.secure_link_access SET detail = ''",
+            Err("42501"),
+        ),
+        (
+            "pepsi-httpd",
+            "SELECT * FROM pepsi.secure_link_policy",
+            Err("42501"),
+        ),
+        (
+            "pepsi",
+            "SELECT * FROM pepsi.secure_link_code",
+            Err("42501"),
+        ),
+        (
+            "pepsi",
+            "SELECT * FROM pepsi.secure_link_session",
+            Err("42501"),
+        ),
+        (
+            "pepsi",
+            "DELETE FROM pepsi.secure_link_access",
+            Err("42501"),
+        ),
+        (
+            "pepsi",
+            "INSERT INTO pepsi.secure_link_policy (scope, domain, mode) VALUES ('recipient_domain', 'example.net', 'always')",
+            Err("42501"),
+        ),
+        (
+            "pepsi-config",
+            "INSERT INTO pepsi.secure_link_policy (scope, domain, mode) VALUES ('recipient_domain', 'example.net', 'always')",
+            Ok(()),
+        ),
+        (
+            "pepsi-ingress",
+            "SELECT * FROM pepsi.secure_link_message",
+            Err("42501"),
+        ),
+        (
+            "pepsi-sendmail",
+            "SELECT * FROM pepsi.secure_link_access",
+            Err("42501"),
+        ),
+    ] {
+        assert_eq!(
+            as_role(&db, role, sql).await,
+            expected.map_err(String::from),
+            "{role}: {sql}"
+        );
+    }
 }
 
 /// The overlay cannot name a program, a key, a trust anchor or a directory: the table refuses

@@ -98,6 +98,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0019",
         sql: include_str!("../db/pepsi-0019.sql"),
     },
+    Patch {
+        name: "pepsi-0020",
+        sql: include_str!("../db/pepsi-0020.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -302,6 +306,11 @@ pub fn is_archive_table(table: &str) -> bool {
     table.starts_with("archive_")
 }
 
+/// The secure-link portal (pepsi-0020.sql): every `secure_link_*`.
+pub fn is_secure_link_table(table: &str) -> bool {
+    table.starts_with("secure_link_")
+}
+
 /// The table privileges `kind` must hold on `pepsi.<table>`, and no others.
 pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] {
     const ALL: &[&str] = &["SELECT", "INSERT", "UPDATE", "DELETE"];
@@ -313,6 +322,8 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
     const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
+    const READ_CHANGE: &[&str] = &["SELECT", "UPDATE"];
+    const READ_APPEND_DELETE: &[&str] = &["SELECT", "INSERT", "DELETE"];
     if kind == RoleKind::Crypto {
         // The crypto stages are stage workers (the pipeline's queue privileges) that also
         // unseal our private keys; pepsi-keys, under the same role, writes the key store.
@@ -352,6 +363,14 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         // Trust anchors of S/MIME signatures are the crypto role's (pepsi-keys) to set; a
         // stage that could add one could make any signature pass.
         (RoleKind::Pipeline, "ca_trust") => READ,
+        // Secure links: the stage seals messages and the operator tool revokes, extends and
+        // purges them (ALL on secure_link_message). A code's hash is as good as the code (8
+        // digits hash in a blink), and the pipeline has no use for codes or sessions: none.
+        // The access log is append-only; the tool shows it. Policies are the
+        // configuration role's to set; the stage reads them.
+        (RoleKind::Pipeline, "secure_link_code" | "secure_link_session") => NONE,
+        (RoleKind::Pipeline, "secure_link_access") => READ_APPEND,
+        (RoleKind::Pipeline, "secure_link_policy") => READ,
         (RoleKind::Pipeline, _) => ALL,
         (RoleKind::Ingress, "workqueue" | "workqueue_body") => ADMIT,
         (RoleKind::Ingress, "config_override" | "settings") => READ,
@@ -368,6 +387,7 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "settings") => READ,
         // pepsi-quota sets limits and records what it recounts from disk.
         (RoleKind::Config, "quota_limit" | "quota_usage") => ALL,
+        (RoleKind::Config, "secure_link_policy") => ALL,
         (RoleKind::Config, _) => NONE,
         // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
         // DELETE through the stored functions; a deleted row's body goes by the trigger).
@@ -392,6 +412,16 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Httpd, "archive_reader") => ALL,
         (RoleKind::Httpd, "archive_import" | "archive_event_log") => NONE,
         (RoleKind::Httpd, t) if is_archive_table(t) => READ,
+        // The portal reads sealed messages and changes one only to revoke it for its sender
+        // or to re-seal it on a resend (UPDATE); it never makes or deletes one, so a
+        // compromised portal cannot plant a message under a link. It issues and spends codes
+        // (attempts, used_at), opens and ends sessions, and appends to the access log, which
+        // no role may change. Policies are not its business.
+        (RoleKind::Httpd, "secure_link_message") => READ_CHANGE,
+        (RoleKind::Httpd, "secure_link_code") => COUNT,
+        (RoleKind::Httpd, "secure_link_session") => READ_APPEND_DELETE,
+        (RoleKind::Httpd, "secure_link_access") => READ_APPEND,
+        (RoleKind::Httpd, t) if is_secure_link_table(t) => NONE,
         (
             RoleKind::Httpd,
             "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"
