@@ -75,6 +75,7 @@ mod stage_whitelist;
 mod stage_worker;
 mod status;
 mod structure;
+mod system_archive_web;
 mod system_delivery;
 mod system_list_bounces;
 mod system_list_lifecycle;
