@@ -132,7 +132,7 @@ pub fn client_key(client: Option<std::net::IpAddr>, mail_from: &str) -> Option<S
         return Some(list::client_key(ip));
     }
     let address = pepsi_conf::address::Address::parse(mail_from).ok()?;
-    Some(format!("domain:{}", address.key().rsplit_once('@')?.1))
+    Some(format!("domain:{}", address.domain()))
 }
 
 /// Counts the request against the stage's per-client limit: whether it is within it (true

@@ -21,7 +21,7 @@ fn domain_char(c: char) -> bool {
 /// characters of the domain and an ellipsis (`alice@ex…`). Anything without a domain is
 /// returned as it is.
 pub fn hide_address(address: &str) -> String {
-    match address.rsplit_once('@') {
+    match pepsi_conf::address::parts(address) {
         Some((local, domain)) if !domain.is_empty() => {
             let shown: String = domain.chars().take(DOMAIN_SHOWN).collect();
             format!("{local}@{shown}…")
