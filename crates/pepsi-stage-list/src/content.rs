@@ -2,12 +2,15 @@
 //! reach the members. Pure: a post in, the post the members get (or nothing left) out,
 //! tested as a table.
 //!
-//! - A leaf part (anything but a `multipart/*`; an attached message counts as one part) is
-//!   removed when its type is in `filter_types`, when `pass_types` is not empty and its type
+//! - A leaf part (anything but a `multipart/*`) is removed when its type is in `filter_types`, when `pass_types` is not empty and its type
 //!   is not in it, when its file name's extension is in `filter_extensions`, or when
 //!   `pass_extensions` is not empty and it has a file name whose extension is not in it.
 //!   A type entry is a whole type (`image/png`) or a top-level type (`image`, every
-//!   `image/*`). A part without a file name is judged by its type alone.
+//!   `image/*`). A part without a file name is judged by its type alone; a file name's RFC
+//!   2047 words are decoded and trailing dots and blanks dropped, as mail clients do. A
+//!   `Content-Type` that cannot be read counts as `application/octet-stream`.
+//! - An attached message (`message/rfc822`) that is not removed as a part is entered: its
+//!   content is judged like a post's.
 //! - A multipart is entered (its parts judged one by one, at most [`MAX_DEPTH`] levels
 //!   deep); one left with no part is removed, one left with a single part after a removal
 //!   becomes that part.
@@ -15,8 +18,11 @@
 //!   plain text, by RFC 2046's order), judged like any other.
 //! - A post that loses its top-level entity has nothing left: the list's `empty_action`.
 //!
-//! What is kept keeps its bytes; a removed part is gone, not replaced by a notice. A
-//! multipart that cannot be read (no boundary, no closing delimiter) is kept whole.
+//! What is kept keeps its bytes; a removed part is gone, not replaced by a notice. What the
+//! filter cannot read, a mail client might: a multipart without a usable boundary or closing
+//! delimiter, nested deeper than [`MAX_DEPTH`] or of more than `mime::MAX_PARTS` parts, an
+//! attached message in a transfer encoding, and an entity with two `Content-Type` or
+//! `Content-Disposition` fields are removed whole.
 
 pub use pepsi_contract::list::{ContentFilter, EmptyAction};
 use pepsi_contract::message;
@@ -106,28 +112,51 @@ fn entity(
     depth: usize,
     removed: &mut Vec<String>,
 ) -> Outcome {
-    let ct = mime::content_type(headers).unwrap_or_else(|| ContentType {
-        mime: match default {
-            Default::Text => "text/plain",
-            Default::Message => "message/rfc822",
-        }
-        .to_owned(),
-        params: Vec::new(),
-    });
-    if ct.main_type() != "multipart" {
-        return match removes(f, &ct, mime::file_name(headers).as_deref()) {
-            Some(why) => {
-                removed.push(why);
-                Outcome::Remove
+    // Two readers of one entity must not see two types: a part that names its type or its
+    // disposition twice is removed, as one that cannot be read.
+    let fields = |name: &str| message::field_values(headers, name).len();
+    if fields("Content-Type") > 1 || fields("Content-Disposition") > 1 {
+        removed.push("a part with two Content-Type or Content-Disposition fields".to_owned());
+        return Outcome::Remove;
+    }
+    let ct = match mime::content_type(headers) {
+        Some(ct) => ct,
+        // A type named but not readable is judged as what it may be: anything.
+        None if fields("Content-Type") > 0 => ContentType {
+            mime: "application/octet-stream".to_owned(),
+            params: Vec::new(),
+        },
+        None => ContentType {
+            mime: match default {
+                Default::Text => "text/plain",
+                Default::Message => "message/rfc822",
             }
-            None => Outcome::Keep,
+            .to_owned(),
+            params: Vec::new(),
+        },
+    };
+    if ct.main_type() != "multipart" {
+        if let Some(why) = removes(f, &ct, file_name(headers).as_deref()) {
+            removed.push(why);
+            return Outcome::Remove;
+        }
+        return if ct.mime == "message/rfc822" {
+            attached(f, headers, body, depth, removed)
+        } else {
+            Outcome::Keep
         };
     }
+    // A multipart the filter cannot read (no boundary, no closing delimiter, too many
+    // parts, too deep) could still be read by a mail client: it is removed whole.
+    let unreadable = |removed: &mut Vec<String>| {
+        removed.push(format!("{} the filter cannot read", ct.mime));
+        Outcome::Remove
+    };
     let Some(boundary) = ct.param("boundary").filter(|_| depth < MAX_DEPTH) else {
-        return Outcome::Keep;
+        return unreadable(removed);
     };
     let Ok(multipart) = mime::multipart(body, boundary) else {
-        return Outcome::Keep;
+        return unreadable(removed);
     };
     let inner = if ct.mime == "multipart/digest" {
         Default::Message
@@ -182,6 +211,52 @@ fn entity(
             Outcome::Replace(headers.to_vec(), multipart.rebuild(boundary, &parts))
         }
     }
+}
+
+/// An attached message (`message/rfc822`) the filter did not remove: its own content judged
+/// like a post's. A transfer encoding other than 7bit, 8bit or binary (not allowed there by
+/// RFC 2046) cannot be read through: the part is removed.
+fn attached(
+    f: &ContentFilter,
+    headers: &[u8],
+    body: &[u8],
+    depth: usize,
+    removed: &mut Vec<String>,
+) -> Outcome {
+    let encoding = message::field_values(headers, "Content-Transfer-Encoding")
+        .into_iter()
+        .next()
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    if !matches!(encoding.as_str(), "" | "7bit" | "8bit" | "binary") || depth >= MAX_DEPTH {
+        removed.push("a message/rfc822 part the filter cannot read".to_owned());
+        return Outcome::Remove;
+    }
+    let (h, b) = message::split(body);
+    match entity(f, h, b, Default::Text, depth + 1, removed) {
+        Outcome::Keep => Outcome::Keep,
+        Outcome::Remove => Outcome::Remove,
+        Outcome::Replace(h, b) => Outcome::Replace(headers.to_vec(), message::join(&h, &b)),
+    }
+}
+
+/// A part's file name as a mail client shows it: RFC 2047 encoded words decoded, the blanks
+/// and dots Windows drops from its end dropped (`run.exe.` is `run.exe`).
+fn file_name(headers: &[u8]) -> Option<String> {
+    let name = mime::file_name(headers)?;
+    let name = if name.contains("=?") {
+        decoded_words(&name).unwrap_or(name)
+    } else {
+        name
+    };
+    Some(name.trim_end_matches(['.', ' ']).to_owned())
+}
+
+/// `text` with its RFC 2047 encoded words decoded (mail-parser reads it as a Subject).
+fn decoded_words(text: &str) -> Option<String> {
+    let field = format!("Subject: {}\r\n\r\n", text.replace(['\r', '\n'], " "));
+    let parsed = mail_parser::MessageParser::default().parse_headers(field.as_bytes())?;
+    parsed.subject().map(str::to_owned)
 }
 
 /// The header block of an entity that takes the place of the multipart `outer`: `outer`'s
@@ -428,13 +503,15 @@ mod tests {
         // No Content-Type is text/plain: a pass list without text removes it.
         f.pass_types = strings(&["image"]);
         assert!(matches!(filter(&f, plain, b"text"), Filtered::Empty { .. }));
-        // A multipart without its closing delimiter is kept whole.
+        // A multipart without its closing delimiter is removed whole: nothing is left.
         let mut f = none();
         f.filter_types = strings(&["image"]);
         let open = MIXED.replace("--b1--\r\n", "");
         assert_eq!(
             filter(&f, TOP.as_bytes(), open.as_bytes()),
-            Filtered::Unchanged
+            Filtered::Empty {
+                removed: vec!["multipart/mixed the filter cannot read".into()]
+            }
         );
         // An inactive filter changes nothing, even with an empty action.
         assert!(!none().is_active());
@@ -452,5 +529,73 @@ mod tests {
         ] {
             assert_eq!(extension(name).as_deref(), want, "{name}");
         }
+    }
+
+    /// The ways a part could hide from the filter: each is removed.
+    #[test]
+    fn evasions_table() {
+        let mut f = none();
+        f.filter_extensions = strings(&["exe"]);
+        f.filter_types = strings(&["application/x-msdownload"]);
+        let part = |headers: &str| {
+            format!(
+                "--b1\r\nContent-Type: text/plain\r\n\r\nhello\r\n\
+                 --b1\r\n{headers}\r\nMZ\r\n--b1--\r\n"
+            )
+        };
+        let cases = [
+            (
+                "an RFC 2047 file name",
+                part(
+                    "Content-Type: application/octet-stream\r\n\
+                      Content-Disposition: attachment; filename=\"=?utf-8?B?cnVuLmV4ZQ==?=\"\r\n",
+                ),
+            ),
+            (
+                "a trailing dot",
+                part(
+                    "Content-Type: application/octet-stream\r\n\
+                      Content-Disposition: attachment; filename=\"run.exe.\"\r\n",
+                ),
+            ),
+            (
+                "two Content-Type fields",
+                part("Content-Type: text/plain\r\nContent-Type: application/x-msdownload\r\n"),
+            ),
+            (
+                "a type that does not parse, in a pass list of text",
+                part("Content-Type: application/x-msdownload (x)\r\n"),
+            ),
+            (
+                "an attached message holding the executable",
+                part(
+                    "Content-Type: message/rfc822\r\n\r\nFrom: a@example.org\r\n\
+                     Content-Type: application/octet-stream; name=run.exe\r\n",
+                ),
+            ),
+        ];
+        for (what, body) in cases {
+            let mut f = f.clone();
+            if what.contains("pass list") {
+                f.pass_types = strings(&["text"]);
+            }
+            match filter(&f, TOP.as_bytes(), body.as_bytes()) {
+                Filtered::Changed { body, .. } => {
+                    let text = String::from_utf8(body).unwrap();
+                    assert!(!text.contains("MZ"), "{what}: {text}");
+                    assert!(text.contains("hello"), "{what}: {text}");
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        }
+        // An attached message whose content passes is kept as it was.
+        let fine = part(
+            "Content-Type: message/rfc822\r\n\r\nFrom: a@example.org\r\n\
+             Content-Type: text/plain\r\n",
+        );
+        assert_eq!(
+            filter(&f, TOP.as_bytes(), fine.as_bytes()),
+            Filtered::Unchanged
+        );
     }
 }

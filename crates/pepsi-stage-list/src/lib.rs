@@ -433,12 +433,13 @@ async fn resolve(
     Ok((lists, readings))
 }
 
-/// The ban and the list's header filters, in one query under `timeout`: whether `sender` is
+/// The ban, then the list's header filters, each under `timeout`: whether `sender` is
 /// banned, and the first filter (by position) whose field has a value its pattern matches,
 /// with its description. Patterns are POSIX regular expressions run by PostgreSQL, and some
-/// (back-references) take time exponential in a value's length: a query cut off by the
-/// timeout holds the post for a moderator, naming why, rather than tying up a database
-/// backend or failing the pass again and again.
+/// (back-references) take time steeply growing with a value's length: a check cut off by
+/// the timeout holds the post for a moderator, naming why, rather than tying up a database
+/// backend or failing the pass again and again. The ban is asked apart, so header fields
+/// made to be slow cannot hide a ban: a banned sender is refused whatever the filters do.
 async fn pattern_check(
     pool: &sqlx::PgPool,
     timeout: std::time::Duration,
@@ -447,46 +448,58 @@ async fn pattern_check(
     names: &[String],
     values: &[String],
 ) -> Result<(bool, Option<(Action, String)>), StageError> {
+    let cut_off = |what: &str| {
+        let why = format!(
+            "matching the list's {what} took longer than {} (PATTERN_TIMEOUT)",
+            options_duration(timeout.as_secs())
+        );
+        tracing::warn!(list_id, %sender, "{why}");
+        (Action::Hold, why)
+    };
+    let timed_out =
+        |e: &sqlx::Error| e.as_database_error().and_then(|d| d.code()).as_deref() == Some("57014");
     let mut tx = pool.begin().await?;
     sqlx::query("SELECT set_config('statement_timeout', $1, true)")
         .bind(format!("{}ms", timeout.as_millis()))
         .execute(&mut *tx)
         .await?;
-    let row = sqlx::query(concat!(
-        "SELECT ",
-        pepsi_contract::list_banned_sql!(),
-        " AS banned, hf.action, hf.position, hf.header FROM (SELECT 1) one \
-         LEFT JOIN LATERAL (SELECT f.action, f.position, f.header \
-             FROM pepsi.list_header_filter f WHERE f.list_id = $1 AND EXISTS \
-             (SELECT 1 FROM unnest($3::text[], $4::text[]) AS h(name, value) \
-              WHERE lower(h.name) = lower(f.header) AND h.value ~* f.pattern) \
-             ORDER BY f.position LIMIT 1) hf ON true"
-    ))
+    let banned =
+        sqlx::query_scalar::<_, bool>(concat!("SELECT ", pepsi_contract::list_banned_sql!()))
+            .bind(list_id)
+            .bind(sender)
+            .fetch_one(&mut *tx)
+            .await;
+    let banned = match banned {
+        Ok(b) => b,
+        Err(e) if timed_out(&e) => return Ok((false, Some(cut_off("ban patterns")))),
+        Err(e) => return Err(e.into()),
+    };
+    if banned {
+        tx.commit().await?;
+        return Ok((true, None));
+    }
+    let row = sqlx::query(
+        "SELECT f.action, f.position, f.header FROM pepsi.list_header_filter f \
+         WHERE f.list_id = $1 AND EXISTS \
+           (SELECT 1 FROM unnest($2::text[], $3::text[]) AS h(name, value) \
+            WHERE lower(h.name) = lower(f.header) AND h.value ~* f.pattern) \
+         ORDER BY f.position LIMIT 1",
+    )
     .bind(list_id)
-    .bind(sender)
     .bind(names)
     .bind(values)
-    .fetch_one(&mut *tx)
+    .fetch_optional(&mut *tx)
     .await;
     let row = match row {
         Ok(row) => row,
-        Err(e) if e.as_database_error().and_then(|d| d.code()).as_deref() == Some("57014") => {
-            tx.rollback().await?;
-            let why = format!(
-                "matching the list's ban and header filter patterns took longer than {} \
-                 (PATTERN_TIMEOUT)",
-                options_duration(timeout.as_secs())
-            );
-            tracing::warn!(list_id, %sender, "{why}");
-            return Ok((false, Some((Action::Hold, why))));
-        }
+        Err(e) if timed_out(&e) => return Ok((false, Some(cut_off("header filter patterns")))),
         Err(e) => return Err(e.into()),
     };
     tx.commit().await?;
-    let banned: bool = row.try_get("banned")?;
-    let filter = match row.try_get::<Option<String>, _>("action")? {
+    let filter = match row {
         None => None,
-        Some(word) => {
+        Some(row) => {
+            let word: String = row.try_get("action")?;
             let action = Action::parse(&word).ok_or_else(|| {
                 StageError::Invalid(format!("list_header_filter.action = {word:?}"))
             })?;
@@ -495,7 +508,7 @@ async fn pattern_check(
             Some((action, format!("header filter {position} ({header})")))
         }
     };
-    Ok((banned, filter))
+    Ok((false, filter))
 }
 
 /// The content filter of a `LISTS` row: `None` without one, or with one that changes nothing.
