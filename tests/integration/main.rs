@@ -56,6 +56,7 @@ mod parsers_fuzz;
 mod queue_tool;
 mod relay_internet;
 mod relay_smarthost;
+mod secure_link;
 mod sendmail;
 mod settings;
 mod setup;

@@ -10,6 +10,7 @@
 
 pub mod code;
 pub mod seal;
+pub mod store;
 
 use base64::Engine as _;
 
