@@ -6,10 +6,8 @@
 //! search finds a post by a word of its body and by `from:`; an HTML-only post's script and
 //! `onerror` image do not run; a private archive refuses an anonymous reader and opens for a
 //! member after the login link mailed to the member's Maildir; a post purged is gone from
-//! the thread page, the search and the Atom feed. The purge is
-//! `pepsi_archive::store::purge_message` in a transaction, the function behind
-//! `pepsi-archive purge LIST URL_ID --yes`: that program is not in the tree yet, so the
-//! test does not run it.
+//! the thread page, the search and the Atom feed: purged by the operator tool
+//! (`pepsi-archive purge LIST URL_ID --yes`).
 
 use std::path::Path;
 use std::process::Stdio;
@@ -32,11 +30,12 @@ const PUBLIC: &str = "team@example.test";
 const PRIVATE: &str = "inner@example.test";
 const WEB: &str = "https://lists.example.test";
 
-/// Runs pepsi-list with the system's configuration; it must succeed.
-fn pepsi_list(sys: &System, args: &[&str]) {
-    let tool = pepsi_testkit::programs::program("pepsi-list", env!("CARGO_BIN_EXE_pepsi-list"));
+/// Runs the operator tool `name` (built as `built`) with the system's configuration; it
+/// must succeed. Returns its standard output.
+fn tool(sys: &System, name: &str, built: &str, args: &[&str]) -> String {
+    let program = pepsi_testkit::programs::program(name, built);
     let out = sys
-        .command(&tool)
+        .command(&program)
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -44,10 +43,15 @@ fn pepsi_list(sys: &System, args: &[&str]) {
         .unwrap();
     assert!(
         out.status.success(),
-        "pepsi-list {args:?}: {}{}",
+        "{name} {args:?}: {}{}",
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn pepsi_list(sys: &System, args: &[&str]) {
+    tool(sys, "pepsi-list", env!("CARGO_BIN_EXE_pepsi-list"), args);
 }
 
 /// Starts pepsi-httpd on the system's configuration and waits until it answers.
@@ -436,18 +440,16 @@ async fn the_archive_through_the_whole_system_in_chromium() {
         hits(&browser).await,
         [format!("/archive/{PUBLIC}/m/{reply}")]
     );
-    let list_id: i64 =
-        sqlx::query_scalar("SELECT list_id FROM pepsi.mailing_list WHERE address = $1")
-            .bind(PUBLIC)
-            .fetch_one(&sys.db.pool)
-            .await
-            .unwrap();
-    let mut tx = sys.db.pool.begin().await.unwrap();
-    let purged = pepsi_archive::store::purge_message(&mut tx, list_id, &reply, "operator")
-        .await
-        .unwrap();
-    tx.commit().await.unwrap();
-    assert!(purged);
+    let purged = tool(
+        &sys,
+        "pepsi-archive",
+        env!("CARGO_BIN_EXE_pepsi-archive"),
+        &["purge", PUBLIC, &reply, "--yes"],
+    );
+    assert!(
+        purged.contains("purged 1 post from the archive of team@example.test"),
+        "{purged}"
+    );
 
     open(
         &browser,
@@ -458,6 +460,15 @@ async fn the_archive_through_the_whole_system_in_chromium() {
     let shown = articles(&browser).await;
     assert!(
         shown.iter().all(|(_, t)| !t.contains("quince")),
+        "{shown:#?}"
+    );
+    // Between the root and the last reply only placeholders are left (the parent never
+    // sent, and the purged post's if the thread kept its place).
+    assert!(
+        (3..=4).contains(&shown.len())
+            && shown[1..shown.len() - 1]
+                .iter()
+                .all(|(_, t)| t.trim() == "A message not in the archive"),
         "{shown:#?}"
     );
     assert!(
