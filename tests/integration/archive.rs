@@ -236,11 +236,11 @@ async fn parts_are_recorded_and_the_text_is_decoded_for_search() {
         ("Zoë", "Réunion agenda")
     );
     assert_eq!(raw, format!("{headers}\r\n{body}").into_bytes());
-    let hits = store::search(&db.pool, l, "café", 10).await.unwrap();
+    let hits = store::search(&db.pool, l, "café", 10, true).await.unwrap();
     assert_eq!(hits.len(), 1);
     assert_eq!(hits[0].url_id, a.url_id);
     assert!(
-        store::search(&db.pool, l, "JVBERi0xLjQK", 10)
+        store::search(&db.pool, l, "JVBERi0xLjQK", 10, true)
             .await
             .unwrap()
             .is_empty()
@@ -288,7 +288,7 @@ async fn search_ranks_and_filters() {
         |hits: Vec<store::Hit>| -> Vec<String> { hits.into_iter().map(|h| h.url_id).collect() };
     let q = |s: &'static str| {
         let pool = db.pool.clone();
-        async move { ids(store::search(&pool, l, s, 10).await.unwrap()) }
+        async move { ids(store::search(&pool, l, s, 10, true).await.unwrap()) }
     };
     assert_eq!(q("pizza").await[0], u("p1@x"), "the subject ranks first");
     assert_eq!(q("pizza").await.len(), 3);
@@ -298,6 +298,15 @@ async fn search_ranks_and_filters() {
     assert_eq!(q("from:Carol").await, vec![u("p3@x")]);
     assert_eq!(q("from:example.test").await, vec![u("p2@x"), u("p1@x")]);
     assert_eq!(q("subject:pizza").await, vec![u("p1@x")]);
+    // A reader who does not see addresses: `from:` matches a name or a whole address.
+    let hidden = |s: &'static str| {
+        let pool = db.pool.clone();
+        async move { ids(store::search(&pool, l, s, 10, false).await.unwrap()) }
+    };
+    assert!(hidden("from:example.test").await.is_empty());
+    assert!(hidden("from:carol@remote").await.is_empty());
+    assert_eq!(hidden("from:carol@REMOTE.test").await, vec![u("p3@x")]);
+    assert_eq!(hidden("from:Carol").await, vec![u("p3@x")]);
     assert_eq!(q("after:2026-03-01 pizza").await.len(), 2);
     assert_eq!(q("before:2026-03-03").await, vec![u("p2@x"), u("p1@x")]);
     assert_eq!(
@@ -307,12 +316,12 @@ async fn search_ranks_and_filters() {
     assert!(q("sushi").await.is_empty());
     let other = list(&db, "other@example.test").await;
     assert!(
-        store::search(&db.pool, other, "pizza", 10)
+        store::search(&db.pool, other, "pizza", 10, true)
             .await
             .unwrap()
             .is_empty()
     );
-    let err = store::search(&db.pool, l, "after:soon", 10)
+    let err = store::search(&db.pool, l, "after:soon", 10, true)
         .await
         .unwrap_err();
     assert_eq!(
@@ -320,7 +329,10 @@ async fn search_ranks_and_filters() {
         "after:\"soon\" is not a date: expected YYYY-MM-DD"
     );
     assert_eq!(
-        store::search(&db.pool, l, "pizza", 1).await.unwrap().len(),
+        store::search(&db.pool, l, "pizza", 1, true)
+            .await
+            .unwrap()
+            .len(),
         1
     );
 }
@@ -368,7 +380,7 @@ async fn purges_leave_only_placeholders_under_replies() {
     assert_eq!(count("SELECT count(*) FROM pepsi.archive_body").await, 1);
     assert_eq!(count("SELECT count(*) FROM pepsi.archive_part").await, 1);
     assert!(
-        store::search(&db.pool, l, "secret", 10)
+        store::search(&db.pool, l, "secret", 10, true)
             .await
             .unwrap()
             .is_empty()
@@ -427,4 +439,78 @@ async fn purges_leave_only_placeholders_under_replies() {
             ("purge.address".to_owned(), serde_json::json!({"posts": 1})),
         ]
     );
+}
+
+/// A NUL in a post's text or its ids (which PostgreSQL's text refuses) does not fail the
+/// post: it is left out of the search text and the ids.
+#[tokio::test]
+async fn a_nul_in_the_text_or_the_ids_is_left_out() {
+    let db = TestDb::new().await;
+    let l = list(&db, "team@example.test").await;
+    let got = archive(
+        &db,
+        l,
+        "From: a@example.test\r\nSubject: nul\r\nMessage-ID: <n\0ul@x.test>\r\n\
+         In-Reply-To: <pa\0rent@x.test>\r\nReferences: <gr\0and@x.test> <pa\0rent@x.test>\r\n",
+        "before\0after marker\r\n",
+    )
+    .await
+    .expect("archived");
+    assert_eq!(got.url_id, u("nul@x.test"));
+    let (message_id, in_reply_to, refs): (String, Option<String>, Vec<String>) = sqlx::query_as(
+        "SELECT message_id, in_reply_to, message_references FROM pepsi.archive_message",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(message_id, "nul@x.test");
+    assert_eq!(in_reply_to.as_deref(), Some("parent@x.test"));
+    assert_eq!(refs, ["grand@x.test", "parent@x.test"]);
+    assert_eq!(placeholders(&db, l).await.len(), 2);
+    let hits = store::search(&db.pool, l, "marker", 10, true)
+        .await
+        .unwrap();
+    assert_eq!(hits.len(), 1);
+}
+
+/// Only the newest `MAX_RANKED` matches of a search are ranked: an older match, however
+/// well it ranks, is not found.
+#[tokio::test]
+async fn search_ranks_only_the_newest_matches() {
+    let db = TestDb::new().await;
+    let l = list(&db, "team@example.test").await;
+    // The oldest post says the word most often: it would rank first.
+    archive(
+        &db,
+        l,
+        "From: a@example.test\r\nSubject: kiwi kiwi\r\nMessage-ID: <old@x.test>\r\n\
+         Date: Sun, 1 Feb 2026 10:00:00 +0000\r\n",
+        &"kiwi ".repeat(50),
+    )
+    .await
+    .unwrap();
+    let mut tx = db.pool.begin().await.unwrap();
+    for i in 0..store::MAX_RANKED {
+        let h = format!(
+            "From: b@example.test\r\nSubject: fruit\r\nMessage-ID: <{i}@x.test>\r\n\
+             Date: Mon, 2 Mar 2026 10:00:00 +0000\r\n"
+        );
+        store::archive_post(&mut tx, l, h.as_bytes(), b"one kiwi\r\n", at(5))
+            .await
+            .unwrap()
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
+    let hits = store::search(&db.pool, l, "kiwi", 200, true).await.unwrap();
+    assert_eq!(hits.len(), 200);
+    assert!(
+        hits.iter().all(|h| h.url_id != u("old@x.test")),
+        "the oldest match is beyond the ranked ones"
+    );
+    // Narrowed by date, it is among the newest matches again, and found.
+    let old = store::search(&db.pool, l, "kiwi before:2026-03-01", 10, true)
+        .await
+        .unwrap();
+    assert_eq!(old.len(), 1);
+    assert_eq!(old[0].url_id, u("old@x.test"));
 }

@@ -154,6 +154,45 @@ impl Fixture {
     }
 }
 
+impl Fixture {
+    /// Makes `address` a member of `list` and logs it in by the mailed link, as a browser
+    /// does: the session cookie (`pepsi_archive=...`).
+    async fn log_in(&self, list: &str, address: &str) -> String {
+        sqlx::query(
+            "INSERT INTO pepsi.list_member (list_id, address, role) VALUES ($1, $2, 'member')",
+        )
+        .bind(self.list_id(list).await)
+        .bind(address)
+        .execute(&self.db.pool)
+        .await
+        .unwrap();
+        let asked = self
+            .post(
+                &format!("/archive/{list}/login"),
+                &format!("address={}", address.replace('@', "%40")),
+            )
+            .await;
+        assert_eq!(asked.status, 200, "{asked:?}");
+        let mail = self.mail().await;
+        let text = &mail.last().expect("a login link mailed").1;
+        let marker = format!("{WEB}/archive/{list}/login/");
+        let start = at(text, &marker) + marker.len();
+        let token: String = text[start..]
+            .chars()
+            .take_while(|c| c.is_ascii_alphanumeric())
+            .collect();
+        let logged = self
+            .post(&format!("/archive/{list}/login/{token}"), "")
+            .await;
+        assert_eq!(logged.status, 200, "{logged:?}");
+        header(&logged, "set-cookie")
+            .split(';')
+            .next()
+            .unwrap()
+            .to_owned()
+    }
+}
+
 fn header<'a>(p: &'a Page, name: &str) -> &'a str {
     p.headers
         .get(name)
@@ -346,21 +385,27 @@ async fn raw_and_part_downloads_have_safe_headers() {
              PHNjcmlwdD5hbGVydCgxKTwvc2NyaXB0Pg==\r\n--b--\r\n",
         )
         .await;
+    let session = f.log_in("pub@example.test", "mem@example.test").await;
     let raw = f
-        .get(&format!("/archive/pub@example.test/m/{id}/raw"))
+        .get_with(
+            &format!("/archive/pub@example.test/m/{id}/raw"),
+            Some(&session),
+        )
         .await;
     assert_eq!(raw.status, 200, "{raw:?}");
     assert_eq!(header(&raw, "content-type"), "text/plain; charset=utf-8");
     assert_eq!(header(&raw, "x-content-type-options"), "nosniff");
+    assert_eq!(header(&raw, "cache-control"), "private, no-store");
     assert!(header(&raw, "content-disposition").starts_with("inline"));
     assert!(
-        raw.text.contains("Subject: a script") && raw.text.contains("frank@ex…"),
+        raw.text.contains("Subject: a script") && raw.text.contains("frank@example.org"),
         "{}",
         raw.text
     );
-    assert!(!raw.text.contains("frank@example.org"));
 
-    let page = f.get(&format!("/archive/pub@example.test/m/{id}")).await;
+    let page = f
+        .get_with(&format!("/archive/pub@example.test/m/{id}"), Some(&session))
+        .await;
     assert!(page.text.contains("evil_name.html"), "{}", page.text);
     let n: i32 =
         sqlx::query_scalar("SELECT part_index FROM pepsi.archive_part WHERE file_name IS NOT NULL")
@@ -368,9 +413,13 @@ async fn raw_and_part_downloads_have_safe_headers() {
             .await
             .unwrap();
     let part = f
-        .get(&format!("/archive/pub@example.test/m/{id}/part/{n}"))
+        .get_with(
+            &format!("/archive/pub@example.test/m/{id}/part/{n}"),
+            Some(&session),
+        )
         .await;
     assert_eq!(part.status, 200, "{part:?}");
+    assert_eq!(header(&part, "cache-control"), "private, no-store");
     assert_eq!(header(&part, "content-type"), "application/octet-stream");
     assert_eq!(
         header(&part, "content-disposition"),
@@ -379,10 +428,201 @@ async fn raw_and_part_downloads_have_safe_headers() {
     assert_eq!(header(&part, "x-content-type-options"), "nosniff");
     assert_eq!(part.text, "<script>alert(1)</script>");
     assert_eq!(
-        f.get(&format!("/archive/pub@example.test/m/{id}/part/99"))
+        f.get_with(
+            &format!("/archive/pub@example.test/m/{id}/part/99"),
+            Some(&session)
+        )
+        .await
+        .status,
+        404
+    );
+}
+
+/// A post whose addresses hide in an encoded word, a base64 body and a forwarded message:
+/// an anonymous reader of a public archive gets neither its raw bytes (403, members only)
+/// nor its text or message parts (404), only its other attachments, never cached; a
+/// member gets them all.
+#[tokio::test]
+async fn anonymous_readers_get_no_raw_post_and_no_text_or_message_part() {
+    let f = fixture().await;
+    let list = "pub@example.test";
+    let id = f
+        .archive(
+            list,
+            "From: =?utf-8?b?R3JhY2UgPGdyYWNlQGhpZGRlbi5vcmc+?= <grace@hidden.org>\r\n\
+             Subject: leaks\r\nMessage-ID: <leak@x.test>\r\n\
+             MIME-Version: 1.0\r\nContent-Type: multipart/mixed; boundary=b\r\n",
+            // The body says "write to grace@hidden.org" in base64.
+            "--b\r\nContent-Type: text/plain\r\nContent-Transfer-Encoding: base64\r\n\r\n\
+             d3JpdGUgdG8gZ3JhY2VAaGlkZGVuLm9yZw==\r\n--b\r\n\
+             Content-Type: message/rfc822\r\n\
+             Content-Disposition: attachment; filename=fwd.eml\r\n\r\n\
+             From: heidi@hidden.org\r\nSubject: inner\r\n\r\nhi\r\n--b\r\n\
+             Content-Type: text/plain\r\nContent-Disposition: attachment; filename=notes.txt\r\n\r\n\
+             ivan@hidden.org\r\n--b\r\n\
+             Content-Type: application/pdf\r\nContent-Transfer-Encoding: base64\r\n\
+             Content-Disposition: attachment; filename=a.pdf\r\n\r\naGVsbG8=\r\n--b--\r\n",
+        )
+        .await;
+    let parts: Vec<(i32, String, Option<String>)> = sqlx::query_as(
+        "SELECT part_index, content_type, file_name FROM pepsi.archive_part ORDER BY part_index",
+    )
+    .fetch_all(&f.db.pool)
+    .await
+    .unwrap();
+    let index = |ct: &str, named: bool| {
+        parts
+            .iter()
+            .find(|p| p.1 == ct && p.2.is_some() == named)
+            .unwrap_or_else(|| panic!("{ct} in {parts:?}"))
+            .0
+    };
+    let (body, fwd, notes, pdf) = (
+        index("text/plain", false),
+        index("message/rfc822", true),
+        index("text/plain", true),
+        index("application/pdf", true),
+    );
+    let m = format!("/archive/{list}/m/{id}");
+
+    let raw = f.get(&format!("{m}/raw")).await;
+    assert_eq!(raw.status, 403, "{raw:?}");
+    assert!(raw.text.contains("Members only"), "{}", raw.text);
+    assert!(!raw.text.contains("d3JpdGUgdG8"), "{}", raw.text);
+    for n in [body, fwd, notes] {
+        let p = f.get(&format!("{m}/part/{n}")).await;
+        assert_eq!(p.status, 404, "part {n}: {p:?}");
+        assert!(!p.text.contains("hidden.org"), "part {n}: {}", p.text);
+    }
+    let pdf_part = f.get(&format!("{m}/part/{pdf}")).await;
+    assert_eq!(pdf_part.status, 200, "{pdf_part:?}");
+    assert_eq!(pdf_part.text, "hello");
+    assert_eq!(header(&pdf_part, "cache-control"), "private, no-store");
+    let page = f.get(&m).await;
+    assert_eq!(page.status, 200, "{page:?}");
+    assert!(!page.text.contains(&format!("{m}/raw")), "{}", page.text);
+    assert!(
+        !page.text.contains(&format!("{m}/part/{notes}"))
+            && page.text.contains(&format!("{m}/part/{pdf}")),
+        "{}",
+        page.text
+    );
+
+    let session = f.log_in(list, "mem@example.test").await;
+    let raw = f.get_with(&format!("{m}/raw"), Some(&session)).await;
+    assert_eq!(raw.status, 200, "{raw:?}");
+    assert!(raw.text.contains("d3JpdGUgdG8"), "{}", raw.text);
+    assert_eq!(header(&raw, "cache-control"), "private, no-store");
+    let notes_part = f
+        .get_with(&format!("{m}/part/{notes}"), Some(&session))
+        .await;
+    assert_eq!(notes_part.status, 200, "{notes_part:?}");
+    assert!(notes_part.text.contains("ivan@hidden.org"));
+    let fwd_part = f.get_with(&format!("{m}/part/{fwd}"), Some(&session)).await;
+    assert_eq!(fwd_part.status, 200, "{fwd_part:?}");
+    assert!(fwd_part.text.contains("heidi@hidden.org"));
+    // The text body is shown on the page, never a download.
+    assert_eq!(
+        f.get_with(&format!("{m}/part/{body}"), Some(&session))
             .await
             .status,
         404
+    );
+}
+
+/// `from:` for an anonymous reader matches the author's name or whole address, never a
+/// part of the address (which would spell a hidden domain out); a member's matches a part.
+#[tokio::test]
+async fn anonymous_from_search_matches_no_part_of_an_address() {
+    let f = fixture().await;
+    let list = "pub@example.test";
+    let id = f
+        .archive(
+            list,
+            "From: Judy Smith <judy@secretdomain.org>\r\nSubject: hi\r\n\
+             Message-ID: <judy@x.test>\r\n",
+            "hello\r\n",
+        )
+        .await;
+    let hit = |p: &Page| p.text.contains(&format!("/m/{id}"));
+    let search = |q: &str| format!("/archive/{list}/search?q=from%3A{q}");
+    for q in ["secretd", "judy%40s", "%40secretdomain.or"] {
+        let p = f.get(&search(q)).await;
+        assert_eq!(p.status, 200, "{p:?}");
+        assert!(!hit(&p), "from:{q} matched: {}", p.text);
+    }
+    for q in [
+        "judy",
+        "smith",
+        "judy%40secretdomain.org",
+        "JUDY%40SecretDomain.org",
+    ] {
+        let p = f.get(&search(q)).await;
+        assert!(hit(&p), "from:{q} did not match: {}", p.text);
+    }
+    let session = f.log_in(list, "mem@example.test").await;
+    let p = f.get_with(&search("secretd"), Some(&session)).await;
+    assert!(hit(&p), "a member's from: matches a part: {}", p.text);
+}
+
+/// A long thread is shown 100 nodes a page with a link to the next; a very long post is
+/// cut in the thread with a link to its own page, which shows it whole.
+#[tokio::test]
+async fn a_long_thread_is_paged_and_a_long_post_cut() {
+    let f = fixture().await;
+    let list = "pub@example.test";
+    let long = format!("{}THE-END\r\n", "lorem ipsum dolor\r\n".repeat(5000));
+    let root = f
+        .archive(
+            list,
+            "From: a@example.org\r\nSubject: long\r\nMessage-ID: <r@long.test>\r\n\
+             Date: Sun, 1 Mar 2026 10:00:00 +0000\r\n",
+            &long,
+        )
+        .await;
+    for i in 0..110 {
+        f.archive(
+            list,
+            &format!(
+                "From: b@example.org\r\nSubject: Re: long\r\nMessage-ID: <{i}@long.test>\r\n\
+                 Date: Mon, 2 Mar 2026 10:{:02}:{:02} +0000\r\n\
+                 In-Reply-To: <r@long.test>\r\nReferences: <r@long.test>\r\n",
+                i / 60,
+                i % 60
+            ),
+            &format!("reply number {i:03}\r\n"),
+        )
+        .await;
+    }
+    let t = format!("/archive/{list}/thread/{root}");
+    let first = f.get(&t).await;
+    assert_eq!(first.status, 200, "{first:?}");
+    let articles = |p: &Page| p.text.matches("<article").count();
+    assert_eq!(articles(&first), 100);
+    assert!(first.text.contains("reply number 098") && !first.text.contains("reply number 099"));
+    assert!(!first.text.contains("THE-END"), "the long post is cut");
+    assert!(
+        first
+            .text
+            .contains(&format!("href=\"/archive/{list}/m/{root}\">the whole post")),
+        "{}",
+        &first.text[first.text.len().saturating_sub(3000)..]
+    );
+    assert!(
+        first.text.contains(&format!("{t}?page=2")),
+        "a link to the next page"
+    );
+    let second = f.get(&format!("{t}?page=2")).await;
+    assert_eq!(second.status, 200, "{second:?}");
+    assert_eq!(articles(&second), 11);
+    assert!(second.text.contains("reply number 109") && !second.text.contains("reply number 098"));
+    assert!(second.text.contains(&format!("{t}?page=1")));
+    assert_eq!(f.get(&format!("{t}?page=0")).await.status, 400);
+    assert_eq!(f.get(&format!("{t}?page=x")).await.status, 400);
+    let whole = f.get(&format!("/archive/{list}/m/{root}")).await;
+    assert!(
+        whole.text.contains("THE-END"),
+        "the post's page shows it whole"
     );
 }
 

@@ -18,8 +18,11 @@ use sqlx::{PgConnection, PgPool, Row as _};
 pub const MAX_THREAD_NODES: i64 = 2000;
 /// The most threads a list or month page shows.
 pub const MAX_THREADS: i64 = 1000;
-/// The most characters of a post's text shown.
+/// The most bytes of a post's text its own page shows.
 pub const MAX_SHOWN: usize = 1024 * 1024;
+/// The most bytes of each post's text a page of many posts (a thread, a feed) shows; the
+/// rest is cut before any sanitising, and the post's own page shows it.
+pub const MAX_SHOWN_OF_MANY: usize = 64 * 1024;
 
 /// Who may read a list's archive (`mailing_list.archive_policy`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -385,20 +388,32 @@ pub async fn parts(pool: &PgPool, archive_id: i64) -> sqlx::Result<Vec<PartRow>>
 }
 
 /// What a page shows of a post: its first text/plain body part, else its first HTML body
-/// part (to be sanitised by the caller, never shown as it is), each at most
-/// [`MAX_SHOWN`] characters.
+/// part (to be sanitised by the caller, never shown as it is), each cut to a bound.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Shown {
     pub text: Option<String>,
     pub html: Option<String>,
+    /// The text or HTML was cut.
+    pub truncated: bool,
 }
 
-/// [`Shown`] of the post `raw`.
+/// [`Shown`] of the post `raw`, at most [`MAX_SHOWN`] bytes.
 pub fn shown(raw: &[u8]) -> Shown {
+    shown_within(raw, MAX_SHOWN)
+}
+
+/// [`Shown`] of the post `raw`, its text or HTML cut to at most `max` bytes (at a
+/// character's boundary).
+pub fn shown_within(raw: &[u8], max: usize) -> Shown {
     let Some(m) = MessageParser::default().parse(raw) else {
         return Shown::default();
     };
-    let cut = |t: &str| t.chars().take(MAX_SHOWN).collect::<String>();
+    let mut truncated = false;
+    let mut cut = |t: &str| {
+        let end = t.floor_char_boundary(max.min(t.len()));
+        truncated = end < t.len();
+        t[..end].to_owned()
+    };
     let text = m
         .text_body
         .iter()
@@ -416,7 +431,11 @@ pub fn shown(raw: &[u8]) -> Shown {
                 _ => None,
             }),
     };
-    Shown { text, html }
+    Shown {
+        text,
+        html,
+        truncated,
+    }
 }
 
 /// The decoded contents of leaf part `index` of the post `raw` (the numbering of
@@ -659,6 +678,38 @@ mod tests {
             let s = shown(raw.as_bytes());
             assert_eq!(s.text.as_deref(), *text, "{raw}");
             assert_eq!(s.html.as_deref(), *html, "{raw}");
+            assert!(!s.truncated, "{raw}");
+        }
+    }
+
+    #[test]
+    fn shown_within_cuts_at_a_character_boundary() {
+        // (post, bound, text, HTML, cut)
+        type Case<'a> = (&'a str, usize, Option<&'a str>, Option<&'a str>, bool);
+        let cases: &[Case] = &[
+            ("Subject: x\r\n\r\nhello", 3, Some("hel"), None, true),
+            ("Subject: x\r\n\r\nhello", 5, Some("hello"), None, false),
+            // "é" is two bytes: a cut inside it keeps the character out.
+            (
+                "Subject: x\r\nContent-Type: text/plain; charset=utf-8\r\n\r\naé",
+                2,
+                Some("a"),
+                None,
+                true,
+            ),
+            (
+                "Subject: x\r\nContent-Type: text/html\r\n\r\n<p>hi</p>",
+                4,
+                None,
+                Some("<p>h"),
+                true,
+            ),
+        ];
+        for (raw, max, text, html, truncated) in cases {
+            let s = shown_within(raw.as_bytes(), *max);
+            assert_eq!(s.text.as_deref(), *text, "{raw}");
+            assert_eq!(s.html.as_deref(), *html, "{raw}");
+            assert_eq!(s.truncated, *truncated, "{raw}");
         }
     }
 

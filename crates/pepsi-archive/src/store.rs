@@ -22,6 +22,8 @@ pub const MAX_SEARCH_TEXT: usize = 256 * 1024;
 pub const MAX_PARTS: usize = 1000;
 /// The most hits one search returns.
 pub const MAX_HITS: i64 = 200;
+/// The most matches of one search ranked: the newest ones; older matches are not found.
+pub const MAX_RANKED: i64 = 1000;
 /// The longest subject and author name kept, in characters.
 const MAX_FIELD: usize = 998;
 
@@ -69,6 +71,11 @@ struct Post {
     parts: Vec<(i32, String, Option<String>, i64)>,
 }
 
+/// `text` without the NUL characters PostgreSQL's text refuses.
+fn without_nul(text: &str) -> String {
+    text.replace('\0', "")
+}
+
 fn bounded(text: &str, max: usize) -> String {
     text.chars().filter(|c| !c.is_control()).take(max).collect()
 }
@@ -76,15 +83,22 @@ fn bounded(text: &str, max: usize) -> String {
 /// Reads what the archive keeps of the post `raw` (header block, CRLF, body).
 fn read(headers: &[u8], raw: &[u8], archived_at: DateTime<Utc>) -> Post {
     let first = |name| message::field_values(headers, name).into_iter().next();
-    let own = first("Message-ID").and_then(|v| thread::ids(&v).into_iter().next());
+    // PostgreSQL's text holds no NUL: ids and text go without it, or one forged post
+    // would fail for every member.
+    let ids = |v: &str| -> Vec<String> {
+        thread::ids(v)
+            .iter()
+            .filter_map(|id| url::normalise(&without_nul(id)))
+            .collect()
+    };
+    let own = first("Message-ID").and_then(|v| ids(&v).into_iter().next());
     let (message_id, message_id_made) = match own {
         Some(id) => (id, false),
         None => (thread::made_message_id(raw), true),
     };
     let url_id = url::url_id(&message_id).expect("a normalised id is an id");
-    let references: Vec<String> =
-        thread::ids(&message::field_values(headers, "References").join(" "));
-    let in_reply_to = first("In-Reply-To").and_then(|v| thread::ids(&v).into_iter().next());
+    let references: Vec<String> = ids(&message::field_values(headers, "References").join(" "));
+    let in_reply_to = first("In-Reply-To").and_then(|v| ids(&v).into_iter().next());
     let parsed = MessageParser::default().parse(raw);
     let (mut from_address, mut from_name, mut subject, mut date) =
         (String::new(), String::new(), String::new(), None);
@@ -172,7 +186,7 @@ fn add_text(
     {
         let room = MAX_SEARCH_TEXT - text.len();
         let cut = t.floor_char_boundary(room.min(t.len()));
-        text.push_str(&t[..cut]);
+        text.extend(t[..cut].chars().filter(|c| *c != '\0'));
         text.push('\n');
     }
 }
@@ -442,8 +456,19 @@ async fn month_add(
 
 /// The posts of the list `list_id` matching `q` (the syntax of [`crate::query`]), best
 /// first (`ts_rank_cd`, then newest), at most `limit` (1 to [`MAX_HITS`]). A query without
-/// words ranks all matches alike, newest first.
-pub async fn search(pool: &PgPool, list_id: i64, q: &str, limit: i64) -> Result<Vec<Hit>, Error> {
+/// words ranks all matches alike, newest first. Only the newest [`MAX_RANKED`] matches are
+/// ranked, so one search costs a bounded sort.
+///
+/// `addresses_shown`: whether the reader sees authors' addresses. When not, `from:` matches
+/// only a part of the author's name or the whole address (case ignored), never a part of
+/// an address, which would let a reader rebuild a hidden address letter by letter.
+pub async fn search(
+    pool: &PgPool,
+    list_id: i64,
+    q: &str,
+    limit: i64,
+    addresses_shown: bool,
+) -> Result<Vec<Hit>, Error> {
     let Query {
         text,
         from,
@@ -456,14 +481,20 @@ pub async fn search(pool: &PgPool, list_id: i64, q: &str, limit: i64) -> Result<
         "SELECT url_id, thread_id, subject, from_address, from_name, date, \
                 CASE WHEN $2 = '' THEN 0 \
                      ELSE ts_rank_cd(search, websearch_to_tsquery('simple', $2)) END::real AS rank \
-           FROM pepsi.archive_message \
-          WHERE list_id = $1 \
-            AND ($2 = '' OR search @@ websearch_to_tsquery('simple', $2)) \
-            AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) f \
-                             WHERE strpos(lower(from_address || ' ' || from_name), lower(f)) = 0) \
-            AND ($4 = '' OR to_tsvector('simple', subject) @@ websearch_to_tsquery('simple', $4)) \
-            AND ($5::timestamptz IS NULL OR date >= $5) \
-            AND ($6::timestamptz IS NULL OR date < $6) \
+           FROM (SELECT archive_id, url_id, thread_id, subject, from_address, from_name, date, \
+                        search \
+                   FROM pepsi.archive_message \
+                  WHERE list_id = $1 \
+                    AND ($2 = '' OR search @@ websearch_to_tsquery('simple', $2)) \
+                    AND NOT EXISTS (SELECT 1 FROM unnest($3::text[]) f WHERE CASE WHEN $8 \
+                          THEN strpos(lower(from_address || ' ' || from_name), lower(f)) = 0 \
+                          ELSE strpos(lower(from_name), lower(f)) = 0 \
+                               AND lower(from_address) <> lower(f) END) \
+                    AND ($4 = '' OR to_tsvector('simple', subject) \
+                                    @@ websearch_to_tsquery('simple', $4)) \
+                    AND ($5::timestamptz IS NULL OR date >= $5) \
+                    AND ($6::timestamptz IS NULL OR date < $6) \
+                  ORDER BY date DESC, archive_id DESC LIMIT $9) matches \
           ORDER BY rank DESC, date DESC, archive_id DESC LIMIT $7",
     )
     .bind(list_id)
@@ -473,6 +504,8 @@ pub async fn search(pool: &PgPool, list_id: i64, q: &str, limit: i64) -> Result<
     .bind(day(after))
     .bind(day(before))
     .bind(limit.clamp(1, MAX_HITS))
+    .bind(addresses_shown)
+    .bind(MAX_RANKED)
     .fetch_all(pool)
     .await?;
     rows.into_iter()
@@ -798,4 +831,22 @@ pub async fn log(
     .execute(&mut *tx)
     .await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nul_characters_leave_the_ids_and_the_search_text() {
+        let headers = b"Message-ID: <a\0b@X.test>\r\nIn-Reply-To: <p\0@x.test>\r\n\
+                        References: <\0> <r\0@x.test>\r\n";
+        let raw = message::join(headers, b"one\0two\r\n");
+        let post = read(headers, &raw, Utc::now());
+        assert_eq!(post.message_id, "ab@x.test");
+        assert_eq!(post.in_reply_to.as_deref(), Some("p@x.test"));
+        assert_eq!(post.references, ["r@x.test"], "an id of a NUL alone is none");
+        assert_eq!(post.text, "onetwo\r\n\n");
+        assert_eq!(search_text(&raw), post.text);
+    }
 }

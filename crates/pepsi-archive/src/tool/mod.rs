@@ -684,7 +684,7 @@ async fn reindex(pool: &PgPool, who: &Who, list: Option<&str>, json: bool) -> Do
 
 async fn search(pool: &PgPool, list: &str, q: &str, limit: i64, json: bool) -> Done {
     let found = db::list(pool, list).await?;
-    let hits = match store::search(pool, found.list_id, q, limit).await {
+    let hits = match store::search(pool, found.list_id, q, limit, true).await {
         Ok(h) => h,
         Err(store::Error::Query(e)) => return Err(invalid(format!("query {q:?}: {e}"))),
         Err(e) => return Err(e.into()),

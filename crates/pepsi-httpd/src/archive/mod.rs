@@ -5,7 +5,8 @@
 //!   `/archive/{list}/{YYYY-MM}` a month's threads; `/archive/{list}/thread/{url_id}` a
 //!   thread as a tree (walked with a bound, as References can be forged into cycles);
 //!   `/archive/{list}/m/{url_id}` one post (its text, or its HTML sanitised by ammonia,
-//!   and its attachments), with `/raw` (text/plain) and `/part/{n}` (a download);
+//!   and its attachments), with `/raw` (text/plain, members only) and `/part/{n}` (an
+//!   attachment's download; a text or message attachment for members only);
 //!   `/archive/{list}/search?q=` ranked hits, paged.
 //! - Who reads: a `public` archive anyone, a `private` one the members logged in by an
 //!   emailed link (`POST /archive/{list}/login` mails it, within the list's limits per
@@ -54,6 +55,11 @@ const MAX_PAGE: usize = 10;
 /// How deep a thread's tree is drawn, and how many of its nodes at most.
 const MAX_DEPTH: usize = 30;
 const MAX_NODES: usize = 500;
+/// The nodes of a thread one page shows (`?page=N`), each post's text at most
+/// `read::MAX_SHOWN_OF_MANY` bytes.
+pub const THREAD_PAGE: usize = 100;
+/// The posts whose bytes are read at once.
+const BATCH: usize = 20;
 /// Entries of a feed.
 const FEED_ENTRIES: i64 = 50;
 
@@ -210,23 +216,57 @@ async fn month(
     }
 }
 
-/// What a post's page shows of each post of `ids`.
+/// What a page of many posts shows of each post of `ids` (at most
+/// `read::MAX_SHOWN_OF_MANY` bytes each), their bytes read [`BATCH`] posts at a time.
 async fn shown(state: &AppState, ids: &[i64]) -> Result<HashMap<i64, read::Shown>, Response> {
-    let raws = read::raws(&state.pool, ids).await.map_err(db)?;
-    Ok(raws
-        .into_iter()
-        .map(|(id, raw)| (id, read::shown(&raw)))
-        .collect())
+    let mut out = HashMap::with_capacity(ids.len());
+    for batch in ids.chunks(BATCH) {
+        let raws = read::raws(&state.pool, batch).await.map_err(db)?;
+        out.extend(
+            raws.into_iter()
+                .map(|(id, raw)| (id, read::shown_within(&raw, read::MAX_SHOWN_OF_MANY))),
+        );
+    }
+    Ok(out)
+}
+
+#[derive(Debug, Deserialize)]
+struct ThreadParams {
+    page: Option<String>,
 }
 
 async fn thread(
     State(state): State<AppState>,
     Path((list, url_id)): Path<(String, String)>,
     headers: HeaderMap,
+    params: Result<Query<ThreadParams>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let a = match access(&state, &list, &headers).await {
         Ok(a) => a,
         Err(r) => return r,
+    };
+    let pages = MAX_NODES.div_ceil(THREAD_PAGE);
+    let page_no = match params.map(|Query(p)| p.page) {
+        Ok(None) => 1,
+        Ok(Some(p)) => match p.parse::<usize>() {
+            Ok(n) if (1..=pages).contains(&n) => n,
+            _ => {
+                return page::message(
+                    StatusCode::BAD_REQUEST,
+                    Some(&a.l),
+                    "Bad request",
+                    &format!("page must be a number from 1 to {pages}"),
+                );
+            }
+        },
+        Err(_) => {
+            return page::message(
+                StatusCode::BAD_REQUEST,
+                Some(&a.l),
+                "Bad request",
+                "the query string is not page=N",
+            );
+        }
     };
     let t = match text::url_id(&url_id) {
         Some(id) => read::thread_of(&state.pool, a.l.list_id, id).await,
@@ -242,14 +282,42 @@ async fn thread(
         Err(e) => return db(e),
     };
     let order = read::tree(&nodes, MAX_DEPTH, MAX_NODES);
-    let ids: Vec<i64> = order
+    let (this, more) = page_of(&order, page_no, THREAD_PAGE);
+    let ids: Vec<i64> = this
         .iter()
         .filter_map(|(_, i)| nodes[*i].post.as_ref().map(|p| p.archive_id))
         .collect();
     match shown(&state, &ids).await {
-        Ok(texts) => page::thread(&a.l, &t, &nodes, &order, &texts, a.addresses()),
+        Ok(texts) => page::thread(
+            &a.l,
+            &t,
+            &nodes,
+            this,
+            page::Paging {
+                page: page_no,
+                more,
+            },
+            &texts,
+            a.addresses(),
+        ),
         Err(r) => r,
     }
+}
+
+/// Page `page_no` (from 1) of `items` at `size` a page, and whether a next page exists.
+fn page_of<T>(items: &[T], page_no: usize, size: usize) -> (&[T], bool) {
+    let start = (page_no.saturating_sub(1) * size).min(items.len());
+    let end = (start + size).min(items.len());
+    (&items[start..end], end < items.len())
+}
+
+/// Whether a reader may download the part `row`: an attachment (a part with a file name,
+/// as a post's page links it), and for a reader who is not a logged-in member, no
+/// `text/*` or `message/*` part, whose addresses no one has hidden.
+fn downloadable(row: &read::PartRow, a: Addresses) -> bool {
+    let ct = row.content_type.to_ascii_lowercase();
+    row.file_name.is_some()
+        && (a == Addresses::Shown || !(ct.starts_with("text/") || ct.starts_with("message/")))
 }
 
 /// The post a path names, with its bytes.
@@ -292,9 +360,9 @@ async fn message(
     }
 }
 
-/// Bytes as a download or a raw view: never sniffed, never run, never cached for a
-/// private archive.
-fn bytes(a: &Access, body: Vec<u8>, content_type: &'static str, disposition: &str) -> Response {
+/// Bytes as a download or a raw view: never sniffed, never run, never cached (a
+/// member's bytes hold addresses unhidden).
+fn bytes(body: Vec<u8>, content_type: &'static str, disposition: &str) -> Response {
     let mut r = (StatusCode::OK, body).into_response();
     let h = r.headers_mut();
     for (name, value) in [
@@ -308,9 +376,10 @@ fn bytes(a: &Access, body: Vec<u8>, content_type: &'static str, disposition: &st
     ] {
         h.insert(name, HeaderValue::from_static(value));
     }
-    if a.l.policy == Policy::Private {
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
-    }
+    h.insert(
+        header::CACHE_CONTROL,
+        HeaderValue::from_static("private, no-store"),
+    );
     if let Ok(v) = HeaderValue::from_str(disposition) {
         h.insert(header::CONTENT_DISPOSITION, v);
     }
@@ -330,14 +399,19 @@ async fn raw(
         Ok(v) => v,
         Err(r) => return r,
     };
-    // Shown as text; a reader who is not a member sees its addresses hidden here too.
-    let body = match a.addresses() {
-        Addresses::Shown => raw,
-        Addresses::Hidden => text::hide_addresses(&String::from_utf8_lossy(&raw)).into_bytes(),
-    };
+    // The bytes hold addresses in encoded words and base64 bodies no text search hides:
+    // members only.
+    if a.addresses() == Addresses::Hidden {
+        return page::message(
+            StatusCode::FORBIDDEN,
+            Some(&a.l),
+            "Members only",
+            "The raw post is for the list's members, logged in: it shows the addresses \
+             this archive hides from others.",
+        );
+    }
     bytes(
-        &a,
-        body,
+        raw,
         "text/plain; charset=utf-8",
         &format!("inline; filename=\"{}.eml\"", p.url_id),
     )
@@ -364,7 +438,10 @@ async fn part(
         Ok(parts) => parts,
         Err(e) => return db(e),
     };
-    let Some(row) = parts.iter().find(|x| x.part_index == index) else {
+    let Some(row) = parts
+        .iter()
+        .find(|x| x.part_index == index && downloadable(x, a.addresses()))
+    else {
         return gone();
     };
     let Some(contents) = read::part_contents(&raw, index as usize) else {
@@ -372,7 +449,6 @@ async fn part(
     };
     let name = text::file_name(row.file_name.as_deref(), index as usize);
     bytes(
-        &a,
         contents,
         "application/octet-stream",
         &format!("attachment; filename=\"{name}\""),
@@ -428,7 +504,8 @@ async fn search(
         return page::search(StatusCode::OK, &a.l, "", &[], 1, false, None, a.addresses());
     }
     let want = (page_no * PAGE_SIZE + 1) as i64;
-    match pepsi_archive::store::search(&state.pool, a.l.list_id, &q, want).await {
+    let shown = a.addresses() == Addresses::Shown;
+    match pepsi_archive::store::search(&state.pool, a.l.list_id, &q, want, shown).await {
         Ok(hits) => {
             let more = hits.len() > page_no * PAGE_SIZE;
             let shown: Vec<_> = hits
@@ -783,5 +860,64 @@ async fn log_in(
         }
         Ok(None) => link_gone(&l),
         Err(e) => db(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_page_is_a_slice_and_says_whether_more_follow() {
+        let items: Vec<u32> = (0..250).collect();
+        let cases: &[(usize, usize, usize, bool)] = &[
+            (1, 0, 100, true),
+            (2, 100, 100, true),
+            (3, 200, 50, false),
+            (4, 250, 0, false),
+        ];
+        for (page, first, len, more) in cases {
+            let (got, m) = page_of(&items, *page, 100);
+            assert_eq!(got.len(), *len, "page {page}");
+            assert_eq!(
+                got.first().copied(),
+                items.get(*first).copied(),
+                "page {page}"
+            );
+            assert_eq!(m, *more, "page {page}");
+        }
+        assert_eq!(page_of(&items[..100], 1, 100), (&items[..100], false));
+    }
+
+    #[test]
+    fn attachments_only_and_no_text_or_message_parts_for_others() {
+        let part = |ct: &str, name: Option<&str>| read::PartRow {
+            part_index: 1,
+            content_type: ct.into(),
+            file_name: name.map(Into::into),
+            size: 1,
+        };
+        let cases: &[(&str, Option<&str>, bool, bool)] = &[
+            // (type, file name, for others, for members)
+            ("application/pdf", Some("a.pdf"), true, true),
+            ("image/png", Some("a.png"), true, true),
+            ("text/plain", None, false, false),
+            ("application/pdf", None, false, false),
+            ("text/html", Some("a.html"), false, true),
+            ("TEXT/Plain", Some("a.txt"), false, true),
+            ("message/rfc822", Some("fwd.eml"), false, true),
+        ];
+        for (ct, name, others, members) in cases {
+            assert_eq!(
+                downloadable(&part(ct, *name), Addresses::Hidden),
+                *others,
+                "{ct} {name:?}"
+            );
+            assert_eq!(
+                downloadable(&part(ct, *name), Addresses::Shown),
+                *members,
+                "{ct} {name:?}"
+            );
+        }
     }
 }

@@ -195,7 +195,8 @@ pub fn month(l: &ArchiveList, month: NaiveDate, rows: &[ThreadRow]) -> Response 
     )
 }
 
-fn body(shown: &Shown, a: Addresses) -> Markup {
+/// A post's text; `whole` the page of the post, linked when the text was cut.
+fn body(shown: &Shown, a: Addresses, whole: &str) -> Markup {
     html! {
         @if let Some(t) = &shown.text {
             pre.text { (a.apply(t)) }
@@ -204,7 +205,17 @@ fn body(shown: &Shown, a: Addresses) -> Markup {
         } @else {
             p.empty { "(no text)" }
         }
+        @if shown.truncated {
+            p.truncated { "The text is cut here: " a href=(whole) { "the whole post" } }
+        }
     }
+}
+
+/// Which page of a long thread is shown, and whether a next one exists.
+#[derive(Debug, Clone, Copy)]
+pub struct Paging {
+    pub page: usize,
+    pub more: bool,
 }
 
 /// `/archive/{list}/thread/{url_id}`: the thread as a tree, in `order` (`read::tree`).
@@ -213,9 +224,19 @@ pub fn thread(
     t: &ThreadRow,
     nodes: &[Node],
     order: &[(usize, usize)],
+    paging: Paging,
     texts: &HashMap<i64, Shown>,
     a: Addresses,
 ) -> Response {
+    let link = |p: usize| format!("{}/thread/{}?page={p}", base(l), t.root_url_id);
+    let nav = html! {
+        @if paging.page > 1 || paging.more {
+            nav.paging {
+                @if paging.page > 1 { a rel="prev" href=(link(paging.page - 1)) { "Previous" } " " }
+                @if paging.more { a rel="next" href=(link(paging.page + 1)) { "Next" } }
+            }
+        }
+    };
     send(
         StatusCode::OK,
         frame(
@@ -235,7 +256,7 @@ pub fn thread(
                                 p.meta { span.author { (author(p, a)) } ", " time { (date(p.date)) } }
                             }
                             @match texts.get(&p.archive_id) {
-                                Some(s) => (body(s, a)),
+                                Some(s) => (body(s, a, &format!("{}/m/{}", base(l), p.url_id))),
                                 None => p.empty { "(no text)" },
                             }
                         } @else {
@@ -243,6 +264,7 @@ pub fn thread(
                         }
                     }
                 }
+                (nav)
             },
         ),
     )
@@ -258,6 +280,7 @@ pub fn post(
 ) -> Response {
     let m = format!("{}/m/{}", base(l), p.url_id);
     let attachments: Vec<&PartRow> = parts.iter().filter(|x| x.file_name.is_some()).collect();
+    let members_only = html! { " (for members)" };
     send(
         StatusCode::OK,
         frame(
@@ -268,17 +291,20 @@ pub fn post(
                     h1 { (subject(&p.subject)) }
                     p.meta { span.author { (author(p, a)) } ", " time { (date(p.date)) } }
                     p.links {
-                        a href=(format!("{}/thread/{}", base(l), p.url_id)) { "Thread" } " · "
-                        a href=(format!("{m}/raw")) { "Raw" }
+                        a href=(format!("{}/thread/{}", base(l), p.url_id)) { "Thread" }
+                        @if a == Addresses::Shown { " · " a href=(format!("{m}/raw")) { "Raw" } }
                     }
-                    (body(shown, a))
+                    (body(shown, a, &m))
                     @if !attachments.is_empty() {
                         h2 { "Attachments" }
                         ul.attachments {
                             @for x in attachments {
                                 li {
-                                    a href=(format!("{m}/part/{}", x.part_index)) {
-                                        (text::file_name(x.file_name.as_deref(), x.part_index as usize))
+                                    @let name = text::file_name(x.file_name.as_deref(), x.part_index as usize);
+                                    @if super::downloadable(x, a) {
+                                        a href=(format!("{m}/part/{}", x.part_index)) { (name) }
+                                    } @else {
+                                        (name) (members_only)
                                     }
                                     " (" (x.content_type) ", " (x.size) " bytes)"
                                 }
