@@ -79,8 +79,9 @@ fn u(id: &str) -> String {
 
 /// A thread built out of order: a reply before its parent (the parent a placeholder at
 /// the root), the parent arriving (replacing it), a reply naming a post never received (a
-/// placeholder in the middle), and a second thread merged in when a post shows both are
-/// one; the same Message-ID archived twice is archived once.
+/// placeholder in the middle), and a second thread merged in when the post its root
+/// placeholder waited for arrives as a reply in the first; the same Message-ID archived
+/// twice is archived once.
 #[tokio::test]
 async fn posts_are_threaded_by_their_references_in_any_order() {
     let db = TestDb::new().await;
@@ -114,8 +115,11 @@ async fn posts_are_threaded_by_their_references_in_any_order() {
         placeholders(&db, l).await,
         vec![(u("c@x.test"), a.thread_id, Some(u("a@x.test")))]
     );
-    // A second thread, e then its reply f; g shows e answers d: one thread, counted.
-    let e = post(&db, l, "e@x.test", "", "e\r\n").await.unwrap();
+    // A second thread, e (answering g, not arrived) then its reply f; g arrives answering
+    // d: one thread, counted.
+    let e = post(&db, l, "e@x.test", "In-Reply-To: <g@x.test>\r\n", "e\r\n")
+        .await
+        .unwrap();
     let f = post(&db, l, "f@x.test", "References: <e@x.test>\r\n", "f\r\n")
         .await
         .unwrap();
@@ -125,13 +129,17 @@ async fn posts_are_threaded_by_their_references_in_any_order() {
         &db,
         l,
         "g@x.test",
-        "References: <a@x.test> <d@x.test> <e@x.test>\r\n",
+        "References: <a@x.test> <d@x.test>\r\n",
         "g\r\n",
     )
     .await
     .unwrap();
     assert_eq!(g.thread_id, a.thread_id);
     assert_eq!(threads(&db, l).await, vec![(a.thread_id, u("a@x.test"), 6)]);
+    assert_eq!(
+        placeholders(&db, l).await,
+        vec![(u("c@x.test"), a.thread_id, Some(u("a@x.test")))]
+    );
     let parents: Vec<(String, Option<String>)> = messages(&db, l)
         .await
         .into_iter()
@@ -146,9 +154,9 @@ async fn posts_are_threaded_by_their_references_in_any_order() {
             (u("b@x.test"), Some(u("a@x.test"))),
             (u("a@x.test"), None),
             (u("d@x.test"), Some(u("c@x.test"))),
-            (u("e@x.test"), None),
+            (u("e@x.test"), Some(u("g@x.test"))),
             (u("f@x.test"), Some(u("e@x.test"))),
-            (u("g@x.test"), Some(u("e@x.test"))),
+            (u("g@x.test"), Some(u("d@x.test"))),
         ]
     );
     // The same Message-ID again (another spelling of it): nothing archived.
@@ -513,4 +521,39 @@ async fn search_ranks_only_the_newest_matches() {
         .unwrap();
     assert_eq!(old.len(), 1);
     assert_eq!(old[0].url_id, u("old@x.test"));
+}
+
+/// One post whose References name posts of other threads joins its parent's thread alone:
+/// the other threads stay as they were, not merged.
+#[tokio::test]
+async fn references_naming_other_threads_merge_nothing() {
+    let db = TestDb::new().await;
+    let l = list(&db, "team@example.test").await;
+    let one = post(&db, l, "one@x.test", "", "x\r\n").await.unwrap();
+    let two = post(&db, l, "two@x.test", "", "x\r\n").await.unwrap();
+    let three = post(&db, l, "three@x.test", "", "x\r\n").await.unwrap();
+    let z = post(
+        &db,
+        l,
+        "z@x.test",
+        "References: <one@x.test> <two@x.test> <three@x.test>\r\n",
+        "x\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(z.thread_id, three.thread_id, "the parent's thread");
+    let t = threads(&db, l).await;
+    assert_eq!(
+        t,
+        [
+            (one.thread_id, u("one@x.test"), 1),
+            (two.thread_id, u("two@x.test"), 1),
+            (three.thread_id, u("three@x.test"), 2),
+        ]
+    );
+    let m = messages(&db, l).await;
+    assert_eq!(
+        m[3],
+        (u("z@x.test"), three.thread_id, Some(u("three@x.test")))
+    );
 }

@@ -270,6 +270,14 @@ pub async fn archive_post(
     let Outcome::Archive(decision) = thread::decide(&post.url_id, &chain, &known) else {
         return Ok(None);
     };
+    if !decision.unmerged.is_empty() {
+        tracing::debug!(
+            list_id,
+            url_id = %post.url_id,
+            threads = ?decision.unmerged,
+            "the post's References name other threads, which are not merged"
+        );
+    }
     let thread_id: i64 = match &decision.thread {
         Thread::Existing(t) => *t,
         Thread::New { root } => {
@@ -845,7 +853,11 @@ mod tests {
         let post = read(headers, &raw, Utc::now());
         assert_eq!(post.message_id, "ab@x.test");
         assert_eq!(post.in_reply_to.as_deref(), Some("p@x.test"));
-        assert_eq!(post.references, ["r@x.test"], "an id of a NUL alone is none");
+        assert_eq!(
+            post.references,
+            ["r@x.test"],
+            "an id of a NUL alone is none"
+        );
         assert_eq!(post.text, "onetwo\r\n\n");
         assert_eq!(search_text(&raw), post.text);
     }

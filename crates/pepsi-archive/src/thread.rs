@@ -94,10 +94,14 @@ pub struct Decision {
     pub replaces_placeholder: bool,
     /// Ancestors the archive does not know: (key, its parent), oldest first.
     pub placeholders: Vec<(String, Option<String>)>,
-    /// Known placeholders without a parent that the ancestry gives one: (key, parent).
+    /// Known placeholders of `thread` without a parent that the ancestry gives one:
+    /// (key, parent).
     pub adopt: Vec<(String, String)>,
-    /// Threads the post shows to be part of `thread`, to be merged into it.
+    /// The thread of the post's own placeholder, when it is not `thread`: merged into it.
     pub merge: Vec<i64>,
+    /// Other threads the post's References name, left alone: one post naming ids of many
+    /// threads must not merge them.
+    pub unmerged: Vec<i64>,
 }
 
 /// Whether the post is archived, and where.
@@ -110,23 +114,48 @@ pub enum Outcome {
 }
 
 /// Places the post keyed `own` whose ancestry is `chain` (oldest first, see [`chain`]),
-/// given what the archive knows of those keys.
+/// given what the archive knows of those keys. The post joins the thread of its nearest
+/// known ancestor (else its own placeholder's); threads merge only through that ancestor
+/// and the post's own placeholder, never through the other ids of its References, which
+/// anyone can fill with the ids of other threads.
 pub fn decide(own: &str, chain: &[String], known: &HashMap<String, Known>) -> Outcome {
     let own_placeholder = match known.get(own) {
         Some(Known::Message { .. }) => return Outcome::Duplicate,
         Some(Known::Placeholder { thread, parent }) => Some((*thread, parent.clone())),
         None => None,
     };
+    let thread_of = |key: &String| match known.get(key)? {
+        Known::Message { thread } | Known::Placeholder { thread, .. } => Some(*thread),
+    };
+    let nearest = chain.iter().rev().find_map(thread_of);
+    let own_thread = own_placeholder.as_ref().map(|(t, _)| *t);
+    let (thread, merge) = match (nearest, own_thread) {
+        (Some(n), Some(o)) if n != o => (Thread::Existing(n), vec![o]),
+        (Some(t), _) | (None, Some(t)) => (Thread::Existing(t), Vec::new()),
+        (None, None) => (
+            Thread::New {
+                root: chain.first().map_or_else(|| own.to_owned(), Clone::clone),
+            },
+            Vec::new(),
+        ),
+    };
+    let ours = |t: i64| thread == Thread::Existing(t) || merge.contains(&t);
     let mut placeholders = Vec::new();
     let mut adopt = Vec::new();
-    let mut threads: Vec<i64> = Vec::new();
+    let mut unmerged: Vec<i64> = Vec::new();
     for (i, key) in chain.iter().enumerate() {
         let above = i.checked_sub(1).map(|j| chain[j].clone());
         match known.get(key) {
             None => placeholders.push((key.clone(), above)),
-            Some(Known::Message { thread }) => threads.push(*thread),
-            Some(Known::Placeholder { thread, parent }) => {
-                threads.push(*thread);
+            Some(Known::Message { thread: t } | Known::Placeholder { thread: t, .. })
+                if !ours(*t) =>
+            {
+                if !unmerged.contains(t) {
+                    unmerged.push(*t);
+                }
+            }
+            Some(Known::Message { .. }) => {}
+            Some(Known::Placeholder { parent, .. }) => {
                 if let (None, Some(above)) = (parent, above) {
                     adopt.push((key.clone(), above));
                 }
@@ -137,21 +166,6 @@ pub fn decide(own: &str, chain: &[String], known: &HashMap<String, Known>) -> Ou
         .last()
         .cloned()
         .or_else(|| own_placeholder.as_ref().and_then(|(_, p)| p.clone()));
-    threads.extend(own_placeholder.as_ref().map(|(t, _)| *t));
-    let mut merge: Vec<i64> = Vec::new();
-    let thread = match threads.first() {
-        Some(&first) => {
-            for &t in &threads[1..] {
-                if t != first && !merge.contains(&t) {
-                    merge.push(t);
-                }
-            }
-            Thread::Existing(first)
-        }
-        None => Thread::New {
-            root: chain.first().map_or_else(|| own.to_owned(), Clone::clone),
-        },
-    };
     Outcome::Archive(Decision {
         parent,
         thread,
@@ -159,6 +173,7 @@ pub fn decide(own: &str, chain: &[String], known: &HashMap<String, Known>) -> Ou
         placeholders,
         adopt,
         merge,
+        unmerged,
     })
 }
 
@@ -236,6 +251,18 @@ mod tests {
         adopt: &[(&str, &str)],
         merge: &[i64],
     ) -> Outcome {
+        archive_with(parent, thread, replaces, placeholders, adopt, merge, &[])
+    }
+
+    fn archive_with(
+        parent: Option<&str>,
+        thread: Thread,
+        replaces: bool,
+        placeholders: &[(&str, Option<&str>)],
+        adopt: &[(&str, &str)],
+        merge: &[i64],
+        unmerged: &[i64],
+    ) -> Outcome {
         Outcome::Archive(Decision {
             parent: parent.map(str::to_owned),
             thread,
@@ -249,6 +276,7 @@ mod tests {
                 .map(|(k, p)| (k.to_string(), p.to_string()))
                 .collect(),
             merge: merge.to_vec(),
+            unmerged: unmerged.to_vec(),
         })
     }
 
@@ -338,7 +366,7 @@ mod tests {
                 Outcome::Duplicate,
             ),
             (
-                "two threads one post shows to be one are merged into the older",
+                "References naming other threads merge nothing: the parent's thread is taken",
                 "d",
                 &["a", "b", "c"],
                 vec![
@@ -346,13 +374,34 @@ mod tests {
                     ("b", placeholder(2, None)),
                     ("c", message(2)),
                 ],
-                archive(
+                archive_with(
                     Some("c"),
-                    Thread::Existing(1),
+                    Thread::Existing(2),
                     false,
                     &[],
                     &[("b", "a")],
-                    &[2],
+                    &[],
+                    &[1],
+                ),
+            ),
+            (
+                "a post naming many threads' ids joins its parent's alone",
+                "z",
+                &["x1", "x2", "x3", "gap", "p"],
+                vec![
+                    ("x1", message(1)),
+                    ("x2", message(2)),
+                    ("x3", placeholder(3, None)),
+                    ("p", message(4)),
+                ],
+                archive_with(
+                    Some("p"),
+                    Thread::Existing(4),
+                    false,
+                    &[("gap", Some("x3"))],
+                    &[],
+                    &[],
+                    &[1, 2, 3],
                 ),
             ),
             (
@@ -361,6 +410,20 @@ mod tests {
                 &["a"],
                 vec![("a", message(1)), ("b", placeholder(3, None))],
                 archive(Some("a"), Thread::Existing(1), true, &[], &[], &[3]),
+            ),
+            (
+                "a post whose own placeholder alone is known joins its thread",
+                "b",
+                &["a"],
+                vec![("b", placeholder(3, None))],
+                archive(
+                    Some("a"),
+                    Thread::Existing(3),
+                    true,
+                    &[("a", None)],
+                    &[],
+                    &[],
+                ),
             ),
             (
                 "In-Reply-To alone: its id is the parent",
