@@ -557,3 +557,86 @@ async fn references_naming_other_threads_merge_nothing() {
         (u("z@x.test"), three.thread_id, Some(u("three@x.test")))
     );
 }
+
+/// A purged post under replies leaves nothing in its thread's row (the subject and dates
+/// are the posts' left), and its placeholder, marked purged, keeps its Message-ID from
+/// being archived again in its place.
+#[tokio::test]
+async fn a_purged_root_leaves_no_subject_and_its_id_is_not_taken_again() {
+    let db = TestDb::new().await;
+    let l = list(&db, "team@example.test").await;
+    let root = archive(
+        &db,
+        l,
+        "From: a@example.test\r\nSubject: my secret diagnosis\r\nMessage-ID: <root@x.test>\r\n\
+         Date: Sun, 1 Mar 2026 10:00:00 +0000\r\n",
+        "x\r\n",
+    )
+    .await
+    .unwrap();
+    for (id, day) in [("r1@x.test", 2), ("r2@x.test", 4)] {
+        archive(
+            &db,
+            l,
+            &format!(
+                "From: b@example.test\r\nSubject: Re: something else\r\nMessage-ID: <{id}>\r\n\
+                 Date: {day} Mar 2026 10:00:00 +0000\r\nReferences: <root@x.test>\r\n"
+            ),
+            "y\r\n",
+        )
+        .await
+        .unwrap();
+    }
+    let mut tx = db.pool.begin().await.unwrap();
+    assert!(
+        store::purge_message(&mut tx, l, &root.url_id, "test")
+            .await
+            .unwrap()
+    );
+    tx.commit().await.unwrap();
+    let (subject, first, last, n): (String, DateTime<Utc>, DateTime<Utc>, i32) = sqlx::query_as(
+        "SELECT subject, first_date, last_date, message_count FROM pepsi.archive_thread \
+             WHERE thread_id = $1",
+    )
+    .bind(root.thread_id)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(subject, "Re: something else");
+    assert_eq!(
+        (first, last, n),
+        (
+            Utc.with_ymd_and_hms(2026, 3, 2, 10, 0, 0).unwrap(),
+            Utc.with_ymd_and_hms(2026, 3, 4, 10, 0, 0).unwrap(),
+            2
+        )
+    );
+    let purged: bool =
+        sqlx::query_scalar("SELECT purged FROM pepsi.archive_placeholder WHERE url_id = $1")
+            .bind(&root.url_id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(purged);
+    // The same Message-ID again: a duplicate, not a post at the purged one's URL.
+    let again = archive(
+        &db,
+        l,
+        "From: c@example.test\r\nSubject: replaced\r\nMessage-ID: <root@x.test>\r\n",
+        "z\r\n",
+    )
+    .await;
+    assert_eq!(again, None);
+    assert_eq!(messages(&db, l).await.len(), 2);
+    // A reply naming it is archived as ever, under the placeholder.
+    let r3 = post(
+        &db,
+        l,
+        "r3@x.test",
+        "References: <root@x.test>\r\n",
+        "w\r\n",
+    )
+    .await
+    .unwrap();
+    assert_eq!(r3.thread_id, root.thread_id);
+}

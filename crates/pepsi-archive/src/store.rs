@@ -244,10 +244,10 @@ pub async fn archive_post(
     keys.push(post.url_id.clone());
     let mut known: HashMap<String, Known> = HashMap::new();
     let rows = sqlx::query(
-        "SELECT url_id, thread_id, NULL::text AS parent, true AS archived \
+        "SELECT url_id, thread_id, NULL::text AS parent, true AS archived, false AS purged \
            FROM pepsi.archive_message WHERE list_id = $1 AND url_id = ANY($2) \
          UNION ALL \
-         SELECT url_id, thread_id, parent_url_id, false \
+         SELECT url_id, thread_id, parent_url_id, false, purged \
            FROM pepsi.archive_placeholder WHERE list_id = $1 AND url_id = ANY($2)",
     )
     .bind(list_id)
@@ -256,6 +256,11 @@ pub async fn archive_post(
     .await?;
     for row in rows {
         let key: String = row.try_get("url_id")?;
+        // The placeholder of a purged post: its Message-ID comes back only as a duplicate,
+        // never in the purged post's place.
+        if key == post.url_id && row.try_get::<bool, _>("purged")? {
+            return Ok(None);
+        }
         let thread: i64 = row.try_get("thread_id")?;
         let k = if row.try_get("archived")? {
             Known::Message { thread }
@@ -532,8 +537,10 @@ pub async fn search(
 }
 
 /// Deletes the post `url_id` of the list `list_id`: its message, body, parts and search
-/// text. A post others reply to leaves a placeholder (its Message-ID, nothing else) so its
-/// thread keeps its shape; a thread left without posts goes. Logged in `archive_event_log`
+/// text. A post others reply to leaves a placeholder (its Message-ID, nothing else, marked
+/// purged: that Message-ID archived again is a duplicate) so its thread keeps its shape,
+/// whose subject and dates are then those of the posts left; a thread left without posts
+/// goes. Logged in `archive_event_log`
 /// as `purge.message` by `actor`, with the url id only. `false` when there was no such post.
 pub async fn purge_message(
     tx: &mut PgConnection,
@@ -574,8 +581,8 @@ async fn purge_one(tx: &mut PgConnection, list_id: i64, url_id: &str) -> Result<
     let date: DateTime<Utc> = row.try_get("date")?;
     sqlx::query(
         "INSERT INTO pepsi.archive_placeholder \
-         (list_id, url_id, message_id, thread_id, parent_url_id) \
-         SELECT $1, $2, $3, $4, $5 WHERE EXISTS \
+         (list_id, url_id, message_id, thread_id, parent_url_id, purged) \
+         SELECT $1, $2, $3, $4, $5, true WHERE EXISTS \
            (SELECT 1 FROM pepsi.archive_message WHERE list_id = $1 AND parent_url_id = $2 \
             UNION ALL \
             SELECT 1 FROM pepsi.archive_placeholder WHERE list_id = $1 AND parent_url_id = $2) \
@@ -602,6 +609,24 @@ async fn purge_one(tx: &mut PgConnection, list_id: i64, url_id: &str) -> Result<
             .bind(thread_id)
             .execute(&mut *tx)
             .await?;
+    } else if left.is_some() {
+        // Nothing of the purged post stays in its thread's row: the subject is the root
+        // post's, else the earliest post's, and the dates are those of the posts left.
+        sqlx::query(
+            "UPDATE pepsi.archive_thread t SET \
+               first_date = m.first, last_date = m.last, \
+               subject = coalesce( \
+                 (SELECT subject FROM pepsi.archive_message \
+                   WHERE thread_id = t.thread_id AND url_id = t.root_url_id), \
+                 (SELECT subject FROM pepsi.archive_message WHERE thread_id = t.thread_id \
+                   ORDER BY date, archive_id LIMIT 1), '') \
+             FROM (SELECT min(date) AS first, max(date) AS last FROM pepsi.archive_message \
+                    WHERE thread_id = $1) m \
+             WHERE t.thread_id = $1 AND m.first IS NOT NULL",
+        )
+        .bind(thread_id)
+        .execute(&mut *tx)
+        .await?;
     }
     month_add(tx, list_id, date, -1).await?;
     Ok(true)

@@ -102,6 +102,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0020",
         sql: include_str!("../db/pepsi-0020.sql"),
     },
+    Patch {
+        name: "pepsi-0021",
+        sql: include_str!("../db/pepsi-0021.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
