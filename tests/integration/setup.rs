@@ -438,14 +438,10 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
         }
     }
     check(RoleKind::Httpd, "mail_log", &["SELECT", "INSERT"]);
-    // pepsi-queue's actions; the lists' own mail goes through the list functions, so the
-    // internet-facing API inserts no queue row, body or token itself.
-    check(
-        RoleKind::Httpd,
-        "workqueue",
-        &["SELECT", "UPDATE", "DELETE"],
-    );
-    check(RoleKind::Httpd, "workqueue_body", &["SELECT", "DELETE"]);
+    // The queue actions and the lists' own mail go through definer functions, so the
+    // internet-facing API writes no queue row, body or token itself.
+    check(RoleKind::Httpd, "workqueue", &["SELECT"]);
+    check(RoleKind::Httpd, "workqueue_body", &["SELECT"]);
     check(RoleKind::Httpd, "clone_token", &[]);
     check(RoleKind::Httpd, "list_held_message", &["SELECT", "DELETE"]);
     check(RoleKind::Httpd, "list_member", all);
@@ -779,15 +775,21 @@ async fn only_the_httpd_role_touches_the_credential_tables() {
         as_role(&db, "pepsi-httpd", "DELETE FROM pepsi.event_log").await,
         Err("42501".into())
     );
-    // It changes queue rows as pepsi-queue does, but queues nothing itself: not a row, a
-    // body or an at-most-once token, directly or through workqueue_inject.
+    // It reads the queue and writes nothing there itself: not a row, a body or an
+    // at-most-once token, directly or through workqueue_inject (the queue actions go
+    // through their definer functions).
     for sql in [
-        "UPDATE pepsi.workqueue SET updated_at = now()",
-        "DELETE FROM pepsi.workqueue",
+        "SELECT * FROM pepsi.workqueue",
+        "SELECT * FROM pepsi.workqueue_body",
     ] {
         assert_eq!(as_role(&db, "pepsi-httpd", sql).await, Ok(()), "{sql}");
     }
     for sql in [
+        "UPDATE pepsi.workqueue SET updated_at = now()",
+        "UPDATE pepsi.workqueue SET stage = 'relay', mail_from = 'ceo@example.test', rcpt_to = ARRAY['b@example.test'], state = '{}'",
+        "DELETE FROM pepsi.workqueue",
+        "UPDATE pepsi.workqueue_body SET body = 'y'::bytea",
+        "DELETE FROM pepsi.workqueue_body",
         "INSERT INTO pepsi.workqueue_body (body) VALUES ('y'::bytea)",
         "INSERT INTO pepsi.workqueue (stage, mail_from, rcpt_to, headers, body_id) VALUES ('relay', 'a@example.test', ARRAY['b@example.test'], ''::bytea, 1)",
         "INSERT INTO pepsi.clone_token (token) VALUES ('list-approve:1')",
@@ -812,7 +814,10 @@ async fn setup_takes_the_old_queue_grants_from_the_httpd_role() {
     sqlx::raw_sql(
         "GRANT INSERT ON pepsi.workqueue, pepsi.workqueue_body, pepsi.clone_token, \
          pepsi.list_held_message TO \"pepsi-httpd\"; \
-         GRANT SELECT, UPDATE ON pepsi.clone_token, pepsi.list_held_message TO \"pepsi-httpd\"",
+         GRANT SELECT, UPDATE ON pepsi.clone_token, pepsi.list_held_message TO \"pepsi-httpd\"; \
+         GRANT UPDATE, DELETE ON pepsi.workqueue, pepsi.workqueue_body TO \"pepsi-httpd\"; \
+         GRANT EXECUTE ON FUNCTION pepsi.workqueue_retry(bigint, boolean) TO \"pepsi-ingress\"; \
+         REVOKE EXECUTE ON FUNCTION pepsi.workqueue_hold(bigint, boolean, text) FROM \"pepsi-httpd\"",
     )
     .execute(&mut c)
     .await
@@ -823,6 +828,10 @@ async fn setup_takes_the_old_queue_grants_from_the_httpd_role() {
     assert_eq!(
         changed,
         [
+            "GRANT EXECUTE ON FUNCTION pepsi.workqueue_hold(bigint,boolean,text) TO \"pepsi-httpd\"",
+            "REVOKE DELETE ON pepsi.\"workqueue\" FROM \"pepsi-httpd\"",
+            "REVOKE DELETE ON pepsi.\"workqueue_body\" FROM \"pepsi-httpd\"",
+            "REVOKE EXECUTE ON FUNCTION pepsi.workqueue_retry(bigint,boolean) FROM \"pepsi-ingress\"",
             "REVOKE INSERT ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
             "REVOKE INSERT ON pepsi.\"list_held_message\" FROM \"pepsi-httpd\"",
             "REVOKE INSERT ON pepsi.\"workqueue\" FROM \"pepsi-httpd\"",
@@ -830,7 +839,18 @@ async fn setup_takes_the_old_queue_grants_from_the_httpd_role() {
             "REVOKE SELECT ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
             "REVOKE UPDATE ON pepsi.\"clone_token\" FROM \"pepsi-httpd\"",
             "REVOKE UPDATE ON pepsi.\"list_held_message\" FROM \"pepsi-httpd\"",
+            "REVOKE UPDATE ON pepsi.\"workqueue\" FROM \"pepsi-httpd\"",
+            "REVOKE UPDATE ON pepsi.\"workqueue_body\" FROM \"pepsi-httpd\"",
         ]
+    );
+    assert_eq!(
+        as_role(
+            &db,
+            "pepsi-httpd",
+            "UPDATE pepsi.workqueue SET stage = 'relay'"
+        )
+        .await,
+        Err("42501".into())
     );
     assert_eq!(
         as_role(
@@ -841,6 +861,136 @@ async fn setup_takes_the_old_queue_grants_from_the_httpd_role() {
         .await,
         Err("42501".into())
     );
+}
+
+/// Runs `sql` as `role` and commits; the one value it returns, or the SQLSTATE.
+async fn value_as_role(db: &TestDb, role: &str, sql: String) -> Result<serde_json::Value, String> {
+    let mut c = conn(db).await;
+    let mut tx = c.begin().await.unwrap();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("SET LOCAL ROLE \"{role}\"")))
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let r: Result<serde_json::Value, _> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(&mut *tx)
+        .await;
+    match r {
+        Ok(v) => {
+            tx.commit().await.unwrap();
+            Ok(v)
+        }
+        Err(sqlx::Error::Database(d)) => Err(d.code().unwrap_or_default().into_owned()),
+        Err(other) => Err(other.to_string()),
+    }
+}
+
+/// The queue actions of pepsi-queue and the API run as their owner, executable by the
+/// pipeline and httpd roles alone: the httpd role holds, releases, retries, bounces and
+/// deletes a row through them (recorded as itself) though it may not write the queue, and
+/// every other role is refused.
+#[tokio::test]
+async fn the_queue_actions_are_the_pipeline_and_httpd_roles_alone() {
+    let db = TestDb::new().await;
+    let add = "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], \
+               'Subject: x\r\n'::bytea, 'y'::bytea)";
+    let id = id_as_role(&db, "pepsi", add).await.unwrap().unwrap();
+    let other = id_as_role(&db, "pepsi", add).await.unwrap().unwrap();
+    let httpd = "pepsi-httpd";
+    let held = value_as_role(
+        &db,
+        httpd,
+        format!("SELECT pepsi.workqueue_hold({id}, false, 'abuse report')"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(held["changed"], true, "{held}");
+    let state: serde_json::Value =
+        sqlx::query_scalar("SELECT state FROM pepsi.workqueue WHERE workqueue_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        state["held"]["by"], httpd,
+        "the caller, not the owner: {state}"
+    );
+    assert_eq!(state["held"]["reason"], "abuse report");
+    let released = value_as_role(&db, httpd, format!("SELECT pepsi.workqueue_release({id})"))
+        .await
+        .unwrap();
+    assert_eq!(released["to_status"], "pending", "{released}");
+    let retried = value_as_role(
+        &db,
+        httpd,
+        format!("SELECT pepsi.workqueue_retry({id}, false)"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried["changed"], false, "already pending: {retried}");
+    let bounced = value_as_role(
+        &db,
+        httpd,
+        format!("SELECT pepsi.workqueue_bounce({id}, 'init', 'bounce', 'retired', false)"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(bounced["to_stage"], "bounce", "{bounced}");
+    // The bounce stage must be a stage name, the reason bounded.
+    for sql in [
+        format!("SELECT pepsi.workqueue_bounce({other}, 'init', 'a]b', 'x', false)"),
+        format!(
+            "SELECT pepsi.workqueue_bounce({other}, 'init', 'bounce', repeat('x', 1001), false)"
+        ),
+        format!("SELECT pepsi.workqueue_hold({other}, false, repeat('x', 1001))"),
+    ] {
+        assert_eq!(
+            value_as_role(&db, httpd, sql.clone()).await,
+            Err("22023".into()),
+            "{sql}"
+        );
+    }
+    for role in [
+        "pepsi-ingress",
+        "pepsi-config",
+        "pepsi-sendmail",
+        "pepsi-crypto",
+    ] {
+        for sql in [
+            format!("SELECT pepsi.workqueue_retry({other}, false)"),
+            format!("SELECT pepsi.workqueue_hold({other}, false, NULL)"),
+            format!("SELECT pepsi.workqueue_release({other})"),
+            format!("SELECT pepsi.workqueue_delete({other}, false)"),
+            format!("SELECT pepsi.workqueue_bounce({other}, 'init', 'bounce', 'x', false)"),
+        ] {
+            assert_eq!(
+                value_as_role(&db, role, sql.clone()).await,
+                Err("42501".into()),
+                "{role}: {sql}"
+            );
+        }
+    }
+    let deleted = value_as_role(
+        &db,
+        httpd,
+        format!("SELECT pepsi.workqueue_delete({id}, false)"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(deleted["changed"], true, "{deleted}");
+    let left: Vec<i64> = sqlx::query_scalar("SELECT workqueue_id FROM pepsi.workqueue")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, [other]);
+    // The pipeline role (pepsi-queue) keeps them.
+    let r = value_as_role(
+        &db,
+        "pepsi",
+        format!("SELECT pepsi.workqueue_delete({other}, false)"),
+    )
+    .await
+    .unwrap();
+    assert_eq!(r["changed"], true, "{r}");
 }
 
 /// The mail log's retention runs through one function only the pipeline role (the

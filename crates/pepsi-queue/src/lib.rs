@@ -49,10 +49,10 @@ and has not restarted, for instance); a live worker would otherwise commit its o
 behind the operator's back.
 
 pepsi-queue connects with [database] URL of the configuration as the role named there.
-That role needs SELECT, UPDATE and DELETE on pepsi.workqueue and SELECT on
-pepsi.workqueue_body (the pipeline role `pepsi` has them; the ingress and config roles do
-not) and INSERT on pepsi.event_log (every role has it). `bounce` reads
-[stage-NAME] BOUNCE_STAGE from the configuration file and the global database overlay.
+That role needs SELECT on pepsi.workqueue and pepsi.workqueue_body, EXECUTE on the
+actions' functions (pepsi.workqueue_retry ...; the pipeline role `pepsi` has them; the
+ingress and config roles do not) and INSERT on pepsi.event_log (every role has it).
+`bounce` reads [stage-NAME] BOUNCE_STAGE from the configuration file and the global database overlay.
 
 Exit status: 0 when everything asked was done (or there was nothing to do), 1 on an error
 or when any row was refused (bad id, running row, not applicable), 2 on a usage error.

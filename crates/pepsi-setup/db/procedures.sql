@@ -386,7 +386,16 @@ RETURNS void LANGUAGE sql AS $$
     VALUES (COALESCE(p_actor, current_user), p_action, p_workqueue_id, COALESCE(p_detail, '{}'))
 $$;
 
--- OPERATOR ACTIONS (pepsi-queue, through pepsi_admin::queue)
+-- OPERATOR ACTIONS (pepsi-queue and pepsi-httpd's queue API, through pepsi_admin::queue)
+--
+-- workqueue_retry, _hold, _release, _delete and _bounce are SECURITY DEFINER: pepsi-httpd
+-- faces the internet, so its role only reads the queue (no UPDATE or DELETE, which would let
+-- it rewrite a row's envelope, headers, state or body and so queue anything), and changes a
+-- row through these five alone, each of which makes one kind of change. pepsi-setup revokes
+-- them from PUBLIC below and grants EXECUTE to the httpd and pipeline roles (pepsi-queue and
+-- pepsi-failure-bouncer run as the latter) alone (schema::FUNCTION_GRANTS), then verifies
+-- that. Who acted (state.held.by, dispatch_error_history's cleared_by) is the calling role
+-- (workqueue_caller), not the functions' owner.
 --
 -- Each takes one row id, locks the row, changes it and returns a JSON object:
 -- {"changed": true, ...what changed...} or {"changed": false, "note": "..."} when there was
@@ -408,6 +417,13 @@ RETURNS timestamptz LANGUAGE sql IMMUTABLE AS $$
     SELECT timestamptz '9999-12-31 00:00:00+00'
 $$;
 
+-- The role that called an operator action: the SET ROLE in force, else the session's role
+-- (current_user is the owner inside a SECURITY DEFINER function).
+CREATE OR REPLACE FUNCTION pepsi.workqueue_caller()
+RETURNS text LANGUAGE sql STABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT COALESCE(NULLIF(current_setting('role'), 'none'), session_user::text)
+$$;
+
 -- Row p_id, locked for an operator action; raises when it is missing, or running and not
 -- forced.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_admin_row(p_id bigint, p_force boolean)
@@ -427,10 +443,16 @@ BEGIN
 END
 $$;
 
+-- Whether p_reason (of a hold or a bounce) is NULL or at most 1000 characters.
+CREATE OR REPLACE FUNCTION pepsi.workqueue_reason_ok(p_reason text)
+RETURNS boolean LANGUAGE sql IMMUTABLE SET search_path = pg_catalog, pg_temp AS $$
+    SELECT p_reason IS NULL OR char_length(p_reason) <= 1000
+$$;
+
 -- Retry: the row becomes pending now at its stage. A paused row is simply due now; a failed
 -- or timed-out row's state.dispatch_error moves to the end of state.dispatch_error_history.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_retry(p_id bigint, p_force boolean DEFAULT false)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
 BEGIN
@@ -450,7 +472,7 @@ BEGIN
                                       THEN state -> 'dispatch_error_history' END, '[]'::jsonb)
                         || jsonb_build_array(jsonb_build_object(
                                'error', state -> 'dispatch_error', 'status', r.status,
-                               'cleared_at', now(), 'cleared_by', current_user)))
+                               'cleared_at', now(), 'cleared_by', pepsi.workqueue_caller())))
                 ELSE state END,
         updated_at = now()
     WHERE workqueue_id = p_id;
@@ -459,15 +481,20 @@ BEGIN
         'dispatch_error', r.state -> 'dispatch_error');
 END
 $$;
+REVOKE ALL ON FUNCTION pepsi.workqueue_retry(bigint, boolean) FROM PUBLIC;
 
 -- Hold: the row is parked (see HOLD above) until workqueue_release. state.held records who,
 -- when, why and the status and timeout it had.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_hold(
     p_id bigint, p_force boolean DEFAULT false, p_reason text DEFAULT NULL)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
-    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+    r pepsi.workqueue;
 BEGIN
+    IF NOT pepsi.workqueue_reason_ok(p_reason) THEN
+        RAISE EXCEPTION 'reason: at most 1000 characters' USING ERRCODE = '22023';
+    END IF;
+    r := pepsi.workqueue_admin_row(p_id, p_force);
     IF r.status = 'paused' AND r.state ? 'held' THEN
         RETURN jsonb_build_object('changed', false, 'note', format('row %s is already held', p_id));
     END IF;
@@ -475,7 +502,7 @@ BEGIN
         status = 'paused',
         timeout = pepsi.workqueue_hold_until(),
         state = state || jsonb_build_object('held', jsonb_build_object(
-            'at', now(), 'by', current_user, 'reason', p_reason,
+            'at', now(), 'by', pepsi.workqueue_caller(), 'reason', p_reason,
             'status', r.status, 'timeout', r.timeout)),
         updated_at = now()
     WHERE workqueue_id = p_id;
@@ -483,10 +510,11 @@ BEGIN
         'from_status', r.status, 'to_status', 'held', 'timeout', r.timeout, 'reason', p_reason);
 END
 $$;
+REVOKE ALL ON FUNCTION pepsi.workqueue_hold(bigint, boolean, text) FROM PUBLIC;
 
 -- Release: a held row becomes pending now at its stage, and state.held goes.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_release(p_id bigint)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, true);
 BEGIN
@@ -501,11 +529,12 @@ BEGIN
         'from_status', 'held', 'to_status', 'pending', 'held', r.state -> 'held');
 END
 $$;
+REVOKE ALL ON FUNCTION pepsi.workqueue_release(bigint) FROM PUBLIC;
 
 -- Delete: the row goes (its body with its last row, by the trigger). Returns the envelope,
 -- since the row itself is gone afterwards.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_delete(p_id bigint, p_force boolean DEFAULT false)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
     r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
 BEGIN
@@ -515,18 +544,28 @@ BEGIN
         'mail_from', r.mail_from, 'rcpt_to', to_jsonb(r.rcpt_to), 'received_at', r.received_at);
 END
 $$;
+REVOKE ALL ON FUNCTION pepsi.workqueue_delete(bigint, boolean) FROM PUBLIC;
 
 -- Bounce: the row goes pending to p_bounce_stage (the BOUNCE_STAGE of its current stage,
 -- which the caller read from the configuration for stage p_stage) with state.bounce set for
 -- a permanent failure; the bounce stage builds the DSN to the sender. Refused for the null
--- sender (a bounce is never bounced) and when the row is no longer at p_stage.
+-- sender (a bounce is never bounced) and when the row is no longer at p_stage. Which stages
+-- exist is the configuration's: p_bounce_stage is checked to be a stage name only.
 CREATE OR REPLACE FUNCTION pepsi.workqueue_bounce(
     p_id bigint, p_stage text, p_bounce_stage text, p_reason text, p_force boolean DEFAULT false)
-RETURNS jsonb LANGUAGE plpgsql AS $$
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
 DECLARE
-    r pepsi.workqueue := pepsi.workqueue_admin_row(p_id, p_force);
+    r pepsi.workqueue;
     v_bounce jsonb;
 BEGIN
+    IF NOT pepsi.stage_name_ok(p_bounce_stage) THEN
+        RAISE EXCEPTION 'bounce stage % is not a stage name', quote_nullable(p_bounce_stage)
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pepsi.workqueue_reason_ok(p_reason) THEN
+        RAISE EXCEPTION 'reason: at most 1000 characters' USING ERRCODE = '22023';
+    END IF;
+    r := pepsi.workqueue_admin_row(p_id, p_force);
     IF r.stage <> p_stage THEN
         RAISE EXCEPTION 'workqueue row % moved to stage % meanwhile (was %): run the command again',
             p_id, r.stage, p_stage USING ERRCODE = '55000';
@@ -548,6 +587,7 @@ BEGIN
         'to_stage', p_bounce_stage, 'to_status', 'pending', 'bounce', v_bounce);
 END
 $$;
+REVOKE ALL ON FUNCTION pepsi.workqueue_bounce(bigint, text, text, text, boolean) FROM PUBLIC;
 
 -- Signatures earlier releases had (a changed signature is a new function beside the old
 -- one): dropped, quietly when they are not there.

@@ -298,6 +298,28 @@ pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
         "pepsi.list_held_reject(bigint,text,text,text)",
         &[RoleKind::Pipeline, RoleKind::Httpd],
     ),
+    // The operator actions on a queue row (procedures.sql, OPERATOR ACTIONS): pepsi-httpd's
+    // queue API, and pepsi-queue and pepsi-failure-bouncer under the pipeline role.
+    (
+        "pepsi.workqueue_retry(bigint,boolean)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.workqueue_hold(bigint,boolean,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.workqueue_release(bigint)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.workqueue_delete(bigint,boolean)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.workqueue_bounce(bigint,text,text,text,boolean)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
 ];
 
 /// The mailing lists' tables (pepsi-0016.sql): `mailing_list` and every `list_*`.
@@ -323,7 +345,6 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const ADMIT: &[&str] = &["SELECT", "INSERT"];
     const NONE: &[&str] = &[];
     const READ_APPEND: &[&str] = &["SELECT", "INSERT"];
-    const CHANGE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
     const READ_DELETE: &[&str] = &["SELECT", "DELETE"];
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
     const READ_CHANGE: &[&str] = &["SELECT", "UPDATE"];
@@ -393,14 +414,13 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Config, "quota_limit" | "quota_usage") => ALL,
         (RoleKind::Config, "secure_link_policy") => ALL,
         (RoleKind::Config, _) => NONE,
-        // The queue actions of pepsi-queue (retry, hold, release, delete, bounce: UPDATE and
-        // DELETE through the stored functions; a deleted row's body goes by the trigger).
-        // The internet-facing API queues no row itself: the lists' mail (a confirmation, a
-        // link, a welcome) and the approved or rejected held posts go through the SECURITY
-        // DEFINER functions of FUNCTION_GRANTS, each of which makes one kind of row only; no
-        // INSERT on workqueue, workqueue_body or clone_token.
-        (RoleKind::Httpd, "workqueue") => CHANGE,
-        (RoleKind::Httpd, "workqueue_body") => READ_DELETE,
+        // The internet-facing API reads the queue (its page shows a row's body) and writes no
+        // queue row, body or token itself: with UPDATE it could rewrite a row's envelope,
+        // headers, state and body and so queue anything. The queue actions of pepsi-queue
+        // (retry, hold, release, delete, bounce), the lists' mail (a confirmation, a link, a
+        // welcome) and the approved or rejected held posts go through the SECURITY DEFINER
+        // functions of FUNCTION_GRANTS, each of which makes one kind of change only.
+        (RoleKind::Httpd, "workqueue" | "workqueue_body") => READ,
         // Accounts, aliases and local domains are the API's to change; it reads the overlay
         // (BOUNCE_STAGE) and the statistics (/metrics).
         (RoleKind::Httpd, "mailbox_account" | "mailbox_password" | "settings") => ALL,
