@@ -106,6 +106,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0021",
         sql: include_str!("../db/pepsi-0021.sql"),
     },
+    Patch {
+        name: "pepsi-0022",
+        sql: include_str!("../db/pepsi-0022.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
