@@ -171,6 +171,23 @@ fn leaf_parts<'m>(
         })
 }
 
+/// The leaf parts of the message `raw` as `archive_part` would record them (number, content
+/// type, file name, decoded size): for a page that lists the parts of a message it reads
+/// whole, such as the secure-link portal's.
+pub fn part_rows(raw: &[u8]) -> Vec<crate::read::PartRow> {
+    let Some(m) = MessageParser::default().parse(raw) else {
+        return Vec::new();
+    };
+    leaf_parts(&m, raw)
+        .map(|(i, part, content_type, file_name)| crate::read::PartRow {
+            part_index: i as i32,
+            content_type: bounded(&content_type, 255),
+            file_name,
+            size: part.len() as i64,
+        })
+        .collect()
+}
+
 /// Adds the text of `part` to the search text `text` when it is indexed: a text/plain part
 /// that is no attachment, while `text` holds less than [`MAX_SEARCH_TEXT`].
 fn add_text(

@@ -11,6 +11,7 @@
 pub mod code;
 pub mod seal;
 pub mod store;
+pub mod url;
 
 use base64::Engine as _;
 

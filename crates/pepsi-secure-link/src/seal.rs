@@ -125,6 +125,69 @@ pub fn open(link_id: &str, sealed: &Sealed, link_half: &LinkHalf) -> Result<Vec<
     Ok(plain.to_vec())
 }
 
+/// The HKDF info's prefix of the key that wraps a link half for the sender; the link id
+/// follows it.
+const MANAGE_INFO: &[u8] = b"pepsi secure-link manage v1";
+/// The bytes of a wrapped link half: nonce, the sealed half, its tag.
+pub const WRAP_LEN: usize = NONCE_LEN + HALF_LEN + 16;
+
+fn manage_key(link_id: &str, manage_token: &[u8; HALF_LEN]) -> LessSafeKey {
+    let mut info = Vec::with_capacity(MANAGE_INFO.len() + link_id.len());
+    info.extend_from_slice(MANAGE_INFO);
+    info.extend_from_slice(link_id.as_bytes());
+    let mut okm = [0u8; 32];
+    Hkdf::<Sha256>::new(None, manage_token)
+        .expand(&info, &mut okm)
+        .expect("32 bytes is a valid HKDF-SHA256 output length");
+    let key = UnboundKey::new(&CHACHA20_POLY1305, &okm).expect("a 32-byte ChaCha20 key");
+    LessSafeKey::new(key)
+}
+
+/// `link_half` wrapped for the sender's page: sealed under a key derived (HKDF-SHA256) from
+/// the sender's manage token, which the database keeps only as a digest. With the token the
+/// sender's page can send a new link; without it the wrapped bytes read nothing.
+pub fn wrap_half(
+    link_id: &str,
+    manage_token: &[u8; HALF_LEN],
+    link_half: &LinkHalf,
+) -> Result<[u8; WRAP_LEN], SealError> {
+    let nonce = crate::random::<NONCE_LEN>()?;
+    let mut buf = link_half.0.to_vec();
+    manage_key(link_id, manage_token)
+        .seal_in_place_append_tag(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(link_id.as_bytes()),
+            &mut buf,
+        )
+        .map_err(|_| SealError::DoesNotOpen)?;
+    let mut out = [0u8; WRAP_LEN];
+    out[..NONCE_LEN].copy_from_slice(&nonce);
+    out[NONCE_LEN..].copy_from_slice(&buf);
+    Ok(out)
+}
+
+/// The link half wrapped by [`wrap_half`], with the same token and link id.
+pub fn unwrap_half(
+    link_id: &str,
+    manage_token: &[u8; HALF_LEN],
+    wrapped: &[u8],
+) -> Result<LinkHalf, SealError> {
+    if wrapped.len() != WRAP_LEN {
+        return Err(SealError::DoesNotOpen);
+    }
+    let nonce: [u8; NONCE_LEN] = wrapped[..NONCE_LEN].try_into().expect("checked length");
+    let mut buf = wrapped[NONCE_LEN..].to_vec();
+    let plain = manage_key(link_id, manage_token)
+        .open_in_place(
+            Nonce::assume_unique_for_key(nonce),
+            Aad::from(link_id.as_bytes()),
+            &mut buf,
+        )
+        .map_err(|_| SealError::DoesNotOpen)?;
+    let half: [u8; HALF_LEN] = plain.try_into().map_err(|_| SealError::DoesNotOpen)?;
+    Ok(LinkHalf(half))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -221,5 +284,34 @@ mod tests {
         let (sealed, half) = seal(LINK, &message()).unwrap();
         assert_eq!(format!("{half:?}"), "LinkHalf(..)");
         assert!(!format!("{sealed:?}").contains(&half.encode()));
+    }
+
+    #[test]
+    fn a_wrapped_half_opens_only_with_its_token_and_link() {
+        let (_, half) = seal(LINK, &message()).unwrap();
+        let token = [7u8; HALF_LEN];
+        let wrapped = wrap_half(LINK, &token, &half).unwrap();
+        assert_eq!(wrapped.len(), WRAP_LEN);
+        assert!(!contains(&wrapped, &half.0));
+        assert_eq!(unwrap_half(LINK, &token, &wrapped).unwrap(), half);
+        let mut tampered = wrapped;
+        tampered[20] ^= 1;
+        for (what, link, token, bytes) in [
+            ("other token", LINK, [8u8; HALF_LEN], &wrapped[..]),
+            (
+                "other link id",
+                "bGlua2lkZm9ydGVzdHMxMw",
+                token,
+                &wrapped[..],
+            ),
+            ("tampered", LINK, token, &tampered[..]),
+            ("short", LINK, token, &wrapped[..40]),
+        ] {
+            assert_eq!(
+                unwrap_half(link, &token, bytes),
+                Err(SealError::DoesNotOpen),
+                "{what}"
+            );
+        }
     }
 }

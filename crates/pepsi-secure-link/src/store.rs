@@ -86,13 +86,33 @@ impl From<SealError> for Error {
     }
 }
 
-/// A link just made: what the notice mail carries. The link half exists nowhere else.
+/// A link just made: what the notice mail carries, and the sender's manage token for the
+/// receipt. Neither the link half nor the token exists anywhere else.
 #[derive(Debug)]
 pub struct Created {
     pub link_id: String,
     pub generation: i32,
     pub link_half: LinkHalf,
     pub expires: DateTime<Utc>,
+    /// The sender's token (`url::manage_url`): base64url of 32 random bytes.
+    pub manage_token: ManageToken,
+}
+
+/// The sender's manage token. Its `Debug` shows nothing of it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ManageToken(pub String);
+
+impl std::fmt::Debug for ManageToken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ManageToken(..)")
+    }
+}
+
+impl ManageToken {
+    /// The token's 32 bytes, when `text` is one.
+    fn bytes(&self) -> Option<[u8; seal::HALF_LEN]> {
+        crate::b64_exact::<{ seal::HALF_LEN }>(&self.0)
+    }
 }
 
 /// A resend: the new link's half and generation; the old link no longer opens the message.
@@ -272,10 +292,14 @@ pub async fn create(
     }
     let link_id = crate::b64(&crate::random::<16>()?);
     let (sealed, link_half) = seal::seal(&link_id, message)?;
+    let manage = crate::random::<{ seal::HALF_LEN }>()?;
+    let wrapped = seal::wrap_half(&link_id, &manage, &link_half)?;
+    let manage_token = ManageToken(crate::b64(&manage));
     let row = sqlx::query(
         "INSERT INTO pepsi.secure_link_message \
-             (link_id, sender, recipient, expires_at, nonce, ciphertext, db_half, size) \
-         VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5, $6, $7, $8) \
+             (link_id, sender, recipient, expires_at, nonce, ciphertext, db_half, size, \
+              manage_hash, manage_wrap) \
+         VALUES ($1, $2, $3, now() + make_interval(secs => $4), $5, $6, $7, $8, $9, $10) \
          RETURNING message_id, generation, expires_at",
     )
     .bind(&link_id)
@@ -286,6 +310,8 @@ pub async fn create(
     .bind(&sealed.ciphertext)
     .bind(&sealed.db_half[..])
     .bind(message.len() as i64)
+    .bind(&code::token_hash(&manage_token.0)[..])
+    .bind(&wrapped[..])
     .fetch_one(&mut *tx)
     .await?;
     log(tx, row.get("message_id"), "created", None, None).await?;
@@ -294,6 +320,7 @@ pub async fn create(
         generation: row.get("generation"),
         link_half,
         expires: row.get("expires_at"),
+        manage_token,
     })
 }
 
@@ -528,6 +555,72 @@ pub async fn extend(
     Ok(until)
 }
 
+/// Checks the sender's `token` for `link_id` (in constant time against the stored digest)
+/// and returns the wrapped link half, if the link still has one. A wrong token is refused
+/// as an unknown link: the page gives nothing away.
+async fn check_manage(
+    tx: &mut PgConnection,
+    link_id: &str,
+    token: &ManageToken,
+) -> Result<Option<Vec<u8>>, Error> {
+    let row = sqlx::query(
+        "SELECT manage_hash, manage_wrap FROM pepsi.secure_link_message WHERE link_id = $1",
+    )
+    .bind(link_id)
+    .fetch_optional(&mut *tx)
+    .await?
+    .ok_or(Refusal::Unknown)?;
+    let stored: Option<Vec<u8>> = row.get("manage_hash");
+    let right = stored.is_some_and(|h| {
+        aws_lc_rs::constant_time::verify_slices_are_equal(&h, &code::token_hash(&token.0)).is_ok()
+    });
+    if !right {
+        return Err(Refusal::Unknown.into());
+    }
+    Ok(row.get("manage_wrap"))
+}
+
+/// Whether `token` is the sender's token of `link_id`: `Ok` or [`Refusal::Unknown`].
+pub async fn check_sender(pool: &PgPool, link_id: &str, token: &ManageToken) -> Result<(), Error> {
+    let mut conn = pool.acquire().await?;
+    check_manage(&mut conn, link_id, token).await.map(|_| ())
+}
+
+/// Revokes `link_id` for its sender, who proves it with `token`; `by` names the sender.
+pub async fn revoke_by_sender(
+    tx: &mut PgConnection,
+    link_id: &str,
+    token: &ManageToken,
+    by: &str,
+) -> Result<(), Error> {
+    check_manage(tx, link_id, token).await?;
+    revoke(tx, link_id, by).await
+}
+
+/// A new link for `link_id` for its sender, who proves it with `token`: the link half is
+/// unwrapped with the token, the message re-sealed ([`resend`]) and the new half wrapped
+/// under the same token, so the sender's page keeps working and only the new link opens
+/// the message.
+pub async fn resend_by_sender(
+    tx: &mut PgConnection,
+    link_id: &str,
+    token: &ManageToken,
+) -> Result<Resent, Error> {
+    let wrapped = check_manage(tx, link_id, token)
+        .await?
+        .ok_or(Refusal::Purged)?;
+    let key = token.bytes().ok_or(Refusal::Unknown)?;
+    let current = seal::unwrap_half(link_id, &key, &wrapped)?;
+    let resent = resend(tx, link_id, &current).await?;
+    let rewrapped = seal::wrap_half(link_id, &key, &resent.link_half)?;
+    sqlx::query("UPDATE pepsi.secure_link_message SET manage_wrap = $2 WHERE link_id = $1")
+        .bind(link_id)
+        .bind(&rewrapped[..])
+        .execute(&mut *tx)
+        .await?;
+    Ok(resent)
+}
+
 /// A new link for `link_id`: opens the message with the current link's half, seals it
 /// again under fresh halves and bumps the generation. The stored db half, nonce and
 /// ciphertext are all replaced, so the old link half derives a key that opens nothing, and
@@ -565,7 +658,8 @@ pub async fn purge_expired(tx: &mut PgConnection, now: DateTime<Utc>) -> Result<
     let purged = sqlx::query(
         "WITH purged AS ( \
              UPDATE pepsi.secure_link_message \
-                SET nonce = NULL, ciphertext = NULL, db_half = NULL, purged_at = $1 \
+                SET nonce = NULL, ciphertext = NULL, db_half = NULL, manage_wrap = NULL, \
+                    purged_at = $1 \
               WHERE purged_at IS NULL AND (expires_at <= $1 OR revoked_at <= $1) \
              RETURNING message_id) \
          INSERT INTO pepsi.secure_link_access (message_id, event) \
