@@ -1870,3 +1870,77 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pepsi.list_held_reject(bigint, text, text, text) FROM PUBLIC;
+
+-- THE SECURE-LINK PORTAL'S MAIL
+--
+-- The mail pepsi-httpd's secure-link portal sends (docs/secure-link.md, "The portal"), for
+-- the link p_link_id, each only between the link's two parties and only with what proves
+-- the portal's reason to send it, in the caller's transaction:
+--   code    a one-time code to the link's recipient, from the null sender; a code for the
+--           message must have been recorded in this transaction (store::send_code).
+--   notice  a new link to the recipient, from the link's sender; the message must have been
+--           re-sealed in this transaction (store::resend, which logs `resent`).
+--   reply   the recipient's answer to the link's sender, from the recipient; the link must
+--           be usable and p_session_hash the digest of an open session of its generation.
+-- The stage is a stage name (the secure-link stage's NOTICE_STAGE for code and notice, its
+-- RECEIPT_STAGE for a reply), the header block whole fields of at most 64 KiB (any
+-- X-Pepsi-Decrypted field dropped) and the message at most 1 MiB.
+CREATE OR REPLACE FUNCTION pepsi.secure_link_queue_mail(
+    p_link_id text, p_kind text, p_stage text, p_headers bytea, p_body bytea,
+    p_session_hash bytea DEFAULT NULL)
+RETURNS bigint LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    m record;
+BEGIN
+    SELECT message_id, sender, recipient, generation,
+           revoked_at IS NULL AND purged_at IS NULL AND expires_at > now() AS usable
+      INTO m FROM pepsi.secure_link_message WHERE link_id = p_link_id;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'there is no secure link %', quote_nullable(p_link_id) USING ERRCODE = '22023';
+    END IF;
+    IF NOT pepsi.stage_name_ok(p_stage) THEN
+        RAISE EXCEPTION 'stage % is not a stage name', quote_nullable(p_stage) USING ERRCODE = '22023';
+    END IF;
+    IF p_body IS NULL OR NOT pepsi.header_block_ok(p_headers) THEN
+        RAISE EXCEPTION 'the header block must be whole CRLF-terminated fields without an empty line, and a body must follow'
+            USING ERRCODE = '22023';
+    END IF;
+    IF octet_length(p_headers) > 65536 OR octet_length(p_headers) + octet_length(p_body) > 1048576 THEN
+        RAISE EXCEPTION 'message of % octets (% in the header block): at most 1048576 (65536)',
+            octet_length(p_headers) + octet_length(p_body), octet_length(p_headers)
+            USING ERRCODE = '54000';
+    END IF;
+    IF p_kind = 'code' THEN
+        IF NOT EXISTS (SELECT 1 FROM pepsi.secure_link_code
+                        WHERE message_id = m.message_id AND created_at = now()) THEN
+            RAISE EXCEPTION 'no code was recorded for secure link % in this transaction', p_link_id
+                USING ERRCODE = '55000';
+        END IF;
+        RETURN pepsi.workqueue_inject(p_stage, '', ARRAY[m.recipient],
+                                      pepsi.strip_decrypt_result(p_headers), p_body);
+    ELSIF p_kind = 'notice' THEN
+        IF NOT EXISTS (SELECT 1 FROM pepsi.secure_link_access
+                        WHERE message_id = m.message_id AND event = 'resent' AND at = now()) THEN
+            RAISE EXCEPTION 'secure link % was not sent anew in this transaction', p_link_id
+                USING ERRCODE = '55000';
+        END IF;
+        RETURN pepsi.workqueue_inject(p_stage, m.sender, ARRAY[m.recipient],
+                                      pepsi.strip_decrypt_result(p_headers), p_body);
+    ELSIF p_kind = 'reply' THEN
+        IF NOT m.usable THEN
+            RAISE EXCEPTION 'secure link % is expired, revoked or purged', p_link_id
+                USING ERRCODE = '55000';
+        END IF;
+        IF p_session_hash IS NULL OR NOT EXISTS (
+               SELECT 1 FROM pepsi.secure_link_session
+                WHERE message_id = m.message_id AND token_hash = p_session_hash
+                  AND generation = m.generation AND expires_at > now()) THEN
+            RAISE EXCEPTION 'no open session of secure link %', p_link_id USING ERRCODE = '55000';
+        END IF;
+        RETURN pepsi.workqueue_inject(p_stage, m.recipient, ARRAY[m.sender],
+                                      pepsi.strip_decrypt_result(p_headers), p_body);
+    END IF;
+    RAISE EXCEPTION 'kind % is not code, notice or reply', quote_nullable(p_kind) USING ERRCODE = '22023';
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.secure_link_queue_mail(text, text, text, bytea, bytea, bytea) FROM PUBLIC;

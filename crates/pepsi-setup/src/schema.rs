@@ -324,6 +324,12 @@ pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
         "pepsi.workqueue_bounce(bigint,text,text,text,boolean)",
         &[RoleKind::Pipeline, RoleKind::Httpd],
     ),
+    // The secure-link portal's codes, new links and replies (procedures.sql, THE
+    // SECURE-LINK PORTAL'S MAIL): pepsi-httpd alone.
+    (
+        "pepsi.secure_link_queue_mail(text,text,text,bytea,bytea,bytea)",
+        &[RoleKind::Httpd],
+    ),
 ];
 
 /// The mailing lists' tables (pepsi-0016.sql): `mailing_list` and every `list_*`.
