@@ -8,6 +8,7 @@
 //! portal's pages and the operator tool build on these; this crate never sends mail and
 //! never holds a link half beyond the call that was given it.
 
+pub mod admin;
 pub mod code;
 pub mod seal;
 pub mod store;

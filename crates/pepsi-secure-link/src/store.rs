@@ -493,6 +493,52 @@ pub async fn open(
     Ok(message)
 }
 
+/// Whether `link_half` opens the message of the usable link `link_id` of `generation`: the
+/// portal asks before it mails a code, so that a link id alone cannot make it mail the
+/// recipient. Logs nothing.
+pub async fn check_link(
+    pool: &PgPool,
+    link_id: &str,
+    generation: i32,
+    link_half: &LinkHalf,
+) -> Result<(), Error> {
+    let mut conn = pool.acquire().await?;
+    let mut tx = conn.begin().await?;
+    let row = lock(&mut tx, link_id).await?;
+    row.usable()?;
+    if generation != row.generation {
+        return Err(Refusal::Superseded.into());
+    }
+    let sealed = read_sealed(&mut tx, row.message_id).await?;
+    seal::open(link_id, &sealed, link_half)?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Appends `event` (`attachment_downloaded`, `reply_sent`) to the access log of `link_id`.
+pub async fn record(
+    tx: &mut PgConnection,
+    link_id: &str,
+    event: &str,
+    client_key: &str,
+    detail: Option<&str>,
+) -> Result<(), Error> {
+    check_client_key(client_key)?;
+    let message_id: i64 =
+        sqlx::query_scalar("SELECT message_id FROM pepsi.secure_link_message WHERE link_id = $1")
+            .bind(link_id)
+            .fetch_optional(&mut *tx)
+            .await?
+            .ok_or(Refusal::Unknown)?;
+    log(tx, message_id, event, Some(client_key), detail).await
+}
+
+/// The digest of `session`, as `pepsi.secure_link_queue_mail` takes it for a reply (the
+/// database checks there that the session is open).
+pub fn session_hash(session: &SessionToken) -> [u8; 32] {
+    code::token_hash(&session.0)
+}
+
 /// Revokes the link `link_id` for good; `by` names who did (the sender, an operator).
 pub async fn revoke(tx: &mut PgConnection, link_id: &str, by: &str) -> Result<(), Error> {
     if by.is_empty() || by.len() > MAX_ADDRESS {
