@@ -6,13 +6,18 @@
 //! [`seal`] and [`code`] are pure (no I/O): the split-key sealing and the one-time codes.
 //! [`store`] keeps messages, codes, sessions and the access log in PostgreSQL. The stage, the
 //! portal's pages and the operator tool build on these; this crate never sends mail and
-//! never holds a link half beyond the call that was given it.
+//! never holds a link half beyond the call that was given it. [`admin`] holds what an
+//! operator sees and does (list, show, revoke, extend, purge) for the tool `pepsi-secure-link`
+//! ([`tool`]) and pepsi-httpd's admin API.
 
 pub mod admin;
 pub mod code;
 pub mod seal;
 pub mod store;
+pub mod tool;
 pub mod url;
+
+pub use tool::{command, constants, run};
 
 use base64::Engine as _;
 

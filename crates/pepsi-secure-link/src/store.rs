@@ -133,7 +133,7 @@ impl std::fmt::Debug for SessionToken {
 }
 
 /// One line of a link's access log.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Access {
     pub at: DateTime<Utc>,
     pub event: String,
@@ -715,6 +715,26 @@ pub async fn purge_expired(tx: &mut PgConnection, now: DateTime<Utc>) -> Result<
     .execute(&mut *tx)
     .await?;
     Ok(purged.rows_affected())
+}
+
+/// Purges the link `link_id` now, whatever its expiry: deletes its sealed bytes as
+/// [`purge_expired`] does, sets `purged_at` and logs `purged`; the row and its access log
+/// stay. A link purged already is refused.
+pub async fn purge_one(tx: &mut PgConnection, link_id: &str) -> Result<(), Error> {
+    let row = lock(tx, link_id).await?;
+    if row.purged {
+        return Err(Refusal::Purged.into());
+    }
+    sqlx::query(
+        "UPDATE pepsi.secure_link_message \
+            SET nonce = NULL, ciphertext = NULL, db_half = NULL, manage_wrap = NULL, \
+                purged_at = now() \
+          WHERE message_id = $1",
+    )
+    .bind(row.message_id)
+    .execute(&mut *tx)
+    .await?;
+    log(tx, row.message_id, "purged", None, None).await
 }
 
 /// The access log of `link_id`, oldest first.
