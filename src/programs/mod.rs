@@ -199,6 +199,10 @@ programs! {
             entry: ::pepsi_queue::run,
             man: 8 Clap(::pepsi_queue::command),
         }
+        "pepsi-secure-link" pepsi_secure_link {
+            entry: ::pepsi_secure_link::run,
+            man: 8 Clap(::pepsi_secure_link::command),
+        }
         "pepsi-settings" pepsi_settings {
             entry: ::pepsi_settings::run,
             man: 8 Clap(::pepsi_settings::command),

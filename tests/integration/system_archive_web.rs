@@ -9,7 +9,6 @@
 //! the thread page, the search and the Atom feed: purged by the operator tool
 //! (`pepsi-archive purge LIST URL_ID --yes`).
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -17,8 +16,7 @@ use serde_json::Value;
 
 use crate::support::browser::Browser;
 use crate::support::free_port;
-use crate::support::httpd::HTTPD;
-use crate::support::system::{Proc, System};
+use crate::support::system::System;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -52,34 +50,6 @@ fn tool(sys: &System, name: &str, built: &str, args: &[&str]) -> String {
 
 fn pepsi_list(sys: &System, args: &[&str]) {
     tool(sys, "pepsi-list", env!("CARGO_BIN_EXE_pepsi-list"), args);
-}
-
-/// Starts pepsi-httpd on the system's configuration and waits until it answers.
-async fn start_httpd(sys: &mut System, port: u16) {
-    let log = std::fs::File::create(sys.dir.path().join("httpd.log")).unwrap();
-    let child = sys.command(Path::new(HTTPD)).stderr(log).spawn().unwrap();
-    sys.procs.push(Proc {
-        child,
-        name: "pepsi-httpd",
-    });
-    let client = crate::support::httpd::client();
-    let until = Instant::now() + WAIT;
-    loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "pepsi-httpd did not answer: {}",
-            sys.log("httpd.log")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Sends `message` from `from` to `list` over SMTP and waits until the list stage has
@@ -230,7 +200,7 @@ async fn the_archive_through_the_whole_system_in_chromium() {
     pepsi_list(&sys, &["configure", PRIVATE, "archive_policy=private"]);
     pepsi_list(&sys, &["add", PRIVATE, "dave@example.test"]);
     sys.start().await;
-    start_httpd(&mut sys, http_port).await;
+    sys.start_httpd(http_port).await;
     let site = format!("http://127.0.0.1:{http_port}");
 
     // 1. A thread over SMTP: a post, a reply, and a reply to a message the list never got.

@@ -6,7 +6,6 @@
 //! and gets one goodbye at his MX, bob by mail (`-leave`, confirmed); the next post reaches
 //! alice alone.
 
-use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -15,10 +14,9 @@ use serde_json::json;
 use crate::support;
 use crate::support::ingress::Dns;
 use crate::support::smtp_peer::Received;
-use crate::support::system::{Proc, System, split};
+use crate::support::system::{System, split};
 
 const WAIT: Duration = Duration::from_secs(60);
-const HTTPD: &str = env!("CARGO_BIN_EXE_pepsi-httpd");
 const WEB: &str = "https://lists.example.test";
 
 fn pepsi_list(sys: &System, args: &[&str]) {
@@ -82,33 +80,6 @@ fn confirm_address(confirmation: &[u8]) -> String {
     address.to_owned()
 }
 
-async fn start_httpd(sys: &mut System, port: u16) {
-    let log = std::fs::File::create(sys.dir.path().join("httpd.log")).unwrap();
-    let child = sys.command(Path::new(HTTPD)).stderr(log).spawn().unwrap();
-    sys.procs.push(Proc {
-        child,
-        name: "pepsi-httpd",
-    });
-    let client = support::httpd::client();
-    let until = Instant::now() + WAIT;
-    loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "pepsi-httpd did not answer: {}",
-            sys.log("httpd.log")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn wait_received(peer: &support::smtp_peer::Peer, n: usize, sys: &System) -> Vec<Received> {
     let until = Instant::now() + WAIT;
     loop {
@@ -163,7 +134,7 @@ async fn subscribe_post_and_leave_by_one_click_and_by_mail_through_the_whole_sys
         ],
     );
     sys.start().await;
-    start_httpd(&mut sys, http_port).await;
+    sys.start_httpd(http_port).await;
 
     // bob subscribes by mail: a confirmation, answered by a reply to its Reply-To.
     from_bob(&sys, "team-join@example.test", "subscribe").await;

@@ -6,14 +6,12 @@
 //! every member's Maildir as the list copy. Without chromium or chromedriver the test fails
 //! and says which package to install (scripts/apt-packages.txt lists both).
 
-use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use crate::support::browser::Browser;
 use crate::support::free_port;
-use crate::support::httpd::HTTPD;
-use crate::support::system::{Proc, System};
+use crate::support::system::System;
 
 const WAIT: Duration = Duration::from_secs(30);
 
@@ -51,34 +49,6 @@ fn pepsi_list(sys: &System, args: &[&str]) {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-}
-
-/// Starts pepsi-httpd on the system's configuration and waits until it answers.
-async fn start_httpd(sys: &mut System, port: u16) {
-    let log = std::fs::File::create(sys.dir.path().join("httpd.log")).unwrap();
-    let child = sys.command(Path::new(HTTPD)).stderr(log).spawn().unwrap();
-    sys.procs.push(Proc {
-        child,
-        name: "pepsi-httpd",
-    });
-    let client = crate::support::httpd::client();
-    let until = Instant::now() + WAIT;
-    loop {
-        if let Ok(r) = client
-            .get(format!("http://127.0.0.1:{port}/healthz"))
-            .send()
-            .await
-            && r.status() == 200
-        {
-            return;
-        }
-        assert!(
-            Instant::now() < until,
-            "pepsi-httpd did not answer: {}",
-            sys.log("httpd.log")
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 #[tokio::test]
@@ -121,7 +91,7 @@ async fn a_nonmembers_post_held_and_approved_by_a_moderator_in_chromium_is_deliv
         ],
     );
     sys.start().await;
-    start_httpd(&mut sys, http_port).await;
+    sys.start_httpd(http_port).await;
 
     // erin is on no list: her post is held (nonmember_action = hold).
     let post = "From: erin@example.test\r\nTo: team@example.test\r\nSubject: may I?\r\n\

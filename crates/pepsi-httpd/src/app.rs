@@ -106,6 +106,7 @@ pub fn router(state: AppState) -> Router {
         .merge(crate::lists::routes(&state))
         .merge(crate::archive::routes(&state))
         .fallback(not_found)
+        .merge(crate::secure::routes(&state))
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body))
         .layer(middleware::from_fn_with_state(state.clone(), time_limit))

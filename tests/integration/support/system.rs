@@ -152,6 +152,39 @@ impl System {
         cmd
     }
 
+    /// Starts pepsi-httpd on the system's configuration (its `[pepsi-httpd] ADDRESS` must be
+    /// 127.0.0.1:`port`) and waits until it answers; its log is `httpd.log`.
+    pub async fn start_httpd(&mut self, port: u16) {
+        let log = std::fs::File::create(self.dir.path().join("httpd.log")).unwrap();
+        let child = self
+            .command(Path::new(super::httpd::HTTPD))
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.procs.push(Proc {
+            child,
+            name: "pepsi-httpd",
+        });
+        let client = super::httpd::client();
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(r) = client
+                .get(format!("http://127.0.0.1:{port}/healthz"))
+                .send()
+                .await
+                && r.status() == 200
+            {
+                return;
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "pepsi-httpd did not answer: {}",
+                self.log("httpd.log")
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts the dispatcher and the ingress and waits until the ingress answers.
     pub async fn start(&mut self) {
         self.start_dispatcher();

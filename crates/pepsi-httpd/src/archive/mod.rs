@@ -20,7 +20,7 @@
 
 mod feed;
 mod page;
-mod text;
+pub(crate) mod text;
 
 use std::collections::HashMap;
 use std::sync::Arc;
