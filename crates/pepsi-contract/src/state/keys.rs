@@ -1,9 +1,10 @@
 //! The `state` keys one stage, the ingress or the queue's SQL writes for itself, its
 //! successors and operators (`docs/state.md`): `auth`, `junk`, `bounce_error`,
 //! `dispatch_error`, `dispatch_error_history`, `held`, `srs`, `vacation`, `whitelist`,
-//! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`. Each type reads and writes
-//! exactly the JSON its writer stored before the type existed (the table test below pins
-//! every shape), so rows already in a queue parse and older readers read what these write.
+//! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`,
+//! `secure_link`. Each type reads and writes exactly the JSON its writer stored before the
+//! type existed (the table test below pins every shape), so rows already in a queue parse and
+//! older readers read what these write.
 //! Pure: no I/O.
 
 use std::collections::BTreeMap;
@@ -402,6 +403,74 @@ impl Keydisc {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// secure_link
+
+/// `state.secure_link`: the secure-link stage's marks (docs/secure-link.md, "The stage").
+/// On a row to be kept behind links, `reason` says why (the encrypt stage's fallback, or a
+/// decision the secure-link stage took and split the row for); on a notice or receipt that
+/// stage queued, `made` says which, and no stage secures or holds it to required encryption
+/// again. Never written by the ingress, so mail cannot set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecureLink {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<SecureLinkReason>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<SecureLinkMade>,
+}
+state_key!(SecureLink, "secure_link");
+
+/// Why a row's recipients are to be reached by secure link.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SecureLinkReason {
+    /// pepsi-stage-encrypt: encryption is required, no key was found, and the secure-link
+    /// policy allows a link instead of a 5.7.5 bounce.
+    EncryptFallback,
+    /// The authenticated sender asked (a header or a subject tag).
+    Asked,
+    /// A domain's secure-link policy says `always`.
+    Policy,
+}
+
+impl SecureLinkReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SecureLinkReason::EncryptFallback => "encrypt-fallback",
+            SecureLinkReason::Asked => "asked",
+            SecureLinkReason::Policy => "policy",
+        }
+    }
+}
+
+/// What the secure-link stage made.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SecureLinkMade {
+    /// The notice with the link, to a recipient.
+    Notice,
+    /// The receipt with the manage links, to the sender.
+    Receipt,
+}
+
+impl SecureLink {
+    /// The mark of a row to be secured for `reason`.
+    pub fn to_secure(reason: SecureLinkReason) -> Self {
+        SecureLink {
+            reason: Some(reason),
+            made: None,
+        }
+    }
+
+    /// The mark of a mail the secure-link stage made.
+    pub fn made(made: SecureLinkMade) -> Self {
+        SecureLink {
+            reason: None,
+            made: Some(made),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -432,6 +501,7 @@ mod tests {
             "crypto" => again(Crypto::from_state(&st)?),
             "keydisc" => again(Keydisc::from_state(&st)?),
             "list_approval" => again(ListApproval::from_state(&st)?),
+            "secure_link" => again(SecureLink::from_state(&st)?),
             other => panic!("no type for {other}"),
         })
     }
@@ -528,6 +598,12 @@ mod tests {
                 "list_approval",
                 r#"{"held_id":7,"list":"team@example.org","list_id":3,"moderator":"ops"}"#,
             ),
+            // pepsi-stage-encrypt's fallback, pepsi-stage-secure-link's split and its mail
+            ("secure_link", r#"{"reason":"encrypt-fallback"}"#),
+            ("secure_link", r#"{"reason":"asked"}"#),
+            ("secure_link", r#"{"reason":"policy"}"#),
+            ("secure_link", r#"{"made":"notice"}"#),
+            ("secure_link", r#"{"made":"receipt"}"#),
         ];
         for (key, text) in cases {
             let got = round_trip(key, text).unwrap_or_else(|e| panic!("{key} {text}: {e}"));
@@ -590,6 +666,11 @@ mod tests {
                 "list_approval",
                 r#"{"held_id":"7","list":"t@x","list_id":3,"moderator":"ops"}"#,
                 "state.list_approval.held_id: invalid type: string",
+            ),
+            (
+                "secure_link",
+                r#"{"reason":"because"}"#,
+                "state.secure_link.reason: unknown variant `because`",
             ),
         ];
         for (key, text, want) in cases {
