@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod code;
+pub mod policy;
 pub mod seal;
 pub mod store;
 pub mod tool;
