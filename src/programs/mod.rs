@@ -287,6 +287,11 @@ programs! {
             man: 8 Clap(::pepsi_stage_route::command),
             stage: ::pepsi_stage_route::Route,
         }
+        "pepsi-stage-secure-link" pepsi_stage_secure_link {
+            entry: ::pepsi_stage_secure_link::run,
+            man: 8 Clap(::pepsi_stage_secure_link::command),
+            stage: ::pepsi_stage_secure_link::SecureLinkStage,
+        }
         "pepsi-stage-srs" pepsi_stage_srs {
             entry: ::pepsi_stage_srs::run,
             man: 8 Clap(::pepsi_stage_srs::command),

@@ -195,6 +195,32 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             ],
             &[],
         ),
+        (
+            "pepsi-stage-secure-link",
+            "NEXT_STAGE = n\nNOTICE_STAGE = out\nRECEIPT_STAGE = r\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "NOTICE_STAGE -branch[notice]-> out",
+                "RECEIPT_STAGE -branch[receipt]-> r",
+            ],
+            &[],
+        ),
+        // Notices go out at NEXT_STAGE (drawn once), receipts start at the default `init`.
+        (
+            "pepsi-stage-secure-link",
+            "NEXT_STAGE = n\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "RECEIPT_STAGE -branch[receipt]-> init",
+            ],
+            &[],
+        ),
+        (
+            "pepsi-stage-secure-link",
+            "",
+            &["RECEIPT_STAGE -branch[receipt]-> init"],
+            &["[stage-s] needs NOTICE_STAGE or NEXT_STAGE"],
+        ),
         // A program the table does not hold follows NEXT_STAGE.
         (
             "my-own-stage",
@@ -223,6 +249,7 @@ fn the_other_stage_programs_declare_next_stage_only() {
         "pepsi-stage-vacation",
         "pepsi-stage-dot-forward",
         "pepsi-stage-list",
+        "pepsi-stage-secure-link",
     ];
     for row in STAGE_EDGES {
         let options = "NEXT_STAGE = n\nBOUNCE_STAGE = b\nTHEN = t\nROUTE_LOCAL = l\n\

@@ -72,6 +72,7 @@ mod stage_list_copy;
 mod stage_routing;
 mod stage_srs;
 mod stage_vacation;
+mod stage_secure_link;
 mod stage_whitelist;
 mod stage_worker;
 mod status;
