@@ -1712,3 +1712,112 @@ async fn key_discovery_finds_keys_by_wkd_and_openpgpkey_and_answers_a_miss_from_
         wkd.requests()
     );
 }
+
+/// `[stage-encrypt]` under `POLICY = required` without discovery, after the secure-link
+/// stage's test graph (`stage_secure_link::setup`): `secure`, `out`, `bounce`.
+const FALLBACK_GRAPH: &str = "[stage-encrypt]\nPROGRAM = pepsi-stage-encrypt\nNEXT_STAGE = out\n\
+    BOUNCE_STAGE = bounce\nSIGN = no\nPOLICY = required\nDISCOVERY = no\n";
+
+const ENCRYPT: &str = env!("CARGO_BIN_EXE_pepsi-stage-encrypt");
+
+/// SECURE_LINK_STAGE: a recipient without a key where encryption is required goes to the
+/// secure-link stage instead of a 5.7.5 bounce when the policy of its domain says
+/// `fallback`, and is reached there by a link to the message.
+#[tokio::test]
+async fn required_encryption_without_a_key_falls_back_to_a_secure_link_where_the_policy_allows() {
+    use crate::stage_secure_link as sl;
+    let db = pepsi_testkit::TestDb::new().await;
+    let s = sl::setup(
+        &db,
+        &format!("{FALLBACK_GRAPH}SECURE_LINK_STAGE = secure\n"),
+    )
+    .await;
+    sqlx::query(
+        "INSERT INTO pepsi.secure_link_policy (scope, domain, mode) \
+         VALUES ('recipient_domain', 'remote.example', 'fallback')",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let id = sl::message(
+        &db,
+        &["bob@remote.example"],
+        &sl::headers("figures", ""),
+        true,
+        serde_json::json!({}),
+        "encrypt",
+    )
+    .await;
+    assert_eq!(support::run_ids(ENCRYPT, &s.config, &[id]).await, vec!["0"]);
+    let r = sl::rows(&db).await;
+    assert_eq!(r.len(), 1, "{r:#?}");
+    assert_eq!(
+        (r[0].id, r[0].stage.as_str(), r[0].status.as_str()),
+        (id, "secure", "pending")
+    );
+    assert_eq!(
+        r[0].state["secure_link"],
+        serde_json::json!({"reason": "encrypt-fallback"})
+    );
+    assert!(
+        r[0].state.get("bounce").is_none(),
+        "not bounced: {:?}",
+        r[0].state
+    );
+
+    support::claim(&db.pool, id, "secure").await;
+    assert_eq!(
+        support::run_ids(sl::STAGE_PROGRAM, &s.config, &[id]).await,
+        vec![sl::FINISHED]
+    );
+    let r = sl::rows(&db).await;
+    let notice = r
+        .iter()
+        .find(|row| row.state["secure_link"]["made"] == "notice")
+        .unwrap_or_else(|| panic!("a notice: {r:#?}"));
+    assert_eq!(notice.rcpt, ["bob@remote.example"]);
+    assert!(sl::text(&sl::open(&db, &notice.raw).await).contains("quarterly"));
+    assert!(r.iter().all(|row| row.stage != "bounce"), "{r:#?}");
+}
+
+/// Without SECURE_LINK_STAGE, or with it and a policy that does not allow the fallback
+/// (`never`, or no row), a recipient without a key is still returned with 5.7.5.
+#[tokio::test]
+async fn required_encryption_without_a_key_still_bounces_unless_the_fallback_is_set_and_allowed() {
+    use crate::stage_secure_link as sl;
+    let cases: &[(&str, Option<&str>)] = &[
+        ("", Some("fallback")),
+        ("SECURE_LINK_STAGE = secure\n", Some("never")),
+        ("SECURE_LINK_STAGE = secure\n", None),
+    ];
+    for (option, mode) in cases {
+        let db = pepsi_testkit::TestDb::new().await;
+        let s = sl::setup(&db, &format!("{FALLBACK_GRAPH}{option}")).await;
+        if let Some(mode) = mode {
+            sqlx::query(
+                "INSERT INTO pepsi.secure_link_policy (scope, domain, mode) \
+                 VALUES ('sender_domain', 'example.test', $1)",
+            )
+            .bind(mode)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        }
+        let id = sl::message(
+            &db,
+            &["bob@remote.example"],
+            &sl::headers("figures", ""),
+            true,
+            serde_json::json!({}),
+            "encrypt",
+        )
+        .await;
+        assert_eq!(support::run_ids(ENCRYPT, &s.config, &[id]).await, vec!["0"]);
+        let r = sl::rows(&db).await;
+        assert_eq!(r.len(), 1, "{option:?} {mode:?}: {r:#?}");
+        assert_eq!(r[0].stage, "bounce", "{option:?} {mode:?}");
+        assert_eq!(r[0].state["bounce"]["enhanced_status"], "5.7.5");
+        assert!(r[0].state.get("secure_link").is_none());
+        assert!(sl::links(&db).await.is_empty());
+    }
+}

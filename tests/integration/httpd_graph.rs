@@ -221,6 +221,16 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             &["RECEIPT_STAGE -branch[receipt]-> init"],
             &["[stage-s] needs NOTICE_STAGE or NEXT_STAGE"],
         ),
+        // The encrypt stage's fallback, when set.
+        (
+            "pepsi-stage-encrypt",
+            "NEXT_STAGE = n\nSECURE_LINK_STAGE = sl\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "SECURE_LINK_STAGE -branch[secure-link]-> sl",
+            ],
+            &[],
+        ),
         // A program the table does not hold follows NEXT_STAGE.
         (
             "my-own-stage",

@@ -7,8 +7,10 @@
 //! through pepsi-keymat), `pepsi.crypto_request_key` for discovery. Writes: the header
 //! block and body (encrypted, or the Autocrypt header added), `state.crypto.encrypted`,
 //! `state.keydisc` while parked. Terminal helpers: `advance`/`advance_with`, `pause`
-//! (parked for key discovery), `reroute` to BOUNCE_STAGE, `fan_out_keeping_age` (refused
-//! recipients; recipients needing another scheme, which come back to this stage).
+//! (parked for key discovery), `reroute` to BOUNCE_STAGE or SECURE_LINK_STAGE,
+//! `fan_out_keeping_age` (refused recipients; recipients needing another scheme, which come
+//! back to this stage; recipients without a key sent to SECURE_LINK_STAGE, marked
+//! `state.secure_link.reason = "encrypt-fallback"`, when `pepsi.secure_link_policy` allows).
 //!
 //! The decisions are `plan` (pure, tested as a table); this file gathers the facts and
 //! carries the plan out. The stage is standalone and set-user-id `pepsi-crypto` in a
@@ -20,13 +22,16 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use pepsi_conf::address::Address;
 use pepsi_conf::config::{Config, StageName};
 use pepsi_contract::message;
 use pepsi_contract::settings;
+use pepsi_contract::stage::edges::Declare;
 use pepsi_contract::stage::{FanGroup, FanRecipients};
 use pepsi_contract::stage::{Load, Stage, StageContext, StageError, Terminal};
 use pepsi_contract::state::{
-    self, Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin,
+    self, Bounce, BounceDetail, BounceKind, Crypto, Encrypted, Keydisc, Origin, SecureLink,
+    SecureLinkReason,
 };
 use pepsi_crypto::{Scheme, autocrypt, openpgp, smime};
 use pepsi_keymat::Keyring;
@@ -76,6 +81,10 @@ pub struct Options {
     /// `DISCOVERY_RECHECK` (default 1m): the longest a parked message waits before it looks
     /// again by itself.
     pub discovery_recheck: Duration,
+    /// `SECURE_LINK_STAGE` (default none): where a recipient without a key under `required`
+    /// goes instead of being returned with 5.7.5, when the secure-link policy of its domain
+    /// or the sender's says `fallback` or `always` (pepsi-stage-secure-link).
+    pub secure_link_stage: Option<String>,
 }
 
 impl Options {
@@ -123,6 +132,17 @@ impl Options {
                 "[{section_name}] DISCOVERY_METHODS lists no method (DISCOVERY = no turns discovery off)"
             );
         }
+        let secure_link_stage = s
+            .string_opt("SECURE_LINK_STAGE")?
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty());
+        if let Some(target) = &secure_link_stage
+            && cfg.stage(target).is_none()
+        {
+            anyhow::bail!(
+                "[{section_name}] SECURE_LINK_STAGE = {target}: there is no [stage-{target}]"
+            );
+        }
         let sign = s.bool_opt("SIGN")?.unwrap_or(true);
         if sign && let Err(e) = keyring {
             anyhow::bail!(
@@ -143,6 +163,7 @@ impl Options {
             discovery_recheck: s
                 .duration_opt("DISCOVERY_RECHECK")?
                 .unwrap_or(Duration::from_secs(60)),
+            secure_link_stage,
         })
     }
 }
@@ -171,6 +192,15 @@ impl Stage for Encrypt {
 
     fn section(&self, cfg: &Config, name: &StageName) -> anyhow::Result<Options> {
         Options::from_config(cfg, name, &self.keyring)
+    }
+
+    /// NEXT_STAGE, and SECURE_LINK_STAGE when set: where recipients without a key go
+    /// instead of a 5.7.5 bounce.
+    fn edges(d: &mut Declare<'_>) {
+        d.next();
+        if let Some(target) = d.option("SECURE_LINK_STAGE") {
+            d.branch("SECURE_LINK_STAGE", target, "secure-link");
+        }
     }
 
     async fn process(
@@ -230,9 +260,16 @@ impl Stage for Encrypt {
         let sender_policy = setting(&sender).unwrap_or(options.policy);
         let rcpt_policies: Vec<Option<Policy>> = rcpts.iter().map(|r| setting(r)).collect();
         let mut policy = plan::message_policy(sender_policy, &rcpt_policies);
-        if policy == Policy::Required && ctx.mail_from().is_empty() {
+        let mark = SecureLink::from_state(ctx.state())
+            .inspect_err(|e| tracing::warn!(id = ctx.id(), "{e}: read as absent"))
+            .ok()
+            .flatten();
+        if policy == Policy::Required
+            && (ctx.mail_from().is_empty() || mark.as_ref().is_some_and(|m| m.made.is_some()))
+        {
             // A delivery report cannot be returned, nor wait on its reader's key: it goes
-            // encrypted when it can and as it is otherwise.
+            // encrypted when it can and as it is otherwise. Nor can a secure link's notice or
+            // receipt, which carries nothing of the message it is about.
             policy = Policy::Opportunistic;
         }
 
@@ -285,6 +322,20 @@ impl Stage for Encrypt {
             .into_iter()
             .map(|a| a.to_lowercase())
             .collect();
+        // A message already sent to the secure-link stage once (and back here) falls back no
+        // more: its recipients without a key are returned.
+        let fallback = match (&options.secure_link_stage, policy, &mark) {
+            (Some(_), Policy::Required, None) => {
+                let keyless: Vec<&String> = rcpts
+                    .iter()
+                    .zip(&chosen)
+                    .filter(|(_, c)| c.is_none())
+                    .map(|(r, _)| r)
+                    .collect();
+                secure_link_allowed(pool, &keyless, ctx.mail_from()).await?
+            }
+            _ => Vec::new(),
+        };
         let facts: Vec<plan::Recipient> = rcpts
             .iter()
             .zip(&chosen)
@@ -293,6 +344,7 @@ impl Stage for Encrypt {
                 scheme: c.as_ref().map(|c| c.scheme),
                 discovery,
                 hidden: !visible.contains(r),
+                fallback: fallback.contains(r),
             })
             .collect();
         let since = parked_since(ctx.state()).unwrap_or(now);
@@ -479,6 +531,36 @@ async fn request_key(
     })
 }
 
+/// Of `recipients`, those the secure-link policy (`pepsi_secure_link::policy`: the
+/// recipient domain's row, else the sender domain's) lets fall back to a secure link.
+async fn secure_link_allowed(
+    pool: &sqlx::PgPool,
+    recipients: &[&String],
+    sender: &str,
+) -> Result<Vec<String>, StageError> {
+    if recipients.is_empty() || sender.is_empty() {
+        return Ok(Vec::new());
+    }
+    let domain = |a: &str| Address::parse(a).ok().map(|a| a.domain().to_owned());
+    let sender_domain = domain(sender);
+    let domains: Vec<Option<String>> = recipients.iter().map(|r| domain(r)).collect();
+    let mut distinct: Vec<String> = domains.iter().flatten().cloned().collect();
+    distinct.sort_unstable();
+    distinct.dedup();
+    let policies =
+        pepsi_secure_link::policy::load(pool, &distinct, sender_domain.as_slice()).await?;
+    Ok(recipients
+        .iter()
+        .zip(&domains)
+        .filter(|(_, d)| {
+            policies
+                .resolve(d.as_deref(), sender_domain.as_deref())
+                .is_some_and(|r| r.rule.mode.allows_fallback())
+        })
+        .map(|(r, _)| (*r).clone())
+        .collect())
+}
+
 /// When the message was first parked for discovery (`state.keydisc.since`).
 fn parked_since(state: &Map<String, Value>) -> Option<DateTime<Utc>> {
     let parked = Keydisc::from_state(state).ok().flatten()?;
@@ -561,14 +643,38 @@ async fn carry_out(
             .clone()
             .ok_or_else(|| StageError::NoBounceStage(name.to_string()))
     };
+    // Recipients without a key sent to the secure-link stage, marked why.
+    let secure_link = match (&options.secure_link_stage, plan.secure_link.is_empty()) {
+        (Some(stage), false) => {
+            let mut state = Map::new();
+            SecureLink::to_secure(SecureLinkReason::EncryptFallback).insert_into(&mut state);
+            state.extend(clear_keydisc(ctx.state()));
+            tracing::info!(id = ctx.id(), rcpt = ?plan.secure_link.iter().map(|i| &rcpts[*i]).collect::<Vec<_>>(),
+                %stage, "no key where encryption is required: to a secure link");
+            Some((stage.clone(), state))
+        }
+        _ => None,
+    };
     if matches!(plan.then, Then::Nothing) {
-        let mut state = refusal_state(&name, rcpts, &plan.refuse, options.discovery_timeout);
-        state.extend(clear_keydisc(ctx.state()));
-        return ctx.reroute(&bounce_stage()?, state);
+        let Some((stage, link_state)) = secure_link else {
+            let mut state = refusal_state(&name, rcpts, &plan.refuse, options.discovery_timeout);
+            state.extend(clear_keydisc(ctx.state()));
+            return ctx.reroute(&bounce_stage()?, state);
+        };
+        if !plan.refuse.is_empty() {
+            let state = refusal_state(&name, rcpts, &plan.refuse, options.discovery_timeout);
+            let refused = FanGroup {
+                state,
+                ..FanGroup::new(FanRecipients::Indices(refused_idx), bounce_stage()?)
+            };
+            ctx.fan_out_keeping_age(&plan.secure_link, &[refused])
+                .await?;
+        }
+        return ctx.reroute(&stage, link_state);
     }
     // The recipients this row keeps, and the rows split off.
     let remaining: Vec<usize> = (0..rcpts.len())
-        .filter(|i| !refused_idx.contains(i))
+        .filter(|i| !refused_idx.contains(i) && !plan.secure_link.contains(i))
         .collect();
     let (keep, mut groups): (Vec<usize>, Vec<FanGroup>) = match &plan.then {
         Then::Split(parts) => (
@@ -585,6 +691,12 @@ async fn carry_out(
         groups.push(FanGroup {
             state,
             ..FanGroup::new(FanRecipients::Indices(refused_idx.clone()), bounce_stage()?)
+        });
+    }
+    if let Some((stage, state)) = secure_link {
+        groups.push(FanGroup {
+            state,
+            ..FanGroup::new(FanRecipients::Indices(plan.secure_link.clone()), stage)
         });
     }
     if !groups.is_empty() {
@@ -726,12 +838,14 @@ const ABOUT: &str = "Encrypt outgoing mail end to end: OpenPGP/MIME (RFC 3156) o
 identity, with the sender's Autocrypt header. The policy is the `encrypt` setting of the sender \
 (address, else @domain, else POLICY) raised to `required` by a recipient's own: off, \
 opportunistic (encrypt when every recipient has a key) or required (a recipient without a key \
-waits for pepsi-keydisc and is returned with 5.7.5 when discovery settles without one; a \
-delivery report, which cannot be returned, is never held to `required`). Options \
-of [stage-NAME]: NEXT_STAGE, BOUNCE_STAGE, POLICY (opportunistic), PREFER (openpgp, smime), \
+waits for pepsi-keydisc and is returned with 5.7.5 when discovery settles without one, or \
+goes to SECURE_LINK_STAGE instead when that is set and pepsi.secure_link_policy says \
+`fallback` or `always` for its domain or the sender's; a delivery report, which cannot be \
+returned, and a secure link's notice are never held to `required`). Options of \
+[stage-NAME]: NEXT_STAGE, BOUNCE_STAGE, POLICY (opportunistic), PREFER (openpgp, smime), \
 SIGN (yes; needs [crypto] KEK), AUTOCRYPT (yes), DISCOVERY (yes), DISCOVERY_METHODS (wkd, \
-openpgpkey, smimea, keyserver), DISCOVERY_TIMEOUT (1h), DISCOVERY_RECHECK (1m). See \
-docs/crypto.md.";
+openpgpkey, smimea, keyserver), DISCOVERY_TIMEOUT (1h), DISCOVERY_RECHECK (1m), \
+SECURE_LINK_STAGE (none: recipients without a key are returned). See docs/crypto.md.";
 
 /// The command line of `pepsi-stage-encrypt`: its `--help` and its manual page.
 pub fn command() -> pepsi_conf::cli::Command {

@@ -72,6 +72,10 @@ pub struct Recipient {
     /// Not named in To or Cc (a Bcc): encrypted on a row of its own, so that the key ids in
     /// the ciphertext do not tell the others it received the message.
     pub hidden: bool,
+    /// Refused for want of a key, it goes to SECURE_LINK_STAGE instead: the stage is set,
+    /// the secure-link policy of its domain or the sender's says `fallback` or `always`,
+    /// and the message has not fallen back before.
+    pub fallback: bool,
 }
 
 /// What to do.
@@ -79,6 +83,9 @@ pub struct Recipient {
 pub struct Plan {
     /// Recipients returned to the sender (indices), with why.
     pub refuse: Vec<(usize, Refusal)>,
+    /// Recipients that would be refused but go to SECURE_LINK_STAGE (indices), to be
+    /// reached by a secure link instead.
+    pub secure_link: Vec<usize>,
     /// What happens to the others.
     pub then: Then,
 }
@@ -97,7 +104,7 @@ pub enum Refusal {
 /// What happens to the recipients not refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Then {
-    /// Nothing left: every recipient was refused.
+    /// Nothing left: every recipient was refused or goes to a secure link.
     Nothing,
     /// On as it is.
     Plain,
@@ -117,14 +124,19 @@ pub fn plan(policy: Policy, recipients: &[Recipient], timed_out: bool) -> Plan {
     let mut refuse = Vec::new();
     let mut waiting = Vec::new();
     let mut keyed = Vec::new();
+    let mut secure_link = Vec::new();
     for (i, r) in recipients.iter().enumerate() {
+        let mut refused = |why| match r.fallback {
+            true => secure_link.push(i),
+            false => refuse.push((i, why)),
+        };
         match (r.scheme, policy) {
             (Some(s), _) => keyed.push((i, s)),
             (None, Policy::Required) => match r.discovery.unwrap_or(Discovery::Off) {
-                Discovery::Pending if timed_out => refuse.push((i, Refusal::DiscoveryTimedOut)),
+                Discovery::Pending if timed_out => refused(Refusal::DiscoveryTimedOut),
                 Discovery::Pending => waiting.push(i),
-                Discovery::NoKey | Discovery::Off => refuse.push((i, Refusal::NoKey)),
-                Discovery::Unusable => refuse.push((i, Refusal::UnusableKey)),
+                Discovery::NoKey | Discovery::Off => refused(Refusal::NoKey),
+                Discovery::Unusable => refused(Refusal::UnusableKey),
             },
             (None, _) => waiting.push(i),
         }
@@ -133,6 +145,7 @@ pub fn plan(policy: Policy, recipients: &[Recipient], timed_out: bool) -> Plan {
         Policy::Off => {
             return Plan {
                 refuse: Vec::new(),
+                secure_link: Vec::new(),
                 then: Then::Plain,
             };
         }
@@ -166,7 +179,11 @@ pub fn plan(policy: Policy, recipients: &[Recipient], timed_out: bool) -> Plan {
             }
         }
     };
-    Plan { refuse, then }
+    Plan {
+        refuse,
+        secure_link,
+        then,
+    }
 }
 
 /// Of the schemes a recipient has a usable key for, the one to use: the first of
@@ -186,6 +203,15 @@ mod tests {
             scheme,
             discovery,
             hidden: false,
+            fallback: false,
+        }
+    }
+
+    /// The recipient `r` with a secure-link fallback allowed.
+    fn fb(r: &Recipient) -> Recipient {
+        Recipient {
+            fallback: true,
+            ..r.clone()
         }
     }
 
@@ -302,7 +328,140 @@ mod tests {
             let got = plan(policy, &recipients, timed_out);
             assert_eq!(
                 got,
-                Plan { refuse, then },
+                Plan {
+                    refuse,
+                    secure_link: Vec::new(),
+                    then
+                },
+                "{policy:?} {recipients:?} timed_out={timed_out}"
+            );
+        }
+    }
+
+    /// SECURE_LINK_STAGE: a recipient that would be refused for want of a key, and whose
+    /// policy allows the fallback, goes to the secure-link stage instead; nothing else
+    /// changes.
+    #[test]
+    fn the_secure_link_fallback_as_a_table() {
+        let pgp = r(Some(OpenPgp), None);
+        let pending = r(None, Some(Pending));
+        let nokey = r(None, Some(NoKey));
+        let off = r(None, Some(Off));
+        let unusable = r(None, Some(Unusable));
+        let none = r(None, None);
+        type Case = (
+            Policy,
+            Vec<Recipient>,
+            bool,
+            Vec<(usize, Refusal)>,
+            Vec<usize>,
+            Then,
+        );
+        let cases: Vec<Case> = vec![
+            // every recipient without a key: the message goes to the stage whole
+            (
+                Policy::Required,
+                vec![fb(&nokey)],
+                false,
+                vec![],
+                vec![0],
+                Then::Nothing,
+            ),
+            (
+                Policy::Required,
+                vec![fb(&off)],
+                false,
+                vec![],
+                vec![0],
+                Then::Nothing,
+            ),
+            (
+                Policy::Required,
+                vec![fb(&unusable)],
+                false,
+                vec![],
+                vec![0],
+                Then::Nothing,
+            ),
+            // one with a key, one to the stage
+            (
+                Policy::Required,
+                vec![fb(&nokey), pgp.clone()],
+                false,
+                vec![],
+                vec![0],
+                Then::Encrypt(OpenPgp),
+            ),
+            // the fallback allowed for one recipient only: the other is still returned
+            (
+                Policy::Required,
+                vec![fb(&nokey), nokey.clone(), pgp.clone()],
+                false,
+                vec![(1, Refusal::NoKey)],
+                vec![0],
+                Then::Encrypt(OpenPgp),
+            ),
+            // discovery still pending: the message waits; timed out: the fallback
+            (
+                Policy::Required,
+                vec![fb(&pending), pgp.clone()],
+                false,
+                vec![],
+                vec![],
+                Then::Park(vec![0, 1]),
+            ),
+            (
+                Policy::Required,
+                vec![fb(&pending), pgp.clone()],
+                true,
+                vec![],
+                vec![0],
+                Then::Encrypt(OpenPgp),
+            ),
+            (
+                Policy::Required,
+                vec![fb(&nokey), pending.clone()],
+                false,
+                vec![],
+                vec![0],
+                Then::Park(vec![1]),
+            ),
+            // not required: nothing is refused, so nothing falls back
+            (
+                Policy::Opportunistic,
+                vec![fb(&none), pgp.clone()],
+                false,
+                vec![],
+                vec![],
+                Then::Plain,
+            ),
+            (
+                Policy::Off,
+                vec![fb(&nokey)],
+                false,
+                vec![],
+                vec![],
+                Then::Plain,
+            ),
+            // a key found: encrypted, whatever the policy allows
+            (
+                Policy::Required,
+                vec![fb(&pgp)],
+                false,
+                vec![],
+                vec![],
+                Then::Encrypt(OpenPgp),
+            ),
+        ];
+        for (policy, recipients, timed_out, refuse, secure_link, then) in cases {
+            let got = plan(policy, &recipients, timed_out);
+            assert_eq!(
+                got,
+                Plan {
+                    refuse,
+                    secure_link,
+                    then
+                },
                 "{policy:?} {recipients:?} timed_out={timed_out}"
             );
         }
