@@ -2,8 +2,8 @@
 //! `queue` (list, show, the actions one by one and in bulk), `accounts` (mailboxes),
 //! `settings` (aliases, catch-alls, local domains, every per-address setting), `config`
 //! (the configuration's overrides and effective values), `lists` (mailing lists), `logs` (the mail log and the
-//! event log) and `pipeline` (the live stage graph). docs/api.md and docs/api.openapi.yaml
-//! describe every route.
+//! event log), `pipeline` (the live stage graph) and `secure_links` (secure links: list, show,
+//! revoke, extend). docs/api.md and docs/api.openapi.yaml describe every route.
 
 pub mod accounts;
 pub mod config;
@@ -11,5 +11,6 @@ pub mod lists;
 pub mod logs;
 pub mod pipeline;
 pub mod queue;
+pub mod secure_links;
 pub mod session;
 pub mod settings;
