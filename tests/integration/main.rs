@@ -58,6 +58,7 @@ mod queue_tool;
 mod relay_internet;
 mod relay_smarthost;
 mod secure_link;
+mod secure_link_tool;
 mod sendmail;
 mod settings;
 mod setup;
