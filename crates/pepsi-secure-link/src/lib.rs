@@ -12,6 +12,7 @@
 
 pub mod admin;
 pub mod code;
+pub mod mail;
 pub mod policy;
 pub mod seal;
 pub mod store;
@@ -21,6 +22,13 @@ pub mod url;
 pub use tool::{command, constants, run};
 
 use base64::Engine as _;
+
+/// The program of the secure-link stage, whose section says where the portal's mail starts.
+pub const STAGE_PROGRAM: &str = "pepsi-stage-secure-link";
+/// Where the secure-link stage's receipts and the portal's replies start unless the stage's
+/// `RECEIPT_STAGE` says otherwise: where new mail starts (the shipped graph's `init`, as
+/// vacation's replies and the bounce stage's DSNs).
+pub const DEFAULT_RECEIPT_STAGE: &str = "init";
 
 /// base64url without padding: how link ids, link halves and session tokens travel in URLs
 /// and cookies.

@@ -1882,8 +1882,10 @@ REVOKE ALL ON FUNCTION pepsi.list_held_reject(bigint, text, text, text) FROM PUB
 --           re-sealed in this transaction (store::resend, which logs `resent`).
 --   reply   the recipient's answer to the link's sender, from the recipient; the link must
 --           be usable and p_session_hash the digest of an open session of its generation.
--- The stage is a stage name (the secure-link stage's NOTICE_STAGE for code and notice, its
--- RECEIPT_STAGE for a reply), the header block whole fields of at most 64 KiB (any
+-- A code and a notice carry state.secure_link = {"made": "notice"} (docs/state.md), as the
+-- stage's own notices do, so that no stage secures them again or holds them to required
+-- encryption. The stage is a stage name (the secure-link stage's NOTICE_STAGE for code and
+-- notice, its RECEIPT_STAGE for a reply), the header block whole fields of at most 64 KiB (any
 -- X-Pepsi-Decrypted field dropped) and the message at most 1 MiB.
 CREATE OR REPLACE FUNCTION pepsi.secure_link_queue_mail(
     p_link_id text, p_kind text, p_stage text, p_headers bytea, p_body bytea,
@@ -1917,7 +1919,8 @@ BEGIN
                 USING ERRCODE = '55000';
         END IF;
         RETURN pepsi.workqueue_inject(p_stage, '', ARRAY[m.recipient],
-                                      pepsi.strip_decrypt_result(p_headers), p_body);
+                                      pepsi.strip_decrypt_result(p_headers), p_body,
+                                      '{"secure_link": {"made": "notice"}}');
     ELSIF p_kind = 'notice' THEN
         IF NOT EXISTS (SELECT 1 FROM pepsi.secure_link_access
                         WHERE message_id = m.message_id AND event = 'resent' AND at = now()) THEN
@@ -1925,7 +1928,8 @@ BEGIN
                 USING ERRCODE = '55000';
         END IF;
         RETURN pepsi.workqueue_inject(p_stage, m.sender, ARRAY[m.recipient],
-                                      pepsi.strip_decrypt_result(p_headers), p_body);
+                                      pepsi.strip_decrypt_result(p_headers), p_body,
+                                      '{"secure_link": {"made": "notice"}}');
     ELSIF p_kind = 'reply' THEN
         IF NOT m.usable THEN
             RAISE EXCEPTION 'secure link % is expired, revoked or purged', p_link_id

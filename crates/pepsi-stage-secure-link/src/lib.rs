@@ -18,11 +18,10 @@
 //! `finish` (every recipient secured).
 //!
 //! The decisions are `plan` (pure, a table); the request in the message is `control`
-//! (pure); the mails' texts are `mail` (pure). This file gathers the facts and carries the
-//! decision out.
+//! (pure); the mails' texts are `pepsi_secure_link::mail` (pure, shared with the portal).
+//! This file gathers the facts and carries the decision out.
 
 pub mod control;
-pub mod mail;
 pub mod plan;
 
 use std::cell::RefCell;
@@ -42,7 +41,7 @@ use pepsi_contract::state::{
     Bounce, BounceDetail, BounceKind, Origin, SecureLink, SecureLinkMade, SecureLinkReason,
 };
 use pepsi_secure_link::policy::{self, Policies, Rule, Scope};
-use pepsi_secure_link::{store, url};
+use pepsi_secure_link::{mail, store, url};
 use serde_json::{Map, Value, json};
 
 use crate::plan::{Decision, Split};
@@ -64,9 +63,9 @@ pub const DEFAULT_HEADER: &str = "X-Pepsi-Secure-Link";
 pub const DEFAULT_TAG: &str = "[secure]";
 /// A link's lifetime when no policy row gives one, unless `LIFETIME` says otherwise.
 pub const DEFAULT_LIFETIME: Duration = Duration::from_secs(30 * 24 * 3600);
-/// Where receipts enter the graph unless `RECEIPT_STAGE` says otherwise: where new mail
-/// starts (the shipped graph's `init`, as vacation's replies and the bounce stage's DSNs).
-pub const DEFAULT_RECEIPT_STAGE: &str = "init";
+/// Where receipts enter the graph unless `RECEIPT_STAGE` says otherwise (the portal's
+/// replies too): where new mail starts.
+pub use pepsi_secure_link::DEFAULT_RECEIPT_STAGE;
 /// How long a domain's policy, once read, is used before it is read again.
 pub const POLICY_REFRESH: Duration = Duration::from_secs(10);
 /// The most domains whose policy is kept; beyond, the cache starts again empty.

@@ -18,8 +18,7 @@ use pepsi_contract::stage::StageOptions;
 use pepsi_secure_link::admin::Link;
 use sqlx::PgConnection;
 
-/// The program of the secure-link stage, whose section says where the portal's mail starts.
-pub const STAGE_PROGRAM: &str = "pepsi-stage-secure-link";
+use pepsi_secure_link::{DEFAULT_RECEIPT_STAGE, STAGE_PROGRAM};
 
 /// Where the portal's mail starts, and the domain of its Message-IDs.
 #[derive(Debug, Clone)]
@@ -67,10 +66,10 @@ impl Route {
                 ));
             }
         };
-        let receipt_stage = match named("RECEIPT_STAGE")? {
-            Some(n) => exists("RECEIPT_STAGE", n)?,
-            None => return Err(format!("[stage-{stage}] sets no RECEIPT_STAGE")),
-        };
+        let receipt_stage = exists(
+            "RECEIPT_STAGE",
+            named("RECEIPT_STAGE")?.unwrap_or_else(|| DEFAULT_RECEIPT_STAGE.to_owned()),
+        )?;
         let hostname = cfg.name_option(&s, "HOSTNAME").map_err(|e| e.to_string())?;
         Ok(Route {
             notice_stage,
@@ -181,25 +180,22 @@ pub fn code(route: &Route, to: &str, code: &str) -> Result<Vec<u8>, String> {
         .map_err(|e| format!("writing a message: {e}"))
 }
 
-/// The notice carrying a new link (`url`) to the recipient of `link`, from its sender.
+/// The notice carrying a new link (`url`) to the recipient of `link`, in its sender's name:
+/// the stage's notice (`pepsi_secure_link::mail`), the author named by the envelope sender.
 pub fn notice(route: &Route, link: &Link, url: &str) -> Result<Vec<u8>, String> {
-    let text = format!(
-        "{sender} sent you a secure message. Open it here:\r\n\r\n{url}\r\n\r\n\
-         This link replaces any earlier one, which no longer works. It works until {expires}.\r\n\
-         To read the message you will be asked for a one-time code, mailed to this address.\r\n",
-        sender = link.sender,
-        expires = link.expires.format("%Y-%m-%d %H:%M UTC"),
-    );
-    MessageBuilder::new()
-        .from(link.sender.as_str())
-        .to(link.recipient.as_str())
-        .subject(format!("Secure message from {}", link.sender))
-        .date(Date::new(Utc::now().timestamp()))
-        .message_id(message_id(route, "secure-notice")?)
-        .header("Auto-Submitted", Raw::new("auto-generated"))
-        .body(body(&text))
-        .write_to_vec()
-        .map_err(|e| format!("writing a message: {e}"))
+    let author = pepsi_secure_link::mail::Author {
+        name: None,
+        address: link.sender.clone(),
+    };
+    pepsi_secure_link::mail::notice(&pepsi_secure_link::mail::Notice {
+        author: &author,
+        recipient: &link.recipient,
+        link: url,
+        expires: link.expires,
+        now: Utc::now(),
+        message_id: &message_id(route, "secure-notice")?,
+    })
+    .map_err(|e| format!("writing a message: {e}"))
 }
 
 /// The recipient's reply `text` (CRLF lines) to the sender of `link`, answering `head`.
@@ -294,7 +290,10 @@ mod tests {
         let url = "https://m.example/secure/AAAAAAAAAAAAAAAAAAAAAA/2/half";
         let n = text(&notice(&route(), &link(), url).unwrap());
         assert!(n.contains(&format!("\r\n{url}\r\n")), "{n}");
-        assert!(n.contains("Subject: Secure message from alice@example.test"));
+        assert!(
+            n.contains("Subject: Secure message from alice@example.test"),
+            "{n}"
+        );
 
         let head = Head {
             subject: "Contract".into(),

@@ -1,6 +1,9 @@
-//! The mails the stage writes: the notice to a recipient (who sent the message, the link,
-//! until when it works, that a code will be mailed) and the receipt to the sender (each
-//! secured recipient with its manage link). Pure: text in, RFC 5322 bytes out.
+//! The mails of a secure link, one definition for the stage and the portal: the notice to a
+//! recipient (who sent the message, the link, until when it works, that a code will be
+//! mailed), written by the stage and again by the portal when the sender asks for a new
+//! link, and the receipt to the sender (each secured recipient with its manage link).
+//! Pure: text in, RFC 5322 bytes out. The text is sent as it is (7bit, or 8bit for UTF-8):
+//! a link must stay one line a person can copy, never cut by quoted-printable's soft breaks.
 //!
 //! Neither ever carries anything of the sealed message: not its body, not its subject. The
 //! notice names the sender as the message's From field gives it and is sent in the
@@ -11,6 +14,7 @@ use mail_builder::MessageBuilder;
 use mail_builder::headers::address::Address;
 use mail_builder::headers::date::Date;
 use mail_builder::headers::raw::Raw;
+use mail_builder::mime::MimePart;
 
 /// The author of the message, from its From field.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -57,6 +61,12 @@ impl Author {
             None => Address::new_address(None::<&str>, self.address.as_str()),
         }
     }
+}
+
+/// A text/plain body written as it is.
+fn body(text: String) -> MimePart<'static> {
+    let encoding = if text.is_ascii() { "7bit" } else { "8bit" };
+    MimePart::new("text/plain", text).transfer_encoding(encoding)
 }
 
 /// How an expiry is written in the mails.
@@ -113,7 +123,7 @@ pub fn notice(n: &Notice<'_>) -> std::io::Result<Vec<u8>> {
         .date(Date::new(n.now.timestamp()))
         .message_id(n.message_id)
         .header("Auto-Submitted", Raw::new("auto-generated"))
-        .text_body(notice_text(n))
+        .body(body(notice_text(n)))
         .write_to_vec()
 }
 
@@ -195,7 +205,7 @@ pub fn receipt(r: &Receipt<'_>) -> std::io::Result<Vec<u8>> {
     if let Some(id) = r.original_id.map(|i| i.trim_matches(['<', '>'])) {
         m = m.in_reply_to(id).references(id);
     }
-    m.text_body(receipt_text(r)).write_to_vec()
+    m.body(body(receipt_text(r))).write_to_vec()
 }
 
 #[cfg(test)]
@@ -272,6 +282,11 @@ mod tests {
         assert_eq!(
             m.header_raw("Auto-Submitted").map(str::trim),
             Some("auto-generated")
+        );
+        let whole = String::from_utf8_lossy(&raw);
+        assert!(
+            whole.contains(&format!("\r\n{link}\r\n")),
+            "one line: {whole}"
         );
         let text = m.body_text(0).unwrap();
         for needle in [
