@@ -140,6 +140,9 @@ impl Harness {
     }
 }
 
+/// A link's stored nonce, ciphertext and db half.
+type Sealed = (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>);
+
 fn time(v: &Value) -> DateTime<Utc> {
     DateTime::parse_from_rfc3339(v.as_str().unwrap_or_else(|| panic!("not a time: {v}")))
         .unwrap()
@@ -262,7 +265,7 @@ async fn revoke_extend_and_purge_change_the_link_and_each_leaves_its_log_lines()
     let v = h.json(&["purge", c]);
     assert_eq!(v["state"], "purged");
     assert_eq!(v["link_id"], c);
-    let sealed: (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) = sqlx::query_as(
+    let sealed: Sealed = sqlx::query_as(
         "SELECT nonce, ciphertext, db_half FROM pepsi.secure_link_message WHERE link_id = $1",
     )
     .bind(c)
