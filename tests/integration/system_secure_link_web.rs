@@ -4,8 +4,9 @@
 //! notice without its subject or text; headless Chromium opens the notice's link, asks for
 //! a code, reads it from the code mail at bob's MX, and only then sees the message and its
 //! attachment; bob's reply from the portal reaches alice's Maildir; alice's receipt leads
-//! to her page with the access log, where she withdraws the link, after which the link shows
-//! a clear page and the content is gone. A second message expires, with the same result.
+//! to her page with the access log, where she sends bob a new link (the old one then shows
+//! it was replaced) and withdraws it, after which the link shows a clear page and the
+//! content is gone. A second message expires, with the same result.
 //! The stored row alone does not decrypt.
 
 use std::time::{Duration, Instant};
@@ -311,6 +312,30 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
     ] {
         assert!(log.contains(event), "{event} missing from:\n{log}");
     }
+    // A new link: mailed to bob; the old one shows it was replaced, the new one asks for
+    // a code.
+    browser.click("#resend").await;
+    wait_text(&browser, "A new link is on its way to bob@remote.test").await;
+    let renewed = received(&sys, &remote, 3).await.remove(2);
+    assert_eq!(renewed.rcpt, ["bob@remote.test"]);
+    let renewed_text = String::from_utf8_lossy(&renewed.data).into_owned();
+    assert!(!renewed_text.contains(MARKER), "{renewed_text}");
+    let new_path = link_in(&renewed_text, "new");
+    assert!(
+        new_path.starts_with(&format!("/secure/{link_id}/2/")),
+        "{new_path}"
+    );
+    open(
+        &browser,
+        &format!("{site}{path}"),
+        "only the latest link works",
+    )
+    .await;
+    assert!(!page_text(&browser).await.contains("quinces"));
+    open(&browser, &format!("{site}{new_path}"), "Mail me a code").await;
+    let path = new_path;
+
+    open(&browser, &format!("{site}{manage}"), "Access log").await;
     browser.click("#revoke").await;
     wait_text(&browser, "The message is withdrawn").await;
     open(&browser, &format!("{site}{path}"), "withdrew this message").await;
@@ -338,7 +363,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
 
     // 6. A second message, expired: the same clear page, and its content unreadable.
     submit(sub_port, &format!("[secure] {SUBJECT} 2"), "second secret").await;
-    let second = received(&sys, &remote, 3).await.remove(2);
+    let second = received(&sys, &remote, 4).await.remove(3);
     let path2 = link_in(&String::from_utf8_lossy(&second.data), "second notice");
     let link2 = path2
         .trim_start_matches("/secure/")

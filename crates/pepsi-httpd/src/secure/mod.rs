@@ -145,7 +145,8 @@ fn route_of(portal: &Portal) -> Result<&Route, Response> {
 }
 
 /// The message behind `link` for the session in `headers`: `Ok(None)` when there is no
-/// session (or it ended), so the caller shows the code form.
+/// session (or it ended, or opened an older link of the message), so the caller shows the
+/// code form.
 async fn open(
     state: &AppState,
     link: &LinkPath,
@@ -158,6 +159,14 @@ async fn open(
     match store::open(&state.pool, &link.link_id, &link.half, &session, client).await {
         Ok(raw) => Ok(Some((session, raw))),
         Err(Error::Refused(store::Refusal::NoSession)) => Ok(None),
+        // A session of an older link: the page's own link decides (a code for the newest
+        // link, else the page saying it was replaced).
+        Err(Error::Refused(store::Refusal::Superseded)) => {
+            store::check_link(&state.pool, &link.link_id, link.generation, &link.half)
+                .await
+                .map_err(failed)?;
+            Ok(None)
+        }
         Err(e) => Err(failed(e)),
     }
 }
