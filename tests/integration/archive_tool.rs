@@ -250,8 +250,9 @@ async fn an_mbox_is_imported_searched_exported_and_purged() {
             .contains("message 302 (From junk@example.net Mon Jan  1 00:00:00 2024) not archived"),
         "{run:?}"
     );
-    let row: (String, String, i32, i32, i32, i32, bool) = sqlx::query_as(
-        "SELECT file_name, started_by, read, archived, duplicates, failed, finished_at IS NOT NULL \
+    let row: (String, String, i32, i32, i32, i32, i32, bool) = sqlx::query_as(
+        "SELECT file_name, started_by, read, archived, duplicates, too_long, failed, \
+                finished_at IS NOT NULL \
            FROM pepsi.archive_import",
     )
     .fetch_one(&h.db.pool)
@@ -259,7 +260,7 @@ async fn an_mbox_is_imported_searched_exported_and_purged() {
     .unwrap();
     assert_eq!(
         row,
-        (file.clone(), "ops-alice".into(), 302, 300, 0, 2, true)
+        (file.clone(), "ops-alice".into(), 302, 300, 0, 1, 1, true)
     );
     assert_eq!(
         count(

@@ -110,6 +110,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0022",
         sql: include_str!("../db/pepsi-0022.sql"),
     },
+    Patch {
+        name: "pepsi-0023",
+        sql: include_str!("../db/pepsi-0023.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by

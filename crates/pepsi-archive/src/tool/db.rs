@@ -85,8 +85,7 @@ pub(crate) async fn import_begin(
 }
 
 /// Records the counts of the import so far in its row, in the transaction of the batch they
-/// count, and marks it finished when `finished`. The row's `failed` counts the messages too
-/// long with those that failed.
+/// count, and marks it finished when `finished`.
 pub(crate) async fn import_counts(
     tx: &mut PgConnection,
     import_id: i64,
@@ -96,15 +95,16 @@ pub(crate) async fn import_counts(
     let int = |n: u64| i32::try_from(n).unwrap_or(i32::MAX);
     sqlx::query(
         "UPDATE pepsi.archive_import SET read = $2, archived = $3, duplicates = $4, \
-         failed = $5, finished_at = CASE WHEN $6 THEN now() ELSE finished_at END \
-         WHERE import_id = $1",
+         failed = $5, too_long = $7, \
+         finished_at = CASE WHEN $6 THEN now() ELSE finished_at END WHERE import_id = $1",
     )
     .bind(import_id)
     .bind(int(c.read))
     .bind(int(c.archived))
     .bind(int(c.duplicates))
-    .bind(int(c.too_long + c.failed))
+    .bind(int(c.failed))
     .bind(finished)
+    .bind(int(c.too_long))
     .execute(&mut *tx)
     .await?;
     Ok(())
