@@ -96,33 +96,30 @@ pub struct Row {
 }
 
 pub async fn rows(db: &TestDb) -> Vec<Row> {
-    let rows: Vec<(
-        i64,
-        String,
-        String,
-        String,
-        Vec<String>,
-        Value,
-        Vec<u8>,
-        Vec<u8>,
-    )> = sqlx::query_as(
-        "SELECT w.workqueue_id, w.stage, w.status::text, w.mail_from, w.rcpt_to, w.state, \
-                    w.headers, b.body \
-               FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) \
-              ORDER BY w.workqueue_id",
+    use sqlx::Row as _;
+    let rows = sqlx::query(
+        "SELECT w.workqueue_id, w.stage, w.status::text AS status, w.mail_from, w.rcpt_to, \
+                w.state, w.headers, b.body \
+           FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) \
+          ORDER BY w.workqueue_id",
     )
     .fetch_all(&db.pool)
     .await
     .unwrap();
-    rows.into_iter()
-        .map(|(id, stage, status, mail_from, rcpt, state, h, b)| Row {
-            id,
-            stage,
-            status,
-            mail_from,
-            rcpt,
-            state,
-            raw: [h, b"\r\n".to_vec(), b].concat(),
+    rows.iter()
+        .map(|r| Row {
+            id: r.get("workqueue_id"),
+            stage: r.get("stage"),
+            status: r.get("status"),
+            mail_from: r.get("mail_from"),
+            rcpt: r.get("rcpt_to"),
+            state: r.get("state"),
+            raw: [
+                r.get::<Vec<u8>, _>("headers"),
+                b"\r\n".to_vec(),
+                r.get::<Vec<u8>, _>("body"),
+            ]
+            .concat(),
         })
         .collect()
 }

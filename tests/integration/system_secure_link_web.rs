@@ -121,12 +121,11 @@ async fn stored(sys: &System, link_id: &str) -> Option<Sealed> {
     .fetch_one(&sys.db.pool)
     .await
     .unwrap();
-    let (n, c, d): (Option<Vec<u8>>, Option<Vec<u8>>, Option<Vec<u8>>) =
-        (r.get("nonce"), r.get("ciphertext"), r.get("db_half"));
+    let part = |name: &str| r.get::<Option<Vec<u8>>, _>(name);
     Some(Sealed {
-        nonce: n?.try_into().unwrap(),
-        ciphertext: c?,
-        db_half: d?.try_into().unwrap(),
+        nonce: part("nonce")?.try_into().unwrap(),
+        ciphertext: part("ciphertext")?,
+        db_half: part("db_half")?.try_into().unwrap(),
     })
 }
 
@@ -224,6 +223,26 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
     let browser = Browser::start().await;
     open(&browser, &format!("{site}{path}"), "Mail me a code").await;
     assert!(!page_text(&browser).await.contains("quinces"));
+    // A form of another site mails no code; a link with another half, a cut link and a
+    // wrong sender's token are unknown.
+    let client = support::httpd::client();
+    let cross = client
+        .post(format!("{site}{path}/code"))
+        .header("Origin", "https://elsewhere.example")
+        .header("Sec-Fetch-Site", "cross-site")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(cross.status(), 403);
+    let other_half = LinkHalf::from_bytes([7; 32]).encode();
+    for unknown in [
+        format!("/secure/{link_id}/1/{other_half}"),
+        format!("/secure/{link_id}/1/{}", &half[..20]),
+        format!("/secure/manage/{link_id}/{}", "A".repeat(43)),
+    ] {
+        let r = client.get(format!("{site}{unknown}")).send().await.unwrap();
+        assert_eq!(r.status(), 404, "{unknown}");
+    }
     browser.click("#send-code").await;
     wait_text(&browser, "A code is on its way").await;
     let code_mail = received(&sys, &remote, 2).await.remove(1);
