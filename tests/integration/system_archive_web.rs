@@ -78,27 +78,6 @@ async fn post(sys: &System, from: &str, list: &str, mid: &str, message: &str) ->
     }
 }
 
-/// Waits until a message in `user`'s Maildir holds `needle`; returns it.
-async fn mail_with(sys: &System, user: &str, needle: &str) -> String {
-    let until = Instant::now() + WAIT;
-    loop {
-        let found = sys
-            .messages(user)
-            .into_iter()
-            .map(|m| String::from_utf8_lossy(&m).into_owned())
-            .find(|m| m.contains(needle));
-        if let Some(m) = found {
-            return m;
-        }
-        assert!(
-            Instant::now() < until,
-            "no mail holding {needle:?} reached {user}:\n{}",
-            sys.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A plain HTTP GET: status, Content-Security-Policy, body.
 async fn get(url: &str) -> (u16, String, String) {
     let r = crate::support::httpd::client()
@@ -365,7 +344,7 @@ async fn the_archive_through_the_whole_system_in_chromium() {
         )
         .await;
     let prefix = format!("{WEB}/archive/{PRIVATE}/login/");
-    let mail = mail_with(&sys, "dave", &prefix).await;
+    let mail = sys.mail_with("dave", &prefix).await;
     let at = mail.find(&prefix).unwrap();
     let token: String = mail[at + prefix.len()..]
         .chars()

@@ -7,13 +7,12 @@
 //! alice alone.
 
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::support;
 use crate::support::ingress::Dns;
-use crate::support::smtp_peer::Received;
 use crate::support::system::{System, split};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -78,23 +77,6 @@ fn confirm_address(confirmation: &[u8]) -> String {
         "{address}"
     );
     address.to_owned()
-}
-
-async fn wait_received(peer: &support::smtp_peer::Peer, n: usize, sys: &System) -> Vec<Received> {
-    let until = Instant::now() + WAIT;
-    loop {
-        let got = peer.messages();
-        if got.len() >= n {
-            return got;
-        }
-        assert!(
-            Instant::now() < until,
-            "the peer has {} messages, wanted {n}\n{}",
-            got.len(),
-            sys.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
 }
 
 #[tokio::test]
@@ -165,7 +147,7 @@ async fn subscribe_post_and_leave_by_one_click_and_by_mail_through_the_whole_sys
         .await;
     assert!(reply.starts_with("250"), "{reply}");
     let bobs = wait_new(&sys, "bob", &before).await;
-    let dans = wait_received(&remote, 1, &sys).await.remove(0);
+    let dans = sys.received(&remote, 1).await.remove(0);
     assert_eq!(dans.rcpt, ["dan@remote.test"]);
     assert_eq!(
         dans.mail_from, "team+bounces-dan=remote.test@example.test",
@@ -269,7 +251,7 @@ print(json.dumps(ok))
         members(&sys).await,
         ["alice@example.test", "bob@example.test"]
     );
-    let goodbye = wait_received(&remote, 2, &sys).await.remove(1);
+    let goodbye = sys.received(&remote, 2).await.remove(1);
     assert_eq!(goodbye.rcpt, ["dan@remote.test"]);
     assert_eq!(goodbye.mail_from, "team-bounces@example.test");
     assert_eq!(

@@ -9,13 +9,13 @@
 
 use std::path::PathBuf;
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 
 use crate::support;
 use crate::support::ingress::Dns;
-use crate::support::smtp_peer::{Peer, Received};
+use crate::support::smtp_peer::Peer;
 use crate::support::system::{System, split};
 
 const WAIT: Duration = Duration::from_secs(60);
@@ -84,27 +84,6 @@ impl World {
         let mut sys = System::new(&self.extra(), &["alice"]).await;
         sys.start().await;
         sys
-    }
-}
-
-/// Waits until `peer` has received `n` messages; returns them all.
-async fn wait_received(sys: &System, peer: &Peer, n: usize) -> Vec<Received> {
-    let until = Instant::now() + WAIT;
-    loop {
-        let got = peer.messages();
-        if got.len() >= n {
-            return got;
-        }
-        if Instant::now() > until {
-            panic!(
-                "{} received {} messages, wanted {n}: {got:#?}\nqueue: {:#?}\n{}",
-                peer.addr,
-                got.len(),
-                sys.queue().await,
-                sys.logs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -208,7 +187,7 @@ async fn forwarded_mail_gets_an_srs_sender_and_a_bounce_to_it_returns_to_the_sen
         .send("sender@origin.test", &["fwd@example.test"], FORWARDED)
         .await;
     assert!(reply.starts_with("250"), "{reply}");
-    let got = wait_received(&sys, &world.remote, 1).await;
+    let got = sys.received(&world.remote, 1).await;
     assert_eq!(got[0].rcpt, vec!["dest@remote.test"]);
     let srs = got[0].mail_from.clone();
     let (hash, tt, domain, local) = srs0_parts(&srs);
@@ -239,7 +218,7 @@ async fn forwarded_mail_gets_an_srs_sender_and_a_bounce_to_it_returns_to_the_sen
     // 3. the remote side bounces to the SRS address: reversed at init, relayed to origin.test
     let reply = sys.send("", &[&srs], &remote_dsn(&srs, "bounced")).await;
     assert!(reply.starts_with("250"), "{reply}");
-    let back = wait_received(&sys, &world.origin, 1).await;
+    let back = sys.received(&world.origin, 1).await;
     assert_eq!(back[0].mail_from, "", "the bounce keeps the null sender");
     assert_eq!(back[0].rcpt, vec!["sender@origin.test"]);
     let text = String::from_utf8_lossy(&back[0].data);
@@ -306,7 +285,7 @@ Message-ID: <local-1@example.test>\r\n\r\nHello,  world \r\n\r\nA second   parag
         .send("alice@example.test", &["alice-out@example.test"], msg)
         .await;
     assert!(reply.starts_with("250"), "{reply}");
-    let got = wait_received(&sys, &world.remote, 1).await;
+    let got = sys.received(&world.remote, 1).await;
     assert_eq!(
         got[0].mail_from, "alice@example.test",
         "a local sender is not rewritten"
@@ -330,7 +309,7 @@ Message-ID: <local-1@example.test>\r\n\r\nHello,  world \r\n\r\nA second   parag
     )
     .await;
     assert!(reply.starts_with("250"), "{reply}");
-    let got = wait_received(&sys, &world.remote, 2).await;
+    let got = sys.received(&world.remote, 2).await;
     let data = &got[1].data;
 
     let dkim = named(data, "DKIM-Signature");
@@ -421,7 +400,7 @@ async fn a_refusal_by_the_remote_mx_comes_back_to_the_original_sender() {
         .await;
     assert!(reply.starts_with("250"), "{reply}");
 
-    let back = wait_received(&sys, &world.origin, 1).await;
+    let back = sys.received(&world.origin, 1).await;
     assert_eq!(back[0].mail_from, "", "a DSN has the null sender");
     assert_eq!(back[0].rcpt, vec!["sender@origin.test"]);
     let text = String::from_utf8_lossy(&back[0].data).into_owned();
@@ -602,7 +581,7 @@ async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop
 
     // a: one copy kept, one to remote.test with an SRS sender and a's loop guard.
     send("sender@origin.test", format!("{a}@example.test"), "for-a").await;
-    let out = wait_received(&sys, &world.remote, 1).await;
+    let out = sys.received(&world.remote, 1).await;
     assert_eq!(out[0].rcpt, vec!["dest@remote.test"]);
     let (_, _, domain, local) = srs0_parts(&out[0].mail_from);
     assert_eq!((domain.as_str(), local.as_str()), ("origin.test", "sender"));

@@ -9,7 +9,6 @@
 //! content is gone. A second message expires, with the same result.
 //! The stored row alone does not decrypt.
 
-use std::time::{Duration, Instant};
 
 use pepsi_secure_link::seal::{self, LinkHalf, Sealed};
 use serde_json::Value;
@@ -18,52 +17,11 @@ use sqlx::Row as _;
 use crate::support;
 use crate::support::browser::Browser;
 use crate::support::ingress::Dns;
-use crate::support::smtp_peer::{Peer, Received};
 use crate::support::system::System;
 
-const WAIT: Duration = Duration::from_secs(60);
 const WEB: &str = "https://mail.example.test";
 const MARKER: &str = "The price is 4711 quinces";
 const SUBJECT: &str = "Contract draft";
-
-/// Waits until `peer` has received `n` messages; returns them all.
-async fn received(sys: &System, peer: &Peer, n: usize) -> Vec<Received> {
-    let until = Instant::now() + WAIT;
-    loop {
-        let got = peer.messages();
-        if got.len() >= n {
-            return got;
-        }
-        assert!(
-            Instant::now() < until,
-            "the peer has {} messages, wanted {n}\n{}",
-            got.len(),
-            sys.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// Waits until a message in `user`'s Maildir holds `needle`; returns it.
-async fn mail_with(sys: &System, user: &str, needle: &str) -> String {
-    let until = Instant::now() + WAIT;
-    loop {
-        let found = sys
-            .messages(user)
-            .into_iter()
-            .map(|m| String::from_utf8_lossy(&m).into_owned())
-            .find(|m| m.contains(needle));
-        if let Some(m) = found {
-            return m;
-        }
-        assert!(
-            Instant::now() < until,
-            "no mail holding {needle:?} reached {user}:\n{}",
-            sys.logs()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 /// The first `{WEB}/secure/...` link in `text`, as a path.
 fn link_in(text: &str, what: &str) -> String {
@@ -195,7 +153,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
 
     // 1. The tagged message leaves as a notice: nothing of its subject or text in it.
     submit(sub_port, &format!("[secure] {SUBJECT}"), MARKER).await;
-    let notice = received(&sys, &remote, 1).await.remove(0);
+    let notice = sys.received(&remote, 1).await.remove(0);
     assert_eq!(notice.rcpt, ["bob@remote.test"]);
     let notice_text = String::from_utf8_lossy(&notice.data).into_owned();
     assert!(
@@ -245,7 +203,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
     }
     browser.click("#send-code").await;
     wait_text(&browser, "A code is on its way").await;
-    let code_mail = received(&sys, &remote, 2).await.remove(1);
+    let code_mail = sys.received(&remote, 2).await.remove(1);
     assert_eq!(code_mail.rcpt, ["bob@remote.test"]);
     assert_eq!(code_mail.mail_from, "", "a code comes from the null sender");
     let code = code_in(&String::from_utf8_lossy(&code_mail.data));
@@ -306,7 +264,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
         .await;
     browser.click("#send-reply").await;
     wait_text(&browser, "Your reply was sent to alice@example.test").await;
-    let reply = mail_with(&sys, "alice", "4712 would be better").await;
+    let reply = sys.mail_with("alice", "4712 would be better").await;
     assert!(
         reply.contains(&format!("Subject: Re: {SUBJECT}")),
         "{reply}"
@@ -314,7 +272,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
     assert!(reply.contains("bob@remote.test"), "{reply}");
 
     // 5. Alice's receipt leads to her page: the access log, then the withdrawal.
-    let receipt = mail_with(&sys, "alice", "/secure/manage/").await;
+    let receipt = sys.mail_with("alice", "/secure/manage/").await;
     assert!(!receipt.contains(&half), "the receipt carries no link half");
     let manage = link_in(&receipt, "manage");
     assert!(manage.contains(&link_id), "{manage}");
@@ -335,7 +293,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
     // a code.
     browser.click("#resend").await;
     wait_text(&browser, "A new link is on its way to bob@remote.test").await;
-    let renewed = received(&sys, &remote, 3).await.remove(2);
+    let renewed = sys.received(&remote, 3).await.remove(2);
     assert_eq!(renewed.rcpt, ["bob@remote.test"]);
     let renewed_text = String::from_utf8_lossy(&renewed.data).into_owned();
     assert!(!renewed_text.contains(MARKER), "{renewed_text}");
@@ -382,7 +340,7 @@ async fn a_secure_message_through_the_whole_system_in_chromium() {
 
     // 6. A second message, expired: the same clear page, and its content unreadable.
     submit(sub_port, &format!("[secure] {SUBJECT} 2"), "second secret").await;
-    let second = received(&sys, &remote, 4).await.remove(3);
+    let second = sys.received(&remote, 4).await.remove(3);
     let path2 = link_in(&String::from_utf8_lossy(&second.data), "second notice");
     let link2 = path2
         .trim_start_matches("/secure/")

@@ -185,6 +185,52 @@ impl System {
         }
     }
 
+    /// Waits up to 60 s until a message in `user`'s Maildir holds `needle`; returns it.
+    pub async fn mail_with(&self, user: &str, needle: &str) -> String {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let found = self
+                .messages(user)
+                .into_iter()
+                .map(|m| String::from_utf8_lossy(&m).into_owned())
+                .find(|m| m.contains(needle));
+            if let Some(m) = found {
+                return m;
+            }
+            assert!(
+                Instant::now() < until,
+                "no mail holding {needle:?} reached {user}:\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Waits up to 60 s until `peer` (a remote MX) has received `n` messages; returns them
+    /// all.
+    pub async fn received(
+        &self,
+        peer: &super::smtp_peer::Peer,
+        n: usize,
+    ) -> Vec<super::smtp_peer::Received> {
+        let until = Instant::now() + Duration::from_secs(60);
+        loop {
+            let got = peer.messages();
+            if got.len() >= n {
+                return got;
+            }
+            assert!(
+                Instant::now() < until,
+                "{} received {} messages, wanted {n}: {got:#?}\nqueue: {:#?}\n{}",
+                peer.addr,
+                got.len(),
+                self.queue().await,
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     /// Starts the dispatcher and the ingress and waits until the ingress answers.
     pub async fn start(&mut self) {
         self.start_dispatcher();
