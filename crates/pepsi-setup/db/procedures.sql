@@ -1948,3 +1948,21 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pepsi.secure_link_queue_mail(text, text, text, bytea, bytea, bytea) FROM PUBLIC;
+
+-- THE ARCHIVE'S LOCK
+--
+-- The writes of one list's archive (pepsi_archive::store: archiving a post, purging) are
+-- serialised by a transaction-scoped advisory lock on the list. pepsi-httpd purges for the
+-- admin API (docs/archive.md, "The admin API"), but its role may not call the advisory lock
+-- functions (schema::ADVISORY_LOCK_ROLES: with them it could hold the dispatcher's key): it
+-- takes this one key through this function, only for a list that exists and only until its
+-- transaction ends. pepsi-setup revokes it from PUBLIC and grants EXECUTE to the pipeline
+-- and httpd roles alone (schema::FUNCTION_GRANTS).
+CREATE OR REPLACE FUNCTION pepsi.archive_lock(p_list_id bigint)
+RETURNS void LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pg_temp AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('pepsi.archive', l.list_id))
+       FROM pepsi.mailing_list l WHERE l.list_id = p_list_id;
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.archive_lock(bigint) FROM PUBLIC;

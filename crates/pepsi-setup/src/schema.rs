@@ -334,6 +334,12 @@ pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
         "pepsi.secure_link_queue_mail(text,text,text,bytea,bytea,bytea)",
         &[RoleKind::Httpd],
     ),
+    // The lock of one list's archive writes (procedures.sql, THE ARCHIVE'S LOCK): the list
+    // stage and pepsi-archive under the pipeline role, the admin API's purge.
+    (
+        "pepsi.archive_lock(bigint)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
 ];
 
 /// The mailing lists' tables (pepsi-0016.sql): `mailing_list` and every `list_*`.
@@ -363,6 +369,7 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
     const COUNT: &[&str] = &["SELECT", "INSERT", "UPDATE"];
     const READ_CHANGE: &[&str] = &["SELECT", "UPDATE"];
     const READ_APPEND_DELETE: &[&str] = &["SELECT", "INSERT", "DELETE"];
+    const READ_CHANGE_DELETE: &[&str] = &["SELECT", "UPDATE", "DELETE"];
     if kind == RoleKind::Crypto {
         // The crypto stages are stage workers (the pipeline's queue privileges) that also
         // unseal our private keys; pepsi-keys, under the same role, writes the key store.
@@ -444,11 +451,19 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Httpd, "list_held_message") => READ_DELETE,
         // The list pages and the list API: subscriptions, preferences, moderation, settings.
         (RoleKind::Httpd, t) if is_list_table(t) => ALL,
-        // The archive's pages read what the list stage archived; only the login links of
-        // private archives (issued, used, expired) are theirs to write. Purges and imports
-        // are the operator tool's, under the pipeline role.
+        // The archive's pages read what the list stage archived, and write the login links
+        // of private archives (issued, used, expired). The admin API purges as the operator
+        // tool does (pepsi_archive::store::purge_posts, purge_author): a post's row goes
+        // (its bytes and parts by ON DELETE CASCADE, which runs with the table owner's
+        // rights), a purged placeholder may stay, its thread and month are counted down or
+        // go, and the purge is logged. It never adds or changes a post, bytes or parts,
+        // nor adds a month, so it cannot plant anything in an archive. It reads the imports
+        // (the summary); imports and reindexing stay the tool's, under the pipeline role.
         (RoleKind::Httpd, "archive_reader") => ALL,
-        (RoleKind::Httpd, "archive_import" | "archive_event_log") => NONE,
+        (RoleKind::Httpd, "archive_message") => READ_DELETE,
+        (RoleKind::Httpd, "archive_placeholder") => READ_APPEND,
+        (RoleKind::Httpd, "archive_thread" | "archive_month") => READ_CHANGE_DELETE,
+        (RoleKind::Httpd, "archive_event_log") => APPEND,
         (RoleKind::Httpd, t) if is_archive_table(t) => READ,
         // The portal reads sealed messages and changes one only to revoke it for its sender
         // or to re-seal it on a resend (UPDATE); it never makes or deletes one, so a
