@@ -1,6 +1,7 @@
 //! pepsi-archive: the mailing lists' web archive (docs/archive.md). The list stage archives
-//! each post it accepts through [`store::archive_post`]; the archive's pages (pepsi-httpd)
-//! and the operator tool read through [`read`], search and purge through [`store`].
+//! each post it accepts through [`store::archive_post`]; the archive's pages and admin API
+//! (pepsi-httpd) and the operator tool read through [`read`], search and purge through
+//! [`store`], and write mbox files through [`export`].
 //!
 //! Pure decisions apart from the database: [`mbox`] (reading and writing mbox files),
 //! [`url`] (a post's stable id from its
@@ -11,6 +12,7 @@
 //! It is also the operator's tool `pepsi-archive` ([`tool`]: import and export mbox files,
 //! purge, reindex, search, show), whose binary calls [`run`].
 
+pub mod export;
 pub mod mbox;
 pub mod query;
 pub mod read;

@@ -25,11 +25,23 @@ pub const MAX_SHOWN: usize = 1024 * 1024;
 pub const MAX_SHOWN_OF_MANY: usize = 64 * 1024;
 
 /// Who may read a list's archive (`mailing_list.archive_policy`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Policy {
     Public,
     Private,
     None,
+}
+
+impl Policy {
+    /// The policy as `archive_policy` spells it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Policy::Public => "public",
+            Policy::Private => "private",
+            Policy::None => "none",
+        }
+    }
 }
 
 /// A list as its archive shows it.
@@ -174,8 +186,10 @@ fn post_row(r: &PgRow) -> sqlx::Result<PostRow> {
 }
 
 /// An archived post without its bytes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PostRow {
+    /// The row's id, for [`raw`] and [`parts`]; not for anyone to see (the url id is).
+    #[serde(skip)]
     pub archive_id: i64,
     pub url_id: String,
     pub message_id: String,
@@ -359,7 +373,7 @@ pub async fn raws(pool: &PgPool, archive_ids: &[i64]) -> sqlx::Result<HashMap<i6
 }
 
 /// One leaf part of a post, as `archive_part` records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct PartRow {
     pub part_index: i32,
     pub content_type: String,

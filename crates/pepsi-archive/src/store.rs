@@ -1,14 +1,20 @@
 //! The archive in PostgreSQL (pepsi-0019.sql): a post stored with its thread, parts and
 //! search text ([`archive_post`]), searched ([`search`]) and purged ([`purge_message`],
-//! [`purge_address`]). Every statement is fixed; input is only ever bound. The writes of one
-//! list are serialised by a transaction-scoped advisory lock, so two posts of a thread
-//! archived at once cannot both open it.
+//! [`purge_address`]; with their `pepsi.event_log` row, as the operator tool and the admin
+//! API purge, [`purge_posts`] and [`purge_author`]). Every statement is fixed; input is only
+//! ever bound. The writes of one list are serialised by a transaction-scoped advisory lock
+//! (`pepsi.archive_lock`, procedures.sql), so two posts of a thread archived at once cannot
+//! both open it.
 
 use std::collections::HashMap;
 
+use std::collections::BTreeMap;
+
 use chrono::{DateTime, NaiveTime, Utc};
 use mail_parser::{Message, MessageParser, MessagePart, MimeHeaders as _, PartType};
+use pepsi_contract::audit::{self, Actor};
 use pepsi_contract::message;
+use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row as _};
 
 use crate::query::{self, Query, QueryError};
@@ -45,7 +51,7 @@ pub struct ArchivedId {
 }
 
 /// One search hit, best first.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Hit {
     pub url_id: String,
     pub thread_id: i64,
@@ -221,9 +227,12 @@ pub fn search_text(raw: &[u8]) -> String {
     text
 }
 
-/// Serialises the archive writes of `list_id` until the transaction ends.
+/// Serialises the archive writes of `list_id` until the transaction ends. Through
+/// `pepsi.archive_lock` (SECURITY DEFINER, procedures.sql), which takes that one key and no
+/// other: the httpd role, which purges for the admin API, may not call the advisory lock
+/// functions themselves (docs/setup.md).
 async fn lock_list(tx: &mut PgConnection, list_id: i64) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT pg_advisory_xact_lock(hashtextextended('pepsi.archive', $1))")
+    sqlx::query("SELECT pepsi.archive_lock($1)")
         .bind(list_id)
         .execute(&mut *tx)
         .await?;
@@ -466,17 +475,23 @@ async fn month_add(
     date: DateTime<Utc>,
     n: i32,
 ) -> Result<(), sqlx::Error> {
-    sqlx::query(
+    // A purge only takes away, from a month its post counted in: an UPDATE, without the
+    // INSERT the httpd role (purging for the admin API) does not hold on archive_month.
+    let sql = if n < 0 {
+        "UPDATE pepsi.archive_month SET message_count = greatest(message_count + $3, 0) \
+          WHERE list_id = $1 AND month = date_trunc('month', $2 AT TIME ZONE 'UTC')::date"
+    } else {
         "INSERT INTO pepsi.archive_month (list_id, month, message_count) \
          VALUES ($1, date_trunc('month', $2 AT TIME ZONE 'UTC')::date, greatest($3, 0)) \
          ON CONFLICT (list_id, month) \
-         DO UPDATE SET message_count = greatest(archive_month.message_count + $3, 0)",
-    )
-    .bind(list_id)
-    .bind(date)
-    .bind(n)
-    .execute(&mut *tx)
-    .await?;
+         DO UPDATE SET message_count = greatest(archive_month.message_count + $3, 0)"
+    };
+    sqlx::query(sql)
+        .bind(list_id)
+        .bind(date)
+        .bind(n)
+        .execute(&mut *tx)
+        .await?;
     sqlx::query("DELETE FROM pepsi.archive_month WHERE list_id = $1 AND message_count = 0")
         .bind(list_id)
         .execute(&mut *tx)
@@ -657,11 +672,25 @@ pub async fn purge_address(
     address: &str,
     actor: &str,
 ) -> Result<u64, Error> {
+    let per_list = purge_address_in(tx, address, None, actor).await?;
+    Ok(per_list.iter().map(|(_, n)| n).sum())
+}
+
+/// [`purge_address`] in the list `list_id` alone (its posts, its login links) when given,
+/// in every list when `None`. Returns the posts purged per list id, in list id order.
+pub async fn purge_address_in(
+    tx: &mut PgConnection,
+    address: &str,
+    list_id: Option<i64>,
+    actor: &str,
+) -> Result<Vec<(i64, u64)>, Error> {
     let posts: Vec<(i64, String)> = sqlx::query_as(
         "SELECT list_id, url_id FROM pepsi.archive_message \
-         WHERE lower(from_address) = lower($1) ORDER BY list_id, archive_id",
+         WHERE lower(from_address) = lower($1) AND ($2::int8 IS NULL OR list_id = $2) \
+         ORDER BY list_id, archive_id",
     )
     .bind(address)
+    .bind(list_id)
     .fetch_all(&mut *tx)
     .await?;
     let mut per_list: Vec<(i64, u64)> = Vec::new();
@@ -674,10 +703,14 @@ pub async fn purge_address(
             }
         }
     }
-    sqlx::query("DELETE FROM pepsi.archive_reader WHERE lower(address) = lower($1)")
-        .bind(address)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "DELETE FROM pepsi.archive_reader \
+          WHERE lower(address) = lower($1) AND ($2::int8 IS NULL OR list_id = $2)",
+    )
+    .bind(address)
+    .bind(list_id)
+    .execute(&mut *tx)
+    .await?;
     for (list_id, n) in &per_list {
         log(
             tx,
@@ -688,7 +721,134 @@ pub async fn purge_address(
         )
         .await?;
     }
-    Ok(per_list.iter().map(|(_, n)| n).sum())
+    Ok(per_list)
+}
+
+/// Who changes the archive: the actor of the `pepsi.event_log` row (the program, and the
+/// administrator or the user running it) and the name `archive_event_log` records.
+#[derive(Debug, Clone)]
+pub struct Who {
+    pub actor: Actor,
+    pub name: String,
+}
+
+impl Who {
+    /// The `pepsi.event_log` row of `action`, in the transaction that did it.
+    pub async fn audit(
+        &self,
+        tx: &mut PgConnection,
+        action: &str,
+        detail: serde_json::Value,
+    ) -> Result<(), sqlx::Error> {
+        audit::record(tx, &self.actor, action, None, detail).await
+    }
+}
+
+/// What [`purge_posts`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct PostsPurged {
+    /// The list's address.
+    pub list: String,
+    pub purged: Vec<String>,
+    pub not_in_archive: Vec<String>,
+}
+
+/// Purges the posts `url_ids` of the list `list_id` (address `list`) with
+/// [`purge_message`] and records the purge as an `archive.purge` row of `pepsi.event_log`
+/// (the url ids purged), all in `tx`: `pepsi-archive purge LIST URL_ID...` and the admin
+/// API's purge.
+pub async fn purge_posts(
+    tx: &mut PgConnection,
+    who: &Who,
+    list_id: i64,
+    list: &str,
+    url_ids: &[String],
+) -> Result<PostsPurged, Error> {
+    let (mut purged, mut not_in_archive) = (Vec::new(), Vec::new());
+    for u in url_ids {
+        if purge_message(tx, list_id, u, &who.name).await? {
+            purged.push(u.clone());
+        } else {
+            not_in_archive.push(u.clone());
+        }
+    }
+    who.audit(
+        tx,
+        "archive.purge",
+        serde_json::json!({"list": list, "url_ids": purged}),
+    )
+    .await?;
+    Ok(PostsPurged {
+        list: list.to_owned(),
+        purged,
+        not_in_archive,
+    })
+}
+
+/// What [`purge_author`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct AuthorPurged {
+    pub address: String,
+    /// The posts purged in all.
+    pub purged: u64,
+    /// The posts purged per list address.
+    pub lists: BTreeMap<String, u64>,
+}
+
+/// Purges the posts of `address` (and its archive login links) in the list `list` (id and
+/// address) or, when `None`, in every list, with [`purge_address_in`], and records the purge
+/// as an `archive.purge` row of `pepsi.event_log` (counts, never the address), all in `tx`:
+/// `pepsi-archive purge --address` and the admin API's purge.
+pub async fn purge_author(
+    tx: &mut PgConnection,
+    who: &Who,
+    address: &str,
+    list: Option<(i64, &str)>,
+) -> Result<AuthorPurged, Error> {
+    let per_list = purge_address_in(tx, address, list.map(|l| l.0), &who.name).await?;
+    let ids: Vec<i64> = per_list.iter().map(|p| p.0).collect();
+    let names: BTreeMap<i64, String> = match list {
+        Some((id, name)) => BTreeMap::from([(id, name.to_owned())]),
+        None => sqlx::query_as::<_, (i64, String)>(
+            "SELECT list_id, address FROM pepsi.mailing_list WHERE list_id = ANY($1)",
+        )
+        .bind(&ids)
+        .fetch_all(&mut *tx)
+        .await?
+        .into_iter()
+        .collect(),
+    };
+    let purged: u64 = per_list.iter().map(|p| p.1).sum();
+    let mut detail = serde_json::json!({
+        "by_address": true,
+        "posts": purged,
+        "lists": per_list.len(),
+    });
+    if let Some((_, name)) = list {
+        detail["list"] = name.into();
+    }
+    who.audit(tx, "archive.purge", detail).await?;
+    Ok(AuthorPurged {
+        address: address.to_owned(),
+        purged,
+        lists: per_list
+            .iter()
+            .map(|(id, n)| (names.get(id).cloned().unwrap_or_default(), *n))
+            .collect(),
+    })
+}
+
+/// An author's address as [`purge_author`] takes it: an address (`pepsi_conf::address`),
+/// at most 320 characters, without blanks; trimmed. The error names the value.
+pub fn author_address(text: &str) -> Result<String, String> {
+    let t = text.trim();
+    pepsi_conf::address::Address::parse(t).map_err(|e| e.to_string())?;
+    if t.len() > 320 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(format!(
+            "{text:?} is not an address: at most 320 characters, no blanks"
+        ));
+    }
+    Ok(t.to_owned())
 }
 
 /// What [`export`] takes of a list's archive.
@@ -760,7 +920,7 @@ pub async fn export(
 }
 
 /// How much a list's archive holds.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Summary {
     pub posts: i64,
     pub threads: i64,
@@ -791,6 +951,52 @@ pub async fn summary(pool: &PgPool, list_id: i64) -> Result<Summary, Error> {
         first_post: row.try_get("first_post")?,
         last_post: row.try_get("last_post")?,
     })
+}
+
+/// One import of an mbox into a list's archive (an `archive_import` row).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Import {
+    pub import_id: i64,
+    pub file_name: String,
+    pub started_by: String,
+    pub started_at: DateTime<Utc>,
+    /// `None` while it runs, or when it stopped part way.
+    pub finished_at: Option<DateTime<Utc>>,
+    pub read: i32,
+    pub archived: i32,
+    pub duplicates: i32,
+    pub too_long: i32,
+    pub failed: i32,
+}
+
+/// The list's imports, newest first, at most `limit`.
+pub async fn imports(pool: &PgPool, list_id: i64, limit: i64) -> Result<Vec<Import>, Error> {
+    let rows = sqlx::query(
+        "SELECT import_id, file_name, started_by, started_at, finished_at, read, archived, \
+                duplicates, too_long, failed \
+           FROM pepsi.archive_import WHERE list_id = $1 \
+          ORDER BY started_at DESC, import_id DESC LIMIT $2",
+    )
+    .bind(list_id)
+    .bind(limit.max(1))
+    .fetch_all(pool)
+    .await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(Import {
+                import_id: r.try_get("import_id")?,
+                file_name: r.try_get("file_name")?,
+                started_by: r.try_get("started_by")?,
+                started_at: r.try_get("started_at")?,
+                finished_at: r.try_get("finished_at")?,
+                read: r.try_get("read")?,
+                archived: r.try_get("archived")?,
+                duplicates: r.try_get("duplicates")?,
+                too_long: r.try_get("too_long")?,
+                failed: r.try_get("failed")?,
+            })
+        })
+        .collect()
 }
 
 /// Of `url_ids`, those the list's archive holds a post of.

@@ -6,8 +6,6 @@ use std::collections::HashMap;
 use pepsi_conf::cli::ToolFailure as Failure;
 use sqlx::{PgConnection, PgPool};
 
-use crate::read::Policy;
-
 /// A list as the tool needs it.
 pub(crate) struct List {
     pub list_id: i64,
@@ -24,11 +22,7 @@ pub(crate) async fn list(pool: &PgPool, address: &str) -> Result<List, Failure> 
     })?;
     Ok(List {
         list_id: found.list_id,
-        archive_policy: match found.policy {
-            Policy::Public => "public",
-            Policy::Private => "private",
-            Policy::None => "none",
-        },
+        archive_policy: found.policy.as_str(),
     })
 }
 

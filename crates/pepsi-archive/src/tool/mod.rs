@@ -23,12 +23,13 @@ use clap::{Args, Parser, Subcommand};
 use pepsi_conf::address::Address;
 use pepsi_conf::cli::ToolFailure as Failure;
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
-use pepsi_contract::audit::{self, Actor};
+use pepsi_contract::audit::Actor;
 use serde::Serialize;
 use serde_json::json;
 use sqlx::PgPool;
 
-use crate::{mbox, query, store, url};
+use crate::store::Who;
+use crate::{export as mbox_export, mbox, query, store, url};
 
 pub mod constants {
     use pepsi_conf::config::ConfigSource;
@@ -254,31 +255,14 @@ type Done = Result<(), Failure>;
 
 /// Who runs the tool: the program and user for the audit row, and the name recorded as the
 /// archive's actor (the user who ran sudo when it was sudo, else the user, else the uid).
-pub(crate) struct Who {
-    actor: Actor,
-    name: String,
-}
-
-impl Who {
-    fn local() -> Who {
-        let actor = Actor::local(constants::CONFIG_SOURCE.exec);
-        let sudo = std::env::var("SUDO_USER").ok().filter(|s| !s.is_empty());
-        let name = sudo
-            .or_else(|| actor.os_user.clone())
-            .or_else(|| actor.os_uid.map(|u| format!("uid {u}")))
-            .unwrap_or_else(|| constants::CONFIG_SOURCE.exec.to_owned());
-        Who { actor, name }
-    }
-
-    /// The `pepsi.event_log` row of `action`, in the transaction that did it.
-    async fn audit(
-        &self,
-        tx: &mut sqlx::PgConnection,
-        action: &str,
-        detail: serde_json::Value,
-    ) -> Result<(), sqlx::Error> {
-        audit::record(tx, &self.actor, action, None, detail).await
-    }
+fn local_who() -> Who {
+    let actor = Actor::local(constants::CONFIG_SOURCE.exec);
+    let sudo = std::env::var("SUDO_USER").ok().filter(|s| !s.is_empty());
+    let name = sudo
+        .or_else(|| actor.os_user.clone())
+        .or_else(|| actor.os_uid.map(|u| format!("uid {u}")))
+        .unwrap_or_else(|| constants::CONFIG_SOURCE.exec.to_owned());
+    Who { actor, name }
 }
 
 /// Runs `pepsi-archive` with the process's arguments.
@@ -293,7 +277,7 @@ pub fn run() -> ExitCode {
             Err(e) => return Ok(exit(Err(e))),
         };
         let pool = pepsi_contract::db::connect(&cfg).await?;
-        let who = Who::local();
+        let who = local_who();
         Ok(exit(execute(&pool, &who, checked).await))
     })
 }
@@ -369,21 +353,11 @@ fn url_id(text: &str) -> Result<String, Failure> {
 
 /// `YYYY-MM` as the first day of that month.
 fn month(text: &str) -> Result<chrono::NaiveDate, Failure> {
-    let bad = || {
+    mbox_export::month(text).ok_or_else(|| {
         invalid(format!(
             "--month {text:?} is not a month: expected YYYY-MM, e.g. 2026-03"
         ))
-    };
-    let (y, m) = text.split_once('-').ok_or_else(bad)?;
-    if y.len() != 4 || m.len() != 2 || !(y.bytes().chain(m.bytes())).all(|b| b.is_ascii_digit()) {
-        return Err(bad());
-    }
-    chrono::NaiveDate::from_ymd_opt(
-        y.parse().map_err(|_| bad())?,
-        m.parse().map_err(|_| bad())?,
-        1,
-    )
-    .ok_or_else(bad)
+    })
 }
 
 fn check(command: Command) -> Result<Checked, Failure> {
@@ -430,21 +404,12 @@ fn check(command: Command) -> Result<Checked, Failure> {
             })
         }
         Command::Purge(a) => match (a.address, a.args.as_slice()) {
-            (Some(address), []) => {
-                let t = address.trim();
-                Address::parse(t).map_err(|e| invalid(format!("--address {e}")))?;
-                if t.len() > 320 || t.chars().any(|c| c.is_whitespace() || c.is_control()) {
-                    return Err(invalid(format!(
-                        "--address {address:?} is not an address: at most 320 characters, \
-                         no blanks"
-                    )));
-                }
-                Checked::PurgeAddress {
-                    address: t.to_owned(),
-                    yes: a.yes,
-                    json: a.out.json,
-                }
-            }
+            (Some(address), []) => Checked::PurgeAddress {
+                address: store::author_address(&address)
+                    .map_err(|e| invalid(format!("--address {e}")))?,
+                yes: a.yes,
+                json: a.out.json,
+            },
             (None, [l, ids @ ..]) if !ids.is_empty() => {
                 if ids.len() > MAX_PURGE_IDS {
                     return Err(invalid(format!(
@@ -551,91 +516,57 @@ async fn purge_ids(
         )));
     }
     let mut tx = pool.begin().await?;
-    let (mut purged, mut missing) = (Vec::new(), Vec::new());
-    for u in url_ids {
-        if store::purge_message(&mut tx, found.list_id, u, &who.name).await? {
-            purged.push(u.clone());
-        } else {
-            missing.push(u.clone());
-        }
-    }
-    who.audit(
-        &mut tx,
-        "archive.purge",
-        json!({"list": list, "url_ids": purged}),
-    )
-    .await?;
+    let done = store::purge_posts(&mut tx, who, found.list_id, list, url_ids).await?;
     tx.commit().await?;
-    print(
-        json,
-        &json!({"list": list, "purged": purged, "not_in_archive": missing}),
-        || {
-            let mut out = format!(
-                "purged {} from the archive of {list}\n",
-                plural(purged.len() as u64, "post", "posts")
-            );
-            for m in &missing {
-                out.push_str(&format!("not in the archive: {m}\n"));
-            }
-            out
-        },
-    )
+    print(json, &done, || {
+        let mut out = format!(
+            "purged {} from the archive of {list}\n",
+            plural(done.purged.len() as u64, "post", "posts")
+        );
+        for m in &done.not_in_archive {
+            out.push_str(&format!("not in the archive: {m}\n"));
+        }
+        out
+    })
 }
 
 async fn purge_address(pool: &PgPool, who: &Who, address: &str, yes: bool, json: bool) -> Done {
-    let counts = store::count_by_address(pool, address).await?;
-    let names = db::list_names(pool, &counts.iter().map(|c| c.0).collect::<Vec<_>>()).await?;
-    let per_list: Vec<(String, i64)> = counts
-        .iter()
-        .map(|(id, n)| (names.get(id).cloned().unwrap_or_default(), *n))
-        .collect();
-    let total: i64 = per_list.iter().map(|p| p.1).sum();
-    let listed = per_list
-        .iter()
-        .map(|(l, n)| format!("{l}: {n}"))
-        .collect::<Vec<_>>()
-        .join(", ");
     if !yes {
+        let counts = store::count_by_address(pool, address).await?;
+        let names = db::list_names(pool, &counts.iter().map(|c| c.0).collect::<Vec<_>>()).await?;
+        let per_list: Vec<(String, i64)> = counts
+            .iter()
+            .map(|(id, n)| (names.get(id).cloned().unwrap_or_default(), *n))
+            .collect();
+        let total: i64 = per_list.iter().map(|p| p.1).sum();
         return Err(invalid(format!(
             "not purged: {} by {address} in {}{} and its archive login links would be deleted \
              for good; confirm with --yes",
             plural(total as u64, "post", "posts"),
             plural(per_list.len() as u64, "list", "lists"),
-            if listed.is_empty() {
-                String::new()
-            } else {
-                format!(" ({listed})")
-            },
+            listed(per_list.iter().map(|(l, n)| (l.as_str(), *n as u64))),
         )));
     }
     let mut tx = pool.begin().await?;
-    let purged = store::purge_address(&mut tx, address, &who.name).await?;
-    who.audit(
-        &mut tx,
-        "archive.purge",
-        json!({"by_address": true, "posts": purged, "lists": per_list.len()}),
-    )
-    .await?;
+    let done = store::purge_author(&mut tx, who, address, None).await?;
     tx.commit().await?;
-    let lists: serde_json::Map<String, serde_json::Value> = per_list
-        .iter()
-        .map(|(l, n)| (l.clone(), json!(n)))
-        .collect();
-    print(
-        json,
-        &json!({"address": address, "purged": purged, "lists": lists}),
-        || {
-            format!(
-                "purged {} by {address}{}\n",
-                plural(purged, "post", "posts"),
-                if listed.is_empty() {
-                    String::new()
-                } else {
-                    format!(" ({listed})")
-                }
-            )
-        },
-    )
+    print(json, &done, || {
+        format!(
+            "purged {} by {address}{}\n",
+            plural(done.purged, "post", "posts"),
+            listed(done.lists.iter().map(|(l, n)| (l.as_str(), *n)))
+        )
+    })
+}
+
+/// ` (list: n, ...)` of posts per list, or nothing for none.
+fn listed<'a>(per_list: impl Iterator<Item = (&'a str, u64)>) -> String {
+    let parts: Vec<String> = per_list.map(|(l, n)| format!("{l}: {n}")).collect();
+    if parts.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", parts.join(", "))
+    }
 }
 
 /// Posts reindexed per transaction.
@@ -689,23 +620,9 @@ async fn search(pool: &PgPool, list: &str, q: &str, limit: i64, json: bool) -> D
         Err(store::Error::Query(e)) => return Err(invalid(format!("query {q:?}: {e}"))),
         Err(e) => return Err(e.into()),
     };
-    let rows: Vec<serde_json::Value> = hits
-        .iter()
-        .map(|h| {
-            json!({
-                "url_id": h.url_id,
-                "thread_id": h.thread_id,
-                "date": h.date,
-                "from_address": h.from_address,
-                "from_name": h.from_name,
-                "subject": h.subject,
-                "rank": h.rank,
-            })
-        })
-        .collect();
     print(
         json,
-        &json!({"list": list, "query": q, "hits": rows}),
+        &json!({"list": list, "query": q, "hits": hits}),
         || {
             if hits.is_empty() {
                 return format!("no post of {list} matches {q:?}\n");
