@@ -29,6 +29,7 @@ mod ha_postgres;
 mod harness;
 mod httpd;
 mod httpd_archive;
+mod httpd_archive_api;
 mod httpd_config;
 mod httpd_graph;
 mod httpd_lists;

@@ -102,6 +102,7 @@ pub fn router(state: AppState) -> Router {
         .route("/pipeline/graph", get(pages::graph_fragment))
         .route("/ui/{name}", get(pages::asset))
         .merge(api::lists::routes())
+        .merge(api::archive::routes())
         .merge(api::secure_links::routes())
         .merge(crate::moderate::routes())
         .merge(crate::lists::routes(&state))

@@ -1,11 +1,13 @@
 //! The JSON API's handlers, one module per resource: `session` (login, logout, who am I),
 //! `queue` (list, show, the actions one by one and in bulk), `accounts` (mailboxes),
 //! `settings` (aliases, catch-alls, local domains, every per-address setting), `config`
-//! (the configuration's overrides and effective values), `lists` (mailing lists), `logs` (the mail log and the
+//! (the configuration's overrides and effective values), `lists` (mailing lists), `archive`
+//! (a list's archive: summary, search, a post, purge, export), `logs` (the mail log and the
 //! event log), `pipeline` (the live stage graph) and `secure_links` (secure links: list, show,
 //! revoke, extend). docs/api.md and docs/api.openapi.yaml describe every route.
 
 pub mod accounts;
+pub mod archive;
 pub mod config;
 pub mod lists;
 pub mod logs;
