@@ -215,6 +215,11 @@ async fn an_mbox_is_imported_searched_exported_and_purged() {
     );
     let file = write(&h.path("team.mbox"), &mbox_of(&posts, &extra));
 
+    // Autovacuum kept away from the table: its statistics can only come from the import.
+    sqlx::query("ALTER TABLE pepsi.archive_message SET (autovacuum_enabled = false)")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
     // The import: 300 archived, the long one and the text that is no message named.
     let run = h.ok(&["import", TEAM, &file, "--max-message-size", "64K", "--json"]);
     let v: Value = serde_json::from_str(&run.stdout).unwrap();
@@ -262,6 +267,14 @@ async fn an_mbox_is_imported_searched_exported_and_purged() {
         row,
         (file.clone(), "ops-alice".into(), 302, 300, 0, 1, 1, true)
     );
+    // The import left the planner statistics of the grown table (pepsi.archive_analyze).
+    let tuples: f32 = sqlx::query_scalar(
+        "SELECT reltuples FROM pg_class WHERE oid = 'pepsi.archive_message'::regclass",
+    )
+    .fetch_one(&h.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(tuples, 300.0);
     assert_eq!(
         count(
             &h.db,

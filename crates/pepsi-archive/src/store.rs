@@ -1026,6 +1026,16 @@ pub async fn count_by_address(pool: &PgPool, address: &str) -> Result<Vec<(i64, 
     .await?)
 }
 
+/// Fresh planner statistics of the archive's tables (`pepsi.archive_analyze`), after a bulk
+/// change such as an import or a reindex: without them a list that just grew is searched by
+/// date instead of through the search index until autovacuum gets to it.
+pub async fn analyze(pool: &PgPool) -> Result<(), Error> {
+    sqlx::query("SELECT pepsi.archive_analyze()")
+        .execute(pool)
+        .await?;
+    Ok(())
+}
+
 /// Rebuilds the `search` column of the next posts of `list_id` (every list when `None`)
 /// after the archive id `after`, at most `limit`, from their stored bytes (the text of
 /// [`search_text`]) and their subject and author, as [`archive_post`] builds it. Returns

@@ -301,6 +301,16 @@ pub async fn connect(cfg: &Config) -> anyhow::Result<PgPool> {
     DbOptions::from_config(cfg)?.connect().await
 }
 
+/// Connects with the `[database]` section of `cfg` for a one-shot command-line tool: a pool of
+/// one connection, which each statement takes in turn. A larger pool opens a second
+/// connection (with its TLS handshake) whenever a statement starts before the last one's
+/// connection is back, which is most of such a tool's time on a short command.
+pub async fn connect_single(cfg: &Config) -> anyhow::Result<PgPool> {
+    let mut options = DbOptions::from_config(cfg)?;
+    options.max_connections = 1;
+    options.connect().await
+}
+
 /// Connects with the `[database]` section of `cfg` for a program that moves rows along the
 /// queue (`DbOptions::connect_for_passes`).
 pub async fn connect_for_passes(cfg: &Config) -> anyhow::Result<PgPool> {

@@ -334,6 +334,8 @@ pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
         "pepsi.secure_link_queue_mail(text,text,text,bytea,bytea,bytea)",
         &[RoleKind::Httpd],
     ),
+    // Fresh statistics after an import or a reindex (procedures.sql): pepsi-archive.
+    ("pepsi.archive_analyze()", &[RoleKind::Pipeline]),
     // The lock of one list's archive writes (procedures.sql, THE ARCHIVE'S LOCK): the list
     // stage and pepsi-archive under the pipeline role, the admin API's purge.
     (

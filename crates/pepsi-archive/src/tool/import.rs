@@ -270,6 +270,9 @@ pub(super) async fn run(pool: &PgPool, who: &Who, mut imp: Import) -> Done {
         audited["list"] = json!(list);
         who.audit(&mut tx, "archive.import", audited).await?;
         tx.commit().await?;
+        if c.archived > 0 {
+            store::analyze(pool).await?;
+        }
     } else {
         tx.rollback().await?;
     }

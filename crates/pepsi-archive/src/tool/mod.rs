@@ -276,7 +276,10 @@ pub fn run() -> ExitCode {
             Ok(c) => c,
             Err(e) => return Ok(exit(Err(e))),
         };
-        let pool = pepsi_contract::db::connect(&cfg).await?;
+        // One connection, used by each statement in turn: a one-shot command would pay a
+        // second connection (and TLS handshake) when a statement follows the release of the
+        // last one's.
+        let pool = pepsi_contract::db::connect_single(&cfg).await?;
         let who = local_who();
         Ok(exit(execute(&pool, &who, checked).await))
     })
@@ -608,6 +611,7 @@ async fn reindex(pool: &PgPool, who: &Who, list: Option<&str>, json: bool) -> Do
         progress.update(done, None, Some(total));
     }
     progress.finish();
+    store::analyze(pool).await?;
     print(json, &json!({"list": list, "reindexed": done}), || {
         format!("reindexed {} of {what}\n", plural(done, "post", "posts"))
     })
