@@ -16,8 +16,7 @@ use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 
 use crate::support;
-use crate::support::free_port;
-use crate::support::httpd::{Auth, Httpd, write_config};
+use crate::support::httpd::{AsRole, Auth, Httpd};
 
 const TEAM: &str = "team@example.test";
 const OTHER: &str = "other@example.test";
@@ -33,16 +32,8 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = support::httpd::url_as(&db.url, "pepsi-httpd");
-    let config = write_config(
-        dir.path(),
-        &url,
-        port,
-        "[pepsi]\nLOCAL_DOMAINS = example.test\nHOSTNAME = mx.example.test\n",
-    );
+    let site =
+        AsRole::new("[pepsi]\nLOCAL_DOMAINS = example.test\nHOSTNAME = mx.example.test\n").await;
     for (address, policy) in [(TEAM, "private"), (OTHER, "public"), (OFF, "none")] {
         sqlx::query(
             "INSERT INTO pepsi.mailing_list (address, archive_policy, confirm_window) \
@@ -50,14 +41,14 @@ async fn fixture() -> Fixture {
         )
         .bind(address)
         .bind(policy)
-        .execute(&db.pool)
+        .execute(&site.db.pool)
         .await
         .unwrap();
     }
-    let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
+    let (httpd, session) = site.start().await;
     Fixture {
-        db,
-        _dir: dir,
+        db: site.db,
+        _dir: site.dir,
         httpd,
         cookie: session.cookie.clone(),
         auth: Auth::Session(session),

@@ -11,8 +11,7 @@ use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 
 use crate::support;
-use crate::support::free_port;
-use crate::support::httpd::{Auth, Httpd, write_config};
+use crate::support::httpd::{AsRole, Auth, Httpd};
 
 const LIST: &str = "team@example.test";
 
@@ -33,16 +32,12 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
     // As the pepsi-httpd role: the list API and the moderation pages with its privileges.
-    let url = support::httpd::url_as(&db.url, "pepsi-httpd");
-    let config = write_config(dir.path(), &url, port, CONFIG);
-    let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
+    let site = AsRole::new(CONFIG).await;
+    let (httpd, session) = site.start().await;
     Fixture {
-        db,
-        _dir: dir,
+        db: site.db,
+        _dir: site.dir,
         httpd,
         auth: Auth::Session(session),
         client: support::httpd::client(),

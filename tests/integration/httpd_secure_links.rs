@@ -10,9 +10,7 @@ use pepsi_secure_link::store;
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 
-use crate::support;
-use crate::support::free_port;
-use crate::support::httpd::{Auth, Httpd, write_config};
+use crate::support::httpd::{AsRole, Auth, Httpd};
 
 const CEO: &str = "ceo@example.test";
 const PARTNER: &str = "partner@example.net";
@@ -27,20 +25,12 @@ struct Fixture {
 }
 
 async fn fixture() -> Fixture {
-    let db = TestDb::new().await;
-    let dir = tempfile::tempdir().unwrap();
-    let port = free_port();
-    let url = support::httpd::url_as(&db.url, "pepsi-httpd");
-    let config = write_config(
-        dir.path(),
-        &url,
-        port,
-        "[pepsi]\nLOCAL_DOMAINS = example.test\nHOSTNAME = mx.example.test\n",
-    );
-    let (httpd, _, session) = support::httpd::started_as_root(config, port).await;
+    let site =
+        AsRole::new("[pepsi]\nLOCAL_DOMAINS = example.test\nHOSTNAME = mx.example.test\n").await;
+    let (httpd, session) = site.start().await;
     Fixture {
-        db,
-        _dir: dir,
+        db: site.db,
+        _dir: site.dir,
         httpd,
         auth: Auth::Session(session),
     }

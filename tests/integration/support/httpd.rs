@@ -93,6 +93,37 @@ pub fn write_config(dir: &Path, db_url: &str, port: u16, extra: &str) -> PathBuf
     config
 }
 
+/// A new test database and a pepsi-httpd configuration over it as the pepsi-httpd role (the
+/// rights an installation gives the server), on a free port, with `extra`; not started, so
+/// that a test may fill the database first.
+pub struct AsRole {
+    pub db: pepsi_testkit::TestDb,
+    pub dir: tempfile::TempDir,
+    pub config: PathBuf,
+    pub port: u16,
+}
+
+impl AsRole {
+    pub async fn new(extra: &str) -> AsRole {
+        let db = pepsi_testkit::TestDb::new().await;
+        let dir = tempfile::tempdir().unwrap();
+        let port = super::free_port();
+        let config = write_config(dir.path(), &url_as(&db.url, "pepsi-httpd"), port, extra);
+        AsRole {
+            db,
+            dir,
+            config,
+            port,
+        }
+    }
+
+    /// Starts pepsi-httpd with an administrator `root` logged in: the server and its session.
+    pub async fn start(&self) -> (Httpd, Session) {
+        let (httpd, _, session) = started_as_root(self.config.clone(), self.port).await;
+        (httpd, session)
+    }
+}
+
 impl Httpd {
     /// pepsi-httpd on `config` (listening on `port`), not started yet.
     pub fn new(config: PathBuf, port: u16) -> Httpd {
