@@ -152,7 +152,8 @@ struct ListArgs {
 
 #[derive(Debug, Args)]
 struct LinkArgs {
-    /// The link's id (as `list` shows it)
+    /// The link's id (as `list` shows it); it may start with `-`
+    #[arg(allow_hyphen_values = true)]
     link_id: String,
     #[command(flatten)]
     out: JsonFlag,
@@ -160,7 +161,8 @@ struct LinkArgs {
 
 #[derive(Debug, Args)]
 struct RevokeArgs {
-    /// The link's id (as `list` shows it)
+    /// The link's id (as `list` shows it); it may start with `-`
+    #[arg(allow_hyphen_values = true)]
     link_id: String,
     /// Who revoked it, as the access log and `show` record it
     #[arg(long, value_name = "NAME", default_value = admin::DEFAULT_REVOKER)]
@@ -172,7 +174,8 @@ struct RevokeArgs {
 #[derive(Debug, Args)]
 #[command(group(clap::ArgGroup::new("expiry").required(true).args(["until", "days"])))]
 struct ExtendArgs {
-    /// The link's id (as `list` shows it)
+    /// The link's id (as `list` shows it); it may start with `-`
+    #[arg(allow_hyphen_values = true)]
     link_id: String,
     /// The new expiry, RFC 3339 (2027-01-31T12:00:00Z)
     #[arg(long, value_name = "TIME")]
@@ -186,7 +189,9 @@ struct ExtendArgs {
 
 #[derive(Debug, Args)]
 struct PurgeArgs {
-    /// Purge this link now; without it, every link expired or revoked by now
+    /// Purge this link now (it may start with `-`); without it, every link expired or
+    /// revoked by now
+    #[arg(allow_hyphen_values = true)]
     link_id: Option<String>,
     #[command(flatten)]
     out: JsonFlag,
