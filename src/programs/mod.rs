@@ -287,6 +287,11 @@ programs! {
             man: 8 Clap(::pepsi_stage_route::command),
             stage: ::pepsi_stage_route::Route,
         }
+        "pepsi-stage-secretary" pepsi_stage_secretary {
+            entry: ::pepsi_stage_secretary::run,
+            man: 8 Clap(::pepsi_stage_secretary::command),
+            stage: ::pepsi_stage_secretary::SecretaryStage,
+        }
         "pepsi-stage-secure-link" pepsi_stage_secure_link {
             entry: ::pepsi_stage_secure_link::run,
             man: 8 Clap(::pepsi_stage_secure_link::command),

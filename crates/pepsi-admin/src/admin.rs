@@ -298,6 +298,10 @@ pub enum ValueKind {
     Vacation,
     /// Blocked languages: a JSON object (`settings::block_languages::LanguageBlock`).
     LanguageBlock,
+    /// A confirm-to-send secretary: a JSON object (`settings::secretary::Secretary`).
+    Secretary,
+    /// Consent to pay postage: a JSON object (`settings::auto_pay::AutoPay`).
+    AutoPay,
 }
 
 /// A settings name the software reads, with the shape of its rows.
@@ -356,6 +360,20 @@ pub const KNOWN_SETTINGS: &[KnownSetting] = &[
         read_by: "pepsi-stage-block-language",
         what: "mail in these languages is refused (a DSN) or delivered to the Junk folder: a JSON object with languages (ISO 639-1 codes) and action (refuse, the default, or junk); on @domain, for every address of the domain without a row of its own",
     },
+    KnownSetting {
+        name: pepsi_contract::settings::secretary::SECRETARY_SETTING,
+        key: KeyKind::Address,
+        value: ValueKind::Secretary,
+        read_by: "pepsi-stage-secretary",
+        what: "hold mail from senders the mailbox does not trust until they confirm (or pay postage): a JSON object, {} for the defaults, with unauthenticated and automated (hold, junk or deliver), expire_days (14), challenge_days (7), digest_days (1) and postage (CURRENCY:VALUE)",
+    },
+    KnownSetting {
+        name: pepsi_contract::settings::auto_pay::AUTO_PAY_SETTING,
+        key: KeyKind::Address,
+        value: ValueKind::AutoPay,
+        read_by: "pepsi-stage-auto-pay",
+        what: "pay the postage a recipient's secretary asks of the user's mail, within limits: a JSON object with per_payment and per_month (CURRENCY:VALUE)",
+    },
 ];
 
 /// The known setting `name`, or an error listing the known ones.
@@ -408,12 +426,7 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
             ))),
         },
         ValueKind::Vacation => {
-            let text = words.join(" ");
-            let value: Value = serde_json::from_str(&text).map_err(|e| {
-                AdminError::Invalid(format!(
-                    "setting {name} takes a JSON object such as {{\"text\": \"I am away\"}}: {e}"
-                ))
-            })?;
+            let value = json_object(name, words, "{\"text\": \"I am away\"}")?;
             let mut v = pepsi_contract::settings::vacation::Vacation::from_value(&value)
                 .map_err(AdminError::Invalid)?;
             let mut addresses = Vec::with_capacity(v.addresses.len());
@@ -424,16 +437,27 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
             Ok(serde_json::to_value(&v).expect("a plain struct"))
         }
         ValueKind::LanguageBlock => {
-            let text = words.join(" ");
-            let value: Value = serde_json::from_str(&text).map_err(|e| {
-                AdminError::Invalid(format!(
-                    "setting {name} takes a JSON object such as {{\"languages\": [\"ru\"]}}: {e}"
-                ))
-            })?;
+            let value = json_object(name, words, "{\"languages\": [\"ru\"]}")?;
             let block =
                 pepsi_contract::settings::block_languages::LanguageBlock::from_value(&value)
                     .map_err(AdminError::Invalid)?;
             Ok(serde_json::to_value(&block).expect("a plain struct"))
+        }
+        ValueKind::Secretary => {
+            let value = json_object(name, words, "{}")?;
+            let s = pepsi_contract::settings::secretary::Secretary::from_value(&value)
+                .map_err(AdminError::Invalid)?;
+            Ok(serde_json::to_value(&s).expect("a plain struct"))
+        }
+        ValueKind::AutoPay => {
+            let value = json_object(
+                name,
+                words,
+                "{\"per_payment\": \"KUDOS:1\", \"per_month\": \"KUDOS:10\"}",
+            )?;
+            let a = pepsi_contract::settings::auto_pay::AutoPay::from_value(&value)
+                .map_err(AdminError::Invalid)?;
+            Ok(serde_json::to_value(&a).expect("a plain struct"))
         }
         ValueKind::Addresses | ValueKind::AddressesOrDomains => {
             let items: Vec<&str> = words
@@ -464,6 +488,15 @@ pub fn setting_value(known: &KnownSetting, words: &[String]) -> Result<Value, Ad
             Ok(json!(out))
         }
     }
+}
+
+/// The operator's words as the JSON object a setting `name` takes (`example` shows one).
+fn json_object(name: &str, words: &[String], example: &str) -> Result<Value, AdminError> {
+    serde_json::from_str(&words.join(" ")).map_err(|e| {
+        AdminError::Invalid(format!(
+            "setting {name} takes a JSON object such as {example}: {e}"
+        ))
+    })
 }
 
 /// One settings-layer row.

@@ -6,7 +6,8 @@
 //! the per-address override layer
 //! (`settings`), the alias file (`alias_file`), the sender whitelist (`whitelist`), mailbox
 //! quotas as the ingress and the Maildir stage check them and the operator sets them
-//! (`quota`), and the audit log every operator write goes through (`audit`).
+//! (`quota`), RFC 3834's rules for automatic answers (`autoreply`, pure), and the audit
+//! log every operator write goes through (`audit`).
 //!
 //! Invariant: never depends on a stage crate; only `db`, `stage` and `overlay` issue SQL
 //! against the queue and its configuration; `local` and `settings` only read, through stored
@@ -14,6 +15,7 @@
 
 pub mod alias_file;
 pub mod audit;
+pub mod autoreply;
 pub mod db;
 pub mod epoch;
 pub mod list;

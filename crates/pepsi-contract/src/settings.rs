@@ -9,9 +9,12 @@
 //! This module only reads. It runs one stored function, `pepsi.settings_get`, which
 //! lower-cases the keys it is given, so lookups compare addresses without regard to case.
 //! The shapes of the settings that are JSON objects, checked where they enter (`admin`) and
-//! where a stage reads them, sit beside it: `vacation`, `block_languages`.
+//! where a stage reads them, sit beside it: `vacation`, `block_languages`, `secretary`,
+//! `auto_pay`.
 
+pub mod auto_pay;
 pub mod block_languages;
+pub mod secretary;
 pub mod vacation;
 
 use std::collections::HashMap;

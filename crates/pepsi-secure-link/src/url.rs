@@ -12,7 +12,6 @@
 use crate::seal::LinkHalf;
 
 /// The longest `SECURE_LINK_URL`: a link with its half stays one line of a mail.
-const MAX_BASE: usize = 200;
 /// Where the portal's paths start.
 pub const PREFIX: &str = "/secure";
 /// Where the sender's pages start, below [`PREFIX`].
@@ -21,30 +20,11 @@ pub const MANAGE: &str = "manage";
 /// `[pepsi] SECURE_LINK_URL` as stored text: `None` when unset or empty, an error naming the
 /// value when it is not an `https://` URL without a path, query or trailing slash.
 pub fn portal_base(value: Option<&str>) -> Result<Option<String>, String> {
-    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
-        return Ok(None);
-    };
-    let bad = |why: &str| {
-        Err(format!(
-            "[pepsi] SECURE_LINK_URL = {v}: {why} (the public base of the secure-link portal, \
-             as https://mail.example.org)"
-        ))
-    };
-    let Some(rest) = v.strip_prefix("https://") else {
-        return bad("it must start with https://");
-    };
-    if v.len() > MAX_BASE {
-        return bad("it is longer than 200 characters");
-    }
-    if rest.is_empty() || rest.ends_with('/') || rest.contains('/') {
-        return bad("a host (and port) is needed, without a path or a trailing slash");
-    }
-    if rest.chars().any(|c| {
-        c.is_whitespace() || c.is_control() || matches!(c, '?' | '#' | '"' | '<' | '>' | '@')
-    }) {
-        return bad("no spaces, credentials, query or fragment");
-    }
-    Ok(Some(v.to_owned()))
+    pepsi_conf::config::https_origin(
+        "SECURE_LINK_URL",
+        "the public base of the secure-link portal",
+        value,
+    )
 }
 
 /// The recipient's link to the message `link_id` of `generation`.

@@ -36,6 +36,10 @@ pub fn value_kind(v: ValueKind) -> &'static str {
         ValueKind::AddressesOrDomains => "addresses and @domains",
         ValueKind::Vacation => "a JSON object (text, subject, start, end, days, addresses)",
         ValueKind::LanguageBlock => "a JSON object (languages, action: refuse or junk)",
+        ValueKind::Secretary => {
+            "a JSON object (unauthenticated, automated, expire_days, challenge_days, digest_days, postage)"
+        }
+        ValueKind::AutoPay => "a JSON object (per_payment, per_month)",
     }
 }
 

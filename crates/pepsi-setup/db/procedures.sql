@@ -1981,3 +1981,108 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pepsi.archive_analyze() FROM PUBLIC;
+
+-- ---------------------------------------------------------------------------------------
+-- THE SECRETARY'S DECISIONS (docs/secretary.md)
+--
+-- Mail the secretary holds waits as a queue row paused at the secretary stage, with
+-- state.secretary and a secretary_held row. A decision marks the held rows and makes their
+-- queue rows pending again at once: the stage, passing them again, reads the decision
+-- (released: on to NEXT_STAGE; discarded: gone). A row that is running at that moment keeps
+-- its pause, and the stage reads the decision at its next pass (RECHECK at the latest).
+-- pepsi-httpd may not write the queue, so the decisions are these SECURITY DEFINER
+-- functions, each of which makes one kind of change only; setup revokes them from PUBLIC
+-- and grants EXECUTE to the httpd and pipeline roles alone (schema::FUNCTION_GRANTS).
+
+-- Wakes the paused queue rows of the secretary_held rows p_held_ids. Internal.
+CREATE OR REPLACE FUNCTION pepsi.secretary_wake(p_held_ids bigint[])
+RETURNS integer LANGUAGE sql AS $$
+    WITH w AS (
+        UPDATE pepsi.workqueue q SET status = 'pending', timeout = NULL, updated_at = now()
+          FROM pepsi.secretary_held h
+         WHERE h.held_id = ANY(p_held_ids) AND q.workqueue_id = h.queue_id
+           AND q.status = 'paused' AND q.state ? 'secretary' AND NOT q.state ? 'held'
+        RETURNING 1)
+    SELECT count(*)::integer FROM w
+$$;
+REVOKE ALL ON FUNCTION pepsi.secretary_wake(bigint[]) FROM PUBLIC;
+
+-- A sender confirmed, by the challenge's link (p_how 'link'), a reply to it ('reply') or a
+-- paid postage order ('postage'): the challenge is marked, the sender joins the mailbox's
+-- whitelist (origin confirmed, or paid), and every message the secretary holds from that
+-- sender for that mailbox is released. Only an unexpired, unconfirmed challenge confirms;
+-- the answer says what was found. p_token_hash is sha256 of the challenge's token.
+CREATE OR REPLACE FUNCTION pepsi.secretary_confirm(p_token_hash bytea, p_how text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    c pepsi.secretary_challenge;
+    v_ids bigint[];
+    v_woken integer;
+BEGIN
+    IF p_how IS NULL OR p_how NOT IN ('link', 'reply', 'postage') THEN
+        RAISE EXCEPTION 'confirmation by % is not one of link, reply, postage',
+            quote_nullable(p_how) USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO c FROM pepsi.secretary_challenge WHERE token_hash = p_token_hash FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object('found', false, 'changed', false);
+    END IF;
+    IF c.confirmed_at IS NOT NULL OR c.expires_at <= now() THEN
+        RETURN jsonb_build_object('found', true, 'changed', false,
+            'mailbox', c.mailbox, 'sender', c.sender,
+            'confirmed_by', c.confirmed_by, 'expired', c.expires_at <= now());
+    END IF;
+    UPDATE pepsi.secretary_challenge SET confirmed_at = now(), confirmed_by = p_how,
+           paid_at = CASE WHEN p_how = 'postage' THEN now() END
+     WHERE challenge_id = c.challenge_id;
+    INSERT INTO pepsi.whitelist (mailbox, sender, origin)
+    VALUES (c.mailbox, c.sender, CASE WHEN p_how = 'postage' THEN 'paid' ELSE 'confirmed' END)
+    ON CONFLICT (mailbox, sender) DO UPDATE SET seen_at = now();
+    WITH r AS (
+        UPDATE pepsi.secretary_held SET status = 'released', decided_at = now(), decided_by = p_how
+         WHERE mailbox = c.mailbox AND sender = c.sender AND status = 'held'
+        RETURNING held_id)
+    SELECT COALESCE(array_agg(held_id), '{}') INTO v_ids FROM r;
+    v_woken := pepsi.secretary_wake(v_ids);
+    RETURN jsonb_build_object('found', true, 'changed', true,
+        'mailbox', c.mailbox, 'sender', c.sender, 'confirmed_by', p_how,
+        'released', cardinality(v_ids), 'woken', v_woken);
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.secretary_confirm(bytea, text) FROM PUBLIC;
+
+-- The owner's decision on one held message: 'released' (delivered, the sender is not
+-- whitelisted) or 'discarded' (dropped without a word to the sender). p_mailbox, when not
+-- NULL, must be the held message's mailbox: a caller acting for one owner cannot decide
+-- another's mail. p_by says who decided (owner:<login>, or the operator's role).
+CREATE OR REPLACE FUNCTION pepsi.secretary_decide(
+    p_held_id bigint, p_mailbox text, p_decision text, p_by text)
+RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
+DECLARE
+    h pepsi.secretary_held;
+    v_woken integer;
+BEGIN
+    IF p_decision IS NULL OR p_decision NOT IN ('released', 'discarded') THEN
+        RAISE EXCEPTION 'decision % is not one of released, discarded',
+            quote_nullable(p_decision) USING ERRCODE = '22023';
+    END IF;
+    IF p_by IS NULL OR octet_length(p_by) NOT BETWEEN 1 AND 400 THEN
+        RAISE EXCEPTION 'who decided: 1 to 400 bytes' USING ERRCODE = '22023';
+    END IF;
+    SELECT * INTO h FROM pepsi.secretary_held WHERE held_id = p_held_id FOR UPDATE;
+    IF NOT FOUND OR (p_mailbox IS NOT NULL AND h.mailbox <> lower(p_mailbox)) THEN
+        RAISE EXCEPTION 'no held message % for %', p_held_id, COALESCE(p_mailbox, 'any mailbox')
+            USING ERRCODE = 'P0002';
+    END IF;
+    IF h.status <> 'held' THEN
+        RETURN jsonb_build_object('changed', false, 'held_id', h.held_id,
+            'status', h.status, 'mailbox', h.mailbox, 'sender', h.sender);
+    END IF;
+    UPDATE pepsi.secretary_held SET status = p_decision, decided_at = now(), decided_by = p_by
+     WHERE held_id = h.held_id;
+    v_woken := pepsi.secretary_wake(ARRAY[h.held_id]);
+    RETURN jsonb_build_object('changed', true, 'held_id', h.held_id, 'status', p_decision,
+        'mailbox', h.mailbox, 'sender', h.sender, 'woken', v_woken);
+END
+$$;
+REVOKE ALL ON FUNCTION pepsi.secretary_decide(bigint, text, text, text) FROM PUBLIC;

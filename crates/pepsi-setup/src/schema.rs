@@ -114,6 +114,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0023",
         sql: include_str!("../db/pepsi-0023.sql"),
     },
+    Patch {
+        name: "pepsi-0024",
+        sql: include_str!("../db/pepsi-0024.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -334,6 +338,17 @@ pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
         "pepsi.secure_link_queue_mail(text,text,text,bytea,bytea,bytea)",
         &[RoleKind::Httpd],
     ),
+    // The secretary's decisions (procedures.sql, THE SECRETARY'S DECISIONS): the
+    // confirmation page and the owner's page in pepsi-httpd; the secretary stage (a reply,
+    // postage) and pepsi-whitelist under the pipeline role.
+    (
+        "pepsi.secretary_confirm(bytea,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
+    (
+        "pepsi.secretary_decide(bigint,text,text,text)",
+        &[RoleKind::Pipeline, RoleKind::Httpd],
+    ),
     // Fresh statistics after an import or a reindex (procedures.sql): pepsi-archive.
     ("pepsi.archive_analyze()", &[RoleKind::Pipeline]),
     // The lock of one list's archive writes (procedures.sql, THE ARCHIVE'S LOCK): the list
@@ -477,6 +492,14 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         (RoleKind::Httpd, "secure_link_session") => READ_APPEND_DELETE,
         (RoleKind::Httpd, "secure_link_access") => READ_APPEND,
         (RoleKind::Httpd, t) if is_secure_link_table(t) => NONE,
+        // The secretary's confirmation page and the owner's page read held mail, challenges
+        // and payments; every change goes through secretary_confirm and secretary_decide,
+        // which wake only the held rows' own queue rows.
+        // The owner's page reads its link (secretary_owner_link), which the digest issues.
+        (
+            RoleKind::Httpd,
+            "secretary_challenge" | "secretary_held" | "secretary_owner_link" | "auto_pay_payment",
+        ) => READ,
         (
             RoleKind::Httpd,
             "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"

@@ -11,6 +11,7 @@
 //! (`privilege::become_real_ids`), its output parsed as input from that user.
 
 pub mod access;
+mod held;
 
 use std::path::PathBuf;
 use std::process::{ExitCode, Stdio};
@@ -79,6 +80,14 @@ INBOX.Sent); SCAN_MAX_MESSAGES (20000, newest first); SCAN_TIMEOUT (60s); HELPER
 (pepsi-helper-mailbox-scan, looked for beside this program, then on PATH). Each change is \
 recorded in pepsi.event_log (whitelist.add, whitelist.remove, whitelist.learn).
 
+The confirm-to-send secretary (pepsi-stage-secretary, docs/secretary.md) holds mail from \
+senders a mailbox does not trust until they confirm. `held` lists that mail (--all: decided \
+messages too), `held release ID...` delivers messages (without adding their senders) and \
+`held discard ID...` drops them; `payments` lists the postage auto-pay paid or refused for the \
+mailbox. `held digest`, for root or an operator (a daily timer), mails each owner whose mailbox \
+holds mail that no digest listed yet a list of it, with a link to their page in pepsi-httpd \
+(when [pepsi] SECRETARY_URL is set), as often as the setting's digest_days allow.
+
 Exit status: 0 when done, 1 when it could not be (a database error, an entry to remove that \
 is not there, a full list, a failed scan), 2 on a usage error or input that is not valid \
 (a malformed entry, a mailbox that is not the caller's).";
@@ -90,6 +99,10 @@ Examples:
   pepsi-whitelist remove @example.net
   pepsi-whitelist learn --dry-run                    what the scan would teach, changing nothing
   pepsi-whitelist learn
+  pepsi-whitelist held                               the mail the secretary holds
+  pepsi-whitelist held release 17 18
+  pepsi-whitelist payments                           postage auto-pay paid
+  pepsi-whitelist held digest                        (root, from a timer) mail owners their digest
   pepsi-whitelist --mailbox alice@example.test list --json     (root, or an operator)";
 
 /// A mailbox owner's trusted senders: list, add, remove, learn.
@@ -123,6 +136,11 @@ enum Command {
     Remove(SendersArg),
     /// Learn entries from the mailbox's sent folders and replied messages.
     Learn(LearnArgs),
+    /// Mail the secretary holds for the mailbox: list (the default), release, discard;
+    /// and the owners' digest.
+    Held(held::HeldArgs),
+    /// Postage auto-pay paid or refused for the mailbox's mail.
+    Payments(ListArgs),
 }
 
 #[derive(Debug, Args)]
@@ -293,6 +311,8 @@ pub fn run() -> ExitCode {
             Command::Add(_) => add(&run, &senders).await,
             Command::Remove(_) => remove(&run, &senders).await,
             Command::Learn(a) => learn(&run, a).await,
+            Command::Held(a) => held::held(&run, a, caller.operator).await,
+            Command::Payments(a) => held::payments(&run, a.json).await,
         };
         Ok(exit(result))
     })

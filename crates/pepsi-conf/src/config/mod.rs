@@ -19,7 +19,7 @@ mod parse;
 mod shown;
 mod stage_name;
 mod value;
-pub use value::parse_size;
+pub use value::{MAX_ORIGIN, https_origin, parse_size};
 
 use std::collections::BTreeMap;
 use std::fmt;

@@ -159,6 +159,42 @@ pub(super) fn parse_choice(text: &str, allowed: &[&str]) -> Result<String, Strin
         })
 }
 
+/// The longest public origin `https_origin` accepts.
+pub const MAX_ORIGIN: usize = 200;
+
+/// `[pepsi] <name>` as stored text, a public https origin of pepsi-httpd's pages (`purpose`
+/// says which, for the error): `None` when unset or empty, an error naming the value when it
+/// is not an `https://` URL without a path, query or trailing slash.
+pub fn https_origin(
+    name: &str,
+    purpose: &str,
+    value: Option<&str>,
+) -> Result<Option<String>, String> {
+    let Some(v) = value.map(str::trim).filter(|v| !v.is_empty()) else {
+        return Ok(None);
+    };
+    let bad = |why: &str| {
+        Err(format!(
+            "[pepsi] {name} = {v}: {why} ({purpose}, as https://mail.example.org)"
+        ))
+    };
+    let Some(rest) = v.strip_prefix("https://") else {
+        return bad("it must start with https://");
+    };
+    if v.len() > MAX_ORIGIN {
+        return bad("it is longer than 200 characters");
+    }
+    if rest.is_empty() || rest.ends_with('/') || rest.contains('/') {
+        return bad("a host (and port) is needed, without a path or a trailing slash");
+    }
+    if rest.chars().any(|c| {
+        c.is_whitespace() || c.is_control() || matches!(c, '?' | '#' | '"' | '<' | '>' | '@')
+    }) {
+        return bad("no spaces, credentials, query or fragment");
+    }
+    Ok(Some(v.to_owned()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -2,7 +2,7 @@
 //! successors and operators (`docs/state.md`): `auth`, `junk`, `bounce_error`,
 //! `dispatch_error`, `dispatch_error_history`, `held`, `srs`, `vacation`, `whitelist`,
 //! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`,
-//! `secure_link`. Each type reads and writes exactly the JSON its writer stored before the
+//! `secure_link`, `secretary`. Each type reads and writes exactly the JSON its writer stored before the
 //! type existed (the table test below pins every shape), so rows already in a queue parse and
 //! older readers read what these write.
 //! Pure: no I/O.
@@ -420,6 +420,25 @@ pub struct SecureLink {
 }
 state_key!(SecureLink, "secure_link");
 
+/// `state.secretary`: the secretary stage's marks (docs/secretary.md). While a row waits
+/// at the stage, `held` says why (`challenged`, `unauthenticated`, `automated`, `limited`)
+/// and `mailbox` for whom; a row the stage let go after a wait has `released` (how: `link`,
+/// `reply`, `postage`, `owner:<who>`, ...); a challenge or a digest the secretary queued has
+/// `made` (`challenge`, `digest`), and no secretary holds it. Never written by the ingress,
+/// so mail cannot set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Secretary {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mailbox: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<String>,
+}
+state_key!(Secretary, "secretary");
+
 /// Why a row's recipients are to be reached by secure link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -502,6 +521,7 @@ mod tests {
             "keydisc" => again(Keydisc::from_state(&st)?),
             "list_approval" => again(ListApproval::from_state(&st)?),
             "secure_link" => again(SecureLink::from_state(&st)?),
+            "secretary" => again(Secretary::from_state(&st)?),
             other => panic!("no type for {other}"),
         })
     }
@@ -604,6 +624,16 @@ mod tests {
             ("secure_link", r#"{"reason":"policy"}"#),
             ("secure_link", r#"{"made":"notice"}"#),
             ("secure_link", r#"{"made":"receipt"}"#),
+            // pepsi-stage-secretary: a held row, a released one, its challenge
+            (
+                "secretary",
+                r#"{"held":"challenged","mailbox":"alice@example.org"}"#,
+            ),
+            (
+                "secretary",
+                r#"{"mailbox":"alice@example.org","released":"link"}"#,
+            ),
+            ("secretary", r#"{"made":"challenge"}"#),
         ];
         for (key, text) in cases {
             let got = round_trip(key, text).unwrap_or_else(|e| panic!("{key} {text}: {e}"));
