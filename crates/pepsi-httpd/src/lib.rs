@@ -35,6 +35,7 @@ pub mod options;
 mod pages;
 pub mod pipeline;
 pub mod query;
+mod secretary;
 mod secure;
 mod server;
 mod store;

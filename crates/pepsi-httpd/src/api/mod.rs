@@ -3,8 +3,9 @@
 //! `settings` (aliases, catch-alls, local domains, every per-address setting), `config`
 //! (the configuration's overrides and effective values), `lists` (mailing lists), `archive`
 //! (a list's archive: summary, search, a post, purge, export), `logs` (the mail log and the
-//! event log), `pipeline` (the live stage graph) and `secure_links` (secure links: list, show,
-//! revoke, extend). docs/api.md and docs/api.openapi.yaml describe every route.
+//! event log), `pipeline` (the live stage graph), `secure_links` (secure links: list, show,
+//! revoke, extend) and `secretary` (held mail: list, release, discard; auto-pay's
+//! payments). docs/api.md and docs/api.openapi.yaml describe every route.
 
 pub mod accounts;
 pub mod archive;
@@ -13,6 +14,7 @@ pub mod lists;
 pub mod logs;
 pub mod pipeline;
 pub mod queue;
+pub mod secretary;
 pub mod secure_links;
 pub mod session;
 pub mod settings;
