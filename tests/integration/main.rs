@@ -73,6 +73,7 @@ mod stage_language;
 mod stage_list;
 mod stage_list_copy;
 mod stage_routing;
+mod stage_secretary;
 mod stage_secure_link;
 mod stage_srs;
 mod stage_vacation;
