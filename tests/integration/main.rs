@@ -34,6 +34,7 @@ mod httpd_config;
 mod httpd_graph;
 mod httpd_lists;
 mod httpd_pipeline;
+mod httpd_secretary;
 mod httpd_secure_links;
 mod ingress_lists;
 mod ingress_local;
