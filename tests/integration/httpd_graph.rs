@@ -221,6 +221,26 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             &["RECEIPT_STAGE -branch[receipt]-> init"],
             &["[stage-s] needs NOTICE_STAGE or NEXT_STAGE"],
         ),
+        // Challenges start at the default `init`; junk goes to JUNK_STAGE when set.
+        (
+            "pepsi-stage-secretary",
+            "NEXT_STAGE = n\nJUNK_STAGE = j\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "CHALLENGE_STAGE -branch[challenge]-> init",
+                "JUNK_STAGE -branch[junk]-> j",
+            ],
+            &[],
+        ),
+        (
+            "pepsi-stage-secretary",
+            "NEXT_STAGE = n\nCHALLENGE_STAGE = c\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "CHALLENGE_STAGE -branch[challenge]-> c",
+            ],
+            &[],
+        ),
         // The encrypt stage's fallback, when set.
         (
             "pepsi-stage-encrypt",
@@ -260,6 +280,7 @@ fn the_other_stage_programs_declare_next_stage_only() {
         "pepsi-stage-dot-forward",
         "pepsi-stage-list",
         "pepsi-stage-secure-link",
+        "pepsi-stage-secretary",
     ];
     for row in STAGE_EDGES {
         let options = "NEXT_STAGE = n\nBOUNCE_STAGE = b\nTHEN = t\nROUTE_LOCAL = l\n\

@@ -78,6 +78,7 @@ pub fn answered_token(headers: &[u8]) -> Option<Token> {
         for value in pepsi_contract::message::field_values(headers, name) {
             for id in value.split(['<', '>', ' ', '\t', ',']) {
                 if let Some(rest) = id.strip_prefix(MESSAGE_ID_PREFIX)
+                    // A message identifier (id-left@id-right), not an address.
                     && let Some((token, _host)) = rest.split_once('@')
                     && let Some(t) = Token::parse(token)
                 {
