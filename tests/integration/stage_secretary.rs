@@ -193,6 +193,19 @@ async fn a_stranger_is_asked_once_for_three_messages_and_a_confirmation_releases
     );
     let reasons: Vec<String> = held(&db).await.into_iter().map(|h| h.1).collect();
     assert_eq!(reasons, ["challenged"; 3]);
+
+    // Mail in bob's name that his domain did not vouch for (perhaps forged) is held unasked.
+    let forged = message(
+        &db,
+        "bob@remote.test",
+        &["alice@example.test"],
+        "",
+        json!({"auth": {"spf": {"result": "fail", "domain": "remote.test"}, "dkim": []}}),
+    )
+    .await;
+    run(&s, &[forged]).await;
+    assert_eq!(at(&db, forged).await, paused());
+    assert_eq!(challenges(&db).await.len(), 1);
     // The link's page confirms (pepsi-httpd calls this function).
     let answer: Value = sqlx::query_scalar("SELECT pepsi.secretary_confirm($1, 'link')")
         .bind(tok.digest())
@@ -217,6 +230,11 @@ async fn a_stranger_is_asked_once_for_three_messages_and_a_confirmation_releases
     for &id in &ids {
         assert_eq!(at(&db, id).await, went_on());
     }
+    assert_eq!(
+        at(&db, forged).await,
+        paused(),
+        "a confirmation does not release mail that may be forged"
+    );
     assert_eq!(
         whitelisted(&db).await,
         [("bob@remote.test".to_owned(), "confirmed".to_owned())]
@@ -287,8 +305,9 @@ async fn forged_list_and_automatic_mail_draws_no_challenge() {
     );
 }
 
-/// A reply that names the challenge confirms: it goes on itself and the held mail is
-/// released; an automatic reply (a vacation notice) confirms nothing.
+/// A reply that names the challenge confirms: it goes on itself and the mail the sender was
+/// asked about is released; an automatic reply (a vacation notice) confirms nothing and,
+/// held as automatic mail, is not released with the rest.
 #[tokio::test]
 async fn a_reply_to_the_challenge_confirms_and_an_automatic_one_does_not() {
     let db = TestDb::new().await;
@@ -356,8 +375,10 @@ async fn a_reply_to_the_challenge_confirms_and_an_automatic_one_does_not() {
         statuses.contains(&(first, "released".to_owned())),
         "{statuses:?}"
     );
+    // Automatic mail in bob's name is not released by his confirmation: it proves nothing
+    // of who sent it, and stays for the owner.
     assert!(
-        statuses.contains(&(vacation, "released".to_owned())),
+        statuses.contains(&(vacation, "held".to_owned())),
         "{statuses:?}"
     );
 }

@@ -138,7 +138,8 @@ pub struct ChallengeView {
     pub confirmed_by: Option<String>,
     pub amount: Option<String>,
     pub pay_uri: Option<String>,
-    /// How many messages wait on it (still held).
+    /// How many messages a confirmation would release (still held, and held on a
+    /// challenge: `pepsi.secretary_confirm` leaves unauthenticated and automated mail).
     pub waiting: i64,
 }
 
@@ -148,7 +149,8 @@ pub async fn challenge(pool: &PgPool, token: &Token) -> Result<Option<ChallengeV
         "SELECT c.mailbox, c.sender, c.expires_at, c.confirmed_at, c.confirmed_by, c.amount, \
                 c.pay_uri, \
                 (SELECT count(*) FROM pepsi.secretary_held h \
-                  WHERE h.mailbox = c.mailbox AND h.sender = c.sender AND h.status = 'held') \
+                  WHERE h.mailbox = c.mailbox AND h.sender = c.sender AND h.status = 'held' \
+                    AND h.reason IN ('challenged', 'limited')) \
                   AS waiting \
          FROM pepsi.secretary_challenge c WHERE c.token_hash = $1",
     )

@@ -116,7 +116,9 @@ impl HumanCheck {
 
     /// Whether `answer` (digits, spaces around allowed) is the sum.
     pub fn accepts(&self, answer: &str) -> bool {
-        answer.trim().parse::<u32>().ok() == Some(u32::from(self.a) + u32::from(self.b))
+        let answer = answer.trim();
+        answer.bytes().all(|b| b.is_ascii_digit())
+            && answer.parse::<u32>().ok() == Some(u32::from(self.a) + u32::from(self.b))
     }
 }
 
@@ -191,7 +193,8 @@ mod tests {
         assert!((2..=9).contains(&c.a) && (2..=9).contains(&c.b));
         let sum = (c.a + c.b).to_string();
         assert!(c.accepts(&sum) && c.accepts(&format!(" {sum} ")));
-        for wrong in ["", "x", "-1", "100", &(c.a + c.b + 1).to_string()] {
+        let plus = format!("+{sum}");
+        for wrong in ["", "x", "-1", "100", &plus, &(c.a + c.b + 1).to_string()] {
             assert!(!c.accepts(wrong), "{wrong}");
         }
         assert!(c.question().contains(&c.a.to_string()));

@@ -2010,7 +2010,9 @@ REVOKE ALL ON FUNCTION pepsi.secretary_wake(bigint[]) FROM PUBLIC;
 -- A sender confirmed, by the challenge's link (p_how 'link'), a reply to it ('reply') or a
 -- paid postage order ('postage'): the challenge is marked, the sender joins the mailbox's
 -- whitelist (origin confirmed, or paid), and every message the secretary holds from that
--- sender for that mailbox is released. Only an unexpired, unconfirmed challenge confirms;
+-- sender for that mailbox on which the sender would have been asked is released (reason
+-- challenged or limited: their domain vouched for them). Mail held as unauthenticated or
+-- automated may have been forged in the sender's name: it stays for the owner to decide. Only an unexpired, unconfirmed challenge confirms;
 -- the answer says what was found. p_token_hash is sha256 of the challenge's token.
 CREATE OR REPLACE FUNCTION pepsi.secretary_confirm(p_token_hash bytea, p_how text)
 RETURNS jsonb LANGUAGE plpgsql SECURITY DEFINER SET search_path = pg_catalog, pepsi, pg_temp AS $$
@@ -2041,6 +2043,7 @@ BEGIN
     WITH r AS (
         UPDATE pepsi.secretary_held SET status = 'released', decided_at = now(), decided_by = p_how
          WHERE mailbox = c.mailbox AND sender = c.sender AND status = 'held'
+           AND reason IN ('challenged', 'limited')
         RETURNING held_id)
     SELECT COALESCE(array_agg(held_id), '{}') INTO v_ids FROM r;
     v_woken := pepsi.secretary_wake(v_ids);
