@@ -370,3 +370,166 @@ async fn learning_adds_what_the_scan_finds_and_never_overrides_an_owner() {
         "{r:?}"
     );
 }
+
+/// A held message for alice from `sender`, paused at the secretary stage as the stage leaves
+/// one; returns (held id, queue id).
+async fn held_message(db: &TestDb, sender: &str) -> (i64, i64) {
+    let queue_id: i64 = sqlx::query_scalar(
+        "SELECT pepsi.workqueue_add($1, ARRAY['alice@example.test'], $2, 'Hi.', \
+         '{\"secretary\": {\"held\": \"challenged\", \"mailbox\": \"alice@example.test\"}}')",
+    )
+    .bind(sender)
+    .bind(format!("From: {sender}\r\nSubject: about {sender}\r\n").as_bytes())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "UPDATE pepsi.workqueue SET stage = 'secretary', status = 'paused', \
+         timeout = now() + interval '1 day' WHERE workqueue_id = $1",
+    )
+    .bind(queue_id)
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let held_id: i64 = sqlx::query_scalar(
+        "INSERT INTO pepsi.secretary_held \
+           (queue_id, mailbox, sender, mail_from, subject, size, reason, expires_at) \
+         VALUES ($1, 'alice@example.test', $2, $2, $3, 40, 'challenged', now() + interval '14 days') \
+         RETURNING held_id",
+    )
+    .bind(queue_id)
+    .bind(sender)
+    .bind(format!("about {sender}"))
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    (held_id, queue_id)
+}
+
+/// The secretary's held mail on the command line: listed (table and JSON), released and
+/// discarded for the mailbox's own messages only (another mailbox's id refused, nothing
+/// changed), each decision waking the queue row and recorded in the audit log; the digest
+/// lists what no digest listed yet, with a link to the owner's page, once.
+#[tokio::test]
+async fn an_owner_lists_releases_and_discards_held_mail_and_gets_one_digest() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(
+        &db,
+        dir.path(),
+        "[pepsi]\nSECRETARY_URL = https://mail.example.test\nHOSTNAME = mx.example.test\n",
+    );
+    sqlx::query("INSERT INTO pepsi.settings (address, name, value) VALUES ('alice@example.test', 'secretary', '{}')")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let (bob, _) = held_message(&db, "bob@remote.test").await;
+    let (eve, _) = held_message(&db, "eve@remote.test").await;
+    let m = ["--mailbox", "alice@example.test"];
+    let r = tool(&cfg, &[&m[..], &["held"]].concat());
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains("alice@example.test: 2 held"), "{r:?}");
+    assert!(
+        r.stdout.contains("bob@remote.test") && r.stdout.contains("about eve@remote.test"),
+        "{r:?}"
+    );
+    let r = tool(&cfg, &[&m[..], &["held", "--json"]].concat());
+    let listed: serde_json::Value = serde_json::from_str(&r.stdout).unwrap();
+    assert_eq!(listed.as_array().map(Vec::len), Some(2), "{r:?}");
+
+    // Another mailbox's id: refused, nothing changed.
+    let r = tool(
+        &cfg,
+        &[
+            "--mailbox",
+            "carol@example.test",
+            "held",
+            "release",
+            &bob.to_string(),
+        ],
+    );
+    assert_eq!(r.code, 2, "{r:?}");
+    assert!(
+        r.stderr
+            .contains(&format!("no held message {bob} for carol@example.test")),
+        "{r:?}"
+    );
+    let status = |id: i64| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_as::<_, (String, String)>(
+                "SELECT h.status, q.status::text FROM pepsi.secretary_held h \
+                 JOIN pepsi.workqueue q ON q.workqueue_id = h.queue_id WHERE h.held_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert_eq!(status(bob).await, ("held".into(), "paused".into()));
+
+    // The digest: both messages, the owner's page, and the rows marked.
+    let r = tool(&cfg, &["held", "digest"]);
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(
+        r.stdout.contains("alice@example.test: digest of 2 held"),
+        "{r:?}"
+    );
+    let (rcpt, body): (Vec<String>, Vec<u8>) = sqlx::query_as(
+        "SELECT q.rcpt_to, b.body FROM pepsi.workqueue q JOIN pepsi.workqueue_body b USING (body_id) \
+         WHERE q.state -> 'secretary' ->> 'made' = 'digest'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rcpt, ["alice@example.test"]);
+    let body = String::from_utf8(body).unwrap();
+    assert!(
+        body.contains("https://mail.example.test/secretary/held/"),
+        "{body}"
+    );
+    assert!(
+        body.contains(&format!("[{bob}]")) && body.contains(&format!("[{eve}]")),
+        "{body}"
+    );
+    let links: i64 = sqlx::query_scalar("SELECT count(*) FROM pepsi.secretary_owner_link")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(links, 1);
+    let r = tool(&cfg, &["held", "digest"]);
+    assert!(
+        r.stdout.contains("no digest due"),
+        "the same mail is not listed twice: {r:?}"
+    );
+
+    let r = tool(
+        &cfg,
+        &[&m[..], &["held", "release", &bob.to_string()]].concat(),
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    assert!(r.stdout.contains(&format!("{bob}: released")), "{r:?}");
+    assert_eq!(status(bob).await, ("released".into(), "pending".into()));
+    let r = tool(
+        &cfg,
+        &[&m[..], &["held", "discard", &eve.to_string()]].concat(),
+    );
+    assert_eq!(r.code, 0, "{r:?}");
+    assert_eq!(status(eve).await, ("discarded".into(), "pending".into()));
+    let r = tool(
+        &cfg,
+        &[&m[..], &["held", "release", &eve.to_string()]].concat(),
+    );
+    assert!(
+        r.stdout.contains(&format!("{eve}: already discarded")),
+        "{r:?}"
+    );
+    let audit: Vec<String> = sqlx::query_scalar(
+        "SELECT action FROM pepsi.event_log WHERE action LIKE 'secretary.%' ORDER BY event_id",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(audit, ["secretary.released", "secretary.discarded"]);
+}

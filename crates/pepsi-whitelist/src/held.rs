@@ -59,6 +59,13 @@ struct DigestArgs {
     dry_run: bool,
 }
 
+impl HeldArgs {
+    /// `held digest`: every owner's, not one mailbox's.
+    pub fn is_digest(&self) -> bool {
+        matches!(self.action, Some(HeldAction::Digest(_)))
+    }
+}
+
 /// `held`: what it does with the mailbox's held mail.
 pub async fn held(run: &Run, a: HeldArgs, operator: bool) -> Result<(), Failure> {
     match a.action.unwrap_or(HeldAction::List) {
