@@ -6,8 +6,8 @@
 //! (the stage queues it so), and quotes nothing of the held message but its subject and
 //! date. Its Message-ID carries the token, so a reply confirms as the link does
 //! (`token::answered_token`). Where postage is offered, the `taler://pay/` URI is in the
-//! text and in `X-Pepsi-Postage`, where a sender's own server finds it
-//! (`pepsi-stage-auto-pay`). Texts are sent as they are (7bit, or 8bit for UTF-8), so that a
+//! text and in `X-Pepsi-Postage` (its amount in `X-Pepsi-Postage-Amount`), where a sender's
+//! own server finds it (`pepsi-stage-auto-pay`). Texts are sent as they are (7bit, or 8bit for UTF-8), so that a
 //! link stays on one line.
 
 use chrono::{DateTime, Utc};
@@ -19,6 +19,8 @@ use pepsi_conf::text::one_line;
 
 /// The field a challenge's postage URI travels in.
 pub const POSTAGE_FIELD: &str = "X-Pepsi-Postage";
+/// The field its amount travels in (`CURRENCY:VALUE`).
+pub const POSTAGE_AMOUNT_FIELD: &str = "X-Pepsi-Postage-Amount";
 /// The most characters of a held message's subject a challenge or a digest repeats.
 pub const MAX_SUBJECT_SHOWN: usize = 80;
 
@@ -119,8 +121,10 @@ pub fn challenge(c: &Challenge<'_>) -> std::io::Result<Vec<u8>> {
     if let Some(id) = c.original_id {
         m = m.in_reply_to(id).references(id);
     }
-    if let Some((_, uri)) = c.postage {
-        m = m.header(POSTAGE_FIELD, Raw::new(uri));
+    if let Some((amount, uri)) = c.postage {
+        m = m
+            .header(POSTAGE_FIELD, Raw::new(uri))
+            .header(POSTAGE_AMOUNT_FIELD, Raw::new(amount));
     }
     m.body(body(challenge_text(c))).write_to_vec()
 }
@@ -258,6 +262,7 @@ mod tests {
             ..c
         };
         let raw = text(&challenge(&paid).unwrap());
+        assert!(raw.contains("X-Pepsi-Postage-Amount: KUDOS:0.5"), "{raw}");
         assert!(
             raw.contains("X-Pepsi-Postage: taler://pay/merchant.test/o-1/?c=X"),
             "{raw}"

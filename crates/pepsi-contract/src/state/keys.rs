@@ -2,7 +2,7 @@
 //! successors and operators (`docs/state.md`): `auth`, `junk`, `bounce_error`,
 //! `dispatch_error`, `dispatch_error_history`, `held`, `srs`, `vacation`, `whitelist`,
 //! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`,
-//! `secure_link`, `secretary`. Each type reads and writes exactly the JSON its writer stored before the
+//! `secure_link`, `secretary`, `auto_pay`. Each type reads and writes exactly the JSON its writer stored before the
 //! type existed (the table test below pins every shape), so rows already in a queue parse and
 //! older readers read what these write.
 //! Pure: no I/O.
@@ -439,6 +439,21 @@ pub struct Secretary {
 }
 state_key!(Secretary, "secretary");
 
+/// `state.auto_pay`: what pepsi-stage-auto-pay did with a challenge carrying a postage
+/// request (docs/auto-pay.md): `paid` the amount it paid, or `refused` why not; `made:
+/// "notice"` on the notice of a refusal it queued for the user, which it never reads as a
+/// challenge. Never written by the ingress, so mail cannot set it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoPay {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paid: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub refused: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub made: Option<String>,
+}
+state_key!(AutoPay, "auto_pay");
+
 /// Why a row's recipients are to be reached by secure link.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
@@ -522,6 +537,7 @@ mod tests {
             "list_approval" => again(ListApproval::from_state(&st)?),
             "secure_link" => again(SecureLink::from_state(&st)?),
             "secretary" => again(Secretary::from_state(&st)?),
+            "auto_pay" => again(AutoPay::from_state(&st)?),
             other => panic!("no type for {other}"),
         })
     }
@@ -634,6 +650,10 @@ mod tests {
                 r#"{"mailbox":"alice@example.org","released":"link"}"#,
             ),
             ("secretary", r#"{"made":"challenge"}"#),
+            // pepsi-stage-auto-pay
+            ("auto_pay", r#"{"paid":"KUDOS:0.5"}"#),
+            ("auto_pay", r#"{"refused":"over the monthly limit"}"#),
+            ("auto_pay", r#"{"made":"notice"}"#),
         ];
         for (key, text) in cases {
             let got = round_trip(key, text).unwrap_or_else(|e| panic!("{key} {text}: {e}"));
