@@ -89,6 +89,7 @@ mod system_list_lifecycle;
 mod system_lists;
 mod system_lists_web;
 mod system_remote;
+mod system_secretary_web;
 mod system_secure_link_web;
 mod unibin;
 mod whitelist_tool;
