@@ -321,7 +321,9 @@ programs! {
     //   group that may write the drop directory; run by every local user as
     //   /usr/sbin/sendmail), pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir
     //   writer), pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and
-    //   its caller pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-whitelist (setuid
+    //   its caller pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-helper-auto-pay
+    //   (setuid root: runs a user's own wallet as that user, for the setgid pepsi-auto-pay
+    //   stage pepsi-stage-auto-pay); pepsi-whitelist (setuid
     //   pepsi: any local user edits their own mailbox's list through the service account's
     //   database role); pepsi-stage-encrypt and pepsi-stage-decrypt (setuid pepsi-crypto:
     //   that database role alone reads the sealed private keys; docs/crypto.md). pepsi-keys
@@ -358,6 +360,10 @@ programs! {
         "pepsi-helper-dot-forward" pepsi_helper_dot_forward {
             entry: ::pepsi_helper_dot_forward::run,
             man: 8 Clap(::pepsi_helper_dot_forward::command),
+        }
+        "pepsi-helper-auto-pay" pepsi_helper_auto_pay {
+            entry: ::pepsi_helper_auto_pay::run,
+            man: 8 Clap(::pepsi_helper_auto_pay::command),
         }
         "pepsi-stage-dot-forward" pepsi_stage_dot_forward {
             entry: ::pepsi_stage_dot_forward::run,

@@ -284,8 +284,8 @@ fn beyond<'a>(linked: &'a [String], allowed: &[&str]) -> Vec<&'a str> {
 }
 
 /// The configuration crate opens no database and links no other Pepsi crate; the set-user-id
-/// helpers (the Maildir writer, the `.forward` reader) link nothing above it but the wire
-/// crate, so no database client runs with their privilege.
+/// helpers (the Maildir writer, the `.forward` reader, the postage payer) link nothing above
+/// it but the wire crate, so no database client runs with their privilege.
 #[test]
 fn the_configuration_crate_and_the_setuid_helpers_link_no_database() {
     let meta = metadata();
@@ -299,7 +299,11 @@ fn the_configuration_crate_and_the_setuid_helpers_link_no_database() {
         Vec::<&str>::new(),
         "pepsi-conf links these"
     );
-    for helper in ["pepsi-helper-maildir-writer", "pepsi-helper-dot-forward"] {
+    for helper in [
+        "pepsi-helper-maildir-writer",
+        "pepsi-helper-dot-forward",
+        "pepsi-helper-auto-pay",
+    ] {
         let links = linked(&meta, helper);
         assert_eq!(
             beyond(&links, &["pepsi-conf", "pepsi-smtp"]),
