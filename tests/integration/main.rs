@@ -27,6 +27,7 @@ mod failure_bouncer;
 mod ha;
 mod ha_postgres;
 mod harness;
+mod helper_auto_pay;
 mod httpd;
 mod httpd_archive;
 mod httpd_archive_api;
