@@ -88,6 +88,8 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         ("pepsi-quota", "root", "pepsi-maildir", 0o2750),
         ("pepsi-helper-dot-forward", "root", "pepsi-forward", 0o4750),
         ("pepsi-stage-dot-forward", "root", "pepsi-forward", 0o2755),
+        ("pepsi-helper-auto-pay", "root", "pepsi-auto-pay", 0o4750),
+        ("pepsi-stage-auto-pay", "root", "pepsi-auto-pay", 0o2755),
         ("pepsi-sendmail", "root", "pepsi-sendmail", 0o2755),
         ("pepsi-whitelist", "pepsi", "root", 0o4755),
         ("pepsi-stage-encrypt", "pepsi-crypto", "pepsi", 0o4750),
@@ -108,7 +110,12 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
     }
     // The writer's group is the one its caller is set-group-id to, and no one else's.
     let text = std::fs::read_to_string(root().join("packaging/privileges.txt")).unwrap();
-    for group in ["pepsi-maildir", "pepsi-forward", "pepsi-sendmail"] {
+    for group in [
+        "pepsi-maildir",
+        "pepsi-forward",
+        "pepsi-auto-pay",
+        "pepsi-sendmail",
+    ] {
         assert!(
             text.lines()
                 .any(|l| l.split_whitespace().collect::<Vec<_>>() == ["group", group]),
@@ -486,6 +493,8 @@ for _ in $(seq 1 600); do
     say "reader as nobody: $rc $out"
     rc=0; out="$(as_nobody pepsi-maildir $lib/pepsi-helper-maildir-writer --root /var/lib/pepsi/mail </dev/null 2>&1)" || rc=$?
     say "writer as nobody: $rc $out"
+    rc=0; out="$(as_nobody pepsi-auto-pay $lib/pepsi-helper-auto-pay </dev/null 2>&1)" || rc=$?
+    say "payer as nobody: $rc $out"
     rc=0; out="$(echo 'forward alice' | setpriv --reuid=pepsi --rgid=pepsi --egid=pepsi-forward --clear-groups $lib/pepsi-helper-dot-forward 2>/dev/null)" || rc=$?
     say "reader as pepsi: $rc $out"
     # The smarthost stage carries no bit (it reads no token file).
@@ -659,6 +668,7 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
     for (who, helper) in [
         ("reader", "pepsi-helper-dot-forward"),
         ("writer", "pepsi-helper-maildir-writer"),
+        ("payer", "pepsi-helper-auto-pay"),
     ] {
         let line = log
             .lines()
