@@ -1,5 +1,5 @@
 //! pepsi-helper-auto-pay, the real program run as root (as its setuid bit makes it), paying
-//! through the test wallet (tests/integration/secretary/wallet.py, a stand-in for a GNU
+//! through the test wallet (tests/integration/stage_secretary/wallet.py, a stand-in for a GNU
 //! Taler wallet) and the loopback merchant stand-in (merchant.py) as a real non-root
 //! account made for the test (useradd, as the `.forward` tests do): the wallet runs with the
 //! account's uid, in its home; unknown accounts, accounts below MIN_UID, other domains,
@@ -102,7 +102,7 @@ impl Merchant {
     fn start(dir: &Path) -> Merchant {
         let port = support::free_port();
         let child = Command::new("/usr/bin/python3")
-            .arg(support::root().join("tests/integration/secretary/merchant.py"))
+            .arg(support::root().join("tests/integration/stage_secretary/merchant.py"))
             .arg(port.to_string())
             .arg(TOKEN)
             .stdout(Stdio::null())
@@ -187,7 +187,7 @@ fn wallet(flags: &str) -> String {
     format!(
         "WALLET = /usr/bin/python3 {} {flags}",
         support::root()
-            .join("tests/integration/secretary/wallet.py")
+            .join("tests/integration/stage_secretary/wallet.py")
             .display()
     )
 }

@@ -1,5 +1,5 @@
 //! `pepsi-stage-secretary worker` against a real database and, for postage, a loopback
-//! stand-in for a GNU Taler merchant backend (tests/integration/secretary/merchant.py, a test
+//! stand-in for a GNU Taler merchant backend (tests/integration/stage_secretary/merchant.py, a test
 //! peer implementing the two endpoints the secretary speaks): who is held, who is asked, how
 //! a confirmation by link, by reply or by paid postage releases the held mail, and expiry.
 
@@ -441,7 +441,7 @@ impl Merchant {
         let port = support::free_port();
         let log = dir.join("merchant.log");
         let child = Command::new("/usr/bin/python3")
-            .arg(support::root().join("tests/integration/secretary/merchant.py"))
+            .arg(support::root().join("tests/integration/stage_secretary/merchant.py"))
             .arg(port.to_string())
             .arg(MERCHANT_TOKEN)
             .stdout(std::process::Stdio::null())
