@@ -365,6 +365,11 @@ programs! {
             entry: ::pepsi_helper_auto_pay::run,
             man: 8 Clap(::pepsi_helper_auto_pay::command),
         }
+        "pepsi-stage-auto-pay" pepsi_stage_auto_pay {
+            entry: ::pepsi_stage_auto_pay::run,
+            man: 8 Clap(::pepsi_stage_auto_pay::command),
+            stage: ::pepsi_stage_auto_pay::AutoPayStage,
+        }
         "pepsi-stage-dot-forward" pepsi_stage_dot_forward {
             entry: ::pepsi_stage_dot_forward::run,
             man: 8 Clap(::pepsi_stage_dot_forward::command),

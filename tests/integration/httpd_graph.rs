@@ -241,6 +241,17 @@ fn each_stage_program_declares_its_edges_from_its_own_options() {
             ],
             &[],
         ),
+        // Notices start at the default `init`; paid challenges go to FILED_STAGE when set.
+        (
+            "pepsi-stage-auto-pay",
+            "NEXT_STAGE = n\nFILED_STAGE = f\n",
+            &[
+                "NEXT_STAGE -next-> n",
+                "NOTICE_STAGE -branch[notice]-> init",
+                "FILED_STAGE -branch[filed]-> f",
+            ],
+            &[],
+        ),
         // The encrypt stage's fallback, when set.
         (
             "pepsi-stage-encrypt",
@@ -281,6 +292,7 @@ fn the_other_stage_programs_declare_next_stage_only() {
         "pepsi-stage-list",
         "pepsi-stage-secure-link",
         "pepsi-stage-secretary",
+        "pepsi-stage-auto-pay",
     ];
     for row in STAGE_EDGES {
         let options = "NEXT_STAGE = n\nBOUNCE_STAGE = b\nTHEN = t\nROUTE_LOCAL = l\n\

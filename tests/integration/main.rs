@@ -68,6 +68,7 @@ mod setup;
 mod smtp_client;
 mod stage_aliases;
 mod stage_arc;
+mod stage_auto_pay;
 mod stage_bounce;
 mod stage_count;
 mod stage_dkim_sign;

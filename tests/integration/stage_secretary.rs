@@ -4,17 +4,15 @@
 //! a confirmation by link, by reply or by paid postage releases the held mail, and expiry.
 
 use std::path::PathBuf;
-use std::process::Command;
-use std::time::{Duration, Instant};
 
 use pepsi_secretary::token::{self, Token};
 use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 
 use crate::support;
+use crate::support::taler::{Merchant, TOKEN};
 
 const STAGE: &str = env!("CARGO_BIN_EXE_pepsi-stage-secretary");
-const MERCHANT_TOKEN: &str = "secret-token:sandbox";
 
 struct Setup {
     dir: tempfile::TempDir,
@@ -429,74 +427,18 @@ async fn only_the_recipient_with_a_secretary_waits() {
     assert_eq!(challenges(&db).await.len(), 1);
 }
 
-/// The loopback merchant, a test peer (merchant.py), and its request log.
-struct Merchant {
-    _proc: support::system::Proc,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Merchant {
-    async fn start(dir: &std::path::Path) -> Merchant {
-        let port = support::free_port();
-        let log = dir.join("merchant.log");
-        let child = Command::new("/usr/bin/python3")
-            .arg(support::root().join("tests/integration/stage_secretary/merchant.py"))
-            .arg(port.to_string())
-            .arg(MERCHANT_TOKEN)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("/usr/bin/python3");
-        let until = Instant::now() + Duration::from_secs(20);
-        while tokio::net::TcpStream::connect(("127.0.0.1", port))
-            .await
-            .is_err()
-        {
-            assert!(Instant::now() < until, "the merchant did not listen");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-        Merchant {
-            _proc: support::system::Proc {
-                child,
-                name: "merchant.py",
-            },
-            port,
-            log,
-        }
-    }
-
-    /// What a wallet's payment does: the order is paid.
-    async fn pay(&self, order: &str) {
-        let out = Command::new("/usr/bin/python3")
-            .arg("-c")
-            .arg(format!(
-                "import urllib.request; urllib.request.urlopen(urllib.request.Request(\
-                 'http://127.0.0.1:{}/test/pay/{order}', data=b'', method='POST'))",
-                self.port
-            ))
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-}
-
 /// Postage: the challenge carries the order's taler://pay/ URI; once the order is paid the
 /// held mail is released and the sender whitelisted as paid. An unpaid order's mail expires.
 #[tokio::test]
 async fn paid_postage_releases_the_mail_and_unpaid_mail_expires() {
     let db = TestDb::new().await;
     let dir = tempfile::tempdir().unwrap();
-    let merchant = Merchant::start(dir.path()).await;
+    let merchant = Merchant::start(dir.path());
     let s = setup(
         &db,
         json!({"postage": "KUDOS:0.5"}),
         &format!(
-            "TALER_MERCHANT_URL = http://127.0.0.1:{}/\nTALER_MERCHANT_TOKEN = {MERCHANT_TOKEN}\n\
+            "TALER_MERCHANT_URL = http://127.0.0.1:{}/\nTALER_TOKEN = {TOKEN}\n\
              POSTAGE_POLL = 1s",
             merchant.port
         ),
@@ -533,7 +475,7 @@ async fn paid_postage_releases_the_mail_and_unpaid_mail_expires() {
     support::claim(&db.pool, id, "secretary").await;
     run(&s, &[id]).await;
     assert_eq!(at(&db, id).await, paused());
-    merchant.pay("o-1").await;
+    merchant.pay("o-1");
     support::claim(&db.pool, id, "secretary").await;
     run(&s, &[id]).await;
     assert_eq!(

@@ -15,6 +15,7 @@ pub mod ingress;
 pub mod lmtp;
 pub mod smtp_peer;
 pub mod system;
+pub mod taler;
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
