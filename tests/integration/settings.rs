@@ -366,7 +366,35 @@ async fn bad_input_is_refused_naming_it_and_writes_nothing() {
             &["set", "alice@example.test", "colour", "blue"],
             "",
             2,
-            "setting \"colour\" is not one Pepsi reads (known: local_domain, alias, catchall, send_as, vacation, block_languages)",
+            "setting \"colour\" is not one Pepsi reads (known: local_domain, alias, catchall, send_as, vacation, block_languages, secretary, auto_pay)",
+        ),
+        (
+            &[
+                "set",
+                "alice@example.test",
+                "secretary",
+                "{\"expire_days\": 0}",
+            ],
+            "",
+            2,
+            "secretary setting: expire_days must be 1 to 90, not 0",
+        ),
+        (
+            &["set", "@example.test", "secretary", "{}"],
+            "",
+            2,
+            "setting secretary belongs to an address, not to a domain",
+        ),
+        (
+            &[
+                "set",
+                "alice@example.test",
+                "auto_pay",
+                "{\"per_payment\": \"KUDOS:2\", \"per_month\": \"KUDOS:1\"}",
+            ],
+            "",
+            2,
+            "auto_pay setting: per_payment (KUDOS:2) is above per_month (KUDOS:1)",
         ),
         (
             &["set", "@example.test", "alias", "a@example.test"],
@@ -475,6 +503,8 @@ fn the_known_settings_are_listed_with_their_shape() {
                 "either".into(),
                 "language_block".into()
             ),
+            ("secretary".into(), "address".into(), "secretary".into()),
+            ("auto_pay".into(), "address".into(), "auto_pay".into()),
         ]
     );
     let table = ok(&cfg, &["names"], "").stdout;
