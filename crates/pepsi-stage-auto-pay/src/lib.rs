@@ -81,28 +81,9 @@ pub struct Options {
 impl Options {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
-        let file = cfg.file().display().to_string();
-        let target = |option: &str| -> anyhow::Result<Option<String>> {
-            let v = s
-                .string_opt(option)?
-                .map(|v| v.trim().to_owned())
-                .filter(|v| !v.is_empty());
-            if let Some(t) = &v
-                && cfg.stage(t).is_none()
-            {
-                anyhow::bail!("{file}: [stage-{stage}] {option} = {t}: there is no [stage-{t}]");
-            }
-            Ok(v)
-        };
-        let positive = |option: &str, default: Duration| -> anyhow::Result<Duration> {
-            match s.duration_opt(option)? {
-                Some(d) if d.is_zero() => {
-                    anyhow::bail!("{file}: [stage-{stage}] {option} must be above 0")
-                }
-                Some(d) => Ok(d),
-                None => Ok(default),
-            }
-        };
+        let target = |option: &str| cfg.stage_target(stage, option, None);
+        let positive =
+            |option: &str, default: Duration| cfg.stage_positive_duration(stage, option, default);
         let helper = s
             .string_opt("HELPER")?
             .filter(|h| !h.trim().is_empty())

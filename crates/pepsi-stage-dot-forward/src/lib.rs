@@ -79,17 +79,9 @@ pub struct Options {
 impl Options {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
-        let forward_stage = s
-            .string_opt("FORWARD_STAGE")?
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| DEFAULT_FORWARD_STAGE.to_owned());
-        if cfg.stage(&forward_stage).is_none() {
-            anyhow::bail!(
-                "{}: [stage-{stage}] FORWARD_STAGE = {forward_stage}: there is no [stage-{forward_stage}]",
-                cfg.file().display()
-            );
-        }
+        let forward_stage = cfg
+            .stage_target(stage, "FORWARD_STAGE", Some(DEFAULT_FORWARD_STAGE))?
+            .unwrap_or_default();
         let max_addresses = s
             .parse_opt("MAX_ADDRESSES", |v| match v.trim().parse::<usize>() {
                 Ok(n) if (1..=1000).contains(&n) => Ok(n),

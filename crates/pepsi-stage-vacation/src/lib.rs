@@ -57,17 +57,9 @@ pub struct Options {
 impl Options {
     pub fn from_config(cfg: &Config, stage: &str) -> anyhow::Result<Options> {
         let s = cfg.stage_section_named(stage);
-        let reply_stage = s
-            .string_opt("REPLY_STAGE")?
-            .map(|v| v.trim().to_owned())
-            .filter(|v| !v.is_empty())
-            .unwrap_or_else(|| DEFAULT_REPLY_STAGE.to_owned());
-        if cfg.stage(&reply_stage).is_none() {
-            anyhow::bail!(
-                "{}: [stage-{stage}] REPLY_STAGE = {reply_stage}: there is no [stage-{reply_stage}]",
-                cfg.file().display()
-            );
-        }
+        let reply_stage = cfg
+            .stage_target(stage, "REPLY_STAGE", Some(DEFAULT_REPLY_STAGE))?
+            .unwrap_or_default();
         Ok(Options {
             reply_stage,
             hostname: cfg.name_option(&s, "HOSTNAME")?,

@@ -212,6 +212,50 @@ impl Config {
             .filter(|stage| self.has_stage_section(stage))
     }
 
+    /// `[stage-<stage>] <option>` where it names the stage something is sent to (a reply, a
+    /// challenge, a notice): `default` when unset or empty, the value trimmed; an error
+    /// naming the file, the option and the value when the configuration has no section for
+    /// the stage it names. `None` only when unset and without a default.
+    pub fn stage_target(
+        &self,
+        stage: &str,
+        option: &str,
+        default: Option<&str>,
+    ) -> anyhow::Result<Option<String>> {
+        let target = self
+            .stage_section_named(stage)
+            .string_opt(option)?
+            .map(|v| v.trim().to_owned())
+            .filter(|v| !v.is_empty())
+            .or_else(|| default.map(str::to_owned));
+        if let Some(t) = &target
+            && self.stage(t).is_none()
+        {
+            anyhow::bail!(
+                "{}: [stage-{stage}] {option} = {t}: there is no [stage-{t}]",
+                self.file().display()
+            );
+        }
+        Ok(target)
+    }
+
+    /// `[stage-<stage>] <option>`, a duration that must be above zero, else `default`.
+    pub fn stage_positive_duration(
+        &self,
+        stage: &str,
+        option: &str,
+        default: std::time::Duration,
+    ) -> anyhow::Result<std::time::Duration> {
+        match self.stage_section_named(stage).duration_opt(option)? {
+            Some(d) if d.is_zero() => anyhow::bail!(
+                "{}: [stage-{stage}] {option} must be above 0",
+                self.file().display()
+            ),
+            Some(d) => Ok(d),
+            None => Ok(default),
+        }
+    }
+
     /// The stages that have a section, each named as its section is written, in the order
     /// of [`Config::sections`].
     pub fn stage_names(&self) -> impl Iterator<Item = StageName> + '_ {
