@@ -85,6 +85,7 @@ mod stage_worker;
 mod status;
 mod structure;
 mod system_archive_web;
+mod system_auto_pay;
 mod system_delivery;
 mod system_list_bounces;
 mod system_list_lifecycle;
