@@ -1,8 +1,9 @@
 //! `pepsi-stage-auto-pay worker` against a real database, the real pepsi-helper-auto-pay (run
 //! as root, as its bit makes it, dropping to a useradd account), the test wallet and the
 //! loopback merchant stand-in (support::taler, declared test peers): a challenge from
-//! someone the user wrote to is paid as the user within the limits and filed away, once;
-//! over a limit, from a stranger or malformed, it is not paid, the refusal recorded and
+//! someone the user wrote to, whose domain vouched for it, is paid as the user within the
+//! limits and filed away, once; over a limit, from a stranger, forged in a correspondent's
+//! name or malformed, it is not paid, the refusal recorded and
 //! reported to the user, and the challenge delivered.
 
 use std::os::unix::fs::PermissionsExt as _;
@@ -46,16 +47,31 @@ fn config(db: &TestDb, dir: &Path) -> PathBuf {
     path
 }
 
-/// A challenge from `from` to `to` with `postage` header lines, at the stage.
+/// A challenge from `from` to `to` with `postage` header lines, at the stage, its From
+/// domain vouched for by DKIM (as the ingress records it).
 async fn challenge(db: &TestDb, from: &str, to: &str, postage: &str) -> i64 {
+    let domain = from.rsplit('@').next().unwrap();
+    let auth = json!({"auth": {"dkim": [{"result": "pass", "domain": domain}]}});
+    challenge_with(db, from, to, postage, auth).await
+}
+
+/// The same with `state` as the ingress left it.
+async fn challenge_with(
+    db: &TestDb,
+    from: &str,
+    to: &str,
+    postage: &str,
+    state: serde_json::Value,
+) -> i64 {
     let headers = format!(
         "From: {from}\r\nTo: {to}\r\nSubject: Please confirm your message\r\n\
          Auto-Submitted: auto-replied\r\n{postage}"
     );
-    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add('', $1, $2, $3, '{}')")
+    let id: i64 = sqlx::query_scalar("SELECT pepsi.workqueue_add('', $1, $2, $3, $4)")
         .bind(vec![to.to_owned()])
         .bind(headers.as_bytes())
         .bind(b"Pay or confirm.\r\n".as_slice())
+        .bind(state)
         .fetch_one(&db.pool)
         .await
         .unwrap();
@@ -169,8 +185,18 @@ async fn challenges_are_paid_as_the_user_within_limits_and_refusals_are_reported
         &postage("https://b.test/pay", "KUDOS:0.5"),
     )
     .await;
-    support::run_ids(STAGE, &cfg, &[over_one, stranger, malformed]).await;
-    for (id, order) in [(over_one, &o4), (stranger, &o5)] {
+    // In bob's name, but his domain vouched for nothing (SPF failed, no signature).
+    let (o6, uri6) = merchant.order();
+    let forged = challenge_with(
+        &db,
+        "bob@b.test",
+        &login,
+        &postage(&uri6, "KUDOS:0.5"),
+        json!({"auth": {"spf": {"result": "fail", "domain": "b.test"}, "dkim": []}}),
+    )
+    .await;
+    support::run_ids(STAGE, &cfg, &[over_one, stranger, malformed, forged]).await;
+    for (id, order) in [(over_one, &o4), (stranger, &o5), (forged, &o6)] {
         assert_eq!(at(&db, id).await, Some(("next".into(), "pending".into())));
         assert!(!merchant.paid(order));
     }
@@ -197,6 +223,7 @@ async fn challenges_are_paid_as_the_user_within_limits_and_refusals_are_reported
             (o3.as_str(), "KUDOS:0.5", "refused"),
             (o4.as_str(), "KUDOS:5", "refused"),
             (o5.as_str(), "KUDOS:0.5", "refused"),
+            (o6.as_str(), "KUDOS:0.5", "refused"),
         ]
     );
     let reasons: Vec<String> = recorded.iter().filter_map(|p| p.4.clone()).collect();
@@ -213,8 +240,9 @@ async fn challenges_are_paid_as_the_user_within_limits_and_refusals_are_reported
         "{reasons:?}"
     );
     let told = notices(&db, &login).await;
-    assert_eq!(told.len(), 4, "each refusal is reported: {told:?}");
+    assert_eq!(told.len(), 5, "each refusal is reported: {told:?}");
     assert!(told[3].contains("malformed request"), "{}", told[3]);
+    assert!(told[4].contains("may be forged"), "{}", told[4]);
     let state: serde_json::Value =
         sqlx::query_scalar("SELECT state FROM pepsi.workqueue WHERE workqueue_id = $1")
             .bind(over_month)

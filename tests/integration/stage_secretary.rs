@@ -438,7 +438,7 @@ async fn paid_postage_releases_the_mail_and_unpaid_mail_expires() {
         &db,
         json!({"postage": "KUDOS:0.5"}),
         &format!(
-            "TALER_MERCHANT_URL = http://127.0.0.1:{}/\nTALER_TOKEN = {TOKEN}\n\
+            "TALER_MERCHANT_URL = http://127.0.0.1:{}/\nTALER_MERCHANT_TOKEN = {TOKEN}\n\
              POSTAGE_POLL = 1s",
             merchant.port
         ),

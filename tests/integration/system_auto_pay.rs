@@ -160,13 +160,16 @@ async fn postage_is_paid_between_two_systems_within_the_limits_and_refused_above
     let tools = tempfile::tempdir().unwrap();
     let merchant = Merchant::start(tools.path());
     // Both domains' MX is this host; a.test's SPF names it, so B sees the user's domain
-    // vouch for the mail A relays.
+    // vouch for the mail A relays, and so does mail.example.test's for B's challenges at A.
     let dns = Dns::start(&[
         format!("--mx-host={A_DOMAIN},mx.{A_DOMAIN},10"),
         format!("--host-record=mx.{A_DOMAIN},127.0.0.1"),
         "--mx-host=example.test,mx.example.test,10".into(),
         "--host-record=mx.example.test,127.0.0.1".into(),
         format!("--txt-record={A_DOMAIN},v=spf1 ip4:127.0.0.1 -all"),
+        // B's challenges go out with a null sender from mail.example.test: the SPF record of
+        // that HELO name vouches for example.test at A, which pays nothing unvouched.
+        "--txt-record=mail.example.test,v=spf1 ip4:127.0.0.1 -all".into(),
     ]);
     let relay = |port: Option<u16>| {
         format!(
@@ -210,6 +213,7 @@ async fn postage_is_paid_between_two_systems_within_the_limits_and_refused_above
     let a_extra = format!(
         "[pepsi]\nHOSTNAME = mail.{A_DOMAIN}\nLOCAL_DOMAINS = {A_DOMAIN}\n\n\
          [pepsi-ingress]\nDNS_SERVERS = 127.0.0.1:{dns}\nDNS_TIMEOUT = 2s\n\n\
+         [listener-mx]\nVERIFY = yes\n\n\
          [listener-sub]\nROLE = submission\nADDRESS = 127.0.0.1:{sub_port}\n\
          ALLOW_PLAINTEXT_AUTH = yes\n\n\
          [stage-init]\nSRS_DOMAIN = {A_DOMAIN}\n\n\

@@ -2,7 +2,8 @@
 //! (docs/auto-pay.md). An incoming challenge carrying a postage request (`X-Pepsi-Postage`, a
 //! `taler://pay/` URI, and `X-Pepsi-Postage-Amount`, as pepsi-stage-secretary writes them),
 //! addressed to a user whose `auto_pay` setting consents, from an address the user wrote to
-//! within WINDOW (their whitelist learnt it from their own mail: origin `sent`), is paid
+//! within WINDOW (their whitelist learnt it from their own mail: origin `sent`) and whose
+//! domain vouched for it (SPF or DKIM aligned, or DMARC pass: `state.auth`), is paid
 //! within the setting's limits by `pepsi-helper-auto-pay`, which runs the user's own wallet
 //! as the user.
 //!
@@ -148,6 +149,34 @@ pub fn notice(
         .write_to_vec()
 }
 
+/// Records what became of `postage` for `login` (once per merchant and order).
+async fn record<'e, E: sqlx::PgExecutor<'e>>(
+    executor: E,
+    login: &str,
+    payee: &str,
+    postage: &Postage,
+    status: &str,
+    reason: Option<&str>,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(
+        "INSERT INTO pepsi.auto_pay_payment \
+           (login, payee, merchant, order_id, currency, value, status, reason) \
+         VALUES ($1, $2, $3, $4, $5, $6::numeric, $7, $8) \
+         ON CONFLICT (login, merchant, order_id) DO NOTHING",
+    )
+    .bind(login)
+    .bind(payee)
+    .bind(&postage.merchant)
+    .bind(&postage.order_id)
+    .bind(postage.amount.currency())
+    .bind(postage.amount.value_text())
+    .bind(status)
+    .bind(reason.map(|r| r.chars().take(1000).collect::<String>()))
+    .execute(executor)
+    .await?;
+    Ok(())
+}
+
 impl AutoPayStage {
     /// Records a refusal or failure for `login` and queues the user's notice; the challenge
     /// goes on to the user.
@@ -164,22 +193,7 @@ impl AutoPayStage {
     ) -> Result<Terminal, StageError> {
         let id = ctx.id();
         if let Some(p) = postage {
-            sqlx::query(
-                "INSERT INTO pepsi.auto_pay_payment \
-                   (login, payee, merchant, order_id, currency, value, status, reason) \
-                 VALUES ($1, $2, $3, $4, $5, $6::numeric, $7, $8) \
-                 ON CONFLICT (login, merchant, order_id) DO NOTHING",
-            )
-            .bind(login)
-            .bind(payee)
-            .bind(&p.merchant)
-            .bind(&p.order_id)
-            .bind(p.amount.currency())
-            .bind(p.amount.value_text())
-            .bind(status)
-            .bind(reason.chars().take(1000).collect::<String>())
-            .execute(ctx.pool())
-            .await?;
+            record(ctx.pool(), login, payee, p, status, Some(reason)).await?;
         }
         let asked = postage
             .map(|p| p.amount.to_string())
@@ -326,6 +340,28 @@ impl Stage for AutoPayStage {
         .bind(options.window.as_secs_f64())
         .fetch_one(ctx.pool())
         .await?;
+        // A challenge in a correspondent's name proves nothing unless their domain vouched
+        // for it: anyone may write a From line and a link to their own merchant.
+        let vouched = pepsi_conf::address::parts(&payee).is_some_and(|(_, domain)| {
+            pepsi_contract::state::Auth::from_state(ctx.state())
+                .ok()
+                .flatten()
+                .is_some_and(|auth| auth.vouches_for(domain))
+        });
+        if !vouched {
+            let reason = Refusal::Unauthenticated(payee.clone()).reason();
+            return self
+                .refuse(
+                    options,
+                    ctx,
+                    &login,
+                    &payee,
+                    Some(&postage),
+                    "refused",
+                    &reason,
+                )
+                .await;
+        }
         if payee.is_empty() || !wrote_lately {
             let reason = Refusal::UnknownPayee(payee.clone()).reason();
             return self
@@ -403,20 +439,7 @@ impl Stage for AutoPayStage {
             Outcome::Failed(why) => ("failed", Some(why.clone())),
         };
         if status == "paid" {
-            sqlx::query(
-                "INSERT INTO pepsi.auto_pay_payment \
-                   (login, payee, merchant, order_id, currency, value, status) \
-                 VALUES ($1, $2, $3, $4, $5, $6::numeric, 'paid') \
-                 ON CONFLICT (login, merchant, order_id) DO NOTHING",
-            )
-            .bind(&login)
-            .bind(&payee)
-            .bind(&postage.merchant)
-            .bind(&postage.order_id)
-            .bind(postage.amount.currency())
-            .bind(postage.amount.value_text())
-            .execute(&mut *tx)
-            .await?;
+            record(&mut *tx, &login, &payee, &postage, "paid", None).await?;
             tx.commit().await?;
             tracing::info!(id, %login, %payee, amount = %postage.amount, order = %postage.order_id, "postage paid");
             return self.file(options, ctx, &postage.amount);
@@ -447,7 +470,8 @@ Pepsi stage: pays the postage a recipient's secretary asks of a user's mail. A c
 (from a confirm-to-send secretary such as pepsi-stage-secretary) carrying X-Pepsi-Postage (a \
 taler://pay/ URI) and X-Pepsi-Postage-Amount, addressed to a user whose auto_pay setting \
 consents (pepsi-settings set ADDRESS auto_pay '{\"per_payment\": \"KUDOS:1\", \"per_month\": \
-\"KUDOS:10\"}'), from an address the user wrote to within WINDOW, is paid within those limits \
+\"KUDOS:10\"}'), from an address the user wrote to within WINDOW whose domain vouched for it \
+(SPF or DKIM aligned, or DMARC pass, as the ingress verified), is paid within those limits \
 by pepsi-helper-auto-pay, which runs the user's own wallet with the user's ids. A paid \
 challenge is filed away (FILED_STAGE, or not delivered); a refusal (over a limit, an unknown \
 payee, a malformed request, the wallet's no) is recorded, reported to the user in a notice, \

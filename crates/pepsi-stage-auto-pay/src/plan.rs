@@ -75,6 +75,8 @@ pub enum Refusal {
     Malformed(String),
     /// The payee is not someone the user wrote to lately.
     UnknownPayee(String),
+    /// Neither SPF nor DKIM vouched for the payee's domain: the challenge may be forged.
+    Unauthenticated(String),
     /// The request is in another currency than the limits.
     Currency { asked: Amount, limit: Amount },
     /// Above the limit of one payment.
@@ -95,6 +97,9 @@ impl Refusal {
             Refusal::UnknownPayee(p) => {
                 format!("unknown payee: you have not written to {p} lately")
             }
+            Refusal::Unauthenticated(p) => format!(
+                "the request may be forged: neither SPF nor DKIM vouched that it comes from {p}"
+            ),
             Refusal::Currency { asked, limit } => {
                 format!("{asked} is not in the currency of your limits ({limit})")
             }

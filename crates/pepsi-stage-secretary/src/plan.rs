@@ -18,7 +18,6 @@
 
 use pepsi_contract::autoreply::{self, Incoming, Skip};
 use pepsi_contract::settings::secretary::{Secretary, Unasked};
-use pepsi_contract::state::Auth;
 
 /// Why a message is held or filed as junk (`secretary_held.reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,50 +112,9 @@ pub fn is_report(mail_from: &str, headers: &[u8]) -> bool {
             })
 }
 
-/// Whether `a` and `b` are the same organisational domain, as far as can be told without a
-/// public-suffix list: equal, or one a subdomain of the other (DMARC's relaxed alignment
-/// for the common cases; two sibling subdomains do not align here).
-pub fn domains_align(a: &str, b: &str) -> bool {
-    let a = a.trim().trim_end_matches('.').to_ascii_lowercase();
-    let b = b.trim().trim_end_matches('.').to_ascii_lowercase();
-    if a.is_empty() || b.is_empty() {
-        return false;
-    }
-    a == b || a.ends_with(&format!(".{b}")) || b.ends_with(&format!(".{a}"))
-}
-
-/// Whether the ingress's verdicts vouch for the From domain `from_domain`: DMARC passed, or
-/// SPF or a DKIM signature passed for an aligned domain.
-pub fn aligned_pass(auth: Option<&Auth>, from_domain: &str) -> bool {
-    let Some(auth) = auth else {
-        return false;
-    };
-    let pass = |r: &str| r.eq_ignore_ascii_case("pass");
-    if auth.dmarc.as_ref().is_some_and(|d| pass(&d.result)) {
-        return true;
-    }
-    let aligned = |d: &Option<String>| d.as_deref().is_some_and(|d| domains_align(d, from_domain));
-    auth.spf
-        .as_ref()
-        .is_some_and(|s| pass(&s.result) && aligned(&s.domain))
-        || auth
-            .dkim
-            .iter()
-            .any(|s| pass(&s.result) && aligned(&s.domain))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pepsi_contract::state::AuthVerdict;
-
-    fn verdict(result: &str, domain: &str) -> AuthVerdict {
-        AuthVerdict {
-            domain: Some(domain.into()),
-            ..AuthVerdict::new(result)
-        }
-    }
-
     #[test]
     fn decisions_table() {
         let hold = Secretary::from_value(&serde_json::json!({})).unwrap();
@@ -290,72 +248,5 @@ mod tests {
             b"Content-Type: multipart/report\r\n"
         ));
         assert!(!is_report("", b"Content-Type: text/plain\r\n"));
-    }
-
-    #[test]
-    fn alignment_table() {
-        for (a, b, want) in [
-            ("remote.test", "remote.test", true),
-            ("Remote.Test.", "remote.test", true),
-            ("mail.remote.test", "remote.test", true),
-            ("remote.test", "news.remote.test", true),
-            ("evilremote.test", "remote.test", false),
-            ("a.remote.test", "b.remote.test", false),
-            ("", "remote.test", false),
-        ] {
-            assert_eq!(domains_align(a, b), want, "{a} {b}");
-        }
-        let auth =
-            |spf: Option<AuthVerdict>, dkim: Vec<AuthVerdict>, dmarc: Option<AuthVerdict>| Auth {
-                spf,
-                dkim,
-                dmarc,
-                arc: None,
-            };
-        let cases = [
-            ("no verdicts", None, false),
-            (
-                "DKIM pass aligned",
-                Some(auth(None, vec![verdict("pass", "remote.test")], None)),
-                true,
-            ),
-            (
-                "DKIM pass for another domain",
-                Some(auth(None, vec![verdict("pass", "bulk.test")], None)),
-                false,
-            ),
-            (
-                "DKIM fail",
-                Some(auth(None, vec![verdict("fail", "remote.test")], None)),
-                false,
-            ),
-            (
-                "SPF pass aligned",
-                Some(auth(
-                    Some(verdict("pass", "mail.remote.test")),
-                    vec![],
-                    None,
-                )),
-                true,
-            ),
-            (
-                "SPF fail",
-                Some(auth(Some(verdict("fail", "remote.test")), vec![], None)),
-                false,
-            ),
-            (
-                "SPF softfail",
-                Some(auth(Some(verdict("softfail", "remote.test")), vec![], None)),
-                false,
-            ),
-            (
-                "DMARC pass",
-                Some(auth(None, vec![], Some(verdict("pass", "remote.test")))),
-                true,
-            ),
-        ];
-        for (what, a, want) in cases {
-            assert_eq!(aligned_pass(a.as_ref(), "remote.test"), want, "{what}");
-        }
     }
 }

@@ -71,6 +71,39 @@ impl AuthVerdict {
     }
 }
 
+impl Auth {
+    /// Whether these verdicts vouch for the From domain `from_domain`: DMARC passed, or SPF
+    /// or a DKIM signature passed for a domain aligned with it ([`domains_align`]). What the
+    /// secretary asks before it writes to a sender, and auto-pay before it pays one.
+    pub fn vouches_for(&self, from_domain: &str) -> bool {
+        let pass = |r: &str| r.eq_ignore_ascii_case("pass");
+        if self.dmarc.as_ref().is_some_and(|d| pass(&d.result)) {
+            return true;
+        }
+        let aligned =
+            |d: &Option<String>| d.as_deref().is_some_and(|d| domains_align(d, from_domain));
+        self.spf
+            .as_ref()
+            .is_some_and(|s| pass(&s.result) && aligned(&s.domain))
+            || self
+                .dkim
+                .iter()
+                .any(|s| pass(&s.result) && aligned(&s.domain))
+    }
+}
+
+/// Whether `a` and `b` are the same organisational domain, as far as can be told without a
+/// public-suffix list: equal, or one a subdomain of the other (DMARC's relaxed alignment
+/// for the common cases; two sibling subdomains do not align here).
+pub fn domains_align(a: &str, b: &str) -> bool {
+    let a = a.trim().trim_end_matches('.').to_ascii_lowercase();
+    let b = b.trim().trim_end_matches('.').to_ascii_lowercase();
+    if a.is_empty() || b.is_empty() {
+        return false;
+    }
+    a == b || a.ends_with(&format!(".{b}")) || b.ends_with(&format!(".{a}"))
+}
+
 // ---------------------------------------------------------------------------------------------
 // single values: junk, bounce_error, dispatch_error
 
@@ -544,6 +577,81 @@ mod tests {
 
     /// (key, the JSON text a writer stores): read as the key's type and written back, the
     /// text is the same. Object keys are in sorted order, as serde_json and JSONB keep them.
+    #[test]
+    fn alignment_table() {
+        for (a, b, want) in [
+            ("remote.test", "remote.test", true),
+            ("Remote.Test.", "remote.test", true),
+            ("mail.remote.test", "remote.test", true),
+            ("remote.test", "news.remote.test", true),
+            ("evilremote.test", "remote.test", false),
+            ("a.remote.test", "b.remote.test", false),
+            ("", "remote.test", false),
+        ] {
+            assert_eq!(domains_align(a, b), want, "{a} {b}");
+        }
+        let verdict = |result: &str, domain: &str| AuthVerdict {
+            domain: Some(domain.into()),
+            ..AuthVerdict::new(result)
+        };
+        let auth =
+            |spf: Option<AuthVerdict>, dkim: Vec<AuthVerdict>, dmarc: Option<AuthVerdict>| Auth {
+                spf,
+                dkim,
+                dmarc,
+                arc: None,
+            };
+        let cases = [
+            ("no verdicts", None, false),
+            (
+                "DKIM pass aligned",
+                Some(auth(None, vec![verdict("pass", "remote.test")], None)),
+                true,
+            ),
+            (
+                "DKIM pass for another domain",
+                Some(auth(None, vec![verdict("pass", "bulk.test")], None)),
+                false,
+            ),
+            (
+                "DKIM fail",
+                Some(auth(None, vec![verdict("fail", "remote.test")], None)),
+                false,
+            ),
+            (
+                "SPF pass aligned",
+                Some(auth(
+                    Some(verdict("pass", "mail.remote.test")),
+                    vec![],
+                    None,
+                )),
+                true,
+            ),
+            (
+                "SPF fail",
+                Some(auth(Some(verdict("fail", "remote.test")), vec![], None)),
+                false,
+            ),
+            (
+                "SPF softfail",
+                Some(auth(Some(verdict("softfail", "remote.test")), vec![], None)),
+                false,
+            ),
+            (
+                "DMARC pass",
+                Some(auth(None, vec![], Some(verdict("pass", "remote.test")))),
+                true,
+            ),
+        ];
+        for (what, a, want) in cases {
+            assert_eq!(
+                a.is_some_and(|a| a.vouches_for("remote.test")),
+                want,
+                "{what}"
+            );
+        }
+    }
+
     #[test]
     fn stored_shapes_round_trip() {
         let cases: &[(&str, &str)] = &[
