@@ -18,8 +18,11 @@ CREATE TABLE IF NOT EXISTS pepsi.secretary_challenge (
     challenge_id  bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     -- The owner's mailbox (extension removed, lower case) and the sender asked (the From
     -- address of the message that drew the challenge, lower case).
-    mailbox       text NOT NULL CHECK (octet_length(mailbox) BETWEEN 3 AND 320),
-    sender        text NOT NULL CHECK (octet_length(sender) BETWEEN 3 AND 320),
+    -- Both in the whitelist's form, which a confirmation writes them into.
+    mailbox       text NOT NULL CHECK (octet_length(mailbox) BETWEEN 3 AND 320
+                  AND mailbox = lower(mailbox) AND mailbox ~ '^[^@[:space:]]+@[^@[:space:]]+$'),
+    sender        text NOT NULL CHECK (octet_length(sender) BETWEEN 3 AND 320
+                  AND sender = lower(sender) AND sender ~ '^[^@[:space:]]+@[^@[:space:]]+$'),
     token_hash    bytea NOT NULL UNIQUE CHECK (length(token_hash) = 32),
     created_at    timestamptz NOT NULL DEFAULT now(),
     -- Past it the link and a reply confirm nothing (the held mail expires on its own clock).

@@ -534,7 +534,9 @@ impl Stage for SecretaryStage {
         let headers = ctx.headers()?.to_vec();
         let mail_from = ctx.mail_from().to_owned();
         let from = pepsi_contract::message::from_addresses(&headers);
-        let check = pepsi_contract::whitelist::check(from.first().map(String::as_str));
+        // A From address no whitelist entry can hold is no sender to ask or to trust.
+        let check = pepsi_contract::whitelist::check(from.first().map(String::as_str))
+            .filter(|c| pepsi_contract::whitelist::entry(&c.address).is_ok());
         let automated = plan::automated(&mail_from, &headers);
         // The mailboxes whose whitelist holds the sender, read now: a confirmation since the
         // whitelist stage passed counts.
