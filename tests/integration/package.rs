@@ -393,6 +393,8 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         "pepsi-sendmail-pickup.service",
         "pepsi-list-maintain.service",
         "pepsi-list-maintain.timer",
+        "pepsi-secretary-digest.service",
+        "pepsi-secretary-digest.timer",
     ] {
         assert_eq!(
             entry(&format!("/usr/lib/systemd/system/{unit}")).mode,
