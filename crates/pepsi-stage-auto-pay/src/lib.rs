@@ -348,22 +348,15 @@ impl Stage for AutoPayStage {
                 .flatten()
                 .is_some_and(|auth| auth.vouches_for(domain))
         });
-        if !vouched {
-            let reason = Refusal::Unauthenticated(payee.clone()).reason();
-            return self
-                .refuse(
-                    options,
-                    ctx,
-                    &login,
-                    &payee,
-                    Some(&postage),
-                    "refused",
-                    &reason,
-                )
-                .await;
-        }
-        if payee.is_empty() || !wrote_lately {
-            let reason = Refusal::UnknownPayee(payee.clone()).reason();
+        let refusal = if !vouched {
+            Some(Refusal::Unauthenticated(payee.clone()))
+        } else if payee.is_empty() || !wrote_lately {
+            Some(Refusal::UnknownPayee(payee.clone()))
+        } else {
+            None
+        };
+        if let Some(refusal) = refusal {
+            let reason = refusal.reason();
             return self
                 .refuse(
                     options,
