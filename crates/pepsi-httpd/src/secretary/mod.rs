@@ -6,7 +6,8 @@
 //!   (`token::HumanCheck`), with the postage link where the challenge offers one; it never
 //!   confirms anything, so a link scanner's visit does nothing. `POST` with the right
 //!   `answer` confirms (`store::confirm`, by link): the held messages of that sender for
-//!   that mailbox that the sender was asked about are released and the sender whitelisted. A wrong answer is 422 with the
+//!   that mailbox that the sender was asked about are released and the sender whitelisted.
+//!   A wrong answer is 422 with the
 //!   form again; wrong answers are counted per client address and per challenge, and past
 //!   their limits every answer is refused for a while (429).
 //! - The owner's page, `/secretary/held/{token}` (the digest's link, a
