@@ -90,7 +90,11 @@ type HeldRow = (
 
 async fn held(b: &System, mailbox: &str) -> Vec<HeldRow> {
     sqlx::query_as(
-        "SELECT h.status, h.reason, h.decided_by, q.stage, q.status::text, \
+        // A held row wakes every POSTAGE_POLL to ask about its order: caught paused, pending
+        // or running at the secretary, it is waiting there all the same.
+        "SELECT h.status, h.reason, h.decided_by, q.stage, \
+                CASE WHEN q.status::text IN ('paused', 'pending', 'running') THEN 'waiting' \
+                     ELSE q.status::text END, \
                 q.state #>> '{auth,spf,result}' \
            FROM pepsi.secretary_held h \
            LEFT JOIN pepsi.workqueue q ON q.workqueue_id = h.queue_id \
@@ -292,7 +296,7 @@ async fn postage_is_paid_between_two_systems_within_the_limits_and_refused_above
             "challenged".to_owned(),
             None,
             Some("secretary".to_owned()),
-            Some("paused".to_owned()),
+            Some("waiting".to_owned()),
             Some("pass".to_owned()),
         ),
         "held, paused at the secretary, the user's domain having passed SPF"
@@ -442,7 +446,7 @@ async fn postage_is_paid_between_two_systems_within_the_limits_and_refused_above
             "challenged".to_owned(),
             None,
             Some("secretary".to_owned()),
-            Some("paused".to_owned()),
+            Some("waiting".to_owned()),
             Some("pass".to_owned()),
         )]
     );
