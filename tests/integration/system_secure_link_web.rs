@@ -9,7 +9,6 @@
 //! content is gone. A second message expires, with the same result.
 //! The stored row alone does not decrypt.
 
-
 use pepsi_secure_link::seal::{self, LinkHalf, Sealed};
 use serde_json::Value;
 use sqlx::Row as _;

@@ -40,8 +40,8 @@ mod secure;
 mod server;
 mod store;
 mod svg;
-mod token_page;
 pub mod throttle;
+mod token_page;
 
 use std::io::Write as _;
 use std::path::PathBuf;

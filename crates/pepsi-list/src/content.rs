@@ -189,9 +189,8 @@ fn from_row(r: Row) -> Result<ContentFilter, Failure> {
         filter_extensions: r.2,
         pass_extensions: r.3,
         collapse_alternatives: r.4,
-        empty_action: EmptyAction::parse(&r.5).ok_or_else(|| {
-            store::other(format!("list_content_filter.empty_action = {:?}", r.5))
-        })?,
+        empty_action: EmptyAction::parse(&r.5)
+            .ok_or_else(|| store::other(format!("list_content_filter.empty_action = {:?}", r.5)))?,
     })
 }
 
