@@ -311,14 +311,18 @@ programs! {
             entry: ::pepsi_status::run,
             man: 8 Clap(::pepsi_status::command),
         }
+        "pepsi-tlsrpt" pepsi_tlsrpt {
+            entry: ::pepsi_tlsrpt::run,
+            man: 8 Clap(::pepsi_tlsrpt::command),
+        }
     }
 
     // Standalone: their own executables in both builds.
     // - Privileged (a setuid/setgid bit on the shared file would apply to every program
     //   linked to it): pepsi-helper-maildir-writer (setuid root), its caller
-    //   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (no bit since
-    //   it reads no token file; kept standalone), pepsi-sendmail (setgid pepsi-sendmail, the
-    //   group that may write the drop directory; run by every local user as
+    //   pepsi-stage-relay-to-maildir (setgid), pepsi-stage-relay-to-smarthost (setgid
+    //   pepsi-token: reads the OAuth access token files of AUTH_TOKEN_FILE), pepsi-sendmail
+    //   (setgid pepsi-sendmail, the group that may write the drop directory; run by every local user as
     //   /usr/sbin/sendmail), pepsi-quota (setgid pepsi-maildir: its recount runs the Maildir
     //   writer), pepsi-helper-dot-forward (setuid root: reads ~/.forward as its account) and
     //   its caller pepsi-stage-dot-forward (setgid pepsi-forward); pepsi-helper-auto-pay
@@ -334,7 +338,9 @@ programs! {
     //   command, its `also` name); pepsi-helper-mailbox-scan (no bit, but execed
     //   by name from pepsi-whitelist as the mailbox's owner, on a Maildir the owner
     //   controls: a small program of its own rather than the whole shared binary under a
-    //   user's ids); pepsi-setup (one-off provisioning, run as root, its own code used by
+    //   user's ids); pepsi-helper-token-refresh (no bit, but run by its timer as its own
+    //   account, pepsi-token, the only one that reads the refresh tokens: a small program
+    //   linking its crate alone, none of the shared binary's code); pepsi-setup (one-off provisioning, run as root, its own code used by
     //   nothing else); pepsi-config (links every program's configuration parser,
     //   CONFIG_CHECKS, to check an override before it is stored: code no running service
     //   needs); pepsi-httpd (the administrative web surface: started as root to bind, then
@@ -364,6 +370,10 @@ programs! {
         "pepsi-helper-auto-pay" pepsi_helper_auto_pay {
             entry: ::pepsi_helper_auto_pay::run,
             man: 8 Clap(::pepsi_helper_auto_pay::command),
+        }
+        "pepsi-helper-token-refresh" pepsi_helper_token_refresh {
+            entry: ::pepsi_helper_token_refresh::run,
+            man: 8 Clap(::pepsi_helper_token_refresh::command),
         }
         "pepsi-stage-auto-pay" pepsi_stage_auto_pay {
             entry: ::pepsi_stage_auto_pay::run,

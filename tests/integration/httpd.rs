@@ -145,6 +145,151 @@ async fn without_a_session_every_api_route_answers_401_in_json() {
 }
 
 #[tokio::test]
+async fn our_mta_sts_policy_is_served_without_a_credential_as_configured() {
+    let f = fixture("MTA_STS_MODE = enforce\nMTA_STS_MX = mx1.example.test, *.mx.example.test\nMTA_STS_MAX_AGE = 2d\n").await;
+    let a = f.httpd.get("/.well-known/mta-sts.txt", &Auth::None).await;
+    assert_eq!(a.status, 200, "{a:?}");
+    assert!(
+        a.headers["content-type"]
+            .to_str()
+            .unwrap()
+            .starts_with("text/plain"),
+        "{a:?}"
+    );
+    // What a sender reads back (RFC 8461 §3.2), by the parser the relay stage uses.
+    let policy = pepsi_smtp::sts::Policy::parse(a.text.as_bytes()).unwrap();
+    assert_eq!(policy.mode, pepsi_smtp::sts::Mode::Enforce);
+    assert_eq!(policy.max_age, 2 * 86400);
+    assert!(policy.allows("mx1.example.test") && policy.allows("b.mx.example.test"));
+    assert!(!policy.allows("mx2.example.test"));
+
+    let none = fixture("").await;
+    let a = none
+        .httpd
+        .get("/.well-known/mta-sts.txt", &Auth::None)
+        .await;
+    assert_eq!(a.status, 404, "{a:?}");
+    assert!(a.text.contains("MTA_STS_MODE"), "{a:?}");
+}
+
+/// TLS reports POSTed to /tlsrpt (RFC 8460 §5.4), through the real pepsi-httpd connected as
+/// its own role: kept once, refused when they are not RFC 8460's or not labelled as a
+/// report, bounded per day, and counted on /metrics.
+#[tokio::test]
+async fn tls_reports_posted_to_tlsrpt_are_kept_once_checked_bounded_and_counted_on_metrics() {
+    use pepsi_tlsrpt::report::{Counted, Submitter, build, gzip};
+    let r = support::httpd::AsRole::new(
+        "TLSRPT_UPLOAD = yes\nTLSRPT_MAX_PER_DAY = 2\nMETRICS_PUBLIC = yes\nMETRICS_CACHE = 0s\n",
+    )
+    .await;
+    let (httpd, _session) = r.start().await;
+    let report = |org: &str| {
+        build(
+            &Submitter {
+                organization: org.into(),
+                contact: "tls@sender.example".into(),
+                hostname: "sender.example".into(),
+            },
+            "example.test",
+            chrono::Utc::now().date_naive(),
+            &[
+                Counted {
+                    policy_type: "sts".into(),
+                    policy_string: vec!["version: STSv1".into(), "mode: enforce".into()],
+                    mx_host: "mx.example.test".into(),
+                    receiving_ip: "192.0.2.7".into(),
+                    result_type: "certificate-expired".into(),
+                    sessions: 4,
+                    detail: "Expired".into(),
+                },
+                Counted {
+                    policy_type: "sts".into(),
+                    policy_string: vec!["version: STSv1".into(), "mode: enforce".into()],
+                    mx_host: "mx.example.test".into(),
+                    receiving_ip: "192.0.2.7".into(),
+                    result_type: "success".into(),
+                    sessions: 96,
+                    detail: String::new(),
+                },
+            ],
+        )
+    };
+    let client = reqwest::Client::new();
+    let post = |kind: &'static str, body: Vec<u8>| {
+        client
+            .post(httpd.url("/tlsrpt"))
+            .header("content-type", kind)
+            .body(body)
+            .send()
+    };
+    let gz = gzip(&report("Big Sender"));
+    let a = post("application/tlsrpt+gzip", gz.clone()).await.unwrap();
+    assert_eq!(a.status(), 201);
+    let json: serde_json::Value = serde_json::from_str(&a.text().await.unwrap()).unwrap();
+    assert_eq!(json["new"], true);
+    let a = post("application/tlsrpt+gzip", gz).await.unwrap();
+    assert_eq!(a.status(), 200, "the same report again is kept once");
+
+    let a = post("text/plain", b"{}".to_vec()).await.unwrap();
+    assert_eq!(a.status(), 415);
+    assert!(a.text().await.unwrap().contains("application/tlsrpt+gzip"));
+    let mut bad = serde_json::to_value(report("Bad Sender")).unwrap();
+    bad["policies"][0]["failure-details"][0]["result-type"] = "made-up".into();
+    let a = post("application/tlsrpt+json", bad.to_string().into_bytes())
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 400);
+    let text = a.text().await.unwrap();
+    assert!(
+        text.contains("\"error\"") && text.contains("made-up"),
+        "{text}"
+    );
+
+    let a = post(
+        "application/tlsrpt+json",
+        serde_json::to_vec(&report("Second Sender")).unwrap(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.status(), 201);
+    let a = post("application/tlsrpt+gzip", gzip(&report("Third Sender")))
+        .await
+        .unwrap();
+    assert_eq!(a.status(), 429, "TLSRPT_MAX_PER_DAY = 2");
+
+    let kept: Vec<(String, String)> = sqlx::query_as(
+        "SELECT organization, source FROM pepsi.tls_report_received ORDER BY received_id",
+    )
+    .fetch_all(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(kept.len(), 2, "{kept:?}");
+    assert_eq!(kept[0].0, "Big Sender");
+    assert!(kept[0].1.starts_with("https from 127.0.0.1"), "{kept:?}");
+
+    let m = httpd.get("/metrics", &Auth::None).await;
+    assert_eq!(m.status, 200);
+    for line in [
+        "pepsi_tls_report_sessions_last_week{result=\"certificate-expired\"} 8",
+        "pepsi_tls_report_sessions_last_week{result=\"success\"} 192",
+    ] {
+        assert!(
+            m.text.lines().any(|l| l == line),
+            "{line} missing: {}",
+            m.text
+        );
+    }
+
+    // Without TLSRPT_UPLOAD the route takes nothing.
+    let none = fixture("").await;
+    let a = none
+        .httpd
+        .call(Method::POST, "/tlsrpt", &Auth::None, None)
+        .await;
+    assert_eq!(a.status, 404, "{a:?}");
+}
+
+#[tokio::test]
 async fn login_sets_a_session_whose_digest_alone_is_stored_and_csrf_guards_changes() {
     let f = fixture("").await;
     let me = f.httpd.get("/api/session", &f.auth()).await;

@@ -90,6 +90,12 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         ("pepsi-stage-dot-forward", "root", "pepsi-forward", 0o2755),
         ("pepsi-helper-auto-pay", "root", "pepsi-auto-pay", 0o4750),
         ("pepsi-stage-auto-pay", "root", "pepsi-auto-pay", 0o2755),
+        (
+            "pepsi-stage-relay-to-smarthost",
+            "root",
+            "pepsi-token",
+            0o2755,
+        ),
         ("pepsi-sendmail", "root", "pepsi-sendmail", 0o2755),
         ("pepsi-whitelist", "pepsi", "root", 0o4755),
         ("pepsi-stage-encrypt", "pepsi-crypto", "pepsi", 0o4750),
@@ -115,6 +121,7 @@ fn the_privileges_list_holds_exactly_the_bits_of_the_spec() {
         "pepsi-forward",
         "pepsi-auto-pay",
         "pepsi-sendmail",
+        "pepsi-token",
     ] {
         assert!(
             text.lines()
@@ -395,6 +402,11 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         "pepsi-list-maintain.timer",
         "pepsi-secretary-digest.service",
         "pepsi-secretary-digest.timer",
+        "pepsi-token-refresh.service",
+        "pepsi-token-refresh.timer",
+        "pepsi-tlsrpt.service",
+        "pepsi-tlsrpt.timer",
+        "pepsi-setup-apply.service",
     ] {
         assert_eq!(
             entry(&format!("/usr/lib/systemd/system/{unit}")).mode,
@@ -499,8 +511,16 @@ for _ in $(seq 1 600); do
     say "payer as nobody: $rc $out"
     rc=0; out="$(echo 'forward alice' | setpriv --reuid=pepsi --rgid=pepsi --egid=pepsi-forward --clear-groups $lib/pepsi-helper-dot-forward 2>/dev/null)" || rc=$?
     say "reader as pepsi: $rc $out"
-    # The smarthost stage carries no bit (it reads no token file).
+    # The smarthost stage is set-group-id pepsi-token (it reads the OAuth token files) and,
+    # started through its bit, serves its service account only: nobody is refused.
     say "smarthost stage mode: $(stat -c '%a %U:%G' $lib/pepsi-stage-relay-to-smarthost)"
+    rc=0; out="$(setpriv --reuid=nobody --regid=nogroup --clear-groups $lib/pepsi-stage-relay-to-smarthost worker </dev/null 2>&1)" || rc=$?
+    say "smarthost stage as nobody: $rc $out"
+    say "token directory: $(stat -c '%a %U:%G' /var/lib/pepsi/tokens)"
+    # The token refresher's account reads the configuration and secrets.d/ (group pepsi);
+    # with no [token-<name>] section it has nothing to do.
+    rc=0; out="$(runuser -u pepsi-token -- pepsi-helper-token-refresh -c "$conf" once 2>&1)" || rc=$?
+    say "token refresh as pepsi-token: $rc $out|"
     # pepsi-whitelist is setuid pepsi: alice edits her own list through the service
     # account's role (peer authentication), only hers, and only by the system configuration;
     # its scan reads her Maildir as her.
@@ -687,10 +707,24 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         log.contains("== reader as pepsi: 0 none no home directory /nonexistent"),
         "{log}"
     );
-    // Security review 2026-12-04 (informational): no unused setgid bit on the smarthost stage.
+    // The smarthost stage reads the OAuth token files through its group, and only for its
+    // service account.
+    for want in [
+        "== smarthost stage mode: 2755 root:pepsi-token",
+        "== token directory: 750 pepsi-token:pepsi-token",
+        "== token refresh as pepsi-token: 0 |",
+    ] {
+        assert!(log.contains(want), "{want}:\n{log}");
+    }
+    let line = log
+        .lines()
+        .find(|l| l.starts_with("== smarthost stage as nobody: "))
+        .unwrap_or_else(|| panic!("no smarthost stage probe:\n{log}"));
     assert!(
-        log.contains("== smarthost stage mode: 755 root:root"),
-        "{log}"
+        line.starts_with(
+            "== smarthost stage as nobody: 1 pepsi-stage-relay-to-smarthost: started by uid 65534"
+        ) && line.contains("the service account pepsi"),
+        "{line}"
     );
 
     // pepsi-whitelist through its setuid bit, run by alice (docs/whitelist.md).
@@ -749,7 +783,12 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         .next()
         .unwrap()
         .to_owned();
-    for user in ["pepsi-ingress", "pepsi-httpd", "pepsi-config"] {
+    for user in [
+        "pepsi-ingress",
+        "pepsi-httpd",
+        "pepsi-config",
+        "pepsi-token",
+    ] {
         assert!(
             members.split(',').any(|m| m == user),
             "{user} not in pepsi: {members}"

@@ -3,8 +3,9 @@
 //! each test gives it) and SMTP peers on loopback addresses (tests/integration/support/smtp_peer.rs): MX
 //! order and fallback, the implicit MX, null MX and NXDOMAIN, deferrals and retries, a
 //! split message with one refused recipient, a connection lost mid-message, the
-//! `pepsi.dns_address` cache, bad DNS answers and bad peers, the 7-bit conversion, and a
-//! private Postfix as the MX taking the message over verified STARTTLS.
+//! `pepsi.dns_address` cache, bad DNS answers and bad peers, the 7-bit conversion, a
+//! private Postfix as the MX taking the message over verified STARTTLS, and MTA-STS
+//! policies served over HTTPS by a loopback stand-in (`relay_internet/policy_host.py`).
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -13,9 +14,11 @@ use pepsi_testkit::TestDb;
 use serde_json::{Value, json};
 
 use crate::support;
+use crate::support::free_udp_tcp_port;
 use crate::support::smtp_peer::Peer;
 
 const RELAY: &str = env!("CARGO_BIN_EXE_pepsi-stage-relay-to-internet");
+const TLSRPT: &str = env!("CARGO_BIN_EXE_pepsi-tlsrpt");
 
 const RAW: &[u8] = b"From: sender@example.test\r\nTo: someone\r\nSubject: out\r\n\r\n\
 .a line with a dot\r\nGr\xc3\xbc\xc3\x9fe\r\n";
@@ -58,16 +61,6 @@ impl Drop for Dns {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn free_udp_tcp_port() -> u16 {
-    loop {
-        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = tcp.local_addr().unwrap().port();
-        if std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok() {
-            return port;
-        }
     }
 }
 
@@ -798,7 +791,12 @@ impl Postfix {
             &["-subj", "/CN=mx.tls.test"],
         ]
         .concat());
-        std::fs::write(d.join("san.ext"), "subjectAltName=DNS:mx.tls.test\n").unwrap();
+        // mxta.dane.test too: the DANE-TA test's MX host, whose chain must name it.
+        std::fs::write(
+            d.join("san.ext"),
+            "subjectAltName=DNS:mx.tls.test,DNS:mxta.dane.test\n",
+        )
+        .unwrap();
         run(&[
             "x509",
             "-req",
@@ -817,6 +815,13 @@ impl Postfix {
             "san.ext",
         ]);
 
+        // The chain Postfix presents ends with the CA, as DANE-TA (RFC 7672 §3.1.2) needs.
+        let chain = [
+            std::fs::read(d.join("mx.pem")).unwrap(),
+            std::fs::read(d.join("ca.pem")).unwrap(),
+        ]
+        .concat();
+        std::fs::write(d.join("chain.pem"), chain).unwrap();
         let port = std::net::TcpListener::bind((Self::ADDRESS, 0))
             .unwrap()
             .local_addr()
@@ -841,8 +846,8 @@ impl Postfix {
             format!(
                 "compatibility_level = 3.6\nqueue_directory = {p}/spool\ndata_directory = {p}/data\n\
                  mail_owner = postfix\nmyhostname = mx.tls.test\nmydestination =\n\
-                 relay_domains = tls.test\ninet_interfaces = 127.0.0.1\ninet_protocols = ipv4\n\
-                 smtpd_tls_cert_file = {p}/mx.pem\nsmtpd_tls_key_file = {p}/mx.key\n\
+                 relay_domains = tls.test, good.test, outside.test, wrongcert.test, testing.test, missing.test, ok.dane.test, bad.dane.test, ta.dane.test, plain.test\ninet_interfaces = 127.0.0.1\ninet_protocols = ipv4\n\
+                 smtpd_tls_cert_file = {p}/chain.pem\nsmtpd_tls_key_file = {p}/mx.key\n\
                  smtpd_tls_security_level = may\nsmtpd_tls_received_header = yes\n\
                  smtpd_recipient_restrictions = check_recipient_access static:HOLD, \
                  permit_auth_destination, reject\n\
@@ -891,6 +896,62 @@ impl Postfix {
 
     fn ca(&self) -> PathBuf {
         self.dir.path().join("ca.pem")
+    }
+
+    /// Issues `<name>.pem` and `<name>.key` from this MX's CA for `sans` (a subjectAltName
+    /// value: `DNS:a.test,IP:127.0.0.1`), for the other TLS servers of a test.
+    fn issue(&self, name: &str, sans: &str) {
+        let d = self.dir.path();
+        std::fs::write(
+            d.join(format!("{name}.ext")),
+            format!("subjectAltName={sans}\n"),
+        )
+        .unwrap();
+        let run = |args: &[&str]| {
+            let out = Command::new("openssl")
+                .args(args)
+                .current_dir(d)
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "openssl {args:?}: {out:?}");
+        };
+        let (key, csr, pem, ext) = (
+            format!("{name}.key"),
+            format!("{name}.csr"),
+            format!("{name}.pem"),
+            format!("{name}.ext"),
+        );
+        run(&[
+            "req",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            &key,
+            "-out",
+            &csr,
+            "-subj",
+            &format!("/CN={name}"),
+        ]);
+        run(&[
+            "x509",
+            "-req",
+            "-in",
+            &csr,
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            &pem,
+            "-days",
+            "2",
+            "-extfile",
+            &ext,
+        ]);
     }
 
     fn maillog(&self) -> String {
@@ -991,5 +1052,726 @@ async fn postfix_as_the_mx_takes_the_message_over_verified_starttls() {
     assert!(
         last.starts_with("4.7.5 mx.alias.test [127.0.0.51]: ") && last.contains("mx.alias.test"),
         "a certificate for mx.tls.test does not do for mx.alias.test: {last}"
+    );
+}
+
+/// The MTA-STS policy hosts of a test: one HTTPS server (`relay_internet/policy_host.py`)
+/// on 127.0.0.52 with a certificate from the Postfix MX's CA naming every `mta-sts.<domain>`,
+/// serving what `policies.json` says.
+struct PolicyHost {
+    child: Child,
+    port: u16,
+    policies: PathBuf,
+    log: PathBuf,
+}
+
+impl PolicyHost {
+    const ADDRESS: &str = "127.0.0.52";
+
+    fn start(postfix: &Postfix, domains: &[&str]) -> PolicyHost {
+        let d = postfix.dir.path();
+        let sans: Vec<String> = domains.iter().map(|x| format!("DNS:mta-sts.{x}")).collect();
+        postfix.issue("sts", &sans.join(","));
+        let port = std::net::TcpListener::bind((Self::ADDRESS, 0))
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let policies = d.join("policies.json");
+        let log = d.join("policy-requests.log");
+        std::fs::write(&policies, "{}").unwrap();
+        let script = Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("tests/integration/relay_internet/policy_host.py");
+        let mut child = Command::new("python3")
+            .arg(script)
+            .args([Self::ADDRESS, &port.to_string()])
+            .args([
+                d.join("sts.pem"),
+                d.join("sts.key"),
+                policies.clone(),
+                log.clone(),
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut ready = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut ready,
+        )
+        .unwrap();
+        assert_eq!(ready.trim(), "ready");
+        PolicyHost {
+            child,
+            port,
+            policies,
+            log,
+        }
+    }
+
+    /// Serves `policy` for `domain` from now on.
+    fn serve(&self, domain: &str, policy: &str) {
+        let mut all: Value =
+            serde_json::from_str(&std::fs::read_to_string(&self.policies).unwrap()).unwrap();
+        all[format!("mta-sts.{domain}")] =
+            json!({"status": 200, "type": "text/plain", "body": policy});
+        std::fs::write(&self.policies, all.to_string()).unwrap();
+    }
+
+    /// How many times `domain`'s policy was asked for.
+    fn fetches(&self, domain: &str) -> usize {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.starts_with(&format!("mta-sts.{domain} ")))
+            .count()
+    }
+
+    fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for PolicyHost {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn sts_policy(mode: &str, mx: &[&str]) -> String {
+    let mut text = format!("version: STSv1\r\nmode: {mode}\r\n");
+    for m in mx {
+        text.push_str(&format!("mx: {m}\r\n"));
+    }
+    text + "max_age: 86400\r\n"
+}
+
+/// (domain, policy type, mx host, result, sessions) counted for the TLS reports.
+async fn tls_results(db: &TestDb) -> Vec<(String, String, String, String, i64)> {
+    sqlx::query_as(
+        "SELECT domain, policy_type, mx_host, result_type, sessions \
+         FROM pepsi.tls_report_result ORDER BY 1, 3, 4",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn mta_sts_enforce_refuses_an_mx_outside_the_policy_and_a_wrong_certificate_while_testing_delivers_and_counts()
+ {
+    let postfix = Postfix::start();
+    // missing.test announces a policy its host does not serve (404).
+    let domains = [
+        "good.test",
+        "outside.test",
+        "wrongcert.test",
+        "testing.test",
+        "missing.test",
+    ];
+    let mut host = PolicyHost::start(&postfix, &domains);
+    host.serve("good.test", &sts_policy("enforce", &["mx.tls.test"]));
+    host.serve("outside.test", &sts_policy("enforce", &["mx.other.test"]));
+    host.serve("wrongcert.test", &sts_policy("enforce", &["*.alias.test"]));
+    host.serve(
+        "testing.test",
+        &sts_policy("testing", &["mx.other.test", "*.alias.test"]),
+    );
+    let mut records = vec![
+        "--host-record=mx.tls.test,127.0.0.51".to_owned(),
+        // The Postfix MX under a name its certificate does not carry.
+        "--host-record=mx.alias.test,127.0.0.51".to_owned(),
+    ];
+    for (domain, mx) in [
+        ("good.test", "mx.tls.test"),
+        ("outside.test", "mx.tls.test"),
+        ("wrongcert.test", "mx.alias.test"),
+        ("testing.test", "mx.alias.test"),
+        ("missing.test", "mx.tls.test"),
+    ] {
+        records.push(format!("--mx-host={domain},{mx},10"));
+        records.push(format!(
+            "--txt-record=_mta-sts.{domain},v=STSv1; id=first1;"
+        ));
+        records.push(format!(
+            "--host-record=mta-sts.{domain},{}",
+            PolicyHost::ADDRESS
+        ));
+    }
+    // testing.test wants TLS reports by mail (RFC 8460 §3), good.test by HTTPS POST to a
+    // pepsi-httpd of its own.
+    records.push(
+        "--txt-record=_smtp._tls.testing.test,v=TLSRPTv1; rua=mailto:tls@testing.test".into(),
+    );
+    let reports_port = support::free_port();
+    records.push(format!(
+        "--txt-record=_smtp._tls.good.test,v=TLSRPTv1; rua=https://reports.good.test:{reports_port}/tlsrpt"
+    ));
+    records.push("--host-record=reports.good.test,127.0.0.1".into());
+    let records: Vec<&str> = records.iter().map(String::as_str).collect();
+    let dns = Dns::start(&records);
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let ca = postfix.ca().display().to_string();
+    let cfg = config(
+        &db,
+        dir.path(),
+        &dns,
+        postfix.port,
+        &format!(
+            "TLS_CA_FILE = {ca}\nMTA_STS_CA_FILE = {ca}\nMTA_STS_PORT = {}\n",
+            host.port
+        ),
+    );
+    let good = message(&db, &["kim@good.test"]).await;
+    let outside = message(&db, &["lou@outside.test"]).await;
+    let wrong = message(&db, &["max@wrongcert.test"]).await;
+    let testing = message(&db, &["ned@testing.test"]).await;
+    let missing = [
+        message(&db, &["oz@missing.test"]).await,
+        message(&db, &["pia@missing.test"]).await,
+    ];
+    assert_eq!(
+        relay(
+            &cfg,
+            &[good, outside, wrong, testing, missing[0], missing[1]]
+        )
+        .await,
+        vec![
+            r#"0 {"finished":true}"#,
+            "0",
+            "0",
+            r#"0 {"finished":true}"#,
+            r#"0 {"finished":true}"#,
+            r#"0 {"finished":true}"#
+        ]
+    );
+
+    // enforce: delivered over verified TLS to the MX the policy names …
+    let held = postfix.held(4);
+    assert_eq!(held.len(), 4, "{}", postfix.maillog());
+    // … a policy announced but not served: delivered as without one …
+    assert!(
+        held.iter().any(|m| m.contains("oz@missing.test")),
+        "{held:?}"
+    );
+    assert!(
+        held.iter()
+            .any(|m| m.contains("kim@good.test") && m.contains("(using TLSv1."))
+    );
+    // … testing: delivered although the certificate does not name the MX …
+    assert!(
+        held.iter().any(|m| m.contains("ned@testing.test")),
+        "{held:?}"
+    );
+    // … and nothing for the two enforce domains whose MX fails the policy, not even in clear.
+    assert!(
+        !held
+            .iter()
+            .any(|m| m.contains("lou@") || m.contains("max@")),
+        "{held:?}"
+    );
+    let last = paused_with(&row(&db, outside).await.unwrap());
+    assert!(
+        last.starts_with("4.7.5 mx.tls.test: not tried: mx.tls.test is not an MX host the MTA-STS policy of outside.test names"),
+        "{last}"
+    );
+    let last = paused_with(&row(&db, wrong).await.unwrap());
+    assert!(
+        last.starts_with("4.7.5 mx.alias.test [127.0.0.51]: ")
+            && last.contains("not trusted for mx.alias.test"),
+        "a certificate for mx.tls.test does not do for mx.alias.test: {last}"
+    );
+
+    // Every policy was fetched once and is cached with its id and mode.
+    // (missing.test's failed fetch stood for its second message: MTA_STS_FETCH_BACKOFF)
+    for d in domains {
+        assert_eq!(host.fetches(d), 1, "{d}");
+    }
+    let cached: Vec<(String, String, String, bool)> = sqlx::query_as(
+        "SELECT domain, policy_id, mode, expires_at > now() + interval '23 hours' \
+         FROM pepsi.mta_sts_policy ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        cached,
+        [
+            ("good.test", "enforce"),
+            ("outside.test", "enforce"),
+            ("testing.test", "testing"),
+            ("wrongcert.test", "enforce")
+        ]
+        .map(|(d, m)| (d.to_owned(), "first1".to_owned(), m.to_owned(), true))
+    );
+
+    // The TLS results, as the daily report will count them.
+    let results = tls_results(&db).await;
+    let has = |domain: &str, mx: &str, result: &str| {
+        results
+            .iter()
+            .any(|r| r.0 == domain && r.1 == "sts" && r.2 == mx && r.3 == result && r.4 >= 1)
+    };
+    assert!(has("good.test", "mx.tls.test", "success"), "{results:?}");
+    assert!(
+        has("outside.test", "mx.tls.test", "validation-failure"),
+        "{results:?}"
+    );
+    assert!(
+        has(
+            "wrongcert.test",
+            "mx.alias.test",
+            "certificate-host-mismatch"
+        ),
+        "{results:?}"
+    );
+    assert!(
+        has("testing.test", "mx.alias.test", "certificate-host-mismatch"),
+        "{results:?}"
+    );
+    assert!(
+        !has("testing.test", "mx.alias.test", "success"),
+        "{results:?}"
+    );
+    assert!(
+        results.iter().any(|r| r.0 == "missing.test"
+            && r.1 == "sts"
+            && r.3 == "sts-policy-fetch-error"
+            && r.4 == 2),
+        "{results:?}"
+    );
+
+    // The same id within MTA_STS_REFRESH: the cached policy, no fetch.
+    let again = message(&db, &["kim@good.test"]).await;
+    assert_eq!(relay(&cfg, &[again]).await, vec![r#"0 {"finished":true}"#]);
+    assert_eq!(host.fetches("good.test"), 1);
+    // Older than MTA_STS_REFRESH: fetched again (now testing) and stored anew.
+    host.serve("good.test", &sts_policy("testing", &["mx.tls.test"]));
+    sqlx::query(
+        "UPDATE pepsi.mta_sts_policy SET fetched_at = now() - interval '2 days' \
+         WHERE domain = 'good.test'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let refreshed = message(&db, &["kim@good.test"]).await;
+    assert_eq!(
+        relay(&cfg, &[refreshed]).await,
+        vec![r#"0 {"finished":true}"#]
+    );
+    assert_eq!(host.fetches("good.test"), 2);
+    let mode: String =
+        sqlx::query_scalar("SELECT mode FROM pepsi.mta_sts_policy WHERE domain = 'good.test'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(mode, "testing");
+
+    // With the policy host gone, the cached enforce policy still holds until its max_age.
+    host.stop();
+    let blocked = message(&db, &["lou@outside.test"]).await;
+    assert_eq!(relay(&cfg, &[blocked]).await, vec!["0"]);
+    let last = paused_with(&row(&db, blocked).await.unwrap());
+    assert!(
+        last.contains("is not an MX host the MTA-STS policy of outside.test names"),
+        "{last}"
+    );
+    let error: Option<String> = sqlx::query_scalar(
+        "SELECT refresh_error FROM pepsi.mta_sts_policy WHERE domain = 'outside.test'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(error, None, "within MTA_STS_REFRESH no fetch was tried");
+    sqlx::query("UPDATE pepsi.mta_sts_policy SET fetched_at = now() - interval '2 days'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let blocked = message(&db, &["lou@outside.test"]).await;
+    assert_eq!(relay(&cfg, &[blocked]).await, vec!["0"]);
+    assert!(
+        paused_with(&row(&db, blocked).await.unwrap()).contains("MTA-STS policy of outside.test")
+    );
+    let error: Option<String> = sqlx::query_scalar(
+        "SELECT refresh_error FROM pepsi.mta_sts_policy WHERE domain = 'outside.test'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(
+        error.is_some_and(|e| e.contains("mta-sts.outside.test")),
+        "the failed refresh is noted"
+    );
+
+    // The day's TLS report goes to the one domain that asks for it, as a queued mail that
+    // an independent reader takes for RFC 8460's, and pepsi-tlsrpt reads it back.
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str(&format!(
+        "\n[pepsi-tlsrpt]\nDNS_SERVERS = 127.0.0.1:{}\nORGANIZATION = Relay Test\n\
+         CONTACT = postmaster@relay.example.test\nHOSTNAME = relay.example.test\n\
+         HTTPS_CA_FILE = {}\nALLOW_INTERNAL_ADDRESSES = yes\n",
+        dns.port,
+        postfix.ca().display()
+    ));
+    std::fs::write(&cfg, text).unwrap();
+    // good.test's report host: a real pepsi-httpd over HTTPS taking reports at /tlsrpt.
+    postfix.issue("reports", "DNS:reports.good.test,IP:127.0.0.1");
+    let p = postfix.dir.path();
+    let httpd_config = support::httpd::write_config(
+        dir.path(),
+        &db.url,
+        reports_port,
+        &format!(
+            "CERT_FILE = {}\nKEY_FILE = {}\nTLSRPT_UPLOAD = yes\n",
+            p.join("reports.pem").display(),
+            p.join("reports.key").display()
+        ),
+    );
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let trusting = reqwest::Client::builder()
+        .add_root_certificate(
+            reqwest::Certificate::from_pem(&std::fs::read(postfix.ca()).unwrap()).unwrap(),
+        )
+        .build()
+        .unwrap();
+    let mut reports =
+        support::httpd::Httpd::new(httpd_config, reports_port).with_client(trusting, "https");
+    reports.start().await;
+    let today = chrono::Utc::now().date_naive().to_string();
+    let tlsrpt = |args: &[&str], stdin: &[u8]| {
+        let mut child = Command::new(TLSRPT)
+            .arg("-c")
+            .arg(&cfg)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut child.stdin.take().unwrap(), stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = tlsrpt(&["send", "--day", &today, "--json"], b"");
+    assert_eq!(code, Some(0), "{out}{err}");
+    let sent: Value = serde_json::from_str(&out).unwrap();
+    let sent = sent.as_array().unwrap();
+    assert_eq!(
+        sent.len(),
+        2,
+        "only good.test and testing.test publish _smtp._tls: {out}"
+    );
+    assert_eq!(sent[0]["domain"], "good.test");
+    assert_eq!(
+        sent[0]["rua"],
+        format!("https://reports.good.test:{reports_port}/tlsrpt")
+    );
+    assert_eq!(sent[0]["outcome"], "sent", "{out}");
+    // The POSTed report is in the report host's table, as its pepsi-httpd read it.
+    let posted: Vec<(String, String)> =
+        sqlx::query_as("SELECT report_id, source FROM pepsi.tls_report_received")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(posted.len(), 1, "{posted:?}");
+    assert!(
+        posted[0].0.contains("good.test@relay.example.test"),
+        "{posted:?}"
+    );
+    assert!(
+        posted[0].1.starts_with("https from 127.0.0.1"),
+        "{posted:?}"
+    );
+    assert_eq!(sent[1]["domain"], "testing.test");
+    assert_eq!(sent[1]["rua"], "mailto:tls@testing.test");
+    assert_eq!(sent[1]["outcome"], "sent");
+    let queued = sent[1]["queue_id"].as_i64().unwrap();
+    let (rcpt, headers, body): (Vec<String>, Vec<u8>, Vec<u8>) = sqlx::query_as(
+        "SELECT q.rcpt_to, q.headers, b.body FROM pepsi.workqueue q \
+         JOIN pepsi.workqueue_body b USING (body_id) WHERE q.workqueue_id = $1",
+    )
+    .bind(queued)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(rcpt, ["tls@testing.test"]);
+    let raw = [headers, body].concat();
+    let check = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/integration/relay_internet/tlsrpt_check.py");
+    let mut child = Command::new("python3")
+        .arg(check)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut child.stdin.take().unwrap(), &raw).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["organization-name"], "Relay Test");
+    let policy = &report["policies"][0];
+    assert_eq!(policy["policy"]["policy-type"], "sts");
+    assert_eq!(policy["policy"]["policy-domain"], "testing.test");
+    assert!(
+        policy["policy"]["policy-string"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("mode: testing")),
+        "{report}"
+    );
+    let details = policy["failure-details"].as_array().unwrap();
+    assert!(
+        details
+            .iter()
+            .any(|d| d["result-type"] == "certificate-host-mismatch"
+                && d["receiving-mx-hostname"] == "mx.alias.test"),
+        "{report}"
+    );
+
+    // A second run sends nothing twice.
+    let (code, out, _) = tlsrpt(&["send", "--day", &today, "--json"], b"");
+    assert_eq!(code, Some(0));
+    assert!(out.contains("already sent"), "{out}");
+
+    // The mail read back from the report mailbox's Maildir: imported once (and moved to
+    // cur/), known the second time, summarised per organisation and failure.
+    let maildir = dir.path().join("Maildir");
+    for sub in ["new", "cur", "tmp"] {
+        std::fs::create_dir_all(maildir.join(sub)).unwrap();
+    }
+    std::fs::write(maildir.join("new/1.report"), &raw).unwrap();
+    let (code, out, err) = tlsrpt(&["import", "--maildir", maildir.to_str().unwrap()], b"");
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("1 report(s) imported"), "{out}");
+    assert!(
+        maildir.join("cur/1.report:2,S").exists(),
+        "moved to cur/, seen"
+    );
+    let (_, out, _) = tlsrpt(&["import", "-"], &raw);
+    assert!(
+        out.contains("0 report(s) imported, 1 already known"),
+        "{out}"
+    );
+    let (code, out, _) = tlsrpt(&["summary", "--json"], b"");
+    assert_eq!(code, Some(0));
+    let summary: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(summary[0]["organization"], "Relay Test");
+    assert_eq!(summary[0]["domain"], "testing.test");
+    assert_eq!(summary[0]["result"], "certificate-host-mismatch");
+    // Not a report: refused, exit 2, nothing kept.
+    let (code, _, err) = tlsrpt(&["import", "-"], b"From: a@b\r\n\r\nhello\r\n");
+    assert_eq!(code, Some(2));
+    assert!(err.contains("no application/tlsrpt"), "{err}");
+}
+
+/// A DNSSEC-signed zone `dane.test` and an unsigned zone `plain.test`, served by a real
+/// authoritative server (nsd) and looked up through a real validating resolver (unbound)
+/// that holds `dane.test`'s DS as its trust anchor; both on free loopback ports. The
+/// resolver stands in the `Dns` a relay configuration points at.
+fn dnssec_zones(dir: &Path, dane_zone: &str, plain_zone: &str) -> (Dns, Child) {
+    let run = |cmd: &mut Command| {
+        let out = cmd.current_dir(dir).output().unwrap();
+        assert!(out.status.success(), "{cmd:?}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    std::fs::write(dir.join("dane.test.zone"), dane_zone).unwrap();
+    std::fs::write(dir.join("plain.test.zone"), plain_zone).unwrap();
+    let key = run(Command::new("ldns-keygen").args(["-a", "ECDSAP256SHA256", "-k", "dane.test"]));
+    let key = key.trim();
+    run(Command::new("ldns-signzone").args(["dane.test.zone", key]));
+    let nsd_port = free_udp_tcp_port();
+    let d = dir.display();
+    std::fs::write(
+        dir.join("nsd.conf"),
+        format!(
+            "server:\n  ip-address: 127.0.0.1@{nsd_port}\n  port: {nsd_port}\n  username: \"\"\n\
+             chroot: \"\"\n  zonesdir: \"{d}\"\n  database: \"\"\n  pidfile: \"{d}/nsd.pid\"\n\
+             logfile: \"{d}/nsd.log\"\n  xfrdfile: \"{d}/xfrd.state\"\n  zonelistfile: \"{d}/zone.list\"\n\
+             xfrdir: \"{d}\"\n  do-ip6: no\nremote-control:\n  control-enable: no\n\
+             zone:\n  name: dane.test\n  zonefile: dane.test.zone.signed\n\
+             zone:\n  name: plain.test\n  zonefile: plain.test.zone\n"
+        ),
+    )
+    .unwrap();
+    let nsd = Command::new("nsd")
+        .args(["-d", "-c"])
+        .arg(dir.join("nsd.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("nsd is installed (nsd in scripts/apt-packages.txt)");
+    let port = free_udp_tcp_port();
+    std::fs::write(
+        dir.join("unbound.conf"),
+        format!(
+            "server:\n  interface: 127.0.0.1@{port}\n  port: {port}\n  do-daemonize: no\n\
+             username: \"\"\n  chroot: \"\"\n  directory: \"{d}\"\n  pidfile: \"\"\n\
+             logfile: \"{d}/unbound.log\"\n  use-syslog: no\n  do-not-query-localhost: no\n\
+             access-control: 127.0.0.0/8 allow\n  trust-anchor-file: \"{d}/{key}.ds\"\n\
+             module-config: \"validator iterator\"\n  qname-minimisation: no\n  do-ip6: no\n\
+             local-zone: \"test.\" nodefault\n\
+             stub-zone:\n  name: \"dane.test\"\n  stub-addr: 127.0.0.1@{nsd_port}\n\
+             stub-zone:\n  name: \"plain.test\"\n  stub-addr: 127.0.0.1@{nsd_port}\n"
+        ),
+    )
+    .unwrap();
+    let unbound = Command::new("unbound")
+        .args(["-d", "-c"])
+        .arg(dir.join("unbound.conf"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("unbound is installed (unbound in scripts/apt-packages.txt)");
+    for p in [nsd_port, port] {
+        let mut up = false;
+        for _ in 0..400 {
+            if std::net::TcpStream::connect(("127.0.0.1", p)).is_ok() {
+                up = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(25));
+        }
+        assert!(up, "nsd or unbound did not listen on {p}");
+    }
+    (
+        Dns {
+            child: unbound,
+            port,
+        },
+        nsd,
+    )
+}
+
+#[tokio::test]
+async fn dane_needs_a_certificate_matching_a_secure_tlsa_record_wins_over_mta_sts_and_an_unsigned_zone_stays_opportunistic()
+ {
+    let postfix = Postfix::start();
+    let dir = tempfile::tempdir().unwrap();
+    // SHA-256 in hex of what a shell pipeline over the Postfix MX's files prints, by openssl.
+    let sha256 = |pipeline: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(format!("{pipeline} | openssl dgst -sha256 -r"))
+            .current_dir(postfix.dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        let text = String::from_utf8(out.stdout).unwrap();
+        text.split_whitespace().next().unwrap().to_owned()
+    };
+    // Its key as a DANE-EE record names it (3 1 1), its CA as a DANE-TA one (2 0 1).
+    let hash = sha256("openssl x509 -in mx.pem -noout -pubkey | openssl pkey -pubin -outform DER");
+    let ca_hash = sha256("openssl x509 -in ca.pem -outform DER");
+    let wrong = "00".repeat(32);
+    let policy_host = PolicyHost::ADDRESS;
+    let soa = |zone: &str| {
+        format!(
+            "$ORIGIN {zone}.\n$TTL 600\n@ IN SOA ns.{zone}. hostmaster.{zone}. 1 3600 600 86400 600\n\
+             @ IN NS ns.{zone}.\nns IN A 127.0.0.1\n"
+        )
+    };
+    let dane_zone = format!(
+        "{}ok IN MX 10 mx.dane.test.\nbad IN MX 10 mxbad.dane.test.\n\
+         ta IN MX 10 mxta.dane.test.\n\
+         mx IN A 127.0.0.51\nmxbad IN A 127.0.0.51\nmxta IN A 127.0.0.51\n\
+         _25._tcp.mx IN TLSA 3 1 1 {hash}\n_25._tcp.mxbad IN TLSA 3 1 1 {wrong}\n\
+         _25._tcp.mxta IN TLSA 2 0 1 {ca_hash}\n\
+         _mta-sts.ok IN TXT \"v=STSv1; id=d1;\"\nmta-sts.ok IN A {policy_host}\n",
+        soa("dane.test")
+    );
+    // Unsigned: its TLSA record (which would not match) is not to be trusted, so ignored.
+    let plain_zone = format!(
+        "{}@ IN MX 10 mx.plain.test.\nmx IN A 127.0.0.51\n_25._tcp.mx IN TLSA 3 1 1 {wrong}\n",
+        soa("plain.test")
+    );
+    let (dns, mut nsd) = dnssec_zones(dir.path(), &dane_zone, &plain_zone);
+    // ok.dane.test also publishes an MTA-STS policy that names another MX: DANE wins.
+    let host = PolicyHost::start(&postfix, &["ok.dane.test"]);
+    host.serve(
+        "ok.dane.test",
+        &sts_policy("enforce", &["mx.elsewhere.test"]),
+    );
+    let db = TestDb::new().await;
+    let cfg = config(
+        &db,
+        dir.path(),
+        &dns,
+        postfix.port,
+        &format!(
+            "DANE = yes\nMTA_STS_CA_FILE = {}\nMTA_STS_PORT = {}\n",
+            postfix.ca().display(),
+            host.port
+        ),
+    );
+    let ok = message(&db, &["kim@ok.dane.test"]).await;
+    let bad = message(&db, &["lou@bad.dane.test"]).await;
+    let plain = message(&db, &["max@plain.test"]).await;
+    let ta = message(&db, &["ned@ta.dane.test"]).await;
+    let answers = relay(&cfg, &[ok, bad, plain, ta]).await;
+    let _ = nsd.kill();
+    let _ = nsd.wait();
+    assert_eq!(
+        answers,
+        vec![
+            r#"0 {"finished":true}"#,
+            "0",
+            r#"0 {"finished":true}"#,
+            r#"0 {"finished":true}"#
+        ]
+    );
+    let held = postfix.held(3);
+    assert_eq!(held.len(), 3, "{}", postfix.maillog());
+    assert!(
+        held.iter().any(|m| m.contains("ned@ta.dane.test")),
+        "DANE-TA: the chain verifies to the CA its TLSA record names: {held:?}"
+    );
+    assert!(
+        held.iter()
+            .any(|m| m.contains("kim@ok.dane.test") && m.contains("(using TLSv1.")),
+        "{held:?}"
+    );
+    assert!(
+        held.iter().any(|m| m.contains("max@plain.test")),
+        "{held:?}"
+    );
+    assert!(
+        !held.iter().any(|m| m.contains("lou@")),
+        "never in clear: {held:?}"
+    );
+    let last = paused_with(&row(&db, bad).await.unwrap());
+    assert!(
+        last.starts_with("4.7.5 mxbad.dane.test [127.0.0.51]: ") && last.contains("TLSA"),
+        "a certificate matching no TLSA record defers: {last}"
+    );
+    let results = tls_results(&db).await;
+    let has = |domain: &str, policy: &str, result: &str| {
+        results
+            .iter()
+            .any(|r| r.0 == domain && r.1 == policy && r.3 == result)
+    };
+    assert!(has("ok.dane.test", "tlsa", "success"), "{results:?}");
+    // The enforce policy was in force, and did not keep mail from the DANE host.
+    let mode: String =
+        sqlx::query_scalar("SELECT mode FROM pepsi.mta_sts_policy WHERE domain = 'ok.dane.test'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(mode, "enforce");
+    assert!(has("ta.dane.test", "tlsa", "success"), "{results:?}");
+    assert!(has("bad.dane.test", "tlsa", "tlsa-invalid"), "{results:?}");
+    assert!(
+        has("plain.test", "no-policy-found", "success"),
+        "{results:?}"
     );
 }

@@ -273,8 +273,10 @@ fn options(policy: TlsPolicy, ca: Option<&Path>, auth: Option<&str>) -> OpenOpti
             policy,
             ca_file: ca.map(Path::to_path_buf),
             server_name: None,
+            audit: false,
+            dane: Vec::new(),
         },
-        auth: auth.map(|password| Credentials {
+        auth: auth.map(|password| Credentials::Password {
             username: "relay".into(),
             password: password.into(),
         }),

@@ -323,6 +323,89 @@ async fn pepsi_setup_dns_stores_the_key_in_the_database_and_never_replaces_it() 
     assert_eq!(still, pem, "the stored key is unchanged");
 }
 
+/// `pepsi-setup dns --certificate` prints the MX's DANE-EE TLSA record (3 1 1): the
+/// SHA-256 of the certificate's public key, as openssl computes it, and the MTA-STS record
+/// and policy the relay stage's parser reads back.
+#[test]
+fn pepsi_setup_dns_prints_the_tlsa_record_of_the_certificate_and_a_policy_that_parses() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = crate::support::ingress::TestCa::new(dir.path());
+    let openssl = |cmd: &str| {
+        let out = Command::new("sh")
+            .arg("-c")
+            .arg(cmd)
+            .current_dir(dir.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{cmd}: {out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let want = openssl(&format!(
+        "openssl x509 -in {} -noout -pubkey | openssl pkey -pubin -outform DER | openssl dgst -sha256 -r",
+        ca.cert.display()
+    ));
+    let want = want.split_whitespace().next().unwrap().to_owned();
+    let out = Command::new(SETUP)
+        .args([
+            "dns",
+            "example.test",
+            "--mx",
+            "mx.example.test",
+            "--selector",
+            "s1",
+        ])
+        .args(["--mta-sts", "enforce", "--json", "--certificate"])
+        .arg(&ca.cert)
+        .arg("--key-file")
+        .arg(dir.path().join("dkim.pem"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let records = json["records"].as_array().unwrap();
+    let tlsa = records
+        .iter()
+        .find(|r| r["type"] == "TLSA")
+        .expect("a TLSA record");
+    assert_eq!(tlsa["name"], "_25._tcp.mx.example.test");
+    assert_eq!(tlsa["value"], format!("3 1 1 {want}"));
+    let sts = records
+        .iter()
+        .find(|r| r["name"] == "_mta-sts.example.test")
+        .unwrap();
+    assert!(
+        pepsi_smtp::sts::Record::parse(sts["value"].as_str().unwrap()).is_ok(),
+        "{sts}"
+    );
+    let policy =
+        pepsi_smtp::sts::Policy::parse(json["mta_sts_policy"].as_str().unwrap().as_bytes())
+            .unwrap();
+    assert_eq!(policy.mode, pepsi_smtp::sts::Mode::Enforce);
+    assert!(policy.allows("mx.example.test"));
+
+    let bad = dir.path().join("not-a-cert.pem");
+    std::fs::write(&bad, "hello\n").unwrap();
+    let out = Command::new(SETUP)
+        .args([
+            "dns",
+            "example.test",
+            "--mx",
+            "mx.example.test",
+            "--certificate",
+        ])
+        .arg(&bad)
+        .arg("--key-file")
+        .arg(dir.path().join("dkim2.pem"))
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("not-a-cert.pem holds no PEM certificate"),
+        "{err}"
+    );
+}
+
 #[test]
 fn pepsi_setup_without_a_database_names_the_missing_option() {
     let dir = tempfile::tempdir().unwrap();

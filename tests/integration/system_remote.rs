@@ -48,6 +48,8 @@ impl World {
                 "--host-record=mx.remote.test,127.0.0.41",
                 "--mx-host=origin.test,mx.origin.test,10",
                 "--host-record=mx.origin.test,127.0.0.42",
+                // remote.test wants TLS reports, at a mailbox on the other MX.
+                "--txt-record=_smtp._tls.remote.test,v=TLSRPTv1; rua=mailto:tls@origin.test",
             ]
             .map(String::from),
         );
@@ -641,5 +643,116 @@ async fn a_dot_forward_leaves_with_an_srs_sender_keeps_a_copy_and_refuses_a_loop
     assert!(
         logs.contains("program delivery (|command) is not supported"),
         "{logs}"
+    );
+}
+
+/// A TLS report through the whole system (RFC 8460): mail forwarded to remote.test leaves
+/// over SMTP without TLS (its MX offers no STARTTLS), the relay stage counts that session,
+/// `pepsi-tlsrpt send` makes the day's report for remote.test and queues it for the rua its
+/// `_smtp._tls` record names, the pipeline signs it with our DKIM key and delivers it to
+/// that mailbox's MX, and `pepsi-tlsrpt import` reads what arrived there back.
+#[tokio::test]
+async fn the_days_tls_report_reaches_the_rua_mailbox_through_the_whole_system_and_is_read_back() {
+    let world = World::start().await;
+    let extra = format!(
+        "{}TLS = may\n\n[pepsi-tlsrpt]\nDNS_SERVERS = 127.0.0.1:{}\nORGANIZATION = Pepsi Test\n\
+         FROM = tls-reports@example.test\n",
+        world.extra().replace("TLS = none\n", ""),
+        world.dns.port
+    );
+    let mut sys = System::new(&extra, &["alice"]).await;
+    sys.start().await;
+    let raw = b"From: bob@origin.test\r\nTo: fwd@example.test\r\nSubject: onward\r\n\r\nhello\r\n";
+    sys.send("bob@origin.test", &["fwd@example.test"], raw)
+        .await;
+    let until = std::time::Instant::now() + WAIT;
+    while world.remote.messages().is_empty() && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(world.remote.messages().len(), 1, "{}", sys.logs());
+    let counted: Vec<(String, String, String, i64)> = sqlx::query_as(
+        "SELECT domain, policy_type, result_type, sessions FROM pepsi.tls_report_result",
+    )
+    .fetch_all(&sys.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        counted,
+        [(
+            "remote.test".to_owned(),
+            "no-policy-found".to_owned(),
+            "starttls-not-supported".to_owned(),
+            1
+        )]
+    );
+
+    let tlsrpt =
+        pepsi_testkit::programs::program("pepsi-tlsrpt", env!("CARGO_BIN_EXE_pepsi-tlsrpt"));
+    let today = chrono::Utc::now().date_naive().to_string();
+    let out = sys
+        .command(&tlsrpt)
+        .args(["send", "--day", &today, "--json"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sent[0]["rua"], "mailto:tls@origin.test", "{sent}");
+    assert_eq!(sent[0]["outcome"], "sent", "{sent}");
+
+    // It arrives signed with our domain's DKIM key (RFC 8460 §5.3), as mail generated here is.
+    let until = std::time::Instant::now() + WAIT;
+    let mut arrived = Vec::new();
+    while arrived.is_empty() && std::time::Instant::now() < until {
+        arrived = world
+            .origin
+            .messages()
+            .into_iter()
+            .filter(|m| m.rcpt.iter().any(|r| r.contains("tls@origin.test")))
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(arrived.len(), 1, "{}", sys.logs());
+    let mail = &arrived[0].data;
+    let signatures = named(mail, "DKIM-Signature");
+    assert!(
+        signatures.iter().any(|s| s.contains("d=example.test")),
+        "{signatures:?}"
+    );
+    assert!(
+        named(mail, "TLS-Report-Domain")
+            .iter()
+            .any(|f| f.contains("remote.test")),
+        "{}",
+        String::from_utf8_lossy(mail)
+    );
+
+    let mut import = sys
+        .command(&tlsrpt)
+        .args(["import", "-"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut import.stdin.take().unwrap(), mail).unwrap();
+    let out = import.wait_with_output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("1 report(s) imported"),
+        "{out:?}"
+    );
+    let out = sys
+        .command(&tlsrpt)
+        .args(["summary", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let summary: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        summary[0],
+        json!({"organization": "Pepsi Test", "domain": "remote.test",
+               "result": "starttls-not-supported", "sessions": 1}),
+        "{summary}"
     );
 }

@@ -78,6 +78,8 @@ pub struct Snapshot {
     pub outcomes: Vec<OutcomeCount>,
     pub ingress: Vec<IngressCount>,
     pub destinations: Vec<DestinationCount>,
+    /// Sessions the TLS reports received in the last week count, per result.
+    pub tls_reports: Vec<TlsReportCount>,
 }
 
 /// Reads a snapshot: five read-only statements, not one transaction (the figures are a
@@ -91,7 +93,43 @@ pub async fn snapshot(pool: &PgPool) -> Result<Snapshot, sqlx::Error> {
         outcomes: outcomes_last_hour(pool).await?,
         ingress: ingress_counters(pool).await?,
         destinations: destinations_last_hour(pool).await?,
+        tls_reports: tls_reports_last_week(pool).await?,
     })
+}
+
+/// Sessions of one result in the TLS reports (RFC 8460) other senders made about our
+/// domains, received in the last week (`pepsi.tls_report_received`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct TlsReportCount {
+    /// `success`, or an RFC 8460 result type (reports are checked for those on import).
+    pub result: String,
+    pub sessions: i64,
+}
+
+/// The results of the TLS reports received in the last week.
+pub async fn tls_reports_last_week(pool: &PgPool) -> Result<Vec<TlsReportCount>, sqlx::Error> {
+    let rows = sqlx::query(
+        "WITH p AS (SELECT pol FROM pepsi.tls_report_received r, \
+                   jsonb_array_elements(r.report->'policies') pol \
+                   WHERE r.received_at > now() - interval '7 days') \
+         SELECT 'success' AS result, \
+                coalesce(sum((pol->'summary'->>'total-successful-session-count')::bigint), 0)::bigint \
+         FROM p \
+         UNION ALL \
+         SELECT d->>'result-type', sum((d->>'failed-session-count')::bigint)::bigint \
+         FROM p, jsonb_array_elements(coalesce(pol->'failure-details', '[]'::jsonb)) d \
+         GROUP BY 1 ORDER BY 1",
+    )
+    .fetch_all(pool)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(TlsReportCount {
+                result: r.try_get(0)?,
+                sessions: r.try_get(1)?,
+            })
+        })
+        .collect()
 }
 
 /// One of the ingress's counters (`pepsi.ingress_stats`, summed over its processes).

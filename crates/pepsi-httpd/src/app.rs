@@ -40,6 +40,30 @@ async fn method_not_allowed() -> ApiError {
     )
 }
 
+/// Our MTA-STS policy (RFC 8461 §3.3), for whichever `mta-sts.<domain>` the request
+/// names: every domain of this server has the same MX hosts. 404 when none is configured.
+async fn mta_sts_policy(axum::extract::State(state): axum::extract::State<AppState>) -> Response {
+    match &state.options.mta_sts {
+        Some(policy) => (
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8",
+            )],
+            policy.to_text(),
+        )
+            .into_response(),
+        None => (
+            StatusCode::NOT_FOUND,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "text/plain; charset=utf-8",
+            )],
+            "no MTA-STS policy is configured ([pepsi-httpd] MTA_STS_MODE)\n",
+        )
+            .into_response(),
+    }
+}
+
 async fn healthz() -> impl IntoResponse {
     axum::Json(serde_json::json!({"status": "ok"}))
 }
@@ -49,6 +73,8 @@ pub fn router(state: AppState) -> Router {
     let max_body = state.options.max_body;
     Router::new()
         .route("/healthz", get(healthz))
+        .route("/.well-known/mta-sts.txt", get(mta_sts_policy))
+        .route("/tlsrpt", post(crate::tlsrpt::upload))
         .route("/metrics", get(metrics::metrics))
         .route("/api/login", post(api::session::login))
         .route("/api/logout", post(api::session::logout))
@@ -96,6 +122,14 @@ pub fn router(state: AppState) -> Router {
         .route("/api/mail-log", get(api::logs::mail_log))
         .route("/api/events", get(api::logs::events))
         .route("/api/pipeline", get(api::pipeline::pipeline))
+        .route("/api/setup", get(api::setup::status))
+        .route("/api/setup/admin", post(api::setup::first_admin))
+        .route("/api/setup/dns-check", get(api::setup::dns_check))
+        .route(
+            "/api/setup/tasks",
+            get(api::setup::list).post(api::setup::submit),
+        )
+        .route("/setup", get(crate::setup_page::setup_page))
         .route("/", get(pages::root))
         .route("/login", get(pages::login_page))
         .route("/pipeline", get(pages::pipeline_page))

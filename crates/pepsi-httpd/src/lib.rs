@@ -38,9 +38,11 @@ pub mod query;
 mod secretary;
 mod secure;
 mod server;
+mod setup_page;
 mod store;
 mod svg;
 pub mod throttle;
+mod tlsrpt;
 mod token_page;
 
 use std::io::Write as _;

@@ -188,6 +188,18 @@ pub fn render(s: &Snapshot) -> Result<String, prometheus::Error> {
             .with_label_values(&[d.domain.as_str(), d.event.as_str()])
             .set(d.recipients as f64);
     }
+    let tls = GaugeVec::new(
+        Opts::new(
+            "pepsi_tls_report_sessions_last_week",
+            "Sessions to our domains the TLS reports (RFC 8460) received in the last week count, per result (success or a failure type).",
+        ),
+        &["result"],
+    )?;
+    reg.register(Box::new(tls.clone()))?;
+    for t in &s.tls_reports {
+        tls.with_label_values(&[t.result.as_str()])
+            .set(t.sessions as f64);
+    }
     let mut out = Vec::new();
     TextEncoder::new().encode(&reg.gather(), &mut out)?;
     Ok(String::from_utf8_lossy(&out).into_owned())
@@ -238,7 +250,7 @@ mod tests {
     fn the_rendering_names_every_family_with_its_labels() {
         use pepsi_admin::status::{
             DestinationCount, DispatchCounters, IngressCount, Oldest, OutcomeCount, QueueCount,
-            StageCounters,
+            StageCounters, TlsReportCount,
         };
         let s = Snapshot {
             stages: vec![StageCounters {
@@ -290,6 +302,10 @@ mod tests {
                 event: "delivered".into(),
                 recipients: 5,
             }],
+            tls_reports: vec![TlsReportCount {
+                result: "certificate-expired".into(),
+                sessions: 4,
+            }],
         };
         let text = render(&s).unwrap();
         let want = [
@@ -306,6 +322,7 @@ mod tests {
             "pepsi_ingress_refused_total{command=\"RCPT\",status=\"5.1.1\"} 3",
             "pepsi_ingress_connections_refused_total{reason=\"too_many_from_client\"} 2",
             "pepsi_destination_outcomes_last_hour{domain=\"example.org\",event=\"delivered\"} 5",
+            "pepsi_tls_report_sessions_last_week{result=\"certificate-expired\"} 4",
             "# TYPE pepsi_queue_messages gauge",
             "# TYPE pepsi_dispatch_messages_total counter",
         ];

@@ -117,6 +117,58 @@ pub struct HttpdOptions {
     /// as the pepsi-config role (the httpd role may only read the table). Without it the
     /// API's override writes answer 409.
     pub config_database_url: Option<DatabaseUrl>,
+    /// Our own MTA-STS policy (RFC 8461), served at `/.well-known/mta-sts.txt` when
+    /// `MTA_STS_MODE` is set: `MTA_STS_MODE`, `MTA_STS_MX` (default `[pepsi] HOSTNAME`) and
+    /// `MTA_STS_MAX_AGE` (default 7d).
+    pub mta_sts: Option<pepsi_smtp::sts::Policy>,
+    /// `TLSRPT_UPLOAD` (default no): take TLS reports POSTed to `/tlsrpt`; with it,
+    /// `TLSRPT_MAX_PER_DAY` (1000), the most taken in a day.
+    pub tlsrpt_upload: Option<u32>,
+}
+
+/// `MTA_STS_MODE`, `MTA_STS_MX` and `MTA_STS_MAX_AGE` of `[pepsi-httpd]`: the policy this
+/// server publishes for its domains, or None when it publishes none.
+pub fn mta_sts_policy(cfg: &Config) -> anyhow::Result<Option<pepsi_smtp::sts::Policy>> {
+    use pepsi_smtp::sts::{self, Mode, Policy};
+    let s = cfg.section(SECTION);
+    let Some(mode) = s.parse_opt("MTA_STS_MODE", Mode::parse)? else {
+        return Ok(None);
+    };
+    let mx = match s.string_opt("MTA_STS_MX")? {
+        Some(list) => list
+            .split(|c: char| c == ',' || c.is_whitespace())
+            .filter(|m| !m.is_empty())
+            .map(|m| {
+                sts::parse_pattern(m).map_err(|e| anyhow::anyhow!("[{SECTION}] MTA_STS_MX: {e}"))
+            })
+            .collect::<anyhow::Result<Vec<_>>>()?,
+        None => vec![
+            sts::parse_pattern(&cfg.name_option(&s, "MTA_STS_MX")?).map_err(|e| {
+                anyhow::anyhow!("[{SECTION}] MTA_STS_MX (from [pepsi] HOSTNAME): {e}")
+            })?,
+        ],
+    };
+    if mx.is_empty() || mx.len() > sts::MAX_MX_PATTERNS {
+        bail!(
+            "[{SECTION}] MTA_STS_MX: expected 1 to {} host names or *.domain patterns",
+            sts::MAX_MX_PATTERNS
+        );
+    }
+    let max_age = s
+        .duration_opt("MTA_STS_MAX_AGE")?
+        .unwrap_or(Duration::from_secs(7 * 86_400))
+        .as_secs();
+    if max_age == 0 || max_age > u64::from(sts::MAX_AGE_LIMIT) {
+        bail!(
+            "[{SECTION}] MTA_STS_MAX_AGE = {max_age}s: expected more than 0 and at most {}s (a year)",
+            sts::MAX_AGE_LIMIT
+        );
+    }
+    Ok(Some(Policy {
+        mode,
+        max_age: max_age as u32,
+        mx,
+    }))
 }
 
 impl HttpdOptions {
@@ -205,6 +257,11 @@ impl HttpdOptions {
             None => None,
         };
         Ok(Self {
+            mta_sts: mta_sts_policy(cfg)?,
+            tlsrpt_upload: match s.bool_opt("TLSRPT_UPLOAD")?.unwrap_or(false) {
+                true => Some(count("TLSRPT_MAX_PER_DAY", 1000)?),
+                false => None,
+            },
             config_database_url,
             address,
             secure_cookie: s.bool_opt("COOKIE_SECURE")?.unwrap_or(tls.is_some()),
@@ -247,6 +304,50 @@ mod tests {
 
     fn settings(text: &str) -> anyhow::Result<HttpdOptions> {
         HttpdOptions::from_config(&Config::from_str_named(text, "t.conf").unwrap())
+    }
+
+    #[test]
+    fn our_mta_sts_policy() {
+        assert_eq!(settings("").unwrap().mta_sts, None);
+        let p =
+            settings("[pepsi]\nHOSTNAME = mx.example.org\n[pepsi-httpd]\nMTA_STS_MODE = enforce\n")
+                .unwrap()
+                .mta_sts
+                .unwrap();
+        assert_eq!(
+            p.to_text(),
+            "version: STSv1\r\nmode: enforce\r\nmx: mx.example.org\r\nmax_age: 604800\r\n"
+        );
+        let p = settings(
+            "[pepsi-httpd]\nMTA_STS_MODE = testing\nMTA_STS_MX = mx1.example.org, *.Example.net\nMTA_STS_MAX_AGE = 1d\n",
+        )
+        .unwrap()
+        .mta_sts
+        .unwrap();
+        assert_eq!(
+            (p.max_age, p.mx.as_slice()),
+            (
+                86400,
+                &["mx1.example.org".to_owned(), "*.example.net".to_owned()][..]
+            )
+        );
+        for (bad, why) in [
+            ("MTA_STS_MODE = on\n", "MTA_STS_MODE"),
+            (
+                "MTA_STS_MODE = enforce\nMTA_STS_MX = bad host!\n",
+                "MTA_STS_MX",
+            ),
+            (
+                "MTA_STS_MODE = enforce\nMTA_STS_MAX_AGE = 0s\n",
+                "MTA_STS_MAX_AGE",
+            ),
+        ] {
+            let err = format!(
+                "{:#}",
+                settings(&format!("[pepsi-httpd]\n{bad}")).unwrap_err()
+            );
+            assert!(err.contains(why), "{bad}: {err}");
+        }
     }
 
     #[test]

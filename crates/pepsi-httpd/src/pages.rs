@@ -29,7 +29,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// The static files of `ui/`: (name, content type, text).
-const ASSETS: [(&str, &str, &str); 3] = [
+const ASSETS: [(&str, &str, &str); 4] = [
     (
         "pepsi.css",
         "text/css; charset=utf-8",
@@ -44,6 +44,11 @@ const ASSETS: [(&str, &str, &str); 3] = [
         "pipeline.js",
         "text/javascript; charset=utf-8",
         include_str!("../ui/pipeline.js"),
+    ),
+    (
+        "setup.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/setup.js"),
     ),
 ];
 
@@ -68,12 +73,12 @@ fn with_headers(status: StatusCode, content_type: &'static str, body: String) ->
     r
 }
 
-fn page(status: StatusCode, markup: Markup) -> Response {
+pub(crate) fn page(status: StatusCode, markup: Markup) -> Response {
     with_headers(status, "text/html; charset=utf-8", markup.into_string())
 }
 
 /// The frame of every page.
-fn frame(title: &str, script: &str, content: Markup) -> Markup {
+pub(crate) fn frame(title: &str, script: &str, content: Markup) -> Markup {
     html! {
         (DOCTYPE)
         html lang="en" {
@@ -89,7 +94,7 @@ fn frame(title: &str, script: &str, content: Markup) -> Markup {
     }
 }
 
-fn login_markup(message: Option<&str>) -> Markup {
+pub(crate) fn login_markup(message: Option<&str>) -> Markup {
     frame(
         "Log in",
         "login.js",
@@ -109,7 +114,7 @@ fn login_markup(message: Option<&str>) -> Markup {
 }
 
 /// Who is asking, or why nobody: the page answers with the login form rather than failing.
-pub struct Viewer(Result<Option<Principal>, ApiError>);
+pub struct Viewer(pub(crate) Result<Option<Principal>, ApiError>);
 
 impl FromRequestParts<AppState> for Viewer {
     type Rejection = Infallible;

@@ -59,6 +59,43 @@ pub async fn create_admin(
     Ok(())
 }
 
+/// Creates administrator `name` only when there is none at all: the setup page's first
+/// account. Two requests at once cannot both succeed (the table is locked against writers
+/// until the transaction ends). Whether it was created.
+pub async fn create_first_admin(
+    pool: &PgPool,
+    actor: &Actor,
+    name: &str,
+    hash: &str,
+) -> Result<bool, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("LOCK TABLE pepsi.admin_account IN SHARE ROW EXCLUSIVE MODE")
+        .execute(&mut *tx)
+        .await?;
+    let n = sqlx::query(
+        "INSERT INTO pepsi.admin_account (name, password_hash) SELECT $1, $2 \
+         WHERE NOT EXISTS (SELECT 1 FROM pepsi.admin_account)",
+    )
+    .bind(name)
+    .bind(hash)
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+    if n == 0 {
+        return Ok(false);
+    }
+    audit::record(
+        &mut tx,
+        actor,
+        "admin.create",
+        None,
+        json!({"name": name, "first": true}),
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(true)
+}
+
 /// The password hash of the enabled administrator `name`.
 pub async fn admin_hash(pool: &PgPool, name: &str) -> Result<Option<String>, sqlx::Error> {
     sqlx::query_scalar("SELECT password_hash FROM pepsi.admin_account WHERE name = $1 AND enabled")

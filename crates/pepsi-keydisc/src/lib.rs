@@ -183,16 +183,6 @@ pub struct Finder {
     http: reqwest::Client,
 }
 
-/// reqwest asks our resolver (the configured servers, never the hosts file), so WKD hosts
-/// resolve as the DNS says; an address that is not globally routable (loopback, private,
-/// link-local …) is refused unless ALLOW_PRIVATE_ADDRESSES, so a recipient's domain cannot
-/// point the service at the host's own or its network's services. Checked at connect time,
-/// on every redirect too, which also closes DNS rebinding.
-struct Resolver {
-    dns: Arc<Dns>,
-    allow_private: bool,
-}
-
 /// Whether an address is one a public key server may have.
 pub fn is_global(ip: std::net::IpAddr) -> bool {
     match ip {
@@ -229,36 +219,13 @@ pub fn is_global(ip: std::net::IpAddr) -> bool {
     }
 }
 
-impl reqwest::dns::Resolve for Resolver {
-    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
-        let dns = self.dns.clone();
-        let allow_private = self.allow_private;
-        Box::pin(async move {
-            let found = dns.addresses(name.as_str(), true).await.map_err(
-                |e| -> Box<dyn std::error::Error + Send + Sync> { e.to_string().into() },
-            )?;
-            let addrs: Vec<SocketAddr> = found
-                .addresses
-                .into_iter()
-                .filter(|ip| allow_private || is_global(*ip))
-                .map(|ip| SocketAddr::new(ip, 0))
-                .collect();
-            if addrs.is_empty() {
-                return Err(format!(
-                    "{} has no globally routable address (ALLOW_PRIVATE_ADDRESSES)",
-                    name.as_str()
-                )
-                .into());
-            }
-            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
-        })
-    }
-}
-
 impl Finder {
     pub fn new(options: Options) -> anyhow::Result<Finder> {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let dns = Arc::new(Dns::new(&options.dns_servers, options.method_timeout)?);
+        // reqwest asks our resolver, so WKD hosts resolve as the DNS says; an address that
+        // is not globally routable is refused unless ALLOW_PRIVATE_ADDRESSES, so a
+        // recipient's domain cannot point the service at the host's own network.
         let mut builder = reqwest::Client::builder()
             .timeout(options.method_timeout)
             .connect_timeout(options.method_timeout)
@@ -273,9 +240,14 @@ impl Finder {
                 }
             }))
             .https_only(true)
-            .dns_resolver(Arc::new(Resolver {
+            .dns_resolver(Arc::new(pepsi_outbound::dns::HttpResolver {
                 dns: dns.clone(),
-                allow_private: options.allow_private,
+                allowed: if options.allow_private {
+                    |_| true
+                } else {
+                    is_global
+                },
+                option: "ALLOW_PRIVATE_ADDRESSES",
             }))
             .user_agent(concat!("pepsi-keydisc/", env!("CARGO_PKG_VERSION")));
         if let Some(path) = &options.ca_file {

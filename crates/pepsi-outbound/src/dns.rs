@@ -256,6 +256,264 @@ impl Dns {
     }
 }
 
+impl Dns {
+    /// The TXT records at `name`, each record's strings joined (RFC 7208 §3.3, RFC 8461
+    /// §3.1); a name without TXT records, or that does not exist, has none.
+    pub async fn txt(&self, name: &str) -> Result<Vec<String>, Lookup> {
+        match self
+            .records(name, hickory_resolver::proto::rr::RecordType::TXT)
+            .await
+        {
+            Ok(records) => Ok(records
+                .iter()
+                .filter_map(|r| match r {
+                    RData::TXT(txt) => Some(
+                        txt.txt_data
+                            .iter()
+                            .map(|part| String::from_utf8_lossy(part))
+                            .collect::<String>(),
+                    ),
+                    _ => None,
+                })
+                .collect()),
+            Err(Lookup::NoRecords | Lookup::NoDomain) => Ok(Vec::new()),
+            Err(failed) => Err(failed),
+        }
+    }
+}
+
+/// What a validating resolver answered for one name and type.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Secured {
+    /// The resolver set AD: it validated the answer (or the proof that there is none) with
+    /// DNSSEC.
+    pub secure: bool,
+    /// The records of the type asked for; empty for NXDOMAIN or NODATA.
+    pub records: Vec<RData>,
+}
+
+/// Lookups whose DNSSEC status counts (DANE, RFC 7672): asked of a validating resolver the
+/// operator names (a local unbound, say), with the AD and DO bits set, and the AD bit of
+/// the answer taken as its word. The resolver must be one this host trusts to validate and
+/// reaches over a path nobody else can touch (loopback): the AD bit is not protected on
+/// the wire. UDP, then TCP when the answer is truncated.
+pub struct Validating {
+    servers: Vec<SocketAddr>,
+    timeout: Duration,
+}
+
+/// The largest answer read over UDP (the EDNS buffer size of DNS Flag Day 2020).
+const EDNS_PAYLOAD: u16 = 1232;
+
+impl Validating {
+    /// Asks `servers`, or the system's resolvers (`/etc/resolv.conf`) when empty.
+    pub fn new(servers: &[SocketAddr], timeout: Duration) -> anyhow::Result<Validating> {
+        let servers = if servers.is_empty() {
+            let (config, _) = resolver_config(&[], timeout)?;
+            config
+                .name_servers()
+                .iter()
+                .map(|ns| SocketAddr::new(ns.ip, 53))
+                .collect()
+        } else {
+            servers.to_vec()
+        };
+        Ok(Validating { servers, timeout })
+    }
+
+    /// The records of type `kind` at `name`, and whether they are secure. NXDOMAIN and
+    /// NODATA are answers (no records); SERVFAIL (which a validating resolver also gives for
+    /// bogus data), a refusal or no answer in time is [`Lookup::Failed`].
+    pub async fn lookup(
+        &self,
+        name: &str,
+        kind: hickory_resolver::proto::rr::RecordType,
+    ) -> Result<Secured, Lookup> {
+        let mut last = Lookup::Failed("no resolver configured".into());
+        for server in &self.servers {
+            match self.ask(*server, name, kind).await {
+                Ok(answer) => {
+                    let secure = answer.metadata.authentic_data;
+                    return match answer.metadata.response_code {
+                        ResponseCode::NoError | ResponseCode::NXDomain => Ok(Secured {
+                            secure,
+                            records: answer
+                                .answers
+                                .iter()
+                                .filter(|r| r.data.record_type() == kind)
+                                .map(|r| r.data.clone())
+                                .collect(),
+                        }),
+                        code => Err(Lookup::Failed(format!("{server} answered {code}"))),
+                    };
+                }
+                Err(why) => last = Lookup::Failed(format!("{server}: {why}")),
+            }
+        }
+        Err(last)
+    }
+
+    async fn ask(
+        &self,
+        server: SocketAddr,
+        name: &str,
+        kind: hickory_resolver::proto::rr::RecordType,
+    ) -> Result<hickory_resolver::proto::op::Message, String> {
+        use hickory_resolver::proto::op::{Edns, Message, Query};
+        use hickory_resolver::proto::rr::Name;
+        let qname = Name::from_ascii(fqdn(name)).map_err(|e| format!("{name:?}: {e}"))?;
+        let mut query = Message::query();
+        query.metadata.recursion_desired = true;
+        query.metadata.authentic_data = true;
+        query.add_query(Query::query(qname, kind));
+        let mut edns = Edns::new();
+        edns.set_dnssec_ok(true);
+        edns.set_max_payload(EDNS_PAYLOAD);
+        query.set_edns(edns);
+        let id = query.metadata.id;
+        let wire = query.to_vec().map_err(|e| e.to_string())?;
+        let answer = tokio::time::timeout(self.timeout, async {
+            let local: SocketAddr = if server.is_ipv4() {
+                ([0, 0, 0, 0], 0).into()
+            } else {
+                (std::net::Ipv6Addr::UNSPECIFIED, 0).into()
+            };
+            let socket = tokio::net::UdpSocket::bind(local)
+                .await
+                .map_err(|e| e.to_string())?;
+            socket.connect(server).await.map_err(|e| e.to_string())?;
+            socket.send(&wire).await.map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; usize::from(EDNS_PAYLOAD) + 512];
+            loop {
+                let n = socket.recv(&mut buf).await.map_err(|e| e.to_string())?;
+                // Anything but the answer to this query (a stray datagram) is dropped.
+                if let Ok(m) = Message::from_vec(&buf[..n])
+                    && m.metadata.id == id
+                {
+                    return Ok::<_, String>(m);
+                }
+            }
+        })
+        .await
+        .map_err(|_| "no answer in time".to_owned())??;
+        if !answer.metadata.truncation {
+            return Ok(answer);
+        }
+        tokio::time::timeout(self.timeout, async {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            let mut tcp = tokio::net::TcpStream::connect(server)
+                .await
+                .map_err(|e| e.to_string())?;
+            let len = u16::try_from(wire.len()).map_err(|_| "query too long".to_owned())?;
+            tcp.write_all(&[&len.to_be_bytes()[..], &wire].concat())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut len = [0u8; 2];
+            tcp.read_exact(&mut len).await.map_err(|e| e.to_string())?;
+            let mut buf = vec![0u8; usize::from(u16::from_be_bytes(len))];
+            tcp.read_exact(&mut buf).await.map_err(|e| e.to_string())?;
+            let m = Message::from_vec(&buf).map_err(|e| e.to_string())?;
+            if m.metadata.id != id {
+                return Err("the answer over TCP is not to this query".to_owned());
+            }
+            Ok(m)
+        })
+        .await
+        .map_err(|_| "no answer in time over TCP".to_owned())?
+    }
+}
+
+/// The non-public range `ip` lies in, if any: the destinations the relay and the
+/// HTTPS fetches refuse unless `ALLOW_INTERNAL_ADDRESSES` (an IPv4-mapped IPv6 address is judged as its IPv4 address).
+pub fn internal_range(ip: IpAddr) -> Option<&'static str> {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
+        v4 => v4,
+    };
+    match ip {
+        IpAddr::V4(a) => {
+            let [b0, b1, ..] = a.octets();
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_private() {
+                Some("private")
+            } else if a.is_link_local() {
+                Some("link-local")
+            } else if a.is_unspecified() || b0 == 0 {
+                Some("unspecified")
+            } else if b0 == 100 && (64..128).contains(&b1) {
+                Some("shared address space (carrier-grade NAT)")
+            } else if a.is_multicast() || a.is_broadcast() || b0 >= 240 {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+        IpAddr::V6(a) => {
+            let first = a.segments()[0];
+            if a.is_loopback() {
+                Some("loopback")
+            } else if a.is_unspecified() {
+                Some("unspecified")
+            } else if first & 0xfe00 == 0xfc00 {
+                Some("private (unique local)")
+            } else if first & 0xffc0 == 0xfe80 {
+                Some("link-local")
+            } else if a.is_multicast() {
+                Some("multicast or reserved")
+            } else {
+                None
+            }
+        }
+    }
+}
+
+/// An address outside every range [`internal_range`] names.
+pub fn is_public(ip: IpAddr) -> bool {
+    internal_range(ip).is_none()
+}
+
+/// A resolver for reqwest over a [`Dns`]: the HTTPS fetches of key discovery and MTA-STS
+/// ask the same servers as the rest of the program, never the hosts file, and an address
+/// `allowed` refuses (loopback, private …, unless the operator allowed them) is never
+/// connected to. Checked at connect time, on every redirect too, which also closes DNS
+/// rebinding.
+pub struct HttpResolver {
+    pub dns: std::sync::Arc<Dns>,
+    /// Whether an address may be connected to.
+    pub allowed: fn(IpAddr) -> bool,
+    /// The option that would allow a refused address, for the error.
+    pub option: &'static str,
+}
+
+impl reqwest::dns::Resolve for HttpResolver {
+    fn resolve(&self, name: reqwest::dns::Name) -> reqwest::dns::Resolving {
+        let dns = self.dns.clone();
+        let (allowed, option) = (self.allowed, self.option);
+        Box::pin(async move {
+            let found = dns.addresses(name.as_str(), true).await.map_err(
+                |e| -> Box<dyn std::error::Error + Send + Sync> {
+                    format!("{}: {e}", name.as_str()).into()
+                },
+            )?;
+            let addrs: Vec<SocketAddr> = found
+                .addresses
+                .into_iter()
+                .filter(|ip| allowed(*ip))
+                .map(|ip| SocketAddr::new(ip, 0))
+                .collect();
+            if addrs.is_empty() {
+                return Err(format!(
+                    "{} has no globally routable address ({option})",
+                    name.as_str()
+                )
+                .into());
+            }
+            Ok(Box::new(addrs.into_iter()) as reqwest::dns::Addrs)
+        })
+    }
+}
+
 fn fqdn(name: &str) -> String {
     format!("{}.", name.trim_end_matches('.'))
 }

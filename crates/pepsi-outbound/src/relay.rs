@@ -3,9 +3,10 @@
 //! a message to all its recipients turned into per-recipient [`RcptResult`]s.
 //!
 //! A failure before the transaction (refused connection, timeout, a refused greeting,
-//! EHLO/LHLO, STARTTLS or AUTH) is about the peer, not a recipient: every recipient is
-//! deferred, whatever the reply code, so a misconfigured or overloaded peer never bounces
-//! mail. Inside the transaction the server's replies decide, per recipient.
+//! EHLO/LHLO, STARTTLS or AUTH, or an access token that cannot be read: [`FreshAuth`]) is
+//! about the peer, not a recipient: every recipient is deferred, whatever the reply code,
+//! so a misconfigured or overloaded peer never bounces mail. Inside the transaction the
+//! server's replies decide, per recipient.
 //!
 //! The relaying stages are one program over a peer kind ([`RelayStage`]): what tells them
 //! apart is how their section names the peer ([`PeerKind`]) and their help text.
@@ -14,10 +15,12 @@
 //! `delivery::conclude`'s business.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pepsi_smtp::{
-    ClientError, Connection, Envelope, OpenOptions, Protocol, RcptOutcome, Target, Timeouts,
+    ClientError, Connection, Credentials, Envelope, OpenOptions, Phase, Protocol, RcptOutcome,
+    Target, Timeouts,
 };
 
 use crate::delivery::{self, Failure, RcptResult, RetryPolicy};
@@ -39,6 +42,35 @@ pub struct Peer {
     pub connection_idle: Duration,
     /// STARTTLS policy and AUTH credentials.
     pub options: OpenOptions,
+    /// Credentials read again for each new connection, in place of `options.auth` (the
+    /// smarthost's OAuth 2.0 access token).
+    pub fresh_auth: Option<FreshAuth>,
+}
+
+/// AUTH credentials read again for every new connection rather than once at start: the
+/// smarthost's OAuth 2.0 access token, which `pepsi-helper-token-refresh` replaces in its
+/// file before it expires. The stage that has them says how they are read; a kept
+/// connection, logged in already, serves on with the token it was opened with.
+pub trait FreshCredentials: fmt::Debug + Send + Sync {
+    /// The credentials for a connection opened now, or why there are none (the token file
+    /// unreadable, malformed or expired), naming where they were looked for. No connection
+    /// is opened then: every recipient waits, 4.7.0, this text its `last_error`.
+    fn read(&self) -> Result<Credentials, String>;
+
+    /// Where the credentials come from, for the `last_error` of a refused AUTH (`the access
+    /// token in /var/lib/pepsi/tokens/m365.json`).
+    fn source(&self) -> String;
+}
+
+/// A [`FreshCredentials`] of a [`Peer`]. Two peers are the same only with the same one,
+/// so a kept connection is reused only by the stage section that opened it.
+#[derive(Debug, Clone)]
+pub struct FreshAuth(pub Arc<dyn FreshCredentials>);
+
+impl PartialEq for FreshAuth {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
 }
 
 impl Peer {
@@ -50,15 +82,37 @@ impl Peer {
         }
     }
 
-    async fn open(&self) -> Result<Connection, ClientError> {
+    /// A new connection, logged in with the credentials of this moment; the failure is the
+    /// recipients' (every one of them waits).
+    async fn open(&self) -> Result<Connection, Failure> {
+        let fresh;
+        let options = match &self.fresh_auth {
+            None => &self.options,
+            Some(FreshAuth(source)) => {
+                let creds = source.read().map_err(|why| {
+                    tracing::warn!(target = %self.target, "not connecting: {why}");
+                    Failure {
+                        // 4.7.0: other or undefined security status
+                        phase: Some(Phase::Auth.as_str().to_owned()),
+                        ..Failure::new(why, "4.7.0")
+                    }
+                })?;
+                fresh = OpenOptions {
+                    auth: Some(creds),
+                    ..self.options.clone()
+                };
+                &fresh
+            }
+        };
         let conn = Connection::open_with(
             &self.target,
             self.protocol,
             &self.hello_name,
             self.timeouts,
-            &self.options,
+            options,
         )
-        .await?;
+        .await
+        .map_err(|e| self.session_failure(&e))?;
         tracing::debug!(
             target = %self.target,
             remote = conn.remote_mta(),
@@ -67,6 +121,19 @@ impl Peer {
             "connected"
         );
         Ok(conn)
+    }
+
+    /// A session that failed before the transaction, as the recipients' failure; a refused
+    /// AUTH with fresh credentials names where they came from.
+    fn session_failure(&self, e: &ClientError) -> Failure {
+        tracing::warn!(target = %self.target, "session failed: {e}");
+        let mut failure = Failure::from_client(e, &self.name());
+        if let Some(FreshAuth(source)) = &self.fresh_auth
+            && e.phase() == Phase::Auth
+        {
+            failure.diagnostic = format!("{} (AUTH with {})", failure.diagnostic, source.source());
+        }
+        failure
     }
 }
 
@@ -122,7 +189,7 @@ impl Default for Relay {
 
 impl Relay {
     /// A usable connection to `peer`: the kept one if it still serves, else a new one.
-    async fn connection(&self, peer: &Peer) -> Result<Connection, ClientError> {
+    async fn connection(&self, peer: &Peer) -> Result<Connection, Failure> {
         match self.kept.take(peer).await {
             Some(conn) => Ok(conn),
             None => peer.open().await,
@@ -178,11 +245,7 @@ impl Relay {
         };
         let mut conn = match opened {
             Ok(conn) => conn,
-            Err(e) => {
-                let failure = Failure::from_client(&e, &peer.name());
-                tracing::warn!(target = %peer.target, "session failed: {e}");
-                return vec![RcptResult::Transient(failure); n];
-            }
+            Err(failure) => return vec![RcptResult::Transient(failure); n],
         };
         conn.set_deadline(deadline.map(|(at, _)| at));
         let remote = conn.remote_mta().to_owned();

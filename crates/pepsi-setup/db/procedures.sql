@@ -29,7 +29,8 @@
 --   DISPATCHER below) never notify: the dispatcher is the listener and claims again after
 --   each of them.
 -- * No function in this file calls pg_notify on `workqueue`. The only NOTIFYs here are the
---   statement-level config_changed triggers on config_override and signing_key.
+--   statement-level config_changed triggers on config_override and signing_key, and
+--   setup_task_notify (channel `setup_task`), which wakes `pepsi-setup apply --follow`.
 --
 -- RECIPIENT INDICES
 --
@@ -1131,6 +1132,70 @@ BEGIN
 END
 $$;
 
+-- MTA-STS POLICIES AND TLS RESULTS (pepsi.mta_sts_policy, pepsi.tls_report_result)
+--
+-- pepsi-stage-relay-to-internet keeps each recipient domain's MTA-STS policy until its
+-- max_age runs out, and counts its TLS sessions for the daily TLS reports.
+
+-- The cached policy of p_domain while it lasts.
+CREATE OR REPLACE FUNCTION pepsi.mta_sts_cached(p_domain text)
+RETURNS TABLE (policy_id text, body text, fetched_at timestamptz, expires_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT p.policy_id, p.body, p.fetched_at, p.expires_at
+    FROM pepsi.mta_sts_policy p
+    WHERE p.domain = lower(p_domain) AND p.expires_at > now()
+$$;
+
+-- Records a freshly fetched policy of p_domain (its mode and mx patterns parsed by the
+-- caller), good for p_max_age seconds.
+CREATE OR REPLACE FUNCTION pepsi.mta_sts_store(
+    p_domain text, p_id text, p_mode text, p_mx text[], p_max_age integer, p_body text
+) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO pepsi.mta_sts_policy AS p
+        (domain, policy_id, mode, mx, max_age, body, fetched_at, expires_at)
+    VALUES (lower(p_domain), p_id, p_mode, p_mx, p_max_age, p_body, now(),
+            now() + make_interval(secs => p_max_age))
+    ON CONFLICT (domain) DO UPDATE SET
+        policy_id = EXCLUDED.policy_id, mode = EXCLUDED.mode, mx = EXCLUDED.mx,
+        max_age = EXCLUDED.max_age, body = EXCLUDED.body, fetched_at = EXCLUDED.fetched_at,
+        expires_at = EXCLUDED.expires_at, refresh_error = NULL, refresh_failed_at = NULL
+$$;
+
+-- Notes that refreshing the cached policy of p_domain failed (it stays in force).
+CREATE OR REPLACE FUNCTION pepsi.mta_sts_refresh_failed(p_domain text, p_error text)
+RETURNS void LANGUAGE sql AS $$
+    UPDATE pepsi.mta_sts_policy SET refresh_error = left(p_error, 2000),
+        refresh_failed_at = now()
+    WHERE domain = lower(p_domain)
+$$;
+
+-- Counts one TLS session (or policy failure) for today's report to p_domain.
+CREATE OR REPLACE FUNCTION pepsi.tls_result_add(
+    p_domain text, p_policy_type text, p_policy_string text[], p_mx_host text,
+    p_receiving_ip text, p_result_type text, p_detail text
+) RETURNS void LANGUAGE sql AS $$
+    INSERT INTO pepsi.tls_report_result AS r (day, domain, policy_type, policy_string,
+        mx_host, receiving_ip, result_type, sessions, detail)
+    VALUES ((now() AT TIME ZONE 'UTC')::date, lower(p_domain), p_policy_type,
+            COALESCE(p_policy_string, '{}'), COALESCE(lower(p_mx_host), ''),
+            COALESCE(p_receiving_ip, ''), p_result_type, 1, left(COALESCE(p_detail, ''), 1000))
+    ON CONFLICT (day, domain, policy_type, policy_string, mx_host, receiving_ip, result_type)
+    DO UPDATE SET sessions = r.sessions + 1,
+        detail = CASE WHEN EXCLUDED.detail = '' THEN r.detail ELSE EXCLUDED.detail END
+$$;
+
+-- Forgets policies expired for longer than p_age; returns how many.
+CREATE OR REPLACE FUNCTION pepsi.mta_sts_gc(p_age interval DEFAULT '7 days')
+RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    n integer;
+BEGIN
+    DELETE FROM pepsi.mta_sts_policy WHERE expires_at < now() - p_age;
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END
+$$;
+
 -- LOCAL SUBMISSION (pepsi-sendmail)
 --
 -- The privilege boundary of the sendmail(1) interface, in the manner of Postfix's postdrop:
@@ -2089,3 +2154,41 @@ BEGIN
 END
 $$;
 REVOKE ALL ON FUNCTION pepsi.secretary_decide(bigint, text, text, text) FROM PUBLIC;
+
+-- THE ONLINE SETUP'S TASKS
+--
+-- A pepsi.setup_task row is a request to a program running as root (`pepsi-setup apply`),
+-- so nothing in it is taken from its writer but the kind and the parameters: the trigger
+-- sets written_by from current_user (a fact about the connection, which the applier checks
+-- against the configuration role) and starts every row pending, unattempted and without an
+-- outcome, whatever the INSERT said.
+CREATE OR REPLACE FUNCTION pepsi.setup_task_stamp()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    NEW.written_by := current_user;
+    NEW.created_at := now();
+    NEW.status := 'pending';
+    NEW.attempts := 0;
+    NEW.started_at := NULL;
+    NEW.finished_at := NULL;
+    NEW.outcome := '';
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER setup_task_stamp
+    BEFORE INSERT ON pepsi.setup_task
+    FOR EACH ROW EXECUTE FUNCTION pepsi.setup_task_stamp();
+
+-- Wakes a following applier once per statement that added tasks.
+CREATE OR REPLACE FUNCTION pepsi.setup_task_notify()
+RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_notify('setup_task', '');
+    RETURN NULL;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER setup_task_notify
+    AFTER INSERT ON pepsi.setup_task
+    FOR EACH STATEMENT EXECUTE FUNCTION pepsi.setup_task_notify();

@@ -1,5 +1,7 @@
 //! `pepsi-setup dns`: a domain's DKIM key and the DNS records an operator publishes for it
-//! (MX, SPF, DKIM, DMARC, MTA-STS, TLS-RPT), as zone-file lines or JSON.
+//! (MX, SPF, DKIM, DMARC, MTA-STS, TLS-RPT, and with a certificate the DANE TLSA record of
+//! the MX), as zone-file lines or JSON. The MTA-STS record and policy are written by
+//! `pepsi_smtp::sts`, the one definition the relay stage reads them with.
 //!
 //! The records are a pure function of a [`Plan`] ([`records`]); making the key and storing
 //! it (a PEM file, or a row of `pepsi.signing_key`) is the I/O at the edge.
@@ -51,6 +53,9 @@ pub struct Plan {
     pub mta_sts: MtaSts,
     /// The MTA-STS policy id (changes whenever the policy does): a timestamp.
     pub policy_id: String,
+    /// SHA-256 of the MX certificate's public key (SubjectPublicKeyInfo), hex: the
+    /// `3 1 1` TLSA record of `_25._tcp.<mx>` (RFC 7672 §3.1, DANE-EE).
+    pub tlsa: Option<String>,
 }
 
 /// One DNS record to publish.
@@ -58,7 +63,7 @@ pub struct Plan {
 pub struct Record {
     /// Fully qualified, without the trailing dot.
     pub name: String,
-    /// `MX` or `TXT`.
+    /// `MX`, `TXT` or `TLSA`.
     #[serde(rename = "type")]
     pub kind: &'static str,
     /// MX: `preference host`; TXT: the text, unquoted.
@@ -76,23 +81,8 @@ pub struct Output {
     pub key: String,
 }
 
-/// A domain or host name as DNS takes it: dotted labels of letters, digits and hyphens.
-pub fn check_name(what: &str, name: &str) -> Result<String, String> {
-    let lower = name.trim_end_matches('.').to_ascii_lowercase();
-    let label_ok = |l: &str| {
-        !l.is_empty()
-            && l.len() <= 63
-            && !l.starts_with('-')
-            && !l.ends_with('-')
-            && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-    };
-    if lower.len() > 253 || !lower.contains('.') || !lower.split('.').all(label_ok) {
-        return Err(format!(
-            "{what} {name:?} is not a domain name (dotted labels of letters, digits and hyphens)"
-        ));
-    }
-    Ok(lower)
-}
+/// A domain or host name as DNS takes it (the setup model's one definition).
+pub use pepsi_setup_model::name::check_name;
 
 /// The records of `plan`, in the order an operator would publish them.
 pub fn records(plan: &Plan) -> Vec<Record> {
@@ -130,27 +120,42 @@ pub fn records(plan: &Plan) -> Vec<Record> {
     if plan.mta_sts != MtaSts::Off {
         out.push(txt(
             format!("_mta-sts.{d}"),
-            format!("v=STSv1; id={}", plan.policy_id),
+            pepsi_smtp::sts::Record {
+                id: plan.policy_id.clone(),
+            }
+            .to_text(),
         ));
         out.push(txt(
             format!("_smtp._tls.{d}"),
             format!("v=TLSRPTv1; rua=mailto:{}", plan.reports),
         ));
     }
+    if let Some(hash) = &plan.tlsa {
+        out.push(Record {
+            name: format!("_25._tcp.{}", plan.mx),
+            kind: "TLSA",
+            value: format!("3 1 1 {hash}"),
+        });
+    }
     out
 }
 
 /// The MTA-STS policy file (RFC 8461 §3.2), one week's max_age.
 pub fn mta_sts_policy(plan: &Plan) -> Option<String> {
+    use pepsi_smtp::sts::{Mode, Policy};
     let mode = match plan.mta_sts {
         MtaSts::Off => return None,
-        MtaSts::Testing => "testing",
-        MtaSts::Enforce => "enforce",
+        MtaSts::Testing => Mode::Testing,
+        MtaSts::Enforce => Mode::Enforce,
     };
-    Some(format!(
-        "version: STSv1\nmode: {mode}\nmx: {}\nmax_age: 604800\n",
-        plan.mx
-    ))
+    Some(
+        Policy {
+            mode,
+            max_age: 604_800,
+            mx: vec![plan.mx.clone()],
+        }
+        .to_text(),
+    )
 }
 
 /// A TXT value as zone-file strings: quoted, in pieces of at most 255 octets (a 2048-bit
@@ -179,6 +184,7 @@ impl fmt::Display for Output {
                     let (pref, host) = r.value.split_once(' ').unwrap_or(("10", &r.value));
                     format!("{pref} {host}.")
                 }
+                "TLSA" => r.value.clone(),
                 _ => quoted(&r.value),
             };
             writeln!(
@@ -224,6 +230,7 @@ mod tests {
             dmarc: DmarcPolicy::None,
             mta_sts: MtaSts::Testing,
             policy_id: "20261201T000000".into(),
+            tlsa: None,
         }
     }
 
@@ -246,7 +253,11 @@ mod tests {
                 "TXT",
                 "v=DMARC1; p=none; rua=mailto:postmaster@example.org",
             ),
-            ("_mta-sts.example.org", "TXT", "v=STSv1; id=20261201T000000"),
+            (
+                "_mta-sts.example.org",
+                "TXT",
+                "v=STSv1; id=20261201T000000;",
+            ),
             (
                 "_smtp._tls.example.org",
                 "TXT",
@@ -275,7 +286,16 @@ mod tests {
                 ..plan()
             })
             .unwrap(),
-            "version: STSv1\nmode: enforce\nmx: mx.example.org\nmax_age: 604800\n"
+            "version: STSv1\r\nmode: enforce\r\nmx: mx.example.org\r\nmax_age: 604800\r\n"
+        );
+        let dane = records(&Plan {
+            tlsa: Some("ab12".into()),
+            ..plan()
+        });
+        let last = dane.last().unwrap();
+        assert_eq!(
+            (last.name.as_str(), last.kind, last.value.as_str()),
+            ("_25._tcp.mx.example.org", "TLSA", "3 1 1 ab12")
         );
     }
 

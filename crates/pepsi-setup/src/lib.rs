@@ -1,11 +1,22 @@
-//! pepsi-setup: creates, upgrades and verifies the Pepsi database.
+//! pepsi-setup: creates, upgrades and verifies the Pepsi database, prints and checks a mail
+//! domain's DNS records, and carries out the online setup's tasks.
 //!
 //! `pepsi-setup db` applies the numbered patches in `db/` that the database lacks, re-applies
 //! `db/procedures.sql`, creates the PostgreSQL roles and brings their privileges to exactly
 //! the matrix in `schema::privilege_matrix`, then verifies that matrix against the live
 //! server. A second run changes nothing.
+//!
+//! `pepsi-setup dns` makes a domain's DKIM key and prints the records to publish (`dns`);
+//! `pepsi-setup check-dns` looks up what is published and names what is missing or wrong
+//! (`dns_check`, which pepsi-httpd's setup page runs too).
+//!
+//! `pepsi-setup apply` (root) carries out the online setup's tasks, the rows of
+//! `pepsi.setup_task` the configuration role wrote (`apply`; a certificate over ACME in
+//! `apply::acme`).
 
+pub mod apply;
 pub mod dns;
+pub mod dns_check;
 pub mod schema;
 
 use std::process::ExitCode;
@@ -56,11 +67,88 @@ enum Command {
     /// signing stage uses with DATABASE_KEYS = yes), and prints the records an operator
     /// publishes, as zone-file lines: MX, SPF ("v=spf1 mx -all"), the DKIM key, DMARC with
     /// aggregate reports to --reports, and unless --mta-sts off the MTA-STS and TLS-RPT
-    /// records together with the MTA-STS policy file to serve over HTTPS. --json prints the
+    /// records together with the MTA-STS policy file to serve over HTTPS (pepsi-httpd serves
+    /// it with [pepsi-httpd] MTA_STS_MODE), and with a certificate (--certificate, else
+    /// [pepsi-ingress] TLS_CERT) the DANE TLSA record of the MX (3 1 1, publish it only in a
+    /// DNSSEC-signed zone). --json prints the
     /// same as JSON. An existing key file or database row is never replaced: choose another
     /// selector to rotate. Exit status 0 on success, 1 on any error (named).
     #[command(long_about)]
     Dns(DnsArgs),
+
+    /// Check the DNS records a mail domain publishes, and print the ones to fix.
+    ///
+    /// Looks up, through the resolver of --dns-server (else [pepsi] DNS_SERVERS, else
+    /// /etc/resolv.conf; [pepsi] DNS_TIMEOUT per attempt, 5s by default), every record
+    /// pepsi-setup dns prints for DOMAIN and the reverse DNS of the MX host, and judges
+    /// each: ok, missing, wrong, failed (the lookup got no answer: SERVFAIL, a refusal, a
+    /// timeout; nothing is known, and it is never reported as missing) or unchecked (no
+    /// DKIM key to compare with). Where exact text would be too strict the comparison is of
+    /// meaning: the MX records must name --mx (default [pepsi] HOSTNAME, else this system's
+    /// host name); there must be one v=spf1 record, which lets the MX send (an mx term for
+    /// the domain, an a term naming the MX host, or ip4:/ip6: terms holding its addresses;
+    /// include: and redirect= are not followed) and does not end in +all; one DKIM record
+    /// at SELECTOR._domainkey.DOMAIN whose p= is the public half of the domain's key in
+    /// pepsi.signing_key (the key of --selector, else the domain's newest enabled key; the
+    /// database of [database] URL or --database-url); one v=DMARC1 record with a policy
+    /// (p=); one v=STSv1 record with a valid id; one v=TLSRPTv1 record with a mailto: or
+    /// https: rua=; an A or AAAA record of the MX host; and for each of its addresses a PTR
+    /// record naming the MX host (published by whoever holds the address).
+    ///
+    /// Prints a table (record, name, status), then for each record that is not ok why,
+    /// what was found, and the exact zone-file line to publish instead: the record
+    /// pepsi-setup dns prints (DMARC p=none, reports to --reports), or for an SPF record
+    /// that lacks the MX that record with mx added. --json prints the same as JSON for
+    /// scripts and pages. Exit status 0 when every record is ok, 1 when one is missing,
+    /// wrong, failed or unchecked, or on an error (named).
+    #[command(long_about)]
+    CheckDns(CheckDnsArgs),
+
+    /// Carry out the setup tasks the setup pages wrote to pepsi.setup_task (as root).
+    ///
+    /// pepsi-httpd runs without privileges, so the setup pages do not change the system:
+    /// through the configuration role they add rows to pepsi.setup_task, each saying what
+    /// should be true (the host name, the mail domains, a certificate from files or over
+    /// ACME with certbot, a DKIM key, the relay, local delivery, a mailbox;
+    /// pepsi-setup-model's eleven kinds), and apply,
+    /// run as root, makes it so. The trust model: a row is carried out only when the
+    /// database says the configuration role wrote it (written_by, which a trigger sets
+    /// from the connection's role, never from the row) and its parameters are exactly
+    /// those of its kind, each validated; any other row is refused and the refusal
+    /// logged. Root is reached through that table only, never through a socket, and every
+    /// request and outcome stays a row. Whoever holds the configuration role can already
+    /// change every override; apply adds the host name, domains, certificate files,
+    /// DKIM keys, relay, delivery and mailboxes, each checked as the programs check them.
+    ///
+    /// Each task is carried out in steps, each logged in pepsi.setup_task_log as it
+    /// happens: the steps that may safely run twice first (the schema, a DKIM key kept
+    /// if one exists, a secrets.d/ fragment 0640 root:SECRETS_GROUP), then the edits of
+    /// the configuration file, made in a candidate beside it, checked by every program's
+    /// parser (CHECK_PROGRAM -c CANDIDATE check, default the pepsi-config beside this
+    /// program), the old file kept as NAME.bak-TASK and the candidate renamed over it,
+    /// then RELOAD_COMMAND (default systemctl try-reload-or-restart pepsi.target). A task
+    /// that fails leaves the configuration as it was; killed mid-task, apply runs the task
+    /// again when it next starts (at most three starts). Once done, a task's secrets (the
+    /// smarthost password, a mailbox's password hash) are replaced by (redacted).
+    ///
+    /// Without --follow, apply carries out every pending task and exits: 0 when every
+    /// task was done, 1 when one failed or was refused (each printed), or on an error.
+    /// With --follow it then waits for new tasks (NOTIFY setup_task) until stopped, as
+    /// pepsi-setup-apply.service runs it. Only one apply runs per database.
+    #[command(long_about)]
+    Apply(ApplyArgs),
+}
+
+#[derive(Debug, clap::Args)]
+struct ApplyArgs {
+    /// PostgreSQL URL (a superuser or the schema's owner); overrides [database] URL of the
+    /// configuration file
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+
+    /// After the pending tasks, wait for new ones until stopped
+    #[arg(long)]
+    follow: bool,
 }
 
 #[derive(Debug, clap::Args)]
@@ -94,6 +182,12 @@ struct DnsArgs {
     #[arg(long, value_enum, default_value = "testing")]
     mta_sts: dns::MtaSts,
 
+    /// The MX's TLS certificate (PEM; default [pepsi-ingress] TLS_CERT): print the DANE
+    /// TLSA record of _25._tcp.<MX> for it, 3 1 1 (the certificate's own public key,
+    /// SHA-256), which survives a renewal that keeps the key
+    #[arg(long, value_name = "PEM")]
+    certificate: Option<std::path::PathBuf>,
+
     /// Write the private key to this new file (PEM, mode 0600) instead of the database
     #[arg(long, value_name = "PATH")]
     key_file: Option<std::path::PathBuf>,
@@ -103,6 +197,41 @@ struct DnsArgs {
     database_url: Option<String>,
 
     /// Print the records as JSON
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Debug, clap::Args)]
+struct CheckDnsArgs {
+    /// The mail domain, e.g. example.org
+    domain: String,
+
+    /// The host that receives the domain's mail (the MX); default [pepsi] HOSTNAME, else
+    /// this system's host name
+    #[arg(long, value_name = "HOST")]
+    mx: Option<String>,
+
+    /// The DKIM selector whose record is checked; default that of the domain's newest
+    /// enabled key in pepsi.signing_key
+    #[arg(long)]
+    selector: Option<String>,
+
+    /// The DNS server to ask, IP or IP:PORT (several separated by commas); default
+    /// [pepsi] DNS_SERVERS, else /etc/resolv.conf
+    #[arg(long, value_name = "IP:PORT")]
+    dns_server: Option<String>,
+
+    /// Where DMARC and TLS-RPT reports go in a record to publish; default
+    /// postmaster@DOMAIN
+    #[arg(long, value_name = "ADDRESS")]
+    reports: Option<String>,
+
+    /// PostgreSQL URL to read the DKIM key from; overrides [database] URL of the
+    /// configuration file
+    #[arg(long, value_name = "URL")]
+    database_url: Option<String>,
+
+    /// Print the report as JSON
     #[arg(long)]
     json: bool,
 }
@@ -135,6 +264,15 @@ pub fn run() -> ExitCode {
         match cli.command {
             Command::Db(args) => db_command(&cli.common, args).await,
             Command::Dns(args) => dns_command(&cli.common, args).await,
+            Command::CheckDns(args) => check_dns_command(&cli.common, args).await,
+            Command::Apply(args) => {
+                let cfg = cli.common.load_config()?;
+                let url = match args.database_url {
+                    Some(url) => url,
+                    None => cfg.section("database").string("URL")?,
+                };
+                apply::command(cfg.file(), &url, args.follow).await
+            }
         }
     })
 }
@@ -175,7 +313,7 @@ async fn db_command(common: &CommonArgs, args: DbArgs) -> anyhow::Result<ExitCod
 
 /// A new DKIM key: the PKCS#8 PEM of the private key and the DKIM `p=` value (base64 of
 /// the SubjectPublicKeyInfo for RSA, of the raw 32-octet key for Ed25519, RFC 8463).
-fn generate_key(algorithm: dns::Algorithm) -> anyhow::Result<(String, String)> {
+pub(crate) fn generate_key(algorithm: dns::Algorithm) -> anyhow::Result<(String, String)> {
     use aws_lc_rs::encoding::{AsDer, Pkcs8V1Der, PublicKeyX509Der};
     use aws_lc_rs::signature::KeyPair as _;
     use pepsi_smtp::encoding::base64_encode;
@@ -236,6 +374,12 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
     if !reports.contains('@') || reports.contains([' ', ';', ',', '"']) {
         anyhow::bail!("--reports {reports:?} is not an address");
     }
+    let certificate = match (&args.certificate, &cfg) {
+        (Some(path), _) => Some(path.clone()),
+        (None, Some(cfg)) => cfg.section("pepsi-ingress").path_opt("TLS_CERT")?,
+        (None, None) => None,
+    };
+    let tlsa = certificate.as_deref().map(tlsa_hash).transpose()?;
     let (pem, public_key) = generate_key(args.algorithm)?;
     let key = match &args.key_file {
         Some(path) => {
@@ -276,6 +420,7 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
         dmarc: args.dmarc,
         mta_sts: args.mta_sts,
         policy_id: now.format("%Y%m%dT%H%M%S").to_string(),
+        tlsa,
     };
     let out = dns::Output {
         records: dns::records(&plan),
@@ -288,6 +433,85 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
         print!("{out}");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+async fn check_dns_command(common: &CommonArgs, args: CheckDnsArgs) -> anyhow::Result<ExitCode> {
+    let domain = dns::check_name("domain", &args.domain).map_err(anyhow::Error::msg)?;
+    let cfg = common.load_config().ok();
+    let mx = match (&args.mx, &cfg) {
+        (Some(mx), _) => mx.clone(),
+        (None, Some(cfg)) => cfg.name_option(&cfg.section("pepsi"), "HOSTNAME")?,
+        (None, None) => pepsi_conf::config::system_hostname(),
+    };
+    let mx = dns::check_name("MX host (--mx)", &mx).map_err(anyhow::Error::msg)?;
+    if let Some(s) = &args.selector
+        && !pepsi_outbound::keys::valid_selector(s)
+    {
+        anyhow::bail!("selector {s:?} is not valid: dotted labels of letters, digits, '-' and '_'");
+    }
+    let reports = args
+        .reports
+        .clone()
+        .unwrap_or_else(|| format!("postmaster@{domain}"));
+    if pepsi_conf::address::Address::parse(&reports).is_err() || reports.contains([' ', ';', ',']) {
+        anyhow::bail!("--reports {reports:?} is not an address");
+    }
+    let (configured, timeout) = match &cfg {
+        Some(cfg) => dns_check::resolver_options(cfg)?,
+        None => (vec![], std::time::Duration::from_secs(5)),
+    };
+    let servers = match &args.dns_server {
+        Some(text) => pepsi_outbound::dns::parse_servers(text)
+            .map_err(|e| anyhow::anyhow!("--dns-server: {e}"))?,
+        None => configured,
+    };
+
+    let url = match (&args.database_url, &cfg) {
+        (Some(url), _) => Some(url.clone()),
+        (None, Some(cfg)) => cfg.section("database").string_opt("URL")?,
+        (None, None) => None,
+    };
+    let mut conn = match url {
+        None => None,
+        Some(url) => {
+            use sqlx::Connection as _;
+            Some(
+                sqlx::PgConnection::connect_with(&schema::connect_options(&url)?)
+                    .await
+                    .map_err(|e| {
+                        anyhow::anyhow!("cannot connect to the database for the DKIM key: {e}")
+                    })?,
+            )
+        }
+    };
+    let expected =
+        dns_check::expected(conn.as_mut(), domain, mx, args.selector.as_deref(), reports).await?;
+    let report = dns_check::run(&servers, timeout, &expected).await?;
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print!("{report}");
+    }
+    Ok(if report.all_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}
+
+/// SHA-256 of the public key of the first certificate in the PEM file `path`, hex: the
+/// data of a `3 1 1` TLSA record.
+fn tlsa_hash(path: &std::path::Path) -> anyhow::Result<String> {
+    let pem = std::fs::read(path)
+        .map_err(|e| anyhow::anyhow!("cannot read the certificate {}: {e}", path.display()))?;
+    let cert = rustls_pemfile::certs(&mut pem.as_slice())
+        .next()
+        .ok_or_else(|| anyhow::anyhow!("{} holds no PEM certificate", path.display()))?
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let spki = pepsi_smtp::dane::spki(cert.as_ref())
+        .map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?;
+    let digest = aws_lc_rs::digest::digest(&aws_lc_rs::digest::SHA256, spki);
+    Ok(digest.as_ref().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// Inserts the key; an existing (domain, selector) is an error, never replaced.

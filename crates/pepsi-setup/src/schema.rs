@@ -118,6 +118,14 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0024",
         sql: include_str!("../db/pepsi-0024.sql"),
     },
+    Patch {
+        name: "pepsi-0025",
+        sql: include_str!("../db/pepsi-0025.sql"),
+    },
+    Patch {
+        name: "pepsi-0026",
+        sql: include_str!("../db/pepsi-0026.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -292,6 +300,9 @@ pub const KEY_STORE_TABLES: [&str; 5] = [
 /// The credential tables of the administrative surface: the httpd role's alone.
 pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api_token"];
 
+/// The online setup's intent queue and its progress (pepsi-0026.sql).
+pub const SETUP_TABLES: [&str; 2] = ["setup_task", "setup_task_log"];
+
 /// Stored functions whose EXECUTE is not for everyone: `procedures.sql` revokes each from
 /// PUBLIC, and setup grants it to exactly the roles listed (and verifies that).
 pub const FUNCTION_GRANTS: &[(&str, &[RoleKind])] = &[
@@ -401,6 +412,17 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         // written by anyone but the crypto role.
         return NONE;
     }
+    if SETUP_TABLES.contains(&table) {
+        // A setup task is a request to a program running as root: only the configuration
+        // role adds one (pepsi-httpd through its configuration connection), pepsi-httpd
+        // follows them, and nothing that processes mail may read or write either table.
+        // The applier, as the schema's owner, needs no grant.
+        return match (kind, table) {
+            (RoleKind::Config, "setup_task") => READ_APPEND,
+            (RoleKind::Config | RoleKind::Httpd, _) => READ,
+            _ => NONE,
+        };
+    }
     if CREDENTIAL_TABLES.contains(&table) {
         // A component that could read admin_session could mint itself an administrative
         // session: the credential tables are the httpd role's alone.
@@ -500,6 +522,9 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
             RoleKind::Httpd,
             "secretary_challenge" | "secretary_held" | "secretary_owner_link" | "auto_pay_payment",
         ) => READ,
+        // TLS reports other senders POST (/tlsrpt) are added, never changed; /metrics
+        // reads them.
+        (RoleKind::Httpd, "tls_report_received") => READ_APPEND,
         (
             RoleKind::Httpd,
             "config_override" | "stage_stats" | "dispatch_stats" | "ingress_stats" | "quota_limit"

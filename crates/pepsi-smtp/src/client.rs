@@ -205,9 +205,23 @@ pub enum ClientError {
     Malformed { phase: Phase, detail: String },
     #[error("the server answered the {phase} with {reply}")]
     Refused { phase: Phase, reply: Reply },
-    /// The TLS handshake failed or the certificate was not accepted.
+    /// AUTH with an OAuth 2.0 access token refused: the server's error challenge (RFC 7628
+    /// §3.2.2, JSON such as `{"status":"invalid_token"}`, decoded) and its final reply.
+    #[error(
+        "the server answered the AUTH command ({mechanism}) with {reply}, after its error challenge {challenge}"
+    )]
+    TokenRefused {
+        mechanism: &'static str,
+        challenge: String,
+        reply: Reply,
+    },
+    /// The TLS handshake failed or the certificate was not accepted (`problem` says how,
+    /// when it was the certificate).
     #[error("{detail}")]
-    Tls { detail: String },
+    Tls {
+        detail: String,
+        problem: Option<crate::tls::CertProblem>,
+    },
     /// This side will not go on: the TLS policy wants STARTTLS and the peer lacks it, AUTH
     /// would send the password in clear text, the peer offers no usable AUTH mechanism, or
     /// the TLS configuration (a CA file) is unusable. Temporary, so mail waits for a fix.
@@ -234,7 +248,9 @@ pub enum ClientError {
 impl ClientError {
     pub fn is_temporary(&self) -> bool {
         match self {
-            ClientError::Refused { reply, .. } => !reply.is_permanent(),
+            ClientError::Refused { reply, .. } | ClientError::TokenRefused { reply, .. } => {
+                !reply.is_permanent()
+            }
             ClientError::NotOffered { .. } | ClientError::Unsendable { .. } => false,
             _ => true,
         }
@@ -253,6 +269,7 @@ impl ClientError {
             | ClientError::NotOffered { phase, .. }
             | ClientError::Unsendable { phase, .. } => *phase,
             ClientError::Tls { .. } => Phase::StartTls,
+            ClientError::TokenRefused { .. } => Phase::Auth,
         }
     }
 
@@ -269,7 +286,9 @@ impl ClientError {
     /// that would not be one command, 4.4.2 a connection lost.
     pub fn status(&self) -> String {
         match self {
-            ClientError::Refused { reply, .. } => reply.status(),
+            ClientError::Refused { reply, .. } | ClientError::TokenRefused { reply, .. } => {
+                reply.status()
+            }
             ClientError::Connect { .. } => "4.4.1".into(),
             ClientError::Malformed { .. } => "4.5.0".into(),
             ClientError::Tls { .. } => "4.7.5".into(),
@@ -406,7 +425,7 @@ impl Connection {
             }
         }
         if let Some(creds) = &options.auth
-            && let Err(e) = conn.authenticate(creds, policy).await
+            && let Err(e) = conn.authenticate(creds, policy, target).await
         {
             conn.quit().await;
             return Err(e);
@@ -552,6 +571,7 @@ impl Connection {
                 Ok(Err(e)) => {
                     return Err(ClientError::Tls {
                         detail: handshake_failure(&self.remote_mta, &shown, options.policy, &e),
+                        problem: certificate_problem(&e),
                     });
                 }
                 Err(_) => {
@@ -561,42 +581,50 @@ impl Connection {
                     });
                 }
             };
-        self.tls = Some(TlsInfo::of(
-            stream.get_ref().1,
-            options.policy == TlsPolicy::Verify,
-        ));
+        let verified = options.policy == TlsPolicy::Verify || !options.dane.is_empty();
+        let name = server_name(options, self.host.as_deref()).map_err(config_error)?;
+        let checked = (options.audit && !verified)
+            .then(|| crate::tls::audit(options, &name, stream.get_ref().1));
+        self.tls = Some(TlsInfo::of(stream.get_ref().1, verified, checked));
         self.stream = BufReader::new(Box::new(stream));
         self.broken = false;
         self.caps = Capabilities::default();
         self.hello(hello_name).await
     }
 
-    /// AUTH PLAIN (preferred) or LOGIN. Refuses to send the password without TLS unless the
-    /// policy is `none`, where the operator chose clear text.
+    /// AUTH as `creds` say: with a password PLAIN (preferred) or LOGIN, with an access token
+    /// OAUTHBEARER (preferred) or XOAUTH2 ([`auth::choose`]). Refuses to send either secret
+    /// without TLS unless the policy is `none`, where the operator chose clear text.
     async fn authenticate(
         &mut self,
         creds: &Credentials,
         policy: TlsPolicy,
+        target: &Target,
     ) -> Result<(), ClientError> {
+        let secret = creds.secret();
         if self.tls.is_none() && policy != TlsPolicy::None {
             return Err(ClientError::Policy {
                 phase: Phase::Auth,
                 // 4.7.11: encryption required for the authentication mechanism
                 status: "4.7.11",
                 detail: format!(
-                    "refusing to send the password of {:?} to {} in clear text: the session is not encrypted (TLS policy {policy}; only policy none allows AUTH without TLS)",
-                    creds.username, self.remote_mta
+                    "refusing to send the {} of {:?} to {} in clear text: the session is not encrypted (TLS policy {policy}; only policy none allows AUTH without TLS)",
+                    secret.as_str(),
+                    creds.username(),
+                    self.remote_mta
                 ),
             });
         }
-        let Some(mechanism) = auth::choose(&self.caps) else {
+        let Some(mechanism) = auth::choose(&self.caps, secret) else {
+            let spoken: Vec<&str> = secret.mechanisms().iter().map(|m| m.as_str()).collect();
             return Err(ClientError::Policy {
                 phase: Phase::Auth,
                 // 4.7.4: security features not supported
                 status: "4.7.4",
                 detail: format!(
-                    "{} offers no AUTH mechanism this client speaks (PLAIN, LOGIN); it offers: {}",
+                    "{} offers no AUTH mechanism this client speaks ({}); it offers: {}",
                     self.remote_mta,
+                    spoken.join(", "),
                     if self.caps.auth.is_empty() {
                         "none".to_owned()
                     } else {
@@ -605,25 +633,27 @@ impl Connection {
                 ),
             });
         };
-        let reply = match mechanism {
-            Mechanism::Plain => {
-                self.command(
-                    Phase::Auth,
-                    &auth::plain_command(&creds.username, &creds.password),
-                )
-                .await?
-            }
-            Mechanism::Login => {
-                let mut reply = self.command(Phase::Auth, "AUTH LOGIN\r\n").await?;
-                for answer in [&creds.username, &creds.password] {
-                    if reply.code != 334 {
-                        break;
+        let reply = match creds {
+            Credentials::Password { username, password } => match mechanism {
+                Mechanism::Login => {
+                    let mut reply = self.command(Phase::Auth, "AUTH LOGIN\r\n").await?;
+                    for answer in [username, password] {
+                        if reply.code != 334 {
+                            break;
+                        }
+                        reply = self
+                            .command(Phase::Auth, &auth::response_line(answer))
+                            .await?;
                     }
-                    reply = self
-                        .command(Phase::Auth, &auth::response_line(answer))
-                        .await?;
+                    reply
                 }
-                reply
+                _ => {
+                    self.command(Phase::Auth, &auth::plain_command(username, password))
+                        .await?
+                }
+            },
+            Credentials::Bearer { username, token } => {
+                return self.bearer(mechanism, username, token, target).await;
             }
         };
         if reply.code == 235 {
@@ -637,6 +667,71 @@ impl Connection {
         Err(ClientError::Refused {
             phase: Phase::Auth,
             reply,
+        })
+    }
+
+    /// AUTH OAUTHBEARER or XOAUTH2 with `token`. A server that refuses the token sends an
+    /// error challenge (334 and base64 JSON) first; the client answers it as the mechanism
+    /// says (`^A`, or an empty line) so the server ends the exchange with its final reply,
+    /// and the error names both.
+    async fn bearer(
+        &mut self,
+        mechanism: Mechanism,
+        username: &str,
+        token: &str,
+        target: &Target,
+    ) -> Result<(), ClientError> {
+        if !auth::is_bearer_token(token) || username.contains(['\x01', '\r', '\n', '\0']) {
+            return Err(ClientError::Policy {
+                phase: Phase::Auth,
+                // 4.7.0: other or undefined security status
+                status: "4.7.0",
+                detail: format!(
+                    "refusing to send the access token of {username:?}: a bearer token is letters, digits and -._~+/ (RFC 6750), and a user name has no control character"
+                ),
+            });
+        }
+        let initial = match (mechanism, target) {
+            (Mechanism::OAuthBearer, Target::Tcp { host, port }) => {
+                auth::oauthbearer_response(username, token, Some(host), Some(*port))
+            }
+            (Mechanism::OAuthBearer, Target::Unix(_)) => {
+                auth::oauthbearer_response(username, token, None, None)
+            }
+            _ => auth::xoauth2_response(username, token),
+        };
+        let (first, second) = auth::initial_lines(mechanism, &initial);
+        let mut reply = self.command(Phase::Auth, &first).await?;
+        if let Some(line) = second
+            && reply.code == 334
+        {
+            reply = self.command(Phase::Auth, &line).await?;
+        }
+        let mut challenge = None;
+        if reply.code == 334 {
+            challenge = Some(auth::error_challenge(&reply));
+            reply = self
+                .command(Phase::Auth, auth::abort_line(mechanism))
+                .await?;
+        }
+        if reply.code == 235 {
+            self.authenticated = true;
+            return Ok(());
+        }
+        if reply.code == 334 {
+            // a second challenge: the exchange is out of step
+            self.broken = true;
+        }
+        Err(match challenge {
+            Some(challenge) => ClientError::TokenRefused {
+                mechanism: mechanism.as_str(),
+                challenge,
+                reply,
+            },
+            None => ClientError::Refused {
+                phase: Phase::Auth,
+                reply,
+            },
         })
     }
 
@@ -1014,6 +1109,17 @@ impl AsyncWrite for Detached {
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<std::io::Result<()>> {
         std::task::Poll::Ready(Ok(()))
+    }
+}
+
+/// The class of certificate problem that failed a handshake, if that is what failed it.
+fn certificate_problem(e: &std::io::Error) -> Option<crate::tls::CertProblem> {
+    match e
+        .get_ref()
+        .and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        Some(rustls::Error::InvalidCertificate(why)) => Some(crate::tls::CertProblem::of(why)),
+        _ => None,
     }
 }
 

@@ -10,6 +10,8 @@
 //!   server, with one rule for the end of data; [`message`]: the header/body split.
 //! - The client: [`caps`] (EHLO keywords), [`auth`], [`tls`], [`envelope`] (the MAIL and
 //!   RCPT commands of one transaction) and [`client`], which drives a connection.
+//! - [`sts`]: MTA-STS (RFC 8461) records, policies and MX patterns, pure; [`dane`]: TLSA
+//!   records (RFC 7672) and the verifier of a DANE session.
 //! - Both ends: [`server_tls`], a server's certificate and key read into a rustls
 //!   configuration for the ingress and pepsi-httpd.
 //!
@@ -23,6 +25,7 @@ pub mod auth;
 pub mod caps;
 pub mod client;
 pub mod command;
+pub mod dane;
 pub mod data;
 pub mod encoding;
 pub mod envelope;
@@ -30,6 +33,8 @@ pub mod message;
 pub mod params;
 pub mod reply;
 pub mod server_tls;
+mod signatures;
+pub mod sts;
 pub mod tls;
 
 pub use caps::Capabilities;
@@ -37,4 +42,4 @@ pub use client::{ClientError, Connection, Phase, Protocol, RcptOutcome, Target, 
 pub use command::{Command, Param, ParseError};
 pub use envelope::{Envelope, Recipient};
 pub use reply::Reply;
-pub use tls::{Credentials, OpenOptions, TlsInfo, TlsOptions, TlsPolicy};
+pub use tls::{CertCheck, CertProblem, Credentials, OpenOptions, TlsInfo, TlsOptions, TlsPolicy};

@@ -81,20 +81,50 @@ pub struct TlsOptions {
     pub ca_file: Option<PathBuf>,
     /// The name the certificate must carry (and the SNI sent); default: the target's host.
     pub server_name: Option<String>,
+    /// Under `may` and `encrypt`: check the certificate after the handshake as `verify`
+    /// would, without refusing it, and say what was found in [`TlsInfo::checked`] (for
+    /// MTA-STS `testing` and TLS reports).
+    pub audit: bool,
+    /// The usable records of the MX host's secure TLSA RRset (RFC 7672): when not empty,
+    /// the certificate is checked against them ([`crate::dane`]) instead of the web PKI.
+    pub dane: Vec<crate::dane::Tlsa>,
 }
 
-/// A user name and password for AUTH PLAIN or LOGIN. `Debug` does not show the password.
+/// What AUTH logs in with: a user name and a password (PLAIN, else LOGIN), or a user name
+/// and an OAuth 2.0 access token (OAUTHBEARER, else XOAUTH2). `Debug` shows neither secret.
 #[derive(Clone, PartialEq, Eq)]
-pub struct Credentials {
-    pub username: String,
-    pub password: String,
+pub enum Credentials {
+    Password { username: String, password: String },
+    Bearer { username: String, token: String },
+}
+
+impl Credentials {
+    pub fn username(&self) -> &str {
+        match self {
+            Credentials::Password { username, .. } | Credentials::Bearer { username, .. } => {
+                username
+            }
+        }
+    }
+
+    /// The kind of secret, which decides the mechanisms (`auth::choose`).
+    pub fn secret(&self) -> crate::auth::Secret {
+        match self {
+            Credentials::Password { .. } => crate::auth::Secret::Password,
+            Credentials::Bearer { .. } => crate::auth::Secret::BearerToken,
+        }
+    }
 }
 
 impl fmt::Debug for Credentials {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Credentials")
-            .field("username", &self.username)
-            .field("password", &"<hidden>")
+        let (name, secret) = match self {
+            Credentials::Password { .. } => ("Password", "password"),
+            Credentials::Bearer { .. } => ("Bearer", "token"),
+        };
+        f.debug_struct(name)
+            .field("username", &self.username())
+            .field(secret, &"<hidden>")
             .finish()
     }
 }
@@ -117,6 +147,125 @@ pub struct TlsInfo {
     pub cipher: String,
     /// True when the certificate was verified (policy `verify`).
     pub verified: bool,
+    /// What a check of the certificate found: `Valid` under `verify`, the audit's finding
+    /// when [`TlsOptions::audit`] asked for one, else `None`.
+    pub checked: Option<CertCheck>,
+}
+
+/// What is wrong with a certificate, in the classes TLS reports tell apart (RFC 8460 §4.3).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CertProblem {
+    /// It does not name the host (`certificate-host-mismatch`).
+    HostMismatch,
+    /// It has expired or is not valid yet (`certificate-expired`).
+    Expired,
+    /// Its chain leads to no trusted root (`certificate-not-trusted`).
+    NotTrusted,
+    /// It matches none of the MX host's TLSA records (`tlsa-invalid`).
+    DaneMismatch,
+    /// Anything else about it (`validation-failure`).
+    Invalid,
+}
+
+impl CertProblem {
+    /// The class of a rustls certificate error.
+    pub fn of(e: &rustls::CertificateError) -> CertProblem {
+        use rustls::CertificateError as E;
+        match e {
+            E::NotValidForName | E::NotValidForNameContext { .. } => CertProblem::HostMismatch,
+            E::Expired
+            | E::ExpiredContext { .. }
+            | E::NotValidYet
+            | E::NotValidYetContext { .. } => CertProblem::Expired,
+            E::UnknownIssuer | E::BadSignature => CertProblem::NotTrusted,
+            _ if crate::dane::is_mismatch(e) => CertProblem::DaneMismatch,
+            _ => CertProblem::Invalid,
+        }
+    }
+
+    /// The RFC 8460 result type.
+    pub fn result_type(self) -> &'static str {
+        match self {
+            CertProblem::HostMismatch => "certificate-host-mismatch",
+            CertProblem::Expired => "certificate-expired",
+            CertProblem::NotTrusted => "certificate-not-trusted",
+            CertProblem::DaneMismatch => "tlsa-invalid",
+            CertProblem::Invalid => "validation-failure",
+        }
+    }
+}
+
+/// The result of checking a peer's certificate.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CertCheck {
+    Valid,
+    Invalid {
+        problem: CertProblem,
+        detail: String,
+    },
+}
+
+impl CertCheck {
+    fn of(result: Result<(), rustls::Error>) -> CertCheck {
+        match result {
+            Ok(()) => CertCheck::Valid,
+            Err(rustls::Error::InvalidCertificate(why)) => CertCheck::Invalid {
+                problem: CertProblem::of(&why),
+                detail: format!("{why:?}"),
+            },
+            Err(other) => CertCheck::Invalid {
+                problem: CertProblem::Invalid,
+                detail: other.to_string(),
+            },
+        }
+    }
+}
+
+/// Checks the certificate `conn`'s peer presented for `name` against the roots `options`
+/// names (its CA file, else the system's), as a `verify` session would have.
+pub(crate) fn audit(
+    options: &TlsOptions,
+    name: &ServerName<'_>,
+    conn: &rustls::ClientConnection,
+) -> CertCheck {
+    let Some((end_entity, intermediates)) = conn.peer_certificates().and_then(|c| c.split_first())
+    else {
+        return CertCheck::Invalid {
+            problem: CertProblem::Invalid,
+            detail: "the peer presented no certificate".into(),
+        };
+    };
+    match verifier(options.ca_file.as_deref()) {
+        Ok(v) => CertCheck::of(
+            v.verify_server_cert(end_entity, intermediates, name, &[], UnixTime::now())
+                .map(|_| ()),
+        ),
+        Err(detail) => CertCheck::Invalid {
+            problem: CertProblem::NotTrusted,
+            detail,
+        },
+    }
+}
+
+/// The web-PKI verifier over a CA file or the system's roots, built once per file.
+fn verifier(ca_file: Option<&Path>) -> Result<Arc<dyn ServerCertVerifier>, String> {
+    type Cache = Mutex<HashMap<Option<PathBuf>, Arc<dyn ServerCertVerifier>>>;
+    static CACHE: OnceLock<Cache> = OnceLock::new();
+    let key = ca_file.map(Path::to_path_buf);
+    let cache = CACHE.get_or_init(Default::default);
+    if let Some(v) = cache.lock().expect("verifier cache").get(&key) {
+        return Ok(v.clone());
+    }
+    let roots = match &key {
+        Some(path) => roots_from_file(path)?,
+        None => system_roots(),
+    };
+    let v: Arc<dyn ServerCertVerifier> =
+        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider())
+            .build()
+            .map_err(|e| format!("TLS setup: {e}"))?;
+    cache.lock().expect("verifier cache").insert(key, v.clone());
+    Ok(v)
 }
 
 /// The names the logs, `Received:` lines and `state` give a TLS session, either side of
@@ -147,12 +296,21 @@ fn cipher_name(suite: Option<rustls::CipherSuite>) -> String {
 }
 
 impl TlsInfo {
-    pub(crate) fn of(conn: &rustls::ClientConnection, verified: bool) -> TlsInfo {
+    pub(crate) fn of(
+        conn: &rustls::ClientConnection,
+        verified: bool,
+        checked: Option<CertCheck>,
+    ) -> TlsInfo {
         let (version, cipher) = describe(conn);
         TlsInfo {
             version,
             cipher,
             verified,
+            checked: if verified {
+                Some(CertCheck::Valid)
+            } else {
+                checked
+            },
         }
     }
 }
@@ -201,6 +359,19 @@ fn provider() -> Arc<CryptoProvider> {
 /// use. Errors name the CA file and what was wrong with it. Public for pepsi-status, whose
 /// probes of TLS listeners take the `encrypt` configuration (any certificate).
 pub fn client_config(options: &TlsOptions) -> Result<Arc<ClientConfig>, String> {
+    if !options.dane.is_empty() {
+        // One MX host's records: a configuration of its own, not cached.
+        let config = ClientConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| format!("TLS setup: {e}"))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(crate::dane::DaneVerifier {
+                records: options.dane.clone(),
+                provider: provider(),
+            }))
+            .with_no_client_auth();
+        return Ok(Arc::new(config));
+    }
     type Cache = Mutex<HashMap<(bool, Option<PathBuf>), Arc<ClientConfig>>>;
     static CACHE: OnceLock<Cache> = OnceLock::new();
     let verify = options.policy == TlsPolicy::Verify;
@@ -263,7 +434,7 @@ fn system_roots() -> RootCertStore {
 /// security), but the handshake signatures are still checked, so the session key belongs to
 /// whoever presented the certificate.
 #[derive(Debug)]
-struct AcceptAnyCertificate(Arc<CryptoProvider>);
+pub(crate) struct AcceptAnyCertificate(Arc<CryptoProvider>);
 
 impl ServerCertVerifier for AcceptAnyCertificate {
     fn verify_server_cert(
@@ -283,12 +454,7 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        crate::signatures::Signatures(self.0.clone()).tls12(message, cert, dss)
     }
 
     fn verify_tls13_signature(
@@ -297,16 +463,11 @@ impl ServerCertVerifier for AcceptAnyCertificate {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        crate::signatures::Signatures(self.0.clone()).tls13(message, cert, dss)
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.signature_verification_algorithms.supported_schemes()
+        crate::signatures::Signatures(self.0.clone()).schemes()
     }
 }
 
@@ -392,16 +553,24 @@ mod tests {
     }
 
     #[test]
-    fn credentials_debug_hides_the_password() {
-        let c = Credentials {
-            username: "relay".into(),
-            password: "s3cret".into(),
-        };
-        let shown = format!("{c:?}");
-        assert!(
-            shown.contains("relay") && !shown.contains("s3cret"),
-            "{shown}"
-        );
+    fn credentials_debug_hides_the_secret() {
+        for c in [
+            Credentials::Password {
+                username: "relay".into(),
+                password: "s3cret".into(),
+            },
+            Credentials::Bearer {
+                username: "relay".into(),
+                token: "s3cret".into(),
+            },
+        ] {
+            let shown = format!("{c:?}");
+            assert!(
+                shown.contains("relay") && !shown.contains("s3cret"),
+                "{shown}"
+            );
+            assert_eq!(c.username(), "relay");
+        }
     }
 
     #[test]

@@ -25,7 +25,11 @@ use sqlx::PgPool;
 use crate::cache::{self, Candidate, Health};
 use crate::options::Options;
 use crate::route::{self, Hop, NoRoute};
-use pepsi_outbound::dns::{Dns, Lookup};
+use crate::sts::{Applied, Fetcher};
+use crate::tls_result::{self, Counted};
+use pepsi_outbound::dns::{Dns, Lookup, Validating};
+use pepsi_smtp::dane::Tlsa;
+use pepsi_smtp::sts::Mode;
 
 /// What went wrong at one host or address, for the diagnostic of an attempt that found no
 /// server to answer.
@@ -122,6 +126,10 @@ pub struct Key {
     pub host: String,
     pub address: IpAddr,
     pub tls: TlsPolicy,
+    /// The certificate was audited when the session opened (an MTA-STS `testing` policy).
+    pub audit: bool,
+    /// The certificate was checked against the host's TLSA records (DANE).
+    pub dane: bool,
 }
 
 impl fmt::Display for Key {
@@ -130,12 +138,41 @@ impl fmt::Display for Key {
     }
 }
 
-/// The attempt's parts: options, resolver, the cache's database and the kept sessions.
+/// The attempt's parts: options, resolver, the cache's database, the kept sessions and
+/// the MTA-STS policy reader.
 pub struct Attempt<'a> {
     pub options: &'a Options,
     pub dns: &'a Dns,
     pub pool: &'a PgPool,
     pub keeper: &'a Keeper<Key>,
+    pub sts: &'a Fetcher,
+    /// The validating resolver of DANE, when `DANE = yes`.
+    pub validating: Option<&'a Validating>,
+}
+
+/// How the sessions of one delivery (or, with DANE, of one MX host) are secured: the TLS
+/// policy, whether to audit the certificate, the TLSA records to match, and the transport
+/// policy their results count under.
+#[derive(Clone)]
+struct Security {
+    tls: TlsPolicy,
+    audit: bool,
+    dane: Vec<Tlsa>,
+    applied: Applied,
+    counted: Counted,
+}
+
+impl Security {
+    /// An `enforce` policy's refusal of an MX host it does not name.
+    fn refuses(&self, host: &str) -> Option<&'static str> {
+        match &self.applied {
+            Applied::Policy(p) if !p.allows(host) => Some(match p.mode {
+                Mode::Enforce => "enforce",
+                _ => "testing",
+            }),
+            _ => None,
+        }
+    }
 }
 
 impl Attempt<'_> {
@@ -146,6 +183,8 @@ impl Attempt<'_> {
             Ok(hops) => hops,
             Err(result) => return result,
         };
+        let security = self.security(domain, &hops).await;
+        let mx_secure = self.mx_secure(domain, &hops).await;
         let mut notes = Vec::new();
         let mut connects = 0usize;
         let mut refused_internal = 0usize;
@@ -159,6 +198,55 @@ impl Attempt<'_> {
                     phase: "routing",
                 });
                 continue;
+            }
+            let security = match self.dane_for(domain, hop, mx_secure).await {
+                Ok(Some(dane)) => dane,
+                Ok(None) => security.clone(),
+                Err(note) => {
+                    notes.push(note);
+                    continue;
+                }
+            };
+            match security.refuses(&hop.name) {
+                Some("enforce") => {
+                    let why = format!(
+                        "not tried: {} is not an MX host the MTA-STS policy of {domain} \
+                         names (mode enforce)",
+                        hop.name
+                    );
+                    self.count(
+                        domain,
+                        &security.counted,
+                        &hop.name,
+                        None,
+                        &tls_result::Result::failure("validation-failure", why.clone()),
+                    )
+                    .await;
+                    notes.push(Note {
+                        host: hop.name.clone(),
+                        address: None,
+                        what: why,
+                        status: "4.7.5".into(),
+                        phase: "routing",
+                    });
+                    continue;
+                }
+                Some(_) => {
+                    let why = format!(
+                        "{} is not an MX host the MTA-STS policy of {domain} names (mode testing)",
+                        hop.name
+                    );
+                    tracing::info!(rcpt = %recipient(env), "{why}: delivering all the same");
+                    self.count(
+                        domain,
+                        &security.counted,
+                        &hop.name,
+                        None,
+                        &tls_result::Result::failure("validation-failure", why),
+                    )
+                    .await;
+                }
+                None => {}
             }
             let candidates = match hop.literal {
                 Some(ip) => vec![Candidate {
@@ -223,7 +311,7 @@ impl Attempt<'_> {
                 }
                 connects += 1;
                 match self
-                    .try_address(hop, candidate.address, domain, env, message)
+                    .try_address(hop, candidate.address, &security, domain, env, message)
                     .await
                 {
                     Verdict::Answer(result) => return result,
@@ -248,6 +336,166 @@ impl Attempt<'_> {
             return RcptResult::Permanent(f);
         }
         RcptResult::Transient(exhausted(&notes))
+    }
+
+    /// The transport security of a delivery to `domain` through `hops`: an operator's
+    /// `TLS_DOMAINS` entry wins; else an MTA-STS `enforce` policy demands `verify` (the
+    /// certificate valid for the MX host name), a `testing` one audits the certificate
+    /// under the usual policy; else `TLS`.
+    async fn security(&self, domain: &str, hops: &[Hop]) -> Security {
+        let tls = self.options.tls_for(domain);
+        let ask = self.options.sts.enabled
+            && !self.options.tls_domains.contains_key(domain)
+            && hops.iter().all(|h| h.literal.is_none());
+        let applied = if ask {
+            self.sts.policy(self.dns, self.pool, domain).await
+        } else {
+            Applied::NoPolicy
+        };
+        let counted = Counted::of(&applied);
+        if let Applied::Unavailable {
+            result_type,
+            detail,
+        } = &applied
+        {
+            self.count(
+                domain,
+                &counted,
+                "",
+                None,
+                &tls_result::Result::failure(result_type, detail.clone()),
+            )
+            .await;
+        }
+        let (tls, audit) = match &applied {
+            Applied::Policy(p) if p.mode == Mode::Enforce => (TlsPolicy::Verify, false),
+            Applied::Policy(_) => (tls, tls != TlsPolicy::None && tls != TlsPolicy::Verify),
+            _ => (tls, false),
+        };
+        Security {
+            tls,
+            audit,
+            dane: Vec::new(),
+            applied,
+            counted,
+        }
+    }
+
+    /// Whether the MX answer of `domain` is DNSSEC-secure, as DANE needs it to be (RFC
+    /// 7672 §2.2.1: an MX host from an insecure answer may be an attacker's); false without
+    /// DANE, for an address literal, and when the validating resolver fails.
+    async fn mx_secure(&self, domain: &str, hops: &[Hop]) -> bool {
+        let Some(v) = self.validating else {
+            return false;
+        };
+        if hops.iter().any(|h| h.literal.is_some()) {
+            return false;
+        }
+        match v
+            .lookup(domain, hickory_resolver::proto::rr::RecordType::MX)
+            .await
+        {
+            Ok(answer) => answer.secure,
+            Err(e) => {
+                tracing::info!(
+                    domain,
+                    "DANE: the MX lookup at the validating resolver failed: {e}"
+                );
+                false
+            }
+        }
+    }
+
+    /// DANE for one MX host (RFC 7672 §2.2): with a secure MX answer and a secure TLSA
+    /// RRset at `_25._tcp.<host>`, the session must use TLS and the certificate must match
+    /// the usable records (with none usable, TLS without authentication); DANE then wins
+    /// over an MTA-STS policy (RFC 8461 §2). A TLSA lookup that fails (SERVFAIL is also how
+    /// a validating resolver answers bogus data) is no reason to go on in clear: the host is
+    /// skipped. `Ok(None)`: DANE does not apply to the host.
+    async fn dane_for(
+        &self,
+        domain: &str,
+        hop: &Hop,
+        mx_secure: bool,
+    ) -> Result<Option<Security>, Note> {
+        let Some(v) = self
+            .validating
+            .filter(|_| mx_secure && hop.literal.is_none())
+        else {
+            return Ok(None);
+        };
+        let name = format!("_25._tcp.{}", hop.name);
+        let answer = match v
+            .lookup(&name, hickory_resolver::proto::rr::RecordType::TLSA)
+            .await
+        {
+            Ok(a) => a,
+            Err(e) => {
+                let what = format!(
+                    "not tried: the TLSA lookup of {name} failed ({e}), and the domain's MX answer is DNSSEC-signed"
+                );
+                let counted = Counted {
+                    policy_type: "tlsa",
+                    policy_string: Vec::new(),
+                };
+                self.count(
+                    domain,
+                    &counted,
+                    &hop.name,
+                    None,
+                    &tls_result::Result::failure("dnssec-invalid", what.clone()),
+                )
+                .await;
+                return Err(Note {
+                    host: hop.name.clone(),
+                    address: None,
+                    what,
+                    status: "4.7.5".into(),
+                    phase: "routing",
+                });
+            }
+        };
+        if !answer.secure || answer.records.is_empty() {
+            return Ok(None);
+        }
+        let records: Vec<Tlsa> = answer
+            .records
+            .iter()
+            .filter_map(|r| match r {
+                hickory_resolver::proto::rr::RData::TLSA(t) => Some(Tlsa {
+                    usage: u8::from(t.cert_usage),
+                    selector: u8::from(t.selector),
+                    matching: u8::from(t.matching),
+                    data: t.cert_data.clone(),
+                }),
+                _ => None,
+            })
+            .collect();
+        let usable: Vec<Tlsa> = records.iter().filter(|r| r.usable()).cloned().collect();
+        Ok(Some(Security {
+            tls: TlsPolicy::Encrypt,
+            audit: false,
+            dane: usable,
+            applied: Applied::NoPolicy,
+            counted: Counted {
+                policy_type: "tlsa",
+                policy_string: records.iter().map(Tlsa::to_text).collect(),
+            },
+        }))
+    }
+
+    /// Counts a TLS result for the domain's TLS report, when the stage keeps them.
+    async fn count(
+        &self,
+        domain: &str,
+        counted: &Counted,
+        host: &str,
+        address: Option<IpAddr>,
+        result: &tls_result::Result,
+    ) {
+        if self.options.tls_reporting {
+            tls_result::record(self.pool, domain, counted, host, address, result).await;
+        }
     }
 
     /// The hosts for `domain`, or the attempt's result when there is no route.
@@ -325,6 +573,7 @@ impl Attempt<'_> {
         &self,
         hop: &Hop,
         address: IpAddr,
+        security: &Security,
         domain: &str,
         env: &Envelope,
         message: &[u8],
@@ -337,7 +586,9 @@ impl Attempt<'_> {
         let key = Key {
             host: host.to_owned(),
             address,
-            tls: self.options.tls_for(domain),
+            tls: security.tls,
+            audit: security.audit,
+            dane: !security.dane.is_empty(),
         };
         let options = OpenOptions {
             tls: TlsOptions {
@@ -345,9 +596,12 @@ impl Attempt<'_> {
                 ca_file: self.options.tls_ca_file.clone(),
                 // The MX host name is what a verified certificate must carry.
                 server_name: hop.literal.is_none().then(|| host.to_owned()),
+                audit: key.audit,
+                dane: security.dane.clone(),
             },
             auth: None,
         };
+        let reports_tls = key.tls != TlsPolicy::None && hop.literal.is_none();
         let mut conn = match self.keeper.take(&key).await {
             Some(kept) => kept,
             None => {
@@ -364,11 +618,25 @@ impl Attempt<'_> {
                 }
                 match opened {
                     Ok(conn) => conn,
-                    Err(e) => return Verdict::Next(session_note(host, address, &e)),
+                    Err(e) => {
+                        if reports_tls && let Some(result) = tls_result::of_open_error(&e) {
+                            self.count(domain, &security.counted, host, Some(address), &result)
+                                .await;
+                        }
+                        return Verdict::Next(session_note(host, address, &e));
+                    }
                 }
             }
         };
         let remote = conn.remote_mta().to_owned();
+        if reports_tls {
+            let result = tls_result::of_session(conn.tls().as_ref());
+            if !result.is_success() && matches!(security.applied, Applied::Policy(_)) {
+                tracing::info!(rcpt = %recipient(env), %remote, "MTA-STS testing: {}", result.detail);
+            }
+            self.count(domain, &security.counted, host, Some(address), &result)
+                .await;
+        }
         let tls = conn.tls().map_or("no TLS".to_owned(), |t| {
             format!("{} {}", t.version, t.cipher)
         });

@@ -9,18 +9,24 @@
 //! Terminal helpers: only those `conclude` picks — `advance_or_finish`, `finish_with`
 //! (bounce, success notice) or `pause_with` (backoff).
 //!
-//! Besides the queue row, the stage reads and writes `pepsi.dns_address` (`cache`), the
-//! resolved MX-host addresses with their connect health, and nothing else.
+//! Besides the queue row, the stage reads and writes `pepsi.dns_address` (`cache`, the
+//! resolved MX-host addresses with their connect health), `pepsi.mta_sts_policy` (`sts`, the
+//! MTA-STS policies of recipient domains) and `pepsi.tls_report_result` (`tls_result`, each
+//! session's TLS result for TLS reports), and nothing else.
 //!
 //! Modules: `options` (the section, pure), `route` (MX answer → hosts in order, pure),
-//! `cache` (the address cache's stored functions), `attempt` (the walk over hosts and
-//! addresses, and what ends it). The DNS lookups are `pepsi_outbound::dns`'s; the sessions kept
+//! `cache` (the address cache's stored functions), `sts` (which MTA-STS policy applies),
+//! `tls_result` (what a session means for TLS reports), `attempt` (the walk over hosts and
+//! addresses, the transport security of each, MTA-STS or DANE, and what ends it). The DNS
+//! lookups are `pepsi_outbound::dns`'s (DANE's through its `Validating`); the sessions kept
 //! between messages are `pepsi_outbound::keep`'s, under its `MX_HOSTS` rules.
 
 pub mod attempt;
 pub mod cache;
 pub mod options;
 pub mod route;
+pub mod sts;
+pub mod tls_result;
 
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +58,9 @@ pub struct Built {
     pub options: Options,
     pub dns: Dns,
     pub keeper: Keeper<Key>,
+    pub sts: sts::Fetcher,
+    /// The validating resolver, with `DANE = yes`.
+    pub validating: Option<pepsi_outbound::dns::Validating>,
 }
 
 /// The stage: whether this worker swept the address cache (each section's `Built` is its
@@ -78,10 +87,23 @@ impl Stage for RelayToInternet {
         let dns = Dns::new(&options.dns_servers, options.dns_timeout)
             .with_context(|| format!("[stage-{name}]"))?;
         let keeper = Keeper::new(Rules::MX_HOSTS);
+        let sts = sts::Fetcher::new(&options).with_context(|| format!("[stage-{name}]"))?;
+        let validating = match options.dane {
+            true => Some(
+                pepsi_outbound::dns::Validating::new(
+                    &options.dane_dns_servers,
+                    options.dns_timeout,
+                )
+                .with_context(|| format!("[stage-{name}] DANE_DNS_SERVERS"))?,
+            ),
+            false => None,
+        };
         Ok(Built {
             options,
             dns,
             keeper,
+            sts,
+            validating,
         })
     }
 
@@ -95,6 +117,7 @@ impl Stage for RelayToInternet {
         }
         if !self.swept.swap(true, Ordering::Relaxed) {
             cache::gc(ctx.pool()).await;
+            sts::gc(ctx.pool()).await;
         }
         let rcpt = ctx.rcpt_to()[0].clone();
         let result = match Address::parse(&rcpt).map(Address::into_parts) {
@@ -116,6 +139,8 @@ impl Stage for RelayToInternet {
                     dns: &built.dns,
                     pool: ctx.pool(),
                     keeper: &built.keeper,
+                    sts: &built.sts,
+                    validating: built.validating.as_ref(),
                 };
                 let limit = built.options.attempt_timeout;
                 match tokio::time::timeout(limit, attempt.deliver(&env, &domain, &message)).await {
@@ -155,7 +180,15 @@ in order of connect health, and takes the first answer a server gives:
                                  does not resolve; a malformed reply
 
 Sessions use STARTTLS as the recipient domain's policy says (verify checks the \
-certificate against the MX host name). An 8-bit message for a server without 8BITMIME is \
+certificate against the MX host name). A domain that publishes an MTA-STS policy \
+(RFC 8461) gets it: under enforce only the MX hosts the policy names are tried, each with \
+a certificate valid for its name, and mail that cannot go so waits (4.7.5) and is bounced \
+at MAX_LIFETIME, never sent in clear; under testing mail goes as usual and the failures \
+are counted. Policies are cached in pepsi.mta_sts_policy for their max_age; a TLS_DOMAINS \
+entry overrides a domain's policy. With DANE = yes an MX host with a DNSSEC-secure TLSA \
+record set (RFC 7672) must present a certificate matching it, over STARTTLS, or is \
+skipped (4.7.5); DANE wins over MTA-STS. Every session's TLS result is counted per day in \
+pepsi.tls_report_result for TLS reports (RFC 8460). An 8-bit message for a server without 8BITMIME is \
 converted to 7 bits; one that needs SMTPUTF8 for a server without it is bounced (5.6.7).
 
 Resolved addresses are kept in pepsi.dns_address until their DNS TTL: a working address \
@@ -176,6 +209,15 @@ Options of [stage-<name>]:
   TLS               none | may | encrypt | verify   policy for every domain (default may)
   TLS_DOMAINS       domain:policy, ...              a policy per recipient domain
   TLS_CA_FILE       PEM file of the CAs verify trusts (default: the system's roots)
+  MTA_STS           yes | no    look up and apply MTA-STS policies (default yes)
+  MTA_STS_TIMEOUT   20s         one policy fetch, connect to last byte
+  MTA_STS_REFRESH   1d          fetch a cached policy again once it is this old
+  MTA_STS_FETCH_BACKOFF 5m      after a failed fetch, ask the policy host again only then
+  MTA_STS_CA_FILE   PEM file of the CAs a policy host must chain to (default: the web PKI)
+  MTA_STS_PORT      443         HTTPS port of policy hosts
+  TLS_REPORTING     yes | no    count TLS results for TLS reports (default yes)
+  DANE              yes | no    use DNSSEC-validated TLSA records of MX hosts (default no)
+  DANE_DNS_SERVERS  the validating resolver whose AD bit DANE trusts (default DNS_SERVERS)
   RETRY_INITIAL 5m, RETRY_FACTOR 2, RETRY_MAX_INTERVAL 1h, DELAY_WARNING 4h (0 = off),
   MAX_LIFETIME 5d          retry policy; each falls back to [pepsi], then to the default
   BOUNCE_STAGE, NEXT_STAGE, ORIGINATE_SUCCESS_DSN   as for every stage

@@ -69,7 +69,38 @@ pub struct Options {
     pub tls_domains: BTreeMap<String, TlsPolicy>,
     /// `TLS_CA_FILE`: the CAs a `verify` session trusts instead of the system's.
     pub tls_ca_file: Option<PathBuf>,
+    /// The MTA-STS settings (`MTA_STS*`).
+    pub sts: Sts,
+    /// `TLS_REPORTING`: count every session's TLS result for the daily TLS reports.
+    pub tls_reporting: bool,
+    /// `DANE`: use the DNSSEC-validated TLSA records of MX hosts (RFC 7672), found through
+    /// `DANE_DNS_SERVERS` (default no).
+    pub dane: bool,
+    /// `DANE_DNS_SERVERS`: the validating resolver whose AD bit is trusted (default the
+    /// stage's `DNS_SERVERS`).
+    pub dane_dns_servers: Vec<SocketAddr>,
     pub policy: RetryPolicy,
+}
+
+/// How the stage honours the MTA-STS policies of recipient domains (RFC 8461).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sts {
+    /// `MTA_STS`: look policies up and apply them (default yes).
+    pub enabled: bool,
+    /// `MTA_STS_PORT`: the HTTPS port of policy hosts (443).
+    pub port: u16,
+    /// `MTA_STS_TIMEOUT`: one policy fetch, connect to last byte (20s).
+    pub timeout: Duration,
+    /// `MTA_STS_CA_FILE`: the CAs a policy host's certificate must lead to (default: the
+    /// system's; MX certificates under a policy are checked against `TLS_CA_FILE`).
+    pub ca_file: Option<PathBuf>,
+    /// `MTA_STS_REFRESH`: a cached policy is fetched again once it is this old, even when
+    /// its id has not changed, so it never runs out while the domain still publishes it
+    /// (1d).
+    pub refresh: Duration,
+    /// `MTA_STS_FETCH_BACKOFF`: after a failed fetch, the failure stands this long before
+    /// the policy host is asked again (5m; 0: ask every time).
+    pub fetch_backoff: Duration,
 }
 
 /// `example.org:verify, other.net:encrypt`: a policy per recipient domain.
@@ -117,7 +148,7 @@ impl Options {
             })?
             .unwrap_or_default();
         Ok(Options {
-            dns_servers,
+            dns_servers: dns_servers.clone(),
             dns_timeout: layered
                 .duration_opt("DNS_TIMEOUT")?
                 .filter(|v| !v.is_zero())
@@ -162,6 +193,30 @@ impl Options {
                 .unwrap_or(TlsPolicy::May),
             tls_domains,
             tls_ca_file: s.path_opt("TLS_CA_FILE")?,
+            sts: Sts {
+                enabled: s.bool_opt("MTA_STS")?.unwrap_or(true),
+                port: s
+                    .parse_opt("MTA_STS_PORT", |v| {
+                        v.trim()
+                            .parse::<u16>()
+                            .ok()
+                            .filter(|p| *p != 0)
+                            .ok_or_else(|| "a port from 1 to 65535".to_owned())
+                    })?
+                    .unwrap_or(443),
+                timeout: positive("MTA_STS_TIMEOUT", Duration::from_secs(20))?,
+                ca_file: s.path_opt("MTA_STS_CA_FILE")?,
+                refresh: positive("MTA_STS_REFRESH", Duration::from_secs(86_400))?,
+                fetch_backoff: s
+                    .duration_opt("MTA_STS_FETCH_BACKOFF")?
+                    .unwrap_or(Duration::from_secs(300)),
+            },
+            tls_reporting: s.bool_opt("TLS_REPORTING")?.unwrap_or(true),
+            dane: s.bool_opt("DANE")?.unwrap_or(false),
+            dane_dns_servers: s
+                .parse_opt("DANE_DNS_SERVERS", dns::parse_servers)?
+                .filter(|l| !l.is_empty())
+                .unwrap_or_else(|| dns_servers.clone()),
             policy: RetryPolicy::from_config(cfg, stage)?,
         })
     }

@@ -92,50 +92,7 @@ pub fn literal(domain: &str) -> Result<Option<IpAddr>, NoRoute> {
     }
 }
 
-/// The non-public range `ip` lies in, if any: the destinations refused unless
-/// `ALLOW_INTERNAL_ADDRESSES` (an IPv4-mapped IPv6 address is judged as its IPv4 address).
-pub fn internal_range(ip: IpAddr) -> Option<&'static str> {
-    let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map(IpAddr::V4).unwrap_or(ip),
-        v4 => v4,
-    };
-    match ip {
-        IpAddr::V4(a) => {
-            let [b0, b1, ..] = a.octets();
-            if a.is_loopback() {
-                Some("loopback")
-            } else if a.is_private() {
-                Some("private")
-            } else if a.is_link_local() {
-                Some("link-local")
-            } else if a.is_unspecified() || b0 == 0 {
-                Some("unspecified")
-            } else if b0 == 100 && (64..128).contains(&b1) {
-                Some("shared address space (carrier-grade NAT)")
-            } else if a.is_multicast() || a.is_broadcast() || b0 >= 240 {
-                Some("multicast or reserved")
-            } else {
-                None
-            }
-        }
-        IpAddr::V6(a) => {
-            let first = a.segments()[0];
-            if a.is_loopback() {
-                Some("loopback")
-            } else if a.is_unspecified() {
-                Some("unspecified")
-            } else if first & 0xfe00 == 0xfc00 {
-                Some("private (unique local)")
-            } else if first & 0xffc0 == 0xfe80 {
-                Some("link-local")
-            } else if a.is_multicast() {
-                Some("multicast or reserved")
-            } else {
-                None
-            }
-        }
-    }
-}
+pub use pepsi_outbound::dns::internal_range;
 
 /// The hosts to try for mail to `domain`, most preferred first, hosts of equal preference
 /// in random order (`random` gives the shuffle its numbers).

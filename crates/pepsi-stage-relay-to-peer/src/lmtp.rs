@@ -48,6 +48,7 @@ impl PeerKind for Lmtp {
             timeouts: relay::timeouts(s)?,
             connection_idle: relay::connection_idle(s)?,
             options: OpenOptions::default(),
+            fresh_auth: None,
         })
     }
 }

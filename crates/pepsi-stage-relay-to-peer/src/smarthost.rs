@@ -18,10 +18,15 @@
 //! for the next message as the LMTP stage keeps its own: both are `pepsi_outbound::relay`'s
 //! `RelayStage`, over a peer kind of their own.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use pepsi_conf::config::{Config, ConfigError, Section};
-use pepsi_outbound::relay::{self, Peer, PeerKind, RelayOptions, RelayStage};
+use pepsi_conf::config::{Config, ConfigError, Origin, Section};
+use pepsi_helper_token_refresh::token_file;
+use pepsi_outbound::relay::{
+    self, FreshAuth, FreshCredentials, Peer, PeerKind, RelayOptions, RelayStage,
+};
 use pepsi_smtp::{Credentials, OpenOptions, Protocol, Target, TlsOptions, TlsPolicy};
 
 pub mod constants {
@@ -74,11 +79,36 @@ fn missing(cfg: &Config, stage: &str, option: &str) -> ConfigError {
     }
 }
 
+/// The smarthost's OAuth 2.0 access token: `AUTH_TOKEN_FILE`, which
+/// `pepsi-helper-token-refresh` keeps fresh, read (`token_file`) each time a connection is
+/// opened, so a refreshed token is used from the next connection on. This stage reads it
+/// through its set-group-id bit (group `pepsi-token`).
+#[derive(Debug)]
+pub struct TokenFile {
+    pub username: String,
+    pub path: PathBuf,
+}
+
+impl FreshCredentials for TokenFile {
+    fn read(&self) -> Result<Credentials, String> {
+        let token = token_file::read_now(&self.path).map_err(|e| e.to_string())?;
+        Ok(Credentials::Bearer {
+            username: self.username.clone(),
+            token: token.access_token,
+        })
+    }
+
+    fn source(&self) -> String {
+        format!("the access token in {}", self.path.display())
+    }
+}
+
 /// The peer of a smarthost stage: `HOST`, `PORT`, `HELO_NAME`, the timeouts,
 /// `CONNECTION_IDLE`, and in `options` the TLS settings (`TLS`, `TLS_CA_FILE`,
-/// `TLS_SERVER_NAME`) and the credentials (`AUTH_USERNAME`, `AUTH_PASSWORD`). HELO_NAME falls
-/// back to `[pepsi] HOSTNAME`, then to the system's host name. AUTH_USERNAME and
-/// AUTH_PASSWORD come together or not at all.
+/// `TLS_SERVER_NAME`) and the credentials: `AUTH_USERNAME` with either `AUTH_PASSWORD` or
+/// `AUTH_TOKEN_FILE` (a [`TokenFile`], in `fresh_auth`). HELO_NAME falls back to `[pepsi]
+/// HOSTNAME`, then to the system's host name. A user name without a secret, a secret
+/// without a user name, or both secrets are configuration errors.
 pub struct Smarthost;
 
 impl PeerKind for Smarthost {
@@ -103,15 +133,51 @@ impl PeerKind for Smarthost {
             },
             ca_file: s.path_opt("TLS_CA_FILE")?,
             server_name: s.string_opt("TLS_SERVER_NAME")?.filter(|v| !v.is_empty()),
+            audit: false,
+            dane: Vec::new(),
         };
         let username = s.string_opt("AUTH_USERNAME")?.filter(|v| !v.is_empty());
         let password = s.string_opt("AUTH_PASSWORD")?.filter(|v| !v.is_empty());
-        let auth = match (username, password) {
-            (Some(username), Some(password)) => Some(Credentials { username, password }),
-            (None, None) => None,
+        // A database override naming a file is refused, as for every option that names
+        // one (FILE_ONLY_OPTIONS): the file is read through this stage's group.
+        let overridden = matches!(s.origin("AUTH_TOKEN_FILE"), Some(Origin::Override { .. }));
+        let token_file = s.parse_opt("AUTH_TOKEN_FILE", |v| {
+            if overridden {
+                return Err(
+                    "a path from the configuration file: a database override may not name \
+                     a file this stage reads through its group"
+                        .to_owned(),
+                );
+            }
+            if password.is_some() {
+                return Err(
+                    "no AUTH_PASSWORD beside it: a smarthost is logged in to with a password \
+                     or with an access token, not both"
+                        .to_owned(),
+                );
+            }
+            let path = PathBuf::from(v.trim());
+            if path.is_absolute() {
+                Ok(path)
+            } else {
+                Err("an absolute path to the file pepsi-helper-token-refresh writes".to_owned())
+            }
+        })?;
+        let (auth, fresh_auth) = match (username, password, token_file) {
+            (Some(username), Some(password), None) => {
+                (Some(Credentials::Password { username, password }), None)
+            }
+            (Some(username), None, Some(path)) => (
+                None,
+                Some(FreshAuth(Arc::new(TokenFile { username, path }))),
+            ),
+            (None, None, None) => (None, None),
             // "required but missing": one without the other is a configuration mistake.
-            (Some(_), None) => return Err(missing(cfg, stage, "AUTH_PASSWORD")),
-            (None, Some(_)) => return Err(missing(cfg, stage, "AUTH_USERNAME")),
+            (Some(_), None, None) => {
+                return Err(missing(cfg, stage, "AUTH_PASSWORD (or AUTH_TOKEN_FILE)"));
+            }
+            (None, _, _) => return Err(missing(cfg, stage, "AUTH_USERNAME")),
+            (Some(_), Some(_), Some(_)) => unreachable!("AUTH_TOKEN_FILE refuses AUTH_PASSWORD"),
         };
         Ok(Peer {
             target: Target::Tcp { host, port },
@@ -120,6 +186,7 @@ impl PeerKind for Smarthost {
             timeouts: relay::timeouts(s)?,
             connection_idle: relay::connection_idle(s)?,
             options: OpenOptions { tls, auth },
+            fresh_auth,
         })
     }
 }
@@ -138,9 +205,17 @@ Each message goes to the smarthost in one transaction for all its recipients: EH
 smarthost's 250 after the data delivers every recipient it accepted; a recipient refused with \
 5xx is bounced (a clone at BOUNCE_STAGE whose state.bounce quotes the reply); one refused \
 with 4xx waits. Any failure before MAIL FROM (no connection, no STARTTLS, a certificate that \
-does not verify, AUTH refused even with 535) defers every recipient: the message is paused \
-with exponential backoff and a last_error naming the cause, never bounced, and expires after \
-MAX_LIFETIME.
+does not verify, AUTH refused even with 535, an access token that has expired or cannot be \
+read) defers every recipient: the message is paused with exponential backoff and a last_error \
+naming the cause, never bounced, and expires after MAX_LIFETIME.
+
+With AUTH_TOKEN_FILE the stage logs in with an OAuth 2.0 access token (SASL OAUTHBEARER, \
+RFC 7628, else XOAUTH2) instead of a password, for providers that require it (Microsoft 365, \
+Google). pepsi-helper-token-refresh keeps the file fresh; the stage reads it each time it \
+opens a connection, through its set-group-id bit (group pepsi-token). A missing, unreadable \
+or expired token defers the mail with 4.7.0 and a last_error naming the file; a token the \
+smarthost refuses defers it with the smarthost's reply and its error challenge (the JSON \
+status of RFC 7628) and names the file.
 
 Options of [stage-<name>]:
   HOST              host name or IP address of the smarthost (required)
@@ -150,8 +225,13 @@ Options of [stage-<name>]:
                     certificate unchecked; verify: STARTTLS required, certificate checked)
   TLS_CA_FILE       PEM file of the CAs to trust (default: the system's roots)
   TLS_SERVER_NAME   name the certificate must carry (default: HOST)
-  AUTH_USERNAME     log in with SMTP AUTH (PLAIN or LOGIN) as this user; needs AUTH_PASSWORD
-  AUTH_PASSWORD     its password; keep it in a secrets fragment (secrets.d/*.conf, mode 0600)
+  AUTH_USERNAME     log in with SMTP AUTH as this user; needs AUTH_PASSWORD or AUTH_TOKEN_FILE
+  AUTH_PASSWORD     its password (AUTH PLAIN, else LOGIN); keep it in a secrets fragment
+                    (secrets.d/*.conf, mode 0600)
+  AUTH_TOKEN_FILE   instead of a password: the file of its OAuth 2.0 access token (AUTH
+                    OAUTHBEARER, else XOAUTH2), kept fresh by pepsi-helper-token-refresh and
+                    read at each new connection; an absolute path, from the configuration
+                    file only
   HELO_NAME         name given in EHLO (default: [pepsi] HOSTNAME, else the system host name)
   CONNECT_TIMEOUT   30s    GREETING_TIMEOUT 60s    COMMAND_TIMEOUT 60s    DATA_TIMEOUT 10m
   CONNECTION_IDLE   30s    reuse the worker's connection (after RSET) if idle less; 0 = never
@@ -182,6 +262,76 @@ mod tests {
     fn options(text: &str) -> Result<Options, String> {
         let cfg = Config::from_str_named(text, "t.conf").unwrap();
         Options::from_config::<Smarthost>(&cfg, "smarthost").map_err(|e| e.to_string())
+    }
+
+    #[test]
+    fn an_access_token_file_is_read_at_each_connection() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m365.json");
+        let s = options(&format!(
+            "[stage-smarthost]\nHOST = smtp.office365.com\nAUTH_USERNAME = relay@example.org\n\
+             AUTH_TOKEN_FILE = {}\n",
+            path.display()
+        ))
+        .unwrap();
+        assert_eq!(s.peer.options.auth, None, "nothing is read at start");
+        let fresh = s.peer.fresh_auth.clone().expect("a token file");
+        assert_eq!(fresh, s.peer.fresh_auth.clone().unwrap(), "the same peer");
+        assert_eq!(
+            fresh.0.source(),
+            format!("the access token in {}", path.display())
+        );
+        let err = fresh.0.read().unwrap_err();
+        assert!(
+            err.contains("m365.json") && err.contains("cannot read"),
+            "{err}"
+        );
+
+        let write = |token: &str, expires_at: &str| {
+            std::fs::write(
+                &path,
+                format!(r#"{{"access_token":"{token}","expires_at":"{expires_at}"}}"#),
+            )
+            .unwrap()
+        };
+        write("old", "2001-01-01T00:00:00Z");
+        let err = fresh.0.read().unwrap_err();
+        assert!(
+            err.contains("m365.json") && err.contains("expired at 2001-01-01T00:00:00Z"),
+            "{err}"
+        );
+        // A database override may not name the file: it is read through the stage's group.
+        let cfg = Config::from_str_named(
+            "[stage-smarthost]\nHOST = h\nAUTH_USERNAME = relay@example.org\n",
+            "t.conf",
+        )
+        .unwrap()
+        .with_overrides(
+            &[pepsi_conf::config::OverrideRow {
+                scope: "global".into(),
+                section: "stage-smarthost".into(),
+                option: "AUTH_TOKEN_FILE".into(),
+                value: path.display().to_string(),
+            }],
+            &pepsi_conf::config::Scope::Global,
+        );
+        let err = Options::from_config::<Smarthost>(&cfg, "smarthost")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("AUTH_TOKEN_FILE") && err.contains("a database override may not"),
+            "{err}"
+        );
+
+        // The helper replaces the file: the next connection logs in with the new token.
+        write("ya29.new", "2999-01-01T00:00:00Z");
+        assert_eq!(
+            fresh.0.read().unwrap(),
+            Credentials::Bearer {
+                username: "relay@example.org".into(),
+                token: "ya29.new".into()
+            }
+        );
     }
 
     #[test]
@@ -231,11 +381,14 @@ mod tests {
             s.peer.options.tls.server_name.as_deref(),
             Some("relay.example.net")
         );
-        let auth = s.peer.options.auth.clone().unwrap();
         assert_eq!(
-            (auth.username.as_str(), auth.password.as_str()),
-            ("pepsi", "s3cret")
+            s.peer.options.auth,
+            Some(Credentials::Password {
+                username: "pepsi".into(),
+                password: "s3cret".into()
+            })
         );
+        assert_eq!(s.peer.fresh_auth, None);
         assert!(
             !format!("{s:?}").contains("s3cret"),
             "Debug never shows the password"
@@ -277,7 +430,20 @@ mod tests {
         );
         check(
             "[stage-smarthost]\nHOST = h\nAUTH_USERNAME = pepsi\n",
-            &["[stage-smarthost] AUTH_PASSWORD is required"],
+            &["[stage-smarthost] AUTH_PASSWORD (or AUTH_TOKEN_FILE) is required"],
+        );
+        check(
+            "[stage-smarthost]\nHOST = h\nAUTH_TOKEN_FILE = /var/lib/pepsi/tokens/m365.json\n",
+            &["[stage-smarthost] AUTH_USERNAME is required"],
+        );
+        check(
+            "[stage-smarthost]\nHOST = h\nAUTH_USERNAME = pepsi\nAUTH_PASSWORD = s3cret\n\
+             AUTH_TOKEN_FILE = /t/m365.json\n",
+            &["t.conf:5", "AUTH_TOKEN_FILE", "no AUTH_PASSWORD beside it"],
+        );
+        check(
+            "[stage-smarthost]\nHOST = h\nAUTH_USERNAME = pepsi\nAUTH_TOKEN_FILE = m365.json\n",
+            &["t.conf:4", "AUTH_TOKEN_FILE", "an absolute path"],
         );
         check(
             "[stage-smarthost]\nHOST = h\nAUTH_PASSWORD = s3cret\n",

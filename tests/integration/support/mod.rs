@@ -29,13 +29,29 @@ pub fn root() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A loopback port nobody listens on right now.
+/// A loopback port nobody listens on right now, and not one this process was given before:
+/// the kernel may hand the same free port to two calls in a row, and a test that asks for
+/// two (an ingress's mx and submission listeners) must get two.
 pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    new_port(|_| true)
+}
+
+/// The same, free for UDP as well (a DNS server's).
+pub fn free_udp_tcp_port() -> u16 {
+    new_port(|port| std::net::UdpSocket::bind(("127.0.0.1", port)).is_ok())
+}
+
+fn new_port(also_free: impl Fn(u16) -> bool) -> u16 {
+    static GIVEN: std::sync::Mutex<Vec<u16>> = std::sync::Mutex::new(Vec::new());
+    let mut given = GIVEN.lock().unwrap_or_else(|e| e.into_inner());
+    loop {
+        let tcp = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = tcp.local_addr().unwrap().port();
+        if !given.contains(&port) && also_free(port) {
+            given.push(port);
+            return port;
+        }
+    }
 }
 
 /// A child process (a dispatcher, a daemon) killed and reaped when dropped, so a failing

@@ -11,6 +11,7 @@
 //! the database: [`Config::with_overrides`] applies rows that `pepsi_contract::overlay` read.
 
 mod check;
+pub mod edit;
 mod error;
 mod expand;
 mod layered;

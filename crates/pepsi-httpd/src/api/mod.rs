@@ -4,8 +4,9 @@
 //! (the configuration's overrides and effective values), `lists` (mailing lists), `archive`
 //! (a list's archive: summary, search, a post, purge, export), `logs` (the mail log and the
 //! event log), `pipeline` (the live stage graph), `secure_links` (secure links: list, show,
-//! revoke, extend) and `secretary` (held mail: list, release, discard; auto-pay's
-//! payments). docs/api.md and docs/api.openapi.yaml describe every route.
+//! revoke, extend), `secretary` (held mail: list, release, discard; auto-pay's
+//! payments) and `setup` (the first administrator, the setup tasks and their progress).
+//! docs/api.md and docs/api.openapi.yaml describe every route.
 
 pub mod accounts;
 pub mod archive;
@@ -18,3 +19,4 @@ pub mod secretary;
 pub mod secure_links;
 pub mod session;
 pub mod settings;
+pub mod setup;

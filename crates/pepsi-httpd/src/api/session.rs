@@ -146,26 +146,30 @@ pub async fn login(
         .unwrap_or_else(|e| e.into_inner())
         .by_account
         .clear(&account);
-    let secret = credentials::new_secret();
-    store::create_session(
-        &state.pool,
-        &actor,
-        &credentials::digest(&secret),
-        &name,
-        client.ip(),
-    )
-    .await?;
-    let max_age = state.options.session_max_age.as_secs();
+    let (secret, set_cookie) = start_session(&state, &actor, &name, client.ip()).await?;
     let body = json!({
         "name": name,
         "csrf_token": credentials::csrf_token(&secret),
         "idle_timeout_seconds": state.options.session_idle.as_secs(),
-        "max_age_seconds": max_age,
+        "max_age_seconds": state.options.session_max_age.as_secs(),
     });
     let mut r = (StatusCode::OK, Json(body)).into_response();
-    r.headers_mut()
-        .insert(header::SET_COOKIE, cookie(&state, &secret, max_age)?);
+    r.headers_mut().insert(header::SET_COOKIE, set_cookie);
     Ok(r)
+}
+
+/// A new session for administrator `name`: its row, its secret and the `Set-Cookie` value
+/// that hands the secret to the browser. The login and the setup's first administrator.
+pub(crate) async fn start_session(
+    state: &AppState,
+    actor: &pepsi_contract::audit::Actor,
+    name: &str,
+    ip: std::net::IpAddr,
+) -> ApiResult<(String, HeaderValue)> {
+    let secret = credentials::new_secret();
+    store::create_session(&state.pool, actor, &credentials::digest(&secret), name, ip).await?;
+    let set_cookie = cookie(state, &secret, state.options.session_max_age.as_secs())?;
+    Ok((secret, set_cookie))
 }
 
 pub async fn logout(State(state): State<AppState>, who: Principal) -> ApiResult<Response> {
