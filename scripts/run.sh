@@ -50,6 +50,8 @@ ensure_postgres "$root/var/pg" 55432 private
 # The default configuration reads these four.
 export PEPSI_HOME="$root/var"
 export DATABASE_URL="${DATABASE_URL%/*}/pepsi"
+# The setup pages write their tasks as the pepsi-config role (etc/pepsi.conf, docs/setup.md).
+export PEPSI_CONFIG_DATABASE_URL="postgres://pepsi-config@${DATABASE_URL#*@}"
 export PEPSI_KEY_DIR="$root/var/keys"
 export PEPSI_SECRETS_DIR="$root/var/secrets.d"
 # pepsi-httpd serves as whoever runs this, root included ([pepsi-httpd] ALLOW_ROOT of

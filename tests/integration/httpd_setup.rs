@@ -338,19 +338,28 @@ async fn the_wizard_in_chromium_writes_the_tasks_and_shows_apply_carrying_them_o
     b.js("document.getElementById('hostname').value = ''; return true")
         .await;
     b.type_into("#hostname", "mx.example.org").await;
+    // This configuration has no vacation or whitelist stage: both features off.
+    b.click("#feature-vacation").await;
+    b.click("#feature-whitelist").await;
     b.click("#setup-submit").await;
     b.until(
         "the pending tasks",
-        "return document.querySelectorAll('#tasks tbody tr.pending').length === 8",
+        "return document.querySelectorAll('#tasks tbody tr.pending').length === 9",
     )
     .await;
+    let features: serde_json::Value =
+        sqlx::query_scalar("SELECT params FROM pepsi.setup_task WHERE kind = 'features'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(features, json!({"vacation": false, "whitelist": false}));
     // apply, as root, carries them out; the page follows.
     let run = apply(&conf);
     assert_eq!(run.code, 0, "{run:?}");
     b.until(
         "every task done",
         "const rows = document.querySelectorAll('#tasks tbody tr'); \
-         return rows.length === 8 && Array.from(rows).every(r => r.className === 'done');",
+         return rows.length === 9 && Array.from(rows).every(r => r.className === 'done');",
     )
     .await;
     let log = b
@@ -362,10 +371,7 @@ async fn the_wizard_in_chromium_writes_the_tasks_and_shows_apply_carrying_them_o
         cfg.section("pepsi").string("HOSTNAME").unwrap(),
         "mx.example.org"
     );
-    assert_eq!(
-        cfg.section("pepsi-ingress").string("TLS_CERT").unwrap(),
-        cert
-    );
+    assert_eq!(cfg.section("listener-mx").string("TLS_CERT").unwrap(), cert);
     assert_eq!(
         cfg.section("stage-local").string("PROGRAM").unwrap(),
         "pepsi-stage-relay-to-lmtp"

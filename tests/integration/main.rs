@@ -57,6 +57,7 @@ mod make_run;
 mod manual;
 mod milter;
 mod package;
+mod package_setup;
 mod parsers_fuzz;
 mod queue_tool;
 mod relay_internet;

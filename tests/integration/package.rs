@@ -293,7 +293,7 @@ fn make(args: &[&str]) -> String {
 }
 
 /// Builds both packages with `make deb PROFILE=dev` into `dir`.
-fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+pub(crate) fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
     let deb_dir = format!("DEB_DIR={}", dir.display());
     let mut args = vec!["deb", "PROFILE=dev", deb_dir.as_str()];
     args.extend_from_slice(extra);
@@ -571,6 +571,25 @@ fn in_throwaway_root(dir: &Path, debs: &Path, script: &str) -> String {
 /// `in_throwaway_root` with directories of this machine bound into it (`binds`: host path,
 /// path inside) and extra environment variables for the script.
 fn in_root_with(dir: &Path, binds: &[(&Path, &str)], env: &[(&str, &str)], script: &str) -> String {
+    let out = root_command(dir, binds, env, script).output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "in the throwaway root:\n{text}");
+    println!("{text}");
+    text
+}
+
+/// The command that runs `script` in the throwaway root of `dir`, with `binds` and `env` as
+/// `in_root_with` takes them and `SMTP_PORT` a free port. Its network is this machine's, so
+/// a server the script starts on loopback is reached from outside. When the command ends,
+/// killed or not, so does every process the script started (`--kill-child`, and the
+/// namespace's first process takes the others with it).
+pub(crate) fn root_command(
+    dir: &Path,
+    binds: &[(&Path, &str)],
+    env: &[(&str, &str)],
+    script: &str,
+) -> Command {
     let merged = dir.join("root");
     for d in ["upper", "work", "root"] {
         std::fs::create_dir_all(dir.join(d)).unwrap();
@@ -601,21 +620,23 @@ mount -t tmpfs tmpfs "$m/run"
         d = dir.display(),
         port = support::free_port(),
     );
-    let out = Command::new("unshare")
-        .args(["--mount", "--pid", "--fork", "--propagation", "private"])
+    let mut command = Command::new("unshare");
+    command
+        .args([
+            "--mount",
+            "--pid",
+            "--fork",
+            "--kill-child",
+            "--propagation",
+            "private",
+        ])
         .args(["/bin/sh", "-c", &outer])
-        .env("INSIDE", script)
-        .output()
-        .unwrap();
-    let text =
-        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "in the throwaway root:\n{text}");
-    println!("{text}");
-    text
+        .env("INSIDE", script);
+    command
 }
 
 /// The numeric id of `name` in the throwaway root's passwd or group file.
-fn id_in(upper: &Path, file: &str, name: &str) -> u32 {
+pub(crate) fn id_in(upper: &Path, file: &str, name: &str) -> u32 {
     let text = std::fs::read_to_string(upper.join("etc").join(file)).unwrap();
     text.lines()
         .find_map(|l| {

@@ -2,7 +2,7 @@
 //! ACME server: pebble on loopback, validating http-01 for real (its names found through a
 //! dnsmasq the test starts) against certbot's own web server, its API served with a test
 //! CA's certificate the task's `ca_file` trusts. The certificate certbot obtains is named by
-//! `[pepsi-ingress] TLS_CERT`, its key readable by `TLS_GROUP`, and its renewal configuration
+//! the listener's `TLS_CERT`, its key readable by `TLS_GROUP`, and its renewal configuration
 //! holds `ACME_DEPLOY_HOOK`; a second task keeps it; certbot's own renewal keeps the key the
 //! group's and runs the hook; certbot failing, running past `ACME_TIMEOUT`, or a
 //! `TLS_GROUP` that does not exist fails the task and leaves `pepsi.conf` as it was.
@@ -34,19 +34,19 @@ const DEPLOYED: &str = "deployed";
 
 /// A pebble on free loopback ports: its ACME directory, the CA its API is served with, the
 /// port its http-01 validation asks, and its log (which names the issuers it made).
-struct Pebble {
+pub(crate) struct Pebble {
     _child: Running,
-    directory: String,
+    pub(crate) directory: String,
     management: u16,
-    api_ca: PathBuf,
-    http_port: u16,
-    log: PathBuf,
+    pub(crate) api_ca: PathBuf,
+    pub(crate) http_port: u16,
+    pub(crate) log: PathBuf,
 }
 
 impl Pebble {
     /// Starts pebble resolving names through `dns`; ports taken between the probe and its
     /// bind are retried on others.
-    fn start(dir: &Path, dns: &Dns) -> Pebble {
+    pub(crate) fn start(dir: &Path, dns: &Dns) -> Pebble {
         let ca = TestCa::new(dir);
         for attempt in 0..5 {
             if let Some(pebble) = Pebble::try_start(dir, dns, &ca, attempt) {
@@ -116,7 +116,7 @@ impl Pebble {
     }
 
     /// The root this pebble made at its start (a new one each start), as PEM.
-    async fn root(&self) -> String {
+    pub(crate) async fn root(&self) -> String {
         let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
         let client = reqwest::Client::builder()
             .add_root_certificate(
@@ -134,7 +134,7 @@ impl Pebble {
     }
 
     /// How many certificates pebble has issued so far (it logs each).
-    fn issued(&self) -> usize {
+    pub(crate) fn issued(&self) -> usize {
         std::fs::read_to_string(&self.log)
             .unwrap()
             .lines()
@@ -243,7 +243,7 @@ async fn a_tls_acme_task_obtains_a_certificate_from_pebble_and_a_second_keeps_it
         log.contains("output: Successfully received certificate."),
         "{log}"
     );
-    assert!(log.contains("[pepsi-ingress] TLS_CERT"), "{log}");
+    assert!(log.contains("[listener-mx] TLS_CERT"), "{log}");
     assert_eq!(pebble.issued(), 1, "{}", pebble_log());
 
     // The key is the ingress's group's, each change a step line; certbot keeps the hook in
@@ -276,8 +276,8 @@ async fn a_tls_acme_task_obtains_a_certificate_from_pebble_and_a_second_keeps_it
     // this pebble's root.
     let live = dir.path().join("letsencrypt/live/pepsi");
     let cfg = Config::load(&conf).unwrap();
-    let cert = cfg.section("pepsi-ingress").path("TLS_CERT").unwrap();
-    let key = cfg.section("pepsi-ingress").path("TLS_KEY").unwrap();
+    let cert = cfg.section("listener-mx").path("TLS_CERT").unwrap();
+    let key = cfg.section("listener-mx").path("TLS_KEY").unwrap();
     assert_eq!(cert, live.join("fullchain.pem"));
     assert_eq!(key, live.join("privkey.pem"));
     let cert_text = cert.to_str().unwrap();

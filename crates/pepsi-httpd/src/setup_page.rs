@@ -157,6 +157,13 @@ fn wizard_markup(name: &str, csrf: &str, writable: bool) -> Markup {
                         span.field-error data-field="delivery" role="alert" {}
                     }
                     fieldset {
+                        legend { "Optional features" }
+                        label { input #feature-vacation type="checkbox" checked; " Out-of-office replies (the vacation stage)" }
+                        label { input #feature-whitelist type="checkbox" checked; " Sender whitelists (the whitelist stage)" }
+                        small.hint { "an unchecked feature's stage is taken out of the path; checked again, it goes back" }
+                        span.field-error data-field="features" role="alert" {}
+                    }
+                    fieldset {
                         legend { "First mailbox (optional)" }
                         (text_field("mailbox-address", "Address", "", "in one of the mail domains"))
                         label for="mailbox-password" { "Password" }

@@ -96,6 +96,10 @@
     a.delivery = checked('delivery') === 'lmtp'
       ? { method: 'lmtp', server: value('lmtp-server') }
       : { method: 'maildir', root: value('maildir-root') };
+    a.features = {
+      vacation: byId('feature-vacation').checked,
+      whitelist: byId('feature-whitelist').checked,
+    };
     if (value('mailbox-address')) {
       a.mailboxes.push({ address: value('mailbox-address'), password: byId('mailbox-password').value });
     }

@@ -69,7 +69,7 @@ enum Command {
     /// aggregate reports to --reports, and unless --mta-sts off the MTA-STS and TLS-RPT
     /// records together with the MTA-STS policy file to serve over HTTPS (pepsi-httpd serves
     /// it with [pepsi-httpd] MTA_STS_MODE), and with a certificate (--certificate, else
-    /// [pepsi-ingress] TLS_CERT) the DANE TLSA record of the MX (3 1 1, publish it only in a
+    /// the TLS_CERT of the first [listener-<name>] with ROLE = mx) the DANE TLSA record of the MX (3 1 1, publish it only in a
     /// DNSSEC-signed zone). --json prints the
     /// same as JSON. An existing key file or database row is never replaced: choose another
     /// selector to rotate. Exit status 0 on success, 1 on any error (named).
@@ -182,7 +182,8 @@ struct DnsArgs {
     #[arg(long, value_enum, default_value = "testing")]
     mta_sts: dns::MtaSts,
 
-    /// The MX's TLS certificate (PEM; default [pepsi-ingress] TLS_CERT): print the DANE
+    /// The MX's TLS certificate (PEM; default the TLS_CERT of the first [listener-<name>]
+    /// with ROLE = mx): print the DANE
     /// TLSA record of _25._tcp.<MX> for it, 3 1 1 (the certificate's own public key,
     /// SHA-256), which survives a renewal that keeps the key
     #[arg(long, value_name = "PEM")]
@@ -376,7 +377,7 @@ async fn dns_command(common: &CommonArgs, args: DnsArgs) -> anyhow::Result<ExitC
     }
     let certificate = match (&args.certificate, &cfg) {
         (Some(path), _) => Some(path.clone()),
-        (None, Some(cfg)) => cfg.section("pepsi-ingress").path_opt("TLS_CERT")?,
+        (None, Some(cfg)) => mx_certificate(cfg)?,
         (None, None) => None,
     };
     let tlsa = certificate.as_deref().map(tlsa_hash).transpose()?;
@@ -538,4 +539,21 @@ async fn store_key(url: &str, domain: &str, selector: &str, pem: &str) -> anyhow
         );
     }
     Ok(())
+}
+
+/// The certificate the MX serves: `TLS_CERT` of the first `[listener-<name>]` (in name
+/// order) with `ROLE = mx` that has one.
+fn mx_certificate(cfg: &pepsi_conf::config::Config) -> anyhow::Result<Option<std::path::PathBuf>> {
+    for name in cfg.sections() {
+        let is_listener = name
+            .get(..9)
+            .is_some_and(|p| p.eq_ignore_ascii_case("listener-"));
+        let section = cfg.section(name);
+        if is_listener && section.string_opt("ROLE")?.as_deref() == Some("mx") {
+            if let Some(path) = section.path_opt("TLS_CERT")? {
+                return Ok(Some(path));
+            }
+        }
+    }
+    Ok(None)
 }

@@ -1,7 +1,7 @@
 //! The `tls_acme` task's certificate, obtained by certbot from the task's ACME server:
 //! certbot answers the http-01 challenge with its own web server (`--standalone` on
 //! `ACME_HTTP_PORT`) and keeps the certificate as the lineage `pepsi` in `ACME_CONFIG_DIR`,
-//! where the plan's edits then point `[pepsi-ingress] TLS_CERT` and `TLS_KEY`.
+//! where the plan's edits then point every listener's `TLS_CERT` and `TLS_KEY`.
 //!
 //! certbot runs with `--keep-until-expiring`: a task carried out again while the lineage
 //! holds a certificate for the same names that is not due for renewal keeps it and asks the
