@@ -557,3 +557,32 @@ fn mx_certificate(cfg: &pepsi_conf::config::Config) -> anyhow::Result<Option<std
     }
     Ok(None)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tlsa_default_is_the_first_mx_listeners_certificate() {
+        let cases: &[(&str, Option<&str>)] = &[
+            (
+                "[listener-a-sub]\nROLE = submission\nTLS_CERT = /s.pem\n\
+                 [listener-b]\nROLE = mx\n\
+                 [listener-c]\nROLE = mx\nTLS_CERT = /c.pem\n\
+                 [listener-d]\nROLE = mx\nTLS_CERT = /d.pem\n",
+                Some("/c.pem"),
+            ),
+            // The ingress reads no certificate from its own section.
+            ("[pepsi-ingress]\nTLS_CERT = /i.pem\n", None),
+            ("[listener-s]\nROLE = submissions\nTLS_CERT = /s.pem\n", None),
+        ];
+        for (text, want) in cases {
+            let cfg = pepsi_conf::config::Config::from_str_named(text, "t.conf").unwrap();
+            assert_eq!(
+                mx_certificate(&cfg).unwrap(),
+                want.map(std::path::PathBuf::from),
+                "{text}"
+            );
+        }
+    }
+}
