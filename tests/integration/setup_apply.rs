@@ -37,6 +37,7 @@ fn config_dir_for(url: &str, extra: &str) -> (tempfile::TempDir, PathBuf) {
         "# the operator's comment stays\n[database]\nURL = {url}\n\
          [pepsi]\nHOSTNAME = old.example.test\nLOCAL_DOMAINS = example.test\n\
          [pepsi-setup]\nRELOAD_COMMAND =\nSECRETS_GROUP = root\n[listener-mx]\nROLE = mx\nADDRESS = 127.0.0.1:2525\n\
+         [stage-init]\nPROGRAM = pepsi-stage-discard\n\
          [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nDATABASE_KEYS = yes\nNEXT_STAGE = relay\n\
          [stage-relay]\nPROGRAM = pepsi-stage-relay-to-internet\n\
          [stage-local]\nPROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = {mail}\n{extra}",

@@ -160,6 +160,7 @@ fn config_dir(db: &TestDb, http_port: u16, extra: &str) -> (tempfile::TempDir, P
          ACME_WORK_DIR = {d}/letsencrypt-work\nACME_LOGS_DIR = {d}/letsencrypt-logs\n\
          TLS_GROUP = {GROUP}\nACME_DEPLOY_HOOK = touch {d}/{DEPLOYED}\n{extra}\
          [listener-mx]\nROLE = mx\nADDRESS = 127.0.0.1:2525\n\
+         [stage-init]\nPROGRAM = pepsi-stage-discard\n\
          [stage-dkim]\nPROGRAM = pepsi-stage-dkim-sign\nDATABASE_KEYS = yes\nNEXT_STAGE = relay\n\
          [stage-relay]\nPROGRAM = pepsi-stage-relay-to-internet\n\
          [stage-local]\nPROGRAM = pepsi-stage-relay-to-maildir\nMAILDIR_ROOT = {d}/mail\n",
