@@ -352,7 +352,11 @@ async fn the_wizard_in_chromium_writes_the_tasks_and_shows_apply_carrying_them_o
             .fetch_one(&db.pool)
             .await
             .unwrap();
-    assert_eq!(features, json!({"vacation": false, "whitelist": false}));
+    assert_eq!(
+        features,
+        json!({"vacation": false, "whitelist": false, "language": false, "milter": null,
+               "encryption": false})
+    );
     // apply, as root, carries them out; the page follows.
     let run = apply(&conf);
     assert_eq!(run.code, 0, "{run:?}");

@@ -702,3 +702,83 @@ async fn apply_as_root_reaches_a_peer_authenticated_database_as_its_database_acc
             .contains("HOSTNAME = peer.example.org")
     );
 }
+
+/// Every optional feature switched on over the shipped configuration (the whole system's,
+/// `support::system`): the language run added after the lists, the milter after the entry
+/// stage and encryption in front of DKIM signing, each section as the setup writes it taken
+/// by its program's parser and the graph whole (`pepsi-config check`); then all off again,
+/// their stages out of the path.
+#[tokio::test]
+async fn every_optional_feature_switched_in_the_shipped_graph_is_taken_by_every_program() {
+    let system =
+        crate::support::system::System::new("[pepsi-setup]\nRELOAD_COMMAND =\n", &[]).await;
+    let run = |system: &crate::support::system::System| {
+        Run::of(
+            system
+                .command(Path::new(SETUP))
+                .arg("apply")
+                .output()
+                .unwrap(),
+        )
+    };
+    let on = add_task(
+        &system.db,
+        "pepsi-config",
+        "features",
+        json!({"vacation": true, "whitelist": true, "language": true,
+               "milter": "inet:127.0.0.1:11332", "encryption": true}),
+    )
+    .await;
+    let done = run(&system);
+    let log = log_of(&system.db, on).await;
+    assert_eq!(done.code, 0, "{done:?}\n{log}");
+    let (status, outcome, _) = task(&system.db, on).await;
+    assert_eq!(status, "done", "{outcome}\n{log}");
+    assert!(log.contains("the stage graph is whole"), "{log}");
+    let next = |stage: &str| {
+        let cfg = Config::load(&system.config).unwrap();
+        cfg.section(&format!("stage-{stage}"))
+            .string("NEXT_STAGE")
+            .unwrap()
+    };
+    assert_eq!(
+        [
+            next("init"),
+            next("milter"),
+            next("lists"),
+            next("language"),
+            next("language-block"),
+            next("remote"),
+            next("encrypt"),
+        ],
+        [
+            "milter",
+            "aliases",
+            "language",
+            "language-block",
+            "vacation",
+            "encrypt",
+            "dkim"
+        ]
+    );
+
+    let off = add_task(
+        &system.db,
+        "pepsi-config",
+        "features",
+        json!({"vacation": false, "whitelist": true, "language": false, "encryption": false}),
+    )
+    .await;
+    let done = run(&system);
+    let log = log_of(&system.db, off).await;
+    assert_eq!(done.code, 0, "{done:?}\n{log}");
+    assert_eq!(
+        [
+            next("init"),
+            next("lists"),
+            next("remote"),
+            next("language-block")
+        ],
+        ["aliases", "local", "dkim", "local"]
+    );
+}

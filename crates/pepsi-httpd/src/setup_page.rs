@@ -160,7 +160,10 @@ fn wizard_markup(name: &str, csrf: &str, writable: bool) -> Markup {
                         legend { "Optional features" }
                         label { input #feature-vacation type="checkbox" checked; " Out-of-office replies (the vacation stage)" }
                         label { input #feature-whitelist type="checkbox" checked; " Sender whitelists (the whitelist stage)" }
-                        small.hint { "an unchecked feature's stage is taken out of the path; checked again, it goes back" }
+                        label { input #feature-language type="checkbox"; " Language blocks for local mail (language detection and blocking)" }
+                        label { input #feature-encryption type="checkbox"; " Encrypt outgoing mail to recipients with published keys" }
+                        (text_field("feature-milter", "Content filter (milter) for inbound mail (optional)", "", "inet:HOST:PORT or unix:/path, e.g. rspamd's inet:127.0.0.1:11332"))
+                        small.hint { "an unchecked feature's stages are taken out of the path; checked again, they go back" }
                         span.field-error data-field="features" role="alert" {}
                     }
                     fieldset {

@@ -99,7 +99,10 @@
     a.features = {
       vacation: byId('feature-vacation').checked,
       whitelist: byId('feature-whitelist').checked,
+      language: byId('feature-language').checked,
+      encryption: byId('feature-encryption').checked,
     };
+    if (value('feature-milter')) a.features.milter = value('feature-milter');
     if (value('mailbox-address')) {
       a.mailboxes.push({ address: value('mailbox-address'), password: byId('mailbox-password').value });
     }

@@ -188,6 +188,17 @@ pub struct Features {
     pub vacation: bool,
     /// Sender whitelists (the whitelist stage).
     pub whitelist: bool,
+    /// Language blocks for local mail (language detection and blocking after the lists).
+    #[serde(default)]
+    pub language: bool,
+    /// A content filter for inbound mail (spam, viruses) over the milter protocol, at this
+    /// address (`inet:HOST:PORT` or `unix:/path`): in front of alias expansion. None: off.
+    #[serde(default)]
+    pub milter: Option<String>,
+    /// Opportunistic end-to-end encryption of outgoing mail to recipients with published
+    /// keys (the encrypt stage, before DKIM signing).
+    #[serde(default)]
+    pub encryption: bool,
 }
 
 /// What a secret parameter reads once its task is carried out.
@@ -364,9 +375,34 @@ impl Task {
                 address: check_address("mailbox", &address)?,
                 password_hash: check_phc(&password_hash)?,
             }),
-            Task::Features(f) => Task::Features(f),
+            Task::Features(f) => Task::Features(Features {
+                milter: f.milter.as_deref().map(check_milter).transpose()?,
+                ..f
+            }),
         })
     }
+}
+
+/// A milter's address as `pepsi-stage-milter` takes it: `inet:HOST:PORT` or `unix:` and an
+/// absolute path.
+pub fn check_milter(text: &str) -> Result<String, String> {
+    if let Some(path) = text.strip_prefix("unix:") {
+        let path = check_path("milter socket", Path::new(path))?;
+        return Ok(format!("unix:{}", path.display()));
+    }
+    if let Some(rest) = text.strip_prefix("inet:") {
+        let (host, port) = check_host_port("milter", rest)?;
+        // The milter stage names an IPv6 address's family apart.
+        let family = if host.starts_with('[') {
+            "inet6"
+        } else {
+            "inet"
+        };
+        return Ok(format!("{family}:{host}:{port}"));
+    }
+    Err(format!(
+        "milter {text:?} is not inet:HOST:PORT or unix:/path/to/socket"
+    ))
 }
 
 fn check_names(what: &str, names: &[String]) -> Result<Vec<String>, String> {
@@ -475,6 +511,36 @@ mod tests {
             ),
             (got, want) => panic!("{kind} {params}: got {got:?}, want {want:?}"),
         }
+    }
+
+    #[test]
+    fn a_milter_address_is_one_the_milter_stage_takes() {
+        let cases: &[(&str, Result<&str, &str>)] = &[
+            ("inet:127.0.0.1:11332", Ok("inet:127.0.0.1:11332")),
+            ("inet:Filter.Example:11332", Ok("inet:filter.example:11332")),
+            ("inet:[::1]:11332", Ok("inet6:[::1]:11332")),
+            (
+                "unix:/run/rspamd/milter.sock",
+                Ok("unix:/run/rspamd/milter.sock"),
+            ),
+            ("unix:relative.sock", Err("is not an absolute path")),
+            ("unix:/run/../etc/x", Err("is not an absolute path")),
+            ("inet:127.0.0.1", Err("is not HOST:PORT")),
+            ("127.0.0.1:11332", Err("is not inet:HOST:PORT or unix:")),
+            ("inet:host;rm:1", Err("is not a domain name")),
+        ];
+        for (text, want) in cases {
+            match (check_milter(text), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want),
+                (Err(got), Err(want)) => assert!(got.contains(want), "{text}: {got}"),
+                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
+            }
+        }
+        let task = Task::from_row(
+            "features",
+            &serde_json::json!({"vacation": true, "whitelist": true, "milter": "tcp:1"}),
+        );
+        assert!(task.is_err(), "{task:?}");
     }
 
     #[test]
@@ -623,7 +689,19 @@ mod tests {
         check(
             "features",
             json!({"vacation": true, "whitelist": false}),
-            Ok(json!({"vacation": true, "whitelist": false})),
+            Ok(
+                json!({"vacation": true, "whitelist": false, "language": false,
+                      "milter": null, "encryption": false}),
+            ),
+        );
+        check(
+            "features",
+            json!({"vacation": true, "whitelist": true, "language": true,
+                   "milter": "inet:[::1]:11332", "encryption": true}),
+            Ok(
+                json!({"vacation": true, "whitelist": true, "language": true,
+                      "milter": "inet6:[::1]:11332", "encryption": true}),
+            ),
         );
         check(
             "features",

@@ -18,6 +18,7 @@
 //! (at most [`MAX_ATTEMPTS`] times).
 
 pub mod acme;
+pub mod features;
 pub mod plan;
 
 use std::fs;

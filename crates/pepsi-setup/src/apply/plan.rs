@@ -13,14 +13,14 @@ use pepsi_setup_model::task::{
     Credential, KeyAlgorithm, LocalDelivery, RelaySmarthost, SmarthostTls, Task,
 };
 
+use super::features::{self, StageLinks};
+
 /// The programs whose stage sections a task changes.
 pub const DKIM_PROGRAM: &str = "pepsi-stage-dkim-sign";
 pub const INTERNET_PROGRAM: &str = "pepsi-stage-relay-to-internet";
 pub const SMARTHOST_PROGRAM: &str = "pepsi-stage-relay-to-smarthost";
 pub const MAILDIR_PROGRAM: &str = "pepsi-stage-relay-to-maildir";
 pub const LMTP_PROGRAM: &str = "pepsi-stage-relay-to-lmtp";
-pub const VACATION_PROGRAM: &str = "pepsi-stage-vacation";
-pub const WHITELIST_PROGRAM: &str = "pepsi-stage-check-whitelist";
 
 /// The secrets fragment that holds the smarthost password the setup wrote.
 pub const RELAY_SECRET_FILE: &str = "50-setup-relay.conf";
@@ -88,157 +88,6 @@ pub struct Layout {
     pub stages: Vec<StageLinks>,
     /// Every `[listener-<name>]` section, as written: where a certificate is served.
     pub listeners: Vec<String>,
-}
-
-/// A `[stage-<name>]` section's PROGRAM and NEXT_STAGE, and whether any other of its
-/// options names a stage (a branch, a reply stage): such a stage is not switched here.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct StageLinks {
-    /// The section, as written (`stage-whitelist`).
-    pub section: String,
-    /// The stage's name, lower-cased (`whitelist`).
-    pub name: String,
-    pub program: Option<String>,
-    /// NEXT_STAGE, lower-cased.
-    pub next: Option<String>,
-    /// Every word of its other options' values, lower-cased: a stage named there is reached
-    /// some other way than NEXT_STAGE.
-    pub other_words: Vec<String>,
-}
-
-impl StageLinks {
-    fn of(cfg: &Config) -> Vec<StageLinks> {
-        cfg.sections()
-            .filter_map(|section| {
-                let prefix = section.get(..6)?;
-                if !prefix.eq_ignore_ascii_case("stage-") {
-                    return None;
-                }
-                let name = section[6..].to_ascii_lowercase();
-                let value = |option: &str| {
-                    cfg.raw_value(section, option)
-                        .map(|v| v.trim().to_ascii_lowercase())
-                };
-                let other_words = cfg
-                    .section(section)
-                    .options()
-                    .filter(|o| {
-                        !o.eq_ignore_ascii_case("PROGRAM") && !o.eq_ignore_ascii_case("NEXT_STAGE")
-                    })
-                    .filter_map(|o| cfg.raw_value(section, o))
-                    .flat_map(|v| {
-                        v.split(|c: char| c.is_whitespace() || ",:;=".contains(c))
-                            .filter(|w| !w.is_empty())
-                            .map(str::to_ascii_lowercase)
-                            .collect::<Vec<_>>()
-                    })
-                    .collect();
-                Some(StageLinks {
-                    section: section.to_owned(),
-                    name,
-                    program: cfg
-                        .raw_value(section, "PROGRAM")
-                        .map(|p| p.trim().to_owned()),
-                    next: value("NEXT_STAGE"),
-                    other_words,
-                })
-            })
-            .collect()
-    }
-}
-
-/// The edits that put the one stage running `program` into the path (`on`) or take it out,
-/// the rule for an optional feature: a stage is in the path when another stage's NEXT_STAGE
-/// names it. Taken out, each such stage's NEXT_STAGE becomes the feature stage's own, whose
-/// section stays as it is (its NEXT_STAGE remembers where it goes back). Put back in, the
-/// one stage whose NEXT_STAGE is the feature stage's NEXT_STAGE names the feature stage
-/// again; with none or several, or a feature stage reached some other way (a branch, a
-/// reply stage), nothing is guessed and the task fails naming them. Already as asked (off
-/// includes no such stage at all): no edit.
-pub fn switch_stage(
-    stages: &[StageLinks],
-    feature: &str,
-    program: &str,
-    on: bool,
-) -> Result<Vec<Edit>, String> {
-    let found: Vec<&StageLinks> = stages
-        .iter()
-        .filter(|s| s.program.as_deref() == Some(program))
-        .collect();
-    let stage = match found.as_slice() {
-        [one] => *one,
-        // A feature without its stage is off already.
-        [] if !on => return Ok(Vec::new()),
-        [] => {
-            return Err(format!(
-                "{feature}: no stage section runs {program}; add one to pepsi.conf \
-                 (docs/routing.md)"
-            ));
-        }
-        many => {
-            return Err(format!(
-                "{feature}: more than one stage section runs {program} ({}): switch them by hand",
-                many.iter()
-                    .map(|s| format!("[{}]", s.section))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            ));
-        }
-    };
-    if let Some(other) = stages
-        .iter()
-        .filter(|s| s.name != stage.name)
-        .find(|s| s.other_words.iter().any(|w| *w == stage.name))
-    {
-        return Err(format!(
-            "{feature}: [{}] is also named by an option of [{}]: switch it by hand",
-            stage.section, other.section
-        ));
-    }
-    let Some(next) = stage.next.as_deref() else {
-        return Err(format!(
-            "{feature}: [{}] has no NEXT_STAGE to send mail on to",
-            stage.section
-        ));
-    };
-    if !stages.iter().any(|s| s.name == next) {
-        return Err(format!(
-            "{feature}: [{}] NEXT_STAGE = {next} names no stage section",
-            stage.section
-        ));
-    }
-    let others = || stages.iter().filter(|s| s.name != stage.name);
-    let before: Vec<&StageLinks> = others()
-        .filter(|s| s.next.as_deref() == Some(stage.name.as_str()))
-        .collect();
-    if on {
-        if !before.is_empty() {
-            return Ok(Vec::new());
-        }
-        let leading: Vec<&StageLinks> = others()
-            .filter(|s| s.next.as_deref() == Some(next))
-            .collect();
-        match leading.as_slice() {
-            [one] => Ok(vec![Edit::set(&one.section, "NEXT_STAGE", &stage.name)]),
-            [] => Err(format!(
-                "{feature}: no stage's NEXT_STAGE is {next}, so there is no place to put [{}] back",
-                stage.section
-            )),
-            many => Err(format!(
-                "{feature}: [{}] could go back after any of {}: switch it in by hand",
-                stage.section,
-                many.iter()
-                    .map(|s| format!("[{}]", s.section))
-                    .collect::<Vec<_>>()
-                    .join(", ")
-            )),
-        }
-    } else {
-        Ok(before
-            .iter()
-            .map(|s| Edit::set(&s.section, "NEXT_STAGE", next))
-            .collect())
-    }
 }
 
 impl Layout {
@@ -586,15 +435,7 @@ pub fn plan(task: &Task, layout: &Layout) -> Result<Plan, String> {
             });
             serve_certificate(&mut plan, layout, &certificate, &key)?;
         }
-        Task::Features(f) => {
-            for (feature, program, on) in [
-                ("vacation", VACATION_PROGRAM, f.vacation),
-                ("whitelist", WHITELIST_PROGRAM, f.whitelist),
-            ] {
-                plan.edits
-                    .extend(switch_stage(&layout.stages, feature, program, on)?);
-            }
-        }
+        Task::Features(f) => plan.edits.extend(features::edits(&layout.stages, f)?),
     }
     Ok(plan)
 }
@@ -951,105 +792,5 @@ mod tests {
             ],
             &[],
         );
-    }
-
-    /// A graph's text → switching the stage running `pepsi-stage-check-whitelist` on or off
-    /// → the edits, or the start of why not.
-    fn switched(text: &str, on: bool) -> Result<Vec<String>, String> {
-        let cfg = Config::from_str_named(text, "t.conf").unwrap();
-        switch_stage(&StageLinks::of(&cfg), "whitelist", WHITELIST_PROGRAM, on)
-            .map(|edits| edits.iter().map(|e| e.to_string()).collect())
-    }
-
-    #[test]
-    fn a_feature_stage_is_switched_by_its_predecessors_next_stage() {
-        const W: &str = "[stage-w]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = r\n";
-        const R: &str = "[stage-r]\nPROGRAM = pepsi-stage-route\n";
-        let on = format!("[stage-a]\nPROGRAM = pepsi-stage-aliases\nNEXT_STAGE = w\n{W}{R}");
-        let off = format!("[stage-a]\nPROGRAM = pepsi-stage-aliases\nNEXT_STAGE = R\n{W}{R}");
-        let cases: &[(&str, bool, Result<&[&str], &str>)] = &[
-            (&on, false, Ok(&["[stage-a] NEXT_STAGE = r"])),
-            (&on, true, Ok(&[])),
-            (&off, true, Ok(&["[stage-a] NEXT_STAGE = w"])),
-            (&off, false, Ok(&[])),
-        ];
-        for (text, want_on, want) in cases {
-            let got = switched(text, *want_on);
-            match (got, want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{text}"),
-                (got, want) => panic!("{text}: got {got:?}, want {want:?}"),
-            }
-        }
-        assert_eq!(switched(R, false).unwrap(), Vec::<String>::new());
-        // Off with two before it: both skip it; then neither is guessed to take it back.
-        let two = format!(
-            "[stage-a]\nPROGRAM = pepsi-stage-aliases\nNEXT_STAGE = w\n\
-             [stage-b]\nPROGRAM = pepsi-stage-srs\nNEXT_STAGE = w\n{W}{R}"
-        );
-        assert_eq!(
-            switched(&two, false).unwrap(),
-            ["[stage-a] NEXT_STAGE = r", "[stage-b] NEXT_STAGE = r"]
-        );
-        let refused: &[(String, &str)] = &[
-            (
-                two.replace("NEXT_STAGE = w", "NEXT_STAGE = r"),
-                "[stage-w] could go back after any of [stage-a], [stage-b]",
-            ),
-            (
-                format!("{W}{R}"),
-                "no stage's NEXT_STAGE is r, so there is no place to put [stage-w] back",
-            ),
-            (
-                format!("{on}[stage-x]\nPROGRAM = pepsi-stage-route\nROUTES = local:w\n"),
-                "[stage-w] is also named by an option of [stage-x]",
-            ),
-            (
-                R.to_owned(),
-                "no stage section runs pepsi-stage-check-whitelist; add one",
-            ),
-            (
-                format!("{on}[stage-w2]\nPROGRAM = pepsi-stage-check-whitelist\n"),
-                "more than one stage section runs pepsi-stage-check-whitelist ([stage-w], [stage-w2])",
-            ),
-            (
-                "[stage-w]\nPROGRAM = pepsi-stage-check-whitelist\n".into(),
-                "[stage-w] has no NEXT_STAGE",
-            ),
-            (
-                "[stage-w]\nPROGRAM = pepsi-stage-check-whitelist\nNEXT_STAGE = gone\n".into(),
-                "[stage-w] NEXT_STAGE = gone names no stage section",
-            ),
-        ];
-        for (text, want) in refused {
-            let reason = switched(text, true).unwrap_err();
-            assert!(reason.contains(want), "{text}: {reason}");
-        }
-    }
-
-    #[test]
-    fn the_shipped_graph_switches_vacation_and_whitelist_off_and_back_exactly() {
-        let shipped = include_str!("../../../../etc/pepsi.conf");
-        let task = |vacation: bool, whitelist: bool| {
-            Task::from_row(
-                "features",
-                &json!({"vacation": vacation, "whitelist": whitelist}),
-            )
-            .unwrap()
-        };
-        let edits_of = |text: &str, t: &Task| plan(t, &layout(text)).unwrap().edits;
-        assert_eq!(edits_of(shipped, &task(true, true)), []);
-        let off_edits = edits_of(shipped, &task(false, false));
-        let shown: Vec<String> = off_edits.iter().map(|e| e.to_string()).collect();
-        assert_eq!(
-            shown,
-            [
-                "[stage-lists] NEXT_STAGE = local",
-                "[stage-aliases] NEXT_STAGE = route"
-            ]
-        );
-        let off = pepsi_conf::config::edit::apply(shipped, &off_edits).unwrap();
-        let back =
-            pepsi_conf::config::edit::apply(&off, &edits_of(&off, &task(true, true))).unwrap();
-        assert_eq!(back, shipped);
     }
 }
