@@ -82,6 +82,25 @@ fn certificate(dir: &std::path::Path) -> (String, String) {
     (cert.display().to_string(), key.display().to_string())
 }
 
+/// Opens the setup page at `url` in `b` while the server has no administrator, makes the
+/// first one (`root`, `password`) and waits for the interview it reloads into.
+pub(crate) async fn first_administrator(b: &Browser, url: &str, password: &str) {
+    b.go(url).await;
+    b.until(
+        "the first administrator's form",
+        "return document.getElementById('admin-form') !== null",
+    )
+    .await;
+    b.type_into("#admin-name", "root").await;
+    b.type_into("#admin-password", password).await;
+    b.click("#admin-submit").await;
+    b.until(
+        "the interview",
+        "return document.getElementById('setup-form') !== null",
+    )
+    .await;
+}
+
 #[tokio::test]
 async fn the_first_administrator_is_made_once_and_tasks_need_a_session() {
     let (db, _dir, httpd) = started(true).await;
@@ -296,20 +315,7 @@ async fn the_wizard_in_chromium_writes_the_tasks_and_shows_apply_carrying_them_o
     let (cert, key) = certificate(dir.path());
     let (_conf_dir, conf) = config_dir(&db, "");
     let b = Browser::start().await;
-    b.go(&httpd.url("/setup")).await;
-    b.until(
-        "the first administrator's form",
-        "return document.getElementById('admin-form') !== null",
-    )
-    .await;
-    b.type_into("#admin-name", "root").await;
-    b.type_into("#admin-password", PASSWORD).await;
-    b.click("#admin-submit").await;
-    b.until(
-        "the interview",
-        "return document.getElementById('setup-form') !== null",
-    )
-    .await;
+    first_administrator(&b, &httpd.url("/setup"), PASSWORD).await;
     // A host name that is not one: refused beside its field, nothing written.
     b.type_into("#hostname", "mx").await;
     b.type_into("#domains", "example.org").await;
@@ -558,20 +564,7 @@ async fn the_wizard_writes_a_smarthost_with_oauth2_as_the_task_apply_takes() {
     let (db, dir, httpd) = started(true).await;
     let (cert, key) = certificate(dir.path());
     let b = Browser::start().await;
-    b.go(&httpd.url("/setup")).await;
-    b.until(
-        "the first administrator's form",
-        "return document.getElementById('admin-form') !== null",
-    )
-    .await;
-    b.type_into("#admin-name", "root").await;
-    b.type_into("#admin-password", PASSWORD).await;
-    b.click("#admin-submit").await;
-    b.until(
-        "the interview",
-        "return document.getElementById('setup-form') !== null",
-    )
-    .await;
+    first_administrator(&b, &httpd.url("/setup"), PASSWORD).await;
     b.type_into("#hostname", "mx.example.org").await;
     b.type_into("#domains", "example.org").await;
     b.click("input[name=certificate][value=files]").await;

@@ -16,6 +16,7 @@ use std::path::Path;
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
+use crate::httpd_setup::first_administrator;
 use crate::package::{build_debs, id_in, root_command};
 use crate::setup_apply_acme::Pebble;
 use crate::support::browser::Browser;
@@ -196,15 +197,12 @@ async fn the_installed_server_is_set_up_in_the_browser_and_delivers_a_message() 
     );
 
     let b = Browser::start().await;
-    b.go(&format!("http://127.0.0.1:{httpd_port}/setup")).await;
-    b.until(
-        "the first administrator's form",
-        "return document.getElementById('admin-form') !== null",
+    first_administrator(
+        &b,
+        &format!("http://127.0.0.1:{httpd_port}/setup"),
+        ADMIN_PASSWORD,
     )
     .await;
-    b.type_into("#admin-name", "root").await;
-    b.type_into("#admin-password", ADMIN_PASSWORD).await;
-    b.click("#admin-submit").await;
     b.until(
         "the interview, writable",
         "const f = document.getElementById('setup-submit'); return f !== null && !f.disabled",
