@@ -8,10 +8,10 @@
 //! folded into the unified binary or standalone, its entry point, its manual page, its
 //! configuration check and, for a stage program, its `Stage` type. The folded and standalone
 //! lists, the second names of standalone programs, the fusion registry, the configuration
-//! checks, the stages' edges and the manual's list all come from it; the Makefile reads the
-//! lists from the built `pepsi` (`--list`, `--list-standalone`, `--list-links`), and
-//! `tests/integration/unibin.rs` keeps the `[[bin]]` targets of Cargo.toml and `src/bin/` in
-//! agreement with it.
+//! checks, the stages' edges (and the tables of validation made of the two) and the
+//! manual's list all come from it; the Makefile reads the lists from the built `pepsi`
+//! (`--list`, `--list-standalone`, `--list-links`), and `tests/integration/unibin.rs` keeps
+//! the `[[bin]]` targets of Cargo.toml and `src/bin/` in agreement with it.
 //!
 //! A program is folded only if it may share the executable with every other one: nothing
 //! privileged (a setuid/setgid bit on the shared file would apply to every name linked to
@@ -28,6 +28,7 @@ use std::process::ExitCode;
 use pepsi_conf::config::ProgramCheck;
 use pepsi_contract::stage::check_config;
 use pepsi_contract::stage::edges::StageEdges;
+use pepsi_stage_validate::Tables;
 
 use crate::checks;
 pub mod page;
@@ -49,7 +50,8 @@ pub struct Program {
 /// The one table of programs (see [`programs!`]'s rows below): from it come each program's
 /// module (`programs::<module>::main`, what its `src/bin/<name>.rs` calls), [`FOLDED`] and
 /// [`STANDALONE`], the fusion registry ([`install_fusion`]), [`CONFIG_CHECKS`],
-/// [`STAGE_EDGES`] and the manual's pages ([`manual_pages`]).
+/// [`STAGE_EDGES`], the tables of validation made of those two ([`VALIDATION`],
+/// [`GRAPH_VALIDATION`]) and the manual's pages ([`manual_pages`]).
 ///
 /// A row: `"name" module { entry: <fn() -> ExitCode>, man: <section> <page::Source>,
 /// [check: <configuration check>,] [stage: <Stage type>,] }`. A stage row's configuration
@@ -147,6 +149,23 @@ macro_rules! programs {
             $($(StageEdges::of::<$s_stage>(),)?)*
         ];
 
+        /// What `pepsi_stage_validate::validate` judges a configuration by: every program's
+        /// parser and every stage's edges. pepsi-config's `check` and `set` (and so
+        /// `pepsi-setup apply`) and pepsi-httpd's configuration API use it.
+        pub const VALIDATION: Tables = Tables {
+            checks: CONFIG_CHECKS,
+            edges: STAGE_EDGES,
+        };
+
+        /// The rules of the stage graph alone, which the dispatcher checks at start. Not
+        /// the other programs' parsers: they may read files only their own program may read
+        /// (keys, token files), and linking them would put every standalone program's
+        /// parser into the unified binary; each program runs its own at start.
+        pub const GRAPH_VALIDATION: Tables = Tables {
+            checks: &[],
+            edges: STAGE_EDGES,
+        };
+
         /// The stage type of each stage program, by name: the table tests check each
         /// against its row (`Stage::PROGRAM` is the row's name).
         pub const STAGE_PROGRAMS: &[(&str, &str)] = &[
@@ -172,7 +191,7 @@ programs! {
             man: 8 Clap(::pepsi_archive::command),
         }
         "pepsi-dispatch" pepsi_dispatch {
-            entry: ::pepsi_dispatch::run,
+            entry: || ::pepsi_dispatch::run(&GRAPH_VALIDATION),
             man: 8 Clap(::pepsi_dispatch::command),
             check: ::pepsi_dispatch::check_config,
         }
@@ -431,7 +450,7 @@ programs! {
             stage: ::pepsi_stage_detect_language::DetectLanguage,
         }
         "pepsi-config" pepsi_config {
-            entry: || ::pepsi_config::run(CONFIG_CHECKS),
+            entry: || ::pepsi_config::run(&VALIDATION),
             man: 8 Clap(::pepsi_config::command),
         }
         "pepsi-httpd" pepsi_httpd {
@@ -704,6 +723,17 @@ mod tests {
         names.sort_unstable();
         names.dedup();
         assert_eq!(names.len(), FOLDED.len(), "a folded name twice");
+    }
+
+    /// The configuration the package installs starts the dispatcher.
+    #[test]
+    fn the_shipped_configuration_has_a_whole_stage_graph() {
+        let text = include_str!("../../etc/pepsi.conf");
+        let cfg = pepsi_conf::config::Config::from_str_named(text, "etc/pepsi.conf").unwrap();
+        let report = pepsi_stage_validate::validate(&cfg, &GRAPH_VALIDATION);
+        assert!(report.stages() > 5, "{}", report.summary());
+        // Warnings allowed: [stage-discard] is there for messages moved by hand.
+        assert!(report.is_ok(), "{report}");
     }
 
     #[test]

@@ -156,6 +156,12 @@ async fn overrides_a_program_would_refuse_are_never_stored() {
             "would stop pepsi-dispatch",
         ),
         (
+            &["set", "stage-local", "BOUNCE_STAGE", "bonce"],
+            1,
+            "[stage-local] BOUNCE_STAGE = \"bonce\" would break the stage graph: [stage-local] \
+             BOUNCE_STAGE = bonce: no [stage-bonce] section",
+        ),
+        (
             &["set", "stage-init", "PROGRAM", "/tmp/evil"],
             2,
             "configuration file only",
@@ -429,4 +435,54 @@ async fn security_review_2_an_override_cannot_send_the_smarthost_password_elsewh
         &cfg,
         &["set", "stage-smarthost", "ATTEMPT_TIMEOUT", "2m", "--force"],
     );
+}
+
+/// `check` judges the stage graph as the dispatcher does at start: a NEXT_STAGE naming no
+/// section and a misspelt stage PROGRAM are errors (exit 1, the last lines, as pepsi-setup
+/// apply quotes the last), a stage nothing reaches a warning printed before them.
+#[tokio::test]
+async fn check_names_the_stage_graphs_errors_after_its_warnings() {
+    // The ingress's configuration (a listener, which its parser wants), with a pipeline.
+    let ingress = Ingress::start("", &[("mx", MX)]).await;
+    let cfg = ingress.config.clone();
+    let whole = std::fs::read_to_string(&cfg).unwrap()
+        + "\n[stage-init]\nPROGRAM = pepsi-stage-discard\nNEXT_STAGE = relay\n\
+           [stage-relay]\nPROGRAM = pepsi-stage-discard\n";
+    std::fs::write(&cfg, &whole).unwrap();
+    let run = ok(&cfg, &["check"]);
+    assert!(
+        run.stdout.contains("the stage graph is whole") && !run.stdout.contains("warning:"),
+        "{run:?}"
+    );
+
+    std::fs::write(
+        &cfg,
+        whole.replace("NEXT_STAGE = relay", "NEXT_STAGE = rleay")
+            + "[stage-old]\nPROGRAM = pepsi-stage-dicsard\n",
+    )
+    .unwrap();
+    let run = config_tool(&cfg, &["check"]);
+    assert_eq!(run.code, 1, "{run:?}");
+    let lines: Vec<&str> = run.stdout.lines().collect();
+    assert_eq!(
+        lines,
+        [
+            "warning: stage graph: [stage-old] is reached from [stage-init] by no NEXT_STAGE, \
+             BOUNCE_STAGE or branch: only a message moved there by hand gets there",
+            "warning: stage graph: [stage-relay] is reached from [stage-init] by no NEXT_STAGE, \
+             BOUNCE_STAGE or branch: only a message moved there by hand gets there",
+            "error: stage graph: [stage-init] NEXT_STAGE = rleay: no [stage-rleay] section \
+             (did you mean relay?)",
+            "error: stage graph: [stage-old] PROGRAM = pepsi-stage-dicsard: this Pepsi has no \
+             stage program pepsi-stage-dicsard (did you mean pepsi-stage-discard?)",
+        ],
+        "{run:?}"
+    );
+    let json = config_tool(&cfg, &["check", "--json"]).json();
+    assert_eq!(json["problems"][0]["program"], Value::Null, "{json}");
+    assert_eq!(
+        json["problems"][0]["error"],
+        "[stage-init] NEXT_STAGE = rleay: no [stage-rleay] section (did you mean relay?)"
+    );
+    assert_eq!(json["warnings"].as_array().unwrap().len(), 2, "{json}");
 }

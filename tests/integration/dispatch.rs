@@ -27,7 +27,10 @@ pub(crate) struct Harness {
 
 impl Harness {
     /// `stages` holds the [stage-*] sections (PROGRAM = the test stage is filled in when
-    /// the section names none). Fusion is off: each stage runs in its own pool.
+    /// the section names none). Fusion is off: each stage runs in its own pool. The stages
+    /// end at `done`: unless `stages` has its own, `[stage-done]` is added without PROGRAM,
+    /// so no worker takes the rows there and the test counts them (the dispatcher refuses a
+    /// NEXT_STAGE that names no section).
     pub(crate) async fn new(stages: &str, dispatch: &str) -> Harness {
         Harness::with_fusion(stages, dispatch, false).await
     }
@@ -40,10 +43,13 @@ impl Harness {
         let dir = tempfile::tempdir().unwrap();
         let config = dir.path().join("pepsi.conf");
         let program = test_stage();
-        let stages = stages.replace(
+        let mut stages = stages.replace(
             "PROGRAM = test",
             &format!("PROGRAM = {}", program.display()),
         );
+        if !stages.contains("[stage-done]") {
+            stages.push_str("\n[stage-done]\n");
+        }
         std::fs::write(
             &config,
             format!(
@@ -722,9 +728,54 @@ pub(crate) fn hostname() -> String {
         .to_owned()
 }
 
+/// A stage graph with an edge to no stage, or a PROGRAM no stage program has, would strand
+/// every message sent there: the dispatcher refuses to start (status 1), naming every
+/// error, and claims nothing; what is only odd (a stage nothing reaches) is logged.
+#[tokio::test]
+async fn a_broken_stage_graph_stops_the_dispatcher_naming_every_error() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = whitelsit\n\
+                  [stage-whitelist]\nPROGRAM = pepsi-stage-check-whitelsit\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(1, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(s) = d.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < until,
+            "still running: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let log = h.log("dispatch.log");
+    assert_eq!(status.code(), Some(1), "{log}");
+    for needle in [
+        "the configuration's stage graph is broken",
+        "[stage-init] NEXT_STAGE = whitelsit: no [stage-whitelsit] section (did you mean \
+         whitelist?)",
+        "[stage-whitelist] PROGRAM = pepsi-stage-check-whitelsit: this Pepsi has no stage \
+         program pepsi-stage-check-whitelsit (did you mean pepsi-stage-check-whitelist?)",
+        // A warning, logged: nothing refuses it.
+        "[stage-whitelist] is reached from [stage-init] by no NEXT_STAGE",
+    ] {
+        assert!(log.contains(needle), "{needle}: {log}");
+    }
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'init' AND status = 'pending'")
+            .await,
+        1,
+        "nothing was claimed"
+    );
+}
+
 #[tokio::test]
 async fn a_program_that_cannot_start_is_held_off_and_logged_once() {
-    let stages = "[stage-init]\nPROGRAM = /nonexistent/pepsi-stage-missing\n[stage-ok]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    // The test stage where it is not installed (a PROGRAM no stage program of this Pepsi
+    // has, pepsi-stage-missing, the dispatcher would refuse to start with).
+    let stages = "[stage-init]\nPROGRAM = /nonexistent/pepsi-test-stage\n[stage-ok]\nPROGRAM = test\nNEXT_STAGE = done\n";
     let h = Harness::new(stages, "").await;
     h.add(2, "s", serde_json::json!({})).await;
     sqlx::query("UPDATE pepsi.workqueue SET stage = 'ok' WHERE workqueue_id = (SELECT min(workqueue_id) FROM pepsi.workqueue)")

@@ -19,8 +19,11 @@ const BOUNCE: &str = env!("CARGO_BIN_EXE_pepsi-stage-bounce");
 
 /// `deliver` finishes every message; `broken` refuses every one (the dispatcher fails it),
 /// `poison` crashes its worker on every one; both return mail through `bounce`, whose DSNs
-/// wait at `outbox` (paused there, so a test can read them).
-const STAGES: &str = "[stage-deliver]\nPROGRAM = TEST\nACTION = finish\n\
+/// wait at `outbox` (paused there, so a test can read them). The tests put their rows at
+/// these stages themselves: `init`, where new mail enters and without which the dispatcher
+/// does not start, has no PROGRAM.
+const STAGES: &str = "[stage-init]\n\
+                      [stage-deliver]\nPROGRAM = TEST\nACTION = finish\n\
                       [stage-broken]\nPROGRAM = TEST\nACTION = error\nBOUNCE_STAGE = bounce\n\
                       [stage-poison]\nPROGRAM = TEST\nACTION = crash\nBOUNCE_STAGE = bounce\n\
                       [stage-bounce]\nPROGRAM = BOUNCE\nNEXT_STAGE = outbox\nHOSTNAME = mail.example.test\n\

@@ -1,7 +1,7 @@
 //! pepsi-httpd's configuration and settings routes, the real program against a real
 //! PostgreSQL over HTTP: overrides checked by every program's parser before they are stored
-//! (422 quoting a value a program refuses, 400 for a malformed scope or an option nothing
-//! reads), stored through the CONFIG_DATABASE_URL pool with their event_log rows (409
+//! (422 quoting a value a program refuses or that breaks the stage graph, 400 for a
+//! malformed scope or an option nothing reads), stored through the CONFIG_DATABASE_URL pool with their event_log rows (409
 //! without it), the effective values with their origin and secrets hidden, and every
 //! per-address setting set, listed, shown with the row it comes from and deleted.
 
@@ -213,6 +213,12 @@ async fn an_override_is_refused_with_the_reason_a_program_or_the_files_give() {
             json!({"section": "pepsi-ingress", "option": "MAX_RECIPIENTS", "value": "lots"}),
             422,
             "[pepsi-ingress] MAX_RECIPIENTS = \"lots\" would stop pepsi-ingress: ",
+        ),
+        (
+            json!({"section": "stage-relay", "option": "NEXT_STAGE", "value": "nowhere"}),
+            422,
+            "[stage-relay] NEXT_STAGE = \"nowhere\" would break the stage graph: [stage-relay] \
+             NEXT_STAGE = nowhere: no [stage-nowhere] section",
         ),
         (
             json!({"section": "pepsi-httpd", "option": "BULK_LIMIT", "value": "5"}),

@@ -216,8 +216,9 @@ struct Dispatcher {
 }
 
 impl Dispatcher {
-    /// One stage, `init`, served by the test stage, which advances each message to `done`;
-    /// the heartbeat is an hour, so only a wake-up (or a worker's status line) brings a claim.
+    /// One stage, `init`, served by the test stage, which advances each message to `done`
+    /// (a section without PROGRAM: no worker takes the rows there); the heartbeat is an
+    /// hour, so only a wake-up (or a worker's status line) brings a claim.
     fn start(ingress: &Ingress) -> Dispatcher {
         let dir = ingress.dir.path();
         let config = dir.join("dispatch.conf");
@@ -225,7 +226,8 @@ impl Dispatcher {
             &config,
             format!(
                 "[database]\nURL = {}\n\n[pepsi-dispatch]\nPOLL_INTERVAL = 1h\n\n\
-                 [stage-init]\nPROGRAM = {}\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n",
+                 [stage-init]\nPROGRAM = {}\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                 [stage-done]\n",
                 ingress.db.url,
                 support::test_stage().display()
             ),

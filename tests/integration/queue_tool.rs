@@ -16,10 +16,12 @@ use crate::support::{self, Run, Running, test_stage};
 const QUEUE: &str = env!("CARGO_BIN_EXE_pepsi-queue");
 const DISPATCH: &str = env!("CARGO_BIN_EXE_pepsi-dispatch");
 
-/// The stage graph of these tests: init has no BOUNCE_STAGE, relay bounces to bounce.
+/// The stage graph of these tests: init has no BOUNCE_STAGE, relay bounces to bounce; the
+/// messages init advances wait at `done`, which no worker serves (no PROGRAM).
 const STAGES: &str = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n\
                       [stage-relay]\nPROGRAM = test\nBOUNCE_STAGE = bounce\n\
-                      [stage-bounce]\nPROGRAM = test\n";
+                      [stage-bounce]\nPROGRAM = test\n\
+                      [stage-done]\n";
 
 struct Harness {
     db: TestDb,

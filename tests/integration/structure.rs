@@ -48,8 +48,13 @@ fn layer(name: &str) -> Layer {
     }
 }
 
+/// The crates under the stages' prefix that are no stage: `pepsi-stage-validate` judges the
+/// stage graph from the tables the root package passes in and links no stage crate, so the
+/// tools and the dispatcher may link it.
+const NOT_STAGES: &[&str] = &["pepsi-stage-validate"];
+
 fn is_stage(name: &str) -> bool {
-    name.starts_with("pepsi-stage-")
+    name.starts_with("pepsi-stage-") && !NOT_STAGES.contains(&name)
 }
 
 /// One dependency of a workspace crate on another: `from` imports `to`, as a normal, build
@@ -353,6 +358,13 @@ fn the_checks_find_what_they_look_for() {
 
     let tool = e("pepsi-tool", "pepsi-stage-a", "normal");
     assert_eq!(stage_links(std::slice::from_ref(&tool)), [&tool]);
+    let validate = e("pepsi-config", "pepsi-stage-validate", "normal");
+    assert!(stage_links(std::slice::from_ref(&validate)).is_empty());
+    let validating_stage = e("pepsi-stage-validate", "pepsi-stage-a", "normal");
+    assert_eq!(
+        stage_links(std::slice::from_ref(&validating_stage)),
+        [&validating_stage]
+    );
     let dev = e("pepsi-tool", "pepsi-stage-a", "dev");
     assert_eq!(stage_links(std::slice::from_ref(&dev)), [&dev]);
 

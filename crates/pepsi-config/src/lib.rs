@@ -1,9 +1,11 @@
 //! pepsi-config: the operator's view of the configuration as the programs see it — the
 //! files with the database overrides (`pepsi.config_override`) layered on top, every value
 //! with the file line or override row it comes from — and the one way to change the
-//! overrides: `set` and `unset`, each checked first against every program's own parser
-//! (`pepsi_conf::config::check_override` over the table the root package passes in), so a
-//! stored override never stops a program and never names an option nothing reads.
+//! overrides: `set` and `unset`, `set` checked first against every program's own parser and
+//! the rules of the stage graph (`pepsi_stage_validate::check_override` over the tables the
+//! root package passes in), so a stored override never stops a program, never leaves a
+//! stage an edge names without its section and never names an option nothing reads.
+//! `check` judges the effective configuration the same way (`pepsi_stage_validate::validate`).
 //!
 //! Writes go through `pepsi_admin::admin` with their `pepsi.event_log` row; the table's
 //! trigger announces them on `config_changed` and the running programs re-read. Values from
@@ -17,11 +19,11 @@ use clap::{Args, Parser, Subcommand};
 use pepsi_admin::admin::{self, AdminError};
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async};
 use pepsi_conf::config::{
-    Config, OverrideRow, ProgramCheck, Refusal, Scope, ValueRow, check_all, check_override,
-    program_check, shown_values,
+    Config, OverrideRow, ProgramCheck, Refusal, Scope, ValueRow, program_check, shown_values,
 };
 use pepsi_contract::audit::Actor;
 use pepsi_contract::overlay::load_overrides;
+use pepsi_stage_validate::{Tables, check_override, validate};
 use serde::Serialize;
 use sqlx::PgPool;
 
@@ -48,13 +50,17 @@ then those of a recipient domain (`domain:example.org`), then those of an addres
 `show` prints what applies, each value with where it comes from (file:line, or the override
 row). With a program name it prints exactly the options that program reads, set or left at
 their defaults. `check` runs every program's parser over the effective configuration and
-reports what would stop one.
+checks the stage graph: every [stage-*] section runs a stage program, every stage a
+NEXT_STAGE, BOUNCE_STAGE or branch names has its section, and [stage-init], where new mail
+enters, exists. It reports what would stop a program or strand mail (errors) and what looks
+wrong but works (warnings: a stage nothing reaches, a section without PROGRAM).
 
 `set` and `unset` change an override. Before anything is stored, every program's parser
 runs over the configuration as it would be: a value a program would refuse at start is
-refused here with that program's message, and so is an option no program reads (a typo),
-unless --force. [PATHS], [database] and the listener sections, and options that name a
-program, file, key or trust anchor, come from the file only. Each change is one transaction
+refused here with that program's message, and so is a value that leaves the stage graph
+with an edge to a stage without its section, and an option no program reads (a typo) unless
+--force. [PATHS], [database] and the listener sections, and options that name a program,
+file, key or trust anchor, come from the file only. Each change is one transaction
 with its pepsi.event_log row (config.set with the previous value, config.unset); the
 table's trigger then notifies config_changed: the dispatcher retires its workers so their
 replacements read the new value, the ingress applies it to the sessions that start after.
@@ -66,9 +72,10 @@ pepsi.config_override (every service role has it).
 
 Values that come from secrets.d/ are shown as (secret), never printed.
 
-Exit status: 0 when done (for `check`: nothing would stop a program); 1 on an error, when a
-change is refused because it would stop a program, or when `check` finds a problem; 2 on a
-usage error (a malformed scope, a protected section, an option no program reads).
+Exit status: 0 when done (for `check`: no error, warnings allowed); 1 on an error, when a
+change is refused because it would stop a program or break the stage graph, or when `check`
+finds an error; 2 on a usage error (a malformed scope, a protected section, an option no
+program reads).
 See docs/config.md.";
 
 const EXAMPLES: &str = "\
@@ -114,7 +121,7 @@ enum Command {
     Unset(UnsetArgs),
     /// List the stored override rows.
     Overrides(OverridesArgs),
-    /// Run every program's parser over the effective configuration.
+    /// Run every program's parser over the effective configuration and check the stage graph.
     Check(CheckArgs),
 }
 
@@ -185,8 +192,9 @@ pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
 }
 
-/// Runs `pepsi-config` with the process's arguments, checking overrides against `checks`.
-pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
+/// Runs `pepsi-config` with the process's arguments, judging configurations by `tables`
+/// (the root package's `pepsi::programs::VALIDATION`).
+pub fn run(tables: &'static Tables) -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     run_async(&constants::CONFIG_SOURCE, async move {
@@ -195,7 +203,7 @@ pub fn run(checks: &'static [ProgramCheck]) -> ExitCode {
         let tool = Tool {
             file,
             pool,
-            checks,
+            tables,
             actor: Actor::local(constants::CONFIG_SOURCE.exec),
         };
         let result = match cli.command {
@@ -291,7 +299,7 @@ fn print_json<T: Serialize>(v: &T) -> Result<(), Failure> {
 struct Tool {
     file: Config,
     pool: PgPool,
-    checks: &'static [ProgramCheck],
+    tables: &'static Tables,
     actor: Actor,
 }
 
@@ -303,7 +311,7 @@ impl Tool {
     }
 
     fn program(&self, name: &str) -> Result<&'static ProgramCheck, Failure> {
-        program_check(self.checks, name).map_err(Failure::usage)
+        program_check(self.tables.checks, name).map_err(Failure::usage)
     }
 
     async fn show(&self, a: ShowArgs) -> Done {
@@ -341,7 +349,7 @@ impl Tool {
             option: option.clone(),
             value: a.value.clone(),
         };
-        check_override(&base, &row, &scope, self.checks, a.force)?;
+        check_override(&base, &row, &scope, self.tables, a.force)?;
         let previous = admin::put_override(
             &self.pool,
             &self.actor,
@@ -403,32 +411,32 @@ impl Tool {
     async fn check(&self, a: CheckArgs) -> Done {
         let scope = parse_scope(&a.scope.scope)?;
         let cfg = self.effective(&scope).await?;
-        let verdict = check_all(&cfg, self.checks);
-        let problems: Vec<render::Problem> = verdict
-            .errors
-            .iter()
-            .map(|(program, error)| render::Problem {
-                program,
-                error: error.clone(),
-            })
-            .collect();
+        let report = validate(&cfg, self.tables);
         if a.json {
             print_json(&serde_json::json!({
                 "scope": scope.to_db_string(),
-                "problems": problems,
+                "problems": report.errors().map(render::Problem::of).collect::<Vec<_>>(),
+                "warnings": report.warnings().map(render::Warning::of).collect::<Vec<_>>(),
             }))?;
-        } else if problems.is_empty() {
-            println!(
-                "every program's configuration reads without error ({} checked, scope {})",
-                self.checks.len(),
-                scope.to_db_string()
-            );
         } else {
-            for p in &problems {
-                println!("{}: {}", p.program, p.error);
+            // Warnings first: the last line of a failed check is an error (pepsi-setup apply
+            // quotes it).
+            for p in report.warnings() {
+                println!("warning: {p}");
+            }
+            for p in report.errors() {
+                println!("error: {p}");
+            }
+            if report.is_ok() {
+                println!(
+                    "every program's configuration reads without error and the stage graph \
+                     is whole ({}, scope {})",
+                    report.summary(),
+                    scope.to_db_string()
+                );
             }
         }
-        Ok(if problems.is_empty() {
+        Ok(if report.is_ok() {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(1)

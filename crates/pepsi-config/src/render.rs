@@ -14,11 +14,37 @@ pub struct Shown {
     pub values: Vec<ValueRow>,
 }
 
-/// A problem `check` found.
+/// A problem `check --json` reports: the program whose parser found it (`null` for the
+/// stage graph's rules) and what it says.
 #[derive(Debug, Serialize)]
 pub struct Problem {
-    pub program: &'static str,
+    pub program: Option<&'static str>,
     pub error: String,
+}
+
+impl Problem {
+    pub fn of(p: &pepsi_stage_validate::Problem) -> Problem {
+        Problem {
+            program: p.source.program(),
+            error: p.message.clone(),
+        }
+    }
+}
+
+/// A warning `check --json` reports, shaped as a [`Problem`].
+#[derive(Debug, Serialize)]
+pub struct Warning {
+    pub program: Option<&'static str>,
+    pub warning: String,
+}
+
+impl Warning {
+    pub fn of(p: &pepsi_stage_validate::Problem) -> Warning {
+        Warning {
+            program: p.source.program(),
+            warning: p.message.clone(),
+        }
+    }
 }
 
 pub fn values(rows: &[ValueRow]) -> String {

@@ -71,6 +71,13 @@ pub enum Event {
 /// 0 = never recycle), WORKER_IDLE_TIMEOUT (60s), MAX_RUNTIME (5m).
 /// See docs/dispatch.md for what each does.
 ///
+/// It refuses to start (status 1, naming every problem) when the stage graph is broken: a
+/// NEXT_STAGE, BOUNCE_STAGE or branch naming a stage without a [stage-NAME] section, a
+/// PROGRAM that is no stage program of this Pepsi (pepsi-stage-* misspelt), or no
+/// [stage-init], where new mail enters. What looks wrong but works (a stage nothing
+/// reaches, a section without PROGRAM, a stage program of the site's own) is logged as a
+/// warning. `pepsi-config check` reports the same (docs/routing.md).
+///
 /// A worker that crashes fails the message it held (state.dispatch_error says why); one that
 /// does not answer within MAX_RUNTIME is killed and the message ends as `timeout`. Messages a
 /// worker had not started return to pending. On SIGINT/SIGTERM workers finish what they hold
@@ -96,7 +103,6 @@ struct Cli {
     common: CommonArgs,
 }
 
-/// Entry point of the `pepsi-dispatch` binary.
 /// What the dispatcher parses from the configuration at start: its own section and every
 /// stage's pool options. pepsi-config checks a candidate configuration with it.
 pub fn check_config(cfg: &pepsi_conf::config::Config) -> anyhow::Result<()> {
@@ -110,7 +116,10 @@ pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
 }
 
-pub fn run() -> ExitCode {
+/// Entry point of the `pepsi-dispatch` binary: runs the dispatcher with the process's
+/// arguments; the stage graph is judged at start by `tables` (the root package's
+/// `pepsi::programs::GRAPH_VALIDATION`).
+pub fn run(tables: &'static pepsi_stage_validate::Tables) -> ExitCode {
     let cli = Cli::parse();
     init_logging(&constants::CONFIG_SOURCE, &cli.common.log_level);
     // One thread: the loop is sequential, and workers' parent-death signal is tied to the
@@ -125,7 +134,7 @@ pub fn run() -> ExitCode {
             return ExitCode::from(1);
         }
     };
-    match runtime.block_on(main(cli)) {
+    match runtime.block_on(main(cli, tables)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("pepsi-dispatch: {e:#}");
@@ -134,7 +143,7 @@ pub fn run() -> ExitCode {
     }
 }
 
-async fn main(cli: Cli) -> anyhow::Result<()> {
+async fn main(cli: Cli, tables: &pepsi_stage_validate::Tables) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
     let db_settings = DbOptions::from_config(&file_cfg)?;
     // Everything is checked before standing by: a standby with a broken configuration
@@ -143,6 +152,7 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
         let db = db_settings.connect().await?;
         let cfg = file_cfg.with_db_overlay(&db, &Scope::Global).await?;
         check_config(&cfg)?;
+        check_graph(&cfg, tables)?;
         db.close().await;
         options::DispatchOptions::from_config(&cfg)?
     };
@@ -187,6 +197,28 @@ async fn main(cli: Cli) -> anyhow::Result<()> {
     )?;
     tokio::spawn(listen::run(db.clone(), tx));
     dispatcher.run(rx).await
+}
+
+/// The stage graph of `cfg` by `tables`: its warnings logged, an error naming every one of
+/// its errors. A graph with an edge to no stage would strand every message sent along it.
+fn check_graph(
+    cfg: &pepsi_conf::config::Config,
+    tables: &pepsi_stage_validate::Tables,
+) -> anyhow::Result<()> {
+    let report = pepsi_stage_validate::validate(cfg, tables);
+    for w in report.warnings() {
+        tracing::warn!("{w}");
+    }
+    let errors: Vec<String> = report.errors().map(|e| format!("\n  {e}")).collect();
+    anyhow::ensure!(
+        errors.is_empty(),
+        "{}: the configuration's stage graph is broken ({}; `pepsi-config check` lists \
+         the same):{}",
+        cfg.file().display(),
+        report.summary(),
+        errors.concat()
+    );
+    Ok(())
 }
 
 /// SIGINT or SIGTERM.

@@ -47,7 +47,8 @@ pub struct AppState {
     /// override must pass before it is stored.
     pub checks: &'static [ProgramCheck],
     /// Every stage program's declaration of its edges (the root package's
-    /// `pepsi::programs::STAGE_EDGES`), which the pipeline graph is drawn from.
+    /// `pepsi::programs::STAGE_EDGES`), which the pipeline graph is drawn from and an
+    /// override's effect on the stage graph is judged by.
     pub stage_edges: &'static [StageEdges],
     /// The pool of `CONFIG_DATABASE_URL` (the pepsi-config role), the only one that writes
     /// `pepsi.config_override`; `None` when the option is not set.

@@ -549,10 +549,11 @@ fn mx_certificate(cfg: &pepsi_conf::config::Config) -> anyhow::Result<Option<std
             .get(..9)
             .is_some_and(|p| p.eq_ignore_ascii_case("listener-"));
         let section = cfg.section(name);
-        if is_listener && section.string_opt("ROLE")?.as_deref() == Some("mx") {
-            if let Some(path) = section.path_opt("TLS_CERT")? {
-                return Ok(Some(path));
-            }
+        if is_listener
+            && section.string_opt("ROLE")?.as_deref() == Some("mx")
+            && let Some(path) = section.path_opt("TLS_CERT")?
+        {
+            return Ok(Some(path));
         }
     }
     Ok(None)
@@ -574,7 +575,10 @@ mod tests {
             ),
             // The ingress reads no certificate from its own section.
             ("[pepsi-ingress]\nTLS_CERT = /i.pem\n", None),
-            ("[listener-s]\nROLE = submissions\nTLS_CERT = /s.pem\n", None),
+            (
+                "[listener-s]\nROLE = submissions\nTLS_CERT = /s.pem\n",
+                None,
+            ),
         ];
         for (text, want) in cases {
             let cfg = pepsi_conf::config::Config::from_str_named(text, "t.conf").unwrap();

@@ -1,7 +1,8 @@
 //! The configuration's database overrides (`pepsi.config_override`), with the semantics of
 //! `pepsi-config` (docs/config.md): the stored rows, the effective values of a program with
-//! where each comes from (a `secrets.d/` value never shown), and set / unset, each checked
-//! first by every program's own parser (`config::check_override` over `AppState::checks`).
+//! where each comes from (a `secrets.d/` value never shown), and set / unset, set checked
+//! first by every program's own parser and the stage graph's rules
+//! (`pepsi_stage_validate::check_override` over `AppState::checks` and `stage_edges`).
 //!
 //! Reads use the httpd pool (SELECT on the table); writes use the pool of
 //! `CONFIG_DATABASE_URL` alone, since only the pepsi-config role may write the table, and
@@ -12,8 +13,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use pepsi_admin::admin;
-use pepsi_conf::config::{Config, OverrideRow, Scope, check_override, program_check, shown_values};
+use pepsi_conf::config::{Config, OverrideRow, Scope, program_check, shown_values};
 use pepsi_contract::overlay::load_overrides;
+use pepsi_stage_validate::{Tables, check_override};
 use serde::Deserialize;
 use serde_json::{Value, json};
 use sqlx::PgPool;
@@ -107,7 +109,8 @@ pub struct Set {
     force: bool,
 }
 
-/// `PUT /api/config/overrides`: `pepsi-config set`.
+/// `PUT /api/config/overrides`: `pepsi-config set`; 422 for a value a program would refuse
+/// or that would leave an edge of the stage graph without its stage.
 pub async fn set(
     State(state): State<AppState>,
     who: Principal,
@@ -124,11 +127,15 @@ pub async fn set(
         option: option.clone(),
         value: req.value.clone(),
     };
-    let (checks, force) = (state.checks, req.force);
+    let tables = Tables {
+        checks: state.checks,
+        edges: state.stage_edges,
+    };
+    let force = req.force;
     let candidate = row.clone();
     let check_scope = scope.clone();
     tokio::task::spawn_blocking(move || {
-        check_override(&base, &candidate, &check_scope, checks, force)
+        check_override(&base, &candidate, &check_scope, &tables, force)
     })
     .await
     .map_err(ApiError::internal)??;
