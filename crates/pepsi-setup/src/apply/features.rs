@@ -18,14 +18,10 @@ use pepsi_conf::config::Config;
 use pepsi_conf::config::edit::Edit;
 use pepsi_setup_model::task::Features;
 
-pub const VACATION_PROGRAM: &str = "pepsi-stage-vacation";
-pub const WHITELIST_PROGRAM: &str = "pepsi-stage-check-whitelist";
-pub const DETECT_LANGUAGE_PROGRAM: &str = "pepsi-stage-detect-language";
-pub const BLOCK_LANGUAGE_PROGRAM: &str = "pepsi-stage-block-language";
-pub const MILTER_PROGRAM: &str = "pepsi-stage-milter";
-pub const ENCRYPT_PROGRAM: &str = "pepsi-stage-encrypt";
-const LIST_PROGRAM: &str = "pepsi-stage-list";
-const DKIM_PROGRAM: &str = super::plan::DKIM_PROGRAM;
+use super::programs::{
+    BLOCK_LANGUAGE_PROGRAM, DETECT_LANGUAGE_PROGRAM, DKIM_PROGRAM, ENCRYPT_PROGRAM, LIST_PROGRAM,
+    MILTER_PROGRAM, VACATION_PROGRAM, WHITELIST_PROGRAM,
+};
 
 /// The stage new mail starts at (the ingress's and pepsi-sendmail's).
 const ENTRY_STAGE: &str = "init";

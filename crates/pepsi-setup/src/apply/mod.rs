@@ -20,6 +20,7 @@
 pub mod acme;
 pub mod features;
 pub mod plan;
+pub mod programs;
 
 use std::fs;
 use std::io::Write as _;

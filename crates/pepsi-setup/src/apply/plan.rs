@@ -14,13 +14,9 @@ use pepsi_setup_model::task::{
 };
 
 use super::features::{self, StageLinks};
-
-/// The programs whose stage sections a task changes.
-pub const DKIM_PROGRAM: &str = "pepsi-stage-dkim-sign";
-pub const INTERNET_PROGRAM: &str = "pepsi-stage-relay-to-internet";
-pub const SMARTHOST_PROGRAM: &str = "pepsi-stage-relay-to-smarthost";
-pub const MAILDIR_PROGRAM: &str = "pepsi-stage-relay-to-maildir";
-pub const LMTP_PROGRAM: &str = "pepsi-stage-relay-to-lmtp";
+use super::programs::{
+    DKIM_PROGRAM, INTERNET_PROGRAM, LMTP_PROGRAM, MAILDIR_PROGRAM, SMARTHOST_PROGRAM,
+};
 
 /// The secrets fragment that holds the smarthost password the setup wrote.
 pub const RELAY_SECRET_FILE: &str = "50-setup-relay.conf";
