@@ -721,6 +721,57 @@ async fn a_configuration_change_retires_workers_and_replacements_use_it() {
     assert!(stop(d).success());
 }
 
+/// A change whose stage graph is broken (written to the overlay behind pepsi-config's back)
+/// is not taken up: the running graph stays, and new mail still gets through it.
+#[tokio::test]
+async fn a_configuration_change_that_breaks_the_stage_graph_keeps_the_running_one() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "").await;
+    h.add(3, "s", serde_json::json!({})).await;
+    let mut d = h.start("dispatch.log");
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        3,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    sqlx::query("INSERT INTO pepsi.config_override (scope, section, option, value) VALUES ('global', 'stage-init', 'NEXT_STAGE', 'nowhere')")
+        .execute(&h.db.pool)
+        .await
+        .unwrap();
+    let until = Instant::now() + Duration::from_secs(10);
+    while !h
+        .log("dispatch.log")
+        .contains("configuration changed but is invalid, keeping the old one")
+    {
+        assert!(
+            Instant::now() < until,
+            "no refusal of the broken graph: {}",
+            h.log("dispatch.log")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = h.log("dispatch.log");
+    assert!(
+        log.contains("[stage-init] NEXT_STAGE = nowhere: no [stage-nowhere] section"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("configuration changed: workers retired"),
+        "{log}"
+    );
+    h.add(2, "s", serde_json::json!({})).await;
+    h.wait_for(
+        "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+        5,
+        Duration::from_secs(30),
+        &mut d,
+    )
+    .await;
+    assert!(stop(d).success());
+}
+
 pub(crate) fn hostname() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .unwrap()

@@ -89,6 +89,15 @@ pub struct Dispatcher {
     leadership: Leadership,
     /// The pids of live workers, for the lock thread to kill if the lock is lost.
     worker_pids: WorkerPids,
+    /// What a changed configuration's stage graph is judged by, as the one at start was.
+    tables: &'static pepsi_stage_validate::Tables,
+}
+
+/// What the dispatcher keeps of how it was started: the log level its workers get, and the
+/// tables a changed configuration's stage graph is judged by.
+pub struct Started {
+    pub log_level: String,
+    pub tables: &'static pepsi_stage_validate::Tables,
 }
 
 impl Dispatcher {
@@ -96,11 +105,12 @@ impl Dispatcher {
         db: PgPool,
         file_cfg: Config,
         cfg: &Config,
-        log_level: String,
+        started: Started,
         events: UnboundedSender<Event>,
         leadership: Leadership,
         worker_pids: WorkerPids,
     ) -> anyhow::Result<Self> {
+        let Started { log_level, tables } = started;
         let options = DispatchOptions::from_config(cfg)?;
         let own_dir = std::env::current_exe()
             .ok()
@@ -133,6 +143,7 @@ impl Dispatcher {
             overflow: Vec::new(),
             leadership,
             worker_pids,
+            tables,
         };
         d.apply_pools(cfg)?;
         d.wake_all();
@@ -288,6 +299,11 @@ impl Dispatcher {
                 return;
             }
         };
+        // A graph that would strand mail is not taken up; the running one stays.
+        if let Err(e) = crate::check_graph(&cfg, self.tables) {
+            tracing::error!("configuration changed but is invalid, keeping the old one: {e:#}");
+            return;
+        }
         match DispatchOptions::from_config(&cfg)
             .map_err(anyhow::Error::from)
             .and_then(|s| {

@@ -143,7 +143,7 @@ pub fn run(tables: &'static pepsi_stage_validate::Tables) -> ExitCode {
     }
 }
 
-async fn main(cli: Cli, tables: &pepsi_stage_validate::Tables) -> anyhow::Result<()> {
+async fn main(cli: Cli, tables: &'static pepsi_stage_validate::Tables) -> anyhow::Result<()> {
     let file_cfg = cli.common.load_config()?;
     let db_settings = DbOptions::from_config(&file_cfg)?;
     // Everything is checked before standing by: a standby with a broken configuration
@@ -190,7 +190,10 @@ async fn main(cli: Cli, tables: &pepsi_stage_validate::Tables) -> anyhow::Result
         db.clone(),
         file_cfg,
         &cfg,
-        cli.common.log_level.clone(),
+        dispatcher::Started {
+            log_level: cli.common.log_level.clone(),
+            tables,
+        },
         tx.clone(),
         leadership,
         workers,
@@ -201,7 +204,7 @@ async fn main(cli: Cli, tables: &pepsi_stage_validate::Tables) -> anyhow::Result
 
 /// The stage graph of `cfg` by `tables`: its warnings logged, an error naming every one of
 /// its errors. A graph with an edge to no stage would strand every message sent along it.
-fn check_graph(
+pub(crate) fn check_graph(
     cfg: &pepsi_conf::config::Config,
     tables: &pepsi_stage_validate::Tables,
 ) -> anyhow::Result<()> {
