@@ -6,8 +6,9 @@
 //! the per-address override layer
 //! (`settings`), the alias file (`alias_file`), the sender whitelist (`whitelist`), mailbox
 //! quotas as the ingress and the Maildir stage check them and the operator sets them
-//! (`quota`), RFC 3834's rules for automatic answers (`autoreply`, pure), and the audit
-//! log every operator write goes through (`audit`).
+//! (`quota`), RFC 3834's rules for automatic answers (`autoreply`, pure), the audit
+//! log every operator write goes through (`audit`), and a message's trace and the spans
+//! every process hands to its host's telemetry client (`telemetry`).
 //!
 //! Invariant: never depends on a stage crate; only `db`, `stage` and `overlay` issue SQL
 //! against the queue and its configuration; `local` and `settings` only read, through stored
@@ -30,4 +31,5 @@ pub mod round;
 pub mod settings;
 pub mod stage;
 pub mod state;
+pub mod telemetry;
 pub mod whitelist;

@@ -91,6 +91,8 @@ pub struct Dispatcher {
     worker_pids: WorkerPids,
     /// What a changed configuration's stage graph is judged by, as the one at start was.
     tables: &'static pepsi_stage_validate::Tables,
+    /// Where the span of a pass cut short goes (`[pepsi-telemetry-client] SOCKET`).
+    telemetry: Arc<pepsi_contract::telemetry::Emitter>,
 }
 
 /// What the dispatcher keeps of how it was started: the log level its workers get, and the
@@ -144,6 +146,7 @@ impl Dispatcher {
             leadership,
             worker_pids,
             tables,
+            telemetry: Arc::new(pepsi_contract::telemetry::Emitter::from_config(cfg)?),
         };
         d.apply_pools(cfg)?;
         d.wake_all();
@@ -639,6 +642,20 @@ impl Dispatcher {
             Forced::Failed
         };
         tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
+        if let Some(started) = w.head_started {
+            crate::interrupted::report(
+                &self.db,
+                &self.telemetry,
+                crate::interrupted::Interrupted {
+                    id: head,
+                    stage: stage.clone(),
+                    program: program.clone(),
+                    pid: w.pid,
+                    started,
+                    reason: reason.clone(),
+                },
+            );
+        }
         self.end_lost_pass(head, &stage, forced, &reason).await;
         self.hand_back(&stage, &rest[1..]).await;
     }
@@ -663,6 +680,7 @@ impl Dispatcher {
         // Hung messages: kill the worker; the message ends as `timeout`.
         let mut hung = Vec::new();
         let mut killed_holding: Vec<(String, Vec<i64>)> = Vec::new();
+        let mut interrupted = Vec::new();
         for w in self.workers.values_mut() {
             let Some(pool) = self.pools.get(&w.stage) else {
                 continue;
@@ -690,6 +708,17 @@ impl Dispatcher {
                     w.killed = true;
                     w.head_started = None;
                     hung.push((row.id, w.stage.clone(), w.pid, pool.options.max_runtime));
+                    interrupted.push(crate::interrupted::Interrupted {
+                        id: row.id,
+                        stage: w.stage.clone(),
+                        program: pool.options.program.clone(),
+                        pid: w.pid,
+                        started,
+                        reason: format!(
+                            "no answer within MAX_RUNTIME {:?}; worker killed",
+                            pool.options.max_runtime
+                        ),
+                    });
                 }
             } else if w.inflight.is_empty()
                 && !w.retiring
@@ -702,6 +731,9 @@ impl Dispatcher {
         for (stage, ids) in killed_holding {
             self.stats.kill(&stage);
             self.suspects.extend(ids);
+        }
+        for cut in interrupted {
+            crate::interrupted::report(&self.db, &self.telemetry, cut);
         }
         for (id, stage, pid, limit) in hung {
             tracing::error!(id, stage = %stage, pid, "no answer within MAX_RUNTIME {limit:?}: worker killed");

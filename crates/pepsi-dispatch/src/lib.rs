@@ -11,6 +11,7 @@
 mod claim;
 mod dispatcher;
 mod fair;
+mod interrupted;
 mod listen;
 mod lock;
 mod options;

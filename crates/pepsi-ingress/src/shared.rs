@@ -39,6 +39,9 @@ pub struct Shared {
     /// Password checks running at once (AUTH_CONCURRENCY).
     pub auth_checks: Arc<Semaphore>,
     pub connections: Arc<Semaphore>,
+    /// Where each stored message's transaction span goes (`[pepsi-telemetry-client]
+    /// SOCKET`); off when no client is configured.
+    pub telemetry: pepsi_contract::telemetry::Emitter,
     pub shutdown: watch::Receiver<bool>,
 }
 

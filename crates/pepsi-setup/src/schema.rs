@@ -126,6 +126,10 @@ pub const PATCHES: &[Patch] = &[
         name: "pepsi-0026",
         sql: include_str!("../db/pepsi-0026.sql"),
     },
+    Patch {
+        name: "pepsi-0027",
+        sql: include_str!("../db/pepsi-0027.sql"),
+    },
 ];
 
 /// The one function the sendmail role may execute (procedures.sql, LOCAL SUBMISSION), by
@@ -158,6 +162,9 @@ pub struct Roles {
     /// them this role) and pepsi-keys: the pipeline's privileges plus the one column no
     /// other role may read, `crypto_identity.private_wrapped`.
     pub crypto: String,
+    /// pepsi-telemetry, the traces' and metrics' receiver: its own tables
+    /// (`TELEMETRY_TABLES`) and nothing else, neither the queue nor the key store.
+    pub telemetry: String,
     /// The limits of the sendmail role, which every local user may connect as.
     pub sendmail_limits: RoleLimits,
 }
@@ -214,6 +221,7 @@ impl Default for Roles {
             sendmail: "pepsi-sendmail".into(),
             httpd: "pepsi-httpd".into(),
             crypto: "pepsi-crypto".into(),
+            telemetry: "pepsi-telemetry".into(),
             sendmail_limits: RoleLimits::default(),
         }
     }
@@ -221,7 +229,7 @@ impl Default for Roles {
 
 impl Roles {
     /// Reads `[pepsi-setup] PIPELINE_ROLE`, `INGRESS_ROLE`, `CONFIG_ROLE`, `SENDMAIL_ROLE`,
-    /// `HTTPD_ROLE` and `CRYPTO_ROLE`, and the sendmail role's limits
+    /// `HTTPD_ROLE`, `CRYPTO_ROLE` and `TELEMETRY_ROLE`, and the sendmail role's limits
     /// `SENDMAIL_CONNECTION_LIMIT`, `SENDMAIL_STATEMENT_TIMEOUT`,
     /// `SENDMAIL_IDLE_SESSION_TIMEOUT` and `SENDMAIL_IDLE_IN_TRANSACTION_TIMEOUT`.
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
@@ -258,10 +266,13 @@ impl Roles {
                 .unwrap_or(default.sendmail),
             httpd: section.string_opt("HTTPD_ROLE")?.unwrap_or(default.httpd),
             crypto: section.string_opt("CRYPTO_ROLE")?.unwrap_or(default.crypto),
+            telemetry: section
+                .string_opt("TELEMETRY_ROLE")?
+                .unwrap_or(default.telemetry),
         })
     }
 
-    fn all(&self) -> [(RoleKind, &str); 6] {
+    fn all(&self) -> [(RoleKind, &str); 7] {
         [
             (RoleKind::Pipeline, self.pipeline.as_str()),
             (RoleKind::Ingress, self.ingress.as_str()),
@@ -269,6 +280,7 @@ impl Roles {
             (RoleKind::Sendmail, self.sendmail.as_str()),
             (RoleKind::Httpd, self.httpd.as_str()),
             (RoleKind::Crypto, self.crypto.as_str()),
+            (RoleKind::Telemetry, self.telemetry.as_str()),
         ]
     }
 }
@@ -282,6 +294,7 @@ pub enum RoleKind {
     Sendmail,
     Httpd,
     Crypto,
+    Telemetry,
 }
 
 /// Columns no role but the crypto role may read, by table: every other role that reads the
@@ -302,6 +315,9 @@ pub const CREDENTIAL_TABLES: [&str; 3] = ["admin_account", "admin_session", "api
 
 /// The online setup's intent queue and its progress (pepsi-0026.sql).
 pub const SETUP_TABLES: [&str; 2] = ["setup_task", "setup_task_log"];
+
+/// What pepsi-telemetry keeps (pepsi-0027.sql): spans and metric points.
+pub const TELEMETRY_TABLES: [&str; 2] = ["telemetry_span", "telemetry_metric"];
 
 /// Stored functions whose EXECUTE is not for everyone: `procedures.sql` revokes each from
 /// PUBLIC, and setup grants it to exactly the roles listed (and verifies that).
@@ -406,6 +422,20 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
         } else {
             privilege_matrix(RoleKind::Pipeline, table)
         };
+    }
+    if kind == RoleKind::Telemetry {
+        // The receiver runs on another host and faces the network: it adds what its clients
+        // send, reads it and deletes what is past its RETENTION, and reaches nothing that
+        // carries mail, a key or a credential.
+        return match table {
+            t if TELEMETRY_TABLES.contains(&t) => READ_APPEND_DELETE,
+            "schema_patch" => READ,
+            _ => NONE,
+        };
+    }
+    if TELEMETRY_TABLES.contains(&table) {
+        // A message's journey and the pipeline page's latencies; only the receiver writes.
+        return if kind == RoleKind::Httpd { READ } else { NONE };
     }
     if SECRET_COLUMNS.iter().any(|(t, _)| *t == table) {
         // Read through a column grant without the secret columns (column_matrix); never
@@ -531,7 +561,9 @@ pub fn privilege_matrix(kind: RoleKind, table: &str) -> &'static [&'static str] 
             | "quota_usage",
         ) => READ,
         (RoleKind::Httpd, _) => NONE,
-        (RoleKind::Crypto, _) => unreachable!("the crypto role is decided above"),
+        (RoleKind::Crypto | RoleKind::Telemetry, _) => {
+            unreachable!("the crypto and telemetry roles are decided above")
+        }
     }
 }
 

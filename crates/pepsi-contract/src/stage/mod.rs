@@ -24,6 +24,7 @@ pub mod edges;
 mod fanout;
 pub mod fusion;
 pub mod scope;
+mod trace;
 mod watchdog;
 mod worker;
 

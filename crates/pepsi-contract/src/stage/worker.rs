@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use std::collections::HashMap;
 use std::process::ExitCode;
 use std::rc::Rc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use chrono::{DateTime, Utc};
 use clap::{Parser, Subcommand};
@@ -26,7 +26,9 @@ use super::commit::{Deferred, commit, commit_many};
 use super::context::{Changes, Outcome, Row};
 use super::fusion::{Built, DynStage, Registration};
 use super::scope::ScopedOverrides;
+use super::trace::{Hop, PassTrace};
 use super::{Load, Stage, StageContext, StageError, StageOptions, program_name};
+use crate::telemetry::Emitter;
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async_current_thread};
 use pepsi_conf::config::{Config, ConfigSource, Scope};
 
@@ -50,34 +52,34 @@ macro_rules! status_col {
 const SELECT_METADATA: &str = concat!(
     "SELECT workqueue_id, stage, ",
     status_col!(""),
-    ", mail_from, rcpt_to, state, received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = $1"
+    ", mail_from, rcpt_to, state, received_at, updated_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = $1"
 );
 const SELECT_HEADERS: &str = concat!(
     "SELECT workqueue_id, stage, ",
     status_col!(""),
-    ", mail_from, rcpt_to, state, received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = $1"
+    ", mail_from, rcpt_to, state, received_at, updated_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = $1"
 );
 const SELECT_FULL: &str = concat!(
     "SELECT w.workqueue_id, w.stage, ",
     status_col!("w."),
-    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.auth_user, w.headers, b.body \
+    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.updated_at, w.auth_user, w.headers, b.body \
      FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = $1"
 );
 // The same for a batch.
 const SELECT_METADATA_MANY: &str = concat!(
     "SELECT workqueue_id, stage, ",
     status_col!(""),
-    ", mail_from, rcpt_to, state, received_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
+    ", mail_from, rcpt_to, state, received_at, updated_at, auth_user FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
 );
 const SELECT_HEADERS_MANY: &str = concat!(
     "SELECT workqueue_id, stage, ",
     status_col!(""),
-    ", mail_from, rcpt_to, state, received_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
+    ", mail_from, rcpt_to, state, received_at, updated_at, auth_user, headers FROM pepsi.workqueue WHERE workqueue_id = ANY($1)"
 );
 const SELECT_FULL_MANY: &str = concat!(
     "SELECT w.workqueue_id, w.stage, ",
     status_col!("w."),
-    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.auth_user, w.headers, b.body \
+    ", w.mail_from, w.rcpt_to, w.state, w.received_at, w.updated_at, w.auth_user, w.headers, b.body \
      FROM pepsi.workqueue w JOIN pepsi.workqueue_body b USING (body_id) WHERE w.workqueue_id = ANY($1)"
 );
 
@@ -190,6 +192,9 @@ pub struct Worker<'a> {
     /// `[database] STATEMENT_TIMEOUT`: a pass's load and commit give up on the client side
     /// shortly after it, as a temporary failure (`crate::db::bounded`).
     statement_timeout: Option<Duration>,
+    /// Where each settled pass's spans go (`[pepsi-telemetry-client] SOCKET`); off when no
+    /// client is configured, and then no span is built.
+    telemetry: Emitter,
 }
 
 impl<'a> Worker<'a> {
@@ -276,6 +281,7 @@ impl<'a> Worker<'a> {
             round_time,
             scoped,
             statement_timeout,
+            telemetry: Emitter::from_config(cfg)?,
         })
     }
 
@@ -295,6 +301,7 @@ impl<'a> Worker<'a> {
     /// their siblings; a fused hop that fails leaves the earlier hops written, as the
     /// unfused pipeline would).
     pub async fn pass(&self, id: i64) -> Result<PassReport, StageError> {
+        let started = SystemTime::now();
         let load = self.load;
         let sql = match load {
             Load::Metadata => SELECT_METADATA,
@@ -306,10 +313,25 @@ impl<'a> Worker<'a> {
             .await?
             .ok_or(StageError::NoSuchRow(id))?;
         let mut ctx = self.context(id, &rec, load)?;
-        let (outcome, fused) = self.chain(&mut ctx).await?;
-        self.before_commit().await?;
-        self.bounded(commit(&mut ctx, &outcome)).await?;
-        Ok(report(&ctx, &outcome, fused))
+        let mut hops = Vec::new();
+        let result = async {
+            let (outcome, fused) = self.chain(&mut ctx, &mut hops).await?;
+            self.before_commit().await?;
+            self.bounded(commit(&mut ctx, &outcome)).await?;
+            Ok((report(&ctx, &outcome, fused), outcome))
+        }
+        .await;
+        if self.telemetry.is_on() {
+            PassTrace::of(
+                &ctx,
+                claimed_at(&rec),
+                started,
+                hops,
+                result.as_ref().map(|(_, o)| o),
+            )
+            .emit(&self.telemetry, self.own.program());
+        }
+        result.map(|(report, _)| report)
     }
 
     /// `Stage::before_commit` of this worker's stage and of every stage fused into it so far.
@@ -361,7 +383,11 @@ impl<'a> Worker<'a> {
             }
         }
         let mut results: Vec<Option<Result<PassReport, StageError>>> = Vec::new();
+        // The spans of each pass so far, by slot, handed over once its commit is known.
+        let mut traces: Vec<Option<PassTrace>> = Vec::new();
+        let tracing_on = self.telemetry.is_on();
         let mut deferred: Vec<(usize, PassReport)> = Vec::new();
+        let mut deferred_traces: Vec<(usize, PassTrace)> = Vec::new();
         let mut rows: Vec<Deferred> = Vec::new();
         // A failed `before_commit`: the round stops, and nothing it did is committed.
         let mut unsettled: Option<StageError> = None;
@@ -369,10 +395,23 @@ impl<'a> Worker<'a> {
             if !results.is_empty() && until.is_some_and(|t| Instant::now() >= t) {
                 break;
             }
+            let started = SystemTime::now();
+            let mut trace = None;
             let result = async {
                 let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
                 let mut ctx = self.context(id, rec, load)?;
-                let (outcome, fused) = self.chain(&mut ctx).await?;
+                let mut hops = Vec::new();
+                let chained = self.chain(&mut ctx, &mut hops).await;
+                if tracing_on {
+                    trace = Some(PassTrace::of(
+                        &ctx,
+                        claimed_at(rec),
+                        started,
+                        hops,
+                        chained.as_ref().map(|(o, _)| o),
+                    ));
+                }
+                let (outcome, fused) = chained?;
                 let report = report(&ctx, &outcome, fused);
                 Ok(match Deferred::of(&ctx, &outcome) {
                     Some(row) => Pass::Deferred(Box::new(row), report),
@@ -380,6 +419,7 @@ impl<'a> Worker<'a> {
                 })
             }
             .await;
+            traces.push(trace);
             match result {
                 Ok(Pass::Deferred(row, report)) => {
                     deferred.push((results.len(), report));
@@ -410,6 +450,19 @@ impl<'a> Worker<'a> {
                 results[slot] = Some(Err(shared_error(e)));
             }
         }
+        if tracing_on {
+            for (slot, trace) in traces.into_iter().enumerate() {
+                let (Some(trace), Some(result)) = (trace, results.get(slot)) else {
+                    continue;
+                };
+                match result {
+                    // Deferred: told once its commit below is known.
+                    None => deferred_traces.push((slot, trace)),
+                    Some(Ok(_)) => trace.emit(&self.telemetry, self.own.program()),
+                    Some(Err(e)) => trace.failed(e).emit(&self.telemetry, self.own.program()),
+                }
+            }
+        }
         if !deferred.is_empty() {
             match self.bounded(commit_many(self.pool, &rows)).await {
                 Ok(written) => {
@@ -429,6 +482,12 @@ impl<'a> Worker<'a> {
                         results[slot] = Some(Err(shared_error(&e)));
                     }
                 }
+            }
+        }
+        for (slot, trace) in deferred_traces {
+            match &results[slot] {
+                Some(Err(e)) => trace.failed(e).emit(&self.telemetry, self.own.program()),
+                _ => trace.emit(&self.telemetry, self.own.program()),
             }
         }
         results
@@ -561,8 +620,16 @@ impl<'a> Worker<'a> {
     async fn chain(
         &self,
         ctx: &mut StageContext<'a>,
+        hops: &mut Vec<Hop>,
     ) -> Result<(Outcome, Vec<FusedHop>), StageError> {
-        let mut terminal = self.own.process(ctx).await?;
+        let start = SystemTime::now();
+        let first = self.own.process(ctx).await;
+        hops.push(Hop {
+            stage: ctx.stage().to_owned(),
+            start,
+            end: SystemTime::now(),
+        });
+        let mut terminal = first?;
         let mut fused = Vec::new();
         loop {
             let outcome = ctx.apply(terminal);
@@ -577,7 +644,14 @@ impl<'a> Worker<'a> {
             };
             ctx.enter(options);
             let started = Instant::now();
-            match next.process(ctx).await {
+            let start = SystemTime::now();
+            let processed = next.process(ctx).await;
+            hops.push(Hop {
+                stage: ctx.stage().to_owned(),
+                start,
+                end: SystemTime::now(),
+            });
+            match processed {
                 Ok(t) => {
                     fused.push(FusedHop {
                         stage: ctx.stage().to_owned(),
@@ -666,6 +740,11 @@ fn report(ctx: &StageContext<'_>, outcome: &Outcome, fused: Vec<FusedHop>) -> Pa
         handed,
         settled,
     }
+}
+
+/// When the dispatcher claimed the loaded row: its `updated_at`, which the claim sets.
+fn claimed_at(rec: &PgRow) -> Option<DateTime<Utc>> {
+    rec.try_get("updated_at").ok()
 }
 
 /// One batch-wide failure, told to each of its rows.

@@ -2,7 +2,7 @@
 //! successors and operators (`docs/state.md`): `auth`, `junk`, `bounce_error`,
 //! `dispatch_error`, `dispatch_error_history`, `held`, `srs`, `vacation`, `whitelist`,
 //! `language`, `language_block`, `milter`, `crypto`, `keydisc`, `list_approval`,
-//! `secure_link`, `secretary`, `auto_pay`. Each type reads and writes exactly the JSON its writer stored before the
+//! `secure_link`, `secretary`, `auto_pay`, `trace`. Each type reads and writes exactly the JSON its writer stored before the
 //! type existed (the table test below pins every shape), so rows already in a queue parse and
 //! older readers read what these write.
 //! Pure: no I/O.
@@ -14,6 +14,7 @@ use serde_json::{Map, Value};
 
 use super::{StateError, null_as_default, parse, read, to_value};
 use crate::settings::block_languages::BlockAction;
+use crate::telemetry::{SpanId, TraceId};
 
 // ---------------------------------------------------------------------------------------------
 // auth
@@ -538,6 +539,21 @@ impl SecureLink {
     }
 }
 
+// ---------------------------------------------------------------------------------------------
+// trace
+
+/// `state.trace`: the message's trace context, seeded by the ingress: the trace every span of
+/// the message joins (`trace_id`) and the ingress's own span (`span_id`), under which each
+/// stage pass hangs. The rest of the state carries it into every row split off the message,
+/// so they stay in its trace; a row without it (a bounce, local submission) is traced under
+/// `TraceId::of_row`. Written once, never changed; nothing of it identifies a person.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Trace {
+    pub trace_id: TraceId,
+    pub span_id: SpanId,
+}
+state_key!(Trace, "trace");
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -571,6 +587,7 @@ mod tests {
             "secure_link" => again(SecureLink::from_state(&st)?),
             "secretary" => again(Secretary::from_state(&st)?),
             "auto_pay" => again(AutoPay::from_state(&st)?),
+            "trace" => again(Trace::from_state(&st)?),
             other => panic!("no type for {other}"),
         })
     }
@@ -762,6 +779,11 @@ mod tests {
             ("auto_pay", r#"{"paid":"KUDOS:0.5"}"#),
             ("auto_pay", r#"{"refused":"over the monthly limit"}"#),
             ("auto_pay", r#"{"made":"notice"}"#),
+            // pepsi-ingress
+            (
+                "trace",
+                r#"{"span_id":"b7ad6b7169203331","trace_id":"0af7651916cd43dd8448eb211c80319c"}"#,
+            ),
         ];
         for (key, text) in cases {
             let got = round_trip(key, text).unwrap_or_else(|e| panic!("{key} {text}: {e}"));

@@ -6,6 +6,8 @@ use super::{Session, State, Transaction};
 use crate::admission::{Accepted, AdmitError};
 use crate::headers::{Trace, received, strip_forged_results};
 use pepsi_contract::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
+use pepsi_contract::telemetry::wire::unix_ns;
+use pepsi_contract::telemetry::{SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId};
 use pepsi_smtp::Reply;
 use pepsi_smtp::data::{DataDecoder, DataProblem, Feed};
 use pepsi_smtp::params::{self, Body};
@@ -164,7 +166,19 @@ impl Session {
         }
         let size = message.len();
         let limit = self.settings.admission.timeout;
-        let stored = match tokio::time::timeout(limit, self.store(&tx, message)).await {
+        let trace = pepsi_contract::state::Trace {
+            trace_id: TraceId::random(),
+            span_id: SpanId::random(),
+        };
+        let message_id = self.shared.telemetry.is_on().then(|| {
+            pepsi_contract::message::field_values(
+                pepsi_contract::message::split(&message).0,
+                "Message-ID",
+            )
+            .into_iter()
+            .next()
+        });
+        let stored = match tokio::time::timeout(limit, self.store(&tx, trace, message)).await {
             Ok(stored) => stored,
             Err(_) => {
                 // The statement may still commit after this; the client's retry then
@@ -181,6 +195,30 @@ impl Session {
             Ok(id) => {
                 self.shared.waker.request();
                 tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size, "queued");
+                if self.shared.telemetry.is_on() {
+                    self.shared.telemetry.emit(&SpanRecord {
+                        trace_id: trace.trace_id,
+                        span_id: trace.span_id,
+                        parent: None,
+                        kind: SpanKind::Ingress,
+                        program: "pepsi-ingress".into(),
+                        pid: std::process::id(),
+                        stage: None,
+                        queue_id: Some(id),
+                        message_id: message_id.flatten(),
+                        start_ns: unix_ns(tx.started),
+                        end_ns: unix_ns(std::time::SystemTime::now()),
+                        outcome: SpanOutcome::Accepted,
+                        next_stage: None,
+                        fused_into: None,
+                        dispatch_wait_ms: None,
+                        error: None,
+                        rcpt_count: u32::try_from(tx.rcpts.len()).ok(),
+                        size: u64::try_from(size).ok(),
+                        mail_from: tx.from.clone(),
+                        rcpt_to: tx.rcpts.clone(),
+                    });
+                }
                 Reply::new(250, "2.0.0", format!("queued as {id}"))
             }
             Err(e) => {
@@ -194,7 +232,12 @@ impl Session {
         }
     }
 
-    async fn store(&mut self, tx: &Transaction, message: Vec<u8>) -> Result<i64, AdmitError> {
+    async fn store(
+        &mut self,
+        tx: &Transaction,
+        context: pepsi_contract::state::Trace,
+        message: Vec<u8>,
+    ) -> Result<i64, AdmitError> {
         let s = &self.settings;
         let ip = self.peer.ip();
         let helo = self.helo.clone().unwrap_or_default();
@@ -278,6 +321,7 @@ impl Session {
         if let Some(v) = verdict {
             v.state.insert_into(&mut state);
         }
+        context.insert_into(&mut state);
         let state = serde_json::Value::Object(state);
         self.shared
             .admitter

@@ -45,6 +45,7 @@ impl Session {
             return reply;
         }
         self.state = State::Mail(Transaction {
+            started: std::time::SystemTime::now(),
             from: from.address,
             params,
             rcpts: Vec::new(),

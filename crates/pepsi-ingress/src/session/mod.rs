@@ -43,6 +43,8 @@ pub enum State {
 /// One mail transaction's envelope.
 #[derive(Debug)]
 pub struct Transaction {
+    /// When MAIL FROM was taken: the start of the transaction's span.
+    pub started: std::time::SystemTime,
     /// None for the null reverse path.
     pub from: Option<String>,
     pub params: MailParams,

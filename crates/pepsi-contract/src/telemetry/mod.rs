@@ -1,0 +1,17 @@
+//! A message's trace: the ids that join its spans (`ids`), the one wire format by which a
+//! Pepsi process hands a finished span to its host's `pepsi-telemetry-client` (`wire`), the
+//! non-blocking sender every process uses for it (`emit`), and the attribute names the
+//! client exports them under (`attr`).
+//!
+//! The trace context rides in the row's `state.trace` (`crate::state::Trace`), so a trace
+//! survives process hops, retries and a dispatcher's takeover. Nothing here may block or fail
+//! a message: a span that cannot be handed over is counted and dropped.
+
+pub mod attr;
+pub mod emit;
+pub mod ids;
+pub mod wire;
+
+pub use emit::Emitter;
+pub use ids::{SpanId, TraceId};
+pub use wire::{SpanKind, SpanOutcome, SpanRecord};
