@@ -33,6 +33,7 @@ mod httpd_archive;
 mod httpd_archive_api;
 mod httpd_config;
 mod httpd_graph;
+mod httpd_journey;
 mod httpd_lists;
 mod httpd_pipeline;
 mod httpd_secretary;

@@ -43,6 +43,9 @@ pub struct AppState {
     pub metrics_cache: Arc<tokio::sync::Mutex<Option<(Instant, String)>>>,
     /// Earlier readings of the stage counters, for the pipeline's throughput.
     pub samples: Arc<Mutex<crate::pipeline::Samples>>,
+    /// The last reading of the stages' pass times (`latency::REFRESH`); the lock also makes
+    /// the readings one at a time.
+    pub latency: Arc<tokio::sync::Mutex<crate::latency::Cache>>,
     /// Every program's configuration parser (the root package's `pepsi::checks`), which an
     /// override must pass before it is stored.
     pub checks: &'static [ProgramCheck],

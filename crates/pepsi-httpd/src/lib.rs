@@ -3,8 +3,9 @@
 //! mailbox accounts, aliases and local domains, every per-address setting, the
 //! configuration's overrides (checked by every program's parser, which the binary passes
 //! in, before they are stored), the mail log and the audit log, the live
-//! pipeline (the stage graph with its queue, throughput and failures, as JSON and as a page
-//! a browser logs in to), and `/metrics` in the Prometheus text format.
+//! pipeline (the stage graph with its queue, throughput, failures and pass times, as JSON
+//! and as a page a browser logs in to), a message's journey from its trace (JSON and a
+//! page), and `/metrics` in the Prometheus text format.
 //!
 //! Administrators log in with a name and an Argon2id-hashed password (`admin-add` creates
 //! one and prints its generated password once); scripts use API tokens (`token-add`). Only
@@ -18,8 +19,9 @@
 //! tables), `query` (query strings and filters; pure), `app` (router, authentication,
 //! extractors), `api` (handlers), `graph` (the stage graph of a configuration; pure),
 //! `pipeline` (the live pipeline document and its throughput; pure), `svg` (the graph's
-//! picture; pure), `pages` (the login and pipeline pages, maud), `metrics`, `error`,
-//! `server`.
+//! picture; pure), `latency` (the stages' pass times from the telemetry spans),
+//! `journey` (a message's trace as a timeline; pure), `pages` (the login and pipeline
+//! pages, maud), `journey_page` (the journey page, maud), `metrics`, `error`, `server`.
 
 mod api;
 mod app;
@@ -28,6 +30,9 @@ pub mod credentials;
 mod error;
 mod extract;
 pub mod graph;
+mod journey;
+mod journey_page;
+pub mod latency;
 mod lists;
 pub mod metrics;
 mod moderate;
@@ -77,7 +82,9 @@ The administrative HTTP API of Pepsi and its Prometheus metrics.
 first, then becomes USER/GROUP, then connects to the database ([database] URL) and serves:
 the JSON API under /api/ (docs/api.md, docs/api.openapi.yaml), /metrics, /healthz, and
 the live pipeline page /pipeline (the stage graph with each stage's queue, throughput and
-failures, updated every few seconds; a browser logs in at /login).
+failures, updated every few seconds, and the stages' pass times over LATENCY_WINDOW), and
+/journey, a message's spans as a timeline by queue row, Message-ID or trace id (a browser
+logs in at /login).
 
 Administrators log in with POST /api/login and get a session cookie (a row in
 pepsi.admin_session holding only its SHA-256) and a CSRF token every mutating request must
@@ -422,6 +429,7 @@ async fn serve(
         metrics_cache: Arc::default(),
         options: Arc::new(options.clone()),
         samples: Arc::default(),
+        latency: Arc::default(),
         checks,
         stage_edges,
         config_pool,

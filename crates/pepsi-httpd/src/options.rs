@@ -12,6 +12,10 @@ use pepsi_conf::config::Config;
 /// The section pepsi-httpd reads.
 pub const SECTION: &str = "pepsi-httpd";
 
+/// The bounds of `LATENCY_WINDOW`.
+const MIN_LATENCY_WINDOW: Duration = Duration::from_secs(60);
+const MAX_LATENCY_WINDOW: Duration = Duration::from_secs(31 * 86_400);
+
 /// An address block of `METRICS_ALLOW` or `TRUSTED_PROXIES`: `192.0.2.0/24`, `::1/128`, or
 /// one address (a full-length prefix).
 pub fn parse_block(text: &str) -> Result<IpNet, String> {
@@ -124,6 +128,10 @@ pub struct HttpdOptions {
     /// `TLSRPT_UPLOAD` (default no): take TLS reports POSTed to `/tlsrpt`; with it,
     /// `TLSRPT_MAX_PER_DAY` (1000), the most taken in a day.
     pub tlsrpt_upload: Option<u32>,
+    /// `LATENCY_WINDOW`: the stage passes (spans in `pepsi.telemetry_span` that ended this
+    /// long ago or less) whose durations the pipeline's latency percentiles cover (1h;
+    /// 1m to 31d).
+    pub latency_window: Duration,
 }
 
 /// `MTA_STS_MODE`, `MTA_STS_MX` and `MTA_STS_MAX_AGE` of `[pepsi-httpd]`: the policy this
@@ -256,7 +264,14 @@ impl HttpdOptions {
             }
             None => None,
         };
+        let latency_window = s
+            .duration_opt("LATENCY_WINDOW")?
+            .unwrap_or(Duration::from_secs(3600));
+        if !(MIN_LATENCY_WINDOW..=MAX_LATENCY_WINDOW).contains(&latency_window) {
+            bail!("[{SECTION}] LATENCY_WINDOW = {latency_window:?}: expected 1m to 31d");
+        }
         Ok(Self {
+            latency_window,
             mta_sts: mta_sts_policy(cfg)?,
             tlsrpt_upload: match s.bool_opt("TLSRPT_UPLOAD")?.unwrap_or(false) {
                 true => Some(count("TLSRPT_MAX_PER_DAY", 1000)?),
@@ -361,6 +376,13 @@ mod tests {
         assert_eq!(d.max_connections_per_client, 16);
         assert_eq!(d.metrics_cache, Duration::from_secs(5));
         assert_eq!(d.login_queue_timeout, Duration::from_secs(5));
+        assert_eq!(d.latency_window, Duration::from_secs(3600));
+        assert_eq!(
+            settings("[pepsi-httpd]\nLATENCY_WINDOW = 15m\n")
+                .unwrap()
+                .latency_window,
+            Duration::from_secs(900)
+        );
         let tls = settings("[pepsi-httpd]\nCERT_FILE = c.pem\nKEY_FILE = k.pem\n").unwrap();
         assert!(tls.secure_cookie, "a TLS server marks its cookie Secure");
         assert_eq!(d.config_database_url, None);
@@ -390,6 +412,12 @@ mod tests {
             ),
             ("LOGIN_QUEUE_TIMEOUT = 1m", "LOGIN_QUEUE_TIMEOUT = 60s"),
             ("SESSION_IDLE_TIMEOUT = 0", "SESSION_IDLE_TIMEOUT"),
+            (
+                "LATENCY_WINDOW = 10s",
+                "LATENCY_WINDOW = 10s: expected 1m to 31d",
+            ),
+            ("LATENCY_WINDOW = 40d", "LATENCY_WINDOW = 3456000s"),
+            ("LATENCY_WINDOW = soon", "LATENCY_WINDOW"),
             (
                 "CONFIG_DATABASE_URL = mysql://u:pw@h/db",
                 "CONFIG_DATABASE_URL is not a PostgreSQL URL",

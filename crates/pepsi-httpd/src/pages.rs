@@ -1,7 +1,8 @@
 //! The HTML of pepsi-httpd, server-rendered with maud: the login page and the live pipeline
 //! page (`GET /pipeline`: the stage graph drawn by `svg`, the figures of `GET
-//! /api/pipeline`), the graph alone for the page to redraw (`GET /pipeline/graph`), and the
-//! page's script and style sheet (`/ui/…`, files of `ui/` compiled in: no build chain).
+//! /api/pipeline`, the stages' pass times), the graph alone for the page to redraw (`GET
+//! /pipeline/graph`), and the pages' scripts and style sheet (`/ui/…`, files of `ui/`
+//! compiled in: no build chain). The journey page is `journey_page`.
 //!
 //! The pages act only through the JSON API — login is `POST /api/login`, with its
 //! throttling, from `ui/login.js` — so a browser gets no rule the API does not have. A page
@@ -29,7 +30,7 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'";
 
 /// The static files of `ui/`: (name, content type, text).
-const ASSETS: [(&str, &str, &str); 4] = [
+const ASSETS: [(&str, &str, &str); 5] = [
     (
         "pepsi.css",
         "text/css; charset=utf-8",
@@ -44,6 +45,11 @@ const ASSETS: [(&str, &str, &str); 4] = [
         "pipeline.js",
         "text/javascript; charset=utf-8",
         include_str!("../ui/pipeline.js"),
+    ),
+    (
+        "journey.js",
+        "text/javascript; charset=utf-8",
+        include_str!("../ui/journey.js"),
     ),
     (
         "setup.js",
@@ -158,6 +164,7 @@ pub async fn pipeline_page(State(state): State<AppState>, Viewer(who): Viewer) -
         html! {
             header.bar {
                 h1 { "Pepsi pipeline" }
+                a href="/journey" { "Journeys" }
                 span #updated role="status" { "as of " (doc["generated_at"].as_str().unwrap_or_default()) }
                 span.who { "logged in as " b { (who.name) } }
                 @if matches!(who.via, Via::Session { .. }) {
@@ -182,15 +189,16 @@ pub async fn pipeline_page(State(state): State<AppState>, Viewer(who): Viewer) -
                     span.key.next { "NEXT_STAGE" } span.key.branch { "branch" } span.key.bounce { "BOUNCE_STAGE" }
                     " Click a stage for its rows, a row for its state and history."
                 }
+                (latency_table(&doc["latency"]))
                 section #rows hidden {
                     h2 { "Stage " span #rows-stage {} " " small #rows-count {} }
                     table #rows-table {
-                        thead { tr { th { "id" } th { "status" } th { "sender" } th { "recipients" } th { "age" } th { "attempts" } th { "last error" } } }
+                        thead { tr { th { "id" } th { "status" } th { "sender" } th { "recipients" } th { "age" } th { "attempts" } th { "last error" } th { "journey" } } }
                         tbody {}
                     }
                 }
                 section #detail hidden {
-                    h2 { "Row " span #detail-id {} }
+                    h2 { "Row " span #detail-id {} " " a #detail-journey href="/journey" { "its journey" } }
                     dl #detail-facts {}
                     h3 { "State" }
                     pre #detail-state {}
@@ -203,7 +211,7 @@ pub async fn pipeline_page(State(state): State<AppState>, Viewer(who): Viewer) -
                     }
                     h3 { "Mail log" }
                     table #detail-mail-log {
-                        thead { tr { th { "at" } th { "stage" } th { "event" } th { "detail" } } }
+                        thead { tr { th { "at" } th { "stage" } th { "event" } th { "detail" } th { "journey" } } }
                         tbody {}
                     }
                 }
@@ -211,6 +219,38 @@ pub async fn pipeline_page(State(state): State<AppState>, Viewer(who): Viewer) -
         },
     );
     page(StatusCode::OK, markup)
+}
+
+/// The stages' pass-time percentiles of the pipeline document's `latency` (`crate::latency`);
+/// `ui/pipeline.js` rewrites the body with every poll.
+fn latency_table(latency: &serde_json::Value) -> Markup {
+    let ms = |v: &serde_json::Value| v.as_f64().map(crate::latency::show_ms).unwrap_or_default();
+    let window = crate::latency::show_window(latency["window_seconds"].as_u64().unwrap_or(0));
+    let stages = latency["stages"].as_array().cloned().unwrap_or_default();
+    html! {
+        section #latency {
+            h2 { "Pass times " small { "over the last " span #latency-window { (window) } " (LATENCY_WINDOW), from the telemetry spans; interrupted passes counted apart" } }
+            p #latency-note role="status" {
+                @if let Some(e) = latency["error"].as_str() { (e) }
+                @else if stages.is_empty() { "No stage pass in the window: the hosts export no traces, or pepsi-telemetry is not running." }
+            }
+            table #latency-table {
+                thead { tr { th { "stage" } th { "passes" } th { "p50" } th { "p90" } th { "p99" } th { "interrupted" } } }
+                tbody {
+                    @for s in &stages {
+                        tr data-stage=(s["stage"].as_str().unwrap_or_default()) {
+                            td { (s["stage"].as_str().unwrap_or_default()) }
+                            td { (s["passes"].as_i64().unwrap_or(0)) }
+                            td { (ms(&s["p50_ms"])) }
+                            td { (ms(&s["p90_ms"])) }
+                            td { (ms(&s["p99_ms"])) }
+                            td { (s["interrupted"].as_i64().unwrap_or(0)) }
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// `GET /pipeline/graph`: the graph's SVG alone, for the page to swap in when the graph

@@ -3,7 +3,9 @@
 // writes the new figures in place, fetches the picture again (GET /pipeline/graph) when
 // the graph itself changed, lists a stage's rows (GET /api/queue?stage=) when the stage is
 // clicked, and a row's state and history (GET /api/queue/{id}, /api/events,
-// /api/mail-log) when the row is. Text from the server is only ever set as textContent.
+// /api/mail-log) when the row is, with links to the row's journey (/journey?queue=), and
+// rewrites the stages' pass times (the document's `latency`). Text from the server is only
+// ever set as textContent.
 'use strict';
 
 (() => {
@@ -34,6 +36,45 @@
     if (className) td.className = className;
     tr.appendChild(td);
     return td;
+  }
+
+  function journeyLink(id) {
+    const a = document.createElement('a');
+    a.href = `/journey?queue=${encodeURIComponent(id)}`;
+    a.className = 'journey';
+    a.textContent = 'journey';
+    return a;
+  }
+
+  // Milliseconds as crate::latency::show_ms writes them.
+  function ms(v) {
+    if (v == null) return '';
+    if (v < 10) return `${v.toFixed(2)} ms`;
+    if (v < 100) return `${v.toFixed(1)} ms`;
+    if (v < 1000) return `${v.toFixed(0)} ms`;
+    if (v < 60000) return `${(v / 1000).toFixed(2)} s`;
+    if (v < 3600000) return `${(v / 60000).toFixed(1)} min`;
+    return `${(v / 3600000).toFixed(1)} h`;
+  }
+
+  function updateLatency(latency) {
+    if (!latency) return;
+    const stages = latency.stages || [];
+    byId('latency-table').tBodies[0].replaceChildren(...stages.map((s) => {
+      const tr = document.createElement('tr');
+      tr.dataset.stage = s.stage;
+      cell(tr, s.stage);
+      cell(tr, s.passes);
+      cell(tr, ms(s.p50_ms));
+      cell(tr, ms(s.p90_ms));
+      cell(tr, ms(s.p99_ms));
+      cell(tr, s.interrupted);
+      return tr;
+    }));
+    byId('latency-note').textContent = latency.error
+      || (stages.length === 0
+        ? 'No stage pass in the window: the hosts export no traces, or pepsi-telemetry is not running.'
+        : '');
   }
 
   function age(seconds) {
@@ -70,6 +111,7 @@
     byId('failed-rows').textContent = doc.totals.failed_rows;
     byId('window').textContent = doc.window_seconds;
     byId('span').textContent = Math.round(doc.throughput_seconds);
+    updateLatency(doc.latency);
     const list = byId('problems');
     list.replaceChildren(...doc.problems.map((p) => {
       const li = document.createElement('li');
@@ -115,6 +157,7 @@
       cell(tr, age(row.age_seconds));
       cell(tr, row.attempts);
       cell(tr, row.last_error || row.dispatch_error, 'error');
+      cell(tr, '').appendChild(journeyLink(row.id));
       return tr;
     }));
   }
@@ -150,6 +193,7 @@
     const section = byId('detail');
     section.hidden = false;
     byId('detail-id').textContent = id;
+    byId('detail-journey').href = `/journey?queue=${encodeURIComponent(id)}`;
     const [row, events, log] = await Promise.all([
       get(`/api/queue/${encodeURIComponent(id)}`, { allow404: true }),
       get(`/api/events?workqueue_id=${encodeURIComponent(id)}&limit=100`),
@@ -193,6 +237,8 @@
       cell(tr, en.stage);
       cell(tr, en.event);
       cell(tr, JSON.stringify(en.detail), 'json');
+      const td = cell(tr, '');
+      if (en.workqueue_id != null) td.appendChild(journeyLink(en.workqueue_id));
       return tr;
     }));
   }
@@ -200,6 +246,8 @@
   function onActivate(container, selector, act) {
     const handler = (event) => {
       if (event.type === 'keydown' && event.key !== 'Enter' && event.key !== ' ') return;
+      // A link inside a row (its journey) is followed, not taken for a click on the row.
+      if (event.target.closest('a')) return;
       const target = event.target.closest(selector);
       if (!target || !container.contains(target)) return;
       event.preventDefault();

@@ -1,6 +1,7 @@
 //! `GET /api/pipeline`: the live pipeline — the stage graph of the configuration the
 //! workers see (the file with the global database overlay) and, per stage, the queue by
-//! status, throughput and failures (`crate::pipeline` builds the document). The pipeline
+//! status, throughput and failures (`crate::pipeline` builds the document), and the
+//! stages' pass-time percentiles from the telemetry spans (`crate::latency`). The pipeline
 //! page polls it.
 
 use axum::Json;
@@ -30,7 +31,10 @@ pub async fn current(state: &AppState) -> ApiResult<(Graph, Value)> {
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .record(std::time::Instant::now(), pipeline::counts(&snap));
-    let doc = pipeline::document(&graph, &snap, &deltas, seconds, chrono::Utc::now());
+    let mut doc = pipeline::document(&graph, &snap, &deltas, seconds, chrono::Utc::now());
+    let stages = graph.nodes.iter().map(|n| n.name.clone()).collect();
+    let latency = crate::latency::current(state, stages).await;
+    doc["latency"] = serde_json::to_value(&latency).map_err(ApiError::internal)?;
     Ok((graph, doc))
 }
 
