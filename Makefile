@@ -79,7 +79,7 @@ install: unibin man
 	  INSTALL_CONFIG='$(INSTALL_CONFIG)' packaging/install.sh
 
 # `make deb [PROFILE=release] [DEB_DIR=...] [INSTALL_SENDMAIL=no]`: the Debian packages
-# `pepsi` and `migadu-counters` in $(DEB_DIR), built with dpkg-deb from `make install
+# `pepsi`, `migadu-counters` and `pepsi-telemetry` in $(DEB_DIR), built with dpkg-deb from `make install
 # PREFIX=/usr` into a staging tree plus debian/ (control, postinst, units); the bits are
 # applied by the postinst from the same privileges list (packaging/deb.sh).
 DEB_DIR ?= $(TARGET_DIR)/$(PROFILE_DIR)/deb

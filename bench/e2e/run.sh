@@ -26,7 +26,10 @@
 # (a second configuration, e.g. other PARALLELISM/QUEUE_LIMIT); E2E_LOG=info runs the Pepsi
 # programs at that log level (default warn); E2E_OUT=DIR keeps the raw records there
 # (default target/bench-e2e/last); E2E_BUILD=no measures the release binaries already built;
-# PEPSI_LAYOUT=multibin runs one release executable per program instead of the unified layout.
+# PEPSI_LAYOUT=multibin runs one release executable per program instead of the unified layout;
+# E2E_ALSO="PROGRAM..." starts those programs of the layout too, on the same configuration and
+# environment, before the ingress (e.g. pepsi-telemetry-client), counts them in Pepsi's memory
+# and CPU, and writes each one's peak resident set (VmHWM, KiB) to $E2E_OUT/pepsi.also.
 #
 # Needs: postfix, PostgreSQL (DATABASE_URL, else the server on 127.0.0.1:5432, else a
 # private one under target/bench-e2e/pg), python3, cargo. Run as root (Postfix's master
@@ -197,6 +200,13 @@ EOF
   psql "$db_url" -qc "INSERT INTO pepsi.mailbox_account (address) VALUES ('alice@example.test')"
   # The programs reach the server as the shipped default does: its Unix socket, no TLS.
   penv=(env PEPSI_HOME="$home" DATABASE_URL="$(local_db_url "$db_url")" PATH="$bin:$PATH")
+  local also=() also_names=() program
+  for program in ${E2E_ALSO:-}; do
+    "${penv[@]}" "$program" -c "$work/pepsi.conf" -L "$level" 2>"$out/$program.log" &
+    also+=("$!")
+    also_names+=("$program")
+    pids=("$!" "${pids[@]}")
+  done
   "${penv[@]}" pepsi-dispatch -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-dispatch.log" &
   local dispatch=$!
   "${penv[@]}" pepsi-ingress -c "$work/pepsi.conf" -L "$level" 2>"$out/pepsi-ingress.log" &
@@ -211,7 +221,12 @@ EOF
   # Memory right after the run, the workers still up: Pepsi's processes, and the PostgreSQL
   # backends serving its database (the server's shared buffers are counted in their share).
   local own backends
-  own="$(tree_pids "${pids[0]}" "$dispatch" | sort -u)"
+  own="$(tree_pids "${pids[0]}" "$dispatch" ${also[@]+"${also[@]}"} | sort -u)"
+  : >"$out/pepsi.also"
+  local i
+  for i in "${!also[@]}"; do
+    echo "${also_names[$i]} $(awk '/^VmHWM:/ {print $2}' "/proc/${also[$i]}/status" 2>/dev/null)" >>"$out/pepsi.also"
+  done
   backends="$(psql "$db_url" -Atqc "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()")"
   echo "$(pss_kib $own) $(echo $own | wc -w) $(pss_kib $backends) $(echo $backends | wc -w)" >"$out/pepsi.pss"
   psql "$db_url" -Atqc "SELECT stage, status, count(*) FROM pepsi.workqueue GROUP BY 1, 2" >"$out/pepsi.leftover"

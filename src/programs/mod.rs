@@ -330,6 +330,11 @@ programs! {
             entry: ::pepsi_status::run,
             man: 8 Clap(::pepsi_status::command),
         }
+        "pepsi-telemetry-client" pepsi_telemetry_client {
+            entry: ::pepsi_telemetry_client::run,
+            man: 8 Clap(::pepsi_telemetry_client::command),
+            check: ::pepsi_telemetry_client::check_config,
+        }
         "pepsi-tlsrpt" pepsi_tlsrpt {
             entry: ::pepsi_tlsrpt::run,
             man: 8 Clap(::pepsi_tlsrpt::command),
@@ -364,6 +369,10 @@ programs! {
     //   CONFIG_CHECKS, to check an override before it is stored: code no running service
     //   needs); pepsi-httpd (the administrative web surface: started as root to bind, then
     //   drops privileges, and links an HTTP server stack no other program uses);
+    //   pepsi-telemetry (the OTLP/HTTP receiver: its own package, service and account, on a
+    //   host of its own, with an HTTP server and the OpenTelemetry message types no Pepsi
+    //   process needs; no `check:` row, since its configuration is its own file there, not
+    //   the Pepsi host's);
     //   migadu_counters and counterctl, the counting service and its client: a product of
     //   their own with their own service, configuration and release cycle, possibly on
     //   another host, whose HTTP/Redis/CDB stack no Pepsi process uses, so folding them in
@@ -457,6 +466,10 @@ programs! {
             entry: || ::pepsi_httpd::run(CONFIG_CHECKS, STAGE_EDGES),
             man: 8 Clap(::pepsi_httpd::command),
             check: checks::httpd,
+        }
+        "pepsi-telemetry" pepsi_telemetry {
+            entry: ::pepsi_telemetry::run,
+            man: 8 Clap(::pepsi_telemetry::command),
         }
         "migadu_counters" migadu_counters {
             entry: ::migadu_counters::server::run,

@@ -102,5 +102,8 @@ mod system_lists_web;
 mod system_remote;
 mod system_secretary_web;
 mod system_secure_link_web;
+mod system_telemetry;
+mod telemetry_client;
+mod telemetry_receiver;
 mod unibin;
 mod whitelist_tool;

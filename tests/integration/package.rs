@@ -1,7 +1,7 @@
 //! The Debian packages of `make deb` (packaging/deb.sh, debian/): what they contain and with
 //! which modes (dpkg-deb --info / --contents), that the privileges list names exactly the
 //! bits and groups of spec 22.2, `make install` into a DESTDIR, and then a real
-//! installation: both packages installed with `dpkg -i` into a throwaway root (an overlay of
+//! installation: the three packages installed with `dpkg -i` into a throwaway root (an overlay of
 //! this machine's root in a private mount and PID namespace, so nothing outside the test's
 //! directory changes), where the postinst makes the accounts, sets the bits through
 //! dpkg-statoverride, installs the configuration and, with no PostgreSQL on the socket,
@@ -9,7 +9,10 @@
 //! with a private PostgreSQL of that root's own (peer authentication, as on Debian) the
 //! postinst runs `pepsi-setup db` from the tree; and one message sent to the installed
 //! ingress (as pepsi-ingress) is delivered by the installed dispatcher (as pepsi) through the
-//! setgid stage and the setuid writer into a Maildir, written as the mailbox's owner.
+//! setgid stage and the setuid writer into a Maildir, written as the mailbox's owner. The
+//! telemetry receiver's package stands alone (no dependency on `pepsi`), makes its account and
+//! first token, says what the database needs until `pepsi-setup db` has made its role, and
+//! then serves as its own account.
 //!
 //! The packages are built from the development profile (`make deb PROFILE=dev`: only the
 //! root package compiles again for the unified layout, as scripts/test.sh's `make unibin
@@ -293,7 +296,9 @@ fn make(args: &[&str]) -> String {
 }
 
 /// Builds both packages with `make deb PROFILE=dev` into `dir`.
-pub(crate) fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
+/// Builds the three packages with `make deb PROFILE=dev` into `dir`: pepsi, migadu-counters
+/// and pepsi-telemetry.
+pub(crate) fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf, PathBuf) {
     let deb_dir = format!("DEB_DIR={}", dir.display());
     let mut args = vec!["deb", "PROFILE=dev", deb_dir.as_str()];
     args.extend_from_slice(extra);
@@ -314,10 +319,17 @@ pub(crate) fn build_debs(dir: &Path, extra: &[&str]) -> (PathBuf, PathBuf) {
             .unwrap_or_else(|| panic!("make deb made no {name} package: {out}"))
             .clone()
     };
-    (find("pepsi"), find("migadu-counters"))
+    (
+        find("pepsi"),
+        find("migadu-counters"),
+        find("pepsi-telemetry"),
+    )
 }
 
-fn check_contents(pepsi: &Path, counters: &Path) {
+/// The programs of the other packages, which the pepsi package leaves out.
+const NOT_PEPSIS: [&str; 3] = ["migadu_counters", "counterctl", "pepsi-telemetry"];
+
+fn check_contents(pepsi: &Path, counters: &Path, telemetry: &Path) {
     let info = run(Command::new("dpkg-deb").arg("--info").arg(pepsi));
     for want in [
         "Package: pepsi",
@@ -359,12 +371,11 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         );
     }
     for name in support::standalone_programs() {
-        let counting = ["migadu_counters", "counterctl"].contains(&name.as_str());
         let path = format!("/usr/libexec/pepsi/{name}");
-        if counting {
+        if NOT_PEPSIS.contains(&name.as_str()) {
             assert!(
-                !c.contains_key(&path),
-                "{name} is migadu-counters', not pepsi's"
+                !c.contains_key(&path) && !c.contains_key(&format!("/usr/bin/{name}")),
+                "{name} is another package's, not pepsi's"
             );
             continue;
         }
@@ -387,8 +398,11 @@ fn check_contents(pepsi: &Path, counters: &Path) {
     }
     for page in pepsi::manual::pages() {
         let path = format!("/usr/share/man/man{}/{}", page.section, page.file_name());
-        let counting = ["migadu_counters", "counterctl"].contains(&page.name);
-        assert_eq!(c.contains_key(&path), !counting, "{path}");
+        assert_eq!(
+            c.contains_key(&path),
+            !NOT_PEPSIS.contains(&page.name),
+            "{path}"
+        );
     }
     entry("/usr/share/man/man7/pepsi.state.7");
     for unit in [
@@ -407,6 +421,7 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         "pepsi-tlsrpt.service",
         "pepsi-tlsrpt.timer",
         "pepsi-setup-apply.service",
+        "pepsi-telemetry-client.service",
     ] {
         assert_eq!(
             entry(&format!("/usr/lib/systemd/system/{unit}")).mode,
@@ -436,6 +451,71 @@ fn check_contents(pepsi: &Path, counters: &Path) {
         assert!(c.contains_key(path), "migadu-counters has no {path}");
     }
     assert!(!c.keys().any(|p| p.contains("libexec/pepsi")));
+
+    // The receiver's package stands alone: it runs on a host without Pepsi.
+    let info = run(Command::new("dpkg-deb").arg("--info").arg(telemetry));
+    for want in [
+        "Package: pepsi-telemetry",
+        "Version: 0.1.0",
+        "Depends: libc6 (>= 2.36), libgcc-s1, passwd\n",
+        " postinst",
+        " prerm",
+        " postrm",
+        " conffiles",
+    ] {
+        assert!(
+            info.contains(want),
+            "pepsi-telemetry's control lacks {want:?}:\n{info}"
+        );
+    }
+    let depends = info
+        .lines()
+        .find(|l| l.trim_start().starts_with("Depends:"))
+        .unwrap();
+    assert!(!depends.contains("pepsi"), "{depends}");
+    let c = contents(telemetry);
+    let modes: Vec<(&str, &str)> = [
+        "/usr/bin/pepsi-telemetry",
+        "/usr/lib/systemd/system/pepsi-telemetry.service",
+        "/usr/share/man/man8/pepsi-telemetry.8",
+        "/etc/pepsi-telemetry/pepsi-telemetry.conf",
+        "/usr/share/doc/pepsi-telemetry/telemetry.md",
+        "/usr/share/doc/pepsi-telemetry/copyright",
+    ]
+    .into_iter()
+    .map(|path| {
+        let e = c
+            .get(path)
+            .unwrap_or_else(|| panic!("pepsi-telemetry has no {path}: {:?}", c.keys()));
+        assert_eq!(e.owner, "root/root", "{path}");
+        (path, e.mode.as_str())
+    })
+    .collect();
+    assert_eq!(
+        modes.iter().map(|(_, m)| *m).collect::<Vec<_>>(),
+        [
+            "-rwxr-xr-x",
+            "-rw-r--r--",
+            "-rw-r--r--",
+            "-rw-r--r--",
+            "-rw-r--r--",
+            "-rw-r--r--"
+        ],
+        "{modes:?}"
+    );
+    // Its program, its unit and its page only: no token (the postinst makes one), nothing
+    // of the pepsi package.
+    assert!(
+        !c.keys()
+            .any(|p| p.contains("libexec") || p.contains("/etc/pepsi/") || p.ends_with("tokens")),
+        "{:?}",
+        c.keys()
+    );
+    let conffiles = run(Command::new("dpkg-deb")
+        .arg("--info")
+        .arg(telemetry)
+        .arg("conffiles"));
+    assert_eq!(conffiles, "/etc/pepsi-telemetry/pepsi-telemetry.conf\n");
 }
 
 /// What runs inside the throwaway root, as root: install, check, set up, deliver.
@@ -444,7 +524,7 @@ set -eu
 exec 2>&1
 say() { echo "== $*"; }
 say "dpkg -i"
-dpkg -i /debs/pepsi_*.deb /debs/migadu-counters_*.deb
+dpkg -i /debs/pepsi_*.deb /debs/migadu-counters_*.deb /debs/pepsi-telemetry_*.deb
 say "statoverrides"
 dpkg-statoverride --list '/usr/libexec/pepsi/*' | sort
 say "systemd-analyze verify"
@@ -464,6 +544,28 @@ runuser -u postgres -- "$bin/pg_ctl" -D /tmp/pgdata -w -l /tmp/pg.log \
   -o "-c listen_addresses= -k /run/postgresql -c fsync=off" start >/dev/null
 say "postinst configure"
 /var/lib/dpkg/info/pepsi.postinst configure 0.1.0
+
+# The receiver's package on the same root: pepsi-setup db made its role, so its postinst now
+# finds the database; then it serves as its account, with its packaged configuration.
+say "telemetry postinst configure"
+/var/lib/dpkg/info/pepsi-telemetry.postinst configure 0.1.0
+tconf=/etc/pepsi-telemetry/pepsi-telemetry.conf
+tport="$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')"
+sed -i "s/^LISTEN = 127.0.0.1:4318\$/LISTEN = 127.0.0.1:$tport/" "$tconf"
+runuser -u pepsi-telemetry -- pepsi-telemetry -c "$tconf" >/tmp/telemetry.log 2>&1 &
+python3 - "$tport" <<'EOP' || { cat /tmp/telemetry.log; exit 1; }
+import sys, time, urllib.request
+for _ in range(300):
+    try:
+        with urllib.request.urlopen("http://127.0.0.1:%s/healthz" % sys.argv[1], timeout=5) as r:
+            print("== telemetry healthz: %d %s" % (r.status, r.read().decode()))
+            break
+    except OSError:
+        time.sleep(0.1)
+else:
+    sys.exit("the installed pepsi-telemetry does not answer")
+EOP
+say "telemetry served"
 
 # The services as their accounts, each its own database role by peer authentication.
 conf=/etc/pepsi/pepsi.conf
@@ -551,7 +653,7 @@ exit 1
 const PURGE: &str = r#"
 set -eu
 exec 2>&1
-dpkg --purge pepsi migadu-counters
+dpkg --purge pepsi migadu-counters pepsi-telemetry
 echo "== overrides left:"
 dpkg-statoverride --list '/usr/libexec/pepsi/*' || true
 echo "== end"
@@ -559,6 +661,8 @@ echo "== end"
 [ -e /usr/libexec/pepsi ] || echo "/usr/libexec/pepsi removed"
 [ -e /var/lib/pepsi/mail/alice/Maildir/new ] && echo "the Maildirs kept"
 getent passwd pepsi >/dev/null && echo "the accounts kept"
+[ -e /etc/pepsi-telemetry ] || echo "/etc/pepsi-telemetry removed"
+getent passwd pepsi-telemetry >/dev/null && echo "the receiver's account kept"
 "#;
 
 /// Mounts the throwaway root (an overlay of / whose changes land in `dir/upper`, kept from
@@ -653,11 +757,11 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         .tempdir()
         .unwrap();
     let debs = dir.path().join("deb");
-    let (pepsi, counters) = build_debs(&debs, &[]);
-    check_contents(&pepsi, &counters);
+    let (pepsi, counters, telemetry) = build_debs(&debs, &[]);
+    check_contents(&pepsi, &counters, &telemetry);
 
     // INSTALL_SENDMAIL=yes: a package that is this host's MTA.
-    let (mta, _) = build_debs(&dir.path().join("deb-mta"), &["INSTALL_SENDMAIL=yes"]);
+    let (mta, ..) = build_debs(&dir.path().join("deb-mta"), &["INSTALL_SENDMAIL=yes"]);
     let info = run(Command::new("dpkg-deb").arg("--info").arg(&mta));
     for want in [
         "Provides: mail-transport-agent",
@@ -837,6 +941,56 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
     );
     assert!(text.contains("Hello from the throwaway root."), "{text}");
 
+    // The receiver's package: before PostgreSQL, its postinst says what the database needs;
+    // after `pepsi-setup db`, it finds its role there, and the installed service answers as
+    // its own account.
+    for want in [
+        "pepsi-telemetry: a first bearer token is in /etc/pepsi-telemetry/tokens",
+        "pepsi-telemetry: the database cannot be used yet:",
+        "    local  pepsi  pepsi-telemetry  peer map=pepsi-telemetry",
+        "    pepsi-telemetry  pepsi-telemetry  pepsi-telemetry",
+        "    hostssl  pepsi  pepsi-telemetry  <this host's address>/32  scram-sha-256",
+    ] {
+        assert!(first.contains(want), "{want}:\n{first}");
+    }
+    let telemetry = second
+        .split_once("== telemetry postinst configure\n")
+        .and_then(|(_, rest)| rest.split_once("== telemetry served"))
+        .map(|(said, _)| said)
+        .unwrap_or_else(|| panic!("{second}"));
+    for want in [
+        "pepsi-telemetry: database: pepsi-telemetry@/var/run/postgresql/pepsi answers, with pepsi-0027",
+        "== telemetry healthz: 200 {\"status\":\"ok\"}",
+    ] {
+        assert!(telemetry.contains(want), "{want}:\n{telemetry}");
+    }
+    assert!(!telemetry.contains("first bearer token"), "{telemetry}");
+    let receiver = id_in(&upper, "group", "pepsi-telemetry");
+    for (path, mode, gid) in [
+        ("etc/pepsi-telemetry/tokens", 0o640, receiver),
+        ("etc/pepsi-telemetry/pepsi-telemetry.conf", 0o644, 0),
+    ] {
+        let meta = std::fs::metadata(upper.join(path)).unwrap();
+        assert_eq!(
+            (meta.mode() & 0o7777, meta.uid(), meta.gid()),
+            (mode, 0, gid),
+            "{path}"
+        );
+    }
+    let passwd = std::fs::read_to_string(upper.join("etc/passwd")).unwrap();
+    let account = passwd
+        .lines()
+        .find(|l| l.starts_with("pepsi-telemetry:"))
+        .unwrap();
+    assert!(
+        account.ends_with(":/nonexistent:/usr/sbin/nologin"),
+        "{account}"
+    );
+    assert!(
+        !members.split(',').any(|m| m == "pepsi-telemetry"),
+        "the receiver's account reads no secret of pepsi's: {members}"
+    );
+
     // Purged: the programs, the configuration and the statoverrides go; mail and accounts
     // stay.
     let purge = in_throwaway_root(&tree, &debs, PURGE);
@@ -854,6 +1008,8 @@ fn the_package_installs_into_a_throwaway_root_and_delivers_a_message() {
         "/usr/libexec/pepsi removed",
         "the Maildirs kept",
         "the accounts kept",
+        "/etc/pepsi-telemetry removed",
+        "the receiver's account kept",
     ] {
         assert!(purge.contains(said), "{said}: {purge}");
     }

@@ -510,6 +510,33 @@ fn the_matrix_keeps_the_overlay_out_of_reach_of_mail_processing() {
     check(RoleKind::Httpd, "secure_link_policy", &[]);
     check(RoleKind::Ingress, "secure_link_message", &[]);
     check(RoleKind::Sendmail, "secure_link_access", &[]);
+    // Telemetry: the receiver (its own host, facing the network) adds, reads and expires
+    // its spans and points and reaches nothing else; pepsi-httpd reads them.
+    for table in schema::TELEMETRY_TABLES {
+        check(RoleKind::Telemetry, table, &["SELECT", "INSERT", "DELETE"]);
+        check(RoleKind::Httpd, table, &["SELECT"]);
+        for kind in [
+            RoleKind::Pipeline,
+            RoleKind::Ingress,
+            RoleKind::Config,
+            RoleKind::Sendmail,
+            RoleKind::Crypto,
+        ] {
+            check(kind, table, &[]);
+        }
+    }
+    check(RoleKind::Telemetry, "schema_patch", &["SELECT"]);
+    for table in [
+        "workqueue",
+        "workqueue_body",
+        "crypto_identity",
+        "config_override",
+    ]
+    .into_iter()
+    .chain(schema::CREDENTIAL_TABLES)
+    {
+        check(RoleKind::Telemetry, table, &[]);
+    }
 }
 
 /// The live grants of the secure-link tables: the portal cannot plant a message or rewrite

@@ -894,8 +894,14 @@ async fn privilege_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Resul
             });
         }
         // Identity columns draw from sequences; every role that inserts anywhere needs them.
-        // The sendmail role inserts nowhere itself (its function runs as the owner).
-        for seq in sequences.iter().filter(|_| kind != RoleKind::Sendmail) {
+        // The sendmail role inserts nowhere itself (its function runs as the owner), and the
+        // telemetry role only into its own tables: it may not even draw queue ids.
+        let needs = |seq: &String| match kind {
+            RoleKind::Sendmail => false,
+            RoleKind::Telemetry => TELEMETRY_TABLES.iter().any(|t| seq.starts_with(t)),
+            _ => true,
+        };
+        for seq in sequences.iter().filter(|s| needs(s)) {
             let ok: bool = sqlx::query_scalar(
                 "SELECT has_sequence_privilege($1, 'pepsi.' || quote_ident($2), 'USAGE')",
             )

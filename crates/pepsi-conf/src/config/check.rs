@@ -31,8 +31,9 @@ pub const GLOBAL_ONLY_OPTIONS: &[&str] = &[
 /// Sections whose program reads them from the configuration file only, never with the
 /// database overlay: an override there would be stored and have no effect.
 /// (pepsi-httpd builds its settings before it connects: it listens, drops privileges and
-/// decides who may scrape `/metrics` from the file alone.)
-pub const FILE_READ_SECTIONS: &[&str] = &["pepsi-httpd"];
+/// decides who may scrape `/metrics` from the file alone; pepsi-telemetry-client never
+/// connects to the database, and its SOCKET must be the one every sender reads.)
+pub const FILE_READ_SECTIONS: &[&str] = &["pepsi-httpd", "pepsi-telemetry-client"];
 
 /// One program's configuration parser: what it builds from the configuration at start,
 /// without I/O beyond reading files the configuration names.

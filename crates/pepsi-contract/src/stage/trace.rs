@@ -213,7 +213,13 @@ mod tests {
             Option<&'static str>,
             Option<&'static str>,
         );
-        let cases: Vec<(Vec<(&str, u64, u64)>, SpanOutcome, Option<&str>, Vec<Want>)> = vec![
+        type Case = (
+            Vec<(&'static str, u64, u64)>,
+            SpanOutcome,
+            Option<&'static str>,
+            Vec<Want>,
+        );
+        let cases: Vec<Case> = vec![
             (
                 vec![("route", 5, 9)],
                 SpanOutcome::Advanced,

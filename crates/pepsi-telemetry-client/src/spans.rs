@@ -1,0 +1,290 @@
+//! The spans' way through the client: the socket task takes each datagram, reads it
+//! (`SpanRecord::decode`, a malformed one counted and dropped), applies the privacy rule,
+//! records its metrics and queues it; the export task sends the queue in batches of
+//! BATCH_SIZE, every EXPORT_INTERVAL or as soon as a batch is full. A batch the receiver did
+//! not take goes back to the front of the queue and the next try waits longer, doubling up
+//! to 30 seconds; the queue stays within MAX_QUEUE all along, dropping (and counting) its
+//! oldest spans. Nothing waits on the client: a process hands its span to the socket and
+//! goes on, whatever becomes of it here.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use opentelemetry::InstrumentationScope;
+use opentelemetry_sdk::trace::SpanExporter as _;
+use pepsi_contract::telemetry::SpanRecord;
+use pepsi_contract::telemetry::wire::MAX_DATAGRAM;
+use tokio::net::UnixDatagram;
+use tokio::sync::{Notify, watch};
+
+use crate::convert::{admit, span_data};
+use crate::health::{Change, Health};
+use crate::metrics::{DropReason, Instruments};
+use crate::queue::Bounded;
+use crate::transport::Transport;
+
+/// The longest wait between two tries while the receiver does not take the spans.
+pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// The shortest time between two warnings that the queue overflows.
+const OVERFLOW_WARNING: Duration = Duration::from_secs(60);
+
+/// The spans waiting for export, shared by the two tasks.
+pub struct SpanQueue {
+    queue: Mutex<Bounded<SpanRecord>>,
+    batch_size: usize,
+    /// Woken when a whole batch is waiting.
+    batch_ready: Notify,
+    /// Spans dropped for want of room since the last export that got through.
+    dropped_meanwhile: AtomicU64,
+    /// When the log last said the queue overflows.
+    warned: Mutex<Option<Instant>>,
+}
+
+impl SpanQueue {
+    pub fn new(max: usize, batch_size: usize) -> SpanQueue {
+        SpanQueue {
+            queue: Mutex::new(Bounded::new(max)),
+            batch_size,
+            batch_ready: Notify::new(),
+            dropped_meanwhile: AtomicU64::new(0),
+            warned: Mutex::new(None),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Bounded<SpanRecord>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
+    /// Queues `rec`; returns how many of the oldest spans went for it.
+    fn push(&self, rec: SpanRecord) -> usize {
+        let (dropped, full_batch) = {
+            let mut q = self.lock();
+            let dropped = q.push(rec);
+            (dropped, q.len() >= self.batch_size)
+        };
+        if full_batch {
+            self.batch_ready.notify_one();
+        }
+        dropped
+    }
+
+    fn take(&self) -> Vec<SpanRecord> {
+        self.lock().take(self.batch_size)
+    }
+
+    fn requeue(&self, batch: Vec<SpanRecord>) -> usize {
+        self.lock().requeue_front(batch)
+    }
+
+    /// Counts `n` spans dropped for want of room, saying so in the log when the queue
+    /// starts overflowing (and at most once a minute while it goes on).
+    fn overflowed(&self, n: usize, instruments: &Instruments, max: usize) {
+        if n == 0 {
+            return;
+        }
+        instruments.dropped(DropReason::QueueFull, n as u64);
+        self.dropped_meanwhile
+            .fetch_add(n as u64, Ordering::Relaxed);
+        let mut warned = self.warned.lock().unwrap_or_else(|e| e.into_inner());
+        if warned.is_none_or(|at| at.elapsed() >= OVERFLOW_WARNING) {
+            *warned = Some(Instant::now());
+            tracing::warn!(
+                "the span queue is full (MAX_QUEUE = {max}): dropping its oldest spans (pepsi.telemetry.dropped_spans, reason queue_full)"
+            );
+        }
+    }
+}
+
+/// What both tasks need.
+pub struct Spans {
+    pub queue: Arc<SpanQueue>,
+    pub instruments: Arc<Instruments>,
+    pub addresses: bool,
+    pub max_queue: usize,
+}
+
+/// Takes datagrams from `socket` until the task is aborted.
+pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
+    // One octet more than a datagram may have, so that one too large shows as such.
+    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
+    let mut malformed_seen = false;
+    loop {
+        let n = match socket.recv(&mut buf).await {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::warn!("cannot read the span socket: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            }
+        };
+        match SpanRecord::decode(&buf[..n]) {
+            Ok(rec) => {
+                let rec = admit(rec, spans.addresses);
+                spans.instruments.record(&rec);
+                let dropped = spans.queue.push(rec);
+                spans
+                    .queue
+                    .overflowed(dropped, &spans.instruments, spans.max_queue);
+            }
+            Err(e) => {
+                spans.instruments.dropped(DropReason::Malformed, 1);
+                if malformed_seen {
+                    tracing::debug!("dropped a datagram: {e}");
+                } else {
+                    malformed_seen = true;
+                    tracing::warn!(
+                        "dropped a datagram: {e} (further ones are counted in pepsi.telemetry.dropped_spans, reason malformed)"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// How long to wait after `failures` failed exports in a row: EXPORT_INTERVAL, doubled
+/// for each further failure, at most [`MAX_BACKOFF`] (or EXPORT_INTERVAL when that is
+/// longer).
+pub fn backoff(interval: Duration, failures: u32) -> Duration {
+    let cap = MAX_BACKOFF.max(interval);
+    let factor = 1u32 << failures.saturating_sub(1).min(16);
+    interval.saturating_mul(factor).min(cap)
+}
+
+/// The span exporter and what its results are told to.
+pub struct Export {
+    pub exporter: opentelemetry_otlp::SpanExporter,
+    pub transport: Transport,
+    pub endpoint: String,
+    pub interval: Duration,
+    pub scope: InstrumentationScope,
+    pub health: Health,
+}
+
+impl Export {
+    /// Sends one batch; on failure it goes back to the queue. Returns whether the
+    /// receiver took it.
+    async fn send(&self, spans: &Spans, batch: Vec<SpanRecord>) -> bool {
+        let n = batch.len();
+        let data = batch.iter().map(|r| span_data(r, &self.scope)).collect();
+        match self.exporter.export(data).await {
+            Ok(()) => {
+                spans.instruments.exported(n as u64);
+                if let Change::Recovered { failures } = self.health.succeeded() {
+                    let dropped = spans.queue.dropped_meanwhile.swap(0, Ordering::Relaxed);
+                    tracing::info!(
+                        "spans reach {} again, after {failures} failed export(s); {dropped} span(s) dropped meanwhile",
+                        self.endpoint
+                    );
+                }
+                true
+            }
+            Err(e) => {
+                let dropped = spans.queue.requeue(batch);
+                spans
+                    .queue
+                    .overflowed(dropped, &spans.instruments, spans.max_queue);
+                let why = self
+                    .transport
+                    .take_failure()
+                    .unwrap_or_else(|| e.to_string());
+                if self.health.failed() == Change::Failing {
+                    tracing::warn!(
+                        "span export to {} failed: {why}; keeping at most MAX_QUEUE = {} spans and trying again, backing off up to {}s, quietly until it works",
+                        self.endpoint,
+                        spans.max_queue,
+                        MAX_BACKOFF.as_secs()
+                    );
+                } else {
+                    tracing::debug!("span export to {} failed again: {why}", self.endpoint);
+                }
+                false
+            }
+        }
+    }
+
+    /// Sends what is queued: whole batches while there are, then what is left. Stops at
+    /// the first failure; returns whether everything got through.
+    async fn drain(&self, spans: &Spans) -> bool {
+        loop {
+            let batch = spans.queue.take();
+            if batch.is_empty() {
+                return true;
+            }
+            let whole = batch.len() >= spans.queue.batch_size;
+            if !self.send(spans, batch).await {
+                return false;
+            }
+            if !whole {
+                return true;
+            }
+        }
+    }
+
+    /// Exports until `stop` turns true, then once more what is queued (within `last`).
+    pub async fn run(&self, spans: Arc<Spans>, mut stop: watch::Receiver<bool>, last: Duration) {
+        let mut wait = self.interval;
+        loop {
+            let failing = self.health.failures() > 0;
+            tokio::select! {
+                biased;
+                _ = stop.changed() => break,
+                _ = tokio::time::sleep(wait) => {}
+                // A full batch goes at once, but not while backing off.
+                _ = spans.queue.batch_ready.notified(), if !failing => {}
+            }
+            wait = if self.drain(&spans).await {
+                self.interval
+            } else {
+                let failures = u32::try_from(self.health.failures()).unwrap_or(u32::MAX);
+                backoff(self.interval, failures)
+            };
+        }
+        if !spans.queue.is_empty()
+            && tokio::time::timeout(last, self.drain(&spans))
+                .await
+                .is_err()
+        {
+            tracing::warn!(
+                "stopping with {} span(s) not exported: the receiver did not take them in time",
+                spans.queue.len()
+            );
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn back_off_doubles_to_its_cap() {
+        let s = Duration::from_secs;
+        let ms = Duration::from_millis;
+        let cases = [
+            (s(2), 1, s(2)),
+            (s(2), 2, s(4)),
+            (s(2), 4, s(16)),
+            (s(2), 5, s(30)),
+            (s(2), 500, s(30)),
+            (ms(200), 1, ms(200)),
+            (ms(200), 3, ms(800)),
+            (ms(200), 9, s(30)),
+            (s(60), 1, s(60)),
+            (s(60), 3, s(60)),
+            (s(2), 0, s(2)),
+        ];
+        for (interval, failures, want) in cases {
+            assert_eq!(backoff(interval, failures), want, "{interval:?} {failures}");
+        }
+    }
+}
