@@ -132,24 +132,8 @@ pub fn lookup(pairs: &[(String, String)]) -> Result<Option<Lookup>, String> {
     Ok(found)
 }
 
-/// One row of `pepsi.telemetry_span`, as read.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpanRow {
-    pub span_id: Vec<u8>,
-    pub parent_span_id: Option<Vec<u8>>,
-    pub name: String,
-    pub service: Option<String>,
-    pub host: Option<String>,
-    pub stage: Option<String>,
-    pub queue_id: Option<i64>,
-    pub message_id: Option<String>,
-    pub outcome: Option<String>,
-    pub start: DateTime<Utc>,
-    pub end: DateTime<Utc>,
-    pub attributes: Value,
-    pub status_code: i16,
-    pub status_message: Option<String>,
-}
+/// One row of `pepsi.telemetry_span`, as the receiver stored it.
+pub use pepsi_contract::telemetry::SpanRow;
 
 /// One span of the timeline.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -239,9 +223,11 @@ pub fn build(
     mut rows: Vec<SpanRow>,
     truncated: bool,
 ) -> Option<Journey> {
-    rows.sort_by(|a, b| (a.start, a.end, &a.span_id).cmp(&(b.start, b.end, &b.span_id)));
-    let first = rows.first()?.start;
-    let last = rows.iter().map(|r| r.end).max().unwrap_or(first);
+    rows.sort_by(|a, b| {
+        (a.start_time, a.end_time, &a.span_id).cmp(&(b.start_time, b.end_time, &b.span_id))
+    });
+    let first = rows.first()?.start_time;
+    let last = rows.iter().map(|r| r.end_time).max().unwrap_or(first);
     // Per queue row: the latest end of its spans so far, and the passes of each stage.
     let mut row_end: std::collections::HashMap<i64, DateTime<Utc>> = Default::default();
     let mut passes: std::collections::HashMap<(i64, String), u32> = Default::default();
@@ -250,9 +236,9 @@ pub fn build(
         .map(|r| {
             let wait_ms = r.queue_id.and_then(|q| {
                 let before = row_end.get(&q).copied();
-                let end = row_end.entry(q).or_insert(r.end);
-                *end = (*end).max(r.end);
-                before.map(|b| millis(b, r.start).max(0.0))
+                let end = row_end.entry(q).or_insert(r.end_time);
+                *end = (*end).max(r.end_time);
+                before.map(|b| millis(b, r.start_time).max(0.0))
             });
             let attempt = match (r.queue_id, &r.stage) {
                 (Some(q), Some(stage)) => {
@@ -268,8 +254,8 @@ pub fn build(
                 program: text(r.attributes.get(attr::PROGRAM)),
                 dispatch_wait_ms: number(r.attributes.get(attr::DISPATCH_WAIT_MS)),
                 fused_into: text(r.attributes.get(attr::FUSED_INTO)),
-                offset_ms: millis(first, r.start).max(0.0),
-                duration_ms: millis(r.start, r.end).max(0.0),
+                offset_ms: millis(first, r.start_time).max(0.0),
+                duration_ms: millis(r.start_time, r.end_time).max(0.0),
                 wait_ms,
                 attempt,
                 interrupted: r.outcome.as_deref() == Some(INTERRUPTED),
@@ -280,8 +266,8 @@ pub fn build(
                 outcome: r.outcome,
                 queue_id: r.queue_id,
                 message_id: r.message_id,
-                start: r.start,
-                end: r.end,
+                start: r.start_time,
+                end: r.end_time,
                 status_code: r.status_code,
                 status_message: r.status_message,
                 attributes: r.attributes,
@@ -381,6 +367,7 @@ mod tests {
 
     fn row((id, q, stage, outcome, start, end, attributes): Row) -> SpanRow {
         SpanRow {
+            trace_id: vec![1; 16],
             span_id: vec![0, 0, 0, 0, 0, 0, 0, id],
             parent_span_id: (id != 1).then(|| vec![0, 0, 0, 0, 0, 0, 0, 1]),
             name: stage.map_or("ingress".into(), |s| format!("stage {s}")),
@@ -390,8 +377,8 @@ mod tests {
             queue_id: Some(q),
             message_id: Some("<m@x>".into()),
             outcome: Some(outcome.into()),
-            start: at(start),
-            end: at(end),
+            start_time: at(start),
+            end_time: at(end),
             attributes,
             status_code: 0,
             status_message: None,

@@ -25,25 +25,8 @@ use opentelemetry_proto::tonic::trace::v1::Span;
 use pepsi_contract::telemetry::attr;
 use serde_json::{Map, Value};
 
-/// One row of `pepsi.telemetry_span`.
-#[derive(Debug, Clone, PartialEq)]
-pub struct SpanRow {
-    pub trace_id: Vec<u8>,
-    pub span_id: Vec<u8>,
-    pub parent_span_id: Option<Vec<u8>>,
-    pub name: String,
-    pub service: Option<String>,
-    pub host: Option<String>,
-    pub stage: Option<String>,
-    pub queue_id: Option<i64>,
-    pub message_id: Option<String>,
-    pub outcome: Option<String>,
-    pub start_time: DateTime<Utc>,
-    pub end_time: DateTime<Utc>,
-    pub attributes: Value,
-    pub status_code: i16,
-    pub status_message: Option<String>,
-}
+/// One row of `pepsi.telemetry_span`: the contract's type, which pepsi-httpd reads back.
+pub use pepsi_contract::telemetry::SpanRow;
 
 /// The kinds of `pepsi.telemetry_metric.kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -5,7 +5,7 @@
 
 use axum::Json;
 use axum::extract::State;
-use sqlx::{PgPool, Row as _};
+use sqlx::PgPool;
 
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{AppState, Pairs, Principal};
@@ -46,9 +46,9 @@ async fn traces(pool: &PgPool, lookup: &Lookup) -> Result<Vec<Vec<u8>>, sqlx::Er
 
 /// The spans of one trace, at most `MAX_SPANS`, and whether there were more.
 async fn spans(pool: &PgPool, trace: &[u8]) -> Result<(Vec<SpanRow>, bool), sqlx::Error> {
-    let rows = sqlx::query(
-        "SELECT span_id, parent_span_id, name, service, host, stage, queue_id, message_id, \
-                outcome, start_time, end_time, attributes, status_code, status_message \
+    let mut out: Vec<SpanRow> = sqlx::query_as(
+        "SELECT trace_id, span_id, parent_span_id, name, service, host, stage, queue_id, \
+                message_id, outcome, start_time, end_time, attributes, status_code, status_message \
          FROM pepsi.telemetry_span WHERE trace_id = $1 \
          ORDER BY start_time, end_time, span_id LIMIT $2",
     )
@@ -56,27 +56,6 @@ async fn spans(pool: &PgPool, trace: &[u8]) -> Result<(Vec<SpanRow>, bool), sqlx
     .bind(MAX_SPANS + 1)
     .fetch_all(pool)
     .await?;
-    let mut out = rows
-        .iter()
-        .map(|r| {
-            Ok(SpanRow {
-                span_id: r.try_get("span_id")?,
-                parent_span_id: r.try_get("parent_span_id")?,
-                name: r.try_get("name")?,
-                service: r.try_get("service")?,
-                host: r.try_get("host")?,
-                stage: r.try_get("stage")?,
-                queue_id: r.try_get("queue_id")?,
-                message_id: r.try_get("message_id")?,
-                outcome: r.try_get("outcome")?,
-                start: r.try_get("start_time")?,
-                end: r.try_get("end_time")?,
-                attributes: r.try_get("attributes")?,
-                status_code: r.try_get("status_code")?,
-                status_message: r.try_get("status_message")?,
-            })
-        })
-        .collect::<Result<Vec<_>, sqlx::Error>>()?;
     let truncated = out.len() as i64 > MAX_SPANS;
     out.truncate(MAX_SPANS as usize);
     Ok((out, truncated))
