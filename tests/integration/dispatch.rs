@@ -1563,3 +1563,69 @@ async fn a_row_whose_handed_advance_was_lost_runs_again_at_its_stored_stage_not_
         "{log}"
     );
 }
+
+/// The spans a batching worker hands to the telemetry client: one per pass, in the row's own
+/// trace (`state.trace`, else the row's id-derived one), each covering its own pass and not
+/// its round-mates' (a round's passes run one after the other, so their spans do not
+/// overlap), each hung under the ingress's span the row names.
+#[tokio::test]
+async fn each_pass_of_a_batched_round_is_its_own_span_in_its_rows_trace() {
+    use pepsi_contract::telemetry::{Datagram, SpanId, SpanOutcome, TraceId};
+    let spans_dir = tempfile::tempdir().unwrap();
+    let socket = spans_dir.path().join("telemetry.sock");
+    let client = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
+    client
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .unwrap();
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 100ms\n";
+    let h = Harness::new(
+        stages,
+        &format!(
+            "\n[pepsi-telemetry-client]\nSOCKET = {}\n",
+            socket.display()
+        ),
+    )
+    .await;
+    let trace = TraceId::parse("0af7651916cd43dd8448eb211c80319c").unwrap();
+    let root = SpanId::parse("b7ad6b7169203331").unwrap();
+    h.add(
+        2,
+        "s",
+        serde_json::json!({"trace": {"trace_id": trace.to_string(), "span_id": root.to_string()}}),
+    )
+    .await;
+    h.add(2, "s", serde_json::json!({})).await;
+    h.run_until_settled("dispatch.log", 4).await;
+
+    let mut buf = vec![0u8; pepsi_contract::telemetry::wire::MAX_DATAGRAM];
+    let mut spans = Vec::new();
+    while let Ok(n) = client.recv(&mut buf) {
+        if let Ok(Datagram::Span(span)) = Datagram::decode(&buf[..n]) {
+            spans.push(*span);
+        }
+    }
+    assert_eq!(spans.len(), 4, "{spans:#?}\n{}", h.log("dispatch.log"));
+    let ids: HashSet<i64> = spans.iter().filter_map(|s| s.queue_id).collect();
+    assert_eq!(ids.len(), 4, "one span per row: {spans:#?}");
+    for s in &spans {
+        assert_eq!(s.stage.as_deref(), Some("init"));
+        assert_eq!(s.outcome, SpanOutcome::Advanced);
+        assert_eq!(s.next_stage.as_deref(), Some("done"));
+        assert!(s.end_ns >= s.start_ns);
+        let id = s.queue_id.unwrap();
+        if s.trace_id == trace {
+            assert_eq!(s.parent, Some(root), "{s:?}");
+        } else {
+            assert_eq!(s.trace_id, TraceId::of_row(id), "{s:?}");
+            assert_eq!(s.parent, None, "{s:?}");
+        }
+    }
+    assert_eq!(spans.iter().filter(|s| s.trace_id == trace).count(), 2);
+    spans.sort_by_key(|s| s.start_ns);
+    for pair in spans.windows(2) {
+        assert!(
+            pair[0].end_ns <= pair[1].start_ns,
+            "one pass's span reaches into the next one's: {pair:#?}"
+        );
+    }
+}

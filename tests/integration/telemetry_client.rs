@@ -1,18 +1,23 @@
 //! pepsi-telemetry-client as a process between real senders and the real receiver: spans
 //! handed to its socket with `pepsi_contract::telemetry::Emitter` (as every Pepsi process
-//! sends them) reach pepsi-telemetry over HTTPS (the test CA, a bearer token) and land in
-//! `pepsi.telemetry_span` of a test database with their host and lifted columns; the
-//! envelope's addresses leave the host only with ADDRESSES = yes; a refused token is
-//! logged once while the client goes on; with the receiver away the client keeps taking
-//! spans within MAX_QUEUE, its memory bounded, and once the receiver is back the new spans
-//! arrive and `pepsi.telemetry.dropped_spans` reports what was dropped; the process metrics
-//! from /proc arrive too. Everything is polled with deadlines; nothing asserts on time.
+//! sends them) reach pepsi-telemetry over HTTPS (gzip, the test CA, a bearer token) and land
+//! in `pepsi.telemetry_span` of a test database with their host and lifted columns; the
+//! envelope's addresses leave the host only with the client's ADDRESSES = yes, whatever the
+//! sender's; a program's counters become metric points with their labels; the drops a
+//! sender reports are counted once; a refused token is logged once while the client goes
+//! on; a batch the receiver will never take is dropped rather than blocking the spans after
+//! it; with the receiver away the client keeps taking spans within MAX_QUEUE, its memory
+//! bounded, and once the receiver is back the new spans arrive and
+//! `pepsi.telemetry.dropped_spans` reports what was dropped; the process metrics from /proc
+//! arrive too. Everything is polled with deadlines; nothing asserts on time.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use pepsi_contract::telemetry::{Emitter, SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId};
+use pepsi_contract::telemetry::{
+    CounterDelta, CountersRecord, Emitter, SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId,
+};
 use pepsi_testkit::TestDb;
 use sqlx::Row as _;
 
@@ -44,11 +49,18 @@ struct Receiver {
     dir: tempfile::TempDir,
     port: u16,
     config: PathBuf,
+    /// The section without the options a test adds.
+    base: String,
     child: Option<Running>,
 }
 
 impl Receiver {
     async fn start() -> Receiver {
+        Receiver::start_with("").await
+    }
+
+    /// A receiver with `extra` options in its section.
+    async fn start_with(extra: &str) -> Receiver {
         let db = TestDb::new().await;
         let dir = tempfile::tempdir().unwrap();
         let ca = TestCa::new(dir.path());
@@ -56,27 +68,30 @@ impl Receiver {
         let tokens = dir.path().join("tokens");
         std::fs::write(&tokens, format!("# the test clients\n{TOKEN}\n")).unwrap();
         let config = dir.path().join("pepsi-telemetry.conf");
-        std::fs::write(
-            &config,
-            format!(
-                "[pepsi-telemetry]\nLISTEN = 127.0.0.1:{port}\nTLS_CERT = {}\nTLS_KEY = {}\n\
-                 TOKEN_FILE = {}\nDATABASE_URL = {}\nALLOW_ROOT = yes\n",
-                ca.cert.display(),
-                ca.key.display(),
-                tokens.display(),
-                url_as(&db.url, "pepsi-telemetry"),
-            ),
-        )
-        .unwrap();
+        let base = format!(
+            "[pepsi-telemetry]\nLISTEN = 127.0.0.1:{port}\nTLS_CERT = {}\nTLS_KEY = {}\n\
+             TOKEN_FILE = {}\nDATABASE_URL = {}\nALLOW_ROOT = yes\n",
+            ca.cert.display(),
+            ca.key.display(),
+            tokens.display(),
+            url_as(&db.url, "pepsi-telemetry"),
+        );
         let mut receiver = Receiver {
             db,
             dir,
             port,
             config,
+            base,
             child: None,
         };
+        receiver.configure(extra);
         receiver.run().await;
         receiver
+    }
+
+    /// Its configuration from the next start on: the base and `extra`.
+    fn configure(&self, extra: &str) {
+        std::fs::write(&self.config, format!("{}{extra}\n", self.base)).unwrap();
     }
 
     fn ca(&self) -> PathBuf {
@@ -202,8 +217,9 @@ impl Client {
         }
     }
 
+    /// A sender whose own ADDRESSES is on: what leaves the host is the client's decision.
     fn emitter(&self) -> Emitter {
-        Emitter::to(&self.socket).unwrap()
+        Emitter::to(&self.socket).unwrap().with_addresses(true)
     }
 
     /// Its resident set, from /proc/PID/status.
@@ -243,6 +259,7 @@ fn span(trace: TraceId, kind: SpanKind, stage: Option<&str>, outcome: SpanOutcom
         size: None,
         mail_from: None,
         rcpt_to: Vec::new(),
+        sender_dropped: 0,
     }
 }
 
@@ -718,5 +735,288 @@ async fn with_the_receiver_away_the_queue_stays_bounded_and_its_drops_are_report
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    client.assert_running();
+}
+
+/// The largest value of metric `name` on `host` whose attributes satisfy `attr` (SQL over
+/// `attributes`), polled until it is at least `want`: a cumulative sum's latest total.
+async fn wait_for_metric(
+    receiver: &Receiver,
+    client: &Client,
+    name: &str,
+    host: &str,
+    attr: &str,
+    want: f64,
+) -> f64 {
+    let sql = format!(
+        "SELECT max(value) FROM pepsi.telemetry_metric WHERE name = $1 AND host = '{host}' AND {attr}"
+    );
+    wait_for(
+        &receiver.db,
+        &sql,
+        name,
+        want,
+        Duration::from_secs(60),
+        || format!("{}\n{}", client.log(), receiver.log()),
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_programs_counters_arrive_as_sums_with_their_labels() {
+    let receiver = Receiver::start().await;
+    let mut client = Client::start(&receiver, TOKEN, "HOSTNAME = counters.test\n").await;
+    let emitter = client.emitter();
+    let delta = |name: &str, label: Option<(&str, &str)>, value: f64| CounterDelta {
+        name: name.into(),
+        label: label.map(|(k, v)| (k.into(), v.into())),
+        value,
+    };
+    let ingress = |refused: f64| CountersRecord {
+        program: "pepsi-ingress".into(),
+        pid: 4242,
+        counters: vec![
+            delta("pepsi.ingress.refused", Some(("reason", "5.7.1")), refused),
+            delta("pepsi.ingress.sessions", None, 1.0),
+            // Not Pepsi's: left out.
+            delta("other.counter", None, 1.0),
+        ],
+    };
+    // Two reports of one program add up.
+    emitter.emit_counters(&ingress(3.0));
+    emitter.emit_counters(&ingress(2.0));
+    emitter.emit_counters(&CountersRecord {
+        program: "pepsi-dispatch".into(),
+        pid: 4343,
+        counters: vec![delta(
+            "pepsi.dispatch.processing_ms",
+            Some(("stage", "route")),
+            12.5,
+        )],
+    });
+    assert_eq!((emitter.sent(), emitter.dropped()), (3, 0));
+
+    let ingress_attr = "attributes->>'pepsi.program' = 'pepsi-ingress'";
+    let refused = wait_for_metric(
+        &receiver,
+        &client,
+        "pepsi.ingress.refused",
+        "counters.test",
+        &format!("{ingress_attr} AND attributes->>'pepsi.reason' = '5.7.1'"),
+        5.0,
+    )
+    .await;
+    assert_eq!(refused, 5.0);
+    let sessions = wait_for_metric(
+        &receiver,
+        &client,
+        "pepsi.ingress.sessions",
+        "counters.test",
+        &format!("{ingress_attr} AND NOT attributes ? 'pepsi.reason'"),
+        2.0,
+    )
+    .await;
+    assert_eq!(sessions, 2.0);
+    let processing = wait_for_metric(
+        &receiver,
+        &client,
+        "pepsi.dispatch.processing_ms",
+        "counters.test",
+        "attributes->>'pepsi.program' = 'pepsi-dispatch' AND attributes->>'pepsi.stage' = 'route'",
+        12.5,
+    )
+    .await;
+    assert_eq!(processing, 12.5);
+
+    // Monotonic sums, cumulative, with their unit where the name tells it.
+    let (kind, unit, monotonic, temporality): (
+        String,
+        Option<String>,
+        Option<String>,
+        Option<String>,
+    ) = sqlx::query_as(
+        "SELECT kind, unit, attributes->>'otel.metric.monotonic', \
+             attributes->>'otel.metric.temporality' FROM pepsi.telemetry_metric \
+             WHERE name = 'pepsi.dispatch.processing_ms' AND host = 'counters.test' LIMIT 1",
+    )
+    .fetch_one(&receiver.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            kind.as_str(),
+            unit.as_deref(),
+            monotonic.as_deref(),
+            temporality.as_deref()
+        ),
+        ("sum", Some("ms"), Some("true"), Some("cumulative"))
+    );
+    // The foreign name came in the same reports as the counters above, so it would be there
+    // by now: it is not, and the log says why.
+    let foreign: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.telemetry_metric WHERE name = 'other.counter'",
+    )
+    .fetch_one(&receiver.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(foreign, 0);
+    assert!(
+        client
+            .log()
+            .contains(r#"counter "other.counter" not exported"#),
+        "{}",
+        client.log()
+    );
+    client.assert_running();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_drops_a_sender_reports_are_counted_once() {
+    let receiver = Receiver::start().await;
+    let mut client = Client::start(&receiver, TOKEN, "HOSTNAME = drops.test\n").await;
+    // The counts as a process's spans carry them (an Emitter sets its own): one process
+    // reports 5, then 9, then a span overtaken by the one with 9 (7), which adds nothing;
+    // another process reports none.
+    let socket = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    let trace = TraceId::random();
+    for (pid, dropped) in [(4242, 5), (4242, 9), (4242, 7), (4343, 0)] {
+        let mut s = span(trace, SpanKind::Pass, Some("route"), SpanOutcome::Advanced);
+        s.pid = pid;
+        s.sender_dropped = dropped;
+        socket.send_to(&s.encode(), &client.socket).unwrap();
+    }
+    let logs = || format!("{}\n{}", client.log(), receiver.log());
+    wait_for(
+        &receiver.db,
+        SPANS_OF_TRACE,
+        &trace.to_string(),
+        4.0,
+        Duration::from_secs(60),
+        logs,
+    )
+    .await;
+    // A metric export that counts the four spans exported was collected after the four
+    // were read, so it holds every drop they told.
+    wait_for_metric(
+        &receiver,
+        &client,
+        "pepsi.telemetry.exported_spans",
+        "drops.test",
+        "true",
+        4.0,
+    )
+    .await;
+    let dropped: Option<f64> = sqlx::query_scalar(
+        "SELECT max(value) FROM pepsi.telemetry_metric WHERE name = 'pepsi.telemetry.dropped_spans' \
+         AND host = 'drops.test' AND attributes->>'pepsi.reason' = 'sender'",
+    )
+    .fetch_one(&receiver.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dropped, Some(9.0), "{}", logs());
+    client.assert_running();
+}
+
+/// How many spans of `trace` are stored.
+async fn stored(db: &TestDb, trace: TraceId) -> i64 {
+    sqlx::query_scalar(
+        "SELECT count(*) FROM pepsi.telemetry_span WHERE trace_id = decode($1, 'hex')",
+    )
+    .bind(trace.to_string())
+    .fetch_one(&db.pool)
+    .await
+    .unwrap()
+}
+
+/// A span too large for a receiver whose MAX_BODY is 1 KiB: its error text and Message-ID
+/// alone are twice that.
+fn poison(trace: TraceId) -> SpanRecord {
+    let mut s = span(trace, SpanKind::Pass, Some("relay"), SpanOutcome::Deferred);
+    s.error = Some("451 4.4.1 no answer from the next hop ".repeat(25));
+    s.message_id = Some(format!("<{}@mid.test>", "m".repeat(900)));
+    s
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_batch_the_receiver_will_never_take_does_not_hold_up_the_spans_after_it() {
+    let mut receiver = Receiver::start_with("MAX_BODY = 1k").await;
+    // Batches of two, sent only when full: the poison and the span after it go together.
+    let mut client = Client::start(
+        &receiver,
+        TOKEN,
+        "HOSTNAME = poison.test\nBATCH_SIZE = 2\nEXPORT_INTERVAL = 10m\n",
+    )
+    .await;
+    let emitter = client.emitter();
+    let (bad, good) = (TraceId::random(), TraceId::random());
+    emitter.emit(&poison(bad));
+    emitter.emit(&span(
+        good,
+        SpanKind::Pass,
+        Some("route"),
+        SpanOutcome::Advanced,
+    ));
+    // The span after the poison arrives under the small limit: its batch (413) was sent
+    // again in halves, and the poison's half dropped rather than kept in front of it.
+    wait_for(
+        &receiver.db,
+        SPANS_OF_TRACE,
+        &good.to_string(),
+        1.0,
+        Duration::from_secs(60),
+        || format!("{}\n{}", client.log(), receiver.log()),
+    )
+    .await;
+    assert_eq!(stored(&receiver.db, bad).await, 0);
+    assert!(
+        receiver.log().matches("/v1/traces refused").count() >= 2,
+        "the pair, then the poison alone:\n{}",
+        receiver.log()
+    );
+    let log = client.log();
+    let said: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("that sending again would not help"))
+        .collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(
+        said[0].contains("413") && said[0].contains("dropped 1 span"),
+        "{log}"
+    );
+
+    // With the limit raised, later spans arrive; the poison was not kept to arrive with
+    // them, and its drop is reported.
+    receiver.stop();
+    receiver.configure("");
+    receiver.run().await;
+    let later = TraceId::random();
+    for _ in 0..2 {
+        emitter.emit(&span(
+            later,
+            SpanKind::Pass,
+            Some("route"),
+            SpanOutcome::Finished,
+        ));
+    }
+    wait_for(
+        &receiver.db,
+        SPANS_OF_TRACE,
+        &later.to_string(),
+        2.0,
+        Duration::from_secs(60),
+        || format!("{}\n{}", client.log(), receiver.log()),
+    )
+    .await;
+    let rejected = wait_for_metric(
+        &receiver,
+        &client,
+        "pepsi.telemetry.dropped_spans",
+        "poison.test",
+        "attributes->>'pepsi.reason' = 'rejected'",
+        1.0,
+    )
+    .await;
+    assert_eq!(rejected, 1.0);
+    assert_eq!(stored(&receiver.db, bad).await, 0);
     client.assert_running();
 }

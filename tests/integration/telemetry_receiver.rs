@@ -4,7 +4,9 @@
 //! encoded with prost, sent with reqwest). Tokens, media types, sizes and bodies are
 //! checked; spans and points land in their tables with the Pepsi facts in columns; a retry
 //! adds nothing; the running receiver deletes what is past its RETENTION; and its role
-//! reaches its own tables and nothing else.
+//! reaches its own tables and nothing else. What one client may cost is bounded: the items
+//! and attributes of a request, the length of what is stored, the database queries of
+//! `/healthz`, the connections from one address and the time an idle one is kept.
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -33,6 +35,9 @@ use prost::Message as _;
 use serde_json::{Value, json};
 use sqlx::Row as _;
 
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpStream;
+
 use crate::support::httpd::url_as;
 use crate::support::ingress::TestCa;
 use crate::support::{Running, free_port};
@@ -48,6 +53,8 @@ struct Receiver {
     log: PathBuf,
     port: u16,
     client: reqwest::Client,
+    /// A TLS client of its own, for connections held open by hand.
+    tls: tokio_rustls::TlsConnector,
     child: Running,
 }
 
@@ -102,6 +109,7 @@ impl Receiver {
             log,
             port,
             client,
+            tls: ca.connector(),
             child: Running(child),
         };
         let until = Instant::now() + Duration::from_secs(30);
@@ -503,9 +511,9 @@ async fn three_spans_land_with_the_pepsi_facts_in_columns_and_a_retry_adds_nothi
     let partial = answer.partial_success.expect("a partial success");
     assert_eq!(partial.rejected_spans, 1);
     assert!(
-        partial
-            .error_message
-            .contains("span \"short trace id\": trace_id of 5 bytes"),
+        partial.error_message.starts_with(
+            "1 span rejected; the first: span \"short trace id\": trace_id of 5 bytes"
+        ),
         "{}",
         partial.error_message
     );
@@ -596,7 +604,9 @@ async fn sum_gauge_and_histogram_points_land_and_a_summary_is_counted_as_rejecte
     let partial = answer.partial_success.expect("the summary is rejected");
     assert_eq!(partial.rejected_data_points, 1);
     assert!(
-        partial.error_message.contains("\"x.summary\": a summary"),
+        partial
+            .error_message
+            .starts_with("1 data point rejected; the first: metric \"x.summary\": a summary"),
         "{}",
         partial.error_message
     );
@@ -953,4 +963,327 @@ async fn it_refuses_to_start_without_a_usable_token_file_naming_it() {
     );
     assert!(said.contains("tokens: 1 accepted"), "{said}");
     assert!(said.contains("answers, with pepsi-0027"), "{said}");
+}
+
+/// `count` spans of trace `trace`, ids 1 to `count`, named `name`.
+fn many_spans(trace: u8, count: u64, name: &str) -> Vec<Span> {
+    let start = nanos(chrono::Utc::now());
+    (1..=count)
+        .map(|i| Span {
+            trace_id: vec![trace; 16],
+            span_id: i.to_be_bytes().to_vec(),
+            name: name.into(),
+            start_time_unix_nano: start,
+            end_time_unix_nano: start + 1_000,
+            ..Default::default()
+        })
+        .collect()
+}
+
+async fn spans_named(r: &Receiver, name: &str) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM pepsi.telemetry_span WHERE name = $1")
+        .bind(name)
+        .fetch_one(&r.db.pool)
+        .await
+        .unwrap()
+}
+
+/// Guards the per-request bounds: every span of a request was converted and stored, the
+/// resource's attributes copied into each, however many.
+#[tokio::test]
+async fn fifty_thousand_spans_under_a_large_resource_are_answered_storing_max_items() {
+    let r = Receiver::start("").await;
+    // 300 resource attributes: the first 128 are kept in every row, the rest counted.
+    let mut request = traces_request("mx1.example.test", many_spans(5, 50_000, "tiny"));
+    let resource = request.resource_spans[0].resource.as_mut().unwrap();
+    resource
+        .attributes
+        .extend((0..297).map(|i| kv(&format!("r.{i:03}"), text("a resource attribute"))));
+    let answer = r.traces(&request).await;
+    let partial = answer.partial_success.expect("a partial success");
+    assert_eq!(partial.rejected_spans, 40_000);
+    assert!(
+        partial.error_message.starts_with(
+            "40000 spans rejected; the first: 40000 spans beyond MAX_ITEMS (10000 a request)"
+        ),
+        "{}",
+        partial.error_message
+    );
+    assert_eq!(spans_named(&r, "tiny").await, 10_000);
+    let (keys, dropped, last_kept, first_dropped): (i64, i64, bool, bool) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM jsonb_object_keys(attributes)), \
+         (attributes->>'otel.dropped_attributes_count')::int8, attributes ? 'r.124', \
+         attributes ? 'r.125' FROM pepsi.telemetry_span LIMIT 1",
+    )
+    .fetch_one(&r.db.pool)
+    .await
+    .unwrap();
+    // 128 of the resource, the scope's name and version, and the count of the 172 left out.
+    assert_eq!(
+        (keys, dropped, last_kept, first_dropped),
+        (131, 172, true, false)
+    );
+
+    // A resource of 128 strings of 10 KB (each cut to 4 KiB) under 1000 spans: the rows
+    // would hold half a gigabyte of copies; those beyond 16 x MAX_BODY are rejected.
+    let mut request = traces_request("mx1.example.test", many_spans(6, 1000, "heavy"));
+    request.resource_spans[0]
+        .resource
+        .as_mut()
+        .unwrap()
+        .attributes = (0..128)
+        .map(|i| kv(&format!("big.{i:03}"), text(&"x".repeat(10_000))))
+        .collect();
+    let answer = r.traces(&request).await;
+    let partial = answer.partial_success.expect("a partial success");
+    let stored = spans_named(&r, "heavy").await;
+    assert!(0 < stored && stored < 1000, "{stored} stored");
+    assert_eq!(partial.rejected_spans, 1000 - stored);
+    assert!(
+        partial
+            .error_message
+            .contains("bytes of attributes one request may store; export smaller batches"),
+        "{}",
+        partial.error_message
+    );
+    let longest: i32 = sqlx::query_scalar(
+        "SELECT max(octet_length(value)) FROM pepsi.telemetry_span, \
+         jsonb_each_text(attributes) WHERE name = 'heavy'",
+    )
+    .fetch_one(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(longest, 4096);
+}
+
+/// Guards the 503 loop: a text too long for its column's index failed the whole
+/// transaction, and the client sent the same request again for ever.
+#[tokio::test]
+async fn a_span_with_a_10_kb_message_id_and_stage_is_rejected_alone_and_long_texts_are_cut() {
+    let r = Receiver::start("").await;
+    let start = nanos(chrono::Utc::now());
+    let mut before = span(4, 1, None, "before", start, 1);
+    before.attributes = vec![kv(attr::MESSAGE_ID, text("<fine@example.test>"))];
+    let mut huge = span(4, 2, None, "huge", start, 1);
+    huge.attributes = vec![
+        kv(
+            attr::MESSAGE_ID,
+            text(&format!("<{}@example.test>", "m".repeat(10_000))),
+        ),
+        kv(attr::STAGE, text(&"s".repeat(10_000))),
+    ];
+    // A long name, status message and attribute are cut, on a character boundary.
+    let long_name = format!("a{}", "é".repeat(5_000));
+    let mut after = span(4, 3, None, &long_name, start, 1);
+    after.attributes = vec![kv(attr::ERROR, text(&"e".repeat(10_000)))];
+    after.status = Some(Status {
+        code: 2,
+        message: "z".repeat(10_000),
+    });
+    let request = traces_request("mx1.example.test", vec![before, huge, after]);
+    for _ in 0..2 {
+        // The same answer when the client tries again: never a 503.
+        let answer = r.traces(&request).await;
+        let partial = answer.partial_success.expect("a partial success");
+        assert_eq!(partial.rejected_spans, 1);
+        assert!(
+            partial
+                .error_message
+                .starts_with("1 span rejected; the first: span \"huge\": pepsi.stage \"ssss"),
+            "{}",
+            partial.error_message
+        );
+        assert!(
+            partial.error_message.len() < 300,
+            "{}",
+            partial.error_message
+        );
+        assert_eq!(r.counts().await, (2, 0));
+    }
+    let (name, message_id, error, status): (String, Option<String>, i32, i32) = sqlx::query_as(
+        "SELECT name, (SELECT message_id FROM pepsi.telemetry_span WHERE name = 'before'), \
+         octet_length(attributes->>'pepsi.error'), octet_length(status_message) \
+         FROM pepsi.telemetry_span WHERE name <> 'before'",
+    )
+    .fetch_one(&r.db.pool)
+    .await
+    .unwrap();
+    assert_eq!(name.len(), 255);
+    assert!(long_name.starts_with(&name));
+    assert_eq!(message_id.as_deref(), Some("<fine@example.test>"));
+    assert_eq!((error, status), (4096, 4096));
+}
+
+/// Guards the pool against unauthenticated callers: every /healthz ran a query on it.
+#[tokio::test]
+async fn many_concurrent_healthz_calls_leave_exports_working() {
+    let r = Receiver::start("DATABASE_MAX_CONNECTIONS = 1\n").await;
+    let mut callers = tokio::task::JoinSet::new();
+    for _ in 0..16 {
+        let (client, url) = (r.client.clone(), r.url("/healthz"));
+        callers.spawn(async move {
+            let mut statuses = Vec::new();
+            for _ in 0..25 {
+                let resp = client.get(&url).send().await.unwrap();
+                let closes = resp
+                    .headers()
+                    .get("connection")
+                    .map(|v| v.to_str().unwrap().to_owned());
+                statuses.push((resp.status().as_u16(), closes));
+            }
+            statuses
+        });
+    }
+    let start = chrono::Utc::now() - chrono::Duration::seconds(5);
+    let answer = r.traces(&journey(nanos(start))).await;
+    assert_eq!(answer.partial_success, None);
+    while let Some(statuses) = callers.join_next().await {
+        for status in statuses.unwrap() {
+            assert_eq!(status, (200, Some("close".to_owned())));
+        }
+    }
+    assert_eq!(r.counts().await, (3, 0));
+    // What needs no token closes its connection, as a refusal does.
+    for resp in [
+        r.client.get(r.url("/nowhere")).send().await.unwrap(),
+        r.post("/v1/traces", None, PROTOBUF, Vec::new()).await,
+    ] {
+        assert_eq!(
+            (
+                resp.status().as_u16() / 100,
+                resp.headers()["connection"].to_str().unwrap()
+            ),
+            (4, "close")
+        );
+    }
+}
+
+/// The answer to `request` on `stream`: its head and body.
+async fn exchange(
+    stream: &mut (impl tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin),
+    request: &str,
+) -> (String, Vec<u8>) {
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut chunk).await.unwrap();
+        assert!(n > 0, "the connection closed after {got:?}");
+        got.extend_from_slice(&chunk[..n]);
+        let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+            continue;
+        };
+        let head = String::from_utf8_lossy(&got[..end]).to_ascii_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        if got.len() >= end + 4 + length {
+            return (head, got[end + 4..end + 4 + length].to_vec());
+        }
+    }
+}
+
+/// Whether the server closes `stream` (an end of stream or a reset) before `failsafe`.
+async fn closed_by_server(
+    stream: &mut (impl tokio::io::AsyncRead + Unpin),
+    failsafe: Duration,
+) -> bool {
+    let mut byte = [0u8; 1];
+    matches!(
+        tokio::time::timeout(failsafe, stream.read(&mut byte)).await,
+        Ok(Ok(0) | Err(_))
+    )
+}
+
+#[tokio::test]
+async fn a_third_connection_from_one_address_is_closed_while_two_are_held() {
+    let r = Receiver::start("MAX_CONNECTIONS_PER_ADDRESS = 2\nHEADER_TIMEOUT = 60s\n").await;
+    let handshake = || async {
+        let tcp = TcpStream::connect(("127.0.0.1", r.port)).await.unwrap();
+        r.tls.connect("localhost".try_into().unwrap(), tcp).await
+    };
+    // Two connections through their TLS handshake: the server holds both. (The connection
+    // of the start's /healthz may take a moment to be counted out.)
+    let until = Instant::now() + Duration::from_secs(20);
+    let (mut first, mut second) = loop {
+        if let (Ok(a), Ok(b)) = (handshake().await, handshake().await) {
+            break (a, b);
+        }
+        assert!(
+            Instant::now() < until,
+            "two connections are not held: {}",
+            r.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut third = TcpStream::connect(("127.0.0.1", r.port)).await.unwrap();
+    assert!(
+        closed_by_server(&mut third, Duration::from_secs(20)).await,
+        "a third connection from 127.0.0.1 was kept: {}",
+        r.logs()
+    );
+    assert!(handshake().await.is_err(), "nor with TLS");
+    assert!(
+        r.logs()
+            .contains("MAX_CONNECTIONS_PER_ADDRESS (2) from that address already"),
+        "{}",
+        r.logs()
+    );
+    // The two held are served.
+    for held in [&mut first, &mut second] {
+        let (head, body) = exchange(held, "GET /healthz HTTP/1.1\r\nhost: localhost\r\n\r\n").await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert_eq!(body, br#"{"status":"ok"}"#);
+    }
+    // Once they are gone, a fresh connection is served.
+    drop((first, second));
+    loop {
+        if let Ok(resp) = r.client.get(r.url("/healthz")).send().await
+            && resp.status() == 200
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no fresh connection served: {}",
+            r.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Guards against keep-alive connections held for ever: HEADER_TIMEOUT is a minute here,
+/// so only IDLE_TIMEOUT can close the answered connection.
+#[tokio::test]
+async fn an_answered_connection_that_stays_silent_is_closed_after_idle_timeout() {
+    let r = Receiver::start("HEADER_TIMEOUT = 60s\nIDLE_TIMEOUT = 1s\n").await;
+    let tcp = TcpStream::connect(("127.0.0.1", r.port)).await.unwrap();
+    let mut tls = r
+        .tls
+        .connect("localhost".try_into().unwrap(), tcp)
+        .await
+        .unwrap();
+    let export = format!(
+        "POST /v1/traces HTTP/1.1\r\nhost: localhost\r\nauthorization: Bearer {TOKEN}\r\n\
+         content-type: {PROTOBUF}\r\ncontent-length: 0\r\n\r\n"
+    );
+    // Kept alive across answers...
+    for _ in 0..2 {
+        let (head, body) = exchange(&mut tls, &export).await;
+        assert!(head.starts_with("http/1.1 200"), "{head}");
+        assert!(!head.contains("connection: close"), "{head}");
+        assert_eq!(
+            ExportTraceServiceResponse::decode(body.as_slice())
+                .unwrap()
+                .partial_success,
+            None
+        );
+    }
+    // ...and closed once silent.
+    assert!(
+        closed_by_server(&mut tls, Duration::from_secs(30)).await,
+        "the idle connection was kept: {}",
+        r.logs()
+    );
 }

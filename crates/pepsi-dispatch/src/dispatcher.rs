@@ -6,6 +6,7 @@
 //!
 //! It never looks at message content: workers record their own outcomes on the row.
 
+use pepsi_contract::telemetry::CountersRecord;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -519,7 +520,18 @@ impl Dispatcher {
     /// the pass had already moved it on. A row found running at a stage other than the
     /// worker's (handed forward by a commit whose status line never came, or flushed there by
     /// a fused chain) goes back to pending there, to run again from what was stored.
-    async fn end_lost_pass(&mut self, id: i64, stage: &str, forced: Forced, reason: &str) {
+    ///
+    /// `cut`, the pass as the dispatcher saw it run, is told to the telemetry client only
+    /// when the row is found still running there: a pass that had committed before its worker
+    /// went was not cut short.
+    async fn end_lost_pass(
+        &mut self,
+        id: i64,
+        stage: &str,
+        forced: Forced,
+        reason: &str,
+        cut: Option<crate::interrupted::Interrupted>,
+    ) {
         if self.held_elsewhere(id) {
             // Another worker holds it: it moved on and was taken again (or claimed again
             // after PostgreSQL lost this worker's claim in a crash); nothing to end.
@@ -529,7 +541,12 @@ impl Dispatcher {
         }
         self.suspects.remove(&id);
         match claim::force(&self.db, id, Some(stage), forced, reason).await {
-            Ok(true) => self.stats.failed(),
+            Ok(true) => {
+                self.stats.failed();
+                if let Some(cut) = cut {
+                    crate::interrupted::report(&self.db, &self.telemetry, cut);
+                }
+            }
             Ok(false) => match claim::hand_back(&self.db, None, &[id]).await {
                 Ok(n) if n > 0 => tracing::info!(
                     id,
@@ -621,15 +638,26 @@ impl Dispatcher {
             tracing::error!(stage = %stage, pid = w.pid, ids = ?rest,
                 "worker {described} while holding several messages; each runs again alone");
             self.suspects.extend(rest.iter().copied());
+            if let Some(started) = w.head_started {
+                // The one it was surely on: the head of its queue.
+                crate::interrupted::report(
+                    &self.db,
+                    &self.telemetry,
+                    crate::interrupted::Interrupted {
+                        id: rest[0],
+                        stage: stage.clone(),
+                        program: self.program_of(&stage),
+                        pid: w.pid,
+                        started,
+                        reason: format!("worker {described} while holding several messages"),
+                    },
+                );
+            }
             self.hand_back(&stage, &rest).await;
             return;
         }
         let head = rest[0];
-        let program = self
-            .pools
-            .get(&stage)
-            .map(|p| p.options.program.clone())
-            .unwrap_or_default();
+        let program = self.program_of(&stage);
         let reason = format!(
             "worker {program} (pid {}) of stage {stage} {described} while handling the message",
             w.pid
@@ -642,22 +670,26 @@ impl Dispatcher {
             Forced::Failed
         };
         tracing::error!(id = head, stage = %stage, pid = w.pid, "worker {described} while handling a message");
-        if let Some(started) = w.head_started {
-            crate::interrupted::report(
-                &self.db,
-                &self.telemetry,
-                crate::interrupted::Interrupted {
-                    id: head,
-                    stage: stage.clone(),
-                    program: program.clone(),
-                    pid: w.pid,
-                    started,
-                    reason: reason.clone(),
-                },
-            );
-        }
-        self.end_lost_pass(head, &stage, forced, &reason).await;
+        let cut = w
+            .head_started
+            .map(|started| crate::interrupted::Interrupted {
+                id: head,
+                stage: stage.clone(),
+                program: program.clone(),
+                pid: w.pid,
+                started,
+                reason: reason.clone(),
+            });
+        self.end_lost_pass(head, &stage, forced, &reason, cut).await;
         self.hand_back(&stage, &rest[1..]).await;
+    }
+
+    /// The program a stage's pool runs (empty when the stage has no pool now).
+    fn program_of(&self, stage: &str) -> String {
+        self.pools
+            .get(stage)
+            .map(|p| p.options.program.clone())
+            .unwrap_or_default()
     }
 
     async fn hand_back(&mut self, stage: &str, ids: &[i64]) {
@@ -680,7 +712,6 @@ impl Dispatcher {
         // Hung messages: kill the worker; the message ends as `timeout`.
         let mut hung = Vec::new();
         let mut killed_holding: Vec<(String, Vec<i64>)> = Vec::new();
-        let mut interrupted = Vec::new();
         for w in self.workers.values_mut() {
             let Some(pool) = self.pools.get(&w.stage) else {
                 continue;
@@ -707,8 +738,7 @@ impl Dispatcher {
                     w.retire();
                     w.killed = true;
                     w.head_started = None;
-                    hung.push((row.id, w.stage.clone(), w.pid, pool.options.max_runtime));
-                    interrupted.push(crate::interrupted::Interrupted {
+                    let cut = crate::interrupted::Interrupted {
                         id: row.id,
                         stage: w.stage.clone(),
                         program: pool.options.program.clone(),
@@ -718,7 +748,14 @@ impl Dispatcher {
                             "no answer within MAX_RUNTIME {:?}; worker killed",
                             pool.options.max_runtime
                         ),
-                    });
+                    };
+                    hung.push((
+                        row.id,
+                        w.stage.clone(),
+                        w.pid,
+                        pool.options.max_runtime,
+                        cut,
+                    ));
                 }
             } else if w.inflight.is_empty()
                 && !w.retiring
@@ -732,16 +769,13 @@ impl Dispatcher {
             self.stats.kill(&stage);
             self.suspects.extend(ids);
         }
-        for cut in interrupted {
-            crate::interrupted::report(&self.db, &self.telemetry, cut);
-        }
-        for (id, stage, pid, limit) in hung {
+        for (id, stage, pid, limit, cut) in hung {
             tracing::error!(id, stage = %stage, pid, "no answer within MAX_RUNTIME {limit:?}: worker killed");
             self.stats.kill(&stage);
             let reason = format!(
                 "no answer from stage {stage} (pid {pid}) within MAX_RUNTIME {limit:?}; worker killed"
             );
-            self.end_lost_pass(id, &stage, Forced::Timeout, &reason)
+            self.end_lost_pass(id, &stage, Forced::Timeout, &reason, Some(cut))
                 .await;
         }
         if now >= self.last_heartbeat + self.options.poll_interval {
@@ -816,8 +850,20 @@ impl Dispatcher {
             self.options.stats_interval
         };
         if !self.stats.is_empty() && now >= self.last_flush + due {
+            let counters = if self.telemetry.is_on() {
+                self.stats.counters()
+            } else {
+                Vec::new()
+            };
             match self.stats.flush(&self.db).await {
-                Ok(()) => self.last_flush = now,
+                Ok(()) => {
+                    self.last_flush = now;
+                    self.telemetry.emit_counters(&CountersRecord {
+                        program: "pepsi-dispatch".into(),
+                        pid: std::process::id(),
+                        counters,
+                    });
+                }
                 Err(e) => tracing::warn!("cannot write statistics (kept for the next flush): {e}"),
             }
         }

@@ -58,6 +58,7 @@ impl Interrupted {
             size: None,
             mail_from: None,
             rcpt_to: Vec::new(),
+            sender_dropped: 0,
         }
     }
 }

@@ -10,6 +10,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use pepsi_contract::db::SERIALIZATION_RETRIES;
+use pepsi_contract::telemetry::CounterDelta;
 
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct StageDelta {
@@ -74,6 +75,32 @@ impl Stats {
 
     /// Writes the deltas in one transaction and forgets them; on error they are kept for the
     /// next flush.
+    /// What the next flush adds, as counters for the host's telemetry client: per stage
+    /// (`pepsi.dispatch.passes`, `.processing_ms`, `.kills`, `.crashes`, by `stage`) and for
+    /// the whole pipeline (`.messages_finished`, `.messages_failed`).
+    pub fn counters(&self) -> Vec<CounterDelta> {
+        let mut out = Vec::new();
+        let mut add = |name: &str, label: Option<(&str, &str)>, value: f64| {
+            if value > 0.0 {
+                out.push(CounterDelta {
+                    name: format!("pepsi.dispatch.{name}"),
+                    label: label.map(|(k, v)| (k.to_owned(), v.to_owned())),
+                    value,
+                });
+            }
+        };
+        for (stage, d) in &self.stages {
+            let by = Some(("stage", stage.as_str()));
+            add("passes", by, d.messages as f64);
+            add("processing_ms", by, d.processing_ms);
+            add("kills", by, d.kills as f64);
+            add("crashes", by, d.crashes as f64);
+        }
+        add("messages_finished", None, self.messages_total as f64);
+        add("messages_failed", None, self.messages_failed as f64);
+        out
+    }
+
     pub async fn flush(&mut self, pool: &PgPool) -> Result<(), sqlx::Error> {
         if self.is_empty() {
             return Ok(());

@@ -19,8 +19,6 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::{PgPool, Row as _};
 
-use crate::extract::AppState;
-
 /// How long a reading is answered again before the next one is made.
 pub const REFRESH: Duration = Duration::from_secs(10);
 
@@ -102,16 +100,20 @@ pub async fn read(
 /// The pass times of `stages`, from the cache while it is younger than `REFRESH` and was
 /// read for the same stages. A failure to read is logged and answered as `error`, so the
 /// rest of the pipeline page still works without the telemetry tables.
-pub async fn current(state: &AppState, stages: Vec<String>) -> Latency {
-    let mut cache = state.latency.lock().await;
+pub async fn current(
+    pool: &PgPool,
+    window: Duration,
+    cache: &tokio::sync::Mutex<Cache>,
+    stages: Vec<String>,
+) -> Latency {
+    let mut cache = cache.lock().await;
     if let Some((at, for_stages, latency)) = cache.as_ref()
         && at.elapsed() < REFRESH
         && *for_stages == stages
     {
         return latency.clone();
     }
-    let window = state.options.latency_window;
-    let (found, error) = match read(&state.pool, &stages, window).await {
+    let (found, error) = match read(pool, &stages, window).await {
         Ok(v) => (v, None),
         Err(e) => {
             tracing::error!("reading the stages' pass times from pepsi.telemetry_span: {e}");

@@ -154,7 +154,7 @@ async fn flush_stats(shared: Arc<Shared>) {
     tick.tick().await;
     loop {
         tick.tick().await;
-        if let Err(e) = shared.stats.flush(&shared.pool).await {
+        if let Err(e) = shared.stats.flush(&shared.pool, &shared.telemetry).await {
             tracing::warn!("cannot write pepsi.ingress_stats, keeping the counts: {e}");
         }
     }
@@ -272,7 +272,7 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     let _ = stop.send(true);
     while loops.join_next().await.is_some() {}
     counting.abort();
-    if let Err(e) = shared.stats.flush(&shared.pool).await {
+    if let Err(e) = shared.stats.flush(&shared.pool, &shared.telemetry).await {
         tracing::warn!("the last counters could not be written to pepsi.ingress_stats: {e}");
     }
     let _ = wake_stop.send(true);

@@ -6,6 +6,7 @@
 //! The labels are bounded by construction: a verb is one of the commands the parser knows,
 //! a status code is the server's own (a few dozen exist), a connection refusal one of two.
 
+use pepsi_contract::telemetry::{CounterDelta, CountersRecord, Emitter};
 use std::collections::HashMap;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -104,11 +105,12 @@ impl Stats {
 
     /// Adds what was counted to `pepsi.ingress_stats`; on failure keeps it for the next
     /// flush.
-    pub async fn flush(&self, pool: &PgPool) -> Result<(), sqlx::Error> {
+    pub async fn flush(&self, pool: &PgPool, telemetry: &Emitter) -> Result<(), sqlx::Error> {
         let rows = self.take();
         if rows.is_empty() {
             return Ok(());
         }
+        let deltas = telemetry.is_on().then(|| counters(&rows));
         let (counters, rest): (Vec<String>, Vec<(String, i64)>) =
             rows.iter().cloned().map(|(c, r, n)| (c, (r, n))).unzip();
         let (reasons, values): (Vec<String>, Vec<i64>) = rest.into_iter().unzip();
@@ -120,9 +122,27 @@ impl Stats {
             .await;
         if result.is_err() {
             self.restore(rows);
+        } else if let Some(counters) = deltas {
+            telemetry.emit_counters(&CountersRecord {
+                program: "pepsi-ingress".into(),
+                pid: std::process::id(),
+                counters,
+            });
         }
         result.map(drop)
     }
+}
+
+/// The rows a flush adds, as the telemetry client's counters: `pepsi.ingress.<counter>`,
+/// split by `reason` where the row has one.
+fn counters(rows: &[(String, String, i64)]) -> Vec<CounterDelta> {
+    rows.iter()
+        .map(|(counter, reason, n)| CounterDelta {
+            name: format!("pepsi.ingress.{counter}"),
+            label: (!reason.is_empty()).then(|| ("reason".to_owned(), reason.clone())),
+            value: *n as f64,
+        })
+        .collect()
 }
 
 #[cfg(test)]

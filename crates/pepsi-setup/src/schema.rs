@@ -167,6 +167,10 @@ pub struct Roles {
     pub telemetry: String,
     /// The limits of the sendmail role, which every local user may connect as.
     pub sendmail_limits: RoleLimits,
+    /// The limits of the telemetry role, whose daemon faces the network from another host:
+    /// a compromised receiver may not take the mail database's connection slots or hold a
+    /// statement forever.
+    pub telemetry_limits: RoleLimits,
 }
 
 /// Server-side limits of a role that every local user can reach (the sendmail role, through
@@ -197,6 +201,15 @@ impl Default for RoleLimits {
 }
 
 impl RoleLimits {
+    /// The telemetry role's: 8 sessions (the receiver's pool and a check), 60 s per
+    /// statement, 10 s idle in a transaction; idle sessions are its pool's and stay.
+    pub const TELEMETRY: RoleLimits = RoleLimits {
+        connection_limit: Some(8),
+        statement_timeout: std::time::Duration::from_secs(60),
+        idle_session_timeout: std::time::Duration::ZERO,
+        idle_in_transaction_session_timeout: std::time::Duration::from_secs(10),
+    };
+
     /// The role settings, as `pg_db_role_setting` stores them after `ALTER ROLE .. SET`
     /// (milliseconds).
     pub fn settings(&self) -> [(&'static str, String); 3] {
@@ -223,6 +236,7 @@ impl Default for Roles {
             crypto: "pepsi-crypto".into(),
             telemetry: "pepsi-telemetry".into(),
             sendmail_limits: RoleLimits::default(),
+            telemetry_limits: RoleLimits::TELEMETRY,
         }
     }
 }
@@ -252,8 +266,20 @@ impl Roles {
                 .duration_opt("SENDMAIL_IDLE_IN_TRANSACTION_TIMEOUT")?
                 .unwrap_or(limits.idle_in_transaction_session_timeout),
         };
+        let telemetry_limits = RoleLimits {
+            connection_limit: match section.number_opt::<u32>("TELEMETRY_CONNECTION_LIMIT")? {
+                Some(0) => None,
+                Some(n) => Some(n),
+                None => RoleLimits::TELEMETRY.connection_limit,
+            },
+            statement_timeout: section
+                .duration_opt("TELEMETRY_STATEMENT_TIMEOUT")?
+                .unwrap_or(RoleLimits::TELEMETRY.statement_timeout),
+            ..RoleLimits::TELEMETRY
+        };
         Ok(Self {
             sendmail_limits,
+            telemetry_limits,
             pipeline: section
                 .string_opt("PIPELINE_ROLE")?
                 .unwrap_or(default.pipeline),
@@ -1100,12 +1126,21 @@ async fn advisory_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result
     Ok(fixes)
 }
 
-/// The sendmail role's connection limit and session settings against
-/// [`Roles::sendmail_limits`]. A role setting for every database (`ALTER ROLE .. SET`), so it
-/// holds whichever database the role connects to.
+/// The connection limits and session settings of the roles that have them, the sendmail
+/// role's ([`Roles::sendmail_limits`]) and the telemetry role's ([`Roles::telemetry_limits`]).
 async fn role_limit_diff(conn: &mut PgConnection, roles: &Roles) -> anyhow::Result<Vec<Fix>> {
-    let role = roles.sendmail.as_str();
-    let limits = &roles.sendmail_limits;
+    let mut fixes = one_role_limit_diff(conn, &roles.sendmail, &roles.sendmail_limits).await?;
+    fixes.extend(one_role_limit_diff(conn, &roles.telemetry, &roles.telemetry_limits).await?);
+    Ok(fixes)
+}
+
+/// `role`'s connection limit and session settings against `limits`. A role setting for every
+/// database (`ALTER ROLE .. SET`), so it holds whichever database the role connects to.
+async fn one_role_limit_diff(
+    conn: &mut PgConnection,
+    role: &str,
+    limits: &RoleLimits,
+) -> anyhow::Result<Vec<Fix>> {
     let row = sqlx::query(
         "SELECT r.rolconnlimit, COALESCE(s.setconfig, '{}') FROM pg_roles r \
          LEFT JOIN pg_db_role_setting s ON s.setrole = r.oid AND s.setdatabase = 0 \

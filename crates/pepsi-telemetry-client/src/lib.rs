@@ -3,19 +3,23 @@
 //! short) to the Unix datagram socket `[pepsi-telemetry-client] SOCKET`
 //! (`pepsi_contract::telemetry::Emitter`); this daemon takes them, turns them into
 //! OpenTelemetry spans and exports them in batches to the receiver, pepsi-telemetry, over
-//! OTLP/HTTP (protobuf, HTTPS, a bearer token), together with the host's metrics: those the
-//! spans tell, those `/proc` tells of the Pepsi processes, and its own.
+//! OTLP/HTTP (protobuf, gzip, HTTPS, a bearer token), together with the host's metrics:
+//! those the spans tell, the counters the ingress and the dispatcher report on the same
+//! socket, those `/proc` tells of the Pepsi processes, and its own.
 //!
 //! What it must never do: make mail wait or fail (nothing waits on it: a span it cannot
 //! take is the sender's to drop, one it cannot keep is its own to drop, and both are
-//! counted), hold more than MAX_QUEUE spans, or let an address leave the host unless
-//! ADDRESSES is on. It reads no database and no message.
+//! counted), hold more than MAX_QUEUE + BATCH_SIZE spans (the queue and the batch in
+//! flight), let one batch the receiver will never take stop the export, or let an address
+//! leave the host unless ADDRESSES is on. It reads no database and no message.
 //!
 //! The modules: `options` (the section, and the token and CA files), `spans` (the socket
-//! task, the queue and the export task), `queue` (the bounded queue, pure), `convert` (the
-//! privacy rule and the OpenTelemetry span, pure), `metrics` (the instruments),
-//! `procfs` (the processes, parsed purely), `transport` (the HTTP client the exporters send
-//! through), `health` (when to log a failure and a recovery, pure).
+//! task, the queue and the export task, and what a refused batch becomes), `queue` (the
+//! bounded queue, pure), `senders` (the drops each sender reports, pure), `convert` (the
+//! privacy rule and the OpenTelemetry span, pure), `metrics` (the instruments), `procfs`
+//! (the processes, parsed purely), `transport` (the HTTP client the exporters send
+//! through, which keeps what a failed request met), `health` (when to log a failure and a
+//! recovery, pure).
 
 pub mod convert;
 pub mod health;
@@ -23,6 +27,7 @@ pub mod metrics;
 pub mod options;
 pub mod procfs;
 pub mod queue;
+pub mod senders;
 pub mod spans;
 pub mod transport;
 
@@ -36,7 +41,9 @@ use anyhow::{Context as _, bail};
 use clap::{Parser, Subcommand};
 use opentelemetry::KeyValue;
 use opentelemetry::metrics::MeterProvider as _;
-use opentelemetry_otlp::{Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _};
+use opentelemetry_otlp::{
+    Compression, Protocol, RetryPolicy, WithExportConfig as _, WithHttpConfig as _,
+};
 use opentelemetry_sdk::Resource;
 use opentelemetry_sdk::metrics::{PeriodicReader, SdkMeterProvider};
 use opentelemetry_sdk::trace::SpanExporter as _;
@@ -74,11 +81,12 @@ SOCKET, one JSON datagram a span, without waiting: the SMTP transaction of the i
 stage's pass over a message, a pass cut short when its worker died. pepsi-telemetry-client \
 binds that socket, keeps the spans in a queue of at most MAX_QUEUE, and exports them in \
 batches of BATCH_SIZE to the receiver, pepsi-telemetry, as OpenTelemetry spans over OTLP/HTTP \
-(protobuf, POST ENDPOINT/v1/traces, `Authorization: Bearer` with the token of TOKEN_FILE), \
-every EXPORT_INTERVAL or as soon as a batch is full. Every METRICS_INTERVAL it exports the \
-host's metrics to ENDPOINT/v1/metrics: stage pass durations and dispatch waits, ingress \
-transactions, interrupted passes, the number and resident memory of the Pepsi processes \
-(from /proc), and its own counts of spans exported and dropped.
+(protobuf, gzip, POST ENDPOINT/v1/traces, `Authorization: Bearer` with the token of \
+TOKEN_FILE), every EXPORT_INTERVAL or as soon as a batch is full. Every METRICS_INTERVAL it \
+exports the host's metrics to ENDPOINT/v1/metrics: stage pass durations and dispatch waits, \
+ingress transactions, interrupted passes, the counters the ingress and the dispatcher report \
+on the same socket (pepsi.ingress.*, pepsi.dispatch.*), the number and resident memory of the \
+Pepsi processes (from /proc), and its own counts of spans exported and dropped.
 
 What leaves the host: no message body, no header field but the Message-ID, and the \
 envelope's addresses only with ADDRESSES = yes. With ADDRESSES = no (the default) the \
@@ -86,12 +94,16 @@ sender and recipients are dropped as each span arrives, and anything address-sha
 error text is replaced by [address].
 
 Nothing waits on the client, so mail goes on whether it runs or not. When the receiver \
-cannot be reached or refuses the token, the batch goes back to the front of the queue and \
-the next try waits longer (EXPORT_INTERVAL doubled each time, at most 30 seconds); the log \
-says so once, and once again when exports work again. The queue never holds more than \
-MAX_QUEUE spans: when full, the oldest spans go, counted in the metric \
-pepsi.telemetry.dropped_spans (reason queue_full; a datagram that is no span counts as \
-malformed).
+cannot be reached, refuses the token (401, 403), is busy (408, 429) or fails (5xx), the batch \
+goes back to the front of the queue and the next try waits longer (EXPORT_INTERVAL doubled \
+each time, at most 30 seconds); the log says so once, and once again when exports work \
+again. A batch the receiver will never take (400, 413 and the other 4xx) is dropped instead, \
+after a 413 only once its two halves were sent on their own, and logged once per status. \
+The queue never holds more than MAX_QUEUE spans: when full, the oldest spans go. Every span \
+dropped is counted in the metric pepsi.telemetry.dropped_spans by reason: queue_full, \
+rejected (by the receiver), malformed (a datagram that is no span), sender (spans a process \
+could not hand to the socket, as its next span reports). The memory bound is MAX_QUEUE + \
+BATCH_SIZE spans: the queue and the batch in flight.
 
 At start it refuses a configuration it cannot use: no SOCKET, ENDPOINT or TOKEN_FILE, an \
 http:// ENDPOINT to a host that is not loopback, a token file it cannot read or that holds \
@@ -116,8 +128,9 @@ CONFIGURATION ([pepsi-telemetry-client]):
   CA_FILE           a PEM trust anchor for the receiver's certificate, besides the usual roots
   HOSTNAME          the host.name exported with every span and metric (the system's name)
   ADDRESSES         yes: export the envelope's sender and recipients (default no)
-  MAX_QUEUE         spans held at most while the receiver is away (default 10000)
-  BATCH_SIZE        spans per export request (default 512)
+  MAX_QUEUE         spans queued at most while the receiver is away (default 10000)
+  BATCH_SIZE        spans per export request (default 512, at most 2048); the memory bound
+                    is MAX_QUEUE + BATCH_SIZE spans (the queue and the batch in flight)
   EXPORT_INTERVAL   the longest a span waits for its batch (default 2s)
   EXPORT_TIMEOUT    one export request's deadline (default 10s)
   METRICS_INTERVAL  time between metric exports (default 15s)
@@ -244,7 +257,9 @@ async fn check(cfg: &Config, options: &Options, offline: bool) -> anyhow::Result
     let transport = Transport::new(options, &credentials, tokio::runtime::Handle::current())?;
     let exporter = span_exporter(options, &transport)?;
     if let Err(e) = exporter.export(Vec::new()).await {
-        let why = transport.take_failure().unwrap_or_else(|| e.to_string());
+        let why = transport
+            .take_failure()
+            .map_or_else(|| e.to_string(), |f| f.text);
         bail!("receiver {}: {why}", options.endpoint.traces());
     }
     println!(
@@ -263,6 +278,7 @@ fn span_exporter(
         .with_http()
         .with_http_client(transport.clone())
         .with_protocol(Protocol::HttpBinary)
+        .with_compression(Compression::Gzip)
         .with_endpoint(options.endpoint.traces())
         .with_timeout(options.export_timeout)
         .with_retry_policy(RetryPolicy::disabled())
@@ -336,6 +352,7 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         .with_http()
         .with_http_client(metric_transport.clone())
         .with_protocol(Protocol::HttpBinary)
+        .with_compression(Compression::Gzip)
         .with_endpoint(metrics_url.clone())
         .with_timeout(options.export_timeout)
         .with_retry_policy(RetryPolicy::disabled())
@@ -371,14 +388,13 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
 
     let mut span_exporter = span_exporter(&options, &transport)?;
     span_exporter.set_resource(&resource);
-    let export = Export {
-        exporter: span_exporter,
+    let export = Export::new(
+        span_exporter,
         transport,
-        endpoint: traces_url,
-        interval: options.export_interval,
-        scope: convert::scope(),
-        health: Health::default(),
-    };
+        traces_url,
+        options.export_interval,
+        convert::scope(),
+    );
 
     tracing::info!(
         socket = %options.socket.display(),

@@ -1,13 +1,15 @@
 //! The host's metrics: what the spans tell (how long each stage's passes take, how long a
-//! pass waited for its worker, the ingress's transactions, the passes cut short), what
-//! `/proc` tells of the Pepsi processes, and how the client itself fares (spans dropped,
-//! exported, waiting). One instrument each, on the meter whose periodic reader exports
-//! them every METRICS_INTERVAL; cumulative, so a failed export loses no count.
+//! pass waited for its worker, the ingress's transactions, the passes cut short), the
+//! counters the ingress and the dispatcher report (`CountersRecord`, one instrument per
+//! name, made as the name first arrives), what `/proc` tells of the Pepsi processes, and how
+//! the client itself fares (spans dropped, exported, waiting). One instrument each, on the
+//! meter whose periodic reader exports them every METRICS_INTERVAL; cumulative, so a failed
+//! export loses no count.
 //!
 //! `WatchedExporter` wraps the OTLP metric exporter to log when the metric exports stop
 //! getting through and when they work again, once each.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -18,7 +20,7 @@ use opentelemetry_sdk::error::OTelSdkResult;
 use opentelemetry_sdk::metrics::Temporality;
 use opentelemetry_sdk::metrics::data::ResourceMetrics;
 use opentelemetry_sdk::metrics::exporter::PushMetricExporter;
-use pepsi_contract::telemetry::{SpanKind, SpanRecord, attr};
+use pepsi_contract::telemetry::{CountersRecord, SpanKind, SpanRecord, attr};
 
 use crate::convert::seconds;
 use crate::health::{Change, Health};
@@ -35,6 +37,11 @@ pub enum DropReason {
     QueueFull,
     /// The datagram was no span record.
     Malformed,
+    /// The receiver refused the span's batch with an answer that sending it again would
+    /// not change (400, 413, ...).
+    Rejected,
+    /// The sending process could not hand it to the socket (told by its next span).
+    Sender,
 }
 
 impl DropReason {
@@ -42,8 +49,38 @@ impl DropReason {
         match self {
             DropReason::QueueFull => "queue_full",
             DropReason::Malformed => "malformed",
+            DropReason::Rejected => "rejected",
+            DropReason::Sender => "sender",
         }
     }
+}
+
+/// The prefix every counter a program reports must have: the client exports Pepsi's
+/// counters, not whatever a process of the group names.
+pub const COUNTER_PREFIX: &str = "pepsi.";
+
+/// At most this many counters of distinct names are made; a name beyond is not exported.
+pub const MAX_COUNTER_NAMES: usize = 256;
+
+/// The attribute a reported counter's label becomes: `pepsi.<key>` (`reason` becomes
+/// `pepsi.reason`, `stage` the `pepsi.stage` the spans' metrics carry), a dotted key as it is.
+pub fn label_attribute(key: &str) -> String {
+    if key.contains('.') {
+        key.to_owned()
+    } else {
+        format!("{COUNTER_PREFIX}{key}")
+    }
+}
+
+/// Whether `name` may become a counter: under [`COUNTER_PREFIX`], and an instrument name
+/// OpenTelemetry takes (ASCII letters, digits, `_ . - /`, at most 255).
+pub fn counter_name_ok(name: &str) -> bool {
+    name.len() > COUNTER_PREFIX.len()
+        && name.len() <= 255
+        && name.starts_with(COUNTER_PREFIX)
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"_.-/".contains(&b))
 }
 
 /// Bucket bounds in seconds, from a millisecond to five minutes: a pass, a wait, an SMTP
@@ -65,6 +102,12 @@ pub struct Instruments {
     dropped: Counter<u64>,
     exported: Counter<u64>,
     _gauges: Vec<ObservableGauge<u64>>,
+    /// What the reported counters are made on.
+    meter: Meter,
+    /// The reported counters by name.
+    reported: Mutex<HashMap<String, Counter<f64>>>,
+    /// A reported counter's name was refused already (said once).
+    refused_name: std::sync::atomic::AtomicBool,
 }
 
 /// The last reading of `/proc`, shared by the two process gauges.
@@ -170,6 +213,51 @@ impl Instruments {
                 "Spans the receiver took",
             ),
             _gauges: gauges,
+            meter: meter.clone(),
+            reported: Mutex::new(HashMap::new()),
+            refused_name: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Adds what a program reports to its counters: one monotonic sum per name, with the
+    /// label (`label_attribute`) and `pepsi.program` as attributes. A name that is not
+    /// Pepsi's (`counter_name_ok`), or one more than `MAX_COUNTER_NAMES`, is left out and
+    /// the first such said in the log.
+    pub fn add_counters(&self, rec: &CountersRecord) {
+        let mut reported = self.reported.lock().unwrap_or_else(|e| e.into_inner());
+        for c in &rec.counters {
+            if !c.value.is_finite() || c.value < 0.0 {
+                continue;
+            }
+            if !reported.contains_key(&c.name) {
+                if !counter_name_ok(&c.name) || reported.len() >= MAX_COUNTER_NAMES {
+                    if !self
+                        .refused_name
+                        .swap(true, std::sync::atomic::Ordering::Relaxed)
+                    {
+                        tracing::warn!(
+                            program = rec.program,
+                            pid = rec.pid,
+                            "counter {:?} not exported: expected a name under {COUNTER_PREFIX:?} of letters, digits and `_.-/`, and at most {MAX_COUNTER_NAMES} names (further ones are left out quietly)",
+                            c.name
+                        );
+                    }
+                    continue;
+                }
+                let mut builder = self
+                    .meter
+                    .f64_counter(c.name.clone())
+                    .with_description("A count the program reports, as it adds to it");
+                if c.name.ends_with("_ms") {
+                    builder = builder.with_unit("ms");
+                }
+                reported.insert(c.name.clone(), builder.build());
+            }
+            let mut attributes = vec![KeyValue::new(attr::PROGRAM, rec.program.clone())];
+            if let Some((key, value)) = &c.label {
+                attributes.push(KeyValue::new(label_attribute(key), value.clone()));
+            }
+            reported[&c.name].add(c.value, &attributes);
         }
     }
 
@@ -235,7 +323,7 @@ impl PushMetricExporter for WatchedExporter {
                 let why = self
                     .transport
                     .take_failure()
-                    .unwrap_or_else(|| e.to_string());
+                    .map_or_else(|| e.to_string(), |f| f.text);
                 if self.health.failed() == Change::Failing {
                     tracing::warn!(
                         "metrics export to {} failed: {why}; trying again every interval, quietly until it works",
@@ -259,5 +347,35 @@ impl PushMetricExporter for WatchedExporter {
 
     fn temporality(&self) -> Temporality {
         self.inner.temporality()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reported_counter_is_pepsis_and_its_label_an_attribute_of_ours() {
+        let names = [
+            ("pepsi.ingress.sessions", true),
+            ("pepsi.dispatch.processing_ms", true),
+            ("pepsi.a-b/c_d", true),
+            ("pepsi.", false),
+            ("other.counter", false),
+            ("pepsi.with space", false),
+            ("pepsi.é", false),
+            ("", false),
+        ];
+        for (name, ok) in names {
+            assert_eq!(counter_name_ok(name), ok, "{name:?}");
+        }
+        assert!(!counter_name_ok(&format!("pepsi.{}", "x".repeat(250))));
+        for (key, want) in [
+            ("reason", "pepsi.reason"),
+            ("stage", "pepsi.stage"),
+            ("http.status", "http.status"),
+        ] {
+            assert_eq!(label_attribute(key), want);
+        }
     }
 }

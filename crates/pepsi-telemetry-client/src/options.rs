@@ -14,6 +14,12 @@ use pepsi_contract::telemetry::emit::{CLIENT_SECTION, socket_path};
 /// The section the client reads (the one whose SOCKET every Pepsi process sends to).
 pub const SECTION: &str = CLIENT_SECTION;
 
+/// The most spans one export request carries (`BATCH_SIZE`). A batch is held besides the
+/// queue while it is sent, so the memory bound is MAX_QUEUE + BATCH_SIZE spans; at 16 KiB
+/// a span at most, one request stays within 32 MiB before gzip, under the exporter's own
+/// limit of 64 MiB.
+pub const MAX_BATCH_SIZE: usize = 2048;
+
 /// The shortest token sent: the receiver accepts none shorter.
 const MIN_TOKEN_LEN: usize = 16;
 /// The longest token sent (it travels in an HTTP header).
@@ -112,9 +118,10 @@ pub struct Options {
     /// `ADDRESSES` (no): export the envelope's addresses. Off, they are dropped as each span
     /// arrives and never leave the host.
     pub addresses: bool,
-    /// `MAX_QUEUE` (10000): spans held at most, the memory bound; beyond, the oldest go.
+    /// `MAX_QUEUE` (10000): spans queued at most; beyond, the oldest go. With the batch in
+    /// flight, the memory bound is MAX_QUEUE + BATCH_SIZE spans.
     pub max_queue: usize,
-    /// `BATCH_SIZE` (512): spans per export request.
+    /// `BATCH_SIZE` (512, at most [`MAX_BATCH_SIZE`]): spans per export request.
     pub batch_size: usize,
     /// `EXPORT_INTERVAL` (2s): the longest a span waits for its batch to fill.
     pub export_interval: Duration,
@@ -165,7 +172,12 @@ impl Options {
             Ok(n)
         };
         let max_queue = count("MAX_QUEUE", 10_000, 10_000_000)?;
-        let batch_size = count("BATCH_SIZE", 512, 100_000)?;
+        let batch_size = s.number_opt::<usize>("BATCH_SIZE")?.unwrap_or(512);
+        if !(1..=MAX_BATCH_SIZE).contains(&batch_size) {
+            bail!(
+                "[{SECTION}] BATCH_SIZE = {batch_size}: expected 1 to {MAX_BATCH_SIZE} (the spans of one export request, held besides MAX_QUEUE while it is sent)"
+            );
+        }
         if batch_size > max_queue {
             bail!(
                 "[{SECTION}] BATCH_SIZE = {batch_size} is above MAX_QUEUE = {max_queue}: a batch is taken from the queue"
@@ -392,7 +404,11 @@ mod tests {
             ),
             (
                 "BATCH_SIZE = 0\n",
-                "[pepsi-telemetry-client] BATCH_SIZE = 0: expected 1 to 100000",
+                "[pepsi-telemetry-client] BATCH_SIZE = 0: expected 1 to 2048",
+            ),
+            (
+                "MAX_QUEUE = 100000\nBATCH_SIZE = 2049\n",
+                "[pepsi-telemetry-client] BATCH_SIZE = 2049: expected 1 to 2048",
             ),
             (
                 "MAX_QUEUE = 100\nBATCH_SIZE = 200\n",
@@ -432,6 +448,8 @@ mod tests {
         assert!(o.addresses);
         assert_eq!((o.max_queue, o.batch_size), (1000, 1000));
         assert_eq!(o.export_interval, Duration::from_millis(200));
+        let o = options(&format!("{BASE}BATCH_SIZE = 2048\n")).unwrap();
+        assert_eq!(o.batch_size, MAX_BATCH_SIZE);
     }
 
     #[test]

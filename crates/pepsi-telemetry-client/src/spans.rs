@@ -1,20 +1,28 @@
-//! The spans' way through the client: the socket task takes each datagram, reads it
-//! (`SpanRecord::decode`, a malformed one counted and dropped), applies the privacy rule,
-//! records its metrics and queues it; the export task sends the queue in batches of
-//! BATCH_SIZE, every EXPORT_INTERVAL or as soon as a batch is full. A batch the receiver did
-//! not take goes back to the front of the queue and the next try waits longer, doubling up
-//! to 30 seconds; the queue stays within MAX_QUEUE all along, dropping (and counting) its
-//! oldest spans. Nothing waits on the client: a process hands its span to the socket and
-//! goes on, whatever becomes of it here.
+//! The spans' way through the client: the socket task takes each datagram and reads it
+//! (`Datagram::decode`, a malformed one counted and dropped). A span gets the privacy rule,
+//! its metrics, the drops its sender reports (`senders`) and a place in the queue; a
+//! program's counters go to their instruments. The export task sends the queue in batches
+//! of BATCH_SIZE, every EXPORT_INTERVAL or as soon as a batch is full.
+//!
+//! What becomes of a batch the receiver did not take depends on why (`verdict`). When
+//! trying again may help (no answer, 401, 403, 408, 429, 5xx) it goes back to the front of
+//! the queue and the next try waits longer, doubling up to 30 seconds; the queue stays
+//! within MAX_QUEUE all along, dropping (and counting) its oldest spans. When it cannot (400,
+//! 413 and the other 4xx: a batch the receiver will never take) it is dropped and counted,
+//! so one bad span cannot stop the export; a 413 first has the batch sent once more in two
+//! halves, each taken or dropped on its own. Nothing waits on the client: a process hands
+//! its span to the socket and goes on, whatever becomes of it here.
 
+use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use http::StatusCode;
 use opentelemetry::InstrumentationScope;
 use opentelemetry_sdk::trace::SpanExporter as _;
-use pepsi_contract::telemetry::SpanRecord;
 use pepsi_contract::telemetry::wire::MAX_DATAGRAM;
+use pepsi_contract::telemetry::{Datagram, SpanRecord};
 use tokio::net::UnixDatagram;
 use tokio::sync::{Notify, watch};
 
@@ -22,7 +30,8 @@ use crate::convert::{admit, span_data};
 use crate::health::{Change, Health};
 use crate::metrics::{DropReason, Instruments};
 use crate::queue::Bounded;
-use crate::transport::Transport;
+use crate::senders::{MAX_SENDERS, SenderDrops};
+use crate::transport::{Failure, Transport};
 
 /// The longest wait between two tries while the receiver does not take the spans.
 pub const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -118,6 +127,7 @@ pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
     // One octet more than a datagram may have, so that one too large shows as such.
     let mut buf = vec![0u8; MAX_DATAGRAM + 1];
     let mut malformed_seen = false;
+    let mut senders = SenderDrops::new(MAX_SENDERS);
     loop {
         let n = match socket.recv(&mut buf).await {
             Ok(n) => n,
@@ -127,15 +137,18 @@ pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
                 continue;
             }
         };
-        match SpanRecord::decode(&buf[..n]) {
-            Ok(rec) => {
-                let rec = admit(rec, spans.addresses);
+        match Datagram::decode(&buf[..n]) {
+            Ok(Datagram::Span(rec)) => {
+                let rec = admit(*rec, spans.addresses);
+                let lost = senders.report(rec.pid, &rec.program, rec.sender_dropped);
+                spans.instruments.dropped(DropReason::Sender, lost);
                 spans.instruments.record(&rec);
                 let dropped = spans.queue.push(rec);
                 spans
                     .queue
                     .overflowed(dropped, &spans.instruments, spans.max_queue);
             }
+            Ok(Datagram::Counters(rec)) => spans.instruments.add_counters(&rec),
             Err(e) => {
                 spans.instruments.dropped(DropReason::Malformed, 1);
                 if malformed_seen {
@@ -148,6 +161,36 @@ pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
                 }
             }
         }
+    }
+}
+
+/// What to do with a batch the receiver did not take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Verdict {
+    /// Keep it and try again later: the receiver may take it then (it was not reached, did
+    /// not accept the token yet, was busy or broken).
+    Retry,
+    /// Drop it: the receiver will never take it as it is.
+    Drop,
+    /// Too large for the receiver: send it once more in two halves.
+    Split,
+}
+
+/// The verdict on an export the receiver answered with `status`, or did not answer (none).
+/// Only a 4xx the client cannot cure by waiting drops a batch: 401 and 403 (the token, an
+/// operator's fix away), 408 and 429 (a slow or busy moment) are tried again, like every
+/// 5xx, a missing answer and anything else unexpected.
+pub fn verdict(status: Option<StatusCode>) -> Verdict {
+    match status {
+        Some(StatusCode::PAYLOAD_TOO_LARGE) => Verdict::Split,
+        Some(
+            StatusCode::UNAUTHORIZED
+            | StatusCode::FORBIDDEN
+            | StatusCode::REQUEST_TIMEOUT
+            | StatusCode::TOO_MANY_REQUESTS,
+        ) => Verdict::Retry,
+        Some(s) if s.is_client_error() => Verdict::Drop,
+        _ => Verdict::Retry,
     }
 }
 
@@ -167,47 +210,139 @@ pub struct Export {
     pub endpoint: String,
     pub interval: Duration,
     pub scope: InstrumentationScope,
-    pub health: Health,
+    health: Health,
+    /// The statuses a dropped batch was logged for already (none: no answer).
+    rejections_logged: Mutex<BTreeSet<Option<u16>>>,
 }
 
+/// What became of one request the receiver did not take: what to do with it, the status
+/// (none without an answer) and the story for the log.
+type Refusal = (Verdict, Option<StatusCode>, String);
+
 impl Export {
-    /// Sends one batch; on failure it goes back to the queue. Returns whether the
-    /// receiver took it.
-    async fn send(&self, spans: &Spans, batch: Vec<SpanRecord>) -> bool {
-        let n = batch.len();
+    pub fn new(
+        exporter: opentelemetry_otlp::SpanExporter,
+        transport: Transport,
+        endpoint: String,
+        interval: Duration,
+        scope: InstrumentationScope,
+    ) -> Export {
+        Export {
+            exporter,
+            transport,
+            endpoint,
+            interval,
+            scope,
+            health: Health::default(),
+            rejections_logged: Mutex::new(BTreeSet::new()),
+        }
+    }
+
+    /// One request with `batch`: taken, or why not. A batch the exporter refused to send
+    /// itself (it could not encode it, or it is over the exporter's own size limit) never
+    /// reached the transport, and no retry changes it: it is judged as too large.
+    async fn attempt(&self, batch: &[SpanRecord]) -> Result<(), Refusal> {
         let data = batch.iter().map(|r| span_data(r, &self.scope)).collect();
+        // A failure left from a request whose result was not looked at is no news of this one.
+        let _ = self.transport.take_failure();
         match self.exporter.export(data).await {
-            Ok(()) => {
-                spans.instruments.exported(n as u64);
-                if let Change::Recovered { failures } = self.health.succeeded() {
-                    let dropped = spans.queue.dropped_meanwhile.swap(0, Ordering::Relaxed);
-                    tracing::info!(
-                        "spans reach {} again, after {failures} failed export(s); {dropped} span(s) dropped meanwhile",
-                        self.endpoint
-                    );
+            Ok(()) => Ok(()),
+            Err(e) => Err(match self.transport.take_failure() {
+                Some(Failure { status, text }) => (verdict(status), status, text),
+                None => (Verdict::Split, None, e.to_string()),
+            }),
+        }
+    }
+
+    /// Counts `n` spans taken, and says so when exports work again.
+    fn taken(&self, spans: &Spans, n: usize) {
+        spans.instruments.exported(n as u64);
+        if let Change::Recovered { failures } = self.health.succeeded() {
+            let dropped = spans.queue.dropped_meanwhile.swap(0, Ordering::Relaxed);
+            tracing::info!(
+                "spans reach {} again, after {failures} failed export(s); {dropped} span(s) dropped meanwhile",
+                self.endpoint
+            );
+        }
+    }
+
+    /// Drops a batch the receiver will not take, counted; logged once per status.
+    fn reject(&self, spans: &Spans, n: usize, status: Option<StatusCode>, why: &str) {
+        spans.instruments.dropped(DropReason::Rejected, n as u64);
+        let first = self
+            .rejections_logged
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(status.map(|s| s.as_u16()));
+        if first {
+            tracing::warn!(
+                "span export to {}: {why}; dropped {n} span(s) that sending again would not help (pepsi.telemetry.dropped_spans, reason rejected; said once for this answer)",
+                self.endpoint
+            );
+        } else {
+            tracing::debug!(
+                "span export to {}: {why}; dropped {n} span(s)",
+                self.endpoint
+            );
+        }
+    }
+
+    /// Puts a batch that may get through later back at the front of the queue.
+    fn keep(&self, spans: &Spans, batch: Vec<SpanRecord>, why: &str) {
+        let dropped = spans.queue.requeue(batch);
+        spans
+            .queue
+            .overflowed(dropped, &spans.instruments, spans.max_queue);
+        if self.health.failed() == Change::Failing {
+            tracing::warn!(
+                "span export to {} failed: {why}; keeping at most MAX_QUEUE = {} spans and trying again, backing off up to {}s, quietly until it works",
+                self.endpoint,
+                spans.max_queue,
+                MAX_BACKOFF.as_secs()
+            );
+        } else {
+            tracing::debug!("span export to {} failed again: {why}", self.endpoint);
+        }
+    }
+
+    /// Sends one batch: taken, dropped for good, or back to the queue (`verdict`); a batch
+    /// too large goes once more in two halves, each taken, dropped or kept on its own.
+    /// Returns whether to go on sending: false when some of it went back to the queue.
+    async fn send(&self, spans: &Spans, batch: Vec<SpanRecord>) -> bool {
+        let Err((verdict, status, why)) = self.attempt(&batch).await else {
+            self.taken(spans, batch.len());
+            return true;
+        };
+        match verdict {
+            Verdict::Retry => {
+                self.keep(spans, batch, &why);
+                false
+            }
+            Verdict::Split if batch.len() > 1 => {
+                tracing::debug!(
+                    "span export to {}: {why}; sending the {} spans again in two halves",
+                    self.endpoint,
+                    batch.len()
+                );
+                let mut first = batch;
+                let second = first.split_off(first.len() / 2);
+                let mut halves = [first, second].into_iter();
+                while let Some(half) = halves.next() {
+                    match self.attempt(&half).await {
+                        Ok(()) => self.taken(spans, half.len()),
+                        Err((Verdict::Retry, _, why)) => {
+                            let rest = half.into_iter().chain(halves.flatten()).collect();
+                            self.keep(spans, rest, &why);
+                            return false;
+                        }
+                        Err((_, status, why)) => self.reject(spans, half.len(), status, &why),
+                    }
                 }
                 true
             }
-            Err(e) => {
-                let dropped = spans.queue.requeue(batch);
-                spans
-                    .queue
-                    .overflowed(dropped, &spans.instruments, spans.max_queue);
-                let why = self
-                    .transport
-                    .take_failure()
-                    .unwrap_or_else(|| e.to_string());
-                if self.health.failed() == Change::Failing {
-                    tracing::warn!(
-                        "span export to {} failed: {why}; keeping at most MAX_QUEUE = {} spans and trying again, backing off up to {}s, quietly until it works",
-                        self.endpoint,
-                        spans.max_queue,
-                        MAX_BACKOFF.as_secs()
-                    );
-                } else {
-                    tracing::debug!("span export to {} failed again: {why}", self.endpoint);
-                }
-                false
+            Verdict::Split | Verdict::Drop => {
+                self.reject(spans, batch.len(), status, &why);
+                true
             }
         }
     }
@@ -285,6 +420,32 @@ mod tests {
         ];
         for (interval, failures, want) in cases {
             assert_eq!(backoff(interval, failures), want, "{interval:?} {failures}");
+        }
+    }
+
+    #[test]
+    fn only_what_waiting_cannot_cure_drops_a_batch() {
+        use Verdict::*;
+        let cases = [
+            (None, Retry),
+            (Some(400), Drop),
+            (Some(401), Retry),
+            (Some(403), Retry),
+            (Some(404), Drop),
+            (Some(405), Drop),
+            (Some(408), Retry),
+            (Some(413), Split),
+            (Some(415), Drop),
+            (Some(422), Drop),
+            (Some(429), Retry),
+            (Some(500), Retry),
+            (Some(502), Retry),
+            (Some(503), Retry),
+            (Some(302), Retry),
+        ];
+        for (status, want) in cases {
+            let status = status.map(|s| StatusCode::from_u16(s).unwrap());
+            assert_eq!(verdict(status), want, "{status:?}");
         }
     }
 }

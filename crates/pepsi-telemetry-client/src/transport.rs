@@ -7,14 +7,16 @@
 //! The metric exporter runs on the SDK's own reader thread, outside any Tokio runtime:
 //! each request is spawned onto the runtime the transport was made on and its `JoinHandle`
 //! awaited, which any executor can do. A failure's whole story (the connection refused,
-//! the receiver's status and answer) is kept for the log, since the exporter reports only
-//! "network error" or the status code.
+//! the receiver's status and answer) is kept (`Failure`), since the exporter reports only
+//! "network error" or a text: the log tells it, and the span export decides by its status
+//! whether a batch is worth sending again.
 
 use std::sync::{Arc, Mutex};
 
 use anyhow::Context as _;
 use async_trait::async_trait;
 use bytes::{Bytes, BytesMut};
+use http::StatusCode;
 use http::header::{AUTHORIZATION, HeaderValue};
 use opentelemetry_http::{HttpClient, HttpError, Request, Response};
 
@@ -25,13 +27,24 @@ const MAX_RESPONSE: usize = 1 << 20;
 /// The most of a refusal's text kept for the log.
 const MAX_SHOWN: usize = 200;
 
+/// What the last failed request met.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Failure {
+    /// The receiver's status; none when no answer came (no connection, a timeout, a broken
+    /// answer).
+    pub status: Option<StatusCode>,
+    /// The whole story, for the log: the URL and the cause, or the status and what the
+    /// receiver said.
+    pub text: String,
+}
+
 /// One signal's way to the receiver. Clones share the connections and the failure record.
 #[derive(Clone)]
 pub struct Transport {
     http: reqwest::Client,
     authorization: HeaderValue,
     runtime: tokio::runtime::Handle,
-    last_failure: Arc<Mutex<Option<String>>>,
+    last_failure: Arc<Mutex<Option<Failure>>>,
 }
 
 impl std::fmt::Debug for Transport {
@@ -80,15 +93,16 @@ impl Transport {
         }
     }
 
-    /// What the last failed request met, taken (none after a success).
-    pub fn take_failure(&self) -> Option<String> {
+    /// What the last failed request met, taken (none after a success, and none when no
+    /// request was made since the last time it was taken).
+    pub fn take_failure(&self) -> Option<Failure> {
         self.last_failure
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .take()
     }
 
-    fn note(&self, failure: Option<String>) {
+    fn note(&self, failure: Option<Failure>) {
         *self.last_failure.lock().unwrap_or_else(|e| e.into_inner()) = failure;
     }
 }
@@ -158,15 +172,21 @@ impl HttpClient for Transport {
             Ok(response) => {
                 let said = pepsi_conf::text::one_line(&String::from_utf8_lossy(response.body()));
                 let said = pepsi_conf::text::clip(&said, MAX_SHOWN);
-                self.note(Some(format!(
-                    "the receiver answered {} to {url}{}{said}",
-                    response.status(),
-                    if said.is_empty() { "" } else { ": " }
-                )));
+                self.note(Some(Failure {
+                    status: Some(response.status()),
+                    text: format!(
+                        "the receiver answered {} to {url}{}{said}",
+                        response.status(),
+                        if said.is_empty() { "" } else { ": " }
+                    ),
+                }));
                 Ok(response)
             }
             Err(text) => {
-                self.note(Some(text.clone()));
+                self.note(Some(Failure {
+                    status: None,
+                    text: text.clone(),
+                }));
                 Err(text.into())
             }
         }

@@ -8,11 +8,18 @@
 //! read reads and drops a bounded part of it first (a connection closed on unread data is
 //! reset, and the client would see the reset rather than the answer), then closes the
 //! connection.
+//!
+//! A body is trimmed to MAX_ITEMS, decoded and converted on a blocking thread, as many at
+//! once as there are processors, so that a large one never holds up the others' I/O.
+//! `/healthz`, which needs no token, asks the database at most once every [`HEALTH_TTL`]
+//! however many ask it, and every answer without a token closes its connection: a client
+//! without a token can neither keep the pool busy nor keep connections open.
 
+use std::future::Future;
 use std::io::Read as _;
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::body::Body;
@@ -30,10 +37,13 @@ use opentelemetry_proto::tonic::collector::trace::v1::{
 };
 use prost::Message as _;
 use sqlx::PgPool;
+use tokio::sync::{Mutex, Semaphore};
 
-use crate::convert;
+use crate::convert::{self, Converted, Limits};
+use crate::options::Options;
 use crate::store;
 use crate::tokens::Tokens;
+use crate::trim::{self, Trimmed};
 
 /// How much of a refused request's body is read and dropped before the answer, and for how
 /// long: a connection closed on unread data is reset, and the client would see that reset
@@ -48,12 +58,77 @@ pub const PROTOBUF: &str = "application/x-protobuf";
 #[derive(Debug, Clone, Copy)]
 pub struct Peer(pub SocketAddr);
 
+/// How long `/healthz` answers from the database's last answer.
+pub const HEALTH_TTL: Duration = Duration::from_secs(2);
+
+/// How long `/healthz` waits for the database.
+const HEALTH_WAIT: Duration = Duration::from_secs(5);
+
+/// How many times MAX_BODY the attributes of one request's rows may come to.
+const ATTRIBUTE_BYTES_PER_BODY_BYTE: usize = 16;
+
 /// What the handlers share.
 pub struct App {
     pub pool: PgPool,
     pub tokens: Tokens,
     pub max_body: usize,
     pub request_timeout: Duration,
+    /// MAX_ITEMS.
+    pub max_items: usize,
+    pub limits: Limits,
+    pub health: Health,
+    /// Bodies decoded and converted at once.
+    pub converting: Semaphore,
+}
+
+impl App {
+    pub fn new(pool: PgPool, tokens: Tokens, options: &Options) -> App {
+        let processors = std::thread::available_parallelism().map_or(2, |n| n.get());
+        App {
+            pool,
+            tokens,
+            max_body: options.max_body,
+            request_timeout: options.request_timeout,
+            max_items: options.max_items,
+            limits: Limits {
+                attributes: options.max_attributes,
+                attribute_bytes: options
+                    .max_body
+                    .saturating_mul(ATTRIBUTE_BYTES_PER_BODY_BYTE),
+            },
+            health: Health::new(HEALTH_TTL),
+            converting: Semaphore::new(processors),
+        }
+    }
+}
+
+/// The last answer of a health check, given again to whoever asks within its time to live;
+/// one check at a time, the others waiting for its answer.
+pub struct Health {
+    ttl: Duration,
+    last: Mutex<Option<(Instant, bool)>>,
+}
+
+impl Health {
+    pub fn new(ttl: Duration) -> Health {
+        Health {
+            ttl,
+            last: Mutex::new(None),
+        }
+    }
+
+    /// The last answer when it is younger than the time to live, else `probe`'s.
+    pub async fn check<F: Future<Output = bool>>(&self, probe: impl FnOnce() -> F) -> bool {
+        let mut last = self.last.lock().await;
+        if let Some((at, healthy)) = *last
+            && at.elapsed() < self.ttl
+        {
+            return healthy;
+        }
+        let healthy = probe().await;
+        *last = Some((Instant::now(), healthy));
+        healthy
+    }
 }
 
 /// The routes.
@@ -73,41 +148,55 @@ fn error(status: StatusCode, text: impl Into<String>) -> Response {
 }
 
 async fn not_found(req: Request) -> Response {
-    error(
+    closing(error(
         StatusCode::NOT_FOUND,
         format!(
             "no such endpoint: {}; the receiver serves POST /v1/traces, POST /v1/metrics and GET /healthz",
             req.uri().path()
         ),
-    )
+    ))
 }
 
 async fn wrong_method(req: Request) -> Response {
-    error(
+    closing(error(
         StatusCode::METHOD_NOT_ALLOWED,
         format!(
             "{} is not served on {}: exports are POSTed, /healthz is read with GET",
             req.method(),
             req.uri().path()
         ),
-    )
+    ))
 }
 
 async fn healthz(State(app): State<Arc<App>>) -> Response {
-    match store::healthy(&app.pool).await {
-        Ok(()) => (
+    let healthy = app
+        .health
+        .check(|| async {
+            match tokio::time::timeout(HEALTH_WAIT, store::healthy(&app.pool)).await {
+                Ok(Ok(())) => true,
+                Ok(Err(e)) => {
+                    tracing::warn!("/healthz: the database does not answer: {e}");
+                    false
+                }
+                Err(_) => {
+                    tracing::warn!("/healthz: the database did not answer within {HEALTH_WAIT:?}");
+                    false
+                }
+            }
+        })
+        .await;
+    closing(if healthy {
+        (
             [(header::CONTENT_TYPE, "application/json")],
             r#"{"status":"ok"}"#,
         )
-            .into_response(),
-        Err(e) => {
-            tracing::warn!("/healthz: the database does not answer: {e}");
-            error(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "the database does not answer",
-            )
-        }
-    }
+            .into_response()
+    } else {
+        error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the database does not answer",
+        )
+    })
 }
 
 /// What an export carries.
@@ -118,6 +207,13 @@ enum Signal {
 }
 
 impl Signal {
+    fn item(self) -> &'static str {
+        match self {
+            Signal::Traces => "span",
+            Signal::Metrics => "data point",
+        }
+    }
+
     fn items(self) -> &'static str {
         match self {
             Signal::Traces => "spans",
@@ -383,31 +479,36 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
             return r.response();
         }
     };
-    let bad = |e: prost::DecodeError| {
-        tracing::info!(%client, "{}: not a {}: {e}", parts.uri.path(), signal.message());
-        error(
-            StatusCode::BAD_REQUEST,
-            format!("the body is not a protobuf {}: {e}", signal.message()),
-        )
-    };
     match signal {
         Signal::Traces => {
-            let request = match ExportTraceServiceRequest::decode(bytes) {
-                Ok(r) => r,
-                Err(e) => return bad(e),
+            let converted = match decoded::<ExportTraceServiceRequest, _>(
+                app,
+                signal,
+                bytes,
+                trim::traces,
+                convert::spans,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(r) => {
+                    tracing::info!(%client, "{}: {}", parts.uri.path(), r.text);
+                    return error(r.status, r.text);
+                }
             };
-            let converted = convert::spans(request);
             let stored = match store::insert_spans(&app.pool, &converted.rows).await {
                 Ok(n) => n,
                 Err(e) => return unavailable(signal, &e),
             };
-            let partial = converted.error_message(signal.items()).map(|message| {
-                tracing::warn!(%client, "{message}");
-                ExportTracePartialSuccess {
-                    rejected_spans: converted.rejected,
-                    error_message: message,
-                }
-            });
+            let partial = converted
+                .error_message(signal.item(), signal.items())
+                .map(|message| {
+                    tracing::warn!(%client, "{message}");
+                    ExportTracePartialSuccess {
+                        rejected_spans: converted.rejected,
+                        error_message: message,
+                    }
+                });
             tracing::debug!(
                 %client,
                 received = converted.rows.len(),
@@ -423,22 +524,34 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
             )
         }
         Signal::Metrics => {
-            let request = match ExportMetricsServiceRequest::decode(bytes) {
-                Ok(r) => r,
-                Err(e) => return bad(e),
+            let converted = match decoded::<ExportMetricsServiceRequest, _>(
+                app,
+                signal,
+                bytes,
+                trim::metrics,
+                convert::metrics,
+            )
+            .await
+            {
+                Ok(c) => c,
+                Err(r) => {
+                    tracing::info!(%client, "{}: {}", parts.uri.path(), r.text);
+                    return error(r.status, r.text);
+                }
             };
-            let converted = convert::metrics(request);
             let stored = match store::insert_metrics(&app.pool, &converted.rows).await {
                 Ok(n) => n,
                 Err(e) => return unavailable(signal, &e),
             };
-            let partial = converted.error_message(signal.items()).map(|message| {
-                tracing::warn!(%client, "{message}");
-                ExportMetricsPartialSuccess {
-                    rejected_data_points: converted.rejected,
-                    error_message: message,
-                }
-            });
+            let partial = converted
+                .error_message(signal.item(), signal.items())
+                .map(|message| {
+                    tracing::warn!(%client, "{message}");
+                    ExportMetricsPartialSuccess {
+                        rejected_data_points: converted.rejected,
+                        error_message: message,
+                    }
+                });
             tracing::debug!(
                 %client,
                 stored,
@@ -452,5 +565,110 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
                 .encode_to_vec(),
             )
         }
+    }
+}
+
+/// `bytes` trimmed to MAX_ITEMS, decoded and converted, on a blocking thread; the items
+/// beyond MAX_ITEMS are counted as rejected, after those rejected for what they are.
+async fn decoded<M, R>(
+    app: &App,
+    signal: Signal,
+    bytes: Bytes,
+    trim: fn(&[u8], usize) -> Result<Trimmed, String>,
+    convert: fn(M, &Limits) -> Converted<R>,
+) -> Result<Converted<R>, Refusal>
+where
+    M: prost::Message + Default + 'static,
+    R: Send + 'static,
+{
+    let (max_items, limits) = (app.max_items, app.limits);
+    let not_the_message = move |e: String| {
+        Refusal::new(
+            StatusCode::BAD_REQUEST,
+            format!("the body is not a protobuf {}: {e}", signal.message()),
+        )
+    };
+    let _slot = app
+        .converting
+        .acquire()
+        .await
+        .expect("the semaphore is never closed");
+    let work = tokio::task::spawn_blocking(move || {
+        let trimmed = trim(&bytes, max_items).map_err(not_the_message)?;
+        drop(bytes);
+        let request =
+            M::decode(trimmed.bytes.as_slice()).map_err(|e| not_the_message(e.to_string()))?;
+        drop(trimmed.bytes);
+        let mut converted = convert(request, &limits);
+        converted.reject(trimmed.beyond, || {
+            format!(
+                "{} {} beyond MAX_ITEMS ({max_items} a request); export smaller batches",
+                trimmed.beyond,
+                if trimmed.beyond == 1 {
+                    signal.item()
+                } else {
+                    signal.items()
+                }
+            )
+        });
+        Ok(converted)
+    });
+    match work.await {
+        Ok(result) => result,
+        Err(e) => {
+            tracing::error!("reading an {} failed: {e}", signal.message());
+            Err(Refusal::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!(
+                    "the {} could not be read (an internal error)",
+                    signal.message()
+                ),
+            ))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+
+    /// Health probes made while `health` answers `callers` at once.
+    async fn probes(health: Arc<Health>, callers: usize) -> usize {
+        let probed = Arc::new(AtomicUsize::new(0));
+        let mut all = tokio::task::JoinSet::new();
+        for _ in 0..callers {
+            let (health, probed) = (health.clone(), probed.clone());
+            all.spawn(async move {
+                health
+                    .check(|| async {
+                        probed.fetch_add(1, Ordering::SeqCst);
+                        tokio::task::yield_now().await;
+                        true
+                    })
+                    .await
+            });
+        }
+        while let Some(healthy) = all.join_next().await {
+            assert!(healthy.unwrap());
+        }
+        probed.load(Ordering::SeqCst)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn many_callers_of_healthz_make_one_database_query_per_interval() {
+        let cached = Arc::new(Health::new(Duration::from_secs(3600)));
+        assert_eq!(probes(cached.clone(), 200).await, 1);
+        assert_eq!(probes(cached, 200).await, 0, "still fresh");
+        // With no time to live, every caller asks, one after the other.
+        assert_eq!(probes(Arc::new(Health::new(Duration::ZERO)), 20).await, 20);
+    }
+
+    #[tokio::test]
+    async fn an_unhealthy_answer_is_kept_as_well() {
+        let health = Health::new(Duration::from_secs(3600));
+        assert!(!health.check(|| async { false }).await);
+        assert!(!health.check(|| async { true }).await);
     }
 }

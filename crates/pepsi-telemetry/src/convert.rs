@@ -7,11 +7,27 @@
 //! own attributes in one flat object, the item's own winning over the resource's when a name
 //! is in both. Sums and histograms add `otel.metric.temporality` (`delta`, `cumulative`)
 //! and sums `otel.metric.monotonic`. The Pepsi facts (`pepsi_contract::telemetry::attr`)
-//! are lifted from that object into columns, and stay in it too.
+//! are lifted from that object into columns, and stay in it too. The resource's and the
+//! scope's part is made once per scope, and each item's row starts from it.
 //!
 //! Values: strings, booleans, integers and arrays and key-value lists as JSON; a double
 //! that is not finite as its text (`NaN`, `inf`), bytes as lower-case hex. PostgreSQL keeps
 //! no NUL in text or jsonb, so a NUL anywhere in a string becomes U+FFFD.
+//!
+//! Bounds, so that what one request costs is bounded by its size rather than by what it
+//! repeats: at most [`Limits::attributes`] attributes of a resource, a span or a point (the
+//! rest are left out and counted in `otel.dropped_attributes_count`, with those the sender
+//! says it dropped); strings cut at [`MAX_STRING`] bytes and names at [`MAX_KEY`], on a
+//! character boundary; arrays and key-value lists cut at [`MAX_LIST`] entries and nested
+//! at most [`MAX_DEPTH`] deep (a list deeper is null); and the rows of one request holding
+//! at most [`Limits::attribute_bytes`] of attributes, the items beyond rejected. A span's
+//! name is cut at [`MAX_COLUMN`] bytes, a metric's unit too; a span whose service, host,
+//! stage or outcome is longer than [`MAX_COLUMN`] bytes, or whose message id is longer than
+//! [`MAX_MESSAGE_ID`], is rejected, and so is a point whose metric name, service or host is
+//! longer than [`MAX_COLUMN`]: those are what the rows are found by, and a cut one would
+//! name something else (an indexed text beyond about 2.7 KB would fail the whole
+//! transaction). The number of items a request may carry is bounded before decoding
+//! (`trim`).
 
 use chrono::{DateTime, Utc};
 use opentelemetry_proto::tonic::collector::metrics::v1::ExportMetricsServiceRequest;
@@ -27,6 +43,40 @@ use serde_json::{Map, Value};
 
 /// One row of `pepsi.telemetry_span`: the contract's type, which pepsi-httpd reads back.
 pub use pepsi_contract::telemetry::SpanRow;
+
+/// The longest string value kept, in bytes; a longer one is cut.
+pub const MAX_STRING: usize = 4096;
+/// The longest attribute name kept, in bytes; a longer one is cut.
+pub const MAX_KEY: usize = 256;
+/// The most entries of an array or a key-value list kept.
+pub const MAX_LIST: usize = 128;
+/// How deep arrays and key-value lists may nest: an attribute's value is at depth 1.
+pub const MAX_DEPTH: usize = 4;
+/// The longest span name, metric name or unit, service, host, stage and outcome, in bytes.
+pub const MAX_COLUMN: usize = 256;
+/// The longest message id, in bytes: RFC 5322's longest line.
+pub const MAX_MESSAGE_ID: usize = 998;
+/// The attribute counting what a row lacks of the sender's attributes.
+pub const DROPPED: &str = "otel.dropped_attributes_count";
+
+/// What one request may cost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// MAX_ATTRIBUTES: attributes kept of a resource, a span or a point.
+    pub attributes: usize,
+    /// Bytes of attributes (as JSON, about) the rows of one request may hold all told; an
+    /// item that would pass it is rejected.
+    pub attribute_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            attributes: 128,
+            attribute_bytes: 64 << 20,
+        }
+    }
+}
 
 /// The kinds of `pepsi.telemetry_metric.kind`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,20 +133,25 @@ impl<R> Converted<R> {
         }
     }
 
-    fn reject(&mut self, n: usize, why: impl FnOnce() -> String) {
+    /// Counts `n` more items rejected; `why` is kept when it is the first reason.
+    pub fn reject(&mut self, n: u64, why: impl FnOnce() -> String) {
         if n == 0 {
             return;
         }
-        self.rejected += i64::try_from(n).unwrap_or(i64::MAX);
+        self.rejected = self
+            .rejected
+            .saturating_add(i64::try_from(n).unwrap_or(i64::MAX));
         if self.first_problem.is_none() {
             self.first_problem = Some(why());
         }
     }
 
     /// The `partial_success.error_message` of the answer: how many were rejected, and the
-    /// first reason; None when nothing was.
-    pub fn error_message(&self, items: &str) -> Option<String> {
+    /// first reason; None when nothing was. `one` and `many` name the items (`span`,
+    /// `spans`).
+    pub fn error_message(&self, one: &str, many: &str) -> Option<String> {
         let first = self.first_problem.as_deref()?;
+        let items = if self.rejected == 1 { one } else { many };
         Some(format!(
             "{} {items} rejected; the first: {first}",
             self.rejected
@@ -113,6 +168,32 @@ fn clean(text: String) -> String {
     }
 }
 
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn cut(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
+/// `text` cut to `max` bytes and without NUL (a NUL's replacement is longer, hence the
+/// second cut).
+fn bounded(text: String, max: usize) -> String {
+    cut(clean(cut(text, max)), max)
+}
+
+/// `text` as an error message shows it: its first 64 bytes.
+fn abbreviated(text: &str) -> String {
+    if text.len() <= 64 {
+        return text.to_owned();
+    }
+    format!("{}…", cut(text.to_owned(), 64))
+}
+
 fn hex(bytes: &[u8]) -> String {
     use std::fmt::Write as _;
     bytes.iter().fold(String::new(), |mut s, b| {
@@ -121,69 +202,179 @@ fn hex(bytes: &[u8]) -> String {
     })
 }
 
-/// An attribute value as JSON.
-fn json(value: Option<AnyValue>) -> Value {
+/// An attribute value at `depth` (1 for an attribute's own) as JSON.
+fn json(value: Option<AnyValue>, depth: usize) -> Value {
     use any_value::Value as V;
     match value.and_then(|v| v.value) {
         None | Some(V::StringValueStrindex(_)) => Value::Null,
-        Some(V::StringValue(s)) => Value::String(clean(s)),
+        Some(V::StringValue(s)) => Value::String(bounded(s, MAX_STRING)),
         Some(V::BoolValue(b)) => Value::Bool(b),
         Some(V::IntValue(i)) => Value::from(i),
         Some(V::DoubleValue(d)) => serde_json::Number::from_f64(d)
             .map(Value::Number)
             .unwrap_or_else(|| Value::String(d.to_string())),
-        Some(V::ArrayValue(a)) => {
-            Value::Array(a.values.into_iter().map(|v| json(Some(v))).collect())
-        }
-        Some(V::KvlistValue(kv)) => {
+        Some(V::ArrayValue(a)) if depth <= MAX_DEPTH => Value::Array(
+            a.values
+                .into_iter()
+                .take(MAX_LIST)
+                .map(|v| json(Some(v), depth + 1))
+                .collect(),
+        ),
+        Some(V::KvlistValue(kv)) if depth <= MAX_DEPTH => {
             let mut map = Map::new();
-            put(&mut map, kv.values);
+            for kv in kv.values.into_iter().take(MAX_LIST) {
+                map.insert(bounded(kv.key, MAX_KEY), json(kv.value, depth + 1));
+            }
             Value::Object(map)
         }
-        Some(V::BytesValue(b)) => Value::String(hex(&b)),
+        Some(V::ArrayValue(_) | V::KvlistValue(_)) => Value::Null,
+        Some(V::BytesValue(b)) => Value::String(hex(&b[..b.len().min(MAX_STRING / 2)])),
     }
 }
 
-/// Adds `attributes` to `map`, replacing what it holds under the same names.
-fn put(map: &mut Map<String, Value>, attributes: Vec<KeyValue>) {
-    for kv in attributes {
-        map.insert(clean(kv.key), json(kv.value));
+/// About the bytes `value` takes as JSON (escapes aside).
+fn size(value: &Value) -> usize {
+    match value {
+        Value::Null | Value::Bool(_) => 5,
+        Value::Number(_) => 20,
+        Value::String(s) => s.len() + 2,
+        Value::Array(a) => a.iter().map(|v| size(v) + 1).sum::<usize>() + 2,
+        Value::Object(m) => map_size(m),
+    }
+}
+
+fn map_size(map: &Map<String, Value>) -> usize {
+    map.iter()
+        .map(|(k, v)| k.len() + 4 + size(v))
+        .sum::<usize>()
+        + 2
+}
+
+/// Attributes as JSON, with about the bytes they take and how many the sender's list has
+/// that they lack.
+#[derive(Debug, Clone, Default)]
+struct Attributes {
+    map: Map<String, Value>,
+    bytes: usize,
+    dropped: u64,
+}
+
+impl Attributes {
+    /// The first `limit` of `list`; the rest, and `dropped` the sender left out, are
+    /// counted.
+    fn of(list: Vec<KeyValue>, limit: usize, dropped: u32) -> Attributes {
+        let left_out = list.len().saturating_sub(limit) as u64;
+        let mut map = Map::new();
+        for kv in list.into_iter().take(limit) {
+            map.insert(bounded(kv.key, MAX_KEY), json(kv.value, 1));
+        }
+        Attributes {
+            bytes: map_size(&map),
+            map,
+            dropped: left_out + u64::from(dropped),
+        }
+    }
+
+    fn insert(&mut self, key: &str, value: Value) {
+        self.bytes += key.len() + 4 + size(&value);
+        self.map.insert(key.to_owned(), value);
     }
 }
 
 /// The attributes every item of a resource and scope starts from.
-fn base(resource: Option<Resource>, scope: Option<&InstrumentationScope>) -> Map<String, Value> {
-    let mut map = Map::new();
-    if let Some(resource) = resource {
-        put(&mut map, resource.attributes);
-    }
+fn base(resource: &Attributes, scope: Option<&InstrumentationScope>) -> Attributes {
+    let mut base = resource.clone();
     if let Some(scope) = scope {
         for (key, text) in [
             ("otel.scope.name", &scope.name),
             ("otel.scope.version", &scope.version),
         ] {
             if !text.is_empty() {
-                map.insert(key.to_owned(), Value::String(clean(text.clone())));
+                base.insert(key, Value::String(bounded(text.clone(), MAX_STRING)));
             }
         }
     }
-    map
+    base
 }
 
-fn text(map: &Map<String, Value>, key: &str) -> Option<String> {
-    map.get(key)
-        .and_then(Value::as_str)
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned)
+fn resource_attributes(resource: Option<Resource>, limits: &Limits) -> Attributes {
+    resource.map_or_else(Attributes::default, |r| {
+        Attributes::of(r.attributes, limits.attributes, r.dropped_attributes_count)
+    })
+}
+
+/// The item's own value of `key`, else the base's.
+fn lifted<'a>(own: &'a Attributes, base: &'a Attributes, key: &str) -> Option<&'a Value> {
+    own.map.get(key).or_else(|| base.map.get(key))
+}
+
+/// The text of `key` for its column, at most `max` bytes; why not when it is longer.
+fn column(
+    own: &Attributes,
+    base: &Attributes,
+    key: &str,
+    max: usize,
+) -> Result<Option<String>, String> {
+    match lifted(own, base, key).and_then(Value::as_str) {
+        None | Some("") => Ok(None),
+        Some(text) if text.len() > max => Err(format!(
+            "{key} {:?} is longer than {max} bytes",
+            abbreviated(text)
+        )),
+        Some(text) => Ok(Some(text.to_owned())),
+    }
 }
 
 /// `pepsi.queue_id`: an integer, or a string of one.
-fn queue_id(map: &Map<String, Value>) -> Option<i64> {
-    match map.get(attr::QUEUE_ID)? {
+fn queue_id(own: &Attributes, base: &Attributes) -> Option<i64> {
+    match lifted(own, base, attr::QUEUE_ID)? {
         Value::Number(n) => n.as_i64(),
         Value::String(s) => s.trim().parse().ok(),
         _ => None,
     }
+}
+
+/// What is left of the request's [`Limits::attribute_bytes`].
+struct Budget {
+    limit: usize,
+    left: usize,
+}
+
+impl Budget {
+    fn new(limits: &Limits) -> Budget {
+        Budget {
+            limit: limits.attribute_bytes,
+            left: limits.attribute_bytes,
+        }
+    }
+
+    /// Takes what a row of `base` and `own` attributes costs, or says why it cannot.
+    fn take(&mut self, base: &Attributes, own: &Attributes) -> Result<(), String> {
+        let cost = base.bytes.saturating_add(own.bytes);
+        if cost > self.left {
+            return Err(format!(
+                "its attributes (about {cost} bytes) pass the {} bytes of attributes one request may store; export smaller batches",
+                self.limit
+            ));
+        }
+        self.left -= cost;
+        Ok(())
+    }
+}
+
+/// The row's attributes: `base`, then `extra`, then `own`, which win; and what the row
+/// lacks, when it lacks something.
+fn merged(base: &Attributes, extra: &[(&'static str, Value)], own: Attributes) -> Value {
+    let mut map = base.map.clone();
+    for (key, value) in extra {
+        map.insert((*key).to_owned(), value.clone());
+    }
+    map.extend(own.map);
+    let dropped = base.dropped + own.dropped;
+    if dropped > 0 {
+        map.insert(DROPPED.to_owned(), Value::from(dropped));
+    }
+    Value::Object(map)
 }
 
 /// A time in nanoseconds since the epoch; 0 (unset) and what PostgreSQL cannot hold are
@@ -202,8 +393,13 @@ fn nonzero(id: &[u8]) -> bool {
 }
 
 /// Why `span` cannot be stored, or its row.
-fn span_row(span: Span, base: &Map<String, Value>) -> Result<SpanRow, String> {
-    let name = clean(span.name);
+fn span_row(
+    span: Span,
+    base: &Attributes,
+    limits: &Limits,
+    budget: &mut Budget,
+) -> Result<SpanRow, String> {
+    let name = bounded(span.name, MAX_COLUMN);
     let what = |problem: String| format!("span {name:?}: {problem}");
     if span.trace_id.len() != 16 || !nonzero(&span.trace_id) {
         return Err(what(format!(
@@ -253,7 +449,10 @@ fn span_row(span: Span, base: &Map<String, Value>) -> Result<SpanRow, String> {
         )));
     }
     let (status_code, status_message) = match span.status {
-        Some(s) => (s.code, Some(clean(s.message)).filter(|m| !m.is_empty())),
+        Some(s) => (
+            s.code,
+            Some(bounded(s.message, MAX_STRING)).filter(|m| !m.is_empty()),
+        ),
         None => (0, None),
     };
     let status_code = match i16::try_from(status_code) {
@@ -264,35 +463,51 @@ fn span_row(span: Span, base: &Map<String, Value>) -> Result<SpanRow, String> {
             )));
         }
     };
-    let mut map = base.clone();
-    put(&mut map, span.attributes);
+    let own = Attributes::of(
+        span.attributes,
+        limits.attributes,
+        span.dropped_attributes_count,
+    );
+    let text = |key, max| column(&own, base, key, max).map_err(what);
+    let service = text(attr::RESOURCE_SERVICE, MAX_COLUMN)?;
+    let host = text(attr::RESOURCE_HOST, MAX_COLUMN)?;
+    let stage = text(attr::STAGE, MAX_COLUMN)?;
+    let message_id = text(attr::MESSAGE_ID, MAX_MESSAGE_ID)?;
+    let outcome = text(attr::OUTCOME, MAX_COLUMN)?;
+    let queue_id = queue_id(&own, base);
+    budget.take(base, &own).map_err(what)?;
     Ok(SpanRow {
         trace_id: span.trace_id,
         span_id: span.span_id,
         parent_span_id,
         name,
-        service: text(&map, attr::RESOURCE_SERVICE),
-        host: text(&map, attr::RESOURCE_HOST),
-        stage: text(&map, attr::STAGE),
-        queue_id: queue_id(&map),
-        message_id: text(&map, attr::MESSAGE_ID),
-        outcome: text(&map, attr::OUTCOME),
+        service,
+        host,
+        stage,
+        queue_id,
+        message_id,
+        outcome,
         start_time,
         end_time,
-        attributes: Value::Object(map),
+        attributes: merged(base, &[], own),
         status_code,
         status_message,
     })
 }
 
 /// The spans of a traces request.
-pub fn spans(request: ExportTraceServiceRequest) -> Converted<SpanRow> {
+pub fn spans(request: ExportTraceServiceRequest, limits: &Limits) -> Converted<SpanRow> {
     let mut out = Converted::new();
+    let mut budget = Budget::new(limits);
     for resource_spans in request.resource_spans {
+        let resource = resource_attributes(resource_spans.resource, limits);
         for scope_spans in resource_spans.scope_spans {
-            let base = base(resource_spans.resource.clone(), scope_spans.scope.as_ref());
+            if scope_spans.spans.is_empty() {
+                continue;
+            }
+            let base = base(&resource, scope_spans.scope.as_ref());
             for span in scope_spans.spans {
-                match span_row(span, &base) {
+                match span_row(span, &base, limits, &mut budget) {
                     Ok(row) => out.rows.push(row),
                     Err(why) => out.reject(1, || why),
                 }
@@ -322,120 +537,154 @@ fn temporality(t: i32) -> Value {
     )
 }
 
-/// The row of a point with `attributes` at `time_unix_nano`, its values not set yet.
-fn point_row(
-    info: &MetricInfo,
-    base: &Map<String, Value>,
-    attributes: Vec<KeyValue>,
-    time_unix_nano: u64,
-) -> Result<MetricRow, String> {
-    let Some(time) = time(time_unix_nano) else {
-        return Err(format!(
-            "metric {:?}: a point at {time_unix_nano} (expected nanoseconds since 1970, before 2262)",
-            info.name
-        ));
-    };
-    let mut map = base.clone();
-    for (key, value) in &info.extra {
-        map.insert((*key).to_owned(), value.clone());
-    }
-    put(&mut map, attributes);
-    Ok(MetricRow {
-        name: info.name.clone(),
-        service: text(&map, attr::RESOURCE_SERVICE),
-        host: text(&map, attr::RESOURCE_HOST),
-        kind: info.kind,
-        unit: info.unit.clone(),
-        attributes: Value::Object(map),
-        time,
-        value: None,
-        count: None,
-        sum: None,
-        bounds: None,
-        bucket_counts: None,
-    })
+/// What one metric's points share and what each costs.
+struct Points<'a> {
+    info: MetricInfo,
+    base: &'a Attributes,
+    limits: &'a Limits,
 }
 
-fn number_row(
-    info: &MetricInfo,
-    base: &Map<String, Value>,
-    p: NumberDataPoint,
-) -> Result<MetricRow, String> {
-    let value = match p.value {
-        Some(number_data_point::Value::AsDouble(d)) => d,
-        Some(number_data_point::Value::AsInt(i)) => i as f64,
-        None => return Err(format!("metric {:?}: a point without a value", info.name)),
-    };
-    let mut row = point_row(info, base, p.attributes, p.time_unix_nano)?;
-    row.value = Some(value);
-    Ok(row)
+impl Points<'_> {
+    /// The row of a point with `attributes` at `time_unix_nano`, its values not set yet.
+    fn row(
+        &self,
+        budget: &mut Budget,
+        attributes: Vec<KeyValue>,
+        time_unix_nano: u64,
+    ) -> Result<MetricRow, String> {
+        let info = &self.info;
+        let what = |problem: String| format!("metric {:?}: {problem}", info.name);
+        let Some(time) = time(time_unix_nano) else {
+            return Err(what(format!(
+                "a point at {time_unix_nano} (expected nanoseconds since 1970, before 2262)"
+            )));
+        };
+        let own = Attributes::of(attributes, self.limits.attributes, 0);
+        let service = column(&own, self.base, attr::RESOURCE_SERVICE, MAX_COLUMN).map_err(what)?;
+        let host = column(&own, self.base, attr::RESOURCE_HOST, MAX_COLUMN).map_err(what)?;
+        budget.take(self.base, &own).map_err(what)?;
+        Ok(MetricRow {
+            name: info.name.clone(),
+            service,
+            host,
+            kind: info.kind,
+            unit: info.unit.clone(),
+            attributes: merged(self.base, &info.extra, own),
+            time,
+            value: None,
+            count: None,
+            sum: None,
+            bounds: None,
+            bucket_counts: None,
+        })
+    }
+
+    fn number(&self, budget: &mut Budget, p: NumberDataPoint) -> Result<MetricRow, String> {
+        let value = match p.value {
+            Some(number_data_point::Value::AsDouble(d)) => d,
+            Some(number_data_point::Value::AsInt(i)) => i as f64,
+            None => {
+                return Err(format!(
+                    "metric {:?}: a point without a value",
+                    self.info.name
+                ));
+            }
+        };
+        let mut row = self.row(budget, p.attributes, p.time_unix_nano)?;
+        row.value = Some(value);
+        Ok(row)
+    }
+
+    fn histogram(&self, budget: &mut Budget, p: HistogramDataPoint) -> Result<MetricRow, String> {
+        let name = &self.info.name;
+        if p.bucket_counts.len() != p.explicit_bounds.len() + 1 && !p.bucket_counts.is_empty() {
+            return Err(format!(
+                "metric {name:?}: {} bucket counts for {} bounds (expected one more count than bounds)",
+                p.bucket_counts.len(),
+                p.explicit_bounds.len()
+            ));
+        }
+        if p.bucket_counts.is_empty() && !p.explicit_bounds.is_empty() {
+            return Err(format!(
+                "metric {name:?}: {} bounds without bucket counts",
+                p.explicit_bounds.len()
+            ));
+        }
+        let too_big = || format!("metric {name:?}: a count beyond 2^63-1");
+        let count = i64::try_from(p.count).map_err(|_| too_big())?;
+        let buckets = p
+            .bucket_counts
+            .iter()
+            .map(|&c| i64::try_from(c))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| too_big())?;
+        let mut row = self.row(budget, p.attributes, p.time_unix_nano)?;
+        row.count = Some(count);
+        row.sum = p.sum;
+        row.bounds = Some(p.explicit_bounds);
+        row.bucket_counts = Some(buckets);
+        Ok(row)
+    }
 }
 
-fn histogram_row(
-    info: &MetricInfo,
-    base: &Map<String, Value>,
-    p: HistogramDataPoint,
-) -> Result<MetricRow, String> {
-    let name = &info.name;
-    if p.bucket_counts.len() != p.explicit_bounds.len() + 1 && !p.bucket_counts.is_empty() {
-        return Err(format!(
-            "metric {name:?}: {} bucket counts for {} bounds (expected one more count than bounds)",
-            p.bucket_counts.len(),
-            p.explicit_bounds.len()
-        ));
+/// How many points `data` holds.
+fn point_count(data: &Option<Data>) -> usize {
+    match data {
+        None => 0,
+        Some(Data::Gauge(g)) => g.data_points.len(),
+        Some(Data::Sum(s)) => s.data_points.len(),
+        Some(Data::Histogram(h)) => h.data_points.len(),
+        Some(Data::ExponentialHistogram(e)) => e.data_points.len(),
+        Some(Data::Summary(s)) => s.data_points.len(),
     }
-    if p.bucket_counts.is_empty() && !p.explicit_bounds.is_empty() {
-        return Err(format!(
-            "metric {name:?}: {} bounds without bucket counts",
-            p.explicit_bounds.len()
-        ));
-    }
-    let too_big = || format!("metric {name:?}: a count beyond 2^63-1");
-    let count = i64::try_from(p.count).map_err(|_| too_big())?;
-    let buckets = p
-        .bucket_counts
-        .iter()
-        .map(|&c| i64::try_from(c))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|_| too_big())?;
-    let mut row = point_row(info, base, p.attributes, p.time_unix_nano)?;
-    row.count = Some(count);
-    row.sum = p.sum;
-    row.bounds = Some(p.explicit_bounds);
-    row.bucket_counts = Some(buckets);
-    Ok(row)
 }
 
 /// The data points of a metrics request: sums, gauges and histograms; the points of
 /// exponential histograms and summaries are rejected (no column holds them).
-pub fn metrics(request: ExportMetricsServiceRequest) -> Converted<MetricRow> {
+pub fn metrics(request: ExportMetricsServiceRequest, limits: &Limits) -> Converted<MetricRow> {
     let mut out = Converted::new();
+    let mut budget = Budget::new(limits);
     for resource_metrics in request.resource_metrics {
+        let resource = resource_attributes(resource_metrics.resource, limits);
         for scope_metrics in resource_metrics.scope_metrics {
-            let base = base(
-                resource_metrics.resource.clone(),
-                scope_metrics.scope.as_ref(),
-            );
+            if scope_metrics.metrics.is_empty() {
+                continue;
+            }
+            let base = base(&resource, scope_metrics.scope.as_ref());
             for metric in scope_metrics.metrics {
                 let name = clean(metric.name);
-                let unit = Some(clean(metric.unit)).filter(|u| !u.is_empty());
-                let info = |kind, extra| MetricInfo {
-                    name: name.clone(),
-                    unit: unit.clone(),
-                    kind,
-                    extra,
+                if name.len() > MAX_COLUMN {
+                    out.reject(point_count(&metric.data) as u64, || {
+                        format!(
+                            "metric {:?}: a name of {} bytes (at most {MAX_COLUMN})",
+                            abbreviated(&name),
+                            name.len()
+                        )
+                    });
+                    continue;
+                }
+                let unit = Some(bounded(metric.unit, MAX_COLUMN)).filter(|u| !u.is_empty());
+                let points = |kind, extra| Points {
+                    info: MetricInfo {
+                        name: name.clone(),
+                        unit: unit.clone(),
+                        kind,
+                        extra,
+                    },
+                    base: &base,
+                    limits,
                 };
                 let results: Vec<Result<MetricRow, String>> = match metric.data {
                     None => Vec::new(),
                     Some(Data::Gauge(g)) => {
-                        let info = info(Kind::Gauge, Vec::new());
+                        let points = points(Kind::Gauge, Vec::new());
                         g.data_points
                             .into_iter()
-                            .map(|p| number_row(&info, &base, p))
+                            .map(|p| points.number(&mut budget, p))
                             .collect()
                     }
                     Some(Data::Sum(s)) => {
-                        let info = info(
+                        let points = points(
                             Kind::Sum,
                             vec![
                                 (
@@ -447,11 +696,11 @@ pub fn metrics(request: ExportMetricsServiceRequest) -> Converted<MetricRow> {
                         );
                         s.data_points
                             .into_iter()
-                            .map(|p| number_row(&info, &base, p))
+                            .map(|p| points.number(&mut budget, p))
                             .collect()
                     }
                     Some(Data::Histogram(h)) => {
-                        let info = info(
+                        let points = points(
                             Kind::Histogram,
                             vec![(
                                 "otel.metric.temporality",
@@ -460,11 +709,11 @@ pub fn metrics(request: ExportMetricsServiceRequest) -> Converted<MetricRow> {
                         );
                         h.data_points
                             .into_iter()
-                            .map(|p| histogram_row(&info, &base, p))
+                            .map(|p| points.histogram(&mut budget, p))
                             .collect()
                     }
                     Some(Data::ExponentialHistogram(e)) => {
-                        out.reject(e.data_points.len(), || {
+                        out.reject(e.data_points.len() as u64, || {
                             format!(
                                 "metric {name:?}: an exponential histogram (only sums, gauges and histograms are kept)"
                             )
@@ -472,7 +721,7 @@ pub fn metrics(request: ExportMetricsServiceRequest) -> Converted<MetricRow> {
                         Vec::new()
                     }
                     Some(Data::Summary(s)) => {
-                        out.reject(s.data_points.len(), || {
+                        out.reject(s.data_points.len() as u64, || {
                             format!(
                                 "metric {name:?}: a summary (only sums, gauges and histograms are kept)"
                             )
@@ -588,7 +837,7 @@ mod tests {
             code: 2,
             message: "boom".into(),
         });
-        let out = spans(traces(vec![sp]));
+        let out = spans(traces(vec![sp]), &Limits::default());
         assert_eq!((out.rejected, out.first_problem.as_deref()), (0, None));
         let row = &out.rows[0];
         assert_eq!(row.parent_span_id, Some(vec![3; 8]));
@@ -688,27 +937,27 @@ mod tests {
             spoil(&mut bad);
             let mut good = span("good");
             good.span_id = vec![9; 8];
-            let out = spans(traces(vec![bad, good]));
+            let out = spans(traces(vec![bad, good]), &Limits::default());
             assert_eq!(out.rows.len(), 1, "{name}");
             assert_eq!(out.rows[0].name, "good");
             assert_eq!(out.rejected, 1, "{name}");
             let first = out.first_problem.clone().unwrap();
             assert!(first.starts_with(want), "{name}: {first}");
             assert_eq!(
-                out.error_message("spans").unwrap(),
-                format!("1 spans rejected; the first: {first}")
+                out.error_message("span", "spans").unwrap(),
+                format!("1 span rejected; the first: {first}")
             );
         }
         // An all-zero parent is no parent; a string queue id is read too.
         let mut root = span("root");
         root.parent_span_id = vec![0; 8];
         root.attributes = vec![kv(attr::QUEUE_ID, s(" 17 "))];
-        let out = spans(traces(vec![root]));
+        let out = spans(traces(vec![root]), &Limits::default());
         assert_eq!(
             (out.rows[0].parent_span_id.clone(), out.rows[0].queue_id),
             (None, Some(17))
         );
-        assert_eq!(out.error_message("spans"), None);
+        assert_eq!(out.error_message("span", "spans"), None);
     }
 
     fn point(value: f64, attrs: Vec<KeyValue>) -> NumberDataPoint {
@@ -754,51 +1003,54 @@ mod tests {
         };
         let mut uneven = hist.clone();
         uneven.bucket_counts = vec![1, 2];
-        let out = metrics(metrics_request(vec![
-            metric(
-                "pepsi.passes",
-                Data::Sum(Sum {
-                    data_points: vec![NumberDataPoint {
-                        value: Some(number_data_point::Value::AsInt(12)),
-                        ..point(0.0, vec![kv(attr::STAGE, s("route"))])
-                    }],
-                    aggregation_temporality: AggregationTemporality::Cumulative as i32,
-                    is_monotonic: true,
-                }),
-            ),
-            metric(
-                "pepsi.queue",
-                Data::Gauge(Gauge {
-                    data_points: vec![
-                        point(3.0, vec![]),
-                        NumberDataPoint {
-                            value: None,
-                            ..point(0.0, vec![])
-                        },
-                    ],
-                }),
-            ),
-            metric(
-                "pepsi.latency",
-                Data::Histogram(Histogram {
-                    data_points: vec![hist, uneven],
-                    aggregation_temporality: AggregationTemporality::Delta as i32,
-                }),
-            ),
-            metric(
-                "x.summary",
-                Data::Summary(Summary {
-                    data_points: vec![SummaryDataPoint::default(), SummaryDataPoint::default()],
-                }),
-            ),
-            metric(
-                "x.exp",
-                Data::ExponentialHistogram(ExponentialHistogram {
-                    data_points: vec![Default::default()],
-                    aggregation_temporality: 1,
-                }),
-            ),
-        ]));
+        let out = metrics(
+            metrics_request(vec![
+                metric(
+                    "pepsi.passes",
+                    Data::Sum(Sum {
+                        data_points: vec![NumberDataPoint {
+                            value: Some(number_data_point::Value::AsInt(12)),
+                            ..point(0.0, vec![kv(attr::STAGE, s("route"))])
+                        }],
+                        aggregation_temporality: AggregationTemporality::Cumulative as i32,
+                        is_monotonic: true,
+                    }),
+                ),
+                metric(
+                    "pepsi.queue",
+                    Data::Gauge(Gauge {
+                        data_points: vec![
+                            point(3.0, vec![]),
+                            NumberDataPoint {
+                                value: None,
+                                ..point(0.0, vec![])
+                            },
+                        ],
+                    }),
+                ),
+                metric(
+                    "pepsi.latency",
+                    Data::Histogram(Histogram {
+                        data_points: vec![hist, uneven],
+                        aggregation_temporality: AggregationTemporality::Delta as i32,
+                    }),
+                ),
+                metric(
+                    "x.summary",
+                    Data::Summary(Summary {
+                        data_points: vec![SummaryDataPoint::default(), SummaryDataPoint::default()],
+                    }),
+                ),
+                metric(
+                    "x.exp",
+                    Data::ExponentialHistogram(ExponentialHistogram {
+                        data_points: vec![Default::default()],
+                        aggregation_temporality: 1,
+                    }),
+                ),
+            ]),
+            &Limits::default(),
+        );
         let kinds: Vec<(&str, Kind, Option<f64>)> = out
             .rows
             .iter()
@@ -841,6 +1093,262 @@ mod tests {
         assert_eq!(
             out.first_problem.as_deref(),
             Some("metric \"pepsi.queue\": a point without a value")
+        );
+    }
+
+    fn array(values: Vec<any_value::Value>) -> any_value::Value {
+        any_value::Value::ArrayValue(ArrayValue {
+            values: values
+                .into_iter()
+                .map(|v| AnyValue { value: Some(v) })
+                .collect(),
+        })
+    }
+
+    /// The JSON of one attribute `value`, as a span stores it.
+    fn stored(value: any_value::Value) -> Value {
+        let mut sp = span("v");
+        sp.attributes = vec![kv("v", value)];
+        let out = spans(traces(vec![sp]), &Limits::default());
+        out.rows[0].attributes["v"].clone()
+    }
+
+    #[test]
+    fn values_are_bounded_strings_on_a_character_boundary() {
+        let long = format!("a{}", "é".repeat(5000));
+        let Value::String(cut) = stored(s(&long)) else {
+            panic!("a string")
+        };
+        assert_eq!((cut.len(), long.starts_with(&cut)), (4095, true));
+        // A NUL's replacement is three bytes: cut again after it.
+        let Value::String(nuls) = stored(s(&"\0".repeat(5000))) else {
+            panic!("a string")
+        };
+        assert_eq!(nuls, "\u{FFFD}".repeat(1365));
+        let bytes = stored(any_value::Value::BytesValue(vec![0xab; 5000]));
+        assert_eq!(bytes, Value::String("ab".repeat(2048)));
+        let many: Vec<_> = (0..200).map(any_value::Value::IntValue).collect();
+        assert_eq!(stored(array(many)), json!((0..128).collect::<Vec<_>>()));
+        let list = any_value::Value::KvlistValue(KeyValueList {
+            values: (0..200)
+                .map(|i| kv(&format!("k{i:03}"), any_value::Value::BoolValue(true)))
+                .collect(),
+        });
+        let Value::Object(list) = stored(list) else {
+            panic!("an object")
+        };
+        assert_eq!(
+            (
+                list.len(),
+                list.contains_key("k127"),
+                list.contains_key("k128")
+            ),
+            (128, true, false)
+        );
+        // Four levels of lists are kept; a fifth is null.
+        let mut deep = any_value::Value::IntValue(7);
+        for _ in 0..5 {
+            deep = array(vec![deep]);
+        }
+        assert_eq!(stored(deep), json!([[[[null]]]]));
+        // A long name is cut too.
+        let mut sp = span("k");
+        sp.attributes = vec![kv(&"n".repeat(1000), s("x"))];
+        let out = spans(traces(vec![sp]), &Limits::default());
+        assert_eq!(out.rows[0].attributes["n".repeat(256)], "x");
+    }
+
+    #[test]
+    fn attributes_beyond_the_limit_are_left_out_and_counted() {
+        let limits = Limits {
+            attributes: 3,
+            ..Limits::default()
+        };
+        let mut request = traces(vec![]);
+        let resource = request.resource_spans[0].resource.as_mut().unwrap();
+        resource
+            .attributes
+            .extend([kv("r.4", s("x")), kv("r.5", s("x"))]);
+        resource.dropped_attributes_count = 1;
+        let mut counted = span("counted");
+        counted.attributes = (0..5).map(|i| kv(&format!("s.{i}"), s("x"))).collect();
+        counted.dropped_attributes_count = 2;
+        let mut plain = span("plain");
+        plain.span_id = vec![3; 8];
+        request.resource_spans[0].scope_spans[0].spans = vec![counted, plain];
+        let out = spans(request, &limits);
+        let keys = |row: &SpanRow| {
+            let mut keys: Vec<String> = row
+                .attributes
+                .as_object()
+                .unwrap()
+                .keys()
+                .cloned()
+                .collect();
+            keys.sort();
+            keys
+        };
+        // The resource's first three, the span's first three; 2 + 1 of the resource and
+        // 2 + 2 of the span lacking.
+        assert_eq!(
+            keys(&out.rows[0]),
+            [
+                "host.name",
+                DROPPED,
+                "otel.scope.name",
+                "pepsi.program",
+                "s.0",
+                "s.1",
+                "s.2",
+                "service.name"
+            ]
+        );
+        assert_eq!(out.rows[0].attributes[DROPPED], 7);
+        assert_eq!(out.rows[1].attributes[DROPPED], 3);
+        // Nothing lacking: no count.
+        let out = spans(traces(vec![span("whole")]), &Limits::default());
+        assert_eq!(out.rows[0].attributes.get(DROPPED), None);
+    }
+
+    #[test]
+    fn a_column_that_would_not_fit_rejects_its_span_and_a_long_name_is_cut() {
+        type Case = (&'static str, fn(&mut Span), Option<&'static str>);
+        let cases: Vec<Case> = vec![
+            (
+                "fits",
+                |s| s.attributes = vec![kv(attr::MESSAGE_ID, self::s(&"m".repeat(998)))],
+                None,
+            ),
+            (
+                "long message id",
+                |s| s.attributes = vec![kv(attr::MESSAGE_ID, self::s(&"m".repeat(10_000)))],
+                Some("span \"long message id\": pepsi.message_id \"mmmm"),
+            ),
+            (
+                "long stage",
+                |s| s.attributes = vec![kv(attr::STAGE, self::s(&"s".repeat(257)))],
+                Some("span \"long stage\": pepsi.stage \"ssss"),
+            ),
+            (
+                "long outcome",
+                |s| s.attributes = vec![kv(attr::OUTCOME, self::s(&"o".repeat(300)))],
+                Some("is longer than 256 bytes"),
+            ),
+            (
+                "long host",
+                |s| s.attributes = vec![kv(attr::RESOURCE_HOST, self::s(&"h".repeat(300)))],
+                Some("span \"long host\": host.name \"hhhh"),
+            ),
+        ];
+        for (name, spoil, want) in cases {
+            let mut bad = span(name);
+            spoil(&mut bad);
+            let mut good = span("good");
+            good.span_id = vec![9; 8];
+            let out = spans(traces(vec![bad, good]), &Limits::default());
+            match want {
+                None => assert_eq!((out.rows.len(), out.rejected), (2, 0), "{name}"),
+                Some(want) => {
+                    assert_eq!(out.rows.len(), 1, "{name}");
+                    assert_eq!(out.rows[0].name, "good");
+                    let first = out.first_problem.unwrap();
+                    assert!(first.contains(want), "{name}: {first}");
+                    assert!(first.len() < 200, "{name}: the value abbreviated: {first}");
+                }
+            }
+        }
+        let long = format!("a{}", "é".repeat(5000));
+        let mut sp = span(&long);
+        sp.status = Some(Status {
+            code: 2,
+            message: "x".repeat(10_000),
+        });
+        let out = spans(traces(vec![sp]), &Limits::default());
+        let row = &out.rows[0];
+        assert_eq!((row.name.len(), long.starts_with(&row.name)), (255, true));
+        assert_eq!(
+            row.status_message.as_ref().map(String::len),
+            Some(MAX_STRING)
+        );
+    }
+
+    #[test]
+    fn the_rows_of_one_request_hold_a_bounded_amount_of_attributes() {
+        let limits = Limits {
+            attribute_bytes: 4000,
+            ..Limits::default()
+        };
+        let mut request = traces(vec![]);
+        let resource = request.resource_spans[0].resource.as_mut().unwrap();
+        resource.attributes.push(kv("big", s(&"b".repeat(1000))));
+        request.resource_spans[0].scope_spans[0].spans = (1..=10)
+            .map(|i| {
+                let mut sp = span("s");
+                sp.span_id = vec![i; 8];
+                sp
+            })
+            .collect();
+        let out = spans(request, &limits);
+        assert_eq!((out.rows.len(), out.rejected), (3, 7));
+        let first = out.first_problem.clone().unwrap();
+        assert!(
+            first.contains("pass the 4000 bytes of attributes one request may store"),
+            "{first}"
+        );
+        assert_eq!(
+            out.error_message("span", "spans").unwrap(),
+            format!("7 spans rejected; the first: {first}")
+        );
+    }
+
+    #[test]
+    fn a_metric_name_too_long_rejects_its_points_and_a_long_unit_is_cut() {
+        let gauge = |n| {
+            Data::Gauge(Gauge {
+                data_points: vec![point(1.0, vec![]); n],
+            })
+        };
+        let mut long_unit = metric("pepsi.ok", gauge(1));
+        long_unit.unit = "u".repeat(1000);
+        let mut far_host = metric("pepsi.far", gauge(1));
+        if let Some(Data::Gauge(g)) = &mut far_host.data {
+            g.data_points[0].attributes = vec![kv(attr::RESOURCE_HOST, s(&"h".repeat(300)))];
+        }
+        let out = metrics(
+            metrics_request(vec![
+                metric(&"n".repeat(300), gauge(3)),
+                long_unit,
+                far_host,
+            ]),
+            &Limits::default(),
+        );
+        assert_eq!((out.rows.len(), out.rejected), (1, 4));
+        assert_eq!(out.rows[0].unit.as_ref().map(String::len), Some(MAX_COLUMN));
+        let first = out.first_problem.clone().unwrap();
+        assert!(
+            first.starts_with(&format!(
+                "metric \"{}…\": a name of 300 bytes (at most 256)",
+                "n".repeat(64)
+            )),
+            "{first}"
+        );
+        assert_eq!(
+            out.error_message("data point", "data points").unwrap(),
+            format!("4 data points rejected; the first: {first}")
+        );
+        let one = metrics(
+            metrics_request(vec![metric(
+                "x",
+                Data::Summary(Summary {
+                    data_points: vec![SummaryDataPoint::default()],
+                }),
+            )]),
+            &Limits::default(),
+        );
+        assert!(
+            one.error_message("data point", "data points")
+                .unwrap()
+                .starts_with("1 data point rejected; the first: metric \"x\": a summary"),
         );
     }
 }

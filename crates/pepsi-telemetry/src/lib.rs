@@ -8,9 +8,10 @@
 //! those two tables and nothing else: never the queue, a key or a credential.
 //!
 //! Module map: `options` (the `[pepsi-telemetry]` section; pure), `tokens` (the bearer
-//! tokens, compared in constant time), `convert` (OTLP messages to rows; pure), `store`
-//! (its SQL), `app` (the routes and the checks of each request), `server` (the accept loop:
-//! TLS, connection limit, header timeout).
+//! tokens, compared in constant time), `trim` (a request's protobuf cut to MAX_ITEMS before
+//! it is decoded; pure), `convert` (OTLP messages to rows, within their bounds; pure),
+//! `store` (its SQL), `app` (the routes and the checks of each request), `server` (the
+//! accept loop: TLS, connection limits, header and idle timeouts).
 
 pub mod app;
 pub mod convert;
@@ -18,6 +19,7 @@ pub mod options;
 pub mod server;
 pub mod store;
 pub mod tokens;
+pub mod trim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,7 +30,7 @@ use clap::{Parser, Subcommand};
 use pepsi_conf::cli::{init_logging, run_async};
 use pepsi_conf::config::{CONFIG_ENV, Config, ConfigSource};
 
-use crate::options::{DEFAULT_CONFIG, Options};
+use crate::options::{DEFAULT_CONFIG, Options, shown};
 use crate::tokens::Tokens;
 
 /// The receiver's name to the configuration and logging machinery.
@@ -51,13 +53,15 @@ latencies.
                     retry adds nothing)
   POST /v1/metrics  an ExportMetricsServiceRequest; each point of a sum, gauge or histogram
                     becomes a row of pepsi.telemetry_metric
-  GET  /healthz     200 while the database answers, else 503
+  GET  /healthz     200 while the database answers, else 503 (asked at most every 2s)
 
 An export must carry `Authorization: Bearer <token>` with a token of TOKEN_FILE (else 401)
 and `Content-Type: application/x-protobuf` (else 415); gzip bodies are taken. The answer is
 the protobuf Export*ServiceResponse; spans and points that cannot be stored (a malformed
-id, no time, an exponential histogram or summary) are counted in its partial_success.
-Other statuses: 400 a body that is not the message, 408 a body slower than
+id, no time, an exponential histogram or summary, a column value too long, those beyond
+MAX_ITEMS) are counted in its partial_success. Attributes beyond MAX_ATTRIBUTES are left
+out and counted in otel.dropped_attributes_count; strings are cut at 4 KiB, lists at 128
+entries and 4 levels. Other statuses: 400 a body that is not the message, 408 a body slower than
 REQUEST_TIMEOUT, 413 a body larger than MAX_BODY, 503 the database did not take it (retry).
 Error bodies are JSON, {\"error\": \"...\"}. All rows of one request are stored in one
 transaction.
@@ -69,8 +73,9 @@ The configuration is /etc/pepsi-telemetry/pepsi-telemetry.conf unless -c or PEPS
 names another: LISTEN, TLS_CERT and TLS_KEY (TLS; required beyond loopback, and what
 production must use), TOKEN_FILE (one token a line, at least 16 characters, # comments;
 required), DATABASE_URL (else [database] URL), DATABASE_MAX_CONNECTIONS, RETENTION,
-RETENTION_SWEEP, RETENTION_BATCH, MAX_BODY (4 MiB), MAX_CONNECTIONS (256), HEADER_TIMEOUT
-(10s), REQUEST_TIMEOUT (30s), INSECURE_PLAINTEXT, ALLOW_ROOT. `check` reads all of it, the
+RETENTION_SWEEP, RETENTION_BATCH, MAX_BODY (4 MiB), MAX_ITEMS (10000), MAX_ATTRIBUTES
+(128), MAX_CONNECTIONS (256), MAX_CONNECTIONS_PER_ADDRESS (32), HEADER_TIMEOUT (10s),
+IDLE_TIMEOUT (30s), REQUEST_TIMEOUT (30s), INSECURE_PLAINTEXT, ALLOW_ROOT. `check` reads all of it, the
 token file and the certificate, and connects to the database, without serving.
 
 It connects as the database role pepsi-setup creates for it ([pepsi-setup] TELEMETRY_ROLE,
@@ -181,12 +186,7 @@ async fn serve(cfg: &Config) -> anyhow::Result<ExitCode> {
         listening.url()?
     );
     let sweeper = tokio::spawn(sweep_forever(pool.clone(), options.clone()));
-    let app = Arc::new(app::App {
-        pool,
-        tokens,
-        max_body: options.max_body,
-        request_timeout: options.request_timeout,
-    });
+    let app = Arc::new(app::App::new(pool, tokens, &options));
     let stop = async {
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .expect("SIGTERM handler");
@@ -202,15 +202,29 @@ async fn serve(cfg: &Config) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// The time before which rows are past `retention` at `now`; None when that is no time
+/// chrono holds (a RETENTION beyond [`options::MAX_RETENTION`], which `Options` refuses).
+fn cutoff(
+    now: chrono::DateTime<chrono::Utc>,
+    retention: std::time::Duration,
+) -> Option<chrono::DateTime<chrono::Utc>> {
+    now.checked_sub_signed(chrono::Duration::from_std(retention).ok()?)
+}
+
 /// Deletes what is past RETENTION now and every RETENTION_SWEEP after; a failed sweep is
 /// logged and tried again at the next.
 async fn sweep_forever(pool: sqlx::PgPool, options: Options) {
     let mut tick = tokio::time::interval(options.retention_sweep);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let retention = chrono::Duration::from_std(options.retention).unwrap_or(chrono::Duration::MAX);
     loop {
         tick.tick().await;
-        let cutoff = chrono::Utc::now() - retention;
+        let Some(cutoff) = cutoff(chrono::Utc::now(), options.retention) else {
+            tracing::error!(
+                "RETENTION {} reaches before any time that can be stored: nothing is deleted",
+                shown(options.retention)
+            );
+            continue;
+        };
         match store::sweep(&pool, cutoff, options.retention_batch).await {
             Ok(s) if s.spans + s.points > 0 => tracing::info!(
                 spans = s.spans,
@@ -224,18 +238,6 @@ async fn sweep_forever(pool: sqlx::PgPool, options: Options) {
                 options.retention_sweep
             ),
         }
-    }
-}
-
-/// A duration as a configuration file writes it: `7d`, `10m`, `200ms`.
-fn shown(d: std::time::Duration) -> String {
-    let s = d.as_secs();
-    match (d.subsec_nanos(), s) {
-        (0, s) if s > 0 && s % 86_400 == 0 => format!("{}d", s / 86_400),
-        (0, s) if s > 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
-        (0, s) if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
-        (0, s) => format!("{s}s"),
-        _ => format!("{}ms", d.as_millis()),
     }
 }
 
@@ -267,6 +269,15 @@ async fn check(cfg: &Config, args: CheckArgs) -> anyhow::Result<ExitCode> {
         shown(options.retention_sweep),
         options.retention_batch
     );
+    println!(
+        "limits: {} spans or points a request, {} attributes an item, {} connections ({} from one address), header {}, idle {}",
+        options.max_items,
+        options.max_attributes,
+        options.max_connections,
+        options.max_connections_per_address,
+        shown(options.header_timeout),
+        shown(options.idle_timeout)
+    );
     if args.offline {
         println!(
             "database: {} (not checked: --offline)",
@@ -289,16 +300,18 @@ mod tests {
     use std::time::Duration;
 
     #[test]
-    fn durations_are_shown_as_a_configuration_writes_them() {
-        for (d, want) in [
-            (Duration::from_secs(7 * 86_400), "7d"),
-            (Duration::from_secs(7_200), "2h"),
-            (Duration::from_secs(600), "10m"),
-            (Duration::from_secs(90), "90s"),
-            (Duration::from_millis(200), "200ms"),
-            (Duration::ZERO, "0s"),
-        ] {
-            assert_eq!(super::shown(d), want, "{d:?}");
-        }
+    fn the_cutoff_is_checked_arithmetic() {
+        let now = chrono::Utc::now();
+        assert_eq!(
+            super::cutoff(now, Duration::from_secs(86_400)),
+            Some(now - chrono::Duration::days(1))
+        );
+        assert!(super::cutoff(now, crate::options::MAX_RETENTION).is_some());
+        // Beyond what chrono holds: no cutoff, and no panic that would end the sweeps.
+        assert_eq!(super::cutoff(now, Duration::MAX), None);
+        assert_eq!(
+            super::cutoff(now, Duration::from_secs(400_000 * 365 * 86_400)),
+            None
+        );
     }
 }

@@ -67,16 +67,51 @@ pub struct Options {
     pub max_body: usize,
     /// `MAX_CONNECTIONS` (256): connections served at once; further ones wait.
     pub max_connections: usize,
-    /// `HEADER_TIMEOUT` (10s): a client must send its request head within this.
+    /// `MAX_CONNECTIONS_PER_ADDRESS` (32): connections from one IPv4 address (one IPv6 /64)
+    /// at once; a further one is closed as soon as it is accepted.
+    pub max_connections_per_address: usize,
+    /// `HEADER_TIMEOUT` (10s): a client must finish the TLS handshake and send its first
+    /// request head within this of connecting, and each later head within this of its first
+    /// byte.
     pub header_timeout: Duration,
+    /// `IDLE_TIMEOUT` (30s): a connection that has been answered and sends nothing more
+    /// for this long is closed.
+    pub idle_timeout: Duration,
     /// `REQUEST_TIMEOUT` (30s): a client must send its whole body within this (408).
     pub request_timeout: Duration,
+    /// `MAX_ITEMS` (10000): spans, or data points, taken from one request; the rest are
+    /// rejected (partial_success).
+    pub max_items: usize,
+    /// `MAX_ATTRIBUTES` (128): attributes kept of a resource, a span or a data point; the
+    /// rest are dropped and counted in `otel.dropped_attributes_count`.
+    pub max_attributes: usize,
     /// `ALLOW_ROOT` (no): serve as root (a development machine).
     pub allow_root: bool,
 }
 
 /// OTLP/HTTP's port, on loopback.
 const DEFAULT_LISTEN: ([u8; 4], u16) = ([127, 0, 0, 1], 4318);
+
+const DAY: u64 = 86_400;
+
+/// The longest RETENTION: ten years. Beyond, the cutoff (now minus RETENTION) would leave
+/// the times PostgreSQL and chrono hold, and nothing would ever be old enough anyway.
+pub const MAX_RETENTION: Duration = Duration::from_secs(3650 * DAY);
+
+/// The longest HEADER_TIMEOUT, IDLE_TIMEOUT and REQUEST_TIMEOUT: an hour.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// A duration as a configuration file writes it: `7d`, `10m`, `200ms`.
+pub fn shown(d: Duration) -> String {
+    let s = d.as_secs();
+    match (d.subsec_nanos(), s) {
+        (0, s) if s > 0 && s % DAY == 0 => format!("{}d", s / DAY),
+        (0, s) if s > 0 && s % 3_600 == 0 => format!("{}h", s / 3_600),
+        (0, s) if s > 0 && s % 60 == 0 => format!("{}m", s / 60),
+        (0, s) => format!("{s}s"),
+        _ => format!("{}ms", d.as_millis()),
+    }
+}
 
 impl Options {
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
@@ -129,28 +164,52 @@ impl Options {
             }
             Ok(n)
         };
-        let retention = s
-            .duration_opt("RETENTION")?
-            .unwrap_or(Duration::from_secs(7 * 86_400));
-        if retention < Duration::from_secs(60) {
-            bail!("[{SECTION}] RETENTION = {retention:?}: expected at least 1m");
-        }
-        let retention_sweep = s
-            .duration_opt("RETENTION_SWEEP")?
-            .unwrap_or(Duration::from_secs(600));
-        if retention_sweep < Duration::from_millis(100) {
-            bail!("[{SECTION}] RETENTION_SWEEP = {retention_sweep:?}: expected at least 100ms");
-        }
+        let within = |opt: &str,
+                      default: Duration,
+                      least: Duration,
+                      most: Duration|
+         -> anyhow::Result<Duration> {
+            let d = s.duration_opt(opt)?.unwrap_or(default);
+            if d < least || d > most {
+                bail!(
+                    "[{SECTION}] {opt} = {}: expected {} to {}",
+                    shown(d),
+                    shown(least),
+                    shown(most)
+                );
+            }
+            Ok(d)
+        };
+        let retention = within(
+            "RETENTION",
+            Duration::from_secs(7 * DAY),
+            Duration::from_secs(60),
+            MAX_RETENTION,
+        )?;
+        let retention_sweep = within(
+            "RETENTION_SWEEP",
+            Duration::from_secs(600),
+            Duration::from_millis(100),
+            Duration::from_secs(DAY),
+        )?;
         let max_body = s.size_opt("MAX_BODY")?.unwrap_or(4 << 20);
         if !(1024..=256 << 20).contains(&max_body) {
             bail!("[{SECTION}] MAX_BODY = {max_body}: expected 1k to 256M");
         }
-        let timeout = |opt: &str, default: u64| -> anyhow::Result<Duration> {
-            let d = s.duration_opt(opt)?.unwrap_or(Duration::from_secs(default));
-            if d < Duration::from_millis(100) {
-                bail!("[{SECTION}] {opt} = {d:?}: expected at least 100ms");
+        let timeout = |opt: &str, default: u64| {
+            within(
+                opt,
+                Duration::from_secs(default),
+                Duration::from_millis(100),
+                MAX_TIMEOUT,
+            )
+        };
+        let count = |opt: &str, default: u32, most: u32| -> anyhow::Result<usize> {
+            let n = s.number_opt::<u32>(opt)?.unwrap_or(default);
+            if !(1..=most).contains(&n) {
+                bail!("[{SECTION}] {opt} = {n}: expected 1 to {most}");
             }
-            Ok(d)
+            Ok(n as usize)
         };
         Ok(Options {
             listen,
@@ -163,8 +222,12 @@ impl Options {
             retention_batch: positive("RETENTION_BATCH", 5000)?,
             max_body: usize::try_from(max_body)?,
             max_connections: positive("MAX_CONNECTIONS", 256)? as usize,
+            max_connections_per_address: positive("MAX_CONNECTIONS_PER_ADDRESS", 32)? as usize,
             header_timeout: timeout("HEADER_TIMEOUT", 10)?,
+            idle_timeout: timeout("IDLE_TIMEOUT", 30)?,
             request_timeout: timeout("REQUEST_TIMEOUT", 30)?,
+            max_items: count("MAX_ITEMS", 10_000, 1_000_000)?,
+            max_attributes: count("MAX_ATTRIBUTES", 128, 1024)?,
             allow_root: s.bool_opt("ALLOW_ROOT")?.unwrap_or(false),
         })
     }
@@ -190,6 +253,9 @@ mod tests {
         assert_eq!(o.max_body, 4 << 20);
         assert_eq!(o.max_connections, 256);
         assert_eq!(o.header_timeout, Duration::from_secs(10));
+        assert_eq!(o.idle_timeout, Duration::from_secs(30));
+        assert_eq!(o.max_connections_per_address, 32);
+        assert_eq!((o.max_items, o.max_attributes), (10_000, 128));
         // A URL without a host: the socket directory, as every Pepsi program.
         assert_eq!(
             o.database.describe(),
@@ -227,7 +293,36 @@ mod tests {
             ),
             (
                 "RETENTION = 30s\n",
-                "[pepsi-telemetry] RETENTION = 30s: expected at least 1m",
+                "[pepsi-telemetry] RETENTION = 30s: expected 1m to 3650d",
+            ),
+            // Now minus RETENTION must stay a time (it panicked, and ended the sweeps).
+            (
+                "RETENTION = 3651d\n",
+                "[pepsi-telemetry] RETENTION = 3651d: expected 1m to 3650d",
+            ),
+            (
+                "RETENTION = 18446744073709551615\n",
+                "[pepsi-telemetry] RETENTION = 18446744073709551615s: expected 1m to 3650d",
+            ),
+            (
+                "RETENTION_SWEEP = 2d\n",
+                "[pepsi-telemetry] RETENTION_SWEEP = 2d: expected 100ms to 1d",
+            ),
+            (
+                "MAX_CONNECTIONS_PER_ADDRESS = 0\n",
+                "[pepsi-telemetry] MAX_CONNECTIONS_PER_ADDRESS = 0: expected at least 1",
+            ),
+            (
+                "IDLE_TIMEOUT = 2h\n",
+                "[pepsi-telemetry] IDLE_TIMEOUT = 2h: expected 100ms to 1h",
+            ),
+            (
+                "MAX_ITEMS = 0\n",
+                "[pepsi-telemetry] MAX_ITEMS = 0: expected 1 to 1000000",
+            ),
+            (
+                "MAX_ATTRIBUTES = 5000\n",
+                "[pepsi-telemetry] MAX_ATTRIBUTES = 5000: expected 1 to 1024",
             ),
             (
                 "MAX_BODY = 12\n",
@@ -239,7 +334,7 @@ mod tests {
             ),
             (
                 "HEADER_TIMEOUT = 10ms\n",
-                "[pepsi-telemetry] HEADER_TIMEOUT = 10ms: expected at least 100ms",
+                "[pepsi-telemetry] HEADER_TIMEOUT = 10ms: expected 100ms to 1h",
             ),
         ];
         for (extra, want) in cases {
@@ -250,6 +345,26 @@ mod tests {
             };
             let e = format!("{:#}", options(&text).unwrap_err());
             assert!(e.starts_with(want), "{extra:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn the_longest_retention_is_taken() {
+        let o = options(&format!("{BASE}RETENTION = 3650d\n")).unwrap();
+        assert_eq!(o.retention, MAX_RETENTION);
+    }
+
+    #[test]
+    fn durations_are_shown_as_a_configuration_writes_them() {
+        for (d, want) in [
+            (Duration::from_secs(7 * 86_400), "7d"),
+            (Duration::from_secs(7_200), "2h"),
+            (Duration::from_secs(600), "10m"),
+            (Duration::from_secs(90), "90s"),
+            (Duration::from_millis(200), "200ms"),
+            (Duration::ZERO, "0s"),
+        ] {
+            assert_eq!(shown(d), want, "{d:?}");
         }
     }
 

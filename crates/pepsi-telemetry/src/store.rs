@@ -102,11 +102,7 @@ pub async fn insert_spans(pool: &PgPool, rows: &[SpanRow]) -> Result<u64, sqlx::
     .bind(column(|r| r.outcome.clone()))
     .bind(rows.iter().map(|r| r.start_time).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.end_time).collect::<Vec<_>>())
-    .bind(
-        rows.iter()
-            .map(|r| r.attributes.clone())
-            .collect::<Vec<_>>(),
-    )
+    .bind(rows.iter().map(|r| &r.attributes).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.status_code).collect::<Vec<_>>())
     .bind(column(|r| r.status_message.clone()))
     .execute(&mut *tx)
@@ -157,11 +153,7 @@ pub async fn insert_metrics(pool: &PgPool, rows: &[MetricRow]) -> Result<u64, sq
             .collect::<Vec<_>>(),
     )
     .bind(column(|r| r.unit.clone()))
-    .bind(
-        rows.iter()
-            .map(|r| r.attributes.clone())
-            .collect::<Vec<_>>(),
-    )
+    .bind(rows.iter().map(|r| &r.attributes).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.time).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.value).collect::<Vec<_>>())
     .bind(rows.iter().map(|r| r.count).collect::<Vec<_>>())

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use super::StageError;
 use super::context::{Outcome, StageContext};
 use crate::state::Trace;
-use crate::telemetry::wire::unix_ns;
+use crate::telemetry::wire::{message_id_token, unix_ns};
 use crate::telemetry::{Emitter, SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId};
 
 /// One stage's run inside a pass.
@@ -19,6 +19,11 @@ pub(crate) struct Hop {
     pub stage: String,
     pub start: SystemTime,
     pub end: SystemTime,
+}
+
+/// The trace context of a row as loaded: `state.trace`, when it holds one.
+pub(crate) fn context_of(ctx: &StageContext<'_>) -> Option<Trace> {
+    Trace::from_state(ctx.state()).ok().flatten()
 }
 
 /// What a pass's spans need, taken from its context before the context goes.
@@ -34,6 +39,9 @@ pub(crate) struct PassTrace {
     claimed: Option<DateTime<Utc>>,
     /// When the pass began (the row's load).
     started: SystemTime,
+    /// When it was settled: its commit, or (a pass committed with its batch) the end of its
+    /// own processing.
+    ended: SystemTime,
     hops: Vec<Hop>,
     outcome: SpanOutcome,
     next_stage: Option<String>,
@@ -50,9 +58,12 @@ pub(crate) fn outcome_of(outcome: &Outcome) -> (SpanOutcome, Option<String>) {
     }
 }
 
-/// The span outcome of a failed pass: a temporary failure is retried (`deferred`).
+/// The span outcome of a failed pass: a temporary failure is retried (`deferred`); a row
+/// found no longer this pass's own went on elsewhere (`abandoned`).
 fn failure_of(e: &StageError) -> SpanOutcome {
-    if e.is_temporary() {
+    if matches!(e, StageError::NotRunning { .. }) {
+        SpanOutcome::Abandoned
+    } else if e.is_temporary() {
         SpanOutcome::Deferred
     } else {
         SpanOutcome::Failed
@@ -60,23 +71,25 @@ fn failure_of(e: &StageError) -> SpanOutcome {
 }
 
 impl PassTrace {
-    /// The trace of the pass over `ctx`, begun at `started`, whose stages ran as `hops`,
-    /// ended with `result`.
+    /// The trace context of the row as loaded (`context_of`, read before the pass: a stage
+    /// may replace the state), for the pass over `ctx` begun at `started`, whose stages ran
+    /// as `hops`, ended with `result`, settled now.
     pub fn of(
         ctx: &StageContext<'_>,
+        context: Option<Trace>,
         claimed: Option<DateTime<Utc>>,
         started: SystemTime,
         hops: Vec<Hop>,
         result: Result<&Outcome, &StageError>,
     ) -> Self {
-        let (trace_id, parent) = match Trace::from_state(ctx.state()) {
-            Ok(Some(t)) => (t.trace_id, Some(t.span_id)),
-            _ => (TraceId::of_row(ctx.id()), None),
+        let (trace_id, parent) = match context {
+            Some(t) => (t.trace_id, Some(t.span_id)),
+            None => (TraceId::of_row(ctx.id()), None),
         };
         let message_id = ctx.headers().ok().and_then(|h| {
             crate::message::field_values(h, "Message-ID")
-                .into_iter()
-                .next()
+                .first()
+                .and_then(|v| message_id_token(v))
         });
         let (outcome, next_stage, error) = match result {
             Ok(o) => {
@@ -94,11 +107,17 @@ impl PassTrace {
             rcpt_to: ctx.rcpt_to().to_vec(),
             claimed,
             started,
+            ended: SystemTime::now(),
             hops,
             outcome,
             next_stage,
             error,
         }
+    }
+
+    /// The pass was settled at `at` (its own commit).
+    pub fn settled(&mut self, at: SystemTime) {
+        self.ended = at;
     }
 
     /// The pass did not commit after all.
@@ -155,6 +174,7 @@ impl PassTrace {
                     size: None,
                     mail_from: Some(self.mail_from.clone()),
                     rcpt_to: self.rcpt_to.clone(),
+                    sender_dropped: 0,
                 }
             })
             .collect()
@@ -162,7 +182,7 @@ impl PassTrace {
 
     /// Hands every span to `emitter`.
     pub fn emit(&self, emitter: &Emitter, program: &str) {
-        for span in self.spans(program, SystemTime::now()) {
+        for span in self.spans(program, self.ended) {
             emitter.emit(&span);
         }
     }
@@ -187,6 +207,7 @@ mod tests {
             rcpt_to: vec!["b@example.net".into()],
             claimed: Some(at(0).into()),
             started: at(3),
+            ended: at(20),
             hops: hops
                 .iter()
                 .map(|(s, a, b)| Hop {

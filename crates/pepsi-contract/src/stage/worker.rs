@@ -26,7 +26,7 @@ use super::commit::{Deferred, commit, commit_many};
 use super::context::{Changes, Outcome, Row};
 use super::fusion::{Built, DynStage, Registration};
 use super::scope::ScopedOverrides;
-use super::trace::{Hop, PassTrace};
+use super::trace::{Hop, PassTrace, context_of};
 use super::{Load, Stage, StageContext, StageError, StageOptions, program_name};
 use crate::telemetry::Emitter;
 use pepsi_conf::cli::{CommonArgs, init_logging, run_async_current_thread};
@@ -313,6 +313,7 @@ impl<'a> Worker<'a> {
             .await?
             .ok_or(StageError::NoSuchRow(id))?;
         let mut ctx = self.context(id, &rec, load)?;
+        let context = self.telemetry.is_on().then(|| context_of(&ctx)).flatten();
         let mut hops = Vec::new();
         let result = async {
             let (outcome, fused) = self.chain(&mut ctx, &mut hops).await?;
@@ -324,6 +325,7 @@ impl<'a> Worker<'a> {
         if self.telemetry.is_on() {
             PassTrace::of(
                 &ctx,
+                context,
                 claimed_at(&rec),
                 started,
                 hops,
@@ -387,7 +389,6 @@ impl<'a> Worker<'a> {
         let mut traces: Vec<Option<PassTrace>> = Vec::new();
         let tracing_on = self.telemetry.is_on();
         let mut deferred: Vec<(usize, PassReport)> = Vec::new();
-        let mut deferred_traces: Vec<(usize, PassTrace)> = Vec::new();
         let mut rows: Vec<Deferred> = Vec::new();
         // A failed `before_commit`: the round stops, and nothing it did is committed.
         let mut unsettled: Option<StageError> = None;
@@ -400,11 +401,13 @@ impl<'a> Worker<'a> {
             let result = async {
                 let rec = by_id.get(&id).ok_or(StageError::NoSuchRow(id))?;
                 let mut ctx = self.context(id, rec, load)?;
+                let context = tracing_on.then(|| context_of(&ctx)).flatten();
                 let mut hops = Vec::new();
                 let chained = self.chain(&mut ctx, &mut hops).await;
                 if tracing_on {
                     trace = Some(PassTrace::of(
                         &ctx,
+                        context,
                         claimed_at(rec),
                         started,
                         hops,
@@ -438,6 +441,9 @@ impl<'a> Worker<'a> {
                             .await
                             .map(|()| report),
                     ));
+                    if let Some(Some(trace)) = traces.last_mut() {
+                        trace.settled(SystemTime::now());
+                    }
                 }
                 Err(e) => results.push(Some(Err(e))),
             }
@@ -448,19 +454,6 @@ impl<'a> Worker<'a> {
         if let Some(e) = &unsettled {
             for (slot, _) in deferred.drain(..) {
                 results[slot] = Some(Err(shared_error(e)));
-            }
-        }
-        if tracing_on {
-            for (slot, trace) in traces.into_iter().enumerate() {
-                let (Some(trace), Some(result)) = (trace, results.get(slot)) else {
-                    continue;
-                };
-                match result {
-                    // Deferred: told once its commit below is known.
-                    None => deferred_traces.push((slot, trace)),
-                    Some(Ok(_)) => trace.emit(&self.telemetry, self.own.program()),
-                    Some(Err(e)) => trace.failed(e).emit(&self.telemetry, self.own.program()),
-                }
             }
         }
         if !deferred.is_empty() {
@@ -484,10 +477,15 @@ impl<'a> Worker<'a> {
                 }
             }
         }
-        for (slot, trace) in deferred_traces {
-            match &results[slot] {
-                Some(Err(e)) => trace.failed(e).emit(&self.telemetry, self.own.program()),
-                _ => trace.emit(&self.telemetry, self.own.program()),
+        // Each pass's spans, now that its commit is known: a pass committed alone ends at its
+        // own commit, one committed with the batch at the end of its own processing.
+        for (trace, result) in traces.into_iter().zip(&results) {
+            match (trace, result) {
+                (Some(trace), Some(Ok(_))) => trace.emit(&self.telemetry, self.own.program()),
+                (Some(trace), Some(Err(e))) => {
+                    trace.failed(e).emit(&self.telemetry, self.own.program())
+                }
+                _ => {}
             }
         }
         results

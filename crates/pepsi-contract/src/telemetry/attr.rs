@@ -20,7 +20,8 @@ pub const QUEUE_ID: &str = "pepsi.queue_id";
 /// The message's Message-ID field body, the one header field that leaves a host.
 pub const MESSAGE_ID: &str = "pepsi.message_id";
 /// How the span ended: `accepted` (ingress), `advanced`, `paused`, `finished`, `failed`,
-/// `deferred` (a temporary failure), `interrupted` (the worker died mid-pass).
+/// `deferred` (a temporary failure), `interrupted` (the worker died mid-pass), `abandoned`
+/// (the row was taken over before the pass could commit).
 pub const OUTCOME: &str = "pepsi.outcome";
 /// The stage an advance handed the row to.
 pub const NEXT_STAGE: &str = "pepsi.next_stage";

@@ -10,10 +10,11 @@
 pub mod attr;
 pub mod emit;
 pub mod ids;
+pub mod privacy;
 pub mod row;
 pub mod wire;
 
 pub use emit::Emitter;
 pub use ids::{SpanId, TraceId};
 pub use row::SpanRow;
-pub use wire::{SpanKind, SpanOutcome, SpanRecord};
+pub use wire::{CounterDelta, CountersRecord, Datagram, SpanKind, SpanOutcome, SpanRecord};

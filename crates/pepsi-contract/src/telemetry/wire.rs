@@ -1,6 +1,8 @@
-//! One finished span as a Pepsi process hands it to its host's `pepsi-telemetry-client`:
-//! one JSON object per datagram on a Unix socket (`[pepsi-telemetry-client] SOCKET`). The
-//! one definition both ends use. Pure.
+//! What a Pepsi process hands to its host's `pepsi-telemetry-client`: one JSON object per
+//! datagram on a Unix socket (`[pepsi-telemetry-client] SOCKET`), either a finished span
+//! (`SpanRecord`) or a program's counters since its last report (`CountersRecord`: the
+//! ingress's and the dispatcher's, each time they write their statistics). The one definition
+//! both ends use. Pure.
 //!
 //! Everything a span may carry is bounded here, where it is written and again where it is
 //! read: a datagram is at most `MAX_DATAGRAM` octets, text fields are cut to their limits and
@@ -11,6 +13,7 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 
 use super::ids::{SpanId, TraceId};
 
@@ -51,6 +54,9 @@ pub enum SpanOutcome {
     /// A temporary failure: the row is retried.
     Deferred,
     Interrupted,
+    /// The pass's commit found the row no longer its own (another dispatcher took it over):
+    /// the message goes on elsewhere.
+    Abandoned,
 }
 
 impl SpanOutcome {
@@ -63,6 +69,7 @@ impl SpanOutcome {
             SpanOutcome::Failed => "failed",
             SpanOutcome::Deferred => "deferred",
             SpanOutcome::Interrupted => "interrupted",
+            SpanOutcome::Abandoned => "abandoned",
         }
     }
 
@@ -117,6 +124,106 @@ pub struct SpanRecord {
     pub mail_from: Option<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub rcpt_to: Vec<String>,
+    /// Spans this process could not hand over before this one (no client, a full socket),
+    /// counted since it started: the client reports the drops it never saw.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub sender_dropped: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// At most this many counters in one record.
+pub const MAX_COUNTERS: usize = 512;
+
+/// A program's counters since its last report: what it adds to its statistics table, told
+/// to the client as well.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CountersRecord {
+    /// `pepsi-ingress`, `pepsi-dispatch`.
+    pub program: String,
+    pub pid: u32,
+    pub counters: Vec<CounterDelta>,
+}
+
+/// One counter's increase.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct CounterDelta {
+    /// `pepsi.ingress.sessions`, `pepsi.dispatch.stage_passes`, ...
+    pub name: String,
+    /// The attribute the counter is split by (`reason`, `stage`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub label: Option<(String, String)>,
+    pub value: f64,
+}
+
+impl CountersRecord {
+    /// Within the limits: at most `MAX_COUNTERS`, names and labels cut to `MAX_NAME`, no
+    /// value that is not a finite non-negative number.
+    pub fn bounded(mut self) -> Self {
+        cut(&mut self.program, MAX_NAME);
+        self.counters.truncate(MAX_COUNTERS);
+        self.counters
+            .retain(|c| c.value.is_finite() && c.value >= 0.0);
+        for c in &mut self.counters {
+            cut(&mut c.name, MAX_NAME);
+            if let Some((k, v)) = &mut c.label {
+                cut(k, MAX_NAME);
+                cut(v, MAX_NAME);
+            }
+        }
+        self
+    }
+
+    /// The datagram, within its limits.
+    pub fn encode(&self) -> Vec<u8> {
+        serde_json::to_vec(&self.clone().bounded()).expect("a counters record serialises")
+    }
+}
+
+/// One datagram as the client reads it.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Datagram {
+    Span(Box<SpanRecord>),
+    Counters(CountersRecord),
+}
+
+impl Datagram {
+    /// Reads a datagram: a counters record (it has `counters`) or a span record
+    /// (`SpanRecord::decode`'s checks), bounded as their writers bound them.
+    pub fn decode(datagram: &[u8]) -> Result<Datagram, WireError> {
+        if datagram.len() > MAX_DATAGRAM {
+            return Err(WireError::TooLarge(datagram.len()));
+        }
+        let value: Value =
+            serde_json::from_slice(datagram).map_err(|e| WireError::Malformed(e.to_string()))?;
+        if value.get("counters").is_some() {
+            let rec: CountersRecord = serde_json::from_value(value)
+                .map_err(|e| WireError::Malformed(format!("counters: {e}")))?;
+            return Ok(Datagram::Counters(rec.bounded()));
+        }
+        let rec: SpanRecord =
+            serde_json::from_value(value).map_err(|e| WireError::Malformed(e.to_string()))?;
+        rec.checked().map(|r| Datagram::Span(Box::new(r)))
+    }
+}
+
+/// The Message-ID's identifier alone (`<left@right>`), the one part of a header field that
+/// leaves a host: comments, phrases and anything else the sender put around it stay. None
+/// when the field holds no such token.
+pub fn message_id_token(field: &str) -> Option<String> {
+    let start = field.find('<')?;
+    let len = field[start..].find('>')?;
+    let token = &field[start..=start + len];
+    let inner = &token[1..token.len() - 1];
+    let ok = inner.contains('@')
+        && !inner.starts_with('@')
+        && !inner.ends_with('@')
+        && inner
+            .chars()
+            .all(|c| (c.is_ascii_graphic() && c != '<' && c != '>') || !c.is_ascii());
+    (ok && token.len() <= MAX_MESSAGE_ID).then(|| token.to_owned())
 }
 
 /// Why a datagram was not a span.
@@ -222,10 +329,14 @@ impl SpanRecord {
         }
         let rec: SpanRecord =
             serde_json::from_slice(datagram).map_err(|e| WireError::Malformed(e.to_string()))?;
-        if rec.end_ns < rec.start_ns {
-            return Err(WireError::Backwards(rec.span_id));
+        rec.checked()
+    }
+
+    fn checked(self) -> Result<SpanRecord, WireError> {
+        if self.end_ns < self.start_ns {
+            return Err(WireError::Backwards(self.span_id));
         }
-        Ok(rec.bounded())
+        Ok(self.bounded())
     }
 }
 
@@ -255,6 +366,68 @@ mod tests {
             size: None,
             mail_from: Some("a@example.org".into()),
             rcpt_to: vec!["b@example.net".into()],
+            sender_dropped: 0,
+        }
+    }
+
+    #[test]
+    fn a_datagram_is_a_span_or_a_programs_counters() {
+        let span = sample();
+        assert_eq!(
+            Datagram::decode(&span.encode()).unwrap(),
+            Datagram::Span(Box::new(span.clone()))
+        );
+        let counters = CountersRecord {
+            program: "pepsi-ingress".into(),
+            pid: 7,
+            counters: vec![
+                CounterDelta {
+                    name: "pepsi.ingress.refused".into(),
+                    label: Some(("reason".into(), "5.7.1".into())),
+                    value: 3.0,
+                },
+                CounterDelta {
+                    name: "pepsi.ingress.sessions".into(),
+                    label: None,
+                    value: f64::NAN,
+                },
+            ],
+        };
+        let Datagram::Counters(back) = Datagram::decode(&counters.encode()).unwrap() else {
+            panic!("not read as counters");
+        };
+        assert_eq!(back.counters.len(), 1, "the NaN is dropped: {back:?}");
+        assert_eq!(
+            back.counters[0].label,
+            Some(("reason".into(), "5.7.1".into()))
+        );
+        let err = Datagram::decode(br#"{"counters": 3}"#)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("counters"), "{err}");
+        let mut backwards = sample();
+        backwards.end_ns = backwards.start_ns - 1;
+        let err = Datagram::decode(&serde_json::to_vec(&backwards).unwrap()).unwrap_err();
+        assert!(err.to_string().contains("ends before it starts"), "{err}");
+    }
+
+    #[test]
+    fn only_the_message_ids_identifier_leaves() {
+        for (field, want) in [
+            ("<a.b@example.org>", Some("<a.b@example.org>")),
+            (
+                "  <a.b@example.org> (Bob Smith's mail)",
+                Some("<a.b@example.org>"),
+            ),
+            ("Bob <bob@example.org> said", Some("<bob@example.org>")),
+            ("<no-at-sign>", None),
+            ("<@example.org>", None),
+            ("<a b@example.org>", None),
+            ("no brackets@example.org", None),
+            ("<unterminated@example.org", None),
+            ("", None),
+        ] {
+            assert_eq!(message_id_token(field).as_deref(), want, "{field:?}");
         }
     }
 

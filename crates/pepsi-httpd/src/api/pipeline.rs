@@ -33,7 +33,13 @@ pub async fn current(state: &AppState) -> ApiResult<(Graph, Value)> {
         .record(std::time::Instant::now(), pipeline::counts(&snap));
     let mut doc = pipeline::document(&graph, &snap, &deltas, seconds, chrono::Utc::now());
     let stages = graph.nodes.iter().map(|n| n.name.clone()).collect();
-    let latency = crate::latency::current(state, stages).await;
+    let latency = crate::latency::current(
+        &state.pool,
+        state.options.latency_window,
+        &state.latency,
+        stages,
+    )
+    .await;
     doc["latency"] = serde_json::to_value(&latency).map_err(ApiError::internal)?;
     Ok((graph, doc))
 }

@@ -6,7 +6,7 @@ use super::{Session, State, Transaction};
 use crate::admission::{Accepted, AdmitError};
 use crate::headers::{Trace, received, strip_forged_results};
 use pepsi_contract::state::{BodyType, Dsn, DsnRcpt, Origin, OriginTls, Ret};
-use pepsi_contract::telemetry::wire::unix_ns;
+use pepsi_contract::telemetry::wire::{message_id_token, unix_ns};
 use pepsi_contract::telemetry::{SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId};
 use pepsi_smtp::Reply;
 use pepsi_smtp::data::{DataDecoder, DataProblem, Feed};
@@ -175,8 +175,8 @@ impl Session {
                 pepsi_contract::message::split(&message).0,
                 "Message-ID",
             )
-            .into_iter()
-            .next()
+            .first()
+            .and_then(|v| message_id_token(v))
         });
         let stored = match tokio::time::timeout(limit, self.store(&tx, trace, message)).await {
             Ok(stored) => stored,
@@ -217,6 +217,7 @@ impl Session {
                         size: u64::try_from(size).ok(),
                         mail_from: tx.from.clone(),
                         rcpt_to: tx.rcpts.clone(),
+                        sender_dropped: 0,
                     });
                 }
                 Reply::new(250, "2.0.0", format!("queued as {id}"))
