@@ -66,6 +66,8 @@ TLS_CERT = $work/receiver.pem
 TLS_KEY = $work/receiver.key
 TOKEN_FILE = $work/tokens
 DATABASE_URL = $rdb
+# The bench runs as root, as bench/e2e does.
+ALLOW_ROOT = yes
 EOF
 DATABASE_URL="$rdb" "$target/release/pepsi-setup" db -c "$work/receiver.conf" >/dev/null
 

@@ -241,6 +241,7 @@ async fn a_messages_journey_shows_every_pass_and_a_killed_pass_again_in_its_trac
          [pepsi-telemetry-client]\nSOCKET = {socket}\nENDPOINT = https://127.0.0.1:{receiver_port}\n\
          TOKEN_FILE = {t}/token\nCA_FILE = {t}/ca.pem\nHOSTNAME = mx1.example.test\n\
          EXPORT_INTERVAL = 200ms\nMETRICS_INTERVAL = 1s\n\n\
+         [pepsi-ingress]\nSTATS_INTERVAL = 1s\n\n[pepsi-dispatch]\nSTATS_INTERVAL = 1s\n\n\
          [pepsi-telemetry]\nLISTEN = 127.0.0.1:{receiver_port}\nTLS_CERT = {t}/receiver.pem\n\
          TLS_KEY = {t}/receiver.key\nTOKEN_FILE = {t}/tokens\nALLOW_ROOT = yes\n",
         aliases = aliases.display(),
@@ -431,6 +432,34 @@ async fn a_messages_journey_shows_every_pass_and_a_killed_pass_again_in_its_trac
     let again = &spans[spans.len() - 1];
     assert!(again.start >= cut.end - 0.001, "{cut:?} {again:?}");
     assert!(cut.end - cut.start > 0.0, "{cut:?}");
+
+    // The host's metrics: the ingress's and the dispatcher's counters as they write their
+    // statistics, the stages' pass times from the spans, the crash the kill was.
+    let until = Instant::now() + Duration::from_secs(60);
+    loop {
+        let names: Vec<String> = sqlx::query_scalar(
+            "SELECT DISTINCT name FROM pepsi.telemetry_metric \
+             WHERE host = 'mx1.example.test' AND (value > 0 OR count > 0) ORDER BY 1",
+        )
+        .fetch_all(&sys.db.pool)
+        .await
+        .unwrap();
+        let want = [
+            "pepsi.dispatch.crashes",
+            "pepsi.dispatch.passes",
+            "pepsi.ingress.messages",
+            "pepsi.stage.pass_duration",
+        ];
+        if want.iter().all(|w| names.iter().any(|n| n == w)) {
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "metrics stored: {names:?}, wanted {want:?}\n{}",
+            sys.log("client.log")
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     // The journey page in a browser: every pass in the same order, the cut one marked.
     let http_port = free_port();

@@ -186,6 +186,20 @@ struct CheckArgs {
     offline: bool,
 }
 
+/// The depth of a Unix datagram socket's queue below which a loaded host drops spans at the
+/// senders (`net.unix.max_dgram_qlen`, 10 by default on Linux).
+const WANTED_QUEUE_DEPTH: u64 = 512;
+
+/// `net.unix.max_dgram_qlen`: how many datagrams the kernel keeps waiting for the client's
+/// socket (the socket takes it when it is made); None when it cannot be read.
+fn datagram_queue_depth() -> Option<u64> {
+    std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
+}
+
 /// The command line of `pepsi-telemetry-client`: its `--help` and its manual page.
 pub fn command() -> clap::Command {
     <Cli as clap::CommandFactory>::command()
@@ -404,6 +418,17 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         max_queue = options.max_queue,
         "taking spans"
     );
+    if let Some(depth) = datagram_queue_depth()
+        && depth < WANTED_QUEUE_DEPTH
+    {
+        tracing::warn!(
+            depth,
+            "net.unix.max_dgram_qlen is {depth}: the kernel keeps at most that many spans \
+             waiting for this client, and under load the senders drop the rest (counted as \
+             pepsi.telemetry.dropped_spans, reason sender); raise it to {WANTED_QUEUE_DEPTH} \
+             or more (a file in /etc/sysctl.d, docs/telemetry.md)"
+        );
+    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let receiver = tokio::spawn(spans::receive(socket, spans.clone()));
