@@ -491,31 +491,18 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
             .await
             {
                 Ok(c) => c,
-                Err(r) => {
-                    tracing::info!(%client, "{}: {}", parts.uri.path(), r.text);
-                    return error(r.status, r.text);
-                }
+                Err(r) => return refused(&client, parts.uri.path(), r),
             };
             let stored = match store::insert_spans(&app.pool, &converted.rows).await {
                 Ok(n) => n,
                 Err(e) => return unavailable(signal, &e),
             };
-            let partial = converted
-                .error_message(signal.item(), signal.items())
-                .map(|message| {
-                    tracing::warn!(%client, "{message}");
-                    ExportTracePartialSuccess {
-                        rejected_spans: converted.rejected,
-                        error_message: message,
-                    }
-                });
-            tracing::debug!(
-                %client,
-                received = converted.rows.len(),
-                stored,
-                rejected = converted.rejected,
-                "spans"
-            );
+            let partial = settled(&client, signal, &converted, stored).map(|error_message| {
+                ExportTracePartialSuccess {
+                    rejected_spans: converted.rejected,
+                    error_message,
+                }
+            });
             protobuf(
                 ExportTraceServiceResponse {
                     partial_success: partial,
@@ -534,30 +521,18 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
             .await
             {
                 Ok(c) => c,
-                Err(r) => {
-                    tracing::info!(%client, "{}: {}", parts.uri.path(), r.text);
-                    return error(r.status, r.text);
-                }
+                Err(r) => return refused(&client, parts.uri.path(), r),
             };
             let stored = match store::insert_metrics(&app.pool, &converted.rows).await {
                 Ok(n) => n,
                 Err(e) => return unavailable(signal, &e),
             };
-            let partial = converted
-                .error_message(signal.item(), signal.items())
-                .map(|message| {
-                    tracing::warn!(%client, "{message}");
-                    ExportMetricsPartialSuccess {
-                        rejected_data_points: converted.rejected,
-                        error_message: message,
-                    }
-                });
-            tracing::debug!(
-                %client,
-                stored,
-                rejected = converted.rejected,
-                "data points"
-            );
+            let partial = settled(&client, signal, &converted, stored).map(|error_message| {
+                ExportMetricsPartialSuccess {
+                    rejected_data_points: converted.rejected,
+                    error_message,
+                }
+            });
             protobuf(
                 ExportMetricsServiceResponse {
                     partial_success: partial,
@@ -566,6 +541,32 @@ async fn export(app: &App, req: Request, signal: Signal) -> Response {
             )
         }
     }
+}
+
+/// The answer to a request refused after its body was read (undecodable, not OTLP).
+fn refused(client: &impl std::fmt::Display, path: &str, r: Refusal) -> Response {
+    tracing::info!(%client, "{path}: {}", r.text);
+    error(r.status, r.text)
+}
+
+/// Logs what a request brought; the partial-success message when some of it was rejected.
+fn settled<R>(
+    client: &impl std::fmt::Display,
+    signal: Signal,
+    converted: &Converted<R>,
+    stored: u64,
+) -> Option<String> {
+    tracing::debug!(
+        %client,
+        received = converted.rows.len(),
+        stored,
+        rejected = converted.rejected,
+        "{}",
+        signal.items()
+    );
+    converted
+        .error_message(signal.item(), signal.items())
+        .inspect(|message| tracing::warn!(%client, "{message}"))
 }
 
 /// `bytes` trimmed to MAX_ITEMS, decoded and converted, on a blocking thread; the items
