@@ -1573,10 +1573,7 @@ async fn each_pass_of_a_batched_round_is_its_own_span_in_its_rows_trace() {
     use pepsi_contract::telemetry::{Datagram, SpanId, SpanOutcome, TraceId};
     let spans_dir = tempfile::tempdir().unwrap();
     let socket = spans_dir.path().join("telemetry.sock");
-    let client = std::os::unix::net::UnixDatagram::bind(&socket).unwrap();
-    client
-        .set_read_timeout(Some(Duration::from_millis(500)))
-        .unwrap();
+    let client = std::os::unix::net::UnixListener::bind(&socket).unwrap();
     let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 1\nQUEUE_LIMIT = 4\nDELAY = 100ms\n";
     let h = Harness::new(
         stages,
@@ -1597,11 +1594,20 @@ async fn each_pass_of_a_batched_round_is_its_own_span_in_its_rows_trace() {
     h.add(2, "s", serde_json::json!({})).await;
     h.run_until_settled("dispatch.log", 4).await;
 
-    let mut buf = vec![0u8; pepsi_contract::telemetry::wire::MAX_DATAGRAM];
+    // Every process's connection (the worker's, the dispatcher's counters), each read to
+    // its end: they all exited when the dispatcher stopped.
+    client.set_nonblocking(true).unwrap();
     let mut spans = Vec::new();
-    while let Ok(n) = client.recv(&mut buf) {
-        if let Ok(Datagram::Span(span)) = Datagram::decode(&buf[..n]) {
-            spans.push(*span);
+    while let Ok((mut sender, _)) = client.accept() {
+        sender.set_nonblocking(false).unwrap();
+        sender
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
+        while let Some(datagram) = pepsi_contract::telemetry::wire::read_frame(&mut sender).unwrap()
+        {
+            if let Ok(Datagram::Span(span)) = Datagram::decode(&datagram) {
+                spans.push(*span);
+            }
         }
     }
     assert_eq!(spans.len(), 4, "{spans:#?}\n{}", h.log("dispatch.log"));

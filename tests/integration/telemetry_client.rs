@@ -11,12 +11,13 @@
 //! `pepsi.telemetry.dropped_spans` reports what was dropped; the process metrics from /proc
 //! arrive too. Everything is polled with deadlines; nothing asserts on time.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use pepsi_contract::telemetry::{
-    CounterDelta, CountersRecord, Emitter, SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId,
+    CounterDelta, CountersRecord, Emitter, SpanId, SpanKind, SpanOutcome, SpanRecord, TraceId, wire,
 };
 use pepsi_testkit::TestDb;
 use sqlx::Row as _;
@@ -219,7 +220,7 @@ impl Client {
 
     /// A sender whose own ADDRESSES is on: what leaves the host is the client's decision.
     fn emitter(&self) -> Emitter {
-        Emitter::to(&self.socket).unwrap().with_addresses(true)
+        Emitter::to(&self.socket).with_addresses(true)
     }
 
     /// Its resident set, from /proc/PID/status.
@@ -232,7 +233,7 @@ impl Client {
 
 /// A span of `trace`, as a Pepsi process reports it.
 fn span(trace: TraceId, kind: SpanKind, stage: Option<&str>, outcome: SpanOutcome) -> SpanRecord {
-    let now = pepsi_contract::telemetry::wire::unix_ns(std::time::SystemTime::now());
+    let now = wire::unix_ns(std::time::SystemTime::now());
     SpanRecord {
         trace_id: trace,
         span_id: SpanId::random(),
@@ -655,7 +656,7 @@ async fn with_the_receiver_away_the_queue_stays_bounded_and_its_drops_are_report
     let failures_before = client.log().matches("span export to").count();
     receiver.stop();
     let before = client.rss();
-    // Every span of the flood is handed over: a full socket is waited out rather than
+    // Every span of the flood is handed over: a full buffer is waited out rather than
     // dropped at the sender, so the client itself must take all of them.
     let flood = TraceId::random();
     let until = Instant::now() + Duration::from_secs(600);
@@ -877,13 +878,13 @@ async fn the_drops_a_sender_reports_are_counted_once() {
     // The counts as a process's spans carry them (an Emitter sets its own): one process
     // reports 5, then 9, then a span overtaken by the one with 9 (7), which adds nothing;
     // another process reports none.
-    let socket = std::os::unix::net::UnixDatagram::unbound().unwrap();
+    let mut socket = std::os::unix::net::UnixStream::connect(&client.socket).unwrap();
     let trace = TraceId::random();
     for (pid, dropped) in [(4242, 5), (4242, 9), (4242, 7), (4343, 0)] {
         let mut s = span(trace, SpanKind::Pass, Some("route"), SpanOutcome::Advanced);
         s.pid = pid;
         s.sender_dropped = dropped;
-        socket.send_to(&s.encode(), &client.socket).unwrap();
+        socket.write_all(&wire::frame(&s.encode())).unwrap();
     }
     let logs = || format!("{}\n{}", client.log(), receiver.log());
     wait_for(
@@ -1018,5 +1019,68 @@ async fn a_batch_the_receiver_will_never_take_does_not_hold_up_the_spans_after_i
     .await;
     assert_eq!(rejected, 1.0);
     assert_eq!(stored(&receiver.db, bad).await, 0);
+    client.assert_running();
+}
+
+/// Reads `stream` until the client closes it, failing if it does not within 30 seconds.
+fn closed_by_the_client(stream: &mut std::os::unix::net::UnixStream) {
+    use std::io::Read as _;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let mut buf = [0u8; 64];
+    assert_eq!(
+        stream
+            .read(&mut buf)
+            .expect("the client closes the connection"),
+        0
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_sender_that_breaks_the_framing_or_comes_one_too_many_is_closed_and_the_rest_go_on() {
+    use std::os::unix::net::UnixStream;
+    let receiver = Receiver::start().await;
+    let mut client = Client::start(&receiver, TOKEN, "MAX_CONNECTIONS = 2\n").await;
+    // A frame announcing more than a datagram may hold: nothing after it can be read.
+    let mut liar = UnixStream::connect(&client.socket).unwrap();
+    let over = u32::try_from(wire::MAX_DATAGRAM + 1).unwrap();
+    liar.write_all(&over.to_be_bytes()).unwrap();
+    closed_by_the_client(&mut liar);
+    // Its seat is free again: two senders fit, a third is closed at once.
+    let mut first = UnixStream::connect(&client.socket).unwrap();
+    let mut second = UnixStream::connect(&client.socket).unwrap();
+    let mut third = UnixStream::connect(&client.socket).unwrap();
+    closed_by_the_client(&mut third);
+    // The two seated ones go on, a frame split across writes included.
+    let trace = TraceId::random();
+    let framed =
+        wire::frame(&span(trace, SpanKind::Pass, Some("route"), SpanOutcome::Advanced).encode());
+    first.write_all(&framed[..3]).unwrap();
+    second
+        .write_all(&wire::frame(
+            &span(trace, SpanKind::Pass, Some("local"), SpanOutcome::Finished).encode(),
+        ))
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    first.write_all(&framed[3..]).unwrap();
+    wait_for(
+        &receiver.db,
+        SPANS_OF_TRACE,
+        &trace.to_string(),
+        2.0,
+        Duration::from_secs(60),
+        || format!("{}\n{}", client.log(), receiver.log()),
+    )
+    .await;
+    let log = client.log();
+    assert!(
+        log.contains(&format!(
+            "over the limit of {}; closed the sender's connection",
+            wire::MAX_DATAGRAM
+        )),
+        "{log}"
+    );
+    assert!(log.contains("MAX_CONNECTIONS = 2 are open"), "{log}");
     client.assert_running();
 }

@@ -1,4 +1,4 @@
-//! From the span datagram to what is exported: the privacy rule applied as a span arrives
+//! From the span record to what is exported: the privacy rule applied as a span arrives
 //! (`admit`, from `pepsi_contract::telemetry::privacy`), and the OpenTelemetry span data
 //! made of what is left (`span_data`), under the attribute names of
 //! `pepsi_contract::telemetry::attr`. Pure.

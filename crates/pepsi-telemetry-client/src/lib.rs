@@ -1,6 +1,6 @@
 //! pepsi-telemetry-client: the telemetry agent of one Pepsi host. Every Pepsi process hands
 //! each span it finishes (the ingress's SMTP transaction, each stage's pass, a pass cut
-//! short) to the Unix datagram socket `[pepsi-telemetry-client] SOCKET`
+//! short) over its connection to the Unix socket `[pepsi-telemetry-client] SOCKET`
 //! (`pepsi_contract::telemetry::Emitter`); this daemon takes them, turns them into
 //! OpenTelemetry spans and exports them in batches to the receiver, pepsi-telemetry, over
 //! OTLP/HTTP (protobuf, gzip, HTTPS, a bearer token), together with the host's metrics:
@@ -76,10 +76,11 @@ const LAST_EXPORT: Duration = Duration::from_secs(5);
 
 const LONG_ABOUT: &str = "\
 The telemetry agent of a Pepsi host. Every Pepsi process (the ingress, the dispatcher, each \
-stage worker) sends each span it finishes to the Unix datagram socket [pepsi-telemetry-client] \
-SOCKET, one JSON datagram a span, without waiting: the SMTP transaction of the ingress, each \
+stage worker) keeps one connection to the Unix stream socket [pepsi-telemetry-client] SOCKET \
+and sends each span it finishes over it, one length-prefixed JSON record a span, without \
+waiting: the SMTP transaction of the ingress, each \
 stage's pass over a message, a pass cut short when its worker died. pepsi-telemetry-client \
-binds that socket, keeps the spans in a queue of at most MAX_QUEUE, and exports them in \
+listens on that socket (at most MAX_CONNECTIONS senders at once), keeps the spans in a queue of at most MAX_QUEUE, and exports them in \
 batches of BATCH_SIZE to the receiver, pepsi-telemetry, as OpenTelemetry spans over OTLP/HTTP \
 (protobuf, gzip, POST ENDPOINT/v1/traces, `Authorization: Bearer` with the token of \
 TOKEN_FILE), every EXPORT_INTERVAL or as soon as a batch is full. Every METRICS_INTERVAL it \
@@ -101,8 +102,9 @@ again. A batch the receiver will never take (400, 413 and the other 4xx) is drop
 after a 413 only once its two halves were sent on their own, and logged once per status. \
 The queue never holds more than MAX_QUEUE spans: when full, the oldest spans go. Every span \
 dropped is counted in the metric pepsi.telemetry.dropped_spans by reason: queue_full, \
-rejected (by the receiver), malformed (a datagram that is no span), sender (spans a process \
-could not hand to the socket, as its next span reports). The memory bound is MAX_QUEUE + \
+rejected (by the receiver), malformed (a record that is no span), sender (spans a process \
+could not hand over because the client was not there or its connection's buffer was full, \
+as its next span reports). The memory bound is MAX_QUEUE + \
 BATCH_SIZE spans: the queue and the batch in flight.
 
 At start it refuses a configuration it cannot use: no SOCKET, ENDPOINT or TOKEN_FILE, an \
@@ -119,7 +121,7 @@ Exit status: 0 after SIGTERM/SIGINT, 1 when it cannot start. See docs/telemetry.
 
 const AFTER_HELP: &str = "\
 CONFIGURATION ([pepsi-telemetry-client]):
-  SOCKET            the Unix datagram socket to bind, where every Pepsi process sends
+  SOCKET            the Unix stream socket to listen on, where every Pepsi process sends
                     (required; /run/pepsi/telemetry.sock in the package)
   ENDPOINT          the receiver's base URL, https://host:4318 (required; http:// only to
                     a loopback host)
@@ -129,6 +131,8 @@ CONFIGURATION ([pepsi-telemetry-client]):
   HOSTNAME          the host.name exported with every span and metric (the system's name)
   ADDRESSES         yes: export the envelope's sender and recipients (default no)
   MAX_QUEUE         spans queued at most while the receiver is away (default 10000)
+  MAX_CONNECTIONS   sending processes connected at once at most; one more is closed at
+                    once and drops its spans (default 1024)
   BATCH_SIZE        spans per export request (default 512, at most 2048); the memory bound
                     is MAX_QUEUE + BATCH_SIZE spans (the queue and the batch in flight)
   EXPORT_INTERVAL   the longest a span waits for its batch (default 2s)
@@ -184,20 +188,6 @@ struct CheckArgs {
     /// Do not send anything to the receiver
     #[arg(long)]
     offline: bool,
-}
-
-/// The depth of a Unix datagram socket's queue below which a loaded host drops spans at the
-/// senders (`net.unix.max_dgram_qlen`, 10 by default on Linux).
-const WANTED_QUEUE_DEPTH: u64 = 512;
-
-/// `net.unix.max_dgram_qlen`: how many datagrams the kernel keeps waiting for the client's
-/// socket (the socket takes it when it is made); None when it cannot be read.
-fn datagram_queue_depth() -> Option<u64> {
-    std::fs::read_to_string("/proc/sys/net/unix/max_dgram_qlen")
-        .ok()?
-        .trim()
-        .parse()
-        .ok()
 }
 
 /// The command line of `pepsi-telemetry-client`: its `--help` and its manual page.
@@ -302,7 +292,7 @@ fn span_exporter(
 
 /// Binds `path` for the spans: a stale socket file (no process behind it) is removed
 /// first; a live one, or anything that is no socket, is left alone and refused.
-pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixDatagram> {
+pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     if let Ok(meta) = std::fs::symlink_metadata(path) {
         if !meta.file_type().is_socket() {
             bail!(
@@ -310,8 +300,7 @@ pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixDatagram> {
                 path.display()
             );
         }
-        let probe = std::os::unix::net::UnixDatagram::unbound()?;
-        if probe.connect(path).is_ok() {
+        if std::os::unix::net::UnixStream::connect(path).is_ok() {
             bail!(
                 "[{SECTION}] SOCKET {}: another process is bound to it (a pepsi-telemetry-client running already?)",
                 path.display()
@@ -324,12 +313,12 @@ pub fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixDatagram> {
             )
         })?;
     }
-    let socket = std::os::unix::net::UnixDatagram::bind(path)
+    let socket = std::os::unix::net::UnixListener::bind(path)
         .with_context(|| format!("[{SECTION}] SOCKET {}: cannot bind it", path.display()))?;
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
         .with_context(|| format!("[{SECTION}] SOCKET {}: cannot set its mode", path.display()))?;
     socket.set_nonblocking(true)?;
-    Ok(tokio::net::UnixDatagram::from_std(socket)?)
+    Ok(tokio::net::UnixListener::from_std(socket)?)
 }
 
 /// The resource every span and metric point names: the service and the host.
@@ -418,20 +407,13 @@ pub async fn serve(options: Options) -> anyhow::Result<()> {
         max_queue = options.max_queue,
         "taking spans"
     );
-    if let Some(depth) = datagram_queue_depth()
-        && depth < WANTED_QUEUE_DEPTH
-    {
-        tracing::warn!(
-            depth,
-            "net.unix.max_dgram_qlen is {depth}: the kernel keeps at most that many spans \
-             waiting for this client, and under load the senders drop the rest (counted as \
-             pepsi.telemetry.dropped_spans, reason sender); raise it to {WANTED_QUEUE_DEPTH} \
-             or more (a file in /etc/sysctl.d, docs/telemetry.md)"
-        );
-    }
 
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-    let receiver = tokio::spawn(spans::receive(socket, spans.clone()));
+    let receiver = tokio::spawn(spans::receive(
+        socket,
+        spans.clone(),
+        options.max_connections,
+    ));
     let exporting = {
         let spans = spans.clone();
         tokio::spawn(async move { export.run(spans, stop_rx, LAST_EXPORT).await })

@@ -35,7 +35,7 @@ pub const DROP_REASON: &str = "pepsi.reason";
 pub enum DropReason {
     /// The queue was full (MAX_QUEUE): the oldest span went.
     QueueFull,
-    /// The datagram was no span record.
+    /// The record was no span, or its frame announced more than a record may hold.
     Malformed,
     /// The receiver refused the span's batch with an answer that sending it again would
     /// not change (400, 413, ...).

@@ -105,7 +105,7 @@ fn is_loopback(host: &str) -> bool {
 /// Everything the client needs to know before it starts.
 #[derive(Debug, Clone)]
 pub struct Options {
-    /// `SOCKET`: the Unix datagram socket it binds and every Pepsi process sends to.
+    /// `SOCKET`: the Unix stream socket it listens on and every Pepsi process sends to.
     pub socket: PathBuf,
     /// `ENDPOINT`: the receiver.
     pub endpoint: Endpoint,
@@ -121,6 +121,9 @@ pub struct Options {
     /// `MAX_QUEUE` (10000): spans queued at most; beyond, the oldest go. With the batch in
     /// flight, the memory bound is MAX_QUEUE + BATCH_SIZE spans.
     pub max_queue: usize,
+    /// `MAX_CONNECTIONS` (1024): sending processes connected at once at most (each Pepsi
+    /// process keeps one connection); one more is closed at once and its spans dropped.
+    pub max_connections: usize,
     /// `BATCH_SIZE` (512, at most [`MAX_BATCH_SIZE`]): spans per export request.
     pub batch_size: usize,
     /// `EXPORT_INTERVAL` (2s): the longest a span waits for its batch to fill.
@@ -136,7 +139,7 @@ impl Options {
         let s = cfg.section(SECTION);
         let Some(socket) = socket_path(cfg)? else {
             bail!(
-                "[{SECTION}] SOCKET is not set: name the Unix datagram socket the client binds and every Pepsi process sends its spans to (/run/pepsi/telemetry.sock)"
+                "[{SECTION}] SOCKET is not set: name the Unix socket the client listens on and every Pepsi process sends its spans to (/run/pepsi/telemetry.sock)"
             );
         };
         if !socket.is_absolute() {
@@ -199,6 +202,7 @@ impl Options {
             hostname,
             addresses: s.bool_opt("ADDRESSES")?.unwrap_or(false),
             max_queue,
+            max_connections: count("MAX_CONNECTIONS", 1024, 65_536)?,
             batch_size,
             export_interval: duration("EXPORT_INTERVAL", Duration::from_secs(2), ms(10))?,
             export_timeout: duration("EXPORT_TIMEOUT", Duration::from_secs(10), ms(100))?,
@@ -305,6 +309,7 @@ mod tests {
         assert_eq!(o.hostname, "mx1.example.org");
         assert!(!o.addresses);
         assert_eq!((o.max_queue, o.batch_size), (10_000, 512));
+        assert_eq!(o.max_connections, 1024);
         assert_eq!(o.export_interval, Duration::from_secs(2));
         assert_eq!(o.export_timeout, Duration::from_secs(10));
         assert_eq!(o.metrics_interval, Duration::from_secs(15));
@@ -401,6 +406,10 @@ mod tests {
             (
                 "MAX_QUEUE = 0\n",
                 "[pepsi-telemetry-client] MAX_QUEUE = 0: expected 1 to 10000000",
+            ),
+            (
+                "MAX_CONNECTIONS = 70000\n",
+                "[pepsi-telemetry-client] MAX_CONNECTIONS = 70000: expected 1 to 65536",
             ),
             (
                 "BATCH_SIZE = 0\n",

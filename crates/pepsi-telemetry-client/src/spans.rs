@@ -1,5 +1,7 @@
-//! The spans' way through the client: the socket task takes each datagram and reads it
-//! (`Datagram::decode`, a malformed one counted and dropped). A span gets the privacy rule,
+//! The spans' way through the client: the socket task accepts each sending process's
+//! connection (at most MAX_CONNECTIONS at once) and reads its frames, each a datagram
+//! (`Datagram::decode`, a malformed one counted and dropped; a frame announcing more than a
+//! datagram may hold closes its connection). A span gets the privacy rule,
 //! its metrics, the drops its sender reports (`senders`) and a place in the queue; a
 //! program's counters go to their instruments. The export task sends the queue in batches
 //! of BATCH_SIZE, every EXPORT_INTERVAL or as soon as a batch is full.
@@ -11,20 +13,22 @@
 //! 413 and the other 4xx: a batch the receiver will never take) it is dropped and counted,
 //! so one bad span cannot stop the export; a 413 first has the batch sent once more in two
 //! halves, each taken or dropped on its own. Nothing waits on the client: a process hands
-//! its span to the socket and goes on, whatever becomes of it here.
+//! its span to its connection and goes on, whatever becomes of it here.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use http::StatusCode;
 use opentelemetry::InstrumentationScope;
 use opentelemetry_sdk::trace::SpanExporter as _;
-use pepsi_contract::telemetry::wire::MAX_DATAGRAM;
+use pepsi_contract::telemetry::wire::{FRAME_HEADER, frame_len};
 use pepsi_contract::telemetry::{Datagram, SpanRecord};
-use tokio::net::UnixDatagram;
-use tokio::sync::{Notify, watch};
+use tokio::io::{AsyncReadExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{Notify, Semaphore, watch};
+use tokio::task::JoinSet;
 
 use crate::convert::{admit, span_data};
 use crate::health::{Change, Health};
@@ -122,25 +126,27 @@ pub struct Spans {
     pub max_queue: usize,
 }
 
-/// Takes datagrams from `socket` until the task is aborted.
-pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
-    // One octet more than a datagram may have, so that one too large shows as such.
-    let mut buf = vec![0u8; MAX_DATAGRAM + 1];
-    let mut malformed_seen = false;
-    let mut senders = SenderDrops::new(MAX_SENDERS);
-    loop {
-        let n = match socket.recv(&mut buf).await {
-            Ok(n) => n,
-            Err(e) => {
-                tracing::warn!("cannot read the span socket: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        match Datagram::decode(&buf[..n]) {
+/// What the connections' readers share: where a datagram goes, and what the log was told.
+struct Intake {
+    spans: Arc<Spans>,
+    senders: Mutex<SenderDrops>,
+    malformed_seen: AtomicBool,
+    refused_seen: AtomicBool,
+}
+
+impl Intake {
+    /// One datagram read off a connection: a span is queued, counters go to their
+    /// instruments, anything else is counted malformed.
+    fn take(&self, datagram: &[u8]) {
+        match Datagram::decode(datagram) {
             Ok(Datagram::Span(rec)) => {
-                let rec = admit(*rec, spans.addresses);
-                let lost = senders.report(rec.pid, &rec.program, rec.sender_dropped);
+                let rec = admit(*rec, self.spans.addresses);
+                let lost = self
+                    .senders
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .report(rec.pid, &rec.program, rec.sender_dropped);
+                let spans = &self.spans;
                 spans.instruments.dropped(DropReason::Sender, lost);
                 spans.instruments.record(&rec);
                 let dropped = spans.queue.push(rec);
@@ -148,19 +154,99 @@ pub async fn receive(socket: UnixDatagram, spans: Arc<Spans>) {
                     .queue
                     .overflowed(dropped, &spans.instruments, spans.max_queue);
             }
-            Ok(Datagram::Counters(rec)) => spans.instruments.add_counters(&rec),
-            Err(e) => {
-                spans.instruments.dropped(DropReason::Malformed, 1);
-                if malformed_seen {
-                    tracing::debug!("dropped a datagram: {e}");
-                } else {
-                    malformed_seen = true;
-                    tracing::warn!(
-                        "dropped a datagram: {e} (further ones are counted in pepsi.telemetry.dropped_spans, reason malformed)"
-                    );
-                }
-            }
+            Ok(Datagram::Counters(rec)) => self.spans.instruments.add_counters(&rec),
+            Err(e) => self.malformed(&e),
         }
+    }
+
+    /// Counts one malformed datagram, saying so in the log the first time.
+    fn malformed(&self, e: &dyn std::fmt::Display) {
+        self.spans.instruments.dropped(DropReason::Malformed, 1);
+        if self.malformed_seen.swap(true, Ordering::Relaxed) {
+            tracing::debug!("dropped a datagram: {e}");
+        } else {
+            tracing::warn!(
+                "dropped a datagram: {e} (further ones are counted in pepsi.telemetry.dropped_spans, reason malformed)"
+            );
+        }
+    }
+}
+
+/// The read buffer of one sender's connection: a few dozen spans a read.
+const READ_BUFFER: usize = 16 * 1024;
+
+/// Takes the senders' connections on `listener` until the task is aborted (its
+/// connections' readers with it): at most `max_connections` at once, each read by a task of
+/// its own, frame by frame.
+pub async fn receive(listener: UnixListener, spans: Arc<Spans>, max_connections: usize) {
+    let intake = Arc::new(Intake {
+        spans,
+        senders: Mutex::new(SenderDrops::new(MAX_SENDERS)),
+        malformed_seen: AtomicBool::new(false),
+        refused_seen: AtomicBool::new(false),
+    });
+    let room = Arc::new(Semaphore::new(max_connections));
+    let mut readers = JoinSet::new();
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(e) => {
+                    tracing::warn!("cannot accept on the span socket: {e}");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+            Some(_) = readers.join_next() => continue,
+        };
+        let Ok(seat) = room.clone().try_acquire_owned() else {
+            if intake.refused_seen.swap(true, Ordering::Relaxed) {
+                tracing::debug!(
+                    "closed a sender's connection: MAX_CONNECTIONS = {max_connections} are open"
+                );
+            } else {
+                tracing::warn!(
+                    "closed a sender's connection: MAX_CONNECTIONS = {max_connections} are open; its spans are dropped at the sender (said once)"
+                );
+            }
+            continue;
+        };
+        let intake = intake.clone();
+        readers.spawn(async move {
+            let mut stream = BufReader::with_capacity(READ_BUFFER, stream);
+            read_frames(&mut stream, &intake).await;
+            // The seat is free before the sender sees its connection close.
+            drop(seat);
+            drop(stream);
+        });
+    }
+}
+
+/// Reads one sender's frames until it closes, cuts a frame short or announces one over the
+/// limit (after which nothing more of it can be read).
+async fn read_frames(stream: &mut BufReader<UnixStream>, intake: &Intake) {
+    let mut header = [0u8; FRAME_HEADER];
+    let mut datagram = Vec::new();
+    loop {
+        if let Err(e) = stream.read_exact(&mut header).await {
+            if e.kind() != std::io::ErrorKind::UnexpectedEof {
+                tracing::debug!("a sender's connection failed: {e}");
+            }
+            return;
+        }
+        let len = match frame_len(header) {
+            Ok(len) => len,
+            Err(e) => {
+                intake.malformed(&format_args!("{e}; closed the sender's connection"));
+                return;
+            }
+        };
+        datagram.resize(len, 0);
+        if let Err(e) = stream.read_exact(&mut datagram).await {
+            tracing::debug!("a sender's connection ended inside a frame: {e}");
+            return;
+        }
+        intake.take(&datagram);
     }
 }
 

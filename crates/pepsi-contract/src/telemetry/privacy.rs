@@ -200,7 +200,7 @@ mod tests {
 
     #[test]
     fn an_error_cut_to_its_limit_right_after_the_at_leaves_no_local_part() {
-        // As the client reads it: the datagram's error is cut to MAX_ERROR before `admit`.
+        // As the client reads it: the record's error is cut to MAX_ERROR before `admit`.
         let prefix = "x".repeat(MAX_ERROR - "<bob@".len());
         let mut rec = record();
         rec.error = Some(format!("{prefix}<bob@example.org>: unknown user"));

@@ -1,15 +1,19 @@
-//! What a Pepsi process hands to its host's `pepsi-telemetry-client`: one JSON object per
-//! datagram on a Unix socket (`[pepsi-telemetry-client] SOCKET`), either a finished span
-//! (`SpanRecord`) or a program's counters since its last report (`CountersRecord`: the
-//! ingress's and the dispatcher's, each time they write their statistics). The one definition
-//! both ends use. Pure.
+//! What a Pepsi process hands to its host's `pepsi-telemetry-client`: one JSON object, a
+//! *datagram*, per frame on a Unix stream socket (`[pepsi-telemetry-client] SOCKET`), either
+//! a finished span (`SpanRecord`) or a program's counters since its last report
+//! (`CountersRecord`: the ingress's and the dispatcher's, each time they write their
+//! statistics). A frame is the datagram's length in `FRAME_HEADER` octets (big-endian), then
+//! the datagram (`frame`, `frame_len`). The one definition both ends use. Pure, but for
+//! `read_frame`, the blocking reader tools and tests use.
 //!
 //! Everything a span may carry is bounded here, where it is written and again where it is
-//! read: a datagram is at most `MAX_DATAGRAM` octets, text fields are cut to their limits and
+//! read: a datagram is at most `MAX_DATAGRAM` octets (a frame announcing more ends the
+//! stream), text fields are cut to their limits and
 //! the recipient list to `MAX_RCPTS`. Addresses ride only as far as the client on the same
 //! host, which drops them unless its ADDRESSES is on; nothing of a body or a header field but
 //! the Message-ID is ever put in a record.
 
+use std::io::Read;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
@@ -226,6 +230,46 @@ pub fn message_id_token(field: &str) -> Option<String> {
     (ok && token.len() <= MAX_MESSAGE_ID).then(|| token.to_owned())
 }
 
+/// The octets before each datagram on the stream: its length, big-endian.
+pub const FRAME_HEADER: usize = 4;
+
+/// `datagram` as it goes on the stream: its length, then itself.
+pub fn frame(datagram: &[u8]) -> Vec<u8> {
+    let len = u32::try_from(datagram.len()).unwrap_or(u32::MAX);
+    let mut out = Vec::with_capacity(FRAME_HEADER + datagram.len());
+    out.extend_from_slice(&len.to_be_bytes());
+    out.extend_from_slice(datagram);
+    out
+}
+
+/// The length of the datagram a frame's header announces; one over `MAX_DATAGRAM` is
+/// refused, and the stream cannot be read further (its next frame's start is unknown).
+pub fn frame_len(header: [u8; FRAME_HEADER]) -> Result<usize, WireError> {
+    let len = u32::from_be_bytes(header) as usize;
+    if len > MAX_DATAGRAM {
+        return Err(WireError::TooLarge(len));
+    }
+    Ok(len)
+}
+
+/// Reads one frame's datagram from a blocking stream: None at the end of the stream
+/// between two frames; an error for one cut short or announcing too much.
+pub fn read_frame(stream: &mut impl Read) -> std::io::Result<Option<Vec<u8>>> {
+    let mut header = [0u8; FRAME_HEADER];
+    let mut got = 0;
+    while got < FRAME_HEADER {
+        match stream.read(&mut header[got..])? {
+            0 if got == 0 => return Ok(None),
+            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            n => got += n,
+        }
+    }
+    let len = frame_len(header).map_err(std::io::Error::other)?;
+    let mut datagram = vec![0u8; len];
+    stream.read_exact(&mut datagram)?;
+    Ok(Some(datagram))
+}
+
 /// Why a datagram was not a span.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum WireError {
@@ -409,6 +453,37 @@ mod tests {
         backwards.end_ns = backwards.start_ns - 1;
         let err = Datagram::decode(&serde_json::to_vec(&backwards).unwrap()).unwrap_err();
         assert!(err.to_string().contains("ends before it starts"), "{err}");
+    }
+
+    #[test]
+    fn frames_carry_datagrams_back_to_back_and_refuse_an_oversized_one() {
+        let span = sample().encode();
+        let counters = CountersRecord {
+            program: "pepsi-dispatch".into(),
+            pid: 1,
+            counters: Vec::new(),
+        }
+        .encode();
+        let mut stream = frame(&span);
+        stream.extend(frame(&counters));
+        assert_eq!(stream.len(), 2 * FRAME_HEADER + span.len() + counters.len());
+        let mut r = &stream[..];
+        assert_eq!(read_frame(&mut r).unwrap(), Some(span.clone()));
+        assert_eq!(read_frame(&mut r).unwrap(), Some(counters));
+        assert_eq!(read_frame(&mut r).unwrap(), None);
+
+        let cut = &stream[..FRAME_HEADER + 3];
+        let e = read_frame(&mut &cut[..]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+        let e = read_frame(&mut &stream[..2]).unwrap_err();
+        assert_eq!(e.kind(), std::io::ErrorKind::UnexpectedEof);
+
+        let over = u32::try_from(MAX_DATAGRAM + 1).unwrap().to_be_bytes();
+        assert_eq!(frame_len(over), Err(WireError::TooLarge(MAX_DATAGRAM + 1)));
+        let e = read_frame(&mut &over[..]).unwrap_err();
+        assert!(e.to_string().contains("over the limit"), "{e}");
+        let at = u32::try_from(MAX_DATAGRAM).unwrap().to_be_bytes();
+        assert_eq!(frame_len(at), Ok(MAX_DATAGRAM));
     }
 
     #[test]
