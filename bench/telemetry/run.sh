@@ -8,7 +8,10 @@
 #   receiver  the client exporting to a running pepsi-telemetry (TLS, a token, its own
 #             database) that stores every span.
 # For each: msg/s, the p50/p99 latency (250 -> Maildir), and the client's peak resident set
-# (VmHWM) against its MAX_QUEUE; then msg/s as a ratio to `off`.
+# (VmHWM) against its MAX_QUEUE; then msg/s as a ratio to `off`, and with the receiver up the
+# spans it stored and those the client counted dropped at the senders (its last report of
+# pepsi.telemetry.dropped_spans, reason sender). With several rounds, the medians of each
+# shape follow.
 #
 #   bench/telemetry/run.sh [messages=2000] [clients=20] [rounds=1] [max_queue=10000]
 #
@@ -97,18 +100,22 @@ stop_receiver() {
 
 # shape NAME ROUND: one bench/e2e Pepsi run in that shape.
 shape() {
-  local name="$1" round="$2" spans0 spans1
+  local name="$1" round="$2" spans0 spans1 metric0
   case "$name" in
     off) unset PEPSI_EXTRA_CONF E2E_ALSO ;;
     away) export PEPSI_EXTRA_CONF="$work/client.conf" E2E_ALSO=pepsi-telemetry-client ;;
     receiver) export PEPSI_EXTRA_CONF="$work/client.conf" E2E_ALSO=pepsi-telemetry-client; start_receiver ;;
   esac
   spans0="$(psql "$rdb" -Atqc "SELECT count(*) FROM pepsi.telemetry_span")"
+  metric0="$(psql "$rdb" -Atqc "SELECT coalesce(max(metric_id), 0) FROM pepsi.telemetry_metric")"
   E2E_BUILD=no E2E_OUT="$out/$name-$round" bench/e2e/run.sh "$messages" "$clients" pepsi \
     >"$out/$name-$round.txt" 2>&1 || { tail -n 30 "$out/$name-$round.txt" >&2; exit 1; }
   stop_receiver
   spans1="$(psql "$rdb" -Atqc "SELECT count(*) FROM pepsi.telemetry_span")"
   echo "$(( spans1 - spans0 ))" >"$out/$name-$round/spans.stored"
+  psql "$rdb" -Atqc "SELECT coalesce(max(value), 0)::bigint FROM pepsi.telemetry_metric \
+    WHERE metric_id > $metric0 AND name = 'pepsi.telemetry.dropped_spans' \
+    AND attributes->>'pepsi.reason' = 'sender'" >"$out/$name-$round/spans.dropped"
   say "$name ($round): $(grep -E '^pepsi +\|' "$out/$name-$round.txt" || echo 'no figures')"
 }
 
@@ -121,7 +128,8 @@ import json, os, sys
 out, rounds, max_queue, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 shapes = ("off", "away", "receiver")
 print(f"\n{n} messages per run, {rounds} round(s), client MAX_QUEUE {max_queue}")
-print(f"{'shape':9} | {'round':>5} | {'msg/s':>6} | {'vs off':>6} | {'p50 ms':>6} | {'p99 ms':>6} | {'client peak RSS':>15} | spans stored")
+print(f"{'shape':9} | {'round':>5} | {'msg/s':>6} | {'vs off':>6} | {'p50 ms':>6} | {'p99 ms':>6} | {'client peak RSS':>15} | spans stored | dropped at senders")
+seen = {s: [] for s in shapes}
 for r in range(1, rounds + 1):
     rates = {}
     for s in shapes:
@@ -140,7 +148,18 @@ for r in range(1, rounds + 1):
                 if len(parts) == 2 and parts[0] == "pepsi-telemetry-client":
                     rss = f"{int(parts[1]) / 1024:.1f} MiB"
         stored = open(os.path.join(d, "spans.stored")).read().strip()
+        dropped = open(os.path.join(d, "spans.dropped")).read().strip() if s == "receiver" else "-"
         ratio = f"{rates[s] / rates['off']:.2f}" if "off" in rates else "-"
-        print(f"{s:9} | {r:5} | {res['msg_per_s']:6.0f} | {ratio:>6} | {res['p50_ms']:6.0f} | {res['p99_ms']:6.0f} | {rss:>15} | {stored}")
+        if "off" in rates:
+            seen[s].append((rates[s] / rates["off"], res["msg_per_s"], res["p50_ms"], res["p99_ms"]))
+        print(f"{s:9} | {r:5} | {res['msg_per_s']:6.0f} | {ratio:>6} | {res['p50_ms']:6.0f} | {res['p99_ms']:6.0f} | {rss:>15} | {stored:>12} | {dropped}")
+if rounds > 1:
+    from statistics import median
+    print(f"\nmedians over {rounds} rounds")
+    print(f"{'shape':9} | {'msg/s':>6} | {'vs off':>6} | {'p50 ms':>6} | {'p99 ms':>6}")
+    for s in shapes:
+        if seen[s]:
+            cols = list(zip(*seen[s]))
+            print(f"{s:9} | {median(cols[1]):6.0f} | {median(cols[0]):6.2f} | {median(cols[2]):6.0f} | {median(cols[3]):6.0f}")
 print(f"raw records: {out}")
 PY
