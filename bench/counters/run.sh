@@ -3,15 +3,23 @@
 #
 # Starts a private redis-server and the release migadu_counters on loopback, drives POST /out
 # with wrk (bench/counters/out.lua), then issues the same MULTI/EXEC transactions straight to
-# the same Redis from a Rust client with the same concurrency (examples/bench_redis.rs).
-# Prints both figures, their ratio, and the latency from request to counted.
+# the same Redis from a Rust client with the same concurrency (examples/bench_redis.rs), then
+# drives a private nginx answering `return 202` on /out with the same wrk command and script:
+# the HTTP floor, what any server costs to parse that request and answer it on this machine.
+# Prints the three figures, the service's ratio to each reference, and the latency from
+# request to counted.
 #
 #   bench/counters/run.sh [seconds=10] [connections=32] [workers=connections]
 #
 # The service gets as many counting workers as wrk has connections and the reference has tasks,
-# so both sides keep the same number of transactions in flight.
+# so both sides keep the same number of transactions in flight. nginx runs in the foreground
+# (no daemon; pid, logs and temporary files in the work directory, access log off) with one
+# worker process per core, as the service's runtime has one thread per core, and keeps its
+# connections open as the service does.
 #
-# Needs: redis-server, wrk, cdb (Debian packages redis-server, wrk, tinycdb), python3, curl, cargo. Uses CARGO_TARGET_DIR if set.
+# Needs: redis-server, wrk, cdb, nginx (Debian packages redis-server, wrk, tinycdb, nginx),
+# python3, curl, cargo. Uses CARGO_TARGET_DIR if set; COUNTERS_BUILD=no measures the release
+# binaries already there (migadu_counters and examples/bench_redis) instead of building them.
 set -euo pipefail
 secs="${1:-10}"
 conns="${2:-32}"
@@ -26,12 +34,18 @@ trap cleanup EXIT
 command -v wrk >/dev/null || { echo "wrk is missing: apt-get install wrk" >&2; exit 1; }
 command -v cdb >/dev/null || { echo "cdb is missing: apt-get install tinycdb" >&2; exit 1; }
 command -v redis-server >/dev/null || { echo "redis-server is missing: apt-get install redis-server" >&2; exit 1; }
+nginx_bin="$(command -v nginx || echo /usr/sbin/nginx)"
+[ -x "$nginx_bin" ] || { echo "nginx is missing: apt-get install nginx" >&2; exit 1; }
 
-echo "== building release binaries" >&2
-(cd "$root" && cargo build --release -q -p pepsi --bin migadu_counters && cargo build --release -q -p migadu-counters --example bench_redis)
+if [ "${COUNTERS_BUILD:-yes}" = no ]; then
+  echo "== COUNTERS_BUILD=no: measuring the existing binaries in $target/release" >&2
+else
+  echo "== building release binaries" >&2
+  (cd "$root" && cargo build --release -q -p pepsi --bin migadu_counters && cargo build --release -q -p migadu-counters --example bench_redis)
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-rport="$(free_port)"; aport="$(free_port)"; mport="$(free_port)"
+rport="$(free_port)"; aport="$(free_port)"; mport="$(free_port)"; nport="$(free_port)"
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >/dev/null &
 pids+=($!)
 for _ in $(seq 50); do redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
@@ -76,10 +90,46 @@ curl -s "http://127.0.0.1:$mport/metrics" >"$work/metrics.txt"
 echo "== reference: the same MULTI/EXEC from a Rust client, ${conns} tasks, ${secs}s" >&2
 "$target/release/examples/bench_redis" "127.0.0.1:$rport" "$conns" "$secs" >"$work/ref.json"
 
-python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" "$workers" <<'PY'
+echo "== HTTP floor: nginx \`return 202\` on /out, the same wrk command, ${secs}s" >&2
+mkdir -p "$work/nginx"
+cat > "$work/nginx/nginx.conf" <<NGINX
+daemon off;
+worker_processes $(nproc);
+pid $work/nginx/nginx.pid;
+error_log $work/nginx/error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  client_body_temp_path $work/nginx/body;
+  proxy_temp_path $work/nginx/proxy;
+  fastcgi_temp_path $work/nginx/fastcgi;
+  uwsgi_temp_path $work/nginx/uwsgi;
+  scgi_temp_path $work/nginx/scgi;
+  # the service never closes a kept-alive connection between requests; neither does this
+  keepalive_requests 1000000000;
+  keepalive_timeout 60s;
+  server {
+    listen 127.0.0.1:$nport;
+    location /out { return 202; }
+  }
+}
+NGINX
+"$nginx_bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" &
+nginx_pid=$!
+pids+=("$nginx_pid")
+for _ in $(seq 100); do
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$nport/out")" = 202 ] && break
+  sleep 0.1
+done
+wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$root/bench/counters/out.lua" "http://127.0.0.1:$nport/out" >"$work/nginx-wrk.txt"
+kill "$nginx_pid" 2>/dev/null || true
+wait "$nginx_pid" 2>/dev/null || true
+
+python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" "$workers" "$work/nginx-wrk.txt" <<'PY'
 import json, re, sys
 wrk, metrics, ref = (open(p).read() for p in sys.argv[1:4])
 sent, start, done, conns, secs, workers = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9]
+nginx = open(sys.argv[10]).read()
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", wrk).group(1))
 m = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
 bad = int(m.group(1)) if m else 0
@@ -87,6 +137,10 @@ def ms(s):
     v, u = re.match(r"([\d.]+)(us|ms|s)", s).groups()
     return float(v) * {"us": 0.001, "ms": 1, "s": 1000}[u]
 p99_http = ms(re.search(r"99%\s+(\S+)", wrk).group(1))
+nginx_rps = float(re.search(r"Requests/sec:\s+([\d.]+)", nginx).group(1))
+m = re.search(r"Non-2xx or 3xx responses: (\d+)", nginx)
+nginx_bad = int(m.group(1)) if m else 0
+nginx_p99 = ms(re.search(r"99%\s+(\S+)", nginx).group(1))
 # p99 of the count delay (202 -> EXEC reply) from the histogram, interpolated in its bucket
 b = [(float(le), float(n)) for le, n in re.findall(r'count_delay_seconds_bucket\{le="([^"+]+)"\} (\S+)', metrics)]
 total = float(re.search(r"count_delay_seconds_count (\S+)", metrics).group(1))
@@ -103,5 +157,7 @@ print(f"service  /out accepted (202): {rps:,.0f} req/s   counted: {counted:,.0f}
       f"p99 request->202 {p99_http:.2f} ms   p99 202->counted {p99_queue:.2f} ms")
 print(f"reference MULTI/EXEC direct:  {r['per_second']:,.0f} tx/s   p99 {r['p99_ms']:.2f} ms")
 print(f"ratio service/reference: accepted {rps / r['per_second']:.2f}   counted {counted / r['per_second']:.2f}")
+print(f"reference nginx `return 202`: {nginx_rps:,.0f} req/s   p99 {nginx_p99:.2f} ms   (non-2xx answers: {nginx_bad})")
+print(f"ratio service/nginx: accepted {rps / nginx_rps:.2f}   counted {counted / nginx_rps:.2f}")
 print(f"(connections {conns}, workers {workers}, {secs}s each, {sent} requests counted, non-2xx answers: {bad})")
 PY

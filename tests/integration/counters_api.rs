@@ -551,6 +551,97 @@ fn crossing_notifies_once_per_level_and_again_after_a_reset() {
     ));
 }
 
+/// Guards the service without a counting log (`counting_output = "off"`), which builds no log
+/// events at all: every request is still counted, each level's crossing still notifies once
+/// and is counted in the metrics, and no log file appears.
+#[test]
+fn with_the_counting_log_off_crossings_still_notify_once_and_count() {
+    use migadu_counters_testkit::{TempDir, free_port, write_cdb};
+    let redis = RedisServer::start();
+    let target = HttpTarget::start_blocking(200);
+    let dir = TempDir::new("log-off");
+    write_cdb(&dir.path().join("domains.cdb"), ROWS);
+    let (api, admin) = (free_port(), free_port());
+    let tpl = "level=$LEVEL&id=$ID&flow=$FLOW&period=$PERIOD&by=$ADDRESS&count=$COUNT";
+    let config = dir.path().join("config.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "addr = \"127.0.0.1:{api}\"\nadmin_addr = \"127.0.0.1:{admin}\"\n\
+             auth_token = \"{TEST_TOKEN}\"\ndomains_cdb = \"{cdb}\"\nworkers = 4\n\n\
+             [logging]\noutput = \"{app}\"\ncounting_output = \"off\"\n\n\
+             [redis]\nwrite_addr = \"{redis}\"\ntimeout_ms = 1000\n\n\
+             [notify]\norg_url = \"{b}/org?{tpl}\"\naddress_url = \"{b}/addr?{tpl}\"\n",
+            cdb = dir.path().join("domains.cdb").display(),
+            app = dir.path().join("app.log").display(),
+            redis = redis.addr(),
+            b = target.base(),
+        ),
+    )
+    .unwrap();
+    let d = Daemon::start_with_config(
+        env!("CARGO_BIN_EXE_migadu_counters"),
+        dir,
+        config,
+        api,
+        admin,
+    );
+    // x@example.com to y@example.com: out on A/D/O (limits 3) and in on A/D/O (500/1000/5000)
+    for i in 1..=4 {
+        let body = json!({"trace_id": format!("q{i}"), "auth_user": "x@example.com",
+            "mail_from": "x@example.com", "recipient": "y@example.com"});
+        assert_eq!(d.post("/out", &body.to_string()).status, 202);
+    }
+    wait_key(&redis, &key("O", "1234", "o"), 4);
+    wait_key(&redis, &key("A", "y@example.com", "i"), 4);
+    assert!(wait_until(Duration::from_secs(20), || target
+        .requests()
+        .len()
+        >= 2));
+    let mut got: Vec<String> = target
+        .requests()
+        .into_iter()
+        .map(|r| r.path_and_query)
+        .collect();
+    got.sort();
+    assert_eq!(
+        got,
+        [
+            "/addr?level=A&id=x%40example.com&flow=o&period=d&by=x%40example.com&count=3",
+            "/org?level=O&id=1234&flow=o&period=d&by=x%40example.com&count=3",
+        ]
+    );
+    for (sample, want) in [
+        (
+            "migadu_counters_increments_total{level=\"A\",flow=\"o\"}",
+            4.0,
+        ),
+        (
+            "migadu_counters_increments_total{level=\"O\",flow=\"i\"}",
+            4.0,
+        ),
+        (
+            "migadu_counters_limit_reached_total{level=\"D\",flow=\"o\"}",
+            1.0,
+        ),
+        (
+            "migadu_counters_limit_reached_total{level=\"O\",flow=\"o\"}",
+            1.0,
+        ),
+        (
+            "migadu_counters_requests_total{route=\"out\",status=\"202\"}",
+            4.0,
+        ),
+    ] {
+        assert_eq!(d.metric(sample), want, "{sample}");
+    }
+    assert!(wait_until(Duration::from_secs(20), || d.metric(
+        "migadu_counters_notifications_total{level=\"O\",result=\"sent\"}"
+    ) == 1.0));
+    assert_eq!(d.counting_log(), "");
+    assert_eq!(target.requests().len(), 2);
+}
+
 #[test]
 fn eight_tasks_times_a_thousand_increments_cross_a_limit_exactly_once() {
     let redis = RedisServer::start();

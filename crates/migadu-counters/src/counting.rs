@@ -15,16 +15,42 @@ pub const KEY_TTL_SECONDS: i64 = 2_678_400;
 /// `cnt/<A|D|O>/<id>/d/<YYYY-MM-DD>/<i|o>`, the web app's key format.
 pub fn counter_key(level: Level, id: &str, date: NaiveDate, flow: Flow) -> String {
     use chrono::Datelike;
-    // Formatted by hand: chrono's strftime parses its pattern on every call, once per key.
-    format!(
-        "cnt/{}/{}/d/{:04}-{:02}-{:02}/{}",
-        level.as_str(),
-        id,
-        date.year(),
-        date.month(),
-        date.day(),
-        flow.as_str()
-    )
+    // Built in one allocation, without the formatting machinery: three keys per side of every
+    // request (chrono's strftime parsed its pattern for each).
+    let mut key = String::with_capacity(id.len() + 19);
+    key.push_str("cnt/");
+    key.push_str(level.as_str());
+    key.push('/');
+    key.push_str(id);
+    key.push_str("/d/");
+    let year = date.year();
+    if (0..=9999).contains(&year) {
+        let (y, m, d) = (year as u32, date.month(), date.day());
+        let digit = |n: u32| b'0' + (n % 10) as u8;
+        let text = [
+            digit(y / 1000),
+            digit(y / 100),
+            digit(y / 10),
+            digit(y),
+            b'-',
+            digit(m / 10),
+            digit(m),
+            b'-',
+            digit(d / 10),
+            digit(d),
+        ];
+        key.push_str(std::str::from_utf8(&text).expect("ASCII digits"));
+    } else {
+        key.push_str(&format!(
+            "{:04}-{:02}-{:02}",
+            year,
+            date.month(),
+            date.day()
+        ));
+    }
+    key.push('/');
+    key.push_str(flow.as_str());
+    key
 }
 
 /// The crossing rule: this increment by one moved the counter from below `limit` to at least
@@ -137,41 +163,55 @@ pub struct Plan {
 pub struct Rules<'a> {
     pub exempt: &'a [String],
     pub count_junk: bool,
+    /// Whether to write down the counting log's events; without a counting log, a plan is its
+    /// increments alone.
+    pub events: bool,
+}
+
+impl Plan {
+    /// Adds a counting log event when there is a log to write it to; the event is only built
+    /// then.
+    fn note(&mut self, on: bool, event: impl FnOnce() -> Event) {
+        if on {
+            self.events.push(event());
+        }
+    }
 }
 
 fn side_block(
     plan: &mut Plan,
-    side: Side,
+    (side, flow): (Side, Flow),
     addr: &str,
-    flow: Flow,
     date: NaiveDate,
     lookup: &dyn Fn(&str) -> Option<Arc<DomainRecord>>,
+    events: bool,
 ) {
     let domain = domain_part(addr);
     let Some(rec) = lookup(domain) else {
-        plan.events.push(Event::NotInDb {
+        plan.note(events, || Event::NotInDb {
             side,
             domain: domain.to_string(),
         });
         return;
     };
-    plan.events.push(Event::LocalDomain {
+    plan.note(events, || Event::LocalDomain {
         domain: domain.to_string(),
         org_id: rec.org_id,
     });
-    plan.events.push(Event::DomainLimits {
+    plan.note(events, || Event::DomainLimits {
         domain: domain.to_string(),
-        limits: rec.limits_map(),
+        limits: rec.limits_map().to_string(),
     });
     let org = rec.org_id.to_string();
+    let local = local_part(addr);
     for (level, id) in [
         (Level::A, addr),
         (Level::D, domain),
         (Level::O, org.as_str()),
     ] {
         let key = counter_key(level, id, date, flow);
-        let limit = rec.limit(level, flow, local_part(addr));
-        plan.events.push(Event::DeterminedLimit {
+        let limit = rec.limit(level, flow, local);
+        plan.note(events, || Event::DeterminedLimit {
             level,
             flow,
             key: key.clone(),
@@ -197,7 +237,8 @@ pub fn plan(
     lookup: &dyn Fn(&str) -> Option<Arc<DomainRecord>>,
 ) -> Plan {
     let mut plan = Plan::default();
-    plan.events.push(Event::Request {
+    let events = rules.events;
+    plan.note(events, || Event::Request {
         auth_user: req.auth_user.clone(),
         recipient: req.recipient.clone(),
         mail_from: req.mail_from.clone(),
@@ -213,25 +254,32 @@ pub fn plan(
         .flatten()
         .find(|a| !a.is_empty() && rules.exempt.iter().any(|e| e == a))
     {
-        plan.events.push(Event::SkippedExempt {
+        plan.note(events, || Event::SkippedExempt {
             address: addr.to_string(),
         });
         return plan;
     }
     if req.route == Route::In && req.junk && !rules.count_junk {
-        plan.events.push(Event::SkippedJunk);
+        plan.note(events, || Event::SkippedJunk);
         return plan;
     }
     if let Some(sender) = req.auth_user.as_deref() {
-        side_block(&mut plan, Side::Sender, sender, Flow::Out, date, lookup);
+        side_block(
+            &mut plan,
+            (Side::Sender, Flow::Out),
+            sender,
+            date,
+            lookup,
+            events,
+        );
     }
     side_block(
         &mut plan,
-        Side::Recipient,
+        (Side::Recipient, Flow::In),
         &req.recipient,
-        Flow::In,
         date,
         lookup,
+        events,
     );
     plan
 }
@@ -260,10 +308,12 @@ pub struct Crossing {
 }
 
 /// Turns the per-key results into log events and the crossings to notify.
+/// The events are left out when `log` is false (no counting log); the crossings never are.
 pub fn outcome(
     increments: &[Increment],
     results: &[KeyResult],
     url_set: &dyn Fn(Level) -> bool,
+    log: bool,
 ) -> (Vec<Event>, Vec<Crossing>) {
     let mut events = Vec::new();
     let mut crossings = Vec::new();
@@ -271,15 +321,17 @@ pub fn outcome(
         match res {
             KeyResult::Counted(n) | KeyResult::Seen(n) => {
                 let reached = matches!(res, KeyResult::Counted(_)) && crossed(*n, inc.limit);
-                events.push(Event::Tracked {
-                    level: inc.level,
-                    flow: inc.flow,
-                    id: inc.id.clone(),
-                    key: inc.key.clone(),
-                    count: *n,
-                    limit: inc.limit,
-                    reached,
-                });
+                if log {
+                    events.push(Event::Tracked {
+                        level: inc.level,
+                        flow: inc.flow,
+                        id: inc.id.clone(),
+                        key: inc.key.clone(),
+                        count: *n,
+                        limit: inc.limit,
+                        reached,
+                    });
+                }
                 if let (true, Some(limit)) = (reached, inc.limit) {
                     crossings.push(Crossing {
                         level: inc.level,
@@ -291,23 +343,26 @@ pub fn outcome(
                     });
                 }
             }
-            KeyResult::Failed(e) => events.push(Event::KeyFailed {
+            KeyResult::Failed(e) if log => events.push(Event::KeyFailed {
                 level: inc.level,
                 flow: inc.flow,
                 key: inc.key.clone(),
                 error: e.clone(),
             }),
+            KeyResult::Failed(_) => {}
         }
     }
-    for c in &crossings {
-        events.push(Event::LimitReached {
-            level: c.level,
-            flow: c.flow,
-            id: c.id.clone(),
-            by: c.by.clone(),
-            url_name: url_name(c.level),
-            url_set: url_set(c.level),
-        });
+    if log {
+        for c in &crossings {
+            events.push(Event::LimitReached {
+                level: c.level,
+                flow: c.flow,
+                id: c.id.clone(),
+                by: c.by.clone(),
+                url_name: url_name(c.level),
+                url_set: url_set(c.level),
+            });
+        }
     }
     (events, crossings)
 }
@@ -400,6 +455,7 @@ mod tests {
             &Rules {
                 exempt: &exempt,
                 count_junk,
+                events: true,
             },
             date(),
             &lookup,
@@ -507,7 +563,7 @@ mod tests {
             KeyResult::Counted(3),
             KeyResult::Counted(3),
         ];
-        let (events, crossings) = outcome(&incs, &seen, &|_| true);
+        let (events, crossings) = outcome(&incs, &seen, &|_| true, true);
         assert_eq!(crossings.len(), 1);
         assert_eq!(crossings[0].level, Level::O);
         assert!(matches!(
@@ -518,7 +574,7 @@ mod tests {
                 ..
             }
         ));
-        let (events, crossings) = outcome(&incs, &results, &|l| l != Level::D);
+        let (events, crossings) = outcome(&incs, &results, &|l| l != Level::D, true);
         assert_eq!(crossings.len(), 1);
         assert_eq!(crossings[0].level, Level::A);
         assert!(matches!(events[2], Event::KeyFailed { .. }));
@@ -530,5 +586,68 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    /// Without a counting log a request makes the same increments and crossings, and no events.
+    #[test]
+    fn without_a_log_the_same_increments_and_crossings_and_no_events() {
+        let rec = Arc::new(crate::domains::parse_record("1234|A/o=3,A/i=5,O/o=9").unwrap());
+        let lookup = |d: &str| (d == "example.com").then(|| rec.clone());
+        let req = CountRequest {
+            route: Route::Out,
+            trace_id: "t".into(),
+            auth_user: Some("x@example.com".into()),
+            mail_from: "x@example.com".into(),
+            recipient: "y@example.com".into(),
+            junk: false,
+        };
+        let run = |events: bool| {
+            let rules = Rules {
+                exempt: &[],
+                count_junk: false,
+                events,
+            };
+            let p = plan(&req, &rules, date(), &lookup);
+            let results: Vec<KeyResult> = [3, 1, 9, 5, 1, 2].map(KeyResult::Counted).to_vec();
+            let (evs, cs) = outcome(&p.increments, &results, &|_| true, events);
+            (p, evs, cs)
+        };
+        let (logged, logged_events, logged_crossings) = run(true);
+        let (bare, bare_events, bare_crossings) = run(false);
+        assert_eq!(bare.increments, logged.increments);
+        assert_eq!(bare_crossings, logged_crossings);
+        assert_eq!(bare_crossings.len(), 3);
+        assert!(bare.events.is_empty() && bare_events.is_empty());
+        assert!(!logged.events.is_empty() && !logged_events.is_empty());
+    }
+
+    /// The key's date is `{:04}-{:02}-{:02}` of the date's parts, for every date.
+    #[test]
+    fn counter_key_dates() {
+        use chrono::Datelike;
+        for (y, m, d) in [
+            (2026, 10, 6),
+            (2026, 1, 31),
+            (999, 12, 1),
+            (0, 1, 1),
+            (12345, 2, 3),
+            (-7, 3, 4),
+        ] {
+            let date = NaiveDate::from_ymd_opt(y, m, d).unwrap();
+            assert_eq!(
+                counter_key(Level::D, "example.com", date, Flow::In),
+                format!(
+                    "cnt/D/example.com/d/{:04}-{:02}-{:02}/i",
+                    date.year(),
+                    date.month(),
+                    date.day()
+                ),
+                "{date:?}"
+            );
+        }
+        assert_eq!(
+            counter_key(Level::A, "x@example.com", date(), Flow::Out),
+            "cnt/A/x@example.com/d/2026-10-06/o"
+        );
     }
 }

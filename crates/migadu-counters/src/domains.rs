@@ -45,6 +45,10 @@ pub struct DomainRecord {
     pub org_id: u64,
     /// Keys lowercased (`a/o`, `alice@/o`), values parsed; malformed pairs are not here.
     pub limits: BTreeMap<String, u64>,
+    /// `limits_map()`, written once: the counting log shows it for every counted side.
+    limits_text: String,
+    /// Whether some `<local>@/<flow>` key exists, so an address without one costs no lookup.
+    overrides: bool,
 }
 
 /// Parses `<org_id>|O/i=..,A/o=..,alice@/o=..`; `None` when the org id is not a number.
@@ -69,41 +73,57 @@ pub fn parse_record(value: &str) -> Option<DomainRecord> {
             limits.insert(key, n);
         }
     }
-    Some(DomainRecord { org_id, limits })
+    let limits_text = limits_text(&limits);
+    let overrides = limits.keys().any(|k| k.contains('@'));
+    Some(DomainRecord {
+        org_id,
+        limits,
+        limits_text,
+        overrides,
+    })
+}
+
+/// `{A/i=500, A/o=100, ..}` as the counting log writes it: level keys upper-case again.
+fn limits_text(limits: &BTreeMap<String, u64>) -> String {
+    let items: Vec<String> = limits
+        .iter()
+        .map(|(k, v)| {
+            let key = match k.split_once('/') {
+                Some((s, f)) if s.len() == 1 => format!("{}/{f}", s.to_uppercase()),
+                _ => k.clone(),
+            };
+            format!("{key}={v}")
+        })
+        .collect();
+    format!("{{{}}}", items.join(", "))
 }
 
 impl DomainRecord {
     /// The limit for a level and flow; for `A`, `<local>@/<flow>` overrides `A/<flow>`.
     /// `None` = unlimited.
     pub fn limit(&self, level: Level, flow: Flow, local: &str) -> Option<u64> {
-        let f = flow.as_str();
-        if level == Level::A
-            && let Some(v) = self.limits.get(&format!("{}@/{f}", local.to_lowercase()))
-        {
-            return Some(*v);
+        if level == Level::A && self.overrides {
+            let mut key = local.to_lowercase();
+            key.push_str("@/");
+            key.push_str(flow.as_str());
+            if let Some(v) = self.limits.get(&key) {
+                return Some(*v);
+            }
         }
-        let scope = match level {
-            Level::A => "a",
-            Level::D => "d",
-            Level::O => "o",
+        let key = match (level, flow) {
+            (Level::A, Flow::In) => "a/i",
+            (Level::A, Flow::Out) => "a/o",
+            (Level::D, Flow::In) => "d/i",
+            (Level::D, Flow::Out) => "d/o",
+            (Level::O, Flow::In) => "o/i",
+            (Level::O, Flow::Out) => "o/o",
         };
-        self.limits.get(&format!("{scope}/{f}")).copied()
+        self.limits.get(key).copied()
     }
 
     /// `{A/i=500, A/o=100, ..}` as the counting log writes it: level keys upper-case again.
-    pub fn limits_map(&self) -> String {
-        let items: Vec<String> = self
-            .limits
-            .iter()
-            .map(|(k, v)| {
-                let key = match k.split_once('/') {
-                    Some((s, f)) if s.len() == 1 => format!("{}/{f}", s.to_uppercase()),
-                    _ => k.clone(),
-                };
-                format!("{key}={v}")
-            })
-            .collect();
-        format!("{{{}}}", items.join(", "))
+    pub fn limits_map(&self) -> &str {
+        &self.limits_text
     }
 }
 

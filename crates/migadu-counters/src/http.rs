@@ -305,7 +305,10 @@ impl App {
             ));
         }
         if !has_body {
-            return self.counters(req.uri().query().unwrap_or("")).await;
+            // Boxed: the view's future (a Redis read under a timeout) is many times the size
+            // of the rest of the chain, and would otherwise be moved whole with every
+            // request's future, `/in` and `/out` included.
+            return Box::pin(self.counters(req.uri().query().unwrap_or(""))).await;
         }
         let Endpoint::Count(route) = endpoint else {
             return Err(reject(StatusCode::NOT_FOUND, "not found"));
@@ -338,19 +341,26 @@ impl App {
                 ));
             }
         };
-        let value: Value = serde_json::from_slice(&body)
-            .map_err(|e| reject(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")))?;
-        if !value.is_object() {
-            return Err(reject(
-                StatusCode::BAD_REQUEST,
-                "invalid JSON: expected one object",
-            ));
-        }
-        // 8. per-route validation
-        let req = validate::validate_count_request(route, &value).map_err(|reason| Reject {
-            trace_id: validate::trace_id_of(&value),
-            ..reject(StatusCode::BAD_REQUEST, reason)
-        })?;
+        // 7 and 8 for the body mailqueuer sends, read from its bytes without building a
+        // JSON tree; any other body (and every refusal) takes the tree, which words the error.
+        let req = match validate::accept_count_request(route, &body) {
+            Some(req) => req,
+            None => {
+                let value: Value = serde_json::from_slice(&body)
+                    .map_err(|e| reject(StatusCode::BAD_REQUEST, format!("invalid JSON: {e}")))?;
+                if !value.is_object() {
+                    return Err(reject(
+                        StatusCode::BAD_REQUEST,
+                        "invalid JSON: expected one object",
+                    ));
+                }
+                // 8. per-route validation
+                validate::validate_count_request(route, &value).map_err(|reason| Reject {
+                    trace_id: validate::trace_id_of(&value),
+                    ..reject(StatusCode::BAD_REQUEST, reason)
+                })?
+            }
+        };
         // 9. the handler's own work
         let trace_id = req.trace_id.clone();
         let job = Job {
@@ -475,19 +485,21 @@ impl App {
     /// results its crossings, metrics and counting log block, as if it had been counted alone.
     pub async fn count_batch(&self, jobs: Vec<Job>) {
         let domains = self.domains.load_full();
+        let log = self.txlog.enabled();
         let rules = Rules {
             exempt: &self.cfg.exempt,
             count_junk: self.cfg.count_junk,
+            events: log,
         };
         let plans: Vec<Plan> = jobs
             .iter()
             .map(|j| counting::plan(&j.req, &rules, j.date, &|d| domains.lookup(d)))
             .collect();
         let before = Utc::now();
-        let txs: Vec<Vec<String>> = plans
+        let txs: Vec<Vec<&str>> = plans
             .iter()
             .filter(|p| !p.increments.is_empty())
-            .map(|p| p.increments.iter().map(|i| i.key.clone()).collect())
+            .map(|p| p.increments.iter().map(|i| i.key.as_str()).collect())
             .collect();
         let mut results = if txs.is_empty() {
             Vec::new()
@@ -535,9 +547,12 @@ impl App {
                         "lost EXEC reply, counts re-read from the master"
                     );
                 }
-                let (evs, cs) = counting::outcome(&plan.increments, &results, &|l| {
-                    !self.notifier.url_for(l).is_empty()
-                });
+                let (evs, cs) = counting::outcome(
+                    &plan.increments,
+                    &results,
+                    &|l| !self.notifier.url_for(l).is_empty(),
+                    self.txlog.enabled(),
+                );
                 // Crossings are counted before increments, so a reader that sees every
                 // increment also sees every crossing.
                 for c in &cs {
@@ -548,11 +563,9 @@ impl App {
                 }
                 for (inc, res) in plan.increments.iter().zip(&results) {
                     match res {
-                        KeyResult::Counted(_) | KeyResult::Seen(_) => self
-                            .metrics
-                            .increments
-                            .with_label_values(&[inc.level.as_str(), inc.flow.as_str()])
-                            .inc(),
+                        KeyResult::Counted(_) | KeyResult::Seen(_) => {
+                            self.metrics.increment(inc.level, inc.flow).inc()
+                        }
                         KeyResult::Failed(e) => {
                             self.metrics.redis_errors.with_label_values(&["incr"]).inc();
                             tracing::error!(

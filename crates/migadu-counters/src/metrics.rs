@@ -7,6 +7,7 @@ use prometheus::{
     Registry, TextEncoder,
 };
 
+use crate::domains::{Flow, Level};
 use crate::validate::Route;
 
 pub struct Metrics {
@@ -24,6 +25,8 @@ pub struct Metrics {
     /// `requests{route, status="202"}` and `duration{route}` of `/in` and `/out`, looked up
     /// once on first use instead of by label on every accepted request.
     accepted: [OnceLock<(IntCounter, Histogram)>; 2],
+    /// `increments{level, flow}`, likewise: three of them on every counted `/out`.
+    increment: [[OnceLock<IntCounter>; 2]; 3],
 }
 
 fn counter(r: &Registry, name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
@@ -116,6 +119,7 @@ impl Metrics {
             cdb_domains,
             cdb_reloads,
             accepted: Default::default(),
+            increment: Default::default(),
         }
     }
 
@@ -130,6 +134,25 @@ impl Metrics {
                 self.requests.with_label_values(&[route.as_str(), "202"]),
                 self.duration.with_label_values(&[route.as_str()]),
             )
+        })
+    }
+
+    /// The increments counter of a level and flow.
+    pub fn increment(&self, level: Level, flow: Flow) -> &IntCounter {
+        let (l, f) = (
+            match level {
+                Level::A => 0,
+                Level::D => 1,
+                Level::O => 2,
+            },
+            match flow {
+                Flow::In => 0,
+                Flow::Out => 1,
+            },
+        );
+        self.increment[l][f].get_or_init(|| {
+            self.increments
+                .with_label_values(&[level.as_str(), flow.as_str()])
         })
     }
 

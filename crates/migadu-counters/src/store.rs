@@ -124,21 +124,28 @@ fn healthy_replicas(reply: &Value) -> Vec<String> {
 pub type TxResult = Result<(Vec<KeyResult>, bool), StoreError>;
 
 /// The counting transaction of one request: `INCR` + `EXPIRE` per key inside MULTI/EXEC; a key
-/// that fails leaves the others counted.
-fn tx_pipe(keys: &[String]) -> redis::Pipeline {
-    let mut pipe = redis::pipe();
+/// that fails leaves the others counted. Each command is allocated at its final size, and the
+/// EXPIRE replies are skipped when read (`key_results`) rather than marked ignored, which
+/// costs a hash set per transaction.
+fn tx_pipe(keys: &[&str]) -> redis::Pipeline {
+    let mut pipe = redis::Pipeline::with_capacity(2 * keys.len());
     pipe.atomic().ignore_errors();
     for k in keys {
-        pipe.cmd("INCR").arg(k);
-        pipe.cmd("EXPIRE").arg(k).arg(KEY_TTL_SECONDS).ignore();
+        let mut incr = redis::Cmd::with_capacity(2, 4 + k.len());
+        incr.arg("INCR").arg(k);
+        pipe.add_command(incr);
+        let mut expire = redis::Cmd::with_capacity(3, 6 + k.len() + 20);
+        expire.arg("EXPIRE").arg(k).arg(KEY_TTL_SECONDS);
+        pipe.add_command(expire);
     }
     pipe
 }
 
-/// The EXEC reply of `tx_pipe`, one entry per key.
+/// The EXEC reply of `tx_pipe`, one entry per key: its INCR's reply, the EXPIRE's after it
+/// left aside.
 fn key_results(n: usize, vals: &[Value]) -> Vec<KeyResult> {
     (0..n)
-        .map(|i| match vals.get(i) {
+        .map(|i| match vals.get(2 * i) {
             Some(Value::Int(n)) => KeyResult::Counted(*n),
             Some(Value::ServerError(e)) => KeyResult::Failed(e.to_string()),
             Some(v) => KeyResult::Failed(format!("unexpected reply {v:?}")),
@@ -151,8 +158,8 @@ fn key_results(n: usize, vals: &[Value]) -> Vec<KeyResult> {
 /// their results. A key shared by several of them shows its value in each, but only the last
 /// of them (the one Redis ran last, if it ran them) may see a crossing in it: the others get
 /// `KeyResult::Seen`. A key absent on the master was not counted.
-fn reread_results(
-    txs: &[Vec<String>],
+fn reread_results<K: AsRef<str>>(
+    txs: &[Vec<K>],
     lost: &[(usize, String)],
     vals: Vec<Option<i64>>,
 ) -> Vec<(usize, TxResult)> {
@@ -166,7 +173,7 @@ fn reread_results(
                 .iter()
                 .rev()
                 .map(|k| match vals.next().flatten() {
-                    Some(n) if claimed.insert(k.as_str()) => KeyResult::Counted(n),
+                    Some(n) if claimed.insert(k.as_ref()) => KeyResult::Counted(n),
                     Some(n) => KeyResult::Seen(n),
                     None => KeyResult::Failed(format!("{why}; key absent on re-read")),
                 })
@@ -342,7 +349,7 @@ impl Store {
     ///
     /// `budget` bounds the wait for connections and replies; a transaction whose reply misses
     /// it counts as lost.
-    pub async fn incr_batch(&self, txs: &[Vec<String>], budget: Duration) -> Vec<TxResult> {
+    pub async fn incr_batch(&self, txs: &[Vec<&str>], budget: Duration) -> Vec<TxResult> {
         let deadline = tokio::time::Instant::now() + budget;
         let late = || format!("timeout after {}s", budget.as_secs_f64());
         let pipes: Vec<redis::Pipeline> = txs.iter().map(|k| tx_pipe(k)).collect();
@@ -419,14 +426,10 @@ impl Store {
 
     /// After lost EXEC replies the increments may or may not have happened; the master knows.
     /// One MGET for all of them.
-    async fn reread(
-        &self,
-        txs: &[Vec<String>],
-        lost: &[(usize, String)],
-    ) -> Vec<(usize, TxResult)> {
-        let keys: Vec<String> = lost
+    async fn reread(&self, txs: &[Vec<&str>], lost: &[(usize, String)]) -> Vec<(usize, TxResult)> {
+        let keys: Vec<&str> = lost
             .iter()
-            .flat_map(|(i, _)| txs[*i].iter().cloned())
+            .flat_map(|(i, _)| txs[*i].iter().copied())
             .collect();
         match self.mget_on(&self.write, &keys).await {
             Ok(vals) => reread_results(txs, lost, vals),
@@ -444,7 +447,11 @@ impl Store {
         }
     }
 
-    async fn mget_on(&self, pool: &Pool, keys: &[String]) -> redis::RedisResult<Vec<Option<i64>>> {
+    async fn mget_on<K: redis::ToRedisArgs + Sync>(
+        &self,
+        pool: &Pool,
+        keys: &[K],
+    ) -> redis::RedisResult<Vec<Option<i64>>> {
         let (slot, mut con) = self.take(pool).await?;
         let res: redis::RedisResult<Vec<Option<String>>> =
             redis::cmd("MGET").arg(keys).query_async(&mut con).await;

@@ -278,6 +278,11 @@ impl TxLog {
     }
 
     /// Writes a whole block in one write so concurrent requests never interleave inside it.
+    /// Whether anything is written (`counting_output` is not `off`).
+    pub fn enabled(&self) -> bool {
+        !self.writer.is_off()
+    }
+
     pub fn block(&self, trace_id: &str, route: &str, events: &[(DateTime<Utc>, Event)]) {
         if self.writer.is_off() || events.is_empty() {
             return;
@@ -320,6 +325,7 @@ mod tests {
             &Rules {
                 exempt: &[],
                 count_junk: false,
+                events: true,
             },
             date,
             &lookup,
@@ -330,7 +336,7 @@ mod tests {
             KeyResult::Counted(1830),
             KeyResult::Counted(2200),
         ];
-        let (after, _) = counting::outcome(&p.increments, &results, &|_| true);
+        let (after, _) = counting::outcome(&p.increments, &results, &|_| true, true);
         events.extend(after.into_iter().map(|e| (ts(414), e)));
         events.push((ts(903), Event::NotificationSent {
             url: "https://admin.migadu.com/api/limits?level=O&id=116681&flow=o&period=d&by=noah%40wearemiraclesnow.com&count=2200".into(),
