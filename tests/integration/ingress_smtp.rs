@@ -1656,3 +1656,75 @@ async fn a_database_accepting_no_writes_gets_451_after_admission_timeout_never_2
     }
     c.ok("QUIT", 221).await;
 }
+
+/// Inflow control: with more rows waiting in the queue than INFLOW_BACKLOG, a message whose
+/// DATA has ended is neither stored nor answered until a count finds the backlog within the
+/// limit again (here: the test pauses a row, as the pipeline finishing one would); with the
+/// backlog staying over, it is stored and answered 250 once INFLOW_DELAY has passed. Nothing
+/// is refused either way.
+#[tokio::test]
+async fn a_message_waits_while_the_backlog_is_over_inflow_backlog_and_is_never_refused() {
+    let ingress = Ingress::start(
+        "INFLOW_BACKLOG = 2\nINFLOW_DELAY = 60s\nINFLOW_POLL = 10ms\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let port = ingress.port("mx");
+    let mut c = Client::connect(port).await;
+    c.ok("EHLO client.example", 250).await;
+    // The backlog is counted as messages arrive: the fourth may still pass on the count its
+    // predecessor made.
+    for i in 0..4 {
+        let m = format!("Subject: {i}\r\n\r\nbody\r\n");
+        c.deliver("bob@example.org", &["alice@example.test"], m.as_bytes())
+            .await;
+    }
+    assert_eq!(ingress.rows().await, 4);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A fifth message finds at least 3 rows waiting, over the limit of 2: held, not stored.
+    c.ok("MAIL FROM:<bob@example.org>", 250).await;
+    c.ok("RCPT TO:<alice@example.test>", 250).await;
+    c.ok("DATA", 354).await;
+    c.send(b"Subject: held\r\n\r\nbody\r\n.\r\n").await;
+    let early = tokio::time::timeout(Duration::from_secs(1), c.read()).await;
+    assert!(
+        early.is_err(),
+        "answered while the backlog was over: {early:?}"
+    );
+    assert_eq!(ingress.rows().await, 4, "stored while held");
+    // Two rows leave the backlog (paused rows wait for a retry, not for a worker).
+    sqlx::query(
+        "UPDATE pepsi.workqueue SET status = 'paused', timeout = now() + interval '1 hour' \
+         WHERE workqueue_id IN (SELECT workqueue_id FROM pepsi.workqueue ORDER BY 1 LIMIT 2)",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    let (code, text) = tokio::time::timeout(Duration::from_secs(30), c.read())
+        .await
+        .expect("still held once the backlog was within the limit");
+    assert_eq!(code, 250, "{text}");
+    assert_eq!(ingress.rows().await, 5);
+    c.ok("QUIT", 221).await;
+
+    // Over the limit for good: stored and answered once INFLOW_DELAY has passed.
+    let ingress = Ingress::start(
+        "INFLOW_BACKLOG = 1\nINFLOW_DELAY = 2s\nINFLOW_POLL = 10ms\n",
+        &[("mx", MX)],
+    )
+    .await;
+    let mut c = Client::connect(ingress.port("mx")).await;
+    c.ok("EHLO client.example", 250).await;
+    for i in 0..4 {
+        let m = format!("Subject: {i}\r\n\r\nbody\r\n");
+        let id = tokio::time::timeout(
+            Duration::from_secs(30),
+            c.deliver("bob@example.org", &["alice@example.test"], m.as_bytes()),
+        )
+        .await
+        .expect("a message held past INFLOW_DELAY");
+        assert!(id > 0);
+    }
+    assert_eq!(ingress.rows().await, 4);
+    c.ok("QUIT", 221).await;
+}

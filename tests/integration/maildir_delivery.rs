@@ -361,6 +361,20 @@ impl Writer {
         self.answer()
     }
 
+    /// A keyed `dir-sync now` delivery for row `row` (incarnation 1733550000.000001).
+    fn send_keyed(&mut self, mailbox: &Path, row: i64, message: &[u8]) -> String {
+        write!(
+            self.stdin,
+            "mailbox {}\nreturn-path a@b.test\ndelivered-to c@d.test\nkey {row} 1733550000000001\n\
+             quota 0\nquota-messages 0\ndir-sync now\nsize {}\n",
+            mailbox.display(),
+            message.len()
+        )
+        .unwrap();
+        self.stdin.write_all(message).unwrap();
+        self.answer()
+    }
+
     fn sync(&mut self) -> String {
         self.stdin.write_all(b"sync\n").unwrap();
         self.answer()
@@ -558,6 +572,83 @@ fn deliveries_with_a_later_sync_are_synced_once_per_maildir_on_request() {
     );
     assert_eq!(w.sync(), "ok synced 0\n");
     assert_eq!(w.finish(), Some(0));
+}
+
+/// A writer that has written into a Maildir before (its index of keyed copies built) still
+/// finds a delivery's copy that another writer stored since, in new/ or moved by a reader
+/// to cur/ and renamed there for its flags, and writes it again once the reader deleted it:
+/// the same answers with the index and without it (`--key-index-dirs 0`).
+#[test]
+fn a_long_running_writer_sees_copies_stored_moved_and_deleted_by_others() {
+    for index in ["256", "0"] {
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("mail");
+        let md = root.join("alice/Maildir");
+        maildir(&md);
+        let args = ["--allow-root-owner", "--key-index-dirs", index];
+        let (mut w1, mut w2) = (Writer::start(&root, &args), Writer::start(&root, &args));
+        let name = |reply: String| {
+            reply
+                .strip_prefix("ok ")
+                .unwrap_or_else(|| panic!("index {index}: {reply}"))
+                .trim_end()
+                .to_owned()
+        };
+        let one = name(w1.send_keyed(&md, 1, b"one\r\n"));
+        // Another writer stores row 2; asked again, the first one finds it in new/.
+        let two = name(w2.send_keyed(&md, 2, b"two\r\n"));
+        assert_eq!(
+            name(w1.send_keyed(&md, 2, b"two\r\n")),
+            two,
+            "index {index}"
+        );
+        assert_eq!(files(&md.join("new")).len(), 2, "index {index}");
+        // A reader moves it to cur/ and changes its flags: still found, nothing written.
+        std::fs::rename(
+            md.join("new").join(&two),
+            md.join("cur").join(format!("{two}:2,S")),
+        )
+        .unwrap();
+        std::fs::rename(
+            md.join("cur").join(format!("{two}:2,S")),
+            md.join("cur").join(format!("{two}:2,RS")),
+        )
+        .unwrap();
+        assert_eq!(
+            name(w1.send_keyed(&md, 2, b"two\r\n")),
+            format!("{two}:2,RS"),
+            "index {index}"
+        );
+        assert_eq!(files(&md.join("new")), vec![md.join("new").join(&one)]);
+        // Deleted by the reader: the delivery is made again.
+        std::fs::remove_file(md.join("cur").join(format!("{two}:2,RS"))).unwrap();
+        assert_eq!(
+            name(w1.send_keyed(&md, 2, b"two\r\n")),
+            two,
+            "index {index}"
+        );
+        assert_eq!(files(&md.join("new")).len(), 2, "index {index}");
+        assert!(files(&md.join("cur")).is_empty());
+        assert_eq!((w1.finish(), w2.finish()), (Some(0), Some(0)));
+    }
+}
+
+/// An index size out of range is refused at start, naming the option.
+#[test]
+fn the_writer_refuses_a_key_index_beyond_its_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new(WRITER)
+        .args(["--root"])
+        .arg(dir.path())
+        .args(["--key-index-dirs", "65537"])
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("--key-index-dirs") && err.contains("65537"),
+        "{err}"
+    );
 }
 
 /// A helper that stops between answering deliveries and syncing their Maildirs: the

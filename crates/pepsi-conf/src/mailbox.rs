@@ -7,6 +7,10 @@ use std::path::PathBuf;
 
 use serde::Serialize;
 
+/// The most directories the writer's index of keyed copies may hold
+/// (`--key-index-dirs`, the Maildir stage's `KEY_INDEX_DIRS`).
+pub const MAX_KEY_INDEX_DIRS: usize = 65_536;
+
 /// How the Maildir writer is started; a running writer is reused while these stay the same.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriterArgs {
@@ -14,6 +18,8 @@ pub struct WriterArgs {
     pub root: PathBuf,
     pub create: bool,
     pub allow_root_owner: bool,
+    /// `--key-index-dirs`: `None` leaves the writer's default.
+    pub key_index_dirs: Option<usize>,
     pub log_level: String,
 }
 

@@ -35,6 +35,9 @@ impl CoProcess {
         if args.allow_root_owner {
             cmd.arg("--allow-root-owner");
         }
+        if let Some(n) = args.key_index_dirs {
+            cmd.arg("--key-index-dirs").arg(n.to_string());
+        }
         let pipes = pepsi_conf::coprocess::spawn(cmd)?;
         Ok(CoProcess {
             args,

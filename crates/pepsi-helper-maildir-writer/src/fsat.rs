@@ -312,9 +312,18 @@ impl Dir {
         Ok(found)
     }
 
+    /// The magic number of the filesystem holding this directory (`statfs`'s `f_type`).
+    pub fn filesystem(&self) -> io::Result<i64> {
+        // SAFETY: an all-zero statfs is a valid value; fstatfs fills it or fails.
+        let mut st: libc::statfs = unsafe { std::mem::zeroed() };
+        // SAFETY: the fd is open for the call; st is a valid out pointer.
+        cvt(unsafe { libc::fstatfs(self.0.as_raw_fd(), &mut st) })?;
+        Ok(st.f_type as i64)
+    }
+
     /// Calls `f` with each entry's name and kind (see [`Dir::entries`]) until it returns
     /// true.
-    fn each_entry(&self, mut f: impl FnMut(&[u8], Option<bool>) -> bool) -> io::Result<()> {
+    pub fn each_entry(&self, mut f: impl FnMut(&[u8], Option<bool>) -> bool) -> io::Result<()> {
         // fdopendir takes the descriptor over; give it a copy, rewound.
         let fd = self.0.try_clone()?;
         // SAFETY: fd is an open directory; lseek has no memory effects.
@@ -373,6 +382,98 @@ impl Dir {
 impl AsRawFd for Dir {
     fn as_raw_fd(&self) -> libc::c_int {
         self.0.as_raw_fd()
+    }
+}
+
+/// An inotify instance, non-blocking: watches on directories and the events they queue.
+#[derive(Debug)]
+pub struct Inotify(OwnedFd);
+
+/// One event read from an [`Inotify`]: the watch, what happened and, for an event about an
+/// entry of the watched directory, its name.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Event {
+    pub wd: i32,
+    pub mask: u32,
+    pub name: Option<Vec<u8>>,
+}
+
+impl Inotify {
+    pub fn new() -> io::Result<Inotify> {
+        // SAFETY: no pointers; the returned fd is owned below.
+        let fd = cvt(unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) })?;
+        // SAFETY: fd was just created and is owned by nothing else.
+        Ok(Inotify(unsafe { OwnedFd::from_raw_fd(fd) }))
+    }
+
+    /// Watches the very directory `dir` refers to (through `/proc/self/fd`, no path looked up
+    /// again) for `mask`: the watch descriptor, the same one for a directory watched already.
+    pub fn watch(&self, dir: &Dir, mask: u32) -> io::Result<i32> {
+        let path = format!("/proc/self/fd/{}\0", dir.0.as_raw_fd());
+        // SAFETY: path is NUL-terminated; the inotify fd is open.
+        cvt(unsafe {
+            libc::inotify_add_watch(
+                self.0.as_raw_fd(),
+                path.as_ptr().cast(),
+                mask | libc::IN_ONLYDIR,
+            )
+        })
+    }
+
+    /// Ends the watch `wd` (its `IN_IGNORED` event follows).
+    pub fn unwatch(&self, wd: i32) -> io::Result<()> {
+        // SAFETY: no pointers; the inotify fd is open.
+        cvt(unsafe { libc::inotify_rm_watch(self.0.as_raw_fd(), wd) }).map(|_| ())
+    }
+
+    /// Every event queued now, oldest first (none: an empty list, never a wait).
+    pub fn read(&self) -> io::Result<Vec<Event>> {
+        let mut events = Vec::new();
+        // Aligned for inotify_event; room for many events with names of NAME_MAX.
+        let mut buf = vec![0u64; 4096];
+        let header = std::mem::size_of::<libc::inotify_event>();
+        loop {
+            // SAFETY: buf is valid for its length in bytes.
+            let n = unsafe {
+                libc::read(
+                    self.0.as_raw_fd(),
+                    buf.as_mut_ptr().cast(),
+                    buf.len() * std::mem::size_of::<u64>(),
+                )
+            };
+            if n < 0 {
+                let e = io::Error::last_os_error();
+                if e.kind() == io::ErrorKind::WouldBlock {
+                    return Ok(events);
+                }
+                if e.kind() == io::ErrorKind::Interrupted {
+                    continue;
+                }
+                return Err(e);
+            }
+            // SAFETY: the kernel wrote n bytes of whole events into buf.
+            let bytes =
+                unsafe { std::slice::from_raw_parts(buf.as_ptr().cast::<u8>(), n as usize) };
+            let mut at = 0;
+            while at + header <= bytes.len() {
+                // SAFETY: a whole event header starts at `at` (the kernel writes whole events).
+                let ev: libc::inotify_event =
+                    unsafe { std::ptr::read_unaligned(bytes[at..].as_ptr().cast()) };
+                let len = ev.len as usize;
+                let raw =
+                    &bytes[(at + header).min(bytes.len())..(at + header + len).min(bytes.len())];
+                let name = (len > 0).then(|| {
+                    let end = raw.iter().position(|&b| b == 0).unwrap_or(raw.len());
+                    raw[..end].to_vec()
+                });
+                events.push(Event {
+                    wd: ev.wd,
+                    mask: ev.mask,
+                    name,
+                });
+                at += header + len;
+            }
+        }
     }
 }
 

@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod fsat;
+pub mod keyindex;
 pub mod maildir;
 /// The owner switch, shared with the `.forward` reader.
 pub use pepsi_conf::privilege;
@@ -75,7 +76,10 @@ records a round of deliveries, so a round costs one directory sync per Maildir. 
 the file is named <secs>.M<usecs>W<row>K<hash of the recipient>.<host>,S=<size>: a delivery \
 asked again (after a crash before the stage recorded it) finds its copy in new/ or cur/ and \
 answers ok with its name without storing a second one (nor counting it again in maildirsize); \
-a complete copy left in tmp/ is synced and renamed, a partial one written again. A request that \
+a complete copy left in tmp/ is synced and renamed, a partial one written again. Whether new/ \
+and cur/ hold the copy is answered from an index of the keyed names in them, read once per \
+directory and kept current by inotify whoever changes it (--key-index-dirs, on local \
+filesystems only; elsewhere, and after a lost inotify event, both are read for the delivery). A request that \
 does not follow the protocol is answered with `temp 4.3.0 protocol error: ...` and the program \
 exits 2.
 
@@ -117,6 +121,12 @@ struct Cli {
     /// Running as root, write into Maildirs owned by root (refused otherwise)
     #[arg(long)]
     allow_root_owner: bool,
+    /// Keep an index (inotify) of the keyed copies in at most N new/ and cur/ directories
+    /// written into, so a keyed delivery reads neither directory; 0 reads both for every
+    /// keyed delivery
+    #[arg(long, value_name = "N", default_value_t = keyindex::DEFAULT_DIRS as u32,
+          value_parser = clap::value_parser!(u32).range(0..=keyindex::MAX_DIRS as i64))]
+    key_index_dirs: u32,
 
     /// Log level or tracing filter for messages on stderr
     #[arg(
@@ -143,6 +153,7 @@ pub fn run() -> ExitCode {
         root: cli.root,
         create: cli.create,
         allow_root_owner: cli.allow_root_owner,
+        key_index_dirs: cli.key_index_dirs as usize,
     };
     if setuid {
         let cfg = match Config::load(Path::new(constants::SYSTEM_CONFIG)) {
@@ -303,6 +314,7 @@ mod tests {
             root,
             create: true,
             allow_root_owner: true,
+            key_index_dirs: keyindex::DEFAULT_DIRS,
         };
         let o = narrow(&cfg(""), asked(trusted.join("domain")), &root, None).unwrap();
         assert!(!o.create && !o.allow_root_owner);
@@ -343,6 +355,7 @@ mod tests {
             root: dir.path().to_path_buf(),
             create: false,
             allow_root_owner: false,
+            key_index_dirs: keyindex::DEFAULT_DIRS,
         };
         let ids = |uid, groups: &[u32]| privilege::RealIds {
             uid,

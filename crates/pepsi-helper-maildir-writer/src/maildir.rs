@@ -27,6 +27,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use crate::fsat::{self, Dir, Stat};
+use crate::keyindex::{self, KeyIndex};
 use crate::privilege::{self, Identity};
 use crate::protocol::{self, DirSync, Reply, Request, UsageRequest};
 use crate::quota;
@@ -48,6 +49,9 @@ pub struct Options {
     pub create: bool,
     /// As root, write into a mailbox owned by root (otherwise refused).
     pub allow_root_owner: bool,
+    /// At most this many `new/` and `cur/` directories in the index of keyed copies
+    /// ([`KeyIndex`]); 0: read both directories for every keyed delivery.
+    pub key_index_dirs: usize,
 }
 
 /// The writer: options plus what makes file names unique.
@@ -61,6 +65,8 @@ pub struct Writer {
     /// `new/` directories renamed into by `dir-sync later` deliveries since the last sync,
     /// each open since its delivery.
     unsynced: Vec<(PathBuf, Dir)>,
+    /// Which keyed copies the Maildirs written hold, without reading them each time.
+    index: KeyIndex,
 }
 
 /// A Maildir's directories, open, as the owner.
@@ -99,6 +105,7 @@ impl Writer {
                 root.display()
             )));
         }
+        let index = KeyIndex::new(opts.key_index_dirs.min(keyindex::MAX_DIRS));
         Ok(Writer {
             opts,
             root,
@@ -106,6 +113,7 @@ impl Writer {
             pid: std::process::id(),
             counter: 0,
             unsynced: Vec::new(),
+            index,
         })
     }
 
@@ -166,7 +174,7 @@ impl Writer {
         };
         let keyed = req.key.map(|k| keyed_prefix(k, &req.delivered_to));
         if let Some(prefix) = &keyed {
-            match stored_already(&md, prefix) {
+            match stored_already(&mut self.index, &md, prefix) {
                 Ok(None) => {}
                 Ok(Some((sub, name))) => {
                     tracing::info!(mailbox = %mailbox.display(), "{sub}/{name} is this delivery's copy, stored before: not written again");
@@ -395,10 +403,17 @@ pub fn keyed_prefix(key: protocol::DeliveryKey, delivered_to: &str) -> String {
 }
 
 /// The copy of a keyed delivery already in `new/` or `cur/` (looked at in that order, so a
-/// reader moving it between them meanwhile is still seen): the directory and the name.
-fn stored_already(md: &Maildir, prefix: &str) -> Result<Option<(&'static str, String)>, Failed> {
+/// reader moving it between them meanwhile is still seen): the directory and the name. A
+/// directory the index says surely holds none is not read.
+fn stored_already(
+    index: &mut KeyIndex,
+    md: &Maildir,
+    prefix: &str,
+) -> Result<Option<(&'static str, String)>, Failed> {
     let fail = |sub: &str, e| ("reading", PathBuf::from(sub), e);
-    if let Some(name) = find(&md.new, prefix).map_err(|e| fail("new", e))? {
+    if index.may_hold(&md.new, prefix.as_bytes()) != Some(false)
+        && let Some(name) = find(&md.new, prefix).map_err(|e| fail("new", e))?
+    {
         return Ok(Some(("new", name)));
     }
     let cur = match md.top.open_dir("cur") {
@@ -406,6 +421,9 @@ fn stored_already(md: &Maildir, prefix: &str) -> Result<Option<(&'static str, St
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(("opening", PathBuf::from("cur"), e)),
     };
+    if index.may_hold(&cur, prefix.as_bytes()) == Some(false) {
+        return Ok(None);
+    }
     Ok(find(&cur, prefix)
         .map_err(|e| fail("cur", e))?
         .map(|name| ("cur", name)))

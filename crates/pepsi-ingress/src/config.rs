@@ -149,6 +149,8 @@ pub struct Options {
     pub dispatch_wake_interval: Duration,
     /// How accepted messages are grouped into admission statements (`ADMISSION_*`).
     pub admission: crate::admission::Limits,
+    /// How much backlog builds before new messages wait (`INFLOW_*`).
+    pub inflow: crate::inflow::Limits,
     pub shutdown_grace: Duration,
     pub dns: DnsOptions,
     /// Header fields removed from every message at admission, whoever sent it: fields
@@ -284,6 +286,15 @@ impl Options {
                     .duration_opt("ADMISSION_TIMEOUT")?
                     .unwrap_or(Duration::from_secs(60)),
             },
+            inflow: crate::inflow::Limits {
+                backlog: s.number_opt("INFLOW_BACKLOG")?.unwrap_or(500),
+                delay: s
+                    .duration_opt("INFLOW_DELAY")?
+                    .unwrap_or(Duration::from_secs(1)),
+                poll: s
+                    .duration_opt("INFLOW_POLL")?
+                    .unwrap_or(Duration::from_millis(50)),
+            },
             shutdown_grace: s
                 .duration_opt("SHUTDOWN_GRACE")?
                 .unwrap_or(Duration::from_secs(30)),
@@ -377,6 +388,22 @@ impl Options {
                 "[{SECTION}] ADMISSION_TIMEOUT = {:?}: from 1s to 10m (clients wait 10 minutes for the reply to DATA)",
                 a.timeout
             );
+        }
+        let f = &self.inflow;
+        if f.backlog > 1_000_000 {
+            bail!(
+                "[{SECTION}] INFLOW_BACKLOG = {}: from 0 (no inflow control) to 1000000 rows",
+                f.backlog
+            );
+        }
+        if f.delay > Duration::from_secs(60) {
+            bail!(
+                "[{SECTION}] INFLOW_DELAY = {:?}: from 0s to 1m (a client waits this long, at most, for the reply to DATA on top of the storing)",
+                f.delay
+            );
+        }
+        if f.poll < Duration::from_millis(1) || f.poll > Duration::from_secs(10) {
+            bail!("[{SECTION}] INFLOW_POLL = {:?}: from 1ms to 10s", f.poll);
         }
         if self.auth_concurrency == 0 {
             bail!("[{SECTION}] AUTH_CONCURRENCY must be at least 1");
@@ -575,6 +602,22 @@ mod tests {
             (
                 &format!("{base}[pepsi-ingress]\nLOOKUP_TIMEOUT = 10m\n"),
                 "LOOKUP_TIMEOUT = 600s: from 1s to 5m",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nINFLOW_BACKLOG = 1000001\n"),
+                "INFLOW_BACKLOG = 1000001: from 0 (no inflow control) to 1000000 rows",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nINFLOW_DELAY = 2m\n"),
+                "INFLOW_DELAY = 120s: from 0s to 1m",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nINFLOW_POLL = 0s\n"),
+                "INFLOW_POLL = 0ns: from 1ms to 10s",
+            ),
+            (
+                &format!("{base}[pepsi-ingress]\nINFLOW_BACKLOG = lots\n"),
+                "INFLOW_BACKLOG",
             ),
         ];
         for (text, needle) in cases {

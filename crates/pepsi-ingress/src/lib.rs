@@ -19,6 +19,7 @@ pub mod accounts;
 pub mod admission;
 pub mod config;
 pub mod headers;
+pub mod inflow;
 pub mod limits;
 pub mod recipients;
 pub mod relay;

@@ -212,9 +212,11 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         wake::spawn(pool.clone(), settings.dispatch_wake_interval, wake_stopped);
     let admitter =
         crate::admission::spawn(pool.clone(), settings.admission, settings.max_connections);
+    let inflow = crate::inflow::Inflow::spawn(pool.clone(), settings.inflow, stopped.clone());
     let telemetry = pepsi_contract::telemetry::Emitter::from_config(&config)?;
     let shared = Arc::new(Shared {
         admitter,
+        inflow,
         telemetry,
         connections: Arc::new(Semaphore::new(settings.max_connections)),
         memory: crate::limits::MemoryBudget::new(settings.message_memory),

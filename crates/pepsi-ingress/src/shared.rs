@@ -20,6 +20,8 @@ pub struct Shared {
     pub pool: PgPool,
     /// Stores accepted messages, grouping concurrent ones (`admission`).
     pub admitter: crate::admission::Admitter,
+    /// Holds a message back while the queue's backlog is over INFLOW_BACKLOG (`inflow`).
+    pub inflow: crate::inflow::Inflow,
     pub waker: Waker,
     pub verifier: Option<Verifier>,
     pub limiter: Arc<ClientLimiter>,

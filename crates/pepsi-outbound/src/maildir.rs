@@ -189,6 +189,13 @@ impl Mailboxes {
                 root: root.clone(),
                 create: s.bool_opt("CREATE_MAILDIR")?.unwrap_or(false),
                 allow_root_owner: s.bool_opt("ALLOW_ROOT_OWNER")?.unwrap_or(false),
+                key_index_dirs: s.parse_opt("KEY_INDEX_DIRS", |v| {
+                    let max = pepsi_conf::mailbox::MAX_KEY_INDEX_DIRS;
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|&n| n <= max)
+                        .ok_or_else(|| format!("a number of directories from 0 to {max}"))
+                })?,
                 log_level: "info".into(),
             },
             writer_timeout: s
@@ -332,6 +339,31 @@ mod tests {
         ] {
             let err = Template::parse(t).unwrap_err();
             assert!(err.contains(want), "{t}: {err}");
+        }
+    }
+
+    /// `KEY_INDEX_DIRS` reaches the writer's command line as written, within its bound.
+    #[test]
+    fn key_index_dirs_as_a_table() {
+        let read = |line: &str| {
+            let cfg = pepsi_conf::config::Config::from_str_named(
+                &format!("[stage-local]\nMAILDIR_ROOT = /var/mail\n{line}\n"),
+                "pepsi.conf",
+            )
+            .unwrap();
+            Mailboxes::from_section(&cfg, &cfg.section("stage-local"))
+                .map(|m| m.writer.key_index_dirs)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(read(""), Ok(None));
+        assert_eq!(read("KEY_INDEX_DIRS = 0"), Ok(Some(0)));
+        assert_eq!(read("KEY_INDEX_DIRS = 65536"), Ok(Some(65_536)));
+        for bad in ["65537", "-1", "many"] {
+            let err = read(&format!("KEY_INDEX_DIRS = {bad}")).unwrap_err();
+            assert!(
+                err.contains("KEY_INDEX_DIRS") && err.contains("from 0 to 65536"),
+                "{bad}: {err}"
+            );
         }
     }
 }

@@ -178,6 +178,12 @@ impl Session {
             .first()
             .and_then(|v| message_id_token(v))
         });
+        // While the pipeline is behind, the message waits here (at most INFLOW_DELAY), before
+        // it is stored and before ADMISSION_TIMEOUT starts.
+        let held = self.shared.inflow.wait().await;
+        if !held.is_zero() {
+            tracing::debug!(peer = %self.peer, ?held, "held back by inflow control");
+        }
         let stored = match tokio::time::timeout(limit, self.store(&tx, trace, message)).await {
             Ok(stored) => stored,
             Err(_) => {
