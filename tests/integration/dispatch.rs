@@ -1134,7 +1134,9 @@ async fn the_dispatcher_vacuums_the_queue_while_rows_move_unless_told_not_to() {
 async fn a_lost_lock_is_taken_again_and_lost_for_good_to_another_dispatcher_it_exits() {
     use sqlx::Connection as _;
     const TERMINATE: &str = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-        WHERE datname = current_database() AND application_name LIKE 'pepsi-dispatch %'";
+        WHERE datname = current_database() \
+          AND pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND granted \
+                      AND classid = 1885696115::int8::oid AND objid = 1::int8::oid)";
     let h = Harness::new(CHAIN, "LOCK_CHECK_INTERVAL = 200ms").await;
     let mut d = h.start("dispatch.log");
     let until = Instant::now() + Duration::from_secs(30);

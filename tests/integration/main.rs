@@ -22,6 +22,7 @@ mod counters_notify;
 mod counters_ops;
 mod counters_redis_modes;
 mod crypto;
+mod db_sessions;
 mod dispatch;
 mod failure_bouncer;
 mod ha;

@@ -28,6 +28,11 @@ const RETRY_ATTEMPTS: u32 = 5;
 pub struct DbOptions {
     pub url: String,
     pub max_connections: u32,
+    /// `WORKER_CONNECTIONS`: the pool of a stage worker, which runs one pass at a time.
+    pub worker_connections: u32,
+    /// `IDLE_CHECK`: a pooled connection idle longer than this is tested with a round trip
+    /// before it is used; one in steady use is not.
+    pub idle_check: Duration,
     pub connect_timeout: Duration,
     /// `PASS_SYNCHRONOUS_COMMIT`: the `synchronous_commit` of the sessions that move rows
     /// along the queue (the dispatcher's and the stage workers'), `None` for the server's.
@@ -89,12 +94,30 @@ impl SynchronousCommit {
 }
 
 impl DbOptions {
-    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `CONNECT_TIMEOUT` (10 s),
-    /// `PASS_SYNCHRONOUS_COMMIT` (`off`), `STATEMENT_TIMEOUT` (60 s) and `SOCKET_DIR`
-    /// ([`SOCKET_DIR`]).
+    /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `WORKER_CONNECTIONS` (2),
+    /// `IDLE_CHECK` (1 s), `CONNECT_TIMEOUT` (10 s), `PASS_SYNCHRONOUS_COMMIT` (`off`),
+    /// `STATEMENT_TIMEOUT` (60 s) and `SOCKET_DIR` ([`SOCKET_DIR`]).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("database");
+        let worker_connections = section
+            .number_opt("WORKER_CONNECTIONS")?
+            .unwrap_or(DEFAULT_WORKER_CONNECTIONS);
+        if !(1..=MAX_WORKER_CONNECTIONS).contains(&worker_connections) {
+            anyhow::bail!(
+                "[database] WORKER_CONNECTIONS = {worker_connections}: must be 1 to {MAX_WORKER_CONNECTIONS}"
+            );
+        }
+        let idle_check = section
+            .duration_opt("IDLE_CHECK")?
+            .unwrap_or(DEFAULT_IDLE_CHECK);
+        if idle_check > MAX_IDLE_CHECK {
+            anyhow::bail!(
+                "[database] IDLE_CHECK = {idle_check:?}: must be at most {MAX_IDLE_CHECK:?}"
+            );
+        }
         Ok(Self {
+            worker_connections,
+            idle_check,
             pass_synchronous_commit: section
                 .parse_opt("PASS_SYNCHRONOUS_COMMIT", SynchronousCommit::parse)?
                 .unwrap_or(SynchronousCommit::PASS_DEFAULT),
@@ -107,6 +130,15 @@ impl DbOptions {
             socket_dir: socket_dir(cfg)?,
             statement_timeout: statement_timeout(cfg)?,
         })
+    }
+
+    /// The settings of a stage worker: its pool holds `WORKER_CONNECTIONS`. A worker runs one
+    /// pass at a time, but a connection goes back to the pool in a task of its own, so a
+    /// larger pool opens another connection whenever a statement starts before the last
+    /// one's is back, and every worker ends up holding `MAX_CONNECTIONS` backends.
+    pub fn for_worker(mut self) -> Self {
+        self.max_connections = self.worker_connections;
+        self
     }
 
     /// The same settings with the passes' sessions naming `epoch`.
@@ -158,7 +190,7 @@ impl DbOptions {
         let pool = PgPoolOptions::new()
             .max_connections(1)
             .acquire_timeout(self.connect_timeout)
-            .connect_with(options.application_name("pepsi"))
+            .connect_with(options.application_name(&session_name()))
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to the database: {e}"))?;
         Ok(pool)
@@ -189,15 +221,59 @@ impl DbOptions {
     }
 
     async fn connect_with(&self, options: PgConnectOptions) -> anyhow::Result<PgPool> {
+        let idle_check = self.idle_check;
         let pool = PgPoolOptions::new()
             .max_connections(self.max_connections.max(1))
             .acquire_timeout(self.connect_timeout)
-            .connect_with(options.application_name("pepsi"))
+            // The pool's own test pings every connection it hands out, one round trip to
+            // the server for each statement; only one that sat idle is tested here (the
+            // pool still tests each on its way back). A connection that broke while in use
+            // fails its statement, which every caller treats as temporary.
+            .test_before_acquire(false)
+            .before_acquire(move |conn, meta| {
+                Box::pin(async move {
+                    if meta.idle_for >= idle_check {
+                        sqlx::Connection::ping(conn).await?;
+                    }
+                    Ok(true)
+                })
+            })
+            .connect_with(options.application_name(&session_name()))
             .await
             .map_err(|e| anyhow::anyhow!("cannot connect to the database: {e}"))?;
         Ok(pool)
     }
 }
+
+/// The `application_name` of a program's sessions: `<program> pid <pid>` (as the
+/// dispatcher's lock session names itself), so `pg_stat_activity` tells which process holds
+/// which backend. The program is the name it was started by (a unified binary's link name).
+pub fn session_name() -> String {
+    let program = std::env::args_os()
+        .next()
+        .and_then(|a| {
+            std::path::Path::new(&a)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+        })
+        .unwrap_or_else(|| "pepsi".to_owned());
+    // PostgreSQL keeps 63 bytes of it; the pid part takes at most 14.
+    let program: String = program.chars().take(40).collect();
+    format!("{program} pid {}", std::process::id())
+}
+
+/// `[database] WORKER_CONNECTIONS` when nothing sets it: one for the pass, one while the
+/// last statement's connection is on its way back to the pool.
+pub const DEFAULT_WORKER_CONNECTIONS: u32 = 2;
+
+/// The largest `[database] WORKER_CONNECTIONS`.
+pub const MAX_WORKER_CONNECTIONS: u32 = 64;
+
+/// `[database] IDLE_CHECK` when nothing sets it.
+pub const DEFAULT_IDLE_CHECK: Duration = Duration::from_secs(1);
+
+/// The largest `[database] IDLE_CHECK`.
+pub const MAX_IDLE_CHECK: Duration = Duration::from_secs(3600);
 
 /// Where a program looks for the server's socket when the URL names no host and
 /// `[database] SOCKET_DIR` says nothing: Debian's PostgreSQL socket directory, writable by
@@ -315,6 +391,19 @@ pub async fn connect_single(cfg: &Config) -> anyhow::Result<PgPool> {
 /// queue (`DbOptions::connect_for_passes`).
 pub async fn connect_for_passes(cfg: &Config) -> anyhow::Result<PgPool> {
     DbOptions::from_config(cfg)?.connect_for_passes().await
+}
+
+/// A LISTEN session on the server `pool` reaches, on a connection of its own outside the
+/// pool: a listener holds its connection for as long as it lives, and one taken from the
+/// pool would leave a stage worker's pool (`WORKER_CONNECTIONS`, 1 on a small host) with
+/// nothing for its passes. It reconnects through its own one-connection pool.
+pub async fn listener(pool: &PgPool) -> Result<sqlx::postgres::PgListener, sqlx::Error> {
+    let own = PgPoolOptions::new()
+        .max_connections(1)
+        .min_connections(0)
+        .acquire_timeout(pool.options().get_acquire_timeout())
+        .connect_lazy_with((*pool.connect_options()).clone());
+    sqlx::postgres::PgListener::connect_with(&own).await
 }
 
 /// Wakes the dispatcher. Call it after the transaction that made rows pending has committed,
@@ -524,6 +613,47 @@ mod tests {
             ("postgres://[::1]/pepsi", true),
         ] {
             assert_eq!(url_names_host(url), named, "{url}");
+        }
+    }
+
+    fn options_of(database: &str) -> Result<DbOptions, String> {
+        let text = format!("[database]\nURL = postgres:///pepsi\n{database}\n");
+        let cfg = Config::from_str_named(&text, "t.conf").map_err(|e| e.to_string())?;
+        DbOptions::from_config(&cfg).map_err(|e| format!("{e:#}"))
+    }
+
+    #[test]
+    fn a_worker_pool_is_sized_by_worker_connections_and_idle_connections_are_checked() {
+        let o = options_of("").unwrap();
+        assert_eq!(o.max_connections, 4);
+        assert_eq!(o.idle_check, DEFAULT_IDLE_CHECK);
+        assert_eq!(o.for_worker().max_connections, DEFAULT_WORKER_CONNECTIONS);
+        let o = options_of("MAX_CONNECTIONS = 8\nWORKER_CONNECTIONS = 1\nIDLE_CHECK = 0").unwrap();
+        assert_eq!(o.idle_check, Duration::ZERO);
+        assert_eq!(o.max_connections, 8);
+        assert_eq!(o.for_worker().max_connections, 1);
+    }
+
+    #[test]
+    fn pool_options_out_of_range_are_refused_naming_the_option() {
+        for (line, names) in [
+            (
+                "WORKER_CONNECTIONS = 0",
+                "WORKER_CONNECTIONS = 0: must be 1 to 64",
+            ),
+            (
+                "WORKER_CONNECTIONS = 65",
+                "WORKER_CONNECTIONS = 65: must be 1 to 64",
+            ),
+            ("WORKER_CONNECTIONS = many", "WORKER_CONNECTIONS"),
+            (
+                "IDLE_CHECK = 2h",
+                "IDLE_CHECK = 7200s: must be at most 3600s",
+            ),
+            ("IDLE_CHECK = soon", "IDLE_CHECK"),
+        ] {
+            let err = options_of(line).expect_err(line);
+            assert!(err.contains(names), "{line}: {err}");
         }
     }
 }

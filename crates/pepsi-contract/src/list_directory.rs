@@ -127,7 +127,7 @@ async fn listen(pool: PgPool, shared: Arc<Shared>) {
 }
 
 async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
+    let mut listener = crate::db::listener(pool).await?;
     listener.listen(LIST_CHANGED_CHANNEL).await?;
     Ok(listener)
 }

@@ -63,7 +63,7 @@ pub async fn load_all_overrides(pool: &PgPool) -> Result<Vec<OverrideRow>, Confi
 /// A listener subscribed to [`CONFIG_CHANGED_CHANNEL`]; a notification means the overrides
 /// changed and a long-running component should rebuild its configuration.
 pub async fn listen_config_changed(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
+    let mut listener = crate::db::listener(pool).await?;
     listener.listen(CONFIG_CHANGED_CHANNEL).await?;
     Ok(listener)
 }

@@ -87,7 +87,7 @@ pub async fn run(pool: PgPool, events: UnboundedSender<Event>) {
 }
 
 async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
-    let mut listener = PgListener::connect_with(pool).await?;
+    let mut listener = pepsi_contract::db::listener(pool).await?;
     listener
         .listen_all([WORKQUEUE_CHANNEL, CONFIG_CHANGED_CHANNEL])
         .await?;

@@ -894,7 +894,7 @@ pub fn main<S: Stage>(
     run_async_current_thread(source, async move {
         let StageCommand::Worker = cli.command;
         let file_cfg = cli.common.load_config()?;
-        let db = crate::db::DbOptions::from_config(&file_cfg)?;
+        let db = crate::db::DbOptions::from_config(&file_cfg)?.for_worker();
         // A set-user-id stage (the crypto stages, set-uid pepsi-crypto) connects as the
         // account its bit makes it, whose database role holds what the program needs; the
         // URL names the server, and any user in it is not the one that counts.
