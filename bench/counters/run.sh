@@ -6,8 +6,9 @@
 # the same Redis from a Rust client with the same concurrency (examples/bench_redis.rs), then
 # drives a private nginx answering `return 202` on /out with the same wrk command and script:
 # the HTTP floor, what any server costs to parse that request and answer it on this machine.
-# Prints the three figures, the service's ratio to each reference, and the latency from
-# request to counted.
+# Prints the three figures, the service's ratio to each reference, the latency from request to
+# counted, and the CPU each side spent per request (from /proc: the service and the Redis it
+# counts in, nginx's master and workers).
 #
 #   bench/counters/run.sh [seconds=10] [connections=32] [workers=connections]
 #
@@ -47,7 +48,16 @@ fi
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 rport="$(free_port)"; aport="$(free_port)"; mport="$(free_port)"; nport="$(free_port)"
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$work" >/dev/null &
-pids+=($!)
+redis_pid=$!
+pids+=("$redis_pid")
+# cpu_ticks PID...: user + system clock ticks used so far by those processes (all threads).
+cpu_ticks() {
+  local t=0 p
+  for p in "$@"; do
+    [ -r "/proc/$p/stat" ] && t=$((t + $(sed 's/.*) //' "/proc/$p/stat" | awk '{print $12 + $13}')))
+  done
+  echo "$t"
+}
 for _ in $(seq 50); do redis-cli -p "$rport" ping 2>/dev/null | grep -q PONG && break; sleep 0.1; done
 
 echo "bench.example 4242|A/o=1000000000,D/o=1000000000,O/o=1000000000" >"$work/domains.txt"
@@ -68,13 +78,15 @@ level = "warn"
 write_addr = "127.0.0.1:$rport"
 TOML
 "$target/release/migadu_counters" -config "$work/config.toml" 2>"$work/stderr" &
-pids+=($!)
+service_pid=$!
+pids+=("$service_pid")
 for _ in $(seq 100); do curl -sf "http://127.0.0.1:$mport/health" >/dev/null 2>&1 && break; sleep 0.1; done
 
 day="$(date -u +%F)"
 key="cnt/A/u@bench.example/d/$day/o"
 echo "== wrk: POST /out, ${conns} connections, ${secs}s" >&2
 start_ns="$(date +%s%N)"
+service_ticks="$(cpu_ticks "$service_pid")"; redis_ticks="$(cpu_ticks "$redis_pid")"
 wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$root/bench/counters/out.lua" "http://127.0.0.1:$aport/out" >"$work/wrk.txt"
 # counting runs after the 202: wait until the counter stops moving (wrk's figure leaves out the
 # requests still in flight when it stops, so the counter itself is the total)
@@ -85,6 +97,7 @@ while [ "$still" -lt 10 ]; do
   sleep 0.05
 done
 sent="$prev"
+service_ticks=$(($(cpu_ticks "$service_pid") - service_ticks)); redis_ticks=$(($(cpu_ticks "$redis_pid") - redis_ticks))
 curl -s "http://127.0.0.1:$mport/metrics" >"$work/metrics.txt"
 
 echo "== reference: the same MULTI/EXEC from a Rust client, ${conns} tasks, ${secs}s" >&2
@@ -117,19 +130,26 @@ NGINX
 "$nginx_bin" -p "$work/nginx" -e "$work/nginx/error.log" -c "$work/nginx/nginx.conf" &
 nginx_pid=$!
 pids+=("$nginx_pid")
+nginx_up=no
 for _ in $(seq 100); do
-  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$nport/out")" = 202 ] && break
+  [ "$(curl -s -o /dev/null -w '%{http_code}' -X POST "http://127.0.0.1:$nport/out")" = 202 ] && { nginx_up=yes; break; }
   sleep 0.1
 done
+[ "$nginx_up" = yes ] || { echo "nginx does not answer on 127.0.0.1:$nport:" >&2; cat "$work/nginx/error.log" >&2; exit 1; }
+nginx_procs=("$nginx_pid" $(pgrep -P "$nginx_pid"))
+nginx_ticks="$(cpu_ticks "${nginx_procs[@]}")"
 wrk -t2 -c"$conns" -d"${secs}s" --latency -s "$root/bench/counters/out.lua" "http://127.0.0.1:$nport/out" >"$work/nginx-wrk.txt"
+nginx_ticks=$(($(cpu_ticks "${nginx_procs[@]}") - nginx_ticks))
 kill "$nginx_pid" 2>/dev/null || true
 wait "$nginx_pid" 2>/dev/null || true
 
-python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" "$workers" "$work/nginx-wrk.txt" <<'PY'
+python3 - "$work/wrk.txt" "$work/metrics.txt" "$work/ref.json" "$sent" "$start_ns" "$done_ns" "$conns" "$secs" "$workers" "$work/nginx-wrk.txt" "$service_ticks" "$redis_ticks" "$nginx_ticks" "$(getconf CLK_TCK)" <<'PY'
 import json, re, sys
 wrk, metrics, ref = (open(p).read() for p in sys.argv[1:4])
 sent, start, done, conns, secs, workers = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), sys.argv[7], sys.argv[8], sys.argv[9]
 nginx = open(sys.argv[10]).read()
+service_ticks, redis_ticks, nginx_ticks, hz = (int(a) for a in sys.argv[11:15])
+nginx_requests = int(re.search(r"(\d+) requests in", nginx).group(1))
 rps = float(re.search(r"Requests/sec:\s+([\d.]+)", wrk).group(1))
 m = re.search(r"Non-2xx or 3xx responses: (\d+)", wrk)
 bad = int(m.group(1)) if m else 0
@@ -159,5 +179,8 @@ print(f"reference MULTI/EXEC direct:  {r['per_second']:,.0f} tx/s   p99 {r['p99_
 print(f"ratio service/reference: accepted {rps / r['per_second']:.2f}   counted {counted / r['per_second']:.2f}")
 print(f"reference nginx `return 202`: {nginx_rps:,.0f} req/s   p99 {nginx_p99:.2f} ms   (non-2xx answers: {nginx_bad})")
 print(f"ratio service/nginx: accepted {rps / nginx_rps:.2f}   counted {counted / nginx_rps:.2f}")
+us = lambda ticks, n: ticks / hz * 1e6 / max(n, 1)
+print(f"CPU per request: service {us(service_ticks, sent):.1f} us + its redis {us(redis_ticks, sent):.1f} us;   "
+      f"nginx {us(nginx_ticks, nginx_requests):.1f} us   (service/nginx {us(service_ticks, sent) / max(us(nginx_ticks, nginx_requests), 1e-9):.2f})")
 print(f"(connections {conns}, workers {workers}, {secs}s each, {sent} requests counted, non-2xx answers: {bad})")
 PY

@@ -1401,3 +1401,59 @@ fn http_edges_answer_as_before() {
         ]
     );
 }
+
+/// The counting connection authenticates with `[redis] password`; a wrong one counts nothing
+/// and says why, and the daemon goes on serving.
+#[test]
+fn a_password_protected_redis_counts_with_the_password_and_a_wrong_one_counts_nothing() {
+    let redis = RedisServer::start();
+    redis.cmd(&["CONFIG", "SET", "requirepass", "s3cret"]);
+    let with = |password: &str| {
+        Daemon::start(
+            BIN,
+            DaemonSetup {
+                redis: &redis.addr(),
+                rows: ROWS,
+                redis_extra: &format!("password = \"{password}\""),
+                ..Default::default()
+            },
+        )
+    };
+    let good = with("s3cret");
+    for t in ["pw1", "pw2"] {
+        let body = format!(r#"{{"trace_id":"{t}","recipient":"y@example.com"}}"#);
+        assert_eq!(good.post("/in", &body).status, 202);
+        wait_log(
+            &good,
+            &format!("<{t}> in; tracked address counters for y@example.com => count="),
+        );
+    }
+    assert!(
+        good.counting_log()
+            .contains("<pw2> in; tracked address counters for y@example.com => count=2"),
+        "{}",
+        good.counting_log()
+    );
+    let bad = with("wrong");
+    assert_eq!(
+        bad.post("/in", r#"{"trace_id":"bad","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_log(&bad, "<bad> in; redis error: AUTH: WRONGPASS");
+    assert!(bad.counting_log().contains("(nothing counted)"));
+    assert_eq!(
+        bad.metric("migadu_counters_redis_errors_total{op=\"incr\"}"),
+        1.0
+    );
+    // nothing reached the counter: the good daemon's next request is the third
+    assert_eq!(
+        good.post("/in", r#"{"trace_id":"pw3","recipient":"y@example.com"}"#)
+            .status,
+        202
+    );
+    wait_log(
+        &good,
+        "<pw3> in; tracked address counters for y@example.com => count=3",
+    );
+}

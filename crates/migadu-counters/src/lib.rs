@@ -11,6 +11,8 @@ pub mod http;
 pub mod logging;
 pub mod metrics;
 pub mod notify;
+pub mod redis_conn;
+pub mod resp;
 pub mod server;
 pub mod store;
 pub mod txlog;

@@ -1,7 +1,8 @@
 //! Redis access: a write side (static address or the Sentinel master, following failover) and
 //! a read side (round-robin static replicas, or a Sentinel replica with fallback to the
 //! master); one MULTI/EXEC per counted request, the transactions of a counting worker's batch
-//! pipelined on one connection; one MGET per `/counters` read.
+//! pipelined on one connection of the worker's own (`redis_conn`); one MGET per `/counters`
+//! read and per re-read after lost replies, on the `redis` crate's connections.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -14,6 +15,8 @@ use tokio::sync::Mutex;
 
 use crate::config::{RedisConfig, split_host_port};
 use crate::counting::{KEY_TTL_SECONDS, KeyResult};
+use crate::redis_conn::Conn;
+use crate::resp::TxOutcome;
 
 /// How a node address is found.
 #[derive(Clone, Debug)]
@@ -50,6 +53,9 @@ pub enum StoreError {
 
 pub struct Store {
     write: Pool,
+    /// The counting connections to the write side, each held by one worker for a batch.
+    counting: Vec<Mutex<Option<Conn>>>,
+    next_counting: AtomicUsize,
     reads: Vec<Pool>,
     next_read: AtomicUsize,
     sentinels: Vec<String>,
@@ -123,37 +129,6 @@ fn healthy_replicas(reply: &Value) -> Vec<String> {
 /// reply.
 pub type TxResult = Result<(Vec<KeyResult>, bool), StoreError>;
 
-/// The counting transaction of one request: `INCR` + `EXPIRE` per key inside MULTI/EXEC; a key
-/// that fails leaves the others counted. Each command is allocated at its final size, and the
-/// EXPIRE replies are skipped when read (`key_results`) rather than marked ignored, which
-/// costs a hash set per transaction.
-fn tx_pipe(keys: &[&str]) -> redis::Pipeline {
-    let mut pipe = redis::Pipeline::with_capacity(2 * keys.len());
-    pipe.atomic().ignore_errors();
-    for k in keys {
-        let mut incr = redis::Cmd::with_capacity(2, 4 + k.len());
-        incr.arg("INCR").arg(k);
-        pipe.add_command(incr);
-        let mut expire = redis::Cmd::with_capacity(3, 6 + k.len() + 20);
-        expire.arg("EXPIRE").arg(k).arg(KEY_TTL_SECONDS);
-        pipe.add_command(expire);
-    }
-    pipe
-}
-
-/// The EXEC reply of `tx_pipe`, one entry per key: its INCR's reply, the EXPIRE's after it
-/// left aside.
-fn key_results(n: usize, vals: &[Value]) -> Vec<KeyResult> {
-    (0..n)
-        .map(|i| match vals.get(2 * i) {
-            Some(Value::Int(n)) => KeyResult::Counted(*n),
-            Some(Value::ServerError(e)) => KeyResult::Failed(e.to_string()),
-            Some(v) => KeyResult::Failed(format!("unexpected reply {v:?}")),
-            None => KeyResult::Failed("missing reply".into()),
-        })
-        .collect()
-}
-
 /// Turns the values re-read for lost transactions (their keys in order, concatenated) into
 /// their results. A key shared by several of them shows its value in each, but only the last
 /// of them (the one Redis ran last, if it ran them) may see a crossing in it: the others get
@@ -210,6 +185,8 @@ impl Store {
         };
         Store {
             write,
+            counting: (0..size).map(|_| Mutex::new(None)).collect(),
+            next_counting: AtomicUsize::new(0),
             reads,
             next_read: AtomicUsize::new(0),
             sentinels: c.sentinels.clone(),
@@ -337,9 +314,41 @@ impl Store {
         *pool.slots[i].lock().await = None;
     }
 
-    /// One MULTI/EXEC per entry of `txs`, all pipelined on one write connection: they are
-    /// written together and their replies read in order, each transaction with a reply of its
-    /// own. The result has one entry per transaction, in order:
+    /// A counting connection to the write side, opened anew: in Sentinel mode the current
+    /// master, checked to be one.
+    async fn open_counting(&self) -> Result<Conn, String> {
+        let (addr, want_master) = match &self.write.locate {
+            Locate::Fixed(a) => (a.clone(), false),
+            _ => (self.master_addr().await.map_err(|e| e.to_string())?, true),
+        };
+        Conn::open(&addr, &self.password, want_master, self.timeout)
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    /// A counting slot: `again` when retrying on it, else the first one free from a
+    /// round-robin start, else that start's once it is free.
+    async fn counting_slot(
+        &self,
+        again: Option<usize>,
+    ) -> (usize, tokio::sync::MutexGuard<'_, Option<Conn>>) {
+        if let Some(i) = again {
+            return (i, self.counting[i].lock().await);
+        }
+        let n = self.counting.len();
+        let start = self.next_counting.fetch_add(1, Ordering::Relaxed) % n;
+        for k in 0..n {
+            let i = (start + k) % n;
+            if let Ok(guard) = self.counting[i].try_lock() {
+                return (i, guard);
+            }
+        }
+        (start, self.counting[start].lock().await)
+    }
+
+    /// One MULTI/EXEC per entry of `txs`, all written together on one counting connection
+    /// and their replies read in order, each transaction with a reply of its own. The result
+    /// has one entry per transaction, in order:
     ///
     /// - a reply: the new values (`Counted`) or the key's own error (`Failed`);
     /// - no reply because the connection failed or timed out after sending (Redis may or may
@@ -347,12 +356,12 @@ impl Store {
     /// - refused as a whole (not connected, `EXECABORT` from a demoted master): it certainly
     ///   changed nothing and is sent once more on a fresh connection, else `NotApplied`.
     ///
-    /// `budget` bounds the wait for connections and replies; a transaction whose reply misses
-    /// it counts as lost.
+    /// `budget` bounds the wait for connections and replies, and the replies are awaited for
+    /// at most the Redis `timeout_ms` after sending; a transaction whose reply misses either
+    /// counts as lost.
     pub async fn incr_batch(&self, txs: &[Vec<&str>], budget: Duration) -> Vec<TxResult> {
         let deadline = tokio::time::Instant::now() + budget;
         let late = || format!("timeout after {}s", budget.as_secs_f64());
-        let pipes: Vec<redis::Pipeline> = txs.iter().map(|k| tx_pipe(k)).collect();
         let mut out: Vec<Option<TxResult>> = txs.iter().map(|_| None).collect();
         let mut todo: Vec<usize> = (0..txs.len()).collect();
         let mut lost: Vec<(usize, String)> = Vec::new();
@@ -364,53 +373,57 @@ impl Store {
             if todo.is_empty() {
                 break;
             }
-            let take = async {
-                match retry_slot {
-                    Some(i) => self.take_at(&self.write, i).await,
-                    None => self.take(&self.write).await,
-                }
-            };
-            let (slot, con) = match tokio::time::timeout_at(deadline, take).await {
-                Ok(Ok(x)) => x,
-                Ok(Err(e)) => {
-                    last = e.to_string();
-                    continue;
-                }
-                Err(_) => {
-                    last = late();
-                    break;
-                }
+            let Ok((slot, mut held)) =
+                tokio::time::timeout_at(deadline, self.counting_slot(retry_slot)).await
+            else {
+                last = late();
+                break;
             };
             retry_slot = Some(slot);
-            // Each transaction is its own request on the multiplexed connection: they go out
-            // in one write, and a failure part-way still leaves the replies read before it.
-            let replies = futures_util::future::join_all(todo.iter().map(|&i| {
-                let mut con = con.clone();
-                let pipe = &pipes[i];
-                async move {
-                    tokio::time::timeout_at(deadline, pipe.query_async::<Vec<Value>>(&mut con))
-                        .await
-                }
-            }))
-            .await;
-            let mut refused = Vec::new();
-            for (&i, reply) in todo.iter().zip(replies) {
-                match reply {
-                    Ok(Ok(vals)) => out[i] = Some(Ok((key_results(txs[i].len(), &vals), false))),
-                    Ok(Err(e))
-                        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() =>
-                    {
-                        lost.push((i, e.to_string()))
-                    }
+            if held.is_none() {
+                match tokio::time::timeout_at(deadline, self.open_counting()).await {
+                    Ok(Ok(c)) => *held = Some(c),
                     Ok(Err(e)) => {
-                        last = e.to_string();
-                        refused.push(i);
+                        last = e;
+                        continue;
                     }
-                    Err(_) => lost.push((i, late())),
+                    Err(_) => {
+                        last = late();
+                        break;
+                    }
                 }
             }
-            if !lost.is_empty() || !refused.is_empty() {
-                self.drop_slot(&self.write, slot).await;
+            let Some(conn) = held.as_mut() else { continue };
+            let batch: Vec<&[&str]> = todo.iter().map(|&i| txs[i].as_slice()).collect();
+            let mut got = Vec::with_capacity(batch.len());
+            let replies_by = deadline.min(tokio::time::Instant::now() + self.timeout);
+            let why = match tokio::time::timeout_at(
+                replies_by,
+                conn.count(&batch, KEY_TTL_SECONDS, &mut got),
+            )
+            .await
+            {
+                Ok(Ok(())) => None,
+                Ok(Err(e)) => Some(e.to_string()),
+                Err(_) if replies_by < deadline => {
+                    Some(format!("no reply within {}s", self.timeout.as_secs_f64()))
+                }
+                Err(_) => Some(late()),
+            };
+            let mut refused = Vec::new();
+            let mut outcomes = got.into_iter();
+            for &i in &todo {
+                match outcomes.next() {
+                    Some(TxOutcome::Done(results)) => out[i] = Some(Ok((results, false))),
+                    Some(TxOutcome::Refused(e)) => {
+                        last = e;
+                        refused.push(i);
+                    }
+                    None => lost.push((i, why.clone().unwrap_or_default())),
+                }
+            }
+            if why.is_some() || !refused.is_empty() {
+                *held = None;
             }
             todo = refused;
         }
