@@ -12,6 +12,8 @@
 # fresh A key's increment. Latency = increment seen - the request's scheduled send time.
 #
 # Needs: redis-server, redis-cli, cdb (tinycdb), python3, curl, cargo; wrk for the saturation run.
+# COUNTERS_BUILD=no measures the release binaries already in CARGO_TARGET_DIR (migadu_counters,
+# examples/bench_latency) instead of building them.
 set -euo pipefail
 secs="${1:-20}"
 sat="${2:-}"
@@ -30,8 +32,12 @@ if [ -z "$sat" ]; then
   [ -n "$sat" ] || { echo "cannot read the counted rate" >&2; exit 1; }
 fi
 
-echo "== building release binaries" >&2
-(cd "$root" && cargo build --release -q -p pepsi --bin migadu_counters && cargo build --release -q -p migadu-counters --example bench_latency)
+if [ "${COUNTERS_BUILD:-yes}" = no ]; then
+  echo "== COUNTERS_BUILD=no: measuring the existing binaries in $target/release" >&2
+else
+  echo "== building release binaries" >&2
+  (cd "$root" && cargo build --release -q -p pepsi --bin migadu_counters && cargo build --release -q -p migadu-counters --example bench_latency)
+fi
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 

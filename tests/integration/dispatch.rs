@@ -948,6 +948,85 @@ async fn a_lost_listen_connection_is_restored_and_notifications_wake_the_dispatc
     assert!(stop(d).success());
 }
 
+/// A wake-up naming a stage makes the dispatcher claim for that stage alone: the ingress's
+/// wake-ups name `init`, and a row pending elsewhere waits for a wake-up that names its
+/// stage (in any letter case), names none, or names a stage without a pool.
+#[tokio::test]
+async fn a_wake_up_naming_a_stage_claims_for_that_stage_alone() {
+    let h = Harness::new(
+        "[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n\
+         [stage-other]\nPROGRAM = test\nNEXT_STAGE = done\n",
+        "POLL_INTERVAL = 1h\n",
+    )
+    .await;
+    let mut d = h.start("dispatch.log");
+    // The claim that follows the LISTEN is over before the rows exist.
+    h.wait_for(
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND query ILIKE 'LISTEN%'",
+        1,
+        Duration::from_secs(20),
+        &mut d,
+    )
+    .await;
+    let until = Instant::now() + Duration::from_secs(20);
+    while !h.log("dispatch.log").contains("dispatching") {
+        assert!(Instant::now() < until, "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let at_other = async |n: i64| {
+        let mut tx = h.db.pool.begin().await.unwrap();
+        sqlx::query(
+            "SELECT pepsi.workqueue_add('a@example.test', ARRAY['b@example.test'], 'Subject: x\r\n'::bytea, 'y\r\n'::bytea) \
+             FROM generate_series(1, $1)",
+        )
+        .bind(n)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE pepsi.workqueue SET stage = 'other' WHERE stage = 'init'")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    };
+    let done = "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'";
+    let wake = async |stage: Option<&str>| {
+        pepsi_contract::db::wake_dispatcher(&h.db.pool, stage)
+            .await
+            .unwrap()
+    };
+    h.add(1, "s", serde_json::json!({})).await;
+    wake(Some(pepsi_contract::db::ADMISSION_STAGE)).await;
+    h.wait_for(done, 1, Duration::from_secs(30), &mut d).await;
+    // Once the pass's status line has been answered (it wakes every stage: its row went on
+    // to pending at `done`), a wake-up naming `init` leaves a new row at `other` pending ...
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    at_other(1).await;
+    wake(Some("init")).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        h.count(
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'other' AND status = 'pending'"
+        )
+        .await,
+        1,
+        "{}",
+        h.log("dispatch.log")
+    );
+    // ... and one naming its stage, in any letter case, takes it
+    wake(Some("OTHER")).await;
+    h.wait_for(done, 2, Duration::from_secs(30), &mut d).await;
+    // a wake-up naming a stage without a pool, or none, wakes every stage
+    for (scope, want) in [(Some("no-such-stage"), 3), (None, 4)] {
+        at_other(1).await;
+        wake(scope).await;
+        h.wait_for(done, want, Duration::from_secs(30), &mut d)
+            .await;
+    }
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+}
+
 /// Fusion (§22.5): with ALLOW_FUSION on, a chain of stages of one registered program runs in
 /// the worker of its first stage, every hop of it counted in stage_stats from the status
 /// line, and each message passes each stage once.

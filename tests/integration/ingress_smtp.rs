@@ -1446,7 +1446,8 @@ async fn messages_ending_while_the_lane_is_busy_are_stored_together_and_a_refuse
         loop {
             let waiting: i64 = sqlx::query_scalar(
                 "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%workqueue_add%' \
-                 AND state = 'active' AND pid <> pg_backend_pid()",
+                 AND state = 'active' AND pid <> pg_backend_pid() \
+                 AND datname = current_database()",
             )
             .fetch_one(&ingress.db.pool)
             .await

@@ -13,8 +13,13 @@ use sqlx::{PgPool, Postgres};
 
 use pepsi_conf::config::Config;
 
-/// The channel the dispatcher LISTENs on for new pending work.
+/// The channel the dispatcher LISTENs on for new pending work. A notification's payload is
+/// the stage the rows it announces wait at, or empty when they may wait at any stage.
 pub const WORKQUEUE_CHANNEL: &str = "workqueue";
+
+/// The stage admitted mail starts at: the default of `pepsi.workqueue.stage`
+/// (pepsi-0001.sql), which `workqueue_add` and `workqueue_add_batch` leave in place.
+pub const ADMISSION_STAGE: &str = "init";
 
 /// How many times `with_retry` re-ran an operation after a serialization failure or a
 /// deadlock, since the process started (the dispatcher reports it in `dispatch_stats`).
@@ -427,9 +432,13 @@ where
 /// NOTIFY's) without waiting for the flush; the setting states it rather than relying on it.
 /// Takes the pool, not an executor, so it can never run inside (and weaken) a caller's write
 /// transaction.
-pub async fn wake_dispatcher(pool: &PgPool) -> Result<(), sqlx::Error> {
-    sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, '')")
+///
+/// `stage` names the stage every announced row waits at, so the dispatcher claims for that
+/// stage alone (`None`: any stage may have rows).
+pub async fn wake_dispatcher(pool: &PgPool, stage: Option<&str>) -> Result<(), sqlx::Error> {
+    sqlx::query("SELECT set_config('synchronous_commit', 'off', true), pg_notify($1, $2)")
         .bind(WORKQUEUE_CHANNEL)
+        .bind(stage.unwrap_or(""))
         .execute(pool)
         .await?;
     Ok(())

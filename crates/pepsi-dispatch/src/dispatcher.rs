@@ -197,6 +197,19 @@ impl Dispatcher {
         }
     }
 
+    /// Rows may have become pending at `stage` alone (a wake-up naming it). A stage without
+    /// a pool of that name (in any letter case) is answered as a wake-up naming none.
+    fn wake(&mut self, stage: &str) {
+        match self
+            .pools
+            .iter_mut()
+            .find(|(name, _)| name.eq_ignore_ascii_case(stage))
+        {
+            Some((_, pool)) => pool.maybe_pending = true,
+            None => self.wake_all(),
+        }
+    }
+
     fn wants_claim(&self) -> bool {
         self.pools.values().any(|p| p.maybe_pending)
     }
@@ -275,7 +288,8 @@ impl Dispatcher {
 
     async fn handle(&mut self, ev: Event) {
         match ev {
-            Event::Wake => self.wake_all(),
+            Event::Wake(None) => self.wake_all(),
+            Event::Wake(Some(stage)) => self.wake(&stage),
             Event::ConfigChanged => self.reload().await,
             Event::Line { worker, line } => self.answered(worker, &line).await,
             Event::Eof { worker } => self.exited(worker).await,

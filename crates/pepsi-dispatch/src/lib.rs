@@ -42,8 +42,9 @@ pub mod constants {
 /// What the loop reacts to.
 #[derive(Debug)]
 pub enum Event {
-    /// New pending work may exist (a notification, a reconnection).
-    Wake,
+    /// New pending work may exist (a notification, a reconnection): at the stage named, or
+    /// at any stage (`None`).
+    Wake(Option<String>),
     /// The configuration overlay changed.
     ConfigChanged,
     /// A worker wrote a status line.

@@ -53,7 +53,7 @@ pub async fn run(pool: PgPool, events: UnboundedSender<Event>) {
         match connect(&pool).await {
             Ok(mut listener) => {
                 backoff = BACKOFF_BASE;
-                if events.send(Event::Wake).is_err() {
+                if events.send(Event::Wake(None)).is_err() {
                     return;
                 }
                 loop {
@@ -62,7 +62,7 @@ pub async fn run(pool: PgPool, events: UnboundedSender<Event>) {
                             let event = if n.channel() == CONFIG_CHANGED_CHANNEL {
                                 Event::ConfigChanged
                             } else {
-                                Event::Wake
+                                Event::Wake(wake_scope(n.payload()))
                             };
                             if events.send(event).is_err() {
                                 return;
@@ -86,6 +86,15 @@ pub async fn run(pool: PgPool, events: UnboundedSender<Event>) {
     }
 }
 
+/// The stage a `workqueue` notification names: its payload, trimmed; none when empty (the
+/// rows may wait at any stage) or when it cannot be a stage name (longer than any section
+/// header, or holding a line break), which is answered as a wake-up of every stage.
+pub fn wake_scope(payload: &str) -> Option<String> {
+    let stage = payload.trim();
+    (!stage.is_empty() && stage.len() <= 200 && !stage.contains(['\n', '\r', '[', ']']))
+        .then(|| stage.to_owned())
+}
+
 async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
     let mut listener = pepsi_contract::db::listener(pool).await?;
     listener
@@ -97,6 +106,23 @@ async fn connect(pool: &PgPool) -> Result<PgListener, sqlx::Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_notification_names_the_stage_of_its_payload_or_every_stage() {
+        let long = "s".repeat(201);
+        let table: &[(&str, Option<&str>)] = &[
+            ("init", Some("init")),
+            (" Relay-To-Maildir ", Some("Relay-To-Maildir")),
+            ("", None),
+            ("  ", None),
+            ("a\nb", None),
+            ("[stage-init]", None),
+            (&long, None),
+        ];
+        for (payload, want) in table {
+            assert_eq!(wake_scope(payload).as_deref(), *want, "{payload:?}");
+        }
+    }
 
     #[test]
     fn backoff_stays_between_base_and_three_times_the_previous_and_is_capped() {

@@ -99,7 +99,9 @@ async fn run<F, Fut>(
 }
 
 async fn notify(pool: &PgPool) {
-    if let Err(e) = pepsi_contract::db::wake_dispatcher(pool).await {
+    // Admitted rows all wait at the admission stage: the dispatcher claims for it alone.
+    let stage = Some(pepsi_contract::db::ADMISSION_STAGE);
+    if let Err(e) = pepsi_contract::db::wake_dispatcher(pool, stage).await {
         // The dispatcher's POLL_INTERVAL heartbeat still finds the rows.
         tracing::warn!("cannot wake the dispatcher: {e}");
     }

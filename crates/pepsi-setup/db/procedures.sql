@@ -6,7 +6,9 @@
 -- THE NOTIFY CONTRACT
 --
 -- The dispatcher LISTENs on the channel `workqueue` (new pending work) and `config_changed`
--- (the configuration overlay or the DKIM signing keys changed).
+-- (the configuration overlay or the DKIM signing keys changed). A `workqueue` payload names
+-- the stage the announced rows wait at (the dispatcher then claims for that stage alone), or
+-- is empty when they may wait at any stage.
 --
 -- * Admission never notifies. workqueue_add does not call pg_notify: a transaction that
 --   queues a notification holds a database-wide lock from then until it commits, which would

@@ -321,7 +321,7 @@ async fn send(pool: &sqlx::PgPool, o: &Options, args: SendArgs) -> anyhow::Resul
     }
     if !args.dry_run {
         if sent.iter().any(|s| s.queue_id.is_some()) {
-            pepsi_contract::db::wake_dispatcher(pool).await?;
+            pepsi_contract::db::wake_dispatcher(pool, None).await?;
         }
         let gone = store::forget_results(pool, o.retention).await?;
         if gone > 0 {

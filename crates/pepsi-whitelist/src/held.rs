@@ -318,7 +318,7 @@ async fn digest(run: &Run, dry_run: bool) -> Result<(), Failure> {
         });
     }
     if !dry_run && !sent.is_empty() {
-        pepsi_contract::db::wake_dispatcher(&run.pool).await?;
+        pepsi_contract::db::wake_dispatcher(&run.pool, None).await?;
     }
     for s in &sent {
         match s.queue_id {
