@@ -199,7 +199,7 @@ impl Dispatcher {
 
     /// Rows may have become pending at `stage` alone (a wake-up naming it). A stage without
     /// a pool of that name (in any letter case) is answered as a wake-up naming none.
-    fn wake(&mut self, stage: &str) {
+    fn wake(&mut self, stage: &pepsi_conf::config::StageName) {
         match self
             .pools
             .iter_mut()

@@ -44,7 +44,7 @@ pub mod constants {
 pub enum Event {
     /// New pending work may exist (a notification, a reconnection): at the stage named, or
     /// at any stage (`None`).
-    Wake(Option<String>),
+    Wake(Option<pepsi_conf::config::StageName>),
     /// The configuration overlay changed.
     ConfigChanged,
     /// A worker wrote a status line.
