@@ -55,6 +55,27 @@ async fn commit(conn: &mut PgConnection, id: i64) -> u64 {
 /// another epoch's writes to its rows; its rows return to pending only after the fenced
 /// wait, and at once when its dispatcher is known gone.
 #[tokio::test]
+/// How many queue rows `conn`'s session holds, by `claim_held`'s one-row form, after checking
+/// that the form for statements over many rows (the epoch's liveness asked once, as the
+/// worker's batch load and commit write it) says the same of every row.
+async fn rows_held(conn: &mut PgConnection) -> i64 {
+    let (held, disagree): (i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE pepsi.claim_held(claim_epoch)), \
+         count(*) FILTER (WHERE pepsi.claim_held(claim_epoch) IS DISTINCT FROM \
+             pepsi.claim_held(claim_epoch, (SELECT NOT pepsi.epoch_fenced(pepsi.session_epoch())))) \
+         FROM pepsi.workqueue WHERE status = 'running'",
+    )
+    .fetch_one(conn)
+    .await
+    .unwrap();
+    assert_eq!(
+        disagree, 0,
+        "the two forms of claim_held disagree on {disagree} rows"
+    );
+    held
+}
+
+#[tokio::test]
 async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes_them() {
     let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "").await;
     h.add(3, "s", serde_json::json!({})).await;
@@ -72,6 +93,8 @@ async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes
     );
     // Before any takeover the claiming epoch commits; a session without an epoch may not.
     let mut plain = session(&h, None).await;
+    assert_eq!(rows_held(&mut a).await, 3);
+    assert_eq!(rows_held(&mut plain).await, 0);
     assert_eq!(commit(&mut plain, ids[0]).await, 0);
     assert_eq!(commit(&mut a, ids[0]).await, 1);
 
@@ -85,6 +108,8 @@ async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes
         1
     );
     let mut b = session(&h, Some(two)).await;
+    assert_eq!(rows_held(&mut a).await, 0);
+    assert_eq!(rows_held(&mut b).await, 0);
     // Neither the fenced epoch nor the new one changes the fenced epoch's rows.
     assert_eq!(commit(&mut a, ids[1]).await, 0);
     assert_eq!(commit(&mut b, ids[1]).await, 0);
@@ -155,6 +180,8 @@ async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes
     assert_eq!(n, 2);
     let again = claim_one(&mut b).await;
     assert_eq!(again.len(), 2);
+    assert_eq!(rows_held(&mut b).await, 2);
+    assert_eq!(rows_held(&mut a).await, 0);
     // The stale epoch still cannot commit them; the new one can.
     assert_eq!(commit(&mut a, again[0]).await, 0);
     assert_eq!(commit(&mut b, again[0]).await, 1);

@@ -42,6 +42,9 @@ pub struct DbOptions {
     /// `PASS_SYNCHRONOUS_COMMIT`: the `synchronous_commit` of the sessions that move rows
     /// along the queue (the dispatcher's and the stage workers'), `None` for the server's.
     pub pass_synchronous_commit: Option<SynchronousCommit>,
+    /// `PASS_PLAN_CACHE_MODE`: the `plan_cache_mode` of the same sessions, `None` for the
+    /// server's.
+    pub pass_plan_cache_mode: Option<PlanCacheMode>,
     /// The dispatcher epoch the passes' sessions name (`pepsi.epoch`, docs/ha.md): the one
     /// this worker inherited, or the dispatcher's own.
     pub epoch: Option<i64>,
@@ -98,10 +101,52 @@ impl SynchronousCommit {
     }
 }
 
+/// A value of PostgreSQL's `plan_cache_mode`, as `[database] PASS_PLAN_CACHE_MODE` names it;
+/// `server` (no value) leaves the server's setting alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PlanCacheMode {
+    Auto,
+    ForceGenericPlan,
+    ForceCustomPlan,
+}
+
+impl PlanCacheMode {
+    /// The default: a pass's prepared statements keep one generic plan. Under `auto` the
+    /// server plans the batch load (`workqueue_id = ANY($1)`) and a round's lookups afresh on
+    /// most executions, since a custom plan for a short array always looks cheaper than the
+    /// generic one, which costs more CPU than it saves (docs/perf.md, 2026-12-07).
+    pub const PASS_DEFAULT: Option<PlanCacheMode> = Some(PlanCacheMode::ForceGenericPlan);
+
+    /// Parses an option value: one of PostgreSQL's names, or `server`.
+    pub fn parse(value: &str) -> Result<Option<PlanCacheMode>, String> {
+        Ok(Some(match value.trim().to_ascii_lowercase().as_str() {
+            "server" => return Ok(None),
+            "auto" => Self::Auto,
+            "force_generic_plan" => Self::ForceGenericPlan,
+            "force_custom_plan" => Self::ForceCustomPlan,
+            other => {
+                return Err(format!(
+                    "{other:?} is not one of auto, force_generic_plan, force_custom_plan, server"
+                ));
+            }
+        }))
+    }
+
+    /// The name PostgreSQL takes.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Auto => "auto",
+            Self::ForceGenericPlan => "force_generic_plan",
+            Self::ForceCustomPlan => "force_custom_plan",
+        }
+    }
+}
+
 impl DbOptions {
     /// Reads `[database] URL`, `MAX_CONNECTIONS` (default 4), `WORKER_CONNECTIONS` (2),
     /// `IDLE_CHECK` (1 s), `CONNECT_TIMEOUT` (10 s), `PASS_SYNCHRONOUS_COMMIT` (`off`),
-    /// `STATEMENT_TIMEOUT` (60 s) and `SOCKET_DIR` ([`SOCKET_DIR`]).
+    /// `PASS_PLAN_CACHE_MODE` (`force_generic_plan`), `STATEMENT_TIMEOUT` (60 s) and
+    /// `SOCKET_DIR` ([`SOCKET_DIR`]).
     pub fn from_config(cfg: &Config) -> anyhow::Result<Self> {
         let section = cfg.section("database");
         let worker_connections = section
@@ -126,6 +171,9 @@ impl DbOptions {
             pass_synchronous_commit: section
                 .parse_opt("PASS_SYNCHRONOUS_COMMIT", SynchronousCommit::parse)?
                 .unwrap_or(SynchronousCommit::PASS_DEFAULT),
+            pass_plan_cache_mode: section
+                .parse_opt("PASS_PLAN_CACHE_MODE", PlanCacheMode::parse)?
+                .unwrap_or(PlanCacheMode::PASS_DEFAULT),
             url: section.string("URL")?,
             max_connections: section.number_opt("MAX_CONNECTIONS")?.unwrap_or(4),
             connect_timeout: section
@@ -156,6 +204,9 @@ impl DbOptions {
     fn pass_options(&self, mut options: PgConnectOptions) -> PgConnectOptions {
         if let Some(level) = self.pass_synchronous_commit {
             options = options.options([("synchronous_commit", level.as_str())]);
+        }
+        if let Some(mode) = self.pass_plan_cache_mode {
+            options = options.options([("plan_cache_mode", mode.as_str())]);
         }
         if let Some(epoch) = self.epoch {
             options = options.options([("pepsi.epoch", epoch.to_string())]);

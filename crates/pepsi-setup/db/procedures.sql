@@ -95,10 +95,14 @@ RETURNS bigint LANGUAGE sql STABLE AS $$
     SELECT NULLIF(current_setting('pepsi.epoch', true), '')::bigint
 $$;
 
--- Whether epoch p_epoch has been fenced by a dispatcher that took over.
+-- Whether epoch p_epoch has been fenced by a dispatcher that took over. PL/pgSQL, so that
+-- its query is planned once per session: a SQL function with a subquery is not inlined, and
+-- is parsed and planned again in every statement that calls it.
 CREATE OR REPLACE FUNCTION pepsi.epoch_fenced(p_epoch bigint)
-RETURNS boolean LANGUAGE sql STABLE AS $$
-    SELECT EXISTS (SELECT 1 FROM pepsi.dispatcher d WHERE d.epoch = p_epoch AND d.fenced_at IS NOT NULL)
+RETURNS boolean LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM pepsi.dispatcher d WHERE d.epoch = p_epoch AND d.fenced_at IS NOT NULL);
+END
 $$;
 
 -- Whether this session may change a running row that epoch p_claim claimed.
@@ -107,6 +111,19 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT CASE
         WHEN p_claim IS NULL THEN true
         ELSE p_claim IS NOT DISTINCT FROM pepsi.session_epoch() AND NOT pepsi.epoch_fenced(p_claim)
+    END
+$$;
+
+-- The same rule for a statement over many rows: p_live is whether this session's epoch is
+-- unfenced, which the caller computes once for the statement, as the uncorrelated subquery
+-- `(SELECT NOT pepsi.epoch_fenced(pepsi.session_epoch()))` (planned as an InitPlan), instead
+-- of once per row looked at. A row claimed by this session's epoch is held exactly when that
+-- epoch is unfenced, so the two forms agree on every row.
+CREATE OR REPLACE FUNCTION pepsi.claim_held(p_claim bigint, p_live boolean)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT CASE
+        WHEN p_claim IS NULL THEN true
+        ELSE p_claim IS NOT DISTINCT FROM pepsi.session_epoch() AND p_live
     END
 $$;
 

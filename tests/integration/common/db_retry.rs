@@ -75,6 +75,61 @@ async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
     );
 }
 
+/// The sessions that move rows along the queue plan with `PASS_PLAN_CACHE_MODE`
+/// (`force_generic_plan` unless configured); every other program's keep the server's setting.
+#[tokio::test]
+async fn pass_sessions_plan_with_pass_plan_cache_mode_and_the_others_with_the_servers() {
+    use pepsi_conf::config::Config;
+    use pepsi_contract::db::DbOptions;
+    let db = TestDb::new().await;
+    let setting = "SELECT current_setting('plan_cache_mode')";
+    let server: String = sqlx::query_scalar(setting)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let cases = [
+        ("", "force_generic_plan"),
+        ("PASS_PLAN_CACHE_MODE = auto\n", "auto"),
+        (
+            "PASS_PLAN_CACHE_MODE = Force_Custom_Plan\n",
+            "force_custom_plan",
+        ),
+        ("PASS_PLAN_CACHE_MODE = server\n", server.as_str()),
+    ];
+    for (option, want) in cases {
+        let cfg =
+            Config::from_str_named(&format!("[database]\nURL = {}\n{option}", db.url), "t.conf")
+                .unwrap();
+        let settings = DbOptions::from_config(&cfg).unwrap();
+        let passes = settings.connect_for_passes().await.unwrap();
+        let got: String = sqlx::query_scalar(setting)
+            .fetch_one(&passes)
+            .await
+            .unwrap();
+        assert_eq!(got, want, "{option:?}");
+        let other = settings.connect().await.unwrap();
+        let got: String = sqlx::query_scalar(setting).fetch_one(&other).await.unwrap();
+        assert_eq!(got, server, "{option:?}: a program that admits mail");
+        passes.close().await;
+        other.close().await;
+    }
+    let cfg = Config::from_str_named(
+        &format!(
+            "[database]\nURL = {}\nPASS_PLAN_CACHE_MODE = always\n",
+            db.url
+        ),
+        "t.conf",
+    )
+    .unwrap();
+    let err = format!("{:#}", DbOptions::from_config(&cfg).unwrap_err());
+    assert!(
+        err.contains("PASS_PLAN_CACHE_MODE")
+            && err.contains("always")
+            && err.contains("force_generic_plan"),
+        "{err}"
+    );
+}
+
 /// The sessions that move rows along the queue commit with `PASS_SYNCHRONOUS_COMMIT` (off
 /// unless configured); every other program's keep the server's setting.
 #[tokio::test]

@@ -293,8 +293,9 @@ const COMMIT_MANY: &str = concat!(
        AS u(id, status, stage, pause_secs, state, replace_state, received_now, headers, mail_from, rcpt_to, log)), \
      gone AS ( \
        DELETE FROM pepsi.workqueue w USING u \
-       WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' AND pepsi.claim_held(w.claim_epoch) \
-       RETURNING w.workqueue_id), \
+       WHERE w.workqueue_id = u.id AND u.status = 'finished' AND w.status = 'running' AND ",
+    claim_held_many!("w.claim_epoch"),
+    " RETURNING w.workqueue_id), \
      moved AS ( \
        UPDATE pepsi.workqueue w SET \
        status = u.status::pepsi.workqueue_status, updated_at = now(), \
@@ -306,8 +307,9 @@ const COMMIT_MANY: &str = concat!(
        mail_from = COALESCE(u.mail_from, w.mail_from), \
        rcpt_to = CASE WHEN u.rcpt_to IS NULL THEN w.rcpt_to \
                       ELSE ARRAY(SELECT jsonb_array_elements_text(u.rcpt_to)) END \
-       FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' AND pepsi.claim_held(w.claim_epoch) \
-       RETURNING w.workqueue_id), \
+       FROM u WHERE w.workqueue_id = u.id AND u.status <> 'finished' AND w.status = 'running' AND ",
+    claim_held_many!("w.claim_epoch"),
+    " RETURNING w.workqueue_id), \
      done AS (SELECT workqueue_id FROM gone UNION ALL SELECT workqueue_id FROM moved), \
      logged AS (",
     log_insert!(

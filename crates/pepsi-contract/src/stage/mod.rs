@@ -18,6 +18,20 @@
 //! Only this module and `db` issue queue SQL in `pepsi-contract`. The SQL texts are fixed:
 //! the commit UPDATE is assembled from constant fragments for the columns a stage touched.
 
+/// `pepsi.claim_held` for a statement that looks at many rows, the literals naming the row's
+/// `claim_epoch`: whether this session's epoch is unfenced is asked once for the statement
+/// (an uncorrelated subquery, planned as an InitPlan) rather than once per row looked at
+/// (procedures.sql, the two-argument `claim_held`).
+macro_rules! claim_held_many {
+    ($($col:literal),+) => {
+        concat!(
+            "pepsi.claim_held(",
+            $($col,)+
+            ", (SELECT NOT pepsi.epoch_fenced(pepsi.session_epoch())))"
+        )
+    };
+}
+
 mod commit;
 mod context;
 pub mod edges;

@@ -40,9 +40,9 @@ macro_rules! status_col {
         concat!(
             "CASE WHEN ",
             $q,
-            "status = 'running' AND NOT COALESCE(pepsi.claim_held(",
-            $q,
-            "claim_epoch), false) THEN 'claimed by another dispatcher epoch (or a fenced one)' \
+            "status = 'running' AND NOT COALESCE(",
+            claim_held_many!($q, "claim_epoch"),
+            ", false) THEN 'claimed by another dispatcher epoch (or a fenced one)' \
              ELSE ",
             $q,
             "status::text END AS status"
