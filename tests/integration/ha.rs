@@ -50,11 +50,6 @@ async fn commit(conn: &mut PgConnection, id: i64) -> u64 {
     .rows_affected()
 }
 
-/// The database side alone: a claim stamps the epoch; a newer registration fences the older
-/// one, whose claims, commits, hand-backs and stored-function writes are then refused, as are
-/// another epoch's writes to its rows; its rows return to pending only after the fenced
-/// wait, and at once when its dispatcher is known gone.
-#[tokio::test]
 /// How many queue rows `conn`'s session holds, by `claim_held`'s one-row form, after checking
 /// that the form for statements over many rows (the epoch's liveness asked once, as the
 /// worker's batch load and commit write it) says the same of every row.
@@ -75,6 +70,10 @@ async fn rows_held(conn: &mut PgConnection) -> i64 {
     held
 }
 
+/// The database side alone: a claim stamps the epoch; a newer registration fences the older
+/// one, whose claims, commits, hand-backs and stored-function writes are then refused, as are
+/// another epoch's writes to its rows; its rows return to pending only after the fenced
+/// wait, and at once when its dispatcher is known gone.
 #[tokio::test]
 async fn a_fenced_epoch_can_change_no_row_and_its_rows_wait_before_another_takes_them() {
     let h = Harness::new("[stage-init]\nPROGRAM = test\nNEXT_STAGE = done\n", "").await;

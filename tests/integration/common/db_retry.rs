@@ -1,5 +1,5 @@
 //! The database layer against a real PostgreSQL: `with_retry` (serialization failures and
-//! deadlocks are retried, other errors are not) and the sessions' `synchronous_commit`.
+//! deadlocks are retried, other errors are not) and the server parameters of the sessions.
 
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -75,111 +75,91 @@ async fn other_errors_are_returned_at_once_and_retries_are_bounded() {
     );
 }
 
-/// The sessions that move rows along the queue plan with `PASS_PLAN_CACHE_MODE`
-/// (`force_generic_plan` unless configured); every other program's keep the server's setting.
-#[tokio::test]
-async fn pass_sessions_plan_with_pass_plan_cache_mode_and_the_others_with_the_servers() {
+/// Checks one `[database]` option that sets a server parameter on the sessions that move rows
+/// along the queue, `setting` the query that reads it: each `(option value, expected
+/// parameter)` of `cases` (the value `None`:
+/// the option left out; the expected `None`: the server's own), every other program's
+/// sessions keeping the server's value, and `bad` refused with an error naming the option,
+/// the value and `named` (one of the accepted values).
+async fn check_pass_parameter(
+    option: &str,
+    setting: &'static str,
+    cases: &[(Option<&str>, Option<&str>)],
+    bad: &str,
+    named: &str,
+) {
     use pepsi_conf::config::Config;
     use pepsi_contract::db::DbOptions;
     let db = TestDb::new().await;
-    let setting = "SELECT current_setting('plan_cache_mode')";
     let server: String = sqlx::query_scalar(setting)
         .fetch_one(&db.pool)
         .await
         .unwrap();
-    let cases = [
-        ("", "force_generic_plan"),
-        ("PASS_PLAN_CACHE_MODE = auto\n", "auto"),
-        (
-            "PASS_PLAN_CACHE_MODE = Force_Custom_Plan\n",
-            "force_custom_plan",
-        ),
-        ("PASS_PLAN_CACHE_MODE = server\n", server.as_str()),
-    ];
-    for (option, want) in cases {
-        let cfg =
-            Config::from_str_named(&format!("[database]\nURL = {}\n{option}", db.url), "t.conf")
-                .unwrap();
-        let settings = DbOptions::from_config(&cfg).unwrap();
+    let conf = |value: Option<&str>| {
+        let line = value.map_or(String::new(), |v| format!("{option} = {v}\n"));
+        Config::from_str_named(&format!("[database]\nURL = {}\n{line}", db.url), "t.conf").unwrap()
+    };
+    for &(value, want) in cases {
+        let settings = DbOptions::from_config(&conf(value)).unwrap();
         let passes = settings.connect_for_passes().await.unwrap();
         let got: String = sqlx::query_scalar(setting)
             .fetch_one(&passes)
             .await
             .unwrap();
-        assert_eq!(got, want, "{option:?}");
+        assert_eq!(got, want.unwrap_or(&server), "{option} = {value:?}");
         let other = settings.connect().await.unwrap();
         let got: String = sqlx::query_scalar(setting).fetch_one(&other).await.unwrap();
-        assert_eq!(got, server, "{option:?}: a program that admits mail");
+        assert_eq!(
+            got, server,
+            "{option} = {value:?}: a program that admits mail"
+        );
         passes.close().await;
         other.close().await;
     }
-    let cfg = Config::from_str_named(
-        &format!(
-            "[database]\nURL = {}\nPASS_PLAN_CACHE_MODE = always\n",
-            db.url
-        ),
-        "t.conf",
-    )
-    .unwrap();
-    let err = format!("{:#}", DbOptions::from_config(&cfg).unwrap_err());
+    let err = format!(
+        "{:#}",
+        DbOptions::from_config(&conf(Some(bad))).unwrap_err()
+    );
     assert!(
-        err.contains("PASS_PLAN_CACHE_MODE")
-            && err.contains("always")
-            && err.contains("force_generic_plan"),
+        err.contains(option) && err.contains(bad) && err.contains(named),
         "{err}"
     );
+}
+
+/// The sessions that move rows along the queue plan with `PASS_PLAN_CACHE_MODE`
+/// (`force_generic_plan` unless configured); every other program's keep the server's setting.
+#[tokio::test]
+async fn pass_sessions_plan_with_pass_plan_cache_mode_and_the_others_with_the_servers() {
+    check_pass_parameter(
+        "PASS_PLAN_CACHE_MODE",
+        "SELECT current_setting('plan_cache_mode')",
+        &[
+            (None, Some("force_generic_plan")),
+            (Some("auto"), Some("auto")),
+            (Some("Force_Custom_Plan"), Some("force_custom_plan")),
+            (Some("server"), None),
+        ],
+        "always",
+        "force_generic_plan",
+    )
+    .await;
 }
 
 /// The sessions that move rows along the queue commit with `PASS_SYNCHRONOUS_COMMIT` (off
 /// unless configured); every other program's keep the server's setting.
 #[tokio::test]
 async fn pass_sessions_commit_with_pass_synchronous_commit_and_the_others_with_the_servers() {
-    use pepsi_conf::config::Config;
-    use pepsi_contract::db::DbOptions;
-    let db = TestDb::new().await;
-    let server: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    let cases = [
-        ("", "off"),
-        ("PASS_SYNCHRONOUS_COMMIT = remote_apply\n", "remote_apply"),
-        ("PASS_SYNCHRONOUS_COMMIT = On\n", "on"),
-        ("PASS_SYNCHRONOUS_COMMIT = server\n", server.as_str()),
-    ];
-    for (option, want) in cases {
-        let cfg =
-            Config::from_str_named(&format!("[database]\nURL = {}\n{option}", db.url), "t.conf")
-                .unwrap();
-        let settings = DbOptions::from_config(&cfg).unwrap();
-        let passes = settings.connect_for_passes().await.unwrap();
-        let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
-            .fetch_one(&passes)
-            .await
-            .unwrap();
-        assert_eq!(got, want, "{option:?}");
-        let other = settings.connect().await.unwrap();
-        let got: String = sqlx::query_scalar("SELECT current_setting('synchronous_commit')")
-            .fetch_one(&other)
-            .await
-            .unwrap();
-        assert_eq!(got, server, "{option:?}: a program that admits mail");
-        passes.close().await;
-        other.close().await;
-    }
-    let cfg = Config::from_str_named(
-        &format!(
-            "[database]\nURL = {}\nPASS_SYNCHRONOUS_COMMIT = sometimes\n",
-            db.url
-        ),
-        "t.conf",
+    check_pass_parameter(
+        "PASS_SYNCHRONOUS_COMMIT",
+        "SELECT current_setting('synchronous_commit')",
+        &[
+            (None, Some("off")),
+            (Some("remote_apply"), Some("remote_apply")),
+            (Some("On"), Some("on")),
+            (Some("server"), None),
+        ],
+        "sometimes",
+        "remote_apply",
     )
-    .unwrap();
-    let err = format!("{:#}", DbOptions::from_config(&cfg).unwrap_err());
-    assert!(
-        err.contains("PASS_SYNCHRONOUS_COMMIT")
-            && err.contains("sometimes")
-            && err.contains("remote_apply"),
-        "{err}"
-    );
+    .await;
 }
