@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""bench/speed/summary.py OUT ROUNDS MESSAGES: the medians of bench/speed/run.sh's rounds.
+"""bench/speed/summary.py OUT ROUNDS MESSAGES [RATE]: the medians of bench/speed/run.sh's rounds.
 
 Reads OUT/r<k>/maildir/{pepsi,postfix}.json and .pss, OUT/r<k>/relay/{side}-{1,10}rcpt.json
-(as bench/e2e/run.sh and bench/relay/run.sh write them) and prints, per path, each side's
-median msg/s, p99 (250 to delivery), CPU per message and memory, and the ratios.
+and, when RATE (the open-loop rate) is above 0, OUT/r<k>/maildir-open/{side}.json and
+OUT/r<k>/relay-open/{side}-1rcpt.json (as bench/e2e/run.sh and bench/relay/run.sh write
+them) and prints, per path, each side's median msg/s, p99 (250 to delivery), CPU per message
+and memory, and the ratios.
 """
 import json
 import os
@@ -24,10 +26,13 @@ def cpu_ms(record, side, n):
     return sum(own) / n * 1000
 
 
-def main(out, rounds, n):
+def main(out, rounds, n, rate):
     paths = {"Maildir": ("maildir", "{side}.json"),
              "relay, 1 recipient": ("relay", "{side}-1rcpt.json"),
              "relay, 10 recipients": ("relay", "{side}-10rcpt.json")}
+    if rate > 0:
+        paths[f"Maildir, {rate}/s"] = ("maildir-open", "{side}.json")
+        paths[f"relay 1 rcpt, {rate}/s"] = ("relay-open", "{side}-1rcpt.json")
     print(f"\n{n} messages a run, medians of {rounds} rounds")
     print(f"{'path':22} | {'side':7} | {'msg/s':>6} | {'p99 ms':>7} | {'CPU ms/msg':>10} | memory MiB")
     for path, (sub, name) in paths.items():
@@ -66,6 +71,7 @@ def main(out, rounds, n):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 4:
+    if len(sys.argv) not in (4, 5):
         sys.exit(__doc__)
-    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]))
+    main(sys.argv[1], int(sys.argv[2]), int(sys.argv[3]),
+         int(sys.argv[4]) if len(sys.argv) == 5 else 0)

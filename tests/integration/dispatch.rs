@@ -887,6 +887,7 @@ fn help_documents_the_options() {
         "WORKER_IDLE_TIMEOUT",
         "MAX_RUNTIME",
         "HAND_FORWARD",
+        "HOLD_FORWARD",
         "STANDBY",
         "LOCK_SESSION_TIMEOUT",
         "TAKEOVER_MARGIN",
@@ -1339,48 +1340,119 @@ async fn an_advanced_row_is_handed_to_the_next_stage_without_a_claim() {
     }
 }
 
-/// Rows handed forward to a stage that already holds all its workers can take go back to
-/// pending, and so do the ones after them until the backlog has been claimed: none waits
-/// behind later arrivals, none is lost or run twice.
+/// Rows handed forward to a stage whose workers have no room wait in the dispatcher, at
+/// most HOLD_FORWARD a stage, and each goes to the next worker with room without a claim.
+/// With HOLD_FORWARD = 0 they go back to pending, and so do the ones after them until the
+/// backlog has been claimed: none waits behind later arrivals. Either way none is lost or
+/// run twice.
 #[tokio::test]
-async fn rows_handed_to_a_full_stage_wait_their_turn_as_pending_and_none_is_lost() {
+async fn rows_handed_to_a_full_stage_wait_their_turn_and_none_is_lost() {
     let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
                   [stage-b]\nPROGRAM = test\nNEXT_STAGE = c\nPARALLELISM = 1\nQUEUE_LIMIT = 2\nDELAY = 20ms\n\
                   [stage-c]\nPROGRAM = test\nNEXT_STAGE = done\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n";
-    let h = Harness::new(stages, "").await;
-    h.add(60, "sender", serde_json::json!({})).await;
+    for hold in [0, 100] {
+        let h = Harness::new(stages, &format!("HOLD_FORWARD = {hold}\n")).await;
+        h.add(60, "sender", serde_json::json!({})).await;
+        let mut d = h.start("dispatch.log");
+        h.wait_for(
+            "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
+            60,
+            Duration::from_secs(60),
+            &mut d,
+        )
+        .await;
+        assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+        assert_each_stage_once(&h, 60).await;
+        let log = h.log("dispatch.log");
+        let without_room = |stage: &str, outcome: &str| {
+            // The field is the stage's text as given, written `stage=b` or `stage="b"`.
+            let tags = [format!("stage={stage} "), format!("stage=\"{stage}\"")];
+            let what = format!("handed forward to a stage without room: {outcome}");
+            log.lines()
+                .filter(|l| l.contains(what.as_str()))
+                .filter(|l| tags.iter().any(|t| l.contains(t.as_str())))
+                .count()
+        };
+        if hold == 0 {
+            assert!(
+                without_room("b", "pending") > 0,
+                "b (2 ids at most) cannot hold 60 rows at once"
+            );
+            assert_eq!(without_room("b", "held"), 0, "HOLD_FORWARD = 0 holds none");
+        } else {
+            assert!(
+                without_room("b", "held") > 0,
+                "b (2 ids at most) cannot take 60 rows at once: {log}"
+            );
+            assert_eq!(
+                without_room("b", "pending"),
+                0,
+                "100 may wait: none went back"
+            );
+        }
+        // c has room for 16 and is fed by b alone, but a loaded machine can starve its two
+        // workers long enough to fill them: whatever went back to pending there is claimed
+        // once too, and a held row never.
+        for stage in ["b", "c"] {
+            assert_eq!(
+                claimed_at(&h, "dispatch.log", stage),
+                without_room(stage, "pending"),
+                "HOLD_FORWARD = {hold}: every row that went back to pending at {stage} was claimed once"
+            );
+        }
+    }
+}
+
+/// Rows waiting in the dispatcher for a worker when it stops go back to pending at their
+/// stage at once (not after the grace the workers get), and the next dispatcher runs each
+/// there once.
+#[tokio::test]
+async fn rows_held_for_a_worker_are_pending_again_when_the_dispatcher_stops() {
+    let stages = "[stage-init]\nPROGRAM = test\nNEXT_STAGE = b\nPARALLELISM = 2\nQUEUE_LIMIT = 8\n\
+                  [stage-b]\nPROGRAM = test\nNEXT_STAGE = c\nPARALLELISM = 1\nQUEUE_LIMIT = 1\nDELAY = 300ms\n\
+                  [stage-c]\nPROGRAM = test\nNEXT_STAGE = done\n";
+    let h = Harness::new(stages, "HOLD_FORWARD = 100\n").await;
+    h.add(12, "sender", serde_json::json!({})).await;
     let mut d = h.start("dispatch.log");
+    let until = Instant::now() + Duration::from_secs(30);
+    while h
+        .log("dispatch.log")
+        .matches("handed forward to a stage without room: held")
+        .count()
+        < 5
+    {
+        assert!(
+            Instant::now() < until,
+            "no rows held: {}",
+            h.log("dispatch.log")
+        );
+        assert!(d.try_wait().unwrap().is_none(), "{}", h.log("dispatch.log"));
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
+    assert_eq!(
+        h.count("SELECT count(*) FROM pepsi.workqueue WHERE status = 'running'")
+            .await,
+        0,
+        "nothing is left running: {}",
+        h.log("dispatch.log")
+    );
+    assert_eq!(h.count("SELECT count(*) FROM pepsi.workqueue").await, 12);
+    let waiting = h
+        .count("SELECT count(*) FROM pepsi.workqueue WHERE stage = 'b' AND status = 'pending'")
+        .await;
+    assert!(waiting >= 3, "held rows are pending at b again: {waiting}");
+
+    let mut d = h.start("dispatch-2.log");
     h.wait_for(
         "SELECT count(*) FROM pepsi.workqueue WHERE stage = 'done'",
-        60,
+        12,
         Duration::from_secs(60),
         &mut d,
     )
     .await;
-    assert!(stop(d).success(), "{}", h.log("dispatch.log"));
-    assert_each_stage_once(&h, 60).await;
-    let log = h.log("dispatch.log");
-    let overflowed_at = |stage: &str| {
-        // The field is the stage's text as given, written `stage=b` or `stage="b"`.
-        let tags = [format!("stage={stage} "), format!("stage=\"{stage}\"")];
-        log.lines()
-            .filter(|l| l.contains("handed forward to a stage without room"))
-            .filter(|l| tags.iter().any(|t| l.contains(t.as_str())))
-            .count()
-    };
-    assert!(
-        overflowed_at("b") > 0,
-        "b (2 ids at most) cannot hold 60 rows at once"
-    );
-    // c has room for 16 and is fed by b alone, but a loaded machine can starve its two
-    // workers long enough to fill them: whatever overflowed there is claimed once too.
-    for stage in ["b", "c"] {
-        assert_eq!(
-            claimed_at(&h, "dispatch.log", stage),
-            overflowed_at(stage),
-            "every row that went back to pending at {stage} was claimed once"
-        );
-    }
+    assert!(stop(d).success(), "{}", h.log("dispatch-2.log"));
+    assert_each_stage_once(&h, 12).await;
 }
 
 /// A worker that dies after its commit handed its one row forward, before the status line

@@ -7,7 +7,7 @@
 //! It never looks at message content: workers record their own outcomes on the row.
 
 use pepsi_contract::telemetry::CountersRecord;
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -52,6 +52,10 @@ struct Pool {
     /// exhausted, every row handed forward goes back to pending too, so none overtakes the
     /// rows already waiting and the workers' room goes to the claims.
     backlog: bool,
+    /// Rows handed forward here while no worker had room and none waited here as pending
+    /// (`HOLD_FORWARD`): running, claimed by this dispatcher, each given to the next worker
+    /// with room, in the order they came, before the stage claims anything.
+    held: VecDeque<Assigned>,
 }
 
 /// Fewer rows claimed than this since the last VACUUM leave too little behind to start one.
@@ -169,9 +173,12 @@ impl Dispatcher {
                 self.options.libexec_dir.as_deref(),
                 self.own_dir.as_deref(),
             );
-            let fair = match self.pools.remove(&options.stage) {
-                Some(old) => old.fair,
-                None => FairShare::new(self.options.fair_half_life, now),
+            let (fair, held) = match self.pools.remove(&options.stage) {
+                Some(old) => (old.fair, old.held),
+                None => (
+                    FairShare::new(self.options.fair_half_life, now),
+                    VecDeque::new(),
+                ),
             };
             pools.insert(
                 options.stage.clone(),
@@ -183,10 +190,15 @@ impl Dispatcher {
                     fair,
                     maybe_pending: true,
                     backlog: true,
+                    held,
                 },
             );
         }
-        self.pools = pools;
+        // A stage no longer in the configuration: what waited for its workers goes back to
+        // pending there, for whichever configuration runs it again.
+        for old in std::mem::replace(&mut self.pools, pools).into_values() {
+            self.overflow.extend(old.held.into_iter().map(|a| a.id));
+        }
         Ok(())
     }
 
@@ -247,6 +259,7 @@ impl Dispatcher {
                 _ = sigint.recv() => { tracing::info!("SIGINT: stopping"); break; }
             }
             self.housekeeping().await;
+            self.feed_held().await;
             if !self.overflow.is_empty() {
                 let back = std::mem::take(&mut self.overflow);
                 self.hand_back("", &back).await;
@@ -437,18 +450,38 @@ impl Dispatcher {
     }
 
     /// A row a worker advanced and left running at `stage`: to a worker of that stage with
-    /// room (starting one if the pool may). A stage without room, or with rows already
-    /// waiting there after such a row (`backlog`), gets it back as pending, to be claimed in
-    /// its turn; so does a stage without a pool, and every stage while stopping.
+    /// room (starting one if the pool may). A stage without room waits in `held`, behind
+    /// the rows already there, while it has fewer than `HOLD_FORWARD` and no row waits
+    /// there as pending (`backlog`). Otherwise it goes back to pending, to be claimed in
+    /// its turn; so does a row for a stage without a pool or one whose program cannot
+    /// start now, and every row while stopping.
     async fn forward(&mut self, stage: &str, row: Assigned) {
+        let hold = self.options.hold_forward;
+        let now = Instant::now();
         let target = match self.pools.get(stage) {
-            Some(pool) if !self.stopping && !pool.backlog => self.place(stage, false),
+            Some(pool) if !self.stopping && !pool.backlog && pool.held.is_empty() => {
+                self.place(stage, false)
+            }
             _ => None,
         };
         match (target, self.pools.get_mut(stage)) {
             (Some(key), _) => {
                 tracing::trace!(stage, id = row.id, "handed forward");
-                self.give(key, stage, row, Instant::now()).await;
+                self.give(key, stage, row, now).await;
+            }
+            (None, Some(pool))
+                if !self.stopping
+                    && !pool.backlog
+                    && pool.held.len() < hold
+                    && pool.cooldown_until.is_none_or(|c| now >= c) =>
+            {
+                tracing::debug!(
+                    stage,
+                    id = row.id,
+                    held = pool.held.len() + 1,
+                    "handed forward to a stage without room: held"
+                );
+                pool.held.push_back(row);
             }
             (None, Some(pool)) if !self.stopping => {
                 tracing::debug!(
@@ -464,6 +497,46 @@ impl Dispatcher {
         }
     }
 
+    /// Gives the rows each stage holds (`held`) to its workers with room, oldest first,
+    /// starting workers as the pool may. A stage whose program cannot start now returns
+    /// what it holds to pending, where the claims take it once the program starts.
+    async fn feed_held(&mut self) {
+        if self.stopping {
+            return;
+        }
+        let stages: Vec<String> = self
+            .pools
+            .iter()
+            .filter(|(_, p)| !p.held.is_empty())
+            .map(|(s, _)| s.clone())
+            .collect();
+        for stage in stages {
+            let now = Instant::now();
+            while !self.pools[&stage].held.is_empty() {
+                let Some(key) = self.place(&stage, false) else {
+                    break;
+                };
+                let pool = self.pools.get_mut(&stage).expect("stage exists");
+                let row = pool.held.pop_front().expect("not empty");
+                tracing::trace!(stage = %stage, id = row.id, "held row handed forward");
+                self.give(key, &stage, row, now).await;
+            }
+            let pool = self.pools.get_mut(&stage).expect("stage exists");
+            if !pool.held.is_empty() && pool.cooldown_until.is_some_and(|c| now < c) {
+                self.overflow.extend(pool.held.drain(..).map(|a| a.id));
+                pool.maybe_pending = true;
+                pool.backlog = true;
+            }
+        }
+    }
+
+    /// The ids every stage holds for its workers (`held`).
+    fn held_ids(&self) -> impl Iterator<Item = i64> + '_ {
+        self.pools
+            .values()
+            .flat_map(|p| p.held.iter().map(|a| a.id))
+    }
+
     /// The stage a repair must still find the rows at: only when another worker holds one
     /// of them (a pass committed its advance and the row was claimed again before its
     /// worker's answer was read). Otherwise the row is this dispatcher's to repair wherever
@@ -477,9 +550,11 @@ impl Dispatcher {
     }
 
     /// Whether a worker holds `id` (in its queue, the one that answered for it excluded, as
-    /// its answer has been taken off), or it waits to go back to pending (`overflow`).
+    /// its answer has been taken off), it waits for one (`held`), or it waits to go back to
+    /// pending (`overflow`).
     fn held_elsewhere(&self, id: i64) -> bool {
         self.overflow.contains(&id)
+            || self.held_ids().any(|h| h == id)
             || self
                 .workers
                 .values()
@@ -829,6 +904,7 @@ impl Dispatcher {
             .workers
             .values()
             .flat_map(|w| w.inflight.iter().map(|a| a.id))
+            .chain(self.held_ids())
             .collect();
         let longest = self
             .pools
@@ -1000,7 +1076,9 @@ impl Dispatcher {
         let mut leads = Vec::new();
         let stages: Vec<String> = self.pools.keys().cloned().collect();
         for stage in &stages {
-            if !self.pools[stage].maybe_pending {
+            if !self.pools[stage].maybe_pending || !self.pools[stage].held.is_empty() {
+                // Rows held for the stage's workers go first: they came before anything a
+                // claim could find there now.
                 continue;
             }
             let capacity = self.capacity(stage, &self.pools[stage], now);
@@ -1201,6 +1279,15 @@ impl Dispatcher {
         for w in self.workers.values_mut() {
             w.retire();
         }
+        // What waited for a worker will not get one from this dispatcher: pending again at
+        // once, for the next.
+        let mut back = std::mem::take(&mut self.overflow);
+        back.extend(
+            self.pools
+                .values_mut()
+                .flat_map(|p| p.held.drain(..).map(|a| a.id)),
+        );
+        self.hand_back("", &back).await;
         let until = Instant::now() + self.options.shutdown_grace;
         while !self.workers.is_empty() {
             match tokio::time::timeout_at(until.into(), rx.recv()).await {

@@ -66,7 +66,9 @@ pub enum Event {
 /// STATS_IDLE_INTERVAL (1s: the least spacing of the flushes made when idle), SPAWN_COOLDOWN (10s),
 /// SHUTDOWN_GRACE (10s), GC_INTERVAL (5m), ORPHAN_GRACE (60s), VACUUM_INTERVAL (10s),
 /// HAND_FORWARD (yes: a row a worker advances stays running and is handed to the next stage's
-/// pool without a claim), LIBEXEC_DIR, STANDBY (yes), LOCK_SESSION_TIMEOUT (5s),
+/// pool without a claim), HOLD_FORWARD (32: rows handed forward to a stage without room that
+/// wait in the dispatcher for its next free worker, per stage, while none waits there as
+/// pending; 0 returns each to pending), LIBEXEC_DIR, STANDBY (yes), LOCK_SESSION_TIMEOUT (5s),
 /// LOCK_CHECK_INTERVAL (250ms), TAKEOVER_MARGIN (30s), MODE (single | shared),
 /// PARALLELISM_SCOPE (host | global, MODE shared).
 /// [stage-NAME] options: PROGRAM, PARALLELISM (1), QUEUE_LIMIT (1), MAX_MESSAGES (10000,

@@ -6,6 +6,13 @@ use std::time::Duration;
 
 use pepsi_conf::config::{Config, ConfigError};
 
+/// `HOLD_FORWARD` when the file does not set it: a Maildir pool's capacity as shipped.
+pub const DEFAULT_HOLD_FORWARD: usize = 32;
+
+/// The most `HOLD_FORWARD` may be: the held rows are ids in the dispatcher's memory, and a
+/// stage that far behind is served better from the queue, in its claim order.
+pub const MAX_HOLD_FORWARD: usize = 10_000;
+
 /// `[pepsi-dispatch]`.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DispatchOptions {
@@ -65,6 +72,10 @@ pub struct DispatchOptions {
     /// Workers leave an advanced row running at its next stage and name the stage on their
     /// status line; the dispatcher hands it to that stage's pool without a claim.
     pub hand_forward: bool,
+    /// Rows handed forward to a stage without room wait in the dispatcher, at most this many
+    /// a stage, for the next worker of that stage with room, while none waits there as
+    /// pending; beyond it (and with 0) they go back to pending.
+    pub hold_forward: usize,
     /// `[pepsi] MAIL_LOG_RETENTION`: mail log rows older than this are deleted at each
     /// garbage collection (default 30 days, at least an hour).
     pub mail_log_retention: Duration,
@@ -148,6 +159,14 @@ impl DispatchOptions {
                 .unwrap_or(Duration::from_secs(30)),
             libexec_dir: s.path_opt("LIBEXEC_DIR")?,
             hand_forward: s.bool_opt("HAND_FORWARD")?.unwrap_or(true),
+            hold_forward: s
+                .parse_opt("HOLD_FORWARD", |v| {
+                    v.parse::<usize>()
+                        .ok()
+                        .filter(|n| *n <= MAX_HOLD_FORWARD)
+                        .ok_or_else(|| format!("a whole number of rows from 0 to {MAX_HOLD_FORWARD}"))
+                })?
+                .unwrap_or(DEFAULT_HOLD_FORWARD),
             mail_log_retention: cfg
                 .section("pepsi")
                 .parse_opt("MAIL_LOG_RETENTION", |v| {
@@ -349,6 +368,34 @@ mod tests {
         let d = DispatchOptions::from_config(&c).unwrap();
         assert_eq!(d.poll_interval, Duration::from_millis(250));
         assert_eq!(d.fair_fifo_percent, 100, "clamped");
+    }
+
+    #[test]
+    fn hold_forward_takes_a_bounded_count_of_rows() {
+        let cases: [(&str, Result<usize, &str>); 6] = [
+            ("", Ok(DEFAULT_HOLD_FORWARD)),
+            ("HOLD_FORWARD = 0\n", Ok(0)),
+            ("HOLD_FORWARD = 10000\n", Ok(10_000)),
+            ("HOLD_FORWARD = 10001\n", Err("10001")),
+            ("HOLD_FORWARD = -1\n", Err("-1")),
+            ("HOLD_FORWARD = some\n", Err("some")),
+        ];
+        for (line, want) in cases {
+            let c = cfg(&format!(
+                "[stage-init]\nPROGRAM = x\n[pepsi-dispatch]\n{line}"
+            ));
+            match (DispatchOptions::from_config(&c), want) {
+                (Ok(d), Ok(n)) => assert_eq!(d.hold_forward, n, "{line}"),
+                (Err(e), Err(bad)) => {
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("HOLD_FORWARD") && e.contains(bad) && e.contains("0 to 10000"),
+                        "{line}: {e}"
+                    );
+                }
+                (got, want) => panic!("{line}: {got:?}, wanted {want:?}"),
+            }
+        }
     }
 
     #[test]
