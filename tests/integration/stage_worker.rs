@@ -740,3 +740,100 @@ async fn security_review_9_a_setuid_stage_never_reads_the_callers_pgpass() {
     );
     assert!(setuid.contains("/nonexistent/.pgpass"), "{setuid}");
 }
+
+/// The names of `pid`'s threads.
+fn thread_names(pid: u32) -> Vec<String> {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .map(|n| n.trim().to_owned())
+        .collect()
+}
+
+/// A worker fed through pipes, as the dispatcher feeds it, reads its ids and writes its
+/// status lines on its own thread. Between two ids it waits with no thread of tokio's
+/// blocking pool: reading stdin through that pool kept a thread blocked in read(2) and sent
+/// every id across two threads and back.
+#[tokio::test]
+async fn a_worker_fed_by_pipes_waits_for_its_next_id_on_its_own_thread() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let first = message(&db, Some("discard")).await;
+    let second = message(&db, Some("discard")).await;
+    let mut child = Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = child.id();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let (threads, answers) = tokio::task::spawn_blocking(move || {
+        use std::io::{BufRead as _, Write as _};
+        let mut answer = || {
+            let mut line = String::new();
+            stdout.read_line(&mut line).unwrap();
+            line.trim_end().to_owned()
+        };
+        writeln!(stdin, "{first}").unwrap();
+        let one = answer();
+        // Answered and waiting: the worker is in its read of the next id.
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let threads = thread_names(pid);
+        writeln!(stdin, "{second}").unwrap();
+        let two = answer();
+        drop(stdin);
+        assert!(child.wait().unwrap().success(), "the worker ends at EOF");
+        (threads, vec![one, two])
+    })
+    .await
+    .unwrap();
+    assert_eq!(answers, [r#"0 {"finished":true}"#; 2]);
+    assert!(
+        !threads.iter().any(|t| t.starts_with("tokio")),
+        "no blocking-pool thread while waiting for an id: {threads:?}"
+    );
+    assert_eq!(exists(&db, first).await, None);
+    assert_eq!(exists(&db, second).await, None);
+}
+
+/// Run by hand with its ids in a file and its answers sent to a file, neither a pipe, the
+/// worker reads and writes them as it always did (through tokio's blocking pool) and
+/// answers every id.
+#[tokio::test]
+async fn a_worker_reads_its_ids_from_a_file_and_answers_into_a_file() {
+    let db = TestDb::new().await;
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = config(&db, &dir);
+    let done = message(&db, Some("discard")).await;
+    let pending = message(&db, None).await;
+    let ids = dir.path().join("ids");
+    std::fs::write(&ids, format!("{done}\n{pending}\n")).unwrap();
+    let answers = dir.path().join("answers");
+    let status = Command::new(DISCARD)
+        .args(["worker", "-c"])
+        .arg(&cfg)
+        .stdin(std::fs::File::open(&ids).unwrap())
+        .stdout(std::fs::File::create(&answers).unwrap())
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let lines: Vec<String> = std::fs::read_to_string(&answers)
+        .unwrap()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(lines.len(), 2, "{lines:?}");
+    assert_eq!(lines[0], r#"0 {"finished":true}"#);
+    assert!(
+        lines[1].starts_with("1 {") && lines[1].contains("is pending, not running"),
+        "{}",
+        lines[1]
+    );
+    assert_eq!(exists(&db, done).await, None);
+}

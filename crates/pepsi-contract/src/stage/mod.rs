@@ -38,6 +38,7 @@ pub mod edges;
 mod fanout;
 pub mod fusion;
 pub mod scope;
+mod stdio;
 mod trace;
 mod watchdog;
 mod worker;

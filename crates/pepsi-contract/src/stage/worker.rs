@@ -917,8 +917,8 @@ pub fn main<S: Stage>(
             super::fusion::installed(),
             scoped,
         )?;
-        let stdin = tokio::io::BufReader::new(tokio::io::stdin());
-        let handled = worker.run(stdin, tokio::io::stdout()).await?;
+        let input = tokio::io::BufReader::new(super::stdio::input());
+        let handled = worker.run(input, super::stdio::output()).await?;
         tracing::debug!(program = S::PROGRAM, handled, "end of input");
         Ok(ExitCode::SUCCESS)
     })
