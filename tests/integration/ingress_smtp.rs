@@ -1729,3 +1729,139 @@ async fn a_message_waits_while_the_backlog_is_over_inflow_backlog_and_is_never_r
     assert_eq!(ingress.rows().await, 4);
     c.ok("QUIT", 221).await;
 }
+
+/// The wake-up of a message stored alone on a quiet server travels in the admission's own
+/// statement (one statement and one commit a message fewer); one stored while another
+/// admission is still committing is announced after its commit by the wake-up task, in a
+/// statement of its own, so that the NOTIFY's database-wide lock never holds up another
+/// commit. Told apart by the session that sent each NOTIFY: the one that inserted the row,
+/// its last statement both the insert and the NOTIFY, or another whose last statement is the
+/// NOTIFY alone.
+#[tokio::test]
+async fn a_lone_message_wakes_the_dispatcher_in_its_own_statement_and_a_concurrent_one_after_its_commit()
+ {
+    // No inflow control: its backlog count would be another statement on the sessions the
+    // test looks at.
+    let ingress = Ingress::start("ADMISSION_LANES = 2\nINFLOW_BACKLOG = 0\n", &[("mx", MX)]).await;
+    sqlx::raw_sql(
+        "CREATE TABLE public.admission_gate (open boolean);
+         GRANT SELECT ON public.admission_gate TO PUBLIC;
+         CREATE TABLE public.admitted_by (mail_from text, pid integer);
+         GRANT INSERT ON public.admitted_by TO PUBLIC;
+         CREATE FUNCTION public.admission_hold() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             INSERT INTO public.admitted_by VALUES (NEW.mail_from, pg_backend_pid());
+             IF NEW.mail_from LIKE 'slow%' THEN
+                 WHILE NOT EXISTS (SELECT 1 FROM public.admission_gate) LOOP
+                     PERFORM pg_sleep(0.01);
+                 END LOOP;
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER admission_hold BEFORE INSERT ON pepsi.workqueue
+             FOR EACH ROW EXECUTE FUNCTION public.admission_hold();",
+    )
+    .execute(&ingress.db.pool)
+    .await
+    .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(&ingress.db.pool)
+        .await
+        .unwrap();
+    listener.listen("workqueue").await.unwrap();
+    let port = ingress.port("mx");
+    let db = &ingress.db.pool;
+    let inserted_by = |from: &'static str| async move {
+        sqlx::query_scalar::<_, i32>("SELECT pid FROM public.admitted_by WHERE mail_from = $1")
+            .bind(from)
+            .fetch_one(db)
+            .await
+            .unwrap()
+    };
+    let last_statement = |pid: u32| async move {
+        sqlx::query_scalar::<_, String>("SELECT query FROM pg_stat_activity WHERE pid = $1")
+            .bind(i32::try_from(pid).unwrap())
+            .fetch_one(db)
+            .await
+            .unwrap()
+    };
+    let mut next_wake_up = async || {
+        let n = tokio::time::timeout(Duration::from_secs(10), listener.recv())
+            .await
+            .expect("a wake-up")
+            .unwrap();
+        assert_eq!(n.payload(), "init", "the wake-up names the admission stage");
+        n.process_id()
+    };
+
+    // Quiet: the session that inserted the row notifies, in the same statement.
+    let mut c = Client::connect(port).await;
+    c.ok("EHLO client.example", 250).await;
+    c.deliver(
+        "quiet@example.org",
+        &["alice@example.test"],
+        b"Subject: q\r\n\r\nq\r\n",
+    )
+    .await;
+    let pid = next_wake_up().await;
+    assert_eq!(pid, inserted_by("quiet@example.org").await as u32);
+    let sql = last_statement(pid).await;
+    assert!(
+        sql.contains("workqueue_add") && sql.contains("pg_notify"),
+        "{sql}"
+    );
+
+    // Another admission is in its statement: this message's wake-up goes out after its commit.
+    let mut slow = Client::connect(port).await;
+    slow.ok("EHLO client.example", 250).await;
+    let slow_task = tokio::spawn(async move {
+        slow.deliver(
+            "slow@example.org",
+            &["alice@example.test"],
+            b"Subject: s\r\n\r\ns\r\n",
+        )
+        .await
+    });
+    let until = Instant::now() + Duration::from_secs(30);
+    while sqlx::query_scalar::<_, i64>(
+        "SELECT count(*) FROM pg_stat_activity WHERE query LIKE '%workqueue_add%' \
+         AND state = 'active' AND pid <> pg_backend_pid() AND datname = current_database()",
+    )
+    .fetch_one(db)
+    .await
+    .unwrap()
+        == 0
+    {
+        assert!(
+            Instant::now() < until,
+            "the slow message never reached the database"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    c.deliver(
+        "busy@example.org",
+        &["alice@example.test"],
+        b"Subject: b\r\n\r\nb\r\n",
+    )
+    .await;
+    let pid = next_wake_up().await;
+    let sql = last_statement(pid).await;
+    assert!(
+        sql.contains("pg_notify") && !sql.contains("workqueue_add"),
+        "a wake-up of its own: {sql}"
+    );
+
+    // The slow message was alone when it went in: its own statement announces it.
+    sqlx::query("INSERT INTO public.admission_gate VALUES (true)")
+        .execute(db)
+        .await
+        .unwrap();
+    let id = slow_task.await.unwrap();
+    let pid = next_wake_up().await;
+    let sql = last_statement(pid).await;
+    assert!(
+        sql.contains("workqueue_add") && sql.contains("pg_notify"),
+        "{sql}"
+    );
+    let r = row(&ingress.db, id).await;
+    assert_eq!(r.mail_from, "slow@example.org");
+}

@@ -545,21 +545,38 @@ pub struct Admission<'a> {
     pub client_addr: std::net::IpAddr,
 }
 
-/// Stores the message and returns its `workqueue_id`, after commit.
-pub async fn admit(pool: &PgPool, msg: &Admission<'_>) -> Result<i64, sqlx::Error> {
+/// Stores the message and returns its `workqueue_id`, after commit. With `wake` (the stage
+/// the row waits at) the same statement notifies the dispatcher, delivered at its commit:
+/// only for a message stored while no other admission commits (a queued NOTIFY holds a
+/// database-wide lock until commit; `wake_dispatcher`).
+pub async fn admit(
+    pool: &PgPool,
+    msg: &Admission<'_>,
+    wake: Option<&str>,
+) -> Result<i64, sqlx::Error> {
     with_retry(|| async {
         // A single statement in autocommit is its own transaction: the body row and the
-        // queue row commit together or not at all.
-        sqlx::query_scalar("SELECT pepsi.workqueue_add($1, $2, $3, $4, $5, $6, $7::inet)")
+        // queue row commit together or not at all, and so does the wake-up it may carry.
+        let sql = match wake {
+            None => "SELECT pepsi.workqueue_add($1, $2, $3, $4, $5, $6, $7::inet)",
+            Some(_) => {
+                "SELECT pepsi.workqueue_add($1, $2, $3, $4, $5, $6, $7::inet), pg_notify($8, $9)"
+            }
+        };
+        let query = sqlx::query_scalar(sql)
             .bind(msg.mail_from)
             .bind(msg.rcpt_to)
             .bind(msg.headers)
             .bind(msg.body)
             .bind(msg.state)
             .bind(msg.auth_user)
-            .bind(msg.client_addr.to_string())
-            .fetch_one(pool)
-            .await
+            .bind(msg.client_addr.to_string());
+        match wake {
+            None => query,
+            Some(stage) => query.bind(WORKQUEUE_CHANNEL).bind(stage),
+        }
+        .fetch_one(pool)
+        .await
     })
     .await
 }

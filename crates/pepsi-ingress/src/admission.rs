@@ -9,16 +9,20 @@
 //! flushes among the sessions that finished meanwhile, without ever waiting to fill a batch.
 //!
 //! Every session's 250 still waits for its own row's commit: a batch answers all its
-//! sessions after it commits, or none. A batch the database refuses is stored again one
+//! sessions after it commits, or none. Each stored row is announced to the dispatcher
+//! (`wake`): by the wake-up task after the commit, or, for a message stored alone while no
+//! other lane is busy and the wake-up task is quiet, by the admission's own statement. A batch the database refuses is stored again one
 //! message at a time, so a message the database rejects fails its own session only.
 //! Must never: reply before commit, hold a message back while a lane is free.
 
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use pepsi_contract::db::{Admission, admit, admit_batch};
+use pepsi_contract::db::{ADMISSION_STAGE, Admission, admit, admit_batch};
 use sqlx::PgPool;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::wake::Waker;
 
 /// How messages are grouped (`[pepsi-ingress] ADMISSION_*`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,9 +118,9 @@ impl Admitter {
 /// Starts the collector. `waiting` bounds the messages queued for a lane (a session sending
 /// beyond it waits for room); every session has at most one message waiting, so the
 /// server's MAX_CONNECTIONS is the natural value.
-pub fn spawn(pool: PgPool, limits: Limits, waiting: usize) -> Admitter {
+pub fn spawn(pool: PgPool, limits: Limits, waiting: usize, waker: Waker) -> Admitter {
     let (queue, rx) = mpsc::channel(waiting.max(1));
-    tokio::spawn(collect(pool, limits, rx));
+    tokio::spawn(collect(pool, limits, rx, waker));
     Admitter { queue }
 }
 
@@ -125,7 +129,7 @@ pub fn spawn(pool: PgPool, limits: Limits, waiting: usize) -> Admitter {
 /// accumulate in the queue; that, and nothing else, is what makes a group larger than one.
 /// A message taken that does not fit the group opens the next one (it is held here, never
 /// behind a wait for another message).
-async fn collect(pool: PgPool, limits: Limits, mut rx: mpsc::Receiver<Job>) {
+async fn collect(pool: PgPool, limits: Limits, mut rx: mpsc::Receiver<Job>, waker: Waker) {
     let lanes = Arc::new(Semaphore::new(limits.lanes.max(1)));
     let mut carried: Option<Job> = None;
     loop {
@@ -154,22 +158,44 @@ async fn collect(pool: PgPool, limits: Limits, mut rx: mpsc::Receiver<Job>) {
             group.push(job);
         }
         let pool = pool.clone();
+        let waker = waker.clone();
+        // Alone: this lane holds the only permit taken.
+        let alone = group.len() == 1 && lanes.available_permits() + 1 >= limits.lanes.max(1);
         tokio::spawn(async move {
-            store(&pool, group).await;
+            let wake = if alone && waker.quiet() {
+                Wake::Inline
+            } else {
+                Wake::After
+            };
+            if store(&pool, group, wake).await {
+                waker.request();
+            }
             drop(lane);
         });
     }
 }
 
-/// Stores a group and answers each of its sessions.
-async fn store(pool: &PgPool, group: Vec<Job>) {
+/// How a stored group's rows reach the dispatcher's notice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Wake {
+    /// The admission's own statement notifies (one message, nothing else committing).
+    Inline,
+    /// The wake-up task notifies once the rows have committed.
+    After,
+}
+
+/// Stores a group and answers each of its sessions. True when a row was stored that the
+/// wake-up task must still announce.
+async fn store(pool: &PgPool, group: Vec<Job>, wake: Wake) -> bool {
     if group.len() == 1 {
         let job = group.into_iter().next().expect("one");
-        let result = admit(pool, &job.message.admission())
+        let inline = (wake == Wake::Inline).then_some(ADMISSION_STAGE);
+        let result = admit(pool, &job.message.admission(), inline)
             .await
             .map_err(Arc::new);
+        let announce = result.is_ok() && inline.is_none();
         let _ = job.reply.send(result);
-        return;
+        return announce;
     }
     let admissions: Vec<Admission<'_>> = group.iter().map(|j| j.message.admission()).collect();
     let result = admit_batch(pool, &admissions).await;
@@ -180,6 +206,7 @@ async fn store(pool: &PgPool, group: Vec<Job>) {
             for (job, id) in group.into_iter().zip(ids) {
                 let _ = job.reply.send(Ok(id));
             }
+            true
         }
         Ok(ids) => {
             // Cannot happen (the function returns one id per message); nothing is known
@@ -192,6 +219,7 @@ async fn store(pool: &PgPool, group: Vec<Job>) {
             for job in group {
                 let _ = job.reply.send(Err(e.clone()));
             }
+            false
         }
         Err(e @ sqlx::Error::Database(_)) => {
             // The database refused the statement (a row it will not take): nothing of the
@@ -201,18 +229,22 @@ async fn store(pool: &PgPool, group: Vec<Job>) {
                 "a batch of {} messages was refused ({e}); storing each alone",
                 group.len()
             );
+            let mut stored = false;
             for job in group {
-                let result = admit(pool, &job.message.admission())
+                let result = admit(pool, &job.message.admission(), None)
                     .await
                     .map_err(Arc::new);
+                stored |= result.is_ok();
                 let _ = job.reply.send(result);
             }
+            stored
         }
         Err(e) => {
             let e = Arc::new(e);
             for job in group {
                 let _ = job.reply.send(Err(e.clone()));
             }
+            false
         }
     }
 }

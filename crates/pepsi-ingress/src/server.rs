@@ -210,8 +210,12 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
     let (wake_stop, wake_stopped) = watch::channel(false);
     let (waker, wake_task) =
         wake::spawn(pool.clone(), settings.dispatch_wake_interval, wake_stopped);
-    let admitter =
-        crate::admission::spawn(pool.clone(), settings.admission, settings.max_connections);
+    let admitter = crate::admission::spawn(
+        pool.clone(),
+        settings.admission,
+        settings.max_connections,
+        waker,
+    );
     let inflow = crate::inflow::Inflow::spawn(pool.clone(), settings.inflow, stopped.clone());
     let telemetry = pepsi_contract::telemetry::Emitter::from_config(&config)?;
     let shared = Arc::new(Shared {
@@ -236,7 +240,6 @@ pub async fn serve(file_config: Config) -> anyhow::Result<()> {
         auth_checks: Arc::new(Semaphore::new(settings.auth_concurrency)),
         live: std::sync::RwLock::new(Arc::new(settings)),
         pool,
-        waker,
         verifier,
         limiter: Arc::new(ClientLimiter::default()),
         shutdown: stopped,

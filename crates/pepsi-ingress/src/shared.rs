@@ -10,7 +10,6 @@ use crate::config::{ListenerConfig, Options};
 use crate::limits::ClientLimiter;
 use crate::tls::TlsHandle;
 use crate::verify::Verifier;
-use crate::wake::Waker;
 
 /// What every session shares.
 pub struct Shared {
@@ -18,11 +17,11 @@ pub struct Shared {
     /// a session keeps the ones it started with ([`Shared::options`]).
     pub(crate) live: std::sync::RwLock<Arc<Options>>,
     pub pool: PgPool,
-    /// Stores accepted messages, grouping concurrent ones (`admission`).
+    /// Stores accepted messages, grouping concurrent ones, and wakes the dispatcher for
+    /// them (`admission`).
     pub admitter: crate::admission::Admitter,
     /// Holds a message back while the queue's backlog is over INFLOW_BACKLOG (`inflow`).
     pub inflow: crate::inflow::Inflow,
-    pub waker: Waker,
     pub verifier: Option<Verifier>,
     pub limiter: Arc<ClientLimiter>,
     pub memory: Arc<crate::limits::MemoryBudget>,

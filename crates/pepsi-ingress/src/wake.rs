@@ -1,7 +1,8 @@
-//! The dispatcher wake-up. Admission never notifies inside its transaction (a queued NOTIFY
-//! takes a database-wide lock until commit, which would serialise every session's commit);
-//! instead each committed message asks this task for a wake-up, and the task sends it out of
-//! band, always after the rows it announces have committed.
+//! The dispatcher wake-up. Admission never notifies inside its transaction while other
+//! admissions may be committing (a queued NOTIFY takes a database-wide lock until commit, which
+//! would serialise every notifying session's commit and WAL flush); instead each committed
+//! message asks this task for a wake-up, and the task sends it out of band, always after the
+//! rows it announces have committed.
 //!
 //! At most one wake-up is in flight. A request finding none in flight is sent at once; the
 //! requests that arrive while one is in flight collapse into a single follow-up, sent as soon
@@ -11,28 +12,54 @@
 //! between two wake-ups on top of that. The task must never wait on a timer while a request
 //! is outstanding beyond that spacing, and never drop one: a lost wake-up leaves a message
 //! waiting for the dispatcher's POLL_INTERVAL heartbeat.
+//!
+//! On a quiet server the wake-up would be a statement and a commit of its own for every
+//! message. When nothing is outstanding here ([`Waker::quiet`]) and the message is the only
+//! one being stored, the admission notifies in its own statement instead (`admission`): with
+//! no other admission committing, there is nobody for its lock to hold up.
 
 use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use sqlx::PgPool;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 
+/// What the sessions and the task share.
+#[derive(Debug, Default)]
+struct Requests {
+    pending: Notify,
+    /// Requests made so far.
+    made: AtomicU64,
+    /// Requests answered by a wake-up that has completed.
+    answered: AtomicU64,
+}
+
 /// The handle sessions use; cheap to clone.
 #[derive(Clone, Debug)]
 pub struct Waker {
-    pending: Arc<Notify>,
+    requests: Arc<Requests>,
+    spacing: Duration,
 }
 
 impl Waker {
     /// Asks for a wake-up; call after the message's row has committed.
     pub fn request(&self) {
+        self.requests.made.fetch_add(1, Ordering::SeqCst);
         // notify_one keeps a single permit when the task is not waiting (a wake-up is in
         // flight): every request made meanwhile collapses into that one permit, which the
         // task takes as soon as the wake-up in flight completes.
-        self.pending.notify_one();
+        self.requests.pending.notify_one();
+    }
+
+    /// True when no wake-up is asked for or in flight and none is being spaced out: a
+    /// message stored alone now may wake the dispatcher in its own statement.
+    pub fn quiet(&self) -> bool {
+        self.spacing.is_zero()
+            && self.requests.answered.load(Ordering::SeqCst)
+                == self.requests.made.load(Ordering::SeqCst)
     }
 }
 
@@ -43,11 +70,11 @@ pub fn spawn(
     spacing: Duration,
     shutdown: watch::Receiver<bool>,
 ) -> (Waker, tokio::task::JoinHandle<()>) {
-    let pending = Arc::new(Notify::new());
     let waker = Waker {
-        pending: pending.clone(),
+        requests: Arc::default(),
+        spacing,
     };
-    let task = tokio::spawn(run(pending, spacing, shutdown, move || {
+    let task = tokio::spawn(run(waker.requests.clone(), spacing, shutdown, move || {
         let pool = pool.clone();
         async move { notify(&pool).await }
     }));
@@ -57,7 +84,7 @@ pub fn spawn(
 /// The loop, apart from the database: `send` performs one wake-up and resolves when it has
 /// completed.
 async fn run<F, Fut>(
-    pending: Arc<Notify>,
+    requests: Arc<Requests>,
     spacing: Duration,
     mut shutdown: watch::Receiver<bool>,
     mut send: F,
@@ -68,12 +95,12 @@ async fn run<F, Fut>(
     let mut last_sent: Option<Instant> = None;
     loop {
         let stopping = tokio::select! {
-            _ = pending.notified() => false,
+            _ = requests.pending.notified() => false,
             _ = stopped(&mut shutdown) => true,
         };
         if stopping {
             // A request that raced with the shutdown still gets its wake-up.
-            let late = tokio::time::timeout(Duration::ZERO, pending.notified()).await;
+            let late = tokio::time::timeout(Duration::ZERO, requests.pending.notified()).await;
             if late.is_ok() {
                 send().await;
             }
@@ -91,7 +118,11 @@ async fn run<F, Fut>(
             };
         }
         last_sent = Some(Instant::now());
+        // Every request made before the wake-up starts is answered once it completes; one
+        // made meanwhile left its permit for the follow-up.
+        let covers = requests.made.load(Ordering::SeqCst);
         send().await;
+        requests.answered.store(covers, Ordering::SeqCst);
         if stopping {
             return;
         }
@@ -129,12 +160,12 @@ mod tests {
     }
 
     fn harness(spacing: Duration) -> Harness {
-        let pending = Arc::new(Notify::new());
+        let requests = Arc::new(Requests::default());
         let (tx, sent) = mpsc::unbounded_channel();
         let release = Arc::new(Semaphore::new(0));
         let (stop, shutdown) = watch::channel(false);
         let gate = release.clone();
-        let task = tokio::spawn(run(pending.clone(), spacing, shutdown, move || {
+        let task = tokio::spawn(run(requests.clone(), spacing, shutdown, move || {
             let tx = tx.clone();
             let gate = gate.clone();
             async move {
@@ -143,7 +174,7 @@ mod tests {
             }
         }));
         Harness {
-            waker: Waker { pending },
+            waker: Waker { requests, spacing },
             sent,
             release,
             stop,
@@ -195,6 +226,29 @@ mod tests {
         // And the task is idle again: the next request goes out at once.
         h.waker.request();
         h.next_wake_up().await;
+    }
+
+    /// `quiet` (a lone admission may notify itself) only while every request has been
+    /// answered by a completed wake-up, and never under a spacing.
+    #[tokio::test]
+    async fn quiet_only_when_every_request_has_been_answered() {
+        let mut h = harness(Duration::ZERO);
+        assert!(h.waker.quiet());
+        h.waker.request();
+        assert!(!h.waker.quiet(), "asked for");
+        h.next_wake_up().await;
+        h.waker.request();
+        assert!(!h.waker.quiet(), "in flight");
+        h.release.add_permits(1);
+        h.next_wake_up().await;
+        assert!(!h.waker.quiet(), "the follow-up is in flight");
+        h.release.add_permits(1);
+        h.no_wake_up().await;
+        assert!(h.waker.quiet(), "both answered");
+        assert!(
+            !harness(Duration::from_millis(1)).waker.quiet(),
+            "a spacing is never skipped"
+        );
     }
 
     #[tokio::test]

@@ -119,7 +119,7 @@ async fn a_batch_stores_each_message_as_admit_would_in_one_transaction() {
     assert_eq!(xmins.len(), 1, "one transaction for the batch");
 
     // The same message through admit: the same row but for the id.
-    let alone = admit(&db.pool, &batch[0]).await.unwrap();
+    let alone = admit(&db.pool, &batch[0], None).await.unwrap();
     let (a, b) = (stored(&db, alone).await, stored(&db, ids[0]).await);
     for column in ["mail_from", "addr", "sender_key"] {
         assert_eq!(

@@ -199,7 +199,6 @@ impl Session {
         };
         match stored {
             Ok(id) => {
-                self.shared.waker.request();
                 tracing::info!(peer = %self.peer, id, rcpts = tx.rcpts.len(), size, "queued");
                 if self.shared.telemetry.is_on() {
                     self.shared.telemetry.emit(&SpanRecord {
