@@ -11,8 +11,9 @@
 //! Every session's 250 still waits for its own row's commit: a batch answers all its
 //! sessions after it commits, or none. Each stored row is announced to the dispatcher
 //! (`wake`): by the wake-up task after the commit, or, for a message stored alone while no
-//! other lane is busy and the wake-up task is quiet, by the admission's own statement. A batch the database refuses is stored again one
-//! message at a time, so a message the database rejects fails its own session only.
+//! other lane is busy and the wake-up task is quiet, by the admission's own statement. A
+//! batch the database refuses is stored again one message at a time, so a message the
+//! database rejects fails its own session only.
 //! Must never: reply before commit, hold a message back while a lane is free.
 
 use std::net::IpAddr;
